@@ -1,0 +1,39 @@
+# Every target creates the virtualenv when it is missing, so a fresh clone needs only `make run` or `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NODE_DIR := tests/compat/node
+DATA ?= ./data
+
+.PHONY: venv run test bench lint clean node
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json
+	cd $(NODE_DIR) && npm install --no-audit --no-fund --silent
+	touch $@
+
+node: $(NODE_DIR)/node_modules/.installed
+
+run: venv
+	mkdir -p $(DATA)
+	$(VENV)/bin/nsqd --data-path=$(DATA) --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151
+
+test: venv node
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) -m bench
+
+lint: venv
+	$(PY) -m compileall -q protocol nsqd lookupd admin spark_connector tests bench
+
+clean:
+	rm -rf $(VENV) $(NODE_DIR)/node_modules

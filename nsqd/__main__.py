@@ -1,0 +1,45 @@
+"""``nsqd`` entry point: flags, logging, signals."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import trio
+
+from protocol.logfmt import setup_logging
+
+from .options import parse_options, validate
+from .server import NSQD
+
+
+async def serve(opts) -> None:
+    nsqd = NSQD(opts)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nsqd.run)
+
+            async def wait_for_signal() -> None:
+                async for _ in signals:
+                    nsqd.exit()
+                    return
+
+            nursery.start_soon(wait_for_signal)
+            await nsqd._stopped.wait()
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_options(sys.argv[1:] if argv is None else argv)
+    log = setup_logging(prefix=opts.log_prefix, level=opts.log_level)
+    try:
+        validate(opts)
+    except ValueError as exc:
+        log.critical("%s", exc)
+        return 1
+    trio.run(serve, opts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

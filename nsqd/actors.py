@@ -1,0 +1,313 @@
+"""A fair scheduler for actors: many units of work shared out among a few worker tasks by run time.
+
+An *actor* is anything that has work now and then (in nsqd, one per channel: moving messages to consumers). It
+implements ``run_slice(slice_end)``: do work until ``trio.current_time() >= slice_end`` or until out of work, then
+return True if it still has work, False if it found nothing to do. The system knows nothing else about it.
+
+States (one per actor; only the system changes them)::
+
+    IDLE --add--> SCHEDULED --worker pops it--> RUNNING --slice returns True, or resumed while running--> SCHEDULED
+                      ^                            |
+                      +--------resume-------- SUSPENDED <--slice returns False--+
+    remove: any state --> IDLE (a running actor becomes IDLE when its slice ends and is not scheduled again)
+
+Scheduling, after Linux CFS and QMQ's actor system:
+
+- A ready min-heap ordered by ``(vruntime, seq)``. ``vruntime`` is the actor's accumulated run time, measured on
+  ``trio.current_time()`` around each slice; ``seq`` is a counter taken at every push, so actors with equal vruntime
+  take turns. An actor that costs more per slice (reading from disk, many consumers) is therefore picked less often,
+  and every actor gets about the same run time while all are busy.
+- ``workers`` tasks (default 4) pop the actor with the lowest vruntime, run one slice of ``slice_seconds`` (default
+  5 ms), put it back on the heap if it still has work, and yield with a checkpoint so other tasks run between
+  slices. Workers with nothing to do park in a ``ParkingLot``; a wake-up unparks one worker only when one is parked.
+  More than one worker pays off only when slices await (disk reads): the slices of one actor never overlap.
+- Waking up (``resume`` of a suspended actor, or ``add``): ``vruntime = max(vruntime, min_vruntime - wake_slack)``
+  (default slack 5 ms), where ``min_vruntime`` is the smallest vruntime among the ready and running actors, kept
+  monotonic as in CFS so it survives moments when nothing runs. A quiet actor therefore cannot bank credit while
+  suspended and then hold the workers for a long burst when it wakes: it runs ahead of the others for about
+  ``wake_slack`` of run time at most.
+- No lost wake-up: ``resume`` of a RUNNING actor sets a flag, and a worker whose slice returns False reschedules
+  the actor instead of suspending it when the flag is set. The actor's "nothing to do" check and its suspension
+  therefore cannot miss a resume that happened in between, whatever the slice awaited.
+- ``resume`` is synchronous and cheap, since it is called on every put: one state check when the actor is already
+  scheduled, one flag store when it is running, a heap push (and maybe one unpark) when it was suspended.
+- ``remove`` takes an actor out at once (out of the heap if scheduled, O(n), which is fine for a rare operation);
+  a removed actor is never run again unless it is added again.
+
+Invariants (asserted): an actor is in the ready heap at most once, only when SCHEDULED, and with its current
+``seq``; a SCHEDULED or RUNNING actor is never SUSPENDED; one worker at a time runs a given actor.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+import trio
+
+__all__ = ["Actor", "ActorState", "ActorSystem", "ActorSystemStatistics"]
+
+
+class ActorState(enum.Enum):
+    IDLE = "idle"  # not in any system
+    SCHEDULED = "scheduled"  # in the ready heap
+    RUNNING = "running"  # a worker is inside its run_slice
+    SUSPENDED = "suspended"  # in a system, waiting for resume()
+
+
+_IDLE = ActorState.IDLE
+_SCHEDULED = ActorState.SCHEDULED
+_RUNNING = ActorState.RUNNING
+_SUSPENDED = ActorState.SUSPENDED
+
+
+class Actor:
+    """Base class for units of work run by an ``ActorSystem``. Subclasses implement ``run_slice``.
+
+    ``vruntime`` is the scheduling key (seconds of run time, clamped on wake-up); ``runtime`` and ``slices`` are the
+    plain totals, for statistics. The ``_actor_*`` attributes belong to the system. Class-level defaults keep a
+    subclass working even if its ``__init__`` does not call ``super().__init__()``.
+    """
+
+    vruntime: float = 0.0
+    runtime: float = 0.0
+    slices: int = 0
+    _actor_state: ActorState = _IDLE
+    _actor_seq: int = -1
+    _actor_resumed: bool = False
+    _actor_system: ActorSystem | None = None
+
+    def __init__(self) -> None:
+        self.vruntime = 0.0
+        self.runtime = 0.0
+        self.slices = 0
+        self._actor_state = _IDLE
+        self._actor_seq = -1
+        self._actor_resumed = False
+        self._actor_system = None
+
+    @property
+    def actor_state(self) -> ActorState:
+        return self._actor_state
+
+    async def run_slice(self, slice_end: float) -> bool:
+        """Work until ``trio.current_time() >= slice_end`` or out of work. Return True if work remains."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ActorSystemStatistics:
+    actors: int  # actors added and not removed
+    ready: int  # actors waiting in the ready heap
+    running: int  # actors inside a slice right now
+    suspended: int  # actors waiting for resume()
+    slices: int  # slices run since the system was created
+    workers: int  # worker tasks configured
+    parked_workers: int  # worker tasks waiting for work
+    min_vruntime: float
+
+
+class ActorSystem:
+    """Runs actors on ``workers`` tasks, fairly by run time. See the module docstring for the algorithm."""
+
+    def __init__(self, workers: int = 4, slice_seconds: float = 0.005, wake_slack: float = 0.005) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, not {workers}")
+        if not slice_seconds > 0:
+            raise ValueError(f"slice_seconds must be > 0, not {slice_seconds}")
+        if not wake_slack >= 0:
+            raise ValueError(f"wake_slack must be >= 0, not {wake_slack}")
+        self.workers = workers
+        self.slice_seconds = slice_seconds
+        self.wake_slack = wake_slack
+        self._ready: list[tuple[float, int, Actor]] = []
+        self._running: set[Actor] = set()
+        self._actors: set[Actor] = set()
+        self._seq = itertools.count()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._min_vruntime = -math.inf
+        self._slices = 0
+        self._started = False
+
+    # ---- public API -------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the worker tasks in a nursery of our own and run until cancelled.
+
+        An actor interrupted mid-slice by the cancellation goes back to the ready heap, so ``run`` may be called
+        again later and nothing is lost. An exception from ``run_slice`` propagates out of ``run`` (after the same
+        cleanup) and stops the system.
+        """
+        if self._started:
+            raise RuntimeError("ActorSystem.run is already running")
+        self._started = True
+        try:
+            async with trio.open_nursery() as nursery:
+                for index in range(self.workers):
+                    nursery.start_soon(self._worker, name=f"actor-worker-{index}")
+                task_status.started()
+        finally:
+            self._started = False
+
+    def add(self, actor: Actor) -> None:
+        """Make ``actor`` part of this system and schedule one slice (it may already have work)."""
+        if actor._actor_system is not None:
+            raise ValueError("actor already belongs to an ActorSystem")
+        actor._actor_system = self
+        self._actors.add(actor)
+        if actor._actor_state is _RUNNING:
+            # Removed during a slice that has not ended yet: its worker will schedule it here when it ends.
+            actor._actor_resumed = True
+            return
+        assert actor._actor_state is _IDLE, actor._actor_state
+        actor._actor_state = _SUSPENDED
+        self._wake(actor)
+
+    def remove(self, actor: Actor) -> None:
+        """Take ``actor`` out of this system; it is never run again (unless added again). Idempotent."""
+        if actor._actor_system is not self:
+            return
+        actor._actor_system = None
+        self._actors.discard(actor)
+        state = actor._actor_state
+        if state is _SCHEDULED:
+            ready = self._ready
+            for index, entry in enumerate(ready):
+                if entry[2] is actor:
+                    last = ready.pop()
+                    if index < len(ready):
+                        ready[index] = last
+                        heapq.heapify(ready)
+                    break
+            else:  # pragma: no cover - the invariants make this impossible
+                raise AssertionError("a SCHEDULED actor is missing from the ready heap")
+            actor._actor_state = _IDLE
+        elif state is _SUSPENDED:
+            actor._actor_state = _IDLE
+        # RUNNING: its worker sees that it left the system when the slice ends and makes it IDLE then.
+        actor._actor_resumed = False
+
+    def resume(self, actor: Actor) -> None:
+        """Tell the system that ``actor`` has work. Idempotent and cheap; does nothing if the actor is not here."""
+        state = actor._actor_state
+        if state is _SCHEDULED:
+            return
+        if state is _RUNNING:
+            # Its slice may already have decided there is nothing to do: make the worker schedule it again.
+            actor._actor_resumed = True
+            return
+        if state is _SUSPENDED and actor._actor_system is self:
+            self._wake(actor)
+
+    def statistics(self) -> ActorSystemStatistics:
+        return ActorSystemStatistics(
+            actors=len(self._actors),
+            ready=len(self._ready),
+            running=len(self._running),
+            suspended=sum(1 for actor in self._actors if actor._actor_state is _SUSPENDED),
+            slices=self._slices,
+            workers=self.workers,
+            parked_workers=len(self._lot),
+            min_vruntime=self._min_vruntime,
+        )
+
+    def check_invariants(self) -> None:
+        """Assert the scheduler's invariants over every actor (O(n); for tests and debugging)."""
+        in_heap = [entry[2] for entry in self._ready]
+        assert len(in_heap) == len(set(map(id, in_heap))), "an actor is in the ready heap twice"
+        for vruntime, seq, actor in self._ready:
+            assert actor._actor_state is _SCHEDULED, actor._actor_state
+            assert actor._actor_seq == seq
+            assert actor._actor_system is self
+            assert vruntime == actor.vruntime
+        for actor in self._running:
+            assert actor._actor_state is _RUNNING, actor._actor_state
+        for actor in self._actors:
+            assert actor._actor_system is self
+            assert actor._actor_state is not _IDLE
+            if actor._actor_state is _SCHEDULED:
+                assert any(entry[2] is actor for entry in self._ready)
+        assert len(self._running) <= self.workers
+
+    # ---- internals --------------------------------------------------------------------------------------------
+
+    def _push(self, actor: Actor) -> None:
+        assert actor._actor_state is not _SCHEDULED, "an actor is never in the ready heap twice"
+        assert actor._actor_system is self
+        seq = next(self._seq)
+        actor._actor_seq = seq
+        actor._actor_state = _SCHEDULED
+        heapq.heappush(self._ready, (actor.vruntime, seq, actor))
+
+    def _update_min_vruntime(self, also: float = math.inf) -> None:
+        lowest = also
+        if self._ready:
+            lowest = min(lowest, self._ready[0][0])
+        for running in self._running:
+            lowest = min(lowest, running.vruntime)
+        if lowest != math.inf and lowest > self._min_vruntime:
+            self._min_vruntime = lowest
+
+    def _wake(self, actor: Actor) -> None:
+        assert actor._actor_state is _SUSPENDED, actor._actor_state
+        self._update_min_vruntime()
+        floor = self._min_vruntime - self.wake_slack
+        if actor.vruntime < floor:
+            actor.vruntime = floor
+        self._push(actor)
+        if self._lot:
+            self._lot.unpark()
+
+    def _end_slice(self, actor: Actor, has_work: bool, elapsed: float) -> None:
+        assert actor._actor_state is _RUNNING, actor._actor_state
+        self._running.discard(actor)
+        actor.vruntime += elapsed
+        actor.runtime += elapsed
+        actor.slices += 1
+        self._slices += 1
+        owner = actor._actor_system
+        again = has_work or actor._actor_resumed
+        actor._actor_resumed = False
+        if owner is None:  # removed during the slice
+            actor._actor_state = _IDLE
+            return
+        if owner is not self:  # removed, then added to another system during the slice
+            actor._actor_state = _SUSPENDED
+            owner._wake(actor)
+            return
+        self._update_min_vruntime(actor.vruntime)
+        if again:
+            self._push(actor)
+            # This worker takes the next actor itself; wake another only if there is more than that to do.
+            if len(self._ready) > 1 and self._lot:
+                self._lot.unpark()
+        else:
+            actor._actor_state = _SUSPENDED
+
+    async def _worker(self) -> None:
+        ready = self._ready
+        while True:
+            if not ready:
+                # No await between the emptiness check and parking: a wake-up in between cannot be missed.
+                await self._lot.park()
+                continue
+            _, seq, actor = heapq.heappop(ready)
+            assert actor._actor_state is _SCHEDULED, actor._actor_state
+            assert actor._actor_seq == seq, "stale ready-heap entry"
+            assert actor._actor_system is self
+            assert actor not in self._running, "an actor runs on one worker at a time"
+            actor._actor_state = _RUNNING
+            actor._actor_resumed = False
+            self._running.add(actor)
+            start = trio.current_time()
+            try:
+                has_work = await actor.run_slice(start + self.slice_seconds)
+            except BaseException:
+                # Cancelled (the system stops) or a bug in the actor: keep it schedulable for a later run().
+                self._end_slice(actor, True, trio.current_time() - start)
+                raise
+            self._end_slice(actor, has_work, trio.current_time() - start)
+            await trio.lowlevel.checkpoint()

@@ -1,0 +1,125 @@
+"""Per-connection state of a V2 client: identity, RDY window, counters and the output buffer.
+
+The connection (``tcp.py``) owns the socket and the tasks; this object is what the channel's
+dispatcher and the stats see. Dispatch appends encoded message frames to ``out`` without awaiting
+and then tells the writer whether to flush now or to let the flush timer batch more frames.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import IntEnum
+
+import trio
+
+__all__ = ["Client", "ClientState"]
+
+
+class ClientState(IntEnum):
+    """Values as reported in /stats ``state``."""
+
+    INIT = 0
+    DISCONNECTED = 1
+    CONNECTED = 2
+    SUBSCRIBED = 3
+    CLOSING = 4
+
+
+class Client:
+    """One V2 connection as the broker sees it.
+
+    ``credit()`` is NSQ's readiness rule: a consumer may receive a message while it is subscribed,
+    ``in_flight < rdy``, and its channel is not paused (the channel checks that last part).
+    """
+
+    def __init__(self, client_id: int, remote_address: str, *, msg_timeout: float, heartbeat_interval: float,
+                 output_buffer_size: int, output_buffer_timeout: float) -> None:
+        host = remote_address.rsplit(":", 1)[0].strip("[]")
+        self.id = client_id
+        self.remote_address = remote_address
+        self.client_id = host
+        self.hostname = host
+        self.user_agent = ""
+        self.state = ClientState.INIT
+        self.connect_ts = int(time.time())
+        self.identified = False
+
+        # negotiated settings (the first IDENTIFY wins, as in nsqd)
+        self.msg_timeout = msg_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.output_buffer_size = output_buffer_size
+        self.output_buffer_timeout = output_buffer_timeout
+        self.sample_rate = 0
+        self.tls = False
+        self.snappy = False
+        self.deflate = False
+        self.deflate_level = 0
+        self.tls_version = ""
+        self.tls_cipher_suite = ""
+
+        # auth
+        self.auth_secret: bytes | None = None
+        self.auth_state = None
+
+        # delivery
+        self.channel = None
+        self.rdy = 0
+        self.in_flight = 0
+        self.in_mailbox = False
+
+        # counters
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+
+        # output buffer, drained by the connection's writer task
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.flush_now = False
+        self.draining = False
+        self._writer_wakeup: trio.Event | None = None
+
+    # -- readiness -------------------------------------------------------------------------------
+    def credit(self) -> int:
+        if self.state != ClientState.SUBSCRIBED:
+            return 0
+        return self.rdy - self.in_flight
+
+    # -- output ----------------------------------------------------------------------------------
+    def write_frame(self, frame: bytes) -> None:
+        """Queue a non-message frame (response, error, heartbeat): these are flushed at once."""
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        self.flush_now = True
+        self.wake_writer()
+
+    def messages_queued(self, flush: bool) -> None:
+        """Dispatch appended message frames to ``out``: flush now, or let the writer's timer run."""
+        if flush or self.out_bytes >= self.output_buffer_size:
+            self.flush_now = True
+        self.wake_writer()
+
+    def wake_writer(self) -> None:
+        event = self._writer_wakeup
+        if event is not None:
+            self._writer_wakeup = None
+            event.set()
+
+    def writer_wait_event(self) -> trio.Event:
+        event = trio.Event()
+        self._writer_wakeup = event
+        return event
+
+    def take_output(self) -> bytes:
+        data = b"".join(self.out) if len(self.out) != 1 else self.out[0]
+        self.out.clear()
+        self.out_bytes = 0
+        self.flush_now = False
+        return data
+
+    def published(self, topic: str, count: int) -> None:
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
+
+    def __repr__(self) -> str:
+        return f"Client({self.id} {self.remote_address})"

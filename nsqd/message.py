@@ -1,0 +1,35 @@
+"""The message as nsqd keeps it: the wire fields plus per-channel delivery state.
+
+The topic pump hands the first channel the topic's own object and every other channel a copy
+that shares the body bytes, so the only per-channel cost is one small slotted object.
+"""
+
+from __future__ import annotations
+
+from protocol.message import Message as WireMessage
+
+__all__ = ["Message"]
+
+
+class Message(WireMessage):
+    """A message inside nsqd.
+
+    ``defer`` is the delay in seconds a DPUB asked for (0.0 for an ordinary publish); ``client``
+    is the connection that holds it in flight and ``delivered_at`` the trio time of that delivery
+    (TOUCH caps the total in-flight time from there).
+    """
+
+    __slots__ = ("defer", "client", "delivered_at")
+
+    def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int = 0, defer: float = 0.0) -> None:
+        self.id = id
+        self.body = body
+        self.timestamp = timestamp
+        self.attempts = attempts
+        self.defer = defer
+        self.client = None
+        self.delivered_at = 0.0
+
+    def copy_for_channel(self) -> "Message":
+        """A fresh delivery record for another channel: same ID, body and timestamp, attempts from 0."""
+        return Message(self.id, self.body, self.timestamp, 0, self.defer)

@@ -1,0 +1,217 @@
+"""The queue scan loop: finds expired in-flight messages and due deferred messages, like nsqd's queueScanLoop.
+
+Every channel has two time-ordered queues (in flight, deferred). Instead of a timer per message, one loop samples the
+channels, as Redis samples keys with a TTL (its probabilistic expiration algorithm):
+
+- Every ``interval`` (default 100 ms) it picks up to ``selection_count`` (default 20) distinct channels at random from
+  a cached channel list and calls ``channel.process_queues(now)`` on each, ``now`` being ``trio.current_time()``. The
+  channel moves what has expired or fallen due back to its queue and returns True if it moved anything ("dirty").
+- If more than ``dirty_percent`` (default 25 %) of the sampled channels were dirty, it samples again at once without
+  waiting for the next tick: many channels probably have work, so keep going until the sample looks clean.
+- The cached list is refreshed every ``refresh_interval`` (default 5 s), and at once by ``refresh()`` (called when a
+  channel is created or deleted). At each refresh the worker pool is resized to
+  ``clamp(int(0.25 * channels), 1, worker_pool_max)`` (default max 4).
+- The pool: worker tasks in the scanner's nursery receive channels through a memory channel and answer dirty or
+  not through another; the scanner sends a whole sample, then collects as many answers. Shrinking sends one close
+  token per worker to stop; each token stops exactly one worker after the work queued before it, so no sample is
+  left unanswered and at least one worker always remains. ``process_queues`` is synchronous, so in trio the pool
+  spreads nothing over cores; it keeps nsqd's shape and lets a future ``process_queues`` await (disk) concurrently.
+
+A message is therefore redelivered about ``interval`` after its deadline at worst while the sample covers all
+channels; with more than ``selection_count`` channels, a clean channel may wait a few ticks.
+
+An exception from ``process_queues`` propagates out of ``run`` and stops the scanner.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+__all__ = ["QueueScanner", "QueueScannerStatistics"]
+
+
+class _Close:
+    """The token that tells one pool worker to stop."""
+
+
+_CLOSE = _Close()
+
+
+@dataclass(frozen=True)
+class QueueScannerStatistics:
+    channels: int  # channels in the cached list
+    pool_size: int  # workers the pool is sized to
+    workers: int  # worker tasks alive right now (lags pool_size briefly after a resize)
+    scans: int  # samples processed (a dirty loop counts each sample)
+    ticks: int  # interval ticks that started a scan
+    refreshes: int
+    last_dirty_ratio: float  # dirty / sampled in the last sample; 0.0 before the first
+
+
+class QueueScanner:
+    """Samples channels at random and calls ``process_queues(now)`` on them; see the module docstring."""
+
+    def __init__(
+        self,
+        get_channels: Callable[[], Sequence[Any]],
+        *,
+        interval: float = 0.1,
+        refresh_interval: float = 5.0,
+        selection_count: int = 20,
+        worker_pool_max: int = 4,
+        dirty_percent: float = 0.25,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0, not {interval}")
+        if not refresh_interval > 0:
+            raise ValueError(f"refresh_interval must be > 0, not {refresh_interval}")
+        if selection_count < 1:
+            raise ValueError(f"selection_count must be >= 1, not {selection_count}")
+        if worker_pool_max < 1:
+            raise ValueError(f"worker_pool_max must be >= 1, not {worker_pool_max}")
+        if not 0 <= dirty_percent <= 1:
+            raise ValueError(f"dirty_percent must be within [0, 1], not {dirty_percent}")
+        self._get_channels = get_channels
+        self.interval = interval
+        self.refresh_interval = refresh_interval
+        self.selection_count = selection_count
+        self.worker_pool_max = worker_pool_max
+        self.dirty_percent = dirty_percent
+        self._rng = rng if rng is not None else random.Random()
+        self._channels: list[Any] = []
+        self._pool_size = 0  # workers started minus close tokens sent; 0 while not running
+        self._workers_alive = 0
+        self._nursery: trio.Nursery | None = None
+        self._work_send: trio.MemorySendChannel[Any] | None = None
+        self._work_receive: trio.MemoryReceiveChannel[Any] | None = None
+        self._done_send: trio.MemorySendChannel[bool] | None = None
+        self._done_receive: trio.MemoryReceiveChannel[bool] | None = None
+        self._scans = 0
+        self._ticks = 0
+        self._refreshes = 0
+        self._last_dirty_ratio = 0.0
+
+    def ideal_pool_size(self, channel_count: int) -> int:
+        """nsqd's rule: a quarter of the channels, at least 1, at most ``worker_pool_max``."""
+        return min(max(int(channel_count * 0.25), 1), self.worker_pool_max)
+
+    def refresh(self) -> None:
+        """Reload the channel list now and resize the pool to match it."""
+        self._channels = list(self._get_channels())
+        self._refreshes += 1
+        self.resize_pool(self.ideal_pool_size(len(self._channels)))
+
+    def resize_pool(self, size: int) -> int:
+        """Set the number of pool workers, clamped to ``[1, worker_pool_max]``; returns that size.
+
+        The pool exists only while ``run`` runs (it starts sized by the channel count); otherwise this does nothing.
+        """
+        size = min(max(size, 1), self.worker_pool_max)
+        if self._nursery is None:
+            return size
+        assert self._work_send is not None
+        while self._pool_size < size:
+            self._pool_size += 1
+            self._nursery.start_soon(self._pool_worker, name="queue-scan-worker")
+        while self._pool_size > size:
+            self._pool_size -= 1
+            self._work_send.send_nowait(_CLOSE)
+        return size
+
+    def statistics(self) -> QueueScannerStatistics:
+        return QueueScannerStatistics(
+            channels=len(self._channels),
+            pool_size=self._pool_size,
+            workers=self._workers_alive,
+            scans=self._scans,
+            ticks=self._ticks,
+            refreshes=self._refreshes,
+            last_dirty_ratio=self._last_dirty_ratio,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load the channel list, start the pool, then scan every ``interval`` until cancelled."""
+        if self._nursery is not None:
+            raise RuntimeError("QueueScanner.run is already running")
+        work_send, work_receive = trio.open_memory_channel[Any](math.inf)
+        done_send, done_receive = trio.open_memory_channel[bool](math.inf)
+        self._work_send, self._work_receive = work_send, work_receive
+        self._done_send, self._done_receive = done_send, done_receive
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self.refresh()
+                task_status.started()
+                await self._loop()
+        finally:
+            self._nursery = None
+            self._pool_size = 0
+
+    # ---- internals --------------------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        now = trio.current_time()
+        next_scan = now + self.interval
+        next_refresh = now + self.refresh_interval
+        while True:
+            await trio.sleep_until(min(next_scan, next_refresh))
+            now = trio.current_time()
+            if now >= next_refresh:
+                # Like nsqd, a refresh tick does not scan; a scan tick due now runs on the next pass at once.
+                self.refresh()
+                next_refresh = _next_tick(next_refresh, self.refresh_interval, now)
+                continue
+            if now >= next_scan:
+                next_scan = _next_tick(next_scan, self.interval, now)
+                if self._channels:
+                    self._ticks += 1
+                    await self._scan()
+
+    async def _scan(self) -> None:
+        assert self._work_send is not None and self._done_receive is not None
+        while True:
+            # Re-read the list on every pass so that a refresh() during a dirty loop takes effect at once.
+            channels = self._channels
+            count = min(self.selection_count, len(channels))
+            if count == 0:
+                return
+            for channel in self._rng.sample(channels, count):
+                self._work_send.send_nowait(channel)
+            dirty = 0
+            for _ in range(count):
+                if await self._done_receive.receive():
+                    dirty += 1
+            self._scans += 1
+            ratio = dirty / count
+            self._last_dirty_ratio = ratio
+            if ratio <= self.dirty_percent:
+                return
+
+    async def _pool_worker(self) -> None:
+        self._workers_alive += 1
+        try:
+            work_receive = self._work_receive
+            done_send = self._done_send
+            assert work_receive is not None and done_send is not None
+            while True:
+                channel = await work_receive.receive()
+                if channel is _CLOSE:
+                    return
+                done_send.send_nowait(bool(channel.process_queues(trio.current_time())))
+        finally:
+            self._workers_alive -= 1
+
+
+def _next_tick(tick: float, period: float, now: float) -> float:
+    """The tick after ``tick``; ticks missed while a scan ran long are skipped rather than run back to back."""
+    tick += period
+    if tick <= now:
+        tick = now + period
+    return tick

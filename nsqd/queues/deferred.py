@@ -1,0 +1,54 @@
+"""The deferred queue: messages that must wait until a due time (``DPUB``, ``REQ`` with a delay).
+
+A min-heap of ``(due, seq, item)``. ``seq`` grows with every push, so items with the same due time leave in push
+order (FIFO) and items themselves are never compared. ``push`` is O(log n), ``pop_due(now)`` is O(k log n) for the
+k items whose due time is ``<= now``; the queue scanner calls it and puts those items back on the channel queue.
+
+The queue does no I/O and reads no clock: due times are plain floats on the caller's clock (``trio.current_time()``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Generic, TypeVar
+
+__all__ = ["DeferredQueue"]
+
+T = TypeVar("T")
+
+
+class DeferredQueue(Generic[T]):
+    """Items held until their due time; popped earliest first, FIFO among equal due times."""
+
+    __slots__ = ("_heap", "_next_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, T]] = []
+        self._next_seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, item: T, due: float) -> None:
+        """Hold ``item`` until ``due``."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        heapq.heappush(self._heap, (due, seq, item))
+
+    def pop_due(self, now: float) -> list[T]:
+        """Remove and return the items whose due time is ``<= now``, earliest first."""
+        heap = self._heap
+        due: list[T] = []
+        while heap and heap[0][0] <= now:
+            due.append(heapq.heappop(heap)[2])
+        return due
+
+    def peek_due(self) -> float | None:
+        """The earliest due time, or None when empty."""
+        return self._heap[0][0] if self._heap else None
+
+    def drain(self) -> list[tuple[float, T]]:
+        """Remove and return every ``(due, item)``, earliest first (for shutdown and channel deletion)."""
+        ordered = sorted(self._heap, key=lambda entry: (entry[0], entry[1]))
+        self._heap.clear()
+        return [(due, item) for due, _, item in ordered]

@@ -1,0 +1,685 @@
+"""The disk queue: a FIFO of opaque records in segment files that real nsqd reads and writes too.
+
+Files, for a queue called ``name`` in ``data_path`` (a topic ``T`` or a channel ``T:C``)::
+
+    <name>.diskqueue.000000.dat     segment files, numbered from 0, six digits
+    <name>.diskqueue.000001.dat     each holds records back to back:
+    ...                                 [int32 big-endian length][length bytes]
+    <name>.diskqueue.meta.dat       "<depth>\\n<readFileNum>,<readPos>\\n<writeFileNum>,<writePos>\\n"
+
+The records are encoded messages (26-byte header + body), but the queue never looks inside them; it only checks
+that a length lies in ``[min_msg_size, max_msg_size]``, on the way in and on the way out. Every file is created 0600.
+
+Positions. The writer appends at ``(write_file_num, write_pos)`` and the reader consumes from
+``(read_file_num, read_pos)``; there is something to read while the reader is behind the writer. ``depth`` counts
+unread records. In the current write file the reader stops at ``write_pos``; in an older, complete file it reads to
+the file's end: the size the writer left it at when it moved on, or the size on disk when the file is opened later.
+A file whose last record has been read is deleted at once.
+
+Rolling. Before a record is written, if ``write_pos > 0`` and the record (with its 4-byte length) would take the
+file past ``max_bytes_per_file``, writing moves to the next file number. A file therefore exceeds the limit only
+when its single record does.
+
+Writes are positioned (``pwrite`` at ``write_pos``) from one buffer per call: ``put_many`` joins the whole batch
+into one write per segment it touches. Nothing is buffered in the process, so a record is visible to the reader,
+and survives the process being killed, as soon as the call returns. If the disk fails part-way, the queue goes back
+to where it was before the call: the file is cut back to the old ``write_pos``, files begun by the call are removed,
+the counters are restored, the error is kept in ``last_error`` (until a later put or sync succeeds) and it
+propagates. A batch is thus all or nothing, and a half-written record is never counted. Bytes that could not be
+cut back are harmless: the next write goes over them, and the reader never reads past ``write_pos``.
+
+Syncing means fsync of the write file, then rewriting the meta file atomically (``<meta>.<random>.tmp``, fsync,
+rename). It happens:
+
+- after ``sync_every`` operations, reads and writes both counting (checked once per call, so a batch is synced
+  once, after all of it); ``sync_every=1`` makes every put durable before it returns;
+- on every roll (before the new file gets data), when the reader moves to a new file, after recovering from
+  corruption, and on ``close()``;
+- from ``sync_if_due(now)``, which the owner calls periodically: a sync once something has been pending for
+  ``sync_timeout`` seconds on the owner's clock.
+
+Recovery when opening an existing queue:
+
+- A write file longer than the meta's ``write_pos`` holds records written after the last sync (the process died in
+  between). Writing continues in a new file so they are not overwritten, the reader still reads them, and the valid
+  records found there are added to ``depth``.
+- A write file shorter than the meta's ``write_pos`` (or missing) is treated as complete; writing moves on too.
+- A record with a length out of range, or cut short, means the rest of its file cannot be trusted: the file is
+  renamed ``<file>.bad`` (logged) and reading goes on with the next file; when it was the write file, writing moves
+  to a new file as well.
+- When the reader reaches the writer and ``depth`` is not 0, records were lost (or counted twice); ``depth`` is
+  reset to 0 and that is logged. A reader found beyond the writer skips both to a fresh file.
+
+Beyond go-diskqueue: a reader that has caught up with the writer at the moment the writer rolls moves cleanly to
+the next file instead of taking the finished file for corrupt; the tail check also runs after a corrupt file is
+skipped, so ``depth`` cannot stay wrong when that file was the last one; records salvaged from a write file longer
+than its meta are counted in ``depth`` instead of making it negative.
+
+Everything here is synchronous: the broker calls ``put``, ``put_many`` and ``read_many`` from its event loop. The
+calls are plain system calls on a page-cache file, except the fsyncs of a sync.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import struct
+from dataclasses import dataclass
+
+__all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
+
+_LENGTH = struct.Struct(">i")
+_READ_CHUNK = 1 << 16  # bytes read ahead from a segment per system call
+
+_default_log = logging.getLogger("nsqd")
+
+
+class DiskQueueClosed(Exception):
+    """The queue was closed or deleted."""
+
+
+@dataclass(frozen=True)
+class DiskQueueStatistics:
+    depth: int
+    read_file_num: int
+    read_pos: int
+    write_file_num: int
+    write_pos: int
+    last_error: str | None
+
+
+class DiskQueue:
+    """A disk-backed FIFO of records, in go-diskqueue's file format. See the module notes."""
+
+    def __init__(
+        self,
+        name: str,
+        data_path: str,
+        *,
+        max_bytes_per_file: int = 104857600,
+        min_msg_size: int = 26,
+        max_msg_size: int = 1048576 + 26,
+        sync_every: int = 2500,
+        sync_timeout: float = 2.0,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        assert max_bytes_per_file > 0 and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
+        self.name = name
+        self.data_path = data_path
+        self.max_bytes_per_file = max_bytes_per_file
+        self.min_msg_size = min_msg_size
+        self.max_msg_size = max_msg_size
+        self.sync_every = sync_every
+        self.sync_timeout = sync_timeout
+        self.log = logger if logger is not None else _default_log
+        self.last_error: OSError | None = None
+
+        self._depth = 0
+        self._read_file_num = 0
+        self._read_pos = 0
+        self._write_file_num = 0
+        self._write_pos = 0
+
+        self._write_fd: int | None = None
+        self._read_fd: int | None = None
+        # End of the read file when it is a complete file (not the write file); None until known.
+        self._read_end: int | None = None
+        # Read-ahead: bytes of the read file starting at offset _read_buf_at.
+        self._read_buf = b""
+        self._read_buf_at = 0
+
+        self._ops = 0  # reads and writes since the last sync
+        self._dirty = False  # anything changed since the last sync
+        self._need_sync = False  # a change that must be synced at the end of the current call
+        self._pending_since: float | None = None  # owner's clock, for sync_if_due
+        self._closed = False
+
+        self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
+        self._load()
+
+    # -- names and introspection ---------------------------------------------------------------
+    def file_name(self, file_num: int) -> str:
+        return os.path.join(self.data_path, f"{self.name}.diskqueue.{file_num:06d}.dat")
+
+    @property
+    def meta_file_name(self) -> str:
+        return self._meta_path
+
+    def depth(self) -> int:
+        return self._depth
+
+    def has_unread(self) -> bool:
+        """True when ``read_many`` would find a record (or a corrupt file to skip). Can differ from
+        ``depth() > 0`` only after metadata was lost or corrupted."""
+        return (self._read_file_num, self._read_pos) < (self._write_file_num, self._write_pos)
+
+    def statistics(self) -> DiskQueueStatistics:
+        return DiskQueueStatistics(
+            depth=self._depth,
+            read_file_num=self._read_file_num,
+            read_pos=self._read_pos,
+            write_file_num=self._write_file_num,
+            write_pos=self._write_pos,
+            last_error=None if self.last_error is None else str(self.last_error),
+        )
+
+    # -- writing -------------------------------------------------------------------------------
+    def put(self, data: bytes) -> None:
+        """Append one record. ValueError for a bad length (nothing written); OSError from the disk (nothing
+        counted, see the module notes); DiskQueueClosed after close."""
+        if self._closed:
+            raise DiskQueueClosed(self.name)
+        size = len(data)
+        if size < self.min_msg_size or size > self.max_msg_size:
+            raise ValueError(f"invalid record size {size} (allowed {self.min_msg_size}..{self.max_msg_size})")
+        before = self._position()
+        try:
+            if self._write_pos > 0 and self._write_pos + 4 + size > self.max_bytes_per_file:
+                self._roll()
+            self._write_at_end(_LENGTH.pack(size) + data)
+            self._write_pos += 4 + size
+            self._depth += 1
+            self._dirty = True
+            self._ops += 1
+            if self._ops >= self.sync_every:
+                self._sync()
+        except OSError as exc:
+            self._undo_write(before)
+            self._record_error("write", exc)
+            raise
+        self.last_error = None
+
+    def put_many(self, records: list[bytes]) -> None:
+        """Append records in order, all or none. One write system call per segment file touched."""
+        if self._closed:
+            raise DiskQueueClosed(self.name)
+        if not records:
+            return
+        low, high = self.min_msg_size, self.max_msg_size
+        for record in records:
+            if not low <= len(record) <= high:
+                raise ValueError(f"invalid record size {len(record)} (allowed {low}..{high})")
+        before = self._position()
+        pack = _LENGTH.pack
+        limit = self.max_bytes_per_file
+        try:
+            parts: list[bytes] = []
+            pos = self._write_pos
+            for record in records:
+                size = len(record)
+                if pos > 0 and pos + 4 + size > limit:
+                    if parts:
+                        self._write_parts(parts)
+                        parts = []
+                    self._roll()
+                    pos = 0
+                parts.append(pack(size))
+                parts.append(record)
+                pos += 4 + size
+            self._write_parts(parts)
+            self._dirty = True
+            self._ops += len(records)
+            if self._ops >= self.sync_every:
+                self._sync()
+        except OSError as exc:
+            self._undo_write(before)
+            self._record_error("write", exc)
+            raise
+        self.last_error = None
+
+    def _write_parts(self, parts: list[bytes]) -> None:
+        data = b"".join(parts)
+        self._write_at_end(data)
+        self._write_pos += len(data)
+        self._depth += len(parts) // 2
+
+    def _write_at_end(self, data: bytes) -> None:
+        fd = self._write_fd
+        if fd is None:
+            fd = self._open_write_file()
+        pos = self._write_pos
+        done = os.pwrite(fd, data, pos)
+        if done < len(data):
+            # a short write (the disk filled up mid-way): retry the rest, which raises the real error
+            view = memoryview(data)
+            while done < len(view):
+                more = os.pwrite(fd, view[done:], pos + done)
+                if more == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.file_name(self._write_file_num))
+                done += more
+
+    def _open_write_file(self) -> int:
+        path = self.file_name(self._write_file_num)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._write_fd = fd
+        self.log.info("DISKQUEUE(%s): writing %s", self.name, path)
+        if self._write_pos == 0:
+            self._fsync_directory()  # the new file's name must survive a power cut before the meta names it
+        return fd
+
+    def _roll(self) -> None:
+        """Move writing to the next file number, syncing first so the meta never lags behind a new file."""
+        fd = self._write_fd
+        if fd is not None:
+            os.ftruncate(fd, self._write_pos)  # no-op unless a failed write left bytes past the end
+        if self._read_file_num == self._write_file_num:
+            self._read_end = self._write_pos
+        self._write_file_num += 1
+        self._write_pos = 0
+        self._sync()  # fsyncs the finished file (still open) and records the new file number
+        if fd is not None:
+            self._write_fd = None
+            os.close(fd)
+
+    def _position(self) -> tuple[int, int, int, int | None, int]:
+        return self._write_file_num, self._write_pos, self._depth, self._read_end, self._ops
+
+    def _undo_write(self, before: tuple[int, int, int, int | None, int]) -> None:
+        """Return to the state before a failed put: cut the file back, remove files the put began."""
+        file_num, pos, depth, read_end, ops = before
+        if self._write_file_num != file_num:
+            self._close_write_file()
+            for num in range(file_num + 1, self._write_file_num + 1):
+                _remove_quietly(self.file_name(num))
+            self._write_file_num = file_num
+            # the meta written at the roll names the removed file and counts records cut below; refresh it
+            self._need_sync = True
+            self._dirty = True
+        self._write_pos = pos
+        self._depth = depth
+        self._read_end = read_end
+        self._ops = ops
+        if self._read_file_num == file_num:
+            self._forget_read_ahead()
+        try:
+            if self._write_fd is not None:
+                os.ftruncate(self._write_fd, pos)
+            else:
+                os.truncate(self.file_name(file_num), pos)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.log.warning("DISKQUEUE(%s): could not cut %s back to %d - %s",
+                             self.name, self.file_name(file_num), pos, exc)
+
+    # -- reading -------------------------------------------------------------------------------
+    def read_many(self, max_count: int) -> list[bytes]:
+        """Take up to ``max_count`` records, oldest first, advancing the read position. Corrupt files are
+        renamed ``.bad`` and skipped (logged). Disk errors are logged and kept in ``last_error``; the records
+        read so far are returned."""
+        if self._closed:
+            raise DiskQueueClosed(self.name)
+        records: list[bytes] = []
+        while len(records) < max_count:
+            reading_write_file = self._read_file_num == self._write_file_num
+            if reading_write_file:
+                if self._read_pos >= self._write_pos:
+                    break
+            elif self._read_file_num > self._write_file_num:
+                break
+            if self._read_fd is None and not self._open_read_file():
+                break
+            if self._read_fd is None:
+                continue  # a missing file was skipped
+            end = self._write_pos if reading_write_file else self._read_end
+            assert end is not None
+            if self._read_pos < end:
+                problem = self._read_records(records, max_count, end)
+                if problem is not None:
+                    self._skip_bad_file(problem)
+                    continue
+            if not reading_write_file and self._read_pos >= end:
+                self._finish_read_file()
+        if records or self._need_sync:
+            self._check_tail()
+        if self._need_sync or self._ops >= self.sync_every:
+            try:
+                self._sync()
+            except OSError as exc:
+                self._record_error("sync", exc)
+        return records
+
+    def _read_records(self, records: list[bytes], max_count: int, end: int) -> str | None:
+        """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
+        description of the corruption that stopped it, or None."""
+        buf = self._read_buf
+        base = self._read_buf_at
+        pos = self._read_pos
+        low, high = self.min_msg_size, self.max_msg_size
+        unpack = _LENGTH.unpack_from
+        append = records.append
+        count = len(records)
+        start_count = count
+        problem = None
+        while count < max_count and pos < end:
+            off = pos - base
+            if off + 4 > len(buf):
+                buf, base, problem = self._read_ahead(pos, 4, end)
+                if problem:
+                    break
+                off = 0
+            (size,) = unpack(buf, off)
+            if size < low or size > high:
+                problem = f"invalid record size {size}"
+                break
+            stop = off + 4 + size
+            if stop > len(buf):
+                buf, base, problem = self._read_ahead(pos, 4 + size, end)
+                if problem:
+                    break
+                off, stop = 0, 4 + size
+            append(buf[off + 4:stop])
+            pos += 4 + size
+            count += 1
+        taken = count - start_count
+        self._read_buf = buf
+        self._read_buf_at = base
+        self._read_pos = pos
+        self._depth -= taken
+        self._ops += taken
+        if taken:
+            self._dirty = True
+        return problem
+
+    def _read_ahead(self, pos: int, need: int, end: int) -> tuple[bytes, int, str | None]:
+        want = min(max(need, _READ_CHUNK), end - pos)
+        assert self._read_fd is not None
+        try:
+            data = os.pread(self._read_fd, want, pos)
+        except OSError as exc:
+            return b"", pos, f"read error: {exc}"
+        if len(data) < need:
+            return data, pos, f"short read: wanted {need} bytes, {len(data)} available"
+        return data, pos, None
+
+    def _open_read_file(self) -> bool:
+        """Open the read file; False when reading cannot go on now (the error is logged)."""
+        path = self.file_name(self._read_file_num)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if self._read_file_num < self._write_file_num:
+                self.log.error("DISKQUEUE(%s): %s is missing, skipping to the next file", self.name, path)
+                self._advance_read_file()
+            else:
+                self._skip_bad_file("the write file is missing")
+            return True
+        except OSError as exc:
+            self._record_error("open for reading", exc)
+            return False
+        self._read_fd = fd
+        self._forget_read_ahead()
+        if self._read_file_num < self._write_file_num and self._read_end is None:
+            self._read_end = os.fstat(fd).st_size
+        return True
+
+    def _finish_read_file(self) -> None:
+        """The reader has passed the end of a complete file: delete it and move on."""
+        done = self.file_name(self._read_file_num)
+        self._advance_read_file()
+        try:
+            os.remove(done)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, done, exc)
+
+    def _advance_read_file(self) -> None:
+        self._close_read_file()
+        self._read_file_num += 1
+        self._read_pos = 0
+        self._read_end = None
+        self._dirty = True
+        self._need_sync = True
+
+    def _skip_bad_file(self, problem: str) -> None:
+        path = self.file_name(self._read_file_num)
+        self.log.error("DISKQUEUE(%s): %s at %d of %s; renaming it to %s.bad and skipping to the next file",
+                       self.name, problem, self._read_pos, path, path)
+        if self._read_file_num == self._write_file_num:
+            # the write file itself is damaged: nothing more goes into it
+            self._close_write_file()
+            self._write_file_num += 1
+            self._write_pos = 0
+        self._advance_read_file()
+        try:
+            os.rename(path, path + ".bad")
+        except OSError as exc:
+            self.log.error("DISKQUEUE(%s): failed to rename %s - %s", self.name, path, exc)
+        self._check_tail()
+
+    def _check_tail(self) -> None:
+        """At the writer, depth must be 0; a reader beyond the writer means the positions are corrupt."""
+        reader = (self._read_file_num, self._read_pos)
+        writer = (self._write_file_num, self._write_pos)
+        if reader < writer:
+            return
+        if self._depth != 0:
+            if self._depth < 0:
+                self.log.error("DISKQUEUE(%s): negative depth at the tail (%d), metadata corruption, "
+                               "resetting to 0", self.name, self._depth)
+            else:
+                self.log.error("DISKQUEUE(%s): positive depth at the tail (%d), data loss, resetting to 0",
+                               self.name, self._depth)
+            self._depth = 0
+            self._dirty = True
+            self._need_sync = True
+        if reader != writer:
+            self.log.error("DISKQUEUE(%s): read position %d,%d is beyond write position %d,%d, corruption, "
+                           "skipping both to a new file", self.name, *reader, *writer)
+            self._remove_data_files()
+            self._dirty = True
+            self._need_sync = True
+
+    def _forget_read_ahead(self) -> None:
+        self._read_buf = b""
+        self._read_buf_at = 0
+
+    # -- durability ----------------------------------------------------------------------------
+    def sync(self) -> None:
+        """fsync the write file, then rewrite the meta file atomically. Raises OSError (kept in last_error)."""
+        try:
+            self._sync()
+        except OSError as exc:
+            self._record_error("sync", exc)
+            raise
+
+    def _sync(self) -> None:
+        if self._write_fd is not None:
+            os.fsync(self._write_fd)
+        self._write_meta()
+        self._ops = 0
+        self._dirty = False
+        self._need_sync = False
+        self._pending_since = None
+        self.last_error = None
+
+    def sync_if_due(self, now: float) -> bool:
+        """Sync when changes have been pending for ``sync_timeout`` on the caller's clock; call it periodically
+        (say every second). Errors are logged and kept in ``last_error``, not raised. True when it synced."""
+        if self._closed or not self._dirty:
+            self._pending_since = None
+            return False
+        if self._pending_since is None:
+            self._pending_since = now
+        if now - self._pending_since < self.sync_timeout:
+            return False
+        try:
+            self._sync()
+        except OSError as exc:
+            self._record_error("sync", exc)
+            self._pending_since = now  # try again after another sync_timeout
+            return False
+        return True
+
+    def _write_meta(self) -> None:
+        text = (f"{self._depth}\n{self._read_file_num},{self._read_pos}\n"
+                f"{self._write_file_num},{self._write_pos}\n").encode("ascii")
+        tmp = f"{self._meta_path}.{random.getrandbits(63)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                view = memoryview(text)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._meta_path)
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
+
+    def _fsync_directory(self) -> None:
+        try:
+            fd = os.open(self.data_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # some file systems cannot sync a directory; the data file sync still happens
+        finally:
+            os.close(fd)
+
+    def _record_error(self, action: str, exc: OSError) -> None:
+        self.last_error = exc
+        self.log.error("DISKQUEUE(%s): %s failed - %s", self.name, action, exc)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def empty(self) -> None:
+        """Drop every record: delete the data files from the read file to the write file and the meta file.
+        File numbering continues after the old write file."""
+        if self._closed:
+            raise DiskQueueClosed(self.name)
+        self.log.info("DISKQUEUE(%s): emptying", self.name)
+        self._remove_data_files()
+        _remove_quietly(self._meta_path)
+        self._ops = 0
+        self._dirty = False
+        self._need_sync = False
+        self._pending_since = None
+
+    def close(self) -> None:
+        """Sync (which writes the meta file, even for an empty queue) and close the files."""
+        if self._closed:
+            return
+        self.log.info("DISKQUEUE(%s): closing", self.name)
+        try:
+            self.sync()
+        finally:
+            self._closed = True
+            self._close_read_file()
+            self._close_write_file()
+
+    def delete(self) -> None:
+        """Remove the queue's data and meta files and close it; no file of it is left (``.bad`` files aside)."""
+        if self._closed:
+            raise DiskQueueClosed(self.name)
+        self.log.info("DISKQUEUE(%s): deleting", self.name)
+        self.empty()
+        self._closed = True
+
+    def _remove_data_files(self) -> None:
+        """Delete files read..write and put both positions at the start of a fresh file number."""
+        self._close_read_file()
+        self._close_write_file()
+        first, last = self._read_file_num, self._write_file_num
+        for num in range(first, last + 1):
+            path = self.file_name(num)
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, path, exc)
+        fresh = max(first, last) + 1
+        self._read_file_num = self._write_file_num = fresh
+        self._read_pos = self._write_pos = 0
+        self._read_end = None
+        self._depth = 0
+
+    def _close_read_file(self) -> None:
+        fd, self._read_fd = self._read_fd, None
+        self._forget_read_ahead()
+        if fd is not None:
+            os.close(fd)
+
+    def _close_write_file(self) -> None:
+        fd, self._write_fd = self._write_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    # -- start-up ------------------------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            with open(self._meta_path, "rb") as f:
+                text = f.read().decode("ascii")
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            self.log.error("DISKQUEUE(%s): cannot read %s - %s; starting empty", self.name, self._meta_path, exc)
+            return
+        try:
+            depth_line, read_line, write_line = text.split("\n")[:3]
+            depth = int(depth_line)
+            read_num, read_pos = (int(v) for v in read_line.split(","))
+            write_num, write_pos = (int(v) for v in write_line.split(","))
+            if min(read_num, read_pos, write_num, write_pos) < 0:
+                raise ValueError("negative position")
+        except ValueError as exc:
+            self.log.error("DISKQUEUE(%s): cannot parse %s (%r) - %s; starting empty",
+                           self.name, self._meta_path, text[:80], exc)
+            return
+        self._depth = depth
+        self._read_file_num, self._read_pos = read_num, read_pos
+        self._write_file_num, self._write_pos = write_num, write_pos
+
+        path = self.file_name(write_num)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            size = 0
+        if size > write_pos:
+            salvaged = self._count_records(path, write_pos, size)
+            self.log.warning("DISKQUEUE(%s): %s is %d bytes but the metadata says %d; %d unsynced record(s) "
+                             "kept, writing continues in a new file", self.name, path, size, write_pos, salvaged)
+            self._depth += salvaged
+            self._write_file_num += 1
+            self._write_pos = 0
+            self._need_sync = True
+        elif size < write_pos:
+            self.log.error("DISKQUEUE(%s): %s is %d bytes but the metadata says %d; writing continues in a "
+                           "new file", self.name, path, size, write_pos)
+            self._write_file_num += 1
+            self._write_pos = 0
+            self._need_sync = True
+        self._check_tail()
+        if self._need_sync:
+            try:
+                self._sync()
+            except OSError as exc:
+                self._record_error("sync", exc)
+
+    def _count_records(self, path: str, start: int, end: int) -> int:
+        """Whole, valid records between ``start`` and ``end`` of a file (only their lengths are read)."""
+        count = 0
+        pos = start
+        with open(path, "rb") as f:
+            while pos + 4 <= end:
+                f.seek(pos)
+                (size,) = _LENGTH.unpack(f.read(4))
+                if size < self.min_msg_size or size > self.max_msg_size or pos + 4 + size > end:
+                    break
+                pos += 4 + size
+                count += 1
+        return count
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

@@ -1,0 +1,215 @@
+"""NSQD: the daemon. Owns the topics, the listeners, the actor system and the queue scanner.
+
+``run`` starts everything inside one nursery and reports readiness through ``task_status``;
+``exit`` stops accepting, closes every client connection, and stops the loops, in nsqd's order.
+Connections are served by ``tcp.Connection``; this module only accepts them and keeps the registry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import trio
+
+from protocol.frames import FRAME_TYPE_ERROR, encode_frame
+from protocol.identify import IdentifyLimits
+
+from .actors import ActorSystem
+from .client import Client
+from .queue_scan import QueueScanner
+from .tcp import MAGIC_V2, Connection
+from .topic import Topic
+
+__all__ = ["NSQD", "split_address"]
+
+log = logging.getLogger("nsqd")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:4150`` for IPv6) into host and port; an empty host means every interface."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"invalid address {address!r}")
+    host = host.strip("[]")
+    return host, int(port)
+
+
+def format_address(sockaddr) -> str:
+    host, port = sockaddr[0], sockaddr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class NSQD:
+    def __init__(self, opts) -> None:
+        self.opts = opts
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, Client] = {}
+        self.exiting = False
+        self.start_time = int(time.time())
+        self.tcp_address: str | None = None
+        self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice)
+        self.scanner = QueueScanner(
+            self.all_channels,
+            interval=opts.queue_scan_interval,
+            refresh_interval=opts.queue_scan_refresh_interval,
+            selection_count=opts.queue_scan_selection_count,
+            worker_pool_max=opts.queue_scan_worker_pool_max,
+            dirty_percent=opts.queue_scan_dirty_percent,
+        )
+        self.identify_limits = IdentifyLimits(
+            max_rdy_count=opts.max_rdy_count,
+            max_msg_timeout_ms=int(opts.max_msg_timeout * 1000),
+            msg_timeout_ms=int(opts.msg_timeout * 1000),
+            max_heartbeat_interval_ms=int(opts.max_heartbeat_interval * 1000),
+            heartbeat_interval_ms=int(opts.client_timeout * 1000 / 2),
+            output_buffer_size=16384,
+            output_buffer_timeout_ms=int(opts.output_buffer_timeout * 1000),
+            min_output_buffer_timeout_ms=int(opts.min_output_buffer_timeout * 1000),
+            max_output_buffer_timeout_ms=int(opts.max_output_buffer_timeout * 1000),
+            max_output_buffer_size=opts.max_output_buffer_size,
+            tls_available=False,
+            snappy_enabled=False,  # compression and TLS upgrades are not served yet
+            deflate_enabled=False,
+            max_deflate_level=opts.max_deflate_level,
+            auth_required=False,
+        )
+        self._client_ids = itertools.count(1)
+        self._accept_scope = trio.CancelScope()
+        self._connections_scope = trio.CancelScope()
+        self._stopped = trio.Event()
+
+    # -- topics ----------------------------------------------------------------------------------
+    def get_topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            opts = self.opts
+            topic = Topic(name, node_id=opts.node_id, mem_queue_size=opts.mem_queue_size,
+                          max_msg_timeout=opts.max_msg_timeout, actors=self.actors,
+                          on_channel_created=self._channel_created,
+                          on_last_channel_gone=self._ephemeral_topic_idle)
+            self.topics[name] = topic
+            log.info("TOPIC(%s): created", name)
+        return topic
+
+    def get_existing_topic(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def delete_topic(self, name: str) -> bool:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return False
+        topic.close()
+        log.info("TOPIC(%s): deleting", name)
+        return True
+
+    def _channel_created(self, channel) -> None:
+        self.scanner.refresh()
+
+    def _ephemeral_topic_idle(self, topic: Topic) -> None:
+        self.delete_topic(topic.name)
+
+    def all_channels(self) -> list:
+        return [channel for topic in self.topics.values() for channel in topic.channels.values()]
+
+    # -- running ---------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        opts = self.opts
+        host, port = split_address(opts.tcp_address)
+        listeners = await trio.open_tcp_listeners(port, host=host or None)
+        self.tcp_address = format_address(listeners[0].socket.getsockname())
+        for listener in listeners:
+            log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.actors.run)
+                await nursery.start(self.scanner.run)
+                nursery.start_soon(self._serve, listeners)
+                task_status.started()
+                await self._stopped.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            for listener in listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+
+    async def _serve(self, listeners) -> None:
+        with self._connections_scope:
+            async with trio.open_nursery() as connections:
+                with self._accept_scope:
+                    async with trio.open_nursery() as acceptors:
+                        for listener in listeners:
+                            acceptors.start_soon(self._accept_loop, listener, connections)
+                log.info("TCP: closing %d listener(s)", len(listeners))
+                await trio.sleep_forever()
+
+    async def _accept_loop(self, listener, connections) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                # EMFILE and friends: back off a little instead of spinning
+                log.error("TCP: accept error: %s", exc)
+                await trio.sleep(0.05)
+                continue
+            connections.start_soon(self._handle_tcp, stream)
+
+    async def _handle_tcp(self, stream: trio.SocketStream) -> None:
+        try:
+            remote = format_address(stream.socket.getpeername())
+        except OSError:
+            await stream.aclose()
+            return
+        log.info("TCP: new client(%s)", remote)
+        client = None
+        try:
+            magic = b""
+            with trio.move_on_after(self.opts.client_timeout):
+                while len(magic) < 4:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    magic += chunk
+            if len(magic) < 4:
+                log.info("[%s] closed before sending the protocol magic", remote)
+                return
+            if magic[:4] != MAGIC_V2:
+                log.error("client(%s) bad protocol magic %r", remote, magic[:4])
+                with trio.move_on_after(1):
+                    await stream.send_all(encode_frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL"))
+                return
+            log.info("[%s] PROTOCOL(V2)", remote)
+            opts = self.opts
+            client = Client(next(self._client_ids), remote, msg_timeout=opts.msg_timeout,
+                            heartbeat_interval=opts.client_timeout / 2, output_buffer_size=16384,
+                            output_buffer_timeout=opts.output_buffer_timeout)
+            self.clients[client.id] = client
+            await Connection(self, stream, client).run(magic[4:])
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            log.info("[%s] connection error: %s", remote, group.exceptions[0])
+        except* Exception as group:
+            log.exception("[%s] internal error", remote, exc_info=group)
+        finally:
+            if client is not None:
+                self.clients.pop(client.id, None)
+                client.state = client.state  # keep the last state for logs
+                channel = client.channel
+                client.channel = None
+                client.rdy = 0
+                if channel is not None:
+                    channel.remove_client(client)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    def exit(self) -> None:
+        """Start a graceful stop: no new connections, close the open ones, stop the loops."""
+        if self.exiting:
+            return
+        self.exiting = True
+        log.info("NSQ: exiting")
+        self._accept_scope.cancel()
+        self._connections_scope.cancel()
+        for topic in self.topics.values():
+            topic.close()
+        self._stopped.set()

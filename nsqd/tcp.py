@@ -1,0 +1,377 @@
+"""One V2 TCP connection: the magic, the command loop, the writer, heartbeats and deadlines.
+
+Reading: each receive buffer is fed to the sans-IO ``CommandParser`` and every complete command is
+handled synchronously (no await per message); the responses are appended to the client's output
+buffer and leave in one write. Writing: a writer task sends the output buffer when something asks
+for an immediate flush (any non-message frame, a consumer that became not-ready, an idle channel)
+or when the flush timer (``output_buffer_timeout``) expires. Deadlines: the read side must see a
+command within 2 x heartbeat interval (one cancel scope whose deadline moves, not a scope per
+read); each write must finish within one heartbeat interval.
+
+Errors: handlers raise ``ProtocolError``; this loop alone decides to close. A fatal error is
+written, flushed, and the connection closed; E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED are not
+fatal. Causes are logged, never sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import trio
+
+from protocol.commands import CommandParser, ms_to_go_duration, parse_base10
+from protocol.errors import LineTooLong, ProtocolError
+from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT_FRAME, OK_FRAME, encode_frame
+from protocol.identify import negotiate
+from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
+
+from .channel import ChannelError
+from .client import Client, ClientState
+from .message import Message
+from .topic import TopicExiting, TopicFull
+
+__all__ = ["Connection", "MAGIC_V2"]
+
+log = logging.getLogger("nsqd")
+
+MAGIC_V2 = b"  V2"
+RECEIVE_SIZE = 65536
+MESSAGE_ID_LENGTH = 16
+FINAL_FLUSH_TIMEOUT = 1.0
+
+
+_INIT_ONLY_WITH_BODY = frozenset((b"IDENTIFY", b"AUTH"))
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _message_id(params: tuple, index: int = 0) -> bytes:
+    msg_id = params[index]
+    if len(msg_id) != MESSAGE_ID_LENGTH:
+        raise ProtocolError("E_INVALID", "invalid message ID")
+    return msg_id
+
+
+class Connection:
+    """Drives one client connection until it closes. Owns its tasks through its own nursery."""
+
+    def __init__(self, nsqd, stream: trio.abc.Stream, client: Client) -> None:
+        self.nsqd = nsqd
+        self.opts = nsqd.opts
+        self.stream = stream
+        self.client = client
+        self.parser = CommandParser(max_msg_size=self.opts.max_msg_size, max_body_size=self.opts.max_body_size,
+                                    max_req_timeout_ms=int(self.opts.max_req_timeout * 1000),
+                                    line_check=self._line_check)
+        self._read_scope: trio.CancelScope | None = None
+        self._heartbeat_scope: trio.CancelScope | None = None
+        self._writer_done = trio.Event()
+        self._handlers = {
+            b"FIN": self.FIN, b"RDY": self.RDY, b"REQ": self.REQ, b"PUB": self.PUB, b"MPUB": self.MPUB,
+            b"DPUB": self.DPUB, b"NOP": self.NOP, b"TOUCH": self.TOUCH, b"SUB": self.SUB, b"CLS": self.CLS,
+            b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH,
+        }
+
+    # -- driving ---------------------------------------------------------------------------------
+    async def run(self, initial: bytes) -> None:
+        """Serve the connection; ``initial`` holds bytes read after the magic."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer)
+            nursery.start_soon(self._heartbeats)
+            try:
+                await self._read_loop(initial)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._drain()
+                nursery.cancel_scope.cancel()
+
+    async def _drain(self) -> None:
+        """Let the writer send what is buffered (e.g. a fatal error frame), within a bound."""
+        client = self.client
+        client.draining = True
+        client.flush_now = True
+        client.wake_writer()
+        with trio.move_on_after(FINAL_FLUSH_TIMEOUT):
+            await self._writer_done.wait()
+
+    def _read_deadline(self) -> float:
+        interval = self.client.heartbeat_interval
+        if interval <= 0:
+            return math.inf
+        return trio.current_time() + 2 * interval
+
+    async def _read_loop(self, initial: bytes) -> None:
+        parser = self.parser
+        client = self.client
+        handlers = self._handlers
+        receive = self.stream.receive_some
+        with trio.CancelScope(deadline=self._read_deadline()) as scope:
+            self._read_scope = scope
+            data = initial
+            while True:
+                if data:
+                    parser.receive_data(data)
+                    try:
+                        while True:
+                            command = parser.next_command()
+                            if command is None:
+                                break
+                            handler = handlers.get(command.name)
+                            if handler is None:
+                                raise ProtocolError("E_INVALID", f"invalid command {_text(command.name)}")
+                            try:
+                                if command.name == b"IDENTIFY":
+                                    response = await handler(command)
+                                else:
+                                    response = handler(command)
+                            except ProtocolError as error:
+                                if error.fatal:
+                                    raise
+                                client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
+                                continue
+                            if response is not None:
+                                client.write_frame(response)
+                    except ProtocolError as error:
+                        log.error("[%s] - %s", client.remote_address, error.payload().decode("utf-8", "replace"))
+                        client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
+                        return
+                    except LineTooLong:
+                        log.error("[%s] - command line too long, closing", client.remote_address)
+                        return
+                    scope.deadline = self._read_deadline()
+                try:
+                    data = await receive(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.info("[%s] - read failed: %s", client.remote_address, exc)
+                    return
+                if not data:
+                    log.info("PROTOCOL(V2): [%s] exiting ioloop", client.remote_address)
+                    return
+        log.info("[%s] - read deadline exceeded, closing", client.remote_address)
+
+    async def _writer(self) -> None:
+        client = self.client
+        stream = self.stream
+        try:
+            while True:
+                if not client.out:
+                    if client.draining:
+                        return
+                    await client.writer_wait_event().wait()
+                    continue
+                if not client.flush_now and not client.draining:
+                    # message frames only: batch them until the flush timer expires or a flush is asked for
+                    timeout = client.output_buffer_timeout
+                    deadline = trio.current_time() + timeout if timeout > 0 else math.inf
+                    while not client.flush_now and not client.draining:
+                        with trio.move_on_at(deadline):
+                            await client.writer_wait_event().wait()
+                        if trio.current_time() >= deadline:
+                            break
+                data = client.take_output()
+                interval = client.heartbeat_interval
+                with trio.move_on_after(interval if interval > 0 else math.inf) as scope:
+                    await stream.send_all(data)
+                if scope.cancelled_caught:
+                    log.error("[%s] - write deadline exceeded, closing", client.remote_address)
+                    self._stop_reading()
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("[%s] - write failed: %s", client.remote_address, exc)
+            self._stop_reading()
+        finally:
+            self._writer_done.set()
+
+    def _stop_reading(self) -> None:
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+
+    async def _heartbeats(self) -> None:
+        client = self.client
+        while True:
+            with trio.CancelScope() as scope:
+                self._heartbeat_scope = scope
+                interval = client.heartbeat_interval
+                if interval <= 0:
+                    await trio.sleep_forever()
+                while True:
+                    await trio.sleep(interval)
+                    client.write_frame(HEARTBEAT_FRAME)
+
+    # -- checks ----------------------------------------------------------------------------------
+    def _line_check(self, name: bytes, params: tuple) -> None:
+        """Checks nsqd makes before reading a command's body: IDENTIFY and AUTH only in init."""
+        if name in _INIT_ONLY_WITH_BODY and self.client.state != ClientState.INIT:
+            raise ProtocolError("E_INVALID", f"cannot {name.decode()} in current state")
+
+    def _require_state(self, name: str, *states: ClientState) -> None:
+        if self.client.state not in states:
+            raise ProtocolError("E_INVALID", f"cannot {name} in current state")
+
+    # -- commands --------------------------------------------------------------------------------
+    async def IDENTIFY(self, command) -> bytes:
+        client = self.client
+        self._require_state("IDENTIFY", ClientState.INIT)
+        limits = self.nsqd.identify_limits
+        result = negotiate(command.body, limits)
+        first = not client.identified
+        if result.client_id is not None:
+            client.client_id = result.client_id
+        if result.hostname is not None:
+            client.hostname = result.hostname
+        if result.user_agent is not None:
+            client.user_agent = result.user_agent
+        if first:
+            client.identified = True
+            client.heartbeat_interval = result.heartbeat_interval_ms / 1000 if result.heartbeat_interval_ms > 0 else 0.0
+            client.output_buffer_size = result.output_buffer_size
+            client.output_buffer_timeout = result.output_buffer_timeout_ms / 1000
+            client.sample_rate = result.sample_rate
+            client.msg_timeout = result.msg_timeout_ms / 1000
+            if self._heartbeat_scope is not None:
+                self._heartbeat_scope.cancel()
+            if self._read_scope is not None:
+                self._read_scope.deadline = self._read_deadline()
+        log.info("[%s] IDENTIFY: client_id=%r hostname=%r user_agent=%r", client.remote_address, client.client_id,
+                 client.hostname, client.user_agent)
+        return encode_frame(FRAME_TYPE_RESPONSE, result.response(limits))
+
+    def AUTH(self, command) -> bytes:
+        self._require_state("AUTH", ClientState.INIT)
+        if self.client.auth_secret is not None:
+            raise ProtocolError("E_INVALID", "AUTH already set")
+        raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+
+    def SUB(self, command) -> bytes:
+        client = self.client
+        self._require_state("SUB", ClientState.INIT)
+        if client.heartbeat_interval <= 0:
+            raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
+        params = command.params
+        if len(params) < 2:
+            raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
+        topic_name = _text(params[0])
+        channel_name = _text(params[1])
+        if not is_valid_topic_name(topic_name):
+            raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(topic_name)} is not valid")
+        if not is_valid_channel_name(channel_name):
+            raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(channel_name)} is not valid")
+        if self.nsqd.exiting:
+            raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
+        topic = self.nsqd.get_topic(topic_name)
+        channel = topic.get_channel(channel_name)
+        limit = self.opts.max_channel_consumers
+        if limit and len(channel.clients) >= limit:
+            raise ProtocolError("E_SUB_FAILED", f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
+        channel.add_client(client)
+        client.channel = channel
+        client.state = ClientState.SUBSCRIBED
+        log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
+        return OK_FRAME
+
+    def RDY(self, command) -> None:
+        client = self.client
+        if client.state == ClientState.CLOSING:
+            return None
+        self._require_state("RDY", ClientState.SUBSCRIBED)
+        count = 1
+        if command.params:
+            raw = command.params[0]
+            try:
+                count = parse_base10(raw)
+            except ValueError:
+                raise ProtocolError("E_INVALID", f"RDY could not parse count {_text(raw)}") from None
+        limit = self.opts.max_rdy_count
+        if count > limit:
+            raise ProtocolError("E_INVALID", f"RDY count {count} out of range 0-{limit}")
+        client.rdy = count
+        client.channel.client_credit_changed(client)
+        return None
+
+    def FIN(self, command) -> None:
+        client = self.client
+        self._require_state("FIN", ClientState.SUBSCRIBED, ClientState.CLOSING)
+        if not command.params:
+            raise ProtocolError("E_INVALID", "FIN insufficient number of params")
+        msg_id = _message_id(command.params)
+        try:
+            client.channel.finish(client, msg_id)
+        except ChannelError as error:
+            raise ProtocolError("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {error}") from None
+        return None
+
+    def REQ(self, command) -> None:
+        client = self.client
+        self._require_state("REQ", ClientState.SUBSCRIBED, ClientState.CLOSING)
+        params = command.params
+        if len(params) < 2:
+            raise ProtocolError("E_INVALID", "REQ insufficient number of params")
+        msg_id = _message_id(params)
+        try:
+            delay_ns = ms_to_go_duration(parse_base10(params[1]))
+        except ValueError:
+            raise ProtocolError("E_INVALID", f"REQ could not parse timeout {_text(params[1])}") from None
+        # clamped to [0, max-req-timeout], no error (nsqd >= 1.1)
+        delay = min(max(delay_ns, 0) / 1e9, self.opts.max_req_timeout)
+        try:
+            client.channel.requeue(client, msg_id, delay)
+        except ChannelError as error:
+            raise ProtocolError("E_REQ_FAILED", f"REQ {_text(msg_id)} failed {error}") from None
+        return None
+
+    def TOUCH(self, command) -> None:
+        client = self.client
+        self._require_state("TOUCH", ClientState.SUBSCRIBED, ClientState.CLOSING)
+        if not command.params:
+            raise ProtocolError("E_INVALID", "TOUCH insufficient number of params")
+        msg_id = _message_id(command.params)
+        try:
+            client.channel.touch(client, msg_id, client.msg_timeout)
+        except ChannelError as error:
+            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {_text(msg_id)} failed {error}") from None
+        return None
+
+    def CLS(self, command) -> bytes:
+        client = self.client
+        self._require_state("CLS", ClientState.SUBSCRIBED)
+        client.rdy = 0
+        client.state = ClientState.CLOSING
+        log.info("[%s] CLS: closing", client.remote_address)
+        return CLOSE_WAIT_FRAME
+
+    def NOP(self, command) -> None:
+        return None
+
+    def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
+        topic = self.nsqd.get_topic(topic_name)
+        ids = topic.new_ids(len(bodies))
+        now_ns = time.time_ns()
+        messages = [Message(msg_id, body, now_ns, 0, defer) for msg_id, body in zip(ids, bodies)]
+        try:
+            topic.put_many(messages)
+        except TopicExiting:
+            raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed exiting") from None
+        except TopicFull:
+            raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed queue full") from None
+        self.client.published(topic_name, len(messages))
+        return OK_FRAME
+
+    def PUB(self, command) -> bytes:
+        if self.nsqd.exiting:
+            raise ProtocolError("E_PUB_FAILED", "PUB failed exiting")
+        return self._publish("PUB", _text(command.params[0]), [command.body])
+
+    def MPUB(self, command) -> bytes:
+        if self.nsqd.exiting:
+            raise ProtocolError("E_MPUB_FAILED", "MPUB failed exiting")
+        return self._publish("MPUB", _text(command.params[0]), command.body)
+
+    def DPUB(self, command) -> bytes:
+        if self.nsqd.exiting:
+            raise ProtocolError("E_DPUB_FAILED", "DPUB failed exiting")
+        delay = max(ms_to_go_duration(parse_base10(command.params[1])), 0) / 1e9
+        return self._publish("DPUB", _text(command.params[0]), [command.body], delay)

@@ -1,0 +1,701 @@
+"""HTTP/1.1 for the three daemons, without I/O: requests, responses, NSQ's response conventions, the router
+and an incremental request parser. The trio driver that owns sockets and clocks is ``protocol.http_server``.
+
+Response conventions are nsqd's ``http_api.RespondV1`` (FACTS 4.1): text and empty bodies for success, compact
+JSON for objects, ``{"message":"<CODE>"}`` for errors, and the ``X-Nsq-Content-Type`` header (Go canonicalises
+``X-NSQ-Content-Type`` to this spelling on the wire; header names are case-insensitive anyway).
+
+The router reproduces julienschmidt/httprouter as nsqd configures it: exact paths with ``:param`` segments,
+405 with an ``Allow`` list (the route's methods plus OPTIONS, sorted), automatic OPTIONS, a redirect when only
+the trailing slash differs or when the cleaned, case-insensitive path names a route (301 for GET, 307 otherwise),
+and 404 otherwise. One extension: HEAD is answered by a GET route, without the body.
+
+Request parsing uses h11 with one ``h11.Connection`` per request (creating one costs ~1.5 µs) instead of one per
+socket: the server writes its own response bytes, so h11's send path, which costs as much as parsing, is never
+run. ``RequestParser`` keeps the received bytes and hands h11 small slices, so a long pipeline of small requests
+is not copied once per request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from decimal import Decimal
+from http import HTTPStatus
+from urllib.parse import quote, unquote_to_bytes
+
+import h11
+
+__all__ = [
+    "CONNECTION_CLOSED", "END_OF_BODY", "NEED_DATA", "BadRequest", "Headers", "HTTPError", "Match", "Request",
+    "RequestHead", "RequestParser", "Response", "Route", "Router", "empty_response", "encode_response",
+    "error_response", "go_json", "json_response", "parse_query", "plain_error_response", "text_response",
+]
+
+TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+NSQ_CONTENT_TYPE_HEADER = ("X-Nsq-Content-Type", "nsq; version=1.0")
+
+Handler = Callable[..., Awaitable["Response"]]
+
+
+# -- responses ----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(slots=True)
+class Response:
+    """A complete response. ``Content-Length``, ``Date`` and ``Connection`` are added by the server."""
+
+    status: int = 200
+    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    body: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+
+class HTTPError(Exception):
+    """Raised by a handler; the router answers ``status`` with ``{"message":"<message>"}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+        self.status = status
+        self.message = message
+
+
+_HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                               "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_HTML_CHARS = re.compile("[<>&\u2028\u2029]")
+# A JSON string (skipped as is) or a number; only numbers with a fraction or an exponent (floats) change.
+_JSON_NUMBER = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?')
+# A value starting like a float: finding none (the usual case) skips the slower rewrite.
+_FLOAT_HINT = re.compile(r'[:,\[]-?\d+[.eE]')
+
+
+def _go_float(text: str) -> str:
+    """Rewrite a float the way Go's encoding/json does: shortest digits, no exponent for 1e-6 <= |f| < 1e21,
+    no ``.0`` suffix on whole numbers, a one-digit negative exponent not padded (``1e-7``)."""
+    value = float(text)
+    magnitude = abs(value)
+    if magnitude != 0 and (magnitude < 1e-6 or magnitude >= 1e21):
+        text = repr(value)
+        if len(text) >= 4 and text[-4] == "e" and text[-3] == "-" and text[-2] == "0":
+            text = text[:-2] + text[-1]
+        return text
+    text = repr(value)
+    if "e" in text:
+        text = format(Decimal(text), "f")
+    if text.endswith(".0"):
+        text = text[:-2]
+    return text
+
+
+def _fix_floats(match: re.Match) -> str:
+    token = match.group()
+    if token[0] == '"' or ("." not in token and "e" not in token and "E" not in token):
+        return token
+    return _go_float(token)
+
+
+def go_json(obj) -> bytes:
+    """Compact JSON as Go's ``json.Marshal`` writes it: no spaces, UTF-8 kept as is, ``<``, ``>``, ``&``,
+    U+2028 and U+2029 escaped, floats in Go's notation, no trailing newline. Key order is the dict's order."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if _HTML_CHARS.search(text) is not None:
+        text = text.translate(_HTML_ESCAPES)
+    if _FLOAT_HINT.search(text) is not None:
+        text = _JSON_NUMBER.sub(_fix_floats, text)
+    return text.encode("utf-8", "replace")
+
+
+def text_response(text: str | bytes, status: int = 200, *, nsq_header: bool = False) -> Response:
+    """A text body (``text/plain; charset=utf-8``). nsqd's /ping has no NSQ header; V1 endpoints answering a
+    string (``/pub`` → ``OK``) pass ``nsq_header=True``."""
+    body = text.encode("utf-8") if isinstance(text, str) else text
+    headers = [("Content-Type", TEXT_CONTENT_TYPE)]
+    if nsq_header:
+        headers.append(NSQ_CONTENT_TYPE_HEADER)
+    return Response(status, headers, body)
+
+
+def json_response(obj, status: int = 200) -> Response:
+    return Response(status, [("Content-Type", JSON_CONTENT_TYPE), NSQ_CONTENT_TYPE_HEADER], go_json(obj))
+
+
+def empty_response() -> Response:
+    """200 with an empty body and no content type, as a V1 handler returning nil."""
+    return Response(200, [NSQ_CONTENT_TYPE_HEADER], b"")
+
+
+def error_response(status: int, code_text: str) -> Response:
+    return json_response({"message": code_text}, status)
+
+
+def plain_error_response(status: int) -> Response:
+    """What Go's net/http answers by itself to a request it cannot parse: ``400 Bad Request`` as text."""
+    return Response(status, [("Content-Type", TEXT_CONTENT_TYPE)], f"{status} {_reason(status)}".encode())
+
+
+_REASONS: dict[int, str] = {status.value: status.phrase for status in HTTPStatus}
+
+
+def _reason(status: int) -> str:
+    return _REASONS.get(status) or f"status code {status}"
+
+
+_STATUS_LINES: dict[int, bytes] = {}
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
+def encode_response(response: Response, *, date: str, head_only: bool = False, close: bool = False,
+                    keep_alive_header: bool = False) -> bytes:
+    """Serialise ``response`` with ``Content-Length`` and ``Date``; ``close`` adds ``Connection: close`` and
+    ``keep_alive_header`` the ``Connection: keep-alive`` an HTTP/1.0 client needs to keep its connection."""
+    status = response.status
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {_reason(status)}\r\n".encode()
+    body = response.body
+    parts = []
+    for name, value in response.headers:
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"line break in response header {name!r}")
+        parts.append(f"{name}: {value}\r\n")
+    if status in _NO_BODY_STATUSES:
+        body = b""
+    else:
+        parts.append(f"Content-Length: {len(body)}\r\n")
+    parts.append(f"Date: {date}\r\n")
+    if close:
+        parts.append("Connection: close\r\n")
+    elif keep_alive_header:
+        parts.append("Connection: keep-alive\r\n")
+    parts.append("\r\n")
+    head = line + "".join(parts).encode("latin-1")
+    if head_only or not body:
+        return head
+    return head + body
+
+
+# -- requests -----------------------------------------------------------------------------------------------------
+class Headers:
+    """Request headers: case-insensitive lookup, values as ``str`` (latin-1), original order kept.
+    The index is built on the first lookup; most requests never look at a header."""
+
+    __slots__ = ("_items", "_index")
+
+    def __init__(self, items) -> None:
+        # items: pairs of lower-case name bytes and value bytes, as h11 produces them
+        self._items = items
+        self._index: dict[str, list[str]] | None = None
+
+    def _build(self) -> dict[str, list[str]]:
+        index: dict[str, list[str]] = {}
+        for name, value in self._items:
+            index.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
+        self._index = index
+        return index
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        """The first value of ``name``."""
+        values = (self._index or self._build()).get(name.lower())
+        return values[0] if values else default
+
+    def get_all(self, name: str) -> list[str]:
+        return list((self._index or self._build()).get(name.lower(), ()))
+
+    def __getitem__(self, name: str) -> str:
+        values = (self._index or self._build()).get(name.lower())
+        if not values:
+            raise KeyError(name)
+        return values[0]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in (self._index or self._build())
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        for name, value in self._items:
+            yield name.decode("latin-1"), value.decode("latin-1")
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Headers({list(self)!r})"
+
+
+_PERCENT_OK = re.compile(rb"%[0-9A-Fa-f]{2}")
+_BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+def _query_unescape(raw: bytes) -> str:
+    """Go's ``url.QueryUnescape`` (``+`` is a space, ``%XX`` strict) plus strict UTF-8."""
+    if b"%" in raw:
+        if _BAD_PERCENT.search(raw) is not None:
+            raise ValueError("invalid URL escape")
+        raw = unquote_to_bytes(raw.replace(b"+", b" "))
+    elif b"+" in raw:
+        raw = raw.replace(b"+", b" ")
+    return raw.decode("utf-8")
+
+
+def parse_query(raw_query: bytes) -> dict[str, list[str]]:
+    """Parse a query string as Go's ``url.ParseQuery``: pairs split on ``&``, a ``;`` is an error, empty pairs
+    are skipped, repeated keys keep every value in order. Raises ``ValueError`` on a bad escape or bad UTF-8."""
+    result: dict[str, list[str]] = {}
+    if not raw_query:
+        return result
+    for pair in raw_query.split(b"&"):
+        if not pair:
+            continue
+        if b";" in pair:
+            raise ValueError("invalid semicolon separator in query")
+        key, _, value = pair.partition(b"=")
+        result.setdefault(_query_unescape(key), []).append(_query_unescape(value))
+    return result
+
+
+class Request:
+    """One request as handlers see it. ``query`` is parsed on first use; a bad encoding raises
+    ``HTTPError(400, "INVALID_REQUEST")``, which the router answers (so, as in nsqd, only endpoints that read
+    parameters reject a bad query string)."""
+
+    __slots__ = ("method", "target", "path", "raw_query", "headers", "body", "remote_address", "tls",
+                 "http_version", "_query")
+
+    def __init__(self, method: str, path: str, raw_query: bytes = b"", headers: Headers | None = None,
+                 body: bytes = b"", remote_address: str = "", tls: bool = False, *, target: str | None = None,
+                 http_version: str = "1.1") -> None:
+        self.method = method
+        self.path = path
+        self.raw_query = raw_query
+        self.headers = headers if headers is not None else Headers(())
+        self.body = body
+        self.remote_address = remote_address
+        self.tls = tls
+        if target is None:
+            target = path + ("?" + raw_query.decode("latin-1") if raw_query else "")
+        self.target = target  # the request-target as sent (Go's RequestURI), for logs and redirects
+        self.http_version = http_version
+        self._query: dict[str, list[str]] | None = None
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        query = self._query
+        if query is None:
+            try:
+                query = self._query = parse_query(self.raw_query)
+            except ValueError:
+                raise HTTPError(400, "INVALID_REQUEST") from None
+        return query
+
+    def query_value(self, name: str, default: str | None = None) -> str | None:
+        """The first value of a query parameter (Go's ``url.Values.Get``), ``default`` when absent."""
+        values = self.query.get(name)
+        return values[0] if values else default
+
+    def __repr__(self) -> str:
+        return f"<Request {self.method} {self.target} from {self.remote_address}>"
+
+
+# -- router -------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class Route:
+    methods: tuple[str, ...]
+    path: str
+    handler: Handler
+    access_log: bool = True
+    # int, or a callable returning the current limit; None means the server's default
+    max_body_bytes: int | Callable[[], int] | None = None
+    # sent, and the connection closed, when the body is over the limit; None means 413 BODY_TOO_BIG
+    body_too_big: Response | None = None
+    segments: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(slots=True)
+class Match:
+    """The router's decision for one method and path: a route with its parameters, or the router's own answer
+    (404, 405, OPTIONS, redirect) in ``response``."""
+
+    route: Route | None
+    params: dict[str, str]
+    response: Response | None = None
+    access_log: bool = True
+
+
+def _split(path: str) -> tuple[str, ...]:
+    return tuple(path.split("/")[1:])
+
+
+def clean_path(path: str) -> str:
+    """httprouter's CleanPath: one leading slash, no ``.``/``..``/empty segments, trailing slash kept."""
+    if not path:
+        return "/"
+    parts: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if parts:
+                parts.pop()
+        elif segment and segment != ".":
+            parts.append(segment)
+    cleaned = "/" + "/".join(parts)
+    if path.endswith("/") and cleaned != "/":
+        cleaned += "/"
+    return cleaned
+
+
+class Router:
+    """Maps method and path to handlers: ``async def handler(request, **params) -> Response``."""
+
+    def __init__(self, *, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger("protocol.http")
+        self._static: dict[str, dict[str, Route]] = {}
+        self._dynamic: dict[tuple[str, ...], dict[str, Route]] = {}
+        self._routes: list[Route] = []
+
+    def add(self, methods: list[str] | tuple[str, ...], path: str, handler: Handler, *, access_log: bool = True,
+            max_body_bytes: int | Callable[[], int] | None = None, body_too_big: Response | None = None) -> Route:
+        if not path.startswith("/"):
+            raise ValueError(f"route path must start with '/': {path!r}")
+        segments = _split(path)
+        names = [segment[1:] for segment in segments if segment.startswith(":")]
+        if any(not name.isidentifier() for name in names) or len(set(names)) != len(names):
+            raise ValueError(f"bad parameter names in route {path!r}")
+        methods = tuple(method.upper() for method in methods)
+        route = Route(methods, path, handler, access_log, max_body_bytes, body_too_big, segments)
+        table = self._dynamic.setdefault(segments, {}) if names else self._static.setdefault(path, {})
+        for method in methods:
+            if method in table:
+                raise ValueError(f"route {method} {path} registered twice")
+            table[method] = route
+        self._routes.append(route)
+        return route
+
+    @property
+    def routes(self) -> list[Route]:
+        return list(self._routes)
+
+    def _lookup(self, method: str, path: str) -> tuple[Route | None, dict[str, str]]:
+        table = self._static.get(path)
+        if table is not None:
+            route = table.get(method)
+            if route is not None:
+                return route, {}
+        if self._dynamic:
+            segments = _split(path)
+            for pattern, table in self._dynamic.items():
+                route = table.get(method)
+                if route is not None and len(pattern) == len(segments):
+                    params = _bind(pattern, segments)
+                    if params is not None:
+                        return route, params
+        return None, {}
+
+    def _allowed(self, path: str) -> list[str]:
+        methods: set[str] = set(self._static.get(path, ()))
+        if self._dynamic:
+            segments = _split(path)
+            for pattern, table in self._dynamic.items():
+                if len(pattern) == len(segments) and _bind(pattern, segments) is not None:
+                    methods.update(table)
+        return sorted(methods)
+
+    def _fixed_path(self, method: str, path: str) -> str | None:
+        """httprouter's findCaseInsensitivePath on the cleaned path, with a trailing slash added or removed."""
+        candidates = [clean_path(path)]
+        alternate = candidates[0][:-1] if candidates[0].endswith("/") else candidates[0] + "/"
+        if alternate:
+            candidates.append(alternate)
+        for candidate in candidates:
+            lowered = candidate.lower()
+            for static_path, table in self._static.items():
+                if method in table and static_path.lower() == lowered:
+                    return static_path
+            segments = _split(candidate)
+            for pattern, table in self._dynamic.items():
+                if method in table and len(pattern) == len(segments):
+                    fixed = []
+                    for want, got in zip(pattern, segments):
+                        if want.startswith(":"):
+                            if not got:
+                                break
+                            fixed.append(got)
+                        elif want.lower() == got.lower():
+                            fixed.append(want)
+                        else:
+                            break
+                    else:
+                        return "/" + "/".join(fixed)
+        return None
+
+    def match(self, method: str, path: str, raw_query: bytes = b"") -> Match:
+        route, params = self._lookup(method, path)
+        if route is None and method == "HEAD":
+            route, params = self._lookup("GET", path)
+        if route is not None:
+            return Match(route, params, None, route.access_log)
+        if path == "*":  # "OPTIONS *" asks about the server itself, as Go's net/http answers it
+            return Match(None, {}, Response(200) if method == "OPTIONS" else error_response(404, "NOT_FOUND"))
+        if path != "/" and method != "CONNECT":
+            code = 301 if method == "GET" else 307
+            alternate = path[:-1] if path.endswith("/") else path + "/"
+            target = None
+            if alternate and self._lookup(method, alternate)[0] is not None:
+                target = alternate
+            else:
+                target = self._fixed_path(method, path)
+            if target is not None:
+                target = quote(target.encode("utf-8", "surrogateescape"), safe="/!$&'()*+,;=:@-._~")
+                if raw_query:
+                    target += "?" + raw_query.decode("latin-1")
+                return Match(None, {}, _redirect(target, code, method))
+        allowed = self._allowed(path)
+        if method == "OPTIONS":
+            if allowed:
+                return Match(None, {}, Response(200, [("Allow", _allow_header(allowed))], b""))
+        elif allowed:
+            response = error_response(405, "METHOD_NOT_ALLOWED")
+            response.headers.insert(0, ("Allow", _allow_header(allowed)))
+            return Match(None, {}, response)
+        return Match(None, {}, error_response(404, "NOT_FOUND"))
+
+    async def call(self, match: Match, request: Request) -> Response:
+        """Run the matched handler; ``HTTPError`` becomes its error response, any other exception a logged 500."""
+        if match.response is not None:
+            return match.response
+        try:
+            response = await match.route.handler(request, **match.params)
+            if not isinstance(response, Response):
+                raise TypeError(f"handler returned {type(response).__name__}, not Response")
+            return response
+        except HTTPError as exc:
+            return error_response(exc.status, exc.message)
+        except Exception as exc:
+            self.logger.error("panic in HTTP handler - %r (%s %s)", exc, request.method, request.target,
+                              exc_info=True)
+            return error_response(500, "INTERNAL_ERROR")
+
+    async def handle(self, request: Request) -> Response:
+        """Match and call in one step (tests, and callers that already hold the whole request)."""
+        return await self.call(self.match(request.method, request.path, request.raw_query), request)
+
+
+def _bind(pattern: tuple[str, ...], segments: tuple[str, ...]) -> dict[str, str] | None:
+    params = {}
+    for want, got in zip(pattern, segments):
+        if want.startswith(":"):
+            if not got:
+                return None
+            params[want[1:]] = got
+        elif want != got:
+            return None
+    return params
+
+
+def _allow_header(methods: list[str]) -> str:
+    return ", ".join(sorted({*methods, "OPTIONS"}))
+
+
+def _redirect(location: str, code: int, method: str) -> Response:
+    """Go's ``http.Redirect``: HTML body for GET (content type for GET and HEAD)."""
+    headers = [("Location", location)]
+    body = b""
+    if method in ("GET", "HEAD"):
+        headers.append(("Content-Type", "text/html; charset=utf-8"))
+        if method == "GET":
+            body = f'<a href="{html.escape(location)}">{_reason(code)}</a>.\n\n'.encode()
+    return Response(code, headers, body)
+
+
+# -- request parser -----------------------------------------------------------------------------------------------
+class _Sentinel:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+NEED_DATA = _Sentinel("NEED_DATA")
+END_OF_BODY = _Sentinel("END_OF_BODY")
+CONNECTION_CLOSED = _Sentinel("CONNECTION_CLOSED")
+
+
+class BadRequest(Exception):
+    """The client sent something that is not HTTP/1.1; answer ``status`` (400 or 431) and close."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(status, reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclasses.dataclass(slots=True)
+class RequestHead:
+    method: str
+    target: str
+    path: str
+    raw_query: bytes
+    http_version: str
+    headers: list  # (lower-case name, value) byte pairs
+    content_length: int | None
+    chunked: bool
+    keep_alive: bool
+    expect_continue: bool
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+
+def _decode_path(raw: bytes) -> str:
+    """Percent-decode a path strictly (a bad escape is a 400 as in Go); bytes that are not UTF-8 survive as
+    surrogate escapes, so such a path simply matches no route."""
+    if b"%" in raw:
+        if _BAD_PERCENT.search(raw) is not None:
+            raise BadRequest(400, "invalid URL escape in path")
+        raw = unquote_to_bytes(raw)
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _parse_head(event: h11.Request, expect_continue: bool) -> RequestHead:
+    target = event.target
+    path_bytes, question, raw_query = target.partition(b"?")
+    if not path_bytes.startswith(b"/"):
+        if path_bytes == b"*" and not question:
+            path_bytes = b"*"
+        elif path_bytes.startswith((b"http://", b"https://")):
+            # absolute-form: keep the path of the URL
+            slash = path_bytes.find(b"/", path_bytes.index(b"//") + 2)
+            path_bytes = path_bytes[slash:] if slash >= 0 else b"/"
+        else:
+            raise BadRequest(400, "invalid request target")
+    content_length = None
+    chunked = False
+    connection = b""
+    for name, value in event.headers:
+        if name == b"content-length":
+            content_length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = True  # h11 accepts nothing but "chunked" here
+        elif name == b"connection":
+            connection = connection + b"," + value.lower() if connection else value.lower()
+    version = event.http_version
+    tokens = {token.strip() for token in connection.split(b",")} if connection else ()
+    if version == b"1.1":
+        keep_alive = b"close" not in tokens
+    else:
+        keep_alive = b"keep-alive" in tokens and b"close" not in tokens
+    if chunked:
+        content_length = None
+    return RequestHead(event.method.decode("ascii"), target.decode("ascii"), _decode_path(path_bytes), raw_query,
+                       version.decode("ascii"), event.headers, content_length, chunked, keep_alive,
+                       expect_continue)
+
+
+class RequestParser:
+    """Incremental parser for the requests of one connection.
+
+    ``receive_data(data)`` (``b""`` at end of input), then ``next_event()`` returns a ``RequestHead``, body bytes,
+    ``END_OF_BODY`` (after every request, with or without a body), ``NEED_DATA`` or ``CONNECTION_CLOSED``.
+    Raises ``BadRequest`` for anything malformed, including a head over ``max_header_bytes`` (431) and input
+    ending inside a request. The caller decides whether to read the body; once it skips one, the parser is done.
+    """
+
+    # Bytes offered to h11 at a time while it reads a head: big enough for common heads in one go, small
+    # enough that giving back the unread rest of a pipeline costs little.
+    HEAD_SLICE = 4096
+    BODY_SLICE = 65536
+
+    def __init__(self, max_header_bytes: int = 65536) -> None:
+        self.max_header_bytes = max_header_bytes
+        self._buffer = bytearray()
+        self._pos = 0  # bytes of _buffer already given to h11
+        self._eof = False
+        self._h11: h11.Connection | None = None
+        self._eof_sent = False
+        self._body_left: int | None = None  # Content-Length bytes still to come, when known
+        self._slice = self.HEAD_SLICE
+
+    def receive_data(self, data: bytes) -> None:
+        if data:
+            if self._pos and self._pos == len(self._buffer):
+                self._buffer.clear()
+                self._pos = 0
+            elif self._pos > 65536:
+                del self._buffer[:self._pos]
+                self._pos = 0
+            self._buffer += data
+        else:
+            self._eof = True
+
+    @property
+    def has_partial_request(self) -> bool:
+        """True when bytes of a request not yet complete are buffered (the header timer should be running)."""
+        if self._h11 is not None:
+            return True
+        return self._pos < len(self._buffer)
+
+    def _feed(self, conn: h11.Connection) -> bool:
+        """Give h11 the next slice of buffered input; False when there is none."""
+        start = self._pos
+        available = len(self._buffer) - start
+        if available:
+            size = self._body_left if self._body_left is not None else self._slice
+            end = start + min(available, max(size, 1))
+            self._pos = end
+            conn.receive_data(bytes(self._buffer[start:end]))
+            return True
+        if self._eof and not self._eof_sent:
+            self._eof_sent = True
+            conn.receive_data(b"")
+            return True
+        return False
+
+    def next_event(self):
+        conn = self._h11
+        if conn is None:
+            if self._pos == len(self._buffer):
+                return CONNECTION_CLOSED if self._eof else NEED_DATA
+            conn = self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_header_bytes)
+            self._body_left = None
+            self._slice = self.HEAD_SLICE
+            self._eof_sent = False
+            self._feed(conn)
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise BadRequest(exc.error_status_hint, str(exc)) from None
+            kind = type(event)
+            if kind is h11.Data:
+                data = event.data
+                if self._body_left is not None:
+                    self._body_left -= len(data)
+                return data
+            if kind is h11.Request:
+                head = _parse_head(event, conn.they_are_waiting_for_100_continue)
+                # a Content-Length body is fed exactly, a chunked one in big slices
+                self._body_left = head.content_length
+                self._slice = self.BODY_SLICE
+                return head
+            if kind is h11.EndOfMessage:
+                rest, _ = conn.trailing_data
+                self._pos -= len(rest)
+                self._h11 = None
+                return END_OF_BODY
+            if event is h11.NEED_DATA:
+                if self._feed(conn):
+                    continue
+                return NEED_DATA
+            if kind is h11.ConnectionClosed:
+                return CONNECTION_CLOSED
+            raise BadRequest(400, f"unexpected {kind.__name__}")

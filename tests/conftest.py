@@ -1,0 +1,48 @@
+"""Shared fixtures: nsqd subprocesses for the end-to-end suites (tests/integration, tests/compat)."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+
+from tests.integration.harness import NsqdProcess, stop_all
+
+_daemon_numbers = itertools.count()
+
+
+@pytest.fixture
+def nsqd_factory(tmp_path_factory):
+    """Start nsqd subprocesses with extra flags: ``nsqd_factory("--max-channel-consumers=1")``."""
+    daemons: list[NsqdProcess] = []
+
+    def start(*args: str) -> NsqdProcess:
+        data_path = tmp_path_factory.mktemp(f"nsqd{next(_daemon_numbers)}")
+        daemon = NsqdProcess(data_path, args)
+        daemons.append(daemon)
+        return daemon.start()
+
+    yield start
+    stop_all(daemons)
+
+
+@pytest.fixture
+def nsqd(nsqd_factory) -> NsqdProcess:
+    """A fresh nsqd with default options for one test."""
+    return nsqd_factory()
+
+
+@pytest.fixture(scope="module")
+def module_nsqd(tmp_path_factory) -> NsqdProcess:
+    """One nsqd shared by a module's tests (each test uses its own topics); must still exit 0 at the end."""
+    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-module"))
+    daemon.start()
+    yield daemon
+    stop_all([daemon])
+
+
+@pytest.fixture
+def topic() -> str:
+    """A topic name no other test uses."""
+    return f"t_{uuid.uuid4().hex[:16]}"

@@ -1,0 +1,551 @@
+"""ActorSystem tests. Time-dependent ones run on trio's MockClock (autojump_clock fixture): an actor "works" by
+sleeping on the mock clock, so run times are exact and the tests deterministic."""
+
+import random
+
+import pytest
+import trio
+import trio.testing
+
+from nsqd.actors import Actor, ActorState, ActorSystem, ActorSystemStatistics
+
+
+def jain(values):
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+class BusyActor(Actor):
+    """Always has work (while ``awake``); each unit costs ``cost`` seconds and at least one unit runs per slice."""
+
+    def __init__(self, name, cost, log=None, awake=True):
+        super().__init__()
+        self.name = name
+        self.cost = cost
+        self.log = log
+        self.awake = awake
+        self.units = 0
+        self.inside = 0
+
+    async def run_slice(self, slice_end):
+        assert self.inside == 0, "run twice at once"
+        self.inside += 1
+        try:
+            if not self.awake:
+                return False
+            if self.log is not None:
+                self.log.append(self.name)
+            while True:
+                await trio.sleep(self.cost)
+                self.units += 1
+                if trio.current_time() >= slice_end:
+                    return True
+        finally:
+            self.inside -= 1
+
+
+class MailboxActor(Actor):
+    """Processes items from a list, ``cost`` seconds each; out of work when the list is empty."""
+
+    def __init__(self, cost=0.0):
+        super().__init__()
+        self.cost = cost
+        self.items = []
+        self.done = []
+
+    async def run_slice(self, slice_end):
+        while self.items:
+            if self.cost:
+                await trio.sleep(self.cost)
+            self.done.append(self.items.pop(0))
+            if trio.current_time() >= slice_end:
+                return bool(self.items)
+        return False
+
+
+async def run_system_for(system, seconds, setup=None):
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        if setup is not None:
+            nursery.start_soon(setup)
+        await trio.sleep(seconds)
+        system.check_invariants()
+        nursery.cancel_scope.cancel()
+
+
+# ---- fairness ------------------------------------------------------------------------------------------------------
+
+
+async def test_fairness_two_busy_actors_with_different_costs(autojump_clock):
+    # One unit costs 1 ms for the cheap actor (5 units per 5 ms slice) and 20 ms for the dear one (one unit per
+    # slice, 20 ms). Turn-taking would give a 1:4 split of run time; vruntime ordering gives 1:1.
+    system = ActorSystem(workers=1)
+    cheap, dear = BusyActor("cheap", 0.001), BusyActor("dear", 0.020)
+    system.add(cheap)
+    system.add(dear)
+    await run_system_for(system, 20.0)
+    assert cheap.runtime + dear.runtime == pytest.approx(20.0, abs=0.05)
+    assert cheap.runtime == pytest.approx(dear.runtime, rel=0.02)
+    assert jain([cheap.runtime, dear.runtime]) > 0.999
+    assert cheap.slices > 3 * dear.slices  # the cheap one got about 4 slices per dear one (float rounding aside)
+
+
+async def test_fairness_three_actors_on_two_workers(autojump_clock):
+    system = ActorSystem(workers=2)
+    actors = [BusyActor("a", 0.001), BusyActor("b", 0.004), BusyActor("c", 0.013)]
+    for actor in actors:
+        system.add(actor)
+    await run_system_for(system, 30.0)
+    runtimes = [actor.runtime for actor in actors]
+    assert sum(runtimes) == pytest.approx(60.0, abs=0.1)  # both workers always busy
+    assert jain(runtimes) > 0.999
+    for runtime in runtimes:
+        assert runtime == pytest.approx(20.0, rel=0.03)
+
+
+# ---- suspend / resume ------------------------------------------------------------------------------------------
+
+
+async def test_add_runs_once_then_suspends_and_resume_wakes_it():
+    system = ActorSystem(workers=2)
+    actor = MailboxActor()
+    assert actor.actor_state is ActorState.IDLE
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.slices == 1  # add schedules one slice: the actor may have had work before it was added
+        assert actor.actor_state is ActorState.SUSPENDED
+        stats = system.statistics()
+        assert (stats.actors, stats.suspended, stats.ready, stats.running, stats.parked_workers) == (1, 1, 0, 0, 2)
+
+        # Suspended: nothing runs it until resume.
+        actor.items.append("x")
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.slices == 1 and actor.done == []
+
+        system.resume(actor)
+        assert actor.actor_state is ActorState.SCHEDULED
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.done == ["x"] and actor.slices == 2
+        assert actor.actor_state is ActorState.SUSPENDED
+        system.check_invariants()
+        nursery.cancel_scope.cancel()
+
+
+async def test_resume_is_idempotent_while_scheduled():
+    system = ActorSystem(workers=1)
+    actor = MailboxActor()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        actor.items.extend(range(5))
+        for _ in range(100):  # one resume per put, with no checkpoint in between
+            system.resume(actor)
+        assert system.statistics().ready == 1
+        system.check_invariants()
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.done == [0, 1, 2, 3, 4]
+        assert actor.slices == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_resume_of_unknown_actor_does_nothing():
+    system = ActorSystem(workers=1)
+    stranger = MailboxActor()
+    system.resume(stranger)
+    assert stranger.actor_state is ActorState.IDLE
+    assert system.statistics().ready == 0
+
+
+async def test_actor_with_backlog_runs_in_slices_until_empty(autojump_clock):
+    system = ActorSystem(workers=1, slice_seconds=0.005)
+    actor = MailboxActor(cost=0.001)
+    actor.items.extend(range(23))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await trio.sleep(1)
+        assert actor.done == list(range(23))
+        assert actor.slices == 5  # 5 + 5 + 5 + 5 + 3 items
+        assert actor.actor_state is ActorState.SUSPENDED
+        assert actor.runtime == pytest.approx(0.023)
+        nursery.cancel_scope.cancel()
+
+
+# ---- the lost wake-up ------------------------------------------------------------------------------------------
+
+
+class RacyActor(MailboxActor):
+    """Finds its mailbox empty, then awaits something (a flush, say) before returning False: the window in which
+    a put + resume must not be lost."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_window = trio.Event()
+        self.gate = trio.Event()
+
+    async def run_slice(self, slice_end):
+        while self.items:
+            self.done.append(self.items.pop(0))
+        if not self.in_window.is_set():
+            self.in_window.set()
+            await self.gate.wait()
+        return False
+
+
+async def test_resume_while_running_after_empty_check_is_not_lost():
+    system = ActorSystem(workers=1)
+    actor = RacyActor()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await actor.in_window.wait()
+        assert actor.actor_state is ActorState.RUNNING
+        actor.items.append("late")
+        system.resume(actor)  # costs one flag store: the actor is running
+        assert actor.actor_state is ActorState.RUNNING
+        actor.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.done == ["late"]
+        assert actor.slices == 2
+        assert actor.actor_state is ActorState.SUSPENDED
+        nursery.cancel_scope.cancel()
+
+
+class SelfResumingActor(MailboxActor):
+    """Its own slice puts an item after the empty check (a consumer becoming ready during the slice, say)."""
+
+    def __init__(self, system):
+        super().__init__()
+        self.system = system
+        self.fed = False
+
+    async def run_slice(self, slice_end):
+        while self.items:
+            self.done.append(self.items.pop(0))
+        if not self.fed:
+            self.fed = True
+            self.items.append("own")
+            self.system.resume(self)
+        return False
+
+
+async def test_resume_during_own_slice_is_not_lost():
+    system = ActorSystem(workers=1)
+    actor = SelfResumingActor(system)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.done == ["own"]
+        assert actor.actor_state is ActorState.SUSPENDED
+        nursery.cancel_scope.cancel()
+
+
+# ---- the CFS clamp ---------------------------------------------------------------------------------------------
+
+
+def longest_run(log, name):
+    best = current = 0
+    for entry in log:
+        current = current + 1 if entry == name else 0
+        best = max(best, current)
+    return best
+
+
+async def test_woken_actor_does_not_monopolise_the_workers(autojump_clock):
+    log = []
+    system = ActorSystem(workers=1, slice_seconds=0.005, wake_slack=0.005)
+    busy = BusyActor("busy", 0.001, log)
+    sleeper = BusyActor("sleeper", 0.001, log, awake=False)
+    system.add(busy)
+    system.add(sleeper)
+
+    async def wake_later():
+        await trio.sleep(10.0)
+        assert sleeper.vruntime == 0.0  # it has run nothing: without the clamp it would be owed 10 s
+        sleeper.awake = True
+        system.resume(sleeper)
+        assert sleeper.vruntime >= busy.vruntime - 0.005 - 0.005  # clamped to min_vruntime - slack (busy may be mid-slice)
+
+    await run_system_for(system, 12.0, wake_later)
+    woken_at = log.index("sleeper")
+    after = log[woken_at:]
+    # At most wake_slack / slice worth of extra slices, plus the alternation itself.
+    assert longest_run(after, "sleeper") <= 2
+    assert longest_run(after, "busy") <= 2
+    assert after.count("sleeper") == pytest.approx(after.count("busy"), abs=3)
+    assert busy.runtime == pytest.approx(11.0, abs=0.05)
+    assert sleeper.runtime == pytest.approx(1.0, abs=0.05)
+
+
+async def test_new_actor_starts_near_min_vruntime(autojump_clock):
+    log = []
+    system = ActorSystem(workers=1)
+    old = BusyActor("old", 0.001, log)
+    system.add(old)
+    new = BusyActor("new", 0.001, log)
+
+    async def add_later():
+        await trio.sleep(5.0)
+        system.add(new)
+
+    await run_system_for(system, 6.0, add_later)
+    assert longest_run(log[log.index("new") :], "new") <= 2
+    assert new.runtime == pytest.approx(0.5, abs=0.02)
+
+
+# ---- remove ----------------------------------------------------------------------------------------------------
+
+
+async def test_removed_scheduled_actor_never_runs(autojump_clock):
+    system = ActorSystem(workers=1)
+    busy = BusyActor("busy", 0.001)
+    victim = MailboxActor()
+    victim.items.append("never")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(busy)
+        await trio.sleep(0.0025)  # the only worker is inside busy's slice
+        system.add(victim)
+        system.check_invariants()
+        assert victim.actor_state is ActorState.SCHEDULED
+        system.remove(victim)
+        system.remove(victim)  # idempotent
+        assert victim.actor_state is ActorState.IDLE
+        system.check_invariants()
+        system.resume(victim)
+        assert victim.actor_state is ActorState.IDLE
+        await trio.sleep(1.0)
+        assert victim.slices == 0 and victim.done == []
+        assert system.statistics().actors == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_removed_running_actor_is_not_rescheduled(autojump_clock):
+    system = ActorSystem(workers=2)
+    busy = BusyActor("busy", 0.010)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(busy)
+        await trio.sleep(0.005)
+        assert busy.actor_state is ActorState.RUNNING
+        system.remove(busy)
+        system.resume(busy)  # a put racing with the channel's deletion
+        assert system.statistics().actors == 0
+        await trio.sleep(1.0)
+        assert busy.slices == 1  # the slice in progress ended, and nothing followed even though it had work
+        assert busy.actor_state is ActorState.IDLE
+        system.check_invariants()
+        stats = system.statistics()
+        assert (stats.ready, stats.running, stats.parked_workers) == (0, 0, 2)
+
+        system.add(busy)  # back again
+        await trio.sleep(1.0)
+        assert busy.slices > 50
+        nursery.cancel_scope.cancel()
+
+
+async def test_removed_suspended_actor_ignores_resume():
+    system = ActorSystem(workers=1)
+    actor = MailboxActor()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        system.remove(actor)
+        assert actor.actor_state is ActorState.IDLE
+        actor.items.append("x")
+        system.resume(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.done == [] and actor.slices == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_remove_and_readd_during_a_slice_never_overlaps(autojump_clock):
+    system = ActorSystem(workers=3)
+    busy = BusyActor("busy", 0.010)  # asserts that it is never run twice at once
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(busy)
+        await trio.sleep(0.005)
+        system.remove(busy)
+        system.add(busy)
+        assert busy.actor_state is ActorState.RUNNING
+        system.check_invariants()
+        await trio.sleep(1.0)
+        assert busy.slices == 100  # one 10 ms unit per slice, back to back, on one worker at a time
+        nursery.cancel_scope.cancel()
+
+
+def test_add_twice_is_an_error():
+    system, other = ActorSystem(), ActorSystem()
+    actor = MailboxActor()
+    system.add(actor)
+    with pytest.raises(ValueError):
+        system.add(actor)
+    with pytest.raises(ValueError):
+        other.add(actor)
+
+
+# ---- concurrency -----------------------------------------------------------------------------------------------
+
+
+async def test_workers_run_different_actors_concurrently(autojump_clock):
+    system = ActorSystem(workers=4)
+    inside = 0
+    peak = 0
+
+    class Sleeper(Actor):
+        async def run_slice(self, slice_end):
+            nonlocal inside, peak
+            inside += 1
+            peak = max(peak, inside)
+            await trio.sleep(1.0)  # a disk read, say
+            inside -= 1
+            return True
+
+    actors = [Sleeper() for _ in range(6)]
+    for actor in actors:
+        system.add(actor)
+    await run_system_for(system, 3.0)
+    assert peak == 4
+    # 4 workers x 3 s of 1 s slices, fairly spread.
+    assert sum(actor.slices for actor in actors) == 12
+    assert {actor.slices for actor in actors} == {2}
+
+
+async def test_an_actor_is_never_run_twice_at_once(autojump_clock):
+    system = ActorSystem(workers=4, slice_seconds=0.003)
+    rng = random.Random(7)
+
+    class Flaky(Actor):
+        def __init__(self):
+            super().__init__()
+            self.inside = False
+            self.pending = 0
+
+        async def run_slice(self, slice_end):
+            assert not self.inside, "run twice at once"
+            self.inside = True
+            try:
+                while self.pending and trio.current_time() < slice_end:
+                    self.pending -= 1
+                    await trio.sleep(rng.choice([0.0, 0.0005, 0.002]))
+                return bool(self.pending)
+            finally:
+                self.inside = False
+
+    actors = [Flaky() for _ in range(6)]
+    for actor in actors:
+        system.add(actor)
+
+    async def hammer():
+        for _ in range(3000):
+            actor = rng.choice(actors)
+            actor.pending += rng.randrange(3)
+            system.resume(actor)
+            if rng.random() < 0.01:
+                system.remove(actor)
+                system.add(actor)
+            system.check_invariants()
+            await trio.sleep(rng.choice([0.0, 0.0, 0.001]))
+
+    await run_system_for(system, 10.0, hammer)
+    assert sum(actor.slices for actor in actors) > 1000
+    for actor in actors:
+        assert actor.pending == 0  # every resume led to the work being done
+        assert actor.actor_state is ActorState.SUSPENDED
+
+
+async def test_workers_yield_between_slices():
+    system = ActorSystem(workers=1)
+
+    class Spinner(Actor):
+        """Never awaits; has work for 2000 slices."""
+
+        async def run_slice(self, slice_end):
+            return self.slices < 1999
+
+    spinner = Spinner()
+    seen = set()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(spinner)
+        while spinner.slices < 2000:
+            seen.add(spinner.slices)
+            await trio.lowlevel.checkpoint()
+        nursery.cancel_scope.cancel()
+    assert len(seen) > 100  # this task ran between the actor's slices
+
+
+# ---- lifecycle and statistics ----------------------------------------------------------------------------------
+
+
+async def test_cancel_mid_slice_keeps_the_actor_and_run_can_restart(autojump_clock):
+    system = ActorSystem(workers=1)
+    actor = BusyActor("a", 1.0)
+    system.add(actor)
+    with trio.move_on_after(0.5):
+        await system.run()
+    assert actor.actor_state is ActorState.SCHEDULED
+    system.check_invariants()
+    await run_system_for(system, 3.5)
+    assert actor.units == 3
+
+
+async def test_run_slice_exception_propagates():
+    system = ActorSystem(workers=2)
+
+    class Broken(Actor):
+        async def run_slice(self, slice_end):
+            raise RuntimeError("boom")
+
+    system.add(Broken())
+    with pytest.raises(RuntimeError, match="boom"):
+        # trio wraps a task's exception in an ExceptionGroup only with strict groups; accept either.
+        try:
+            await system.run()
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
+
+
+async def test_run_twice_at_once_is_an_error():
+    system = ActorSystem(workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        with pytest.raises(RuntimeError):
+            await system.run()
+        nursery.cancel_scope.cancel()
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError):
+        ActorSystem(workers=0)
+    with pytest.raises(ValueError):
+        ActorSystem(slice_seconds=0)
+    with pytest.raises(ValueError):
+        ActorSystem(wake_slack=-1)
+
+
+async def test_statistics(autojump_clock):
+    system = ActorSystem(workers=2)
+    busy = [BusyActor(str(n), 0.010) for n in range(3)]
+    idle = MailboxActor()
+    for actor in [*busy, idle]:
+        system.add(actor)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        await trio.sleep(0.105)
+        stats = system.statistics()
+        assert isinstance(stats, ActorSystemStatistics)
+        assert stats.actors == 4
+        assert stats.running == 2 and stats.ready == 1 and stats.suspended == 1
+        assert stats.workers == 2 and stats.parked_workers == 0
+        assert stats.slices == idle.slices + sum(actor.slices for actor in busy)
+        assert stats.slices == 1 + 20  # idle's empty slice + 2 workers x 10 slices of 10 ms
+        assert stats.min_vruntime > 0
+        with pytest.raises(AttributeError):
+            stats.actors = 0
+        nursery.cancel_scope.cancel()

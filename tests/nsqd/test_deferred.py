@@ -1,0 +1,72 @@
+import random
+
+from nsqd.queues.deferred import DeferredQueue
+
+
+def test_empty():
+    q = DeferredQueue()
+    assert len(q) == 0
+    assert q.peek_due() is None
+    assert q.pop_due(1e9) == []
+    assert q.drain() == []
+
+
+def test_pop_due_in_due_order_inclusive():
+    q = DeferredQueue()
+    for item, due in [("c", 3.0), ("a", 1.0), ("b", 2.0), ("e", 5.0)]:
+        q.push(item, due)
+    assert len(q) == 4 and q.peek_due() == 1.0
+    assert q.pop_due(0.999) == []
+    assert q.pop_due(2.0) == ["a", "b"]
+    assert q.peek_due() == 3.0 and len(q) == 2
+    assert q.pop_due(4.0) == ["c"]
+    assert q.pop_due(5.0) == ["e"]
+    assert len(q) == 0 and q.peek_due() is None
+
+
+def test_fifo_among_equal_due_times():
+    q = DeferredQueue()
+    for n in range(50):
+        q.push(n, 7.0 if n % 2 else 3.0)
+    assert q.pop_due(3.0) == list(range(0, 50, 2))
+    assert q.pop_due(7.0) == list(range(1, 50, 2))
+
+
+def test_items_need_not_be_comparable():
+    q = DeferredQueue()
+    a, b = object(), object()
+    q.push(a, 1.0)
+    q.push(b, 1.0)
+    q.push({"x": 1}, 1.0)
+    assert q.pop_due(1.0)[:2] == [a, b]
+
+
+def test_drain_returns_due_and_item_in_order():
+    q = DeferredQueue()
+    q.push("late", 9.0)
+    q.push("early", 1.0)
+    q.push("early2", 1.0)
+    assert q.drain() == [(1.0, "early"), (1.0, "early2"), (9.0, "late")]
+    assert len(q) == 0 and q.pop_due(100.0) == []
+
+
+def test_random_operations_match_a_sorted_model():
+    rng = random.Random(99)
+    q = DeferredQueue()
+    model: list[tuple[float, int]] = []  # (due, order); item == order
+    order = 0
+    now = 0.0
+    for _ in range(10_000):
+        if rng.random() < 0.6:
+            due = now + rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 5)])
+            q.push(order, due)
+            model.append((due, order))
+            order += 1
+        else:
+            now += rng.uniform(0, 0.7)
+            model.sort()
+            due_now = [item for due, item in model if due <= now]
+            model = [(due, item) for due, item in model if due > now]
+            assert q.pop_due(now) == due_now
+        assert len(q) == len(model)
+        assert q.peek_due() == min((due for due, _ in model), default=None)

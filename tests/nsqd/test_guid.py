@@ -1,0 +1,173 @@
+"""Message IDs: nsqd's layout, uniqueness, monotonicity, and the batch lead rule."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from nsqd.guid import MAX_LEAD_TICKS, TWEPOCH, GUIDFactory, GUIDUnavailable, split_id
+
+NOW = 1_790_000_000_123_456_789  # a fixed wall-clock reading in nanoseconds
+TICK_NS = 1 << 20
+
+
+def expected_id(now_ns: int, node_id: int, sequence: int) -> bytes:
+    """nsqd's formula, written out independently of the implementation."""
+    value = (((now_ns >> 20) - 1288834974288) << 22) | (node_id << 12) | sequence
+    return struct.pack(">Q", value).hex().encode()
+
+
+def test_layout_matches_nsqd():
+    factory = GUIDFactory(617)
+    first = factory.next_id(NOW)
+    assert first == expected_id(NOW, 617, 0)
+    assert len(first) == 16 and first == first.lower() and bytes.fromhex(first.decode())
+    assert factory.next_id(NOW + 1) == expected_id(NOW, 617, 1)  # same tick: next sequence
+    assert factory.next_id(NOW + TICK_NS) == expected_id(NOW + TICK_NS, 617, 0)  # new tick: back to 0
+    parts = split_id(first)
+    assert (parts.tick, parts.node_id, parts.sequence) == (NOW >> 20, 617, 0)
+    assert TWEPOCH == 1288834974288
+
+
+def test_sample_id_from_a_real_nsqd_decodes():
+    parts = split_id(b"18a398c44e669000")
+    assert parts.sequence == 0
+    assert 0 <= parts.node_id < 1024
+    assert 1_600_000_000 < (parts.tick << 20) / 1e9 < 1_900_000_000  # a plausible Unix time
+
+
+@pytest.mark.parametrize("node_id", [-1, 1024])
+def test_node_id_range(node_id):
+    with pytest.raises(ValueError):
+        GUIDFactory(node_id)
+
+
+def test_sequence_exhaustion_raises_and_recovers_on_next_tick():
+    factory = GUIDFactory(3)
+    ids = [factory.next_id(NOW) for _ in range(4096)]
+    assert split_id(ids[-1]).sequence == 4095
+    with pytest.raises(GUIDUnavailable):
+        factory.next_id(NOW)
+    with pytest.raises(GUIDUnavailable):  # still exhausted: nothing was consumed
+        factory.next_id(NOW + 5)
+    after = factory.next_id(NOW + TICK_NS)
+    assert after == expected_id(NOW + TICK_NS, 3, 0)
+    assert after > ids[-1]
+
+
+def test_clock_moving_back_raises():
+    factory = GUIDFactory(3)
+    issued = factory.next_id(NOW)
+    with pytest.raises(GUIDUnavailable):
+        factory.next_id(NOW - TICK_NS)
+    assert factory.next_id(NOW) > issued  # same tick again is fine
+
+
+def test_100k_single_ids_unique_and_increasing():
+    factory = GUIDFactory(1023)
+    clock = NOW
+    ids = []
+    retries = 0
+    while len(ids) < 100_000:
+        try:
+            ids.append(factory.next_id(clock))
+        except GUIDUnavailable:
+            retries += 1
+            clock += 1_000_000  # the caller waits 1 ms and retries, as nsqd does
+            continue
+        clock += 50  # 20 ids per microsecond: far faster than a tick allows
+    assert retries > 0
+    assert len(set(ids)) == len(ids)
+    assert all(a < b for a, b in zip(ids, ids[1:]))
+    for message_id in ids[::997]:
+        parts = split_id(message_id)
+        assert parts.node_id == 1023 and 0 <= parts.sequence < 4096
+
+
+def test_100k_batch_borrows_ticks_and_stays_monotonic():
+    factory = GUIDFactory(5)
+    first = factory.next_id(NOW)
+    batch = factory.next_ids(100_000, NOW)
+    assert len(batch) == 100_000
+    ids = [first] + batch
+    assert len(set(ids)) == len(ids)
+    assert all(a < b for a, b in zip(ids, ids[1:]))
+    # the batch fills the rest of the tick, then whole ticks ahead of the clock
+    assert batch[0] == expected_id(NOW, 5, 1)
+    assert batch[4094] == expected_id(NOW, 5, 4095)
+    assert batch[4095] == expected_id(NOW + TICK_NS, 5, 0)
+    last = split_id(batch[-1])
+    assert last.tick == (NOW >> 20) + (100_000 + 1 - 1) // 4096
+    assert last.sequence == (100_000) % 4096
+    # while ahead, a clock reading behind the borrowed tick continues after it
+    following = factory.next_id(NOW)
+    assert following > batch[-1]
+    assert split_id(following).tick == last.tick
+    # once the clock passes the borrowed ticks, sequences restart at the clock's tick
+    later = NOW + (last.tick - (NOW >> 20) + 1) * TICK_NS
+    assert factory.next_id(later) == expected_id(later, 5, 0)
+    with pytest.raises(GUIDUnavailable):  # and going back is an error again
+        factory.next_id(NOW)
+
+
+def test_batch_beyond_the_lead_is_refused_without_using_ids():
+    factory = GUIDFactory(9)
+    factory.next_id(NOW)
+    too_many = (MAX_LEAD_TICKS + 1) * 4096
+    with pytest.raises(GUIDUnavailable):
+        factory.next_ids(too_many, NOW)
+    assert factory.next_id(NOW) == expected_id(NOW, 9, 1)
+    assert GUIDFactory.max_batch == MAX_LEAD_TICKS * 4096
+    fresh = GUIDFactory(9)
+    ids = fresh.next_ids(GUIDFactory.max_batch, NOW - (NOW % TICK_NS))
+    assert split_id(ids[-1]).tick - (NOW >> 20) == MAX_LEAD_TICKS - 1
+
+
+def test_batch_edge_sizes():
+    factory = GUIDFactory(2)
+    assert factory.next_ids(0, NOW) == []
+    with pytest.raises(ValueError):
+        factory.next_ids(-1, NOW)
+    assert factory.next_ids(1, NOW) == [expected_id(NOW, 2, 0)]
+    assert factory.next_ids(4095, NOW)[-1] == expected_id(NOW, 2, 4095)  # exactly fills the tick
+    with pytest.raises(GUIDUnavailable):  # next_id itself never borrows
+        factory.next_id(NOW)
+    assert factory.next_ids(1, NOW) == [expected_id(NOW + TICK_NS, 2, 0)]  # next_ids borrows the next tick
+    assert factory.next_id(NOW) == expected_id(NOW + TICK_NS, 2, 1)  # and next_id continues in it
+
+
+def test_backwards_beyond_the_lead_raises():
+    factory = GUIDFactory(4)
+    last = factory.next_ids(3 * 4096 - 10, NOW)[-1]
+    assert factory.next_id(NOW - 10 * TICK_NS) > last  # within the lead: continues after the batch
+    with pytest.raises(GUIDUnavailable):
+        factory.next_id(NOW - (MAX_LEAD_TICKS + 10) * TICK_NS)
+    with pytest.raises(GUIDUnavailable):
+        factory.next_ids(1, NOW - (MAX_LEAD_TICKS + 10) * TICK_NS)
+
+
+def test_random_mix_never_repeats_or_goes_back():
+    rng = random.Random(1234)
+    factory = GUIDFactory(77)
+    clock = NOW
+    issued: list[bytes] = []
+    while len(issued) < 100_000:
+        clock += rng.choice([0, 0, 100, 10_000, TICK_NS, -TICK_NS, -3 * TICK_NS])
+        try:
+            if rng.random() < 0.3:
+                issued += factory.next_ids(rng.randint(1, 9000), clock)
+            else:
+                issued.append(factory.next_id(clock))
+        except GUIDUnavailable:
+            clock += TICK_NS
+    assert len(set(issued)) == len(issued)
+    assert all(a < b for a, b in zip(issued, issued[1:]))
+    assert {split_id(i).node_id for i in issued[::101]} == {77}
+
+
+def test_real_clock():
+    factory = GUIDFactory(0)
+    ids = factory.next_ids(10_000) + [factory.next_id()]
+    assert all(a < b for a, b in zip(ids, ids[1:]))

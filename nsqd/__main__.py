@@ -10,11 +10,13 @@ import trio
 from protocol.logfmt import setup_logging
 
 from .options import parse_options, validate
+from .metadata import DataDirLocked
 from .server import NSQD
 
 
 async def serve(opts) -> None:
     nsqd = NSQD(opts)
+    nsqd.lock_data_path()  # before any nursery, so a refusal is a plain exception
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(nsqd.run)
@@ -37,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         log.critical("%s", exc)
         return 1
-    trio.run(serve, opts)
+    try:
+        trio.run(serve, opts)
+    except DataDirLocked as exc:
+        log.critical("%s", exc)
+        return 1
     return 0
 
 

@@ -1,8 +1,9 @@
 """Channel: one consumer group's copy of a topic's stream.
 
 State kept per channel:
-- a bounded memory deque of ready messages (``--mem-queue-size``), overflow refused until the disk
-  queue takes it (ephemeral channels drop overflow, as nsqd does);
+- a bounded memory deque of ready messages (``--mem-queue-size``) whose overflow goes to the
+  channel's disk queue (ephemeral channels have none and drop overflow, as nsqd does); the
+  dispatcher refills the deque from disk in small batches when it runs dry;
 - the in-flight queue (messages delivered and not yet FIN/REQ'd, with their timeout deadline);
 - the deferred queue (REQ with a delay, DPUB) ordered by due time;
 - its consumers, and a mailbox of those that have credit, served by the channel's dispatcher actor.
@@ -23,7 +24,7 @@ from protocol.names import is_ephemeral
 
 from .client import Client
 from .dispatch import ChannelDispatcher
-from .message import Message
+from .message import Message, decode_record, encode_record
 from .queues.deferred import DeferredQueue
 from .queues.inflight import InFlightQueue
 
@@ -38,7 +39,7 @@ class ChannelError(Exception):
 
 class Channel:
     def __init__(self, topic, name: str, *, mem_queue_size: int, max_msg_timeout: float, actors,
-                 on_last_client_gone: Callable[["Channel"], None]) -> None:
+                 on_last_client_gone: Callable[["Channel"], None], backend=None) -> None:
         self.topic = topic
         self.topic_name = topic.name
         self.name = name
@@ -49,6 +50,7 @@ class Channel:
         self.exiting = False
 
         self.queue: deque[Message] = deque()
+        self.backend = backend
         self.in_flight = InFlightQueue()
         self.deferred = DeferredQueue()
         self.clients: dict[int, Client] = {}
@@ -65,48 +67,73 @@ class Channel:
         actors.add(self.dispatcher)
 
     # -- queue -----------------------------------------------------------------------------------
-    def room(self) -> int:
-        """How many more ready messages the memory queue takes before the publish must be refused."""
-        return self.mem_queue_size - len(self.queue)
-
     def put_many(self, messages: list[Message]) -> None:
         """Accept messages from the topic pump (deferred ones go to the deferred heap)."""
         self.message_count += len(messages)
-        queue = self.queue
         if messages[0].defer or messages[-1].defer or any(m.defer for m in messages):
             now = trio.current_time()
+            ready = []
             for m in messages:
                 if m.defer:
                     self.deferred.push(m, now + m.defer)
                 else:
-                    queue.append(m)
-        else:
+                    ready.append(m)
+            messages = ready
+        if messages:
+            self._enqueue(messages)
+            self.wake()
+
+    def _enqueue(self, messages: list[Message]) -> None:
+        """Memory while there is room, then the disk queue (or, ephemeral, the floor)."""
+        queue = self.queue
+        room = self.mem_queue_size - len(queue)
+        if room >= len(messages) and not self._backlog_on_disk():
             queue.extend(messages)
-        if self.ephemeral:
-            self._drop_overflow()
-        self.wake()
+            return
+        if self._backlog_on_disk():
+            room = 0  # keep the order: nothing jumps ahead of what is already on disk
+        if room > 0:
+            queue.extend(messages[:room])
+            messages = messages[room:]
+        if self.backend is None:
+            self.dropped_count += len(messages)
+            return
+        try:
+            self.backend.put_many([encode_record(m) for m in messages])
+        except OSError as exc:
+            # the messages were accepted by the topic; nsqd logs the loss and reports itself unhealthy
+            self.dropped_count += len(messages)
+            log.error("CHANNEL(%s:%s): failed to write %d message(s) to disk - %s", self.topic_name, self.name,
+                      len(messages), exc)
 
-    def _requeue(self, message: Message) -> None:
-        """Put a message that was in flight or deferred back in line (it was already counted)."""
-        self.queue.append(message)
-        if self.ephemeral:
-            self._drop_overflow()
+    def _backlog_on_disk(self) -> bool:
+        backend = self.backend
+        return backend is not None and backend.has_unread()
 
-    def _drop_overflow(self) -> None:
-        extra = len(self.queue) - max(self.mem_queue_size, 0)
-        if extra > 0:
-            # ephemeral channels have no backend: what does not fit is gone, newest first, like nsqd
-            for _ in range(extra):
-                self.queue.pop()
-            self.dropped_count += extra
+    def refill(self, count: int) -> bool:
+        """Read up to ``count`` messages from disk into the memory deque; True if any came."""
+        backend = self.backend
+        if backend is None or not backend.has_unread():
+            return False
+        records = backend.read_many(count)
+        self.queue.extend(decode_record(r) for r in records)
+        return bool(records)
+
+    def has_ready(self) -> bool:
+        return bool(self.queue) or self._backlog_on_disk()
 
     def wake(self) -> None:
         """Resume the dispatcher when there is something to send and someone to send it to."""
-        if self.queue and self.mailbox and not self.paused:
+        if self.mailbox and not self.paused and (self.queue or self._backlog_on_disk()):
             self._actors.resume(self.dispatcher)
 
     def depth(self) -> int:
-        return len(self.queue)
+        backend = self.backend
+        return len(self.queue) + (backend.depth() if backend is not None else 0)
+
+    def backend_depth(self) -> int:
+        backend = self.backend
+        return backend.depth() if backend is not None else 0
 
     # -- consumers -------------------------------------------------------------------------------
     def add_client(self, client: Client) -> None:
@@ -155,7 +182,7 @@ class Channel:
         if delay > 0:
             self.deferred.push(message, trio.current_time() + delay)
         else:
-            self._requeue(message)
+            self._enqueue([message])
             self.wake()
         self.client_credit_changed(client)
 
@@ -175,14 +202,15 @@ class Channel:
             self.timeout_count += 1
             owner = message.client
             message.client = None
-            self._requeue(message)
             if owner is not None:
                 owner.in_flight -= 1
                 if owner.channel is self:
                     self.client_credit_changed(owner)
+        if expired:
+            self._enqueue(expired)
         due = self.deferred.pop_due(now)
-        for message in due:
-            self._requeue(message)
+        if due:
+            self._enqueue(due)
         if expired or due:
             self.wake()
             return True
@@ -199,6 +227,8 @@ class Channel:
     def empty(self) -> None:
         """Drop every ready and deferred message, and forget in-flight ones (nsqd's /channel/empty)."""
         self.queue.clear()
+        if self.backend is not None:
+            self.backend.empty()
         self.deferred.drain()
         for message in self.in_flight.drain():
             owner = message.client
@@ -207,10 +237,26 @@ class Channel:
                 if owner.channel is self:
                     self.client_credit_changed(owner)
 
-    def close(self) -> None:
-        """Stop dispatching; called when the channel is deleted or nsqd exits."""
+    def close(self, *, persist: bool) -> None:
+        """Stop dispatching. ``persist`` (nsqd exiting): write the memory queue, then every in-flight
+        and every deferred message to disk, as nsqd does, and close the disk queue; otherwise
+        (the channel is deleted) remove its files."""
         self.exiting = True
         self._actors.remove(self.dispatcher)
+        backend = self.backend
+        if backend is None:
+            return
+        if persist:
+            pending = list(self.queue)
+            self.queue.clear()
+            pending.extend(self.in_flight.drain())
+            pending.extend(message for _, message in self.deferred.drain())
+            if pending:
+                backend.put_many([encode_record(m) for m in pending])
+                log.info("CHANNEL(%s:%s): wrote %d message(s) to disk", self.topic_name, self.name, len(pending))
+            backend.close()
+        else:
+            backend.delete()
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"

@@ -25,10 +25,12 @@ from protocol.message import encode_message_frame
 
 from .actors import Actor
 
-__all__ = ["ChannelDispatcher", "BATCH"]
+__all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 
 #: messages handed to one consumer per turn before moving on to the next one in the mailbox
 BATCH = 64
+#: messages read from the channel's disk queue at a time when its memory deque runs dry
+REFILL = 256
 
 
 class ChannelDispatcher(Actor):
@@ -55,7 +57,9 @@ class ChannelDispatcher(Actor):
         now = clock()
         touched: dict = {}
         delivered = 0
-        while queue and mailbox:
+        while mailbox:
+            if not queue and not channel.refill(REFILL):
+                break
             client = mailbox.popleft()
             credit = client.credit()
             if credit <= 0 or client.channel is not channel:
@@ -95,10 +99,7 @@ class ChannelDispatcher(Actor):
                 break
         self.delivered += delivered
         if touched:
-            idle = not (queue and mailbox)
+            idle = not (mailbox and channel.has_ready())
             for client in touched:
                 client.messages_queued(idle or client.credit() <= 0)
-        topic = channel.topic
-        if topic.backlog():
-            topic.pump()
-        return bool(queue and mailbox) and not channel.paused
+        return bool(mailbox) and channel.has_ready() and not channel.paused

@@ -6,9 +6,11 @@ that shares the body bytes, so the only per-channel cost is one small slotted ob
 
 from __future__ import annotations
 
+import struct
+
 from protocol.message import Message as WireMessage
 
-__all__ = ["Message"]
+__all__ = ["Message", "encode_record", "decode_record"]
 
 
 class Message(WireMessage):
@@ -33,3 +35,19 @@ class Message(WireMessage):
     def copy_for_channel(self) -> "Message":
         """A fresh delivery record for another channel: same ID, body and timestamp, attempts from 0."""
         return Message(self.id, self.body, self.timestamp, 0, self.defer)
+
+
+_HEADER = struct.Struct(">QH")
+
+
+def encode_record(message: Message) -> bytes:
+    """The disk queue record of a message: the same 26-byte header + body as on the wire."""
+    return _HEADER.pack(message.timestamp, message.attempts) + message.id + message.body
+
+
+def decode_record(data: bytes) -> Message:
+    """A message back from its disk record (``ValueError`` if shorter than a header)."""
+    if len(data) < 26:
+        raise ValueError(f"record of {len(data)} bytes is shorter than a message header")
+    timestamp, attempts = _HEADER.unpack_from(data)
+    return Message(data[10:26], data[26:], timestamp, attempts)

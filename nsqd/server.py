@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 
 import trio
@@ -18,6 +19,8 @@ from protocol.identify import IdentifyLimits
 
 from .actors import ActorSystem
 from .client import Client
+from .metadata import DataDirLocked, load_metadata, lock_data_path, save_metadata, snapshot
+from .queues.diskqueue import DiskQueue
 from .queue_scan import QueueScanner
 from .tcp import MAGIC_V2, Connection
 from .topic import Topic
@@ -75,6 +78,10 @@ class NSQD:
             max_deflate_level=opts.max_deflate_level,
             auth_required=False,
         )
+        self.data_path = opts.data_path or os.getcwd()
+        self._data_lock: int | None = None
+        self._loading = False
+        self._nursery: trio.Nursery | None = None
         self._client_ids = itertools.count(1)
         self._accept_scope = trio.CancelScope()
         self._connections_scope = trio.CancelScope()
@@ -88,10 +95,59 @@ class NSQD:
             topic = Topic(name, node_id=opts.node_id, mem_queue_size=opts.mem_queue_size,
                           max_msg_timeout=opts.max_msg_timeout, actors=self.actors,
                           on_channel_created=self._channel_created,
-                          on_last_channel_gone=self._ephemeral_topic_idle)
+                          on_channel_deleted=self._channel_deleted,
+                          on_last_channel_gone=self._ephemeral_topic_idle,
+                          make_backend=self._make_backend, spawn=self._spawn)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            if not topic.ephemeral:
+                self.persist_metadata()
         return topic
+
+    def _make_backend(self, name: str) -> DiskQueue:
+        opts = self.opts
+        return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
+                         max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
+                         sync_timeout=opts.sync_timeout, logger=log)
+
+    def _spawn(self, async_fn, *args) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(async_fn, *args)
+
+    def lock_data_path(self) -> None:
+        if self._data_lock is None:
+            self._data_lock = lock_data_path(self.data_path)
+
+    def persist_metadata(self) -> None:
+        """Write nsqd.dat now (topic/channel created or deleted, pause, shutdown)."""
+        if self._loading or self._data_lock is None:
+            return
+        try:
+            save_metadata(self.data_path, snapshot(self.topics.values()))
+        except OSError as exc:
+            log.error("failed to persist metadata - %s", exc)
+
+    def load_metadata(self) -> None:
+        self._loading = True
+        try:
+            for entry in load_metadata(self.data_path):
+                topic = self.get_topic(entry["name"])
+                for channel_entry in entry["channels"]:
+                    channel = topic.get_channel(channel_entry["name"])
+                    if channel_entry["paused"]:
+                        channel.pause()
+                if entry["paused"]:
+                    topic.pause()
+        finally:
+            self._loading = False
+
+    def health(self) -> str:
+        """``OK``, or ``NOK - <error>`` while a disk queue's last write failed."""
+        for topic in self.topics.values():
+            for backend in [topic.backend, *(c.backend for c in topic.channels.values())]:
+                if backend is not None and backend.last_error is not None:
+                    return f"NOK - {backend.last_error}"
+        return "OK"
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)
@@ -100,12 +156,21 @@ class NSQD:
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
-        topic.close()
+        topic.close(persist=False)
         log.info("TOPIC(%s): deleting", name)
+        if not topic.ephemeral:
+            self.persist_metadata()
         return True
 
     def _channel_created(self, channel) -> None:
         self.scanner.refresh()
+        if not channel.ephemeral:
+            self.persist_metadata()
+
+    def _channel_deleted(self, channel) -> None:
+        self.scanner.refresh()
+        if not channel.ephemeral:
+            self.persist_metadata()
 
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
@@ -116,6 +181,9 @@ class NSQD:
     # -- running ---------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         opts = self.opts
+        self.lock_data_path()
+        self.load_metadata()
+        self.persist_metadata()
         host, port = split_address(opts.tcp_address)
         listeners = await trio.open_tcp_listeners(port, host=host or None)
         self.tcp_address = format_address(listeners[0].socket.getsockname())
@@ -123,9 +191,13 @@ class NSQD:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 await nursery.start(self.actors.run)
                 await nursery.start(self.scanner.run)
+                nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._serve, listeners)
+                for topic in list(self.topics.values()):
+                    topic._start_drain()
                 task_status.started()
                 await self._stopped.wait()
                 nursery.cancel_scope.cancel()
@@ -133,6 +205,32 @@ class NSQD:
             for listener in listeners:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
+            self._close_topics()
+
+    async def _sync_loop(self) -> None:
+        """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule)."""
+        period = max(min(self.opts.sync_timeout / 2, 1.0), 0.01)
+        while True:
+            await trio.sleep(period)
+            now = trio.current_time()
+            for topic in list(self.topics.values()):
+                try:
+                    topic.sync_backends(now)
+                except OSError as exc:
+                    log.error("TOPIC(%s): sync failed - %s", topic.name, exc)
+
+    def _close_topics(self) -> None:
+        """nsqd's shutdown order: metadata, then each topic writes its channels' and its own messages."""
+        if self._data_lock is None:
+            return
+        self.persist_metadata()
+        for topic in list(self.topics.values()):
+            try:
+                topic.close(persist=True)
+            except OSError as exc:
+                log.error("TOPIC(%s): failed to persist - %s", topic.name, exc)
+        os.close(self._data_lock)
+        self._data_lock = None
 
     async def _serve(self, listeners) -> None:
         with self._connections_scope:
@@ -210,6 +308,4 @@ class NSQD:
         log.info("NSQ: exiting")
         self._accept_scope.cancel()
         self._connections_scope.cancel()
-        for topic in self.topics.values():
-            topic.close()
         self._stopped.set()

@@ -149,6 +149,11 @@ class Connection:
                     log.info("[%s] - read failed: %s", client.remote_address, exc)
                     return
                 if not data:
+                    error = parser.pending_eof_error()
+                    if error is not None:
+                        # a command cut short: nsqd reports what it failed to read before closing
+                        log.error("[%s] - %s", client.remote_address, error.payload().decode("utf-8", "replace"))
+                        client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
                     log.info("PROTOCOL(V2): [%s] exiting ioloop", client.remote_address)
                     return
         log.info("[%s] - read deadline exceeded, closing", client.remote_address)
@@ -355,8 +360,8 @@ class Connection:
             topic.put_many(messages)
         except TopicExiting:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed exiting") from None
-        except TopicFull:
-            raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed queue full") from None
+        except TopicFull as exc:
+            raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {exc}") from None
         self.client.published(topic_name, len(messages))
         return OK_FRAME
 

@@ -1,12 +1,15 @@
 """Topic: the stream producers publish to, copied to every channel.
 
-A topic keeps a bounded memory deque (``--mem-queue-size``). Its pump copies messages to every
-channel that exists at that moment: the first channel gets the topic's own objects, the others a
-per-channel copy that shares the body. Without channels, or while paused, messages accumulate in
-the topic, as in nsqd. The pump is synchronous and runs right after a publish, when a channel is
-added, on unpause, and when a channel's dispatcher made room; it moves only as many messages as
-the fullest non-ephemeral channel can take, so nothing is ever dropped for lack of room: the
-publish is refused with E_PUB_FAILED instead (until the disk queue takes the overflow).
+A topic keeps a bounded memory deque (``--mem-queue-size``) and, unless ephemeral, a disk queue
+for what does not fit. Its pump copies messages to every channel that exists at that moment: the
+first channel gets the topic's own objects, the others a per-channel copy that shares the body.
+Without channels, or while paused, messages accumulate in the topic, as in nsqd.
+
+The memory part of the pump is synchronous and runs right after a publish, when a channel is
+added and on unpause, so a publish reaches the channels with no task switch. A backlog on disk is
+moved by a drain task in batches of ``DRAIN_BATCH`` with a checkpoint between batches, so a large
+backlog never stalls the event loop. Channels always take what they are given (memory, then their
+own disk queue), so the pump never waits for them.
 """
 
 from __future__ import annotations
@@ -16,19 +19,24 @@ import time
 from collections import deque
 from typing import Callable
 
+import trio
+
 from protocol.names import is_ephemeral
 
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
-from .message import Message
+from .message import Message, decode_record, encode_record
 
-__all__ = ["Topic", "TopicFull", "TopicExiting"]
+__all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
+
+#: messages moved from the topic's disk queue to its channels per step of the drain task
+DRAIN_BATCH = 1024
 
 log = logging.getLogger("nsqd")
 
 
 class TopicFull(Exception):
-    """The memory queue has no room and there is no backend to take the overflow."""
+    """The message could not be stored: the disk queue failed (the cause is the exception's text)."""
 
 
 class TopicExiting(Exception):
@@ -39,7 +47,9 @@ class Topic:
     def __init__(self, name: str, *, node_id: int, mem_queue_size: int, max_msg_timeout: float, actors,
                  on_channel_created: Callable[[Channel], None] | None = None,
                  on_channel_deleted: Callable[[Channel], None] | None = None,
-                 on_last_channel_gone: Callable[["Topic"], None] | None = None) -> None:
+                 on_last_channel_gone: Callable[["Topic"], None] | None = None,
+                 make_backend: Callable[[str], object] | None = None,
+                 spawn: Callable | None = None) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -51,6 +61,10 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.guid = GUIDFactory(node_id)
+        self._make_backend = make_backend
+        self.backend = make_backend(name) if make_backend is not None and not self.ephemeral else None
+        self._spawn = spawn
+        self._draining = False
         self._actors = actors
         self._on_channel_created = on_channel_created
         self._on_channel_deleted = on_channel_deleted
@@ -61,47 +75,75 @@ class Topic:
         self.put_many((message,))
 
     def put_many(self, messages) -> None:
-        """Accept a batch (PUB, MPUB, DPUB) all or nothing."""
+        """Accept a batch (PUB, MPUB, DPUB) all or nothing: memory while there is room, then disk."""
         if self.exiting:
             raise TopicExiting()
-        self.pump()
         queue = self.queue
-        if not self.ephemeral and len(queue) + len(messages) > self.mem_queue_size:
-            raise TopicFull()
-        queue.extend(messages)
         self.message_count += len(messages)
         self.message_bytes += sum(len(m.body) for m in messages)
-        if self.ephemeral and len(queue) > self.mem_queue_size:
-            # an ephemeral topic has no backend: overflow is dropped, like nsqd
-            for _ in range(len(queue) - max(self.mem_queue_size, 0)):
-                queue.pop()
+        room = self.mem_queue_size - len(queue)
+        if room < len(messages) or self._backlog_on_disk():
+            if self.backend is None:
+                # an ephemeral topic has no backend: overflow is dropped, like nsqd
+                messages = list(messages)[:max(room, 0)]
+            else:
+                if self._backlog_on_disk():
+                    room = 0  # keep the order behind what is already on disk
+                spill = list(messages)[max(room, 0):]
+                try:
+                    self.backend.put_many([encode_record(m) for m in spill])
+                except OSError as exc:
+                    self.message_count -= len(messages)
+                    self.message_bytes -= sum(len(m.body) for m in messages)
+                    raise TopicFull(str(exc)) from exc
+                messages = list(messages)[:max(room, 0)]
+                self._start_drain()
+        queue.extend(messages)
         self.pump()
 
-    def backlog(self) -> int:
-        return len(self.queue)
+    def _backlog_on_disk(self) -> bool:
+        backend = self.backend
+        return backend is not None and backend.has_unread()
+
+    def depth(self) -> int:
+        backend = self.backend
+        return len(self.queue) + (backend.depth() if backend is not None else 0)
+
+    def backend_depth(self) -> int:
+        backend = self.backend
+        return backend.depth() if backend is not None else 0
 
     def pump(self) -> None:
-        """Copy queued messages to every channel, as many as all channels can take."""
+        """Copy the memory queue to every channel (the synchronous part of the pump)."""
         queue = self.queue
         if not queue or self.paused or not self.channels or self.exiting:
             return
+        batch = list(queue)
+        queue.clear()
+        self._copy_to_channels(batch)
+
+    def _copy_to_channels(self, batch: list[Message]) -> None:
         channels = list(self.channels.values())
-        count = len(queue)
-        for channel in channels:
-            if not channel.ephemeral:
-                room = channel.room()
-                if room < count:
-                    count = room
-        if count <= 0:
-            return
-        if count == len(queue):
-            batch = list(queue)
-            queue.clear()
-        else:
-            batch = [queue.popleft() for _ in range(count)]
         for channel in channels[1:]:
             channel.put_many([m.copy_for_channel() for m in batch])
         channels[0].put_many(batch)
+
+    def _start_drain(self) -> None:
+        if self._draining or self._spawn is None or not self.channels or self.paused or self.exiting:
+            return
+        self._draining = True
+        self._spawn(self._drain)
+
+    async def _drain(self) -> None:
+        """Move the disk backlog to the channels, a batch at a time."""
+        try:
+            while self.channels and not self.paused and not self.exiting and self._backlog_on_disk():
+                records = self.backend.read_many(DRAIN_BATCH)
+                if records:
+                    self._copy_to_channels([decode_record(r) for r in records])
+                await trio.sleep(0)
+        finally:
+            self._draining = False
 
     def new_ids(self, count: int) -> list[bytes]:
         """IDs for a batch. A used-up tick or a clock that stepped back waits a moment and retries
@@ -117,20 +159,25 @@ class Topic:
     def get_channel(self, name: str) -> Channel:
         channel = self.channels.get(name)
         if channel is None:
+            backend = None
+            if self._make_backend is not None and not is_ephemeral(name):
+                backend = self._make_backend(f"{self.name}:{name}")
             channel = Channel(self, name, mem_queue_size=self.mem_queue_size, max_msg_timeout=self.max_msg_timeout,
-                              actors=self._actors, on_last_client_gone=self._ephemeral_channel_idle)
+                              actors=self._actors, on_last_client_gone=self._ephemeral_channel_idle,
+                              backend=backend)
             self.channels[name] = channel
             log.info("TOPIC(%s): new channel(%s)", self.name, name)
             if self._on_channel_created is not None:
                 self._on_channel_created(channel)
             self.pump()
+            self._start_drain()
         return channel
 
     def delete_channel(self, name: str) -> bool:
         channel = self.channels.pop(name, None)
         if channel is None:
             return False
-        channel.close()
+        channel.close(persist=False)
         log.info("TOPIC(%s): deleting channel %s", self.name, name)
         if self._on_channel_deleted is not None:
             self._on_channel_deleted(channel)
@@ -148,14 +195,38 @@ class Topic:
     def unpause(self) -> None:
         self.paused = False
         self.pump()
+        self._start_drain()
 
     def empty(self) -> None:
         self.queue.clear()
+        if self.backend is not None:
+            self.backend.empty()
 
-    def close(self) -> None:
+    def close(self, *, persist: bool) -> None:
+        """``persist`` (nsqd exiting): channels write their messages to disk, then the topic its
+        memory queue, and the disk queues are closed. Otherwise (deleted) every file goes."""
         self.exiting = True
         for channel in self.channels.values():
-            channel.close()
+            channel.close(persist=persist)
+        backend = self.backend
+        if backend is None:
+            return
+        if persist:
+            if self.queue:
+                backend.put_many([encode_record(m) for m in self.queue])
+                log.info("TOPIC(%s): wrote %d message(s) to disk", self.name, len(self.queue))
+                self.queue.clear()
+            backend.close()
+        else:
+            backend.delete()
+
+    def sync_backends(self, now: float) -> None:
+        """Give every disk queue of the topic its periodic fsync (``--sync-timeout``)."""
+        if self.backend is not None:
+            self.backend.sync_if_due(now)
+        for channel in self.channels.values():
+            if channel.backend is not None:
+                channel.backend.sync_if_due(now)
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"

@@ -260,6 +260,7 @@ class _Connection:
         """Answer requests until the connection should close; True when the client may still be sending."""
         server = self.server
         router = server.router
+        logger = server.logger
         parser = self.parser
         stream = self.stream
         scope = self.scope
@@ -285,11 +286,12 @@ class _Connection:
 
             match = router.match(head.method, head.path, head.raw_query)
             route = match.route
-            if route is not None and route.max_body_bytes is not None:
-                limit = _limit(route.max_body_bytes)
-            else:
-                limit = _limit(server.max_body_bytes)
+            limit = 0
             if head.has_body:
+                if route is not None and route.max_body_bytes is not None:
+                    limit = _limit(route.max_body_bytes)
+                else:
+                    limit = _limit(server.max_body_bytes)
                 too_big = head.content_length is not None and head.content_length > limit
                 if match.response is not None and (too_big or head.expect_continue):
                     self._respond_now(match.response, head, match)
@@ -330,9 +332,9 @@ class _Connection:
                               self.tls, target=head.target, http_version=head.http_version)
             if scope.deadline != math.inf:
                 scope.deadline = math.inf
-            started = time.perf_counter_ns()
+            log_it = match.access_log and logger.isEnabledFor(logging.INFO)
+            started = time.perf_counter_ns() if log_it else 0
             response = await router.call(match, request)
-            elapsed = time.perf_counter_ns() - started
             keep_alive = head.keep_alive
             try:
                 data = encode_response(response, date=_http_date(), head_only=head.method == "HEAD",
@@ -345,7 +347,8 @@ class _Connection:
             out.append(data)
             self.out_bytes += len(data)
             server.requests += 1
-            self._log(match.access_log, response.status, head, elapsed)
+            if log_it:
+                self._log(True, response.status, head, time.perf_counter_ns() - started)
             if not keep_alive:
                 return False
             if self.out_bytes >= FLUSH_BYTES:

@@ -124,6 +124,7 @@ def test_identify_reports_auth_required(daemon):
 @pytest.mark.parametrize(
     "payload,verb",
     [(pub("t", b"x"), "PUB"), (mpub("t", [b"x"]), "MPUB"), (dpub("t", 10, b"x"), "DPUB"), (sub("t", "c"), "SUB")],
+    ids=["PUB", "MPUB", "DPUB", "SUB"],
 )
 def test_commands_before_auth_are_refused(daemon, payload, verb):
     with RawClient(daemon.tcp) as client:
@@ -195,6 +196,8 @@ def test_auth_with_a_parameter_is_refused(daemon):
         ("publish-orders", sub("orders", "shipping"), b'E_UNAUTHORIZED AUTH failed for SUB on "orders" "shipping"'),
         ("publish-no-channels", pub("orders", b"no"), b'E_UNAUTHORIZED AUTH failed for PUB on "orders" ""'),
     ],
+    ids=["pub-allowed", "pub-unanchored-name-denied", "mpub-denied", "dpub-denied", "sub-allowed", "sub-denied",
+         "publish-with-empty-channel-list-denied"],
 )
 def test_authorization_rules(daemon, secret, payload, expected):
     with authed(daemon, secret) as client:

@@ -1,0 +1,96 @@
+"""``nsqd.dat``: the list of topics and channels (with their paused flags) that survives restarts.
+
+Same JSON as nsqd 1.3.0 writes, so a data directory moves between the two:
+``{"topics":[{"name":T,"paused":false,"channels":[{"name":C,"paused":false}]}],"version":"1.3.0"}``
+with ``null`` for an empty list. Ephemeral topics and channels are never written. The file is
+replaced atomically: written to ``nsqd.dat.<random>.tmp``, fsynced, renamed over the old one.
+The data directory is held with an exclusive ``flock`` so that two daemons cannot share it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import random
+
+from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
+from protocol.version import NSQ_VERSION
+
+__all__ = ["FILE_NAME", "DataDirLocked", "lock_data_path", "load_metadata", "save_metadata", "snapshot"]
+
+FILE_NAME = "nsqd.dat"
+log = logging.getLogger("nsqd")
+
+
+class DataDirLocked(Exception):
+    """Another process holds the data directory."""
+
+
+def lock_data_path(path: str) -> int:
+    """Take the exclusive lock on the directory; returns the fd to keep open for the lifetime."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise DataDirLocked(f"--data-path={path} in use (possibly by another instance of nsqd)") from exc
+    return fd
+
+
+def snapshot(topics) -> dict:
+    """The metadata document for the live topics (``Topic`` objects)."""
+    entries = []
+    for topic in topics:
+        if topic.ephemeral:
+            continue
+        channels = [{"name": c.name, "paused": c.paused} for c in topic.channels.values() if not c.ephemeral]
+        entries.append({"name": topic.name, "paused": topic.paused, "channels": channels or None})
+    return {"topics": entries or None, "version": NSQ_VERSION}
+
+
+def save_metadata(data_path: str, document: dict) -> None:
+    target = os.path.join(data_path, FILE_NAME)
+    tmp = f"{target}.{random.randrange(1 << 31)}.tmp"
+    data = json.dumps(document, separators=(",", ":")).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
+
+
+def load_metadata(data_path: str) -> list[dict]:
+    """Topics to restore: ``[{"name", "paused", "channels": [{"name", "paused"}]}]``.
+
+    A missing file is a fresh start; an unreadable one raises (nsqd refuses to start); invalid
+    names are skipped with a warning.
+    """
+    path = os.path.join(data_path, FILE_NAME)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return []
+    try:
+        document = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"failed to parse metadata in {path} - {exc}") from exc
+    topics = []
+    for topic in document.get("topics") or []:
+        name = topic.get("name", "")
+        if not is_valid_topic_name(name) or is_ephemeral(name):
+            log.warning("skipping creation of invalid topic %s", name)
+            continue
+        channels = []
+        for channel in topic.get("channels") or []:
+            channel_name = channel.get("name", "")
+            if not is_valid_channel_name(channel_name) or is_ephemeral(channel_name):
+                log.warning("skipping creation of invalid channel %s", channel_name)
+                continue
+            channels.append({"name": channel_name, "paused": bool(channel.get("paused"))})
+        topics.append({"name": name, "paused": bool(topic.get("paused")), "channels": channels})
+    return topics

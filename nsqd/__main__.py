@@ -12,6 +12,7 @@ from protocol.logfmt import setup_logging
 from .options import parse_options, validate
 from .metadata import DataDirLocked
 from .server import NSQD
+from .tls import TLSConfigError
 
 
 async def serve(opts) -> None:
@@ -34,6 +35,8 @@ async def serve(opts) -> None:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_options(sys.argv[1:] if argv is None else argv)
     log = setup_logging(prefix=opts.log_prefix, level=opts.log_level)
+    for name in opts.ignored_flags:
+        log.warning("flag --%s is accepted for compatibility and has no effect", name)
     try:
         validate(opts)
     except ValueError as exc:
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         trio.run(serve, opts)
-    except DataDirLocked as exc:
+    except (DataDirLocked, TLSConfigError) as exc:
         log.critical("%s", exc)
         return 1
     return 0

@@ -60,6 +60,8 @@ class Channel:
         self.requeue_count = 0
         self.timeout_count = 0
         self.dropped_count = 0
+        # end-to-end latency window (nsqd/e2e.py), set by the daemon when percentiles are configured
+        self.e2e = None
 
         self._actors = actors
         self._on_last_client_gone = on_last_client_gone
@@ -167,6 +169,9 @@ class Channel:
         self.in_flight.pop(msg_id)
         client.in_flight -= 1
         client.finish_count += 1
+        e2e = self.e2e
+        if e2e is not None:
+            e2e.add(message.timestamp)
         self.client_credit_changed(client)
         return message
 

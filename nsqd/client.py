@@ -56,8 +56,11 @@ class Client:
         self.deflate_level = 0
         self.tls_version = ""
         self.tls_cipher_suite = ""
+        self.tls_negotiated_protocol = ""
+        self.tls_negotiated_protocol_is_mutual = False
+        self.tls_common_name = ""  # the client certificate's CN, sent to the auth server
 
-        # auth
+        # auth: the secret of AUTH and the auth server's answer (nsqd.auth.AuthState)
         self.auth_secret: bytes | None = None
         self.auth_state = None
 
@@ -79,6 +82,21 @@ class Client:
         self.flush_now = False
         self.draining = False
         self._writer_wakeup: trio.Event | None = None
+
+    # -- auth (as /stats reports it) -------------------------------------------------------------
+    @property
+    def authed(self) -> bool:
+        """True once an AUTH answer granted at least one authorization."""
+        state = self.auth_state
+        return state is not None and len(state.authorizations) > 0
+
+    @property
+    def auth_identity(self) -> str:
+        return self.auth_state.identity if self.auth_state is not None else ""
+
+    @property
+    def auth_identity_url(self) -> str:
+        return self.auth_state.identity_url if self.auth_state is not None else ""
 
     # -- readiness -------------------------------------------------------------------------------
     def credit(self) -> int:

@@ -18,10 +18,12 @@ class Message(WireMessage):
 
     ``defer`` is the delay in seconds a DPUB asked for (0.0 for an ordinary publish); ``client``
     is the connection that holds it in flight and ``delivered_at`` the trio time of that delivery
-    (TOUCH caps the total in-flight time from there).
+    (TOUCH caps the total in-flight time from there). ``disk_token`` is, in durable mode, the
+    token of the disk queue record this message was read from (-1 otherwise): the record stays
+    held until the message is finished or written to the queue again (see ``queues/diskqueue.py``).
     """
 
-    __slots__ = ("defer", "client", "delivered_at")
+    __slots__ = ("defer", "client", "delivered_at", "disk_token")
 
     def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int = 0, defer: float = 0.0) -> None:
         self.id = id
@@ -31,6 +33,7 @@ class Message(WireMessage):
         self.defer = defer
         self.client = None
         self.delivered_at = 0.0
+        self.disk_token = -1
 
     def copy_for_channel(self) -> "Message":
         """A fresh delivery record for another channel: same ID, body and timestamp, attempts from 0."""

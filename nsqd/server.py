@@ -18,11 +18,16 @@ from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
 
 from .actors import ActorSystem
+from .auth import Authenticator
 from .client import Client
+from .e2e import E2ELatency
+from .http_api import make_http_server
 from .metadata import DataDirLocked, load_metadata, lock_data_path, save_metadata, snapshot
 from .queues.diskqueue import DiskQueue
 from .queue_scan import QueueScanner
+from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
+from .tls import server_ssl_context
 from .topic import Topic
 
 __all__ = ["NSQD", "split_address"]
@@ -52,6 +57,8 @@ class NSQD:
         self.exiting = False
         self.start_time = int(time.time())
         self.tcp_address: str | None = None
+        self.http_address: str | None = None  # bound HTTP address (ip:port), None when --http-address=""
+        self.http_server = None
         self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice)
         self.scanner = QueueScanner(
             self.all_channels,
@@ -61,6 +68,8 @@ class NSQD:
             worker_pool_max=opts.queue_scan_worker_pool_max,
             dirty_percent=opts.queue_scan_dirty_percent,
         )
+        self.tls_context = server_ssl_context(opts)  # None without --tls-cert/--tls-key; shared with HTTPS
+        self.authenticator = Authenticator.from_options(opts)
         self.identify_limits = IdentifyLimits(
             max_rdy_count=opts.max_rdy_count,
             max_msg_timeout_ms=int(opts.max_msg_timeout * 1000),
@@ -72,11 +81,11 @@ class NSQD:
             min_output_buffer_timeout_ms=int(opts.min_output_buffer_timeout * 1000),
             max_output_buffer_timeout_ms=int(opts.max_output_buffer_timeout * 1000),
             max_output_buffer_size=opts.max_output_buffer_size,
-            tls_available=False,
-            snappy_enabled=False,  # compression and TLS upgrades are not served yet
-            deflate_enabled=False,
+            tls_available=self.tls_context is not None,
+            snappy_enabled=opts.snappy,
+            deflate_enabled=opts.deflate,
             max_deflate_level=opts.max_deflate_level,
-            auth_required=False,
+            auth_required=self.authenticator.enabled,
         )
         self.data_path = opts.data_path or os.getcwd()
         self._data_lock: int | None = None
@@ -164,6 +173,9 @@ class NSQD:
 
     def _channel_created(self, channel) -> None:
         self.scanner.refresh()
+        percentiles = self.opts.e2e_processing_latency_percentiles
+        if percentiles:
+            channel.e2e = E2ELatency(percentiles, self.opts.e2e_processing_latency_window_time)
         if not channel.ephemeral:
             self.persist_metadata()
 
@@ -194,6 +206,11 @@ class NSQD:
                 self._nursery = nursery
                 await nursery.start(self.actors.run)
                 await nursery.start(self.scanner.run)
+                if opts.http_address:
+                    self.http_server = make_http_server(self, opts.http_address)
+                    self.http_address = await nursery.start(self.http_server.run)
+                if opts.statsd_address:
+                    await nursery.start(StatsdPusher(self).run)
                 nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._serve, listeners)
                 for topic in list(self.topics.values()):

@@ -243,6 +243,9 @@ class Connection:
                 self._read_scope.deadline = self._read_deadline()
         log.info("[%s] IDENTIFY: client_id=%r hostname=%r user_agent=%r", client.remote_address, client.client_id,
                  client.hostname, client.user_agent)
+        if not first:
+            # a repeated IDENTIFY is accepted with a plain OK: no negotiation, no upgrade (nsqd does so)
+            return OK_FRAME
         return encode_frame(FRAME_TYPE_RESPONSE, result.response(limits))
 
     def AUTH(self, command) -> bytes:

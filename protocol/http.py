@@ -194,29 +194,30 @@ class Headers:
         self._items = items
         self._index: dict[str, list[str]] | None = None
 
-    def _build(self) -> dict[str, list[str]]:
-        index: dict[str, list[str]] = {}
-        for name, value in self._items:
-            index.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
-        self._index = index
-        return index
+    def _lookup(self, name: str) -> list[str] | None:
+        index = self._index
+        if index is None:
+            index = self._index = {}
+            for key, value in self._items:
+                index.setdefault(key.decode("latin-1"), []).append(value.decode("latin-1"))
+        return index.get(name.lower())
 
     def get(self, name: str, default: str | None = None) -> str | None:
         """The first value of ``name``."""
-        values = (self._index or self._build()).get(name.lower())
+        values = self._lookup(name)
         return values[0] if values else default
 
     def get_all(self, name: str) -> list[str]:
-        return list((self._index or self._build()).get(name.lower(), ()))
+        return list(self._lookup(name) or ())
 
     def __getitem__(self, name: str) -> str:
-        values = (self._index or self._build()).get(name.lower())
+        values = self._lookup(name)
         if not values:
             raise KeyError(name)
         return values[0]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in (self._index or self._build())
+        return isinstance(name, str) and self._lookup(name) is not None
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         for name, value in self._items:
@@ -229,7 +230,6 @@ class Headers:
         return f"Headers({list(self)!r})"
 
 
-_PERCENT_OK = re.compile(rb"%[0-9A-Fa-f]{2}")
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 
 
@@ -356,7 +356,6 @@ class Router:
         self.logger = logger or logging.getLogger("protocol.http")
         self._static: dict[str, dict[str, Route]] = {}
         self._dynamic: dict[tuple[str, ...], dict[str, Route]] = {}
-        self._routes: list[Route] = []
 
     def add(self, methods: list[str] | tuple[str, ...], path: str, handler: Handler, *, access_log: bool = True,
             max_body_bytes: int | Callable[[], int] | None = None, body_too_big: Response | None = None) -> Route:
@@ -373,12 +372,7 @@ class Router:
             if method in table:
                 raise ValueError(f"route {method} {path} registered twice")
             table[method] = route
-        self._routes.append(route)
         return route
-
-    @property
-    def routes(self) -> list[Route]:
-        return list(self._routes)
 
     def _lookup(self, method: str, path: str) -> tuple[Route | None, dict[str, str]]:
         table = self._static.get(path)

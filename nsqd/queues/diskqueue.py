@@ -55,6 +55,18 @@ the next file instead of taking the finished file for corrupt; the tail check al
 skipped, so ``depth`` cannot stay wrong when that file was the last one; records salvaged from a write file longer
 than its meta are counted in ``depth`` instead of making it negative.
 
+Held reads (``hold_reads=True``, the broker's durable mode). Normally the meta file's read position is where the
+reader is, so a record taken by ``read_many`` is gone from the queue once the next sync runs, whatever its owner does
+with it. In hold mode the reader moves on in memory, but the *committed* read position (the one the meta file records,
+and the one a restart resumes from) stays at the oldest record that has not been acknowledged. ``read_many_held``
+returns the token of its first record (tokens number the records read, one by one); ``ack(token)`` says that the
+record is no longer needed (the consumer finished it, or a newer copy of it was appended to the queue). The committed
+position then moves over every leading acknowledged record; data files behind it are deleted only then. A restart after
+a crash therefore reads again every record from the oldest unacknowledged one on: nothing unacknowledged is lost, and
+records acknowledged after that point come back as duplicates. An acknowledgement is not synced by itself (a stale
+committed position can only cause redelivery); it reaches the meta file with the next sync. Reads do not count as sync
+operations in this mode, since they change nothing that a restart would use.
+
 Everything here is synchronous: the broker calls ``put``, ``put_many`` and ``read_many`` from its event loop. The
 calls are plain system calls on a page-cache file, except the fsyncs of a sync.
 """
@@ -66,12 +78,16 @@ import logging
 import os
 import random
 import struct
+from collections import deque
 from dataclasses import dataclass
 
 __all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
 
 _LENGTH = struct.Struct(">i")
 _READ_CHUNK = 1 << 16  # bytes read ahead from a segment per system call
+# A held record's start is kept as one int: file number above _POS_BITS, byte position below.
+_POS_BITS = 40
+_POS_MASK = (1 << _POS_BITS) - 1
 
 _default_log = logging.getLogger("nsqd")
 
@@ -88,6 +104,7 @@ class DiskQueueStatistics:
     write_file_num: int
     write_pos: int
     last_error: str | None
+    held: int = 0  # records read but not yet released by the committed position (hold mode)
 
 
 class DiskQueue:
@@ -103,9 +120,10 @@ class DiskQueue:
         max_msg_size: int = 1048576 + 26,
         sync_every: int = 2500,
         sync_timeout: float = 2.0,
+        hold_reads: bool = False,
         logger: logging.Logger | None = None,
     ) -> None:
-        assert max_bytes_per_file > 0 and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
+        assert 0 < max_bytes_per_file <= _POS_MASK and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
         self.name = name
         self.data_path = data_path
         self.max_bytes_per_file = max_bytes_per_file
@@ -113,6 +131,7 @@ class DiskQueue:
         self.max_msg_size = max_msg_size
         self.sync_every = sync_every
         self.sync_timeout = sync_timeout
+        self.hold_reads = hold_reads
         self.log = logger if logger is not None else _default_log
         self.last_error: OSError | None = None
 
@@ -136,6 +155,13 @@ class DiskQueue:
         self._pending_since: float | None = None  # owner's clock, for sync_if_due
         self._closed = False
 
+        # Hold mode: start of every record read since the committed position (file << _POS_BITS | pos), the token
+        # of the first one, the acknowledged tokens beyond it, and the oldest data file not yet deleted.
+        self._held: deque[int] = deque()
+        self._held_base = 0
+        self._acked: set[int] = set()
+        self._oldest_file = 0
+
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         self._load()
 
@@ -150,6 +176,14 @@ class DiskQueue:
     def depth(self) -> int:
         return self._depth
 
+    def read_position(self) -> tuple[int, int]:
+        """Where the reader is: ``(file number, byte position)``."""
+        return self._read_file_num, self._read_pos
+
+    def write_position(self) -> tuple[int, int]:
+        """Where the next record goes: ``(file number, byte position)``."""
+        return self._write_file_num, self._write_pos
+
     def has_unread(self) -> bool:
         """True when ``read_many`` would find a record (or a corrupt file to skip). Can differ from
         ``depth() > 0`` only after metadata was lost or corrupted."""
@@ -163,6 +197,7 @@ class DiskQueue:
             write_file_num=self._write_file_num,
             write_pos=self._write_pos,
             last_error=None if self.last_error is None else str(self.last_error),
+            held=len(self._held),
         )
 
     # -- writing -------------------------------------------------------------------------------
@@ -326,7 +361,10 @@ class DiskQueue:
             end = self._write_pos if reading_write_file else self._read_end
             assert end is not None
             if self._read_pos < end:
-                problem = self._read_records(records, max_count, end)
+                if self.hold_reads:
+                    problem = self._read_records_held(records, max_count, end)
+                else:
+                    problem = self._read_records(records, max_count, end)
                 if problem is not None:
                     self._skip_bad_file(problem)
                     continue
@@ -340,6 +378,74 @@ class DiskQueue:
             except OSError as exc:
                 self._record_error("sync", exc)
         return records
+
+    def read_many_held(self, max_count: int) -> tuple[int, list[bytes]]:
+        """``read_many`` in hold mode: also returns the token of the first record (the others follow it)."""
+        assert self.hold_reads, "read_many_held needs hold_reads=True"
+        first = self._held_base + len(self._held)
+        return first, self.read_many(max_count)
+
+    def _read_records_held(self, records: list[bytes], max_count: int, end: int) -> str | None:
+        """``_read_records``, then the start of each new record joins the held window (its ops do not count)."""
+        before = len(records)
+        pos = self._read_pos
+        ops = self._ops
+        problem = self._read_records(records, max_count, end)
+        self._ops = ops
+        key = (self._read_file_num << _POS_BITS) + pos
+        append = self._held.append
+        for index in range(before, len(records)):
+            append(key)
+            key += 4 + len(records[index])
+        return problem
+
+    def ack(self, token: int) -> None:
+        """Hold mode: the record read under ``token`` is no longer needed. Unknown or repeated tokens (from before
+        an ``empty``, say) are ignored."""
+        offset = token - self._held_base
+        held = self._held
+        if offset < 0 or offset >= len(held) or self._closed:
+            return
+        if offset:
+            self._acked.add(token)
+            return
+        acked = self._acked
+        held.popleft()
+        base = token + 1
+        while acked and base in acked:
+            acked.remove(base)
+            held.popleft()
+            base += 1
+        self._held_base = base
+        self._dirty = True
+        self._release_files()
+
+    def ack_range(self, first: int, count: int) -> None:
+        """Hold mode: acknowledge ``count`` consecutive tokens from ``first``."""
+        for token in range(first + count - 1, first - 1, -1):
+            self.ack(token)  # last first, so the window is popped once, at the end
+
+    def _committed(self) -> tuple[int, int, int]:
+        """The position and depth the meta file records: the oldest held record's, else the reader's."""
+        held = self._held
+        if held:
+            key = held[0]
+            return key >> _POS_BITS, key & _POS_MASK, self._depth + len(held)
+        return self._read_file_num, self._read_pos, self._depth
+
+    def _release_files(self) -> None:
+        """Hold mode: delete the data files wholly behind the committed position."""
+        held = self._held
+        committed_file = held[0] >> _POS_BITS if held else self._read_file_num
+        while self._oldest_file < committed_file:
+            path = self.file_name(self._oldest_file)
+            self._oldest_file += 1
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, path, exc)
 
     def _read_records(self, records: list[bytes], max_count: int, end: int) -> str | None:
         """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
@@ -416,7 +522,12 @@ class DiskQueue:
         return True
 
     def _finish_read_file(self) -> None:
-        """The reader has passed the end of a complete file: delete it and move on."""
+        """The reader has passed the end of a complete file: delete it (in hold mode, once nothing in it is held)
+        and move on."""
+        if self.hold_reads:
+            self._advance_read_file()
+            self._release_files()
+            return
         done = self.file_name(self._read_file_num)
         self._advance_read_file()
         try:
@@ -515,7 +626,8 @@ class DiskQueue:
         return True
 
     def _write_meta(self) -> None:
-        text = (f"{self._depth}\n{self._read_file_num},{self._read_pos}\n"
+        read_num, read_pos, depth = self._committed()
+        text = (f"{depth}\n{read_num},{read_pos}\n"
                 f"{self._write_file_num},{self._write_pos}\n").encode("ascii")
         tmp = f"{self._meta_path}.{random.getrandbits(63)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -587,6 +699,11 @@ class DiskQueue:
         self._close_read_file()
         self._close_write_file()
         first, last = self._read_file_num, self._write_file_num
+        if self.hold_reads:
+            first = min(first, self._oldest_file)
+            self._held_base += len(self._held)  # outstanding tokens become stale
+            self._held.clear()
+            self._acked.clear()
         for num in range(first, last + 1):
             path = self.file_name(num)
             try:
@@ -600,6 +717,7 @@ class DiskQueue:
         self._read_pos = self._write_pos = 0
         self._read_end = None
         self._depth = 0
+        self._oldest_file = fresh
 
     def _close_read_file(self) -> None:
         fd, self._read_fd = self._read_fd, None
@@ -636,6 +754,7 @@ class DiskQueue:
         self._depth = depth
         self._read_file_num, self._read_pos = read_num, read_pos
         self._write_file_num, self._write_pos = write_num, write_pos
+        self._oldest_file = read_num
 
         path = self.file_name(write_num)
         try:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import socket
+import ssl
 import struct
+import subprocess
 
 import pytest
 import trio
@@ -282,6 +285,11 @@ async def big(request):
     return text_response(b"x" * 200_000)
 
 
+async def slow(request):
+    await trio.sleep(0.8)  # longer than every timeout of the test server
+    return text_response("late")
+
+
 def make_router() -> Router:
     router = Router(logger=logging.getLogger(LOGGER))
     router.add(["GET"], "/ping", ping)
@@ -296,6 +304,7 @@ def make_router() -> Router:
     router.add(["GET"], "/missing", missing_arg)
     router.add(["GET"], "/who", who)
     router.add(["GET"], "/big", big)
+    router.add(["GET"], "/slow", slow)
     return router
 
 
@@ -724,3 +733,34 @@ async def test_serve_http_on_given_listeners(nursery):
     assert (await client.response())[2] == b"OK"
     assert (await client.response())[:1] == (200,)
     await client.aclose()
+
+
+async def test_handlers_are_not_timed_out(server):
+    client = await Client.connect(server)
+    await client.send(get("/slow") + get("/ping"))
+    assert (await client.response())[2] == b"late"
+    assert (await client.response())[2] == b"OK"
+    await client.aclose()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_tls(nursery, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
+                    str(cert)], check=True, capture_output=True)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    http = HTTPServer(make_router(), logger=logging.getLogger(LOGGER), address="127.0.0.1:0",
+                      ssl_context=server_context, name="HTTPS")
+    await nursery.start(http.run)
+    client_context = ssl.create_default_context(cafile=str(cert))
+    stream = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", http.port), client_context,
+                            server_hostname="127.0.0.1", https_compatible=True)
+    client = Client(stream)
+    await client.send(get("/who") + get("/ping"))
+    assert b'"tls":true' in (await client.response())[2]
+    assert (await client.response())[2] == b"OK"
+    await client.send(b"\x00garbage\r\n\r\n")
+    assert (await client.response())[2] == b"400 Bad Request"
+    assert await client.is_closed()

@@ -1,0 +1,442 @@
+"""What every scenario shares: the command line, the nsqd under test, generator processes, reports.
+
+A scenario module (``bench/<name>.py``) has ``NAME``, ``TITLE``, ``add_arguments(parser)`` for its own
+flags and ``run(args) -> Report``; ``main(module)`` here turns that into ``python -m bench.<name>``.
+
+The nsqd under test (``Target``): by default a fresh ``python -m nsqd`` subprocess on 127.0.0.1 with
+a temporary data directory (removed afterwards), plus the flags the scenario needs (a large
+``--mem-queue-size`` for in-memory backlogs) and any ``--nsqd-arg``. With ``--nsqd-tcp-address``
+(and ``--nsqd-http-address``) the scenario runs against a server that is already there, ours or
+NSQ's; topic names are unique per run so earlier runs do not interfere, and ``--nsqd-pid`` lets
+the scenarios that read the server's CPU time or memory do so.
+
+Generator processes (``Generators``): each runs ``bench.load.run_roles`` over roles built in the
+child (sockets never cross processes). They connect, report ready, then start together at one
+``time.monotonic`` instant chosen by the parent; every process measures the same window.
+Loops are bounded in time: each child has a hard deadline and the parent waits for it with a
+timeout, then terminates what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+__all__ = [
+    "Generators",
+    "ProcessSampler",
+    "Report",
+    "RESULTS_DIR",
+    "Target",
+    "format_table",
+    "jain_index",
+    "machine_info",
+    "main",
+    "percentile",
+    "unique_topic",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+_LISTENING = re.compile(r"(TCP|HTTP): listening on (\S+)")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+def unique_topic(prefix: str) -> str:
+    return f"bench_{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def percentile(sorted_values: list, fraction: float):
+    """Nearest-rank percentile of an already sorted list (None when empty)."""
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, max(0, int(round(fraction * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[index]
+
+
+def jain_index(values: list[float]) -> float:
+    """Jain's fairness index: 1.0 when all values are equal, 1/n when one takes everything."""
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return (total * total) / (len(values) * squares) if squares else 0.0
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return host, int(port)
+
+
+def machine_info() -> dict:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import trio
+
+        trio_version = trio.__version__
+    except ImportError:  # pragma: no cover
+        trio_version = None
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "trio": trio_version,
+        "platform": platform.platform(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class ProcessSampler:
+    """CPU seconds and resident set of a process from /proc (Linux); zeros when unavailable."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+
+    def cpu_seconds(self) -> float:
+        if self.pid is None:
+            return 0.0
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def rss_bytes(self) -> int:
+        if self.pid is None:
+            return 0
+        try:
+            with open(f"/proc/{self.pid}/statm") as f:
+                return int(f.read().split()[1]) * _PAGE_SIZE
+        except OSError:
+            return 0
+
+
+# -- the server under test ------------------------------------------------------------------------
+
+class Target:
+    """The nsqd a scenario talks to. Use as a context manager (see the module notes)."""
+
+    def __init__(self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False) -> None:
+        self.args = args
+        self.flags = list(flags) + list(args.nsqd_arg or [])
+        self.want_http = want_http
+        self.own = not args.nsqd_tcp_address
+        self.tcp: tuple[str, int] | None = None
+        self.http: tuple[str, int] | None = None
+        self.pid: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.data_path: str | None = None
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def describe(self) -> dict:
+        return {
+            "own_nsqd": self.own,
+            "tcp": "%s:%d" % self.tcp if self.tcp else None,
+            "http": "%s:%d" % self.http if self.http else None,
+            "nsqd_flags": self.flags if self.own else None,
+        }
+
+    def __enter__(self) -> "Target":
+        if not self.own:
+            self.tcp = parse_address(self.args.nsqd_tcp_address)
+            if self.args.nsqd_http_address:
+                self.http = parse_address(self.args.nsqd_http_address)
+            self.pid = self.args.nsqd_pid
+            return self
+        self.data_path = tempfile.mkdtemp(prefix="trionsq-bench-")
+        argv = [sys.executable, "-m", "nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                f"--data-path={self.data_path}", *self.flags]
+        self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.pid = self.proc.pid
+        threading.Thread(target=self._drain_log, daemon=True).start()
+        try:
+            self.tcp = self._wait_for("TCP", 30.0)
+            if self.tcp is None:
+                raise RuntimeError("nsqd did not start:\n" + "\n".join(self.lines[-30:]))
+            self.http = self._wait_for("HTTP", 2.0 if self.want_http else 0.0)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _drain_log(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._cond:
+                if len(self.lines) < 10000:
+                    self.lines.append(line)
+                self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _wait_for(self, kind: str, timeout: float) -> tuple[str, int] | None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    match = _LISTENING.search(line)
+                    if match and match.group(1) == kind:
+                        return parse_address(match.group(2))
+                remaining = deadline - time.monotonic()
+                if self._closed or remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    def __exit__(self, *exc) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if self.data_path is not None:
+            shutil.rmtree(self.data_path, ignore_errors=True)
+
+    def log_tail(self, count: int = 20) -> str:
+        with self._cond:
+            return "\n".join(self.lines[-count:])
+
+    def sampler(self) -> ProcessSampler:
+        return ProcessSampler(self.pid)
+
+
+# -- generator processes ---------------------------------------------------------------------------
+
+def _collect(roles) -> list[dict]:
+    out = []
+    for role in roles:
+        info = {"kind": type(role).__name__, "counter": role.counter}
+        for name in ("first_at", "last_at", "bytes", "acked", "sent"):
+            if hasattr(role, name):
+                info[name] = getattr(role, name)
+        if getattr(role, "latency", False):
+            info["latencies"] = role.latencies
+        out.append(info)
+    return out
+
+
+def _child(conn, build: Callable, kwargs: dict) -> None:
+    """A generator process: build the roles, report ready, run the window, report counters."""
+    from bench.load import close_all, run_roles
+
+    try:
+        roles = build(**kwargs)
+        conn.send(("ready", len(roles)))
+        message = conn.recv()
+        if message[0] != "go":
+            return
+        _, start_at, warm_at, end_at, hard_end_at, until_done = message
+        result = run_roles(roles, start_at=start_at, warm_at=warm_at, end_at=end_at, hard_end_at=hard_end_at,
+                           until_done=until_done)
+        result["roles"] = _collect(roles)
+        close_all(roles)
+        conn.send(("result", result))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+@dataclass
+class Generators:
+    """A set of generator processes started together. ``add`` each, then ``run``."""
+
+    specs: list[tuple[Callable, dict]] = field(default_factory=list)
+
+    def add(self, build: Callable, **kwargs) -> None:
+        self.specs.append((build, kwargs))
+
+    def run(self, *, warmup: float, duration: float, until_done: bool = False, hard_limit: float | None = None,
+            sampler: ProcessSampler | None = None, on_window: Callable[[str], None] | None = None) -> dict:
+        """Start every process, wait for all to be ready, run the window, gather the results.
+
+        Returns ``{"workers": [...], "nsqd_cpu_seconds": x, "window": duration}``; raises
+        RuntimeError with the child's traceback if one failed.
+        """
+        context = multiprocessing.get_context("spawn")
+        children = []
+        try:
+            for build, kwargs in self.specs:
+                parent_end, child_end = context.Pipe()
+                process = context.Process(target=_child, args=(child_end, build, kwargs), daemon=True)
+                process.start()
+                child_end.close()
+                children.append((process, parent_end))
+            for process, pipe in children:
+                if not pipe.poll(60):
+                    raise RuntimeError("a generator process did not get ready within 60 s")
+                message = pipe.recv()
+                if message[0] != "ready":
+                    raise RuntimeError(f"generator failed during setup:\n{message[1]}")
+            start_at = time.monotonic() + 0.2
+            warm_at = start_at + warmup
+            end_at = warm_at + duration
+            hard_end_at = end_at + (hard_limit if hard_limit is not None else 1.0)
+            for _, pipe in children:
+                pipe.send(("go", start_at, warm_at, end_at, hard_end_at, until_done))
+            cpu_start = cpu_end = 0.0
+            if sampler is not None:
+                time.sleep(max(warm_at - time.monotonic(), 0))
+                cpu_start = sampler.cpu_seconds()
+                if on_window is not None:
+                    on_window("start")
+                time.sleep(max(end_at - time.monotonic(), 0))
+                cpu_end = sampler.cpu_seconds()
+                if on_window is not None:
+                    on_window("end")
+            results = []
+            for process, pipe in children:
+                remaining = hard_end_at - time.monotonic() + 30
+                if not pipe.poll(max(remaining, 1)):
+                    raise RuntimeError("a generator process did not report in time")
+                message = pipe.recv()
+                if message[0] != "result":
+                    raise RuntimeError(f"generator failed:\n{message[1]}")
+                results.append(message[1])
+            return {"workers": results, "nsqd_cpu_seconds": cpu_end - cpu_start, "window": duration}
+        finally:
+            for process, pipe in children:
+                pipe.close()
+                process.join(5)
+                if process.is_alive():
+                    process.terminate()
+                    process.join(5)
+
+
+# -- reports -----------------------------------------------------------------------------------------
+
+@dataclass
+class Report:
+    """What a scenario found: table rows (dicts with the same keys), its parameters and notes."""
+
+    name: str
+    title: str
+    rows: list[dict] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    targets: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    target: dict | None = None
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if value >= 1000:
+            return f"{value:,.0f}"
+        if value >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "" if value is None else str(value)
+
+
+def format_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    for row in rows[1:]:
+        columns += [key for key in row if key not in columns]
+    cells = [[_fmt(row.get(column)) for column in columns] for row in rows]
+    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
+    lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths)),
+             "  ".join("-" * width for width in widths)]
+    for line in cells:
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+    return "\n".join(lines)
+
+
+def write_report(report: Report, results_dir: Path) -> Path:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{report.name}.json"
+    document = {
+        "scenario": report.name,
+        "title": report.title,
+        "machine": machine_info(),
+        "target": report.target,
+        "params": report.params,
+        "results": report.rows,
+        "targets": report.targets,
+        "notes": report.notes,
+        "skipped": report.skipped,
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
+
+
+def print_report(report: Report) -> None:
+    print(f"\n== {report.name}: {report.title}")
+    if report.skipped:
+        print(f"skipped: {report.skipped}")
+        return
+    print(format_table(report.rows))
+    for key, value in report.targets.items():
+        print(f"target {key}: {value}")
+    for note in report.notes:
+        print(f"note: {note}")
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server under test")
+    group.add_argument("--nsqd-tcp-address", help="use this running server instead of starting nsqd")
+    group.add_argument("--nsqd-http-address", help="its HTTP address (HTTP scenarios)")
+    group.add_argument("--nsqd-pid", type=int, help="its process id, to read CPU time and memory")
+    group.add_argument("--nsqd-arg", action="append", default=[],
+                       help="extra flag for the nsqd started here (repeatable)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where <scenario>.json goes")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per figure")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds run before measuring")
+
+
+def main(module, argv: list[str] | None = None) -> int:
+    """``python -m bench.<name>``: parse flags, run the scenario, print its table, write its JSON."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{module.NAME}", description=module.TITLE)
+    add_common_arguments(parser)
+    if hasattr(module, "add_arguments"):
+        module.add_arguments(parser)
+    args = parser.parse_args(argv)
+    report = module.run(args)
+    path = write_report(report, args.results_dir)
+    print_report(report)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,64 @@
+"""Scenario 1: TCP ``PUB``, one message per round trip per connection (16 connections, 200-byte bodies).
+
+Each connection keeps exactly one PUB in flight and sends the next one when the OK arrives, like
+NSQ's ``bench_writer`` with a batch size of 1. The topic has no channel, so what is measured is the
+publish path alone; nsqd is started with a ``--mem-queue-size`` large enough that nothing is
+written to disk during the run. Figure: acknowledged messages per second.
+"""
+
+from __future__ import annotations
+
+from bench.common import Generators, Report, Target, main, unique_topic
+from bench.load import build_roles
+from protocol.commands import encode_mpub, encode_pub
+
+NAME = "pub"
+TITLE = "TCP PUB, one message per round trip"
+MEM_QUEUE_SIZE = 20_000_000
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--body-size", type=int, default=200)
+    parser.add_argument("--processes", type=int, default=1, help="generator processes (at most one per core)")
+
+
+def publish_rate(args, target: Target, frame: bytes, messages_per_frame: int, connections: int,
+                 processes: int, outstanding: int = 1) -> dict:
+    """Run ``connections`` publishers of ``frame`` for the window; the measured figures as a row."""
+    generators = Generators()
+    processes = max(1, min(processes, connections))
+    for index in range(processes):
+        count = connections // processes + (1 if index < connections % processes else 0)
+        generators.add(build_roles, specs=[("pub", count, dict(address=target.tcp, frame=frame,
+                                                              messages_per_frame=messages_per_frame,
+                                                              outstanding=outstanding))])
+    result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
+    messages = sum(sum(worker["window_counts"]) for worker in result["workers"])
+    generator_cpu = sum(worker["cpu_seconds"] for worker in result["workers"])
+    duration = result["window"]
+    return {
+        "msg/s": messages / duration,
+        "MB/s": messages * (len(frame) / messages_per_frame) / duration / 1e6,
+        "nsqd_cpu": result["nsqd_cpu_seconds"] / duration if target.pid else None,
+        "generator_cpu": generator_cpu / duration,
+    }
+
+
+def run(args) -> Report:
+    report = Report(NAME, TITLE, params={"connections": args.connections, "body_size": args.body_size,
+                                         "processes": args.processes, "duration_s": args.duration})
+    with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
+        report.target = target.describe()
+        frame = encode_pub(unique_topic(NAME), b"p" * args.body_size)
+        row = publish_rate(args, target, frame, 1, args.connections, args.processes)
+        report.rows.append({"connections": args.connections, **row})
+    report.targets = {"msg/s": ">= 40,000 (real nsqd 1.3.0: ~86,000)"}
+    report.notes.append("cpu columns are cores used (1.0 = one core busy); load and nsqd share 2 cores")
+    return report
+
+
+__all__ = ["publish_rate", "run", "encode_mpub"]
+
+if __name__ == "__main__":
+    raise SystemExit(main(__import__(__name__)))

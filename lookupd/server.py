@@ -1,0 +1,144 @@
+"""NSQLookupd: the discovery daemon. Owns the registration database and both listeners.
+
+``open_listeners`` binds the TCP and HTTP addresses (a failure is the daemon's FATAL startup
+error, before anything is served); ``run`` serves them inside one nursery and reports readiness
+through ``task_status``; ``exit`` stops accepting, closes every peer connection (each peer leaves
+its registrations) and returns from ``run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import trio
+
+from protocol.http_server import HTTPServer, format_address
+
+from .http_api import build_router
+from .registration_db import RegistrationDB
+from .tcp import LookupConnection
+
+__all__ = ["NSQLookupd", "split_address"]
+
+log = logging.getLogger("nsqlookupd")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:4160`` for IPv6) into host and port; an empty host means every interface."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"invalid address {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class NSQLookupd:
+    def __init__(self, opts) -> None:
+        self.opts = opts
+        self.db = RegistrationDB()
+        self.hostname = socket.gethostname()
+        self.tcp_port: int | None = None
+        self.http_port: int | None = None
+        self.tcp_address: str | None = None
+        self.http_address: str | None = None
+        self.connections: dict[int, LookupConnection] = {}
+        self.connections_total = 0
+        self.exiting = False
+        self._tcp_listeners: list = []
+        self._http_listeners: list = []
+        self._stopped = trio.Event()
+        self._serve_scope = trio.CancelScope()
+
+    @property
+    def inactive_producer_timeout_ns(self) -> int:
+        return int(round(self.opts.inactive_producer_timeout * 1e9))
+
+    @property
+    def tombstone_lifetime_ns(self) -> int:
+        return int(round(self.opts.tombstone_lifetime * 1e9))
+
+    async def open_listeners(self) -> None:
+        """Bind both addresses; ``OSError`` (with the address in ``filename``) when one cannot be bound."""
+        for name, address in (("tcp", self.opts.tcp_address), ("http", self.opts.http_address)):
+            host, port = split_address(address)
+            try:
+                listeners = await trio.open_tcp_listeners(port, host=host or None)
+            except OSError as exc:
+                for listener in self._tcp_listeners + self._http_listeners:
+                    await listener.aclose()
+                exc.filename = address
+                raise
+            if name == "tcp":
+                self._tcp_listeners = listeners
+                self.tcp_port = listeners[0].socket.getsockname()[1]
+                self.tcp_address = format_address(listeners[0].socket.getsockname())
+            else:
+                self._http_listeners = listeners
+                self.http_port = listeners[0].socket.getsockname()[1]
+                self.http_address = format_address(listeners[0].socket.getsockname())
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if not self._tcp_listeners:
+            await self.open_listeners()
+        tcp_listeners, http_listeners = self._tcp_listeners, self._http_listeners
+        for listener in tcp_listeners:
+            log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))
+        http = HTTPServer(build_router(self), logger=log, listeners=http_listeners)
+        try:
+            with self._serve_scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(http.run)
+                    nursery.start_soon(self._serve_tcp, tcp_listeners)
+                    task_status.started()
+                    await self._stopped.wait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                for name, listeners in (("TCP", tcp_listeners), ("HTTP", http_listeners)):
+                    log.info("%s: closing %s", name, self.tcp_address if name == "TCP" else self.http_address)
+                    for listener in listeners:
+                        await listener.aclose()
+
+    async def _serve_tcp(self, listeners) -> None:
+        async with trio.open_nursery() as connections:
+            for listener in listeners:
+                connections.start_soon(self._accept_loop, listener, connections)
+
+    async def _accept_loop(self, listener, connections) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                # EMFILE and friends: back off a little instead of spinning
+                log.error("TCP: accept error: %s", exc)
+                await trio.sleep(0.05)
+                continue
+            connections.start_soon(self._handle_tcp, stream)
+
+    async def _handle_tcp(self, stream: trio.SocketStream) -> None:
+        try:
+            remote = format_address(stream.socket.getpeername())
+        except OSError:
+            await trio.aclose_forcefully(stream)
+            return
+        log.info("TCP: new client(%s)", remote)
+        connection = LookupConnection(self, stream, remote)
+        self.connections[id(connection)] = connection
+        self.connections_total += 1
+        try:
+            await connection.run()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            log.info("[%s] connection error: %s", remote, group.exceptions[0])
+        except* Exception as group:
+            log.error("[%s] internal error", remote, exc_info=group)
+        finally:
+            self.connections.pop(id(connection), None)
+            await trio.aclose_forcefully(stream)
+
+    def exit(self) -> None:
+        """Start a graceful stop: no new connections, close the open ones, return from ``run``."""
+        if self.exiting:
+            return
+        self.exiting = True
+        log.info("LOOKUP: exiting")
+        self._stopped.set()

@@ -1,0 +1,477 @@
+"""nsqd's HTTP API: the routes, their parameter rules, status codes and bodies, as nsqd 1.3.0 answers them.
+
+The server (``protocol.http_server``) owns sockets, keep-alive, timeouts and body limits; the router
+(``protocol.http``) owns 404/405/OPTIONS/redirects and the ``{"message":"<CODE>"}`` error bodies. This module
+holds the handlers. Parameters come from the query string only; a badly encoded one is ``400 INVALID_REQUEST``
+for the endpoints that read parameters. Handlers check in nsqd's order, so the first failing check decides
+the answer. Publishing goes through ``Topic.put_many`` like TCP publishing, and counts no producer.
+
+Routes and their checks (status CODE, in order):
+
+- ``GET /ping``: ``OK``, or ``500 NOK - <error>`` while a disk queue's last write failed (plain text).
+- ``GET /info``: version, addresses, ports and client limits.
+- ``POST /pub?topic=&defer=``: 413 MSG_TOO_BIG (Content-Length or body over ``--max-msg-size``, answered
+  before reading), 400 MSG_EMPTY, 400 INVALID_REQUEST, 400 MISSING_ARG_TOPIC, 400 INVALID_TOPIC, then the
+  topic is created, 400 INVALID_DEFER (not an int64, negative, or over ``--max-req-timeout``), 503 EXITING.
+- ``POST /mpub?topic=&binary=&defer=``: 413 BODY_TOO_BIG (over ``--max-body-size``), the topic checks; text
+  mode (default) splits on ``\\n`` and skips empty lines (413 MSG_TOO_BIG for a line over
+  ``--max-msg-size``); binary mode (``binary`` not ``false``/``0``) reads ``[int32 count]`` then
+  ``[int32 size][bytes]`` items (413 BAD_BODY for a bad count, 413 BAD_MESSAGE for a bad item). ``defer``
+  is an extension of this implementation (nsqd 1.3.0 has none on /mpub) with /pub's rules. The body is
+  validated before the topic is created.
+- ``POST /topic/{create,delete,empty,pause,unpause}`` and ``/channel/{...}``: see the handlers; pausing and
+  unpausing persist the metadata at once.
+- ``GET /stats?format=json&topic=&channel=&include_clients=&include_mem=``: ``stats.py``.
+- ``GET /metrics``: Prometheus exposition (``metrics.py``); an addition of this implementation.
+- ``GET|PUT /config/:opt``: option values by config-file name; only ``nsqlookupd_tcp_addresses`` (JSON array)
+  and ``log_level`` (a level word) can be changed.
+- ``GET /debug/pprof/``, ``PUT /debug/setblockrate``, ``POST /debug/freememory``: nsqd's Go runtime hooks,
+  kept for their status codes; there is no Go runtime to profile.
+
+``--tls-required=true`` makes every request that did not come over TLS a 403 with nsqd's body.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import re
+import socket
+import struct
+import time
+
+from protocol.http import (
+    HTTPError,
+    Request,
+    Response,
+    Router,
+    empty_response,
+    error_response,
+    json_response,
+    text_response,
+)
+from protocol.http_server import HTTPServer
+from protocol.logfmt import log_level_word, set_log_level
+from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from protocol.version import NSQ_VERSION
+
+from .message import Message
+from .metrics import make_registry, render
+from .options import config_value
+from .stats import collect, format_text, to_json
+from .topic import TopicExiting, TopicFull
+
+__all__ = ["BOOL_PARAMS", "NSQDRouter", "build_router", "make_http_server"]
+
+log = logging.getLogger("nsqd")
+
+#: nsqd's boolean query values; anything else is "not given" (or, for /mpub's binary, deprecated true)
+BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+
+_INT64 = re.compile(r"[+-]?[0-9]+")
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_INT32 = struct.Struct(">i")
+
+
+def _go_int64_ms_to_ns(ms: int) -> int:
+    """``time.Duration(ms) * time.Millisecond`` with int64 wrap-around."""
+    ns = (ms * 1_000_000) & ((1 << 64) - 1)
+    return ns - (1 << 64) if ns >= 1 << 63 else ns
+
+
+class NSQDRouter(Router):
+    """The router, with nsqd's check ahead of routing: ``--tls-required=true`` refuses plain HTTP."""
+
+    def __init__(self, nsqd, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.nsqd = nsqd
+
+    async def call(self, match, request: Request) -> Response:
+        opts = self.nsqd.opts
+        if not request.tls and opts.tls_required_on_http():
+            body = f'{{"message": "TLS_REQUIRED", "https_port": {self.nsqd_https_port()}}}'.encode()
+            return Response(403, [("Content-Type", "application/json; charset=utf-8"),
+                                  ("X-Nsq-Content-Type", "nsq; version=1.0")], body)
+        return await super().call(match, request)
+
+    def nsqd_https_port(self) -> int:
+        address = getattr(self.nsqd, "https_address", None) or self.nsqd.opts.https_address
+        try:
+            return int(str(address).rpartition(":")[2])
+        except ValueError:
+            return 0
+
+
+class _API:
+    """The handlers, bound to one ``NSQD``."""
+
+    def __init__(self, nsqd) -> None:
+        self.nsqd = nsqd
+        self.registry = make_registry(nsqd)
+
+    # -- parameter helpers -------------------------------------------------------------------------------------
+    @staticmethod
+    def _param(request: Request, name: str) -> str | None:
+        values = request.query.get(name)
+        return values[0] if values else None
+
+    def _topic_name(self, request: Request) -> str:
+        """/pub, /mpub, /topic/create: ``MISSING_ARG_TOPIC``, ``INVALID_TOPIC``."""
+        name = self._param(request, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return name
+
+    def _topic_channel_names(self, request: Request) -> tuple[str, str]:
+        """/channel/*: the ``..._ARG_...`` codes."""
+        topic = self._param(request, "topic")
+        if topic is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_topic_name(topic):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        channel = self._param(request, "channel")
+        if channel is None:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_channel_name(channel):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        return topic, channel
+
+    def _existing_topic(self, name: str):
+        topic = self.nsqd.get_existing_topic(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    def _defer_seconds(self, request: Request) -> float:
+        text = self._param(request, "defer")
+        if text is None:
+            return 0.0
+        if _INT64.fullmatch(text) is None:
+            raise HTTPError(400, "INVALID_DEFER")
+        ms = int(text)
+        if not _INT64_MIN <= ms <= _INT64_MAX:
+            raise HTTPError(400, "INVALID_DEFER")
+        ns = _go_int64_ms_to_ns(ms)
+        if ns < 0 or ns > round(self.nsqd.opts.max_req_timeout * 1e9):
+            raise HTTPError(400, "INVALID_DEFER")
+        return ns / 1e9
+
+    def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> None:
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        topic = nsqd.get_topic(topic_name)
+        if not bodies:
+            return
+        ids = topic.new_ids(len(bodies))
+        now_ns = time.time_ns()
+        messages = [Message(msg_id, body, now_ns, 0, defer) for msg_id, body in zip(ids, bodies)]
+        try:
+            topic.put_many(messages)
+        except (TopicExiting, TopicFull):
+            raise HTTPError(503, "EXITING") from None
+
+    # -- handlers ----------------------------------------------------------------------------------------------
+    async def ping(self, request: Request) -> Response:
+        health = self.nsqd.health()
+        if health != "OK":
+            return text_response(health, 500)
+        return text_response("OK")
+
+    async def info(self, request: Request) -> Response:
+        nsqd = self.nsqd
+        opts = nsqd.opts
+        try:
+            hostname = socket.gethostname()
+        except OSError as exc:
+            raise HTTPError(500, str(exc)) from None
+        return json_response({
+            "version": NSQ_VERSION,
+            "broadcast_address": opts.broadcast_address,
+            "hostname": hostname,
+            "http_port": _port(nsqd.http_address),
+            "tcp_port": _port(nsqd.tcp_address),
+            "start_time": nsqd.start_time,
+            "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
+            "max_output_buffer_size": opts.max_output_buffer_size,
+            "max_output_buffer_timeout": round(opts.max_output_buffer_timeout * 1e9),
+            "max_deflate_level": opts.max_deflate_level,
+        })
+
+    async def pub(self, request: Request) -> Response:
+        body = request.body  # the route's limit already answered 413 MSG_TOO_BIG
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        name = self._topic_name(request)
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        nsqd.get_topic(name)  # nsqd creates the topic before it looks at defer
+        defer = self._defer_seconds(request)
+        self._publish(name, [body], defer)
+        return text_response("OK", nsq_header=True)
+
+    async def mpub(self, request: Request) -> Response:
+        name = self._topic_name(request)
+        binary = False
+        mode = self._param(request, "binary")
+        if mode is not None:
+            binary = BOOL_PARAMS.get(mode, True)
+            if mode not in BOOL_PARAMS:
+                log.warning("deprecated value '%s' used for /mpub binary param", mode)
+        defer = self._defer_seconds(request)
+        opts = self.nsqd.opts
+        if binary:
+            bodies = _binary_bodies(request.body, opts.max_msg_size, opts.max_body_size)
+        else:
+            bodies = [line for line in request.body.split(b"\n") if line]
+            if any(len(line) > opts.max_msg_size for line in bodies):
+                raise HTTPError(413, "MSG_TOO_BIG")
+        self._publish(name, bodies, defer)
+        return text_response("OK", nsq_header=True)
+
+    async def stats(self, request: Request) -> Response:
+        fmt = self._param(request, "format")  # a bad query string: 400 INVALID_REQUEST from here
+        include_clients = BOOL_PARAMS.get(self._param(request, "include_clients") or "", True)
+        include_mem = BOOL_PARAMS.get(self._param(request, "include_mem") or "", True)
+        stats = collect(self.nsqd, topic=self._param(request, "topic") or None,
+                        channel=self._param(request, "channel") or None,
+                        include_clients=include_clients, include_mem=include_mem)
+        if fmt == "json":
+            return json_response(to_json(stats))
+        return text_response(format_text(stats), nsq_header=True)
+
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = render(self.registry, request.headers.get("accept"))
+        return Response(200, [("Content-Type", content_type)], body)
+
+    # topics
+    async def topic_create(self, request: Request) -> Response:
+        name = self._topic_name(request)
+        if self.nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        self.nsqd.get_topic(name)
+        return empty_response()
+
+    async def topic_delete(self, request: Request) -> Response:
+        name = self._param(request, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not self.nsqd.delete_topic(name):
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return empty_response()
+
+    async def topic_empty(self, request: Request) -> Response:
+        topic = self._existing_topic(self._topic_name(request))
+        try:
+            topic.empty()
+        except OSError as exc:
+            log.error("TOPIC(%s): failed to empty - %s", topic.name, exc)
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        return empty_response()
+
+    async def topic_pause(self, request: Request) -> Response:
+        return self._pause_topic(request, pause=True)
+
+    async def topic_unpause(self, request: Request) -> Response:
+        return self._pause_topic(request, pause=False)
+
+    def _pause_topic(self, request: Request, *, pause: bool) -> Response:
+        name = self._param(request, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        topic = self._existing_topic(name)
+        if pause:
+            topic.pause()
+        else:
+            topic.unpause()
+        log.info("TOPIC(%s): %s", name, "paused" if pause else "unpaused")
+        self.nsqd.persist_metadata()
+        return empty_response()
+
+    # channels
+    def _existing_channel_topic(self, request: Request):
+        topic_name, channel_name = self._topic_channel_names(request)
+        return self._existing_topic(topic_name), channel_name
+
+    def _existing_channel(self, request: Request):
+        topic, channel_name = self._existing_channel_topic(request)
+        channel = topic.channels.get(channel_name)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return channel
+
+    async def channel_create(self, request: Request) -> Response:
+        topic, channel_name = self._existing_channel_topic(request)
+        topic.get_channel(channel_name)
+        return empty_response()
+
+    async def channel_delete(self, request: Request) -> Response:
+        topic, channel_name = self._existing_channel_topic(request)
+        if not topic.delete_channel(channel_name):
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return empty_response()
+
+    async def channel_empty(self, request: Request) -> Response:
+        channel = self._existing_channel(request)
+        try:
+            channel.empty()
+        except OSError as exc:
+            log.error("CHANNEL(%s:%s): failed to empty - %s", channel.topic_name, channel.name, exc)
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        return empty_response()
+
+    async def channel_pause(self, request: Request) -> Response:
+        return self._pause_channel(request, pause=True)
+
+    async def channel_unpause(self, request: Request) -> Response:
+        return self._pause_channel(request, pause=False)
+
+    def _pause_channel(self, request: Request, *, pause: bool) -> Response:
+        channel = self._existing_channel(request)
+        if pause:
+            channel.pause()
+        else:
+            channel.unpause()
+        log.info("CHANNEL(%s:%s): %s", channel.topic_name, channel.name, "paused" if pause else "unpaused")
+        self.nsqd.persist_metadata()
+        return empty_response()
+
+    # configuration
+    async def config(self, request: Request, opt: str) -> Response:
+        nsqd = self.nsqd
+        opts = nsqd.opts
+        if request.method == "PUT":
+            body = request.body  # over --max-msg-size: the route answered 413 INVALID_VALUE
+            if not body:
+                raise HTTPError(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_tcp_addresses":
+                addresses = _string_list(body)
+                setter = getattr(nsqd, "set_lookupd_addresses", None)
+                if setter is not None:
+                    setter(addresses)
+                else:
+                    opts.lookupd_tcp_addresses = addresses
+                log.info("CONFIG: nsqlookupd_tcp_addresses set to %s", addresses)
+            elif opt == "log_level":
+                try:
+                    word = log_level_word(body.decode("utf-8"))
+                    set_log_level(logging.getLogger("nsqd"), word)
+                except (UnicodeDecodeError, ValueError, KeyError):
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                opts.log_level = word
+            else:
+                raise HTTPError(400, "INVALID_OPTION")
+        try:
+            value = config_value(opts, opt)
+        except KeyError:
+            raise HTTPError(400, "INVALID_OPTION") from None
+        if isinstance(value, str):
+            # nsqd answers a string option with the bare text (its V1 responder writes strings as they are)
+            return text_response(value, nsq_header=True)
+        return json_response(value)
+
+    # Go runtime hooks
+    async def pprof_index(self, request: Request) -> Response:
+        page = ("<html><head><title>/debug/pprof/</title></head><body>/debug/pprof/<br><br>"
+                "No profiles: this nsqd does not run on the Go runtime.</body></html>\n")
+        return Response(200, [("Content-Type", "text/html; charset=utf-8")], page.encode())
+
+    async def set_block_rate(self, request: Request) -> Response:
+        text = self._param(request, "rate") or ""
+        if _INT64.fullmatch(text) is None:
+            return text_response(f"invalid block rate : strconv.Atoi: parsing {go_quote(text)}: invalid syntax", 400)
+        if not _INT64_MIN <= int(text) <= _INT64_MAX:
+            return text_response(
+                f"invalid block rate : strconv.Atoi: parsing {go_quote(text)}: value out of range", 400)
+        return Response(200, [], b"")
+
+    async def free_memory(self, request: Request) -> Response:
+        gc.collect()
+        return empty_response()
+
+
+def _port(address: str | None) -> int:
+    if not address:
+        return -1
+    try:
+        return int(address.rpartition(":")[2])
+    except ValueError:
+        return -1
+
+
+def _string_list(body: bytes) -> list[str]:
+    """A JSON array of strings (or ``null``), as Go decodes into ``[]string``; else 400 INVALID_VALUE."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise HTTPError(400, "INVALID_VALUE") from None
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise HTTPError(400, "INVALID_VALUE")
+    return value
+
+
+def _binary_bodies(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
+    """/mpub?binary=true: ``[int32 count]`` then ``count`` x ``[int32 size][size bytes]``; what follows the last
+    message is ignored. Errors are the TCP codes without ``E_``, with status 413."""
+    if len(body) < 4:
+        raise HTTPError(413, "BAD_BODY")
+    (count,) = _INT32.unpack_from(body)
+    if count <= 0 or count > (max_body_size - 4) // 5:
+        raise HTTPError(413, "BAD_BODY")
+    bodies = []
+    pos = 4
+    end = len(body)
+    for _ in range(count):
+        if pos + 4 > end:
+            raise HTTPError(413, "BAD_MESSAGE")
+        (size,) = _INT32.unpack_from(body, pos)
+        pos += 4
+        if size <= 0 or size > max_msg_size or pos + size > end:
+            raise HTTPError(413, "BAD_MESSAGE")
+        bodies.append(body[pos:pos + size])
+        pos += size
+    return bodies
+
+
+def build_router(nsqd) -> NSQDRouter:
+    """Every nsqd route, bound to ``nsqd``."""
+    api = _API(nsqd)
+    opts_of = lambda: nsqd.opts  # noqa: E731  (options can be swapped at run time)
+    router = NSQDRouter(nsqd, logger=log)
+    router.add(["GET"], "/ping", api.ping)
+    router.add(["GET"], "/info", api.info)
+    router.add(["POST"], "/pub", api.pub, access_log=False, max_body_bytes=lambda: opts_of().max_msg_size,
+               body_too_big=error_response(413, "MSG_TOO_BIG"))
+    router.add(["POST"], "/mpub", api.mpub, access_log=False, max_body_bytes=lambda: opts_of().max_body_size,
+               body_too_big=error_response(413, "BODY_TOO_BIG"))
+    router.add(["GET"], "/stats", api.stats)
+    router.add(["GET"], "/metrics", api.metrics)
+    router.add(["POST"], "/topic/create", api.topic_create)
+    router.add(["POST"], "/topic/delete", api.topic_delete)
+    router.add(["POST"], "/topic/empty", api.topic_empty)
+    router.add(["POST"], "/topic/pause", api.topic_pause)
+    router.add(["POST"], "/topic/unpause", api.topic_unpause)
+    router.add(["POST"], "/channel/create", api.channel_create)
+    router.add(["POST"], "/channel/delete", api.channel_delete)
+    router.add(["POST"], "/channel/empty", api.channel_empty)
+    router.add(["POST"], "/channel/pause", api.channel_pause)
+    router.add(["POST"], "/channel/unpause", api.channel_unpause)
+    router.add(["GET", "PUT"], "/config/:opt", api.config, max_body_bytes=lambda: opts_of().max_msg_size,
+               body_too_big=error_response(413, "INVALID_VALUE"))
+    router.add(["GET"], "/debug/pprof/", api.pprof_index)
+    router.add(["PUT"], "/debug/setblockrate", api.set_block_rate)
+    router.add(["POST"], "/debug/freememory", api.free_memory)
+    return router
+
+
+def make_http_server(nsqd, address: str, *, name: str = "HTTP", ssl_context=None) -> HTTPServer:
+    """The HTTP (or, with ``ssl_context``, HTTPS) server of ``nsqd`` on ``address``."""
+    return HTTPServer(build_router(nsqd), logger=log, address=address, name=name, ssl_context=ssl_context,
+                      max_body_bytes=lambda: nsqd.opts.max_body_size)

@@ -1,0 +1,438 @@
+"""One snapshot of nsqd's state, and its renderings: ``/stats`` JSON and text.
+
+``collect(nsqd, ...)`` reads the plain counters that topics, channels and clients keep (nothing is
+counted for the stats' sake) into frozen dataclasses. The snapshot is taken synchronously, so it is
+consistent: no message moves while it is read. ``/stats`` (``to_json``, ``format_text``), ``/metrics``
+(``metrics.py``) and statsd (``statsd.py``) all start from it.
+
+Filters and null-vs-empty rules are nsqd's:
+- ``topic`` names a missing topic: ``topics`` and ``producers`` are ``None`` (JSON ``null``);
+- ``channel`` given: only topics having that channel are listed, each with that channel alone;
+- no topics: ``topics`` is an empty tuple (``[]``);
+- ``include_clients=False``: every channel's ``clients`` and ``producers`` are ``None``; ``client_count``
+  is still filled in;
+- producers are the TCP connections that have published at least one message; ``pub_counts`` lists every
+  topic a producer published to (only the filtered topic's entry under a ``topic`` filter).
+
+Topics and channels are sorted by name. JSON objects keep nsqd's key order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from protocol.http_server import go_duration
+from protocol.version import NSQ_VERSION, version_string
+
+from .e2e import EMPTY as EMPTY_E2E
+from .e2e import E2EResult, merge_results
+
+__all__ = [
+    "ChannelStats", "ClientStats", "E2EResult", "MemoryStats", "NodeStats", "TopicStats", "collect",
+    "format_text", "memory_stats", "to_json",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    client_id: str
+    hostname: str
+    version: str
+    remote_address: str
+    state: int
+    ready_count: int
+    in_flight_count: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+    connect_ts: int
+    sample_rate: int
+    deflate: bool
+    snappy: bool
+    user_agent: str
+    authed: bool
+    auth_identity: str
+    auth_identity_url: str
+    pub_counts: tuple[tuple[str, int], ...]
+    tls: bool
+    tls_cipher_suite: str
+    tls_version: str
+    tls_negotiated_protocol: str
+    tls_negotiated_protocol_is_mutual: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStats:
+    channel_name: str
+    depth: int
+    backend_depth: int
+    in_flight_count: int
+    deferred_count: int
+    message_count: int
+    requeue_count: int
+    timeout_count: int
+    client_count: int
+    clients: tuple[ClientStats, ...] | None
+    paused: bool
+    e2e_processing_latency: E2EResult
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    topic_name: str
+    channels: tuple[ChannelStats, ...]
+    depth: int
+    backend_depth: int
+    message_count: int
+    message_bytes: int
+    paused: bool
+    e2e_processing_latency: E2EResult
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """nsqd reports Go runtime figures under these names; here they are the interpreter's own:
+    allocated blocks, resident and unused-mapped memory, and CPython's collection count."""
+
+    heap_objects: int
+    heap_idle_bytes: int
+    heap_in_use_bytes: int
+    heap_released_bytes: int
+    gc_pause_usec_100: int
+    gc_pause_usec_99: int
+    gc_pause_usec_95: int
+    next_gc_bytes: int
+    gc_total_runs: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    version: str
+    health: str
+    start_time: int
+    uptime_ns: int
+    topics: tuple[TopicStats, ...] | None
+    memory: MemoryStats | None
+    producers: tuple[ClientStats, ...] | None
+    # not part of /stats JSON; /metrics reports them
+    tcp_connections: int = 0
+    http_connections: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == "OK"
+
+
+# -- collecting ------------------------------------------------------------------------------------------------
+def _client_stats(client, topic_filter: str | None) -> ClientStats:
+    pub_counts = client.pub_counts
+    if not pub_counts:
+        counts: tuple = ()
+    elif topic_filter:
+        count = pub_counts.get(topic_filter)
+        counts = ((topic_filter, count),) if count is not None else ()
+    else:
+        counts = tuple(pub_counts.items())
+    auth = client.auth_state
+    authorizations = getattr(auth, "authorizations", None) if auth is not None else None
+    tls = bool(client.tls)
+    return ClientStats(
+        client_id=client.client_id,
+        hostname=client.hostname,
+        version="V2",
+        remote_address=client.remote_address,
+        state=int(client.state),
+        ready_count=client.rdy,
+        in_flight_count=client.in_flight,
+        message_count=client.message_count,
+        finish_count=client.finish_count,
+        requeue_count=client.requeue_count,
+        connect_ts=client.connect_ts,
+        sample_rate=client.sample_rate,
+        deflate=bool(client.deflate),
+        snappy=bool(client.snappy),
+        user_agent=client.user_agent,
+        authed=bool(authorizations),
+        auth_identity=(getattr(auth, "identity", "") or "") if auth is not None else "",
+        auth_identity_url=(getattr(auth, "identity_url", "") or "") if auth is not None else "",
+        pub_counts=counts,
+        tls=tls,
+        tls_cipher_suite=client.tls_cipher_suite if tls else "",
+        tls_version=client.tls_version if tls else "",
+        tls_negotiated_protocol=(getattr(client, "tls_negotiated_protocol", "") or "") if tls else "",
+        tls_negotiated_protocol_is_mutual=bool(getattr(client, "tls_negotiated_protocol_is_mutual", False))
+        if tls else False,
+    )
+
+
+def _e2e(channel, now_ns: int) -> E2EResult:
+    window = channel.e2e
+    return window.result(now_ns) if window is not None else EMPTY_E2E
+
+
+def _channel_stats(channel, include_clients: bool, topic_filter: str | None, now_ns: int) -> ChannelStats:
+    clients = None
+    if include_clients:
+        clients = tuple(_client_stats(c, topic_filter) for c in list(channel.clients.values()))
+    return ChannelStats(
+        channel_name=channel.name,
+        depth=channel.depth(),
+        backend_depth=channel.backend_depth(),
+        in_flight_count=len(channel.in_flight),
+        deferred_count=len(channel.deferred),
+        message_count=channel.message_count,
+        requeue_count=channel.requeue_count,
+        timeout_count=channel.timeout_count,
+        client_count=len(channel.clients),
+        clients=clients,
+        paused=channel.paused,
+        e2e_processing_latency=_e2e(channel, now_ns),
+    )
+
+
+def memory_stats() -> MemoryStats:
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    resident = size = 0
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            fields = handle.read().split()
+        size, resident = int(fields[0]) * page, int(fields[1]) * page
+    except (OSError, ValueError, IndexError):
+        pass
+    runs = sum(generation.get("collections", 0) for generation in gc.get_stats())
+    return MemoryStats(
+        heap_objects=sys.getallocatedblocks(),
+        heap_idle_bytes=max(size - resident, 0),
+        heap_in_use_bytes=resident,
+        heap_released_bytes=0,
+        gc_pause_usec_100=0,
+        gc_pause_usec_99=0,
+        gc_pause_usec_95=0,
+        next_gc_bytes=0,
+        gc_total_runs=runs,
+    )
+
+
+def collect(nsqd, *, topic: str | None = None, channel: str | None = None, include_clients: bool = True,
+            include_mem: bool = True) -> NodeStats:
+    """The snapshot ``/stats`` reports, with nsqd's filters (see the module notes)."""
+    now_ns = time.time_ns()
+    quantiles = tuple(nsqd.opts.e2e_processing_latency_percentiles)
+    topics: tuple[TopicStats, ...] | None
+    producers: tuple[ClientStats, ...] | None = None
+    if topic:
+        found = nsqd.topics.get(topic)
+        chosen = [found] if found is not None else None
+    else:
+        chosen = sorted(nsqd.topics.values(), key=lambda t: t.name)
+    if chosen is None:
+        topics = None
+    else:
+        entries = []
+        for t in chosen:
+            if channel:
+                selected = [t.channels[channel]] if channel in t.channels else None
+                if selected is None:
+                    continue
+            else:
+                selected = sorted(t.channels.values(), key=lambda c: c.name)
+            channels = tuple(_channel_stats(c, include_clients, topic, now_ns) for c in selected)
+            # the topic's latency merges all its channels, whichever are listed
+            if channel:
+                results = [_e2e(c, now_ns) for c in t.channels.values()]
+            else:
+                results = [c.e2e_processing_latency for c in channels]
+            entries.append(TopicStats(
+                topic_name=t.name,
+                channels=channels,
+                depth=t.depth(),
+                backend_depth=t.backend_depth(),
+                message_count=t.message_count,
+                message_bytes=t.message_bytes,
+                paused=t.paused,
+                e2e_processing_latency=merge_results(results, quantiles),
+            ))
+        topics = tuple(entries)
+        if include_clients:
+            found_producers = tuple(_client_stats(c, topic) for c in list(nsqd.clients.values()) if c.pub_counts)
+            producers = found_producers or None
+    http_server = getattr(nsqd, "http_server", None)
+    return NodeStats(
+        version=NSQ_VERSION,
+        health=nsqd.health(),
+        start_time=nsqd.start_time,
+        uptime_ns=max(now_ns - nsqd.start_time * 1_000_000_000, 0),
+        topics=topics,
+        memory=memory_stats() if include_mem else None,
+        producers=producers,
+        tcp_connections=len(nsqd.clients),
+        http_connections=http_server.connections if http_server is not None else 0,
+    )
+
+
+# -- JSON ------------------------------------------------------------------------------------------------------
+def _e2e_json(result: E2EResult) -> dict:
+    percentiles = None
+    if result.percentiles is not None:
+        percentiles = [{"quantile": q, "value": v} for q, v in result.percentiles]
+    return {"count": result.count, "percentiles": percentiles}
+
+
+def _client_json(c: ClientStats) -> dict:
+    obj = {
+        "client_id": c.client_id,
+        "hostname": c.hostname,
+        "version": c.version,
+        "remote_address": c.remote_address,
+        "state": c.state,
+        "ready_count": c.ready_count,
+        "in_flight_count": c.in_flight_count,
+        "message_count": c.message_count,
+        "finish_count": c.finish_count,
+        "requeue_count": c.requeue_count,
+        "connect_ts": c.connect_ts,
+        "sample_rate": c.sample_rate,
+        "deflate": c.deflate,
+        "snappy": c.snappy,
+        "user_agent": c.user_agent,
+    }
+    # omitted when empty, as nsqd's omitempty fields
+    if c.authed:
+        obj["authed"] = True
+    if c.auth_identity:
+        obj["auth_identity"] = c.auth_identity
+    if c.auth_identity_url:
+        obj["auth_identity_url"] = c.auth_identity_url
+    if c.pub_counts:
+        obj["pub_counts"] = [{"topic": topic, "count": count} for topic, count in c.pub_counts]
+    obj["tls"] = c.tls
+    obj["tls_cipher_suite"] = c.tls_cipher_suite
+    obj["tls_version"] = c.tls_version
+    obj["tls_negotiated_protocol"] = c.tls_negotiated_protocol
+    obj["tls_negotiated_protocol_is_mutual"] = c.tls_negotiated_protocol_is_mutual
+    return obj
+
+
+def _channel_json(c: ChannelStats) -> dict:
+    return {
+        "channel_name": c.channel_name,
+        "depth": c.depth,
+        "backend_depth": c.backend_depth,
+        "in_flight_count": c.in_flight_count,
+        "deferred_count": c.deferred_count,
+        "message_count": c.message_count,
+        "requeue_count": c.requeue_count,
+        "timeout_count": c.timeout_count,
+        "client_count": c.client_count,
+        "clients": None if c.clients is None else [_client_json(x) for x in c.clients],
+        "paused": c.paused,
+        "e2e_processing_latency": _e2e_json(c.e2e_processing_latency),
+    }
+
+
+def _topic_json(t: TopicStats) -> dict:
+    return {
+        "topic_name": t.topic_name,
+        "channels": [_channel_json(c) for c in t.channels],
+        "depth": t.depth,
+        "backend_depth": t.backend_depth,
+        "message_count": t.message_count,
+        "message_bytes": t.message_bytes,
+        "paused": t.paused,
+        "e2e_processing_latency": _e2e_json(t.e2e_processing_latency),
+    }
+
+
+def _memory_json(m: MemoryStats) -> dict:
+    return {
+        "heap_objects": m.heap_objects,
+        "heap_idle_bytes": m.heap_idle_bytes,
+        "heap_in_use_bytes": m.heap_in_use_bytes,
+        "heap_released_bytes": m.heap_released_bytes,
+        "gc_pause_usec_100": m.gc_pause_usec_100,
+        "gc_pause_usec_99": m.gc_pause_usec_99,
+        "gc_pause_usec_95": m.gc_pause_usec_95,
+        "next_gc_bytes": m.next_gc_bytes,
+        "gc_total_runs": m.gc_total_runs,
+    }
+
+
+def to_json(stats: NodeStats) -> dict:
+    """``/stats?format=json``: nsqd's document, keys in nsqd's order (``memory`` only when collected)."""
+    obj = {
+        "version": stats.version,
+        "health": stats.health,
+        "start_time": stats.start_time,
+        "topics": None if stats.topics is None else [_topic_json(t) for t in stats.topics],
+    }
+    if stats.memory is not None:
+        obj["memory"] = _memory_json(stats.memory)
+    obj["producers"] = None if stats.producers is None else [_client_json(p) for p in stats.producers]
+    return obj
+
+
+# -- text ------------------------------------------------------------------------------------------------------
+def _e2e_text(result: E2EResult) -> str:
+    if not result.percentiles:
+        return ""
+    return ", ".join(f"p{q * 100:g}={go_duration(int(v))}" for q, v in result.percentiles)
+
+
+def _client_text(c: ClientStats, now: int) -> str:
+    identity = f"{c.client_id}/{c.hostname}" if c.client_id != c.hostname else c.client_id
+    line = (f"[{c.version} {c.remote_address:<21}] state: {c.state} inflt: {c.in_flight_count:<4} "
+            f"rdy: {c.ready_count:<4} fin: {c.finish_count:<8} re-q: {c.requeue_count:<8} "
+            f"msgs: {c.message_count:<8} connected: {go_duration(max(now - c.connect_ts, 0) * 1_000_000_000)} "
+            f"({identity})")
+    if c.user_agent:
+        line += f" {c.user_agent}"
+    if c.pub_counts:
+        line += " pub: " + ", ".join(f"{topic}={count}" for topic, count in c.pub_counts)
+    return line
+
+
+def _rfc3339(ts: int) -> str:
+    text = datetime.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def format_text(stats: NodeStats) -> str:
+    """``/stats`` without ``format=json``: for people, in nsqd's layout (not an interface contract)."""
+    now = int(time.time())
+    out = [
+        version_string("nsqd"),
+        f"start_time {_rfc3339(stats.start_time)}",
+        f"uptime {go_duration(stats.uptime_ns // 1_000_000 * 1_000_000)}",
+        "",
+        f"Health: {stats.health}",
+    ]
+    if stats.memory is not None:
+        out += ["", "Memory:"]
+        out += [f"   {name:<25}\t{value}" for name, value in _memory_json(stats.memory).items()]
+    if not stats.topics:
+        out += ["", "Topics: None"]
+    else:
+        out += ["", "Topics:"]
+    for t in stats.topics or ():
+        prefix = "*P " if t.paused else "   "
+        out.append(f"{prefix}[{t.topic_name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
+                   f"msgs: {t.message_count:<8} e2e%: {_e2e_text(t.e2e_processing_latency)}")
+        for c in t.channels:
+            prefix = "   *P " if c.paused else "      "
+            out.append(f"{prefix}[{c.channel_name:<25}] depth: {c.depth:<5} be-depth: {c.backend_depth:<5} "
+                       f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
+                       f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} "
+                       f"e2e%: {_e2e_text(c.e2e_processing_latency)}")
+            for client in c.clients or ():
+                out.append(f"        {_client_text(client, now)}")
+    if not stats.producers:
+        out += ["", "Producers: None"]
+    else:
+        out += ["", "Producers:"]
+        out += [f"   {_client_text(p, now)}" for p in stats.producers]
+    return "\n".join(out) + "\n"

@@ -10,11 +10,20 @@ State kept per channel:
 
 Expired in-flight messages and due deferred ones are moved back by the queue scanner calling
 ``process_queues``. Nothing here awaits: every method is a synchronous fast path.
+
+Persistence (DESIGN.md "Persistence"). A graceful stop writes the memory queue, then the in-flight
+messages (attempts kept), then the deferred ones to the disk queue, as nsqd does; the deferred
+messages' due times also go to the queue's deferred index (``queues/deferred_index.py``) so that
+they keep their delay after a restart. In durable mode (``--mem-queue-size=0 --sync-every=1``) the
+disk queue holds every record it hands out until the message is finished or written to the queue
+again (``disk_token``), so a crash redelivers what was in flight; deferred messages are then
+written to the queue too (not only kept in the heap) and recognised through the index when read.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Callable
 
@@ -26,6 +35,7 @@ from .client import Client
 from .dispatch import ChannelDispatcher
 from .message import Message, decode_record, encode_record
 from .queues.deferred import DeferredQueue
+from .queues.deferred_index import DeferredIndex
 from .queues.inflight import InFlightQueue
 
 __all__ = ["Channel", "ChannelError"]
@@ -51,6 +61,12 @@ class Channel:
 
         self.queue: deque[Message] = deque()
         self.backend = backend
+        # durable mode: the disk queue holds what it hands out until released (see the module notes)
+        self.durable = backend is not None and backend.hold_reads
+        self.deferred_index: DeferredIndex | None = None
+        if backend is not None:
+            self.deferred_index = DeferredIndex(backend.data_path, backend.name)
+            self.deferred_index.load(backend.read_position())
         self.in_flight = InFlightQueue()
         self.deferred = DeferredQueue()
         self.clients: dict[int, Client] = {}
@@ -73,6 +89,8 @@ class Channel:
         """Accept messages from the topic pump (deferred ones go to the deferred heap)."""
         self.message_count += len(messages)
         if messages[0].defer or messages[-1].defer or any(m.defer for m in messages):
+            if self.durable:
+                return self._put_durable_deferred(messages)
             now = trio.current_time()
             ready = []
             for m in messages:
@@ -81,45 +99,128 @@ class Channel:
                 else:
                     ready.append(m)
             messages = ready
+        stored = True
         if messages:
-            self._enqueue(messages)
+            stored = self._enqueue(messages)
             self.wake()
+        return stored
 
-    def _enqueue(self, messages: list[Message]) -> None:
-        """Memory while there is room, then the disk queue (or, ephemeral, the floor)."""
+    def _put_durable_deferred(self, messages: list[Message]) -> bool:
+        """Durable mode: deferred messages go to the disk queue like the others, their due time to the index;
+        ``refill`` sends them to the deferred heap when it reads them back."""
+        index = self.deferred_index
+        now_ns = time.time_ns()
+        for m in messages:
+            if m.defer:
+                index.add(m.id, now_ns + int(m.defer * 1e9))
+        stored = self._enqueue(messages)
+        self.wake()
+        return stored
+
+    def _enqueue(self, messages: list[Message]) -> bool:
+        """Memory while there is room, then the disk queue (or, ephemeral, the floor). False when the disk
+        refused them: they are then kept in memory (nsqd would lose them), and nsqd reports itself unhealthy."""
         queue = self.queue
         room = self.mem_queue_size - len(queue)
+        if self.backend is None and self.mem_queue_size == 0:
+            room = self._handoff_room()
         if room >= len(messages) and not self._backlog_on_disk():
             queue.extend(messages)
-            return
+            return True
         if self._backlog_on_disk():
             room = 0  # keep the order: nothing jumps ahead of what is already on disk
         if room > 0:
             queue.extend(messages[:room])
             messages = messages[room:]
-        if self.backend is None:
+        backend = self.backend
+        if backend is None:
             self.dropped_count += len(messages)
-            return
+            return True
         try:
-            self.backend.put_many([encode_record(m) for m in messages])
+            backend.put_many([encode_record(m) for m in messages])
         except OSError as exc:
-            # the messages were accepted by the topic; nsqd logs the loss and reports itself unhealthy
-            self.dropped_count += len(messages)
-            log.error("CHANNEL(%s:%s): failed to write %d message(s) to disk - %s", self.topic_name, self.name,
-                      len(messages), exc)
+            log.error("CHANNEL(%s:%s): failed to write %d message(s) to disk, keeping them in memory - %s",
+                      self.topic_name, self.name, len(messages), exc)
+            self._keep_in_memory(messages)
+            return False
+        if self.durable:
+            # the new copies are on disk (synced): the records they were read from are no longer needed
+            ack = backend.ack
+            for m in messages:
+                if m.disk_token >= 0:
+                    ack(m.disk_token)
+                    m.disk_token = -1
+        return True
+
+    def _keep_in_memory(self, messages: list[Message]) -> None:
+        index = self.deferred_index
+        now = trio.current_time()
+        for m in messages:
+            due_ns = index.take(m.id) if index else None
+            if due_ns is None:
+                self.queue.append(m)
+            else:
+                self.deferred.push(m, now + max(due_ns - time.time_ns(), 0) / 1e9)
+
+    def _handoff_room(self) -> int:
+        """An ephemeral channel without a memory queue (``--mem-queue-size=0``) passes a message on only when
+        a consumer is ready for it, like nsqd's unbuffered hand-off; the rest is dropped."""
+        if self.paused:
+            return 0
+        credit = sum(max(c.credit(), 0) for c in self.clients.values())
+        return credit - len(self.queue)
 
     def _backlog_on_disk(self) -> bool:
         backend = self.backend
         return backend is not None and backend.has_unread()
 
     def refill(self, count: int) -> bool:
-        """Read up to ``count`` messages from disk into the memory deque; True if any came."""
+        """Read up to ``count`` messages from disk into the memory deque; True if any came. Messages listed
+        in the deferred index go to the deferred heap instead (and reading goes on)."""
         backend = self.backend
         if backend is None or not backend.has_unread():
             return False
-        records = backend.read_many(count)
-        self.queue.extend(decode_record(r) for r in records)
-        return bool(records)
+        if not self.durable and not self.deferred_index:
+            records = backend.read_many(count)
+            self.queue.extend(decode_record(r) for r in records)
+            return bool(records)
+        while True:
+            if self.durable:
+                token, records = backend.read_many_held(count)
+            else:
+                token, records = -1, backend.read_many(count)
+            if not records:
+                return False
+            if self._take_from_disk(records, token):
+                return True
+
+    def _take_from_disk(self, records: list[bytes], token: int) -> bool:
+        """The slow path of ``refill``: tokens (durable mode) and the deferred index. True if any message
+        became ready."""
+        index = self.deferred_index
+        queue = self.queue
+        ready = 0
+        now = trio.current_time()
+        now_ns = time.time_ns()
+        for record in records:
+            message = decode_record(record)
+            if token >= 0:
+                message.disk_token = token
+                token += 1
+            due_ns = index.take(message.id) if index else None
+            if due_ns is None:
+                queue.append(message)
+                ready += 1
+            else:
+                self.deferred.push(message, now + max(due_ns - now_ns, 0) / 1e9)
+        index.reader_moved(self.backend.read_position())
+        return ready > 0
+
+    def discard(self, message: Message) -> None:
+        """A message consumed without delivery (``sample_rate``): release its disk record."""
+        if message.disk_token >= 0:
+            self.backend.ack(message.disk_token)
+            message.disk_token = -1
 
     def has_ready(self) -> bool:
         return bool(self.queue) or self._backlog_on_disk()
@@ -167,6 +268,8 @@ class Channel:
     def finish(self, client: Client, msg_id: bytes) -> Message:
         message = self._owned(client, msg_id)
         self.in_flight.pop(msg_id)
+        if message.disk_token >= 0:
+            self.backend.ack(message.disk_token)
         client.in_flight -= 1
         client.finish_count += 1
         e2e = self.e2e
@@ -202,6 +305,8 @@ class Channel:
     # -- timers, driven by the queue scanner -------------------------------------------------------
     def process_queues(self, now: float) -> bool:
         """Move expired in-flight and due deferred messages back to the queue; True if any moved."""
+        if self.exiting:
+            return False  # deleted (the scanner's channel list can lag behind)
         expired = self.in_flight.pop_expired(now)
         for message in expired:
             self.timeout_count += 1
@@ -234,6 +339,8 @@ class Channel:
         self.queue.clear()
         if self.backend is not None:
             self.backend.empty()
+            self.deferred_index.clear()
+            self.deferred_index.remove_file()
         self.deferred.drain()
         for message in self.in_flight.drain():
             owner = message.client
@@ -252,16 +359,33 @@ class Channel:
         if backend is None:
             return
         if persist:
-            pending = list(self.queue)
+            now, now_ns = trio.current_time(), time.time_ns()
+            # in durable mode, messages read ahead into memory are still held at their place in the queue
+            pending = [m for m in self.queue if m.disk_token < 0]
             self.queue.clear()
             pending.extend(self.in_flight.drain())
-            pending.extend(message for _, message in self.deferred.drain())
-            if pending:
-                backend.put_many([encode_record(m) for m in pending])
-                log.info("CHANNEL(%s:%s): wrote %d message(s) to disk", self.topic_name, self.name, len(pending))
-            backend.close()
+            delays = []
+            for due, message in self.deferred.drain():
+                pending.append(message)
+                delays.append((message.id, now_ns + int(max(due - now, 0) * 1e9)))
+            try:
+                if pending:
+                    backend.put_many([encode_record(m) for m in pending])
+                    log.info("CHANNEL(%s:%s): wrote %d message(s) to disk", self.topic_name, self.name,
+                             len(pending))
+                    if self.durable:
+                        for m in pending:
+                            if m.disk_token >= 0:
+                                backend.ack(m.disk_token)
+                self.deferred_index.save(backend.write_position(), delays)
+                if self.deferred_index or delays:
+                    log.info("CHANNEL(%s:%s): saved the due time of %d deferred message(s)", self.topic_name,
+                             self.name, len(self.deferred_index) + len(delays))
+            finally:
+                backend.close()
         else:
             backend.delete()
+            self.deferred_index.remove_file()
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"

@@ -75,6 +75,8 @@ class ChannelDispatcher(Actor):
                 message = queue.popleft()
                 if sample_rate and self._random() * 100 > sample_rate:
                     # sampled out: consumed from the channel and discarded, as nsqd does
+                    if message.disk_token >= 0:
+                        channel.discard(message)
                     continue
                 message.attempts += 1
                 message.client = client

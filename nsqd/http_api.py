@@ -73,6 +73,7 @@ _INT64 = re.compile(r"[+-]?[0-9]+")
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _INT32 = struct.Struct(">i")
+_OK = text_response("OK", nsq_header=True)  # shared: responses are never changed once made
 
 
 def _go_int64_ms_to_ns(ms: int) -> int:
@@ -87,10 +88,10 @@ class NSQDRouter(Router):
     def __init__(self, nsqd, **kwargs) -> None:
         super().__init__(**kwargs)
         self.nsqd = nsqd
+        self.tls_required = nsqd.opts.tls_required_on_http()  # fixed at startup, like nsqd
 
     async def call(self, match, request: Request) -> Response:
-        opts = self.nsqd.opts
-        if not request.tls and opts.tls_required_on_http():
+        if not request.tls and self.tls_required:
             body = f'{{"message": "TLS_REQUIRED", "https_port": {self.nsqd_https_port()}}}'.encode()
             return Response(403, [("Content-Type", "application/json; charset=utf-8"),
                                   ("X-Nsq-Content-Type", "nsq; version=1.0")], body)
@@ -160,16 +161,23 @@ class _API:
             raise HTTPError(400, "INVALID_DEFER")
         return ns / 1e9
 
-    def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> None:
+    def _get_topic(self, name: str):
         nsqd = self.nsqd
         if nsqd.exiting:
             raise HTTPError(503, "EXITING")
-        topic = nsqd.get_topic(topic_name)
+        return nsqd.get_topic(name)
+
+    @staticmethod
+    def _publish(topic, bodies: list[bytes], defer: float) -> None:
+        """Into the topic as TCP publishing does (``Topic.put_many``); no producer is counted."""
         if not bodies:
             return
-        ids = topic.new_ids(len(bodies))
         now_ns = time.time_ns()
-        messages = [Message(msg_id, body, now_ns, 0, defer) for msg_id, body in zip(ids, bodies)]
+        if len(bodies) == 1:
+            messages = [Message(topic.new_ids(1)[0], bodies[0], now_ns, 0, defer)]
+        else:
+            ids = topic.new_ids(len(bodies))
+            messages = [Message(msg_id, body, now_ns, 0, defer) for msg_id, body in zip(ids, bodies)]
         try:
             topic.put_many(messages)
         except (TopicExiting, TopicFull):
@@ -206,14 +214,15 @@ class _API:
         body = request.body  # the route's limit already answered 413 MSG_TOO_BIG
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
-        name = self._topic_name(request)
-        nsqd = self.nsqd
-        if nsqd.exiting:
-            raise HTTPError(503, "EXITING")
-        nsqd.get_topic(name)  # nsqd creates the topic before it looks at defer
-        defer = self._defer_seconds(request)
-        self._publish(name, [body], defer)
-        return text_response("OK", nsq_header=True)
+        query = request.query
+        names = query.get("topic")
+        # an existing topic's name is valid: the check is only needed for new names
+        topic = self.nsqd.topics.get(names[0]) if names else None
+        if topic is None or self.nsqd.exiting:
+            topic = self._get_topic(self._topic_name(request))  # nsqd creates the topic before it looks at defer
+        defer = self._defer_seconds(request) if "defer" in query else 0.0
+        self._publish(topic, [body], defer)
+        return _OK
 
     async def mpub(self, request: Request) -> Response:
         name = self._topic_name(request)
@@ -231,8 +240,8 @@ class _API:
             bodies = [line for line in request.body.split(b"\n") if line]
             if any(len(line) > opts.max_msg_size for line in bodies):
                 raise HTTPError(413, "MSG_TOO_BIG")
-        self._publish(name, bodies, defer)
-        return text_response("OK", nsq_header=True)
+        self._publish(self._get_topic(name), bodies, defer)
+        return _OK
 
     async def stats(self, request: Request) -> Response:
         fmt = self._param(request, "format")  # a bad query string: 400 INVALID_REQUEST from here

@@ -22,6 +22,7 @@ from .auth import Authenticator
 from .client import Client
 from .e2e import E2ELatency
 from .http_api import make_http_server
+from .lookup import Lookup
 from .metadata import DataDirLocked, load_metadata, lock_data_path, save_metadata, snapshot
 from .queues.diskqueue import DiskQueue
 from .queue_scan import QueueScanner
@@ -59,6 +60,9 @@ class NSQD:
         self.tcp_address: str | None = None
         self.http_address: str | None = None  # bound HTTP address (ip:port), None when --http-address=""
         self.http_server = None
+        self.lookup = Lookup(self)  # registration with every --lookupd-tcp-address
+        self.https_address: str | None = None  # bound HTTPS address, None without a TLS certificate
+        self.https_server = None
         self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice)
         self.scanner = QueueScanner(
             self.all_channels,
@@ -111,17 +115,29 @@ class NSQD:
             log.info("TOPIC(%s): created", name)
             if not topic.ephemeral:
                 self.persist_metadata()
+            self.lookup.topic_created(topic)
+            if not self._loading:
+                self.lookup.prepare_topic(topic)  # pre-create the channels lookupd knows
         return topic
 
     def _make_backend(self, name: str) -> DiskQueue:
         opts = self.opts
         return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
-                         sync_timeout=opts.sync_timeout, logger=log)
+                         sync_timeout=opts.sync_timeout, hold_reads=self.durable, logger=log)
 
-    def _spawn(self, async_fn, *args) -> None:
-        if self._nursery is not None:
-            self._nursery.start_soon(async_fn, *args)
+    @property
+    def durable(self) -> bool:
+        """Durable mode (``--mem-queue-size=0 --sync-every=1``): nothing acknowledged or in flight is lost on
+        a crash; see DESIGN.md "Persistence"."""
+        return self.opts.mem_queue_size == 0 and self.opts.sync_every == 1
+
+    def _spawn(self, async_fn, *args) -> bool:
+        """Start a task in the daemon's nursery; False before ``run`` has one (the caller retries later)."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(async_fn, *args)
+        return True
 
     def lock_data_path(self) -> None:
         if self._data_lock is None:
@@ -165,6 +181,7 @@ class NSQD:
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
+        self.lookup.topic_deleted(topic)
         topic.close(persist=False)
         log.info("TOPIC(%s): deleting", name)
         if not topic.ephemeral:
@@ -173,6 +190,7 @@ class NSQD:
 
     def _channel_created(self, channel) -> None:
         self.scanner.refresh()
+        self.lookup.channel_created(channel)
         percentiles = self.opts.e2e_processing_latency_percentiles
         if percentiles:
             channel.e2e = E2ELatency(percentiles, self.opts.e2e_processing_latency_window_time)
@@ -181,8 +199,13 @@ class NSQD:
 
     def _channel_deleted(self, channel) -> None:
         self.scanner.refresh()
+        self.lookup.channel_deleted(channel)
         if not channel.ephemeral:
             self.persist_metadata()
+
+    def set_lookupd_addresses(self, addresses: list[str]) -> None:
+        """Replace ``--lookupd-tcp-address`` at run time: close the peers left out, connect the new ones."""
+        self.lookup.set_addresses(list(addresses))
 
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
@@ -194,6 +217,8 @@ class NSQD:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         opts = self.opts
         self.lock_data_path()
+        if self.durable:
+            log.info("NSQ: durable mode: every message is synced to disk before OK, in-flight ones survive a crash")
         self.load_metadata()
         self.persist_metadata()
         host, port = split_address(opts.tcp_address)
@@ -209,10 +234,16 @@ class NSQD:
                 if opts.http_address:
                     self.http_server = make_http_server(self, opts.http_address)
                     self.http_address = await nursery.start(self.http_server.run)
+                if self.tls_context is not None and opts.https_address:
+                    # nsqd serves HTTPS only with a certificate; the TCP upgrade shares the context
+                    self.https_server = make_http_server(self, opts.https_address, name="HTTPS",
+                                                         ssl_context=self.tls_context)
+                    self.https_address = await nursery.start(self.https_server.run)
                 if opts.statsd_address:
                     await nursery.start(StatsdPusher(self).run)
                 nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._serve, listeners)
+                await nursery.start(self.lookup.run)
                 for topic in list(self.topics.values()):
                     topic._start_drain()
                 task_status.started()

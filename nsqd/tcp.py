@@ -22,14 +22,19 @@ import time
 import trio
 
 from protocol.commands import CommandParser, ms_to_go_duration, parse_base10
+from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from protocol.errors import LineTooLong, ProtocolError
 from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT_FRAME, OK_FRAME, encode_frame
 from protocol.identify import negotiate
-from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from protocol.names import go_quote, is_valid_channel_name, is_valid_name_bytes, is_valid_topic_name
+
+from .auth import AuthError
 
 from .channel import ChannelError
 from .client import Client, ClientState
 from .message import Message
+from .streams import CompressedStream, CompressionError, PrefixedStream
+from .tls import tls_info
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["Connection", "MAGIC_V2"]
@@ -40,6 +45,10 @@ MAGIC_V2 = b"  V2"
 RECEIVE_SIZE = 65536
 MESSAGE_ID_LENGTH = 16
 FINAL_FLUSH_TIMEOUT = 1.0
+TLS_HANDSHAKE_TIMEOUT = 5.0
+
+_ASYNC_COMMANDS = frozenset((b"IDENTIFY", b"AUTH"))  # they may wait for the network (upgrade, auth server)
+_AUTH_CHECKED = frozenset((b"SUB", b"PUB", b"MPUB", b"DPUB"))
 
 
 _INIT_ONLY_WITH_BODY = frozenset((b"IDENTIFY", b"AUTH"))
@@ -47,6 +56,14 @@ _INIT_ONLY_WITH_BODY = frozenset((b"IDENTIFY", b"AUTH"))
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
+
+
+class _UpgradeFailed(Exception):
+    """A TLS or compression upgrade after IDENTIFY failed: the connection is closed without a word."""
+
+
+def _remote_ip(remote_address: str) -> str:
+    return remote_address.rpartition(":")[0].strip("[]")
 
 
 def _message_id(params: tuple, index: int = 0) -> bytes:
@@ -70,6 +87,11 @@ class Connection:
         self._read_scope: trio.CancelScope | None = None
         self._heartbeat_scope: trio.CancelScope | None = None
         self._writer_done = trio.Event()
+        self._send_lock = trio.Lock()  # the writer's flushes against IDENTIFY's upgrades
+        self._tls_required = self.opts.tls_required_on_tcp()
+        self._auth_enabled = nsqd.authenticator.enabled
+        self._auth_refresh_error: AuthError | None = None
+        self._authed_before_refresh: bool | None = None
         self._handlers = {
             b"FIN": self.FIN, b"RDY": self.RDY, b"REQ": self.REQ, b"PUB": self.PUB, b"MPUB": self.MPUB,
             b"DPUB": self.DPUB, b"NOP": self.NOP, b"TOUCH": self.TOUCH, b"SUB": self.SUB, b"CLS": self.CLS,
@@ -124,9 +146,12 @@ class Connection:
                             if handler is None:
                                 raise ProtocolError("E_INVALID", f"invalid command {_text(command.name)}")
                             try:
-                                if command.name == b"IDENTIFY":
+                                if command.name in _ASYNC_COMMANDS:
                                     response = await handler(command)
+                                    receive = self.stream.receive_some  # IDENTIFY may have added layers
                                 else:
+                                    if self._auth_enabled and command.name in _AUTH_CHECKED:
+                                        await self._refresh_expired_auth()
                                     response = handler(command)
                             except ProtocolError as error:
                                 if error.fatal:
@@ -142,9 +167,16 @@ class Connection:
                     except LineTooLong:
                         log.error("[%s] - command line too long, closing", client.remote_address)
                         return
+                    except _UpgradeFailed as exc:
+                        log.error("[%s] - %s, closing", client.remote_address, exc)
+                        client.out.clear()  # nothing more may reach a peer whose layers are unknown
+                        return
                     scope.deadline = self._read_deadline()
                 try:
                     data = await receive(RECEIVE_SIZE)
+                except CompressionError as exc:
+                    log.error("[%s] - corrupt compressed stream, closing: %s", client.remote_address, exc)
+                    return
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("[%s] - read failed: %s", client.remote_address, exc)
                     return
@@ -160,7 +192,7 @@ class Connection:
 
     async def _writer(self) -> None:
         client = self.client
-        stream = self.stream
+        lock = self._send_lock
         try:
             while True:
                 if not client.out:
@@ -177,10 +209,19 @@ class Connection:
                             await client.writer_wait_event().wait()
                         if trio.current_time() >= deadline:
                             break
-                data = client.take_output()
-                interval = client.heartbeat_interval
-                with trio.move_on_after(interval if interval > 0 else math.inf) as scope:
-                    await stream.send_all(data)
+                try:
+                    lock.acquire_nowait()
+                except trio.WouldBlock:
+                    await lock.acquire()  # an upgrade is under way; what follows goes through its layers
+                try:
+                    data = client.take_output()
+                    if not data:
+                        continue
+                    interval = client.heartbeat_interval
+                    with trio.move_on_after(interval if interval > 0 else math.inf) as scope:
+                        await self.stream.send_all(data)
+                finally:
+                    lock.release()
                 if scope.cancelled_caught:
                     log.error("[%s] - write deadline exceeded, closing", client.remote_address)
                     self._stop_reading()
@@ -209,7 +250,12 @@ class Connection:
 
     # -- checks ----------------------------------------------------------------------------------
     def _line_check(self, name: bytes, params: tuple) -> None:
-        """Checks nsqd makes before reading a command's body: IDENTIFY and AUTH only in init."""
+        """Checks nsqd makes before reading a command's body: the TLS policy (every command but
+        IDENTIFY), IDENTIFY and AUTH only in init, and MPUB's permission (nsqd checks it before the body)."""
+        if self._tls_required and not self.client.tls and name != b"IDENTIFY":
+            raise ProtocolError("E_INVALID", f"cannot {_text(name)} in current state (TLS required)")
+        if name == b"MPUB" and self._auth_enabled and params and is_valid_name_bytes(params[0]):
+            self._authorize_before_body("MPUB", _text(params[0]))
         if name in _INIT_ONLY_WITH_BODY and self.client.state != ClientState.INIT:
             raise ProtocolError("E_INVALID", f"cannot {name.decode()} in current state")
 
@@ -246,13 +292,131 @@ class Connection:
         if not first:
             # a repeated IDENTIFY is accepted with a plain OK: no negotiation, no upgrade (nsqd does so)
             return OK_FRAME
-        return encode_frame(FRAME_TYPE_RESPONSE, result.response(limits))
+        response = encode_frame(FRAME_TYPE_RESPONSE, result.response(limits))
+        if result.tls or result.snappy or result.deflate:
+            await self._upgrade(response, result)
+            return None
+        return response
 
-    def AUTH(self, command) -> bytes:
+    async def _upgrade(self, response: bytes, result) -> None:
+        """nsqd's order: the IDENTIFY response in clear, then TLS, then snappy or deflate, each layer
+        confirmed by an ``OK`` sent through it. Bytes the client sent after IDENTIFY already belong to
+        the new layers (``take_unparsed``). The writer is held off meanwhile (``_send_lock``)."""
+        client = self.client
+        leftover = self.parser.take_unparsed()
+        client.write_frame(response)
+        async with self._send_lock:
+            try:
+                await self._send_now(self.stream, client.take_output())
+                stream = self.stream
+                if result.tls:
+                    log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", client.remote_address)
+                    ssl_stream = trio.SSLStream(PrefixedStream(stream, leftover), self.nsqd.tls_context,
+                                                server_side=True, https_compatible=True)
+                    leftover = b""
+                    with trio.move_on_after(TLS_HANDSHAKE_TIMEOUT) as scope:
+                        try:
+                            await ssl_stream.do_handshake()
+                        except trio.BrokenResourceError as exc:
+                            raise _UpgradeFailed(f"TLS handshake failed: {exc.__cause__ or exc}") from None
+                    if scope.cancelled_caught:
+                        raise _UpgradeFailed("TLS handshake timed out")
+                    info = tls_info(ssl_stream)
+                    client.tls = True
+                    client.tls_version = info.version
+                    client.tls_cipher_suite = info.cipher_suite
+                    client.tls_negotiated_protocol = info.negotiated_protocol
+                    client.tls_negotiated_protocol_is_mutual = True
+                    client.tls_common_name = info.common_name
+                    self.stream = stream = ssl_stream
+                    await self._send_now(stream, OK_FRAME)
+                if result.snappy or result.deflate:
+                    if result.snappy:
+                        log.info("PROTOCOL(V2): [%s] upgrading connection to snappy", client.remote_address)
+                        codec = SnappyEncoder(), SnappyDecoder()
+                        client.snappy = True
+                    else:
+                        log.info("PROTOCOL(V2): [%s] upgrading connection to deflate (level %d)",
+                                 client.remote_address, result.deflate_level)
+                        codec = DeflateEncoder(result.deflate_level), DeflateDecoder()
+                        client.deflate = True
+                        client.deflate_level = result.deflate_level
+                    self.stream = stream = CompressedStream(stream, *codec, initial=leftover)
+                    await self._send_now(stream, OK_FRAME)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise _UpgradeFailed(f"upgrade failed: {exc}") from None
+
+    async def _send_now(self, stream, data: bytes) -> None:
+        interval = self.client.heartbeat_interval
+        with trio.move_on_after(interval if interval > 0 else math.inf) as scope:
+            await stream.send_all(data)
+        if scope.cancelled_caught:
+            raise _UpgradeFailed("write deadline exceeded during the upgrade")
+
+    async def AUTH(self, command) -> bytes:
+        client = self.client
         self._require_state("AUTH", ClientState.INIT)
-        if self.client.auth_secret is not None:
+        if client.authed:
             raise ProtocolError("E_INVALID", "AUTH already set")
-        raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+        if not self._auth_enabled:
+            raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+        client.auth_secret = command.body
+        try:
+            client.auth_state = await self._query_auth()
+        except AuthError as exc:
+            # the cause stays in the log: an untrusted client learns nothing about the auth servers
+            log.warning("PROTOCOL(V2): [%s] AUTH failed %s", client.remote_address, exc)
+            raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
+        if not client.authed:
+            raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        log.info("PROTOCOL(V2): [%s] AUTH identity=%r permissions=%d", client.remote_address,
+                 client.auth_identity, len(client.auth_state.authorizations))
+        return encode_frame(FRAME_TYPE_RESPONSE, client.auth_state.response())
+
+    async def _query_auth(self):
+        client = self.client
+        return await self.nsqd.authenticator.query(
+            remote_ip=_remote_ip(client.remote_address), tls=client.tls, common_name=client.tls_common_name,
+            secret=client.auth_secret)
+
+    async def _refresh_expired_auth(self) -> None:
+        """Before SUB/PUB/MPUB/DPUB: ask the auth server again once the cached answer's TTL has passed.
+        A failure is kept for ``_authorize``, which reports it after the command's own checks."""
+        client = self.client
+        state = client.auth_state
+        self._auth_refresh_error = None
+        self._authed_before_refresh = None
+        if state is None or not state.expired(trio.current_time()):
+            return
+        self._authed_before_refresh = client.authed
+        try:
+            client.auth_state = await self._query_auth()
+        except AuthError as exc:
+            self._auth_refresh_error = exc
+
+    def _authorize(self, verb: str, topic: str, channel: str) -> None:
+        """nsqd's permission check (auth enabled): AUTH first, a failed re-query, then the rules."""
+        client = self.client
+        authed = self._authed_before_refresh
+        self._authed_before_refresh = None
+        if not (client.authed if authed is None else authed):
+            raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {verb}")
+        error = self._auth_refresh_error
+        if error is not None:
+            self._auth_refresh_error = None
+            log.warning("PROTOCOL(V2): [%s] auth failed - %s", client.remote_address, error)
+            raise ProtocolError("E_AUTH_FAILED", "AUTH failed")
+        if not client.auth_state.allows(topic, channel):
+            raise ProtocolError("E_UNAUTHORIZED", f"AUTH failed for {verb} on {go_quote(topic)} {go_quote(channel)}")
+
+    def _authorize_before_body(self, verb: str, topic: str) -> None:
+        """MPUB's check before its body, as far as the cached answer decides it (an expired answer is
+        re-queried after the body, when the connection may wait)."""
+        client = self.client
+        if not client.authed:
+            raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {verb}")
+        if not client.auth_state.expired(trio.current_time()) and not client.auth_state.allows(topic, ""):
+            raise ProtocolError("E_UNAUTHORIZED", f"AUTH failed for {verb} on {go_quote(topic)} {go_quote('')}")
 
     def SUB(self, command) -> bytes:
         client = self.client
@@ -268,6 +432,8 @@ class Connection:
             raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(topic_name)} is not valid")
         if not is_valid_channel_name(channel_name):
             raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(channel_name)} is not valid")
+        if self._auth_enabled:
+            self._authorize("SUB", topic_name, channel_name)
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
         topic = self.nsqd.get_topic(topic_name)
@@ -369,16 +535,22 @@ class Connection:
         return OK_FRAME
 
     def PUB(self, command) -> bytes:
+        if self._auth_enabled:
+            self._authorize("PUB", _text(command.params[0]), "")
         if self.nsqd.exiting:
             raise ProtocolError("E_PUB_FAILED", "PUB failed exiting")
         return self._publish("PUB", _text(command.params[0]), [command.body])
 
     def MPUB(self, command) -> bytes:
+        if self._auth_enabled:
+            self._authorize("MPUB", _text(command.params[0]), "")
         if self.nsqd.exiting:
             raise ProtocolError("E_MPUB_FAILED", "MPUB failed exiting")
         return self._publish("MPUB", _text(command.params[0]), command.body)
 
     def DPUB(self, command) -> bytes:
+        if self._auth_enabled:
+            self._authorize("DPUB", _text(command.params[0]), "")
         if self.nsqd.exiting:
             raise ProtocolError("E_DPUB_FAILED", "DPUB failed exiting")
         delay = max(ms_to_go_duration(parse_base10(command.params[1])), 0) / 1e9

@@ -147,7 +147,8 @@ class TLSInfo:
     common_name: str
 
 
-def tls_info(ssl_object: ssl.SSLObject) -> TLSInfo:
+def tls_info(ssl_object) -> TLSInfo:
+    """Facts of a finished handshake from an ``ssl.SSLObject`` or a ``trio.SSLStream`` (which forwards them)."""
     version = (ssl_object.version() or "").replace("TLSv", "TLS")
     if version == "TLS1":
         version = "TLS1.0"

@@ -10,6 +10,14 @@ added and on unpause, so a publish reaches the channels with no task switch. A b
 moved by a drain task in batches of ``DRAIN_BATCH`` with a checkpoint between batches, so a large
 backlog never stalls the event loop. Channels always take what they are given (memory, then their
 own disk queue), so the pump never waits for them.
+
+Deferred messages (DPUB) do not count against the memory bound while the pump can pass them on at
+once: they go to the channels' deferred heaps, as nsqd hands them over even with
+``--mem-queue-size=0``. One that has to wait on the topic's disk queue keeps its due time in the
+topic's deferred index (``queues/deferred_index.py``), which nsqd cannot do. In durable mode
+(``--mem-queue-size=0 --sync-every=1``) every message goes through the topic's disk queue, and a
+batch read from it is released (``ack``) only after every channel has stored it, so a crash
+between the two repeats the copy instead of losing it.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from itertools import compress
 from typing import Callable
 
 import trio
@@ -26,6 +35,7 @@ from protocol.names import is_ephemeral
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, decode_record, encode_record
+from .queues.deferred_index import DeferredIndex
 
 __all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
 
@@ -55,6 +65,8 @@ class Topic:
         self.mem_queue_size = mem_queue_size
         self.max_msg_timeout = max_msg_timeout
         self.paused = False
+        # held while nsqd asks lookupd which channels to pre-create: messages wait in the topic
+        self.held = False
         self.exiting = False
         self.channels: dict[str, Channel] = {}
         self.queue: deque[Message] = deque()
@@ -63,6 +75,11 @@ class Topic:
         self.guid = GUIDFactory(node_id)
         self._make_backend = make_backend
         self.backend = make_backend(name) if make_backend is not None and not self.ephemeral else None
+        self.durable = self.backend is not None and self.backend.hold_reads
+        self.deferred_index: DeferredIndex | None = None
+        if self.backend is not None:
+            self.deferred_index = DeferredIndex(self.backend.data_path, self.backend.name)
+            self.deferred_index.load(self.backend.read_position())
         self._spawn = spawn
         self._draining = False
         self._actors = actors
@@ -83,23 +100,42 @@ class Topic:
         self.message_bytes += sum(len(m.body) for m in messages)
         room = self.mem_queue_size - len(queue)
         if room < len(messages) or self._backlog_on_disk():
-            if self.backend is None:
-                # an ephemeral topic has no backend: overflow is dropped, like nsqd
-                messages = list(messages)[:max(room, 0)]
-            else:
-                if self._backlog_on_disk():
-                    room = 0  # keep the order behind what is already on disk
-                spill = list(messages)[max(room, 0):]
-                try:
-                    self.backend.put_many([encode_record(m) for m in spill])
-                except OSError as exc:
-                    self.message_count -= len(messages)
-                    self.message_bytes -= sum(len(m.body) for m in messages)
-                    raise TopicFull(str(exc)) from exc
-                messages = list(messages)[:max(room, 0)]
-                self._start_drain()
+            try:
+                messages = self._overflow(list(messages), room)
+            except OSError as exc:
+                self.message_count -= len(messages)
+                self.message_bytes -= sum(len(m.body) for m in messages)
+                raise TopicFull(str(exc)) from exc
         queue.extend(messages)
         self.pump()
+
+    def _overflow(self, messages: list[Message], room: int) -> list[Message]:
+        """A batch that does not fit in memory: returns what stays in memory; the rest goes to disk (all or
+        nothing, OSError from the disk) or, for an ephemeral topic, is dropped, like nsqd."""
+        pump_ready = bool(self.channels) and not self.paused and not self.held
+        backend = self.backend
+        if backend is None:
+            # nsqd hands a message over when its pump is waiting for one (it always is here)
+            return messages if pump_ready else messages[:max(room, 0)]
+        kept: list[Message] = []
+        deferred = [bool(m.defer) for m in messages]
+        if pump_ready and not self.durable and any(deferred):
+            kept = list(compress(messages, deferred))
+            messages = [m for m in messages if not m.defer]
+            deferred = [False] * len(messages)
+        if self._backlog_on_disk():
+            room = 0  # keep the order behind what is already on disk
+        room = max(room, 0)
+        spill = messages[room:]
+        if spill:
+            backend.put_many([encode_record(m) for m in spill])
+            if any(deferred[room:]):
+                now_ns = time.time_ns()
+                for m in spill:
+                    if m.defer:
+                        self.deferred_index.add(m.id, now_ns + int(m.defer * 1e9))
+            self._start_drain()
+        return kept + messages[:room]
 
     def _backlog_on_disk(self) -> bool:
         backend = self.backend
@@ -116,34 +152,55 @@ class Topic:
     def pump(self) -> None:
         """Copy the memory queue to every channel (the synchronous part of the pump)."""
         queue = self.queue
-        if not queue or self.paused or not self.channels or self.exiting:
+        if not queue or self.paused or self.held or not self.channels or self.exiting:
             return
         batch = list(queue)
         queue.clear()
         self._copy_to_channels(batch)
 
-    def _copy_to_channels(self, batch: list[Message]) -> None:
+    def _copy_to_channels(self, batch: list[Message]) -> bool:
+        """True when every channel stored the batch where it should (False: a channel's disk failed)."""
         channels = list(self.channels.values())
+        stored = True
         for channel in channels[1:]:
-            channel.put_many([m.copy_for_channel() for m in batch])
-        channels[0].put_many(batch)
+            stored = channel.put_many([m.copy_for_channel() for m in batch]) and stored
+        return channels[0].put_many(batch) and stored
 
     def _start_drain(self) -> None:
-        if self._draining or self._spawn is None or not self.channels or self.paused or self.exiting:
+        if self._draining or self._spawn is None or not self.channels or self.paused or self.held or self.exiting:
             return
-        self._draining = True
-        self._spawn(self._drain)
+        # not spawned while nsqd is still loading its metadata: ``run`` starts the drain once it can
+        self._draining = bool(self._spawn(self._drain))
 
     async def _drain(self) -> None:
         """Move the disk backlog to the channels, a batch at a time."""
         try:
+            backend = self.backend
             while self.channels and not self.paused and not self.exiting and self._backlog_on_disk():
-                records = self.backend.read_many(DRAIN_BATCH)
-                if records:
-                    self._copy_to_channels([decode_record(r) for r in records])
+                if self.durable:
+                    token, records = backend.read_many_held(DRAIN_BATCH)
+                else:
+                    records = backend.read_many(DRAIN_BATCH)
+                if not records:
+                    break  # a read error (logged by the queue); the next publish starts the drain again
+                batch = [decode_record(r) for r in records]
+                if self.deferred_index:
+                    self._restore_delays(batch)
+                if self._copy_to_channels(batch) and self.durable:
+                    backend.ack_range(token, len(records))
                 await trio.sleep(0)
         finally:
             self._draining = False
+
+    def _restore_delays(self, batch: list[Message]) -> None:
+        """Messages that waited on disk get the rest of their delay back from the deferred index."""
+        index = self.deferred_index
+        now_ns = time.time_ns()
+        for m in batch:
+            due_ns = index.take(m.id)
+            if due_ns is not None and due_ns > now_ns:
+                m.defer = (due_ns - now_ns) / 1e9
+        index.reader_moved(self.backend.read_position())
 
     def new_ids(self, count: int) -> list[bytes]:
         """IDs for a batch. A used-up tick or a clock that stepped back waits a moment and retries
@@ -201,24 +258,37 @@ class Topic:
         self.queue.clear()
         if self.backend is not None:
             self.backend.empty()
+            self.deferred_index.clear()
+            self.deferred_index.remove_file()
 
     def close(self, *, persist: bool) -> None:
         """``persist`` (nsqd exiting): channels write their messages to disk, then the topic its
         memory queue, and the disk queues are closed. Otherwise (deleted) every file goes."""
         self.exiting = True
         for channel in self.channels.values():
-            channel.close(persist=persist)
+            try:
+                channel.close(persist=persist)
+            except OSError as exc:
+                log.error("CHANNEL(%s:%s): failed to persist - %s", self.name, channel.name, exc)
         backend = self.backend
         if backend is None:
             return
         if persist:
-            if self.queue:
-                backend.put_many([encode_record(m) for m in self.queue])
-                log.info("TOPIC(%s): wrote %d message(s) to disk", self.name, len(self.queue))
-                self.queue.clear()
-            backend.close()
+            try:
+                if self.queue:
+                    backend.put_many([encode_record(m) for m in self.queue])
+                    log.info("TOPIC(%s): wrote %d message(s) to disk", self.name, len(self.queue))
+                    now_ns = time.time_ns()
+                    for m in self.queue:
+                        if m.defer:
+                            self.deferred_index.add(m.id, now_ns + int(m.defer * 1e9))
+                    self.queue.clear()
+                self.deferred_index.save(backend.write_position())
+            finally:
+                backend.close()
         else:
             backend.delete()
+            self.deferred_index.remove_file()
 
     def sync_backends(self, now: float) -> None:
         """Give every disk queue of the topic its periodic fsync (``--sync-timeout``)."""

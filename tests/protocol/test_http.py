@@ -218,15 +218,38 @@ def test_request_parser(raw, head, body, mode):
 
 def test_request_parser_pipeline_and_eof():
     parser = RequestParser()
-    parser.receive_data(b"".join(case[0] for case in PARSER_CASES[:4]) * 50)
+    open_cases = [case for case in PARSER_CASES if case[1][-1]]
+    parser.receive_data(b"".join(case[0] for case in open_cases) * 50)
     events = _summarise(_drain(parser))
-    assert events == [item for case in PARSER_CASES[:4] for item in _expected(case[1], case[2])] * 50
+    assert events == [item for case in open_cases for item in _expected(case[1], case[2])] * 50
     assert not parser.has_partial_request
     parser.receive_data(b"GET /half")
     assert parser.next_event() is NEED_DATA and parser.has_partial_request
     parser.receive_data(b"")
     with pytest.raises(BadRequest):
         parser.next_event()
+
+
+@pytest.mark.parametrize("closing", [case[0] for case in PARSER_CASES if not case[1][-1]] + [
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+    b"CONNECT /x HTTP/1.1\r\nHost: x\r\n\r\n",
+])
+@pytest.mark.parametrize("split", [False, True])
+def test_request_parser_stops_after_a_closing_request(closing, split):
+    """What follows a request that closes the connection is never parsed, whether it arrives with it or later."""
+    parser = RequestParser()
+    rest = b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n\x00not http\r\n\r\n"
+    if split:
+        parser.receive_data(closing)
+        events = _drain(parser)
+        parser.receive_data(rest)
+    else:
+        parser.receive_data(closing + rest)
+        events = _drain(parser)
+    events += _drain(parser)
+    assert isinstance(events[0], RequestHead) and not events[0].keep_alive
+    assert events[-1] is END_OF_BODY and sum(isinstance(event, RequestHead) for event in events) == 1
+    assert parser.next_event() is CONNECTION_CLOSED and not parser.has_partial_request
 
 
 @pytest.mark.parametrize(("raw", "status"), [
@@ -238,13 +261,59 @@ def test_request_parser_pipeline_and_eof():
     (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
     (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
     (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 5000 + b"\r\n\r\n", 431),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX-" + b"a" * 5000 + b": 1\r\n\r\n", 431),
+    (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: 1\r\n" * 1000 + b"\r\n", 431),
+    (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 431),
+    (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"T: 1\r\n" * 1000 + b"\r\n",
+     431),
+    (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: " + b"1" * 5000 + b"\r\n\r\n", 431),
+    (b"GET /\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+    (b"GET / HTTP/1.1\nHost: x\n\n", 400),
+    (b"get / HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+    (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
+    (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na", 400),
+    (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400),
 ])
-def test_request_parser_rejects(raw, status):
+@pytest.mark.parametrize("bytewise", [False, True])
+def test_request_parser_rejects(raw, status, bytewise):
     parser = RequestParser(max_header_bytes=4096)
+    with pytest.raises(BadRequest) as info:
+        for piece in ([raw[i:i + 1] for i in range(len(raw))] if bytewise else [raw]):
+            parser.receive_data(piece)
+            _drain(parser)
+    assert info.value.status == status
+    with pytest.raises(BadRequest):  # and it stays refused
+        parser.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        _drain(parser)
+
+
+@pytest.mark.parametrize("raw", [b"GET /ping HTT", b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab",
+                                 b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"])
+def test_request_parser_input_ending_inside_a_request(raw):
+    parser = RequestParser()
     parser.receive_data(raw)
+    _drain(parser)
+    assert parser.has_partial_request
+    parser.receive_data(b"")
     with pytest.raises(BadRequest) as info:
         _drain(parser)
-    assert info.value.status == status
+    assert info.value.status == 400
+
+
+def test_request_parser_head_limit_counts_each_request_alone():
+    """A long pipeline of heads, each under the limit, split anywhere, is never refused for their total size."""
+    one = b"GET /ping HTTP/1.1\r\nHost: x\r\nUser-Agent: " + b"u" * 300 + b"\r\n\r\n"
+    data = one * 200
+    for size in (1, 7, 100, 1000, 65536):
+        parser = RequestParser(max_header_bytes=len(one) + 16)
+        heads = 0
+        for start in range(0, len(data), size):
+            parser.receive_data(data[start:start + size])
+            heads += sum(isinstance(event, RequestHead) for event in _drain(parser))
+        assert heads == 200
 
 
 # -- the server over sockets --------------------------------------------------------------------------------------

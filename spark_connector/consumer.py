@@ -1,0 +1,591 @@
+"""The driver-side consumer: one blocking V2 connection per nsqd, each on a thread of its own,
+writing every message to the write-ahead log before Spark can see it.
+
+Threads, not trio: this runs inside Spark's Python source runner, a plain process that calls the
+stream reader's methods one at a time; a few daemon threads (one per nsqd, one polling lookupd)
+are the least surprising guests there, and they die with the runner if Spark kills it.
+The wire work is ``protocol/``: encoders for commands, ``FrameDecoder`` for frames,
+``protocol.compression`` codecs for snappy/deflate; TLS is the standard library's.
+
+One connection's loop (``NsqdConsumer._serve``): receive what the socket holds (up to 1 MiB),
+decode every frame, answer heartbeats with NOP, drop redelivered copies (known (nsqd, id)),
+append the new messages to the log as one record, fsync, and then, in ``durable`` ack mode, FIN
+them all in one write. A message is therefore FIN'd only once it is on disk: a crash between
+the two leaves it in the log *and* in nsqd, whose redelivery is then recognised and dropped.
+In ``commit`` ack mode nothing is FIN'd until Spark's ``commit(end)`` covers its position; in the
+meantime every such message is TOUCHed each half ``msg_timeout``. TOUCH cannot extend a message
+past nsqd's ``--max-msg-timeout`` (15 min by default) after delivery: a batch that takes Spark
+longer than that is redelivered, recognised as a copy and FIN'd at the commit.
+
+Backpressure: when the log holds more than ``maxBacklogMessages`` messages Spark has not
+committed, the connection sends ``RDY 0``; the next commit that brings the backlog under the
+bound restores its share of ``maxInFlight``. ``commit`` mode is also bounded by RDY itself.
+
+Failures: a listed nsqd that cannot be reached within ``connectTimeoutMs`` when the query starts
+fails the query with the address and the cause. A connection lost later is re-established with
+a capped exponential backoff for as long as the query runs (nsqd restarts are routine). An error
+frame that says the configuration is wrong (bad topic, auth refused) is not retried: it fails
+the query at the next driver call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import ssl
+import struct
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from protocol.commands import (
+    MAGIC_V2,
+    NOP,
+    encode_auth,
+    encode_identify,
+    encode_rdy,
+    encode_sub,
+)
+from protocol.errors import NON_FATAL_CODES
+from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
+
+from .options import ACK_DURABLE, SourceOptions
+from .wal import MessageLog, WalDirectory
+
+__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "lookup_producers"]
+
+log = logging.getLogger("spark_connector.consumer")
+
+USER_AGENT = "trionsq-spark/0.1"
+_HEARTBEAT = b"_heartbeat_"
+_unpack_header = struct.Struct(">qH16s").unpack_from
+_RECV_SIZE = 1 << 20
+_POLL_SECONDS = 0.25
+_BACKOFF_MIN = 0.1
+_BACKOFF_MAX = 2.0
+_DRAIN_SECONDS = 1.0
+
+
+class NsqSourceError(Exception):
+    """The source cannot go on; the message says why (raised to Spark at the next driver call)."""
+
+
+class NsqConnectionError(NsqSourceError):
+    """An nsqd or lookupd could not be reached or refused the consumer."""
+
+
+class _ServerError(Exception):
+    def __init__(self, data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        super().__init__(text)
+        self.code = text.split(" ", 1)[0]
+        self.fatal = self.code not in NON_FATAL_CODES
+
+
+# Errors that no retry can fix: the query is misconfigured for this nsqd.
+_CONFIG_ERRORS = {"E_BAD_TOPIC", "E_BAD_CHANNEL", "E_AUTH_FAILED", "E_UNAUTHORIZED", "E_AUTH_FIRST",
+                  "E_IDENTIFY_FAILED", "E_BAD_BODY", "E_INVALID"}
+
+
+class _Wire:
+    """A connected socket with its optional TLS and compression layers and a frame decoder."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder()
+        self.inflate = None
+        self.deflate = None
+        self._send_lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        with self._send_lock:
+            if self.deflate is not None:
+                data = self.deflate.encode(data)
+            self.sock.sendall(data)
+
+    def receive(self) -> bool:
+        """Read once into the frame decoder; False on EOF. Raises socket.timeout when idle."""
+        raw = self.sock.recv(_RECV_SIZE)
+        if not raw:
+            return False
+        if self.inflate is not None:
+            raw = self.inflate.decode(raw)
+            while getattr(self.inflate, "has_more", False):
+                raw += self.inflate.decode(b"")
+        self.decoder.receive_data(raw)
+        return True
+
+    def read_frame(self, deadline: float):
+        while True:
+            frame = self.decoder.next_frame()
+            if frame is not None:
+                if frame.frame_type == 0 and frame.data == _HEARTBEAT:
+                    self.send(NOP)
+                    continue
+                return frame
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("nsqd did not answer in time")
+            self.sock.settimeout(remaining)
+            if not self.receive():
+                raise ConnectionError("nsqd closed the connection")
+
+    def expect_response(self, deadline: float) -> bytes:
+        frame = self.read_frame(deadline)
+        if frame.frame_type == FRAME_TYPE_ERROR:
+            raise _ServerError(frame.data)
+        return frame.data
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class ConsumerStats:
+    received: int = 0
+    logged: int = 0
+    duplicates: int = 0
+    connects: int = 0
+
+
+class NsqdConsumer:
+    """Consumes one nsqd into its log. ``start()`` runs the loop on a daemon thread."""
+
+    def __init__(self, group: "ConsumerGroup", address: str, mlog: MessageLog) -> None:
+        self.group = group
+        self.address = address
+        self.log = mlog
+        self.options = group.options
+        self.stats = ConsumerStats()
+        self.connected = threading.Event()
+        self.last_error: BaseException | None = None
+        self._wire: _Wire | None = None
+        self._wire_lock = threading.Lock()
+        self._rdy_sent = -1
+        self._max_rdy = 2500
+        self._msg_timeout_ms = 60_000
+        # commit ack mode: id -> position of messages this connection must FIN at commit
+        self._pending: dict[bytes, int] = {}
+        self._pending_lock = threading.Lock()
+        self._next_touch = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"nsq-consumer {address}", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        backoff = _BACKOFF_MIN
+        stopping = self.group.stopping
+        while not stopping.is_set():
+            try:
+                wire = self._connect()
+            except _ServerError as exc:
+                self.last_error = exc
+                if exc.code in _CONFIG_ERRORS:
+                    self.group.fail(NsqConnectionError(f"nsqd {self.address} refused the consumer: {exc}"))
+                    return
+                log.warning("nsqd %s: %s; retrying in %.1fs", self.address, exc, backoff)
+            except (OSError, TimeoutError, ValueError) as exc:
+                self.last_error = exc
+                log.warning("nsqd %s: cannot connect (%s); retrying in %.1fs", self.address, exc, backoff)
+            else:
+                backoff = _BACKOFF_MIN
+                self.stats.connects += 1
+                self.connected.set()
+                try:
+                    self._serve(wire)
+                except _ServerError as exc:
+                    self.last_error = exc
+                    if exc.code in _CONFIG_ERRORS:
+                        self.group.fail(NsqConnectionError(f"nsqd {self.address}: {exc}"))
+                        return
+                    log.warning("nsqd %s: %s; reconnecting", self.address, exc)
+                except (OSError, ConnectionError, ValueError) as exc:
+                    if not stopping.is_set():
+                        self.last_error = exc
+                        log.warning("nsqd %s: connection lost (%s); reconnecting", self.address, exc)
+                except BaseException as exc:  # the log failed (disk full...): nothing safe to do
+                    self.group.fail(NsqSourceError(f"consumer of nsqd {self.address} failed: {exc!r}"))
+                    raise
+                finally:
+                    with self._wire_lock:
+                        self._wire = None
+                    wire.close()
+                    with self._pending_lock:
+                        # Unacknowledged messages of a lost connection come back as new deliveries.
+                        self._pending.clear()
+            stopping.wait(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    # -- connection set-up -----------------------------------------------------------------
+
+    def _connect(self) -> _Wire:
+        opts = self.options
+        host, port = _split_address(self.address)
+        timeout = opts.connect_timeout_ms / 1000
+        deadline = time.monotonic() + timeout
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wire = _Wire(sock)
+        try:
+            identify = {
+                "client_id": opts.client_id or f"spark-{socket.gethostname()}-{os.getpid()}",
+                "hostname": opts.hostname or socket.gethostname(),
+                "user_agent": USER_AGENT,
+                "feature_negotiation": True,
+                "tls_v1": opts.tls,
+                "snappy": opts.snappy,
+                "deflate": opts.deflate,
+                "deflate_level": opts.deflate_level,
+            }
+            if opts.msg_timeout_ms is not None:
+                identify["msg_timeout"] = opts.msg_timeout_ms
+            wire.send(MAGIC_V2 + encode_identify(identify))
+            answer = wire.expect_response(deadline)
+            settings = json.loads(answer) if answer != b"OK" else {}
+            self._max_rdy = int(settings.get("max_rdy_count", 2500))
+            self._msg_timeout_ms = int(settings.get("msg_timeout", opts.msg_timeout_ms or 60_000))
+            if opts.tls:
+                if not settings.get("tls_v1"):
+                    raise _ServerError(b"E_IDENTIFY_FAILED nsqd does not offer TLS (start it with a TLS certificate)")
+                wire.sock = self._tls_wrap(wire.sock, host, deadline)
+                if wire.expect_response(deadline) != b"OK":
+                    raise ConnectionError("TLS upgrade was not confirmed")
+            if settings.get("snappy") or settings.get("deflate"):
+                from protocol import compression
+
+                if settings.get("snappy"):
+                    wire.inflate, wire.deflate = compression.SnappyDecoder(), compression.SnappyEncoder()
+                else:
+                    wire.inflate = compression.DeflateDecoder()
+                    wire.deflate = compression.DeflateEncoder(int(settings.get("deflate_level", 6)))
+                rest = wire.decoder  # nothing is buffered: nsqd waits for our next bytes
+                assert rest.buffered_size() == 0
+                if wire.expect_response(deadline) != b"OK":
+                    raise ConnectionError("compression upgrade was not confirmed")
+            elif opts.snappy or opts.deflate:
+                log.warning("nsqd %s did not accept compression; continuing uncompressed", self.address)
+            if settings.get("auth_required"):
+                if not opts.auth_secret:
+                    raise _ServerError(b"E_AUTH_FIRST nsqd requires AUTH: set the auth.secret option")
+                wire.send(encode_auth(opts.auth_secret.encode()))
+                wire.expect_response(deadline)
+            wire.send(encode_sub(opts.topic, opts.channel))
+            if wire.expect_response(deadline) != b"OK":
+                raise ConnectionError("SUB was not confirmed")
+            wire.sock.settimeout(_POLL_SECONDS)
+        except BaseException:
+            wire.close()
+            raise
+        self._rdy_sent = -1
+        self._next_touch = time.monotonic() + self._msg_timeout_ms / 2000
+        with self._wire_lock:
+            self._wire = wire
+        self._update_rdy(wire)
+        return wire
+
+    def _tls_wrap(self, sock: socket.socket, host: str, deadline: float) -> ssl.SSLSocket:
+        opts = self.options
+        context = ssl.create_default_context(cafile=opts.tls_ca_file)
+        if opts.tls_insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if opts.tls_cert_file:
+            context.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
+        sock.settimeout(max(deadline - time.monotonic(), 0.1))
+        return context.wrap_socket(sock, server_hostname=opts.tls_server_name or host)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _serve(self, wire: _Wire) -> None:
+        stopping = self.group.stopping
+        durable = self.options.ack_mode == ACK_DURABLE
+        decoder = wire.decoder
+        mlog = self.log
+        stop_by = None
+        while True:
+            if stopping.is_set():
+                if stop_by is None:
+                    # Graceful stop: no new deliveries; log and FIN what is already on its way.
+                    wire.send(encode_rdy(0))
+                    self._rdy_sent = 0
+                    stop_by = time.monotonic() + _DRAIN_SECONDS
+                elif time.monotonic() >= stop_by:
+                    return
+            try:
+                if not wire.receive():
+                    raise ConnectionError("nsqd closed the connection")
+            except (socket.timeout, TimeoutError):
+                if stop_by is not None:
+                    return  # drained
+                self._housekeeping(wire)
+                continue
+            ids: list[bytes] = []
+            timestamps: list[int] = []
+            attempts: list[int] = []
+            bodies: list[bytes] = []
+            acks: list[bytes] = []
+            committed = self.group.committed_position(self.address)
+            position_of = mlog.position_of
+            pending_dups: list[tuple[bytes, int]] = []
+            while (frame := decoder.next_frame()) is not None:
+                ftype, data = frame
+                if ftype == FRAME_TYPE_MESSAGE:
+                    ts, att, mid = _unpack_header(data)
+                    seen = position_of(mid)
+                    if seen is not None:
+                        self.stats.duplicates += 1
+                        if durable or seen < committed:
+                            acks.append(mid)
+                        else:
+                            pending_dups.append((mid, seen))
+                        continue
+                    ids.append(mid)
+                    timestamps.append(ts)
+                    attempts.append(att)
+                    bodies.append(data[26:])
+                elif ftype == FRAME_TYPE_ERROR:
+                    error = _ServerError(data)
+                    if error.fatal:
+                        raise error
+                    log.warning("nsqd %s: %s", self.address, error)
+                elif data == _HEARTBEAT:
+                    wire.send(NOP)
+            if ids:
+                first = mlog.append(ids, timestamps, attempts, bodies)
+                mlog.sync()
+                self.stats.received += len(ids)
+                self.stats.logged += len(ids)
+                if durable:
+                    acks.extend(ids)
+                else:
+                    with self._pending_lock:
+                        pending = self._pending
+                        for i, mid in enumerate(ids):
+                            pending[mid] = first + i
+            if pending_dups:
+                with self._pending_lock:
+                    self._pending.update(pending_dups)
+            if acks:
+                wire.send(b"".join([b"FIN " + mid + b"\n" for mid in acks]))
+            self._housekeeping(wire)
+
+    def _housekeeping(self, wire: _Wire) -> None:
+        self._update_rdy(wire)
+        if self._pending and time.monotonic() >= self._next_touch:
+            with self._pending_lock:
+                ids = list(self._pending)
+            if ids:
+                wire.send(b"".join([b"TOUCH " + mid + b"\n" for mid in ids]))
+            self._next_touch = time.monotonic() + self._msg_timeout_ms / 2000
+
+    def _update_rdy(self, wire: _Wire) -> None:
+        if self.group.stopping.is_set():
+            return
+        backlog = self.log.end - self.group.committed_position(self.address)
+        want = 0 if backlog >= self.options.max_backlog_messages else min(self.group.rdy_share(), self._max_rdy)
+        if want != self._rdy_sent:
+            if want == 0:
+                log.info("nsqd %s: %d messages await Spark's commit; pausing delivery (RDY 0)",
+                         self.address, backlog)
+            wire.send(encode_rdy(want))
+            self._rdy_sent = want
+
+    # -- called from the driver thread -----------------------------------------------------
+
+    def on_commit(self, position: int) -> None:
+        """Spark committed everything below ``position``: FIN what waits for it (commit mode),
+        and let delivery resume if the backlog shrank."""
+        with self._wire_lock:
+            wire = self._wire
+        if wire is None:
+            return
+        acks = []
+        with self._pending_lock:
+            pending = self._pending
+            for mid, pos in list(pending.items()):
+                if pos < position:
+                    acks.append(mid)
+                    del pending[mid]
+        try:
+            if acks:
+                wire.send(b"".join([b"FIN " + mid + b"\n" for mid in acks]))
+            self._update_rdy(wire)
+        except OSError as exc:
+            log.warning("nsqd %s: could not send FIN (%s); nsqd will redeliver and the copies "
+                        "will be dropped", self.address, exc)
+
+    def pending_count(self) -> int:
+        with self._pending_lock:
+            return len(self._pending)
+
+
+def lookup_producers(lookupd: str, topic: str, timeout: float) -> list[str] | None:
+    """``host:port`` of the nsqd TCP listeners that lookupd lists for ``topic``; None when lookupd
+    does not know the topic yet (404). Raises OSError when lookupd cannot be reached."""
+    base = lookupd if "://" in lookupd else f"http://{lookupd}"
+    url = f"{base.rstrip('/')}/lookup?topic={urllib.parse.quote(topic)}"
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            payload = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+    if "data" in payload and "producers" not in payload:  # the pre-1.0 envelope
+        payload = payload["data"] or {}
+    found = []
+    for producer in payload.get("producers") or []:
+        host = producer.get("broadcast_address") or producer.get("hostname")
+        port = producer.get("tcp_port")
+        if host and port:
+            host = f"[{host}]" if ":" in host else host
+            found.append(f"{host}:{port}")
+    return found
+
+
+class ConsumerGroup:
+    """Every consumer of one query, the lookupd poller, the log directory and the state they
+    share with the stream reader (committed positions, the first fatal error)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.stopping = threading.Event()
+        self.wal: WalDirectory | None = None
+        self.consumers: dict[str, NsqdConsumer] = {}
+        self._lock = threading.Lock()
+        self._committed: dict[str, int] = {}
+        self._error: BaseException | None = None
+        self._poller: threading.Thread | None = None
+
+    # -- start and stop --------------------------------------------------------------------
+
+    def start(self) -> None:
+        opts = self.options
+        self.wal = WalDirectory(opts.wal_path, opts.topic, opts.channel,
+                                segment_bytes=opts.wal_segment_bytes,
+                                dedup_window=opts.dedup_window).open()
+        committed = self.wal.read_committed()
+        if committed:
+            self._committed = dict(committed.get("positions", {}))
+        for address in opts.nsqd_addresses:
+            self.add_nsqd(address)
+        if opts.lookupd_addresses:
+            self._poll_lookupd(initial=True)
+            self._poller = threading.Thread(target=self._poll_loop, name="nsq-lookupd-poller", daemon=True)
+            self._poller.start()
+        deadline = time.monotonic() + opts.connect_timeout_ms / 1000
+        for address in opts.nsqd_addresses:
+            consumer = self.consumers[address]
+            if not consumer.connected.wait(max(deadline - time.monotonic(), 0)):
+                self.raise_if_failed()
+                cause = consumer.last_error
+                self.stop()
+                raise NsqConnectionError(
+                    f"cannot consume from nsqd {address} (topic {opts.topic!r}, channel "
+                    f"{opts.channel!r}): {cause or 'no answer'} within {opts.connect_timeout_ms} ms "
+                    f"(option connectTimeoutMs)"
+                )
+        self.raise_if_failed()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for consumer in list(self.consumers.values()):
+            consumer.join(_DRAIN_SECONDS + 2 * _POLL_SECONDS + 1)
+        if self._poller is not None:
+            self._poller.join(2)
+        if self.wal is not None:
+            self.wal.close()
+            self.wal = None
+
+    def add_nsqd(self, address: str) -> None:
+        with self._lock:
+            if address in self.consumers or self.stopping.is_set():
+                return
+            consumer = NsqdConsumer(self, address, self.wal.log_for(address))
+            self.consumers[address] = consumer
+        log.info("consuming %s/%s from nsqd %s", self.options.topic, self.options.channel, address)
+        consumer.start()
+
+    # -- lookupd ---------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        interval = self.options.lookupd_poll_interval_ms / 1000
+        while not self.stopping.wait(interval):
+            self._poll_lookupd(initial=False)
+
+    def _poll_lookupd(self, initial: bool) -> None:
+        opts = self.options
+        reached = []
+        failures = []
+        for lookupd in opts.lookupd_addresses:
+            try:
+                producers = lookup_producers(lookupd, opts.topic, timeout=5.0)
+            except (OSError, ValueError) as exc:
+                failures.append(f"{lookupd}: {exc}")
+                continue
+            reached.append(lookupd)
+            if producers is None:
+                log.info("lookupd %s does not know topic %r yet; asking again later", lookupd, opts.topic)
+                continue
+            for address in producers:
+                self.add_nsqd(address)
+        if failures:
+            if initial and not reached:
+                self.stop()
+                raise NsqConnectionError("cannot reach any lookupd: " + "; ".join(failures))
+            log.warning("lookupd unreachable: %s", "; ".join(failures))
+
+    # -- shared state ----------------------------------------------------------------------
+
+    def rdy_share(self) -> int:
+        n = max(len(self.consumers), 1)
+        return max(1, self.options.max_in_flight // n)
+
+    def committed_position(self, address: str) -> int:
+        return self._committed.get(address, 0)
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = error
+        log.error("%s", error)
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def commit(self, positions: dict[str, int]) -> None:
+        """Spark is done with everything below ``positions``: remember it durably, FIN (commit
+        mode), resume delivery, delete covered segments."""
+        merged = dict(self._committed)
+        for address, position in positions.items():
+            merged[address] = max(position, merged.get(address, 0))
+        self.wal.write_committed({"version": 1, "positions": merged})
+        self._committed = merged
+        for address, position in merged.items():
+            consumer = self.consumers.get(address)
+            if consumer is not None:
+                consumer.on_commit(position)
+            mlog = self.wal.snapshot().get(address)
+            if mlog is not None:
+                mlog.delete_before(position)

@@ -1,0 +1,263 @@
+"""A live cluster for the admin's end-to-end tests: one nsqlookupd, two nsqd and one nsqadmin, as subprocesses
+on 127.0.0.1 with ports picked at run time.
+
+Each daemon's merged stdout/stderr is drained by a thread (so it never blocks on a full pipe); startup waits,
+bounded, for the ``HTTP: listening on <addr>`` line and takes the real address from it. ``stop`` sends SIGTERM
+and insists on exit code 0 (kill -9 and fail otherwise).
+
+The admin runs in lookupd mode (``--lookupd-http-address``) when both nsqd nodes show up in lookupd's
+``/nodes``; an nsqd that does not register with lookupd leaves it in nsqd mode (``--nsqd-http-address`` for
+both nodes), and tests that need lookupd's view skip with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
+
+
+class Daemon:
+    """One daemon subprocess (``python -m <module> <args>``)."""
+
+    def __init__(self, module: str, args: list[str], *, ready: str = "HTTP", timeout: float = 20.0) -> None:
+        self.module = module
+        self.args = list(args)
+        self.ready = ready
+        self.timeout = timeout
+        self.lines: list[str] = []
+        self.addresses: dict[str, str] = {}
+        self.proc: subprocess.Popen | None = None
+        self._cond = threading.Condition()
+        self._done = False
+
+    def start(self) -> "Daemon":
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], cwd=REPO_ROOT, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        threading.Thread(target=self._drain, name=f"{self.module}-log", daemon=True).start()
+        try:
+            self.wait_for(rf"{self.ready}: listening on ", self.timeout)
+        except AssertionError:
+            self.kill()
+            raise
+        return self
+
+    def _drain(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._cond:
+                self.lines.append(line)
+                match = _LISTENING.search(line)
+                if match:
+                    self.addresses.setdefault(match.group(1), match.group(2))
+                self._cond.notify_all()
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
+    def log(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        index = start
+        with self._cond:
+            while True:
+                while index < len(self.lines):
+                    match = regex.search(self.lines[index])
+                    index += 1
+                    if match:
+                        return match
+                if self._done:
+                    raise AssertionError(f"{self.module} exited ({self.proc.poll()}) before /{pattern}/:\n"
+                                         + "\n".join(self.lines))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"{self.module} did not log /{pattern}/ in {timeout}s:\n"
+                                         + "\n".join(self.lines))
+                self._cond.wait(remaining)
+
+    @property
+    def http(self) -> str:
+        return self.addresses["HTTP"]
+
+    @property
+    def tcp_address(self) -> str:
+        return self.addresses["TCP"]
+
+    @property
+    def tcp(self) -> tuple[str, int]:
+        host, _, port = self.addresses["TCP"].rpartition(":")
+        return host, int(port)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.module} did not stop within {timeout}s:\n{self.log()}") from None
+        assert code == 0, f"{self.module} exited with {code}:\n{self.log()}"
+        return code
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+# -- plain HTTP for the tests -------------------------------------------------------------------------------------
+class Reply:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"<Reply {self.status} {self.body[:300]!r}>"
+
+
+def http(method: str, url: str, body: bytes | str | dict | None = None, headers: dict | None = None,
+         timeout: float = 10.0) -> Reply:
+    if isinstance(body, dict):
+        body = json.dumps(body)
+    if isinstance(body, str):
+        body = body.encode()
+    request = urllib.request.Request(url, data=body if body is not None else None, method=method,
+                                     headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return Reply(response.status, {k.lower(): v for k, v in response.headers.items()}, response.read())
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read())
+
+
+def wait_until(condition, timeout: float = 15.0, interval: float = 0.1, message: str = "condition"):
+    """Poll ``condition`` (bounded) until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except (AssertionError, OSError, KeyError, ValueError) as exc:
+            last_error = exc
+        time.sleep(interval)
+    raise AssertionError(f"{message} not reached within {timeout}s (last error: {last_error!r})")
+
+
+class Cluster:
+    """lookupd + two nsqd + nsqadmin. ``admin_args`` are extra nsqadmin flags."""
+
+    def __init__(self, data_root: Path, admin_args: list[str] = ()) -> None:
+        self.data_root = Path(data_root)
+        self.admin_args = list(admin_args)
+        self.lookupd: Daemon | None = None
+        self.nsqds: list[Daemon] = []
+        self.admin: Daemon | None = None
+        self.mode = ""
+
+    def start(self) -> "Cluster":
+        try:
+            self.lookupd = Daemon("lookupd", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                              "--broadcast-address=127.0.0.1"]).start()
+            for number in range(2):
+                data = self.data_root / f"nsqd{number}"
+                data.mkdir(parents=True, exist_ok=True)
+                self.nsqds.append(Daemon("nsqd", [
+                    "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--broadcast-address=127.0.0.1",
+                    f"--lookupd-tcp-address={self.lookupd.tcp_address}", f"--data-path={data}",
+                    "--e2e-processing-latency-percentile=0.99,0.5"]).start())
+            if self._registered():
+                self.mode = "lookupd"
+                upstream = [f"--lookupd-http-address={self.lookupd.http}"]
+            else:
+                self.mode = "nsqd"
+                upstream = [f"--nsqd-http-address={n.http}" for n in self.nsqds]
+            self.admin = Daemon("admin", ["--http-address=127.0.0.1:0", "--history-interval=1s", *upstream,
+                                          *self.admin_args]).start()
+        except BaseException:
+            self.stop(check=False)
+            raise
+        return self
+
+    def _registered(self, timeout: float = 8.0) -> bool:
+        wanted = {f"127.0.0.1:{n.http.rpartition(':')[2]}" for n in self.nsqds}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            reply = http("GET", f"http://{self.lookupd.http}/nodes")
+            names = {f"{p['broadcast_address']}:{p['http_port']}" for p in reply.json().get("producers") or ()}
+            if wanted <= names:
+                return True
+            time.sleep(0.2)
+        return False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.admin.http}"
+
+    def nsqd_url(self, index: int) -> str:
+        return f"http://{self.nsqds[index].http}"
+
+    def node_name(self, index: int) -> str:
+        return f"127.0.0.1:{self.nsqds[index].http.rpartition(':')[2]}"
+
+    def stats(self, index: int, topic: str | None = None) -> dict:
+        query = "/stats?format=json" + (f"&topic={topic}" if topic else "")
+        reply = http("GET", self.nsqd_url(index) + query)
+        assert reply.status == 200, reply
+        return reply.json()
+
+    def topic_stats(self, index: int, topic: str) -> dict | None:
+        for t in self.stats(index, topic).get("topics") or ():
+            if t["topic_name"] == topic:
+                return t
+        return None
+
+    def channel_stats(self, index: int, topic: str, channel: str) -> dict | None:
+        t = self.topic_stats(index, topic)
+        for c in (t or {}).get("channels") or ():
+            if c["channel_name"] == channel:
+                return c
+        return None
+
+    def publish(self, index: int, topic: str, body: str = "hello") -> None:
+        reply = http("POST", self.nsqd_url(index) + f"/pub?topic={topic}", body)
+        assert reply.status == 200, reply
+
+    def create_channel(self, index: int, topic: str, channel: str) -> None:
+        reply = http("POST", self.nsqd_url(index) + f"/channel/create?topic={topic}&channel={channel}")
+        assert reply.status == 200, reply
+
+    def stop(self, check: bool = True) -> None:
+        errors = []
+        for daemon in [self.admin, *self.nsqds, self.lookupd]:
+            if daemon is None:
+                continue
+            try:
+                daemon.stop()
+            except AssertionError as exc:
+                errors.append(str(exc))
+        if check and errors:
+            raise AssertionError("\n\n".join(errors))

@@ -1,0 +1,92 @@
+"""The real gnsq client (gevent) with TLS, snappy, deflate and AUTH; gnsq_features.py runs it in a subprocess
+so that gevent never meets trio or pytest. gnsq 1.0.2 installs and runs on Python 3.11 (gevent ships wheels)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.integration.features import ScriptedAuthServer, grant, make_certificates
+from tests.integration.harness import REPO_ROOT, NsqdProcess, stop_all
+
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certificates(tmp_path_factory.mktemp("gnsq-certs"))
+
+
+@pytest.fixture(scope="module")
+def auth_server():
+    server = ScriptedAuthServer()
+    server.answers["gnsq-secret"] = (200, grant(identity="gnsq-user"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def nsqd(certs, tmp_path_factory):
+    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-gnsq"), certs.daemon_args())
+    daemon.start()
+    yield daemon
+    stop_all([daemon])
+
+
+def run(nsqd, options: dict) -> dict:
+    topic = f"gnsq_{uuid.uuid4().hex[:10]}"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.compat.gnsq_features", json.dumps(options), nsqd.tcp_address, topic],
+            cwd=REPO_ROOT, capture_output=True, timeout=90, text=True,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"gnsq with {options} hung; stderr:\n{exc.stderr}\nnsqd log:\n{nsqd.log_text()}")
+    assert done.returncode == 0, f"gnsq with {options} failed:\n{done.stderr}\nnsqd log:\n{nsqd.log_text()}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["warnings"] == [], f"gnsq logged problems: {result['warnings']}"
+    assert result["answers"] == ["OK"] * 6
+    assert result["complete"], f"gnsq got {result['received']} messages, not all it published"
+    return result
+
+
+def test_gnsq_imports_on_this_python():
+    import gnsq
+
+    assert gnsq.__version__ == "1.0.2"
+
+
+def test_tls(nsqd, certs):
+    assert run(nsqd, {"tls": str(certs.ca_file)})["identify"]["tls_v1"] is True
+
+
+def test_snappy(nsqd):
+    identify = run(nsqd, {"snappy": True})["identify"]
+    assert (identify["snappy"], identify["tls_v1"]) == (True, False)
+
+
+def test_deflate(nsqd):
+    identify = run(nsqd, {"deflate": 2})["identify"]
+    assert (identify["deflate"], identify["deflate_level"]) == (True, 2)
+
+
+def test_tls_and_snappy(nsqd, certs):
+    identify = run(nsqd, {"tls": str(certs.ca_file), "snappy": True})["identify"]
+    assert (identify["tls_v1"], identify["snappy"]) == (True, True)
+
+
+def test_auth_secret(certs, auth_server, tmp_path_factory):
+    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-gnsq-auth"),
+                         certs.daemon_args(f"--auth-http-address={auth_server.address}"))
+    daemon.start()
+    try:
+        result = run(daemon, {"auth_secret": "gnsq-secret", "tls": str(certs.ca_file)})
+    finally:
+        stop_all([daemon])
+    assert result["identify"]["auth_required"] is True
+    assert result["auth"] == {"identity": "gnsq-user", "identity_url": "https://example.invalid/ivy",
+                              "permission_count": 1}

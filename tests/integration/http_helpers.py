@@ -1,0 +1,128 @@
+"""Small synchronous HTTP helpers for the nsqd HTTP tests: a request over http.client, raw bytes over a socket,
+and a bounded wait for a condition. Every call has a timeout."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def message(self) -> str:
+        return self.json()["message"]
+
+
+def request(address, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None,
+            timeout: float = 10.0) -> Reply:
+    if isinstance(body, str):
+        body = body.encode()
+    conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
+    finally:
+        conn.close()
+
+
+def get(address, path: str, **kwargs) -> Reply:
+    return request(address, "GET", path, **kwargs)
+
+
+def post(address, path: str, body: bytes | str | None = b"", **kwargs) -> Reply:
+    return request(address, "POST", path, body=body, **kwargs)
+
+
+def stats(address, query: str = "") -> dict:
+    reply = get(address, "/stats?format=json" + (f"&{query}" if query else ""))
+    assert reply.status == 200, reply
+    return reply.json()
+
+
+def raw_exchange(address, data: bytes, timeout: float = 10.0, *, shutdown: bool = False) -> bytes:
+    """Send ``data`` and read until the server closes the connection (or ``timeout`` passes: then fail)."""
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.sendall(data)
+        if shutdown:
+            sock.shutdown(socket.SHUT_WR)
+        return read_until_closed(sock, timeout)
+
+
+def read_until_closed(sock: socket.socket, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    chunks = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"connection still open after {timeout}s; got {b''.join(chunks)[:200]!r}")
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_responses(sock: socket.socket, count: int, timeout: float = 10.0) -> list[tuple[int, dict, bytes]]:
+    """Read ``count`` complete responses (Content-Length framed) from a kept-alive connection."""
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    responses = []
+    while len(responses) < count:
+        head_end = buffer.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = buffer[:head_end].decode("latin-1")
+            lines = head.split("\r\n")
+            status = int(lines[0].split(" ", 2)[1])
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if status < 200:  # 100 Continue: no body
+                responses.append((status, headers, b""))
+                buffer = buffer[head_end + 4:]
+                continue
+            length = int(headers.get("content-length", "0"))
+            if len(buffer) >= head_end + 4 + length:
+                responses.append((status, headers, buffer[head_end + 4: head_end + 4 + length]))
+                buffer = buffer[head_end + 4 + length:]
+                continue
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"only {len(responses)} of {count} responses within {timeout}s: {buffer[:200]!r}")
+        sock.settimeout(remaining)
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"connection closed after {len(responses)} of {count} responses")
+        buffer += chunk
+    return responses
+
+
+def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, message: str = "condition"):
+    """Poll ``condition()`` until it returns something truthy (returned) or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not met within {timeout}s (last value {value!r})")
+        time.sleep(interval)

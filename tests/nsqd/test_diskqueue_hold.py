@@ -1,0 +1,146 @@
+"""DiskQueue in hold mode (durable mode): the committed read position stays at the oldest unacknowledged record."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from nsqd.queues.diskqueue import DiskQueue
+
+from tests.nsqd.test_diskqueue import data_file, independent_read, message, meta_file, read_all
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "orders:archive"
+RECORD = 4 + len(message(0))  # bytes one record takes on disk
+
+
+def held_queue(path: Path, **kwargs) -> DiskQueue:
+    return DiskQueue(NAME, str(path), hold_reads=True, **kwargs)
+
+
+def test_meta_records_the_oldest_unacknowledged_record(tmp_path):
+    q = held_queue(tmp_path)
+    records = [message(n) for n in range(10)]
+    q.put_many(records)
+    token, got = q.read_many_held(4)
+    assert got == records[:4] and token == 0
+    assert q.depth() == 6 and q.statistics().held == 4
+    q.ack(1)
+    q.ack(2)
+    q.sync()
+    # records 1 and 2 are done, but 0 is not: a restart must begin at 0
+    assert meta_file(tmp_path, NAME).read_text() == f"10\n0,0\n0,{10 * RECORD}\n"
+    q.ack(0)
+    q.sync()
+    assert meta_file(tmp_path, NAME).read_text() == f"7\n0,{3 * RECORD}\n0,{10 * RECORD}\n"
+    assert q.read_many_held(2) == (4, records[4:6])
+    q.ack(3)
+    q.ack(3)  # repeated: ignored
+    q.ack(99)  # never handed out: ignored
+    q.sync()
+    assert meta_file(tmp_path, NAME).read_text() == f"6\n0,{4 * RECORD}\n0,{10 * RECORD}\n"
+    q.close()
+
+
+def test_reads_do_not_count_as_sync_operations(tmp_path):
+    q = held_queue(tmp_path, sync_every=1)
+    q.put_many([message(n) for n in range(3)])
+    before = meta_file(tmp_path, NAME).read_text()
+    q.read_many_held(3)
+    assert meta_file(tmp_path, NAME).read_text() == before
+    q.close()
+
+
+def test_restart_without_close_reads_again_from_the_oldest_unacknowledged(tmp_path):
+    records = [message(n, body_size=60) for n in range(12)]
+    q = held_queue(tmp_path, max_bytes_per_file=300, sync_every=1)  # 90 bytes per record: 3 per file
+    q.put_many(records)
+    token, got = q.read_many_held(8)
+    assert got == records[:8]
+    for t in (0, 1, 2, 3, 5, 6, 7):  # record 4 is still in flight
+        q.ack(token + t)
+    q.put(message(50, body_size=60))  # a write syncs the meta (with the committed position)
+    # no close: the process "died" here
+    again = held_queue(tmp_path, max_bytes_per_file=300)
+    assert again.depth() == 9
+    assert read_all(again) == records[4:] + [message(50, body_size=60)]
+    again.close()
+
+
+def test_data_files_go_only_when_the_committed_position_passes_them(tmp_path):
+    records = [message(n, body_size=60) for n in range(9)]
+    q = held_queue(tmp_path, max_bytes_per_file=300)
+    q.put_many(records)
+    token, got = q.read_many_held(7)
+    assert got == records[:7]
+    for t in range(1, 7):
+        q.ack(token + t)
+    assert data_file(tmp_path, 0, NAME).exists() and data_file(tmp_path, 1, NAME).exists()
+    q.ack(token)  # the committed position jumps to record 7, in file 2
+    assert not data_file(tmp_path, 0, NAME).exists() and not data_file(tmp_path, 1, NAME).exists()
+    assert data_file(tmp_path, 2, NAME).exists()
+    q.close()
+    assert independent_read(tmp_path, NAME) == records[7:]
+
+
+def test_empty_makes_outstanding_tokens_stale(tmp_path):
+    q = held_queue(tmp_path, max_bytes_per_file=300)
+    q.put_many([message(n, body_size=60) for n in range(5)])
+    token, _ = q.read_many_held(5)
+    q.empty()
+    assert [p.name for p in tmp_path.iterdir()] == []
+    q.put(message(9, body_size=60))
+    q.ack(token)  # from before the empty: must not release the new record
+    new_token, got = q.read_many_held(5)
+    assert got == [message(9, body_size=60)] and new_token == token + 5
+    q.sync()
+    assert meta_file(tmp_path, NAME).read_text().startswith("1\n")
+    q.ack(new_token)
+    q.close()
+    assert meta_file(tmp_path, NAME).read_text().startswith("0\n")
+
+
+def test_close_keeps_what_is_still_held(tmp_path):
+    q = held_queue(tmp_path)
+    records = [message(n) for n in range(4)]
+    q.put_many(records)
+    token, _ = q.read_many_held(4)
+    q.ack(token)
+    q.close()
+    q.ack(token + 1)  # after close: ignored, the meta file stays as close wrote it
+    assert independent_read(tmp_path, NAME) == records[1:]
+
+
+def test_kill_9_loses_no_unacknowledged_record(tmp_path):
+    """A process writes records and acknowledges each one it has 'finished' (every other record); SIGKILL at any
+    point must leave every unfinished record in the queue."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        from nsqd.queues.diskqueue import DiskQueue
+        q = DiskQueue("{NAME}", {str(tmp_path)!r}, sync_every=1, max_bytes_per_file=2000, hold_reads=True)
+        n = 0
+        while True:
+            q.put(b"%026d" % n + b"b" * 100)
+            token, got = q.read_many_held(1)
+            for record in got:
+                if int(record[:26]) % 2 == 0:
+                    q.ack(token)
+            print(n, flush=True)
+            n += 1
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        acked = [int(proc.stdout.readline()) for _ in range(80)]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert acked == list(range(80))
+    q = DiskQueue(NAME, str(tmp_path), max_bytes_per_file=2000)
+    got = {int(r[:26]) for r in read_all(q)}
+    q.close()
+    unfinished = {n for n in range(80) if n % 2}
+    assert unfinished <= got

@@ -6,14 +6,14 @@ STAMP := $(VENV)/.installed
 NODE_DIR := tests/compat/node
 DATA ?= ./data
 
-.PHONY: venv run test bench lint clean node
+.PHONY: venv run test bench lint clean node spark-proto browser
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json
@@ -22,11 +22,15 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json
 
 node: $(NODE_DIR)/node_modules/.installed
 
+# Debian's chromium for the admin's browser tests (tests/ui); Playwright drives it, never downloads its own.
+browser:
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+
 run: venv
 	mkdir -p $(DATA)
 	$(VENV)/bin/nsqd --data-path=$(DATA) --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151
 
-test: venv node
+test: venv node browser
 	$(PY) -m pytest -q
 
 bench: venv
@@ -37,3 +41,8 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules
+
+# Regenerate spark_connector/wal_pb2.py after editing wal.proto (the generated module is committed).
+spark-proto: venv
+	$(PY) -m pip install --quiet 'grpcio-tools>=1.71,<1.73'
+	cd spark_connector && ../$(PY) -m grpc_tools.protoc -I. --python_out=. wal.proto

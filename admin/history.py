@@ -91,12 +91,15 @@ class History:
         return len(self.samples)
 
     def series(self, key: tuple) -> dict:
-        """Timestamps and aligned values of one key: ``rate`` (messages/s; null where unknown), ``depth``,
-        ``in_flight``, ``deferred`` and ``channel_depth`` (null where the key was absent)."""
+        """Timestamps and aligned values of one key, from the first sample that has it: ``rate`` (messages/s;
+        null where unknown), ``depth``, ``in_flight``, ``deferred`` and ``channel_depth`` (null where the key
+        was absent)."""
         timestamps: list[float] = []
         columns: dict[str, list] = {"rate": [], "depth": [], "in_flight": [], "deferred": [], "channel_depth": []}
         previous_time, previous = None, None
-        for when, table in self.samples:
+        samples = list(self.samples)
+        first = next((i for i, (_when, table) in enumerate(samples) if key in table), len(samples))
+        for when, table in samples[first:]:
             current = table.get(key)
             timestamps.append(round(when, 3))
             columns["rate"].append(_rate(previous, current, when - previous_time) if previous_time else None)

@@ -52,6 +52,9 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "font-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 PAGE_HEADERS = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY"),
                 ("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "same-origin")]
+CONTENT_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+                 ".svg": "image/svg+xml", ".png": "image/png", ".txt": "text/plain; charset=utf-8",
+                 ".woff2": "font/woff2"}
 TOPIC_ACTIONS = ("pause", "unpause", "empty")
 
 
@@ -125,9 +128,8 @@ class StaticFiles:
     @staticmethod
     def _load(path: Path) -> tuple[bytes, str, str]:
         data = path.read_bytes()
-        content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        if content_type.startswith("text/") or content_type == "application/javascript":
-            content_type += "; charset=utf-8"
+        content_type = CONTENT_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] \
+            or "application/octet-stream"
         return data, content_type, '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
 
     def get(self, name: str) -> tuple[bytes, str, str] | None:

@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import platform
 import re
@@ -183,6 +184,11 @@ class Target:
         self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.pid = self.proc.pid
+        if self.args.pin:
+            try:
+                os.sched_setaffinity(self.pid, {server_cpu()})
+            except OSError:
+                pass
         threading.Thread(target=self._drain_log, daemon=True).start()
         try:
             self.tcp = self._wait_for("TCP", 30.0)
@@ -253,11 +259,23 @@ def _collect(roles) -> list[dict]:
     return out
 
 
-def _child(conn, build: Callable, kwargs: dict) -> None:
+def server_cpu() -> int:
+    return sorted(os.sched_getaffinity(0))[0]
+
+
+def generator_cpus() -> list[int]:
+    """The CPUs generators are pinned to: all but the server's (all of them on one CPU)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[1:] or cpus
+
+
+def _child(conn, build: Callable, kwargs: dict, cpu: int | None) -> None:
     """A generator process: build the roles, report ready, run the window, report counters."""
     from bench.load import close_all, run_roles
 
     try:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
         roles = build(**kwargs)
         conn.send(("ready", len(roles)))
         message = conn.recv()
@@ -280,6 +298,7 @@ class Generators:
     """A set of generator processes started together. ``add`` each, then ``run``."""
 
     specs: list[tuple[Callable, dict]] = field(default_factory=list)
+    pin: bool = True
 
     def add(self, build: Callable, **kwargs) -> None:
         self.specs.append((build, kwargs))
@@ -294,9 +313,11 @@ class Generators:
         context = multiprocessing.get_context("spawn")
         children = []
         try:
-            for build, kwargs in self.specs:
+            cpus = generator_cpus()
+            for index, (build, kwargs) in enumerate(self.specs):
                 parent_end, child_end = context.Pipe()
-                process = context.Process(target=_child, args=(child_end, build, kwargs), daemon=True)
+                cpu = cpus[index % len(cpus)] if self.pin else None
+                process = context.Process(target=_child, args=(child_end, build, kwargs, cpu), daemon=True)
                 process.start()
                 child_end.close()
                 children.append((process, parent_end))
@@ -318,16 +339,29 @@ class Generators:
                 cpu_start = sampler.cpu_seconds()
                 if on_window is not None:
                     on_window("start")
-                time.sleep(max(end_at - time.monotonic(), 0))
-                cpu_end = sampler.cpu_seconds()
-                if on_window is not None:
-                    on_window("end")
-            results = []
-            for process, pipe in children:
-                remaining = hard_end_at - time.monotonic() + 30
-                if not pipe.poll(max(remaining, 1)):
+            # wait for the window's end, or for every process to finish early (a drained backlog)
+            messages: dict[int, tuple] = {}
+            while len(messages) < len(children):
+                now = time.monotonic()
+                limit = (end_at if sampler is not None and not cpu_end else hard_end_at + 30) - now
+                ready = multiprocessing.connection.wait(
+                    [pipe for index, (_, pipe) in enumerate(children) if index not in messages], max(limit, 0))
+                for pipe in ready:
+                    index = next(i for i, (_, p) in enumerate(children) if p is pipe)
+                    try:
+                        messages[index] = pipe.recv()
+                    except EOFError:
+                        messages[index] = ("error", "the generator process died")
+                now = time.monotonic()
+                if sampler is not None and not cpu_end and (now >= end_at or len(messages) == len(children)):
+                    cpu_end = sampler.cpu_seconds()
+                    if on_window is not None:
+                        on_window("end")
+                elif not ready and now >= hard_end_at + 30:
                     raise RuntimeError("a generator process did not report in time")
-                message = pipe.recv()
+            results = []
+            for index in range(len(children)):
+                message = messages[index]
                 if message[0] != "result":
                     raise RuntimeError(f"generator failed:\n{message[1]}")
                 results.append(message[1])
@@ -426,6 +460,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where <scenario>.json goes")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per figure")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds run before measuring")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="do not pin nsqd to the first CPU and the generators to the others")
 
 
 def main(module, argv: list[str] | None = None) -> int:

@@ -60,8 +60,8 @@ class LoadError(Exception):
 def connect(address: tuple[str, int]) -> socket.socket:
     sock = socket.create_connection(address, timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    #RCV
+    #SND
     return sock
 
 

@@ -17,7 +17,8 @@ import time
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.process_collector import ProcessCollector
 
 from protocol.http import HTTPError, Request, Response, Router, empty_response, json_response, text_response
 from protocol.names import is_valid_channel_name, is_valid_topic_name
@@ -53,6 +54,7 @@ class LookupdAPI:
         self.db = lookupd.db
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(LookupdCollector(lookupd))
+        ProcessCollector(registry=self.registry)
 
     # -- plain ---------------------------------------------------------------------------------------
     async def ping(self, request: Request) -> Response:
@@ -62,7 +64,9 @@ class LookupdAPI:
         return json_response({"version": NSQ_VERSION})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(200, [("Content-Type", CONTENT_TYPE_LATEST)], generate_latest(self.registry))
+        # Prometheus text, or OpenMetrics when the Accept header asks for it
+        encoder, content_type = choose_encoder(request.headers.get("Accept") or "")
+        return Response(200, [("Content-Type", content_type)], encoder(self.registry))
 
     # -- discovery -----------------------------------------------------------------------------------
     async def topics(self, request: Request) -> Response:

@@ -217,7 +217,8 @@ class Channel:
         return ready > 0
 
     def discard(self, message: Message) -> None:
-        """A message consumed without delivery (``sample_rate``): release its disk record."""
+        """A message consumed without delivery (``sample_rate``, or a duplicate of one in flight): release
+        its disk record."""
         if message.disk_token >= 0:
             self.backend.ack(message.disk_token)
             message.disk_token = -1

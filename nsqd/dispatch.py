@@ -75,13 +75,18 @@ class ChannelDispatcher(Actor):
                 message = queue.popleft()
                 if sample_rate and self._random() * 100 > sample_rate:
                     # sampled out: consumed from the channel and discarded, as nsqd does
-                    if message.disk_token >= 0:
-                        channel.discard(message)
+                    channel.discard(message)
+                    continue
+                try:
+                    push_in_flight(message.id, message, deadline)
+                except KeyError:
+                    # a second copy of a message in flight (a crash in durable mode can repeat a copy to the
+                    # channel): one copy out is enough, this one is dropped
+                    channel.discard(message)
                     continue
                 message.attempts += 1
                 message.client = client
                 message.delivered_at = now
-                push_in_flight(message.id, message, deadline)
                 frame = encode_message_frame(message)
                 frames.append(frame)
                 nbytes += len(frame)

@@ -92,6 +92,7 @@ class LookupPeer:
         self._responses: trio.MemoryReceiveChannel | None = None
         self._pending = 0
         self.scope = trio.CancelScope()
+        self._connected_event = trio.Event()
 
     def __str__(self) -> str:
         return self.address
@@ -103,6 +104,10 @@ class LookupPeer:
 
     def close(self) -> None:
         self.scope.cancel()
+
+    async def wait_connected(self) -> None:
+        """Return once the peer has identified and announced everything on its current connection."""
+        await self._connected_event.wait()
 
     async def run(self) -> None:
         with self.scope:
@@ -121,6 +126,8 @@ class LookupPeer:
                     self.connected = False
                     self._accepting = False
                     self._outbox.clear()
+                    if self._connected_event.is_set():
+                        self._connected_event = trio.Event()
                 await trio.sleep(delay)
                 delay = min(delay * 2, self.lookup.ping_interval)
 
@@ -194,6 +201,7 @@ class LookupPeer:
             await self._command(stream, command)
         self.connected = True
         self.connects += 1
+        self._connected_event.set()
 
     async def _serve(self, stream) -> None:
         interval = self.lookup.ping_interval

@@ -24,7 +24,7 @@ from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
 from .metadata import DataDirLocked, load_metadata, lock_data_path, save_metadata, snapshot
-from .queues.diskqueue import DiskQueue
+from .queues.diskqueue import DiskQueue, SyncBarrier
 from .queue_scan import QueueScanner
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
@@ -92,6 +92,8 @@ class NSQD:
             auth_required=self.authenticator.enabled,
         )
         self.data_path = opts.data_path or os.getcwd()
+        # group commit of publishes: connections commit it before an OK leaves (queues/diskqueue.py)
+        self.sync_barrier = SyncBarrier()
         self._data_lock: int | None = None
         self._loading = False
         self._nursery: trio.Nursery | None = None
@@ -124,7 +126,8 @@ class NSQD:
         opts = self.opts
         return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
-                         sync_timeout=opts.sync_timeout, hold_reads=self.durable, logger=log)
+                         sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
+                         logger=log)
 
     @property
     def durable(self) -> bool:

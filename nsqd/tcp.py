@@ -215,6 +215,8 @@ class Connection:
                     await lock.acquire()  # an upgrade is under way; what follows goes through its layers
                 try:
                     data = client.take_output()
+                    if self.nsqd.sync_barrier:
+                        self.nsqd.sync_barrier.commit()  # group commit: what an OK here acknowledges is on disk
                     if not data:
                         continue
                     interval = client.heartbeat_interval
@@ -307,7 +309,10 @@ class Connection:
         client.write_frame(response)
         async with self._send_lock:
             try:
-                await self._send_now(self.stream, client.take_output())
+                data = client.take_output()
+                if self.nsqd.sync_barrier:
+                    self.nsqd.sync_barrier.commit()
+                await self._send_now(self.stream, data)
                 stream = self.stream
                 if result.tls:
                     log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", client.remote_address)
@@ -526,7 +531,7 @@ class Connection:
         now_ns = time.time_ns()
         messages = [Message(msg_id, body, now_ns, 0, defer) for msg_id, body in zip(ids, bodies)]
         try:
-            topic.put_many(messages)
+            topic.put_many(messages, defer_sync=True)  # synced before the OK leaves (_writer)
         except TopicExiting:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed exiting") from None
         except TopicFull as exc:

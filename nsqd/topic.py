@@ -91,8 +91,10 @@ class Topic:
     def put(self, message: Message) -> None:
         self.put_many((message,))
 
-    def put_many(self, messages) -> None:
-        """Accept a batch (PUB, MPUB, DPUB) all or nothing: memory while there is room, then disk."""
+    def put_many(self, messages, *, defer_sync: bool = False) -> None:
+        """Accept a batch (PUB, MPUB, DPUB) all or nothing: memory while there is room, then disk.
+        ``defer_sync``: a disk sync this makes due is left to the daemon's sync barrier, which the
+        caller commits before it acknowledges the batch (group commit, ``queues/diskqueue.py``)."""
         if self.exiting:
             raise TopicExiting()
         queue = self.queue
@@ -101,7 +103,7 @@ class Topic:
         room = self.mem_queue_size - len(queue)
         if room < len(messages) or self._backlog_on_disk():
             try:
-                messages = self._overflow(list(messages), room)
+                messages = self._overflow(list(messages), room, defer_sync)
             except OSError as exc:
                 self.message_count -= len(messages)
                 self.message_bytes -= sum(len(m.body) for m in messages)
@@ -109,7 +111,7 @@ class Topic:
         queue.extend(messages)
         self.pump()
 
-    def _overflow(self, messages: list[Message], room: int) -> list[Message]:
+    def _overflow(self, messages: list[Message], room: int, defer_sync: bool = False) -> list[Message]:
         """A batch that does not fit in memory: returns what stays in memory; the rest goes to disk (all or
         nothing, OSError from the disk) or, for an ephemeral topic, is dropped, like nsqd."""
         pump_ready = bool(self.channels) and not self.paused and not self.held
@@ -128,7 +130,7 @@ class Topic:
         room = max(room, 0)
         spill = messages[room:]
         if spill:
-            backend.put_many([encode_record(m) for m in spill])
+            backend.put_many([encode_record(m) for m in spill], defer_sync=defer_sync)
             if any(deferred[room:]):
                 now_ns = time.time_ns()
                 for m in spill:

@@ -613,15 +613,16 @@ class RequestParser:
     llhttp (through httptools) does the parsing: ``receive_data`` hands it the whole input in one call, and its
     callbacks queue the events that ``next_event`` then hands out, so a pipelined batch costs one call into C
     however many requests it holds, and nothing is buffered here but those events. An error is raised by
-    ``next_event`` only after the events before it, so the requests that came first are still answered.
-    Input after a request that closes the connection (``Connection: close``, HTTP/1.0 without keep-alive, an
-    upgrade or ``CONNECT``, whose heads say they close) is ignored, as llhttp stops there.
+    ``next_event`` only after the events before it, so the requests that came first are still answered. Input
+    after a request that closes the connection (``Connection: close``, HTTP/1.0 without keep-alive, an upgrade
+    or ``CONNECT``, whose heads say they close) is ignored, as llhttp stops there.
 
-    llhttp does not bound a head, so its size is counted here: the request line and each header as the callbacks
-    report them, plus the whole of any input that ended inside a request and reported nothing (one long header
-    trickling in, which httptools holds until the header ends). Past ``max_header_bytes`` the request is refused
-    with 431; a header still unfinished holds at most the limit plus one ``receive_data``. Trailers of chunked
-    bodies (and chunk extensions, which llhttp skips) count with the head; trailers are then dropped.
+    llhttp does not bound a head, so its size is counted here: the request line and each header as the
+    callbacks report them, plus the whole of any input that ended inside a request and reported nothing (one
+    long header trickling in, which httptools holds until the header ends). The count is checked when the head
+    is complete, when the trailers are, and after each ``receive_data``: past ``max_header_bytes`` the request
+    is refused with 431, so an unfinished head holds at most the limit plus one ``receive_data``. Trailers of
+    chunked bodies (and chunk extensions, which llhttp skips) count with the head; trailers are then dropped.
     """
 
     def __init__(self, max_header_bytes: int = 65536) -> None:
@@ -632,15 +633,14 @@ class RequestParser:
         self._finished = False  # a request that closes the connection is complete: the rest is ignored
         self._keep_alive = True
         self._in_message = False
-        self._in_head = False
-        self._head_bytes = 0  # of the current head, as reported by the callbacks
+        self._begun = 0  # requests begun, to tell whether a receive_data reported anything
+        self._head_bytes = 0  # of the current request's head and trailers, as reported by the callbacks
         self._unreported = 0  # of receive_data calls that ended inside a request and reported nothing
-        self._reported = False  # a callback reported part of a request during the current receive_data
         self._url = b""
-        self._headers: list = []
+        self._headers: list = []  # of the current head, then a list that takes its trailers
         self._parser = httptools.HttpRequestParser(types.SimpleNamespace(
             on_message_begin=self._on_message_begin, on_url=self._on_url, on_header=self._on_header,
-            on_headers_complete=self._on_headers_complete, on_body=self._on_body,
+            on_headers_complete=self._on_headers_complete, on_body=self._events.append,
             on_message_complete=self._on_message_complete))
 
     def receive_data(self, data: bytes) -> None:
@@ -649,7 +649,9 @@ class RequestParser:
             return
         if self._finished or self._error is not None:
             return
-        self._reported = False
+        events = len(self._events)
+        head_bytes = self._head_bytes
+        begun = self._begun
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -657,8 +659,11 @@ class RequestParser:
             if self._error is None and not self._finished:
                 self._error = BadRequest(400, str(exc) or type(exc).__name__)
             return
-        if self._in_message and not self._reported:
-            self._unreported += len(data)
+        if self._in_message:
+            if len(self._events) == events and self._head_bytes == head_bytes and self._begun == begun:
+                self._unreported += len(data)
+            else:
+                self._unreported = 0
             if self._head_bytes + self._unreported > self.max_header_bytes:
                 self._error = BadRequest(431, "request head too long")
 
@@ -679,57 +684,44 @@ class RequestParser:
             return CONNECTION_CLOSED
         return NEED_DATA
 
-    # llhttp's callbacks; an exception raised here makes feed_data fail, after self._error is set
-    def _fail(self, status: int, reason: str) -> BadRequest:
-        self._error = BadRequest(status, reason)
-        return self._error
-
+    # llhttp's callbacks. An exception raised in one makes feed_data fail; self._error says why.
     def _on_message_begin(self) -> None:
         self._in_message = True
-        self._in_head = True
-        self._reported = True
-        self._unreported = 0
+        self._begun += 1
         self._head_bytes = 16  # method, version, spaces and line ends, roughly
         self._url = b""
         self._headers = []
 
     def _on_url(self, part: bytes) -> None:
-        # called once per receive_data that holds part of the target
+        # called once for each receive_data that holds part of the target
         self._url += part
-        self._reported = True
-        self._unreported = 0
         self._head_bytes += len(part)
-        if self._head_bytes > self.max_header_bytes:
-            raise self._fail(431, "request head too long")
 
     def _on_header(self, name: bytes, value: bytes) -> None:
-        self._reported = True
-        self._unreported = 0  # what they counted is in name and value now
         self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > self.max_header_bytes:
-            raise self._fail(431, "request head too long")
-        if self._in_head:
-            self._headers.append((name.lower(), value))
+        self._headers.append((name.lower(), value))
 
     def _on_headers_complete(self) -> None:
-        self._in_head = False
-        parser = self._parser
-        keep_alive = self._keep_alive = parser.should_keep_alive() and not parser.should_upgrade()
+        headers = self._headers
+        self._headers = []
         try:
-            head = _make_head(parser.get_method(), self._url, parser.get_http_version(), self._headers, keep_alive)
+            if self._head_bytes > self.max_header_bytes:
+                raise BadRequest(431, "request head too long")
+            parser = self._parser
+            keep_alive = self._keep_alive = parser.should_keep_alive() and not parser.should_upgrade()
+            head = _make_head(parser.get_method(), self._url, parser.get_http_version(), headers, keep_alive)
         except BadRequest as exc:
             self._error = exc
             raise
         except (ValueError, UnicodeDecodeError) as exc:
-            raise self._fail(400, f"bad request head: {exc}") from None
+            self._error = BadRequest(400, f"bad request head: {exc}")
+            raise
         self._events.append(head)
 
-    def _on_body(self, part: bytes) -> None:
-        self._reported = True
-        self._unreported = 0
-        self._events.append(part)
-
     def _on_message_complete(self) -> None:
+        if self._head_bytes > self.max_header_bytes:  # trailers
+            self._error = BadRequest(431, "request head too long")
+            raise self._error
         self._in_message = False
         self._events.append(END_OF_BODY)
         if not self._keep_alive:

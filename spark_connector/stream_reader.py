@@ -171,8 +171,6 @@ class NsqStreamReader(DataSourceStreamReader):
         return make_offset({k: m.synced_end for k, m in self._group.wal.snapshot().items()})
 
     def partitions(self, start: dict, end: dict) -> list[NsqPartition]:
-        import sys, time
-        print(f"[partitions start {time.time()%1000:.2f}]", file=sys.stderr, flush=True)
         group = self._started()
         begin = parse_offset(start)
         finish = parse_offset(end)
@@ -189,7 +187,6 @@ class NsqStreamReader(DataSourceStreamReader):
                     f"nsqd {key}, which the checkpoint refers to; was the walPath changed?"
                 )
             parts.append(NsqPartition(key, self.options.topic, self.options.channel, lo, hi, mlog.read(lo, hi)))
-        print(f"[partitions end {time.time()%1000:.2f}]", file=sys.stderr, flush=True)
         return parts
 
     def commit(self, end: dict) -> None:
@@ -203,11 +200,7 @@ class NsqStreamReader(DataSourceStreamReader):
     # -- executor side ---------------------------------------------------------------------
 
     def read(self, partition: NsqPartition) -> Iterator:
-        import sys, time, os
-        t = time.time(); print(f"[read start {t%1000:.2f} pid {os.getpid()}]", file=sys.stderr, flush=True)
-        for b in arrow_batches(partition):
-            yield b
-        print(f"[read end {time.time()%1000:.2f} took {time.time()-t:.2f}]", file=sys.stderr, flush=True)
+        return arrow_batches(partition)
 
 
 def arrow_batches(p: NsqPartition) -> Iterator:

@@ -85,7 +85,7 @@
   }
 
   function e2eCard(title, rows) {
-    var present = rows.filter(function (r) { return r.e2e && r.e2e.percentiles && r.e2e.percentiles.length; });
+    var present = rows.filter(function (r) { return r.e2e && r.e2e.count > 0 && r.e2e.percentiles && r.e2e.percentiles.length; });
     if (!present.length) return null;
     var quantiles = present[0].e2e.percentiles.map(function (p) { return p.quantile; });
     var c = card(title);

@@ -67,6 +67,12 @@ records acknowledged after that point come back as duplicates. An acknowledgemen
 committed position can only cause redelivery); it reaches the meta file with the next sync. Reads do not count as sync
 operations in this mode, since they change nothing that a restart would use.
 
+Group commit (``defer_sync=True`` on ``put_many``, with a ``SyncBarrier``). A sync that a put makes due can be
+put off: the queue joins the barrier instead, and whoever is about to acknowledge the put (the connection's writer,
+before it sends the ``OK``) calls ``barrier.commit()``, which syncs every queue that joined. Puts from many
+connections handled in one turn of the event loop then share one fsync, and still no ``OK`` leaves before its
+message is on disk. A queue closed or deleted before the commit is skipped (it synced, or its files are gone).
+
 Everything here is synchronous: the broker calls ``put``, ``put_many`` and ``read_many`` from its event loop. The
 calls are plain system calls on a page-cache file, except the fsyncs of a sync.
 """
@@ -81,7 +87,7 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
+__all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics", "SyncBarrier"]
 
 _LENGTH = struct.Struct(">i")
 _READ_CHUNK = 1 << 16  # bytes read ahead from a segment per system call
@@ -94,6 +100,33 @@ _default_log = logging.getLogger("nsqd")
 
 class DiskQueueClosed(Exception):
     """The queue was closed or deleted."""
+
+
+class SyncBarrier:
+    """Queues owing a sync that was put off until an acknowledgement leaves (see "Group commit" above)."""
+
+    __slots__ = ("_owing", "commits")
+
+    def __init__(self) -> None:
+        self._owing: dict[DiskQueue, None] = {}  # insertion-ordered set
+        self.commits = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._owing)
+
+    def owe(self, queue: "DiskQueue") -> None:
+        self._owing[queue] = None
+
+    def commit(self) -> None:
+        """Sync every queue that owes one (errors are logged and kept in the queue's ``last_error``)."""
+        owing, self._owing = self._owing, {}
+        for queue in owing:
+            if not queue.closed:
+                try:
+                    queue.sync()
+                except OSError:
+                    pass
+        self.commits += 1
 
 
 @dataclass(frozen=True)
@@ -121,6 +154,7 @@ class DiskQueue:
         sync_every: int = 2500,
         sync_timeout: float = 2.0,
         hold_reads: bool = False,
+        barrier: SyncBarrier | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         assert 0 < max_bytes_per_file <= _POS_MASK and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
@@ -132,6 +166,7 @@ class DiskQueue:
         self.sync_every = sync_every
         self.sync_timeout = sync_timeout
         self.hold_reads = hold_reads
+        self.barrier = barrier
         self.log = logger if logger is not None else _default_log
         self.last_error: OSError | None = None
 
@@ -184,6 +219,10 @@ class DiskQueue:
         """Where the next record goes: ``(file number, byte position)``."""
         return self._write_file_num, self._write_pos
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def has_unread(self) -> bool:
         """True when ``read_many`` would find a record (or a corrupt file to skip). Can differ from
         ``depth() > 0`` only after metadata was lost or corrupted."""
@@ -226,8 +265,9 @@ class DiskQueue:
             raise
         self.last_error = None
 
-    def put_many(self, records: list[bytes]) -> None:
-        """Append records in order, all or none. One write system call per segment file touched."""
+    def put_many(self, records: list[bytes], *, defer_sync: bool = False) -> None:
+        """Append records in order, all or none. One write system call per segment file touched. With
+        ``defer_sync`` (and a barrier), a sync that falls due is left to ``barrier.commit()``."""
         if self._closed:
             raise DiskQueueClosed(self.name)
         if not records:
@@ -257,7 +297,10 @@ class DiskQueue:
             self._dirty = True
             self._ops += len(records)
             if self._ops >= self.sync_every:
-                self._sync()
+                if defer_sync and self.barrier is not None:
+                    self.barrier.owe(self)
+                else:
+                    self._sync()
         except OSError as exc:
             self._undo_write(before)
             self._record_error("write", exc)

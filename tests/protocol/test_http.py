@@ -303,6 +303,21 @@ def test_request_parser_input_ending_inside_a_request(raw):
     assert info.value.status == 400
 
 
+@pytest.mark.parametrize("start", [b"GET / HTTP/1.1\r\nHost: x\r\nX: ", b"GET / HTTP/1.1\r\nHost: x\r\nX-",
+                                   b"GET /" ,
+                                   b"PUT / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: "])
+def test_request_parser_refuses_an_unfinished_head_in_time(start):
+    """A head that never ends is refused once it passes the limit, not when (if ever) it ends."""
+    parser = RequestParser(max_header_bytes=4096)
+    fed = 0
+    with pytest.raises(BadRequest) as info:
+        for data in [start] + [b"a" * 100] * 1000:
+            parser.receive_data(data)
+            fed += len(data)
+            _drain(parser)
+    assert info.value.status == 431 and fed <= 4096 + 200
+
+
 def test_request_parser_head_limit_counts_each_request_alone():
     """A long pipeline of heads, each under the limit, split anywhere, is never refused for their total size."""
     one = b"GET /ping HTTP/1.1\r\nHost: x\r\nUser-Agent: " + b"u" * 300 + b"\r\n\r\n"
@@ -695,6 +710,22 @@ async def test_garbage_gets_400(server, garbage):
     assert (await client.response())[2] == b"OK"  # answers before the bad request still go out
     status, headers, body = await client.response()
     assert (status, headers["connection"], body) == (400, "close", b"400 Bad Request")
+    assert await client.is_closed()
+
+
+@pytest.mark.parametrize(("request_bytes", "status", "body"), [
+    (b"GET /ping HTTP/2.0\r\nHost: t\r\n\r\n", 505, b"505 HTTP Version Not Supported"),
+    (b"POST /pub HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501,
+     b"501 Not Implemented"),
+    # an upgrade is not supported: the request is answered as any other, then the connection closes
+    (b"GET /ping HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" + get("/ping"), 200,
+     b"OK"),
+])
+async def test_other_refusals_close(server, request_bytes, status, body):
+    client = await Client.connect(server)
+    await client.send(request_bytes)
+    answer_status, headers, answer_body = await client.response()
+    assert (answer_status, headers["connection"], answer_body) == (status, "close", body)
     assert await client.is_closed()
 
 

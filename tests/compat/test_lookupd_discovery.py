@@ -1,0 +1,79 @@
+"""Real clients discovering nsqd through nsqlookupd: two nsqlookupd, two nsqd, a pynsq Reader and an nsqjs Reader
+given only ``lookupd_http_addresses`` consume every message published on both nsqd."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import REPO_ROOT, RawClient
+from tests.integration.lookupd_harness import Cluster, wait_for_producers
+
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(120)]
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE = shutil.which("node")
+PER_NSQD = 30
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    built = Cluster(tmp_path_factory.mktemp)
+    yield built
+    built.stop()
+
+
+def published_topic(cluster: Cluster) -> tuple[str, list[str]]:
+    """A fresh topic with PER_NSQD messages on each nsqd, registered with both lookupds."""
+    topic = f"disc_{uuid.uuid4().hex[:10]}"
+    bodies = []
+    for index, nsqd in enumerate(cluster.nsqds):
+        batch = [f"nsqd{index}-{n}" for n in range(PER_NSQD)]
+        with RawClient(nsqd.tcp) as client:
+            client.publish_many(topic, [body.encode() for body in batch])
+        bodies += batch
+    for lookupd in cluster.lookupds:
+        wait_for_producers(lookupd, topic, {nsqd.tcp[1] for nsqd in cluster.nsqds})
+    return topic, bodies
+
+
+def lookupd_list(cluster: Cluster) -> str:
+    return ",".join(f"{host}:{port}" for host, port in (lookupd.http_address for lookupd in cluster.lookupds))
+
+
+def run(cluster: Cluster, argv: list[str], cwd: Path) -> dict:
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=90, text=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{argv[1]} hung; stderr:\n{exc.stderr}\nlogs:\n{cluster.logs()}")
+    assert done.returncode == 0, f"{argv[1]} failed:\n{done.stderr}\nlogs:\n{cluster.logs()}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def expected_nsqd(cluster: Cluster) -> list[str]:
+    return sorted(nsqd.tcp_address for nsqd in cluster.nsqds)
+
+
+def test_pynsq_reader_consumes_from_every_nsqd(cluster):
+    topic, bodies = published_topic(cluster)
+    result = run(cluster, [sys.executable, "-m", "tests.compat.pynsq_lookupd", lookupd_list(cluster), topic,
+                           str(len(bodies))], REPO_ROOT)
+    assert sorted(result["bodies"]) == sorted(bodies)
+    assert result["nsqd"] == expected_nsqd(cluster)
+    assert not [w for w in result["warnings"] if "E_" in w or "lookupd" in w], result["warnings"]
+
+
+def test_nsqjs_reader_consumes_from_every_nsqd(cluster):
+    if NODE is None or not (NODE_DIR / "node_modules" / "nsqjs").is_dir():
+        pytest.skip("node and nsqjs are needed: run `make node`")
+    topic, bodies = published_topic(cluster)
+    result = run(cluster, [NODE, "lookupd_scenarios.js", lookupd_list(cluster), topic, str(len(bodies))], NODE_DIR)
+    assert sorted(result["bodies"]) == sorted(bodies)
+    assert result["nsqd"] == expected_nsqd(cluster)
+    assert result["errors"] == []

@@ -1,0 +1,162 @@
+"""Fixtures of the Spark connector tests: one local[2] SparkSession shared by every test that
+asks for it, nsqd and lookupd subprocesses, and helpers to publish and to wait for output.
+
+Only a missing Java skips these tests; pyspark and pyarrow are installed by ``make test``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import NsqdProcess, RawClient
+
+
+def java_missing_reason() -> str | None:
+    java = shutil.which("java")
+    if java is None and os.environ.get("JAVA_HOME"):
+        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+        java = str(candidate) if candidate.exists() else None
+    if java is None:
+        return "Java is not installed (Spark needs a JDK 17+ `java` on PATH or JAVA_HOME)"
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`java -version` failed: {exc}"
+    return None
+
+
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.memory": "1g",
+    "spark.sql.streaming.minBatchesToRetain": "10",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def spark_env() -> dict[str, str]:
+    """Environment for a Spark driver: its Python workers must be this interpreter (the one
+    with spark_connector and pyarrow), and nothing may reach beyond loopback."""
+    return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost"}
+
+
+def build_session():
+    os.environ.update(spark_env())
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("trionsq-spark-tests")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    reason = java_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    session = build_session()
+    import spark_connector
+
+    spark_connector.register(session)
+    yield session
+    session.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def nsqd_at(tmp_path_factory):
+    """Start nsqd on a fixed TCP port (so a restart keeps its address): ``nsqd_at(port, data)``."""
+    daemons: list[NsqdProcess] = []
+
+    def start(port: int | None = None, data: Path | None = None, *args: str) -> NsqdProcess:
+        data = data or tmp_path_factory.mktemp("nsqd")
+        extra = [f"--tcp-address=127.0.0.1:{port}"] if port else []
+        daemon = NsqdProcess(data, [*extra, *args])
+        daemons.append(daemon)
+        return daemon.start()
+
+    yield start
+    for daemon in daemons:
+        if daemon.is_running():
+            daemon.stop()
+
+
+def publish(nsqd: NsqdProcess, topic: str, bodies: list[bytes], chunk: int = 500) -> None:
+    with RawClient(nsqd.tcp) as client:
+        for i in range(0, len(bodies), chunk):
+            client.publish_many(topic, bodies[i : i + chunk])
+
+
+def bodies(prefix: str, start: int, stop: int) -> list[bytes]:
+    return [f"{prefix}-{i:06d}".encode() for i in range(start, stop)]
+
+
+def read_output(spark, path: Path):
+    """Rows of a Parquet sink committed so far (the sink's own log decides what is in it)."""
+    if not (path / "_spark_metadata").exists():
+        return []
+    return spark.read.parquet(str(path)).select("id", "body", "nsqd").collect()
+
+
+def wait_for_bodies(spark, path: Path, expected: set[bytes], timeout: float, query=None) -> list:
+    """Wait until every expected body is in the sink; return all rows. Fails with what is missing
+    (and the query's error, if it died)."""
+    deadline = time.monotonic() + timeout
+    rows: list = []
+    while True:
+        rows = read_output(spark, path)
+        have = {bytes(r.body) for r in rows}
+        if expected <= have:
+            return rows
+        if query is not None and query.exception() is not None:
+            raise AssertionError(f"query failed: {query.exception()}")
+        if time.monotonic() >= deadline:
+            missing = sorted(expected - have)
+            raise AssertionError(f"{len(missing)} of {len(expected)} messages missing after {timeout}s, "
+                                 f"e.g. {missing[:5]}")
+        time.sleep(1.0)
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def assert_exactly_once_after_dedup(rows: list, expected: set[bytes]) -> None:
+    """Every message at least once; one row per (nsqd, id) once duplicates are dropped, and the
+    bodies of those rows are exactly the published ones."""
+    by_key: dict[tuple[str, str], bytes] = {}
+    for row in rows:
+        key = (row.nsqd, row.id)
+        body = bytes(row.body)
+        assert by_key.setdefault(key, body) == body, f"two bodies for message {key}"
+    deduped = sorted(by_key.values())
+    assert len(deduped) == len(expected), (len(deduped), len(expected))
+    assert set(deduped) == expected

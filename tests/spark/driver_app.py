@@ -1,0 +1,54 @@
+"""A Spark driver run as a subprocess by test_streaming.py, so that a test can kill it with -9.
+
+    python -m tests.spark.driver_app NSQD_ADDRESS TOPIC BASE_DIR
+
+Streams the topic into BASE_DIR/out (Parquet) with its checkpoint in BASE_DIR/checkpoint and its
+write-ahead log in BASE_DIR/wal, small batches so that a batch is always in progress, until the
+file BASE_DIR/stop appears (then it stops the query and exits 0).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from tests.spark.conftest import build_session
+
+
+def main() -> int:
+    address, topic, base = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    spark = build_session()
+    import spark_connector
+
+    spark_connector.register(spark)
+    frame = (
+        spark.readStream.format("nsq")
+        .option("nsqd.tcp.addresses", address)
+        .option("topic", topic)
+        .option("channel", "spark")
+        .option("walPath", str(base / "wal"))
+        .option("maxMessagesPerTrigger", "150")
+        .option("msgTimeoutMs", "3000")
+        .load()
+    )
+    query = (
+        frame.writeStream.format("parquet")
+        .option("path", str(base / "out"))
+        .option("checkpointLocation", str(base / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    print("QUERY STARTED", flush=True)
+    while not (base / "stop").exists():
+        if query.exception() is not None:
+            print(f"QUERY FAILED {query.exception()}", flush=True)
+            return 1
+        time.sleep(0.2)
+    query.stop()
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""End to end: nsqd subprocesses, a real local Spark, Parquet sinks with checkpoints.
+
+Every test publishes known bodies and checks that each one reaches the sink at least once, and
+exactly once after dropping duplicates by (nsqd, id), across the failure it provokes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from spark_connector.wal import SEGMENT_SUFFIX
+from tests.integration.harness import REPO_ROOT, http_get
+from tests.spark.conftest import (
+    assert_exactly_once_after_dedup,
+    bodies,
+    free_port,
+    publish,
+    read_output,
+    spark_env,
+    wait_for_bodies,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"spark_{uuid.uuid4().hex[:12]}"
+
+
+def start_query(spark, base: Path, options: dict[str, object], trigger: str = "300 milliseconds"):
+    reader = spark.readStream.format("nsq")
+    for key, value in {"channel": "spark", "walPath": str(base / "wal"), **options}.items():
+        reader = reader.option(key, str(value))
+    return (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(base / "out"))
+        .option("checkpointLocation", str(base / "checkpoint"))
+        .trigger(processingTime=trigger)
+        .start()
+    )
+
+
+def committed_batches(base: Path) -> int:
+    commits = base / "checkpoint" / "commits"
+    return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.exists() else 0
+
+
+def tear_torn_tail(wal: Path) -> Path:
+    """Append half a record to the newest segment, as a crash in the middle of an append would."""
+    segments = sorted(wal.rglob(f"*{SEGMENT_SUFFIX}"))
+    assert segments, "the query wrote no write-ahead log"
+    newest = segments[-1]
+    with open(newest, "ab") as f:
+        f.write(struct.pack(">II", 4000, 12345) + b"\x0a\x05partial")
+    return newest
+
+
+def test_query_stopped_and_restarted_mid_stream(spark, nsqd_at, tmp_path, topic):
+    """ackMode=commit: FIN at Spark's commit, TOUCH meanwhile; the query stops mid-stream, the
+    log gets a torn tail, the query restarts on the same checkpoint and log."""
+    nsqd = nsqd_at()
+    first, second = bodies("q", 0, 1500), bodies("q", 1500, 2500)
+    publish(nsqd, topic, first)
+    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "ackMode": "commit",
+               "msgTimeoutMs": 2000, "maxMessagesPerTrigger": 250}
+    query = start_query(spark, tmp_path, options)
+    try:
+        wait_until(lambda: committed_batches(tmp_path) >= 2, 120, "two committed batches")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert len({bytes(r.body) for r in read_output(spark, tmp_path / "out")}) < len(first) + len(second)
+    torn = tear_torn_tail(tmp_path / "wal")
+    size_with_tail = torn.stat().st_size
+
+    publish(nsqd, topic, second)
+    query = start_query(spark, tmp_path, options)
+    try:
+        rows = wait_for_bodies(spark, tmp_path / "out", set(first + second), 150, query)
+    finally:
+        query.stop()
+    assert torn.stat().st_size < size_with_tail or not torn.exists()
+    assert_exactly_once_after_dedup(rows, set(first + second))
+
+
+def test_nsqd_restarted_mid_stream(spark, nsqd_at, tmp_path, tmp_path_factory, topic):
+    port = free_port()
+    data = tmp_path_factory.mktemp("nsqd-data")
+    nsqd = nsqd_at(port, data)
+    first, second = bodies("r", 0, 1000), bodies("r", 1000, 2000)
+    publish(nsqd, topic, first)
+    query = start_query(spark, tmp_path, {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
+                                          "maxMessagesPerTrigger": 300, "msgTimeoutMs": 2000})
+    try:
+        wait_until(lambda: committed_batches(tmp_path) >= 1, 120, "a committed batch")
+        assert nsqd.stop() == 0
+        nsqd = nsqd_at(port, data)
+        publish(nsqd, topic, second)
+        rows = wait_for_bodies(spark, tmp_path / "out", set(first + second), 150, query)
+    finally:
+        query.stop()
+    assert_exactly_once_after_dedup(rows, set(first + second))
+
+
+def test_topic_that_does_not_exist_yet(spark, nsqd_at, tmp_path, topic):
+    nsqd = nsqd_at()
+    query = start_query(spark, tmp_path, {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic})
+    try:
+        # The consumer's SUB creates the topic and its channel; wait for it, then publish.
+        def channel_exists():
+            status, body = http_get(nsqd.http(), "/stats?format=json")
+            return status == 200 and topic.encode() in body and b'"spark"' in body
+
+        wait_until(channel_exists, 120, "the consumer to subscribe", interval=0.5)
+        expected = bodies("late", 0, 500)
+        publish(nsqd, topic, expected)
+        rows = wait_for_bodies(spark, tmp_path / "out", set(expected), 120, query)
+    finally:
+        query.stop()
+    assert_exactly_once_after_dedup(rows, set(expected))
+
+
+def test_unreachable_nsqd_fails_the_query_clearly(spark, tmp_path, topic):
+    from pyspark.errors import StreamingQueryException
+
+    address = f"127.0.0.1:{free_port()}"
+    query = start_query(spark, tmp_path, {"nsqd.tcp.addresses": address, "topic": topic,
+                                          "connectTimeoutMs": 1000})
+    try:
+        with pytest.raises(StreamingQueryException) as caught:
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+    message = str(caught.value)
+    assert f"cannot consume from nsqd {address}" in message
+    assert "connectTimeoutMs" in message
+
+
+def test_bad_options_fail_at_load(spark, tmp_path):
+    with pytest.raises(Exception) as caught:
+        spark.readStream.format("nsq").option("topic", "t").load()
+    assert "set nsqd.tcp.addresses or lookupd.http.addresses" in str(caught.value)
+    assert "option walPath is required" in str(caught.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lookupd") is None,
+                    reason="nsqlookupd (python -m lookupd) is not importable in this checkout yet")
+def test_two_nsqd_found_through_lookupd(spark, nsqd_at, tmp_path, topic):
+    from tests.spark.lookupd_helpers import LookupdProcess, register_producer
+
+    lookupd = LookupdProcess(tmp_path / "lookupd").start()
+    registrations = []
+    try:
+        daemons = [nsqd_at(), nsqd_at()]
+        expected: set[bytes] = set()
+        for n, daemon in enumerate(daemons):
+            registrations.append(register_producer(lookupd, daemon, topic))
+            part = bodies(f"n{n}", 0, 600)
+            publish(daemon, topic, part)
+            expected |= set(part)
+        query = start_query(spark, tmp_path, {"lookupd.http.addresses": lookupd.http_address, "topic": topic,
+                                              "lookupd.pollIntervalMs": 500})
+        try:
+            rows = wait_for_bodies(spark, tmp_path / "out", expected, 150, query)
+            progress = query.lastProgress
+        finally:
+            query.stop()
+        assert {r.nsqd for r in rows} == {d.tcp_address for d in daemons}
+        assert_exactly_once_after_dedup(rows, expected)
+        assert progress is not None
+    finally:
+        for connection in registrations:
+            connection.close()
+        lookupd.stop()
+
+
+def test_driver_killed_mid_batch(spark, nsqd_at, tmp_path, topic):
+    """The whole driver (Python, JVM, Python workers) dies with SIGKILL while a batch is planned
+    but not committed; a new driver on the same checkpoint and log finishes the job."""
+    nsqd = nsqd_at()
+    expected = bodies("k", 0, 2000)
+    publish(nsqd, topic, expected)
+    env = dict(os.environ, **spark_env())
+    argv = [sys.executable, "-m", "tests.spark.driver_app", nsqd.tcp_address, topic, str(tmp_path)]
+    log_path = tmp_path / "driver.log"
+
+    def launch() -> subprocess.Popen:
+        return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                                stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def in_flight_batch() -> bool:
+        offsets = tmp_path / "checkpoint" / "offsets"
+        if not offsets.exists():
+            return False
+        planned = max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1)
+        return planned >= 2 and not (tmp_path / "checkpoint" / "commits" / str(planned)).exists()
+
+    driver = launch()
+    try:
+        wait_until(in_flight_batch, 150, "the driver to be in the middle of its third batch", interval=0.01)
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+        assert len({bytes(r.body) for r in read_output(spark, tmp_path / "out")}) < len(expected)
+
+        driver = launch()
+        rows = wait_for_bodies(spark, tmp_path / "out", set(expected), 180)
+        (tmp_path / "stop").touch()
+        assert driver.wait(60) == 0, log_path.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(30)
+    assert_exactly_once_after_dedup(rows, set(expected))

@@ -115,6 +115,7 @@ def machine_info() -> dict:
         "trio": trio_version,
         "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average": os.getloadavg(),
     }
 
 

@@ -92,6 +92,7 @@ def run(args) -> Report:
             "seconds": seconds,
             "msg/s": result["msg/s"],
             "nsqd_cpu": nsqd_cpu / seconds if seconds and target.pid else None,
+            "nsqd_us/msg": nsqd_cpu * 1e6 / result["delivered"] if target.pid and result["delivered"] else None,
             "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
         })
         if result["delivered"] < published:

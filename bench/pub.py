@@ -39,8 +39,8 @@ def publish_rate(args, target: Target, frame: bytes, messages_per_frame: int, co
     duration = result["window"]
     return {
         "msg/s": messages / duration,
-        "MB/s": messages * (len(frame) / messages_per_frame) / duration / 1e6,
         "nsqd_cpu": result["nsqd_cpu_seconds"] / duration if target.pid else None,
+        "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / messages if target.pid and messages else None,
         "generator_cpu": generator_cpu / duration,
     }
 

@@ -1,0 +1,1 @@
+"""nsqlookupd: the discovery daemon (registration database, "  V1" TCP protocol, HTTP API)."""

@@ -127,11 +127,16 @@
       grid.append(svg("line", {x1: pad.left, x2: width - pad.right, y1: gy, y2: gy}));
       grid.append(svg("text", {x: pad.left - 6, y: gy + 4, "text-anchor": "end"}, compact(value)));
     }
-    var ticks = Math.max(2, Math.min(6, Math.floor(plotW / 90)));
+    // at most one label per whole second, so a short history does not repeat a label
+    var ticks = Math.max(1, Math.min(6, Math.floor(plotW / 90), Math.floor(t1 - t0)));
+    var lastLabel = "";
     for (var j = 0; j <= ticks; j++) {
       var t = t0 + (t1 - t0) * j / ticks;
+      var label = clock(t);
+      if (label === lastLabel) continue;
+      lastLabel = label;
       grid.append(svg("text", {x: x(t), y: height - 6, "text-anchor": j === 0 ? "start" : j === ticks ? "end" : "middle"},
-        clock(t)));
+        label));
     }
     root.append(grid);
 

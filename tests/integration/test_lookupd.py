@@ -34,10 +34,6 @@ def topic() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
-def tcp(lookupd):
-    return lookupd.tcp
-
-
 def registered_peer(lookupd, topic: str, channel: str = "", **identify) -> RawPeer:
     peer = RawPeer(lookupd.tcp)
     peer.identify(**identify)

@@ -1,8 +1,11 @@
 """nsqlookupd's flags, defaults, config file and startup checks."""
 
 import socket
+from pathlib import Path
 
 import pytest
+
+import lookupd
 
 from lookupd.options import Options, OptionsError, build_flagset, parse_options, validate
 from protocol.flags import FlagError, HelpRequested
@@ -71,3 +74,7 @@ def test_validate():
         validate(parse("--tcp-address=127.0.0.1"))
     with pytest.raises(OptionsError, match="invalid port"):
         validate(parse("--http-address=127.0.0.1:http"))
+
+
+def test_imported_from_this_checkout():
+    assert Path(lookupd.__file__).resolve().parent == Path(__file__).resolve().parents[2] / "lookupd"

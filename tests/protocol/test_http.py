@@ -304,7 +304,7 @@ def test_request_parser_input_ending_inside_a_request(raw):
 
 
 @pytest.mark.parametrize("start", [b"GET / HTTP/1.1\r\nHost: x\r\nX: ", b"GET / HTTP/1.1\r\nHost: x\r\nX-",
-                                   b"GET /" ,
+                                   b"GET /",
                                    b"PUT / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: "])
 def test_request_parser_refuses_an_unfinished_head_in_time(start):
     """A head that never ends is refused once it passes the limit, not when (if ever) it ends."""

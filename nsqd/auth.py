@@ -356,29 +356,24 @@ class Authenticator:
     """Queries the configured auth servers for a connection (one instance per nsqd)."""
 
     def __init__(self, addresses: list[str], *, connect_timeout: float, request_timeout: float,
-                 ssl_context_factory=None) -> None:
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.addresses = list(addresses)
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
-        self._ssl_context_factory = ssl_context_factory
-        self._ssl_context: ssl.SSLContext | None = None
+        self._ssl_context = ssl_context  # for https:// auth servers; the system roots when None
 
     @classmethod
     def from_options(cls, opts) -> "Authenticator":
+        """Built at startup, so an unreadable ``--tls-root-ca-file`` stops nsqd (``TLSConfigError``)."""
         from .tls import client_ssl_context
 
+        context = client_ssl_context(opts) if opts.auth_http_addresses else None
         return cls(opts.auth_http_addresses, connect_timeout=opts.http_client_connect_timeout,
-                   request_timeout=opts.http_client_request_timeout,
-                   ssl_context_factory=lambda: client_ssl_context(opts))
+                   request_timeout=opts.http_client_request_timeout, ssl_context=context)
 
     @property
     def enabled(self) -> bool:
         return bool(self.addresses)
-
-    def _context(self) -> ssl.SSLContext | None:
-        if self._ssl_context is None and self._ssl_context_factory is not None:
-            self._ssl_context = self._ssl_context_factory()
-        return self._ssl_context
 
     async def query(self, *, remote_ip: str, tls: bool, common_name: str, secret: bytes) -> AuthState:
         """Ask the servers (from a random one on) until one gives a valid answer; ``AuthError`` otherwise."""
@@ -412,4 +407,8 @@ class Authenticator:
         return parse_auth_response(body, trio.current_time())
 
     def _context_for(self, url: str) -> ssl.SSLContext | None:
-        return self._context() if url.startswith("https") else None
+        if not url.startswith("https"):
+            return None
+        if self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()
+        return self._ssl_context

@@ -306,11 +306,10 @@ class _Connection:
         router = server.router
         logger = server.logger
         parser = self.parser
-        stream = self.stream
         scope = self.scope
         out = self.out
         head_started = None
-        served = 0
+        served = 0  # requests since the last read
         while True:
             head = parser.next_event()
             if head is NEED_DATA:

@@ -17,7 +17,6 @@ import ssl
 import sys
 
 import nsq
-from nsq import event
 
 WAIT = 20.0
 

@@ -291,8 +291,12 @@ def test_tls_min_version_refuses_older_clients(certs, nsqd_factory):
         assert client.io.version() == "TLSv1.3"
 
 
-def test_unreadable_certificate_stops_startup(tmp_path):
-    daemon = NsqdProcess(tmp_path / "data", [f"--tls-cert={tmp_path}/missing.pem", f"--tls-key={tmp_path}/missing.key"])
+@pytest.mark.parametrize("flags", [
+    ["--tls-cert={d}/missing.pem", "--tls-key={d}/missing.key"],
+    ["--auth-http-address=127.0.0.1:1", "--tls-root-ca-file={d}/missing-ca.pem"],
+], ids=["certificate", "auth-root-ca"])
+def test_unreadable_tls_files_stop_startup(tmp_path, flags):
+    daemon = NsqdProcess(tmp_path / "data", [flag.format(d=tmp_path) for flag in flags])
     with pytest.raises(AssertionError):
         daemon.start()
     assert daemon.proc.wait(10) == 1

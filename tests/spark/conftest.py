@@ -6,12 +6,15 @@ Only a missing Java skips these tests; pyspark and pyarrow are installed by ``ma
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,6 +46,7 @@ SPARK_CONF = {
     "spark.sql.streaming.minBatchesToRetain": "10",
     "spark.sql.adaptive.enabled": "false",
     "spark.python.worker.reuse": "true",
+    "spark.ui.showConsoleProgress": "false",
 }
 
 
@@ -112,11 +116,41 @@ def bodies(prefix: str, start: int, stop: int) -> list[bytes]:
     return [f"{prefix}-{i:06d}".encode() for i in range(start, stop)]
 
 
-def read_output(spark, path: Path):
-    """Rows of a Parquet sink committed so far (the sink's own log decides what is in it)."""
-    if not (path / "_spark_metadata").exists():
+@dataclass(frozen=True)
+class OutputRow:
+    id: str
+    body: bytes
+    nsqd: str
+
+
+def committed_files(path: Path) -> list[str]:
+    """Files a Parquet sink has committed, from its own log (``_spark_metadata``): files that a
+    killed batch left behind are not in it, exactly as Spark's own reader sees the sink."""
+    log_dir = path / "_spark_metadata"
+    if not log_dir.exists():
         return []
-    return spark.read.parquet(str(path)).select("id", "body", "nsqd").collect()
+    entries = [p for p in log_dir.iterdir() if p.name.split(".")[0].isdigit()]
+    latest_compact = max((int(p.name.split(".")[0]) for p in entries if p.name.endswith(".compact")), default=-1)
+    files: dict[str, bool] = {}
+    for entry in sorted(entries, key=lambda p: int(p.name.split(".")[0])):
+        if int(entry.name.split(".")[0]) < latest_compact:
+            continue
+        for line in entry.read_text().splitlines()[1:]:
+            record = json.loads(line)
+            files[record["path"]] = record.get("action", "add") == "add"
+    return [urllib.parse.urlparse(p).path for p, added in files.items() if added]
+
+
+def read_output(spark, path: Path) -> list[OutputRow]:
+    """Rows of a Parquet sink committed so far (read with pyarrow, without a Spark job)."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for file in committed_files(path):
+        table = pq.read_table(file, columns=["id", "body", "nsqd"])
+        for i, b, n in zip(*(table.column(c).to_pylist() for c in ("id", "body", "nsqd"))):
+            rows.append(OutputRow(i, b, n))
+    return rows
 
 
 def wait_for_bodies(spark, path: Path, expected: set[bytes], timeout: float, query=None) -> list:
@@ -135,7 +169,7 @@ def wait_for_bodies(spark, path: Path, expected: set[bytes], timeout: float, que
             missing = sorted(expected - have)
             raise AssertionError(f"{len(missing)} of {len(expected)} messages missing after {timeout}s, "
                                  f"e.g. {missing[:5]}")
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):

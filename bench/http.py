@@ -64,7 +64,9 @@ def _row(args, report: Report, label: str, path_of, body: bytes, messages: int, 
          depth: int) -> None:
     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"], want_http=True) as target:
         if target.http is None:
-            raise RuntimeError("nsqd has no HTTP listener:\n" + target.log_tail())
+            # nsqd logged no "HTTP: listening on" line (or no --nsqd-http-address was given)
+            report.skipped = "the server has no HTTP listener"
+            return
         report.target = target.describe()
         request = encode_request(path_of(unique_topic(NAME)), body)
         figures = _rate(args, target, request, messages, connections, depth)
@@ -79,6 +81,8 @@ def run(args) -> Report:
         "processes": args.processes, "duration_s": args.duration})
     body = b"h" * args.body_size
     _row(args, report, "/pub", lambda t: f"/pub?topic={t}", body, 1, args.connections, args.depth)
+    if report.skipped:
+        return report
     _row(args, report, "/pub", lambda t: f"/pub?topic={t}", body, 1, args.connections, 1)
     text = b"\n".join([body] * args.batch)
     _row(args, report, "/mpub", lambda t: f"/mpub?topic={t}", text, args.batch, args.mpub_connections,

@@ -11,7 +11,9 @@ counts answers by bytes received and never parses them; the first answer on each
 before the run. Both processes start together at one ``time.monotonic`` instant chosen by the parent (the clock
 is system-wide), warm up, then count answers over the same window in which the parent reads the server's CPU
 time from ``/proc``. ``server µs/req`` is that CPU time divided by the answers counted: the cost of one request
-in the server, whatever the machine's core count. Results go to ``bench/results/http_server.json``.
+in the server, whatever the machine's core count, and steadier than req/s on a machine shared with other work
+(``server_cpu`` well under 1.0 means the server was not the bottleneck). Results go to
+``bench/results/http_server.json``.
 """
 
 from __future__ import annotations
@@ -94,7 +96,10 @@ def _read_first_answer(sock: socket.socket) -> int:
                   if line.lower().startswith(b"content-length:"))
     size = len(head) + 4 + length
     while len(data) < size:
-        data += sock.recv(65536)
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise RuntimeError("server closed the connection")
+        data += chunk
     if len(data) != size:
         raise RuntimeError("answer longer than announced")
     return size
@@ -139,7 +144,7 @@ def _generate(conn, port: int, request: bytes, connections: int, depth: int) -> 
             if answers:
                 if counting:
                     counted += answers
-                entry[0].sendall(batches[answers] if answers <= depth else request * answers)
+                entry[0].sendall(batches[answers])  # never more than depth: that many are outstanding
         now = time.monotonic()
         if not counting and now >= start:
             counting = True

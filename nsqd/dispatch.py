@@ -39,6 +39,8 @@ class ChannelDispatcher(Actor):
         self.channel = channel
         self.delivered = 0
         self._random = random.random
+        #: consumers given frames without a flush (the slice ended with work left): flushed once idle
+        self._unflushed: dict = {}
 
     def __repr__(self) -> str:
         return f"ChannelDispatcher({self.channel.topic_name}:{self.channel.name})"
@@ -105,8 +107,19 @@ class ChannelDispatcher(Actor):
             if now >= slice_end:
                 break
         self.delivered += delivered
-        if touched:
+        unflushed = self._unflushed
+        if touched or unflushed:
             idle = not (mailbox and channel.has_ready())
+            if idle and unflushed:
+                # frames left to the flush timer by an earlier slice that ended with work left: nothing
+                # more is coming to them now, so they leave now too
+                for client in unflushed:
+                    if client.out and client not in touched:
+                        client.messages_queued(True)
+                unflushed.clear()
             for client in touched:
-                client.messages_queued(idle or client.credit() <= 0)
+                flush = idle or client.credit() <= 0
+                client.messages_queued(flush)
+                if not flush:
+                    unflushed[client] = None
         return bool(mailbox) and channel.has_ready() and not channel.paused

@@ -1,0 +1,213 @@
+"""The driver side without Spark's JVM: the stream reader's driver methods against real nsqd
+subprocesses, checked through nsqd's own /stats (what was FIN'd, what is in flight, RDY)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from spark_connector.consumer import NsqConnectionError
+from spark_connector.options import SourceOptions
+from spark_connector.stream_reader import NsqStreamReader, parse_offset
+from tests.integration.harness import http_get
+from tests.spark.conftest import bodies, free_port, publish, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def make_reader(tmp_path, **options) -> NsqStreamReader:
+    raw = {"channel": "spark", "walPath": str(tmp_path / "wal"), **options}
+    return NsqStreamReader(SourceOptions.parse({k: str(v) for k, v in raw.items()}))
+
+
+def channel_stats(nsqd, topic: str, channel: str = "spark") -> dict:
+    status, body = http_get(nsqd.http(), f"/stats?format=json&topic={topic}")
+    assert status == 200, body
+    for t in json.loads(body)["topics"] or []:
+        for c in t["channels"]:
+            if c["channel_name"] == channel:
+                return c
+    return {}
+
+
+def wait_for_total(reader: NsqStreamReader, start: dict, total: int, timeout: float = 30) -> dict:
+    def reached():
+        end = reader.latestOffset(start, ReadAllAvailable())
+        return end if sum(parse_offset(end).values()) >= total else None
+
+    return wait_until(reached, timeout, f"{total} messages in the write-ahead log")
+
+
+def partition_bodies(parts) -> list[bytes]:
+    out = []
+    for p in parts:
+        pos = 0
+        sizes = memoryview(p.body_sizes).cast("I")
+        for size in sizes:
+            out.append(p.bodies[pos : pos + size])
+            pos += size
+    return out
+
+
+def test_nothing_starts_before_the_first_driver_call(tmp_path, nsqd, topic):
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic})
+    assert not (tmp_path / "wal").exists()
+    assert channel_stats(nsqd, topic) == {}
+    reader.stop()
+
+
+def test_durable_mode_fins_once_logged(tmp_path, nsqd, topic):
+    expected = bodies("d", 0, 300)
+    publish(nsqd, topic, expected)
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic})
+    try:
+        start = reader.initialOffset()
+        assert start == {"version": 1, "positions": {}}
+        end = wait_for_total(reader, start, 300)
+        assert end == {"version": 1, "positions": {nsqd.tcp_address: 300}}
+        parts = reader.partitions(start, end)
+        assert [(p.nsqd, p.start, p.end) for p in parts] == [(nsqd.tcp_address, 0, 300)]
+        assert partition_bodies(parts) == expected
+        # Everything logged was FIN'd: nothing in flight, nothing queued.
+        wait_until(lambda: (s := channel_stats(nsqd, topic)) and s["in_flight_count"] == 0 and s["depth"] == 0,
+                   10, "nsqd to see every FIN")
+        limited = reader.latestOffset(start, ReadMaxRows(120))
+        assert limited == {"version": 1, "positions": {nsqd.tcp_address: 120}}
+    finally:
+        reader.stop()
+
+
+def test_commit_mode_touches_then_fins_at_commit_and_drops_redeliveries(tmp_path, nsqd, topic):
+    expected = bodies("c", 0, 200)
+    publish(nsqd, topic, expected)
+    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "ackMode": "commit", "msgTimeoutMs": 1000}
+    reader = make_reader(tmp_path, **options)
+    try:
+        start = reader.initialOffset()
+        end = wait_for_total(reader, start, 200)
+        assert channel_stats(nsqd, topic)["in_flight_count"] == 200
+        # Three timeouts' worth of time: TOUCH keeps every message alive.
+        time.sleep(3.0)
+        stats = channel_stats(nsqd, topic)
+        assert (stats["in_flight_count"], stats["timeout_count"]) == (200, 0)
+    finally:
+        reader.stop()  # no commit: the messages stay unacknowledged in nsqd
+
+    # A new driver on the same log: nsqd redelivers all 200, the log recognises every copy.
+    reader = make_reader(tmp_path, **options)
+    try:
+        start2 = reader.initialOffset()
+        assert start2 == {"version": 1, "positions": {}}  # nothing was committed
+        group = reader._group
+        consumer = group.consumers[nsqd.tcp_address]
+        wait_until(lambda: consumer.stats.duplicates >= 200, 30, "the redelivered copies")
+        assert reader.latestOffset(start2, ReadAllAvailable()) == end
+        assert consumer.stats.logged == 0
+        reader.commit(end)
+        wait_until(lambda: (s := channel_stats(nsqd, topic)) and s["in_flight_count"] == 0 and s["depth"] == 0,
+                   10, "the FINs sent at commit")
+        assert partition_bodies(reader.partitions(start2, end)) == expected
+    finally:
+        reader.stop()
+
+
+def test_backlog_bound_pauses_delivery_until_commit(tmp_path, nsqd, topic):
+    publish(nsqd, topic, bodies("b", 0, 400))
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
+                                      "maxBacklogMessages": 100, "maxInFlight": 10})
+    try:
+        start = reader.initialOffset()
+        wait_for_total(reader, start, 100)
+
+        def paused():
+            clients = channel_stats(nsqd, topic).get("clients") or []
+            return clients and clients[0]["ready_count"] == 0
+
+        wait_until(paused, 10, "RDY 0 once the backlog reached its bound")
+        logged = sum(parse_offset(reader.latestOffset(start, ReadAllAvailable())).values())
+        assert 100 <= logged <= 110  # at most one RDY window past the bound
+        offset = start
+        while sum(parse_offset(offset).values()) < 400:  # each commit lets delivery resume
+            offset = wait_for_total(reader, start, sum(parse_offset(offset).values()) + 1)
+            reader.commit(offset)
+        assert channel_stats(nsqd, topic)["depth"] == 0
+    finally:
+        reader.stop()
+
+
+def test_commit_deletes_covered_segments(tmp_path, nsqd, topic):
+    publish(nsqd, topic, bodies("s", 0, 600))
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
+                                      "walSegmentBytes": 2000, "maxInFlight": 20})
+    try:
+        start = reader.initialOffset()
+        end = wait_for_total(reader, start, 600)
+        mlog = reader._group.wal.logs[nsqd.tcp_address]
+        before = mlog.segment_count()
+        assert before > 3
+        reader.commit(end)
+        assert mlog.segment_count() == 1
+        assert json.loads((tmp_path / "wal" / "committed.json").read_text()) == end
+    finally:
+        reader.stop()
+    again = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic})
+    try:
+        assert again.initialOffset() == end  # a fresh checkpoint resumes after the last commit
+    finally:
+        again.stop()
+
+
+def test_unreachable_nsqd_is_a_clear_error(tmp_path, topic):
+    address = f"127.0.0.1:{free_port()}"
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": address, "topic": topic, "connectTimeoutMs": 500})
+    with pytest.raises(NsqConnectionError, match=f"cannot consume from nsqd {address}.*refused"):
+        reader.initialOffset()
+    reader.stop()
+
+
+def test_unreachable_lookupd_is_a_clear_error(tmp_path, topic):
+    address = f"127.0.0.1:{free_port()}"
+    reader = make_reader(tmp_path, **{"lookupd.http.addresses": address, "topic": topic})
+    with pytest.raises(NsqConnectionError, match=f"cannot reach any lookupd: {address}"):
+        reader.initialOffset()
+    reader.stop()
+
+
+def test_checkpoint_ahead_of_the_log_is_a_clear_error(tmp_path, nsqd, topic):
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic})
+    try:
+        with pytest.raises(Exception, match="write-ahead log .* ends at 0"):
+            reader.latestOffset({"version": 1, "positions": {nsqd.tcp_address: 50}}, ReadAllAvailable())
+    finally:
+        reader.stop()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lookupd") is None,
+                    reason="nsqlookupd (python -m lookupd) is not importable in this checkout yet")
+def test_lookupd_discovery_gives_one_partition_per_nsqd(tmp_path, nsqd_factory, topic):
+    from tests.spark.lookupd_helpers import LookupdProcess, register_producer
+
+    lookupd = LookupdProcess(tmp_path / "lookupd").start()
+    registrations = []
+    reader = make_reader(tmp_path, **{"lookupd.http.addresses": lookupd.http_address, "topic": topic,
+                                      "lookupd.pollIntervalMs": 100})
+    try:
+        start = reader.initialOffset()  # lookupd does not know the topic yet: no error, no partition
+        assert reader.latestOffset(start, ReadAllAvailable()) == start
+        daemons = [nsqd_factory(), nsqd_factory()]
+        for n, daemon in enumerate(daemons):
+            publish(daemon, topic, bodies(f"l{n}", 0, 50))
+            registrations.append(register_producer(lookupd, daemon, topic))
+        end = wait_for_total(reader, start, 100)
+        parts = reader.partitions(start, end)
+        assert sorted(p.nsqd for p in parts) == sorted(d.tcp_address for d in daemons)
+        assert sorted(partition_bodies(parts)) == sorted(bodies("l0", 0, 50) + bodies("l1", 0, 50))
+    finally:
+        reader.stop()
+        for sock in registrations:
+            sock.close()
+        lookupd.stop()

@@ -44,10 +44,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         trio.run(serve, opts)
-    except (DataDirLocked, TLSConfigError) as exc:
-        log.critical("%s", exc)
+    except BaseException as exc:
+        failure = startup_failure(exc)
+        if failure is None:
+            raise
+        log.critical("%s", failure)
         return 1
     return 0
+
+
+def startup_failure(exc: BaseException) -> BaseException | None:
+    """The refusal to start hidden in ``exc`` (possibly inside exception groups): a locked data
+    directory, a bad TLS configuration, or an address that cannot be bound. None otherwise."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = startup_failure(inner)
+            if found is not None:
+                return found
+        return None
+    if isinstance(exc, (DataDirLocked, TLSConfigError, OSError)):
+        return exc
+    return None
 
 
 if __name__ == "__main__":

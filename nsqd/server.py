@@ -225,7 +225,10 @@ class NSQD:
         self.load_metadata()
         self.persist_metadata()
         host, port = split_address(opts.tcp_address)
-        listeners = await trio.open_tcp_listeners(port, host=host or None)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host or None)
+        except OSError as exc:
+            raise OSError(exc.errno, f"listen ({opts.tcp_address}) failed - {exc.strerror}") from None
         self.tcp_address = format_address(listeners[0].socket.getsockname())
         for listener in listeners:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))

@@ -1,8 +1,16 @@
 """The trio driver of ``protocol.http``: listeners, one task per connection, timeouts, keep-alive and pipelining.
 
 One task serves one connection from start to end; no task and no cancel scope is created per request. The task
-parses every complete request in its receive buffer, answers each in order, and writes the responses of a
-pipelined batch with a single ``send_all`` just before it would wait for more input (or when 64 KiB are pending).
+parses every complete request it has received, answers each in order, and writes the answers of a pipelined
+batch in one write just before it would wait for more input (or when 64 KiB are pending).
+
+A plain socket is read and written directly where trio's ``SocketStream`` would cost a scheduler round-trip
+that buys nothing: answers go out with one ``os.write`` (the stream's ``send_all`` takes over only when the
+socket does not take them whole), and a client that sends one request at a time is read by waiting for the
+socket to become readable, then reading it, rather than first trying a read that cannot succeed yet. A client
+that pipelines (the last read held several requests) is read with ``receive_some``, whose first try usually
+finds the next batch. Measured with ``bench/http_server.py``, this takes about a fifth off the server's time
+per request for one-at-a-time clients. TLS streams go through the stream throughout.
 
 Timeouts use one cancel scope per connection whose deadline is moved (about 2 µs) before each wait:
 - ``idle_timeout`` while waiting for the first byte of a request, and while writing responses;
@@ -18,8 +26,8 @@ is cut off as soon as it passes the limit. ``Expect: 100-continue`` gets ``100 C
 be read. A connection that stops reading a body it was sent is closed after the answer with a short linger, so
 the client reads the answer before the kernel resets the connection.
 
-Errors: a malformed request gets Go's plain-text ``400 Bad Request`` (``431`` for an oversized head) and the
-connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
+Errors: a malformed request gets Go's plain-text ``400 Bad Request`` (``431`` for an oversized head, ``501`` for
+a transfer coding other than chunked, ``505`` for a version other than HTTP/1.0 and 1.1) and the connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
 listener's nursery (``except*`` below), so one client never disturbs another.
 """
 
@@ -28,6 +36,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import math
+import os
 import time
 
 import trio
@@ -51,6 +60,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTPServer", "format_address", "go_duratio
 DEFAULT_MAX_BODY_BYTES = 5 * 1024 * 1024  # nsqd's --max-body-size default
 RECEIVE_SIZE = 65536
 FLUSH_BYTES = 65536
+_DIRECT_IO = os.name == "posix"  # os.read and os.write work on sockets
 LINGER_SECONDS = 1.0
 LINGER_MAX_BYTES = 4 * 1024 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -194,7 +204,8 @@ async def serve_http(listeners, router: Router, *, logger: logging.Logger, max_h
 
 
 class _Connection:
-    __slots__ = ("server", "stream", "scope", "out", "out_bytes", "remote", "tls", "parser")
+    __slots__ = ("server", "stream", "scope", "out", "out_bytes", "remote", "tls", "parser", "socket", "fd",
+                 "pipelining")
 
     def __init__(self, server: HTTPServer, stream) -> None:
         self.server = server
@@ -209,6 +220,26 @@ class _Connection:
         except (AttributeError, OSError):
             self.remote = "@"
         self.parser = RequestParser(server.max_header_bytes)
+        # a plain socket is read and written directly (see the module notes); TLS goes through the stream
+        if type(stream) is trio.SocketStream and _DIRECT_IO:
+            self.socket = stream.socket
+            self.fd = stream.socket.fileno()
+        else:
+            self.socket = None
+            self.fd = -1
+        self.pipelining = False  # the last read held more than one request
+
+    async def _receive(self) -> bytes:
+        """The next bytes from the client (``b""`` at its end)."""
+        fd = self.fd
+        if fd < 0 or self.pipelining:
+            return await self.stream.receive_some(RECEIVE_SIZE)
+        while True:
+            await trio.lowlevel.wait_readable(self.socket)
+            try:
+                return os.read(fd, RECEIVE_SIZE)
+            except BlockingIOError:  # a spurious wake-up
+                pass
 
     async def run(self) -> None:
         server = self.server
@@ -228,10 +259,19 @@ class _Connection:
             server.logger.debug("%s: closing %s after a timeout", server.name, self.remote)
 
     async def _flush(self) -> None:
+        """Write the queued answers in one go: directly when the socket takes them all, else through the stream."""
         if self.out:
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
             self.out_bytes = 0
+            if self.fd >= 0:
+                try:
+                    sent = os.write(self.fd, data)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(data):
+                    return
+                data = memoryview(data)[sent:]
             await self.stream.send_all(data)
 
     async def _linger(self) -> None:
@@ -266,13 +306,15 @@ class _Connection:
         router = server.router
         logger = server.logger
         parser = self.parser
-        stream = self.stream
         scope = self.scope
         out = self.out
         head_started = None
+        served = 0  # requests since the last read
         while True:
             head = parser.next_event()
             if head is NEED_DATA:
+                self.pipelining = served > 1
+                served = 0
                 now = trio.current_time()
                 if parser.has_partial_request:
                     if head_started is None:
@@ -282,11 +324,12 @@ class _Connection:
                     scope.deadline = now + server.idle_timeout
                 if out:
                     await self._flush()
-                parser.receive_data(await stream.receive_some(RECEIVE_SIZE))
+                parser.receive_data(await self._receive())
                 continue
             if head is CONNECTION_CLOSED:
                 return False
             head_started = None
+            served += 1
 
             match = router.match(head.method, head.path, head.raw_query)
             route = match.route
@@ -320,7 +363,7 @@ class _Connection:
                     scope.deadline = body_deadline
                     if out:
                         await self._flush()
-                    parser.receive_data(await stream.receive_some(RECEIVE_SIZE))
+                    parser.receive_data(await self._receive())
                     continue
                 size += len(item)
                 if size > limit:

@@ -2,44 +2,25 @@
 
 from __future__ import annotations
 
-import signal
+import functools
 import sys
 
-import trio
-
-from protocol.logfmt import setup_logging
+from protocol.daemon import instantiate_failure, run_daemon, serve_until_signalled
 
 from .options import parse_options, validate
 from .server import NSQAdmin
 
 
-async def _main(opts, log) -> int:
+async def serve(opts) -> None:
     admin = NSQAdmin(opts)
-    try:
-        await admin.open_listener()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        log.critical("failed to instantiate nsqadmin - listen (%s) failed - listen tcp %s: bind: %s",
-                     opts.http_address, opts.http_address, reason[:1].lower() + reason[1:])
-        return 1
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(admin.run)
-            async for _ in signals:
-                admin.exit()
-                break
-    return 0
+    await admin.open_listener()  # a port that is taken is refused before anything runs
+    await serve_until_signalled(admin)
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = parse_options(sys.argv[1:] if argv is None else argv)
-    log = setup_logging(prefix=opts.log_prefix, level=opts.log_level, name="nsqadmin")
-    try:
-        validate(opts)
-    except ValueError as exc:
-        log.critical("failed to instantiate nsqadmin - %s", exc)
-        return 1
-    return trio.run(_main, opts, log)
+    fatal_text = functools.partial(instantiate_failure, "nsqadmin")
+    return run_daemon(argv, name="nsqadmin", parse_options=parse_options, validate=validate, serve=serve,
+                      invalid_text=fatal_text, refusal_text=fatal_text)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import logging
 
 import trio
 
+from protocol.daemon import listen_tcp
 from protocol.http_server import HTTPServer
 
 from .cluster import Cluster
@@ -24,11 +25,6 @@ from .security import Guard
 __all__ = ["NSQAdmin"]
 
 log = logging.getLogger("nsqadmin")
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class NSQAdmin:
@@ -49,9 +45,8 @@ class NSQAdmin:
         self._stopped = trio.Event()
 
     async def open_listener(self) -> None:
-        """Bind ``--http-address``; ``OSError`` when it cannot be bound."""
-        host, port = _split(self.opts.http_address)
-        self._listeners = await trio.open_tcp_listeners(port, host=host or None)
+        """Bind ``--http-address``; ``ListenError`` when it cannot be bound."""
+        self._listeners = await listen_tcp(self.opts.http_address)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self._listeners:

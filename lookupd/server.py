@@ -13,7 +13,8 @@ import socket
 
 import trio
 
-from protocol.http_server import HTTPServer, format_address
+from protocol.daemon import ListenError, accept_connections, format_address, listen_tcp, split_address
+from protocol.http_server import HTTPServer
 
 from .http_api import build_router
 from .registration_db import RegistrationDB
@@ -22,14 +23,6 @@ from .tcp import LookupConnection
 __all__ = ["NSQLookupd", "split_address"]
 
 log = logging.getLogger("nsqlookupd")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (``[::1]:4160`` for IPv6) into host and port; an empty host means every interface."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"invalid address {address!r}")
-    return host.strip("[]"), int(port)
 
 
 class NSQLookupd:
@@ -58,24 +51,19 @@ class NSQLookupd:
         return int(round(self.opts.tombstone_lifetime * 1e9))
 
     async def open_listeners(self) -> None:
-        """Bind both addresses; ``OSError`` (with the address in ``filename``) when one cannot be bound."""
-        for name, address in (("tcp", self.opts.tcp_address), ("http", self.opts.http_address)):
-            host, port = split_address(address)
-            try:
-                listeners = await trio.open_tcp_listeners(port, host=host or None)
-            except OSError as exc:
-                for listener in self._tcp_listeners + self._http_listeners:
-                    await listener.aclose()
-                exc.filename = address
-                raise
-            if name == "tcp":
-                self._tcp_listeners = listeners
-                self.tcp_port = listeners[0].socket.getsockname()[1]
-                self.tcp_address = format_address(listeners[0].socket.getsockname())
-            else:
-                self._http_listeners = listeners
-                self.http_port = listeners[0].socket.getsockname()[1]
-                self.http_address = format_address(listeners[0].socket.getsockname())
+        """Bind both addresses; ``ListenError`` names the one that cannot be bound (nothing stays open then)."""
+        try:
+            self._tcp_listeners = await listen_tcp(self.opts.tcp_address)
+            self._http_listeners = await listen_tcp(self.opts.http_address)
+        except ListenError:
+            for listener in self._tcp_listeners:
+                await listener.aclose()
+            self._tcp_listeners = []
+            raise
+        tcp_name = self._tcp_listeners[0].socket.getsockname()
+        http_name = self._http_listeners[0].socket.getsockname()
+        self.tcp_port, self.tcp_address = tcp_name[1], format_address(tcp_name)
+        self.http_port, self.http_address = http_name[1], format_address(http_name)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self._tcp_listeners:
@@ -102,18 +90,7 @@ class NSQLookupd:
     async def _serve_tcp(self, listeners) -> None:
         async with trio.open_nursery() as connections:
             for listener in listeners:
-                connections.start_soon(self._accept_loop, listener, connections)
-
-    async def _accept_loop(self, listener, connections) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                # EMFILE and friends: back off a little instead of spinning
-                log.error("TCP: accept error: %s", exc)
-                await trio.sleep(0.05)
-                continue
-            connections.start_soon(self._handle_tcp, stream)
+                connections.start_soon(accept_connections, listener, connections, self._handle_tcp, log)
 
     async def _handle_tcp(self, stream: trio.SocketStream) -> None:
         try:

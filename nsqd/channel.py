@@ -85,8 +85,9 @@ class Channel:
         actors.add(self.dispatcher)
 
     # -- queue -----------------------------------------------------------------------------------
-    def put_many(self, messages: list[Message]) -> None:
-        """Accept messages from the topic pump (deferred ones go to the deferred heap)."""
+    def put_many(self, messages: list[Message]) -> bool:
+        """Accept messages from the topic pump (deferred ones go to the deferred heap). False when the disk
+        refused some (they are kept in memory then, see ``_enqueue``)."""
         self.message_count += len(messages)
         if messages[0].defer or messages[-1].defer or any(m.defer for m in messages):
             if self.durable:
@@ -155,12 +156,13 @@ class Channel:
     def _keep_in_memory(self, messages: list[Message]) -> None:
         index = self.deferred_index
         now = trio.current_time()
+        now_ns = time.time_ns()
         for m in messages:
             due_ns = index.take(m.id) if index else None
-            if due_ns is None:
+            if due_ns is None or due_ns <= now_ns:
                 self.queue.append(m)
             else:
-                self.deferred.push(m, now + max(due_ns - time.time_ns(), 0) / 1e9)
+                self.deferred.push(m, now + (due_ns - now_ns) / 1e9)
 
     def _handoff_room(self) -> int:
         """An ephemeral channel without a memory queue (``--mem-queue-size=0``) passes a message on only when
@@ -208,11 +210,11 @@ class Channel:
                 message.disk_token = token
                 token += 1
             due_ns = index.take(message.id) if index else None
-            if due_ns is None:
+            if due_ns is None or due_ns <= now_ns:
                 queue.append(message)
                 ready += 1
             else:
-                self.deferred.push(message, now + max(due_ns - now_ns, 0) / 1e9)
+                self.deferred.push(message, now + (due_ns - now_ns) / 1e9)
         index.reader_moved(self.backend.read_position())
         return ready > 0
 

@@ -14,6 +14,7 @@ import time
 
 import trio
 
+from protocol.daemon import accept_connections, format_address, listen_tcp, split_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
 
@@ -24,7 +25,8 @@ from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
 from .metadata import DataDirLocked, load_metadata, lock_data_path, save_metadata, snapshot
-from .queues.diskqueue import DiskQueue, SyncBarrier
+from .queues.diskqueue import DiskQueue
+from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
@@ -34,20 +36,6 @@ from .topic import Topic
 __all__ = ["NSQD", "split_address"]
 
 log = logging.getLogger("nsqd")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (``[::1]:4150`` for IPv6) into host and port; an empty host means every interface."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"invalid address {address!r}")
-    host = host.strip("[]")
-    return host, int(port)
-
-
-def format_address(sockaddr) -> str:
-    host, port = sockaddr[0], sockaddr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class NSQD:
@@ -224,11 +212,7 @@ class NSQD:
             log.info("NSQ: durable mode: every message is synced to disk before OK, in-flight ones survive a crash")
         self.load_metadata()
         self.persist_metadata()
-        host, port = split_address(opts.tcp_address)
-        try:
-            listeners = await trio.open_tcp_listeners(port, host=host or None)
-        except OSError as exc:
-            raise OSError(exc.errno, f"listen ({opts.tcp_address}) failed - {exc.strerror}") from None
+        listeners = await listen_tcp(opts.tcp_address)
         self.tcp_address = format_address(listeners[0].socket.getsockname())
         for listener in listeners:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))
@@ -292,20 +276,9 @@ class NSQD:
                 with self._accept_scope:
                     async with trio.open_nursery() as acceptors:
                         for listener in listeners:
-                            acceptors.start_soon(self._accept_loop, listener, connections)
+                            acceptors.start_soon(accept_connections, listener, connections, self._handle_tcp, log)
                 log.info("TCP: closing %d listener(s)", len(listeners))
                 await trio.sleep_forever()
-
-    async def _accept_loop(self, listener, connections) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                # EMFILE and friends: back off a little instead of spinning
-                log.error("TCP: accept error: %s", exc)
-                await trio.sleep(0.05)
-                continue
-            connections.start_soon(self._handle_tcp, stream)
 
     async def _handle_tcp(self, stream: trio.SocketStream) -> None:
         try:

@@ -56,6 +56,7 @@ _AUTH_CHECKED = frozenset((b"SUB", b"PUB", b"MPUB", b"DPUB"))
 
 
 _INIT_ONLY_WITH_BODY = frozenset((b"IDENTIFY", b"AUTH"))
+_FIN_STATES = (ClientState.SUBSCRIBED, ClientState.CLOSING)
 
 
 def _text(raw: bytes) -> str:
@@ -148,18 +149,19 @@ class Connection:
                             command = parser.next_command()
                             if command is None:
                                 break
-                            handler = handlers.get(command.name)
+                            name = command[0]
+                            handler = handlers.get(name)
                             if handler is None:
-                                raise ProtocolError("E_INVALID", f"invalid command {_text(command.name)}")
+                                raise ProtocolError("E_INVALID", f"invalid command {_text(name)}")
                             try:
-                                if command.name in _ASYNC_COMMANDS:
+                                if name in _ASYNC_COMMANDS:
                                     if replied:  # answers so far leave before this command may wait
                                         replied = False
                                         self._send_replies()
                                     response = await handler(command)
                                     receive = self.stream.receive_some  # IDENTIFY may have added layers
                                 else:
-                                    if self._auth_enabled and command.name in _AUTH_CHECKED:
+                                    if self._auth_enabled and name in _AUTH_CHECKED:
                                         if replied:
                                             replied = False
                                             self._send_replies()
@@ -229,9 +231,11 @@ class Connection:
         non-blocking write, when that cannot reorder anything: a plain socket (no TLS/compression
         layer) and the writer not holding data (``_send_lock`` free). What the socket does not take,
         or any error, is left to the writer task, which keeps the write deadline and the error
-        handling. Saves a task switch and a ``send_all`` per round trip of a PUB producer."""
+        handling. Saves a task switch and a ``send_all`` per round trip of a PUB producer.
+        While a disk sync is owed (durable mode), the writer sends instead: it commits the sync
+        barrier first, once for all the connections whose readers ran in the meantime (group commit)."""
         client = self.client
-        if type(self.stream) is trio.SocketStream and not self._send_lock.locked():
+        if type(self.stream) is trio.SocketStream and not self._send_lock.locked() and not self.nsqd.sync_barrier:
             data = client.take_output()
             try:
                 sent = os.write(self.stream.socket.fileno(), data)
@@ -527,11 +531,16 @@ class Connection:
         return None
 
     def FIN(self, command) -> None:
+        # the hottest command of a consumer: the checks of _require_state and _message_id, inlined
         client = self.client
-        self._require_state("FIN", ClientState.SUBSCRIBED, ClientState.CLOSING)
-        if not command.params:
+        if client.state not in _FIN_STATES:
+            raise ProtocolError("E_INVALID", "cannot FIN in current state")
+        params = command[1]
+        if not params:
             raise ProtocolError("E_INVALID", "FIN insufficient number of params")
-        msg_id = _message_id(command.params)
+        msg_id = params[0]
+        if len(msg_id) != MESSAGE_ID_LENGTH:
+            raise ProtocolError("E_INVALID", "invalid message ID")
         try:
             client.channel.finish(client, msg_id)
         except ChannelError as error:

@@ -94,7 +94,7 @@ class Topic:
     def put_many(self, messages, *, defer_sync: bool = False) -> None:
         """Accept a batch (PUB, MPUB, DPUB) all or nothing: memory while there is room, then disk.
         ``defer_sync``: a disk sync this makes due is left to the daemon's sync barrier, which the
-        caller commits before it acknowledges the batch (group commit, ``queues/diskqueue.py``)."""
+        caller commits before it acknowledges the batch (``queues/group_commit.py``)."""
         if self.exiting:
             raise TopicExiting()
         queue = self.queue

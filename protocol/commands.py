@@ -262,6 +262,17 @@ class CommandParser:
                         self._pos = end
                         entry = self._last_entry
                         return _new_command(Command, (entry[1], entry[2], buf[start:end]))
+        if buf.startswith(b"FIN ", pos) and len(buf) > pos + 20 and buf[pos + 20] == 10 \
+                and self._max_line_length > 20:
+            # Fast path for a consumer's stream of ``FIN <16-byte id>\n``: the same command the
+            # general path would build, provided the id holds no separator (else fall through).
+            msg_id = buf[pos + 4 : pos + 20]
+            if b" " not in msg_id and b"\n" not in msg_id and msg_id[15] != 13:
+                self._pos = pos + 21
+                params = (msg_id,)
+                if self.line_check is not None:
+                    self._run_line_check(b"FIN", params)
+                return _new_command(Command, (b"FIN", params, None))
         nl = buf.find(b"\n", pos)
         if nl < 0 or nl - pos >= self._max_line_length:
             return self._no_line(nl)

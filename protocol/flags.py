@@ -642,7 +642,7 @@ class FlagSet:
     def add(self, name: str, kind: Any, default: Any, help: str, *, config_key: str | None = None,
             repeatable: bool = False, attr: str | None = None, comma_separated: bool | None = None,
             convert: Callable[[str], Any] | None = None, bool_like: bool = False, in_config: bool = True,
-            default_text: str | None = None) -> Flag:
+            default_text: str | Callable[[Any], str] | None = None) -> Flag:
         """Define a flag.
 
         ``kind``: str, int, float, bool, duration (float seconds), str_list (repeatable strings,
@@ -652,7 +652,8 @@ class FlagSet:
         ``-`` → ``_``); ``config_key`` is the config-file key (default: the same), ``in_config=False``
         keeps the flag out of config files. ``convert`` parses a custom value (raise ``ValueError``
         with the reason); ``bool_like`` makes such a flag take no separate argument, like a Go
-        ``Value`` with ``IsBoolFlag``. ``default_text`` overrides the ``(default ...)`` in the usage.
+        ``Value`` with ``IsBoolFlag``. ``default_text`` overrides the ``(default ...)`` in the usage; a
+        callable receives the default and returns the text.
         """
         if not name or name.startswith("-") or "=" in name:
             raise ValueError(f"bad flag name {name!r}")
@@ -676,6 +677,8 @@ class FlagSet:
         key = (config_key or name.replace("-", "_")) if in_config else None
         if key is not None and key in self._config_keys:
             raise ValueError(f"config key {key!r} used twice")
+        if callable(default_text):
+            default_text = default_text(default)
         if repeatable:
             default = list(default or [])
         elif kind == "duration" and convert is None:

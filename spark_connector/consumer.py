@@ -7,7 +7,7 @@ are the least surprising guests there, and they die with the runner if Spark kil
 The wire work is ``protocol/``: encoders for commands, ``FrameDecoder`` for frames,
 ``protocol.compression`` codecs for snappy/deflate; TLS is the standard library's.
 
-One connection's loop (``NsqdConsumer._serve``): receive what the socket holds (up to 1 MiB),
+One connection's loop (``NsqdConsumer._serve``): receive what the socket holds (up to 8 MiB),
 decode every frame, answer heartbeats with NOP, drop redelivered copies (known (nsqd, id)),
 append the new messages to the log as one record, fsync, and then, in ``durable`` ack mode, FIN
 them all in one write. A message is therefore FIN'd only once it is on disk: a crash between
@@ -65,6 +65,9 @@ USER_AGENT = "trionsq-spark/0.1"
 _HEARTBEAT = b"_heartbeat_"
 _unpack_header = struct.Struct(">qH16s").unpack_from
 _RECV_SIZE = 1 << 20
+_COALESCE_BYTES = 8 << 20
+# The largest output buffer nsqd accepts by default: fewer, larger writes to read and log.
+_OUTPUT_BUFFER_SIZE = 65536
 _POLL_SECONDS = 0.25
 _BACKOFF_MIN = 0.1
 _BACKOFF_MAX = 2.0
@@ -108,11 +111,33 @@ class _Wire:
                 data = self.deflate.encode(data)
             self.sock.sendall(data)
 
-    def receive(self) -> bool:
-        """Read once into the frame decoder; False on EOF. Raises socket.timeout when idle."""
+    def receive(self, more: bool = False) -> bool:
+        """Read into the frame decoder; False on EOF. Raises socket.timeout when idle.
+
+        With ``more``, keep reading whatever else the socket already holds (up to
+        ``_COALESCE_BYTES``) without waiting, so that one log record and one fsync cover it all.
+        """
         raw = self.sock.recv(_RECV_SIZE)
         if not raw:
             return False
+        if more and not isinstance(self.sock, ssl.SSLSocket):
+            chunks = [raw]
+            size = len(raw)
+            timeout = self.sock.gettimeout()
+            self.sock.settimeout(0.0)
+            try:
+                while size < _COALESCE_BYTES:
+                    try:
+                        chunk = self.sock.recv(_RECV_SIZE)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    if not chunk:
+                        break  # EOF: reported by the next call
+                    chunks.append(chunk)
+                    size += len(chunk)
+            finally:
+                self.sock.settimeout(timeout)
+            raw = b"".join(chunks) if len(chunks) > 1 else raw
         if self.inflate is not None:
             raw = self.inflate.decode(raw)
             while getattr(self.inflate, "has_more", False):
@@ -251,6 +276,7 @@ class NsqdConsumer:
                 "hostname": opts.hostname or socket.gethostname(),
                 "user_agent": USER_AGENT,
                 "feature_negotiation": True,
+                "output_buffer_size": _OUTPUT_BUFFER_SIZE,
                 "tls_v1": opts.tls,
                 "snappy": opts.snappy,
                 "deflate": opts.deflate,
@@ -331,7 +357,7 @@ class NsqdConsumer:
                 elif time.monotonic() >= stop_by:
                     return
             try:
-                if not wire.receive():
+                if not wire.receive(more=True):
                     raise ConnectionError("nsqd closed the connection")
             except (socket.timeout, TimeoutError):
                 if stop_by is not None:

@@ -68,7 +68,7 @@ committed position can only cause redelivery); it reaches the meta file with the
 operations in this mode, since they change nothing that a restart would use.
 
 Group commit (``defer_sync=True`` on ``put_many``, with a ``SyncBarrier``). A sync that a put makes due can be
-put off: the queue joins the barrier instead, and whoever is about to acknowledge the put (the connection's writer,
+put off: the queue joins the barrier (``group_commit.py``) instead, and whoever is about to acknowledge the put (the connection's writer,
 before it sends the ``OK``) calls ``barrier.commit()``, which syncs every queue that joined. Puts from many
 connections handled in one turn of the event loop then share one fsync, and still no ``OK`` leaves before its
 message is on disk. A queue closed or deleted before the commit is skipped (it synced, or its files are gone).
@@ -87,7 +87,9 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics", "SyncBarrier"]
+from .group_commit import SyncBarrier
+
+__all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
 
 _LENGTH = struct.Struct(">i")
 _READ_CHUNK = 1 << 16  # bytes read ahead from a segment per system call
@@ -100,33 +102,6 @@ _default_log = logging.getLogger("nsqd")
 
 class DiskQueueClosed(Exception):
     """The queue was closed or deleted."""
-
-
-class SyncBarrier:
-    """Queues owing a sync that was put off until an acknowledgement leaves (see "Group commit" above)."""
-
-    __slots__ = ("_owing", "commits")
-
-    def __init__(self) -> None:
-        self._owing: dict[DiskQueue, None] = {}  # insertion-ordered set
-        self.commits = 0
-
-    def __bool__(self) -> bool:
-        return bool(self._owing)
-
-    def owe(self, queue: "DiskQueue") -> None:
-        self._owing[queue] = None
-
-    def commit(self) -> None:
-        """Sync every queue that owes one (errors are logged and kept in the queue's ``last_error``)."""
-        owing, self._owing = self._owing, {}
-        for queue in owing:
-            if not queue.closed:
-                try:
-                    queue.sync()
-                except OSError:
-                    pass
-        self.commits += 1
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,13 @@ class InFlightQueue(Generic[T]):
 
     def pop(self, msg_id: bytes) -> T | None:
         """Remove and return the item in flight under ``msg_id`` (FIN, REQ), or None if there is none."""
-        entry = self._entries.pop(msg_id, None)
+        entries = self._entries
+        entry = entries.pop(msg_id, None)
         if entry is None:
             return None
-        self._maybe_rebuild()
+        stale = len(self._heap) - len(entries)  # _maybe_rebuild's test, inlined: FIN is the hot path
+        if stale > REBUILD_MIN and stale > REBUILD_FACTOR * len(entries):
+            self._maybe_rebuild()
         return entry[2]
 
     def touch(self, msg_id: bytes, deadline: float) -> bool:

@@ -289,7 +289,8 @@ def test_durable_mode_loses_no_acknowledged_message_across_kill_9_loops(data_dir
     for _ in range(rounds):
         daemon = d.start()
         stop = threading.Event()
-        threads = [threading.Thread(target=f, args=(daemon.tcp, stop), daemon=True) for f in (publish, consume)]
+        threads = [threading.Thread(target=f, args=(daemon.tcp, stop), daemon=True)
+                   for f in (publish, publish, consume)]  # two publishers: their OKs share fsyncs
         for t in threads:
             t.start()
         target = len(acked) + per_round

@@ -144,3 +144,27 @@ def test_kill_9_loses_no_unacknowledged_record(tmp_path):
     q.close()
     unfinished = {n for n in range(80) if n % 2}
     assert unfinished <= got
+
+
+# -- group commit ------------------------------------------------------------------------------------------------
+def test_a_deferred_sync_waits_for_the_barrier_commit(tmp_path):
+    from nsqd.queues.group_commit import SyncBarrier
+
+    barrier = SyncBarrier()
+    a = DiskQueue("a", str(tmp_path), sync_every=1, barrier=barrier)
+    b = DiskQueue("b", str(tmp_path), sync_every=1, barrier=barrier)
+    a.put_many([message(0)], defer_sync=True)
+    a.put_many([message(1)], defer_sync=True)
+    b.put_many([message(2)], defer_sync=True)
+    assert barrier and not meta_file(tmp_path, "a").exists() and not meta_file(tmp_path, "b").exists()
+    barrier.commit()  # one sync per queue for the three puts
+    assert not barrier
+    assert meta_file(tmp_path, "a").read_text() == f"2\n0,0\n0,{2 * RECORD}\n"
+    assert meta_file(tmp_path, "b").read_text() == f"1\n0,0\n0,{RECORD}\n"
+    b.put_many([message(3)])  # without defer_sync: synced at once, as before
+    assert meta_file(tmp_path, "b").read_text() == f"2\n0,0\n0,{2 * RECORD}\n" and not barrier
+    a.put_many([message(4)], defer_sync=True)
+    a.delete()
+    barrier.commit()  # a deleted queue is skipped: its files do not come back
+    assert not meta_file(tmp_path, "a").exists() and not data_file(tmp_path, 0, "a").exists()
+    b.close()

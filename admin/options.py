@@ -14,26 +14,24 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
-import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from protocol.flags import FlagError, FlagSet, duration_to_ns, load_config
-from protocol.logfmt import log_level_word, parse_log_level
-from protocol.version import version_string
+from protocol.flags import (
+    ConfigSettings,
+    FlagRow,
+    FlagSet,
+    OptionsError,
+    check_log_level,
+    flagset_from_table,
+    options_from_values,
+    read_options,
+)
+from protocol.logfmt import log_level_word
 
 __all__ = ["Options", "OptionsError", "build_flagset", "config_names", "config_value", "normalize_base_path",
            "parse_options", "upstream_url", "validate"]
-
-_LOG_PREFIX_FOR_FATAL = "[nsqadmin] "
-
-
-class OptionsError(FlagError, ValueError):
-    """A startup validation failure; the daemon logs it as FATAL and exits 1."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, exit_code=1)
 
 
 @dataclass
@@ -73,7 +71,7 @@ class Options:
 
 
 # (flag, kind, attribute or None, help, extra FlagSet.add arguments)
-_FLAGS: tuple[tuple[str, str, str | None, str, dict[str, Any]], ...] = (
+_FLAGS: tuple[FlagRow, ...] = (
     ("config", "str", None, "read options from this TOML file", {"in_config": False}),
     ("version", "bool", None, "show the version and exit", {"in_config": False}),
     ("log-level", "str", None, "lowest level logged: debug, info, warn, error or fatal",
@@ -111,16 +109,8 @@ _FLAGS: tuple[tuple[str, str, str | None, str, dict[str, Any]], ...] = (
     ("history-duration", "duration", None, "how much sampled history the graphs keep", {}),
 )
 
-_OPTION_FIELDS = frozenset(f.name for f in fields(Options))
-
-
 def build_flagset(defaults: Options | None = None) -> FlagSet:
-    base = defaults if defaults is not None else Options()
-    flagset = FlagSet("nsqadmin")
-    for name, kind, attr, help_text, extra in _FLAGS:
-        attribute = attr or name.replace("-", "_")
-        flagset.add(name, kind, getattr(base, attribute), help_text, attr=attribute, **extra)
-    return flagset
+    return flagset_from_table("nsqadmin", _FLAGS, defaults if defaults is not None else Options())
 
 
 def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
@@ -129,21 +119,7 @@ def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
     With ``exit_on_error``: usage errors exit 2 with the usage, ``-h`` exits 0, ``--version`` prints the
     version and exits 0, config-file errors print a FATAL line and exit 1. Otherwise ``FlagError`` is raised.
     """
-    flagset = build_flagset()
-    try:
-        values = flagset.parse(argv)
-        if values["version"]:
-            if exit_on_error:
-                sys.stdout.write(version_string("nsqadmin") + "\n")
-                sys.stdout.flush()
-                raise SystemExit(0)
-        elif values["config"]:
-            values = flagset.resolve(load_config(values["config"]))
-    except FlagError as exc:
-        if exit_on_error:
-            exc.exit(log_prefix=_LOG_PREFIX_FOR_FATAL)
-        raise
-    opts = Options(**{key: value for key, value in values.items() if key in _OPTION_FIELDS})
+    opts = options_from_values(Options, read_options(build_flagset(), argv, exit_on_error=exit_on_error))
     opts.base_path = normalize_base_path(opts.base_path)
     return opts
 
@@ -175,10 +151,7 @@ def _check_address(flag: str, address: str) -> None:
 
 def validate(opts: Options) -> None:
     """Startup checks; ``OptionsError`` carries the message the daemon logs as FATAL."""
-    try:
-        parse_log_level(opts.log_level)
-    except ValueError as exc:
-        raise OptionsError(str(exc)) from None
+    check_log_level(opts.log_level)
     if not opts.lookupd_http_addresses and not opts.nsqd_http_addresses:
         raise OptionsError("--nsqd-http-address or --lookupd-http-address required")
     if opts.lookupd_http_addresses and opts.nsqd_http_addresses:
@@ -206,24 +179,14 @@ def validate(opts: Options) -> None:
         raise OptionsError("--history-duration must be at least --history-interval")
 
 
-# config name -> (attribute, kind)
-_CONFIG_TABLE = {flag.config_key: (flag.attr, flag.kind)
-                 for flag in build_flagset().flags if flag.config_key is not None}
+_SETTINGS = ConfigSettings(build_flagset(), Options)
 
 
 def config_names() -> tuple[str, ...]:
-    return tuple(_CONFIG_TABLE)
+    return _SETTINGS.names()
 
 
 def config_value(opts: Options, name: str) -> Any:
     """The JSON value of ``GET /config/<name>``; ``KeyError`` for unknown names. Durations are nanoseconds and
     the log level NSQ's integer, as the Go daemons report them."""
-    attr, kind = _CONFIG_TABLE[name]
-    value = getattr(opts, attr)
-    if name == "log_level":
-        return parse_log_level(value)
-    if kind == "duration":
-        return duration_to_ns(value)
-    if isinstance(value, list):
-        return list(value)
-    return value
+    return _SETTINGS.value(opts, name)

@@ -54,6 +54,7 @@ def measure(args, target: Target, rate: float, topic: str | None = None, extra_s
         "max ms": samples[-1] / 1e6 if samples else None,
         "samples": len(samples),
         "nsqd_cpu": result["nsqd_cpu_seconds"] / result["window"] if target.pid else None,
+        "generator_cpu": latency_worker["cpu_seconds"] / result["window"],
         "_result": result,
     }
 

@@ -8,24 +8,21 @@ float seconds here. ``--verbose`` is accepted and ignored, as in NSQ 1.3.0.
 from __future__ import annotations
 
 import socket
-import sys
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
-from protocol.flags import FlagError, FlagSet, load_config
-from protocol.logfmt import log_level_word, parse_log_level
-from protocol.version import version_string
+from protocol.daemon import instantiate_failure, nsq_listen_failure
+from protocol.flags import (
+    NSQ_COMMON_FLAGS,
+    FlagRow,
+    FlagSet,
+    OptionsError,
+    check_log_level,
+    flagset_from_table,
+    options_from_values,
+    read_options,
+)
 
 __all__ = ["Options", "OptionsError", "build_flagset", "listen_failure", "parse_options", "validate"]
-
-_LOG_PREFIX_FOR_FATAL = "[nsqlookupd] "  # NSQ reports config-file failures with this fixed prefix
-
-
-class OptionsError(FlagError, ValueError):
-    """A startup validation failure; the daemon logs it as FATAL and exits 1."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, exit_code=1)
 
 
 @dataclass
@@ -45,34 +42,21 @@ class Options:
     verbose: bool = False
 
 
-# (flag, kind, help, extra FlagSet.add arguments)
-_FLAGS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
-    ("config", "str", "path to config file", {"in_config": False}),
-    ("version", "bool", "print version string", {"in_config": False}),
-    ("log-level", "str", "set log verbosity: debug, info, warn, error, or fatal",
-     {"convert": log_level_word, "default_text": "INFO"}),
-    ("log-prefix", "str", "log message prefix", {}),
-    ("verbose", "bool", "[deprecated] has no effect, use --log-level", {"in_config": False}),
-    ("tcp-address", "str", "<addr>:<port> to listen on for TCP clients", {}),
-    ("http-address", "str", "<addr>:<port> to listen on for HTTP clients", {}),
-    ("broadcast-address", "str", "address of this lookupd node, (default to the OS hostname)", {}),
-    ("inactive-producer-timeout", "duration",
+# (flag, kind, attribute or None for the name in snake_case, help, extra FlagSet.add arguments)
+_FLAGS: tuple[FlagRow, ...] = NSQ_COMMON_FLAGS + (
+    ("tcp-address", "str", None, "<addr>:<port> to listen on for TCP clients", {}),
+    ("http-address", "str", None, "<addr>:<port> to listen on for HTTP clients", {}),
+    ("broadcast-address", "str", None, "address of this lookupd node, (default to the OS hostname)", {}),
+    ("inactive-producer-timeout", "duration", None,
      "duration of time a producer will remain in the active list since its last ping", {}),
-    ("tombstone-lifetime", "duration",
+    ("tombstone-lifetime", "duration", None,
      "duration of time a producer will remain tombstoned if registration remains", {}),
 )
-
-_OPTION_FIELDS = frozenset(f.name for f in fields(Options))
 
 
 def build_flagset(defaults: Options | None = None) -> FlagSet:
     """nsqlookupd's flags, with defaults taken from ``defaults`` (``Options()`` when omitted)."""
-    base = defaults if defaults is not None else Options()
-    flagset = FlagSet("nsqlookupd")
-    for name, kind, help_text, extra in _FLAGS:
-        attribute = name.replace("-", "_")
-        flagset.add(name, kind, getattr(base, attribute), help_text, attr=attribute, **extra)
-    return flagset
+    return flagset_from_table("nsqlookupd", _FLAGS, defaults if defaults is not None else Options())
 
 
 def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
@@ -82,29 +66,12 @@ def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
     usage, ``-h`` exits 0, ``--version`` prints the version and exits 0, config-file errors print a
     FATAL line and exit 1. Otherwise ``FlagError`` is raised.
     """
-    flagset = build_flagset()
-    try:
-        values = flagset.parse(argv)
-        if values["version"]:
-            if exit_on_error:
-                sys.stdout.write(version_string("nsqlookupd") + "\n")
-                sys.stdout.flush()
-                raise SystemExit(0)
-        elif values["config"]:
-            values = flagset.resolve(load_config(values["config"]))
-    except FlagError as exc:
-        if exit_on_error:
-            exc.exit(log_prefix=_LOG_PREFIX_FOR_FATAL)
-        raise
-    return Options(**{key: value for key, value in values.items() if key in _OPTION_FIELDS})
+    return options_from_values(Options, read_options(build_flagset(), argv, exit_on_error=exit_on_error))
 
 
 def validate(opts: Options) -> None:
     """Startup checks; ``OptionsError`` carries the message the daemon logs as FATAL."""
-    try:
-        parse_log_level(opts.log_level)
-    except ValueError as exc:
-        raise OptionsError(str(exc)) from None
+    check_log_level(opts.log_level)
     for name in ("tcp_address", "http_address"):
         address = getattr(opts, name)
         _host, sep, port = address.rpartition(":")
@@ -116,4 +83,4 @@ def validate(opts: Options) -> None:
 
 def listen_failure(address: str, reason: str) -> str:
     """The FATAL text for a listener nsqlookupd cannot open."""
-    return f"failed to instantiate nsqlookupd - listen ({address}) failed - listen tcp {address}: {reason}"
+    return instantiate_failure("nsqlookupd", nsq_listen_failure(address, reason))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from enum import IntEnum
+from typing import Callable
 
 import trio
 
@@ -82,6 +83,8 @@ class Client:
         self.flush_now = False
         self.draining = False
         self._writer_wakeup: trio.Event | None = None
+        #: set by the connection: writes the whole buffer now if it safely can, True if it did
+        self.direct_flush: Callable[[], bool] | None = None
 
     # -- auth (as /stats reports it) -------------------------------------------------------------
     @property
@@ -116,6 +119,9 @@ class Client:
         """Dispatch appended message frames to ``out``: flush now, or let the writer's timer run."""
         if flush or self.out_bytes >= self.output_buffer_size:
             self.flush_now = True
+            direct_flush = self.direct_flush
+            if direct_flush is not None and direct_flush():
+                return
         self.wake_writer()
 
     def wake_writer(self) -> None:

@@ -23,21 +23,24 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import sys
 import zlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.flags import (
-    FlagError,
+    NSQ_COMMON_FLAGS,
+    ConfigSettings,
+    FlagRow,
     FlagSet,
-    duration_to_ns,
+    OptionsError,
+    check_log_level,
+    flagset_from_table,
     go_format_float,
     go_quote,
-    load_config,
+    options_from_values,
     parse_go_bool,
+    read_options,
 )
-from protocol.logfmt import log_level_word, parse_log_level
 from protocol.version import NSQ_VERSION, version_string
 
 __all__ = [
@@ -63,15 +66,6 @@ TLS_REQUIRED_VALUES = ("false", "tcp-https", "true")
 TLS_MIN_VERSIONS = {"ssl3.0": 0x0300, "tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
 #: Flags of NSQ that only tuned or named Go internals: accepted, ignored, logged.
 GO_ONLY_FLAGS = frozenset({"verbose", "worker-id"})
-
-_LOG_PREFIX_FOR_FATAL = "[nsqd] "  # NSQ reports config-file failures with this fixed prefix
-
-
-class OptionsError(FlagError, ValueError):
-    """A startup validation failure; the daemon logs it as FATAL and exits 1."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, exit_code=1)
 
 
 def default_node_id(hostname: str) -> int:
@@ -193,18 +187,8 @@ def _parse_tls_min_version(text: str) -> str:
     return word
 
 
-def _parse_log_level_flag(text: str) -> str:
-    return log_level_word(text)
-
-
 # (flag, kind, attribute or None for the name in snake_case, help, extra FlagSet.add arguments)
-_FLAGS: tuple[tuple[str, str, str | None, str, dict[str, Any]], ...] = (
-    ("version", "bool", None, "print version string", {"in_config": False}),
-    ("config", "str", None, "path to config file", {"in_config": False}),
-    ("log-level", "str", None, "set log verbosity: debug, info, warn, error, or fatal",
-     {"convert": _parse_log_level_flag, "default_text": "INFO"}),
-    ("log-prefix", "str", None, "log message prefix", {}),
-    ("verbose", "bool", None, "[deprecated] has no effect, use --log-level", {"in_config": False}),
+_FLAGS: tuple[FlagRow, ...] = NSQ_COMMON_FLAGS + (
     ("node-id", "int", None, "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
      {"config_key": "id"}),
     ("worker-id", "bool", None, "[deprecated] use --node-id", {"in_config": False}),
@@ -271,7 +255,7 @@ _FLAGS: tuple[tuple[str, str, str | None, str, dict[str, Any]], ...] = (
      {"convert": _parse_tls_required, "bool_like": True}),
     ("tls-min-version", "str", None,
      "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
-     {"convert": _parse_tls_min_version}),
+     {"convert": _parse_tls_min_version, "default_text": lambda word: str(TLS_MIN_VERSIONS[word])}),
     ("deflate", "bool", None, "enable deflate feature negotiation (client compression)", {}),
     ("max-deflate-level", "int", None,
      "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)", {}),
@@ -281,31 +265,9 @@ _FLAGS: tuple[tuple[str, str, str | None, str, dict[str, Any]], ...] = (
 )
 
 
-def _attr(name: str, attr: str | None) -> str:
-    return attr or name.replace("-", "_")
-
-
 def build_flagset(defaults: Options | None = None) -> FlagSet:
     """nsqd's flags, with defaults taken from ``defaults`` (``Options()`` when omitted)."""
-    base = defaults if defaults is not None else Options()
-    flagset = FlagSet("nsqd")
-    for name, kind, attr, help_text, extra in _FLAGS:
-        attribute = _attr(name, attr)
-        default = getattr(base, attribute, False if kind == "bool" else "")
-        if extra.get("convert") is _parse_tls_min_version:
-            extra = dict(extra, default_text=str(TLS_MIN_VERSIONS[default]))
-        flagset.add(name, kind, default, help_text, attr=attribute, **extra)
-    return flagset
-
-
-_OPTION_FIELDS = frozenset(f.name for f in fields(Options))
-
-
-def _options_from(values: dict[str, Any], flagset: FlagSet) -> Options:
-    ignored = tuple(name for name in sorted(GO_ONLY_FLAGS) if name.replace("-", "_") in flagset.given)
-    opts = Options(**{k: v for k, v in values.items() if k in _OPTION_FIELDS}, ignored_flags=ignored)
-    opts.tls_required = opts.effective_tls_required()
-    return opts
+    return flagset_from_table("nsqd", _FLAGS, defaults if defaults is not None else Options())
 
 
 def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
@@ -319,21 +281,11 @@ def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
     Startup validation is separate: call ``validate``.
     """
     flagset = build_flagset()
-    try:
-        values = flagset.parse(argv)
-        if values["version"]:
-            if exit_on_error:
-                sys.stdout.write(version_string("nsqd") + "\n")
-                sys.stdout.flush()
-                raise SystemExit(0)
-            return _options_from(values, flagset)
-        if values["config"]:
-            values = flagset.resolve(load_config(values["config"]))
-    except FlagError as exc:
-        if exit_on_error:
-            exc.exit(log_prefix=_LOG_PREFIX_FOR_FATAL)
-        raise
-    return _options_from(values, flagset)
+    values = read_options(flagset, argv, exit_on_error=exit_on_error)
+    ignored = tuple(name for name in sorted(GO_ONLY_FLAGS) if name.replace("-", "_") in flagset.given)
+    opts = options_from_values(Options, values, ignored_flags=ignored)
+    opts.tls_required = opts.effective_tls_required()
+    return opts
 
 
 def validate(opts: Options) -> None:
@@ -349,10 +301,7 @@ def validate(opts: Options) -> None:
         raise OptionsError(f"invalid --tls-required {opts.tls_required!r} (true, false, tcp-https)")
     if opts.tls_min_version not in TLS_MIN_VERSIONS:
         raise OptionsError(f"unknown tlsVersionOption {go_quote(opts.tls_min_version)}")
-    try:
-        parse_log_level(opts.log_level)
-    except ValueError as exc:
-        raise OptionsError(str(exc)) from None
+    check_log_level(opts.log_level)
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise OptionsError("failed to build TLS config - --tls-cert and --tls-key must be given together")
     if opts.effective_tls_required() != "false" and not (opts.tls_cert and opts.tls_key):
@@ -371,34 +320,19 @@ def is_go_only(name: str) -> bool:
     return name.lstrip("-").replace("_", "-") in GO_ONLY_FLAGS
 
 
-# config name -> (attribute, kind); hostname-independent defaults keep import cheap
-_CONFIG_TABLE = {
-    flag.config_key: (flag.attr, flag.kind)
-    for flag in build_flagset(Options(node_id=0, broadcast_address="")).flags
-    if flag.config_key is not None and flag.attr in _OPTION_FIELDS
-}
+# hostname-independent defaults keep import cheap
+_SETTINGS = ConfigSettings(build_flagset(Options(node_id=0, broadcast_address="")), Options)
 
 
 def config_names() -> tuple[str, ...]:
     """The names ``GET /config/<name>`` knows (NSQ's config-file keys)."""
-    return tuple(_CONFIG_TABLE)
+    return _SETTINGS.names()
 
 
 def config_value(opts: Options, name: str) -> Any:
     """The JSON value NSQ reports for ``GET /config/<name>``; ``KeyError`` for unknown names."""
-    try:
-        attr, kind = _CONFIG_TABLE[name]
-    except KeyError:
-        raise KeyError(name) from None
-    value = getattr(opts, attr)
-    if name == "log_level":
-        return parse_log_level(value)
     if name == "tls_required":
         return TLS_REQUIRED_VALUES.index(opts.effective_tls_required())
     if name == "tls_min_version":
-        return TLS_MIN_VERSIONS[value]
-    if kind == "duration":
-        return duration_to_ns(value)
-    if isinstance(value, list):
-        return list(value)
-    return value
+        return TLS_MIN_VERSIONS[opts.tls_min_version]
+    return _SETTINGS.value(opts, name)

@@ -27,8 +27,13 @@ flags with a custom ``convert`` receive the value printed as Go's ``%v`` would (
 ``tls_required = true`` and ``tls_required = "tcp-https"`` both work. Problems are ``FlagError`` with
 exit code 1, which the daemons report as a FATAL log line, as NSQ does.
 
-Nothing here touches the network or a clock. ``load_config`` reads the one file it is given and
-``FlagError.exit`` writes to stderr, each only when called.
+The three daemons share the rest: each describes its flags as a table of rows (``flagset_from_table``),
+reads them with ``read_options`` into its options dataclass (``options_from_values``), raises
+``OptionsError`` from its startup checks, and reports its settings at ``GET /config/<name>`` through
+``ConfigSettings``.
+
+Nothing here touches the network or a clock. ``load_config`` reads the one file it is given,
+``FlagError.exit`` writes to stderr and ``read_options`` prints ``--version`` to stdout, each only when called.
 """
 
 from __future__ import annotations
@@ -37,27 +42,38 @@ import math
 import re
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from decimal import Decimal
-from typing import Any, Callable, Mapping, NoReturn, TextIO
+from typing import Any, Callable, Iterable, Mapping, NoReturn, TextIO, TypeVar
+
+from .logfmt import log_level_word, parse_log_level
+from .version import version_string
 
 __all__ = [
+    "ConfigSettings",
     "Flag",
     "FlagError",
+    "FlagRow",
     "FlagSet",
     "HelpRequested",
+    "NSQ_COMMON_FLAGS",
+    "OptionsError",
+    "check_log_level",
     "duration_to_ns",
+    "flagset_from_table",
     "format_duration",
     "format_duration_ns",
     "go_format_float",
     "go_quote",
     "load_config",
     "merge",
+    "options_from_values",
     "parse_duration",
     "parse_duration_ns",
     "parse_go_bool",
     "parse_go_float",
     "parse_go_int",
+    "read_options",
 ]
 
 KINDS = ("str", "int", "float", "bool", "duration", "str_list", "float_list")
@@ -816,3 +832,113 @@ def load_config(path: str) -> dict[str, Any]:
                         exit_code=1) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise FlagError(f"failed to load config file {path} - {exc}", exit_code=1) from None
+
+
+# --------------------------------------------------------------------------------------------
+# a daemon's options: its flag table, command line and config file, startup checks, GET /config
+
+_Options = TypeVar("_Options")
+
+
+class OptionsError(FlagError, ValueError):
+    """A startup validation failure; the daemon logs it as FATAL and exits 1."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=1)
+
+
+#: One row of a daemon's flag table: the flag's name, kind, attribute (None for the name in snake_case), help
+#: text and further ``FlagSet.add`` arguments.
+FlagRow = tuple[str, str, str | None, str, dict[str, Any]]
+
+#: The rows nsqd and nsqlookupd share, with NSQ's help texts: ``--config``, ``--version``, ``--log-level``,
+#: ``--log-prefix`` and the deprecated ``--verbose`` (accepted, no effect).
+NSQ_COMMON_FLAGS: tuple[FlagRow, ...] = (
+    ("config", "str", None, "path to config file", {"in_config": False}),
+    ("version", "bool", None, "print version string", {"in_config": False}),
+    ("log-level", "str", None, "set log verbosity: debug, info, warn, error, or fatal",
+     {"convert": log_level_word, "default_text": "INFO"}),
+    ("log-prefix", "str", None, "log message prefix", {}),
+    ("verbose", "bool", None, "[deprecated] has no effect, use --log-level", {"in_config": False}),
+)
+
+
+def flagset_from_table(program: str, rows: Iterable[FlagRow], defaults: Any) -> FlagSet:
+    """``program``'s flags, one per row, each defaulting to its attribute of ``defaults`` (an options object).
+    A flag that sets no attribute there (one that is accepted and ignored) defaults to false or ``""``."""
+    flagset = FlagSet(program)
+    for name, kind, attr, help_text, extra in rows:
+        attribute = attr or name.replace("-", "_")
+        default = getattr(defaults, attribute, False if kind == "bool" else "")
+        flagset.add(name, kind, default, help_text, attr=attribute, **extra)
+    return flagset
+
+
+def read_options(flagset: FlagSet, argv: list[str], *, exit_on_error: bool = True) -> dict[str, Any]:
+    """Every flag's value by attribute, from ``argv`` (without the program name) and the ``--config`` file, as
+    NSQ's daemons resolve them: explicit flag > config file > default.
+
+    With ``exit_on_error`` (Go's ``ExitOnError``) problems end the process as NSQ's daemons do: usage errors
+    print the message and usage to stderr and exit 2, ``-h`` prints the usage and exits 0, ``--version`` prints
+    the version string to stdout and exits 0, config-file errors print a FATAL log line (with the prefix
+    ``[<program>] ``, whatever ``--log-prefix`` says) and exit 1. Otherwise ``FlagError`` is raised, and
+    ``--version`` returns the command line's values without reading the config file.
+    """
+    try:
+        values = flagset.parse(argv)
+        if values["version"]:
+            if exit_on_error:
+                sys.stdout.write(version_string(flagset.program) + "\n")
+                sys.stdout.flush()
+                raise SystemExit(0)
+        elif values["config"]:
+            values = flagset.resolve(load_config(values["config"]))
+    except FlagError as exc:
+        if exit_on_error:
+            exc.exit(log_prefix=f"[{flagset.program}] ")
+        raise
+    return values
+
+
+def options_from_values(options_type: type[_Options], values: Mapping[str, Any], **extra: Any) -> _Options:
+    """An options dataclass from ``read_options``' values; values that name no field (ignored flags') are left out."""
+    names = {field.name for field in fields(options_type)}
+    return options_type(**{key: value for key, value in values.items() if key in names}, **extra)
+
+
+def check_log_level(level: str | int) -> None:
+    """The startup check of ``--log-level``: ``OptionsError`` with NSQ's message when it is not a level."""
+    try:
+        parse_log_level(level)
+    except ValueError as exc:
+        raise OptionsError(str(exc)) from None
+
+
+class ConfigSettings:
+    """The settings a daemon reports at ``GET /config/<name>``, named by their config-file keys, with the values
+    NSQ's JSON gives: durations in integer nanoseconds, the log level as NSQ's integer 1..5, lists copied.
+
+    ``flagset`` names the settings: every flag with a config key that sets a field of ``options_type``."""
+
+    def __init__(self, flagset: FlagSet, options_type: type) -> None:
+        names = {field.name for field in fields(options_type)}
+        self._settings = {flag.config_key: (flag.attr, flag.kind) for flag in flagset.flags
+                          if flag.config_key is not None and flag.attr in names}
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._settings)
+
+    def value(self, opts: Any, name: str) -> Any:
+        """The JSON value of the setting ``name`` of ``opts``; ``KeyError`` for unknown names."""
+        try:
+            attr, kind = self._settings[name]
+        except KeyError:
+            raise KeyError(name) from None
+        value = getattr(opts, attr)
+        if name == "log_level":
+            return parse_log_level(value)
+        if kind == "duration":
+            return duration_to_ns(value)
+        if isinstance(value, list):
+            return list(value)
+        return value

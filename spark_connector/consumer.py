@@ -166,6 +166,33 @@ class _Wire:
             raise _ServerError(frame.data)
         return frame.data
 
+    def expect_response_exactly(self, deadline: float) -> bytes:
+        """Read one response frame byte-exactly, consuming nothing after it: before an upgrade,
+        the bytes that follow belong to the TLS or compression layer."""
+        assert self.decoder.buffered_size() == 0 and self.inflate is None
+        while True:
+            size, frame_type = struct.unpack(">ii", self._exactly(8, deadline))
+            data = self._exactly(size - 4, deadline) if size > 4 else b""
+            if frame_type == FRAME_TYPE_ERROR:
+                raise _ServerError(data)
+            if data == _HEARTBEAT:
+                self.send(NOP)
+                continue
+            return data
+
+    def _exactly(self, n: int, deadline: float) -> bytes:
+        data = b""
+        while len(data) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("nsqd did not answer in time")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("nsqd closed the connection")
+            data += chunk
+        return data
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -285,7 +312,7 @@ class NsqdConsumer:
             if opts.msg_timeout_ms is not None:
                 identify["msg_timeout"] = opts.msg_timeout_ms
             wire.send(MAGIC_V2 + encode_identify(identify))
-            answer = wire.expect_response(deadline)
+            answer = wire.expect_response_exactly(deadline)
             settings = json.loads(answer) if answer != b"OK" else {}
             self._max_rdy = int(settings.get("max_rdy_count", 2500))
             self._msg_timeout_ms = int(settings.get("msg_timeout", opts.msg_timeout_ms or 60_000))
@@ -293,7 +320,7 @@ class NsqdConsumer:
                 if not settings.get("tls_v1"):
                     raise _ServerError(b"E_IDENTIFY_FAILED nsqd does not offer TLS (start it with a TLS certificate)")
                 wire.sock = self._tls_wrap(wire.sock, host, deadline)
-                if wire.expect_response(deadline) != b"OK":
+                if wire.expect_response_exactly(deadline) != b"OK":
                     raise ConnectionError("TLS upgrade was not confirmed")
             if settings.get("snappy") or settings.get("deflate"):
                 from protocol import compression
@@ -303,9 +330,7 @@ class NsqdConsumer:
                 else:
                     wire.inflate = compression.DeflateDecoder()
                     wire.deflate = compression.DeflateEncoder(int(settings.get("deflate_level", 6)))
-                rest = wire.decoder  # nothing is buffered: nsqd waits for our next bytes
-                assert rest.buffered_size() == 0
-                if wire.expect_response(deadline) != b"OK":
+                if wire.expect_response(deadline) != b"OK":  # the first compressed frame
                     raise ConnectionError("compression upgrade was not confirmed")
             elif opts.snappy or opts.deflate:
                 log.warning("nsqd %s did not accept compression; continuing uncompressed", self.address)

@@ -255,7 +255,8 @@ class MessageLog:
                 break
             count = len(batch.timestamps)
             records.append(_Record(position, count, pos, length))
-            self._remember(batch.ids, position)
+            ids = batch.ids
+            self._remember([ids[i : i + ID_SIZE] for i in range(0, len(ids), ID_SIZE)], position)
             position += count
             pos += _RECORD_HEADER.size + length
         return _Segment(path, first, records, pos)
@@ -274,14 +275,13 @@ class MessageLog:
 
     # -- redelivered copies ----------------------------------------------------------------
 
-    def _remember(self, ids: bytes, first: int) -> None:
+    def _remember(self, ids: list[bytes], first: int) -> None:
         seen = self._seen
         order = self._seen_order
-        for i in range(0, len(ids), ID_SIZE):
-            mid = ids[i : i + ID_SIZE]
+        for position, mid in enumerate(ids, first):
             if mid not in seen:
                 order.append(mid)
-            seen[mid] = first + i // ID_SIZE
+            seen[mid] = position
         while len(order) > self._dedup_window:
             seen.pop(order.popleft(), None)
 
@@ -318,7 +318,7 @@ class MessageLog:
             segment.records.append(record)
             segment.size += _RECORD_HEADER.size + len(payload)
             self.end = first + len(timestamps)
-            self._remember(batch.ids, first)
+            self._remember(ids, first)
         return first
 
     def _new_segment(self, first: int) -> _Segment:

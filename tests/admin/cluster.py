@@ -1,9 +1,10 @@
 """A live cluster for the admin's end-to-end tests: one nsqlookupd, two nsqd and one nsqadmin, as subprocesses
 on 127.0.0.1 with ports picked at run time.
 
-Each daemon's merged stdout/stderr is drained by a thread (so it never blocks on a full pipe); startup waits,
-bounded, for the ``HTTP: listening on <addr>`` line and takes the real address from it. ``stop`` sends SIGTERM
-and insists on exit code 0 (kill -9 and fail otherwise).
+Each daemon is a ``DaemonProcess`` of tests/integration/harness.py: its merged stdout/stderr is drained by a
+thread (so it never blocks on a full pipe); startup waits, bounded, for the ``HTTP: listening on <addr>`` line
+and takes the real address from it. ``stop`` sends SIGTERM and insists on exit code 0 (kill -9 and fail
+otherwise).
 
 The admin runs in lookupd mode (``--lookupd-http-address``) when both nsqd nodes show up in lookupd's
 ``/nodes``; an nsqd that does not register with lookupd leaves it in nsqd mode (``--nsqd-http-address`` for
@@ -13,83 +14,24 @@ both nodes), and tests that need lookupd's view skip with that reason.
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-_LISTENING = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
+from tests.integration.harness import REPO_ROOT, DaemonProcess
+
+__all__ = ["REPO_ROOT", "Cluster", "Daemon", "Reply", "http", "wait_until"]
 
 
-class Daemon:
-    """One daemon subprocess (``python -m <module> <args>``)."""
+class Daemon(DaemonProcess):
+    """One daemon subprocess (``python -m <module> <args>``), started once its ``<ready>: listening on`` line is
+    logged; ``stop`` insists on exit code 0."""
 
     def __init__(self, module: str, args: list[str], *, ready: str = "HTTP", timeout: float = 20.0) -> None:
+        super().__init__(args, timeout)
         self.module = module
-        self.args = list(args)
         self.ready = ready
-        self.timeout = timeout
-        self.lines: list[str] = []
-        self.addresses: dict[str, str] = {}
-        self.proc: subprocess.Popen | None = None
-        self._cond = threading.Condition()
-        self._done = False
-
-    def start(self) -> "Daemon":
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], cwd=REPO_ROOT, env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        threading.Thread(target=self._drain, name=f"{self.module}-log", daemon=True).start()
-        try:
-            self.wait_for(rf"{self.ready}: listening on ", self.timeout)
-        except AssertionError:
-            self.kill()
-            raise
-        return self
-
-    def _drain(self) -> None:
-        for raw in self.proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            with self._cond:
-                self.lines.append(line)
-                match = _LISTENING.search(line)
-                if match:
-                    self.addresses.setdefault(match.group(1), match.group(2))
-                self._cond.notify_all()
-        with self._cond:
-            self._done = True
-            self._cond.notify_all()
-
-    def log(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        index = start
-        with self._cond:
-            while True:
-                while index < len(self.lines):
-                    match = regex.search(self.lines[index])
-                    index += 1
-                    if match:
-                        return match
-                if self._done:
-                    raise AssertionError(f"{self.module} exited ({self.proc.poll()}) before /{pattern}/:\n"
-                                         + "\n".join(self.lines))
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"{self.module} did not log /{pattern}/ in {timeout}s:\n"
-                                         + "\n".join(self.lines))
-                self._cond.wait(remaining)
 
     @property
     def http(self) -> str:
@@ -99,28 +41,12 @@ class Daemon:
     def tcp_address(self) -> str:
         return self.addresses["TCP"]
 
-    @property
-    def tcp(self) -> tuple[str, int]:
-        host, _, port = self.addresses["TCP"].rpartition(":")
-        return host, int(port)
-
     def stop(self, timeout: float = 15.0) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"{self.module} did not stop within {timeout}s:\n{self.log()}") from None
-        assert code == 0, f"{self.module} exited with {code}:\n{self.log()}"
+        code = super().stop(timeout)
+        assert code == 0, f"{self.module} exited with {code}:\n{self.log_text()}"
         return code
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 # -- plain HTTP for the tests -------------------------------------------------------------------------------------

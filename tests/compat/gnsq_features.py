@@ -9,43 +9,19 @@ with the options. Prints one JSON object; exits non-zero when something does not
 from __future__ import annotations
 
 import json
-import logging
-import ssl
 import sys
 
 import gevent
 import gevent.event
 import gnsq
 
+from tests.compat.client_process import Captured, capture_warnings, connection_options
+
 WAIT = 20.0
 
 
-class Captured(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.records: list[str] = []
-
-    def emit(self, record):
-        self.records.append(f"{record.name} {record.levelname} {record.getMessage()}")
-
-
-def conn_options(options: dict) -> dict:
-    kwargs = {}
-    if options.get("tls"):
-        kwargs["tls_v1"] = True
-        kwargs["tls_options"] = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": options["tls"]}
-    if options.get("snappy"):
-        kwargs["snappy"] = True
-    if options.get("deflate"):
-        kwargs["deflate"] = True
-        kwargs["deflate_level"] = options["deflate"]
-    if options.get("auth_secret"):
-        kwargs["auth_secret"] = options["auth_secret"].encode()
-    return kwargs
-
-
 def run(options: dict, address: str, topic: str, captured: Captured) -> dict:
-    kwargs = conn_options(options)
+    kwargs = connection_options(options, secret_as_bytes=True)  # gnsq takes the secret as bytes
     responses = {}
     # gnsq.Producer cannot take the OK that confirms an upgrade (its response queue for the connection does
     # not exist yet: KeyError in Producer.handle_response), so publish on gnsq's connection class directly.
@@ -99,9 +75,7 @@ def run(options: dict, address: str, topic: str, captured: Captured) -> dict:
 
 def main() -> None:
     options, address, topic = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-    captured = Captured()
-    logging.getLogger().addHandler(captured)
-    logging.getLogger().setLevel(logging.INFO)
+    captured = capture_warnings()
     print(json.dumps(run(options, address, topic, captured)), flush=True)
 
 

@@ -12,37 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import ssl
 import sys
 
 import nsq
 
-WAIT = 20.0
-
-
-class Captured(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.records: list[str] = []
-
-    def emit(self, record):
-        self.records.append(f"{record.name} {record.levelname} {record.getMessage()}")
-
-
-def conn_options(options: dict) -> dict:
-    kwargs = {}
-    if options.get("tls"):
-        kwargs["tls_v1"] = True
-        kwargs["tls_options"] = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": options["tls"]}
-    if options.get("snappy"):
-        kwargs["snappy"] = True
-    if options.get("deflate"):
-        kwargs["deflate"] = True
-        kwargs["deflate_level"] = options["deflate"]
-    if options.get("auth_secret"):
-        kwargs["auth_secret"] = options["auth_secret"]
-    return kwargs
+from tests.compat.client_process import Captured, capture_warnings, connection_options
+from tests.compat.pynsq_scenarios import WAIT, publish, wait_connected
 
 
 def layers(conn) -> list[str]:
@@ -67,24 +42,12 @@ def watch(client, seen: dict) -> None:
         setattr(client, name, hook)
 
 
-async def publish(writer: nsq.Writer, method: str, *args) -> str:
-    answer: asyncio.Future = asyncio.get_running_loop().create_future()
-    getattr(writer, method)(*args, callback=lambda conn, data: answer.done() or answer.set_result(data))
-    data = await asyncio.wait_for(answer, WAIT)
-    return data.decode() if isinstance(data, bytes) else f"error: {data!r}"
-
-
-async def run(options: dict, address: str, topic: str) -> dict:
-    kwargs = conn_options(options)
+async def run(options: dict, address: str, topic: str, captured: Captured) -> dict:
+    kwargs = connection_options(options)
     writer_seen: dict = {}
     writer = nsq.Writer([address], **kwargs)
     watch(writer, writer_seen)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT
-    while not any(conn.connected() for conn in writer.conns.values()):
-        if loop.time() > deadline:
-            raise TimeoutError("pynsq Writer did not get ready")
-        await asyncio.sleep(0.02)
+    await wait_connected(writer)
     [writer_conn] = writer.conns.values()
     bodies = [b"single %d " % i * 50 for i in range(5)]
     batch = [b"batch %d " % i * (i + 1) for i in range(40)] + [b"big" * 30000]
@@ -98,7 +61,7 @@ async def run(options: dict, address: str, topic: str) -> dict:
     watch(reader, reader_seen)
     got = [await asyncio.wait_for(received.get(), WAIT) for _ in range(len(bodies) + len(batch))]
     reader_layers = [layers(conn) for conn in reader.conns.values()]
-    warnings_before_close = list(CAPTURED.records)  # closing makes pynsq log read errors of its own
+    warnings_before_close = list(captured.records)  # closing makes pynsq log read errors of its own
     reader.close()
     writer_conn.close()
     return {
@@ -113,14 +76,10 @@ async def run(options: dict, address: str, topic: str) -> dict:
     }
 
 
-CAPTURED = Captured()
-
-
 def main() -> None:
     options, address, topic = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-    logging.getLogger().addHandler(CAPTURED)
-    logging.getLogger().setLevel(logging.INFO)
-    result = asyncio.run(asyncio.wait_for(run(options, address, topic), 60))
+    captured = capture_warnings()
+    result = asyncio.run(asyncio.wait_for(run(options, address, topic, captured), 60))
     print(json.dumps(result), flush=True)
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 
 import nsq
 
-from tests.compat.pynsq_scenarios import WAIT, Captured
+from tests.compat.client_process import capture_warnings
+from tests.compat.pynsq_scenarios import WAIT
 
 
 async def consume(lookupds: list[str], topic: str, count: int) -> dict:
@@ -35,9 +35,7 @@ async def consume(lookupds: list[str], topic: str, count: int) -> dict:
 
 def main() -> None:
     lookupds, topic, count = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3])
-    captured = Captured()
-    logging.getLogger().addHandler(captured)
-    logging.getLogger().setLevel(logging.INFO)
+    captured = capture_warnings()
     result = asyncio.run(asyncio.wait_for(consume(lookupds, topic, count), 60))
     result["warnings"] = captured.records
     print(json.dumps(result), flush=True)

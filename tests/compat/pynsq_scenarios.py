@@ -8,31 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 
 import nsq
 
+from tests.compat.client_process import capture_warnings
+
 WAIT = 20.0  # seconds any single step may take
 
 
-class Captured(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.records: list[str] = []
-
-    def emit(self, record):
-        self.records.append(f"{record.name} {record.levelname} {record.getMessage()}")
-
-
-async def connected_writer(address: str) -> nsq.Writer:
-    writer = nsq.Writer([address])
+async def wait_connected(writer: nsq.Writer) -> None:
+    """Until one of the Writer's connections is ready (bounded by WAIT)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + WAIT
     while not any(conn.connected() for conn in writer.conns.values()):
         if loop.time() > deadline:
             raise TimeoutError("pynsq Writer did not connect")
         await asyncio.sleep(0.02)
+
+
+async def connected_writer(address: str) -> nsq.Writer:
+    writer = nsq.Writer([address])
+    await wait_connected(writer)
     return writer
 
 
@@ -171,9 +168,7 @@ SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if na
 
 def main() -> None:
     scenario, address, topic = sys.argv[1:4]
-    captured = Captured()
-    logging.getLogger().addHandler(captured)
-    logging.getLogger().setLevel(logging.INFO)
+    captured = capture_warnings()
     result = asyncio.run(asyncio.wait_for(SCENARIOS[scenario](address, topic), 60))
     result["warnings"] = captured.records
     print(json.dumps(result), flush=True)

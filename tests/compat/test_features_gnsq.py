@@ -4,14 +4,12 @@ so that gevent never meets trio or pytest. gnsq 1.0.2 installs and runs on Pytho
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
 
 import pytest
 
-from tests.integration.features import ScriptedAuthServer, grant, make_certificates
-from tests.integration.harness import REPO_ROOT, NsqdProcess, stop_all
+from tests.compat.client_runs import python_client, run_client, running_nsqd, scripted_auth, unique_topic
+from tests.integration.features import make_certificates
+from tests.integration.harness import REPO_ROOT
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(120)]
 
@@ -23,31 +21,19 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def auth_server():
-    server = ScriptedAuthServer()
-    server.answers["gnsq-secret"] = (200, grant(identity="gnsq-user"))
-    yield server
-    server.close()
+    with scripted_auth("gnsq-secret", identity="gnsq-user") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def nsqd(certs, tmp_path_factory):
-    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-gnsq"), certs.daemon_args())
-    daemon.start()
-    yield daemon
-    stop_all([daemon])
+    with running_nsqd(tmp_path_factory.mktemp("nsqd-gnsq"), certs.daemon_args()) as daemon:
+        yield daemon
 
 
 def run(nsqd, options: dict) -> dict:
-    topic = f"gnsq_{uuid.uuid4().hex[:10]}"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.compat.gnsq_features", json.dumps(options), nsqd.tcp_address, topic],
-            cwd=REPO_ROOT, capture_output=True, timeout=90, text=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"gnsq with {options} hung; stderr:\n{exc.stderr}\nnsqd log:\n{nsqd.log_text()}")
-    assert done.returncode == 0, f"gnsq with {options} failed:\n{done.stderr}\nnsqd log:\n{nsqd.log_text()}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_client(python_client("gnsq_features", json.dumps(options), nsqd.tcp_address, unique_topic("gnsq")),
+                        cwd=REPO_ROOT, what=f"gnsq with {options}", logs=nsqd.log_text)
     assert result["warnings"] == [], f"gnsq logged problems: {result['warnings']}"
     assert result["answers"] == ["OK"] * 6
     assert result["complete"], f"gnsq got {result['received']} messages, not all it published"
@@ -80,13 +66,9 @@ def test_tls_and_snappy(nsqd, certs):
 
 
 def test_auth_secret(certs, auth_server, tmp_path_factory):
-    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-gnsq-auth"),
-                         certs.daemon_args(f"--auth-http-address={auth_server.address}"))
-    daemon.start()
-    try:
+    with running_nsqd(tmp_path_factory.mktemp("nsqd-gnsq-auth"),
+                      certs.daemon_args(f"--auth-http-address={auth_server.address}")) as daemon:
         result = run(daemon, {"auth_secret": "gnsq-secret", "tls": str(certs.ca_file)})
-    finally:
-        stop_all([daemon])
     assert result["identify"]["auth_required"] is True
     assert result["auth"] == {"identity": "gnsq-user", "identity_url": "https://example.invalid/ivy",
                               "permission_count": 1}

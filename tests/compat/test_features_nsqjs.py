@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import uuid
-from pathlib import Path
 
 import pytest
 
-from tests.integration.features import ScriptedAuthServer, grant, make_certificates
-from tests.integration.harness import NsqdProcess, stop_all
+from tests.compat.client_runs import NODE, NODE_DIR, run_client, running_nsqd, scripted_auth, unique_topic
+from tests.integration.features import make_certificates
 
-pytestmark = [pytest.mark.compat, pytest.mark.timeout(120)]
-
-NODE_DIR = Path(__file__).resolve().parent / "node"
-NODE = shutil.which("node")
-
-
-@pytest.fixture(autouse=True)
-def require_nsqjs():
-    if NODE is None:
-        pytest.skip("node is not installed: install Node.js to run the nsqjs compatibility tests")
-    if not (NODE_DIR / "node_modules" / "nsqjs").is_dir():
-        pytest.skip("nsqjs is not installed: run `make node` (make test does it) to install tests/compat/node")
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(120), pytest.mark.usefixtures("require_nsqjs")]
 
 
 @pytest.fixture(scope="module")
@@ -34,29 +19,20 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def auth_server():
-    server = ScriptedAuthServer()
-    server.answers["nsqjs-secret"] = (200, grant(identity="nsqjs-user"))
-    yield server
-    server.close()
+    with scripted_auth("nsqjs-secret", identity="nsqjs-user") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def nsqd(certs, tmp_path_factory):
-    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-nsqjs"), certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}"))
-    daemon.start()
-    yield daemon
-    stop_all([daemon])
+    with running_nsqd(tmp_path_factory.mktemp("nsqd-nsqjs"),
+                      certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}")) as daemon:
+        yield daemon
 
 
 def run(nsqd, options: dict) -> dict:
-    topic = f"nsqjs_{uuid.uuid4().hex[:10]}"
-    try:
-        done = subprocess.run([NODE, "features.js", json.dumps(options), nsqd.tcp_address, topic],
-                              cwd=NODE_DIR, capture_output=True, timeout=90, text=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"nsqjs with {options} hung; stderr:\n{exc.stderr}\nnsqd log:\n{nsqd.log_text()}")
-    assert done.returncode == 0, f"nsqjs with {options} failed:\n{done.stderr}\nnsqd log:\n{nsqd.log_text()}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_client([NODE, "features.js", json.dumps(options), nsqd.tcp_address, unique_topic("nsqjs")],
+                        cwd=NODE_DIR, what=f"nsqjs with {options}", logs=nsqd.log_text)
     assert result["errors"] == [], f"nsqjs reported errors: {result['errors']}"
     assert result["answers"] == ["OK"] * 6
     assert result["complete"], f"nsqjs got {result['received']} messages, not all it published"
@@ -94,13 +70,9 @@ def test_tls_and_deflate(nsqd, certs):
 
 
 def test_auth_secret(certs, auth_server, tmp_path_factory):
-    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-nsqjs-auth"),
-                         certs.daemon_args(f"--auth-http-address={auth_server.address}"))
-    daemon.start()
-    try:
+    with running_nsqd(tmp_path_factory.mktemp("nsqd-nsqjs-auth"),
+                      certs.daemon_args(f"--auth-http-address={auth_server.address}")) as daemon:
         result = run(daemon, {"authSecret": "nsqjs-secret", "deflate": 6})
-    finally:
-        stop_all([daemon])
     assert result["identify"]["auth_required"] is True
     assert result["auth"] == {"identity": "nsqjs-user", "identity_url": "https://example.invalid/ivy",
                               "permission_count": 1}

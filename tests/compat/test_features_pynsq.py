@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
 
 import pytest
 
-from tests.integration.features import ScriptedAuthServer, grant, make_certificates
-from tests.integration.harness import REPO_ROOT, NsqdProcess, stop_all
+from tests.compat.client_runs import python_client, run_client, running_nsqd, scripted_auth, unique_topic
+from tests.integration.features import make_certificates
+from tests.integration.harness import REPO_ROOT
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(120)]
 
@@ -22,40 +20,26 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def auth_server():
-    server = ScriptedAuthServer()
-    server.answers["pynsq-secret"] = (200, grant(identity="pynsq-user"))
-    yield server
-    server.close()
+    with scripted_auth("pynsq-secret", identity="pynsq-user") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def tls_nsqd(certs, tmp_path_factory):
-    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-pynsq-tls"), certs.daemon_args())
-    daemon.start()
-    yield daemon
-    stop_all([daemon])
+    with running_nsqd(tmp_path_factory.mktemp("nsqd-pynsq-tls"), certs.daemon_args()) as daemon:
+        yield daemon
 
 
 @pytest.fixture(scope="module")
 def auth_nsqd(certs, auth_server, tmp_path_factory):
-    daemon = NsqdProcess(tmp_path_factory.mktemp("nsqd-pynsq-auth"),
-                         certs.daemon_args(f"--auth-http-address={auth_server.address}"))
-    daemon.start()
-    yield daemon
-    stop_all([daemon])
+    with running_nsqd(tmp_path_factory.mktemp("nsqd-pynsq-auth"),
+                      certs.daemon_args(f"--auth-http-address={auth_server.address}")) as daemon:
+        yield daemon
 
 
 def run(nsqd, options: dict) -> dict:
-    topic = f"pynsq_{uuid.uuid4().hex[:10]}"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.compat.pynsq_features", json.dumps(options), nsqd.tcp_address, topic],
-            cwd=REPO_ROOT, capture_output=True, timeout=90, text=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"pynsq with {options} hung; stderr:\n{exc.stderr}\nnsqd log:\n{nsqd.log_text()}")
-    assert done.returncode == 0, f"pynsq with {options} failed:\n{done.stderr}\nnsqd log:\n{nsqd.log_text()}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_client(python_client("pynsq_features", json.dumps(options), nsqd.tcp_address, unique_topic("pynsq")),
+                        cwd=REPO_ROOT, what=f"pynsq with {options}", logs=nsqd.log_text)
     problems = [w for w in result["warnings"] if "E_" in w or "rror" in w]
     assert not problems, f"pynsq reported problems: {problems}"
     assert result["answers"] == ["OK"] * 6

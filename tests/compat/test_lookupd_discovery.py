@@ -3,22 +3,16 @@ given only ``lookupd_http_addresses`` consume every message published on both ns
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.compat.client_runs import NODE, NODE_DIR, nsqjs_missing, python_client, run_client, unique_topic
 from tests.integration.harness import REPO_ROOT, RawClient
 from tests.integration.lookupd_harness import Cluster, wait_for_producers
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(120)]
 
-NODE_DIR = Path(__file__).resolve().parent / "node"
-NODE = shutil.which("node")
 PER_NSQD = 30
 
 
@@ -31,7 +25,7 @@ def cluster(tmp_path_factory):
 
 def published_topic(cluster: Cluster) -> tuple[str, list[str]]:
     """A fresh topic with PER_NSQD messages on each nsqd, registered with both lookupds."""
-    topic = f"disc_{uuid.uuid4().hex[:10]}"
+    topic = unique_topic("disc")
     bodies = []
     for index, nsqd in enumerate(cluster.nsqds):
         batch = [f"nsqd{index}-{n}" for n in range(PER_NSQD)]
@@ -48,12 +42,7 @@ def lookupd_list(cluster: Cluster) -> str:
 
 
 def run(cluster: Cluster, argv: list[str], cwd: Path) -> dict:
-    try:
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=90, text=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{argv[1]} hung; stderr:\n{exc.stderr}\nlogs:\n{cluster.logs()}")
-    assert done.returncode == 0, f"{argv[1]} failed:\n{done.stderr}\nlogs:\n{cluster.logs()}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_client(argv, cwd=cwd, what=argv[1], logs=cluster.logs, logs_name="logs")
 
 
 def expected_nsqd(cluster: Cluster) -> list[str]:
@@ -62,8 +51,7 @@ def expected_nsqd(cluster: Cluster) -> list[str]:
 
 def test_pynsq_reader_consumes_from_every_nsqd(cluster):
     topic, bodies = published_topic(cluster)
-    result = run(cluster, [sys.executable, "-m", "tests.compat.pynsq_lookupd", lookupd_list(cluster), topic,
-                           str(len(bodies))], REPO_ROOT)
+    result = run(cluster, python_client("pynsq_lookupd", lookupd_list(cluster), topic, str(len(bodies))), REPO_ROOT)
     assert sorted(result["bodies"]) == sorted(bodies)
     assert result["nsqd"] == expected_nsqd(cluster)
     problems = [w for w in result["warnings"] if "E_" in w or "query error" in w or "failed to parse JSON" in w]
@@ -71,7 +59,7 @@ def test_pynsq_reader_consumes_from_every_nsqd(cluster):
 
 
 def test_nsqjs_reader_consumes_from_every_nsqd(cluster):
-    if NODE is None or not (NODE_DIR / "node_modules" / "nsqjs").is_dir():
+    if nsqjs_missing() is not None:
         pytest.skip("node and nsqjs are needed: run `make node`")
     topic, bodies = published_topic(cluster)
     result = run(cluster, [NODE, "lookupd_scenarios.js", lookupd_list(cluster), topic, str(len(bodies))], NODE_DIR)

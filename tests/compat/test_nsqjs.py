@@ -2,39 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import uuid
-from pathlib import Path
-
 import pytest
 
-pytestmark = [pytest.mark.compat, pytest.mark.timeout(90)]
+from tests.compat.client_runs import NODE, NODE_DIR, run_client, unique_topic
 
-NODE_DIR = Path(__file__).resolve().parent / "node"
-NODE = shutil.which("node")
-
-
-@pytest.fixture(autouse=True)
-def require_nsqjs():
-    if NODE is None:
-        pytest.skip("node is not installed: install Node.js to run the nsqjs compatibility tests")
-    if not (NODE_DIR / "node_modules" / "nsqjs").is_dir():
-        pytest.skip("nsqjs is not installed: run `make node` (make test does it) to install tests/compat/node")
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(90), pytest.mark.usefixtures("require_nsqjs")]
 
 
 def run_scenario(nsqd, scenario: str) -> dict:
-    topic = f"nsqjs_{uuid.uuid4().hex[:10]}"
-    try:
-        done = subprocess.run(
-            [NODE, "scenarios.js", scenario, nsqd.tcp_address, topic],
-            cwd=NODE_DIR, capture_output=True, timeout=75, text=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"nsqjs scenario {scenario} hung; stderr:\n{exc.stderr}\nnsqd log:\n{nsqd.log_text()}")
-    assert done.returncode == 0, f"nsqjs scenario {scenario} failed:\n{done.stderr}\nnsqd log:\n{nsqd.log_text()}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_client([NODE, "scenarios.js", scenario, nsqd.tcp_address, unique_topic("nsqjs")], cwd=NODE_DIR,
+                        what=f"nsqjs scenario {scenario}", logs=nsqd.log_text, timeout=75)
     assert result["errors"] == [], f"nsqjs reported errors: {result['errors']}"
     return result
 

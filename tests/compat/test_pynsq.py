@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import uuid
-
 import pytest
 
+from tests.compat.client_runs import python_client, run_client, unique_topic
 from tests.integration.harness import REPO_ROOT
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(90)]
 
 
 def run_scenario(nsqd, scenario: str) -> dict:
-    topic = f"pynsq_{uuid.uuid4().hex[:10]}"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.compat.pynsq_scenarios", scenario, nsqd.tcp_address, topic],
-            cwd=REPO_ROOT, capture_output=True, timeout=75, text=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"pynsq scenario {scenario} hung; stderr:\n{exc.stderr}\nnsqd log:\n{nsqd.log_text()}")
-    assert done.returncode == 0, f"pynsq scenario {scenario} failed:\n{done.stderr}\nnsqd log:\n{nsqd.log_text()}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_client(python_client("pynsq_scenarios", scenario, nsqd.tcp_address, unique_topic("pynsq")),
+                        cwd=REPO_ROOT, what=f"pynsq scenario {scenario}", logs=nsqd.log_text, timeout=75)
     server_errors = [w for w in result["warnings"] if "E_" in w]
     assert not server_errors, f"nsqd sent error frames to pynsq: {server_errors}"
     return result

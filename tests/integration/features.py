@@ -29,12 +29,8 @@ import snappy
 import trustme
 
 from protocol.commands import MAGIC_V2, NOP, encode_identify
-from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from protocol.message import decode_message
 
-from .harness import ConnectionClosed, Frame
-
-HEARTBEAT = b"_heartbeat_"
+from .harness import ConnectionClosed, Frame, FrameClient
 
 
 @dataclass
@@ -127,7 +123,7 @@ def deflate_io(inner, level: int) -> _CompressedIO:
                          decompressor.decompress)
 
 
-class FeatureClient:
+class FeatureClient(FrameClient):
     """A V2 connection whose layers (TLS, snappy, deflate) are switched on by the test."""
 
     def __init__(self, address: tuple[str, int], *, timeout: float = 10.0, magic: bool = True):
@@ -139,12 +135,6 @@ class FeatureClient:
         self._buf = bytearray()
         if magic:
             self.send(MAGIC_V2)
-
-    def __enter__(self) -> "FeatureClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         try:
@@ -185,38 +175,10 @@ class FeatureClient:
             size = struct.unpack(">i", self._read_exact(4, deadline))[0]
             body = self._read_exact(size, deadline)
             frame = Frame(struct.unpack(">i", body[:4])[0], body[4:])
-            if skip_heartbeats and frame.frame_type == FRAME_TYPE_RESPONSE and frame.data == HEARTBEAT:
+            if skip_heartbeats and frame.is_heartbeat:
                 self.send(NOP)
                 continue
             return frame
-
-    def read_response(self, timeout: float | None = None) -> bytes:
-        frame = self.read_frame(timeout)
-        assert frame.frame_type == FRAME_TYPE_RESPONSE, f"expected a response, got {frame}"
-        return frame.data
-
-    def expect_ok(self) -> None:
-        assert self.read_frame() == Frame(FRAME_TYPE_RESPONSE, b"OK")
-
-    def expect_error(self, text: bytes) -> None:
-        frame = self.read_frame()
-        assert frame == Frame(FRAME_TYPE_ERROR, text), f"expected error {text!r}, got {frame}"
-
-    def read_message(self):
-        frame = self.read_frame()
-        assert frame.frame_type == FRAME_TYPE_MESSAGE, f"expected a message, got {frame}"
-        return decode_message(frame.data)
-
-    def assert_closed(self, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                frame = self.read_frame(max(deadline - time.monotonic(), 0.001))
-            except ConnectionClosed:
-                return
-            except TimeoutError:
-                raise AssertionError(f"connection still open after {timeout}s") from None
-            raise AssertionError(f"expected the connection to close, got {frame}")
 
     # -- negotiation
     def identify(self, fields: dict):

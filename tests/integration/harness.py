@@ -3,6 +3,10 @@
 `NsqdProcess` starts ``python -m nsqd`` on port 0 with its own data directory, waits (bounded) for the
 ``TCP: listening on <addr>`` log line, keeps draining the merged stdout/stderr pipe on a thread so the daemon
 can never block on a full pipe, and stops it with SIGTERM, insisting on exit code 0 (kill -9 as a last resort).
+Its base, `DaemonProcess`, does the same for any of the three daemons (lookupd and admin harnesses build on it).
+
+`FrameClient` holds the frame checks (``expect_ok``, ``read_message``, ``assert_closed``...) shared by the test
+clients here and in features.py.
 
 `RawClient` is a deliberately small synchronous V2 client on a blocking socket. Tests use it to send exact
 bytes (well formed or not) and to read frames with a timeout. It never hides an error frame: every frame is
@@ -20,8 +24,10 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from protocol.commands import (  # shared client-side encoders, re-exported for the tests
     CLS,
@@ -108,11 +114,62 @@ class ConnectionClosed(Exception):
     """The server closed the connection (EOF or reset) while a frame was expected."""
 
 
+class FrameClient:
+    """The checks a test client makes on the frames it reads, built on two reads a client provides:
+    ``read_frame`` (the next frame) and ``read_reply`` (the next response or error frame; the next frame unless a
+    client sets message frames aside)."""
+
+    def read_frame(self, timeout: float | None = None, *, skip_heartbeats: bool = True) -> Frame:
+        raise NotImplementedError
+
+    def read_reply(self, timeout: float | None = None) -> Frame:
+        return self.read_frame(timeout)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def read_response(self, timeout: float | None = None) -> bytes:
+        frame = self.read_reply(timeout)
+        assert frame.frame_type == FRAME_TYPE_RESPONSE, f"expected a response frame, got {frame}"
+        return frame.data
+
+    def expect_ok(self, timeout: float | None = None) -> None:
+        frame = self.read_reply(timeout)
+        assert frame == Frame(FRAME_TYPE_RESPONSE, b"OK"), f"expected OK, got {frame}"
+
+    def expect_error(self, text: bytes, timeout: float | None = None) -> None:
+        frame = self.read_reply(timeout)
+        assert frame == Frame(FRAME_TYPE_ERROR, text), f"expected error frame {text!r}, got {frame}"
+
+    def read_message(self, timeout: float | None = None):
+        frame = self.read_frame(timeout)
+        assert frame.frame_type == FRAME_TYPE_MESSAGE, f"expected a message frame, got {frame}"
+        return decode_message(frame.data)
+
+    def assert_closed(self, timeout: float = 5.0) -> None:
+        """The server closes the connection within `timeout`, sending nothing but heartbeats first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                frame = self.read_frame(max(deadline - time.monotonic(), 0.001))
+            except ConnectionClosed:
+                return
+            except TimeoutError:
+                raise AssertionError(f"connection still open {timeout}s after a fatal error") from None
+            raise AssertionError(f"expected the connection to close, got another frame {frame}")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Raw synchronous client
 
 
-class RawClient:
+class RawClient(FrameClient):
     """A blocking V2 connection with explicit, bounded reads.
 
     Heartbeats are skipped (and answered with NOP) by the read helpers unless a caller passes
@@ -149,12 +206,6 @@ class RawClient:
             self.sock.close()
         except OSError:
             pass
-
-    def __enter__(self) -> "RawClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- receiving
     def _fill(self, deadline: float) -> None:
@@ -214,36 +265,6 @@ class RawClient:
                 return frame
             self._fill(deadline)
 
-    def read_response(self, timeout: float | None = None) -> bytes:
-        frame = self.read_reply(timeout)
-        assert frame.frame_type == FRAME_TYPE_RESPONSE, f"expected a response frame, got {frame}"
-        return frame.data
-
-    def expect_ok(self, timeout: float | None = None) -> None:
-        frame = self.read_reply(timeout)
-        assert frame == Frame(FRAME_TYPE_RESPONSE, b"OK"), f"expected OK, got {frame}"
-
-    def expect_error(self, text: bytes, timeout: float | None = None) -> None:
-        frame = self.read_reply(timeout)
-        assert frame == Frame(FRAME_TYPE_ERROR, text), f"expected error frame {text!r}, got {frame}"
-
-    def read_message(self, timeout: float | None = None):
-        frame = self.read_frame(timeout)
-        assert frame.frame_type == FRAME_TYPE_MESSAGE, f"expected a message frame, got {frame}"
-        return decode_message(frame.data)
-
-    def assert_closed(self, timeout: float = 5.0) -> None:
-        """The server closes the connection within `timeout`, sending nothing but heartbeats first."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                frame = self.read_frame(max(deadline - time.monotonic(), 0.001))
-            except ConnectionClosed:
-                return
-            except TimeoutError:
-                raise AssertionError(f"connection still open {timeout}s after a fatal error") from None
-            raise AssertionError(f"expected the connection to close, got another frame {frame}")
-
     def assert_open(self) -> None:
         """The connection still works: a PUB is answered with OK."""
         self.send(pub("probe_open", b"still here"))
@@ -282,15 +303,25 @@ def consumer(address, topic: str, channel: str, ready: int = 1, identify_fields:
 # The daemon under test
 
 
-class NsqdProcess:
-    """One nsqd subprocess. Use `start()` / `stop()` or the fixtures in tests/conftest.py."""
+class DaemonProcess:
+    """One daemon subprocess (``python -m <module> <args>`` from the checkout), its merged stdout/stderr drained
+    by a thread so it never blocks on a full pipe.
 
-    def __init__(self, data_path: Path, args: list[str] | tuple[str, ...] = (), startup_timeout: float = 20.0):
-        self.data_path = Path(data_path)
+    ``start`` waits (bounded) for the ``<ready>: listening on <addr>`` line. Every ``listening on`` line is
+    recorded by listener name (TCP, HTTP, HTTPS): in ``addresses`` as logged, in ``listening`` as (host, port)
+    with an unspecified host replaced by 127.0.0.1. ``stop`` sends SIGTERM and returns the exit code (kill -9
+    and fail when it does not exit in time).
+    """
+
+    module = "nsqd"
+    ready = "TCP"
+
+    def __init__(self, args: list[str] | tuple[str, ...] = (), startup_timeout: float = 20.0):
         self.args = list(args)
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
+        self.addresses: dict[str, str] = {}
         self.listening: dict[str, tuple[str, int]] = {}
         self._cond = threading.Condition()
         self._drainer: threading.Thread | None = None
@@ -298,18 +329,9 @@ class NsqdProcess:
 
     @property
     def argv(self) -> list[str]:
-        base = [
-            sys.executable,
-            "-m",
-            "nsqd",
-            "--tcp-address=127.0.0.1:0",
-            "--http-address=127.0.0.1:0",
-            f"--data-path={self.data_path}",
-        ]
-        return base + self.args
+        return [sys.executable, "-m", self.module, *self.args]
 
-    def start(self) -> "NsqdProcess":
-        self.data_path.mkdir(parents=True, exist_ok=True)
+    def start(self):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             self.argv,
@@ -319,10 +341,10 @@ class NsqdProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        self._drainer = threading.Thread(target=self._drain, name="nsqd-log", daemon=True)
+        self._drainer = threading.Thread(target=self._drain, name=f"{self.module}-log", daemon=True)
         self._drainer.start()
         try:
-            self.wait_for_log(r"TCP: listening on ", self.startup_timeout)
+            self.wait_for_log(rf"{self.ready}: listening on ", self.startup_timeout)
         except AssertionError:
             self.kill()
             raise
@@ -336,6 +358,7 @@ class NsqdProcess:
                 self.lines.append(line)
                 match = _LISTENING.search(line)
                 if match:
+                    self.addresses.setdefault(match.group(1), match.group(2))
                     self.listening.setdefault(match.group(1), _parse_address(match.group(2)))
                 self._cond.notify_all()
         with self._cond:
@@ -360,11 +383,14 @@ class NsqdProcess:
                         return match
                 if self._drained:
                     raise AssertionError(
-                        f"nsqd exited (code {self.proc.poll()}) before logging /{pattern}/; log:\n{self.log_text_locked()}"
+                        f"{self.module} exited (code {self.proc.poll()}) before logging /{pattern}/; log:\n"
+                        f"{self.log_text_locked()}"
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"nsqd did not log /{pattern}/ within {timeout}s; log:\n{self.log_text_locked()}")
+                    raise AssertionError(
+                        f"{self.module} did not log /{pattern}/ within {timeout}s; log:\n{self.log_text_locked()}"
+                    )
                 self._cond.wait(remaining)
 
     def log_text_locked(self) -> str:
@@ -379,19 +405,11 @@ class NsqdProcess:
         host, port = self.tcp
         return f"{host}:{port}"
 
-    def http(self, timeout: float = 5.0) -> tuple[str, int] | None:
-        """The HTTP address once the daemon logged it, or None if it does not within `timeout`."""
-        try:
-            self.wait_for_log(r"HTTP: listening on ", timeout)
-        except AssertionError:
-            return None
-        return self.listening.get("HTTP")
-
     def is_running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def assert_running(self) -> None:
-        assert self.is_running(), f"nsqd died (exit code {self.proc.poll()}); log:\n{self.log_text()}"
+        assert self.is_running(), f"{self.module} died (exit code {self.proc.poll()}); log:\n{self.log_text()}"
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait; kill -9 and fail if it does not exit in time. Returns the exit code."""
@@ -403,7 +421,7 @@ class NsqdProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise AssertionError(
-                    f"nsqd did not exit within {timeout}s of SIGTERM (killed); log:\n{self.log_text()}"
+                    f"{self.module} did not exit within {timeout}s of SIGTERM (killed); log:\n{self.log_text()}"
                 ) from None
         self._join_drainer()
         return self.proc.returncode
@@ -419,6 +437,39 @@ class NsqdProcess:
             self._drainer.join(5)
 
 
+class NsqdProcess(DaemonProcess):
+    """One nsqd subprocess on port 0 with its own data directory. Use `start()` / `stop()` or the fixtures in
+    tests/conftest.py."""
+
+    def __init__(self, data_path: Path, args: list[str] | tuple[str, ...] = (), startup_timeout: float = 20.0):
+        super().__init__(args, startup_timeout)
+        self.data_path = Path(data_path)
+
+    @property
+    def argv(self) -> list[str]:
+        base = [
+            sys.executable,
+            "-m",
+            "nsqd",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={self.data_path}",
+        ]
+        return base + self.args
+
+    def start(self) -> "NsqdProcess":
+        self.data_path.mkdir(parents=True, exist_ok=True)
+        return super().start()
+
+    def http(self, timeout: float = 5.0) -> tuple[str, int] | None:
+        """The HTTP address once the daemon logged it, or None if it does not within `timeout`."""
+        try:
+            self.wait_for_log(r"HTTP: listening on ", timeout)
+        except AssertionError:
+            return None
+        return self.listening.get("HTTP")
+
+
 def stop_all(daemons: list[NsqdProcess]) -> None:
     """Stop every daemon; raise AssertionError (with logs) if one did not exit 0 on SIGTERM."""
     failures = []
@@ -432,6 +483,31 @@ def stop_all(daemons: list[NsqdProcess]) -> None:
             failures.append(f"nsqd exited with code {code} after SIGTERM; log:\n{daemon.log_text()}")
     if failures:
         raise AssertionError("\n\n".join(failures))
+
+
+@contextmanager
+def taken_address() -> Iterator[str]:
+    """``127.0.0.1:<port>`` with a socket listening there until the block ends, so no daemon can bind it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+_PROGRAMS = {"nsqd": "nsqd", "lookupd": "nsqlookupd", "admin": "nsqadmin"}
+
+
+def assert_refused_start(module: str, args: list[str], fatal: str, timeout: float = 30.0) -> None:
+    """``python -m <module> <args>`` refuses to start: exit code 1, and its last line on stderr is the daemon's
+    one FATAL log line, ``[<program>] <date> <time> FATAL: <fatal>`` (no traceback)."""
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 1, f"{module} exited with {done.returncode}:\n{done.stderr}"
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.splitlines()
+    line = re.escape(f"[{_PROGRAMS[module]}] ") + r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} FATAL: " + re.escape(fatal)
+    assert lines and re.fullmatch(line, lines[-1]), done.stderr
+    assert sum(" FATAL: " in text for text in lines) == 1, done.stderr
 
 
 def _parse_address(text: str) -> tuple[str, int]:

@@ -549,3 +549,44 @@ async def test_statistics(autojump_clock):
         with pytest.raises(AttributeError):
             stats.actors = 0
         nursery.cancel_scope.cancel()
+
+
+class ChargedActor(BusyActor):
+    """A busy actor whose every slice also causes ``extra`` seconds of work elsewhere (its consumers' writes)."""
+
+    def __init__(self, name, cost, extra):
+        super().__init__(name, cost)
+        self.extra = extra
+
+    async def run_slice(self, slice_end):
+        has_work = await super().run_slice(slice_end)
+        self._actor_system.charge(self, self.extra)
+        return has_work
+
+
+async def test_work_charged_outside_slices_counts_as_run_time(autojump_clock):
+    # Both actors spend 1 ms per unit inside their slices, but each slice of `costly` causes 5 ms of work outside
+    # it. Charged time counts like slice time, so `costly` gets about half the slices of `plain`.
+    system = ActorSystem(workers=1)
+    plain, costly = BusyActor("plain", 0.001), ChargedActor("costly", 0.001, 0.005)
+    system.add(plain)
+    system.add(costly)
+    await run_system_for(system, 20.0)
+    assert plain.runtime == pytest.approx(costly.runtime, rel=0.05)
+    assert plain.units == pytest.approx(2 * costly.units, rel=0.05)
+
+
+async def test_charge_of_a_suspended_actor_is_kept_across_the_wake_clamp(autojump_clock):
+    system = ActorSystem(workers=1)
+    sleeper = BusyActor("sleeper", 0.001, awake=False)
+    system.add(sleeper)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        await trio.sleep(0.1)
+        assert sleeper.actor_state is ActorState.SUSPENDED
+        before = sleeper.vruntime
+        system.charge(sleeper, 0.050)
+        system.charge(BusyActor("stranger", 0.001), 1.0)  # not in the system: ignored
+        system.resume(sleeper)
+        assert sleeper.vruntime == pytest.approx(before + 0.050)
+        nursery.cancel_scope.cancel()

@@ -28,7 +28,7 @@ def main() -> int:
         .option("topic", topic)
         .option("channel", "spark")
         .option("walPath", str(base / "wal"))
-        .option("maxMessagesPerTrigger", "150")
+        .option("maxMessagesPerTrigger", "200")
         .option("msgTimeoutMs", "3000")
         .load()
     )

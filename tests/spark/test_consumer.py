@@ -211,3 +211,32 @@ def test_lookupd_discovery_gives_one_partition_per_nsqd(tmp_path, nsqd_factory, 
         for sock in registrations:
             sock.close()
         lookupd.stop()
+
+
+@pytest.mark.parametrize(
+    ("options", "flags"),
+    [
+        ({"snappy": "true"}, {"snappy": True}),
+        ({"deflate": "true", "deflate.level": "3"}, {"deflate": True}),
+        ({"tls": "true", "snappy": "true"}, {"tls": True, "snappy": True}),
+    ],
+    ids=["snappy", "deflate", "tls+snappy"],
+)
+def test_connection_upgrades(tmp_path, nsqd_factory, topic, options, flags):
+    from tests.integration.features import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    nsqd = nsqd_factory(*certs.daemon_args())
+    expected = bodies("u", 0, 300)
+    publish(nsqd, topic, expected)
+    if options.get("tls"):
+        options = {**options, "tls.caFile": str(certs.ca_file)}
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, **options})
+    try:
+        start = reader.initialOffset()
+        end = wait_for_total(reader, start, 300)
+        assert partition_bodies(reader.partitions(start, end)) == expected
+        client = channel_stats(nsqd, topic)["clients"][0]
+        assert {key: client[key] for key in flags} == flags
+    finally:
+        reader.stop()

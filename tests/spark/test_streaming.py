@@ -7,6 +7,7 @@ exactly once after dropping duplicates by (nsqd, id), across the failure it prov
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import struct
@@ -166,31 +167,34 @@ def test_bad_options_fail_at_load(spark, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("lookupd") is None,
                     reason="nsqlookupd (python -m lookupd) is not importable in this checkout yet")
 def test_two_nsqd_found_through_lookupd(spark, nsqd_at, tmp_path, topic):
-    from tests.spark.lookupd_helpers import LookupdProcess, register_producer
+    """Both nsqd register with lookupd themselves (--lookupd-tcp-address) when the topic is created."""
+    from tests.spark.lookupd_helpers import LookupdProcess
 
     lookupd = LookupdProcess(tmp_path / "lookupd").start()
-    registrations = []
     try:
-        daemons = [nsqd_at(), nsqd_at()]
+        host, port = lookupd.tcp
+        flags = (f"--lookupd-tcp-address={host}:{port}", "--broadcast-address=127.0.0.1")
+        daemons = [nsqd_at(None, None, *flags), nsqd_at(None, None, *flags)]
         expected: set[bytes] = set()
         for n, daemon in enumerate(daemons):
-            registrations.append(register_producer(lookupd, daemon, topic))
             part = bodies(f"n{n}", 0, 400)
             publish(daemon, topic, part)
             expected |= set(part)
+
+        def both_registered():
+            status, body = http_get(lookupd.http(), f"/lookup?topic={topic}")
+            return status == 200 and len(json.loads(body)["producers"]) == 2
+
+        wait_until(both_registered, 30, "both nsqd to register the topic with lookupd", interval=0.2)
         query = start_query(spark, tmp_path, {"lookupd.http.addresses": lookupd.http_address, "topic": topic,
                                               "lookupd.pollIntervalMs": 500})
         try:
             rows = wait_for_bodies(spark, tmp_path / "out", expected, 150, query)
-            progress = query.lastProgress
         finally:
             query.stop()
         assert {r.nsqd for r in rows} == {d.tcp_address for d in daemons}
         assert_exactly_once_after_dedup(rows, expected)
-        assert progress is not None
     finally:
-        for connection in registrations:
-            connection.close()
         lookupd.stop()
 
 

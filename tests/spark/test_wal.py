@@ -210,3 +210,28 @@ def test_generated_module_matches_wal_proto():
     declared = {name: int(number) for name, number in re.findall(r"^\s*(?:repeated\s+)?\w+\s+(\w+)\s*=\s*(\d+);", proto, re.M)}
     generated = {f.name: f.number for f in wal_pb2.Batch.DESCRIPTOR.fields}
     assert generated == declared
+
+
+def test_connector_imports_from_this_checkout():
+    import spark_connector
+
+    repo = Path(__file__).resolve().parents[2]
+    assert Path(spark_connector.__file__).resolve().is_relative_to(repo)
+    assert spark_connector.NsqDataSource is not None and spark_connector.NsqDataSource.name() == "nsq"
+
+
+def test_options_are_checked_together():
+    from spark_connector.options import SourceOptions
+
+    with pytest.raises(ValueError) as caught:
+        SourceOptions.parse({"nsqd.tcp.addresses": "nohost", "topic": "bad topic!", "ackMode": "later",
+                             "maxMessagesPerTrigger": "0", "snappy": "true", "deflate": "true"})
+    text = str(caught.value)
+    for fragment in ("'nohost' is not host:port", "not a valid NSQ topic name", "option channel is required",
+                     "option walPath is required", "ackMode='later'", "maxMessagesPerTrigger=0 must be at least 1",
+                     "snappy and deflate are exclusive"):
+        assert fragment in text
+    parsed = SourceOptions.parse({"NSQD.TCP.ADDRESSES": "127.0.0.1:4150, 127.0.0.2:4150", "Topic": "t",
+                                  "channel": "c#ephemeral", "walpath": "/tmp/w", "maxInFlight": "10"})
+    assert parsed.nsqd_addresses == ("127.0.0.1:4150", "127.0.0.2:4150")
+    assert (parsed.ack_mode, parsed.max_in_flight, parsed.max_messages_per_trigger) == ("durable", 10, None)

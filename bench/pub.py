@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bench.common import Generators, Report, Target, main, unique_topic
 from bench.load import build_roles
-from protocol.commands import encode_mpub, encode_pub
+from protocol.commands import encode_pub
 
 NAME = "pub"
 TITLE = "TCP PUB, one message per round trip"
@@ -57,8 +57,6 @@ def run(args) -> Report:
     report.notes.append("cpu columns are cores used (1.0 = one core busy); load and nsqd share 2 cores")
     return report
 
-
-__all__ = ["publish_rate", "run", "encode_mpub"]
 
 if __name__ == "__main__":
     raise SystemExit(main(__import__(__name__)))

@@ -51,7 +51,7 @@ from protocol.commands import (
     encode_rdy,
     encode_sub,
 )
-from protocol.errors import NON_FATAL_CODES
+from protocol.errors import NON_FATAL_CODES, ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 
 from .options import ACK_DURABLE, SourceOptions
@@ -255,7 +255,7 @@ class NsqdConsumer:
                     self.group.fail(NsqConnectionError(f"nsqd {self.address} refused the consumer: {exc}"))
                     return
                 log.warning("nsqd %s: %s; retrying in %.1fs", self.address, exc, backoff)
-            except (OSError, TimeoutError, ValueError) as exc:
+            except (OSError, TimeoutError, ValueError, ProtocolError) as exc:
                 self.last_error = exc
                 log.warning("nsqd %s: cannot connect (%s); retrying in %.1fs", self.address, exc, backoff)
             else:
@@ -270,7 +270,7 @@ class NsqdConsumer:
                         self.group.fail(NsqConnectionError(f"nsqd {self.address}: {exc}"))
                         return
                     log.warning("nsqd %s: %s; reconnecting", self.address, exc)
-                except (OSError, ConnectionError, ValueError) as exc:
+                except (OSError, ConnectionError, ValueError, ProtocolError) as exc:
                     if not stopping.is_set():
                         self.last_error = exc
                         log.warning("nsqd %s: connection lost (%s); reconnecting", self.address, exc)

@@ -45,6 +45,8 @@ OK_FRAME = struct.pack(">ii", 6, 0) + b"OK"
 HEARTBEAT = b"_heartbeat_"
 NOP = b"NOP\n"
 RECV_SIZE = 1 << 20
+#: the most messages ``PacedPublisher`` puts in one MPUB
+MAX_BATCH = 1000
 
 _unpack_header = struct.Struct(">ii").unpack_from
 _unpack_q = struct.Struct(">q").unpack_from
@@ -265,7 +267,12 @@ class PacedPublisher(Role):
             if due == 1:
                 self.send(encode_pub(self.topic, frozen))
             else:
-                self.send(encode_mpub(self.topic, [frozen] * due))
+                # after a stall of this process the backlog may be large: MPUBs of at most
+                # MAX_BATCH messages keep each one far below nsqd's --max-body-size
+                frames = []
+                for start in range(0, due, MAX_BATCH):
+                    frames.append(encode_mpub(self.topic, [frozen] * min(MAX_BATCH, due - start)))
+                self.send(b"".join(frames))
             self.sent += due
             self.counter = self.sent
         return now + self.tick

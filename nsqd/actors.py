@@ -79,7 +79,6 @@ class Actor:
     _actor_seq: int = -1
     _actor_resumed: bool = False
     _actor_system: ActorSystem | None = None
-    _actor_charge: float = 0.0
 
     def __init__(self) -> None:
         self.vruntime = 0.0
@@ -89,7 +88,6 @@ class Actor:
         self._actor_seq = -1
         self._actor_resumed = False
         self._actor_system = None
-        self._actor_charge = 0.0
 
     @property
     def actor_state(self) -> ActorState:
@@ -236,14 +234,6 @@ class ActorSystem:
 
     # ---- internals --------------------------------------------------------------------------------------------
 
-    def charge(self, actor: Actor, seconds: float) -> None:
-        """Count ``seconds`` of work done for ``actor`` outside its slices (in nsqd: flushing its
-        consumers' output and handling their FINs) as run time. The debt is added to the actor's
-        vruntime when its current or next slice ends, or when it wakes up, so the heap order of a
-        scheduled actor is never changed in place. Cheap: one addition."""
-        if actor._actor_system is self:
-            actor._actor_charge += seconds
-
     def _push(self, actor: Actor) -> None:
         assert actor._actor_state is not _SCHEDULED, "an actor is never in the ready heap twice"
         assert actor._actor_system is self
@@ -267,11 +257,6 @@ class ActorSystem:
         floor = self._min_vruntime - self.wake_slack
         if actor.vruntime < floor:
             actor.vruntime = floor
-        if actor._actor_charge:
-            # work done for it while it slept is real run time, whatever the clamp forgave
-            actor.vruntime += actor._actor_charge
-            actor.runtime += actor._actor_charge
-            actor._actor_charge = 0.0
         self._push(actor)
         if self._lot:
             self._lot.unpark()
@@ -279,8 +264,6 @@ class ActorSystem:
     def _end_slice(self, actor: Actor, has_work: bool, elapsed: float) -> None:
         assert actor._actor_state is _RUNNING, actor._actor_state
         self._running.discard(actor)
-        elapsed += actor._actor_charge
-        actor._actor_charge = 0.0
         actor.vruntime += elapsed
         actor.runtime += elapsed
         actor.slices += 1

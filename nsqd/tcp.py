@@ -20,8 +20,6 @@ import math
 import os
 import time
 
-from time import perf_counter
-
 import trio
 
 from protocol.commands import CommandParser, ms_to_go_duration, parse_base10
@@ -145,7 +143,6 @@ class Connection:
             data = initial
             while True:
                 if data:
-                    started = perf_counter()
                     parser.receive_data(data)
                     replied = False
                     try:
@@ -194,9 +191,6 @@ class Connection:
                         return
                     if replied:
                         self._send_replies()
-                    if client.channel is not None:
-                        # FIN/REQ/TOUCH work is the channel's too: the fair scheduler counts it
-                        self._charge(perf_counter() - started)
                     deadline = self._read_deadline()
                     if deadline - scope.deadline > READ_DEADLINE_SLACK:
                         scope.deadline = deadline
@@ -319,23 +313,14 @@ class Connection:
 
     def _write_now(self, data: bytes) -> int:
         """Write what the socket takes right now, without awaiting (plain TCP only); returns the
-        bytes written. The time it takes is charged to the consumer's channel, like a slice."""
+        bytes written. Most flushes fit the socket buffer, so this skips trio's send machinery."""
         stream = self.stream
         if type(stream) is not trio.SocketStream:
             return 0
-        started = perf_counter()
         try:
-            sent = os.write(stream.socket.fileno(), data)
+            return os.write(stream.socket.fileno(), data)
         except (BlockingIOError, InterruptedError):
-            sent = 0
-        if self.client.channel is not None:
-            self._charge(perf_counter() - started)
-        return sent
-
-    def _charge(self, seconds: float) -> None:
-        channel = self.client.channel
-        if channel is not None:
-            self.nsqd.actors.charge(channel.dispatcher, seconds)
+            return 0
 
     def _stop_reading(self) -> None:
         if self._read_scope is not None:

@@ -55,9 +55,12 @@ def discover() -> list[str]:
     return scenarios
 
 
-def summary(names: list[str], results_dir: Path) -> str:
+def summary(names: list[str], results_dir: Path, failed: list[str] = ()) -> str:
     rows = []
     for name in names:
+        if name in failed:
+            rows.append({"scenario": name, "figures": "FAILED (see its output above)"})
+            continue
         path = results_dir / f"{name}.json"
         if not path.exists():
             continue
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             failed.append(name)
     print("\n== summary")
-    print(summary(names, args.results_dir))
+    print(summary(names, args.results_dir, failed))
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
         return 1

@@ -547,8 +547,14 @@ class ConsumerGroup:
         deadline = time.monotonic() + opts.connect_timeout_ms / 1000
         for address in opts.nsqd_addresses:
             consumer = self.consumers[address]
-            if not consumer.connected.wait(max(deadline - time.monotonic(), 0)):
-                self.raise_if_failed()
+            while not consumer.connected.wait(min(max(deadline - time.monotonic(), 0), 0.05)):
+                if self._error is not None or time.monotonic() >= deadline:
+                    break
+            if not consumer.connected.is_set():
+                if self._error is not None:
+                    error = self._error
+                    self.stop()
+                    raise error
                 cause = consumer.last_error
                 self.stop()
                 raise NsqConnectionError(

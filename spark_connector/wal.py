@@ -287,7 +287,7 @@ class MessageLog:
 
     def position_of(self, msg_id: bytes) -> int | None:
         """The position of an already logged message with this id, if it is still remembered."""
-        return None
+        return self._seen.get(msg_id)
 
     # -- appending (consumer thread) -------------------------------------------------------
 

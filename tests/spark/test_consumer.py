@@ -240,3 +240,51 @@ def test_connection_upgrades(tmp_path, nsqd_factory, topic, options, flags):
         assert {key: client[key] for key in flags} == flags
     finally:
         reader.stop()
+
+
+AUTHORIZED = {"ttl": 3600, "identity": "spark-reader", "identity_url": "",
+              "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}]}
+
+
+@pytest.fixture
+def auth_nsqd(nsqd_factory):
+    from tests.integration.features import ScriptedAuthServer
+
+    server = ScriptedAuthServer()
+    server.answers["s3cret"] = (200, AUTHORIZED)
+    try:
+        yield nsqd_factory(f"--auth-http-address={server.address}")
+    finally:
+        server.close()
+
+
+def test_auth_secret_is_sent_when_nsqd_requires_it(tmp_path, auth_nsqd, topic):
+    from protocol.commands import encode_auth
+    from tests.integration.harness import RawClient
+
+    expected = bodies("a", 0, 100)
+    with RawClient(auth_nsqd.tcp) as client:
+        client.send(encode_auth(b"s3cret"))
+        client.read_response()
+        client.publish_many(topic, expected)
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": auth_nsqd.tcp_address, "topic": topic,
+                                      "auth.secret": "s3cret"})
+    try:
+        start = reader.initialOffset()
+        end = wait_for_total(reader, start, 100)
+        assert partition_bodies(reader.partitions(start, end)) == expected
+        assert channel_stats(auth_nsqd, topic)["clients"][0]["auth_identity"] == "spark-reader"
+    finally:
+        reader.stop()
+
+
+@pytest.mark.parametrize(("secret", "error"), [(None, "set the auth.secret option"), ("wrong", "E_AUTH_FAILED")])
+def test_auth_refusal_fails_at_once(tmp_path, auth_nsqd, topic, secret, error):
+    options = {"nsqd.tcp.addresses": auth_nsqd.tcp_address, "topic": topic, "connectTimeoutMs": 60000}
+    if secret:
+        options["auth.secret"] = secret
+    reader = make_reader(tmp_path, **options)
+    # A refusal is final: reported as soon as nsqd answers, not after connectTimeoutMs.
+    with pytest.raises(NsqConnectionError, match=f"nsqd {auth_nsqd.tcp_address} refused the consumer: .*{error}"):
+        reader.initialOffset()
+    reader.stop()

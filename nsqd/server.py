@@ -51,7 +51,12 @@ class NSQD:
         self.lookup = Lookup(self)  # registration with every --lookupd-tcp-address
         self.https_address: str | None = None  # bound HTTPS address, None without a TLS certificate
         self.https_server = None
-        self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice)
+        # A channel whose consumers return credit in bursts (many consumers with small RDY) suspends
+        # whenever all of them are momentarily full; with a wake slack of one slice it would forfeit
+        # that time to channels with deep windows. Four slices let it catch up, still bounded (measured:
+        # 50 consumers against 2 got 0.17 s against 0.21 s of dispatch time with one slice, equal with four).
+        self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice,
+                                  wake_slack=4 * opts.actor_slice)
         self.scanner = QueueScanner(
             self.all_channels,
             interval=opts.queue_scan_interval,

@@ -59,6 +59,7 @@ class FastConsumer:
     last_message_at: float = 0.0
     stream: trio.SocketStream | None = None
     _buffer: bytearray = field(default_factory=bytearray)
+    _send_lock: trio.Lock = field(default_factory=trio.Lock)
 
     async def connect(self) -> None:
         """Connect, IDENTIFY (if asked) and SUB with RDY 0; `set_ready` starts the flow."""
@@ -101,7 +102,8 @@ class FastConsumer:
         return frame_type, data
 
     async def set_ready(self, count: int) -> None:
-        await self.stream.send_all(rdy(count))
+        async with self._send_lock:  # `run` may be sending FINs on the same stream
+            await self.stream.send_all(rdy(count))
 
     async def run(self) -> None:
         """Receive, record and FIN until cancelled or the server closes the connection."""
@@ -135,7 +137,8 @@ class FastConsumer:
             del buffer[:offset]
             if replies:
                 self.last_message_at = trio.current_time()
-                await stream.send_all(b"".join(replies))
+                async with self._send_lock:
+                    await stream.send_all(b"".join(replies))
 
     async def aclose(self) -> None:
         if self.stream is not None:

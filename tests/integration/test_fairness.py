@@ -14,8 +14,8 @@ import trio
 
 from tests.integration.bulk import FastConsumer, publish_bulk
 
-BACKLOG = 200_000
-STOP_AT = 100_000
+BACKLOG = 400_000
+STOP_AT = 300_000
 MANY, FEW = 50, 2
 READY_MANY = 100  # 50 x 100 = 5000 in flight at most
 READY_FEW = 2500  # 2 x 2500 = 5000 in flight at most (the maximum RDY)

@@ -26,9 +26,15 @@ node: $(NODE_DIR)/node_modules/.installed
 browser:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 
+# A local cluster: nsqlookupd (4160/4161), nsqd (4150/4151, data in $(DATA)) and nsqadmin (http://127.0.0.1:4171).
+# Ctrl-C stops all three (each stops gracefully; nsqd writes its queues to disk).
 run: venv
 	mkdir -p $(DATA)
-	$(VENV)/bin/nsqd --data-path=$(DATA) --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151
+	@$(VENV)/bin/nsqlookupd --tcp-address=127.0.0.1:4160 --http-address=127.0.0.1:4161 & lookupd=$$!; \
+	$(VENV)/bin/nsqadmin --http-address=127.0.0.1:4171 --lookupd-http-address=127.0.0.1:4161 & admin=$$!; \
+	trap 'kill $$lookupd $$admin 2>/dev/null; wait' EXIT INT TERM; \
+	$(VENV)/bin/nsqd --data-path=$(DATA) --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 \
+		--lookupd-tcp-address=127.0.0.1:4160 --broadcast-address=127.0.0.1
 
 test: venv node browser
 	$(PY) -m pytest -q

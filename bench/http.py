@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--mpub-connections", type=int, default=8)
     parser.add_argument("--mpub-depth", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=100, help="messages per /mpub request")
+    parser.add_argument("--batch", type=int, default=200, help="messages per /mpub request")
     parser.add_argument("--processes", type=int, default=2, help="generator processes")
 
 

@@ -113,6 +113,8 @@ class Connection:
             try:
                 await self._read_loop(initial)
             finally:
+                # whatever ended the loop (EOF, reset, fatal error, deadline), nsqd logs this line
+                log.info("PROTOCOL(V2): [%s] exiting ioloop", self.client.remote_address)
                 with trio.CancelScope(shield=True):
                     await self._drain()
                 nursery.cancel_scope.cancel()
@@ -211,7 +213,6 @@ class Connection:
                         # a command cut short: nsqd reports what it failed to read before closing
                         log.error("[%s] - %s", client.remote_address, error.payload().decode("utf-8", "replace"))
                         client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
-                    log.info("PROTOCOL(V2): [%s] exiting ioloop", client.remote_address)
                     return
         log.info("[%s] - read deadline exceeded, closing", client.remote_address)
 

@@ -106,7 +106,6 @@ def run_query(spark, target: Target, topic: str, args, work: Path) -> dict:
     loaded = [p for p in seen.values() if p["numInputRows"] > 0]
     busy_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in loaded)
     elapsed = (finished or time.monotonic()) - started
-    first_loaded = min((p["batchId"] for p in loaded), default=None)
     return {
         "stage": "nsqd -> log -> Spark -> Parquet",
         "ack_mode": args.ack_mode,

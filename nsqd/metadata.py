@@ -13,10 +13,11 @@ import fcntl
 import json
 import logging
 import os
-import random
 
 from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
+
+from .queues.atomic_file import replace_file
 
 __all__ = ["FILE_NAME", "DataDirLocked", "lock_data_path", "load_metadata", "save_metadata", "snapshot"]
 
@@ -51,16 +52,8 @@ def snapshot(topics) -> dict:
 
 
 def save_metadata(data_path: str, document: dict) -> None:
-    target = os.path.join(data_path, FILE_NAME)
-    tmp = f"{target}.{random.randrange(1 << 31)}.tmp"
     data = json.dumps(document, separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+    replace_file(os.path.join(data_path, FILE_NAME), data)
 
 
 def load_metadata(data_path: str) -> list[dict]:

@@ -24,7 +24,7 @@ from .client import Client
 from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import DataDirLocked, load_metadata, lock_data_path, save_metadata, snapshot
+from .metadata import load_metadata, lock_data_path, save_metadata, snapshot
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner

@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import struct
 import zlib
+
+from .atomic_file import replace_file
 
 __all__ = ["DeferredIndex", "side_file_name"]
 
@@ -139,23 +140,7 @@ class DeferredIndex:
             self.remove_file()
             return
         data = encode(end_position, pairs)
-        tmp = f"{self.path}.{random.getrandbits(63)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
-            raise
+        replace_file(self.path, data)
 
     def remove_file(self) -> None:
         try:

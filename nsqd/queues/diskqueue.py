@@ -82,11 +82,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import random
 import struct
 from collections import deque
 from dataclasses import dataclass
 
+from .atomic_file import replace_file
 from .group_commit import SyncBarrier
 
 __all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
@@ -647,20 +647,7 @@ class DiskQueue:
         read_num, read_pos, depth = self._committed()
         text = (f"{depth}\n{read_num},{read_pos}\n"
                 f"{self._write_file_num},{self._write_pos}\n").encode("ascii")
-        tmp = f"{self._meta_path}.{random.getrandbits(63)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                view = memoryview(text)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._meta_path)
-        except BaseException:
-            _remove_quietly(tmp)
-            raise
+        replace_file(self._meta_path, text)
 
     def _fsync_directory(self) -> None:
         try:

@@ -57,7 +57,6 @@ from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 
 from .message import Message
-from .metrics import make_registry, render
 from .options import config_value
 from .stats import collect, format_text, to_json
 from .topic import TopicExiting, TopicFull
@@ -110,7 +109,7 @@ class _API:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.registry = make_registry(nsqd)
+        self.registry = None  # built at the first scrape: prometheus_client costs start-up time otherwise
 
     # -- parameter helpers -------------------------------------------------------------------------------------
     @staticmethod
@@ -255,6 +254,10 @@ class _API:
         return text_response(format_text(stats), nsq_header=True)
 
     async def metrics(self, request: Request) -> Response:
+        from .metrics import make_registry, render
+
+        if self.registry is None:
+            self.registry = make_registry(self.nsqd)
         body, content_type = render(self.registry, request.headers.get("accept"))
         return Response(200, [("Content-Type", content_type)], body)
 

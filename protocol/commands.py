@@ -33,6 +33,7 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ._input import InputBuffer
 from .errors import (
     E_BAD_BODY,
     E_BAD_MESSAGE,
@@ -133,7 +134,7 @@ _BODY_COMMANDS = frozenset({b"PUB", b"DPUB", b"MPUB", b"IDENTIFY", b"AUTH"})
 _LINE_CACHE_LIMIT = 256
 
 
-class CommandParser:
+class CommandParser(InputBuffer):
     """Bytes in, ``Command``s out: ``receive_data(bytes)``, then ``next_command()`` until None.
 
     ``line_check(name, params)``, when given, is called for every complete line before the
@@ -144,11 +145,6 @@ class CommandParser:
     """
 
     __slots__ = (
-        "_buf",
-        "_pos",
-        "_chunks",
-        "_chunks_len",
-        "_need",
         "_cur",
         "_stage",
         "_size",
@@ -173,13 +169,9 @@ class CommandParser:
         *,
         line_check: Callable[[bytes, tuple[bytes, ...]], None] | None = None,
     ) -> None:
-        self._buf = b""
-        self._pos = 0
-        self._chunks: list[bytes] = []
-        self._chunks_len = 0
-        # What the pending step needs before it can progress: n > 0 bytes after _pos,
+        # _need, what the pending step needs before it can progress: n > 0 bytes after _pos,
         # -1 a newline, 0 nothing known (every arrival is merged at once).
-        self._need = 0
+        super().__init__()
         # The body command being read (a line entry) or the failure entry; None between commands.
         self._cur: tuple | None = None
         self._stage = 0  # MSG/BODY: 0 size, 1 body; MPUB: 0 body size, 1 count, 2 messages
@@ -199,29 +191,13 @@ class CommandParser:
 
     # -- input -----------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> None:
-        if not data:
-            return
-        data = bytes(data)
+    def _still_incomplete(self, data: bytes, total: int) -> bool:
+        # _need > 0: a body of that many bytes; _need < 0: a line, complete once a newline
+        # arrives (or once it is too long to be a line at all, which next_command reports)
         need = self._need
-        if need:
-            total = len(self._buf) - self._pos + self._chunks_len + len(data)
-            if (need > 0 and total < need) or (
-                need < 0 and total < self._max_line_length and b"\n" not in data
-            ):
-                self._chunks.append(data)
-                self._chunks_len += len(data)
-                return
-            self._chunks.append(data)
-            self._buf = b"".join([self._buf[self._pos :], *self._chunks])
-            self._chunks.clear()
-            self._chunks_len = 0
-            self._need = 0
-        elif self._pos >= len(self._buf):
-            self._buf = data
-        else:
-            self._buf = self._buf[self._pos :] + data
-        self._pos = 0
+        if need > 0:
+            return total < need
+        return total < self._max_line_length and b"\n" not in data
 
     def take_unparsed(self) -> bytes:
         """Remove and return the bytes not yet parsed (for a stream switching to TLS or

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from ._input import InputBuffer
 from .errors import E_BAD_PROTOCOL, ProtocolError
 
 __all__ = [
@@ -53,7 +54,7 @@ class Frame(NamedTuple):
     data: bytes
 
 
-class FrameDecoder:
+class FrameDecoder(InputBuffer):
     """Incremental frame reader: ``receive_data(bytes)`` then ``next_frame()`` until it returns None.
 
     Buffering: unread bytes live in one immutable ``bytes`` with a read offset, so frame data is
@@ -65,36 +66,12 @@ class FrameDecoder:
     the stream cannot be resynchronised after that.
     """
 
-    __slots__ = ("_buf", "_pos", "_chunks", "_chunks_len", "_need", "_max_frame_size")
+    __slots__ = ("_max_frame_size",)
 
     def __init__(self, max_frame_size: int = 64 * 1024 * 1024) -> None:
-        self._buf = b""
-        self._pos = 0
-        self._chunks: list[bytes] = []
-        self._chunks_len = 0
-        self._need = 0  # bytes after _pos the pending frame needs; 0 = unknown
+        super().__init__()  # _need: bytes after _pos the pending frame needs; 0 = unknown
         self._max_frame_size = max_frame_size
 
-    def receive_data(self, data: bytes) -> None:
-        if not data:
-            return
-        data = bytes(data)
-        if self._need:
-            total = len(self._buf) - self._pos + self._chunks_len + len(data)
-            if total < self._need:
-                self._chunks.append(data)
-                self._chunks_len += len(data)
-                return
-            self._chunks.append(data)
-            self._buf = b"".join([self._buf[self._pos :], *self._chunks])
-            self._chunks.clear()
-            self._chunks_len = 0
-            self._need = 0
-        elif self._pos >= len(self._buf):
-            self._buf = data
-        else:
-            self._buf = self._buf[self._pos :] + data
-        self._pos = 0
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None when more data is needed."""

@@ -377,6 +377,33 @@ class Generators:
 
 # -- reports -----------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class LoadRun:
+    """What one window of spread-out load counted: messages, generator CPU seconds, the window, nsqd's CPU."""
+
+    messages: int
+    generator_cpu: float
+    window: float
+    nsqd_cpu: float
+
+
+def run_spread(args, target: "Target", role: str, connections: int, processes: int, params: dict) -> LoadRun:
+    """Run ``connections`` of one load ``role`` spread evenly over up to ``processes`` generator processes
+    (never more processes than connections) for the measured window, and total what the workers counted."""
+    from bench.load import build_roles  # the generator side; imported here so load.py stays standalone
+
+    generators = Generators()
+    processes = max(1, min(processes, connections))
+    for index in range(processes):
+        count = connections // processes + (1 if index < connections % processes else 0)
+        generators.add(build_roles, specs=[(role, count, params)])
+    result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
+    workers = result["workers"]
+    return LoadRun(messages=sum(sum(worker["window_counts"]) for worker in workers),
+                   generator_cpu=sum(worker["cpu_seconds"] for worker in workers),
+                   window=result["window"], nsqd_cpu=result["nsqd_cpu_seconds"])
+
+
 @dataclass
 class Report:
     """What a scenario found: table rows (dicts with the same keys), its parameters and notes."""

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from bench.common import Generators, Report, Target, main, unique_topic
-from bench.load import build_roles
+from bench.common import Report, Target, main, run_spread, unique_topic
 
 NAME = "http"
 TITLE = "HTTP /pub requests/s and /mpub messages/s (keep-alive, pipelined)"
@@ -41,22 +40,14 @@ def encode_request(path: str, body: bytes) -> bytes:
 
 def _rate(args, target: Target, request: bytes, messages_per_request: int, connections: int,
           depth: int) -> dict:
-    generators = Generators()
-    processes = max(1, min(args.processes, connections))
-    for index in range(processes):
-        count = connections // processes + (1 if index < connections % processes else 0)
-        generators.add(build_roles, specs=[("http", count, dict(address=target.http, request=request,
-                                                               messages_per_request=messages_per_request,
-                                                               outstanding=depth))])
-    result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
-    messages = sum(sum(worker["window_counts"]) for worker in result["workers"])
-    generator_cpu = sum(worker["cpu_seconds"] for worker in result["workers"])
-    duration = result["window"]
+    run = run_spread(args, target, "http", connections, args.processes,
+                     dict(address=target.http, request=request, messages_per_request=messages_per_request,
+                          outstanding=depth))
     return {
-        "requests/s": messages / messages_per_request / duration,
-        "msg/s": messages / duration,
-        "nsqd_cpu": result["nsqd_cpu_seconds"] / duration if target.pid else None,
-        "generator_cpu": generator_cpu / duration,
+        "requests/s": run.messages / messages_per_request / run.window,
+        "msg/s": run.messages / run.window,
+        "nsqd_cpu": run.nsqd_cpu / run.window if target.pid else None,
+        "generator_cpu": run.generator_cpu / run.window,
     }
 
 

@@ -8,8 +8,7 @@ written to disk during the run. Figure: acknowledged messages per second.
 
 from __future__ import annotations
 
-from bench.common import Generators, Report, Target, main, unique_topic
-from bench.load import build_roles
+from bench.common import Report, Target, main, run_spread, unique_topic
 from protocol.commands import encode_pub
 
 NAME = "pub"
@@ -26,22 +25,14 @@ def add_arguments(parser) -> None:
 def publish_rate(args, target: Target, frame: bytes, messages_per_frame: int, connections: int,
                  processes: int, outstanding: int = 1) -> dict:
     """Run ``connections`` publishers of ``frame`` for the window; the measured figures as a row."""
-    generators = Generators()
-    processes = max(1, min(processes, connections))
-    for index in range(processes):
-        count = connections // processes + (1 if index < connections % processes else 0)
-        generators.add(build_roles, specs=[("pub", count, dict(address=target.tcp, frame=frame,
-                                                              messages_per_frame=messages_per_frame,
-                                                              outstanding=outstanding))])
-    result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
-    messages = sum(sum(worker["window_counts"]) for worker in result["workers"])
-    generator_cpu = sum(worker["cpu_seconds"] for worker in result["workers"])
-    duration = result["window"]
+    run = run_spread(args, target, "pub", connections, processes,
+                     dict(address=target.tcp, frame=frame, messages_per_frame=messages_per_frame,
+                          outstanding=outstanding))
     return {
-        "msg/s": messages / duration,
-        "nsqd_cpu": result["nsqd_cpu_seconds"] / duration if target.pid else None,
-        "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / messages if target.pid and messages else None,
-        "generator_cpu": generator_cpu / duration,
+        "msg/s": run.messages / run.window,
+        "nsqd_cpu": run.nsqd_cpu / run.window if target.pid else None,
+        "nsqd_us/msg": run.nsqd_cpu * 1e6 / run.messages if target.pid and run.messages else None,
+        "generator_cpu": run.generator_cpu / run.window,
     }
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 
-from protocol.daemon import run_daemon, serve_until_signalled
+from protocol.daemon import instantiate_failure, run_daemon, serve_until_signalled
 
 from .metadata import DataDirLocked
 from .options import parse_options, validate
@@ -30,7 +31,8 @@ async def serve(opts) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_daemon(argv, name="nsqd", parse_options=parse_options, validate=validate, serve=serve,
-                      refusals=(DataDirLocked, TLSConfigError, OSError))
+                      refusals=(DataDirLocked, TLSConfigError, OSError),
+                      refusal_text=functools.partial(instantiate_failure, "nsqd"))
 
 
 if __name__ == "__main__":

@@ -483,7 +483,7 @@ def build_router(nsqd) -> NSQDRouter:
     return router
 
 
-def make_http_server(nsqd, address: str, *, name: str = "HTTP", ssl_context=None) -> HTTPServer:
-    """The HTTP (or, with ``ssl_context``, HTTPS) server of ``nsqd`` on ``address``."""
-    return HTTPServer(build_router(nsqd), logger=log, address=address, name=name, ssl_context=ssl_context,
+def make_http_server(nsqd, listeners: list, *, name: str = "HTTP", ssl_context=None) -> HTTPServer:
+    """The HTTP (or, with ``ssl_context``, HTTPS) server of ``nsqd`` on already bound ``listeners``."""
+    return HTTPServer(build_router(nsqd), logger=log, listeners=listeners, name=name, ssl_context=ssl_context,
                       max_body_bytes=lambda: nsqd.opts.max_body_size)

@@ -36,7 +36,9 @@ def lock_data_path(path: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
-        raise DataDirLocked(f"--data-path={path} in use (possibly by another instance of nsqd)") from exc
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # Go's wording of EWOULDBLOCK
+        raise DataDirLocked(f"failed to lock data-path: cannot flock directory {path} - {reason} "
+                            "(possibly in use by another instance of nsqd)") from exc
     return fd
 
 

@@ -217,7 +217,19 @@ class NSQD:
             log.info("NSQ: durable mode: every message is synced to disk before OK, in-flight ones survive a crash")
         self.load_metadata()
         self.persist_metadata()
+        # every listener is bound before anything runs, so an address in use stops start-up with its name
         listeners = await listen_tcp(opts.tcp_address)
+        opened = list(listeners)
+        try:
+            http_listeners = await listen_tcp(opts.http_address) if opts.http_address else None
+            opened += http_listeners or []
+            https_listeners = None
+            if self.tls_context is not None and opts.https_address:
+                https_listeners = await listen_tcp(opts.https_address)
+        except BaseException:
+            for listener in opened:
+                await listener.aclose()
+            raise
         self.tcp_address = format_address(listeners[0].socket.getsockname())
         for listener in listeners:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))
@@ -226,12 +238,12 @@ class NSQD:
                 self._nursery = nursery
                 await nursery.start(self.actors.run)
                 await nursery.start(self.scanner.run)
-                if opts.http_address:
-                    self.http_server = make_http_server(self, opts.http_address)
+                if http_listeners:
+                    self.http_server = make_http_server(self, http_listeners)
                     self.http_address = await nursery.start(self.http_server.run)
-                if self.tls_context is not None and opts.https_address:
+                if https_listeners:
                     # nsqd serves HTTPS only with a certificate; the TCP upgrade shares the context
-                    self.https_server = make_http_server(self, opts.https_address, name="HTTPS",
+                    self.https_server = make_http_server(self, https_listeners, name="HTTPS",
                                                          ssl_context=self.tls_context)
                     self.https_address = await nursery.start(self.https_server.run)
                 if opts.statsd_address:

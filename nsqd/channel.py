@@ -281,6 +281,30 @@ class Channel:
         self.client_credit_changed(client)
         return message
 
+    def finish_many(self, client: Client, msg_ids: list[bytes]) -> list[tuple[bytes, str]]:
+        """FIN of several IDs in a row (the lines of one receive buffer): the same as ``finish`` of each in
+        turn, with the counters and the credit check once for all. Returns the refused ones, in order, with
+        ``finish``'s reason: the caller answers each with its own error."""
+        finished, refused = self.in_flight.pop_owned(msg_ids, client)
+        if finished:
+            done = len(finished)
+            if self.durable:
+                ack = self.backend.ack
+                for message in finished:
+                    if message.disk_token >= 0:
+                        ack(message.disk_token)
+            e2e = self.e2e
+            if e2e is not None:
+                for message in finished:
+                    e2e.add(message.timestamp)
+            client.in_flight -= done
+            client.finish_count += done
+            self.client_credit_changed(client)
+        if not refused:
+            return []
+        return [(msg_id, "ID not in flight" if message is None else "client does not own message")
+                for msg_id, message in refused]
+
     def requeue(self, client: Client, msg_id: bytes, delay: float) -> None:
         if self.exiting:
             raise ChannelError("exiting")

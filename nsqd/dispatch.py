@@ -4,8 +4,9 @@ One dispatcher per channel runs on the ActorSystem (``actors.py``), so channels 
 time slices ordered by consumed run time rather than by how many consumers each one has. A slice:
 
 1. takes a consumer from the channel's mailbox (consumers with credit, each at most once),
-2. hands it up to ``min(credit, BATCH)`` messages: attempts + 1, record in flight with the
-   deadline ``now + client.msg_timeout``, append the encoded frame to the client's output buffer,
+2. hands it up to ``min(credit, BATCH)`` messages: records them in flight with one deadline
+   ``now + client.msg_timeout`` (one call, one heap entry for the batch: ``queues/inflight.py``),
+   then per message attempts + 1 and its frame appended to the client's output buffer,
 3. puts the consumer back at the tail of the mailbox while it still has credit (round robin),
 4. stops at the end of the slice or when messages or consumers run out.
 
@@ -18,10 +19,12 @@ batched only while there is a backlog). Otherwise the flush timer of ``output_bu
 from __future__ import annotations
 
 import random
+import struct
 
 import trio
 
-from protocol.message import encode_message_frame
+from protocol.frames import FRAME_TYPE_MESSAGE
+from protocol.message import MESSAGE_HEADER_SIZE
 
 from .actors import Actor
 
@@ -31,6 +34,13 @@ __all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 BATCH = 64
 #: messages read from the channel's disk queue at a time when its memory deque runs dry
 REFILL = 256
+
+# A message frame's header: size, frame type, then the message's timestamp, attempts and ID (the layout of
+# ``protocol.message``); the prefix before the ID is packed in one call. nsqd's IDs are always 16 bytes
+# (``MESSAGE_ID_LENGTH``: made by the topic's GUID factory or read back from a record's fixed header).
+_pack_frame_prefix = struct.Struct(">iiqH").pack
+_FRAME_HEADER_SIZE = 8 + MESSAGE_HEADER_SIZE
+_FRAME_OVERHEAD = 4 + MESSAGE_HEADER_SIZE  # what the size field counts besides the body
 
 
 class ChannelDispatcher(Actor):
@@ -45,6 +55,26 @@ class ChannelDispatcher(Actor):
     def __repr__(self) -> str:
         return f"ChannelDispatcher({self.channel.topic_name}:{self.channel.name})"
 
+    def _sample(self, batch: list, sample_rate: int) -> list:
+        """The messages a consumer with ``sample_rate`` gets; the others are consumed from the channel and
+        discarded, as nsqd does."""
+        kept = []
+        random = self._random
+        for message in batch:
+            if random() * 100 > sample_rate:
+                self.channel.discard(message)
+            else:
+                kept.append(message)
+        return kept
+
+    def _drop_refused(self, batch: list, refused: list) -> list:
+        """A second copy of a message in flight (a crash in durable mode can repeat a copy to the channel):
+        one copy out is enough, the others are dropped."""
+        for message in refused:
+            self.channel.discard(message)
+        refused_ids = set(map(id, refused))
+        return [message for message in batch if id(message) not in refused_ids]
+
     async def run_slice(self, slice_end: float) -> bool:
         return self.dispatch(slice_end)
 
@@ -53,8 +83,10 @@ class ChannelDispatcher(Actor):
         if channel.paused or channel.exiting:
             return False
         queue = channel.queue
+        popleft = queue.popleft
         mailbox = channel.mailbox
-        push_in_flight = channel.in_flight.push
+        push_in_flight = channel.in_flight.push_many
+        pack_prefix = _pack_frame_prefix
         clock = trio.current_time
         now = clock()
         touched: dict = {}
@@ -68,35 +100,43 @@ class ChannelDispatcher(Actor):
                 client.in_mailbox = False
                 continue
             count = min(credit, BATCH, len(queue))
-            deadline = now + client.msg_timeout
+            batch = [popleft() for _ in range(count)]
+            if client.sample_rate:
+                batch = self._sample(batch, client.sample_rate)
+            refused = push_in_flight(batch, now + client.msg_timeout)
+            if refused:
+                batch = self._drop_refused(batch, refused)
+            # The frames go to the output buffer in pieces that the flush joins: the header up to the
+            # attempts, the ID, the body (so a body is copied once). The messages of one publish share
+            # their timestamp and usually their size and attempts, so a header prefix is packed only
+            # when one of those differs from the previous message's.
             frames = client.out
+            append = frames.append
             nbytes = 0
-            sent = 0
-            sample_rate = client.sample_rate
-            for _ in range(count):
-                message = queue.popleft()
-                if sample_rate and self._random() * 100 > sample_rate:
-                    # sampled out: consumed from the channel and discarded, as nsqd does
-                    channel.discard(message)
-                    continue
-                try:
-                    push_in_flight(message.id, message, deadline)
-                except KeyError:
-                    # a second copy of a message in flight (a crash in durable mode can repeat a copy to the
-                    # channel): one copy out is enough, this one is dropped
-                    channel.discard(message)
-                    continue
-                message.attempts += 1
+            last_size = last_timestamp = last_attempts = -1
+            prefix = b""
+            for message in batch:
+                attempts = message.attempts + 1
+                message.attempts = attempts
                 message.client = client
                 message.delivered_at = now
-                frame = encode_message_frame(message)
-                frames.append(frame)
-                nbytes += len(frame)
-                sent += 1
+                body = message.body
+                size = len(body)
+                timestamp = message.timestamp
+                if size != last_size or timestamp != last_timestamp or attempts != last_attempts:
+                    prefix = pack_prefix(size + _FRAME_OVERHEAD, FRAME_TYPE_MESSAGE, timestamp, attempts)
+                    last_size = size
+                    last_timestamp = timestamp
+                    last_attempts = attempts
+                append(prefix)
+                append(message.id)
+                append(body)
+                nbytes += size
+            sent = len(batch)
             if sent:
                 client.in_flight += sent
                 client.message_count += sent
-                client.out_bytes += nbytes
+                client.out_bytes += nbytes + _FRAME_HEADER_SIZE * sent
                 touched[client] = None
                 delivered += sent
             if client.credit() > 0:

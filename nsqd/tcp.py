@@ -566,6 +566,14 @@ class Connection:
         client = self.client
         if client.state not in _FIN_STATES:
             raise ProtocolError("E_INVALID", "cannot FIN in current state")
+        msg_ids = command[2]
+        if msg_ids is not None:
+            # a run of FIN lines read at once (see protocol.commands.Command): finished in one call, each
+            # refused one answered as the read loop answers a non-fatal error
+            for msg_id, reason in client.channel.finish_many(client, msg_ids):
+                error = ProtocolError("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {reason}")
+                client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
+            return None
         params = command[1]
         if not params:
             raise ProtocolError("E_INVALID", "FIN insufficient number of params")

@@ -373,6 +373,29 @@ def test_fin_after_timeout_fails_without_closing(daemon):
         client.assert_open()
 
 
+def test_fins_sent_in_one_write_each_get_their_own_outcome(daemon):
+    # a consumer answers a batch with one write of FIN lines; nsqd finishes them in one pass, and each
+    # refused one still gets its own E_FIN_FAILED, in order, without closing the connection
+    name = fresh_name()
+    unknown = b"0123456789abcdef"
+    with consumer(daemon.tcp, name, "ch", ready=3) as client, consumer(daemon.tcp, name, "ch", ready=0) as other:
+        client.publish_many(name, [b"a", b"b", b"c"])
+        ids = [client.read_message().id for _ in range(3)]
+        other.send(rdy(1))
+        client.publish(name, b"theirs")  # client has no room left: it goes to the other consumer
+        theirs = other.read_message()
+        client.send(fin(ids[0]) + fin(unknown) + fin(ids[1]) + fin(ids[1]) + fin(theirs.id) + fin(ids[2]))
+        client.expect_error(b"E_FIN_FAILED FIN " + unknown + b" failed ID not in flight")
+        client.expect_error(b"E_FIN_FAILED FIN " + ids[1] + b" failed ID not in flight")
+        client.expect_error(b"E_FIN_FAILED FIN " + theirs.id + b" failed client does not own message")
+        client.assert_open()
+        # the three were finished: the consumer has room for three more, the other one still has none
+        client.publish_many(name, [b"d", b"e", b"f"])
+        assert sorted(client.read_message().body for _ in range(3)) == [b"d", b"e", b"f"]
+        other.send(fin(theirs.id))
+        other.assert_open()
+
+
 def test_in_flight_of_a_vanished_consumer_comes_back_after_its_timeout(daemon):
     name = fresh_name()
     with consumer(daemon.tcp, name, "ch", ready=0) as survivor:

@@ -115,7 +115,8 @@ def test_stale_entries_stay_bounded_under_fin_and_touch():
     assert q.pop_expired(10_000.0) == sorted(range(live), key=lambda n: 2000.0 + 4990 + n)
 
 
-def test_random_operations_match_a_model():
+@pytest.mark.parametrize("deadlines", ["continuous", "few"])
+def test_random_operations_match_a_model(deadlines):
     rng = random.Random(1234)
     q = InFlightQueue()
     model: dict[bytes, tuple[float, int, int]] = {}  # id -> (deadline, order, item)
@@ -124,8 +125,10 @@ def test_random_operations_match_a_model():
     for step in range(20_000):
         op = rng.random()
         key = mid(rng.randrange(300))
+        # "few": deadlines repeat, so pushes and touches keep landing in shared buckets
+        spread = (lambda: rng.uniform(0, 10)) if deadlines == "continuous" else (lambda: float(rng.randrange(3)))
         if op < 0.35:
-            deadline = now + rng.uniform(0, 10)
+            deadline = now + spread()
             if key in model:
                 with pytest.raises(KeyError):
                     q.push(key, step, deadline)
@@ -137,7 +140,7 @@ def test_random_operations_match_a_model():
             expected = model.pop(key, None)
             assert q.pop(key) == (None if expected is None else expected[2])
         elif op < 0.75:
-            deadline = now + rng.uniform(0, 10)
+            deadline = now + spread()
             if key in model:
                 assert q.touch(key, deadline)
                 model[key] = (deadline, order, model[key][2])
@@ -156,18 +159,109 @@ def test_random_operations_match_a_model():
         expected_peek = min((v[0] for v in model.values()), default=None)
         assert q.peek_deadline() == expected_peek
         assert len(q._heap) <= 3 * len(model) + inflight.REBUILD_MIN + 1
+        assert _listed(q) <= 3 * len(model) + inflight.REBUILD_MIN + 1
 
 
-def test_heap_is_rebuilt_when_expiry_leaves_mostly_stale_entries():
+def _listed(q: InFlightQueue) -> int:
+    """IDs held in the lists of the heap's buckets, stale ones included."""
+    return sum(len(bucket.ids) for _, _, bucket in q._heap)
+
+
+def test_a_batch_with_one_deadline_takes_one_heap_entry():
     q = InFlightQueue()
-    for n in range(300):
-        q.push(mid(1000 + n), n, 1.0 + n)
+    for n in range(64):
+        q.push(mid(n), n, 60.0)
+    q.push(mid(64), 64, 61.0)
+    assert len(q._heap) == 2
+    assert q.pop_expired(60.0) == list(range(64))
+
+
+def test_equal_deadlines_leave_in_push_order_across_repush_and_touch():
+    q = InFlightQueue()
+    q.push(mid(1), "a", 5.0)
+    q.push(mid(2), "b", 5.0)
+    q.push(mid(3), "c", 5.0)
+    assert q.pop(mid(1)) == "a"
+    q.push(mid(1), "a2", 5.0)  # the same ID again, into the same bucket: it now comes last
+    assert q.touch(mid(2), 5.0)  # touched to the same deadline: after everything pushed before
+    assert q.pop_expired(5.0) == ["c", "a2", "b"]
+    assert len(q) == 0
+
+
+def test_finished_batches_leave_no_heap_entries_behind():
+    q = InFlightQueue()
+    q.push(mid(0), "kept", 10_000.0)
+    for batch in range(2000):
+        ids = [mid(1 + batch * 10 + n) for n in range(10)]
+        for n, msg_id in enumerate(ids):
+            q.push(msg_id, n, 100.0 + batch)
+        for msg_id in ids:
+            q.pop(msg_id)
+        assert len(q._heap) <= (inflight.REBUILD_FACTOR + 1) * 1 + inflight.REBUILD_MIN + 1
+    assert q.pop_expired(1e9) == ["kept"]
+
+
+def test_stale_ids_of_partly_finished_batches_stay_bounded():
+    q = InFlightQueue()
+    live = 0
+    for batch in range(2000):
+        ids = [mid(batch * 64 + n) for n in range(64)]
+        for n, msg_id in enumerate(ids):
+            q.push(msg_id, (batch, n), 100.0 + batch)
+        for msg_id in ids[1:]:  # one message of each batch stays out until its timeout
+            q.pop(msg_id)
+        live += 1
+        assert _listed(q) <= (inflight.REBUILD_FACTOR + 1) * live + inflight.REBUILD_MIN + 1
+    assert q.pop_expired(1e9) == [(batch, 0) for batch in range(2000)]
+    assert len(q._heap) == 0
+
+
+def test_heap_is_rebuilt_when_dead_buckets_outnumber_live_ones():
+    q = InFlightQueue()
+    for n in range(10):
+        q.push(mid(1000 + n), n, 10_000.0 + n)  # 10 live buckets
     for n in range(100):
-        q.push(mid(n), n, 1000.0)
-    for touch_round in range(3):  # 300 stale entries, far in the future
-        for n in range(100):
-            q.touch(mid(n), 900.0 - touch_round)
-    assert len(q._heap) == 700  # 300 stale < 2 x 400 live: no rebuild yet
-    assert len(q.pop_expired(300.0)) == 300
-    assert len(q._heap) == len(q) == 100  # 300 stale > 2 x 100 live: rebuilt
-    assert q.pop_expired(1e9) == list(range(100))
+        q.push(mid(n), n, float(n))  # 100 buckets of one
+    for n in range(73):
+        q.pop(mid(n))
+    assert len(q._heap) == 110  # 73 dead > 64 but not > 2 x 37 live: kept
+    q.pop(mid(73))
+    assert len(q._heap) == 36  # 74 dead > 2 x 36 live: rebuilt
+    for n in range(74, 95):
+        q.pop(mid(n))
+    assert q.peek_deadline() == 95.0
+    assert q.pop_expired(1e9) == [95, 96, 97, 98, 99] + list(range(10))
+
+
+class _Item:
+    def __init__(self, n: int, client: str) -> None:
+        self.id = mid(n)
+        self.client = client
+
+    def __repr__(self) -> str:
+        return f"_Item({self.id!r}, {self.client!r})"
+
+
+def test_push_many_shares_one_bucket_and_refuses_ids_in_flight():
+    q = InFlightQueue()
+    q.push(mid(2), "already", 1.0)
+    items = [_Item(n, "c") for n in range(5)]
+    assert q.push_many(items, 30.0) == [items[2]]
+    assert len(q) == 5 and len(q._heap) == 2
+    assert q.get(mid(2)) == "already" and q.deadline(mid(4)) == 30.0
+    assert q.push_many([_Item(2, "c")], 30.0) != []  # every item refused: nothing is left behind
+    assert q.pop_expired(100.0) == ["already", items[0], items[1], items[3], items[4]]
+    assert len(q) == 0 and q.peek_deadline() is None and len(q._heap) == 0
+
+
+def test_pop_owned_pops_in_order_and_reports_the_refused():
+    q = InFlightQueue()
+    mine = [_Item(n, "me") for n in range(4)]
+    q.push_many(mine, 10.0)
+    theirs = _Item(9, "them")
+    q.push(theirs.id, theirs, 10.0)
+    popped, refused = q.pop_owned([mid(1), mid(7), mid(9), mid(0), mid(1), mid(3)], "me")
+    assert popped == [mine[1], mine[0], mine[3]]
+    assert refused == [(mid(7), None), (mid(9), theirs), (mid(1), None)]
+    assert sorted(q) == [mid(2), mid(9)]
+    assert q.pop_expired(10.0) == [mine[2], theirs]

@@ -312,6 +312,21 @@ def test_large_mpub_in_small_chunks():
     assert got == [Command(b"MPUB", (b"t",), bodies), Command(b"NOP", (), None)]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 50, 777, 4096])
+def test_mpub_of_one_body_size_in_chunks(chunk):
+    # runs of equal sizes are cut at fixed strides, as far as each buffer goes; a size change midway
+    # and messages split between buffers go through the message-by-message path
+    bodies = [b"%03d" % i * 10 for i in range(300)] + [b"odd"] + [b"%03d" % i * 10 for i in range(100)]
+    wire = encode_mpub("t", bodies) + NOP
+    parser = CommandParser()
+    got = []
+    for i in range(0, len(wire), chunk):
+        parser.receive_data(wire[i : i + chunk])
+        while (cmd := parser.next_command()) is not None:
+            got.append(cmd)
+    assert got == [Command(b"MPUB", (b"t",), bodies), Command(b"NOP", (), None)]
+
+
 # -- errors: (the bytes that decide it, more bytes that may follow, NSQ's payload, limits) -----
 # Fed one byte at a time, the error must appear exactly when the deciding bytes are complete.
 
@@ -598,6 +613,73 @@ def test_line_check_sees_every_line_before_the_parsers_checks():
     assert info.value.payload() == b"E_INVALID cannot IDENTIFY in current state"
     assert [c.body for c in got] == [b"a", b"b", None]
     assert seen == [(b"PUB", (b"t",)), (b"PUB", (b"t",)), (b"NOP", ()), (b"IDENTIFY", ())]
+
+
+def _one_per_fin(commands: list[Command]) -> list[Command]:
+    """The commands with each run of FIN lines (one command, its ids in ``body``) as one FIN per id."""
+    out = []
+    for command in commands:
+        if command.name == b"FIN" and command.body is not None:
+            out.extend(Command(b"FIN", (msg_id,), None) for msg_id in command.body)
+        else:
+            out.append(command)
+    return out
+
+
+FIN_IDS = [b"%016x" % n for n in range(5)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fin_lines_read_together_come_as_one_command(mode):
+    wire = b"".join(encode_fin(msg_id) for msg_id in FIN_IDS) + NOP + encode_fin(ID) + TRAILER
+    got = parse(wire, mode)
+    if mode == WHOLE:
+        assert got[0] == Command(b"FIN", (FIN_IDS[0],), FIN_IDS)
+        assert got[1:] == [Command(b"NOP", (), None), Command(b"FIN", (ID,), None), Command(b"NOP", (), None)]
+    assert _one_per_fin(got) == [Command(b"FIN", (msg_id,), None) for msg_id in FIN_IDS] + [
+        Command(b"NOP", (), None), Command(b"FIN", (ID,), None), Command(b"NOP", (), None)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fin_run_stops_at_a_line_of_another_form(mode):
+    odd = [b"FIN 0123456789abcde-\n", b"FIN 0123456789abcdef\r\n", b"FIN 0123456789abcdef extra\n", b"FIN short\n"]
+    expected = [(b"FIN", (b"0123456789abcde-",)), (b"FIN", (b"0123456789abcdef",)),
+                (b"FIN", (b"0123456789abcdef", b"extra")), (b"FIN", (b"short",))]
+    for line, (name, params) in zip(odd, expected):
+        wire = encode_fin(FIN_IDS[0]) + encode_fin(FIN_IDS[1]) + line + encode_fin(FIN_IDS[2]) + encode_fin(FIN_IDS[3])
+        got = parse(wire, mode)
+        assert _one_per_fin(got) == [Command(b"FIN", (FIN_IDS[0],), None), Command(b"FIN", (FIN_IDS[1],), None),
+                                     Command(name, params, None), Command(b"FIN", (FIN_IDS[2],), None),
+                                     Command(b"FIN", (FIN_IDS[3],), None)]
+        if mode == WHOLE:
+            assert [c.body for c in got] == [FIN_IDS[:2], None, FIN_IDS[2:4]]
+
+
+def test_line_check_sees_a_fin_run_once():
+    seen = []
+    parser = CommandParser(line_check=lambda name, params: seen.append((name, params)))
+    parser.receive_data(b"".join(encode_fin(msg_id) for msg_id in FIN_IDS) + NOP)
+    assert parser.next_command() == Command(b"FIN", (FIN_IDS[0],), FIN_IDS)
+    assert parser.next_command() == Command(b"NOP", (), None)
+    assert seen == [(b"FIN", (FIN_IDS[0],)), (b"NOP", ())]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sizes", [[3, 3, 3, 3], [3, 3, 3, 4], [4, 3, 3, 3], [1], [2, 2]])
+def test_mpub_bodies_of_one_size_and_of_mixed_sizes(sizes, mode):
+    bodies = [bytes([65 + n]) * size_ for n, size_ in enumerate(sizes)]
+    got = parse(encode_mpub("t", bodies) + TRAILER, mode)
+    assert got == [Command(b"MPUB", (b"t",), bodies), Command(b"NOP", (), None)]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1048577])
+def test_mpub_equal_sizes_then_a_bad_one_fails_at_that_message(bad):
+    wire = b"MPUB t\n" + size(100) + size(3) + (size(2) + b"ab") * 2 + size(bad) + b"abcd"
+    err = _raises(CommandParser(), wire)
+    if bad > 0:
+        assert err.payload() == b"E_BAD_MESSAGE MPUB message too big 1048577 > 1048576"
+    else:
+        assert err.payload() == b"E_BAD_MESSAGE MPUB invalid message(2) body size %d" % bad
 
 
 def test_line_check_error_wins_over_a_bad_topic():

@@ -1,0 +1,140 @@
+"""The channel's dispatcher and FIN runs against a real Channel, without sockets: the frames a batch becomes
+(byte for byte NSQ's), what goes in flight, the counters, and the outcome of each FIN of a run."""
+
+import math
+
+import pytest
+import trio
+
+from nsqd.actors import ActorSystem
+from nsqd.channel import Channel
+from nsqd.client import Client, ClientState
+from nsqd.message import Message
+from protocol.message import encode_message_frame
+
+
+class _Topic:
+    name = "t"
+
+
+def _channel() -> Channel:
+    return Channel(_Topic(), "c", mem_queue_size=10_000, max_msg_timeout=900.0, actors=ActorSystem(),
+                   on_last_client_gone=lambda channel: None)
+
+
+def _consumer(channel: Channel, client_id: int, rdy: int, msg_timeout: float = 60.0) -> Client:
+    client = Client(client_id, f"127.0.0.1:{40000 + client_id}", msg_timeout=msg_timeout, heartbeat_interval=30.0,
+                    output_buffer_size=16384, output_buffer_timeout=0.25)
+    client.state = ClientState.SUBSCRIBED
+    client.channel = channel
+    channel.add_client(client)
+    client.rdy = rdy
+    channel.client_credit_changed(client)
+    return client
+
+
+def _messages() -> list[Message]:
+    # runs of one size, timestamp and attempts, and changes of each, as a frame header prefix is reused
+    # only while all three stay the same
+    specs = [(200, 1000, 0)] * 3 + [(5, 1000, 0), (200, 1000, 0), (200, 2000, 0), (200, 2000, 3), (200, 2000, 0)]
+    return [Message(b"%016x" % n, bytes([97 + n]) * size, timestamp, attempts)
+            for n, (size, timestamp, attempts) in enumerate(specs)]
+
+
+async def test_a_batch_goes_out_as_nsq_message_frames():
+    channel = _channel()
+    client = _consumer(channel, 1, rdy=100, msg_timeout=30.0)
+    messages = _messages()
+    expected_attempts = [m.attempts + 1 for m in messages]
+    channel.put_many(messages)
+    now = trio.current_time()
+    channel.dispatcher.dispatch(math.inf)
+    assert [m.attempts for m in messages] == expected_attempts
+    wire = b"".join(client.out)
+    assert wire == b"".join(encode_message_frame(m) for m in messages)
+    assert client.out_bytes == len(wire)
+    assert (client.in_flight, client.message_count) == (len(messages), len(messages))
+    assert len(channel.in_flight) == len(messages)
+    for m in messages:
+        assert channel.in_flight.get(m.id) is m and m.client is client
+        assert channel.in_flight.deadline(m.id) == pytest.approx(now + 30.0, abs=1.0)
+
+
+async def test_batches_are_bounded_by_credit_and_each_consumer_gets_its_own_deadline():
+    channel = _channel()
+    fast = _consumer(channel, 1, rdy=3, msg_timeout=10.0)
+    slow = _consumer(channel, 2, rdy=100, msg_timeout=600.0)
+    messages = _messages()
+    channel.put_many(messages)
+    channel.dispatcher.dispatch(math.inf)
+    assert fast.in_flight == 3 and slow.in_flight == len(messages) - 3
+    mine = [m for m in messages if m.client is fast]
+    theirs = [m for m in messages if m.client is slow]
+    assert len(mine) == 3 and len(theirs) == len(messages) - 3
+    assert channel.in_flight.pop_expired(trio.current_time() + 20.0) == mine
+
+
+async def test_a_second_copy_of_a_message_in_flight_is_dropped():
+    channel = _channel()
+    client = _consumer(channel, 1, rdy=100)
+    first = Message(b"0123456789abcdef", b"one", 1, 0)
+    channel.put_many([first])
+    channel.dispatcher.dispatch(math.inf)
+    client.out.clear()
+    copy = Message(b"0123456789abcdef", b"one", 1, 0)
+    other = Message(b"fedcba9876543210", b"two", 1, 0)
+    channel.put_many([copy, other])
+    channel.dispatcher.dispatch(math.inf)
+    assert b"".join(client.out) == encode_message_frame(other)
+    assert client.in_flight == 2 and len(channel.in_flight) == 2 and not channel.queue
+    assert channel.in_flight.get(first.id) is first
+
+
+async def test_sampled_out_messages_are_consumed_without_delivery():
+    channel = _channel()
+    client = _consumer(channel, 1, rdy=100)
+    client.sample_rate = 50
+    draws = iter([0.1, 0.9, 0.2, 0.8, 0.3, 0.7, 0.4, 0.6])  # <= 0.5 kept
+    channel.dispatcher._random = lambda: next(draws)
+    messages = _messages()
+    channel.put_many(messages)
+    channel.dispatcher.dispatch(math.inf)
+    kept = messages[0::2]
+    assert b"".join(client.out) == b"".join(encode_message_frame(m) for m in kept)
+    assert client.in_flight == len(kept) and sorted(channel.in_flight) == sorted(m.id for m in kept)
+    assert not channel.queue
+
+
+async def test_finish_many_finishes_each_in_turn_and_reports_the_refused():
+    channel = _channel()
+    client = _consumer(channel, 1, rdy=4)
+    other = _consumer(channel, 2, rdy=100)
+    messages = _messages()
+    channel.put_many(messages)
+    channel.dispatcher.dispatch(math.inf)
+    mine = [m.id for m in messages if m.client is client]
+    theirs = next(m.id for m in messages if m.client is other)
+    unknown = b"zzzzzzzzzzzzzzzz"
+    refused = channel.finish_many(client, [mine[0], unknown, mine[1], mine[1], theirs, mine[2]])
+    assert refused == [(unknown, "ID not in flight"), (mine[1], "ID not in flight"),
+                       (theirs, "client does not own message")]
+    assert (client.in_flight, client.finish_count) == (1, 3)
+    assert channel.in_flight.get(theirs) is not None and mine[3] in channel.in_flight
+    assert client.in_mailbox and client in channel.mailbox  # the credit it got back puts it in the mailbox
+
+
+async def test_finish_many_feeds_the_end_to_end_latency_window():
+    channel = _channel()
+    seen = []
+
+    class Window:
+        def add(self, timestamp):
+            seen.append(timestamp)
+
+    channel.e2e = Window()
+    client = _consumer(channel, 1, rdy=100)
+    messages = _messages()
+    channel.put_many(messages)
+    channel.dispatcher.dispatch(math.inf)
+    assert channel.finish_many(client, [m.id for m in messages[:5]]) == []
+    assert seen == [m.timestamp for m in messages[:5]]

@@ -239,7 +239,7 @@ class CommandParser(InputBuffer):
         buf = self._buf
         pos = self._pos
         last = self._last_line
-        if buf.startswith(last, pos) and self.line_check is None:
+        if buf.startswith(last, pos):
             # Fastest path: the same PUB/DPUB line as the previous message body command, with
             # its size field and whole body already here and in range.
             start = pos + len(last) + 4
@@ -248,8 +248,11 @@ class CommandParser(InputBuffer):
                 if 0 < size <= self._max_msg_size:
                     end = start + size
                     if end <= len(buf):
-                        self._pos = end
                         entry = self._last_entry
+                        if self.line_check is not None:
+                            self._pos = start - 4  # as the general path leaves it if the check refuses
+                            self._run_line_check(entry[1], entry[2])
+                        self._pos = end
                         return _new_command(Command, (entry[1], entry[2], buf[start:end]))
         if buf.startswith(b"FIN ", pos) and self._max_line_length > 20:
             # Fast path for a consumer's stream of ``FIN <16-byte id>\n``, for ids of letters and

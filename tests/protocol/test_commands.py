@@ -760,3 +760,21 @@ def test_encode_command_shapes():
     assert encode_command(b"A", b"b", b"", b"c") == b"A b  c\n"
     assert encode_command(b"AUTH", body=b"") == b"AUTH\n\x00\x00\x00\x00"
     assert encode_mpub("t", []) == b"MPUB t\n\x00\x00\x00\x04\x00\x00\x00\x00"
+
+
+def test_line_check_sees_every_repeated_pub_line_and_may_refuse_one():
+    """A run of identical PUB lines takes the parser's fastest path; the server's check still sees each."""
+    seen = []
+
+    def check(name, params):
+        seen.append((name, params))
+        if len(seen) == 3:
+            raise ProtocolError("E_INVALID", "cannot PUB in current state (TLS required)")
+
+    parser = CommandParser(line_check=check)
+    parser.receive_data(b"".join(encode_pub("t", bytes([i]) * 3) for i in range(4)))
+    assert parser.next_command() == Command(b"PUB", (b"t",), b"\x00" * 3)
+    assert parser.next_command() == Command(b"PUB", (b"t",), b"\x01" * 3)
+    with pytest.raises(ProtocolError, match="TLS required"):
+        parser.next_command()
+    assert seen == [(b"PUB", (b"t",))] * 3

@@ -14,7 +14,7 @@ Positions. The writer appends at ``(write_file_num, write_pos)`` and the reader 
 ``(read_file_num, read_pos)``; there is something to read while the reader is behind the writer. ``depth`` counts
 unread records. In the current write file the reader stops at ``write_pos``; in an older, complete file it reads to
 the file's end: the size the writer left it at when it moved on, or the size on disk when the file is opened later.
-A file whose last record has been read is deleted at once.
+A file whose last record has been read is deleted at once (by the worker, see below).
 
 Rolling. Before a record is written, if ``write_pos > 0`` and the record (with its 4-byte length) would take the
 file past ``max_bytes_per_file``, writing moves to the next file number. A file therefore exceeds the limit only
@@ -29,14 +29,32 @@ propagates. A batch is thus all or nothing, and a half-written record is never c
 cut back are harmless: the next write goes over them, and the reader never reads past ``write_pos``.
 
 Syncing means fsync of the write file, then rewriting the meta file atomically (``<meta>.<random>.tmp``, fsync,
-rename). It happens:
+rename), with the positions and depth of the moment the sync was asked for. It happens:
 
 - after ``sync_every`` operations, reads and writes both counting (checked once per call, so a batch is synced
   once, after all of it); ``sync_every=1`` makes every put durable before it returns;
-- on every roll (before the new file gets data), when the reader moves to a new file, after recovering from
-  corruption, and on ``close()``;
+- on every roll (asked for before the new file gets data), when the reader moves to a new file, after recovering
+  from corruption, and on ``close()``;
 - from ``sync_if_due(now)``, which the owner calls periodically: a sync once something has been pending for
   ``sync_timeout`` seconds on the owner's clock.
+
+The worker. The broker calls the queue from its event loop, and some file work takes milliseconds: removing a read
+segment (the kernel frees its blocks in ``unlink``: 4-6 ms for 100 MB), the fsyncs of a sync, the directory fsync
+after a new file. That work goes to the queue's ``FileWorker`` (``file_worker.py``), which runs it on a thread, one
+job at a time, in the order it was asked for; the call that asked returns at once. The order keeps the files
+consistent: the meta file only moves forward, the finished write file is fsynced before its descriptor is closed
+and before any later meta file is written, a directory fsync comes before the meta naming the new file, a segment
+is removed before the meta that no longer names it. A sync asked for while an earlier one is still queued replaces
+it (a slow disk does not pile up syncs). What must be on disk when a call returns is synced inline, after waiting
+for the worker: a put with ``sync_every=1``, ``sync()`` (the group commit below), ``close()``; ``empty()`` and
+``delete()`` wait for it too. A process that dies leaves at most what the worker had not done yet, which a restart
+handles: a meta file older than the data (records beyond its write position are salvaged, in the write file and in
+files after it that a roll began), a segment already read but not yet removed (left behind, as go-diskqueue leaves
+one when it dies between removing and syncing). A background sync that
+fails is logged and kept in ``last_error``; ``sync_if_due`` tries again after ``sync_timeout``.
+
+Reading. The records of the read file are parsed by a ``SegmentReader`` (``segment_reader.py``): inline while the
+page cache serves the file, and once a read had to wait for the disk, from reads ahead on a thread.
 
 Recovery when opening an existing queue:
 
@@ -44,6 +62,8 @@ Recovery when opening an existing queue:
   between). Writing continues in a new file so they are not overwritten, the reader still reads them, and the valid
   records found there are added to ``depth``.
 - A write file shorter than the meta's ``write_pos`` (or missing) is treated as complete; writing moves on too.
+- Data files after the meta's write file (a roll whose meta file the worker had not written yet) are complete files
+  of the queue: their valid records are added to ``depth`` and writing moves on after the last of them.
 - A record with a length out of range, or cut short, means the rest of its file cannot be trusted: the file is
   renamed ``<file>.bad`` (logged) and reading goes on with the next file; when it was the write file, writing moves
   to a new file as well.
@@ -68,13 +88,15 @@ committed position can only cause redelivery); it reaches the meta file with the
 operations in this mode, since they change nothing that a restart would use.
 
 Group commit (``defer_sync=True`` on ``put_many``, with a ``SyncBarrier``). A sync that a put makes due can be
-put off: the queue joins the barrier (``group_commit.py``) instead, and whoever is about to acknowledge the put (the connection's writer,
-before it sends the ``OK``) calls ``barrier.commit()``, which syncs every queue that joined. Puts from many
+put off: the queue joins the barrier (``group_commit.py``) instead, and whoever is about to acknowledge the put
+(the connection's writer, before it sends the ``OK``) calls ``barrier.commit()``, which syncs every queue that
+joined (inline, after the worker's earlier jobs, the fsync of a file finished by a roll among them). Puts from many
 connections handled in one turn of the event loop then share one fsync, and still no ``OK`` leaves before its
 message is on disk. A queue closed or deleted before the commit is skipped (it synced, or its files are gone).
 
-Everything here is synchronous: the broker calls ``put``, ``put_many`` and ``read_many`` from its event loop. The
-calls are plain system calls on a page-cache file, except the fsyncs of a sync.
+The API is synchronous: the broker calls ``put``, ``put_many`` and ``read_many`` from its event loop. What they
+do inline is plain system calls on page-cache files (``pwrite``, ``pread`` when no read ahead has the bytes yet,
+``open``); everything slow goes to the worker, except the syncs that must be done before the call returns.
 """
 
 from __future__ import annotations
@@ -85,14 +107,16 @@ import os
 import struct
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 from .atomic_file import replace_file
+from .file_worker import FileWorker
 from .group_commit import SyncBarrier
+from .segment_reader import SegmentReader
 
 __all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
 
 _LENGTH = struct.Struct(">i")
-_READ_CHUNK = 1 << 16  # bytes read ahead from a segment per system call
 # A held record's start is kept as one int: file number above _POS_BITS, byte position below.
 _POS_BITS = 40
 _POS_MASK = (1 << _POS_BITS) - 1
@@ -152,12 +176,12 @@ class DiskQueue:
         self._write_pos = 0
 
         self._write_fd: int | None = None
-        self._read_fd: int | None = None
+        self._reader: SegmentReader | None = None  # the open read file
         # End of the read file when it is a complete file (not the write file); None until known.
         self._read_end: int | None = None
-        # Read-ahead: bytes of the read file starting at offset _read_buf_at.
-        self._read_buf = b""
-        self._read_buf_at = 0
+        # Blocking file work (fsync, meta file, removals, closing the old write file) runs there, in order.
+        self._worker = FileWorker(name, self.log)
+        self._sync_failed = False  # the last background sync failed (sync_if_due tries again)
 
         self._ops = 0  # reads and writes since the last sync
         self._dirty = False  # anything changed since the last sync
@@ -233,7 +257,10 @@ class DiskQueue:
             self._dirty = True
             self._ops += 1
             if self._ops >= self.sync_every:
-                self._sync()
+                if self.sync_every == 1:
+                    self._sync()
+                else:
+                    self._sync_soon()
         except OSError as exc:
             self._undo_write(before)
             self._record_error("write", exc)
@@ -274,8 +301,10 @@ class DiskQueue:
             if self._ops >= self.sync_every:
                 if defer_sync and self.barrier is not None:
                     self.barrier.owe(self)
-                else:
+                elif self.sync_every == 1:
                     self._sync()
+                else:
+                    self._sync_soon()
         except OSError as exc:
             self._undo_write(before)
             self._record_error("write", exc)
@@ -309,7 +338,8 @@ class DiskQueue:
         self._write_fd = fd
         self.log.info("DISKQUEUE(%s): writing %s", self.name, path)
         if self._write_pos == 0:
-            self._fsync_directory()  # the new file's name must survive a power cut before the meta names it
+            # the new file's name must survive a power cut before the meta names it: every later sync comes after
+            self._worker.submit(self._fsync_directory)
         return fd
 
     def _roll(self) -> None:
@@ -321,10 +351,10 @@ class DiskQueue:
             self._read_end = self._write_pos
         self._write_file_num += 1
         self._write_pos = 0
-        self._sync()  # fsyncs the finished file (still open) and records the new file number
+        self._sync_soon()  # fsyncs the finished file (still open) and records the new file number
         if fd is not None:
             self._write_fd = None
-            os.close(fd)
+            self._worker.submit(partial(os.close, fd))  # after its fsync
 
     def _position(self) -> tuple[int, int, int, int | None, int]:
         return self._write_file_num, self._write_pos, self._depth, self._read_end, self._ops
@@ -334,6 +364,7 @@ class DiskQueue:
         file_num, pos, depth, read_end, ops = before
         if self._write_file_num != file_num:
             self._close_write_file()
+            self._worker.wait_idle()  # the roll's background sync names the files removed here: let it finish
             for num in range(file_num + 1, self._write_file_num + 1):
                 _remove_quietly(self.file_name(num))
             self._write_file_num = file_num
@@ -344,8 +375,8 @@ class DiskQueue:
         self._depth = depth
         self._read_end = read_end
         self._ops = ops
-        if self._read_file_num == file_num:
-            self._forget_read_ahead()
+        if self._read_file_num == file_num and self._reader is not None:
+            self._reader.forget()
         try:
             if self._write_fd is not None:
                 os.ftruncate(self._write_fd, pos)
@@ -372,9 +403,9 @@ class DiskQueue:
                     break
             elif self._read_file_num > self._write_file_num:
                 break
-            if self._read_fd is None and not self._open_read_file():
+            if self._reader is None and not self._open_read_file():
                 break
-            if self._read_fd is None:
+            if self._reader is None:
                 continue  # a missing file was skipped
             end = self._write_pos if reading_write_file else self._read_end
             assert end is not None
@@ -391,10 +422,7 @@ class DiskQueue:
         if records or self._need_sync:
             self._check_tail()
         if self._need_sync or self._ops >= self.sync_every:
-            try:
-                self._sync()
-            except OSError as exc:
-                self._record_error("sync", exc)
+            self._sync_soon()
         return records
 
     def read_many_held(self, max_count: int) -> tuple[int, list[bytes]]:
@@ -456,67 +484,21 @@ class DiskQueue:
         held = self._held
         committed_file = held[0] >> _POS_BITS if held else self._read_file_num
         while self._oldest_file < committed_file:
-            path = self.file_name(self._oldest_file)
+            self._worker.submit(partial(self._remove_data_file, self.file_name(self._oldest_file)))
             self._oldest_file += 1
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, path, exc)
 
     def _read_records(self, records: list[bytes], max_count: int, end: int) -> str | None:
         """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
         description of the corruption that stopped it, or None."""
-        buf = self._read_buf
-        base = self._read_buf_at
-        pos = self._read_pos
-        low, high = self.min_msg_size, self.max_msg_size
-        unpack = _LENGTH.unpack_from
-        append = records.append
-        count = len(records)
-        start_count = count
-        problem = None
-        while count < max_count and pos < end:
-            off = pos - base
-            if off + 4 > len(buf):
-                buf, base, problem = self._read_ahead(pos, 4, end)
-                if problem:
-                    break
-                off = 0
-            (size,) = unpack(buf, off)
-            if size < low or size > high:
-                problem = f"invalid record size {size}"
-                break
-            stop = off + 4 + size
-            if stop > len(buf):
-                buf, base, problem = self._read_ahead(pos, 4 + size, end)
-                if problem:
-                    break
-                off, stop = 0, 4 + size
-            append(buf[off + 4:stop])
-            pos += 4 + size
-            count += 1
-        taken = count - start_count
-        self._read_buf = buf
-        self._read_buf_at = base
-        self._read_pos = pos
+        before = len(records)
+        self._read_pos, problem = self._reader.take(records, self._read_pos, max_count, end, self.min_msg_size,
+                                                    self.max_msg_size)
+        taken = len(records) - before
         self._depth -= taken
         self._ops += taken
         if taken:
             self._dirty = True
         return problem
-
-    def _read_ahead(self, pos: int, need: int, end: int) -> tuple[bytes, int, str | None]:
-        want = min(max(need, _READ_CHUNK), end - pos)
-        assert self._read_fd is not None
-        try:
-            data = os.pread(self._read_fd, want, pos)
-        except OSError as exc:
-            return b"", pos, f"read error: {exc}"
-        if len(data) < need:
-            return data, pos, f"short read: wanted {need} bytes, {len(data)} available"
-        return data, pos, None
 
     def _open_read_file(self) -> bool:
         """Open the read file; False when reading cannot go on now (the error is logged)."""
@@ -533,8 +515,7 @@ class DiskQueue:
         except OSError as exc:
             self._record_error("open for reading", exc)
             return False
-        self._read_fd = fd
-        self._forget_read_ahead()
+        self._reader = SegmentReader(fd, path, self.name, self.log)
         if self._read_file_num < self._write_file_num and self._read_end is None:
             self._read_end = os.fstat(fd).st_size
         return True
@@ -548,12 +529,17 @@ class DiskQueue:
             return
         done = self.file_name(self._read_file_num)
         self._advance_read_file()
+        # unlink frees the file's blocks (milliseconds for a full segment): off the loop
+        self._worker.submit(partial(self._remove_data_file, done))
+
+    def _remove_data_file(self, path: str) -> None:
+        """Runs on the worker."""
         try:
-            os.remove(done)
+            os.remove(path)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, done, exc)
+            self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, path, exc)
 
     def _advance_read_file(self) -> None:
         self._close_read_file()
@@ -602,10 +588,6 @@ class DiskQueue:
             self._dirty = True
             self._need_sync = True
 
-    def _forget_read_ahead(self) -> None:
-        self._read_buf = b""
-        self._read_buf_at = 0
-
     # -- durability ----------------------------------------------------------------------------
     def sync(self) -> None:
         """fsync the write file, then rewrite the meta file atomically. Raises OSError (kept in last_error)."""
@@ -616,18 +598,50 @@ class DiskQueue:
             raise
 
     def _sync(self) -> None:
+        """Sync now, on the caller's thread: on disk when it returns (after the background work before it)."""
+        self._worker.discard_last(("sync", self._write_fd))  # superseded by this one
+        self._worker.wait_idle()
         if self._write_fd is not None:
             os.fsync(self._write_fd)
-        self._write_meta()
+        replace_file(self._meta_path, self._meta_text())
         self._ops = 0
         self._dirty = False
         self._need_sync = False
         self._pending_since = None
+        self._sync_failed = False
         self.last_error = None
+
+    def _sync_soon(self) -> None:
+        """Sync on the worker: the meta file as the queue is now, after everything done so far. Nothing waits for
+        it; what must be on disk before an acknowledgement goes through ``_sync`` (``sync_every=1``, the barrier).
+        Errors are logged and kept in ``last_error``."""
+        fd = self._write_fd
+        self._worker.submit(partial(self._sync_files, fd, self._meta_text()), self._background_sync_failed,
+                            key=("sync", fd))
+        self._ops = 0
+        self._dirty = False
+        self._need_sync = False
+        self._pending_since = None
+
+    def _sync_files(self, fd: int | None, meta: bytes) -> None:
+        """Runs on the worker. ``fd`` is still open: it is closed only by a later job."""
+        if fd is not None:
+            os.fsync(fd)
+        replace_file(self._meta_path, meta)
+        if self._sync_failed:
+            self._sync_failed = False
+            self.last_error = None
+
+    def _background_sync_failed(self, exc: OSError) -> None:
+        self._sync_failed = True
+        self._record_error("sync", exc)
 
     def sync_if_due(self, now: float) -> bool:
         """Sync when changes have been pending for ``sync_timeout`` on the caller's clock; call it periodically
-        (say every second). Errors are logged and kept in ``last_error``, not raised. True when it synced."""
+        (say every second). The sync runs on the worker; its errors are logged and kept in ``last_error``, not
+        raised. True when it started one."""
+        if self._sync_failed and not self._closed:
+            self._dirty = True  # try again after another sync_timeout
         if self._closed or not self._dirty:
             self._pending_since = None
             return False
@@ -635,19 +649,17 @@ class DiskQueue:
             self._pending_since = now
         if now - self._pending_since < self.sync_timeout:
             return False
-        try:
-            self._sync()
-        except OSError as exc:
-            self._record_error("sync", exc)
-            self._pending_since = now  # try again after another sync_timeout
-            return False
+        self._sync_soon()
         return True
 
-    def _write_meta(self) -> None:
+    def _meta_text(self) -> bytes:
         read_num, read_pos, depth = self._committed()
-        text = (f"{depth}\n{read_num},{read_pos}\n"
+        return (f"{depth}\n{read_num},{read_pos}\n"
                 f"{self._write_file_num},{self._write_pos}\n").encode("ascii")
-        replace_file(self._meta_path, text)
+
+    def wait_idle(self) -> None:
+        """Block until the file work handed to the worker so far (syncs, removals) has run."""
+        self._worker.wait_idle()
 
     def _fsync_directory(self) -> None:
         try:
@@ -690,6 +702,7 @@ class DiskQueue:
             self._closed = True
             self._close_read_file()
             self._close_write_file()
+            self._worker.wait_idle()
 
     def delete(self) -> None:
         """Remove the queue's data and meta files and close it; no file of it is left (``.bad`` files aside)."""
@@ -703,6 +716,7 @@ class DiskQueue:
         """Delete files read..write and put both positions at the start of a fresh file number."""
         self._close_read_file()
         self._close_write_file()
+        self._worker.wait_idle()  # nothing of the worker's may write the meta file or use a descriptor after this
         first, last = self._read_file_num, self._write_file_num
         if self.hold_reads:
             first = min(first, self._oldest_file)
@@ -725,15 +739,15 @@ class DiskQueue:
         self._oldest_file = fresh
 
     def _close_read_file(self) -> None:
-        fd, self._read_fd = self._read_fd, None
-        self._forget_read_ahead()
-        if fd is not None:
-            os.close(fd)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()  # after its read ahead, if one is running
 
     def _close_write_file(self) -> None:
+        """On the worker, after the syncs already handed to it (which may fsync this descriptor)."""
         fd, self._write_fd = self._write_fd, None
         if fd is not None:
-            os.close(fd)
+            self._worker.submit(partial(os.close, fd))
 
     # -- start-up ------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -780,12 +794,33 @@ class DiskQueue:
             self._write_file_num += 1
             self._write_pos = 0
             self._need_sync = True
+        # The meta file of a roll is written by the worker, after the new file may have got data: a process that
+        # died in between left files after the meta's write file, with records written since the last sync.
+        later = self._later_files(write_num)
+        if later:
+            salvaged = sum(self._count_records(self.file_name(num), 0, end) for num, end in later)
+            self.log.warning("DISKQUEUE(%s): %d file(s) after %s are not in the metadata yet; %d unsynced record(s) "
+                             "kept, writing continues in a new file", self.name, len(later), path, salvaged)
+            self._depth += salvaged
+            self._write_file_num = later[-1][0] + 1
+            self._write_pos = 0
+            self._need_sync = True
         self._check_tail()
         if self._need_sync:
             try:
                 self._sync()
             except OSError as exc:
                 self._record_error("sync", exc)
+
+    def _later_files(self, num: int) -> list[tuple[int, int]]:
+        """``(number, size)`` of the data files that follow file ``num`` without a gap."""
+        found = []
+        while True:
+            num += 1
+            try:
+                found.append((num, os.stat(self.file_name(num)).st_size))
+            except FileNotFoundError:
+                return found
 
     def _count_records(self, path: str, start: int, end: int) -> int:
         """Whole, valid records between ``start`` and ``end`` of a file (only their lengths are read)."""

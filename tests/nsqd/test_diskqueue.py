@@ -123,15 +123,19 @@ def test_files_roll_at_the_right_byte_and_read_files_are_deleted(tmp_path):
         f"{NAME}.diskqueue.000003.dat": 100,
     }
     assert q.depth() == 10
+    q.wait_idle()  # file work runs on a thread (see test_diskqueue_worker.py)
     # the meta was synced at every roll, before the new file got data
     assert meta_file(tmp_path).read_text() == "9\n0,0\n3,0\n"
     assert q.read_many(2) == records[:2]
     assert data_file(tmp_path, 0).exists()
     assert q.read_many(1) == records[2:3]
+    q.wait_idle()
     assert not data_file(tmp_path, 0).exists()  # deleted as soon as its last record was read
     assert q.read_many(5) == records[3:8]
+    q.wait_idle()
     assert not data_file(tmp_path, 1).exists() and data_file(tmp_path, 2).exists()
     assert q.read_many(5) == records[8:]
+    q.wait_idle()
     assert not data_file(tmp_path, 2).exists()
     assert q.depth() == 0
     assert data_file(tmp_path, 3).exists()  # the write file stays
@@ -172,6 +176,7 @@ def test_reader_caught_up_when_the_writer_rolls_is_not_corruption(tmp_path, capl
         q.put(record)
         assert q.read_many(10) == [record]  # the reader sits exactly at the writer each time
     assert q.depth() == 0
+    q.wait_idle()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".bad")]
     assert queue_files(tmp_path) == [data_file(tmp_path, 2).name, meta_file(tmp_path).name]
     assert "corrupt" not in caplog.text and ".bad" not in caplog.text
@@ -347,7 +352,8 @@ def test_meta_file_is_byte_exact(tmp_path):
     for size in sizes:
         q.put(b"m" * size)
     assert meta_file(tmp_path).read_bytes() == b"3\n0,0\n0,%d\n" % (sum(sizes) + 12)
-    q.read_many(1)
+    q.read_many(1)  # a read's sync runs on the worker
+    q.wait_idle()
     assert meta_file(tmp_path).read_bytes() == b"2\n0,30\n0,%d\n" % (sum(sizes) + 12)
     q.close()
     assert queue_files(tmp_path) == [data_file(tmp_path, 0).name, meta_file(tmp_path).name]
@@ -411,11 +417,13 @@ def test_sync_every_counts_reads_and_writes(tmp_path):
     q.put(message(2))
     assert not meta_file(tmp_path).exists()
     q.read_many(1)  # the 4th operation
+    q.wait_idle()
     record = 4 + len(message(0))
     assert meta_file(tmp_path).read_text() == f"2\n0,{record}\n0,{3 * record}\n"
     q.put_many([message(3), message(4), message(5)])
     assert meta_file(tmp_path).read_text() == f"2\n0,{record}\n0,{3 * record}\n"
     q.put(message(6))
+    q.wait_idle()
     assert meta_file(tmp_path).read_text() == f"6\n0,{record}\n0,{7 * record}\n"
     q.close()
 
@@ -428,6 +436,7 @@ def test_sync_if_due(tmp_path):
     assert not meta_file(tmp_path).exists()
     assert q.sync_if_due(102.5) is False
     assert q.sync_if_due(103.0) is True
+    q.wait_idle()
     assert meta_file(tmp_path).read_text().startswith("1\n")
     assert q.sync_if_due(200.0) is False  # nothing new since
     q.close()

@@ -80,6 +80,7 @@ def test_data_files_go_only_when_the_committed_position_passes_them(tmp_path):
         q.ack(token + t)
     assert data_file(tmp_path, 0, NAME).exists() and data_file(tmp_path, 1, NAME).exists()
     q.ack(token)  # the committed position jumps to record 7, in file 2
+    q.wait_idle()  # files are removed on the worker
     assert not data_file(tmp_path, 0, NAME).exists() and not data_file(tmp_path, 1, NAME).exists()
     assert data_file(tmp_path, 2, NAME).exists()
     q.close()

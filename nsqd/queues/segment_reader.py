@@ -1,0 +1,154 @@
+"""The read side of one disk queue segment file: its descriptor, the buffer records are parsed from, the read ahead.
+
+``DiskQueue`` opens one ``SegmentReader`` per segment it reads and asks it for the records between its read
+position and the end it knows (the writer's position in the write file, the file's size in a complete one).
+
+Records are parsed from a buffer read from the file. While the page cache serves the file (a backlog written
+recently, the usual case), the buffer is read inline, ``_READ_CHUNK`` bytes at least: microseconds, cheaper than
+handing the read to a thread. Once an inline read of the file was slow and slept (``_SLOW_READ``: the disk served
+it), the rest of the file is read ahead on a thread (``file_worker.ReadAhead``), ``_READ_AHEAD`` bytes at a time,
+while the loop parses what the previous read brought: a backlog that is no longer cached no longer stalls the event
+loop at every chunk, only where the consumers outrun the disk. A record cut by the end of a chunk is joined alone
+(a copy of one record, not of the chunk), and the chunk stays in ``_ahead`` for the records after it. A draining
+queue thus holds at most about two chunks (512 KiB) in memory.
+
+The descriptor is closed only once no read ahead uses it: ``forget()`` and ``close()`` wait for the one in flight
+(a positioned read of at most ``_READ_AHEAD`` bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import struct
+import time
+
+from .file_worker import ReadAhead
+
+__all__ = ["SegmentReader"]
+
+_LENGTH = struct.Struct(">i")
+_READ_CHUNK = 1 << 16  # bytes read inline from a segment when no read ahead has them
+_READ_AHEAD = 1 << 18  # bytes read ahead on a thread while the records already read are parsed
+# An inline read that took longer than this and slept was served by the disk, not the page cache.
+_SLOW_READ = 0.001
+
+
+class SegmentReader:
+    """Records of one open segment file, read inline or ahead on a thread (see the module notes)."""
+
+    __slots__ = ("fd", "path", "name", "log", "_buf", "_base", "_prefetch", "_ahead", "_from_disk")
+
+    def __init__(self, fd: int, path: str, name: str, log) -> None:
+        self.fd = fd
+        self.path = path
+        self.name = name
+        self.log = log
+        self._buf = b""  # bytes of the file from offset _base
+        self._base = 0
+        self._prefetch: ReadAhead | None = None  # the read running on a thread, for the bytes after those held
+        self._ahead: tuple[int, bytes] | None = None  # bytes it brought that are not used yet: (offset, bytes)
+        self._from_disk = False  # an inline read missed the page cache: read the rest ahead on a thread
+
+    def take(self, records: list[bytes], pos: int, max_count: int, end: int, low: int,
+             high: int) -> tuple[int, str | None]:
+        """Append the records from ``pos`` to ``records`` until ``end`` or ``max_count`` records; lengths must lie
+        in ``[low, high]``. Returns the position after the last record taken and a description of the corruption
+        or read error that stopped it, or None."""
+        buf = self._buf
+        base = self._base
+        unpack = _LENGTH.unpack_from
+        append = records.append
+        count = len(records)
+        problem = None
+        while count < max_count and pos < end:
+            off = pos - base
+            if off + 4 > len(buf):
+                buf, base, problem = self._fill(buf, base, pos, 4, end)
+                if problem:
+                    break
+                off = pos - base
+            (size,) = unpack(buf, off)
+            if size < low or size > high:
+                problem = f"invalid record size {size}"
+                break
+            stop = off + 4 + size
+            if stop > len(buf):
+                buf, base, problem = self._fill(buf, base, pos, 4 + size, end)
+                if problem:
+                    break
+                off = pos - base
+                stop = off + 4 + size
+            append(buf[off + 4:stop])
+            pos += 4 + size
+            count += 1
+        self._buf = buf
+        self._base = base
+        return pos, problem
+
+    def _fill(self, buf: bytes, base: int, pos: int, need: int, end: int) -> tuple[bytes, int, str | None]:
+        """A buffer holding ``need`` bytes from ``pos``: returns it, the file offset it starts at (at most ``pos``)
+        and a problem (a read error or a file cut short) or None. ``buf``, from offset ``base``, is the buffer in
+        use; ``pos`` lies in it or at its end."""
+        data = None
+        ahead = self._ahead
+        if ahead is not None and ahead[0] <= pos and pos + need <= ahead[0] + len(ahead[1]):
+            self._ahead = None
+            data_at, data = ahead
+        pending = self._prefetch
+        if data is None and pending is not None and pending.pos == base + len(buf) and base <= pos <= pending.pos:
+            self._prefetch = None
+            try:
+                chunk = pending.result()
+            except OSError as exc:
+                return b"", pos, f"read error: {exc}"
+            at = pending.pos
+            held = at - pos  # bytes of the wanted range already in buf
+            if need - held <= len(chunk):
+                if held == 0:
+                    data_at, data = at, chunk
+                else:
+                    data_at, data = pos, buf[pos - base:] + chunk[:need - held]
+                    self._ahead = (at, chunk)
+        if data is None:
+            self.forget()
+            want = min(max(need, _READ_CHUNK), end - pos)
+            switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+            started = time.perf_counter()
+            try:
+                data = os.pread(self.fd, want, pos)
+            except OSError as exc:
+                return b"", pos, f"read error: {exc}"
+            if not self._from_disk and self._served_by_disk(started, switches):
+                self._from_disk = True
+                self.log.info("DISKQUEUE(%s): %s is read from the disk, reading ahead on a thread", self.name,
+                              self.path)
+            if len(data) < need:
+                return data, pos, f"short read: wanted {need} bytes, {len(data)} available"
+            data_at = pos
+        if self._from_disk and self._prefetch is None:
+            ahead = self._ahead
+            following = ahead[0] + len(ahead[1]) if ahead is not None else data_at + len(data)
+            if following < end:
+                self._prefetch = ReadAhead(self.fd, min(_READ_AHEAD, end - following), following)
+        return data, data_at, None
+
+    @staticmethod
+    def _served_by_disk(started: float, switches: int) -> bool:
+        """Whether the inline read begun at ``started`` (``perf_counter``) waited for the disk: it was slow, and
+        the thread slept meanwhile (a read preempted by another process is slow too, but does not sleep)."""
+        return (time.perf_counter() - started > _SLOW_READ
+                and resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw != switches)
+
+    def forget(self) -> None:
+        """Drop what was read (the bytes may change: a failed write was cut back), after any read ahead ends."""
+        self._buf = b""
+        self._base = 0
+        self._ahead = None
+        pending, self._prefetch = self._prefetch, None
+        if pending is not None:
+            pending.wait()  # its thread may still use the descriptor
+
+    def close(self) -> None:
+        self.forget()
+        os.close(self.fd)

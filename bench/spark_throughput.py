@@ -2,19 +2,33 @@
 
 A backlog of ``--messages`` bodies is published first (nsqd keeps it in memory), then a streaming
 query ``spark.readStream.format("nsq")`` -> ``writeStream.format("parquet")`` (local[2], one
-checkpoint, the write-ahead log in a temporary directory) drains it. Figures, from the query's
-own progress reports:
+checkpoint, the write-ahead log in a temporary directory) drains it, with no limit on a
+micro-batch's size (``--max-per-trigger 0``: each batch takes what the log holds, so batches grow
+with the backlog) and ``minPartitions=2`` (two tasks share each batch's Parquet writing). Figures,
+from the query's own progress reports:
 
 - ``msg_s`` of the Spark row: messages over the time from ``start()`` to the last batch
-  committed (includes the query start; a first query on ``--warmup-messages`` has warmed the
-  JVM and Spark's Python workers);
+  committed (includes the query start, noted as the delay to the first batch; a first query on
+  ``--warmup-messages`` in batches of ``--warmup-per-trigger`` has warmed the JVM and Spark's
+  Python workers: the JIT compiles per-batch code paths only after many batches);
 - ``batches_msg_s``: messages over the summed durations of the batches that carried data
   (what the pipeline sustains once running);
 - ``msg_s`` of the consumer row: the same backlog (published to a second channel) drained by the
-  connector's consumer alone, without Spark: nsqd -> fsynced log -> FIN. nsqd's own delivery rate
+  connector's consumer alone, without Spark: nsqd -> fsynced log -> FIN, with the consumer's
+  (this process's) and nsqd's CPU time per message. nsqd's own delivery rate
   (``python -m bench.consume``) bounds both.
 
-    python -m bench.spark_throughput [--messages 500000] [--body-size 100] [--max-per-trigger 200000]
+Notes add each batch's duration, the mean of each phase of Spark's ``durationMs`` (addBatch is
+the Parquet job; walCommit and commitOffsets the checkpoint writes), and the CPU time per message
+of every process during the query (nsqd, the JVM, Spark's Python source runner that hosts the
+consumer and reads the log for ``partitions``, the Python workers that build Arrow batches). On
+the 2-core machine the JVM is the largest share: its JIT compiler still runs during the measured
+query (several seconds of CPU), then writing Parquet costs it about 4 us per row; the source
+runner's start imports pyspark from Spark's pyspark.zip, compiled from source, about 1.5 s of
+CPU before the first batch.
+
+    python -m bench.spark_throughput [--messages 500000] [--body-size 100] [--max-per-trigger 0]
+    python -m bench.spark_throughput --consumer-only      # the consumer row alone, no Spark
 """
 
 from __future__ import annotations
@@ -38,10 +52,18 @@ TARGET_MSG_S = 100_000
 def add_arguments(parser) -> None:
     parser.add_argument("--messages", type=int, default=500_000)
     parser.add_argument("--body-size", type=int, default=100)
-    parser.add_argument("--max-per-trigger", type=int, default=200_000, help="maxMessagesPerTrigger (0: no limit)")
+    parser.add_argument("--max-per-trigger", type=int, default=0, help="maxMessagesPerTrigger (0: no limit)")
     parser.add_argument("--ack-mode", choices=("durable", "commit"), default="durable")
-    parser.add_argument("--warmup-messages", type=int, default=50_000, help="drained by a first, unmeasured query")
+    parser.add_argument("--min-partitions", type=int, default=2,
+                        help="minPartitions: Spark tasks per micro-batch (local[2] has two cores)")
+    parser.add_argument("--warmup-messages", type=int, default=200_000, help="drained by a first, unmeasured query")
+    parser.add_argument("--warmup-per-trigger", type=int, default=10_000,
+                        help="maxMessagesPerTrigger of the first query: many small batches warm the JVM's "
+                             "per-batch code paths (the JIT compiles them after enough batches)")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    parser.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the Parquet sink (repeatable), e.g. parquet.enable.dictionary=false")
+    parser.add_argument("--consumer-only", action="store_true", help="measure the consumer alone, without Spark")
 
 
 def build_session():
@@ -64,6 +86,64 @@ def build_session():
     return spark
 
 
+_ROLES = (
+    ("source runner", "python_streaming_source_runner"),
+    ("python workers", "pyspark.daemon"),
+    ("jvm", "java"),
+)
+
+
+def _process_cpu(nsqd_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of nsqd and of this process's descendants, by role (the JVM, Spark's
+    Python source runner where the consumer runs, its Python workers, this driver). A child that
+    ended and was reaped is counted in its parent's cumulated children's time."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(name)] = fields
+        children.setdefault(int(fields[1]), []).append(int(name))
+    tree = [os.getpid()]
+    for pid in tree:
+        tree.extend(children.get(pid, []))
+    totals: dict[str, float] = {}
+    for pid in tree + ([nsqd_pid] if nsqd_pid else []):
+        fields = stats.get(pid)
+        if fields is None:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if pid == nsqd_pid:
+            role = "nsqd"
+        elif pid == os.getpid():
+            role = "driver"
+        else:
+            role = next((r for r, needle in _ROLES if needle in cmdline), "other")
+        seconds = sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS
+        totals[role] = totals.get(role, 0.0) + seconds
+    return totals
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _progress_time(progress: dict) -> float:
+    """The wall-clock start of a batch, from its progress report (ISO 8601, UTC)."""
+    import datetime
+
+    stamp = progress["timestamp"].replace("Z", "+00:00")
+    return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
 def run_query(spark, target: Target, topic: str, args, work: Path) -> dict:
     import spark_connector
 
@@ -76,11 +156,19 @@ def run_query(spark, target: Target, topic: str, args, work: Path) -> dict:
         .option("walPath", str(work / "wal"))
         .option("ackMode", args.ack_mode)
     )
+    if args.min_partitions:
+        reader = reader.option("minPartitions", str(args.min_partitions))
     if args.max_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_per_trigger))
+    cpu_before = _process_cpu(target.pid)
     started = time.monotonic()
+    started_at = time.time()
+    writer = reader.load().writeStream.format("parquet")
+    for option in args.sink_option:
+        key, _, value = option.partition("=")
+        writer = writer.option(key, value)
     query = (
-        reader.load().writeStream.format("parquet")
+        writer
         .option("path", str(work / "out"))
         .option("checkpointLocation", str(work / "checkpoint"))
         .trigger(processingTime="0 seconds")
@@ -102,8 +190,15 @@ def run_query(spark, target: Target, topic: str, args, work: Path) -> dict:
             finished = time.monotonic()
             time.sleep(0.05)
     finally:
+        cpu_after = _process_cpu(target.pid)
         query.stop()
     loaded = [p for p in seen.values() if p["numInputRows"] > 0]
+    phases: dict[str, float] = {}
+    for p in loaded:
+        for phase, ms in p["durationMs"].items():
+            phases[phase] = phases.get(phase, 0) + ms
+    cpu_us = {role: (cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) * 1e6 / max(total, 1)
+              for role in sorted(set(cpu_after) | set(cpu_before))}
     busy_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in loaded)
     elapsed = (finished or time.monotonic()) - started
     return {
@@ -118,6 +213,9 @@ def run_query(spark, target: Target, topic: str, args, work: Path) -> dict:
         "batches_msg_s": total * 1000 / busy_ms if busy_ms else 0.0,
         "consumer_us_msg": None,
         "batch_ms": [p["durationMs"].get("triggerExecution") for p in sorted(loaded, key=lambda p: p["batchId"])],
+        "start_s": (_progress_time(min(loaded, key=lambda p: p["batchId"])) - started_at) if loaded else None,
+        "phase_ms": {phase: round(ms / len(loaded)) for phase, ms in sorted(phases.items())} if loaded else {},
+        "cpu_us_msg": {role: round(us, 2) for role, us in cpu_us.items()},
     }
 
 
@@ -130,6 +228,8 @@ def run_intake(target: Target, topic: str, args, work: Path) -> dict:
                                    "channel": "intake", "walPath": str(work / "intake-wal"),
                                    "ackMode": args.ack_mode, "maxBacklogMessages": str(args.messages + 1)})
     group = ConsumerGroup(options)
+    nsqd = target.sampler()
+    nsqd_cpu = nsqd.cpu_seconds()
     started = time.monotonic()
     cpu = time.process_time()
     group.start()
@@ -144,7 +244,8 @@ def run_intake(target: Target, topic: str, args, work: Path) -> dict:
     return {"stage": "nsqd -> log (consumer only)", "ack_mode": args.ack_mode, "messages": logged,
             "body_bytes": args.body_size, "batches": None, "mean_batch": None, "seconds": elapsed,
             "msg_s": logged / elapsed, "batches_msg_s": None,
-            "consumer_us_msg": (time.process_time() - cpu) * 1e6 / max(logged, 1)}
+            "consumer_us_msg": (time.process_time() - cpu) * 1e6 / max(logged, 1),
+            "nsqd_us/msg": (nsqd.cpu_seconds() - nsqd_cpu) * 1e6 / max(logged, 1)}
 
 
 def run(args) -> Report:
@@ -152,30 +253,40 @@ def run(args) -> Report:
                                          "max_per_trigger": args.max_per_trigger or None,
                                          "ack_mode": args.ack_mode})
     work = Path(tempfile.mkdtemp(prefix="trionsq-spark-bench-"))
+    report.notes.append("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
     try:
         with Target(args, [f"--mem-queue-size={args.messages + 10_000}"]) as target:
             report.target = target.describe()
             topic = unique_topic("spark")
+            # Two channels: one drained by the consumer alone, one by the Spark query.
+            create_channel(target, topic, "intake")
+            if not args.consumer_only:
+                create_channel(target, topic, "spark")
+            published = prefill(target, topic, args.messages, args.body_size)
+            if published < args.messages:
+                report.skipped = f"nsqd took only {published} of {args.messages} messages"
+                return report
+            report.rows.append(run_intake(target, topic, args, work))
+            if args.consumer_only:
+                report.notes.append("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
+                return report
             spark = build_session()
             try:
-                # Two channels: one drained by the consumer alone, one by the Spark query.
-                create_channel(target, topic, "intake")
-                create_channel(target, topic, "spark")
-                published = prefill(target, topic, args.messages, args.body_size)
-                if published < args.messages:
-                    report.skipped = f"nsqd took only {published} of {args.messages} messages"
-                    return report
-                report.rows.append(run_intake(target, topic, args, work))
                 if args.warmup_messages:
                     # A first query warms the JVM and Spark's Python workers; its figures are dropped.
                     warm = unique_topic("spark_warmup")
                     prefill(target, warm, args.warmup_messages, args.body_size)
-                    run_query(spark, target, warm, argparse.Namespace(**{**vars(args), "messages": args.warmup_messages}),
+                    run_query(spark, target, warm,
+                              argparse.Namespace(**{**vars(args), "messages": args.warmup_messages,
+                                                    "max_per_trigger": args.warmup_per_trigger}),
                               work / "warmup")
                 row = run_query(spark, target, topic, args, work)
             finally:
                 spark.stop()
-        report.notes.append(f"Spark batch durations (ms): {row.pop('batch_ms')}")
+        report.notes.append(f"Spark batch durations (ms): {row.pop('batch_ms')}; the first batch started "
+                            f"{row.pop('start_s') or 0:.1f} s after start()")
+        report.notes.append(f"mean ms per batch by phase (query progress durationMs): {row.pop('phase_ms')}")
+        report.notes.append(f"CPU us per message by process during the query: {row.pop('cpu_us_msg')}")
         report.rows.append(row)
         report.targets[f"{TARGET_MSG_S:,} msg/s end to end"] = (
             "met" if row["msg_s"] >= TARGET_MSG_S else f"missed ({row['msg_s']:,.0f})"

@@ -4,14 +4,16 @@ writing every message to the write-ahead log before Spark can see it.
 Threads, not trio: this runs inside Spark's Python source runner, a plain process that calls the
 stream reader's methods one at a time; a few daemon threads (one per nsqd, one polling lookupd)
 are the least surprising guests there, and they die with the runner if Spark kills it.
-The wire work is ``protocol/``: encoders for commands, ``FrameDecoder`` for frames,
-``protocol.compression`` codecs for snappy/deflate; TLS is the standard library's.
+The wire work is ``protocol/``: encoders for commands, ``FrameDecoder`` for the handshake's
+frames, ``protocol.compression`` codecs for snappy/deflate; TLS is the standard library's.
 
 One connection's loop (``NsqdConsumer._serve``): receive what the socket holds (up to 8 MiB),
-decode every frame, answer heartbeats with NOP, drop redelivered copies (known (nsqd, id)),
-append the new messages to the log as one record, fsync, and then, in ``durable`` ack mode, FIN
-them all in one write. A message is therefore FIN'd only once it is on disk: a crash between
-the two leaves it in the log *and* in nsqd, whose redelivery is then recognised and dropped.
+parse every frame of it in one pass over the buffer (one ``struct`` call per message gives its
+size, type, timestamp, attempts and id; the body is one slice), answer heartbeats with NOP, drop
+redelivered copies (known (nsqd, id)), append the new messages to the log as one record, fsync,
+and then, in ``durable`` ack mode, FIN them all in one write. A message is therefore FIN'd only
+once it is on disk: a crash between the two leaves it in the log *and* in nsqd, whose
+redelivery is then recognised and dropped.
 In ``commit`` ack mode nothing is FIN'd until Spark's ``commit(end)`` covers its position; in the
 meantime every such message is TOUCHed each half ``msg_timeout``. TOUCH cannot extend a message
 past nsqd's ``--max-msg-timeout`` (15 min by default) after delivery: a batch that takes Spark
@@ -51,7 +53,7 @@ from protocol.commands import (
     encode_rdy,
     encode_sub,
 )
-from protocol.errors import NON_FATAL_CODES, ProtocolError
+from protocol.errors import E_BAD_PROTOCOL, NON_FATAL_CODES, ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 
 from .options import ACK_DURABLE, SourceOptions
@@ -63,7 +65,11 @@ log = logging.getLogger("spark_connector.consumer")
 
 USER_AGENT = "trionsq-spark/0.1"
 _HEARTBEAT = b"_heartbeat_"
-_unpack_header = struct.Struct(">qH16s").unpack_from
+# [int32 size][int32 type] then, for a message, [int64 timestamp][uint16 attempts][16-byte id]
+_unpack_frame_header = struct.Struct(">ii").unpack_from
+_unpack_message_header = struct.Struct(">iiqH16s").unpack_from
+_MESSAGE_HEADER_SIZE = 34
+_MAX_FRAME_SIZE = 64 * 1024 * 1024
 _RECV_SIZE = 1 << 20
 _COALESCE_BYTES = 8 << 20
 # The largest output buffer nsqd accepts by default: fewer, larger writes to read and log.
@@ -95,12 +101,27 @@ _CONFIG_ERRORS = {"E_BAD_TOPIC", "E_BAD_CHANNEL", "E_AUTH_FAILED", "E_UNAUTHORIZ
                   "E_IDENTIFY_FAILED", "E_BAD_BODY", "E_INVALID"}
 
 
+class _HandshakeDecoder(FrameDecoder):
+    """The frame decoder of the handshake, which hands its unread bytes over to the serving loop."""
+
+    __slots__ = ()
+
+    def take_unparsed(self) -> bytes:
+        rest = b"".join([self._buf[self._pos :], *self._chunks])
+        self._buf = b""
+        self._pos = 0
+        self._chunks.clear()
+        self._chunks_len = 0
+        self._need = 0
+        return rest
+
+
 class _Wire:
     """A connected socket with its optional TLS and compression layers and a frame decoder."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.decoder = FrameDecoder()
+        self.decoder = _HandshakeDecoder()
         self.inflate = None
         self.deflate = None
         self._send_lock = threading.Lock()
@@ -111,16 +132,24 @@ class _Wire:
                 data = self.deflate.encode(data)
             self.sock.sendall(data)
 
-    def receive(self, more: bool = False) -> bool:
-        """Read into the frame decoder; False on EOF. Raises socket.timeout when idle.
+    def receive(self) -> bool:
+        """Read into the frame decoder; False on EOF. Raises socket.timeout when idle."""
+        raw = self.read_available()
+        if not raw:
+            return False
+        self.decoder.receive_data(raw)
+        return True
 
-        With ``more``, keep reading whatever else the socket already holds (up to
+    def read_available(self) -> bytes:
+        """What the socket holds, decompressed; b"" on EOF. Raises socket.timeout when idle.
+
+        Once data arrives, keep reading whatever else the socket already holds (up to
         ``_COALESCE_BYTES``) without waiting, so that one log record and one fsync cover it all.
         """
         raw = self.sock.recv(_RECV_SIZE)
         if not raw:
-            return False
-        if more and not isinstance(self.sock, ssl.SSLSocket):
+            return raw
+        if not isinstance(self.sock, ssl.SSLSocket):
             chunks = [raw]
             size = len(raw)
             timeout = self.sock.gettimeout()
@@ -142,8 +171,12 @@ class _Wire:
             raw = self.inflate.decode(raw)
             while getattr(self.inflate, "has_more", False):
                 raw += self.inflate.decode(b"")
-        self.decoder.receive_data(raw)
-        return True
+        return raw
+
+    def take_buffered(self) -> bytes:
+        """The bytes the frame decoder holds (frames that came with the handshake's last
+        answer), for a loop that parses the stream itself from now on."""
+        return self.decoder.take_unparsed()
 
     def read_frame(self, deadline: float):
         while True:
@@ -369,9 +402,12 @@ class NsqdConsumer:
     def _serve(self, wire: _Wire) -> None:
         stopping = self.group.stopping
         durable = self.options.ack_mode == ACK_DURABLE
-        decoder = wire.decoder
-        mlog = self.log
         stop_by = None
+        rest = wire.take_buffered()  # an incomplete frame carried over to the next read
+        handshake_rest = bool(rest)
+        rest_need = 0  # the bytes that frame needs in all (0: unknown, parse at the next read)
+        waiting: list[bytes] = []  # reads queued while they cannot complete that frame
+        waiting_size = 0
         while True:
             if stopping.is_set():
                 if stop_by is None:
@@ -381,63 +417,100 @@ class NsqdConsumer:
                     stop_by = time.monotonic() + _DRAIN_SECONDS
                 elif time.monotonic() >= stop_by:
                     return
-            try:
-                if not wire.receive(more=True):
+            if handshake_rest:
+                raw = b""  # frames that came with the handshake's last answer: parse them first
+                handshake_rest = False
+            else:
+                try:
+                    raw = wire.read_available()
+                except (socket.timeout, TimeoutError):
+                    if stop_by is not None:
+                        return  # drained
+                    self._housekeeping(wire)
+                    continue
+                if not raw:
                     raise ConnectionError("nsqd closed the connection")
-            except (socket.timeout, TimeoutError):
-                if stop_by is not None:
-                    return  # drained
-                self._housekeeping(wire)
-                continue
-            ids: list[bytes] = []
-            timestamps: list[int] = []
-            attempts: list[int] = []
-            bodies: list[bytes] = []
-            acks: list[bytes] = []
-            committed = self.group.committed_position(self.address)
-            position_of = mlog.position_of
-            pending_dups: list[tuple[bytes, int]] = []
-            while (frame := decoder.next_frame()) is not None:
-                ftype, data = frame
-                if ftype == FRAME_TYPE_MESSAGE:
-                    ts, att, mid = _unpack_header(data)
-                    seen = position_of(mid)
-                    if seen is not None:
-                        self.stats.duplicates += 1
-                        if durable or seen < committed:
-                            acks.append(mid)
-                        else:
-                            pending_dups.append((mid, seen))
-                        continue
+            if rest:
+                # Only join once the incomplete frame can be completed (a large body arriving in
+                # many reads is copied a bounded number of times).
+                waiting.append(raw)
+                waiting_size += len(raw)
+                if len(rest) + waiting_size < rest_need:
+                    continue
+                buf = b"".join([rest, *waiting])
+                waiting.clear()
+                waiting_size = 0
+            else:
+                buf = raw
+            rest, rest_need = self._consume(wire, buf, durable)
+            self._housekeeping(wire)
+
+    def _consume(self, wire: _Wire, buf: bytes, durable: bool) -> tuple[bytes, int]:
+        """Parse, log and acknowledge every complete frame of ``buf``; returns the incomplete
+        frame at its end and how many bytes that frame needs in all (0 when not yet known)."""
+        mlog = self.log
+        top_id = mlog.top_id
+        position_of = mlog.position_of
+        ids: list[bytes] = []
+        timestamps: list[int] = []
+        attempts: list[int] = []
+        bodies: list[bytes] = []
+        acks: list[bytes] = []
+        pending_dups: list[tuple[bytes, int]] = []
+        committed = self.group.committed_position(self.address)
+        size_of = len(buf)
+        pos = 0
+        need = 0
+        while True:
+            left = size_of - pos
+            if left >= _MESSAGE_HEADER_SIZE:
+                size, ftype, ts, att, mid = _unpack_message_header(buf, pos)
+            elif left >= 8:
+                size, ftype = _unpack_frame_header(buf, pos)
+            else:
+                break
+            if size < 4 or size > _MAX_FRAME_SIZE or (ftype == FRAME_TYPE_MESSAGE and size < _MESSAGE_HEADER_SIZE - 4):
+                raise ProtocolError(E_BAD_PROTOCOL, f"invalid frame size {size}")
+            end = pos + 4 + size
+            if end > size_of:
+                need = 4 + size
+                break
+            if ftype == FRAME_TYPE_MESSAGE:
+                if mid <= top_id and (position := position_of(mid)) is not None:
+                    self.stats.duplicates += 1
+                    if durable or position < committed:
+                        acks.append(mid)
+                    else:
+                        pending_dups.append((mid, position))
+                else:
                     ids.append(mid)
                     timestamps.append(ts)
                     attempts.append(att)
-                    bodies.append(data[26:])
-                elif ftype == FRAME_TYPE_ERROR:
-                    error = _ServerError(data)
-                    if error.fatal:
-                        raise error
-                    log.warning("nsqd %s: %s", self.address, error)
-                elif data == _HEARTBEAT:
-                    wire.send(NOP)
-            if ids:
-                first = mlog.append(ids, timestamps, attempts, bodies)
-                mlog.sync()
-                self.stats.received += len(ids)
-                self.stats.logged += len(ids)
-                if durable:
-                    acks.extend(ids)
-                else:
-                    with self._pending_lock:
-                        pending = self._pending
-                        for i, mid in enumerate(ids):
-                            pending[mid] = first + i
-            if pending_dups:
+                    bodies.append(buf[pos + _MESSAGE_HEADER_SIZE : end])
+            elif ftype == FRAME_TYPE_ERROR:
+                error = _ServerError(buf[pos + 8 : end])
+                if error.fatal:
+                    raise error
+                log.warning("nsqd %s: %s", self.address, error)
+            elif buf[pos + 8 : end] == _HEARTBEAT:
+                wire.send(NOP)
+            pos = end
+        if ids:
+            first = mlog.append(ids, timestamps, attempts, bodies)
+            mlog.sync()
+            self.stats.received += len(ids)
+            self.stats.logged += len(ids)
+            if durable:
+                acks.extend(ids)
+            else:
                 with self._pending_lock:
-                    self._pending.update(pending_dups)
-            if acks:
-                wire.send(b"".join([b"FIN " + mid + b"\n" for mid in acks]))
-            self._housekeeping(wire)
+                    self._pending.update(zip(ids, range(first, first + len(ids))))
+        if pending_dups:
+            with self._pending_lock:
+                self._pending.update(pending_dups)
+        if acks:
+            wire.send(b"FIN " + b"\nFIN ".join(acks) + b"\n")
+        return (buf[pos:] if pos < size_of else b""), need
 
     def _housekeeping(self, wire: _Wire) -> None:
         self._update_rdy(wire)
@@ -445,7 +518,7 @@ class NsqdConsumer:
             with self._pending_lock:
                 ids = list(self._pending)
             if ids:
-                wire.send(b"".join([b"TOUCH " + mid + b"\n" for mid in ids]))
+                wire.send(b"TOUCH " + b"\nTOUCH ".join(ids) + b"\n")
             self._next_touch = time.monotonic() + self._msg_timeout_ms / 2000
 
     def _update_rdy(self, wire: _Wire) -> None:
@@ -478,7 +551,7 @@ class NsqdConsumer:
                     del pending[mid]
         try:
             if acks:
-                wire.send(b"".join([b"FIN " + mid + b"\n" for mid in acks]))
+                wire.send(b"FIN " + b"\nFIN ".join(acks) + b"\n")
             self._update_rdy(wire)
         except OSError as exc:
             log.warning("nsqd %s: could not send FIN (%s); nsqd will redeliver and the copies "

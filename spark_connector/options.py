@@ -14,6 +14,8 @@ walPath                  required   directory of the write-ahead log, one per qu
 ackMode                  durable    ``durable``: FIN once the message is fsynced in the log;
                                     ``commit``: FIN when Spark commits the batch holding it
 maxMessagesPerTrigger    none       upper bound of messages per micro-batch (Spark ReadMaxRows)
+minPartitions            none       split a micro-batch into at least about this many partitions
+                                    (Spark tasks) of consecutive messages; default one per nsqd
 maxInFlight              2500       RDY budget shared by the nsqd connections
 maxBacklogMessages       1000000    logged but uncommitted messages above which RDY drops to 0
 msgTimeoutMs             nsqd's     IDENTIFY msg_timeout: how long nsqd waits for FIN or TOUCH
@@ -58,6 +60,7 @@ class SourceOptions:
     wal_path: str
     ack_mode: str = ACK_DURABLE
     max_messages_per_trigger: int | None = None
+    min_partitions: int | None = None
     max_in_flight: int = 2500
     max_backlog_messages: int = 1_000_000
     msg_timeout_ms: int | None = None
@@ -154,6 +157,7 @@ class SourceOptions:
             wal_path=wal_path,
             ack_mode=ack_mode,
             max_messages_per_trigger=integer("maxMessagesPerTrigger", None, 1),
+            min_partitions=integer("minPartitions", None, 1),
             max_in_flight=integer("maxInFlight", 2500, 1),
             max_backlog_messages=integer("maxBacklogMessages", 1_000_000, 1),
             msg_timeout_ms=msg_timeout,

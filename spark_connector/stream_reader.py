@@ -8,14 +8,14 @@ and pickling drops the running state, so no other process ever opens a socket or
 
 Offsets have one fixed JSON shape: ``{"version": 1, "positions": {"<nsqd host:port>": <int>}}``,
 keys sorted, where a position counts messages in that nsqd's log (end exclusive) and an absent
-key means 0. A batch [start, end) of a log becomes one ``NsqPartition`` carrying the messages
-themselves (so executors need neither the log nor the network), and ``read`` turns it into Arrow
-record batches without a Python object per message.
+key means 0. A batch [start, end) of a log becomes one ``NsqPartition`` (or, with
+``minPartitions``, several of consecutive messages, so that more Spark tasks share the work)
+carrying the messages themselves (so executors need neither the log nor the network), and
+``read`` turns it into Arrow record batches without a Python object per message.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -113,6 +113,21 @@ def _share(start: dict[str, int], available: dict[str, int], budget: int) -> dic
     return end
 
 
+def _split(ranges: list[tuple[str, int, int]], min_partitions: int | None) -> list[tuple[str, int, int]]:
+    """Cut the logs' ranges into pieces of at most ``ceil(total / min_partitions)`` messages, so
+    that a batch makes at least about ``min_partitions`` Spark tasks (one per range without it)."""
+    total = sum(hi - lo for _, lo, hi in ranges)
+    if not min_partitions or len(ranges) >= min_partitions or total == 0:
+        return ranges
+    piece = -(-total // min_partitions)
+    out = []
+    for key, lo, hi in ranges:
+        count = -(-(hi - lo) // piece)
+        step = -(-(hi - lo) // count)
+        out.extend((key, start, min(start + step, hi)) for start in range(lo, hi, step))
+    return out
+
+
 class NsqStreamReader(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -175,11 +190,9 @@ class NsqStreamReader(DataSourceStreamReader):
         begin = parse_offset(start)
         finish = parse_offset(end)
         logs = group.wal.snapshot()
+        ranges = [(key, begin.get(key, 0), finish[key]) for key in sorted(finish) if finish[key] > begin.get(key, 0)]
         parts = []
-        for key in sorted(finish):
-            lo, hi = begin.get(key, 0), finish[key]
-            if hi <= lo:
-                continue
+        for key, lo, hi in _split(ranges, self.options.min_partitions):
             mlog = logs.get(key)
             if mlog is None:
                 raise WalError(
@@ -204,7 +217,9 @@ class NsqStreamReader(DataSourceStreamReader):
 
 
 def arrow_batches(p: NsqPartition) -> Iterator:
-    """Arrow record batches of a partition, in SCHEMA's column order and types."""
+    """Arrow record batches of a partition, in SCHEMA's column order and types. Every column is
+    built by Arrow from the partition's buffers (body offsets by a cumulative sum, ids by a cast
+    of 16-byte values, the constant columns by ``pa.repeat``), with no Python work per message."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -222,46 +237,27 @@ def arrow_batches(p: NsqPartition) -> Iterator:
     n = len(p.timestamps) // 8
     if n == 0:
         return
-    from array import array
-
-    sizes = array("I")
-    sizes.frombytes(p.body_sizes)
-    offsets = array("q", itertools.accumulate(sizes, initial=0))
-    offsets_buf = pa.py_buffer(offsets)
+    sizes = pa.Array.from_buffers(pa.uint32(), n, [None, pa.py_buffer(p.body_sizes)])
+    offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(sizes.cast(pa.int64()))])
+    offsets_buf = offsets.buffers()[1]
     bodies_buf = pa.py_buffer(p.bodies)
-    ids_buf = pa.py_buffer(p.ids)
+    ids = pa.Array.from_buffers(pa.binary(ID_SIZE), n, [None, pa.py_buffer(p.ids)]).cast(pa.binary()).view(pa.string())
     ts = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(p.timestamps)])
     timestamps = pc.divide(ts, 1000).cast(pa.timestamp("us", tz="UTC"))
     attempts = pa.Array.from_buffers(pa.uint16(), n, [None, pa.py_buffer(p.attempts)]).cast(pa.int32())
+    constants = [pa.scalar(value, pa.string()) for value in (p.nsqd, p.topic, p.channel)]
 
     lo = 0
     while lo < n:
         hi = min(n, lo + _MAX_ROWS_PER_BATCH)
         # Shrink the chunk until its bodies fit (at least one row per chunk).
-        while hi > lo + 1 and offsets[hi] - offsets[lo] > _MAX_BYTES_PER_BATCH:
+        while hi > lo + 1 and offsets[hi].as_py() - offsets[lo].as_py() > _MAX_BYTES_PER_BATCH:
             hi = lo + max(1, (hi - lo) // 2)
         m = hi - lo
-        id_offsets = pa.py_buffer(array("i", range(0, ID_SIZE * m + 1, ID_SIZE)))
-        ids = pa.Array.from_buffers(pa.string(), m, [None, id_offsets, ids_buf.slice(ID_SIZE * lo, ID_SIZE * m)])
         body = pa.Array.from_buffers(pa.large_binary(), m, [None, offsets_buf, bodies_buf], offset=lo).cast(pa.binary())
         yield pa.RecordBatch.from_arrays(
-            [
-                ids,
-                body,
-                timestamps.slice(lo, m),
-                attempts.slice(lo, m),
-                _constant(pa, p.nsqd, m),
-                _constant(pa, p.topic, m),
-                _constant(pa, p.channel, m),
-            ],
+            [ids.slice(lo, m), body, timestamps.slice(lo, m), attempts.slice(lo, m),
+             *(pa.repeat(value, m) for value in constants)],
             schema=schema,
         )
         lo = hi
-
-
-def _constant(pa, value: str, m: int):
-    from array import array
-
-    raw = value.encode()
-    offsets = array("i", range(0, len(raw) * m + 1, len(raw))) if raw else array("i", [0] * (m + 1))
-    return pa.Array.from_buffers(pa.string(), m, [None, pa.py_buffer(offsets), pa.py_buffer(raw * m)])

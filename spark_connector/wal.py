@@ -9,7 +9,11 @@ Layout of ``walPath``::
 
 Positions count messages from 0 in each log. A segment starts with an 8-byte magic and holds
 records framed as ``[uint32 length][uint32 CRC-32][payload]`` (big-endian), the payload being a
-``Batch`` protobuf (``wal.proto``) of consecutive messages. Appends go to the newest segment
+``Batch`` protobuf (``wal.proto``) of consecutive messages. A record is written in the packed
+layout: its numeric columns are little-endian arrays in bytes fields, and ``append`` writes the
+protobuf encoding itself from whole buffers (a handful of length-prefixed fields), since building
+a ``Batch`` message costs a conversion per message and field; records of the older repeated
+layout are still read. Appends go to the newest segment
 until it passes ``segment_bytes``; ``sync()`` makes everything appended so far durable (fsync of
 the file, and of the directory when a segment was created) and only then moves ``synced_end``,
 the limit of what the reader may hand to Spark and what the consumer may FIN in durable mode.
@@ -26,16 +30,21 @@ Segments are deleted by ``delete_before(position)`` once Spark's commit covers t
 Redeliveries: each log remembers the ids of its most recent messages (``dedup_window`` of them,
 seeded at recovery from the retained segments) with their positions, so that a copy nsqd
 delivers again (a FIN lost with a connection, a restart) is recognised by (nsqd, id) and dropped.
+The ids are kept a record at a time; the id -> position index is brought up to date only when
+an id not above the greatest logged one arrives (a redelivered copy, or a deferred message), so
+a first delivery from an nsqd whose ids increase costs one comparison.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 import urllib.parse
@@ -64,6 +73,36 @@ SEGMENT_SUFFIX = ".wal"
 _RECORD_HEADER = struct.Struct(">II")
 _MAX_RECORD = 1 << 30
 ID_SIZE = 16
+_LITTLE_ENDIAN = sys.byteorder == "little"
+# Protobuf keys (field number << 3 | wire type) of the Batch fields a packed record holds.
+_KEY_FIRST_POSITION = b"\x08"
+_KEY_NSQD, _KEY_TOPIC, _KEY_CHANNEL, _KEY_IDS = b"\x12", b"\x1a", b"\x22", b"\x2a"
+_KEY_BODIES, _KEY_TIMESTAMPS, _KEY_ATTEMPTS, _KEY_BODY_SIZES = b"\x4a", b"\x52", b"\x5a", b"\x62"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _le_array(typecode: str, data: bytes) -> array:
+    """An array of the little-endian values in ``data`` (a packed column)."""
+    out = array(typecode)
+    out.frombytes(data)
+    if not _LITTLE_ENDIAN:
+        out.byteswap()
+    return out
+
+
+def _le_bytes(values: array) -> bytes:
+    if not _LITTLE_ENDIAN:
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
 
 
 class WalError(Exception):
@@ -93,13 +132,19 @@ class Columns:
 
     @classmethod
     def from_batch(cls, batch: wal_pb2.Batch) -> "Columns":
-        return cls(
-            batch.ids,
-            array("q", batch.timestamps),
-            array("H", batch.attempts),
-            array("I", batch.body_sizes),
-            batch.bodies,
-        )
+        """The columns of a record of either layout; ValueError when they disagree in length."""
+        ids = batch.ids
+        count = len(ids) // ID_SIZE
+        if batch.timestamps_le or batch.attempts_le or batch.body_sizes_le or not batch.timestamps:
+            columns = cls(ids, _le_array("q", batch.timestamps_le), _le_array("H", batch.attempts_le),
+                          _le_array("I", batch.body_sizes_le), batch.bodies)
+        else:  # the repeated layout of older logs
+            columns = cls(ids, array("q", batch.timestamps), array("H", batch.attempts),
+                          array("I", batch.body_sizes), batch.bodies)
+        if (len(ids) % ID_SIZE or len(columns.timestamps) != count or len(columns.attempts) != count
+                or len(columns.body_sizes) != count or sum(columns.body_sizes) != len(columns.bodies)):
+            raise ValueError("columns of different lengths")
+        return columns
 
     def slice(self, start: int, stop: int) -> "Columns":
         """Messages [start, stop) of this chunk (indexes within the chunk)."""
@@ -168,9 +213,23 @@ class MessageLog:
         self.end = 0  # position after the last appended message
         self.synced_end = 0  # position after the last durable message
         self._dedup_window = dedup_window
-        self._seen: dict[bytes, int] = {}
-        self._seen_order: deque[bytes] = deque()
+        # The remembered ids, a record per item: (position of the first, ids), oldest first.
+        self._recent: deque[tuple[int, list[bytes]]] = deque()
+        self._recent_count = 0
+        self._recent_total = 0  # records ever remembered
+        # The greatest id ever logged: an id above it was never seen, which is what a first
+        # delivery is when the nsqd's ids increase (nsqd's do, per topic), so the consumer
+        # looks an id up only when it is not above it.
+        self.top_id = b""
+        self._index: dict[bytes, int] = {}  # id -> position, built at the first look-up
+        self._indexed_total = 0  # records of _recent in _index
         self.truncated_bytes = 0  # bytes of torn tail cut at recovery
+        # The fields every record of this log repeats, encoded once.
+        self._record_names = b"".join(
+            key + _varint(len(text)) + text
+            for key, text in ((_KEY_NSQD, nsqd.encode()), (_KEY_TOPIC, topic.encode()),
+                              (_KEY_CHANNEL, channel.encode()))
+        )
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -229,6 +288,7 @@ class MessageLog:
                 else:
                     try:
                         batch = wal_pb2.Batch.FromString(payload)
+                        Columns.from_batch(batch)
                     except Exception:  # noqa: BLE001 - any decode failure is corruption
                         problem = "an undecodable record"
                     else:
@@ -253,7 +313,7 @@ class MessageLog:
                     f.flush()
                     os.fsync(f.fileno())
                 break
-            count = len(batch.timestamps)
+            count = len(batch.ids) // ID_SIZE
             records.append(_Record(position, count, pos, length))
             ids = batch.ids
             self._remember([ids[i : i + ID_SIZE] for i in range(0, len(ids), ID_SIZE)], position)
@@ -276,49 +336,87 @@ class MessageLog:
     # -- redelivered copies ----------------------------------------------------------------
 
     def _remember(self, ids: list[bytes], first: int) -> None:
-        seen = self._seen
-        order = self._seen_order
-        for position, mid in enumerate(ids, first):
-            if mid not in seen:
-                order.append(mid)
-            seen[mid] = position
-        while len(order) > self._dedup_window:
-            seen.pop(order.popleft(), None)
+        """Remember the ids of one record (positions from ``first``), forgetting the oldest ones
+        beyond ``dedup_window``. Nothing is hashed here: the id -> position index is brought up
+        to date by the look-ups, which only ids not above ``top_id`` need."""
+        window = self._dedup_window
+        if window <= 0 or not ids:
+            return
+        top = max(ids)
+        if top > self.top_id:
+            self.top_id = top
+        recent = self._recent
+        recent.append((first, ids))
+        self._recent_total += 1
+        self._recent_count += len(ids)
+        while self._recent_count > window:
+            start, oldest = recent[0]
+            excess = self._recent_count - window
+            if len(oldest) <= excess:
+                recent.popleft()
+                self._recent_count -= len(oldest)
+            else:
+                recent[0] = (start + excess, oldest[excess:])
+                self._recent_count -= excess
 
     def position_of(self, msg_id: bytes) -> int | None:
-        """The position of an already logged message with this id, if it is still remembered."""
-        return self._seen.get(msg_id)
+        """The position of an already logged message with this id, if it is still remembered
+        (the last ``dedup_window`` ids are; a few older ones may be too, until the index is
+        rebuilt)."""
+        if msg_id > self.top_id or not self._recent:
+            return None
+        index = self._index
+        unindexed = self._recent_total - self._indexed_total
+        if unindexed:
+            recent = self._recent
+            if unindexed >= len(recent) or len(index) + self._recent_count > 2 * self._dedup_window:
+                # Rebuild: drop the forgotten ids the index still holds.
+                index.clear()
+                unindexed = len(recent)
+            for first, ids in itertools.islice(recent, len(recent) - unindexed, None):
+                index.update(zip(ids, range(first, first + len(ids))))
+            self._indexed_total = self._recent_total
+        return index.get(msg_id)
 
     # -- appending (consumer thread) -------------------------------------------------------
 
     def append(self, ids: list[bytes], timestamps: list[int], attempts: list[int],
                bodies: list[bytes]) -> int:
         """Append one record of messages (not yet durable: call ``sync``). Returns its first position."""
+        return self.append_columns(ids, _le_bytes(array("q", timestamps)), _le_bytes(array("H", attempts)),
+                                   _le_bytes(array("I", map(len, bodies))), b"".join(bodies))
+
+    def append_columns(self, ids: list[bytes], timestamps: bytes, attempts: bytes, body_sizes: bytes,
+                       bodies: bytes) -> int:
+        """``append`` with the numeric columns already packed (little-endian int64, uint16, uint32)."""
         first = self.end
-        batch = wal_pb2.Batch(
-            first_position=first,
-            nsqd=self.nsqd,
-            topic=self.topic,
-            channel=self.channel,
-            ids=b"".join(ids),
-            timestamps=timestamps,
-            attempts=attempts,
-            body_sizes=[len(b) for b in bodies],
-            bodies=b"".join(bodies),
-        )
-        payload = batch.SerializeToString()
+        count = len(ids)
+        joined_ids = b"".join(ids)
+        parts = [
+            b"", _KEY_FIRST_POSITION, _varint(first), self._record_names,
+            _KEY_IDS, _varint(len(joined_ids)), joined_ids,
+            _KEY_BODIES, _varint(len(bodies)), bodies,
+            _KEY_TIMESTAMPS, _varint(len(timestamps)), timestamps,
+            _KEY_ATTEMPTS, _varint(len(attempts)), attempts,
+            _KEY_BODY_SIZES, _varint(len(body_sizes)), body_sizes,
+        ]
+        length = 0
+        crc = 0
+        for part in parts:
+            length += len(part)
+            crc = zlib.crc32(part, crc)
+        parts[0] = _RECORD_HEADER.pack(length, crc)
         with self._lock:
             segment = self._segments[-1] if self._segments else None
         if segment is None or (segment.size >= self.segment_bytes and segment.records):
             segment = self._new_segment(first)
-        header = _RECORD_HEADER.pack(len(payload), zlib.crc32(payload))
-        self._file.write(header + payload)
-        record = _Record(first, len(timestamps), segment.size, len(payload))
+        self._file.write(b"".join(parts))
+        record = _Record(first, count, segment.size, length)
         with self._lock:
             segment.records.append(record)
-            segment.size += _RECORD_HEADER.size + len(payload)
-            self.end = first + len(timestamps)
-            self._remember(ids, first)
+            segment.size += _RECORD_HEADER.size + length
+            self.end = first + count
+        self._remember(ids, first)
         return first
 
     def _new_segment(self, first: int) -> _Segment:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\twal.proto\x12\x17trionsq.spark_connector\"\xa4\x01\n\x05\x42\x61tch\x12\x16\n\x0e\x66irst_position\x18\x01 \x01(\x04\x12\x0c\n\x04nsqd\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x0b\n\x03ids\x18\x05 \x01(\x0c\x12\x12\n\ntimestamps\x18\x06 \x03(\x10\x12\x10\n\x08\x61ttempts\x18\x07 \x03(\r\x12\x12\n\nbody_sizes\x18\x08 \x03(\r\x12\x0e\n\x06\x62odies\x18\t \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\twal.proto\x12\x17trionsq.spark_connector\"\xe7\x01\n\x05\x42\x61tch\x12\x16\n\x0e\x66irst_position\x18\x01 \x01(\x04\x12\x0c\n\x04nsqd\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x0b\n\x03ids\x18\x05 \x01(\x0c\x12\x12\n\ntimestamps\x18\x06 \x03(\x10\x12\x10\n\x08\x61ttempts\x18\x07 \x03(\r\x12\x12\n\nbody_sizes\x18\x08 \x03(\r\x12\x0e\n\x06\x62odies\x18\t \x01(\x0c\x12\x15\n\rtimestamps_le\x18\n \x01(\x0c\x12\x13\n\x0b\x61ttempts_le\x18\x0b \x01(\x0c\x12\x15\n\rbody_sizes_le\x18\x0c \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'wal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BATCH']._serialized_start=39
-  _globals['_BATCH']._serialized_end=203
+  _globals['_BATCH']._serialized_end=270
 # @@protoc_insertion_point(module_scope)

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
+import struct
+import threading
 import time
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from protocol.frames import (
+    FRAME_TYPE_ERROR,
+    FRAME_TYPE_MESSAGE,
+    FRAME_TYPE_RESPONSE,
+    HEARTBEAT_FRAME,
+    encode_frame,
+)
 from spark_connector.consumer import NsqConnectionError
 from spark_connector.options import SourceOptions
 from spark_connector.stream_reader import NsqStreamReader, parse_offset
@@ -288,3 +298,85 @@ def test_auth_refusal_fails_at_once(tmp_path, auth_nsqd, topic, secret, error):
     with pytest.raises(NsqConnectionError, match=f"nsqd {auth_nsqd.tcp_address} refused the consumer: .*{error}"):
         reader.initialOffset()
     reader.stop()
+
+
+def _scripted_nsqd(parts: list[tuple[bytes, bytes]], chunk: int, received: list[bytes], done: threading.Event):
+    """A listener that answers the consumer's handshake as nsqd does, then sends each part's
+    frames ``chunk`` bytes per write once the consumer has sent the part's awaited line, and
+    keeps what the consumer sends until it has FIN'd four messages."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn, listener:
+            conn.settimeout(30)
+            data = b""
+
+            def read_until(marker: bytes) -> None:
+                nonlocal data
+                while marker not in data:
+                    data += conn.recv(65536)
+
+            read_until(b"IDENTIFY\n")
+            while len(data) < data.index(b"IDENTIFY\n") + 13:
+                data += conn.recv(65536)
+            size = struct.unpack(">i", data[data.index(b"IDENTIFY\n") + 9 :][:4])[0]
+            while len(data) < data.index(b"IDENTIFY\n") + 13 + size:
+                data += conn.recv(65536)
+            conn.sendall(encode_frame(FRAME_TYPE_RESPONSE, b'{"max_rdy_count": 2500, "msg_timeout": 60000}'))
+            read_until(b"SUB ")
+            read_until(b"\n")
+            conn.sendall(encode_frame(FRAME_TYPE_RESPONSE, b"OK"))
+            for awaited, frames in parts:
+                read_until(awaited)
+                for i in range(0, len(frames), chunk):
+                    conn.sendall(frames[i : i + chunk])
+            while data.count(b"FIN ") < 4 and not done.is_set():
+                more = conn.recv(65536)
+                if not more:
+                    break
+                data += more
+            received.append(data)
+            done.wait(30)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return "127.0.0.1:%d" % listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 33, 1 << 20])
+def test_frames_split_anywhere_are_parsed(tmp_path, topic, chunk):
+    """Messages, a heartbeat and a non-fatal error, cut into writes of any size: every message is
+    logged once with its fields, the heartbeat is answered, the copy of a message is dropped,
+    and every message is FIN'd."""
+    messages = [(1_700_000_000_000_000_001, 1, b"0000000000000001", b"first"),
+                (1_700_000_000_000_000_002, 3, b"0000000000000002", b"x" * 70_000),
+                (1_700_000_000_000_000_003, 1, b"0000000000000003", b"")]
+    frames = [encode_frame(FRAME_TYPE_MESSAGE, struct.pack(">qH16s", ts, att, mid) + body)
+              for ts, att, mid, body in messages]
+    # The copy of the first message comes once the first is FIN'd (logged), as nsqd's would.
+    script = [(b"RDY ", b"".join([frames[0], HEARTBEAT_FRAME, frames[1],
+                                  encode_frame(FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN 0000000000000009 failed")])),
+              (b"FIN 0000000000000002\n", frames[0] + frames[2])]
+    received: list[bytes] = []
+    done = threading.Event()
+    address = _scripted_nsqd(script, chunk, received, done)
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": address, "topic": topic})
+    try:
+        start = reader.initialOffset()
+        end = wait_for_total(reader, start, 3)
+        assert end == {"version": 1, "positions": {address: 3}}
+        consumer = reader._group.consumers[address]
+        wait_until(lambda: received, 30, "the consumer's FINs")
+        parts = reader.partitions(start, end)
+        assert partition_bodies(parts) == [body for *_, body in messages]
+        assert parts[0].ids == b"".join(mid for _, _, mid, _ in messages)
+        assert list(memoryview(parts[0].timestamps).cast("q")) == [ts for ts, *_ in messages]
+        assert list(memoryview(parts[0].attempts).cast("H")) == [att for _, att, _, _ in messages]
+        assert consumer.stats.duplicates == 1
+        sent = received[0]
+        assert b"NOP\n" in sent
+        assert sorted(line for line in sent.split(b"\n") if line.startswith(b"FIN ")) == sorted(
+            [b"FIN " + mid for _, _, mid, _ in messages] + [b"FIN 0000000000000001"])
+    finally:
+        done.set()
+        reader.stop()

@@ -71,12 +71,13 @@ def tear_torn_tail(wal: Path) -> Path:
 
 def test_query_stopped_and_restarted_mid_stream(spark, nsqd_at, tmp_path, topic):
     """ackMode=commit: FIN at Spark's commit, TOUCH meanwhile; the query stops mid-stream, the
-    log gets a torn tail, the query restarts on the same checkpoint and log."""
+    log gets a torn tail, the query restarts on the same checkpoint and log. Each batch of the
+    one nsqd is split into three partitions (minPartitions)."""
     nsqd = nsqd_at()
     first, second = bodies("q", 0, 1000), bodies("q", 1000, 1500)
     publish(nsqd, topic, first)
     options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "ackMode": "commit",
-               "msgTimeoutMs": 2000, "maxMessagesPerTrigger": 250}
+               "msgTimeoutMs": 2000, "maxMessagesPerTrigger": 250, "minPartitions": 3}
     query = start_query(spark, tmp_path, options)
     try:
         wait_until(lambda: committed_batches(tmp_path) >= 2, 120, "two committed batches")

@@ -85,11 +85,14 @@ class Channel:
         actors.add(self.dispatcher)
 
     # -- queue -----------------------------------------------------------------------------------
-    def put_many(self, messages: list[Message]) -> bool:
+    def put_many(self, messages: list[Message], deferred: bool | None = None) -> bool:
         """Accept messages from the topic pump (deferred ones go to the deferred heap). False when the disk
-        refused some (they are kept in memory then, see ``_enqueue``)."""
+        refused some (they are kept in memory then, see ``_enqueue``). ``deferred``: whether some message
+        may have a delay, when the topic knows (None: look at each)."""
         self.message_count += len(messages)
-        if messages[0].defer or messages[-1].defer or any(m.defer for m in messages):
+        if deferred is None:
+            deferred = any(m.defer for m in messages)
+        if deferred:
             if self.durable:
                 return self._put_durable_deferred(messages)
             now = trio.current_time()

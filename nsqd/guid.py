@@ -27,6 +27,11 @@ Caveat of the lead: a restarted nsqd starts from the real clock, so a restart wi
 (at most ~1 s after an enormous MPUB) could reissue IDs of messages kept on disk, the same
 exposure nsqd has to a clock stepping back.
 
+How the hex is made: the sequence is the low 12 bits, exactly the last 3 hex digits, so an ID is
+the tick's 13-digit prefix (timestamp and node id) followed by one of 4096 precomputed suffixes.
+A batch joins prefix and suffixes into one bytes object and splits it: one C call each instead of a
+``%016x`` formatting per ID (about 4x cheaper per ID; MPUB pays it on every message).
+
 Not thread-safe: a factory belongs to its topic and is used from the event-loop thread.
 """
 
@@ -55,6 +60,8 @@ _TIMESTAMP_SHIFT = SEQUENCE_BITS + NODE_ID_BITS
 _SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
 _PER_TICK = 1 << SEQUENCE_BITS
 MAX_LEAD_TICKS = 1024
+#: the sequence's 3 hex digits, by sequence
+_SUFFIXES = tuple(b"%03x" % sequence for sequence in range(_PER_TICK))
 
 
 class GUIDUnavailable(Exception):
@@ -80,7 +87,7 @@ def split_id(message_id: bytes) -> GUIDParts:
 class GUIDFactory:
     """Issues a topic's message IDs (see the module notes for the layout and the batch rule)."""
 
-    __slots__ = ("node_id", "_node_bits", "_last_tick", "_sequence", "_ahead")
+    __slots__ = ("node_id", "_last_tick", "_sequence", "_ahead", "_prefix_tick", "_prefix")
 
     #: the largest batch ``next_ids`` can ever issue at once
     max_batch = MAX_LEAD_TICKS * _PER_TICK
@@ -89,10 +96,18 @@ class GUIDFactory:
         if not 0 <= node_id < (1 << NODE_ID_BITS):
             raise ValueError(f"node id {node_id} outside [0,1024)")
         self.node_id = node_id
-        self._node_bits = node_id << _NODE_SHIFT
         self._last_tick = -1  # tick of the last ID issued
         self._sequence = 0  # sequence of the last ID issued
         self._ahead = False  # _last_tick was borrowed ahead of the clock by next_ids
+        self._prefix_tick = -1  # the tick whose 13 hex digits are in _prefix
+        self._prefix = b""
+
+    def _tick_prefix(self, tick: int) -> bytes:
+        """The 13 hex digits every ID of ``tick`` starts with (timestamp and node id), cached per tick."""
+        if tick != self._prefix_tick:
+            self._prefix = b"%013x" % (((tick - TWEPOCH) << NODE_ID_BITS) | self.node_id)
+            self._prefix_tick = tick
+        return self._prefix
 
     def _start(self, now_tick: int) -> tuple[int, int]:
         """Where the next ID goes: (tick, sequence), the sequence possibly one past the tick's end."""
@@ -114,7 +129,7 @@ class GUIDFactory:
         self._last_tick = tick
         self._sequence = sequence
         self._ahead = tick > now_tick
-        return b"%016x" % (((tick - TWEPOCH) << _TIMESTAMP_SHIFT) | self._node_bits | sequence)
+        return self._tick_prefix(tick) + _SUFFIXES[sequence]
 
     def next_ids(self, count: int, now_ns: int | None = None) -> list[bytes]:
         """``count`` consecutive IDs, borrowing ticks ahead of the clock when one tick is not enough.
@@ -133,13 +148,13 @@ class GUIDFactory:
             raise GUIDUnavailable("sequence expired")
         tick += sequence >> SEQUENCE_BITS
         sequence &= _SEQUENCE_MASK
-        node_bits = self._node_bits
-        ids: list[bytes] = []
+        # "P" + "000" + " P" + "001" + ... per tick, the ticks joined by " ", then one split
+        pieces: list[bytes] = []
         remaining = count
         while remaining:
             take = min(_PER_TICK - sequence, remaining)
-            base = ((tick - TWEPOCH) << _TIMESTAMP_SHIFT) | node_bits
-            ids += [b"%016x" % (base | s) for s in range(sequence, sequence + take)]
+            prefix = self._tick_prefix(tick)
+            pieces.append(prefix + (b" " + prefix).join(_SUFFIXES[sequence : sequence + take]))
             remaining -= take
             tick += 1
             sequence = 0
@@ -147,4 +162,4 @@ class GUIDFactory:
         self._last_tick = end_tick
         self._sequence = position & _SEQUENCE_MASK
         self._ahead = end_tick > now_tick
-        return ids
+        return (pieces[0] if len(pieces) == 1 else b" ".join(pieces)).split(b" ")

@@ -39,7 +39,6 @@ import logging
 import re
 import socket
 import struct
-import time
 
 from protocol.http import (
     HTTPError,
@@ -56,7 +55,6 @@ from protocol.logfmt import log_level_word, set_log_level
 from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 
-from .message import Message
 from .options import config_value
 from .stats import collect, format_text, to_json
 from .topic import TopicExiting, TopicFull
@@ -168,17 +166,11 @@ class _API:
 
     @staticmethod
     def _publish(topic, bodies: list[bytes], defer: float) -> None:
-        """Into the topic as TCP publishing does (``Topic.put_many``); no producer is counted."""
+        """Into the topic as TCP publishing does (``Topic.publish``); no producer is counted."""
         if not bodies:
             return
-        now_ns = time.time_ns()
-        if len(bodies) == 1:
-            messages = [Message(topic.new_ids(1)[0], bodies[0], now_ns, 0, defer)]
-        else:
-            ids = topic.new_ids(len(bodies))
-            messages = [Message(msg_id, body, now_ns, 0, defer) for msg_id, body in zip(ids, bodies)]
         try:
-            topic.put_many(messages)
+            topic.publish(bodies, defer)
         except (TopicExiting, TopicFull):
             raise HTTPError(503, "EXITING") from None
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 
 import trio
 
@@ -33,7 +32,6 @@ from .auth import AuthError
 
 from .channel import ChannelError
 from .client import Client, ClientState
-from .message import Message
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
 from .topic import TopicExiting, TopicFull
@@ -630,16 +628,13 @@ class Connection:
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         topic = self.nsqd.get_topic(topic_name)
-        ids = topic.new_ids(len(bodies))
-        now_ns = time.time_ns()
-        messages = [Message(msg_id, body, now_ns, 0, defer) for msg_id, body in zip(ids, bodies)]
         try:
-            topic.put_many(messages, defer_sync=True)  # synced before the OK leaves (_writer)
+            topic.publish(bodies, defer, defer_sync=True)  # synced before the OK leaves (_writer)
         except TopicExiting:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed exiting") from None
         except TopicFull as exc:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {exc}") from None
-        self.client.published(topic_name, len(messages))
+        self.client.published(topic_name, len(bodies))
         return OK_FRAME
 
     def PUB(self, command) -> bytes:

@@ -77,6 +77,28 @@ _int32 = struct.Struct(">i")
 _unpack_int = _int32.unpack_from
 _pack_int = _int32.pack
 
+#: MPUB bodies of one size are cut by ``Struct.unpack_from`` ("4x<size>s" repeated), at most
+#: _MPUB_CUT_RUN per call so that a Struct stays small (a few KB), kept by (size, count)
+_mpub_cutters: dict[tuple[int, int], struct.Struct] = {}
+_MPUB_CUTTERS_MAX = 64
+_MPUB_CUT_RUN = 256
+
+
+def _cut_bodies(buf: bytes, pos: int, size: int, count: int) -> list[bytes]:
+    """``count`` bodies of ``size`` bytes from ``buf[pos:]``, each after its 4-byte size field."""
+    bodies: list[bytes] = []
+    while count:
+        run = min(count, _MPUB_CUT_RUN)
+        cutter = _mpub_cutters.get((size, run))
+        if cutter is None:
+            if len(_mpub_cutters) >= _MPUB_CUTTERS_MAX:
+                _mpub_cutters.clear()
+            cutter = _mpub_cutters[(size, run)] = struct.Struct(f"4x{size}s" * run)
+        bodies += cutter.unpack_from(buf, pos)
+        pos += cutter.size
+        count -= run
+    return bodies
+
 
 class Command(NamedTuple):
     """One command. ``params`` exclude the name; ``body`` is None for commands without one and
@@ -481,7 +503,8 @@ class CommandParser(InputBuffer):
         if size < 0 and n - pos >= 4:
             # Fast path: publishers batch bodies of one size. For the messages wholly here (all the
             # rest, or as many as this buffer holds), when every size field equals the first (four
-            # strided slices compare them in C), the bodies are cut at fixed strides; the loop below
+            # strided slices compare them in C), the bodies are cut at fixed strides by one struct
+            # unpack (a quarter of the cost of a slice per body); the loop below
             # reads whatever is left (a message cut short, other sizes) one by one.
             first = _unpack_int(buf, pos)[0]
             if 0 < first <= max_size:
@@ -492,7 +515,7 @@ class CommandParser(InputBuffer):
                         and buf[pos + 1 : end : stride] == buf[pos + 1 : pos + 2] * here \
                         and buf[pos + 2 : end : stride] == buf[pos + 2 : pos + 3] * here \
                         and buf[pos + 3 : end : stride] == buf[pos + 3 : pos + 4] * here:
-                    bodies.extend([buf[start : start + first] for start in range(pos + 4, end, stride)])
+                    bodies.extend(_cut_bodies(buf, pos, first, here))
                     pos = end
         while len(bodies) < count:
             if size < 0:

@@ -112,6 +112,18 @@ def test_100k_batch_borrows_ticks_and_stays_monotonic():
         factory.next_id(NOW)
 
 
+@pytest.mark.parametrize("node_id", [0, 1, 618, 1023])
+def test_every_batch_id_matches_the_formula(node_id):
+    """The batch path builds IDs from a per-tick prefix and precomputed suffixes: check each one."""
+    factory = GUIDFactory(node_id)
+    factory.next_ids(4000, NOW)  # start the next batch near the end of a tick
+    batch = factory.next_ids(3 * 4096 + 7, NOW)
+    start = 4000
+    assert batch == [expected_id(NOW + ((start + i) >> 12) * TICK_NS, node_id, (start + i) & 4095)
+                     for i in range(len(batch))]
+    assert all(type(i) is bytes and len(i) == 16 for i in batch)
+
+
 def test_batch_beyond_the_lead_is_refused_without_using_ids():
     factory = GUIDFactory(9)
     factory.next_id(NOW)

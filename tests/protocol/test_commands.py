@@ -672,6 +672,15 @@ def test_mpub_bodies_of_one_size_and_of_mixed_sizes(sizes, mode):
     assert got == [Command(b"MPUB", (b"t",), bodies), Command(b"NOP", (), None)]
 
 
+@pytest.mark.parametrize("count", [255, 256, 257, 1000, 20000])
+def test_mpub_long_runs_of_one_size(count):
+    # equal sizes are cut in runs of a bounded length: the boundaries between runs lose nothing
+    bodies = [bytes([48 + n % 10]) * (1 + n // 10000) for n in range(count)]
+    got = parse(encode_mpub("t", bodies) + TRAILER, WHOLE)
+    assert got == [Command(b"MPUB", (b"t",), bodies), Command(b"NOP", (), None)]
+    assert all(type(body) is bytes for body in got[0].body)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1048577])
 def test_mpub_equal_sizes_then_a_bad_one_fails_at_that_message(bad):
     wire = b"MPUB t\n" + size(100) + size(3) + (size(2) + b"ab") * 2 + size(bad) + b"abcd"

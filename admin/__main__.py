@@ -5,22 +5,30 @@ from __future__ import annotations
 import functools
 import sys
 
-from protocol.daemon import instantiate_failure, run_daemon, serve_until_signalled
+from protocol.startup import bind_tcp, instantiate_failure, run_daemon
 
 from .options import parse_options, validate
-from .server import NSQAdmin
 
 
-async def serve(opts) -> None:
+def prebind(opts) -> list:
+    """The HTTP sockets, bound before trio and the server are imported (see ``protocol.startup``)."""
+    return bind_tcp(opts.http_address)
+
+
+async def serve(opts, prebound: list) -> None:
+    from protocol.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist)
+
+    from .server import NSQAdmin  # noqa: PLC0415
+
     admin = NSQAdmin(opts)
-    await admin.open_listener()  # a port that is taken is refused before anything runs
+    await admin.open_listener(prebound)
     await serve_until_signalled(admin)
 
 
 def main(argv: list[str] | None = None) -> int:
     fatal_text = functools.partial(instantiate_failure, "nsqadmin")
     return run_daemon(argv, name="nsqadmin", parse_options=parse_options, validate=validate, serve=serve,
-                      invalid_text=fatal_text, refusal_text=fatal_text)
+                      invalid_text=fatal_text, refusal_text=fatal_text, prebind=prebind)
 
 
 if __name__ == "__main__":

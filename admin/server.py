@@ -12,7 +12,7 @@ import logging
 
 import trio
 
-from protocol.daemon import listen_tcp
+from protocol.daemon import adopt_listeners, listen_tcp
 from protocol.http_server import HTTPServer
 
 from .cluster import Cluster
@@ -44,9 +44,13 @@ class NSQAdmin:
         self._listeners: list = []
         self._stopped = trio.Event()
 
-    async def open_listener(self) -> None:
-        """Bind ``--http-address``; ``ListenError`` when it cannot be bound."""
-        self._listeners = await listen_tcp(self.opts.http_address)
+    async def open_listener(self, prebound: list | None = None) -> None:
+        """Bind ``--http-address``; ``ListenError`` when it cannot be bound. ``prebound``: the sockets the entry
+        point bound before start-up (``bind_tcp``)."""
+        if prebound is not None:
+            self._listeners = adopt_listeners(prebound)
+        else:
+            self._listeners = await listen_tcp(self.opts.http_address)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self._listeners:

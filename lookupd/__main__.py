@@ -5,22 +5,30 @@ from __future__ import annotations
 import functools
 import sys
 
-from protocol.daemon import instantiate_failure, run_daemon, serve_until_signalled
+from protocol.startup import bind_all, instantiate_failure, run_daemon
 
 from .options import parse_options, validate
-from .server import NSQLookupd
 
 
-async def serve(opts) -> None:
+def prebind(opts) -> list:
+    """The TCP and HTTP sockets, bound before trio and the server are imported (see ``protocol.startup``)."""
+    return bind_all(opts.tcp_address, opts.http_address)
+
+
+async def serve(opts, prebound: list) -> None:
+    from protocol.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist)
+
+    from .server import NSQLookupd  # noqa: PLC0415
+
     lookupd = NSQLookupd(opts)
-    await lookupd.open_listeners()  # a port that is taken is refused before anything runs
+    await lookupd.open_listeners(prebound)
     await serve_until_signalled(lookupd)
 
 
 def main(argv: list[str] | None = None) -> int:
     # the startup checks' messages already read "failed to instantiate nsqlookupd - ..." where NSQ's do
     return run_daemon(argv, name="nsqlookupd", parse_options=parse_options, validate=validate, serve=serve,
-                      refusal_text=functools.partial(instantiate_failure, "nsqlookupd"))
+                      refusal_text=functools.partial(instantiate_failure, "nsqlookupd"), prebind=prebind)
 
 
 if __name__ == "__main__":

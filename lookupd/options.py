@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from protocol.daemon import instantiate_failure, nsq_listen_failure
+from protocol.startup import instantiate_failure, nsq_listen_failure
 from protocol.flags import (
     NSQ_COMMON_FLAGS,
     FlagRow,

@@ -13,7 +13,7 @@ import socket
 
 import trio
 
-from protocol.daemon import ListenError, accept_connections, format_address, listen_tcp, split_address
+from protocol.daemon import ListenError, accept_connections, adopt_listeners, format_address, listen_tcp, split_address
 from protocol.http_server import HTTPServer
 
 from .http_api import build_router
@@ -50,16 +50,20 @@ class NSQLookupd:
     def tombstone_lifetime_ns(self) -> int:
         return int(round(self.opts.tombstone_lifetime * 1e9))
 
-    async def open_listeners(self) -> None:
-        """Bind both addresses; ``ListenError`` names the one that cannot be bound (nothing stays open then)."""
-        try:
-            self._tcp_listeners = await listen_tcp(self.opts.tcp_address)
-            self._http_listeners = await listen_tcp(self.opts.http_address)
-        except ListenError:
-            for listener in self._tcp_listeners:
-                await listener.aclose()
-            self._tcp_listeners = []
-            raise
+    async def open_listeners(self, prebound: list | None = None) -> None:
+        """Bind both addresses; ``ListenError`` names the one that cannot be bound (nothing stays open then).
+        ``prebound``: the TCP and HTTP sockets the entry point bound before start-up (``bind_all``)."""
+        if prebound is not None:
+            self._tcp_listeners, self._http_listeners = (adopt_listeners(sockets) for sockets in prebound)
+        else:
+            try:
+                self._tcp_listeners = await listen_tcp(self.opts.tcp_address)
+                self._http_listeners = await listen_tcp(self.opts.http_address)
+            except ListenError:
+                for listener in self._tcp_listeners:
+                    await listener.aclose()
+                self._tcp_listeners = []
+                raise
         tcp_name = self._tcp_listeners[0].socket.getsockname()
         http_name = self._http_listeners[0].socket.getsockname()
         self.tcp_port, self.tcp_address = tcp_name[1], format_address(tcp_name)

@@ -1,4 +1,7 @@
-"""``nsqd`` entry point: flags, logging, signals."""
+"""``nsqd`` entry point: flags, logging, the data directory's lock and the listening sockets, then signals.
+
+Only light modules are imported up front: the lock and the sockets are taken (``metadata.prebind``) before trio
+and the server are imported, which is most of start-up (see ``protocol.startup``)."""
 
 from __future__ import annotations
 
@@ -6,11 +9,10 @@ import functools
 import gc
 import sys
 
-from protocol.daemon import instantiate_failure, run_daemon, serve_until_signalled
+from protocol.startup import instantiate_failure, run_daemon
 
-from .metadata import DataDirLocked
+from .metadata import DataDirLocked, Prebound, prebind
 from .options import parse_options, validate
-from .server import NSQD
 from .tls import TLSConfigError
 
 
@@ -21,9 +23,13 @@ from .tls import TLSConfigError
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
-async def serve(opts) -> None:
+async def serve(opts, prebound: Prebound) -> None:
+    from protocol.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist: see above)
+
+    from .server import NSQD  # noqa: PLC0415
+
     nsqd = NSQD(opts)
-    nsqd.lock_data_path()  # before anything runs, so a refusal leaves nothing to stop
+    nsqd.adopt(prebound)  # locked and bound before anything runs, so a refusal leaves nothing to stop
     gc.freeze()  # what startup made (modules, options) lives as long as the process: never scan it again
     gc.set_threshold(*GC_THRESHOLDS)
     await serve_until_signalled(nsqd)
@@ -32,7 +38,7 @@ async def serve(opts) -> None:
 def main(argv: list[str] | None = None) -> int:
     return run_daemon(argv, name="nsqd", parse_options=parse_options, validate=validate, serve=serve,
                       refusals=(DataDirLocked, TLSConfigError, OSError),
-                      refusal_text=functools.partial(instantiate_failure, "nsqd"))
+                      refusal_text=functools.partial(instantiate_failure, "nsqd"), prebind=prebind)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from protocol.version import NSQ_VERSION
 
 from .queues.atomic_file import replace_file
 
-__all__ = ["FILE_NAME", "DataDirLocked", "lock_data_path", "load_metadata", "save_metadata", "snapshot"]
+__all__ = ["FILE_NAME", "DataDirLocked", "Prebound", "lock_data_path", "prebind", "load_metadata", "save_metadata", "snapshot"]
 
 FILE_NAME = "nsqd.dat"
 log = logging.getLogger("nsqd")
@@ -27,6 +27,34 @@ log = logging.getLogger("nsqd")
 
 class DataDirLocked(Exception):
     """Another process holds the data directory."""
+
+
+class Prebound:
+    """What nsqd takes before it imports its serving code: the data directory's lock and its listening sockets
+    (``--tcp-address``, ``--http-address``, and ``--https-address`` when a certificate is configured), in nsqd's
+    order, so a second nsqd on the same directory or ports is refused as nsqd refuses it."""
+
+    __slots__ = ("data_lock", "tcp", "http", "https")
+
+    def __init__(self, data_lock: int, tcp: list, http: list, https: list) -> None:
+        self.data_lock = data_lock
+        self.tcp = tcp
+        self.http = http
+        self.https = https
+
+
+def prebind(opts) -> Prebound:
+    """Lock ``--data-path`` and bind nsqd's addresses (``Prebound``); raises ``DataDirLocked`` or ``ListenError``."""
+    from protocol.startup import bind_all  # noqa: PLC0415 (only the entry point needs it)
+
+    data_lock = lock_data_path(opts.data_path or os.getcwd())
+    https_address = opts.https_address if opts.tls_cert or opts.tls_key else ""  # HTTPS needs a certificate
+    try:
+        tcp, http, https = bind_all(opts.tcp_address, opts.http_address, https_address)
+    except BaseException:
+        os.close(data_lock)
+        raise
+    return Prebound(data_lock, tcp, http, https)
 
 
 def lock_data_path(path: str) -> int:

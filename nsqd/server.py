@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from protocol.daemon import accept_connections, format_address, listen_tcp, split_address
+from protocol.daemon import accept_connections, adopt_listeners, format_address, listen_tcp, split_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
 
@@ -24,7 +24,7 @@ from .client import Client
 from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import load_metadata, lock_data_path, save_metadata, snapshot
+from .metadata import Prebound, load_metadata, lock_data_path, save_metadata, snapshot
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
@@ -88,6 +88,7 @@ class NSQD:
         # group commit of publishes: connections commit it before an OK leaves (queues/diskqueue.py)
         self.sync_barrier = SyncBarrier()
         self._data_lock: int | None = None
+        self._prebound: Prebound | None = None
         self._loading = False
         self._nursery: trio.Nursery | None = None
         self._client_ids = itertools.count(1)
@@ -138,6 +139,11 @@ class NSQD:
     def lock_data_path(self) -> None:
         if self._data_lock is None:
             self._data_lock = lock_data_path(self.data_path)
+
+    def adopt(self, prebound: Prebound) -> None:
+        """Take the data directory lock and the listening sockets ``nsqd``'s entry point took before start-up."""
+        self._data_lock = prebound.data_lock
+        self._prebound = prebound
 
     def persist_metadata(self) -> None:
         """Write nsqd.dat now (topic/channel created or deleted, pause, shutdown)."""
@@ -218,18 +224,25 @@ class NSQD:
         self.load_metadata()
         self.persist_metadata()
         # every listener is bound before anything runs, so an address in use stops start-up with its name
-        listeners = await listen_tcp(opts.tcp_address)
-        opened = list(listeners)
-        try:
-            http_listeners = await listen_tcp(opts.http_address) if opts.http_address else None
-            opened += http_listeners or []
-            https_listeners = None
-            if self.tls_context is not None and opts.https_address:
-                https_listeners = await listen_tcp(opts.https_address)
-        except BaseException:
-            for listener in opened:
-                await listener.aclose()
-            raise
+        prebound = self._prebound
+        if prebound is not None:  # bound by the entry point before the imports (see Prebound)
+            self._prebound = None
+            listeners = adopt_listeners(prebound.tcp)
+            http_listeners = adopt_listeners(prebound.http) if prebound.http else None
+            https_listeners = adopt_listeners(prebound.https) if prebound.https and self.tls_context else None
+        else:
+            listeners = await listen_tcp(opts.tcp_address)
+            opened = list(listeners)
+            try:
+                http_listeners = await listen_tcp(opts.http_address) if opts.http_address else None
+                opened += http_listeners or []
+                https_listeners = None
+                if self.tls_context is not None and opts.https_address:
+                    https_listeners = await listen_tcp(opts.https_address)
+            except BaseException:
+                for listener in opened:
+                    await listener.aclose()
+                raise
         self.tcp_address = format_address(listeners[0].socket.getsockname())
         for listener in listeners:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))

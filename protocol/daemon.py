@@ -2,32 +2,43 @@
 
 Like ``http_server``, this module drives trio; the rest of ``protocol`` stays free of I/O.
 
-``run_daemon`` is each daemon's ``main``: it parses the flags, sets up the NSQ log lines, warns about the
-NSQ flags that are accepted and ignored, runs the startup checks and then the daemon under trio until
-SIGTERM or SIGINT. A daemon that refuses to start (a locked data directory, a bad TLS configuration, an
-address that cannot be bound) prints one FATAL line and exits 1, as NSQ's daemons do, never a traceback.
+``run_daemon`` (from ``protocol.startup``, which imports no trio) is each daemon's ``main``: it parses the
+flags, sets up the NSQ log lines, warns about the NSQ flags that are accepted and ignored, runs the startup
+checks, binds the addresses, and then runs the daemon under trio until SIGTERM or SIGINT
+(``serve_until_signalled``). A daemon that refuses to start (a locked data directory, a bad TLS configuration,
+an address that cannot be bound) prints one FATAL line and exits 1, as NSQ's daemons do, never a traceback.
 Such a refusal may reach ``trio.run`` wrapped in exception groups by the nurseries it crossed;
 ``startup_failure`` finds it there.
 
 The listener helpers give the three daemons one way to open ``host:port`` (``ListenError`` names the address
-that cannot be bound) and one accept loop.
+that cannot be bound), to adopt sockets bound before trio started, and one accept loop.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import sys
 from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
-from .http_server import format_address
-from .logfmt import setup_logging
+from .startup import (
+    ListenError,
+    bind_tcp,
+    format_address,
+    instantiate_failure,
+    nsq_listen_failure,
+    nsq_text,
+    run_daemon,
+    split_address,
+    startup_failure,
+)
 
 __all__ = [
     "ListenError",
     "accept_connections",
+    "adopt_listeners",
+    "bind_tcp",
     "format_address",
     "instantiate_failure",
     "listen_tcp",
@@ -52,41 +63,9 @@ class Daemon(Protocol):
 # addresses and listeners
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (``[::1]:4150`` for IPv6) into host and port; an empty host means every interface."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"invalid address {address!r}")
-    return host.strip("[]"), int(port)
-
-
-def nsq_listen_failure(address: str, reason: str) -> str:
-    """NSQ's words for a listener that cannot be opened: ``listen (<addr>) failed - listen tcp <addr>: <reason>``."""
-    return f"listen ({address}) failed - listen tcp {address}: {reason}"
-
-
-class ListenError(OSError):
-    """``address`` cannot be listened on. ``str()`` is ``[Errno N] listen (<addr>) failed - <reason>``;
-    ``nsq_text`` gives NSQ's wording (``... listen tcp <addr>: bind: <reason>``)."""
-
-    def __init__(self, address: str, cause: OSError) -> None:
-        reason = cause.strerror or str(cause)
-        super().__init__(cause.errno, f"listen ({address}) failed - {reason}")
-        self.address = address
-        self.reason = reason
-
-
-def nsq_text(exc: BaseException) -> str:
-    """A startup refusal in NSQ's words: a ``ListenError`` as Go's ``net.Listen`` error, anything else as is."""
-    if isinstance(exc, ListenError):
-        return nsq_listen_failure(exc.address, f"bind: {exc.reason[:1].lower()}{exc.reason[1:]}")
-    return str(exc)
-
-
-def instantiate_failure(program: str, reason: BaseException | str) -> str:
-    """NSQ's FATAL text for a daemon that cannot start: ``failed to instantiate <program> - <reason>``, an
-    exception's reason in NSQ's words (``nsq_text``)."""
-    return f"failed to instantiate {program} - {reason if isinstance(reason, str) else nsq_text(reason)}"
+def adopt_listeners(sockets: list) -> list[trio.SocketListener]:
+    """trio listeners for sockets ``bind_tcp`` bound before trio started."""
+    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
 
 
 async def listen_tcp(address: str) -> list[trio.SocketListener]:
@@ -134,49 +113,3 @@ async def serve_until_signalled(daemon: Daemon) -> None:
             await daemon.run()
             nursery.cancel_scope.cancel()
 
-
-def startup_failure(exc: BaseException, refusals: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first exception of a ``refusals`` type in ``exc``, looking inside exception groups; None otherwise."""
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = startup_failure(inner, refusals)
-            if found is not None:
-                return found
-        return None
-    if isinstance(exc, refusals):
-        return exc
-    return None
-
-
-def run_daemon(argv: list[str] | None, *, name: str, parse_options: Callable[[list[str]], Any],
-               validate: Callable[[Any], None], serve: Callable[[Any], Awaitable[None]],
-               refusals: tuple[type[BaseException], ...] = (OSError,),
-               invalid_text: Callable[[ValueError], str] = str,
-               refusal_text: Callable[[BaseException], str] = str) -> int:
-    """A daemon's ``main``; returns the exit code (0 after a graceful stop, 1 after a FATAL line).
-
-    ``argv`` excludes the program name (``sys.argv[1:]`` when None). ``parse_options`` exits the process itself
-    on usage errors, ``-h`` and ``--version``. The logger ``name`` gets NSQ's log lines with ``--log-prefix``
-    and ``--log-level``; every flag in ``opts.ignored_flags`` (nsqd lists the NSQ flags it accepts and ignores)
-    is warned about. A ``ValueError`` from ``validate`` is logged as ``FATAL: <invalid_text(exc)>``; then
-    ``serve(opts)`` runs under trio, and an exception of a ``refusals`` type it raises, wrapped or not, is logged
-    as ``FATAL: <refusal_text(exc)>``. Anything else propagates.
-    """
-    opts = parse_options(sys.argv[1:] if argv is None else argv)
-    log = setup_logging(prefix=opts.log_prefix, level=opts.log_level, name=name)
-    for flag in getattr(opts, "ignored_flags", ()):
-        log.warning("flag --%s is accepted for compatibility and has no effect", flag)
-    try:
-        validate(opts)
-    except ValueError as exc:
-        log.critical("%s", invalid_text(exc))
-        return 1
-    try:
-        trio.run(serve, opts)
-    except BaseException as exc:
-        failure = startup_failure(exc, refusals)
-        if failure is None:
-            raise
-        log.critical("%s", refusal_text(failure))
-        return 1
-    return 0

@@ -41,6 +41,7 @@ import time
 
 import trio
 
+from .startup import format_address
 from .http import (
     CONNECTION_CLOSED,
     END_OF_BODY,
@@ -74,14 +75,6 @@ def _http_date() -> str:
         _date_cache[0] = now
         _date_cache[1] = email.utils.formatdate(now, usegmt=True)
     return _date_cache[1]
-
-
-def format_address(sockaddr) -> str:
-    """``ip:port``, ``[ip6]:port``; a unix socket peer has no address (``@`` as Go prints it)."""
-    if isinstance(sockaddr, (str, bytes)):
-        return "@"
-    host, port = sockaddr[0], sockaddr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _fraction(value: int, unit: int) -> str:

@@ -84,7 +84,8 @@ record is no longer needed (the consumer finished it, or a newer copy of it was 
 position then moves over every leading acknowledged record; data files behind it are deleted only then. A restart after
 a crash therefore reads again every record from the oldest unacknowledged one on: nothing unacknowledged is lost, and
 records acknowledged after that point come back as duplicates. An acknowledgement is not synced by itself (a stale
-committed position can only cause redelivery); it reaches the meta file with the next sync. Reads do not count as sync
+committed position can only cause redelivery); it reaches the meta file with the next sync. A corrupt file is renamed
+``.bad`` only once the committed position has passed it: a restart before then reads its valid records again. Reads do not count as sync
 operations in this mode, since they change nothing that a restart would use.
 
 Group commit (``defer_sync=True`` on ``put_many``, with a ``SyncBarrier``). A sync that a put makes due can be
@@ -195,6 +196,8 @@ class DiskQueue:
         self._held_base = 0
         self._acked: set[int] = set()
         self._oldest_file = 0
+        # Hold mode: numbers of corrupt files skipped while records read from them may still be unacknowledged.
+        self._bad_files: set[int] = set()
 
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         self._load()
@@ -480,11 +483,16 @@ class DiskQueue:
         return self._read_file_num, self._read_pos, self._depth
 
     def _release_files(self) -> None:
-        """Hold mode: delete the data files wholly behind the committed position."""
+        """Hold mode: delete the data files wholly behind the committed position (corrupt ones become ``.bad``)."""
         held = self._held
         committed_file = held[0] >> _POS_BITS if held else self._read_file_num
         while self._oldest_file < committed_file:
-            self._worker.submit(partial(self._remove_data_file, self.file_name(self._oldest_file)))
+            num = self._oldest_file
+            if num in self._bad_files:
+                self._bad_files.discard(num)
+                self._worker.submit(partial(self._set_aside_bad_file, self.file_name(num)))
+            else:
+                self._worker.submit(partial(self._remove_data_file, self.file_name(num)))
             self._oldest_file += 1
 
     def _read_records(self, records: list[bytes], max_count: int, end: int) -> str | None:
@@ -550,7 +558,8 @@ class DiskQueue:
         self._need_sync = True
 
     def _skip_bad_file(self, problem: str) -> None:
-        path = self.file_name(self._read_file_num)
+        num = self._read_file_num
+        path = self.file_name(num)
         self.log.error("DISKQUEUE(%s): %s at %d of %s; renaming it to %s.bad and skipping to the next file",
                        self.name, problem, self._read_pos, path, path)
         if self._read_file_num == self._write_file_num:
@@ -559,11 +568,23 @@ class DiskQueue:
             self._write_file_num += 1
             self._write_pos = 0
         self._advance_read_file()
+        if self.hold_reads:
+            # The records read from it before the damage may not be acknowledged yet, and a restart reads them again
+            # from the committed position: the file keeps its name until the committed position has passed it.
+            self._bad_files.add(num)
+            self._release_files()
+        else:
+            self._set_aside_bad_file(path)
+        self._check_tail()
+
+    def _set_aside_bad_file(self, path: str) -> None:
+        """Rename a corrupt file ``<file>.bad`` (inline, or on the worker in hold mode)."""
         try:
             os.rename(path, path + ".bad")
+        except FileNotFoundError:
+            pass  # a missing file was skipped: nothing to set aside
         except OSError as exc:
             self.log.error("DISKQUEUE(%s): failed to rename %s - %s", self.name, path, exc)
-        self._check_tail()
 
     def _check_tail(self) -> None:
         """At the writer, depth must be 0; a reader beyond the writer means the positions are corrupt."""
@@ -723,6 +744,7 @@ class DiskQueue:
             self._held_base += len(self._held)  # outstanding tokens become stale
             self._held.clear()
             self._acked.clear()
+            self._bad_files.clear()
         for num in range(first, last + 1):
             path = self.file_name(num)
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -85,6 +86,31 @@ def test_data_files_go_only_when_the_committed_position_passes_them(tmp_path):
     assert data_file(tmp_path, 2, NAME).exists()
     q.close()
     assert independent_read(tmp_path, NAME) == records[7:]
+
+
+def test_a_corrupt_file_keeps_its_name_while_records_read_from_it_are_held(tmp_path):
+    records = [message(n, body_size=60) for n in range(6)]
+    q = held_queue(tmp_path, max_bytes_per_file=300)  # 90 bytes per record: 3 per file
+    q.put_many(records)
+    q.close()
+    with open(data_file(tmp_path, 0, NAME), "ab") as f:
+        f.write(struct.pack(">i", 86) + b"cut short")  # a write cut by SIGKILL: the kernel stops at a page
+    q = held_queue(tmp_path, max_bytes_per_file=300)
+    token, got = q.read_many_held(10)
+    assert got == records  # the whole records before the damage, then the next file
+    q.ack_range(token + 3, 3)  # those of file 0 are still in flight
+    q.sync()
+    q.wait_idle()
+    assert data_file(tmp_path, 0, NAME).exists()
+    # no close: the process "died" here; a restart delivers the unacknowledged records again
+    again = held_queue(tmp_path, max_bytes_per_file=300)
+    token, got = again.read_many_held(10)
+    assert got == records
+    again.ack_range(token, 6)
+    again.wait_idle()
+    assert not data_file(tmp_path, 0, NAME).exists()
+    assert (tmp_path / (data_file(tmp_path, 0, NAME).name + ".bad")).exists()
+    again.close()
 
 
 def test_empty_makes_outstanding_tokens_stale(tmp_path):

@@ -69,14 +69,10 @@ def adopt_listeners(sockets: list) -> list[trio.SocketListener]:
 
 
 async def listen_tcp(address: str) -> list[trio.SocketListener]:
-    """The TCP listeners for ``host:port`` (every interface when the host is empty; port 0 picks one).
-
-    Raises ``ListenError`` when the address cannot be bound."""
-    host, port = split_address(address)
-    try:
-        return await trio.open_tcp_listeners(port, host=host or None)
-    except OSError as exc:
-        raise ListenError(address, exc) from None
+    """The TCP listeners for ``host:port`` (every interface when the host is empty; port 0 picks one), bound
+    by ``bind_tcp`` as the entry points bind them before trio starts. Raises ``ListenError`` when the address
+    cannot be bound."""
+    return adopt_listeners(bind_tcp(address))
 
 
 async def accept_connections(listener, nursery: trio.Nursery, handle: Callable[[trio.SocketStream], Awaitable[Any]],

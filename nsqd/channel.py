@@ -263,25 +263,21 @@ class Channel:
             self.wake()
 
     # -- FIN / REQ / TOUCH -----------------------------------------------------------------------
+    @staticmethod
+    def _refusal(message: Message | None) -> str:
+        """NSQ's reason for refusing a FIN/REQ/TOUCH of an ID, given what is in flight under it."""
+        return "ID not in flight" if message is None else "client does not own message"
+
     def _owned(self, client: Client, msg_id: bytes) -> Message:
         message = self.in_flight.get(msg_id)
-        if message is None:
-            raise ChannelError("ID not in flight")
-        if message.client is not client:
-            raise ChannelError("client does not own message")
+        if message is None or message.client is not client:
+            raise ChannelError(self._refusal(message))
         return message
 
     def finish(self, client: Client, msg_id: bytes) -> Message:
         message = self._owned(client, msg_id)
         self.in_flight.pop(msg_id)
-        if message.disk_token >= 0:
-            self.backend.ack(message.disk_token)
-        client.in_flight -= 1
-        client.finish_count += 1
-        e2e = self.e2e
-        if e2e is not None:
-            e2e.add(message.timestamp)
-        self.client_credit_changed(client)
+        self._finished(client, (message,))
         return message
 
     def finish_many(self, client: Client, msg_ids: list[bytes]) -> list[tuple[bytes, str]]:
@@ -290,23 +286,25 @@ class Channel:
         ``finish``'s reason: the caller answers each with its own error."""
         finished, refused = self.in_flight.pop_owned(msg_ids, client)
         if finished:
-            done = len(finished)
-            if self.durable:
-                ack = self.backend.ack
-                for message in finished:
-                    if message.disk_token >= 0:
-                        ack(message.disk_token)
-            e2e = self.e2e
-            if e2e is not None:
-                for message in finished:
-                    e2e.add(message.timestamp)
-            client.in_flight -= done
-            client.finish_count += done
-            self.client_credit_changed(client)
-        if not refused:
-            return []
-        return [(msg_id, "ID not in flight" if message is None else "client does not own message")
-                for msg_id, message in refused]
+            self._finished(client, finished)
+        return [(msg_id, self._refusal(message)) for msg_id, message in refused]
+
+    def _finished(self, client: Client, messages) -> None:
+        """The bookkeeping of finished messages (already out of the in-flight queue): disk acks (durable mode),
+        end-to-end latency samples, the client's counters, and its credit."""
+        if self.durable:
+            ack = self.backend.ack
+            for message in messages:
+                if message.disk_token >= 0:
+                    ack(message.disk_token)
+        e2e = self.e2e
+        if e2e is not None:
+            for message in messages:
+                e2e.add(message.timestamp)
+        done = len(messages)
+        client.in_flight -= done
+        client.finish_count += done
+        self.client_credit_changed(client)
 
     def requeue(self, client: Client, msg_id: bytes, delay: float) -> None:
         if self.exiting:

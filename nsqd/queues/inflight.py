@@ -93,9 +93,7 @@ class InFlightQueue(Generic[T]):
         entries = self._entries
         if msg_id in entries:
             raise KeyError(msg_id)
-        bucket = self._newest
-        if bucket.deadline != deadline or not bucket.live:
-            bucket = self._open(deadline)
+        bucket = self._bucket_for(deadline)
         bucket.ids.append(msg_id)
         bucket.live += 1
         self._slots += 1
@@ -106,9 +104,7 @@ class InFlightQueue(Generic[T]):
         dispatcher's batch to one consumer. Returns the items refused because their ID is already in flight
         (the others are pushed)."""
         entries = self._entries
-        bucket = self._newest
-        if bucket.deadline != deadline or not bucket.live:
-            bucket = self._open(deadline)
+        bucket = self._bucket_for(deadline)
         ids = bucket.ids
         append = ids.append
         before = len(ids)
@@ -189,9 +185,7 @@ class InFlightQueue(Generic[T]):
             return False
         old = entry[1]
         old.live -= 1
-        bucket = self._newest
-        if bucket.deadline != deadline or not bucket.live:
-            bucket = self._open(deadline)
+        bucket = self._bucket_for(deadline)
         bucket.ids.append(msg_id)
         bucket.live += 1
         self._slots += 1
@@ -245,6 +239,13 @@ class InFlightQueue(Generic[T]):
         return ordered
 
     # -- internals -------------------------------------------------------------------------------
+    def _bucket_for(self, deadline: float) -> _Bucket:
+        """The bucket a push with ``deadline`` appends to: the newest one if it has that deadline and is live."""
+        bucket = self._newest
+        if bucket.deadline != deadline or not bucket.live:
+            bucket = self._open(deadline)
+        return bucket
+
     def _open(self, deadline: float) -> _Bucket:
         bucket = _Bucket(deadline)
         seq = self._next_seq

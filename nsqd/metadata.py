@@ -19,7 +19,7 @@ from protocol.version import NSQ_VERSION
 
 from .queues.atomic_file import replace_file
 
-__all__ = ["FILE_NAME", "DataDirLocked", "Prebound", "lock_data_path", "prebind", "load_metadata", "save_metadata", "snapshot"]
+__all__ = ["FILE_NAME", "DataDirLocked", "Prebound", "bind_addresses", "lock_data_path", "prebind", "load_metadata", "save_metadata", "snapshot"]
 
 FILE_NAME = "nsqd.dat"
 log = logging.getLogger("nsqd")
@@ -43,14 +43,20 @@ class Prebound:
         self.https = https
 
 
+def bind_addresses(opts) -> list[list]:
+    """The listening sockets of ``--tcp-address``, ``--http-address`` and, when a certificate is configured,
+    ``--https-address``, in that order (an unused one gets none); raises ``ListenError``."""
+    from protocol.startup import bind_all  # noqa: PLC0415 (light, but only start-up needs it)
+
+    https_address = opts.https_address if opts.tls_cert or opts.tls_key else ""  # HTTPS needs a certificate
+    return bind_all(opts.tcp_address, opts.http_address, https_address)
+
+
 def prebind(opts) -> Prebound:
     """Lock ``--data-path`` and bind nsqd's addresses (``Prebound``); raises ``DataDirLocked`` or ``ListenError``."""
-    from protocol.startup import bind_all  # noqa: PLC0415 (only the entry point needs it)
-
     data_lock = lock_data_path(opts.data_path or os.getcwd())
-    https_address = opts.https_address if opts.tls_cert or opts.tls_key else ""  # HTTPS needs a certificate
     try:
-        tcp, http, https = bind_all(opts.tcp_address, opts.http_address, https_address)
+        tcp, http, https = bind_addresses(opts)
     except BaseException:
         os.close(data_lock)
         raise

@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from protocol.daemon import accept_connections, adopt_listeners, format_address, listen_tcp, split_address
+from protocol.daemon import accept_connections, adopt_listeners, format_address, split_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
 
@@ -24,7 +24,7 @@ from .client import Client
 from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import Prebound, load_metadata, lock_data_path, save_metadata, snapshot
+from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path, save_metadata, snapshot
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
@@ -224,25 +224,14 @@ class NSQD:
         self.load_metadata()
         self.persist_metadata()
         # every listener is bound before anything runs, so an address in use stops start-up with its name
-        prebound = self._prebound
+        prebound, self._prebound = self._prebound, None
         if prebound is not None:  # bound by the entry point before the imports (see Prebound)
-            self._prebound = None
-            listeners = adopt_listeners(prebound.tcp)
-            http_listeners = adopt_listeners(prebound.http) if prebound.http else None
-            https_listeners = adopt_listeners(prebound.https) if prebound.https and self.tls_context else None
+            tcp, http, https = prebound.tcp, prebound.http, prebound.https
         else:
-            listeners = await listen_tcp(opts.tcp_address)
-            opened = list(listeners)
-            try:
-                http_listeners = await listen_tcp(opts.http_address) if opts.http_address else None
-                opened += http_listeners or []
-                https_listeners = None
-                if self.tls_context is not None and opts.https_address:
-                    https_listeners = await listen_tcp(opts.https_address)
-            except BaseException:
-                for listener in opened:
-                    await listener.aclose()
-                raise
+            tcp, http, https = bind_addresses(opts)
+        listeners = adopt_listeners(tcp)
+        http_listeners = adopt_listeners(http) if http else None
+        https_listeners = adopt_listeners(https) if https else None
         self.tcp_address = format_address(listeners[0].socket.getsockname())
         for listener in listeners:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))

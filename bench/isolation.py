@@ -19,6 +19,8 @@ one core shared with the drain.
 
 from __future__ import annotations
 
+import os
+
 from bench.common import Report, Target, main, unique_topic
 from bench.consume import create_channel, prefill
 from bench.latency import measure
@@ -49,6 +51,8 @@ def run(args) -> Report:
         create_channel(target, disk, "drain")
         messages = int(args.backlog_mb * 1e6 / args.disk_body_size)
         published = prefill(target, disk, messages, args.disk_body_size, batch=100)
+        # the backlog's pages are written back now, not by the kernel during the live channel's first window
+        os.sync()
         alone = measure(args, target, args.rate)
         alone.pop("_result")
         drain_spec = [("sub", args.drain_consumers, dict(address=target.tcp, topic=disk, channel="drain",

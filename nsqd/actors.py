@@ -17,10 +17,12 @@ Scheduling, after Linux CFS and QMQ's actor system:
   ``trio.current_time()`` around each slice; ``seq`` is a counter taken at every push, so actors with equal vruntime
   take turns. An actor that costs more per slice (reading from disk, many consumers) is therefore picked less often,
   and every actor gets about the same run time while all are busy.
-- ``workers`` tasks (default 4) pop the actor with the lowest vruntime, run one slice of ``slice_seconds`` (default
+- ``workers`` tasks (default 1) pop the actor with the lowest vruntime, run one slice of ``slice_seconds`` (default
   5 ms), put it back on the heap if it still has work, and yield with a checkpoint so other tasks run between
   slices. Workers with nothing to do park in a ``ParkingLot``; a wake-up unparks one worker only when one is parked.
-  More than one worker pays off only when slices await (disk reads): the slices of one actor never overlap.
+  More than one worker pays off only when slices await (disk reads): the slices of one actor never overlap, and
+  workers that all stay runnable each run a slice in the same round of trio's scheduler, which makes the round,
+  and so every other task's wait for its turn, that many slices long.
 - Waking up (``resume`` of a suspended actor, or ``add``): ``vruntime = max(vruntime, min_vruntime - wake_slack)``
   (default slack 5 ms), where ``min_vruntime`` is the smallest vruntime among the ready and running actors, kept
   monotonic as in CFS so it survives moments when nothing runs. A quiet actor therefore cannot bank credit while
@@ -31,6 +33,12 @@ Scheduling, after Linux CFS and QMQ's actor system:
   therefore cannot miss a resume that happened in between, whatever the slice awaited.
 - ``resume`` is synchronous and cheap, since it is called on every put: one state check when the actor is already
   scheduled, one flag store when it is running, a heap push (and maybe one unpark) when it was suspended.
+- Wake-up preemption (as in CFS): ``resume(actor, preempt=True)`` of a suspended actor that would be picked first
+  (its clamped vruntime below every ready actor's) and that offers a synchronous slice (``run_slice_now``) runs that
+  slice at once in the calling task, when no slice is in progress. nsqd's channels are resumed this way by a
+  publish: a quiet channel's message leaves in the publisher's own step instead of waiting for a worker's turn in
+  trio's next round of runnable tasks (one round less on its way, which is most of its latency while a busy channel
+  keeps those rounds long). The slice is charged to the actor as any other.
 - ``remove`` takes an actor out at once (out of the heap if scheduled, O(n), which is fine for a rare operation);
   a removed actor is never run again unless it is added again.
 
@@ -97,6 +105,10 @@ class Actor:
         """Work until ``trio.current_time() >= slice_end`` or out of work. Return True if work remains."""
         raise NotImplementedError
 
+    #: an actor whose slice never awaits may offer it as a plain call, ``run_slice_now(slice_end) -> bool``
+    #: (the contract of ``run_slice``); then a preempting ``resume`` may run it in the caller's task
+    run_slice_now = None
+
 
 @dataclass(frozen=True)
 class ActorSystemStatistics:
@@ -105,6 +117,7 @@ class ActorSystemStatistics:
     running: int  # actors inside a slice right now
     suspended: int  # actors waiting for resume()
     slices: int  # slices run since the system was created
+    preempted: int  # of those, slices run at once by a preempting resume
     workers: int  # worker tasks configured
     parked_workers: int  # worker tasks waiting for work
     min_vruntime: float
@@ -113,7 +126,7 @@ class ActorSystemStatistics:
 class ActorSystem:
     """Runs actors on ``workers`` tasks, fairly by run time. See the module docstring for the algorithm."""
 
-    def __init__(self, workers: int = 4, slice_seconds: float = 0.005, wake_slack: float = 0.005) -> None:
+    def __init__(self, workers: int = 1, slice_seconds: float = 0.005, wake_slack: float = 0.005) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         if not slice_seconds > 0:
@@ -130,6 +143,7 @@ class ActorSystem:
         self._lot = trio.lowlevel.ParkingLot()
         self._min_vruntime = -math.inf
         self._slices = 0
+        self._preempted = 0
         self._started = False
 
     # ---- public API -------------------------------------------------------------------------------------------
@@ -190,8 +204,9 @@ class ActorSystem:
         # RUNNING: its worker sees that it left the system when the slice ends and makes it IDLE then.
         actor._actor_resumed = False
 
-    def resume(self, actor: Actor) -> None:
-        """Tell the system that ``actor`` has work. Idempotent and cheap; does nothing if the actor is not here."""
+    def resume(self, actor: Actor, preempt: bool = False) -> None:
+        """Tell the system that ``actor`` has work. Idempotent and cheap; does nothing if the actor is not here.
+        ``preempt``: the caller may have the actor's slice run right here (wake-up preemption, see above)."""
         state = actor._actor_state
         if state is _SCHEDULED:
             return
@@ -200,7 +215,10 @@ class ActorSystem:
             actor._actor_resumed = True
             return
         if state is _SUSPENDED and actor._actor_system is self:
-            self._wake(actor)
+            if preempt and actor.run_slice_now is not None and not self._running and self._started:
+                self._wake_running(actor)
+            else:
+                self._wake(actor)
 
     def statistics(self) -> ActorSystemStatistics:
         return ActorSystemStatistics(
@@ -209,6 +227,7 @@ class ActorSystem:
             running=len(self._running),
             suspended=sum(1 for actor in self._actors if actor._actor_state is _SUSPENDED),
             slices=self._slices,
+            preempted=self._preempted,
             workers=self.workers,
             parked_workers=len(self._lot),
             min_vruntime=self._min_vruntime,
@@ -251,15 +270,44 @@ class ActorSystem:
         if lowest != math.inf and lowest > self._min_vruntime:
             self._min_vruntime = lowest
 
-    def _wake(self, actor: Actor) -> None:
+    def _clamp_on_wake(self, actor: Actor) -> None:
         assert actor._actor_state is _SUSPENDED, actor._actor_state
         self._update_min_vruntime()
         floor = self._min_vruntime - self.wake_slack
         if actor.vruntime < floor:
             actor.vruntime = floor
+
+    def _wake(self, actor: Actor) -> None:
+        self._clamp_on_wake(actor)
         self._push(actor)
         if self._lot:
             self._lot.unpark()
+
+    def _wake_running(self, actor: Actor) -> None:
+        """Wake ``actor`` and, if it comes first, run one slice of it here (the caller checked that it offers
+        ``run_slice_now`` and that no slice is in progress, so slices never nest)."""
+        self._clamp_on_wake(actor)
+        ready = self._ready
+        if ready and ready[0][0] <= actor.vruntime:
+            self._push(actor)  # another actor has waited with less run time: take turns as usual
+            if self._lot:
+                self._lot.unpark()
+            return
+        actor._actor_state = _RUNNING
+        actor._actor_resumed = False
+        self._running.add(actor)
+        self._preempted += 1
+        clock = trio.current_time
+        start = clock()
+        try:
+            has_work = actor.run_slice_now(start + self.slice_seconds)
+        except BaseException:
+            has_work = True  # as in a worker: the actor stays schedulable, the error goes to the caller
+            raise
+        finally:
+            self._end_slice(actor, has_work, clock() - start)
+            if actor._actor_state is _SCHEDULED and self._lot:
+                self._lot.unpark()
 
     def _end_slice(self, actor: Actor, has_work: bool, elapsed: float) -> None:
         assert actor._actor_state is _RUNNING, actor._actor_state

@@ -106,7 +106,7 @@ class Channel:
         stored = True
         if messages:
             stored = self._enqueue(messages)
-            self.wake()
+            self.wake(preempt=True)
         return stored
 
     def _put_durable_deferred(self, messages: list[Message]) -> bool:
@@ -118,7 +118,7 @@ class Channel:
             if m.defer:
                 index.add(m.id, now_ns + int(m.defer * 1e9))
         stored = self._enqueue(messages)
-        self.wake()
+        self.wake(preempt=True)
         return stored
 
     def _enqueue(self, messages: list[Message]) -> bool:
@@ -231,10 +231,11 @@ class Channel:
     def has_ready(self) -> bool:
         return bool(self.queue) or self._backlog_on_disk()
 
-    def wake(self) -> None:
-        """Resume the dispatcher when there is something to send and someone to send it to."""
+    def wake(self, preempt: bool = False) -> None:
+        """Resume the dispatcher when there is something to send and someone to send it to. ``preempt`` (a
+        publish): a quiet channel may deliver at once, in the caller's step (``ActorSystem.resume``)."""
         if self.mailbox and not self.paused and (self.queue or self._backlog_on_disk()):
-            self._actors.resume(self.dispatcher)
+            self._actors.resume(self.dispatcher, preempt)
 
     def depth(self) -> int:
         backend = self.backend

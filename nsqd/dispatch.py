@@ -10,7 +10,8 @@ time slices ordered by consumed run time rather than by how many consumers each 
 3. puts the consumer back at the tail of the mailbox while it still has credit (round robin),
 4. stops at the end of the slice or when messages or consumers run out.
 
-Nothing in a slice awaits. At its end each consumer that got frames is told to flush now when it
+Nothing in a slice awaits, so a publish may run it at once (``run_slice_now``, the system's wake-up
+preemption). At its end each consumer that got frames is told to flush now when it
 became not-ready (NSQ flushes then too), when its buffer is over its size, or when the channel has
 nothing more to send right now (so a quiet channel never waits for the flush timer: frames are
 batched only while there is a backlog). Otherwise the flush timer of ``output_buffer_timeout`` runs.
@@ -33,7 +34,7 @@ __all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 #: messages handed to one consumer per turn before moving on to the next one in the mailbox
 BATCH = 64
 #: messages read from the channel's disk queue at a time when its memory deque runs dry
-REFILL = 256
+REFILL = 64
 
 # A message frame's header: size, frame type, then the message's timestamp, attempts and ID (the layout of
 # ``protocol.message``); the prefix before the ID is packed in one call. nsqd's IDs are always 16 bytes
@@ -76,6 +77,9 @@ class ChannelDispatcher(Actor):
         return [message for message in batch if id(message) not in refused_ids]
 
     async def run_slice(self, slice_end: float) -> bool:
+        return self.dispatch(slice_end)
+
+    def run_slice_now(self, slice_end: float) -> bool:
         return self.dispatch(slice_end)
 
     def dispatch(self, slice_end: float) -> bool:

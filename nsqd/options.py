@@ -140,8 +140,8 @@ class Options:
     max_deflate_level: int = 6
     snappy: bool = True
     # the channel actor scheduler (flags of this implementation)
-    actor_workers: int = 4
-    actor_slice: float = 0.005
+    actor_workers: int = 1
+    actor_slice: float = 0.0003
     # fixed inside nsqd 1.3.0, not flags
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0

@@ -150,7 +150,8 @@ def test_nsqd_reregisters_after_lookupd_restarts(make_cluster, topic):
     consumer(cluster.nsqds[0].tcp, topic, "ch").close()
     wait_for_producers(cluster.lookupds[0], topic, tcp_ports(cluster))
     lookupd = cluster.restart(cluster.lookupds[0])
-    assert get(lookupd.http_address, f"/lookup?topic={topic}").status == 404  # a fresh database
+    # a restarted lookupd starts empty (nsqd may already have registered again by now, so no 404 is asserted):
+    # what it knows next comes from the nsqds' new registrations
     wait_for_producers(lookupd, topic, tcp_ports(cluster))
     assert channel_producers(lookupd, topic, "ch") == {cluster.nsqds[0].tcp[1]}
 

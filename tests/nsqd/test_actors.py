@@ -550,3 +550,113 @@ async def test_statistics(autojump_clock):
             stats.actors = 0
         nursery.cancel_scope.cancel()
 
+
+
+# ---- wake-up preemption ---------------------------------------------------------------------------------------
+
+
+class SyncMailboxActor(MailboxActor):
+    """A MailboxActor whose slice never awaits, offered as ``run_slice_now`` too (as nsqd's channel dispatcher)."""
+
+    def __init__(self, system=None):
+        super().__init__()
+        self.system = system
+        self.nested = []
+
+    def run_slice_now(self, slice_end):
+        while self.items:
+            item = self.items.pop(0)
+            self.done.append(item)
+            if self.system is not None and item == "resume-other":
+                # a slice that resumes another actor: that one must not run inside this slice
+                other = self.nested[0]
+                self.system.resume(other, preempt=True)
+        return False
+
+    async def run_slice(self, slice_end):
+        return self.run_slice_now(slice_end)
+
+
+async def test_preempting_resume_runs_a_quiet_actor_in_the_caller():
+    system = ActorSystem()
+    actor = SyncMailboxActor()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.actor_state is ActorState.SUSPENDED and actor.slices == 1
+
+        actor.items.append("a")
+        system.resume(actor, preempt=True)
+        # no checkpoint in between: the slice ran inside resume, and was charged to the actor
+        assert actor.done == ["a"]
+        assert actor.actor_state is ActorState.SUSPENDED
+        assert actor.slices == 2 and system.statistics().preempted == 1
+
+        # a plain resume still leaves the slice to a worker
+        actor.items.append("b")
+        system.resume(actor)
+        assert actor.done == ["a"] and actor.actor_state is ActorState.SCHEDULED
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.done == ["a", "b"] and system.statistics().preempted == 1
+        system.check_invariants()
+        nursery.cancel_scope.cancel()
+
+
+async def test_preemption_waits_its_turn_behind_an_actor_with_less_run_time(autojump_clock):
+    system = ActorSystem(slice_seconds=0.005, wake_slack=0.0)
+    quiet = SyncMailboxActor()
+    busy = BusyActor("busy", 0.001)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(quiet)
+        await trio.testing.wait_all_tasks_blocked()
+        quiet.vruntime = 1.0  # as if it had run for a second already: the busy actor comes first
+        system.add(busy)
+        quiet.items.append("x")
+        system.resume(quiet, preempt=True)
+        assert quiet.done == [] and quiet.actor_state is ActorState.SCHEDULED
+        assert system.statistics().preempted == 0
+        system.check_invariants()
+        nursery.cancel_scope.cancel()
+
+
+async def test_preemption_needs_a_synchronous_slice_and_never_nests():
+    system = ActorSystem()
+    plain = MailboxActor()  # no run_slice_now: always left to a worker
+    outer = SyncMailboxActor(system)
+    inner = SyncMailboxActor()
+    outer.nested.append(inner)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        for actor in (plain, outer, inner):
+            system.add(actor)
+        await trio.testing.wait_all_tasks_blocked()
+
+        plain.items.append("p")
+        system.resume(plain, preempt=True)
+        assert plain.done == [] and plain.actor_state is ActorState.SCHEDULED
+        await trio.testing.wait_all_tasks_blocked()
+        assert plain.done == ["p"]
+
+        inner.items.append("i")
+        outer.items.append("resume-other")
+        system.resume(outer, preempt=True)
+        # outer ran at once; inner, resumed from inside outer's slice, waits for a worker
+        assert outer.done == ["resume-other"] and inner.done == []
+        assert inner.actor_state is ActorState.SCHEDULED
+        assert system.statistics().preempted == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert inner.done == ["i"]
+        system.check_invariants()
+        nursery.cancel_scope.cancel()
+
+
+async def test_preemption_only_while_the_system_runs():
+    system = ActorSystem()
+    actor = SyncMailboxActor()
+    system.add(actor)  # not running: add leaves the first slice to a worker
+    actor.items.append("x")
+    system.resume(actor, preempt=True)
+    assert actor.done == [] and actor.actor_state is ActorState.SCHEDULED
+

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import trio
+import trio.testing
 
 from nsqd.actors import ActorSystem
 from nsqd.channel import Channel
@@ -138,3 +139,25 @@ async def test_finish_many_feeds_the_end_to_end_latency_window():
     channel.dispatcher.dispatch(math.inf)
     assert channel.finish_many(client, [m.id for m in messages[:5]]) == []
     assert seen == [m.timestamp for m in messages[:5]]
+
+
+def _channel_on(actors: ActorSystem) -> Channel:
+    return Channel(_Topic(), "c", mem_queue_size=10_000, max_msg_timeout=900.0, actors=actors,
+                   on_last_client_gone=lambda channel: None)
+
+
+async def test_a_publish_to_a_quiet_channel_delivers_in_the_publishers_step():
+    actors = ActorSystem()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actors.run)
+        channel = _channel_on(actors)
+        client = _consumer(channel, 1, rdy=10)
+        await trio.testing.wait_all_tasks_blocked()
+        message = Message(b"%016x" % 1, b"hello", 1000, 0)
+        channel.put_many([message])
+        # no checkpoint since the put: the frame is already in the consumer's buffer, the message in flight
+        assert b"".join(client.out) == encode_message_frame(message)
+        assert client.in_flight == 1 and channel.in_flight.get(message.id) is message
+        assert actors.statistics().preempted == 1
+        nursery.cancel_scope.cancel()
+

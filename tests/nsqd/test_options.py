@@ -79,8 +79,8 @@ NSQ_DEFAULTS = {
     "deflate": ("deflate", True),
     "max-deflate-level": ("max_deflate_level", 6),
     "snappy": ("snappy", True),
-    "actor-workers": ("actor_workers", 4),
-    "actor-slice": ("actor_slice", 0.005),
+    "actor-workers": ("actor_workers", 1),
+    "actor-slice": ("actor_slice", 0.0003),
     "config": ("config", ""),
     "version": ("version", False),
 }
@@ -379,7 +379,7 @@ def test_config_values():
     assert config_value(opts, "log_level") == 3
     assert config_value(opts, "msg_timeout") == 60_000_000_000
     assert config_value(opts, "min_output_buffer_timeout") == 25_000_000
-    assert config_value(opts, "actor_slice") == 5_000_000
+    assert config_value(opts, "actor_slice") == 300_000
     assert config_value(opts, "tls_required") == 1
     assert config_value(opts, "tls_min_version") == 0x0303
     assert config_value(opts, "max_msg_size") == 1048576

@@ -111,7 +111,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from .atomic_file import replace_file
-from .file_worker import FileWorker
+from .file_worker import FileWorker, remove_in_steps
 from .group_commit import SyncBarrier
 from .segment_reader import SegmentReader
 
@@ -543,7 +543,7 @@ class DiskQueue:
     def _remove_data_file(self, path: str) -> None:
         """Runs on the worker."""
         try:
-            os.remove(path)
+            remove_in_steps(path)
         except FileNotFoundError:
             pass
         except OSError as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nsqd.queues import segment_reader
+from nsqd.queues import file_worker, segment_reader
 from nsqd.queues.diskqueue import DiskQueue
 from nsqd.queues.group_commit import SyncBarrier
 from nsqd.queues.segment_reader import SegmentReader
@@ -276,3 +276,23 @@ def test_kill_9_before_the_meta_of_a_roll_is_written_loses_nothing(tmp_path):
     q.put(message(99, body_size=70))
     assert q.write_position() == (3, RECORD)  # after the files the roll began
     q.close()
+
+
+def test_a_removed_segment_is_cut_down_in_steps_before_the_unlink(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_worker, "REMOVE_STEP", 1000)
+    monkeypatch.setattr(file_worker, "REMOVE_PAUSE", 0.0)
+    sizes = []
+    real_ftruncate = os.ftruncate
+
+    def ftruncate(fd, size):  # the real call, with the sizes it is asked for noted
+        sizes.append(size)
+        real_ftruncate(fd, size)
+
+    monkeypatch.setattr(file_worker.os, "ftruncate", ftruncate)
+    path = tmp_path / "segment.dat"
+    path.write_bytes(b"x" * 4500)
+    file_worker.remove_in_steps(str(path))
+    assert sizes == [3500, 2500, 1500, 500]
+    assert not path.exists()
+    with pytest.raises(FileNotFoundError):
+        file_worker.remove_in_steps(str(path))  # as os.remove: the queue's caller ignores it

@@ -25,6 +25,7 @@ from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
 from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path, save_metadata, snapshot
+from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
@@ -157,6 +158,9 @@ class NSQD:
     def load_metadata(self) -> None:
         self._loading = True
         try:
+            if self._data_lock is not None:  # nobody else writes here: what a killed nsqd left can go
+                for name in remove_stray_temporaries(self.data_path):
+                    log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
             for entry in load_metadata(self.data_path):
                 topic = self.get_topic(entry["name"])
                 for channel_entry in entry["channels"]:

@@ -168,6 +168,28 @@ def test_empty_queues_leave_meta_files_and_metadata_follows_changes(data_dir):
 
 
 @pytest.mark.timeout(60)
+def test_temporary_files_left_by_a_kill_are_removed_at_the_next_start(data_dir):
+    d = data_dir()
+    daemon = d.start()
+    topic = name("strays")
+    create_channel(daemon, topic, "c")
+    d.kill()
+    # what a kill between writing a replacement and renaming it leaves behind, for each file nsqd replaces
+    strays = ["nsqd.dat.8127361.tmp", f"{topic}.diskqueue.meta.dat.5577006791947779410.tmp",
+              f"{topic}:c.diskqueue.meta.dat.42.tmp", f"{topic}:c.deferred.dat.7.tmp"]
+    others = ["notes.tmp", "nsqd.dat.x.tmp", f"{topic}.diskqueue.000000.dat.9.tmp"]
+    for f in strays + others:
+        (d.path / f).write_bytes(b"0\n0,0\n0,0\n")
+    daemon = d.start()
+    files = d.files()
+    assert not set(strays) & set(files), files
+    assert set(others) <= set(files), files
+    for f in strays:
+        assert f"NSQ: removed {f}, a temporary file left by an interrupted write" in daemon.log_text()
+    assert [c["channel_name"] for c in stats(http(daemon))["topics"][0]["channels"]] == ["c"]
+
+
+@pytest.mark.timeout(60)
 def test_delete_leaves_no_files(data_dir):
     d = data_dir("--mem-queue-size=2")
     daemon = d.start()

@@ -90,6 +90,10 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: steal above this share of the CPU time during a scenario gets a note under its table
+STEAL_NOTICE = 0.02
+
+
 def machine_info() -> dict:
     model = ""
     try:
@@ -116,6 +120,27 @@ def machine_info() -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "load_average": os.getloadavg(),
     }
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) clock ticks of all CPUs so far, from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time the hypervisor gave to others between two ``cpu_times()``: on a
+    shared virtual machine, a few percent or more makes every figure noisy (a vCPU is taken away mid-run)."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
 
 
 class ProcessSampler:
@@ -498,7 +523,14 @@ def main(module, argv: list[str] | None = None) -> int:
     if hasattr(module, "add_arguments"):
         module.add_arguments(parser)
     args = parser.parse_args(argv)
+    before = cpu_times()
     report = module.run(args)
+    steal = steal_share(before, cpu_times())
+    if steal is not None:
+        report.params["cpu_steal"] = round(steal, 4)
+        if steal >= STEAL_NOTICE:
+            report.notes.append(f"the hypervisor took {steal:.1%} of this machine's CPU time during the run "
+                                "(steal): the figures are noisy")
     path = write_report(report, args.results_dir)
     print_report(report)
     print(f"wrote {path}")

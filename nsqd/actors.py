@@ -215,10 +215,7 @@ class ActorSystem:
             actor._actor_resumed = True
             return
         if state is _SUSPENDED and actor._actor_system is self:
-            if preempt and actor.run_slice_now is not None and not self._running and self._started:
-                self._wake_running(actor)
-            else:
-                self._wake(actor)
+            self._wake(actor, preempt and actor.run_slice_now is not None and not self._running and self._started)
 
     def statistics(self) -> ActorSystemStatistics:
         return ActorSystemStatistics(
@@ -270,29 +267,22 @@ class ActorSystem:
         if lowest != math.inf and lowest > self._min_vruntime:
             self._min_vruntime = lowest
 
-    def _clamp_on_wake(self, actor: Actor) -> None:
+    def _wake(self, actor: Actor, run_now: bool = False) -> None:
+        """Schedule ``actor``; with ``run_now`` (the caller checked that it offers ``run_slice_now`` and that no
+        slice is in progress, so slices never nest), run one slice of it here instead if it comes first."""
         assert actor._actor_state is _SUSPENDED, actor._actor_state
         self._update_min_vruntime()
         floor = self._min_vruntime - self.wake_slack
         if actor.vruntime < floor:
             actor.vruntime = floor
-
-    def _wake(self, actor: Actor) -> None:
-        self._clamp_on_wake(actor)
-        self._push(actor)
+        if run_now and not (self._ready and self._ready[0][0] <= actor.vruntime):
+            self._run_now(actor)
+            return
+        self._push(actor)  # a preempting wake-up too when another actor has less run time: turns as usual
         if self._lot:
             self._lot.unpark()
 
-    def _wake_running(self, actor: Actor) -> None:
-        """Wake ``actor`` and, if it comes first, run one slice of it here (the caller checked that it offers
-        ``run_slice_now`` and that no slice is in progress, so slices never nest)."""
-        self._clamp_on_wake(actor)
-        ready = self._ready
-        if ready and ready[0][0] <= actor.vruntime:
-            self._push(actor)  # another actor has waited with less run time: take turns as usual
-            if self._lot:
-                self._lot.unpark()
-            return
+    def _run_now(self, actor: Actor) -> None:
         actor._actor_state = _RUNNING
         actor._actor_resumed = False
         self._running.add(actor)

@@ -163,8 +163,7 @@ def remove_in_steps(path: str) -> None:
     system call, on the core the worker shares with the event loop (nsqd confined to one core: the latency of
     another channel's messages rose by about a millisecond at p99 around each removal, measured in
     bench/README.md item 13); in steps with a pause between them the same work comes in short pieces.
-    Raises ``OSError`` as ``os.remove`` would (``FileNotFoundError`` included). Runs on the worker."""
-    _lower_priority()
+    Raises ``OSError`` as ``os.remove`` would (``FileNotFoundError`` included). A job for the worker."""
     fd = os.open(path, os.O_WRONLY)
     try:
         size = os.fstat(fd).st_size

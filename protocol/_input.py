@@ -47,3 +47,15 @@ class InputBuffer:
         else:
             self._buf = self._buf[self._pos :] + data
         self._pos = 0
+
+    def take_unparsed(self) -> bytes:
+        """Remove and return the bytes not yet parsed: what follows the last decoded item belongs to
+        whoever reads the stream next (a TLS or compression layer after IDENTIFY, or a serving loop
+        that takes over from a handshake)."""
+        rest = b"".join([self._buf[self._pos :], *self._chunks])
+        self._buf = b""
+        self._pos = 0
+        self._chunks.clear()
+        self._chunks_len = 0
+        self._need = 0
+        return rest

@@ -234,17 +234,6 @@ class CommandParser(InputBuffer):
             return total < need
         return total < self._max_line_length and b"\n" not in data
 
-    def take_unparsed(self) -> bytes:
-        """Remove and return the bytes not yet parsed (for a stream switching to TLS or
-        compression after IDENTIFY, whose following bytes belong to the new layer)."""
-        rest = b"".join([self._buf[self._pos :], *self._chunks])
-        self._buf = b""
-        self._pos = 0
-        self._chunks.clear()
-        self._chunks_len = 0
-        self._need = 0
-        return rest
-
     def buffered_size(self) -> int:
         """Bytes received and not yet consumed by a returned or started command."""
         return len(self._buf) - self._pos + self._chunks_len

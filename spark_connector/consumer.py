@@ -101,27 +101,12 @@ _CONFIG_ERRORS = {"E_BAD_TOPIC", "E_BAD_CHANNEL", "E_AUTH_FAILED", "E_UNAUTHORIZ
                   "E_IDENTIFY_FAILED", "E_BAD_BODY", "E_INVALID"}
 
 
-class _HandshakeDecoder(FrameDecoder):
-    """The frame decoder of the handshake, which hands its unread bytes over to the serving loop."""
-
-    __slots__ = ()
-
-    def take_unparsed(self) -> bytes:
-        rest = b"".join([self._buf[self._pos :], *self._chunks])
-        self._buf = b""
-        self._pos = 0
-        self._chunks.clear()
-        self._chunks_len = 0
-        self._need = 0
-        return rest
-
-
 class _Wire:
     """A connected socket with its optional TLS and compression layers and a frame decoder."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.decoder = _HandshakeDecoder()
+        self.decoder = FrameDecoder()  # its unread bytes go to the serving loop (take_unparsed)
         self.inflate = None
         self.deflate = None
         self._send_lock = threading.Lock()

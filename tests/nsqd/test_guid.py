@@ -183,3 +183,19 @@ def test_real_clock():
     factory = GUIDFactory(0)
     ids = factory.next_ids(10_000) + [factory.next_id()]
     assert all(a < b for a, b in zip(ids, ids[1:]))
+
+
+def test_single_ids_borrow_up_to_the_lead_like_batches():
+    """``next_ids(1)`` (a PUB's path) borrows ticks ahead exactly as far as a batch may, and no further."""
+    start = NOW - (NOW % TICK_NS)
+    factory = GUIDFactory(6)
+    factory.next_ids(GUIDFactory.max_batch, start)  # ticks start .. start + MAX_LEAD_TICKS - 1, all used
+    factory.next_ids(4095, start)  # the tick MAX_LEAD_TICKS ahead, all but its last ID
+    last_tick = start + MAX_LEAD_TICKS * TICK_NS
+    assert factory.next_ids(1, start) == [expected_id(last_tick, 6, 4095)]
+    with pytest.raises(GUIDUnavailable):  # one more would be MAX_LEAD_TICKS + 1 ticks ahead
+        factory.next_ids(1, start)
+    # nothing was used by the refusal: one tick later the next ID follows the last one
+    assert factory.next_ids(1, start + TICK_NS) == [expected_id(last_tick + TICK_NS, 6, 0)]
+    singles = GUIDFactory(6)
+    assert [singles.next_ids(1, start)[0] for _ in range(4097)] == GUIDFactory(6).next_ids(4097, start)

@@ -25,6 +25,7 @@ from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
 from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path, save_metadata, snapshot
+from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
@@ -58,6 +59,7 @@ class NSQD:
         # 50 consumers against 2 got 0.17 s against 0.21 s of dispatch time with one slice, equal with four).
         self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice,
                                   wake_slack=4 * opts.actor_slice)
+        self.read_poller = ReadPoller()  # idle plain-TCP connections are read by one task (poller.py)
         self.scanner = QueueScanner(
             self.all_channels,
             interval=opts.queue_scan_interval,
@@ -243,6 +245,7 @@ class NSQD:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(self.actors.run)
+                await nursery.start(self.read_poller.run)
                 await nursery.start(self.scanner.run)
                 if http_listeners:
                     self.http_server = make_http_server(self, http_listeners)

@@ -2,7 +2,10 @@
 
 Reading: each receive buffer is fed to the sans-IO ``CommandParser`` and every complete command is
 handled synchronously (no await per message); the responses are appended to the client's output
-buffer and leave in one write. Writing: a writer task sends the output buffer when something asks
+buffer and leave in one write. A plain-TCP connection waiting for input sits in the daemon's
+``ReadPoller``, which reads it and runs those commands in its own task (``poll_ready``); the
+connection's task takes over for a command that must await (IDENTIFY, AUTH, an auth refresh), an
+error or EOF. TLS and compressed connections read in their own task. Writing: a writer task sends the output buffer when something asks
 for an immediate flush (any non-message frame, a consumer that became not-ready, an idle channel)
 or when the flush timer (``output_buffer_timeout``) expires. Deadlines: the read side must see a
 command within 2 x heartbeat interval (one cancel scope whose deadline moves, not a scope per
@@ -97,6 +100,12 @@ class Connection:
         self._auth_refresh_error: AuthError | None = None
         self._authed_before_refresh: bool | None = None
         client.direct_flush = self._flush_direct
+        self._poller = nsqd.read_poller
+        self._poll_fd = -1
+        self._poll_done: trio.Event | None = None
+        self._poll_result: bytes | OSError | None = None
+        self._pending_command: tuple | None = None  # left by the poller for this task (it must await)
+        self._poller_error: Exception | None = None  # raised by a command the poller ran
         self._handlers = {
             b"FIN": self.FIN, b"RDY": self.RDY, b"REQ": self.REQ, b"PUB": self.PUB, b"MPUB": self.MPUB,
             b"DPUB": self.DPUB, b"NOP": self.NOP, b"TOUCH": self.TOUCH, b"SUB": self.SUB, b"CLS": self.CLS,
@@ -133,52 +142,27 @@ class Connection:
             return math.inf
         return trio.current_time() + 2 * interval
 
+    def _move_read_deadline(self) -> None:
+        scope = self._read_scope
+        deadline = self._read_deadline()
+        if deadline - scope.deadline > READ_DEADLINE_SLACK * 2 * self.client.heartbeat_interval:
+            scope.deadline = deadline
+
     async def _read_loop(self, initial: bytes) -> None:
         parser = self.parser
         client = self.client
-        handlers = self._handlers
-        receive = self.stream.receive_some
-        out = client.out
         with trio.CancelScope(deadline=self._read_deadline()) as scope:
             self._read_scope = scope
             data = initial
             while True:
-                if data:
-                    parser.receive_data(data)
-                    replied = False
+                if data is None or data:  # None: the read poller stopped on a command or an error
                     try:
-                        while True:
-                            command = parser.next_command()
-                            if command is None:
-                                break
-                            name = command[0]
-                            handler = handlers.get(name)
-                            if handler is None:
-                                raise ProtocolError("E_INVALID", f"invalid command {_text(name)}")
-                            try:
-                                if name in _ASYNC_COMMANDS:
-                                    if replied:  # answers so far leave before this command may wait
-                                        replied = False
-                                        self._send_replies()
-                                    response = await handler(command)
-                                    receive = self.stream.receive_some  # IDENTIFY may have added layers
-                                else:
-                                    if self._auth_enabled and name in _AUTH_CHECKED:
-                                        if replied:
-                                            replied = False
-                                            self._send_replies()
-                                        await self._refresh_expired_auth()
-                                    response = handler(command)
-                            except ProtocolError as error:
-                                if error.fatal:
-                                    raise
-                                client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
-                                continue
-                            if response is not None:
-                                # sent after the whole buffer is handled, in one write (_send_replies)
-                                out.append(response)
-                                client.out_bytes += len(response)
-                                client.flush_now = replied = True
+                        if data:
+                            parser.receive_data(data)
+                        error, self._poller_error = self._poller_error, None
+                        if error is not None:
+                            raise error
+                        await self._run_buffered()
                     except ProtocolError as error:
                         log.error("[%s] - %s", client.remote_address, error.payload().decode("utf-8", "replace"))
                         client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
@@ -190,23 +174,20 @@ class Connection:
                         log.error("[%s] - %s, closing", client.remote_address, exc)
                         client.out.clear()  # nothing more may reach a peer whose layers are unknown
                         return
-                    if replied:
-                        self._send_replies()
-                    deadline = self._read_deadline()
-                    if deadline - scope.deadline > READ_DEADLINE_SLACK * 2 * client.heartbeat_interval:
-                        scope.deadline = deadline
+                    self._move_read_deadline()
                 try:
-                    if type(self.stream) is trio.SocketStream:
-                        data = await self._receive_plain()
+                    stream = self.stream
+                    if type(stream) is trio.SocketStream:
+                        data = await self._receive_polled()
                     else:
-                        data = await receive(RECEIVE_SIZE)
+                        data = await stream.receive_some(RECEIVE_SIZE)
                 except CompressionError as exc:
                     log.error("[%s] - corrupt compressed stream, closing: %s", client.remote_address, exc)
                     return
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("[%s] - read failed: %s", client.remote_address, exc)
                     return
-                if not data:
+                if data is not None and not data:
                     error = parser.pending_eof_error()
                     if error is not None:
                         # a command cut short: nsqd reports what it failed to read before closing
@@ -215,17 +196,124 @@ class Connection:
                     return
         log.info("[%s] - read deadline exceeded, closing", client.remote_address)
 
-    async def _receive_plain(self) -> bytes:
-        """``receive_some`` of a plain socket without trio's per-call try-then-wait sandwich: wait for
-        readiness, then one read of everything there (up to ``RECEIVE_SIZE``). Errors surface as
-        ``OSError`` (``trio.ClosedResourceError`` if the socket is closed meanwhile)."""
-        fd = self.stream.socket.fileno()
+    async def _run_buffered(self) -> None:
+        """Run every complete command the parser holds, awaiting where a command must."""
+        command, self._pending_command = self._pending_command, None
+        if command is None:
+            command = self._run_commands()
+        while command is not None:
+            await self._run_awaiting(command)
+            command = self._run_commands()
+
+    def _run_commands(self) -> tuple | None:
+        """Run the parser's complete commands that need no await, answering them in one write at the end
+        (``_send_replies``). Stops at the first command that may wait for the network (IDENTIFY, AUTH, a
+        command whose auth answer may need refreshing) and returns it unrun, after sending the answers so
+        far. Non-fatal errors are answered and the loop goes on; a fatal one is raised."""
+        parser = self.parser
+        client = self.client
+        handlers = self._handlers
+        out = client.out
+        replied = False
         while True:
-            await trio.lowlevel.wait_readable(fd)
+            command = parser.next_command()
+            if command is None:
+                break
+            name = command[0]
+            handler = handlers.get(name)
+            if handler is None:
+                raise ProtocolError("E_INVALID", f"invalid command {_text(name)}")
+            if name in _ASYNC_COMMANDS or (self._auth_enabled and name in _AUTH_CHECKED and self._auth_refresh_due()):
+                if replied:
+                    self._send_replies()
+                return command
             try:
-                return os.read(fd, RECEIVE_SIZE)
-            except BlockingIOError:
+                response = handler(command)
+            except ProtocolError as error:
+                if error.fatal:
+                    raise
+                client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
                 continue
+            if response is not None:
+                # sent after the whole buffer is handled, in one write (_send_replies)
+                out.append(response)
+                client.out_bytes += len(response)
+                client.flush_now = replied = True
+        if replied:
+            self._send_replies()
+        return None
+
+    async def _run_awaiting(self, command: tuple) -> None:
+        """One command that may wait (see ``_run_commands``); its answer leaves at once."""
+        name = command[0]
+        try:
+            if name in _ASYNC_COMMANDS:
+                response = await self._handlers[name](command)
+            else:
+                await self._refresh_expired_auth()
+                response = self._handlers[name](command)
+        except ProtocolError as error:
+            if error.fatal:
+                raise
+            self.client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
+            return
+        if response is not None:
+            client = self.client
+            client.out.append(response)
+            client.out_bytes += len(response)
+            client.flush_now = True
+            self._send_replies()
+
+    # -- reading through the poller (plain TCP) ----------------------------------------------------
+    async def _receive_polled(self) -> bytes | None:
+        """Wait in the daemon's ``ReadPoller`` instead of a task wake-up per read: while this task waits,
+        the poller reads the socket and runs the commands itself (``poll_ready``). Returns b"" at EOF, None
+        when the poller stopped at a command that must await (``_pending_command``) or at an error
+        (``_poller_error``), both for this task to take over; raises a read error as ``OSError``."""
+        poller = self._poller
+        self._poll_fd = fd = self.stream.socket.fileno()
+        self._poll_result = None
+        self._poll_done = done = trio.Event()
+        poller.add(fd, self)
+        try:
+            await done.wait()
+        finally:
+            poller.discard(fd)
+        result = self._poll_result
+        if isinstance(result, OSError):
+            raise result
+        return result
+
+    def poll_ready(self) -> None:
+        """Called by the poller when the socket is readable; never raises. Whatever this cannot finish goes
+        back to the connection's task, which the poller stops watching for at once."""
+        try:
+            data = os.read(self._poll_fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._poll_return(exc)
+            return
+        if not data:
+            self._poll_return(b"")
+            return
+        try:
+            self.parser.receive_data(data)
+            command = self._run_commands()
+        except Exception as exc:  # the task raises it again where its own loop handles errors
+            self._poller_error = exc
+            self._poll_return(None)
+            return
+        if command is not None:
+            self._pending_command = command
+            self._poll_return(None)
+            return
+        self._move_read_deadline()
+
+    def _poll_return(self, result) -> None:
+        self._poller.discard(self._poll_fd)
+        self._poll_result = result
+        self._poll_done.set()
 
     def _send_replies(self) -> None:
         """Send what the commands of one receive buffer answered, from the reading task, in one
@@ -472,15 +560,18 @@ class Connection:
             remote_ip=_remote_ip(client.remote_address), tls=client.tls, common_name=client.tls_common_name,
             secret=client.auth_secret)
 
-    async def _refresh_expired_auth(self) -> None:
-        """Before SUB/PUB/MPUB/DPUB: ask the auth server again once the cached answer's TTL has passed.
-        A failure is kept for ``_authorize``, which reports it after the command's own checks."""
-        client = self.client
-        state = client.auth_state
+    def _auth_refresh_due(self) -> bool:
+        """Before SUB/PUB/MPUB/DPUB (auth enabled): forget the last refresh's outcome; True when the cached
+        answer's TTL has passed, so the auth server must be asked again (``_refresh_expired_auth``)."""
         self._auth_refresh_error = None
         self._authed_before_refresh = None
-        if state is None or not state.expired(trio.current_time()):
-            return
+        state = self.client.auth_state
+        return state is not None and state.expired(trio.current_time())
+
+    async def _refresh_expired_auth(self) -> None:
+        """Ask the auth server again (``_auth_refresh_due`` said so). A failure is kept for ``_authorize``,
+        which reports it after the command's own checks."""
+        client = self.client
         self._authed_before_refresh = client.authed
         try:
             client.auth_state = await self._query_auth()

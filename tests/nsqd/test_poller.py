@@ -1,0 +1,132 @@
+"""ReadPoller alone, on socket pairs: who is called, when, and what leaving in the middle of a step means."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from nsqd.poller import ReadPoller
+
+
+class Member:
+    """Reads what is there on each call and records it; ``on_call`` lets a test act from inside a step."""
+
+    def __init__(self, sock: socket.socket, read_size: int = 65536, on_call=None) -> None:
+        self.sock = sock
+        self.read_size = read_size
+        self.on_call = on_call
+        self.reads: list[bytes] = []
+
+    def poll_ready(self) -> None:
+        self.reads.append(self.sock.recv(self.read_size))
+        if self.on_call is not None:
+            self.on_call(self)
+
+
+@pytest.fixture
+def pairs():
+    made: list[socket.socket] = []
+
+    def make(count: int) -> list[tuple[socket.socket, socket.socket]]:
+        result = []
+        for _ in range(count):
+            ours, theirs = socket.socketpair()
+            ours.setblocking(False)
+            made.extend((ours, theirs))
+            result.append((ours, theirs))
+        return result
+
+    yield make
+    for sock in made:
+        sock.close()
+
+
+def test_only_readable_members_are_called(pairs):
+    poller = ReadPoller()
+    (a, peer_a), (b, _peer_b) = pairs(2)
+    member_a, member_b = Member(a), Member(b)
+    poller.add(a.fileno(), member_a)
+    poller.add(b.fileno(), member_b)
+    assert poller.poll_once() == 0
+    peer_a.sendall(b"hello")
+    assert poller.poll_once() == 1
+    assert member_a.reads == [b"hello"] and member_b.reads == []
+    assert len(poller) == 2
+
+
+def test_input_left_unread_is_reported_again(pairs):
+    """Level-triggered: a member that reads part of its input is called again at the next step."""
+    poller = ReadPoller()
+    [(a, peer)] = pairs(1)
+    member = Member(a, read_size=4)
+    poller.add(a.fileno(), member)
+    peer.sendall(b"0123456789")
+    steps = 0
+    while poller.poll_once():
+        steps += 1
+    assert steps == 3 and b"".join(member.reads) == b"0123456789"
+
+
+def test_a_member_discarded_earlier_in_the_step_is_not_called(pairs):
+    poller = ReadPoller()
+    (a, peer_a), (b, peer_b) = pairs(2)
+    member_b = Member(b)
+
+    def leave_both(member: Member) -> None:
+        poller.discard(a.fileno())
+        poller.discard(b.fileno())
+
+    member_a = Member(a, on_call=leave_both)
+    member_b.on_call = leave_both
+    poller.add(a.fileno(), member_a)
+    poller.add(b.fileno(), member_b)
+    peer_a.sendall(b"x")
+    peer_b.sendall(b"y")
+    assert poller.poll_once() == 2
+    assert len(member_a.reads) + len(member_b.reads) == 1  # whoever came first; the other had left
+    assert len(poller) == 0
+    peer_a.sendall(b"more")
+    assert poller.poll_once() == 0
+
+
+def test_discard_is_idempotent_and_survives_a_closed_descriptor(pairs):
+    poller = ReadPoller()
+    [(a, _peer)] = pairs(1)
+    fd = a.fileno()
+    poller.add(fd, Member(a))
+    with pytest.raises(AssertionError):
+        poller.add(fd, Member(a))
+    poller.discard(fd)
+    poller.discard(fd)
+    poller.add(fd, Member(a))
+    a.close()  # the kernel drops a closed descriptor from the epoll set by itself
+    poller.discard(fd)
+    assert len(poller) == 0
+
+
+async def test_run_serves_members_until_cancelled(pairs):
+    poller = ReadPoller()
+    (a, peer_a), (b, peer_b) = pairs(2)
+    got = trio.Event()
+
+    def stop_after_both(_member: Member) -> None:
+        if member_a.reads and member_b.reads:
+            got.set()
+
+    member_a, member_b = Member(a, on_call=stop_after_both), Member(b, on_call=stop_after_both)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(poller.run)
+        poller.add(a.fileno(), member_a)
+        poller.add(b.fileno(), member_b)
+        peer_a.sendall(b"one")
+        await trio.sleep(0)
+        peer_b.sendall(b"two")
+        with trio.fail_after(10):
+            await got.wait()
+        nursery.cancel_scope.cancel()
+    assert (member_a.reads, member_b.reads) == ([b"one"], [b"two"])
+    assert len(poller) == 0
+    with pytest.raises(ValueError):  # the epoll set is closed with the task
+        poller.poll_once()

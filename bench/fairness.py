@@ -19,7 +19,7 @@ TITLE = "two backlogged channels, 100 consumers against 2"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--backlog", type=int, default=3_000_000)
+    parser.add_argument("--backlog", type=int, default=4_000_000)
     parser.add_argument("--many", type=int, default=100)
     parser.add_argument("--many-rdy", type=int, default=50)
     parser.add_argument("--few", type=int, default=2)

@@ -413,6 +413,8 @@ class Connection:
     def _stop_reading(self) -> None:
         if self._read_scope is not None:
             self._read_scope.cancel()
+        if self._poll_fd >= 0:  # the poller runs no more of its commands before the task ends the loop
+            self._poller.discard(self._poll_fd)
 
     async def _heartbeats(self) -> None:
         client = self.client

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import pytest
@@ -16,6 +17,7 @@ from tests.integration.harness import (
     NOP,
     Frame,
     RawClient,
+    consumer,
     fin,
     identify,
     mpub,
@@ -141,3 +143,30 @@ def test_heartbeat_read_deadline_applies_in_the_poller(module_nsqd):
                 seen.append(client.read_frame(10, skip_heartbeats=False))
         assert type(closed.value).__name__ == "ConnectionClosed"
         assert seen and all(frame == Frame(FRAME_TYPE_RESPONSE, b"_heartbeat_") for frame in seen)
+
+
+def test_consumer_that_stops_reading_is_closed_by_its_write_deadline(nsqd):
+    """The writer gives up after one heartbeat interval and stops the reading side, which waits in the poller.
+    The consumer keeps sending NOPs, so only the write deadline can close it (not the read deadline)."""
+    name = fresh()
+    stalled = consumer(nsqd.tcp, name, "ch", ready=100, identify_fields={"heartbeat_interval": 1000})
+    try:
+        with RawClient(nsqd.tcp) as producer:
+            for _ in range(10):  # 40 MB for a consumer that reads nothing: more than loopback buffers hold
+                producer.publish_many(name, [b"x" * 1_000_000] * 4)
+            deadline = time.monotonic() + 20
+            while True:
+                channel = next(c for t in stats(nsqd.http(), f"topic={name}")["topics"] if t["topic_name"] == name
+                               for c in t["channels"])
+                if not channel["clients"]:
+                    break
+                assert time.monotonic() < deadline, "a consumer that stopped reading was not closed"
+                try:
+                    stalled.send(NOP)
+                except OSError:
+                    pass  # closed by the server meanwhile: the next look at /stats shows it
+                time.sleep(0.05)
+            producer.publish(name, b"the daemon still serves")
+    finally:
+        stalled.close()
+    nsqd.assert_running()

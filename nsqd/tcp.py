@@ -5,11 +5,11 @@ handled synchronously (no await per message); the responses are appended to the 
 buffer and leave in one write. A plain-TCP connection waiting for input sits in the daemon's
 ``ReadPoller``, which reads it and runs those commands in its own task (``poll_ready``); the
 connection's task takes over for a command that must await (IDENTIFY, AUTH, an auth refresh), an
-error or EOF. TLS and compressed connections read in their own task. Writing: a writer task sends the output buffer when something asks
-for an immediate flush (any non-message frame, a consumer that became not-ready, an idle channel)
-or when the flush timer (``output_buffer_timeout``) expires. Deadlines: the read side must see a
-command within 2 x heartbeat interval (one cancel scope whose deadline moves, not a scope per
-read); each write must finish within one heartbeat interval.
+error or EOF. TLS and compressed connections read in their own task. Writing: a writer task sends
+the output buffer when something asks for an immediate flush (any non-message frame, a consumer that
+became not-ready, an idle channel) or when the flush timer (``output_buffer_timeout``) expires.
+Deadlines: the read side must see a command within 2 x heartbeat interval (one cancel scope whose
+deadline moves, not a scope per read); each write must finish within one heartbeat interval.
 
 Errors: handlers raise ``ProtocolError``; this loop alone decides to close. A fatal error is
 written, flushed, and the connection closed; E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED are not

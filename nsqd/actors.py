@@ -35,15 +35,25 @@ Scheduling, after Linux CFS and QMQ's actor system:
   scheduled, one flag store when it is running, a heap push (and maybe one unpark) when it was suspended.
 - Wake-up preemption (as in CFS): ``resume(actor, preempt=True)`` of a suspended actor that would be picked first
   (its clamped vruntime below every ready actor's) and that offers a synchronous slice (``run_slice_now``) runs that
-  slice at once in the calling task, when no slice is in progress. nsqd's channels are resumed this way by a
-  publish: a quiet channel's message leaves in the publisher's own step instead of waiting for a worker's turn in
-  trio's next round of runnable tasks (one round less on its way, which is most of its latency while a busy channel
-  keeps those rounds long). The slice is charged to the actor as any other.
+  slice at once in the calling task, when no slice is in progress (or from an interlude, below). nsqd's channels
+  are resumed this way by a publish: a quiet channel's message leaves in the publisher's own step instead of
+  waiting for a worker's turn in trio's next round of runnable tasks (one round less on its way, which is most of
+  its latency while a busy channel keeps those rounds long). The slice is charged to the actor as any other.
+- Interludes: a slice may call ``interlude()`` at points where it is safe to let other code run (nothing half
+  done); the system then runs its ``interlude_hook`` there, at most every ``interlude_seconds`` as the slice
+  counts. nsqd's hook reads the connections that send little (``ReadPoller.poll_light``): a producer of single
+  messages waits for the next interlude of a busy channel's slice, not for the slice, the flushes after it and
+  the poller's whole step. A preempting resume from inside the interlude may run that actor's slice right there,
+  nested one level (the only way two slices are in progress with one worker: a quiet channel delivers while the
+  busy one is paused between two consumers). Interlude time is not charged to the actor whose slice is paused,
+  and the interludes of one slice stop once they have taken ``slice_seconds``, so the busy actor still gets at
+  least half of its slices even when light work keeps coming.
 - ``remove`` takes an actor out at once (out of the heap if scheduled, O(n), which is fine for a rare operation);
   a removed actor is never run again unless it is added again.
 
 Invariants (asserted): an actor is in the ready heap at most once, only when SCHEDULED, and with its current
-``seq``; a SCHEDULED or RUNNING actor is never SUSPENDED; one worker at a time runs a given actor.
+``seq``; a SCHEDULED or RUNNING actor is never SUSPENDED; one worker at a time runs a given actor; at most one
+slice more than there are workers is in progress (the one nested in an interlude).
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ import enum
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -118,6 +129,7 @@ class ActorSystemStatistics:
     suspended: int  # actors waiting for resume()
     slices: int  # slices run since the system was created
     preempted: int  # of those, slices run at once by a preempting resume
+    interludes: int  # interludes run from inside slices
     workers: int  # worker tasks configured
     parked_workers: int  # worker tasks waiting for work
     min_vruntime: float
@@ -126,16 +138,21 @@ class ActorSystemStatistics:
 class ActorSystem:
     """Runs actors on ``workers`` tasks, fairly by run time. See the module docstring for the algorithm."""
 
-    def __init__(self, workers: int = 1, slice_seconds: float = 0.005, wake_slack: float = 0.005) -> None:
+    def __init__(self, workers: int = 1, slice_seconds: float = 0.005, wake_slack: float = 0.005,
+                 interlude_seconds: float = 0.0) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         if not slice_seconds > 0:
             raise ValueError(f"slice_seconds must be > 0, not {slice_seconds}")
         if not wake_slack >= 0:
             raise ValueError(f"wake_slack must be >= 0, not {wake_slack}")
+        if not interlude_seconds >= 0:
+            raise ValueError(f"interlude_seconds must be >= 0, not {interlude_seconds}")
         self.workers = workers
         self.slice_seconds = slice_seconds
         self.wake_slack = wake_slack
+        #: how often a slice offers an interlude (0: never); the slice decides where (``interlude``)
+        self.interlude_seconds = interlude_seconds
         self._ready: list[tuple[float, int, Actor]] = []
         self._running: set[Actor] = set()
         self._actors: set[Actor] = set()
@@ -145,6 +162,11 @@ class ActorSystem:
         self._slices = 0
         self._preempted = 0
         self._started = False
+        #: what an interlude runs (nsqd: the read poller's ``poll_light``); None: slices offer none
+        self.interlude_hook: Callable[[], None] | None = None
+        self._in_interlude = False
+        self._interludes = 0
+        self._lent = 0.0  # time the slice running now spent in interludes: not charged to its actor
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -215,7 +237,27 @@ class ActorSystem:
             actor._actor_resumed = True
             return
         if state is _SUSPENDED and actor._actor_system is self:
-            self._wake(actor, preempt and actor.run_slice_now is not None and not self._running and self._started)
+            self._wake(actor, preempt and actor.run_slice_now is not None and self._started
+                       and (not self._running or self._in_interlude))
+
+    def interlude(self) -> None:
+        """Run ``interlude_hook`` now, from inside the one slice in progress, at a safe point of its choosing
+        (see the module docstring). A preempting resume made by the hook may run that actor's slice here,
+        nested one level. The time is not charged to the running actor. Does nothing when there is no hook,
+        no slice or more than one in progress, inside an interlude, or once the interludes of this slice
+        have taken ``slice_seconds``."""
+        hook = self.interlude_hook
+        if hook is None or self._in_interlude or len(self._running) != 1 or self._lent >= self.slice_seconds:
+            return
+        self._in_interlude = True
+        self._interludes += 1
+        clock = trio.current_time
+        start = clock()
+        try:
+            hook()
+        finally:
+            self._in_interlude = False
+            self._lent += clock() - start
 
     def statistics(self) -> ActorSystemStatistics:
         return ActorSystemStatistics(
@@ -225,6 +267,7 @@ class ActorSystem:
             suspended=sum(1 for actor in self._actors if actor._actor_state is _SUSPENDED),
             slices=self._slices,
             preempted=self._preempted,
+            interludes=self._interludes,
             workers=self.workers,
             parked_workers=len(self._lot),
             min_vruntime=self._min_vruntime,
@@ -246,7 +289,7 @@ class ActorSystem:
             assert actor._actor_state is not _IDLE
             if actor._actor_state is _SCHEDULED:
                 assert any(entry[2] is actor for entry in self._ready)
-        assert len(self._running) <= self.workers
+        assert len(self._running) <= self.workers + 1  # + a slice run inside another's interlude
 
     # ---- internals --------------------------------------------------------------------------------------------
 
@@ -288,6 +331,10 @@ class ActorSystem:
         self._running.add(actor)
         self._preempted += 1
         clock = trio.current_time
+        nested = self._in_interlude  # inside another slice's interlude: that slice's lent time is left alone
+        lent = self._lent
+        if not nested:
+            self._lent = 0.0
         start = clock()
         try:
             has_work = actor.run_slice_now(start + self.slice_seconds)
@@ -295,7 +342,11 @@ class ActorSystem:
             has_work = True  # as in a worker: the actor stays schedulable, the error goes to the caller
             raise
         finally:
-            self._end_slice(actor, has_work, clock() - start)
+            elapsed = clock() - start
+            if not nested:
+                elapsed -= self._lent
+                self._lent = lent
+            self._end_slice(actor, has_work, elapsed)
             if actor._actor_state is _SCHEDULED and self._lot:
                 self._lot.unpark()
 
@@ -340,12 +391,13 @@ class ActorSystem:
             actor._actor_state = _RUNNING
             actor._actor_resumed = False
             self._running.add(actor)
+            self._lent = 0.0
             start = trio.current_time()
             try:
                 has_work = await actor.run_slice(start + self.slice_seconds)
             except BaseException:
                 # Cancelled (the system stops) or a bug in the actor: keep it schedulable for a later run().
-                self._end_slice(actor, True, trio.current_time() - start)
+                self._end_slice(actor, True, trio.current_time() - start - self._lent)
                 raise
-            self._end_slice(actor, has_work, trio.current_time() - start)
+            self._end_slice(actor, has_work, trio.current_time() - start - self._lent)
             await trio.lowlevel.checkpoint()

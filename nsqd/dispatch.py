@@ -10,6 +10,11 @@ time slices ordered by consumed run time rather than by how many consumers each 
 3. puts the consumer back at the tail of the mailbox while it still has credit (round robin),
 4. stops at the end of the slice or when messages or consumers run out.
 
+Between consumers and after each disk read, once ``interlude_seconds`` have passed since the last one,
+the slice lets the system run an interlude (``ActorSystem.interlude``; in nsqd: reading the
+connections that send little, which may publish to a quiet channel and deliver there at once). Those
+are safe points: no consumer is half served and no local state outlives a change the interlude makes.
+
 Nothing in a slice awaits, so a publish may run it at once (``run_slice_now``, the system's wake-up
 preemption). At its end each consumer that got frames is told to flush now when it
 became not-ready (NSQ flushes then too), when its buffer is over its size, or when the channel has
@@ -19,6 +24,7 @@ batched only while there is a backlog). Otherwise the flush timer of ``output_bu
 
 from __future__ import annotations
 
+import math
 import random
 import struct
 
@@ -95,9 +101,22 @@ class ChannelDispatcher(Actor):
         now = clock()
         touched: dict = {}
         delivered = 0
+        # the system's interludes (reads of connections with little input) at safe points: between
+        # consumers, and after a disk read
+        system = self._actor_system
+        interlude = every = None
+        if system is not None and system.interlude_hook is not None:
+            interlude = system.interlude
+            every = system.interlude_seconds
+        interlude_at = now + every if every else math.inf
         while mailbox:
-            if not queue and not channel.refill(REFILL):
-                break
+            if not queue:
+                if not channel.refill(REFILL):
+                    break
+                if clock() >= interlude_at:
+                    interlude()
+                    interlude_at = clock() + every
+                    continue  # what the interlude ran may have changed the mailbox
             client = mailbox.popleft()
             credit = client.credit()
             if credit <= 0 or client.channel is not channel:
@@ -150,6 +169,10 @@ class ChannelDispatcher(Actor):
             now = clock()
             if now >= slice_end:
                 break
+            if now >= interlude_at:
+                interlude()
+                now = clock()
+                interlude_at = now + every
         self.delivered += delivered
         unflushed = self._unflushed
         if touched or unflushed:

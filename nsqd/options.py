@@ -15,8 +15,8 @@ Attributes are the flag names in snake_case, with the repeatable flags in the pl
 ``"tcp-https"`` or ``"true"``; ``log_level`` is the lowercase word.
 
 ``--verbose`` and ``--worker-id`` are accepted and ignored, as NSQ 1.3.0 does (``is_go_only``);
-the ones given are listed in ``Options.ignored_flags`` for the daemon to log. Two project flags
-tune the channel actor scheduler: ``--actor-workers`` and ``--actor-slice``.
+the ones given are listed in ``Options.ignored_flags`` for the daemon to log. Three project flags
+tune the channel actor scheduler: ``--actor-workers``, ``--actor-slice`` and ``--actor-interlude``.
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ class Options:
     # the channel actor scheduler (flags of this implementation)
     actor_workers: int = 1
     actor_slice: float = 0.0003
+    actor_interlude: float = 0.0001
     # fixed inside nsqd 1.3.0, not flags
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0
@@ -262,6 +263,8 @@ _FLAGS: tuple[FlagRow, ...] = NSQ_COMMON_FLAGS + (
     ("snappy", "bool", None, "enable snappy feature negotiation (client compression)", {}),
     ("actor-workers", "int", None, "number of worker tasks running channel actors", {}),
     ("actor-slice", "duration", None, "time a channel actor may deliver before yielding to the others", {}),
+    ("actor-interlude", "duration", None,
+     "how often a channel actor's slice pauses to read connections that send little (0 to disable)", {}),
 )
 
 
@@ -313,6 +316,8 @@ def validate(opts: Options) -> None:
         raise OptionsError("--actor-workers must be at least 1")
     if opts.actor_slice <= 0:
         raise OptionsError("--actor-slice must be positive")
+    if opts.actor_interlude < 0:
+        raise OptionsError("--actor-interlude must not be negative")
 
 
 def is_go_only(name: str) -> bool:

@@ -19,6 +19,12 @@ that its task has not run yet.
 
 Level-triggered on purpose: a connection with more than one read's worth of input is simply reported again
 by the next poll, after every other ready connection had its turn.
+
+Light first. A member whose last read was small (``light``: a producer of single messages, a consumer's FIN)
+is served before the others in a step, and also from inside a busy channel's slice (``poll_light``, the
+actor system's interlude hook): its input is cheap to handle and is what a message's latency waits on, while
+the heavy members (MPUB batches, bursts of FINs) wait for the poller's own step. A member whose next read
+turns out big becomes heavy from then on, and the other way round.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ __all__ = ["ReadPoller"]
 
 
 class Polled(Protocol):
+    #: its last read was small: it is served first, and by ``poll_light`` too
+    light: bool
+
     def poll_ready(self) -> None:
         """Read and handle what arrived; must not raise (errors go back to the connection's task)."""
 
@@ -42,6 +51,7 @@ class ReadPoller:
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._members: dict[int, Polled] = {}
+        self._polling = False
 
     def __len__(self) -> int:
         return len(self._members)
@@ -61,14 +71,41 @@ class ReadPoller:
                 pass
 
     def poll_once(self) -> int:
-        """Hand every ready descriptor to its member; returns how many were ready."""
+        """Hand every ready descriptor to its member, the light ones first; returns how many were ready."""
         members = self._members
         events = self._epoll.poll(0)
-        for fd, _ in events:
-            member = members.get(fd)  # None: it left (or was replaced) earlier in this same step
-            if member is not None:
-                member.poll_ready()
+        self._polling = True
+        try:
+            heavy = []
+            for fd, _ in events:
+                member = members.get(fd)  # None: it left (or was replaced) earlier in this same step
+                if member is not None:
+                    if member.light:
+                        member.poll_ready()
+                    else:
+                        heavy.append(fd)
+            for fd in heavy:
+                member = members.get(fd)
+                if member is not None:
+                    member.poll_ready()
+        finally:
+            self._polling = False
         return len(events)
+
+    def poll_light(self) -> None:
+        """Serve only the ready members that are ``light``; the others wait for the next ``poll_once``.
+        Called from inside long work (a channel's slice); does nothing inside a step already in progress."""
+        if self._polling:
+            return
+        self._polling = True
+        try:
+            members = self._members
+            for fd, _ in self._epoll.poll(0):
+                member = members.get(fd)
+                if member is not None and member.light:
+                    member.poll_ready()
+        finally:
+            self._polling = False
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Wait for the set to have input, then serve it, until cancelled; closes the epoll set at the end."""

@@ -5,6 +5,7 @@ Each test first makes the connection idle (a PUB answered), so what follows arri
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -170,3 +171,68 @@ def test_consumer_that_stops_reading_is_closed_by_its_write_deadline(nsqd):
     finally:
         stalled.close()
     nsqd.assert_running()
+
+
+def test_single_messages_and_fins_read_inside_a_draining_channels_slices_lose_nothing(nsqd_factory):
+    """A channel drains a disk backlog to a consumer that FINs in small writes while a producer publishes single
+    messages to a quiet channel: with an interlude due at every safe point, the FINs, the PUBs and the quiet
+    channel's deliveries run inside the busy channel's slices (nsqd/actors.py). Every message arrives once, in
+    order on the quiet channel, and both channels end empty."""
+    daemon = nsqd_factory("--actor-interlude=1ns", "--mem-queue-size=100")
+    busy, quiet = fresh(), fresh()
+    total = 40_000
+    drain = consumer(daemon.tcp, busy, "drain", ready=0)
+    with RawClient(daemon.tcp) as producer:
+        for start in range(0, total, 1000):
+            producer.publish_many(busy, [b"busy %d" % n for n in range(start, start + 1000)])
+    listener = consumer(daemon.tcp, quiet, "live", ready=1)
+    drained: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def drain_all() -> None:
+        try:
+            drain.send(rdy(2500))
+            owed = b""
+            while len(drained) < total:
+                message = drain.read_message(30)
+                drained.append(message.body)
+                owed += fin(message.id)
+                if len(owed) >= 10 * len(fin(message.id)):  # a few FINs per write: a light connection
+                    drain.send(owed)
+                    owed = b""
+            drain.send(owed)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=drain_all)
+    thread.start()
+    live: list[bytes] = []
+    try:
+        with RawClient(daemon.tcp) as producer:
+            for n in range(300):
+                producer.publish(quiet, b"live %d" % n)
+                message = listener.read_message(30)
+                live.append(message.body)
+                listener.send(fin(message.id))
+        thread.join(60)
+        assert not thread.is_alive() and not errors, errors
+    finally:
+        drain.close()
+        listener.close()
+        thread.join(5)
+    assert live == [b"live %d" % n for n in range(300)]
+    assert sorted(drained) == sorted(b"busy %d" % n for n in range(total))
+    deadline = time.monotonic() + 20
+    while True:
+        topics = {t["topic_name"]: t for t in stats(daemon.http())["topics"]}
+        channels = [c for name in (busy, quiet) for c in topics[name]["channels"]]
+        if all(c["depth"] == 0 and c["in_flight_count"] == 0 for c in channels):
+            break
+        assert time.monotonic() < deadline, channels
+        time.sleep(0.05)
+    assert [c["message_count"] for c in channels] == [total, 300]
+    daemon.assert_running()
+    assert daemon.stop() == 0
+    found = re.search(r"channel scheduler ran (\d+) slices \((\d+) at once for a publish\) and (\d+) interludes",
+                      daemon.log_text())
+    assert found and int(found[3]) > 0, daemon.log_text()[-2000:]

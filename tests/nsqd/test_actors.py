@@ -527,6 +527,8 @@ def test_invalid_arguments():
         ActorSystem(slice_seconds=0)
     with pytest.raises(ValueError):
         ActorSystem(wake_slack=-1)
+    with pytest.raises(ValueError):
+        ActorSystem(interlude_seconds=-0.001)
 
 
 async def test_statistics(autojump_clock):
@@ -660,3 +662,144 @@ async def test_preemption_only_while_the_system_runs():
     system.resume(actor, preempt=True)
     assert actor.done == [] and actor.actor_state is ActorState.SCHEDULED
 
+
+
+# ---- interludes ----------------------------------------------------------------------------------------------------
+
+
+class PausingActor(Actor):
+    """A synchronous slice in steps: each step "works" ``cost`` seconds (a jump of the mock clock) and then offers
+    the system an interlude, as nsqd's dispatcher does between two consumers. ``log`` records the steps."""
+
+    def __init__(self, system, clock, name, steps=3, cost=0.0005, log=None):
+        super().__init__()
+        self.system = system
+        self.clock = clock
+        self.name = name
+        self.steps = steps
+        self.cost = cost
+        self.log = log if log is not None else []
+        self.items = []
+        self.done = []
+
+    def run_slice_now(self, slice_end):
+        while self.items:
+            self.done.append(self.items.pop(0))
+            self.clock.jump(self.cost)
+        for step in range(self.steps):
+            self.clock.jump(self.cost)
+            self.log.append((self.name, step))
+            self.system.interlude()
+        return False
+
+    async def run_slice(self, slice_end):
+        return self.run_slice_now(slice_end)
+
+
+async def test_an_interlude_delivers_for_a_quiet_actor_inside_a_busy_slice(autojump_clock):
+    clock = autojump_clock
+    system = ActorSystem(slice_seconds=0.050, wake_slack=0.0, interlude_seconds=0.0001)
+    log = []
+    quiet = PausingActor(system, clock, "quiet", steps=0, cost=0.003, log=log)
+    busy = PausingActor(system, clock, "busy", steps=3, cost=0.0005, log=log)
+
+    def hook():
+        # what reading a producer's PUB does: costs time, then wakes the quiet actor with preemption
+        clock.jump(0.002)
+        if not quiet.done and not quiet.items:
+            quiet.items.append("message")
+            log.append(("publish", len(system._running)))
+            system.resume(quiet, preempt=True)
+            log.append(("delivered", list(quiet.done)))
+            system.check_invariants()  # two slices in progress with one worker: the nested one is allowed
+
+    system.interlude_hook = hook
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(quiet)
+        await trio.testing.wait_all_tasks_blocked()
+        quiet.vruntime = busy.vruntime = 0.0
+        quiet.runtime = busy.runtime = 0.0
+        system.add(busy)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    # the quiet actor's message went out in busy's first interlude, between busy's steps, not after its slice
+    assert log == [("busy", 0), ("publish", 1), ("delivered", ["message"]), ("busy", 1), ("busy", 2)]
+    stats = system.statistics()
+    assert stats.interludes == 3 and stats.preempted == 1
+    # each is charged its own work only: busy 3 x 0.5 ms (not the 3 x 2 ms of the hook, nor quiet's 3 ms)
+    assert busy.runtime == pytest.approx(0.0015)
+    assert quiet.runtime == pytest.approx(0.003)
+    assert quiet.actor_state is ActorState.SUSPENDED and busy.actor_state is ActorState.SUSPENDED
+
+
+async def test_an_interlude_without_a_slice_or_inside_another_does_nothing(autojump_clock):
+    system = ActorSystem(interlude_seconds=0.0001)
+    calls = []
+
+    def hook():
+        calls.append(len(system._running))
+        system.interlude()  # from inside an interlude: not entered again
+
+    system.interlude()  # no hook yet
+    system.interlude_hook = hook
+    system.interlude()  # no slice in progress
+    assert calls == []
+    busy = PausingActor(system, autojump_clock, "busy", steps=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(busy)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert calls == [1, 1] and system.statistics().interludes == 2
+
+
+def system_with_costly_interludes(clock, cost, record):
+    """A system of 5 ms slices whose interlude hook takes ``cost`` seconds and appends ``record(system)`` to the
+    list returned with it."""
+    system = ActorSystem(slice_seconds=0.005, interlude_seconds=0.0001)
+    calls = []
+
+    def hook():
+        calls.append(record(system))
+        clock.jump(cost)
+
+    system.interlude_hook = hook
+    return system, calls
+
+
+async def test_the_interludes_of_one_slice_stop_after_a_slice_of_time(autojump_clock):
+    """Light work cannot take a busy actor's whole turn: once the interludes of a slice used ``slice_seconds``,
+    the rest of that slice runs without them; the next slice offers them again."""
+    clock = autojump_clock
+    system, calls = system_with_costly_interludes(clock, 0.002, lambda system: busy.slices)
+    busy = PausingActor(system, clock, "busy", steps=6)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(busy)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == [0, 0, 0]  # 2 + 2 + 2 ms: the third one reaches 5 ms, the last three steps run alone
+        busy.items.append("more")
+        system.resume(busy)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert calls == [0, 0, 0, 1, 1, 1]
+    assert busy.runtime == pytest.approx(2 * 6 * 0.0005 + 0.0005)  # the steps and the item, never the hook
+
+
+async def test_a_preempting_slice_is_not_charged_for_its_interludes(autojump_clock):
+    """A slice run at once by a preempting resume (no other slice in progress) may offer interludes too."""
+    clock = autojump_clock
+    system, calls = system_with_costly_interludes(clock, 0.001, lambda system: len(system._running))
+    actor = PausingActor(system, clock, "actor", steps=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        before = actor.runtime
+        actor.items.append("x")
+        system.resume(actor, preempt=True)
+        assert actor.done == ["x"] and system.statistics().preempted == 1
+        assert actor.runtime - before == pytest.approx(3 * 0.0005)
+        nursery.cancel_scope.cancel()
+    assert calls == [1, 1, 1, 1]

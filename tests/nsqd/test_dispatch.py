@@ -10,7 +10,9 @@ import trio.testing
 from nsqd.actors import ActorSystem
 from nsqd.channel import Channel
 from nsqd.client import Client, ClientState
+from nsqd.dispatch import BATCH, REFILL
 from nsqd.message import Message
+from nsqd.queues.diskqueue import DiskQueue
 from protocol.message import encode_message_frame
 
 
@@ -161,3 +163,49 @@ async def test_a_publish_to_a_quiet_channel_delivers_in_the_publishers_step():
         assert actors.statistics().preempted == 1
         nursery.cancel_scope.cancel()
 
+
+
+@pytest.mark.parametrize("on_disk", [False, True], ids=["memory backlog", "disk backlog"])
+async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_delivers_meanwhile(tmp_path, on_disk):
+    """With interludes due at every safe point, a long slice of a busy channel calls the system's hook between two
+    consumers (and after each disk read): never with a consumer half served. A publish made there to a quiet
+    channel is delivered at once, while the busy slice is still in progress."""
+    actors = ActorSystem(slice_seconds=60.0, interlude_seconds=1e-9)
+    backend = DiskQueue("busy", str(tmp_path)) if on_disk else None
+    busy = Channel(_Topic(), "busy", mem_queue_size=0 if on_disk else 10_000, max_msg_timeout=900.0,
+                   actors=actors, on_last_client_gone=lambda channel: None, backend=backend)
+    quiet = _channel_on(actors)
+    total = 20 * BATCH + 5
+    seen = []
+    quiet_message = Message(b"q" * 16, b"quiet", 1000, 0)
+
+    def hook():
+        # each busy consumer's buffer holds exactly the frames of what it has in flight (3 pieces a message)
+        assert all(len(client.out) == 3 * client.in_flight for client in (first, second))
+        seen.append(first.in_flight + second.in_flight)
+        if len(seen) == 2:
+            quiet.put_many([quiet_message])
+            assert quiet_client.in_flight == 1  # delivered inside the interlude
+            assert b"".join(quiet_client.out) == encode_message_frame(quiet_message)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actors.run)
+        first = _consumer(busy, 1, rdy=total)
+        second = _consumer(busy, 2, rdy=total)
+        quiet_client = _consumer(quiet, 3, rdy=10)
+        await trio.testing.wait_all_tasks_blocked()
+        actors.interlude_hook = hook
+        messages = [Message(b"%016x" % n, b"m%d" % n, 1000, 0) for n in range(total)]
+        busy.put_many(messages)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    if backend is not None:
+        backend.close()
+    assert first.in_flight + second.in_flight == total
+    assert sorted(m.id for m in busy.in_flight.pop_expired(math.inf)) == sorted(m.id for m in messages)
+    # one slice for it all (60 s), paused at safe points: after each consumer's turn of BATCH messages, and after
+    # each disk read too; the quiet channel's message left at the second pause, with most of the backlog to go
+    assert busy.dispatcher.slices <= 2
+    assert len(seen) >= (total // BATCH) + (total // REFILL if on_disk else 0)
+    assert seen == sorted(seen) and seen[1] < total
+    assert quiet_client.in_flight == 1 and actors.statistics().preempted >= 1

@@ -81,6 +81,7 @@ NSQ_DEFAULTS = {
     "snappy": ("snappy", True),
     "actor-workers": ("actor_workers", 1),
     "actor-slice": ("actor_slice", 0.0003),
+    "actor-interlude": ("actor_interlude", 0.0001),
     "config": ("config", ""),
     "version": ("version", False),
 }
@@ -129,7 +130,8 @@ def test_command_line_values():
     opts = parse("--node-id=12", "-mem-queue-size", "0", "--msg-timeout=90s", "-lookupd-tcp-address=a:4160",
                  "--lookupd-tcp-address", "b:4160", "--auth-http-address=http://auth/x?a,b", "--deflate=false",
                  "-snappy=0", "--e2e-processing-latency-percentile=0.5,0.99", "-e2e-processing-latency-percentile=1",
-                 "--log-level=DEBUG", "--actor-workers=2", "--actor-slice=1ms", "--max-req-timeout=1.5h")
+                 "--log-level=DEBUG", "--actor-workers=2", "--actor-slice=1ms", "--actor-interlude=0",
+                 "--max-req-timeout=1.5h")
     assert opts.node_id == 12
     assert opts.mem_queue_size == 0
     assert opts.msg_timeout == 90.0
@@ -138,7 +140,7 @@ def test_command_line_values():
     assert (opts.deflate, opts.snappy) == (False, False)
     assert opts.e2e_processing_latency_percentiles == [1.0, 0.99, 0.5]
     assert opts.log_level == "debug"
-    assert (opts.actor_workers, opts.actor_slice) == (2, 0.001)
+    assert (opts.actor_workers, opts.actor_slice, opts.actor_interlude) == (2, 0.001, 0.0)
     assert opts.max_req_timeout == 5400.0
 
 
@@ -297,7 +299,7 @@ def test_help_exits_0(capsys):
     assert exited.value.code == 0
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("Usage of nsqd:\n  -actor-slice duration\n")
+    assert captured.err.startswith("Usage of nsqd:\n  -actor-interlude duration\n")
     node_id = default_node_id(socket.gethostname())
     if node_id:  # Go prints no "(default 0)"
         assert f"(default is hash of hostname) (default {node_id})\n" in captured.err
@@ -346,6 +348,8 @@ VALIDATION_CASES = [
     ({"tls_required": "maybe"}, "invalid --tls-required 'maybe' (true, false, tcp-https)"),
     ({"log_level": "loud"}, "invalid log level 'loud' (debug, info, warn, error, fatal)"),
     ({"actor_workers": 0}, "--actor-workers must be at least 1"),
+    ({"actor_slice": 0.0}, "--actor-slice must be positive"),
+    ({"actor_interlude": -0.001}, "--actor-interlude must not be negative"),
 ]
 
 
@@ -380,6 +384,7 @@ def test_config_values():
     assert config_value(opts, "msg_timeout") == 60_000_000_000
     assert config_value(opts, "min_output_buffer_timeout") == 25_000_000
     assert config_value(opts, "actor_slice") == 300_000
+    assert config_value(opts, "actor_interlude") == 100_000
     assert config_value(opts, "tls_required") == 1
     assert config_value(opts, "tls_min_version") == 0x0303
     assert config_value(opts, "max_msg_size") == 1048576

@@ -13,14 +13,19 @@ from nsqd.poller import ReadPoller
 class Member:
     """Reads what is there on each call and records it; ``on_call`` lets a test act from inside a step."""
 
-    def __init__(self, sock: socket.socket, read_size: int = 65536, on_call=None) -> None:
+    def __init__(self, sock: socket.socket, read_size: int = 65536, on_call=None, light: bool = False,
+                 calls: list | None = None) -> None:
         self.sock = sock
         self.read_size = read_size
         self.on_call = on_call
+        self.light = light
+        self.calls = calls  # shared by the members of a test: the order they were called in
         self.reads: list[bytes] = []
 
     def poll_ready(self) -> None:
         self.reads.append(self.sock.recv(self.read_size))
+        if self.calls is not None:
+            self.calls.append(self)
         if self.on_call is not None:
             self.on_call(self)
 
@@ -130,3 +135,73 @@ async def test_run_serves_members_until_cancelled(pairs):
     assert len(poller) == 0
     with pytest.raises(ValueError):  # the epoll set is closed with the task
         poller.poll_once()
+
+
+def test_light_members_are_served_first_in_a_step(pairs):
+    poller = ReadPoller()
+    calls: list[Member] = []
+    members = []
+    for index, (ours, peer) in enumerate(pairs(6)):
+        member = Member(ours, light=index % 2 == 1, calls=calls)
+        members.append(member)
+        poller.add(ours.fileno(), member)
+        peer.sendall(b"x")
+    assert poller.poll_once() == 6
+    assert [member.light for member in calls] == [True] * 3 + [False] * 3
+    assert sorted(map(id, calls)) == sorted(map(id, members))  # everyone once
+
+
+def test_poll_light_leaves_heavy_members_for_the_next_step(pairs):
+    poller = ReadPoller()
+    (a, peer_a), (b, peer_b) = pairs(2)
+    heavy, light = Member(a), Member(b, light=True)
+    poller.add(a.fileno(), heavy)
+    poller.add(b.fileno(), light)
+    peer_a.sendall(b"batch")
+    peer_b.sendall(b"one")
+    poller.poll_light()
+    assert (heavy.reads, light.reads) == ([], [b"one"])
+    assert poller.poll_once() == 1  # the heavy one's input waited, level-triggered
+    assert heavy.reads == [b"batch"]
+
+
+def test_a_member_turning_heavy_waits_for_the_step(pairs):
+    """``light`` is read at each call: what the member decided on its last read counts."""
+    poller = ReadPoller()
+    [(a, peer)] = pairs(1)
+
+    def turn_heavy(member: Member) -> None:
+        member.light = False
+
+    member = Member(a, light=True, on_call=turn_heavy)
+    poller.add(a.fileno(), member)
+    peer.sendall(b"first")
+    poller.poll_light()
+    peer.sendall(b"second")
+    poller.poll_light()
+    assert member.reads == [b"first"]
+    poller.poll_once()
+    assert member.reads == [b"first", b"second"]
+
+
+def test_poll_light_from_inside_a_step_does_nothing(pairs):
+    """A member's commands may run a channel's slice, whose interlude calls ``poll_light``: the step in
+    progress is not entered again (each ready member is called once per step, in order)."""
+    poller = ReadPoller()
+    calls: list[Member] = []
+    (a, peer_a), (b, peer_b) = pairs(2)
+    first = Member(a, light=True, calls=calls, on_call=lambda member: poller.poll_light())
+    second = Member(b, light=True, calls=calls, on_call=lambda member: poller.poll_light())
+    poller.add(a.fileno(), first)
+    poller.add(b.fileno(), second)
+    peer_a.sendall(b"a")
+    peer_b.sendall(b"b")
+    assert poller.poll_once() == 2
+    assert len(calls) == 2 and {id(first), id(second)} == set(map(id, calls))
+    assert (first.reads, second.reads) == ([b"a"], [b"b"])
+    # and the same from inside poll_light itself
+    calls.clear()
+    peer_a.sendall(b"c")
+    peer_b.sendall(b"d")
+    poller.poll_light()
+    assert len(calls) == 2 and (first.reads[-1], second.reads[-1]) == (b"c", b"d")

@@ -20,11 +20,12 @@ that its task has not run yet.
 Level-triggered on purpose: a connection with more than one read's worth of input is simply reported again
 by the next poll, after every other ready connection had its turn.
 
-Light first. A member whose last read was small (``light``: a producer of single messages, a consumer's FIN)
-is served before the others in a step, and also from inside a busy channel's slice (``poll_light``, the
-actor system's interlude hook): its input is cheap to handle and is what a message's latency waits on, while
-the heavy members (MPUB batches, bursts of FINs) wait for the poller's own step. A member whose next read
-turns out big becomes heavy from then on, and the other way round.
+Small reads first. Each member tells the size of its last read (``last_read``). The ready members whose last
+read was at most ``light_read`` bytes (a producer of single messages, a consumer's few FINs) are served first
+in a step, smallest first, and also from inside a busy channel's slice (``poll_light``, the actor system's
+interlude hook): their input is cheap to handle and is what a message's latency waits on, while the others
+(MPUB batches, bursts of FINs) wait for the poller's own step. A member whose next read turns out big is served
+late from then on, and the other way round.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ __all__ = ["ReadPoller"]
 
 
 class Polled(Protocol):
-    #: its last read was small: it is served first, and by ``poll_light`` too
-    light: bool
+    #: bytes of its last read: the smaller, the sooner it is served (see "Small reads first")
+    last_read: int
 
     def poll_ready(self) -> None:
         """Read and handle what arrived; must not raise (errors go back to the connection's task)."""
@@ -48,7 +49,8 @@ class Polled(Protocol):
 class ReadPoller:
     """The set of idle plain connections and the task that reads them (``run``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, light_read: int = 2048) -> None:
+        self.light_read = light_read
         self._epoll = select.epoll()
         self._members: dict[int, Polled] = {}
         self._polling = False
@@ -71,41 +73,53 @@ class ReadPoller:
                 pass
 
     def poll_once(self) -> int:
-        """Hand every ready descriptor to its member, the light ones first; returns how many were ready."""
-        members = self._members
+        """Hand every ready descriptor to its member, small reads first; returns how many were ready."""
         events = self._epoll.poll(0)
         self._polling = True
         try:
-            heavy = []
-            for fd, _ in events:
-                member = members.get(fd)  # None: it left (or was replaced) earlier in this same step
-                if member is not None:
-                    if member.light:
-                        member.poll_ready()
-                    else:
-                        heavy.append(fd)
-            for fd in heavy:
-                member = members.get(fd)
-                if member is not None:
-                    member.poll_ready()
+            light, heavy = self._sort(events)
+            self._serve(light)
+            self._serve(heavy)
         finally:
             self._polling = False
         return len(events)
 
     def poll_light(self) -> None:
-        """Serve only the ready members that are ``light``; the others wait for the next ``poll_once``.
+        """Serve only the ready members whose last read was small; the others wait for the next ``poll_once``.
         Called from inside long work (a channel's slice); does nothing inside a step already in progress."""
         if self._polling:
             return
         self._polling = True
         try:
-            members = self._members
-            for fd, _ in self._epoll.poll(0):
-                member = members.get(fd)
-                if member is not None and member.light:
-                    member.poll_ready()
+            light, _ = self._sort(self._epoll.poll(0))
+            self._serve(light)
         finally:
             self._polling = False
+
+    def _sort(self, events: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        """The ready descriptors whose last read was at most ``light_read`` bytes, smallest first, and the others
+        in the order they came."""
+        members = self._members
+        limit = self.light_read
+        light = []
+        heavy = []
+        for fd, _ in events:
+            member = members.get(fd)
+            if member is not None:
+                size = member.last_read
+                if size <= limit:
+                    light.append((size, fd))
+                else:
+                    heavy.append(fd)
+        light.sort()
+        return [fd for _, fd in light], heavy
+
+    def _serve(self, fds: list[int]) -> None:
+        members = self._members
+        for fd in fds:
+            member = members.get(fd)  # None: it left (or was replaced) earlier in this same step
+            if member is not None:
+                member.poll_ready()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Wait for the set to have input, then serve it, until cancelled; closes the epoll set at the end."""

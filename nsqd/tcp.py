@@ -45,8 +45,6 @@ log = logging.getLogger("nsqd")
 
 MAGIC_V2 = b"  V2"
 RECEIVE_SIZE = 65536
-#: a read of at most this many bytes marks its connection light: read between the slices of a busy channel too
-LIGHT_READ = 2048
 MESSAGE_ID_LENGTH = 16
 FINAL_FLUSH_TIMEOUT = 1.0
 #: the read deadline (2 x heartbeat interval) is moved only when it would move by more than this share
@@ -104,7 +102,7 @@ class Connection:
         client.direct_flush = self._flush_direct
         self._poller = nsqd.read_poller
         self._poll_fd = -1
-        self.light = False  # the last read through the poller was small (``ReadPoller.poll_light``)
+        self.last_read = RECEIVE_SIZE  # bytes of the last read through the poller (``ReadPoller``: small first)
         self._poll_done: trio.Event | None = None
         self._poll_result: bytes | OSError | None = None
         self._pending_command: tuple | None = None  # left by the poller for this task (it must await)
@@ -300,7 +298,7 @@ class Connection:
         if not data:
             self._poll_return(b"")
             return
-        self.light = len(data) <= LIGHT_READ
+        self.last_read = len(data)
         try:
             self.parser.receive_data(data)
             command = self._run_commands()

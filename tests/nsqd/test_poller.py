@@ -11,14 +11,15 @@ from nsqd.poller import ReadPoller
 
 
 class Member:
-    """Reads what is there on each call and records it; ``on_call`` lets a test act from inside a step."""
+    """Reads what is there on each call and records it; ``on_call`` lets a test act from inside a step.
+    ``last_read`` is what the poller orders by (the default: a big read, served after the small ones)."""
 
-    def __init__(self, sock: socket.socket, read_size: int = 65536, on_call=None, light: bool = False,
+    def __init__(self, sock: socket.socket, read_size: int = 65536, on_call=None, last_read: int = 65536,
                  calls: list | None = None) -> None:
         self.sock = sock
         self.read_size = read_size
         self.on_call = on_call
-        self.light = light
+        self.last_read = last_read
         self.calls = calls  # shared by the members of a test: the order they were called in
         self.reads: list[bytes] = []
 
@@ -137,24 +138,27 @@ async def test_run_serves_members_until_cancelled(pairs):
         poller.poll_once()
 
 
-def test_light_members_are_served_first_in_a_step(pairs):
-    poller = ReadPoller()
+def test_small_reads_are_served_first_smallest_first(pairs):
+    poller = ReadPoller(light_read=2048)
     calls: list[Member] = []
+    sizes = [70_000, 300, 2048, 5000, 40, 2049, 41]
     members = []
-    for index, (ours, peer) in enumerate(pairs(6)):
-        member = Member(ours, light=index % 2 == 1, calls=calls)
+    for size, (ours, peer) in zip(sizes, pairs(len(sizes))):
+        member = Member(ours, last_read=size, calls=calls)
         members.append(member)
         poller.add(ours.fileno(), member)
         peer.sendall(b"x")
-    assert poller.poll_once() == 6
-    assert [member.light for member in calls] == [True] * 3 + [False] * 3
-    assert sorted(map(id, calls)) == sorted(map(id, members))  # everyone once
+    assert poller.poll_once() == len(sizes)
+    served = [member.last_read for member in calls]
+    assert served[:4] == [40, 41, 300, 2048]  # the small ones by size
+    assert sorted(served[4:]) == [2049, 5000, 70_000]  # then the others, each once
+    assert sorted(map(id, calls)) == sorted(map(id, members))
 
 
-def test_poll_light_leaves_heavy_members_for_the_next_step(pairs):
-    poller = ReadPoller()
+def test_poll_light_leaves_big_readers_for_the_next_step(pairs):
+    poller = ReadPoller(light_read=2048)
     (a, peer_a), (b, peer_b) = pairs(2)
-    heavy, light = Member(a), Member(b, light=True)
+    heavy, light = Member(a, last_read=2049), Member(b, last_read=2048)
     poller.add(a.fileno(), heavy)
     poller.add(b.fileno(), light)
     peer_a.sendall(b"batch")
@@ -165,21 +169,21 @@ def test_poll_light_leaves_heavy_members_for_the_next_step(pairs):
     assert heavy.reads == [b"batch"]
 
 
-def test_a_member_turning_heavy_waits_for_the_step(pairs):
-    """``light`` is read at each call: what the member decided on its last read counts."""
+def test_a_member_whose_read_grew_waits_for_the_step(pairs):
+    """``last_read`` is looked at in each step: what the member read last time counts."""
     poller = ReadPoller()
     [(a, peer)] = pairs(1)
 
-    def turn_heavy(member: Member) -> None:
-        member.light = False
+    def record_size(member: Member) -> None:
+        member.last_read = len(member.reads[-1]) * 1000
 
-    member = Member(a, light=True, on_call=turn_heavy)
+    member = Member(a, last_read=10, on_call=record_size)
     poller.add(a.fileno(), member)
     peer.sendall(b"first")
     poller.poll_light()
     peer.sendall(b"second")
     poller.poll_light()
-    assert member.reads == [b"first"]
+    assert member.reads == [b"first"]  # 5,000 bytes "read": not light any more
     poller.poll_once()
     assert member.reads == [b"first", b"second"]
 
@@ -190,18 +194,18 @@ def test_poll_light_from_inside_a_step_does_nothing(pairs):
     poller = ReadPoller()
     calls: list[Member] = []
     (a, peer_a), (b, peer_b) = pairs(2)
-    first = Member(a, light=True, calls=calls, on_call=lambda member: poller.poll_light())
-    second = Member(b, light=True, calls=calls, on_call=lambda member: poller.poll_light())
+    first = Member(a, last_read=1, calls=calls, on_call=lambda member: poller.poll_light())
+    second = Member(b, last_read=2, calls=calls, on_call=lambda member: poller.poll_light())
     poller.add(a.fileno(), first)
     poller.add(b.fileno(), second)
     peer_a.sendall(b"a")
     peer_b.sendall(b"b")
     assert poller.poll_once() == 2
-    assert len(calls) == 2 and {id(first), id(second)} == set(map(id, calls))
+    assert calls == [first, second]
     assert (first.reads, second.reads) == ([b"a"], [b"b"])
     # and the same from inside poll_light itself
     calls.clear()
     peer_a.sendall(b"c")
     peer_b.sendall(b"d")
     poller.poll_light()
-    assert len(calls) == 2 and (first.reads[-1], second.reads[-1]) == (b"c", b"d")
+    assert calls == [first, second] and (first.reads[-1], second.reads[-1]) == (b"c", b"d")

@@ -86,8 +86,9 @@ class ReadPoller:
 
     def poll_light(self) -> None:
         """Serve only the ready members whose last read was small; the others wait for the next ``poll_once``.
-        Called from inside long work (a channel's slice); does nothing inside a step already in progress."""
-        if self._polling:
+        Called from inside long work (a channel's slice); does nothing inside a step already in progress, or
+        once ``run`` has ended (a slice may still run during a shutdown)."""
+        if self._polling or self._epoll.closed:
             return
         self._polling = True
         try:

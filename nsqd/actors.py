@@ -332,9 +332,8 @@ class ActorSystem:
         self._preempted += 1
         clock = trio.current_time
         nested = self._in_interlude  # inside another slice's interlude: that slice's lent time is left alone
-        lent = self._lent
         if not nested:
-            self._lent = 0.0
+            self._lent = 0.0  # no other slice is in progress: the lent time is this one's
         start = clock()
         try:
             has_work = actor.run_slice_now(start + self.slice_seconds)
@@ -345,7 +344,6 @@ class ActorSystem:
             elapsed = clock() - start
             if not nested:
                 elapsed -= self._lent
-                self._lent = lent
             self._end_slice(actor, has_work, elapsed)
             if actor._actor_state is _SCHEDULED and self._lot:
                 self._lot.unpark()

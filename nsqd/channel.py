@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Callable
 
 import trio
@@ -33,7 +34,7 @@ from protocol.names import is_ephemeral
 
 from .client import Client
 from .dispatch import ChannelDispatcher
-from .message import Message, decode_record, encode_record
+from .message import Message, encode_record, split_messages
 from .queues.deferred import DeferredQueue
 from .queues.deferred_index import DeferredIndex
 from .queues.inflight import InFlightQueue
@@ -186,20 +187,20 @@ class Channel:
         if backend is None or not backend.has_unread():
             return False
         if not self.durable and not self.deferred_index:
-            records = backend.read_many(count)
-            self.queue.extend(decode_record(r) for r in records)
+            records = backend.read_split(count)
+            self.queue.extend(split_messages(records))
             return bool(records)
         while True:
             if self.durable:
-                token, records = backend.read_many_held(count)
+                token, records = backend.read_split_held(count)
             else:
-                token, records = -1, backend.read_many(count)
+                token, records = -1, backend.read_split(count)
             if not records:
                 return False
-            if self._take_from_disk(records, token):
+            if self._take_from_disk(split_messages(records), token):
                 return True
 
-    def _take_from_disk(self, records: list[bytes], token: int) -> bool:
+    def _take_from_disk(self, messages: Iterable[Message], token: int) -> bool:
         """The slow path of ``refill``: tokens (durable mode) and the deferred index. True if any message
         became ready."""
         index = self.deferred_index
@@ -207,8 +208,7 @@ class Channel:
         ready = 0
         now = trio.current_time()
         now_ns = time.time_ns()
-        for record in records:
-            message = decode_record(record)
+        for message in messages:
             if token >= 0:
                 message.disk_token = token
                 token += 1

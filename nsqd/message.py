@@ -7,11 +7,16 @@ that shares the body bytes, so the only per-channel cost is one small slotted ob
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from itertools import repeat
+from typing import TYPE_CHECKING
 
 from protocol.message import Message as WireMessage
 
-__all__ = ["Message", "new_messages", "copy_messages", "encode_record", "decode_record"]
+if TYPE_CHECKING:
+    from .queues.segment_reader import SplitRecords
+
+__all__ = ["Message", "new_messages", "copy_messages", "encode_record", "split_messages"]
 
 
 class Message(WireMessage):
@@ -60,9 +65,7 @@ def encode_record(message: Message) -> bytes:
     return _HEADER.pack(message.timestamp, message.attempts) + message.id + message.body
 
 
-def decode_record(data: bytes) -> Message:
-    """A message back from its disk record (``ValueError`` if shorter than a header)."""
-    if len(data) < 26:
-        raise ValueError(f"record of {len(data)} bytes is shorter than a message header")
-    timestamp, attempts = _HEADER.unpack_from(data)
-    return Message(data[10:26], data[26:], timestamp, attempts)
+def split_messages(records: SplitRecords) -> Iterator[Message]:
+    """The messages of records read split at their header (``DiskQueue.read_split``), built by ``map`` from the
+    columns: no copy of a record, no call per record besides the class."""
+    return map(Message, records.ids, records.bodies, records.timestamps, records.attempts)

@@ -34,7 +34,7 @@ from protocol.names import is_ephemeral
 
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
-from .message import Message, copy_messages, decode_record, encode_record, new_messages
+from .message import Message, copy_messages, encode_record, new_messages, split_messages
 from .queues.deferred_index import DeferredIndex
 
 __all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
@@ -204,12 +204,12 @@ class Topic:
             backend = self.backend
             while self.channels and not self.paused and not self.exiting and self._backlog_on_disk():
                 if self.durable:
-                    token, records = backend.read_many_held(DRAIN_BATCH)
+                    token, records = backend.read_split_held(DRAIN_BATCH)
                 else:
-                    records = backend.read_many(DRAIN_BATCH)
+                    records = backend.read_split(DRAIN_BATCH)
                 if not records:
                     break  # a read error (logged by the queue); the next publish starts the drain again
-                batch = [decode_record(r) for r in records]
+                batch = list(split_messages(records))
                 if self.deferred_index:
                     self._restore_delays(batch)
                 if self._copy_to_channels(batch) and self.durable:

@@ -7,8 +7,10 @@ Files, for a queue called ``name`` in ``data_path`` (a topic ``T`` or a channel 
     ...                                 [int32 big-endian length][length bytes]
     <name>.diskqueue.meta.dat       "<depth>\\n<readFileNum>,<readPos>\\n<writeFileNum>,<writePos>\\n"
 
-The records are encoded messages (26-byte header + body), but the queue never looks inside them; it only checks
-that a length lies in ``[min_msg_size, max_msg_size]``, on the way in and on the way out. Every file is created 0600.
+The records are encoded messages (26-byte header + body). The queue checks only that a length lies in
+``[min_msg_size, max_msg_size]``, on the way in and on the way out; ``read_many`` hands records back whole, and
+``read_split`` cuts each one at the header while parsing it (the broker's read path: see ``SplitRecords``). Every
+file is created 0600.
 
 Positions. The writer appends at ``(write_file_num, write_pos)`` and the reader consumes from
 ``(read_file_num, read_pos)``; there is something to read while the reader is behind the writer. ``depth`` counts
@@ -85,8 +87,8 @@ position then moves over every leading acknowledged record; data files behind it
 a crash therefore reads again every record from the oldest unacknowledged one on: nothing unacknowledged is lost, and
 records acknowledged after that point come back as duplicates. An acknowledgement is not synced by itself (a stale
 committed position can only cause redelivery); it reaches the meta file with the next sync. A corrupt file is renamed
-``.bad`` only once the committed position has passed it: a restart before then reads its valid records again. Reads do not count as sync
-operations in this mode, since they change nothing that a restart would use.
+``.bad`` only once the committed position has passed it: a restart before then reads its valid records again.
+Reads do not count as sync operations in this mode, since they change nothing that a restart would use.
 
 Group commit (``defer_sync=True`` on ``put_many``, with a ``SyncBarrier``). A sync that a put makes due can be
 put off: the queue joins the barrier (``group_commit.py``) instead, and whoever is about to acknowledge the put
@@ -109,11 +111,14 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 from .atomic_file import replace_file
 from .file_worker import FileWorker, remove_in_steps
 from .group_commit import SyncBarrier
-from .segment_reader import SegmentReader
+from .segment_reader import SegmentReader, SplitRecords
+
+_Records = TypeVar("_Records", list[bytes], SplitRecords)
 
 __all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
 
@@ -396,9 +401,18 @@ class DiskQueue:
         """Take up to ``max_count`` records, oldest first, advancing the read position. Corrupt files are
         renamed ``.bad`` and skipped (logged). Disk errors are logged and kept in ``last_error``; the records
         read so far are returned."""
+        return self._read_into([], max_count)
+
+    def read_split(self, max_count: int) -> SplitRecords:
+        """``read_many``, each record split at the message header as it is parsed (``SplitRecords``: the broker
+        builds its messages from the columns). Needs ``min_msg_size`` of at least the header."""
+        if self.min_msg_size < SplitRecords.HEADER.size:
+            raise ValueError(f"records of {self.min_msg_size} bytes are allowed: shorter than a message header")
+        return self._read_into(SplitRecords(), max_count)
+
+    def _read_into(self, records: _Records, max_count: int) -> _Records:
         if self._closed:
             raise DiskQueueClosed(self.name)
-        records: list[bytes] = []
         while len(records) < max_count:
             reading_write_file = self._read_file_num == self._write_file_num
             if reading_write_file:
@@ -434,7 +448,13 @@ class DiskQueue:
         first = self._held_base + len(self._held)
         return first, self.read_many(max_count)
 
-    def _read_records_held(self, records: list[bytes], max_count: int, end: int) -> str | None:
+    def read_split_held(self, max_count: int) -> tuple[int, SplitRecords]:
+        """``read_split`` in hold mode, with the first record's token (``read_many_held``)."""
+        assert self.hold_reads, "read_split_held needs hold_reads=True"
+        first = self._held_base + len(self._held)
+        return first, self.read_split(max_count)
+
+    def _read_records_held(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
         """``_read_records``, then the start of each new record joins the held window (its ops do not count)."""
         before = len(records)
         pos = self._read_pos
@@ -443,9 +463,13 @@ class DiskQueue:
         self._ops = ops
         key = (self._read_file_num << _POS_BITS) + pos
         append = self._held.append
-        for index in range(before, len(records)):
+        if type(records) is SplitRecords:
+            rest, header = records.bodies, 4 + SplitRecords.HEADER.size
+        else:
+            rest, header = records, 4
+        for index in range(before, len(rest)):
             append(key)
-            key += 4 + len(records[index])
+            key += header + len(rest[index])
         return problem
 
     def ack(self, token: int) -> None:
@@ -495,7 +519,7 @@ class DiskQueue:
                 self._worker.submit(partial(self._remove_data_file, self.file_name(num)))
             self._oldest_file += 1
 
-    def _read_records(self, records: list[bytes], max_count: int, end: int) -> str | None:
+    def _read_records(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
         """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
         description of the corruption that stopped it, or None."""
         before = len(records)

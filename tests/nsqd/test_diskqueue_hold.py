@@ -195,3 +195,25 @@ def test_a_deferred_sync_waits_for_the_barrier_commit(tmp_path):
     barrier.commit()  # a deleted queue is skipped: its files do not come back
     assert not meta_file(tmp_path, "a").exists() and not data_file(tmp_path, 0, "a").exists()
     b.close()
+
+
+def test_split_reads_hold_each_record_at_its_own_position(tmp_path):
+    """Tokens of ``read_split_held`` map to the records' real offsets (header + body of each, sizes differing),
+    mixed with ``read_many_held``: the committed position lands exactly after the acknowledged ones."""
+    records = [message(n, body_size=10 + 37 * n) for n in range(8)]
+    ends = []
+    for record in records:
+        ends.append((ends[-1] if ends else 0) + 4 + len(record))
+    q = held_queue(tmp_path)
+    q.put_many(records)
+    token, split = q.read_split_held(3)
+    assert token == 0 and split.bodies == [r[26:] for r in records[:3]] and split.ids == [r[10:26] for r in records[:3]]
+    assert q.read_many_held(2) == (3, records[3:5])
+    token, split = q.read_split_held(10)
+    assert token == 5 and split.bodies == [r[26:] for r in records[5:]]
+    assert q.statistics().held == 8
+    for acked in range(8):
+        q.ack(acked)
+        q.sync()
+        assert meta_file(tmp_path, NAME).read_text().split("\n")[1] == f"0,{ends[acked]}"
+    q.close()

@@ -21,7 +21,7 @@ import pytest
 from nsqd.queues import file_worker, segment_reader
 from nsqd.queues.diskqueue import DiskQueue
 from nsqd.queues.group_commit import SyncBarrier
-from nsqd.queues.segment_reader import SegmentReader
+from nsqd.queues.segment_reader import SegmentReader, SplitRecords
 
 from tests.nsqd.test_diskqueue import NAME, data_file, independent_read, message, meta_file, queue_files, read_all
 
@@ -186,14 +186,20 @@ def reading_from_disk(monkeypatch) -> None:
     monkeypatch.setattr(SegmentReader, "_served_by_disk", staticmethod(lambda started, switches: True))
 
 
-@pytest.mark.parametrize("from_disk", [False, True], ids=["page cache", "disk"])
-@pytest.mark.parametrize(("chunk", "ahead"), [(8, 16), (64, 100), (100, 37), (30, 1000), (1 << 16, 1 << 20)])
-def test_reads_ahead_of_any_size_give_back_every_record(tmp_path, monkeypatch, chunk, ahead, from_disk):
-    """Records cut by the end of an inline read or of a read ahead, records larger than either."""
+def read_sizes(monkeypatch, chunk: int, ahead: int, from_disk: bool) -> None:
+    """Inline reads of ``chunk`` bytes, reads ahead of ``ahead`` bytes, and with ``from_disk`` every file read
+    ahead after its first read."""
     monkeypatch.setattr(segment_reader, "_READ_CHUNK", chunk)
     monkeypatch.setattr(segment_reader, "_READ_AHEAD", ahead)
     if from_disk:
         reading_from_disk(monkeypatch)
+
+
+@pytest.mark.parametrize("from_disk", [False, True], ids=["page cache", "disk"])
+@pytest.mark.parametrize(("chunk", "ahead"), [(8, 16), (64, 100), (100, 37), (30, 1000), (1 << 16, 1 << 20)])
+def test_reads_ahead_of_any_size_give_back_every_record(tmp_path, monkeypatch, chunk, ahead, from_disk):
+    """Records cut by the end of an inline read or of a read ahead, records larger than either."""
+    read_sizes(monkeypatch, chunk, ahead, from_disk)
     rnd = random.Random(chunk * 7 + ahead)
     q = DiskQueue(NAME, str(tmp_path), max_bytes_per_file=3000, min_msg_size=1)
     sent, got = [], []
@@ -296,3 +302,49 @@ def test_a_removed_segment_is_cut_down_in_steps_before_the_unlink(tmp_path, monk
     assert not path.exists()
     with pytest.raises(FileNotFoundError):
         file_worker.remove_in_steps(str(path))  # as os.remove: the queue's caller ignores it
+
+
+def joined(split: SplitRecords) -> list[bytes]:
+    """Split records put back together: header fields, then the body."""
+    pack = SplitRecords.HEADER.pack
+    return [pack(*fields) + body
+            for *fields, body in zip(split.timestamps, split.attempts, split.ids, split.bodies, strict=True)]
+
+
+@pytest.mark.parametrize("from_disk", [False, True], ids=["page cache", "disk"])
+@pytest.mark.parametrize(("chunk", "ahead"), [(8, 16), (64, 100), (100, 37), (1 << 16, 1 << 20)])
+def test_split_reads_give_back_every_record_field_by_field(tmp_path, monkeypatch, chunk, ahead, from_disk):
+    """``read_split`` cuts each record at the message header while parsing, across cut reads and files; mixed
+    with ``read_many`` on the same queue, both see the records in order."""
+    read_sizes(monkeypatch, chunk, ahead, from_disk)
+    rnd = random.Random(chunk * 11 + ahead)
+    q = DiskQueue(NAME, str(tmp_path), max_bytes_per_file=3000, min_msg_size=26)
+    sent, got = [], []
+    for n in range(300):
+        step = rnd.random()
+        if step < 0.5:
+            batch = [SplitRecords.HEADER.pack(rnd.getrandbits(63), rnd.getrandbits(16), rnd.randbytes(16))
+                     + bytes([65 + n % 26]) * rnd.randint(0, 400) for _ in range(rnd.randint(1, 10))]
+            q.put_many(batch)
+            sent.extend(batch)
+        elif step < 0.8:
+            split = q.read_split(rnd.randint(1, 20))
+            assert len(split) == len(split.ids) == len(split.timestamps) == len(split.attempts)
+            got.extend(joined(split))
+        else:
+            got.extend(q.read_many(rnd.randint(1, 20)))
+    while split := q.read_split(7):
+        got.extend(joined(split))
+    assert got == sent
+    assert q.depth() == 0 and not q.has_unread()
+    q.close()
+    assert open_files(tmp_path) == set()
+
+
+def test_split_reads_need_records_of_at_least_a_header(tmp_path):
+    q = DiskQueue(NAME, str(tmp_path), min_msg_size=1)
+    q.put(b"x")
+    with pytest.raises(ValueError, match="shorter than a message header"):
+        q.read_split(1)
+    assert q.read_many(1) == [b"x"]
+    q.close()

@@ -210,3 +210,68 @@ def test_poll_light_from_inside_a_step_does_nothing(pairs):
     peer_b.sendall(b"d")
     poller.poll_light()
     assert calls == [first, second] and (first.reads[-1], second.reads[-1]) == (b"c", b"d")
+
+
+def _ordered_members(pairs, poller, sizes, calls):
+    made = []
+    for size, (ours, peer) in zip(sizes, pairs(len(sizes))):
+        member = Member(ours, last_read=size, calls=calls)
+        poller.add(ours.fileno(), member)
+        made.append((member, peer))
+    return made
+
+
+@pytest.mark.parametrize(("repoll_after", "long_call"), [(0.0, True), (60.0, False)], ids=["long", "cheap"])
+def test_a_small_read_that_came_during_a_long_call_goes_next(pairs, repoll_after, long_call):
+    """After a call longer than ``repoll_after`` the set is polled again: a light member that became ready
+    meanwhile is served before the rest of the list (with 0, every call counts as long). After a cheap call,
+    the step serves what its one poll found and the late one waits for the next step."""
+    poller = ReadPoller(light_read=2048, repoll_after=repoll_after)
+    calls: list[Member] = []
+    (first, peer_first), (heavy, peer_heavy), (late, peer_late) = _ordered_members(pairs, poller, [10, 5000, 20],
+                                                                                   calls)
+    first.on_call = lambda member: peer_late.sendall(b"late")
+    peer_first.sendall(b"a")
+    peer_heavy.sendall(b"b")
+    assert poller.poll_once() == 2
+    assert calls == ([first, late, heavy] if long_call else [first, heavy])
+    poller.poll_once()
+    assert calls == ([first, late, heavy] if long_call else [first, heavy, late])
+    assert (first.reads, late.reads, heavy.reads) == ([b"a"], [b"late"], [b"b"])
+
+
+def test_a_fresh_look_serves_each_member_once_per_step(pairs):
+    """A member still readable after its call (more input came, or it read only part) is not called again in
+    the same step by a later poll; nor is one that left."""
+    poller = ReadPoller(light_read=2048, repoll_after=0.0)
+    calls: list[Member] = []
+    (chatty, peer_chatty), (gone, peer_gone), (other, peer_other) = _ordered_members(pairs, poller, [1, 2, 3],
+                                                                                     calls)
+    chatty.on_call = lambda member: peer_chatty.sendall(b"more")
+    gone.on_call = lambda member: poller.discard(member.sock.fileno())
+    for peer in (peer_chatty, peer_gone, peer_other):
+        peer.sendall(b"x")
+    assert poller.poll_once() == 3
+    assert calls == [chatty, gone, other]
+    poller.poll_light()
+    assert calls == [chatty, gone, other, chatty]
+    assert chatty.reads[-1] == b"more"
+
+
+def test_an_interlude_takes_a_fresh_look_for_light_members_only(pairs):
+    poller = ReadPoller(light_read=2048, repoll_after=0.0)
+    calls: list[Member] = []
+    (first, peer_first), (heavy, peer_heavy), (late, peer_late) = _ordered_members(pairs, poller, [10, 5000, 20],
+                                                                                   calls)
+
+    def both_arrive(member: Member) -> None:
+        peer_heavy.sendall(b"batch")
+        peer_late.sendall(b"late")
+
+    first.on_call = both_arrive
+    peer_first.sendall(b"a")
+    poller.poll_light()
+    assert calls == [first, late]
+    assert heavy.reads == []
+    poller.poll_once()
+    assert calls == [first, late, heavy]

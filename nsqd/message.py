@@ -6,15 +6,12 @@ that shares the body bytes, so the only per-channel cost is one small slotted ob
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from itertools import repeat
-from typing import TYPE_CHECKING
 
 from protocol.message import Message as WireMessage
 
-if TYPE_CHECKING:
-    from .queues.segment_reader import SplitRecords
+from .queues.segment_reader import SplitRecords
 
 __all__ = ["Message", "new_messages", "copy_messages", "encode_record", "split_messages"]
 
@@ -57,12 +54,12 @@ def copy_messages(batch: list[Message]) -> list[Message]:
     return [Message(m.id, m.body, m.timestamp, 0, m.defer) for m in batch]
 
 
-_HEADER = struct.Struct(">QH")
+_pack_header = SplitRecords.HEADER.pack  # the record layout's one definition, shared with the disk queue's reads
 
 
 def encode_record(message: Message) -> bytes:
     """The disk queue record of a message: the same 26-byte header + body as on the wire."""
-    return _HEADER.pack(message.timestamp, message.attempts) + message.id + message.body
+    return _pack_header(message.timestamp, message.attempts, message.id) + message.body
 
 
 def split_messages(records: SplitRecords) -> Iterator[Message]:

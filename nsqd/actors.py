@@ -41,13 +41,16 @@ Scheduling, after Linux CFS and QMQ's actor system:
   its latency while a busy channel keeps those rounds long). The slice is charged to the actor as any other.
 - Interludes: a slice may call ``interlude()`` at points where it is safe to let other code run (nothing half
   done); the system then runs its ``interlude_hook`` there, at most every ``interlude_seconds`` as the slice
-  counts. nsqd's hook reads the connections that send little (``ReadPoller.poll_light``): a producer of single
-  messages waits for the next interlude of a busy channel's slice, not for the slice, the flushes after it and
-  the poller's whole step. A preempting resume from inside the interlude may run that actor's slice right there,
-  nested one level (the only way two slices are in progress with one worker: a quiet channel delivers while the
-  busy one is paused between two consumers). Interlude time is not charged to the actor whose slice is paused,
-  and the interludes of one slice stop once they have taken ``slice_seconds``, so the busy actor still gets at
-  least half of its slices even when light work keeps coming.
+  counts. The hook is given the paused actor's vruntime: what it runs should be work that comes before that
+  actor in the fair order. nsqd's hook reads the connections that send little (``ReadPoller.poll_light``)
+  and are not consumers of a channel at or behind the paused one (its own consumers' FINs wait for the
+  poller's step): a producer of single messages waits for the next interlude of a busy channel's slice, not
+  for the slice, the flushes after it and the poller's whole step. A preempting resume from inside the
+  interlude may run that actor's slice right there, nested one level (the only way two slices are in progress
+  with one worker: a quiet channel delivers while the busy one is paused between two consumers). Interlude
+  time is not charged to the actor whose slice is paused, and the interludes of one slice stop once they have
+  taken ``slice_seconds``, so the busy actor still gets at least half of its slices even when light work
+  keeps coming.
 - ``remove`` takes an actor out at once (out of the heap if scheduled, O(n), which is fine for a rare operation);
   a removed actor is never run again unless it is added again.
 
@@ -162,8 +165,9 @@ class ActorSystem:
         self._slices = 0
         self._preempted = 0
         self._started = False
-        #: what an interlude runs (nsqd: the read poller's ``poll_light``); None: slices offer none
-        self.interlude_hook: Callable[[], None] | None = None
+        #: what an interlude runs, given the paused actor's vruntime (nsqd: the read poller's ``poll_light``);
+        #: None: slices offer none
+        self.interlude_hook: Callable[[float], None] | None = None
         self._in_interlude = False
         self._interludes = 0
         self._lent = 0.0  # time the slice running now spent in interludes: not charged to its actor
@@ -243,9 +247,9 @@ class ActorSystem:
     def interlude(self) -> None:
         """Run ``interlude_hook`` now, from inside the one slice in progress, at a safe point of its choosing
         (see the module docstring). A preempting resume made by the hook may run that actor's slice here,
-        nested one level. The time is not charged to the running actor. Does nothing when there is no hook,
-        no slice or more than one in progress, inside an interlude, or once the interludes of this slice
-        have taken ``slice_seconds``."""
+        nested one level. The hook gets the running actor's vruntime. The time is not charged to the running
+        actor. Does nothing when there is no hook, no slice or more than one in progress, inside an interlude,
+        or once the interludes of this slice have taken ``slice_seconds``."""
         hook = self.interlude_hook
         if hook is None or self._in_interlude or len(self._running) != 1 or self._lent >= self.slice_seconds:
             return
@@ -254,7 +258,7 @@ class ActorSystem:
         clock = trio.current_time
         start = clock()
         try:
-            hook()
+            hook(next(iter(self._running)).vruntime)
         finally:
             self._in_interlude = False
             self._lent += clock() - start

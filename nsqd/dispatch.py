@@ -39,8 +39,9 @@ __all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 
 #: messages handed to one consumer per turn before moving on to the next one in the mailbox
 BATCH = 64
-#: messages read from the channel's disk queue at a time when its memory deque runs dry
-REFILL = 64
+#: messages read from the channel's disk queue per read when its memory deque runs dry; reads go on, with a
+#: chance of an interlude after each, until a consumer's batch (BATCH) is there
+REFILL = 32
 
 # A message frame's header: size, frame type, then the message's timestamp, attempts and ID (the layout of
 # ``protocol.message``); the prefix before the ID is packed in one call. nsqd's IDs are always 16 bytes
@@ -113,10 +114,13 @@ class ChannelDispatcher(Actor):
             if not queue:
                 if not channel.refill(REFILL):
                     break
-                if clock() >= interlude_at:
-                    interlude()
-                    interlude_at = clock() + every
-                    continue  # what the interlude ran may have changed the mailbox
+                while True:
+                    if clock() >= interlude_at:
+                        interlude()
+                        interlude_at = clock() + every
+                    if len(queue) >= BATCH or not channel.refill(REFILL):
+                        break
+                continue  # what an interlude ran may have changed the mailbox
             client = mailbox.popleft()
             credit = client.credit()
             if credit <= 0 or client.channel is not channel:

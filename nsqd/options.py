@@ -142,7 +142,7 @@ class Options:
     # the channel actor scheduler (flags of this implementation)
     actor_workers: int = 1
     actor_slice: float = 0.0003
-    actor_interlude: float = 0.0001
+    actor_interlude: float = 0.00001
     # fixed inside nsqd 1.3.0, not flags
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0

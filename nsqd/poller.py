@@ -20,25 +20,31 @@ that its task has not run yet.
 Level-triggered on purpose: a connection with more than one read's worth of input is simply reported again
 by the next poll, after every other ready connection had its turn.
 
-Small reads first. Each member tells the size of its last read (``last_read``). The ready members whose last
-read was at most ``light_read`` bytes (a producer of single messages, a consumer's few FINs) are served first
-in a step, smallest first, and also from inside a busy channel's slice (``poll_light``, the actor system's
+Small reads first, producers before consumers. Each member tells the size of its last read (``last_read``) and
+its place in the daemon's fair order (``poll_actor``: a consumer's channel actor, ranked by its vruntime in the
+actor system; None for any other connection, ranked -inf). The ready members whose last read was at most
+``light_read`` bytes (a producer of single messages, a consumer's few FINs) are served first in a step, by rank
+and then smallest first, and also from inside a busy channel's slice (``poll_light``, the actor system's
 interlude hook): their input is cheap to handle and is what a message's latency waits on, while the others
 (MPUB batches, bursts of FINs) wait for the poller's own step. A member whose next read turns out big is served
-late from then on, and the other way round.
+late from then on, and the other way round. An interlude passes the paused channel's vruntime (``below``) and
+serves only the light members ranked before it: producers, and consumers of channels owed run time. The paused
+channel's own consumers, and those of channels at or behind it, wait for the step: their FINs are that
+channel's work, and while they wait the channel runs out of credit, ends its slice and lets the step come.
 
 A fresh look after a long call. Serving one member can take a while (a burst of a hundred FINs, an MPUB batch,
 a delivery it starts); a small read that arrives meanwhile would wait for the rest of the list. So once a call
 took longer than ``repoll_after`` (20 us), the set is polled again and the light members that became ready and
-were not served in this step yet are served next, smallest first, before the rest of the list. Each member is
-still called at most once per step; a cheap call (a single PUB) costs no extra ``epoll``.
+were not served in this step yet are served next (by rank and size), before the rest of the list. Each member
+is still called at most once per step; a cheap call (a single PUB) costs no extra ``epoll``.
 """
 
 from __future__ import annotations
 
+import math
 import select
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -48,6 +54,9 @@ __all__ = ["ReadPoller"]
 class Polled(Protocol):
     #: bytes of its last read: the smaller, the sooner it is served (see "Small reads first")
     last_read: int
+    #: the actor whose vruntime is its place in the fair order, before size (None: before every actor; see
+    #: "Small reads first")
+    poll_actor: Any
 
     def poll_ready(self) -> None:
         """Read and handle what arrived; must not raise (errors go back to the connection's task)."""
@@ -92,24 +101,28 @@ class ReadPoller:
             self._polling = False
         return len(events)
 
-    def poll_light(self) -> None:
-        """Serve only the ready members whose last read was small; the others wait for the next ``poll_once``.
+    def poll_light(self, below: float = math.inf) -> None:
+        """Serve only the ready members whose last read was small and whose rank is below ``below``; the others
+        wait for the next ``poll_once``.
         Called from inside long work (a channel's slice); does nothing inside a step already in progress, or
         once ``run`` has ended (a slice may still run during a shutdown)."""
         if self._polling or self._epoll.closed:
             return
         self._polling = True
         try:
-            light, _ = self._sort(self._epoll.poll(0))
-            self._serve(light)
+            light, _ = self._sort(self._epoll.poll(0), below)
+            if light:
+                self._serve(light, below)
         finally:
             self._polling = False
 
-    def _sort(self, events: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-        """The ready descriptors whose last read was at most ``light_read`` bytes, smallest first, and the others
-        in the order they came."""
+    def _sort(self, events: list[tuple[int, int]], below: float = math.inf) -> tuple[list[int], list[int]]:
+        """The ready descriptors whose last read was at most ``light_read`` bytes and whose rank is below
+        ``below``, by rank and then smallest first, and the heavy ones in the order they came (light members
+        ranked at or above ``below`` are left out: still readable, they are reported again by a later poll)."""
         members = self._members
         limit = self.light_read
+        first = -math.inf
         light = []
         heavy = []
         for fd, _ in events:
@@ -117,13 +130,16 @@ class ReadPoller:
             if member is not None:
                 size = member.last_read
                 if size <= limit:
-                    light.append((size, fd))
+                    actor = member.poll_actor
+                    rank = first if actor is None else actor.vruntime
+                    if rank < below:
+                        light.append((rank, size, fd))
                 else:
                     heavy.append(fd)
         light.sort()
-        return [fd for _, fd in light], heavy
+        return [entry[2] for entry in light], heavy
 
-    def _serve(self, fds: list[int]) -> None:
+    def _serve(self, fds: list[int], below: float = math.inf) -> None:
         """Call the members of ``fds`` in order, each once. After a call that took longer than ``repoll_after``,
         the light members that became ready meanwhile and were not served yet go first (see "A fresh look")."""
         members = self._members
@@ -141,7 +157,7 @@ class ReadPoller:
             member.poll_ready()
             if clock() - started > repoll_after:
                 served.update(fds[:index])
-                light, _ = self._sort(self._epoll.poll(0))
+                light, _ = self._sort(self._epoll.poll(0), below)
                 fresh = [fd for fd in light if fd not in served]
                 if fresh:
                     fds = fresh + [fd for fd in fds[index:] if fd not in fresh]

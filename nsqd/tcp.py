@@ -103,6 +103,9 @@ class Connection:
         self._poller = nsqd.read_poller
         self._poll_fd = -1
         self.last_read = RECEIVE_SIZE  # bytes of the last read through the poller (``ReadPoller``: small first)
+        #: the poller's order before size: a consumer goes by its channel's run time in the actor system (SUB sets
+        #: it), so the reads of a channel owed time come first; None (a producer) goes before every consumer
+        self.poll_actor = None
         self._poll_done: trio.Event | None = None
         self._poll_result: bytes | OSError | None = None
         self._pending_command: tuple | None = None  # left by the poller for this task (it must await)
@@ -631,6 +634,7 @@ class Connection:
             raise ProtocolError("E_SUB_FAILED", f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
         channel.add_client(client)
         client.channel = channel
+        self.poll_actor = channel.dispatcher
         client.state = ClientState.SUBSCRIBED
         log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
         return OK_FRAME

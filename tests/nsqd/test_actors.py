@@ -703,7 +703,8 @@ async def test_an_interlude_delivers_for_a_quiet_actor_inside_a_busy_slice(autoj
     quiet = PausingActor(system, clock, "quiet", steps=0, cost=0.003, log=log)
     busy = PausingActor(system, clock, "busy", steps=3, cost=0.0005, log=log)
 
-    def hook():
+    def hook(below):
+        log.append(("hook", below))
         # what reading a producer's PUB does: costs time, then wakes the quiet actor with preemption
         clock.jump(0.002)
         if not quiet.done and not quiet.items:
@@ -718,13 +719,15 @@ async def test_an_interlude_delivers_for_a_quiet_actor_inside_a_busy_slice(autoj
         await nursery.start(system.run)
         system.add(quiet)
         await trio.testing.wait_all_tasks_blocked()
-        quiet.vruntime = busy.vruntime = 0.0
+        quiet.vruntime = 0.0
+        busy.vruntime = 7.0  # the hook is told where the paused actor stands: what comes before it may run
         quiet.runtime = busy.runtime = 0.0
         system.add(busy)
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
     # the quiet actor's message went out in busy's first interlude, between busy's steps, not after its slice
-    assert log == [("busy", 0), ("publish", 1), ("delivered", ["message"]), ("busy", 1), ("busy", 2)]
+    assert log == [("busy", 0), ("hook", 7.0), ("publish", 1), ("delivered", ["message"]), ("busy", 1),
+                   ("hook", 7.0), ("busy", 2), ("hook", 7.0)]
     stats = system.statistics()
     assert stats.interludes == 3 and stats.preempted == 1
     # each is charged its own work only: busy 3 x 0.5 ms (not the 3 x 2 ms of the hook, nor quiet's 3 ms)
@@ -737,7 +740,7 @@ async def test_an_interlude_without_a_slice_or_inside_another_does_nothing(autoj
     system = ActorSystem(interlude_seconds=0.0001)
     calls = []
 
-    def hook():
+    def hook(below):
         calls.append(len(system._running))
         system.interlude()  # from inside an interlude: not entered again
 
@@ -760,7 +763,7 @@ def system_with_costly_interludes(clock, cost, record):
     system = ActorSystem(slice_seconds=0.005, interlude_seconds=0.0001)
     calls = []
 
-    def hook():
+    def hook(below):
         calls.append(record(system))
         clock.jump(cost)
 

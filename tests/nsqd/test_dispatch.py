@@ -169,7 +169,8 @@ async def test_a_publish_to_a_quiet_channel_delivers_in_the_publishers_step():
 async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_delivers_meanwhile(tmp_path, on_disk):
     """With interludes due at every safe point, a long slice of a busy channel calls the system's hook between two
     consumers (and after each disk read): never with a consumer half served. A publish made there to a quiet
-    channel is delivered at once, while the busy slice is still in progress."""
+    channel is delivered at once, while the busy slice is still in progress. A disk backlog is read REFILL
+    records at a time, with an interlude after each read, and still goes out in batches of BATCH."""
     actors = ActorSystem(slice_seconds=60.0, interlude_seconds=1e-9)
     backend = DiskQueue("busy", str(tmp_path)) if on_disk else None
     busy = Channel(_Topic(), "busy", mem_queue_size=0 if on_disk else 10_000, max_msg_timeout=900.0,
@@ -179,7 +180,8 @@ async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_deliver
     seen = []
     quiet_message = Message(b"q" * 16, b"quiet", 1000, 0)
 
-    def hook():
+    def hook(below):
+        assert below == busy.dispatcher.vruntime  # the paused channel's place in the fair order
         # each busy consumer's buffer holds exactly the frames of what it has in flight (3 pieces a message)
         assert all(len(client.out) == 3 * client.in_flight for client in (first, second))
         seen.append(first.in_flight + second.in_flight)
@@ -208,4 +210,8 @@ async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_deliver
     assert busy.dispatcher.slices <= 2
     assert len(seen) >= (total // BATCH) + (total // REFILL if on_disk else 0)
     assert seen == sorted(seen) and seen[1] < total
+    steps = [after - before for before, after in zip([0] + seen, seen) if after != before]
+    assert steps[:-1] == [BATCH] * (len(steps) - 1)  # whole batches, also when read from disk in smaller pieces
+    if on_disk:
+        assert REFILL < BATCH and seen.count(0) >= BATCH // REFILL  # the first batch's reads: paused after each
     assert quiet_client.in_flight == 1 and actors.statistics().preempted >= 1

@@ -81,7 +81,7 @@ NSQ_DEFAULTS = {
     "snappy": ("snappy", True),
     "actor-workers": ("actor_workers", 1),
     "actor-slice": ("actor_slice", 0.0003),
-    "actor-interlude": ("actor_interlude", 0.0001),
+    "actor-interlude": ("actor_interlude", 0.00001),
     "config": ("config", ""),
     "version": ("version", False),
 }
@@ -384,7 +384,7 @@ def test_config_values():
     assert config_value(opts, "msg_timeout") == 60_000_000_000
     assert config_value(opts, "min_output_buffer_timeout") == 25_000_000
     assert config_value(opts, "actor_slice") == 300_000
-    assert config_value(opts, "actor_interlude") == 100_000
+    assert config_value(opts, "actor_interlude") == 10_000
     assert config_value(opts, "tls_required") == 1
     assert config_value(opts, "tls_min_version") == 0x0303
     assert config_value(opts, "max_msg_size") == 1048576

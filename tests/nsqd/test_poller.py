@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import socket
+import types
 
 import pytest
 import trio
@@ -12,14 +14,17 @@ from nsqd.poller import ReadPoller
 
 class Member:
     """Reads what is there on each call and records it; ``on_call`` lets a test act from inside a step.
-    ``last_read`` is what the poller orders by (the default: a big read, served after the small ones)."""
+    ``poll_actor`` (here an actor of vruntime ``poll_rank``, or None for -inf) and ``last_read`` are what the
+    poller orders by (the default: a big read, served after the small ones)."""
 
     def __init__(self, sock: socket.socket, read_size: int = 65536, on_call=None, last_read: int = 65536,
-                 calls: list | None = None) -> None:
+                 calls: list | None = None, poll_rank: float = 0.0) -> None:
         self.sock = sock
         self.read_size = read_size
         self.on_call = on_call
         self.last_read = last_read
+        self.poll_rank = poll_rank
+        self.poll_actor = None if poll_rank == -math.inf else types.SimpleNamespace(vruntime=poll_rank)
         self.calls = calls  # shared by the members of a test: the order they were called in
         self.reads: list[bytes] = []
 
@@ -154,6 +159,49 @@ def test_small_reads_are_served_first_smallest_first(pairs):
     assert served[:4] == [40, 41, 300, 2048]  # the small ones by size
     assert sorted(served[4:]) == [2049, 5000, 70_000]  # then the others, each once
     assert sorted(map(id, calls)) == sorted(map(id, members))
+
+
+def test_light_members_go_by_rank_then_size(pairs):
+    """The rank (a producer's -inf, a consumer's channel run time) orders the light members before their size;
+    heavy members are not ranked."""
+    poller = ReadPoller(light_read=2048)
+    calls: list[Member] = []
+    made = [(2.0, 10), (-math.inf, 300), (1.0, 5), (-math.inf, 40), (-5.0, 70_000), (1.0, 2)]
+    for (rank, size), (ours, peer) in zip(made, pairs(len(made))):
+        poller.add(ours.fileno(), Member(ours, last_read=size, calls=calls, poll_rank=rank))
+        peer.sendall(b"x")
+    assert poller.poll_once() == len(made)
+    assert [(member.poll_rank, member.last_read) for member in calls] == [
+        (-math.inf, 40), (-math.inf, 300), (1.0, 2), (1.0, 5), (2.0, 10), (-5.0, 70_000)]
+
+
+@pytest.mark.parametrize("repoll_after", [0.0, 60.0], ids=["fresh-look", "one-look"])
+def test_an_interlude_serves_only_light_members_ranked_below_the_paused_actor(pairs, repoll_after):
+    """``poll_light(below)``: what ranks at or behind the paused channel waits for the poller's step, in the
+    first look as in a fresh one."""
+    poller = ReadPoller(light_read=2048, repoll_after=repoll_after)
+    calls: list[Member] = []
+    made = [(-math.inf, 100), (1.0, 10), (2.0, 10), (3.0, 10)]
+    members = []
+    for (rank, size), (ours, peer) in zip(made, pairs(len(made))):
+        member = Member(ours, last_read=size, calls=calls, poll_rank=rank)
+        members.append((member, peer))
+        poller.add(ours.fileno(), member)
+    (producer, peer_producer), (owed, _), (paused, peer_paused), (behind, peer_behind) = members
+    peer_producer.sendall(b"pub")
+    peer_paused.sendall(b"fin")
+
+    def more_arrive(member: Member) -> None:  # during the first call: seen only by a fresh look
+        for _, peer in members[1:]:
+            peer.sendall(b"late")
+
+    producer.on_call = more_arrive
+    poller.poll_light(below=2.0)
+    assert calls == ([producer, owed] if repoll_after == 0.0 else [producer])
+    assert paused.reads == [] and behind.reads == []
+    poller.poll_once()  # the step serves the rest, still in rank order
+    assert calls == [producer, owed, paused, behind]
+    assert paused.reads == [b"finlate"] and behind.reads == [b"late"]
 
 
 def test_poll_light_leaves_big_readers_for_the_next_step(pairs):

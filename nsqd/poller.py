@@ -95,8 +95,7 @@ class ReadPoller:
         self._polling = True
         try:
             light, heavy = self._sort(events)
-            self._serve(light)
-            self._serve(heavy)
+            self._serve(light + heavy)  # one list: a fresh look skips whatever this step has served
         finally:
             self._polling = False
         return len(events)

@@ -306,6 +306,21 @@ def test_a_fresh_look_serves_each_member_once_per_step(pairs):
     assert chatty.reads[-1] == b"more"
 
 
+def test_a_fresh_look_among_heavy_members_skips_light_ones_served_in_the_step(pairs):
+    """A light member served first in a step and readable again when a heavy member's call runs long is not
+    called a second time in that step: the fresh look covers the whole step, not only the heavy part of it."""
+    poller = ReadPoller(light_read=2048, repoll_after=0.0)
+    calls: list[Member] = []
+    (light, peer_light), (heavy, peer_heavy) = _ordered_members(pairs, poller, [10, 5000], calls)
+    heavy.on_call = lambda member: peer_light.sendall(b"again")
+    peer_light.sendall(b"x")
+    peer_heavy.sendall(b"y")
+    assert poller.poll_once() == 2
+    assert calls == [light, heavy]
+    poller.poll_once()
+    assert calls == [light, heavy, light] and light.reads == [b"x", b"again"]
+
+
 def test_an_interlude_takes_a_fresh_look_for_light_members_only(pairs):
     poller = ReadPoller(light_read=2048, repoll_after=0.0)
     calls: list[Member] = []

@@ -35,8 +35,11 @@ channel's work, and while they wait the channel runs out of credit, ends its sli
 A fresh look after a long call. Serving one member can take a while (a burst of a hundred FINs, an MPUB batch,
 a delivery it starts); a small read that arrives meanwhile would wait for the rest of the list. So once a call
 took longer than ``repoll_after`` (20 us), the set is polled again and the light members that became ready and
-were not served in this step yet are served next (by rank and size), before the rest of the list. Each member
-is still called at most once per step; a cheap call (a single PUB) costs no extra ``epoll``.
+were not served in this step yet are served next (by rank and size), before the rest of the list. The look
+waits while the list goes on with light producers: nothing that arrives can rank before them (a look would only
+reorder producers by size), so a step of single-PUB producers, each call longer than 20 us on a slow core,
+looks again once at their end instead of after each (an ``epoll`` and a sort per PUB, 15% of the PUB
+scenario's time). Each member is still called at most once per step; a cheap call costs no extra ``epoll``.
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ class ReadPoller:
         events = self._epoll.poll(0)
         self._polling = True
         try:
-            light, heavy = self._sort(events)
-            self._serve(light + heavy)  # one list: a fresh look skips whatever this step has served
+            light, heavy, producers = self._sort(events)
+            self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
         finally:
             self._polling = False
         return len(events)
@@ -109,44 +112,66 @@ class ReadPoller:
             return
         self._polling = True
         try:
-            light, _ = self._sort(self._epoll.poll(0), below)
+            light, _, producers = self._sort(self._epoll.poll(0), below)
             if light:
-                self._serve(light, below)
+                self._serve(light, producers, below)
         finally:
             self._polling = False
 
-    def _sort(self, events: list[tuple[int, int]], below: float = math.inf) -> tuple[list[int], list[int]]:
+    def _sort(self, events: list[tuple[int, int]],
+              below: float = math.inf) -> tuple[list[int], list[int], int]:
         """The ready descriptors whose last read was at most ``light_read`` bytes and whose rank is below
-        ``below``, by rank and then smallest first, and the heavy ones in the order they came (light members
-        ranked at or above ``below`` are left out: still readable, they are reported again by a later poll)."""
+        ``below``, by rank and then smallest first; the heavy ones in the order they came; and how many of the
+        light ones are producers (they come first). Light members ranked at or above ``below`` are left out:
+        still readable, they are reported again by a later poll."""
         members = self._members
         limit = self.light_read
         first = -math.inf
         light = []
         heavy = []
+        producers = 0
         for fd, _ in events:
             member = members.get(fd)
             if member is not None:
                 size = member.last_read
                 if size <= limit:
                     actor = member.poll_actor
-                    rank = first if actor is None else actor.vruntime
-                    if rank < below:
-                        light.append((rank, size, fd))
+                    if actor is None:
+                        light.append((first, size, fd))
+                        producers += 1
+                    else:
+                        rank = actor.vruntime
+                        if rank < below:
+                            light.append((rank, size, fd))
                 else:
                     heavy.append(fd)
         light.sort()
-        return [entry[2] for entry in light], heavy
+        return [entry[2] for entry in light], heavy, producers
 
-    def _serve(self, fds: list[int], below: float = math.inf) -> None:
-        """Call the members of ``fds`` in order, each once. After a call that took longer than ``repoll_after``,
-        the light members that became ready meanwhile and were not served yet go first (see "A fresh look")."""
+    def _serve(self, fds: list[int], producers: int, below: float = math.inf) -> None:
+        """Call the members of ``fds`` (its first ``producers`` light producers) in order, each once. After a
+        call that took longer than ``repoll_after``, once the list reaches a member that is not a light
+        producer (or its end), the light members that became ready meanwhile and were not served yet go first
+        (see "A fresh look")."""
         members = self._members
         repoll_after = self.repoll_after
         clock = time.perf_counter
         served: set[int] = set()
         index = 0
-        while index < len(fds):
+        stale = False  # a call ran long since the last look
+        while True:
+            if stale and index >= producers:
+                stale = False
+                served.update(fds[:index])
+                light, _, fresh_producers = self._sort(self._epoll.poll(0), below)
+                fresh = [fd for fd in light if fd not in served]
+                if fresh:
+                    # the list has no producer left: the fresh ones (producers first) go before the rest
+                    producers = len([fd for fd in light[:fresh_producers] if fd not in served])
+                    fds = fresh + [fd for fd in fds[index:] if fd not in fresh]
+                    index = 0
+            if index >= len(fds):
+                return
             fd = fds[index]
             index += 1
             member = members.get(fd)  # None: it left (or was replaced) earlier in this same step
@@ -155,12 +180,7 @@ class ReadPoller:
             started = clock()
             member.poll_ready()
             if clock() - started > repoll_after:
-                served.update(fds[:index])
-                light, _ = self._sort(self._epoll.poll(0), below)
-                fresh = [fd for fd in light if fd not in served]
-                if fresh:
-                    fds = fresh + [fd for fd in fds[index:] if fd not in fresh]
-                    index = 0
+                stale = True
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Wait for the set to have input, then serve it, until cancelled; closes the epoll set at the end."""

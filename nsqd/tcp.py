@@ -92,6 +92,8 @@ class Connection:
                                     max_req_timeout_ms=int(self.opts.max_req_timeout * 1000),
                                     line_check=self._line_check)
         self._read_scope: trio.CancelScope | None = None
+        self._now = trio.lowlevel.current_clock().current_time  # the run's clock, one call
+        self._read_moves_at = math.inf  # when the read deadline is moved next (``_move_read_deadline``)
         self._heartbeat_scope: trio.CancelScope | None = None
         self._writer_done = trio.Event()
         self._send_lock = trio.Lock()  # the writer's flushes against IDENTIFY's upgrades
@@ -144,19 +146,25 @@ class Connection:
         interval = self.client.heartbeat_interval
         if interval <= 0:
             return math.inf
-        return trio.current_time() + 2 * interval
+        return self._now() + 2 * interval
+
+    def _set_read_deadline(self) -> None:
+        """Two heartbeat intervals from now (none without heartbeats); ``_move_read_deadline`` moves it again once
+        that would move it by more than ``READ_DEADLINE_SLACK`` of them."""
+        self._read_scope.deadline = self._read_deadline()
+        interval = self.client.heartbeat_interval
+        self._read_moves_at = self._now() + READ_DEADLINE_SLACK * 2 * interval if interval > 0 else math.inf
 
     def _move_read_deadline(self) -> None:
-        scope = self._read_scope
-        deadline = self._read_deadline()
-        if deadline - scope.deadline > READ_DEADLINE_SLACK * 2 * self.client.heartbeat_interval:
-            scope.deadline = deadline
+        if self._now() > self._read_moves_at:  # one clock call per read: the scope is not looked at
+            self._set_read_deadline()
 
     async def _read_loop(self, initial: bytes) -> None:
         parser = self.parser
         client = self.client
-        with trio.CancelScope(deadline=self._read_deadline()) as scope:
+        with trio.CancelScope() as scope:
             self._read_scope = scope
+            self._set_read_deadline()
             data = initial
             while True:
                 if data is None or data:  # None: the read poller stopped on a command or an error
@@ -471,7 +479,7 @@ class Connection:
             if self._heartbeat_scope is not None:
                 self._heartbeat_scope.cancel()
             if self._read_scope is not None:
-                self._read_scope.deadline = self._read_deadline()
+                self._set_read_deadline()
         log.info("[%s] IDENTIFY: client_id=%r hostname=%r user_agent=%r", client.remote_address, client.client_id,
                  client.hostname, client.user_agent)
         if not first:

@@ -95,8 +95,12 @@ class Topic:
         ``put_many``'s rules. A uniform batch spares the per-message scans ``put_many`` makes."""
         if self.exiting:
             raise TopicExiting()
-        messages = new_messages(self.new_ids(len(bodies)), bodies, time.time_ns(), defer)
-        self._accept(messages, sum(map(len, bodies)), bool(defer), defer_sync)
+        now_ns = time.time_ns()
+        try:
+            ids = self.guid.next_ids(len(bodies), now_ns)
+        except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
+            ids = self.new_ids(len(bodies))
+        self._accept(new_messages(ids, bodies, now_ns, defer), sum(map(len, bodies)), bool(defer), defer_sync)
 
     def put(self, message: Message) -> None:
         self.put_many((message,))
@@ -115,7 +119,8 @@ class Topic:
         queue = self.queue
         count = len(messages)
         room = self.mem_queue_size - len(queue)
-        if room < count or self._backlog_on_disk():
+        backend = self.backend
+        if room < count or (backend is not None and backend.has_unread()):  # ``_backlog_on_disk``, inline
             try:
                 messages = self._overflow(messages, room, defer_sync)
             except OSError as exc:

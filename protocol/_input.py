@@ -28,6 +28,13 @@ class InputBuffer:
         return total < self._need
 
     def receive_data(self, data: bytes) -> None:
+        if self._pos >= len(self._buf) and not self._chunks_len:
+            # nothing unread (the common case: each read holds whole commands): the data becomes the buffer,
+            # uncopied; ``_need`` counts from ``_pos`` and stays true
+            if data:
+                self._buf = bytes(data)
+                self._pos = 0
+            return
         if not data:
             return
         data = bytes(data)

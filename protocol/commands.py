@@ -249,6 +249,8 @@ class CommandParser(InputBuffer):
             return self._continue_body()
         buf = self._buf
         pos = self._pos
+        if pos >= len(buf):
+            return None  # nothing unread: the next line is still to come
         last = self._last_line
         if buf.startswith(last, pos):
             # Fastest path: the same PUB/DPUB line as the previous message body command, with

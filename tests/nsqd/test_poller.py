@@ -338,3 +338,41 @@ def test_an_interlude_takes_a_fresh_look_for_light_members_only(pairs):
     assert heavy.reads == []
     poller.poll_once()
     assert calls == [first, late, heavy]
+
+
+class CountingEpoll:
+    """The poller's epoll set, counting its polls."""
+
+    def __init__(self, epoll) -> None:
+        self.epoll = epoll
+        self.polls = 0
+
+    def poll(self, timeout):
+        self.polls += 1
+        return self.epoll.poll(timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.epoll, name)
+
+
+def test_a_run_of_producers_takes_one_fresh_look_at_its_end(pairs):
+    """Long calls of light producers (single PUBs on a slow core) do not make a look each: whatever arrives
+    cannot rank before the producers still in the list. The look comes once the list reaches a member that is
+    not a light producer, and what it found (here a producer with a smaller read) goes before that member."""
+    poller = ReadPoller(light_read=2048, repoll_after=0.0)
+    calls: list[Member] = []
+    made = [(-math.inf, 10), (-math.inf, 300), (-math.inf, 400), (0.0, 5000), (-math.inf, 5)]
+    members = []
+    for (rank, size), (ours, peer) in zip(made, pairs(len(made))):
+        member = Member(ours, last_read=size, calls=calls, poll_rank=rank)
+        members.append((member, peer))
+        poller.add(ours.fileno(), member)
+    (first, _), (second, _), (third, _), (heavy, _), (late, peer_late) = members
+    first.on_call = lambda member: peer_late.sendall(b"late")
+    for _, peer in members[:4]:
+        peer.sendall(b"x")
+    poller._epoll = counting = CountingEpoll(poller._epoll)
+    assert poller.poll_once() == 4
+    assert calls == [first, second, third, late, heavy]
+    # the step's poll, one look after the three producers (not one each), one after each call that follows
+    assert counting.polls == 4

@@ -142,18 +142,16 @@ class Connection:
         with trio.move_on_after(FINAL_FLUSH_TIMEOUT):
             await self._writer_done.wait()
 
-    def _read_deadline(self) -> float:
-        interval = self.client.heartbeat_interval
-        if interval <= 0:
-            return math.inf
-        return self._now() + 2 * interval
-
     def _set_read_deadline(self) -> None:
         """Two heartbeat intervals from now (none without heartbeats); ``_move_read_deadline`` moves it again once
         that would move it by more than ``READ_DEADLINE_SLACK`` of them."""
-        self._read_scope.deadline = self._read_deadline()
         interval = self.client.heartbeat_interval
-        self._read_moves_at = self._now() + READ_DEADLINE_SLACK * 2 * interval if interval > 0 else math.inf
+        if interval <= 0:
+            self._read_scope.deadline = self._read_moves_at = math.inf
+            return
+        now = self._now()
+        self._read_scope.deadline = now + 2 * interval
+        self._read_moves_at = now + READ_DEADLINE_SLACK * 2 * interval
 
     def _move_read_deadline(self) -> None:
         if self._now() > self._read_moves_at:  # one clock call per read: the scope is not looked at

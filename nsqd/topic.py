@@ -119,8 +119,7 @@ class Topic:
         queue = self.queue
         count = len(messages)
         room = self.mem_queue_size - len(queue)
-        backend = self.backend
-        if room < count or (backend is not None and backend.has_unread()):  # ``_backlog_on_disk``, inline
+        if room < count or self._backlog_on_disk():
             try:
                 messages = self._overflow(messages, room, defer_sync)
             except OSError as exc:

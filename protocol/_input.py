@@ -49,8 +49,6 @@ class InputBuffer:
             self._chunks.clear()
             self._chunks_len = 0
             self._need = 0
-        elif self._pos >= len(self._buf):
-            self._buf = data
         else:
             self._buf = self._buf[self._pos :] + data
         self._pos = 0

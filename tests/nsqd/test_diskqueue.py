@@ -90,6 +90,27 @@ def test_round_trip(tmp_path):
         q.put(message(5))
 
 
+@pytest.mark.skipif(not hasattr(os, "O_NOATIME"), reason="O_NOATIME is Linux's")
+def test_segments_are_read_without_access_time_updates(tmp_path):
+    q = DiskQueue(NAME, str(tmp_path))
+    q.put_many([message(0), message(1)])
+    assert q.read_many(1) == [message(0)]
+    path = str(data_file(tmp_path, 0))
+    read_flags = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target == path:
+            with open(f"/proc/self/fdinfo/{fd}") as info:
+                flags = int(next(line for line in info if line.startswith("flags:")).split()[1], 8)
+            if flags & os.O_ACCMODE == os.O_RDONLY:
+                read_flags.append(flags)
+    assert len(read_flags) == 1 and read_flags[0] & os.O_NOATIME
+    q.close()
+
+
 def test_size_limits_are_checked_before_anything_is_written(tmp_path):
     q = DiskQueue(NAME, str(tmp_path), max_msg_size=26 + 100)
     with pytest.raises(ValueError):

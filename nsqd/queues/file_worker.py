@@ -155,8 +155,8 @@ class FileWorker:
 #: bytes a segment file loses per step when it is removed (``remove_in_steps``), and the pause between steps.
 #: A step's kernel work runs to its end on the core it started on (a kernel without preemption holds the event
 #: loop that long where they share a core): on a file system mounted with ``discard``, 8 MB steps took 0.6-0.7 ms
-#: of CPU each, 2 MB steps 0.16-0.17 ms, for the same 8-10 ms per 100 MB file (bench/README.md, change 20).
-REMOVE_STEP = 2 << 20
+#: of CPU each, 1 MB steps 0.11 ms, for 11 ms per 100 MB file instead of 8-10 (bench/README.md, change 20).
+REMOVE_STEP = 1 << 20
 REMOVE_PAUSE = 0.001
 
 

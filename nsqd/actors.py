@@ -51,6 +51,11 @@ Scheduling, after Linux CFS and QMQ's actor system:
   time is not charged to the actor whose slice is paused, and the interludes of one slice stop once they have
   taken ``slice_seconds``, so the busy actor still gets at least half of its slices even when light work
   keeps coming.
+- Work for others: a slice may tell the system that part of its time went to work whose amount does not follow
+  its actor's share (``uncharge``); that part is not added to the actor's run time either. nsqd's channels leave
+  out the writes of their consumers' frames at the end of a slice: a channel with 50 consumers at RDY 100 makes
+  four times the writes per message of one with 2 at RDY 2500, and charged for them it delivered 15-20% fewer
+  messages in the same run time.
 - ``remove`` takes an actor out at once (out of the heap if scheduled, O(n), which is fine for a rare operation);
   a removed actor is never run again unless it is added again.
 
@@ -171,6 +176,7 @@ class ActorSystem:
         self._in_interlude = False
         self._interludes = 0
         self._lent = 0.0  # time the slice running now spent in interludes: not charged to its actor
+        self._uncharged = 0.0  # time the slice running now did work for others (``uncharge``)
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -263,6 +269,12 @@ class ActorSystem:
             self._in_interlude = False
             self._lent += clock() - start
 
+    def uncharge(self, seconds: float) -> None:
+        """Leave ``seconds`` of the slice in progress out of its actor's run time: work it did for others, whose
+        amount does not follow the actor's share (nsqd: writing consumers' frames, one write per consumer that
+        ran out of credit, so as many more as a channel has more consumers with small windows)."""
+        self._uncharged += seconds
+
     def statistics(self) -> ActorSystemStatistics:
         return ActorSystemStatistics(
             actors=len(self._actors),
@@ -338,6 +350,8 @@ class ActorSystem:
         nested = self._in_interlude  # inside another slice's interlude: that slice's lent time is left alone
         if not nested:
             self._lent = 0.0  # no other slice is in progress: the lent time is this one's
+        outer_uncharged = self._uncharged  # the paused slice's, when nested
+        self._uncharged = 0.0
         start = clock()
         try:
             has_work = actor.run_slice_now(start + self.slice_seconds)
@@ -345,7 +359,8 @@ class ActorSystem:
             has_work = True  # as in a worker: the actor stays schedulable, the error goes to the caller
             raise
         finally:
-            elapsed = clock() - start
+            elapsed = clock() - start - self._uncharged
+            self._uncharged = outer_uncharged
             if not nested:
                 elapsed -= self._lent
             self._end_slice(actor, has_work, elapsed)
@@ -394,12 +409,13 @@ class ActorSystem:
             actor._actor_resumed = False
             self._running.add(actor)
             self._lent = 0.0
+            self._uncharged = 0.0
             start = trio.current_time()
             try:
                 has_work = await actor.run_slice(start + self.slice_seconds)
             except BaseException:
                 # Cancelled (the system stops) or a bug in the actor: keep it schedulable for a later run().
-                self._end_slice(actor, True, trio.current_time() - start - self._lent)
+                self._end_slice(actor, True, trio.current_time() - start - self._lent - self._uncharged)
                 raise
-            self._end_slice(actor, has_work, trio.current_time() - start - self._lent)
+            self._end_slice(actor, has_work, trio.current_time() - start - self._lent - self._uncharged)
             await trio.lowlevel.checkpoint()

@@ -20,6 +20,8 @@ preemption). At its end each consumer that got frames is told to flush now when 
 became not-ready (NSQ flushes then too), when its buffer is over its size, or when the channel has
 nothing more to send right now (so a quiet channel never waits for the flush timer: frames are
 batched only while there is a backlog). Otherwise the flush timer of ``output_buffer_timeout`` runs.
+The time of those flushes is not charged to the channel (``ActorSystem.uncharge``): their number follows
+how many consumers it has and the windows they ask for, and the share of delivery should not.
 """
 
 from __future__ import annotations
@@ -180,6 +182,7 @@ class ChannelDispatcher(Actor):
         self.delivered += delivered
         unflushed = self._unflushed
         if touched or unflushed:
+            flushing = clock()
             idle = not (mailbox and channel.has_ready())
             if idle and unflushed:
                 # frames left to the flush timer by an earlier slice that ended with work left: nothing
@@ -193,4 +196,6 @@ class ChannelDispatcher(Actor):
                 client.messages_queued(flush)
                 if not flush:
                     unflushed[client] = None
+            if system is not None:
+                system.uncharge(clock() - flushing)  # the consumers' writes (see ``ActorSystem.uncharge``)
         return bool(mailbox) and channel.has_ready() and not channel.paused

@@ -696,6 +696,20 @@ class PausingActor(Actor):
         return self.run_slice_now(slice_end)
 
 
+async def run_quiet_then_busy(system, quiet, busy):
+    """Add ``quiet`` (it runs once and suspends), then ``busy`` ranked behind it, and run until all is idle."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        system.add(quiet)
+        await trio.testing.wait_all_tasks_blocked()
+        quiet.vruntime = 0.0
+        busy.vruntime = 7.0  # the hook is told where the paused actor stands: what comes before it may run
+        quiet.runtime = busy.runtime = 0.0
+        system.add(busy)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_interlude_delivers_for_a_quiet_actor_inside_a_busy_slice(autojump_clock):
     clock = autojump_clock
     system = ActorSystem(slice_seconds=0.050, wake_slack=0.0, interlude_seconds=0.0001)
@@ -715,16 +729,7 @@ async def test_an_interlude_delivers_for_a_quiet_actor_inside_a_busy_slice(autoj
             system.check_invariants()  # two slices in progress with one worker: the nested one is allowed
 
     system.interlude_hook = hook
-    async with trio.open_nursery() as nursery:
-        await nursery.start(system.run)
-        system.add(quiet)
-        await trio.testing.wait_all_tasks_blocked()
-        quiet.vruntime = 0.0
-        busy.vruntime = 7.0  # the hook is told where the paused actor stands: what comes before it may run
-        quiet.runtime = busy.runtime = 0.0
-        system.add(busy)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.cancel_scope.cancel()
+    await run_quiet_then_busy(system, quiet, busy)
     # the quiet actor's message went out in busy's first interlude, between busy's steps, not after its slice
     assert log == [("busy", 0), ("hook", 7.0), ("publish", 1), ("delivered", ["message"]), ("busy", 1),
                    ("hook", 7.0), ("busy", 2), ("hook", 7.0)]
@@ -734,6 +739,41 @@ async def test_an_interlude_delivers_for_a_quiet_actor_inside_a_busy_slice(autoj
     assert busy.runtime == pytest.approx(0.0015)
     assert quiet.runtime == pytest.approx(0.003)
     assert quiet.actor_state is ActorState.SUSPENDED and busy.actor_state is ActorState.SUSPENDED
+
+
+class UnchargingActor(PausingActor):
+    """A PausingActor whose slice first does ``others`` seconds of work for others (nsqd: consumers' writes) and
+    leaves it uncharged."""
+
+    def __init__(self, *args, others=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.others = others
+
+    def run_slice_now(self, slice_end):
+        self.clock.jump(self.others)
+        self.system.uncharge(self.others)
+        return super().run_slice_now(slice_end)
+
+
+async def test_work_for_others_is_not_charged_even_around_a_nested_slice(autojump_clock):
+    clock = autojump_clock
+    system = ActorSystem(slice_seconds=0.050, wake_slack=0.0, interlude_seconds=0.0001)
+    quiet = UnchargingActor(system, clock, "quiet", steps=0, cost=0.003, others=0.004)
+    busy = UnchargingActor(system, clock, "busy", steps=3, cost=0.0005, others=0.001)
+
+    def hook(below):
+        clock.jump(0.002)
+        if not quiet.done and not quiet.items:
+            quiet.items.append("message")
+            system.resume(quiet, preempt=True)  # runs quiet's slice here, nested in busy's
+
+    system.interlude_hook = hook
+    await run_quiet_then_busy(system, quiet, busy)
+    assert quiet.done == ["message"] and system.statistics().preempted == 1
+    # busy: its 3 x 0.5 ms; not its own 1 ms for others (made before the nested slice, which must not reset
+    # it), nor the hooks' 3 x 2 ms, nor quiet's slice; quiet: its 3 ms, not its 4 ms for others
+    assert busy.runtime == pytest.approx(0.0015)
+    assert quiet.runtime == pytest.approx(0.003)
 
 
 async def test_an_interlude_without_a_slice_or_inside_another_does_nothing(autojump_clock):

@@ -125,7 +125,8 @@ __all__ = ["DiskQueue", "DiskQueueClosed", "DiskQueueStatistics"]
 _LENGTH = struct.Struct(">i")
 #: segment files are read without access-time updates where the system allows it (Linux, files nsqd owns): the
 #: first read of a file written moments before would otherwise dirty its inode, a journal update from the loop
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
+_READ_FLAGS_PLAIN = os.O_RDONLY | os.O_CLOEXEC  # where O_NOATIME is refused: a file of another user
+_READ_FLAGS = _READ_FLAGS_PLAIN | getattr(os, "O_NOATIME", 0)
 # A held record's start is kept as one int: file number above _POS_BITS, byte position below.
 _POS_BITS = 40
 _POS_MASK = (1 << _POS_BITS) - 1
@@ -541,8 +542,8 @@ class DiskQueue:
         try:
             try:
                 fd = os.open(path, _READ_FLAGS)
-            except PermissionError:  # O_NOATIME on a file of another user
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except PermissionError:
+                fd = os.open(path, _READ_FLAGS_PLAIN)
         except FileNotFoundError:
             if self._read_file_num < self._write_file_num:
                 self.log.error("DISKQUEUE(%s): %s is missing, skipping to the next file", self.name, path)

@@ -43,7 +43,7 @@ bench: venv
 	$(PY) -m bench
 
 lint: venv
-	$(PY) -m compileall -q protocol nsqd lookupd admin spark_connector tests bench
+	$(PY) -m compileall -q protocol runtime nsqd lookupd admin spark_connector tests bench
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR)/node_modules

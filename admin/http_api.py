@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 from protocol.http import (HTTPError, Request, Response, Router, error_response, go_json, json_response,
                            text_response)
-from protocol.logfmt import get_log_level, log_level_word, set_log_level
+from runtime.logfmt import get_log_level, log_level_word, set_log_level
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 

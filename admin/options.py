@@ -1,7 +1,7 @@
 """nsqadmin's options: NSQ v1.3.0's nsqadmin flags with their names, defaults and config-file keys, plus two
 of this implementation (``--history-interval``, ``--history-duration``) for the built-in graphs.
 
-Parsing follows Go's ``flag`` rules (``protocol.flags``), then the ``--config`` TOML file; each option resolves
+Parsing follows Go's ``flag`` rules (``runtime.flags``), then the ``--config`` TOML file; each option resolves
 as explicit flag > config key > default. Durations are float seconds. The repeatable address flags have the
 config keys ``nsqlookupd_http_addresses`` and ``nsqd_http_addresses``, ``--admin-user`` has ``admin_users``.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from protocol.flags import (
+from runtime.flags import (
     ConfigSettings,
     FlagRow,
     FlagSet,
@@ -28,7 +28,7 @@ from protocol.flags import (
     options_from_values,
     read_options,
 )
-from protocol.logfmt import log_level_word
+from runtime.logfmt import log_level_word
 
 __all__ = ["Options", "OptionsError", "build_flagset", "config_names", "config_value", "normalize_base_path",
            "parse_options", "upstream_url", "validate"]

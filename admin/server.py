@@ -12,8 +12,8 @@ import logging
 
 import trio
 
-from protocol.daemon import adopt_listeners, listen_tcp
-from protocol.http_server import HTTPServer
+from runtime.daemon import adopt_listeners, listen_tcp
+from runtime.http_server import HTTPServer
 
 from .cluster import Cluster
 from .history import History, Sampler

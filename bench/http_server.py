@@ -1,4 +1,4 @@
-"""Microbenchmark of the shared HTTP/1.1 server (``protocol.http_server``) alone, without nsqd behind it.
+"""Microbenchmark of the shared HTTP/1.1 server (``runtime.http_server``) alone, without nsqd behind it.
 
 ``python -m bench.http_server`` starts a trivial server in one process (``GET /ping`` answers ``OK``,
 ``POST /pub`` takes a body and answers ``OK`` as nsqd's /pub does, without an access-log line) and drives it
@@ -50,7 +50,7 @@ def _serve(conn) -> None:
     import trio
 
     from protocol.http import Router, text_response
-    from protocol.http_server import HTTPServer
+    from runtime.http_server import HTTPServer
 
     async def ping(request):
         return text_response("OK")
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     report = {
         "scenario": "http_server",
-        "title": "protocol.http_server alone: trivial routes, raw-socket load from a separate process",
+        "title": "runtime.http_server alone: trivial routes, raw-socket load from a separate process",
         "machine": machine_info(),
         "params": {"connections": args.connections, "pipeline_depth": args.depth, "duration_s": args.duration,
                    "pub_body_bytes": len(PUB_BODY)},

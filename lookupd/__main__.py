@@ -5,18 +5,18 @@ from __future__ import annotations
 import functools
 import sys
 
-from protocol.startup import bind_all, instantiate_failure, run_daemon
+from runtime.startup import bind_all, instantiate_failure, run_daemon
 
 from .options import parse_options, validate
 
 
 def prebind(opts) -> list:
-    """The TCP and HTTP sockets, bound before trio and the server are imported (see ``protocol.startup``)."""
+    """The TCP and HTTP sockets, bound before trio and the server are imported (see ``runtime.startup``)."""
     return bind_all(opts.tcp_address, opts.http_address)
 
 
 async def serve(opts, prebound: list) -> None:
-    from protocol.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist)
+    from runtime.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist)
 
     from .server import NSQLookupd  # noqa: PLC0415
 

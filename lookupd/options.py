@@ -1,6 +1,6 @@
 """nsqlookupd's options: its flags of NSQ v1.3.0 with their names, defaults and config-file keys.
 
-Parsing follows Go's ``flag`` rules (``protocol.flags``), then the ``--config`` TOML file; each
+Parsing follows Go's ``flag`` rules (``runtime.flags``), then the ``--config`` TOML file; each
 option resolves as explicit flag > config key (the flag name with ``_``) > default. Durations are
 float seconds here. ``--verbose`` is accepted and ignored, as in NSQ 1.3.0.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from protocol.startup import instantiate_failure, nsq_listen_failure
-from protocol.flags import (
+from runtime.startup import instantiate_failure, nsq_listen_failure
+from runtime.flags import (
     NSQ_COMMON_FLAGS,
     FlagRow,
     FlagSet,

@@ -13,8 +13,8 @@ import socket
 
 import trio
 
-from protocol.daemon import ListenError, accept_connections, adopt_listeners, format_address, listen_tcp, split_address
-from protocol.http_server import HTTPServer
+from runtime.daemon import ListenError, accept_connections, adopt_listeners, format_address, listen_tcp, split_address
+from runtime.http_server import HTTPServer
 
 from .http_api import build_router
 from .registration_db import RegistrationDB

@@ -18,7 +18,7 @@ import time
 import trio
 
 from protocol.errors import E_BAD_PROTOCOL, LineTooLong, ProtocolError
-from protocol.http_server import go_duration
+from runtime.http_server import go_duration
 from protocol.lookup_v1 import (
     CLOSED,
     MAGIC_V1,

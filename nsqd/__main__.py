@@ -1,7 +1,7 @@
 """``nsqd`` entry point: flags, logging, the data directory's lock and the listening sockets, then signals.
 
 Only light modules are imported up front: the lock and the sockets are taken (``metadata.prebind``) before trio
-and the server are imported, which is most of start-up (see ``protocol.startup``)."""
+and the server are imported, which is most of start-up (see ``runtime.startup``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import functools
 import gc
 import sys
 
-from protocol.startup import instantiate_failure, run_daemon
+from runtime.startup import instantiate_failure, run_daemon
 
 from .metadata import DataDirLocked, Prebound, prebind
 from .options import parse_options, validate
@@ -24,7 +24,7 @@ GC_THRESHOLDS = (10_000, 10, 10)
 
 
 async def serve(opts, prebound: Prebound) -> None:
-    from protocol.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist: see above)
+    from runtime.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist: see above)
 
     from .server import NSQD  # noqa: PLC0415
 

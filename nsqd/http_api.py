@@ -1,6 +1,6 @@
 """nsqd's HTTP API: the routes, their parameter rules, status codes and bodies, as nsqd 1.3.0 answers them.
 
-The server (``protocol.http_server``) owns sockets, keep-alive, timeouts and body limits; the router
+The server (``runtime.http_server``) owns sockets, keep-alive, timeouts and body limits; the router
 (``protocol.http``) owns 404/405/OPTIONS/redirects and the ``{"message":"<CODE>"}`` error bodies. This module
 holds the handlers. Parameters come from the query string only; a badly encoded one is ``400 INVALID_REQUEST``
 for the endpoints that read parameters. Handlers check in nsqd's order, so the first failing check decides
@@ -50,8 +50,8 @@ from protocol.http import (
     json_response,
     text_response,
 )
-from protocol.http_server import HTTPServer
-from protocol.logfmt import log_level_word, set_log_level
+from runtime.http_server import HTTPServer
+from runtime.logfmt import log_level_word, set_log_level
 from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 

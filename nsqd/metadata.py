@@ -46,7 +46,7 @@ class Prebound:
 def bind_addresses(opts) -> list[list]:
     """The listening sockets of ``--tcp-address``, ``--http-address`` and, when a certificate is configured,
     ``--https-address``, in that order (an unused one gets none); raises ``ListenError``."""
-    from protocol.startup import bind_all  # noqa: PLC0415 (light, but only start-up needs it)
+    from runtime.startup import bind_all  # noqa: PLC0415 (light, but only start-up needs it)
 
     https_address = opts.https_address if opts.tls_cert or opts.tls_key else ""  # HTTPS needs a certificate
     return bind_all(opts.tcp_address, opts.http_address, https_address)

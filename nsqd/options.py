@@ -1,6 +1,6 @@
 """nsqd's options: every flag of nsqd v1.3.0 with its name, default and config-file key.
 
-``parse_options`` reads the command line with Go's rules (``protocol.flags``), then the
+``parse_options`` reads the command line with Go's rules (``runtime.flags``), then the
 ``--config`` TOML file, and resolves each option as NSQ does: explicit flag > config key >
 default. Config keys are the flag names with ``_``, except NSQ's renames ``node-id`` → ``id``,
 ``lookupd-tcp-address`` → ``nsqlookupd_tcp_addresses``, ``auth-http-address`` →
@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.flags import (
+from runtime.flags import (
     NSQ_COMMON_FLAGS,
     ConfigSettings,
     FlagRow,

@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from protocol.daemon import accept_connections, adopt_listeners, format_address, split_address
+from runtime.daemon import accept_connections, adopt_listeners, format_address, split_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
 

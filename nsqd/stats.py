@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from protocol.http_server import go_duration
+from runtime.http_server import go_duration
 from protocol.version import NSQ_VERSION, version_string
 
 from .e2e import EMPTY as EMPTY_E2E

@@ -1,6 +1,8 @@
 """trionsq's wire formats, sans I/O: bytes in, events out, and encoders that return bytes.
 
-Nothing in this package reads a socket or a clock.
+The V2 commands and frames, messages, IDENTIFY, the snappy and deflate streams, the lookupd V1 protocol, and
+HTTP/1.1 requests, responses and routing (``protocol.http``). Nothing in this package reads a socket or a clock;
+the drivers that do (the HTTP server, the daemons' start-up, flags and logging) are in ``runtime``.
 """
 
 from .commands import CLS as CLS

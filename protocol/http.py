@@ -1,5 +1,5 @@
 """HTTP/1.1 for the three daemons, without I/O: requests, responses, NSQ's response conventions, the router
-and an incremental request parser. The trio driver that owns sockets and clocks is ``protocol.http_server``.
+and an incremental request parser. The trio driver that owns sockets and clocks is ``runtime.http_server``.
 
 Response conventions are nsqd's ``http_api.RespondV1`` (FACTS 4.1): text and empty bodies for success, compact
 JSON for objects, ``{"message":"<CODE>"}`` for errors, and the ``X-Nsq-Content-Type`` header (Go canonicalises

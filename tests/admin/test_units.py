@@ -11,7 +11,7 @@ from admin.options import (Options, OptionsError, config_value, normalize_base_p
                            validate)
 from admin.security import CSRF_HEADER, Guard
 from admin.stats import aggregate_topic, node_topics
-from protocol.flags import FlagError
+from runtime.flags import FlagError
 from protocol.http import Headers, HTTPError, Request
 
 

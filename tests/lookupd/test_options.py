@@ -8,7 +8,7 @@ import pytest
 import lookupd
 
 from lookupd.options import Options, OptionsError, build_flagset, parse_options, validate
-from protocol.flags import FlagError, HelpRequested
+from runtime.flags import FlagError, HelpRequested
 
 
 def parse(*argv: str) -> Options:

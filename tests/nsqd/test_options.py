@@ -22,7 +22,7 @@ from nsqd.options import (
     validate,
     version_string,
 )
-from protocol.flags import FlagError, HelpRequested
+from runtime.flags import FlagError, HelpRequested
 from protocol.version import NSQ_VERSION
 
 

@@ -1,4 +1,4 @@
-"""protocol.http (pure part) and protocol.http_server (trio driver), the latter over real sockets on 127.0.0.1."""
+"""protocol.http (pure part) and runtime.http_server (trio driver), the latter over real sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from protocol.http import (
     parse_query,
     text_response,
 )
-from protocol.http_server import HTTPServer, go_duration, serve_http
+from runtime.http_server import HTTPServer, go_duration, serve_http
 
 LOGGER = "tests.protocol.http"
 DATE = re.compile(rb"Date: [A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT\r\n")

@@ -1,8 +1,8 @@
 """What nsqd, nsqlookupd and nsqadmin share between the command line and their serving loops.
 
-Like ``http_server``, this module drives trio; the rest of ``protocol`` stays free of I/O.
+Like ``http_server``, this module drives trio; ``protocol`` stays free of I/O.
 
-``run_daemon`` (from ``protocol.startup``, which imports no trio) is each daemon's ``main``: it parses the
+``run_daemon`` (from ``runtime.startup``, which imports no trio) is each daemon's ``main``: it parses the
 flags, sets up the NSQ log lines, warns about the NSQ flags that are accepted and ignored, runs the startup
 checks, binds the addresses, and then runs the daemon under trio until SIGTERM or SIGINT
 (``serve_until_signalled``). A daemon that refuses to start (a locked data directory, a bad TLS configuration,

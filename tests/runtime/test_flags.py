@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from protocol.flags import (
+from runtime.flags import (
     FlagError,
     FlagSet,
     HelpRequested,

@@ -42,7 +42,7 @@ import time
 import trio
 
 from .startup import format_address
-from .http import (
+from protocol.http import (
     CONNECTION_CLOSED,
     END_OF_BODY,
     NEED_DATA,

@@ -3,7 +3,7 @@
 Nothing here imports trio: a daemon's ``main`` parses its flags, checks them and binds its addresses with this
 module alone, and imports trio and its own serving code (most of its start-up time) only after that, so a client
 that connects while the daemon starts waits in the kernel's accept queue instead of being refused (clients' own
-test suites poll a freshly started nsqd for a second or two). ``protocol.daemon`` holds the trio half.
+test suites poll a freshly started nsqd for a second or two). ``runtime.daemon`` holds the trio half.
 """
 
 from __future__ import annotations

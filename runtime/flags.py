@@ -47,7 +47,7 @@ from decimal import Decimal
 from typing import Any, Callable, Iterable, Mapping, NoReturn, TextIO, TypeVar
 
 from .logfmt import log_level_word, parse_log_level
-from .version import version_string
+from protocol.version import version_string
 
 __all__ = [
     "ConfigSettings",

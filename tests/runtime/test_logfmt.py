@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from protocol.logfmt import (
+from runtime.logfmt import (
     DEBUG,
     ERROR,
     FATAL,

@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-daemons
 NODE_DIR := tests/compat/node
 DATA ?= ./data
 
@@ -10,8 +11,14 @@ DATA ?= ./data
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# `make run` needs only the daemons' own dependencies (seconds to install); the test clients, Playwright and
+# PySpark come with `make test` and `make bench`.
+$(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
@@ -28,7 +35,7 @@ browser:
 
 # A local cluster: nsqlookupd (4160/4161), nsqd (4150/4151, data in $(DATA)) and nsqadmin (http://127.0.0.1:4171).
 # Ctrl-C stops all three (each stops gracefully; nsqd writes its queues to disk).
-run: venv
+run: $(RUN_STAMP)
 	mkdir -p $(DATA)
 	@$(VENV)/bin/nsqlookupd --tcp-address=127.0.0.1:4160 --http-address=127.0.0.1:4161 & lookupd=$$!; \
 	$(VENV)/bin/nsqadmin --http-address=127.0.0.1:4171 --lookupd-http-address=127.0.0.1:4161 & admin=$$!; \
@@ -42,7 +49,7 @@ test: venv node browser
 bench: venv
 	$(PY) -m bench
 
-lint: venv
+lint: $(RUN_STAMP)
 	$(PY) -m compileall -q protocol runtime nsqd lookupd admin spark_connector tests bench
 
 clean:

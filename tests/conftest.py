@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from tests.integration.features import Certificates, make_certificates
 from tests.integration.harness import NsqdProcess, stop_all
 
 _daemon_numbers = itertools.count()
@@ -40,6 +41,12 @@ def module_nsqd(tmp_path_factory) -> NsqdProcess:
     daemon.start()
     yield daemon
     stop_all([daemon])
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory) -> Certificates:
+    """One throw-away CA for the run: a server certificate for 127.0.0.1, client certificates, a foreign CA."""
+    return make_certificates(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture

@@ -8,15 +8,9 @@ import json
 import pytest
 
 from tests.compat.client_runs import python_client, run_client, running_nsqd, scripted_auth, unique_topic
-from tests.integration.features import make_certificates
 from tests.integration.harness import REPO_ROOT
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certificates(tmp_path_factory.mktemp("gnsq-certs"))
 
 
 @pytest.fixture(scope="module")

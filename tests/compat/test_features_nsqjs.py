@@ -7,14 +7,8 @@ import json
 import pytest
 
 from tests.compat.client_runs import NODE, NODE_DIR, run_client, running_nsqd, scripted_auth, unique_topic
-from tests.integration.features import make_certificates
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(120), pytest.mark.usefixtures("require_nsqjs")]
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certificates(tmp_path_factory.mktemp("nsqjs-certs"))
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,10 @@ import uuid
 
 import pytest
 
-from .features import FeatureClient, ScriptedAuthServer, grant, make_certificates
+from .features import FeatureClient, ScriptedAuthServer, grant
 from .harness import FRAME_TYPE_RESPONSE, NsqdProcess, RawClient, command, http_get, pub, stop_all, sub
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certificates(tmp_path_factory.mktemp("auth-certs"))
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import socket
 import ssl
 import struct
-import subprocess
 
 import pytest
 import trio
@@ -840,18 +838,13 @@ async def test_handlers_are_not_timed_out(server):
     await client.aclose()
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-async def test_tls(nursery, tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
-                    str(cert)], check=True, capture_output=True)
+async def test_tls(nursery, certs):
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_context.load_cert_chain(cert, key)
+    server_context.load_cert_chain(certs.server_cert, certs.server_key)
     http = HTTPServer(make_router(), logger=logging.getLogger(LOGGER), address="127.0.0.1:0",
                       ssl_context=server_context, name="HTTPS")
     await nursery.start(http.run)
-    client_context = ssl.create_default_context(cafile=str(cert))
+    client_context = certs.client_context()
     stream = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", http.port), client_context,
                             server_hostname="127.0.0.1", https_compatible=True)
     client = Client(stream)

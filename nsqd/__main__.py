@@ -18,7 +18,7 @@ from .tls import TLSConfigError
 
 #: CPython's cyclic GC looks at young objects every 700 allocations, and at the whole heap each time it
 #: has grown by a quarter: with messages queued in memory that cost about 1 us per message kept (as much
-#: as creating it; measured in bench/README.md). Messages never form garbage cycles (reference counting
+#: as creating it; measured in bench/HISTORY.md). Messages never form garbage cycles (reference counting
 #: frees them), so nsqd runs young collections 14x less often; whole-heap ones still follow the growth.
 GC_THRESHOLDS = (10_000, 10, 10)
 

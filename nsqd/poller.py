@@ -3,7 +3,7 @@
 Why it exists: under trio, each read of a connection task is ``wait_readable(fd)``: trio registers the fd
 one-shot, so every wait re-arms it with an ``epoll_ctl``, and every wake-up goes through the run queue, an
 ``Outcome`` and a coroutine switch of the connection's task. A producer that sends one PUB per round trip
-pays all of that per message. Measured here (bench/README.md, change 14): a bare trio server answering one
+pays all of that per message. Measured here (bench/HISTORY.md, change 14): a bare trio server answering one
 frame per read cost 13-15 us of CPU per round trip with a task per connection, 7-8 us with one poller.
 
 How: the poller keeps its own ``select.epoll`` set, where a connection is registered once

@@ -155,7 +155,7 @@ class FileWorker:
 #: bytes a segment file loses per step when it is removed (``remove_in_steps``), and the pause between steps.
 #: A step's kernel work runs to its end on the core it started on (a kernel without preemption holds the event
 #: loop that long where they share a core): on a file system mounted with ``discard``, 8 MB steps took 0.6-0.7 ms
-#: of CPU each, 1 MB steps 0.11 ms, for 11 ms per 100 MB file instead of 8-10 (bench/README.md, change 20).
+#: of CPU each, 1 MB steps 0.11 ms, for 11 ms per 100 MB file instead of 8-10 (bench/HISTORY.md, change 20).
 REMOVE_STEP = 1 << 20
 REMOVE_PAUSE = 0.001
 
@@ -165,7 +165,7 @@ def remove_in_steps(path: str) -> None:
     whole 100 MB segment's blocks and cached pages in one ``unlink`` is milliseconds of kernel work in one
     system call, on the core the worker shares with the event loop (nsqd confined to one core: the latency of
     another channel's messages rose by about a millisecond at p99 around each removal, measured in
-    bench/README.md item 13); in steps with a pause between them the same work comes in short pieces.
+    bench/HISTORY.md item 13); in steps with a pause between them the same work comes in short pieces.
     Raises ``OSError`` as ``os.remove`` would (``FileNotFoundError`` included). A job for the worker."""
     fd = os.open(path, os.O_WRONLY)
     try:

@@ -54,7 +54,8 @@ handles: a meta file older than the data (records beyond its write position are 
 files after it that a roll began), a segment already read but not yet removed. A read segment is removed only
 after the meta file that moves the reader past it (a sync job submitted before the removal), and the removal takes
 the file's name first (``remove_in_steps``), so a restart finds the file whole behind the meta's read file (it is
-removed then) or gone, never a meta naming a missing or cut file. A background sync that fails is logged and kept in ``last_error``; ``sync_if_due`` tries again after ``sync_timeout``.
+removed then) or gone, never a meta naming a missing or cut file. A background sync that fails is logged and kept
+in ``last_error``; ``sync_if_due`` tries again after ``sync_timeout``.
 
 Reading. The records of the read file are parsed by a ``SegmentReader`` (``segment_reader.py``): inline while the
 page cache serves the file, and once a read had to wait for the disk, from reads ahead on a thread.

@@ -163,9 +163,10 @@ REMOVE_PAUSE = 0.001
 def remove_in_steps(path: str) -> None:
     """Delete a file: unlink its name, cut it down ``REMOVE_STEP`` bytes at a time through a descriptor opened
     before, and close that, which frees what is left. Freeing a whole 100 MB segment's blocks and cached pages
-    at once is milliseconds of kernel work in one system call, on the core the worker shares with the event loop (nsqd confined to one core: the latency of
-    another channel's messages rose by about a millisecond at p99 around each removal, measured in
-    bench/README.md item 13); in steps with a pause between them the same work comes in short pieces.
+    at once is milliseconds of kernel work in one system call, on the core the worker shares with the event loop
+    (nsqd confined to one core: the latency of another channel's messages rose by about a millisecond at p99
+    around each removal, measured in bench/README.md item 13); in steps with a pause between them the same work
+    comes in short pieces.
     The name goes first (the open descriptor keeps the blocks until it is closed): a process killed part-way
     leaves the whole file or nothing, never a file cut short that a restart would take for a damaged one.
     Raises ``OSError`` as ``os.remove`` would (``FileNotFoundError`` included). A job for the worker."""

@@ -18,6 +18,9 @@ they keep their delay after a restart. In durable mode (``--mem-queue-size=0 --s
 disk queue holds every record it hands out until the message is finished or written to the queue
 again (``disk_token``), so a crash redelivers what was in flight; deferred messages are then
 written to the queue too (not only kept in the heap) and recognised through the index when read.
+A copy the channel's disk refuses is kept in memory; in durable mode the topic then keeps its own
+record of the message until that copy is on disk or finished (``_topic_records``; topic.py explains
+the choice).
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class Channel:
             self.deferred_index.load(backend.read_position())
         self.in_flight = InFlightQueue()
         self.deferred = DeferredQueue()
+        # durable mode: ID -> topic record token of each message kept only in memory after the disk refused it
+        self._topic_records: dict[bytes, int] = {}
         self.clients: dict[int, Client] = {}
         self.mailbox: deque[Client] = deque()
 
@@ -86,16 +91,17 @@ class Channel:
         actors.add(self.dispatcher)
 
     # -- queue -----------------------------------------------------------------------------------
-    def put_many(self, messages: list[Message], deferred: bool | None = None) -> bool:
+    def put_many(self, messages: list[Message], deferred: bool | None = None, topic_token: int = -1) -> bool:
         """Accept messages from the topic pump (deferred ones go to the deferred heap). False when the disk
         refused some (they are kept in memory then, see ``_enqueue``). ``deferred``: whether some message
-        may have a delay, when the topic knows (None: look at each)."""
+        may have a delay, when the topic knows (None: look at each). ``topic_token``: in durable mode, the
+        token of the first message's record in the topic's disk queue (the others follow)."""
         self.message_count += len(messages)
         if deferred is None:
             deferred = any(m.defer for m in messages)
         if deferred:
             if self.durable:
-                return self._put_durable_deferred(messages)
+                return self._put_durable_deferred(messages, topic_token)
             now = trio.current_time()
             ready = []
             for m in messages:
@@ -106,11 +112,11 @@ class Channel:
             messages = ready
         stored = True
         if messages:
-            stored = self._enqueue(messages)
+            stored = self._enqueue(messages, topic_token)
             self.wake(preempt=True)
         return stored
 
-    def _put_durable_deferred(self, messages: list[Message]) -> bool:
+    def _put_durable_deferred(self, messages: list[Message], topic_token: int) -> bool:
         """Durable mode: deferred messages go to the disk queue like the others, their due time to the index;
         ``refill`` sends them to the deferred heap when it reads them back."""
         index = self.deferred_index
@@ -118,13 +124,15 @@ class Channel:
         for m in messages:
             if m.defer:
                 index.add(m.id, now_ns + int(m.defer * 1e9))
-        stored = self._enqueue(messages)
+        stored = self._enqueue(messages, topic_token)
         self.wake(preempt=True)
         return stored
 
-    def _enqueue(self, messages: list[Message]) -> bool:
+    def _enqueue(self, messages: list[Message], topic_token: int = -1) -> bool:
         """Memory while there is room, then the disk queue (or, ephemeral, the floor). False when the disk
-        refused them: they are then kept in memory (nsqd would lose them), and nsqd reports itself unhealthy."""
+        refused them: they are then kept in memory (nsqd would lose them), and nsqd reports itself unhealthy.
+        ``topic_token`` (durable mode, from the topic's drain): the topic keeps the records of what is kept in
+        memory."""
         queue = self.queue
         room = self.mem_queue_size - len(queue)
         if self.backend is None and self.mem_queue_size == 0:
@@ -146,6 +154,12 @@ class Channel:
         except OSError as exc:
             log.error("CHANNEL(%s:%s): failed to write %d message(s) to disk, keeping them in memory - %s",
                       self.topic_name, self.name, len(messages), exc)
+            if topic_token >= 0:
+                records = self._topic_records
+                owe = self.topic.owe_record
+                for token, m in enumerate(messages, topic_token):  # the whole batch: room is 0 in durable mode
+                    records[m.id] = token
+                    owe(token)
             self._keep_in_memory(messages)
             return False
         if self.durable:
@@ -155,7 +169,44 @@ class Channel:
                 if m.disk_token >= 0:
                     ack(m.disk_token)
                     m.disk_token = -1
+            if self._topic_records:
+                self._release_topic_records(messages)
         return True
+
+    def store_kept_copies(self) -> None:
+        """Durable mode: write the ready copies kept in memory since the disk refused them, once the disk has
+        taken a write again (``last_error`` cleared), so that the topic's records of them can go even while no
+        consumer takes them. Called with the periodic syncs; in-flight and deferred copies are written when they
+        come back to the queue. Ordering among those copies is not kept, as NSQ does not promise it."""
+        records = self._topic_records
+        backend = self.backend
+        if not records or self.exiting or backend.last_error is not None:
+            return
+        kept = [m for m in self.queue if m.id in records]
+        if not kept:
+            return
+        try:
+            backend.put_many([encode_record(m) for m in kept])
+        except OSError:
+            return  # logged by the queue; tried again once a write succeeds
+        log.info("CHANNEL(%s:%s): wrote %d message(s) kept in memory to disk", self.topic_name, self.name,
+                 len(kept))
+        queue = self.queue
+        rest = [m for m in queue if m.id not in records]
+        queue.clear()
+        queue.extend(rest)
+        self._release_topic_records(kept)
+        self.wake()
+
+    def _release_topic_records(self, messages: Iterable[Message]) -> None:
+        """Durable mode: these copies no longer live only in memory (on disk now, finished, or dropped): the
+        topic's records of those it kept for them can go."""
+        records = self._topic_records
+        release = self.topic.release_record
+        for m in messages:
+            token = records.pop(m.id, None)
+            if token is not None:
+                release(token)
 
     def _keep_in_memory(self, messages: list[Message]) -> None:
         index = self.deferred_index
@@ -227,6 +278,8 @@ class Channel:
         if message.disk_token >= 0:
             self.backend.ack(message.disk_token)
             message.disk_token = -1
+        if self._topic_records:
+            self._release_topic_records((message,))
 
     def has_ready(self) -> bool:
         return bool(self.queue) or self._backlog_on_disk()
@@ -298,6 +351,8 @@ class Channel:
             for message in messages:
                 if message.disk_token >= 0:
                     ack(message.disk_token)
+            if self._topic_records:
+                self._release_topic_records(messages)
         e2e = self.e2e
         if e2e is not None:
             for message in messages:
@@ -366,6 +421,7 @@ class Channel:
     def empty(self) -> None:
         """Drop every ready and deferred message, and forget in-flight ones (nsqd's /channel/empty)."""
         self.queue.clear()
+        self._release_all_topic_records()
         if self.backend is not None:
             self.backend.empty()
             self.deferred_index.clear()
@@ -406,6 +462,7 @@ class Channel:
                         for m in pending:
                             if m.disk_token >= 0:
                                 backend.ack(m.disk_token)
+                        self._release_all_topic_records()  # all written: the topic closes after its channels
                 self.deferred_index.save(backend.write_position(), delays)
                 if self.deferred_index or delays:
                     log.info("CHANNEL(%s:%s): saved the due time of %d deferred message(s)", self.topic_name,
@@ -413,8 +470,15 @@ class Channel:
             finally:
                 backend.close()
         else:
+            self._release_all_topic_records()
             backend.delete()
             self.deferred_index.remove_file()
+
+    def _release_all_topic_records(self) -> None:
+        records, self._topic_records = self._topic_records, {}
+        release = self.topic.release_record
+        for token in records.values():
+            release(token)
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"

@@ -18,6 +18,18 @@ topic's deferred index (``queues/deferred_index.py``), which nsqd cannot do. In 
 (``--mem-queue-size=0 --sync-every=1``) every message goes through the topic's disk queue, and a
 batch read from it is released (``ack``) only after every channel has stored it, so a crash
 between the two repeats the copy instead of losing it.
+
+Durable mode on a full disk. The ``OK`` of a publish promises the message survives a kill -9 on
+every channel, and it leaves once the topic's record is synced; the copies to the channels are made
+afterwards by the drain. A channel whose disk refuses its copy keeps it in memory (and delivers it);
+the topic then keeps its own record of that message (``_owed``: how many channels' copies are still
+only in memory) until each of those copies is on the channel's disk or finished
+(``release_record``). A kill -9 in between restarts from that record and copies it to the channels
+again (a duplicate for those that had it): nothing acknowledged is lost. The other answer, refusing
+the publish (``E_PUB_FAILED``, what nsqd answers when the topic's write fails), would need every
+channel's copy written and synced before the ``OK``: one fsync per channel per publish instead of
+one group commit, and a channel write failing after others succeeded would still leave the message
+delivered on those. nsqd itself only logs a failed channel write and loses that copy.
 """
 
 from __future__ import annotations
@@ -84,6 +96,9 @@ class Topic:
             self.deferred_index.load(self.backend.read_position())
         self._spawn = spawn
         self._draining = False
+        # durable mode: token of a record read from the disk queue -> number of channels holding their copy of
+        # it only in memory (their disk refused it); the record is acknowledged when that reaches 0
+        self._owed: dict[int, int] = {}
         self._actors = actors
         self._on_channel_created = on_channel_created
         self._on_channel_deleted = on_channel_deleted
@@ -187,14 +202,31 @@ class Topic:
         self._queue_deferred = False
         self._copy_to_channels(batch, deferred)
 
-    def _copy_to_channels(self, batch: list[Message], deferred: bool | None = None) -> bool:
+    def _copy_to_channels(self, batch: list[Message], deferred: bool | None = None, token: int = -1) -> bool:
         """True when every channel stored the batch where it should (False: a channel's disk failed).
-        ``deferred``: whether some message may have a delay (None: the channels look)."""
+        ``deferred``: whether some message may have a delay (None: the channels look). ``token``: the
+        batch's first record token in durable mode (see ``owe_record``)."""
         channels = list(self.channels.values())
         stored = True
         for channel in channels[1:]:
-            stored = channel.put_many(copy_messages(batch), deferred) and stored
-        return channels[0].put_many(batch, deferred) and stored
+            stored = channel.put_many(copy_messages(batch), deferred, token) and stored
+        return channels[0].put_many(batch, deferred, token) and stored
+
+    def owe_record(self, token: int) -> None:
+        """Durable mode: a channel keeps its copy of the record ``token`` in memory only; the record stays."""
+        self._owed[token] = self._owed.get(token, 0) + 1
+
+    def release_record(self, token: int) -> None:
+        """Durable mode: a channel's in-memory copy of the record ``token`` is now on its disk, or finished."""
+        owed = self._owed
+        count = owed.get(token)
+        if count is None:
+            return  # emptied meanwhile
+        if count > 1:
+            owed[token] = count - 1
+            return
+        del owed[token]
+        self.backend.ack(token)
 
     def _start_drain(self) -> None:
         if self._draining or self._spawn is None or not self.channels or self.paused or self.held or self.exiting:
@@ -216,8 +248,15 @@ class Topic:
                 batch = list(split_messages(records))
                 if self.deferred_index:
                     self._restore_delays(batch)
-                if self._copy_to_channels(batch) and self.durable:
+                if not self.durable:
+                    self._copy_to_channels(batch)
+                elif self._copy_to_channels(batch, None, token):
                     backend.ack_range(token, len(records))
+                else:  # what some channel keeps in memory waits for ``release_record``
+                    owed = self._owed
+                    for record in range(token, token + len(records)):
+                        if record not in owed:
+                            backend.ack(record)
                 await trio.sleep(0)
         finally:
             self._draining = False
@@ -287,6 +326,7 @@ class Topic:
     def empty(self) -> None:
         self.queue.clear()
         self._queue_deferred = False
+        self._owed.clear()  # the tokens go stale with the records
         if self.backend is not None:
             self.backend.empty()
             self.deferred_index.clear()
@@ -322,11 +362,14 @@ class Topic:
             self.deferred_index.remove_file()
 
     def sync_backends(self, now: float) -> None:
-        """Give every disk queue of the topic its periodic fsync (``--sync-timeout``)."""
+        """Give every disk queue of the topic its periodic fsync (``--sync-timeout``); in durable mode, channels
+        write the copies they kept in memory when their disk refused them (``Channel.store_kept_copies``)."""
         if self.backend is not None:
             self.backend.sync_if_due(now)
         for channel in self.channels.values():
             if channel.backend is not None:
+                if self._owed:
+                    channel.store_kept_copies()
                 channel.backend.sync_if_due(now)
 
     def __repr__(self) -> str:

@@ -51,9 +51,11 @@ it (a slow disk does not pile up syncs). What must be on disk when a call return
 for the worker: a put with ``sync_every=1``, ``sync()`` (the group commit below), ``close()``; ``empty()`` and
 ``delete()`` wait for it too. A process that dies leaves at most what the worker had not done yet, which a restart
 handles: a meta file older than the data (records beyond its write position are salvaged, in the write file and in
-files after it that a roll began), a segment already read but not yet removed (left behind, as go-diskqueue leaves
-one when it dies between removing and syncing). A background sync that
-fails is logged and kept in ``last_error``; ``sync_if_due`` tries again after ``sync_timeout``.
+files after it that a roll began), a segment already read but not yet removed. A read segment is removed only
+after the meta file that moves the reader past it (a sync job submitted before the removal), and the removal takes
+the file's name first (``remove_in_steps``), so a restart finds the file whole behind the meta's read file (it is
+removed then) or gone, never a meta naming a missing or cut file. A background sync that fails is logged and kept
+in ``last_error``; ``sync_if_due`` tries again after ``sync_timeout``.
 
 Reading. The records of the read file are parsed by a ``SegmentReader`` (``segment_reader.py``): inline while the
 page cache serves the file, and once a read had to wait for the disk, from reads ahead on a thread.
@@ -69,8 +71,13 @@ Recovery when opening an existing queue:
 - A record with a length out of range, or cut short, means the rest of its file cannot be trusted: the file is
   renamed ``<file>.bad`` (logged) and reading goes on with the next file; when it was the write file, writing moves
   to a new file as well.
+- Data files before the meta's read file were read before the stop and not yet removed: they are removed (info).
+- A complete read file that is missing or shorter than the meta's read position was removed after being read, before
+  a meta file recorded it (go-diskqueue removes before it syncs, and so did this queue when that sync failed): a
+  warning, and reading goes on with the next file. The records the meta still counts for it are no data loss.
 - When the reader reaches the writer and ``depth`` is not 0, records were lost (or counted twice); ``depth`` is
-  reset to 0 and that is logged. A reader found beyond the writer skips both to a fresh file.
+  reset to 0 and that is logged (an error, or a warning when the difference is the removed read file's). A reader
+  found beyond the writer skips both to a fresh file.
 
 Beyond go-diskqueue: a reader that has caught up with the writer at the moment the writer rolls moves cleanly to
 the next file instead of taking the finished file for corrupt; the tail check also runs after a corrupt file is
@@ -207,6 +214,9 @@ class DiskQueue:
         self._oldest_file = 0
         # Hold mode: numbers of corrupt files skipped while records read from them may still be unacknowledged.
         self._bad_files: set[int] = set()
+        # Set at start-up when the meta's read file had been removed after being read (``_load``): the depth the
+        # meta counts for it is not data loss.
+        self._removed_read_file: str | None = None
 
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         self._load()
@@ -514,6 +524,8 @@ class DiskQueue:
         """Hold mode: delete the data files wholly behind the committed position (corrupt ones become ``.bad``)."""
         held = self._held
         committed_file = held[0] >> _POS_BITS if held else self._read_file_num
+        if self._oldest_file < committed_file:
+            self._sync_soon()  # the meta past the files first, as in ``_finish_read_file``
         while self._oldest_file < committed_file:
             num = self._oldest_file
             if num in self._bad_files:
@@ -568,6 +580,9 @@ class DiskQueue:
             return
         done = self.file_name(self._read_file_num)
         self._advance_read_file()
+        # The meta file naming the next file goes first: a process killed during the removal then leaves the
+        # meta past the file (removed at the next start), never naming a file that is gone or cut short.
+        self._sync_soon()
         # unlink frees the file's blocks (milliseconds for a full segment): off the loop
         self._worker.submit(partial(self._remove_data_file, done))
 
@@ -623,8 +638,12 @@ class DiskQueue:
         writer = (self._write_file_num, self._write_pos)
         if reader < writer:
             return
+        removed, self._removed_read_file = self._removed_read_file, None
         if self._depth != 0:
-            if self._depth < 0:
+            if self._depth > 0 and removed is not None:
+                self.log.warning("DISKQUEUE(%s): %d record(s) counted at the tail were in %s, read and removed "
+                                 "before the last stop; resetting the depth to 0", self.name, self._depth, removed)
+            elif self._depth < 0:
                 self.log.error("DISKQUEUE(%s): negative depth at the tail (%d), metadata corruption, "
                                "resetting to 0", self.name, self._depth)
             else:
@@ -826,7 +845,10 @@ class DiskQueue:
         self._depth = depth
         self._read_file_num, self._read_pos = read_num, read_pos
         self._write_file_num, self._write_pos = write_num, write_pos
-        self._oldest_file = read_num
+        self._remove_read_files(read_num)
+        if read_num < write_num:
+            self._skip_removed_read_files()
+        self._oldest_file = self._read_file_num
 
         path = self.file_name(write_num)
         try:
@@ -864,6 +886,43 @@ class DiskQueue:
                 self._sync()
             except OSError as exc:
                 self._record_error("sync", exc)
+
+    def _remove_read_files(self, num: int) -> None:
+        """Start-up: remove the data files before file ``num``, the meta's read file. The meta file that moves
+        the reader past a file is written before the file is removed, so a process killed in between leaves
+        them behind; everything in them was read."""
+        while num > 0:
+            num -= 1
+            path = self.file_name(num)
+            if not os.path.exists(path):
+                return
+            self.log.info("DISKQUEUE(%s): removing %s, read before the last stop but not yet removed",
+                          self.name, path)
+            self._worker.submit(partial(self._remove_data_file, path))
+
+    def _skip_removed_read_files(self) -> None:
+        """Start-up: a complete read file that is missing, or shorter than the read position, was being removed
+        after it had been read when the process stopped, before the meta file recorded the move (go-diskqueue
+        removes a file before it syncs; so did this queue after a failed sync). Nothing was lost: reading goes on
+        with the next file, and the records the meta still counts for it are not taken for data loss at the tail.
+        """
+        while self._read_file_num < self._write_file_num:
+            path = self.file_name(self._read_file_num)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                size = None
+            if size is not None and size >= self._read_pos:
+                return
+            self.log.warning("DISKQUEUE(%s): %s is %s, before the read position %d of the metadata: it was "
+                             "removed after being read; reading goes on with the next file", self.name, path,
+                             "missing" if size is None else f"{size} bytes", self._read_pos)
+            if size is not None:
+                self._worker.submit(partial(self._remove_data_file, path))
+            self._read_file_num += 1
+            self._read_pos = 0
+            self._removed_read_file = path
+            self._need_sync = True
 
     def _later_files(self, num: int) -> list[tuple[int, int]]:
         """``(number, size)`` of the data files that follow file ``num`` without a gap."""

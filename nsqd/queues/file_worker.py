@@ -161,14 +161,18 @@ REMOVE_PAUSE = 0.001
 
 
 def remove_in_steps(path: str) -> None:
-    """Delete a file by cutting it down ``REMOVE_STEP`` bytes at a time, then unlinking what is left. Freeing a
-    whole 100 MB segment's blocks and cached pages in one ``unlink`` is milliseconds of kernel work in one
-    system call, on the core the worker shares with the event loop (nsqd confined to one core: the latency of
-    another channel's messages rose by about a millisecond at p99 around each removal, measured in
-    bench/HISTORY.md item 13); in steps with a pause between them the same work comes in short pieces.
+    """Delete a file: unlink its name, cut it down ``REMOVE_STEP`` bytes at a time through a descriptor opened
+    before, and close that, which frees what is left. Freeing a whole 100 MB segment's blocks and cached pages
+    at once is milliseconds of kernel work in one system call, on the core the worker shares with the event loop
+    (nsqd confined to one core: the latency of another channel's messages rose by about a millisecond at p99
+    around each removal, measured in bench/HISTORY.md item 13); in steps with a pause between them the same work
+    comes in short pieces.
+    The name goes first (the open descriptor keeps the blocks until it is closed): a process killed part-way
+    leaves the whole file or nothing, never a file cut short that a restart would take for a damaged one.
     Raises ``OSError`` as ``os.remove`` would (``FileNotFoundError`` included). A job for the worker."""
     fd = os.open(path, os.O_WRONLY)
     try:
+        os.remove(path)
         size = os.fstat(fd).st_size
         while size > REMOVE_STEP:
             size -= REMOVE_STEP
@@ -176,7 +180,6 @@ def remove_in_steps(path: str) -> None:
             time.sleep(REMOVE_PAUSE)
     finally:
         os.close(fd)
-    os.remove(path)
 
 
 def _read(fd: int, size: int, pos: int) -> bytes:

@@ -366,6 +366,72 @@ def test_missing_read_file_is_skipped(tmp_path):
     q.close()
 
 
+def reopened_after_a_kill(path: Path, meta: str, caplog) -> DiskQueue:
+    """Write ``meta`` as the meta file a killed process left, then open the queue with its log captured."""
+    meta_file(path).write_text(meta)
+    caplog.clear()
+    caplog.set_level(logging.INFO)
+    return DiskQueue(NAME, str(path), max_bytes_per_file=250)
+
+
+def problems(caplog, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level]
+
+
+def test_a_read_file_removed_before_the_meta_recorded_it_is_no_data_loss(tmp_path, caplog):
+    """go-diskqueue removes a file it has read and then syncs: a kill in between leaves a meta file naming the
+    missing file and counting its last records. nsqd 1.3.0 logs a read ERROR and "data loss" at the tail; nothing
+    was lost, so the restart warns once and the tail check stays quiet."""
+    records = [message(n, body_size=50) for n in range(9)]  # 3 per file
+    q = DiskQueue(NAME, str(tmp_path), max_bytes_per_file=250)
+    q.put_many(records)
+    q.close()
+    data_file(tmp_path, 0).unlink()
+    q = reopened_after_a_kill(tmp_path, f"8\n0,{4 + len(records[0])}\n2,{3 * (4 + len(records[0]))}\n", caplog)
+    assert read_all(q) == records[3:]
+    assert q.depth() == 0
+    q.close()
+    assert problems(caplog, logging.ERROR) == []
+    (warning,) = problems(caplog, logging.WARNING)[:1]
+    assert "missing" in warning and "removed after being read" in warning
+    assert "data loss" not in caplog.text
+    assert meta_file(tmp_path).read_text() == f"0\n2,{3 * (4 + len(records[0]))}\n2,{3 * (4 + len(records[0]))}\n"
+
+
+def test_a_read_position_past_the_end_of_its_file_is_no_data_loss(tmp_path, caplog):
+    """A read file shorter than the meta's read position was being cut down by its removal when the process died
+    (the removal of older versions of this queue): it had been read, it is removed, reading goes on."""
+    records = [message(n, body_size=50) for n in range(9)]
+    q = DiskQueue(NAME, str(tmp_path), max_bytes_per_file=250)
+    q.put_many(records)
+    q.close()
+    size = 4 + len(records[0])
+    os.truncate(data_file(tmp_path, 0), size)
+    q = reopened_after_a_kill(tmp_path, f"7\n0,{2 * size}\n2,{3 * size}\n", caplog)
+    assert read_all(q) == records[3:]
+    q.close()
+    assert problems(caplog, logging.ERROR) == []
+    assert "removed after being read" in problems(caplog, logging.WARNING)[0]
+    assert "data loss" not in caplog.text and not list(tmp_path.glob("*.bad"))
+    assert not data_file(tmp_path, 0).exists()
+
+
+def test_files_before_the_read_file_are_removed_at_start_up(tmp_path, caplog):
+    """The meta file moves the reader past a file before the file is removed: a kill in between leaves the file
+    behind. The restart removes it without reading it again."""
+    records = [message(n, body_size=50) for n in range(9)]
+    q = DiskQueue(NAME, str(tmp_path), max_bytes_per_file=250)
+    q.put_many(records)
+    q.close()
+    size = 4 + len(records[0])
+    q = reopened_after_a_kill(tmp_path, f"5\n1,{size}\n2,{3 * size}\n", caplog)
+    assert read_all(q) == records[4:]
+    q.close()
+    assert problems(caplog, logging.ERROR) == problems(caplog, logging.WARNING) == []
+    assert any("removing" in m and data_file(tmp_path, 0).name in m for m in problems(caplog, logging.INFO))
+    assert queue_files(tmp_path) == [data_file(tmp_path, 2).name, meta_file(tmp_path).name]
+
+
 # -- the exact format --------------------------------------------------------------------------
 def test_meta_file_is_byte_exact(tmp_path):
     q = DiskQueue(NAME, str(tmp_path), sync_every=1)

@@ -170,9 +170,6 @@ def validate(opts: Options) -> None:
                       ("graphite-url", opts.graphite_url)):
         if url and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
             raise OptionsError(f"failed to parse --{flag} ({url})")
-    _host, sep, port = opts.http_address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise OptionsError(f"listen ({opts.http_address}) failed - invalid address")
     if opts.history_interval <= 0:
         raise OptionsError("--history-interval must be positive")
     if opts.history_duration < opts.history_interval:

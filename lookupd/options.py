@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from runtime.startup import instantiate_failure, nsq_listen_failure
 from runtime.flags import (
     NSQ_COMMON_FLAGS,
     FlagRow,
@@ -22,7 +21,7 @@ from runtime.flags import (
     read_options,
 )
 
-__all__ = ["Options", "OptionsError", "build_flagset", "listen_failure", "parse_options", "validate"]
+__all__ = ["Options", "OptionsError", "build_flagset", "parse_options", "validate"]
 
 
 @dataclass
@@ -70,17 +69,6 @@ def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
 
 
 def validate(opts: Options) -> None:
-    """Startup checks; ``OptionsError`` carries the message the daemon logs as FATAL."""
+    """Startup checks; ``OptionsError`` carries the message the daemon logs as FATAL. (A listen address is
+    checked when it is bound: a path is a unix socket's, ``runtime.startup.bind_address``.)"""
     check_log_level(opts.log_level)
-    for name in ("tcp_address", "http_address"):
-        address = getattr(opts, name)
-        _host, sep, port = address.rpartition(":")
-        if not sep:
-            raise OptionsError(listen_failure(address, f"address {address}: missing port in address"))
-        if not port.isdigit() or int(port) > 65535:
-            raise OptionsError(listen_failure(address, f"address {port}: invalid port"))
-
-
-def listen_failure(address: str, reason: str) -> str:
-    """The FATAL text for a listener nsqlookupd cannot open."""
-    return instantiate_failure("nsqlookupd", nsq_listen_failure(address, reason))

@@ -24,11 +24,28 @@ class Reply:
         return self.json()["message"]
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a unix socket (``Host: localhost``)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
 def request(address, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None,
             timeout: float = 10.0) -> Reply:
+    """One request to ``(host, port)``, or to a unix socket's path."""
     if isinstance(body, str):
         body = body.encode()
-    conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
+    if isinstance(address, str):
+        conn = UnixHTTPConnection(address, timeout)
+    else:
+        conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()

@@ -29,6 +29,7 @@ from runtime.flags import (
     read_options,
 )
 from runtime.logfmt import log_level_word
+from runtime.startup import resolve_port, split_host_port
 
 __all__ = ["Options", "OptionsError", "build_flagset", "config_names", "config_value", "normalize_base_path",
            "parse_options", "upstream_url", "validate"]
@@ -140,13 +141,28 @@ def upstream_url(address: str) -> str:
 
 
 def _check_address(flag: str, address: str) -> None:
-    parts = urlsplit(upstream_url(address))
+    """nsqadmin resolves each upstream ``host:port`` at start-up; a full ``http(s)://`` URL needs a host and port."""
+    if address.startswith(("http://", "https://")):
+        try:
+            parts = urlsplit(address)
+            port = parts.port
+        except ValueError:
+            parts, port = urlsplit(""), None
+        if not parts.hostname or port is None or parts.path not in ("", "/"):
+            raise OptionsError(f"failed to resolve --{flag} ({address}) - address {address}: missing port in address")
+        return
     try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise OptionsError(f"failed to resolve --{flag} ({address}) - address {address}: missing port in address")
+        resolve_port(split_host_port(address)[1])
+    except ValueError as exc:
+        raise OptionsError(f"failed to resolve --{flag} ({address}) - {exc}") from None
+
+
+def _is_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def validate(opts: Options) -> None:
@@ -168,7 +184,7 @@ def validate(opts: Options) -> None:
         raise OptionsError(f"failed to parse --allow-config-from-cidr ({opts.allow_config_from_cidr})") from None
     for flag, url in (("notification-http-endpoint", opts.notification_http_endpoint),
                       ("graphite-url", opts.graphite_url)):
-        if url and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
+        if url and not _is_http_url(url):
             raise OptionsError(f"failed to parse --{flag} ({url})")
     if opts.history_interval <= 0:
         raise OptionsError("--history-interval must be positive")

@@ -143,3 +143,32 @@ def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, message: 
         if time.monotonic() > deadline:
             raise AssertionError(f"{message} not met within {timeout}s (last value {value!r})")
         time.sleep(interval)
+
+
+class StaticPage:
+    """One page served to every GET on ``127.0.0.1:<port>`` by a thread, until ``close``; ``url`` is its address."""
+
+    def __init__(self, body: bytes, content_type: str = "text/html") -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (the standard library's name)
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

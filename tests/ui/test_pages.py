@@ -18,6 +18,7 @@ import pytest
 
 from tests.admin.cluster import Cluster, http, wait_until
 from tests.integration.harness import consumer
+from tests.integration.http_helpers import StaticPage
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
@@ -332,49 +333,24 @@ def test_action_without_csrf_token_is_refused_in_browser(tab, cluster, topic):
     assert not any(cluster.topic_stats(i, topic)["paused"] for i in (0, 1))
 
 
-class AttackerSite:
+def attacker_page(admin_url: str, topic: str) -> StaticPage:
     """A page on another origin (another port of 127.0.0.1) that posts to the admin as soon as it loads: a form
     whose text/plain body reads as the JSON of an action (no CORS preflight for a form), and a no-cors fetch."""
-
-    def __init__(self, admin_url: str, topic: str) -> None:
-        import http.server
-        import threading
-
-        page = f"""<!doctype html><body>
-            <form id=f method=POST action="{admin_url}/api/topics/{topic}" enctype="text/plain">
-              <input name='{{"action":"pause","x":"' value='"}}'></form>
-            <script>
-              fetch("{admin_url}/api/topics/{topic}/work", {{method: "POST", mode: "no-cors",
-                    headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{action: "empty"}})}})
-                .finally(() => document.getElementById("f").submit());
-            </script></body>""".encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (the standard library's name)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(page)))
-                self.end_headers()
-                self.wfile.write(page)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return StaticPage(f"""<!doctype html><body>
+        <form id=f method=POST action="{admin_url}/api/topics/{topic}" enctype="text/plain">
+          <input name='{{"action":"pause","x":"' value='"}}'></form>
+        <script>
+          fetch("{admin_url}/api/topics/{topic}/work", {{method: "POST", mode: "no-cors",
+                headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{action: "empty"}})}})
+            .finally(() => document.getElementById("f").submit());
+        </script></body>""".encode())
 
 
 def test_cross_origin_page_cannot_act_but_a_plain_client_can(tab, cluster, topic):
     """The user's browser carries the proxy's user header to every request (the context's extra headers), yet a
     page of another origin is refused, while a script with no browser signals needs no token."""
     spread(cluster, topic)
-    attacker = AttackerSite(cluster.url, topic)
+    attacker = attacker_page(cluster.url, topic)
     try:
         with tab.page.expect_response(lambda r: r.url.endswith(f"/api/topics/{topic}")) as answer:
             tab.page.goto(attacker.url)

@@ -154,6 +154,8 @@ def bind_unix(path: str) -> list[socket.socket]:
     not replaced, as Go does not: a socket left by a killed daemon must be removed by hand."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        if "\0" in path:
+            raise ValueError("a NUL byte in a path")  # the kernel would cut the path there; Go refuses it
         sock.bind("\0" + path[1:] if path.startswith("@") else path)
         sock.listen(LISTEN_BACKLOG)
     except (OSError, ValueError) as exc:

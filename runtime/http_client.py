@@ -13,6 +13,7 @@ error (nsqd's ``AuthError``, the admin's ``UpstreamError``). The status is the c
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -67,7 +68,14 @@ async def fetch(method: str, url: str, *, body: bytes = b"", headers: list[tuple
 
 
 async def _connect(host: str, port: int, ssl_context: ssl.SSLContext | None, tls: bool) -> trio.abc.Stream:
-    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    try:
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    except OSError as exc:
+        # trio names the attempts; Go's words name the first one's reason (``connect: connection refused``)
+        causes = getattr(exc.__cause__, "exceptions", None) or [exc]
+        errno = getattr(causes[0], "errno", None)
+        reason = os.strerror(errno) if errno else str(causes[0])
+        raise OSError(f"dial tcp {host}:{port}: connect: {reason[:1].lower()}{reason[1:]}") from None
     if tls:
         stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host,
                                 https_compatible=True)
@@ -92,7 +100,10 @@ async def _exchange(stream: trio.abc.Stream, request: h11.Request, body: bytes, 
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
+            data = await stream.receive_some(65536)
+            if not data and not status:
+                raise ValueError("EOF")  # closed before answering, in Go's word
+            conn.receive_data(data)
         elif isinstance(event, h11.Response):
             status = event.status_code
             headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in event.headers}

@@ -253,6 +253,11 @@ def validate(opts: Options) -> None:
     for percentile in opts.e2e_processing_latency_percentiles:
         if not 0 < percentile <= 1:
             raise OptionsError(f"invalid E2E processing latency percentile: {go_format_float(percentile)}")
+    # nsqd 1.3.0 takes these and then stalls its queue scan (or panics once there are channels)
+    for flag, value in (("queue-scan-worker-pool-max", opts.queue_scan_worker_pool_max),
+                        ("queue-scan-selection-count", opts.queue_scan_selection_count)):
+        if value < 1:
+            raise OptionsError(f"--{flag} must be at least 1")
     if opts.actor_workers < 1:
         raise OptionsError("--actor-workers must be at least 1")
     if opts.actor_slice <= 0:

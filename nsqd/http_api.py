@@ -193,7 +193,8 @@ class _API:
             "version": NSQ_VERSION,
             "broadcast_address": opts.broadcast_address,
             "hostname": hostname,
-            "http_port": address_port(nsqd.http_address),  # -1 on a unix socket
+            # -1 on a unix socket; 0 without HTTP (nsqd reports its empty TCP address then)
+            "http_port": address_port(nsqd.http_address) if nsqd.http_address else 0,
             "tcp_port": address_port(nsqd.tcp_address),
             "start_time": nsqd.start_time,
             "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),

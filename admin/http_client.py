@@ -1,7 +1,5 @@
-"""The admin's HTTP client for nsqd and nsqlookupd: one short HTTP/1.1 exchange per call, on trio and h11.
+"""The admin's HTTP client for nsqd and nsqlookupd: one short exchange per call (``runtime.http_client``).
 
-Every call opens a connection, sends one request with ``Connection: close`` and reads the whole answer. The
-upstreams are few and the calls seconds apart, so a pool would buy little and cost a reconnect policy.
 Timeouts are nsqadmin's: ``connect_timeout`` bounds the TCP (and TLS) set-up, ``request_timeout`` the whole
 exchange including the connect. ``https://`` URLs use ``ssl_context`` (the ``--http-client-tls-*`` options).
 
@@ -14,13 +12,9 @@ from __future__ import annotations
 
 import json
 import ssl
-from dataclasses import dataclass
-from urllib.parse import urlsplit
-
-import h11
-import trio
 
 from protocol.version import NSQ_VERSION
+from runtime.http_client import HTTPClientError, Reply, fetch
 
 __all__ = ["HTTPClient", "Reply", "UpstreamError", "client_ssl_context"]
 
@@ -35,13 +29,6 @@ class UpstreamError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
 
 
 def client_ssl_context(opts) -> ssl.SSLContext:
@@ -64,57 +51,13 @@ class HTTPClient:
 
     async def request(self, method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None,
                       accept: str = ACCEPT_V1) -> Reply:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UpstreamError(f"{method} {url}: unsupported URL")
-        tls = parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        head = [("Host", parts.netloc), ("User-Agent", self.user_agent), ("Accept", accept),
-                ("Connection", "close"), ("Content-Length", str(len(body)))]
-        head += list((headers or {}).items())
+        head = [("User-Agent", self.user_agent), ("Accept", accept), *(headers or {}).items()]
         try:
-            with trio.fail_after(self.request_timeout):
-                return await self._exchange(parts.hostname, port, tls, method, target, head, body)
-        except trio.TooSlowError:
-            raise UpstreamError(f"{method} {url}: timed out") from None
-        except (OSError, trio.BrokenResourceError, h11.ProtocolError, ssl.SSLError) as exc:
-            raise UpstreamError(f"{method} {url}: {exc}") from None
-
-    async def _exchange(self, host: str, port: int, tls: bool, method: str, target: str, head, body: bytes
-                        ) -> Reply:
-        with trio.fail_after(self.connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
-            if tls:
-                context = self.ssl_context or ssl.create_default_context()
-                stream = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
-                await stream.do_handshake()
-        async with stream:
-            conn = h11.Connection(h11.CLIENT)
-            data = conn.send(h11.Request(method=method, target=target, headers=head))
-            if body:
-                data += conn.send(h11.Data(data=body))
-            data += conn.send(h11.EndOfMessage())
-            await stream.send_all(data)
-            status = 0
-            headers: dict[str, str] = {}
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive_some(65536))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
-                elif isinstance(event, h11.Data):
-                    size += len(event.data)
-                    if size > MAX_RESPONSE_BYTES:
-                        raise OSError("response too large")
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-                    break
-            return Reply(status, headers, b"".join(chunks))
+            return await fetch(method, url, body=body, headers=head, ssl_context=self.ssl_context,
+                               connect_timeout=self.connect_timeout, request_timeout=self.request_timeout,
+                               max_bytes=MAX_RESPONSE_BYTES)
+        except HTTPClientError as exc:
+            raise UpstreamError(str(exc)) from None
 
     async def get_json(self, url: str):
         """GET ``url`` and decode its JSON body; ``UpstreamError`` unless the answer is a 200 with JSON."""

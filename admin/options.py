@@ -14,103 +14,60 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.flags import (
-    ConfigSettings,
-    FlagRow,
-    FlagSet,
-    OptionsError,
-    check_log_level,
-    flagset_from_table,
-    options_from_values,
-    read_options,
-)
-from runtime.logfmt import log_level_word
+from runtime.flags import ConfigSettings, DaemonOptions, FlagSet, OptionsError, check_log_level, setting
+from runtime.startup import resolve_port, split_host_port
 
 __all__ = ["Options", "OptionsError", "build_flagset", "config_names", "config_value", "normalize_base_path",
            "parse_options", "upstream_url", "validate"]
 
 
 @dataclass
-class Options:
+class Options(DaemonOptions):
     """Every nsqadmin setting (durations in float seconds)."""
 
-    log_level: str = "info"
-    log_prefix: str = "[nsqadmin] "
-    http_address: str = "0.0.0.0:4171"
-    base_path: str = "/"
-    dev_static_dir: str = ""
-    graphite_url: str = ""
-    proxy_graphite: bool = False
-    statsd_prefix: str = "nsq.%s"
-    statsd_counter_format: str = "stats.counters.%s.count"
-    statsd_gauge_format: str = "stats.gauges.%s"
-    statsd_interval: float = 60.0
-    notification_http_endpoint: str = ""
-    http_client_connect_timeout: float = 2.0
-    http_client_request_timeout: float = 5.0
-    http_client_tls_insecure_skip_verify: bool = False
-    http_client_tls_root_ca_file: str = ""
-    http_client_tls_cert: str = ""
-    http_client_tls_key: str = ""
-    allow_config_from_cidr: str = "127.0.0.1/8"
-    acl_http_header: str = "X-Forwarded-User"
-    admin_users: list[str] = field(default_factory=list)
-    lookupd_http_addresses: list[str] = field(default_factory=list)
-    nsqd_http_addresses: list[str] = field(default_factory=list)
+    program = "nsqadmin"
+
+    log_prefix: str = setting("[nsqadmin] ", "log message prefix")
+    http_address: str = setting("0.0.0.0:4171", "<addr>:<port> the web UI and its API listen on")
+    base_path: str = setting("/", "URL path prefix under which every page and endpoint is served")
+    dev_static_dir: str = setting("", "serve static files from this directory instead (development only)")
+    graphite_url: str = setting("", "Graphite HTTP address, for the /api/graphite rate endpoint")
+    proxy_graphite: bool = setting(False, "also serve <base-path>/render as a proxy to Graphite")
+    statsd_prefix: str = setting("nsq.%s", "key prefix nsqd uses for statsd (%s is the host; must match nsqd)")
+    statsd_counter_format: str = setting(
+        "stats.counters.%s.count", "how statsd names counter keys (%s is the key); empty when it adds nothing")
+    statsd_gauge_format: str = setting(
+        "stats.gauges.%s", "how statsd names gauge keys (%s is the key); empty when it adds nothing")
+    statsd_interval: float = setting(60.0, "how often nsqd pushes to statsd (must match nsqd)")
+    notification_http_endpoint: str = setting("", "URL that receives a JSON POST for every admin action")
+    http_client_connect_timeout: float = setting(2.0, "connect timeout for requests to nsqd and nsqlookupd")
+    http_client_request_timeout: float = setting(5.0, "whole-request timeout for requests to nsqd and nsqlookupd")
+    http_client_tls_insecure_skip_verify: bool = setting(False, "do not verify the certificates of HTTPS upstreams")
+    http_client_tls_root_ca_file: str = setting("", "CA bundle for verifying HTTPS upstreams")
+    http_client_tls_cert: str = setting("", "client certificate presented to HTTPS upstreams")
+    http_client_tls_key: str = setting("", "key of the client certificate")
+    allow_config_from_cidr: str = setting("127.0.0.1/8", "only addresses in this CIDR may use /config")
+    acl_http_header: str = setting(
+        "X-Forwarded-User", "request header naming the authenticated user (set by your proxy)")
+    admin_users: list[str] = setting(
+        default_factory=list, help="user allowed to run actions (repeatable); when none is given every user may",
+        flag="admin-user")
+    lookupd_http_addresses: list[str] = setting(
+        default_factory=list, help="nsqlookupd HTTP address (repeatable)", flag="lookupd-http-address",
+        config_key="nsqlookupd_http_addresses")
+    nsqd_http_addresses: list[str] = setting(
+        default_factory=list, help="nsqd HTTP address (repeatable)", flag="nsqd-http-address")
     # graphs without Graphite: how often the cluster is sampled, and how much history is kept
-    history_interval: float = 5.0
-    history_duration: float = 3600.0
-    # command line only
-    config: str = ""
-    version: bool = False
-    verbose: bool = False
+    history_interval: float = setting(5.0, "how often the cluster is sampled for the graphs")
+    history_duration: float = setting(3600.0, "how much sampled history the graphs keep")
 
-
-# (flag, kind, attribute or None, help, extra FlagSet.add arguments)
-_FLAGS: tuple[FlagRow, ...] = (
-    ("config", "str", None, "read options from this TOML file", {"in_config": False}),
-    ("version", "bool", None, "show the version and exit", {"in_config": False}),
-    ("log-level", "str", None, "lowest level logged: debug, info, warn, error or fatal",
-     {"convert": log_level_word, "default_text": "INFO"}),
-    ("log-prefix", "str", None, "text at the start of every log line", {}),
-    ("verbose", "bool", None, "[deprecated] ignored; use --log-level", {"in_config": False}),
-    ("http-address", "str", None, "<addr>:<port> the web UI and its API listen on", {}),
-    ("base-path", "str", None, "URL path prefix under which every page and endpoint is served", {}),
-    ("dev-static-dir", "str", None, "serve static files from this directory instead (development only)", {}),
-    ("graphite-url", "str", None, "Graphite HTTP address, for the /api/graphite rate endpoint", {}),
-    ("proxy-graphite", "bool", None, "also serve <base-path>/render as a proxy to Graphite", {}),
-    ("statsd-prefix", "str", None, "key prefix nsqd uses for statsd (%s is the host; must match nsqd)", {}),
-    ("statsd-counter-format", "str", None,
-     "how statsd names counter keys (%s is the key); empty when it adds nothing", {}),
-    ("statsd-gauge-format", "str", None, "how statsd names gauge keys (%s is the key); empty when it adds nothing",
-     {}),
-    ("statsd-interval", "duration", None, "how often nsqd pushes to statsd (must match nsqd)", {}),
-    ("notification-http-endpoint", "str", None, "URL that receives a JSON POST for every admin action", {}),
-    ("http-client-connect-timeout", "duration", None, "connect timeout for requests to nsqd and nsqlookupd", {}),
-    ("http-client-request-timeout", "duration", None, "whole-request timeout for requests to nsqd and nsqlookupd",
-     {}),
-    ("http-client-tls-insecure-skip-verify", "bool", None, "do not verify the certificates of HTTPS upstreams", {}),
-    ("http-client-tls-root-ca-file", "str", None, "CA bundle for verifying HTTPS upstreams", {}),
-    ("http-client-tls-cert", "str", None, "client certificate presented to HTTPS upstreams", {}),
-    ("http-client-tls-key", "str", None, "key of the client certificate", {}),
-    ("allow-config-from-cidr", "str", None, "only addresses in this CIDR may use /config", {}),
-    ("acl-http-header", "str", None, "request header naming the authenticated user (set by your proxy)", {}),
-    ("admin-user", "str_list", "admin_users",
-     "user allowed to run actions (repeatable); when none is given every user may", {"config_key": "admin_users"}),
-    ("lookupd-http-address", "str_list", "lookupd_http_addresses", "nsqlookupd HTTP address (repeatable)",
-     {"config_key": "nsqlookupd_http_addresses"}),
-    ("nsqd-http-address", "str_list", "nsqd_http_addresses", "nsqd HTTP address (repeatable)",
-     {"config_key": "nsqd_http_addresses"}),
-    ("history-interval", "duration", None, "how often the cluster is sampled for the graphs", {}),
-    ("history-duration", "duration", None, "how much sampled history the graphs keep", {}),
-)
 
 def build_flagset(defaults: Options | None = None) -> FlagSet:
-    return flagset_from_table("nsqadmin", _FLAGS, defaults if defaults is not None else Options())
+    return Options.flagset(defaults)
 
 
 def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
@@ -119,7 +76,7 @@ def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
     With ``exit_on_error``: usage errors exit 2 with the usage, ``-h`` exits 0, ``--version`` prints the
     version and exits 0, config-file errors print a FATAL line and exit 1. Otherwise ``FlagError`` is raised.
     """
-    opts = options_from_values(Options, read_options(build_flagset(), argv, exit_on_error=exit_on_error))
+    opts = Options.from_argv(argv, exit_on_error=exit_on_error)
     opts.base_path = normalize_base_path(opts.base_path)
     return opts
 
@@ -140,13 +97,28 @@ def upstream_url(address: str) -> str:
 
 
 def _check_address(flag: str, address: str) -> None:
-    parts = urlsplit(upstream_url(address))
+    """nsqadmin resolves each upstream ``host:port`` at start-up; a full ``http(s)://`` URL needs a host and port."""
+    if address.startswith(("http://", "https://")):
+        try:
+            parts = urlsplit(address)
+            port = parts.port
+        except ValueError:
+            parts, port = urlsplit(""), None
+        if not parts.hostname or port is None or parts.path not in ("", "/"):
+            raise OptionsError(f"failed to resolve --{flag} ({address}) - address {address}: missing port in address")
+        return
     try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise OptionsError(f"failed to resolve --{flag} ({address}) - address {address}: missing port in address")
+        resolve_port(split_host_port(address)[1])
+    except ValueError as exc:
+        raise OptionsError(f"failed to resolve --{flag} ({address}) - {exc}") from None
+
+
+def _is_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def validate(opts: Options) -> None:
@@ -168,11 +140,8 @@ def validate(opts: Options) -> None:
         raise OptionsError(f"failed to parse --allow-config-from-cidr ({opts.allow_config_from_cidr})") from None
     for flag, url in (("notification-http-endpoint", opts.notification_http_endpoint),
                       ("graphite-url", opts.graphite_url)):
-        if url and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
+        if url and not _is_http_url(url):
             raise OptionsError(f"failed to parse --{flag} ({url})")
-    _host, sep, port = opts.http_address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise OptionsError(f"listen ({opts.http_address}) failed - invalid address")
     if opts.history_interval <= 0:
         raise OptionsError("--history-interval must be positive")
     if opts.history_duration < opts.history_interval:

@@ -5,12 +5,18 @@ Admins: with no ``--admin-user`` everyone is an admin (nsqadmin's rule); otherwi
 gets 403 ``FORBIDDEN``.
 
 Cross-site request forgery: a page of another site can make the browser send a POST or DELETE to the admin
-with the user's proxy credentials. Every mutating ``/api`` call therefore has to carry the header
-``X-CSRF-Token`` with a token that only the admin's own pages (and ``GET /api/session``) hand out: an HMAC of
-the user name under a secret made at start-up. Another origin cannot read those pages, and a plain HTML form
-cannot set a header. In addition a request whose ``Origin`` names another host, or that the browser marks
-``Sec-Fetch-Site: cross-site``/``same-site``, is refused whatever it carries. Failures are 403
-``INVALID_CSRF_TOKEN`` / ``CROSS_ORIGIN_REQUEST``. A restart makes a new secret, so open pages need a reload.
+with the user's credentials (cookies, a proxy's login). Browsers mark such requests, and only browsers do: every
+POST or DELETE a browser sends carries ``Origin`` (``null`` when the page hides where it comes from), and
+browsers add ``Referer``, ``Cookie`` and ``Sec-Fetch-*`` headers. So the rule for a mutating ``/api`` call is:
+
+- a request with none of those signals comes from a program (curl, a script, nsqadmin's own API clients) and
+  needs no token, as with nsqadmin: scripts written for nsqadmin keep working unchanged;
+- a request with one of them is refused with 403 ``CROSS_ORIGIN_REQUEST`` when it comes from another origin
+  (``Origin`` or, without it, ``Referer`` naming another host than ``Host``; ``Origin: null``;
+  ``Sec-Fetch-Site: cross-site`` or ``same-site``), and otherwise must carry the header ``X-CSRF-Token`` with the
+  token that only the admin's own pages (and ``GET /api/session``) hand out: an HMAC of the user name under a
+  secret made at start-up, which another origin cannot read. A missing or wrong token is 403
+  ``INVALID_CSRF_TOKEN``. A restart makes a new secret, so open pages need a reload.
 """
 
 from __future__ import annotations
@@ -22,9 +28,18 @@ from urllib.parse import urlsplit
 
 from protocol.http import HTTPError, Request
 
-__all__ = ["CSRF_HEADER", "Guard"]
+__all__ = ["BROWSER_SIGNALS", "CSRF_HEADER", "Guard"]
 
 CSRF_HEADER = "X-CSRF-Token"
+#: headers that only a browser adds by itself: a request with none of them needs no CSRF token
+BROWSER_SIGNALS = ("Origin", "Referer", "Cookie", "Sec-Fetch-Site", "Sec-Fetch-Mode", "Sec-Fetch-Dest")
+
+
+def _netloc(url: str) -> str | None:
+    try:
+        return urlsplit(url).netloc
+    except ValueError:
+        return None
 
 
 class Guard:
@@ -44,15 +59,17 @@ class Guard:
                         hashlib.sha256).hexdigest()
 
     def check_action(self, request: Request) -> None:
-        """Raise 403 unless ``request`` may change the cluster."""
+        """Raise 403 unless ``request`` may change the cluster (see the module notes)."""
         if not self.is_admin(request):
             raise HTTPError(403, "FORBIDDEN")
-        origin = request.headers.get("Origin")
-        host = request.headers.get("Host", "")
-        if origin is not None and (origin == "null" or urlsplit(origin).netloc != host):
+        headers = request.headers
+        if not any(name in headers for name in BROWSER_SIGNALS):
+            return  # not a browser: nothing can have forged it
+        origin = headers.get("Origin") or headers.get("Referer")
+        if origin is not None and (origin == "null" or _netloc(origin) != headers.get("Host", "")):
             raise HTTPError(403, "CROSS_ORIGIN_REQUEST")
-        if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        if headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
             raise HTTPError(403, "CROSS_ORIGIN_REQUEST")
-        sent = request.headers.get(CSRF_HEADER, "")
+        sent = headers.get(CSRF_HEADER, "")
         if not sent or not hmac.compare_digest(sent.encode("latin-1"), self.token(request).encode("ascii")):
             raise HTTPError(403, "INVALID_CSRF_TOKEN")

@@ -12,7 +12,7 @@ from .options import parse_options, validate
 
 def prebind(opts) -> list:
     """The TCP and HTTP sockets, bound before trio and the server are imported (see ``runtime.startup``)."""
-    return bind_all(opts.tcp_address, opts.http_address)
+    return bind_all((opts.tcp_address, True), (opts.http_address, True))  # a path is a unix socket
 
 
 async def serve(opts, prebound: list) -> None:

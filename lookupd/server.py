@@ -13,14 +13,14 @@ import socket
 
 import trio
 
-from runtime.daemon import ListenError, accept_connections, adopt_listeners, format_address, listen_tcp, split_address
+from runtime.daemon import ListenError, accept_connections, address_port, adopt_listeners, format_address, listen
 from runtime.http_server import HTTPServer
 
 from .http_api import build_router
 from .registration_db import RegistrationDB
 from .tcp import LookupConnection
 
-__all__ = ["NSQLookupd", "split_address"]
+__all__ = ["NSQLookupd"]
 
 log = logging.getLogger("nsqlookupd")
 
@@ -57,17 +57,17 @@ class NSQLookupd:
             self._tcp_listeners, self._http_listeners = (adopt_listeners(sockets) for sockets in prebound)
         else:
             try:
-                self._tcp_listeners = await listen_tcp(self.opts.tcp_address)
-                self._http_listeners = await listen_tcp(self.opts.http_address)
+                self._tcp_listeners = await listen(self.opts.tcp_address)
+                self._http_listeners = await listen(self.opts.http_address)
             except ListenError:
                 for listener in self._tcp_listeners:
                     await listener.aclose()
                 self._tcp_listeners = []
                 raise
-        tcp_name = self._tcp_listeners[0].socket.getsockname()
-        http_name = self._http_listeners[0].socket.getsockname()
-        self.tcp_port, self.tcp_address = tcp_name[1], format_address(tcp_name)
-        self.http_port, self.http_address = http_name[1], format_address(http_name)
+        self.tcp_address = format_address(self._tcp_listeners[0].socket.getsockname())
+        self.http_address = format_address(self._http_listeners[0].socket.getsockname())
+        self.tcp_port = address_port(self.tcp_address)  # -1 on a unix socket, as nsqd's /info says
+        self.http_port = address_port(self.http_address)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self._tcp_listeners:

@@ -25,9 +25,8 @@ compiled with Python's ``re`` in ASCII mode after translating what RE2 spells di
 (``\\z``, ``\\Q..\\E``, ``[[:alpha:]]``-style classes); what RE2 cannot express (look-around,
 back-references, atomic groups) is refused as it would be by nsqd.
 
-The HTTP client is a small HTTP/1.1 GET on trio + h11: one connection per query, the connect
-phase bounded by ``--http-client-connect-timeout`` and the whole exchange by
-``--http-client-request-timeout``, nothing blocking the event loop.
+The HTTP client is ``runtime.http_client``: one connection per query, the connect phase bounded by
+``--http-client-connect-timeout`` and the whole exchange by ``--http-client-request-timeout``.
 """
 
 from __future__ import annotations
@@ -40,10 +39,10 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-import h11
 import trio
 
 from protocol.identify import _go_json_string  # Go's JSON string escaping, shared with IDENTIFY
+from runtime.http_client import HTTPClientError, fetch
 
 __all__ = [
     "AuthError",
@@ -275,63 +274,15 @@ def auth_url(address: str, *, remote_ip: str, tls: bool, common_name: str, secre
 
 async def http_get(url: str, *, headers: list[tuple[str, str]], ssl_context: ssl.SSLContext | None,
                    connect_timeout: float, request_timeout: float) -> tuple[int, bytes]:
-    """GET ``url``; returns (status, body). Raises ``AuthError`` for anything that is not a response."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise AuthError(f"unsupported URL {url!r}")
-    https = parts.scheme == "https"
+    """GET ``url`` as nsqd's Go client does; returns (status, body). ``AuthError`` for anything that is not a
+    whole response (``runtime.http_client``)."""
     try:
-        port = parts.port or (443 if https else 80)
-    except ValueError as exc:
-        raise AuthError(f"bad URL {url!r}: {exc}") from None
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host_header = parts.netloc.rpartition("@")[2]
-    with trio.move_on_after(request_timeout) as request_scope:
-        try:
-            with trio.move_on_after(connect_timeout) as connect_scope:
-                stream: trio.abc.Stream = await trio.open_tcp_stream(parts.hostname, port)
-            if connect_scope.cancelled_caught:
-                raise AuthError(f"dial tcp {parts.hostname}:{port}: i/o timeout")
-        except OSError as exc:
-            raise AuthError(f"dial tcp {parts.hostname}:{port}: {exc}") from None
-        try:
-            if https:
-                stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(),
-                                        server_hostname=parts.hostname, https_compatible=True)
-            return await _exchange(stream, target, host_header, headers)
-        except (trio.BrokenResourceError, OSError, h11.ProtocolError) as exc:
-            raise AuthError(f"GET {url}: {exc!r}") from None
-        finally:
-            await trio.aclose_forcefully(stream)
-    assert request_scope.cancelled_caught
-    raise AuthError(f"GET {url}: request timeout after {request_timeout}s")
-
-
-async def _exchange(stream: trio.abc.Stream, target: str, host: str,
-                    headers: list[tuple[str, str]]) -> tuple[int, bytes]:
-    conn = h11.Connection(h11.CLIENT)
-    request = h11.Request(method="GET", target=target,
-                          headers=[("Host", host), ("User-Agent", USER_AGENT), *headers])
-    await stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
-    status = 0
-    body: list[bytes] = []
-    size = 0
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.Data):
-            size += len(event.data)
-            if size > MAX_RESPONSE_BYTES:
-                raise AuthError("response body too large")
-            body.append(bytes(event.data))
-        elif isinstance(event, h11.EndOfMessage):
-            return status, b"".join(body)
-        elif isinstance(event, h11.ConnectionClosed):
-            raise AuthError("connection closed before the response ended")
-        # InformationalResponse (1xx): keep reading
+        reply = await fetch("GET", url, headers=[("User-Agent", USER_AGENT), *headers], ssl_context=ssl_context,
+                            connect_timeout=connect_timeout, request_timeout=request_timeout,
+                            max_bytes=MAX_RESPONSE_BYTES)
+    except HTTPClientError as exc:
+        raise AuthError(str(exc)) from None
+    return reply.status, reply.body
 
 
 def _https_retry_url(url: str, body: bytes) -> str:

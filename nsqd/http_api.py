@@ -51,6 +51,7 @@ from protocol.http import (
     text_response,
 )
 from runtime.http_server import HTTPServer
+from runtime.startup import address_port
 from runtime.logfmt import log_level_word, set_log_level
 from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
@@ -192,8 +193,9 @@ class _API:
             "version": NSQ_VERSION,
             "broadcast_address": opts.broadcast_address,
             "hostname": hostname,
-            "http_port": _port(nsqd.http_address),
-            "tcp_port": _port(nsqd.tcp_address),
+            # -1 on a unix socket; 0 without HTTP (nsqd reports its empty TCP address then)
+            "http_port": address_port(nsqd.http_address) if nsqd.http_address else 0,
+            "tcp_port": address_port(nsqd.tcp_address),
             "start_time": nsqd.start_time,
             "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
             "max_output_buffer_size": opts.max_output_buffer_size,
@@ -397,15 +399,6 @@ class _API:
     async def free_memory(self, request: Request) -> Response:
         gc.collect()
         return empty_response()
-
-
-def _port(address: str | None) -> int:
-    if not address:
-        return -1
-    try:
-        return int(address.rpartition(":")[2])
-    except ValueError:
-        return -1
 
 
 def _string_list(body: bytes) -> list[str]:

@@ -49,6 +49,7 @@ from protocol.lookup_v1 import (
 from protocol.errors import ProtocolError
 from protocol.names import is_ephemeral
 from protocol.version import NSQ_VERSION
+from runtime.startup import address_port, resolve_port, split_host_port
 
 from .auth import AuthError, http_get
 
@@ -132,15 +133,17 @@ class LookupPeer:
                 delay = min(delay * 2, self.lookup.ping_interval)
 
     async def _connect_and_serve(self) -> None:
-        host, _, port = self.address.rpartition(":")
         log.info("LOOKUP connecting to %s", self.address)
         try:
+            host, service = split_host_port(self.address)
+            port = resolve_port(service)
+        except ValueError as exc:
+            raise PeerLost(f"dial tcp: {exc}") from None  # Go's words; the address stays until it is replaced
+        try:
             with trio.fail_after(DIAL_TIMEOUT):
-                stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+                stream = await trio.open_tcp_stream(host, port)
         except trio.TooSlowError:
             raise PeerLost(f"dial tcp {self.address}: i/o timeout") from None
-        except ValueError:
-            raise PeerLost(f"bad address {self.address!r}") from None
         async with stream:
             send, receive = trio.open_memory_channel(math.inf)
             self._responses = receive
@@ -270,13 +273,13 @@ class Lookup:
         nsqd = self.nsqd
         if nsqd.opts.broadcast_tcp_port:
             return nsqd.opts.broadcast_tcp_port
-        return _port(nsqd.tcp_address) or _port(nsqd.opts.tcp_address)
+        return address_port(nsqd.tcp_address, 0) or address_port(nsqd.opts.tcp_address, 0)
 
     def broadcast_http_port(self) -> int:
         nsqd = self.nsqd
         if nsqd.opts.broadcast_http_port:
             return nsqd.opts.broadcast_http_port
-        return _port(getattr(nsqd, "http_address", None)) or _port(nsqd.opts.http_address)
+        return address_port(getattr(nsqd, "http_address", None), 0) or address_port(nsqd.opts.http_address, 0)
 
     # -- announcements ---------------------------------------------------------------------------
     def registration_commands(self) -> list[bytes]:
@@ -368,10 +371,3 @@ class Lookup:
         return sorted(found)
 
 
-def _port(address: str | None) -> int:
-    if not address:
-        return 0
-    try:
-        return int(address.rpartition(":")[2])
-    except ValueError:
-        return 0

@@ -48,8 +48,10 @@ def bind_addresses(opts) -> list[list]:
     ``--https-address``, in that order (an unused one gets none); raises ``ListenError``."""
     from runtime.startup import bind_all  # noqa: PLC0415 (light, but only start-up needs it)
 
-    https_address = opts.https_address if opts.tls_cert or opts.tls_key else ""  # HTTPS needs a certificate
-    return bind_all(opts.tcp_address, opts.http_address, https_address)
+    # "" turns HTTP and HTTPS off, and HTTPS needs a certificate; nsqd listens on a unix socket where the TCP or
+    # HTTP address is a path (Go's TypeOfAddr), HTTPS only on TCP
+    https_address = opts.https_address if (opts.tls_cert or opts.tls_key) and opts.https_address else None
+    return bind_all((opts.tcp_address, True), (opts.http_address or None, True), (https_address, False))
 
 
 def prebind(opts) -> Prebound:

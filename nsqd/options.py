@@ -24,22 +24,19 @@ from __future__ import annotations
 import hashlib
 import socket
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.flags import (
-    NSQ_COMMON_FLAGS,
     ConfigSettings,
-    FlagRow,
+    DaemonOptions,
     FlagSet,
     OptionsError,
     check_log_level,
-    flagset_from_table,
     go_format_float,
     go_quote,
-    options_from_values,
     parse_go_bool,
-    read_options,
+    setting,
 )
 from protocol.version import NSQ_VERSION, version_string
 
@@ -77,97 +74,6 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
-@dataclass
-class Options:
-    """Every nsqd setting, with NSQ v1.3.0's defaults (durations in float seconds)."""
-
-    # identity and logging
-    node_id: int = field(default_factory=lambda: default_node_id(_hostname()))
-    log_level: str = "info"
-    log_prefix: str = "[nsqd] "
-    # listeners and registration
-    tcp_address: str = "0.0.0.0:4150"
-    http_address: str = "0.0.0.0:4151"
-    https_address: str = "0.0.0.0:4152"
-    broadcast_address: str = field(default_factory=_hostname)
-    broadcast_tcp_port: int = 0
-    broadcast_http_port: int = 0
-    lookupd_tcp_addresses: list[str] = field(default_factory=list)
-    auth_http_addresses: list[str] = field(default_factory=list)
-    http_client_connect_timeout: float = 2.0
-    http_client_request_timeout: float = 5.0
-    # disk queues
-    data_path: str = ""
-    mem_queue_size: int = 10000
-    max_bytes_per_file: int = 104857600
-    sync_every: int = 2500
-    sync_timeout: float = 2.0
-    queue_scan_worker_pool_max: int = 4
-    queue_scan_selection_count: int = 20
-    # messages and commands
-    msg_timeout: float = 60.0
-    max_msg_timeout: float = 900.0
-    max_msg_size: int = 1048576
-    max_body_size: int = 5242880
-    max_req_timeout: float = 3600.0
-    # limits on what clients may negotiate
-    max_heartbeat_interval: float = 60.0
-    max_rdy_count: int = 2500
-    max_output_buffer_size: int = 65536
-    max_output_buffer_timeout: float = 30.0
-    min_output_buffer_timeout: float = 0.025
-    output_buffer_timeout: float = 0.25
-    max_channel_consumers: int = 0
-    # statsd
-    statsd_address: str = ""
-    statsd_prefix: str = "nsq.%s"
-    statsd_interval: float = 60.0
-    statsd_mem_stats: bool = True
-    statsd_udp_packet_size: int = 508
-    statsd_exclude_ephemeral: bool = False
-    # end-to-end latency
-    e2e_processing_latency_percentiles: list[float] = field(default_factory=list)
-    e2e_processing_latency_window_time: float = 600.0
-    # TLS
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_auth_policy: str = ""
-    tls_root_ca_file: str = ""
-    tls_required: str = "false"
-    tls_min_version: str = "tls1.0"
-    # compression
-    deflate: bool = True
-    max_deflate_level: int = 6
-    snappy: bool = True
-    # the channel actor scheduler (flags of this implementation)
-    actor_workers: int = 1
-    actor_slice: float = 0.0003
-    actor_interlude: float = 0.00001
-    # fixed inside nsqd 1.3.0, not flags
-    queue_scan_interval: float = 0.1
-    queue_scan_refresh_interval: float = 5.0
-    queue_scan_dirty_percent: float = 0.25
-    client_timeout: float = 60.0
-    # command line only
-    config: str = ""
-    version: bool = False
-    ignored_flags: tuple[str, ...] = ()
-
-    def effective_tls_required(self) -> str:
-        """``tls_required`` after NSQ's rule that a client-auth policy implies ``true``."""
-        if self.tls_client_auth_policy and self.tls_required == "false":
-            return "true"
-        return self.tls_required
-
-    def tls_required_on_tcp(self) -> bool:
-        """TCP clients must upgrade to TLS before anything but IDENTIFY (``true`` and ``tcp-https``)."""
-        return self.effective_tls_required() != "false"
-
-    def tls_required_on_http(self) -> bool:
-        """Plain HTTP requests are refused with 403 (``true`` only)."""
-        return self.effective_tls_required() == "true"
-
-
 # --------------------------------------------------------------------------------------------
 # custom flag values
 
@@ -188,89 +94,127 @@ def _parse_tls_min_version(text: str) -> str:
     return word
 
 
-# (flag, kind, attribute or None for the name in snake_case, help, extra FlagSet.add arguments)
-_FLAGS: tuple[FlagRow, ...] = NSQ_COMMON_FLAGS + (
-    ("node-id", "int", None, "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
-     {"config_key": "id"}),
-    ("worker-id", "bool", None, "[deprecated] use --node-id", {"in_config": False}),
-    ("https-address", "str", None, "<addr>:<port> to listen on for HTTPS clients", {}),
-    ("http-address", "str", None, "<addr>:<port> to listen on for HTTP clients", {}),
-    ("tcp-address", "str", None, "<addr>:<port> to listen on for TCP clients", {}),
-    ("auth-http-address", "str_list", "auth_http_addresses",
-     "<addr>:<port> or a full url to query auth server (may be given multiple times)",
-     {"config_key": "auth_http_addresses"}),
-    ("broadcast-address", "str", None, "address that will be registered with lookupd (defaults to the OS hostname)",
-     {}),
-    ("broadcast-tcp-port", "int", None,
-     "TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)", {}),
-    ("broadcast-http-port", "int", None,
-     "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)", {}),
-    ("lookupd-tcp-address", "str_list", "lookupd_tcp_addresses", "lookupd TCP address (may be given multiple times)",
-     {"config_key": "nsqlookupd_tcp_addresses"}),
-    ("http-client-connect-timeout", "duration", None, "timeout for HTTP connect", {}),
-    ("http-client-request-timeout", "duration", None, "timeout for HTTP request", {}),
-    ("data-path", "str", None, "path to store disk-backed messages", {}),
-    ("mem-queue-size", "int", None, "number of messages to keep in memory (per topic/channel)", {}),
-    ("max-bytes-per-file", "int", None, "number of bytes per diskqueue file before rolling", {}),
-    ("sync-every", "int", None, "number of messages per diskqueue fsync", {}),
-    ("sync-timeout", "duration", None, "duration of time per diskqueue fsync", {}),
-    ("queue-scan-worker-pool-max", "int", None,
-     "max concurrency for checking in-flight and deferred message timeouts", {}),
-    ("queue-scan-selection-count", "int", None,
-     "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts", {}),
-    ("msg-timeout", "duration", None, "default duration to wait before auto-requeing a message", {}),
-    ("max-msg-timeout", "duration", None, "maximum duration before a message will timeout", {}),
-    ("max-msg-size", "int", None, "maximum size of a single message in bytes", {}),
-    ("max-req-timeout", "duration", None, "maximum requeuing timeout for a message", {}),
-    ("max-body-size", "int", None, "maximum size of a single command body", {}),
-    ("max-heartbeat-interval", "duration", None,
-     "maximum client configurable duration of time between client heartbeats", {}),
-    ("max-rdy-count", "int", None, "maximum RDY count for a client", {}),
-    ("max-output-buffer-size", "int", None,
-     "maximum client configurable size (in bytes) for a client output buffer", {}),
-    ("max-output-buffer-timeout", "duration", None,
-     "maximum client configurable duration of time between flushing to a client", {}),
-    ("min-output-buffer-timeout", "duration", None,
-     "minimum client configurable duration of time between flushing to a client", {}),
-    ("output-buffer-timeout", "duration", None, "default duration of time between flushing data to clients", {}),
-    ("max-channel-consumers", "int", None,
-     "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)", {}),
-    ("statsd-address", "str", None, "UDP <addr>:<port> of a statsd daemon for pushing stats", {}),
-    ("statsd-interval", "duration", None, "duration between pushing to statsd", {}),
-    ("statsd-mem-stats", "bool", None, "toggle sending memory and GC stats to statsd", {}),
-    ("statsd-prefix", "str", None, "prefix used for keys sent to statsd (%s for host replacement)", {}),
-    ("statsd-udp-packet-size", "int", None, "the size in bytes of statsd UDP packets", {}),
-    ("statsd-exclude-ephemeral", "bool", None, "Skip ephemeral topics and channels when sending stats to statsd", {}),
-    ("e2e-processing-latency-percentile", "float_list", "e2e_processing_latency_percentiles",
-     "message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or comma "
-     "separated '1.0,0.99,0.95', default none)",
-     {"config_key": "e2e_processing_latency_percentiles"}),
-    ("e2e-processing-latency-window-time", "duration", None,
-     "calculate end to end latency quantiles for this duration of time (ie: 60s would only show quantile "
-     "calculations from the past 60 seconds)", {}),
-    ("tls-cert", "str", None, "path to certificate file", {}),
-    ("tls-key", "str", None, "path to key file", {}),
-    ("tls-client-auth-policy", "str", None, "client certificate auth policy ('require' or 'require-verify')", {}),
-    ("tls-root-ca-file", "str", None, "path to certificate authority file", {}),
-    ("tls-required", "str", None, "require TLS for client connections (true, false, tcp-https)",
-     {"convert": _parse_tls_required, "bool_like": True}),
-    ("tls-min-version", "str", None,
-     "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
-     {"convert": _parse_tls_min_version, "default_text": lambda word: str(TLS_MIN_VERSIONS[word])}),
-    ("deflate", "bool", None, "enable deflate feature negotiation (client compression)", {}),
-    ("max-deflate-level", "int", None,
-     "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)", {}),
-    ("snappy", "bool", None, "enable snappy feature negotiation (client compression)", {}),
-    ("actor-workers", "int", None, "number of worker tasks running channel actors", {}),
-    ("actor-slice", "duration", None, "time a channel actor may deliver before yielding to the others", {}),
-    ("actor-interlude", "duration", None,
-     "how often a channel actor's slice pauses to read connections that send little (0 to disable)", {}),
-)
+@dataclass
+class Options(DaemonOptions):
+    """Every nsqd setting, with NSQ v1.3.0's defaults (durations in float seconds)."""
+
+    program = "nsqd"
+    logged_ignored_flags = GO_ONLY_FLAGS
+
+    # identity and logging
+    node_id: int = setting(
+        default_factory=lambda: default_node_id(_hostname()),
+        help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)", config_key="id")
+    log_prefix: str = setting("[nsqd] ", "log message prefix")
+    worker_id: bool = setting(False, "[deprecated] use --node-id", in_config=False)
+    # listeners and registration
+    tcp_address: str = setting("0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
+    http_address: str = setting("0.0.0.0:4151", "<addr>:<port> to listen on for HTTP clients")
+    https_address: str = setting("0.0.0.0:4152", "<addr>:<port> to listen on for HTTPS clients")
+    broadcast_address: str = setting(
+        default_factory=_hostname, help="address that will be registered with lookupd (defaults to the OS hostname)")
+    broadcast_tcp_port: int = setting(
+        0, "TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)")
+    broadcast_http_port: int = setting(
+        0, "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)")
+    lookupd_tcp_addresses: list[str] = setting(
+        default_factory=list, help="lookupd TCP address (may be given multiple times)", flag="lookupd-tcp-address",
+        config_key="nsqlookupd_tcp_addresses")
+    auth_http_addresses: list[str] = setting(
+        default_factory=list, help="<addr>:<port> or a full url to query auth server (may be given multiple times)",
+        flag="auth-http-address")
+    http_client_connect_timeout: float = setting(2.0, "timeout for HTTP connect")
+    http_client_request_timeout: float = setting(5.0, "timeout for HTTP request")
+    # disk queues
+    data_path: str = setting("", "path to store disk-backed messages")
+    mem_queue_size: int = setting(10000, "number of messages to keep in memory (per topic/channel)")
+    max_bytes_per_file: int = setting(104857600, "number of bytes per diskqueue file before rolling")
+    sync_every: int = setting(2500, "number of messages per diskqueue fsync")
+    sync_timeout: float = setting(2.0, "duration of time per diskqueue fsync")
+    queue_scan_worker_pool_max: int = setting(4, "max concurrency for checking in-flight and deferred message timeouts")
+    queue_scan_selection_count: int = setting(
+        20, "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts")
+    # messages and commands
+    msg_timeout: float = setting(60.0, "default duration to wait before auto-requeing a message")
+    max_msg_timeout: float = setting(900.0, "maximum duration before a message will timeout")
+    max_msg_size: int = setting(1048576, "maximum size of a single message in bytes")
+    max_body_size: int = setting(5242880, "maximum size of a single command body")
+    max_req_timeout: float = setting(3600.0, "maximum requeuing timeout for a message")
+    # limits on what clients may negotiate
+    max_heartbeat_interval: float = setting(
+        60.0, "maximum client configurable duration of time between client heartbeats")
+    max_rdy_count: int = setting(2500, "maximum RDY count for a client")
+    max_output_buffer_size: int = setting(
+        65536, "maximum client configurable size (in bytes) for a client output buffer")
+    max_output_buffer_timeout: float = setting(
+        30.0, "maximum client configurable duration of time between flushing to a client")
+    min_output_buffer_timeout: float = setting(
+        0.025, "minimum client configurable duration of time between flushing to a client")
+    output_buffer_timeout: float = setting(0.25, "default duration of time between flushing data to clients")
+    max_channel_consumers: int = setting(
+        0, "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)")
+    # statsd
+    statsd_address: str = setting("", "UDP <addr>:<port> of a statsd daemon for pushing stats")
+    statsd_prefix: str = setting("nsq.%s", "prefix used for keys sent to statsd (%s for host replacement)")
+    statsd_interval: float = setting(60.0, "duration between pushing to statsd")
+    statsd_mem_stats: bool = setting(True, "toggle sending memory and GC stats to statsd")
+    statsd_udp_packet_size: int = setting(508, "the size in bytes of statsd UDP packets")
+    statsd_exclude_ephemeral: bool = setting(False, "Skip ephemeral topics and channels when sending stats to statsd")
+    # end-to-end latency
+    e2e_processing_latency_percentiles: list[float] = setting(
+        default_factory=list,
+        help="message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or "
+             "comma separated '1.0,0.99,0.95', default none)",
+        flag="e2e-processing-latency-percentile")
+    e2e_processing_latency_window_time: float = setting(
+        600.0,
+        "calculate end to end latency quantiles for this duration of time (ie: 60s would only show quantile "
+        "calculations from the past 60 seconds)")
+    # TLS
+    tls_cert: str = setting("", "path to certificate file")
+    tls_key: str = setting("", "path to key file")
+    tls_client_auth_policy: str = setting("", "client certificate auth policy ('require' or 'require-verify')")
+    tls_root_ca_file: str = setting("", "path to certificate authority file")
+    tls_required: str = setting(
+        "false", "require TLS for client connections (true, false, tcp-https)", convert=_parse_tls_required,
+        bool_like=True)
+    tls_min_version: str = setting(
+        "tls1.0", "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
+        convert=_parse_tls_min_version, default_text=lambda word: str(TLS_MIN_VERSIONS[word]))
+    # compression
+    deflate: bool = setting(True, "enable deflate feature negotiation (client compression)")
+    max_deflate_level: int = setting(
+        6, "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)")
+    snappy: bool = setting(True, "enable snappy feature negotiation (client compression)")
+    # the channel actor scheduler (flags of this implementation)
+    actor_workers: int = setting(1, "number of worker tasks running channel actors")
+    actor_slice: float = setting(0.0003, "time a channel actor may deliver before yielding to the others")
+    actor_interlude: float = setting(
+        0.00001, "how often a channel actor's slice pauses to read connections that send little (0 to disable)")
+    # fixed inside nsqd 1.3.0, not flags
+    queue_scan_interval: float = 0.1
+    queue_scan_refresh_interval: float = 5.0
+    queue_scan_dirty_percent: float = 0.25
+    client_timeout: float = 60.0
+
+    def effective_tls_required(self) -> str:
+        """``tls_required`` after NSQ's rule that a client-auth policy implies ``true``."""
+        if self.tls_client_auth_policy and self.tls_required == "false":
+            return "true"
+        return self.tls_required
+
+    def tls_required_on_tcp(self) -> bool:
+        """TCP clients must upgrade to TLS before anything but IDENTIFY (``true`` and ``tcp-https``)."""
+        return self.effective_tls_required() != "false"
+
+    def tls_required_on_http(self) -> bool:
+        """Plain HTTP requests are refused with 403 (``true`` only)."""
+        return self.effective_tls_required() == "true"
 
 
 def build_flagset(defaults: Options | None = None) -> FlagSet:
     """nsqd's flags, with defaults taken from ``defaults`` (``Options()`` when omitted)."""
-    return flagset_from_table("nsqd", _FLAGS, defaults if defaults is not None else Options())
+    return Options.flagset(defaults)
 
 
 def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
@@ -283,10 +227,7 @@ def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
     returns options with ``version=True`` (the config file is then not read).
     Startup validation is separate: call ``validate``.
     """
-    flagset = build_flagset()
-    values = read_options(flagset, argv, exit_on_error=exit_on_error)
-    ignored = tuple(name for name in sorted(GO_ONLY_FLAGS) if name.replace("-", "_") in flagset.given)
-    opts = options_from_values(Options, values, ignored_flags=ignored)
+    opts = Options.from_argv(argv, exit_on_error=exit_on_error)
     opts.tls_required = opts.effective_tls_required()
     return opts
 
@@ -312,6 +253,11 @@ def validate(opts: Options) -> None:
     for percentile in opts.e2e_processing_latency_percentiles:
         if not 0 < percentile <= 1:
             raise OptionsError(f"invalid E2E processing latency percentile: {go_format_float(percentile)}")
+    # nsqd 1.3.0 takes these and then stalls its queue scan (or panics once there are channels)
+    for flag, value in (("queue-scan-worker-pool-max", opts.queue_scan_worker_pool_max),
+                        ("queue-scan-selection-count", opts.queue_scan_selection_count)):
+        if value < 1:
+            raise OptionsError(f"--{flag} must be at least 1")
     if opts.actor_workers < 1:
         raise OptionsError("--actor-workers must be at least 1")
     if opts.actor_slice <= 0:

@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from runtime.daemon import accept_connections, adopt_listeners, format_address, split_address
+from runtime.daemon import accept_connections, adopt_listeners, format_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
 
@@ -35,7 +35,7 @@ from .tcp import MAGIC_V2, Connection
 from .tls import server_ssl_context
 from .topic import Topic
 
-__all__ = ["NSQD", "split_address"]
+__all__ = ["NSQD"]
 
 log = logging.getLogger("nsqd")
 

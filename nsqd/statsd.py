@@ -28,6 +28,7 @@ import socket
 import trio
 
 from protocol.names import is_ephemeral
+from runtime.startup import address_port, resolve_port, split_host_port
 
 from .stats import MemoryStats, NodeStats, collect, memory_stats
 
@@ -130,8 +131,8 @@ class StatsdPusher:
         nsqd = self.nsqd
         opts = nsqd.opts
         port = opts.broadcast_http_port
-        if not port and getattr(nsqd, "http_address", None):
-            port = int(nsqd.http_address.rpartition(":")[2])
+        if not port:
+            port = address_port(getattr(nsqd, "http_address", None), 0)  # 0 on a unix socket, as nsqd's
         return statsd_prefix(opts.statsd_prefix, opts.broadcast_address, port)
 
     def next_push(self) -> list[bytes]:
@@ -160,11 +161,11 @@ class StatsdPusher:
 
     async def push_once(self, spread: float = 0.0) -> None:
         address = self.nsqd.opts.statsd_address
-        host, _, port = address.rpartition(":")
         datagrams = self.next_push()
         log.info("STATSD: pushing stats to %s", address)
         try:
-            infos = await trio.socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_DGRAM)
+            host, service = split_host_port(address)
+            infos = await trio.socket.getaddrinfo(host or None, resolve_port(service), type=socket.SOCK_DGRAM)
             family, kind, proto, _, sockaddr = infos[0]
             with trio.socket.socket(family, kind, proto) as sock:
                 await sock.connect(sockaddr)

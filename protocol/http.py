@@ -137,9 +137,15 @@ def error_response(status: int, code_text: str) -> Response:
     return json_response({"message": code_text}, status)
 
 
+#: the words Go's net/http adds to the text of its own answer to a request it refuses, by status
+_GO_REFUSAL_DETAILS = {505: ": unsupported protocol version"}
+
+
 def plain_error_response(status: int) -> Response:
-    """What Go's net/http answers by itself to a request it cannot parse: ``400 Bad Request`` as text."""
-    return Response(status, [("Content-Type", TEXT_CONTENT_TYPE)], f"{status} {_reason(status)}".encode())
+    """What Go's net/http answers by itself to a request it cannot parse: ``400 Bad Request`` as text
+    (``505 HTTP Version Not Supported: unsupported protocol version`` for a version it does not serve)."""
+    text = f"{status} {_reason(status)}{_GO_REFUSAL_DETAILS.get(status, '')}"
+    return Response(status, [("Content-Type", TEXT_CONTENT_TYPE)], text.encode())
 
 
 _REASONS: dict[int, str] = {status.value: status.phrase for status in HTTPStatus}
@@ -565,8 +571,13 @@ _METHODS: dict[bytes, str] = {}  # llhttp's method names, decoded once each
 def _make_head(method: bytes, url: bytes, version: str, headers: list, keep_alive: bool) -> RequestHead:
     """Check what llhttp leaves to its caller (version, target form, Host, transfer coding) and build the head."""
     if version != "1.1" and version != "1.0":
-        # llhttp reads a request line without a version as HTTP/0.9
-        raise BadRequest(400 if version == "0.9" else 505, f"unsupported HTTP version {version}")
+        if version.startswith("1."):
+            version = "1.1"  # Go serves every HTTP/1.x, the minor versions above 1 as 1.1
+        elif version == "0.9":
+            # llhttp reads a request line without a version as HTTP/0.9: malformed, as Go sees it
+            raise BadRequest(400, "missing HTTP version")
+        else:
+            raise BadRequest(505, f"unsupported HTTP version {version}")
     path_bytes, question, raw_query = url.partition(b"?")
     if not path_bytes.startswith(b"/"):
         if path_bytes == b"*" and not question:
@@ -642,6 +653,9 @@ class RequestParser:
             on_message_begin=self._on_message_begin, on_url=self._on_url, on_header=self._on_header,
             on_headers_complete=self._on_headers_complete, on_body=self._events.append,
             on_message_complete=self._on_message_complete))
+        # llhttp refuses the versions it does not know as malformed; Go parses any HTTP/<digit>.<digit> and
+        # answers 505 to those it does not serve, so the version is checked here (``_make_head``)
+        self._parser.set_dangerous_leniencies(lenient_version=True)
 
     def receive_data(self, data: bytes) -> None:
         if not data:

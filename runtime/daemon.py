@@ -10,7 +10,7 @@ an address that cannot be bound) prints one FATAL line and exits 1, as NSQ's dae
 Such a refusal may reach ``trio.run`` wrapped in exception groups by the nurseries it crossed;
 ``startup_failure`` finds it there.
 
-The listener helpers give the three daemons one way to open ``host:port`` (``ListenError`` names the address
+The listener helpers give the three daemons one way to open ``host:port`` or a unix socket's path (``ListenError`` names the address
 that cannot be bound), to adopt sockets bound before trio started, and one accept loop.
 """
 
@@ -24,29 +24,30 @@ import trio
 
 from .startup import (
     ListenError,
+    address_port,
+    bind_address,
     bind_tcp,
     format_address,
     instantiate_failure,
-    nsq_listen_failure,
     nsq_text,
     run_daemon,
-    split_address,
     startup_failure,
 )
 
 __all__ = [
     "ListenError",
     "accept_connections",
+    "address_port",
     "adopt_listeners",
+    "bind_address",
     "bind_tcp",
     "format_address",
     "instantiate_failure",
+    "listen",
     "listen_tcp",
-    "nsq_listen_failure",
     "nsq_text",
     "run_daemon",
     "serve_until_signalled",
-    "split_address",
     "startup_failure",
 ]
 
@@ -73,6 +74,11 @@ async def listen_tcp(address: str) -> list[trio.SocketListener]:
     by ``bind_tcp`` as the entry points bind them before trio starts. Raises ``ListenError`` when the address
     cannot be bound."""
     return adopt_listeners(bind_tcp(address))
+
+
+async def listen(address: str) -> list[trio.SocketListener]:
+    """``listen_tcp``, or a unix socket's listener when ``address`` is a path (``bind_address``)."""
+    return adopt_listeners(bind_address(address))
 
 
 async def accept_connections(listener, nursery: trio.Nursery, handle: Callable[[trio.SocketStream], Awaitable[Any]],

@@ -27,8 +27,9 @@ flags with a custom ``convert`` receive the value printed as Go's ``%v`` would (
 ``tls_required = true`` and ``tls_required = "tcp-https"`` both work. Problems are ``FlagError`` with
 exit code 1, which the daemons report as a FATAL log line, as NSQ does.
 
-The three daemons share the rest: each describes its flags as a table of rows (``flagset_from_table``),
-reads them with ``read_options`` into its options dataclass (``options_from_values``), raises
+The three daemons share the rest: each declares its settings once, as the fields of an options dataclass
+(``DaemonOptions`` and ``setting``: name, type, default, help, config key), gets its flags from them
+(``flagset_from_options``), reads them with ``read_options`` into that dataclass (``options_from_values``), raises
 ``OptionsError`` from its startup checks, and reports its settings at ``GET /config/<name>`` through
 ``ConfigSettings``.
 
@@ -42,25 +43,24 @@ import math
 import re
 import sys
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Mapping, NoReturn, TextIO, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, NoReturn, TextIO, TypeVar
 
 from .logfmt import log_level_word, parse_log_level
 from protocol.version import version_string
 
 __all__ = [
     "ConfigSettings",
+    "DaemonOptions",
     "Flag",
     "FlagError",
-    "FlagRow",
     "FlagSet",
     "HelpRequested",
-    "NSQ_COMMON_FLAGS",
     "OptionsError",
     "check_log_level",
     "duration_to_ns",
-    "flagset_from_table",
+    "flagset_from_options",
     "format_duration",
     "format_duration_ns",
     "go_format_float",
@@ -74,6 +74,7 @@ __all__ = [
     "parse_go_float",
     "parse_go_int",
     "read_options",
+    "setting",
 ]
 
 KINDS = ("str", "int", "float", "bool", "duration", "str_list", "float_list")
@@ -849,28 +850,73 @@ class OptionsError(FlagError, ValueError):
 
 #: One row of a daemon's flag table: the flag's name, kind, attribute (None for the name in snake_case), help
 #: text and further ``FlagSet.add`` arguments.
-FlagRow = tuple[str, str, str | None, str, dict[str, Any]]
-
-#: The rows nsqd and nsqlookupd share, with NSQ's help texts: ``--config``, ``--version``, ``--log-level``,
-#: ``--log-prefix`` and the deprecated ``--verbose`` (accepted, no effect).
-NSQ_COMMON_FLAGS: tuple[FlagRow, ...] = (
-    ("config", "str", None, "path to config file", {"in_config": False}),
-    ("version", "bool", None, "print version string", {"in_config": False}),
-    ("log-level", "str", None, "set log verbosity: debug, info, warn, error, or fatal",
-     {"convert": log_level_word, "default_text": "INFO"}),
-    ("log-prefix", "str", None, "log message prefix", {}),
-    ("verbose", "bool", None, "[deprecated] has no effect, use --log-level", {"in_config": False}),
-)
+#: the metadata key under which ``setting`` keeps a field's flag
+_FLAG_METADATA = "nsq_flag"
+#: a field's flag kind, from its type, unless ``setting`` names another
+_KINDS_BY_TYPE = {"str": "str", "int": "int", "bool": "bool", "float": "duration", "list[str]": "str_list",
+                  "list[float]": "float_list"}
 
 
-def flagset_from_table(program: str, rows: Iterable[FlagRow], defaults: Any) -> FlagSet:
-    """``program``'s flags, one per row, each defaulting to its attribute of ``defaults`` (an options object).
-    A flag that sets no attribute there (one that is accepted and ignored) defaults to false or ``""``."""
+def setting(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, kind: str | None = None,
+            flag: str | None = None, **extra: Any) -> Any:
+    """A field of a daemon's options dataclass that is also a command-line flag and a config-file key.
+
+    The flag is named after the field (``_`` → ``-``) unless ``flag`` names it, and so is its config-file key
+    (the field's name) unless ``config_key`` names it; its kind follows the field's type (``float`` fields are
+    durations, lists are repeatable) unless ``kind`` names another; ``extra`` goes to
+    ``FlagSet.add`` (``config_key``, ``in_config``, ``convert``, ``default_text``, ``bool_like``). Fields made
+    otherwise are settings that no flag sets."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={_FLAG_METADATA: (flag, kind, help, extra)})
+
+
+@dataclass
+class DaemonOptions:
+    """What the options of every daemon have: NSQ's ``--log-level``, ``--log-prefix`` (each daemon sets its own
+    default), ``--config``, ``--version`` and the deprecated ``--verbose`` (accepted, no effect); and the way from
+    a command line to options (``from_argv``). A daemon's subclass names its ``program`` and adds its settings."""
+
+    #: the name in usage and error texts
+    program: ClassVar[str] = ""
+    #: NSQ flags that are accepted and ignored, and logged when given (``ignored_flags``)
+    logged_ignored_flags: ClassVar[frozenset[str]] = frozenset()
+
+    log_level: str = setting("info", "set log verbosity: debug, info, warn, error, or fatal", convert=log_level_word,
+                             default_text="INFO")
+    log_prefix: str = setting("", "log message prefix")
+    config: str = setting("", "path to config file", in_config=False)
+    version: bool = setting(False, "print version string", in_config=False)
+    verbose: bool = setting(False, "[deprecated] has no effect, use --log-level", in_config=False)
+    #: the ``logged_ignored_flags`` given, for the daemon to log
+    ignored_flags: tuple[str, ...] = ()
+
+    @classmethod
+    def flagset(cls, defaults: Any = None) -> "FlagSet":
+        """The daemon's flags, with defaults taken from ``defaults`` (``cls()`` when omitted)."""
+        return flagset_from_options(cls.program, cls, defaults if defaults is not None else cls())
+
+    @classmethod
+    def from_argv(cls, argv: list[str], *, exit_on_error: bool = True):
+        """The options from a command line (without the program name) and its ``--config`` file (``read_options``:
+        with ``exit_on_error`` usage errors exit 2, ``-h`` and ``--version`` exit 0, config-file errors exit 1 with
+        a FATAL line; otherwise ``FlagError`` is raised)."""
+        flagset = cls.flagset()
+        values = read_options(flagset, argv, exit_on_error=exit_on_error)
+        ignored = tuple(sorted(name for name in cls.logged_ignored_flags if name.replace("-", "_") in flagset.given))
+        return options_from_values(cls, values, ignored_flags=ignored)
+
+
+def flagset_from_options(program: str, options_type: type, defaults: Any) -> FlagSet:
+    """``program``'s flags: one per ``setting`` field of ``options_type``, defaulting to that field of
+    ``defaults`` (an instance, so a default that depends on the host can be left out)."""
     flagset = FlagSet(program)
-    for name, kind, attr, help_text, extra in rows:
-        attribute = attr or name.replace("-", "_")
-        default = getattr(defaults, attribute, False if kind == "bool" else "")
-        flagset.add(name, kind, default, help_text, attr=attribute, **extra)
+    for item in fields(options_type):
+        spec = item.metadata.get(_FLAG_METADATA)
+        if spec is None:
+            continue
+        name, kind, help_text, extra = spec
+        flagset.add(name or item.name.replace("_", "-"), kind or _KINDS_BY_TYPE[item.type],
+                    getattr(defaults, item.name), help_text, attr=item.name, **{"config_key": item.name, **extra})
     return flagset
 
 

@@ -27,7 +27,7 @@ be read. A connection that stops reading a body it was sent is closed after the 
 the client reads the answer before the kernel resets the connection.
 
 Errors: a malformed request gets Go's plain-text ``400 Bad Request`` (``431`` for an oversized head, ``501`` for
-a transfer coding other than chunked, ``505`` for a version other than HTTP/1.0 and 1.1) and the connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
+a transfer coding other than chunked, ``505`` for a well-formed version other than HTTP/1.x, as Go) and the connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
 listener's nursery (``except*`` below), so one client never disturbs another.
 """
 

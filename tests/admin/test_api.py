@@ -182,14 +182,20 @@ def test_action_without_admin_header_is_refused(cluster, topic):
         assert cluster.channel_stats(index, topic, "work")["depth"] == 1
 
 
-def test_action_without_csrf_token_is_refused(cluster, topic):
+def test_browser_action_without_csrf_token_is_refused(cluster, topic):
+    """A request that carries what only a browser sends (Origin, Referer, a cookie, Sec-Fetch-*) needs the token
+    and must come from the admin's own origin."""
     spread_topic(cluster, topic)
     good = token(cluster)
-    for headers, code in [(ADMIN, "INVALID_CSRF_TOKEN"),
-                          ({**ADMIN, "X-CSRF-Token": "f" * 64}, "INVALID_CSRF_TOKEN"),
+    own = {**ADMIN, "Origin": cluster.url}
+    for headers, code in [(own, "INVALID_CSRF_TOKEN"),
+                          ({**ADMIN, "Cookie": "session=1"}, "INVALID_CSRF_TOKEN"),
+                          ({**ADMIN, "Referer": cluster.url + f"/topics/{topic}"}, "INVALID_CSRF_TOKEN"),
+                          ({**own, "X-CSRF-Token": "f" * 64}, "INVALID_CSRF_TOKEN"),
                           ({"X-Forwarded-User": "bob", "X-CSRF-Token": good}, "FORBIDDEN"),
                           ({**ADMIN, "X-CSRF-Token": good, "Origin": "http://attacker.example"},
-                           "CROSS_ORIGIN_REQUEST")]:
+                           "CROSS_ORIGIN_REQUEST"),
+                          ({**ADMIN, "Referer": "http://attacker.example/"}, "CROSS_ORIGIN_REQUEST")]:
         reply = api(cluster, "POST", f"/api/topics/{topic}", {"action": "pause"}, headers)
         assert (reply.status, reply.json()) == (403, {"message": code}), headers
         reply = api(cluster, "DELETE", f"/api/topics/{topic}/work", None, headers)
@@ -197,6 +203,31 @@ def test_action_without_csrf_token_is_refused(cluster, topic):
     for index in (0, 1):
         assert cluster.topic_stats(index, topic)["paused"] is False
         assert cluster.channel_stats(index, topic, "work") is not None
+
+
+def test_scripts_written_for_nsqadmin_work_unchanged(cluster, topic):
+    """What a script sends to nsqadmin (curl -X POST -d '{"action":"pause"}', curl -X DELETE ...): no token, no
+    JSON content type, only the user header its proxy needs."""
+    spread_topic(cluster, topic, "work")
+    spread_topic(cluster, topic, "gone")
+    curl = {**ADMIN, "User-Agent": "curl/8.5.0", "Accept": "*/*", "Content-Type": "application/x-www-form-urlencoded"}
+    steps = [("POST", f"/api/topics/{topic}", {"action": "pause"}),
+             ("POST", f"/api/topics/{topic}/work", {"action": "pause"}),
+             ("POST", f"/api/topics/{topic}/work", {"action": "empty"}),
+             ("DELETE", f"/api/topics/{topic}/gone", None),
+             ("POST", "/api/topics", {"topic": topic, "channel": "made"})]
+    for method, path, body in steps:
+        reply = api(cluster, method, path, body, curl)
+        assert (reply.status, reply.json()) == (200, {"message": ""}), (method, path, reply.body)
+    for index in (0, 1):
+        assert cluster.topic_stats(index, topic)["paused"] is True
+        channel = cluster.channel_stats(index, topic, "work")
+        assert channel["paused"] is True and channel["depth"] == 0
+        assert cluster.channel_stats(index, topic, "gone") is None
+    assert api(cluster, "POST", f"/api/topics/{topic}", {"action": "unpause"}, curl).status == 200
+    reply = api(cluster, "DELETE", f"/api/topics/{topic}", None, curl)
+    assert (reply.status, reply.json()) == (200, {"message": ""})
+    wait_until(lambda: all(cluster.topic_stats(i, topic) is None for i in (0, 1)), message="topic deleted")
 
 
 def test_pause_with_token_changes_nodes_and_notifies(cluster, sink, topic):

@@ -168,12 +168,26 @@ def test_guard_admin_users_and_tokens():
     token = guard.token(_request(alice))
     assert token != guard.token(_request({"X-Forwarded-User": "mallory"}))
     guard.check_action(_request({**alice, CSRF_HEADER: token}))
+    guard.check_action(_request(alice))  # no browser signal: a program, which no page can have forged
+    same_origin = {**alice, "Origin": "http://admin:4171"}
+    guard.check_action(_request({**same_origin, CSRF_HEADER: token}))
+    guard.check_action(_request({**alice, "Referer": "http://admin:4171/topics/t", "Cookie": "s=1",
+                                 "Sec-Fetch-Site": "same-origin", CSRF_HEADER: token}))
     cases = [
         ({"Host": "admin:4171", CSRF_HEADER: token}, "FORBIDDEN"),
-        (alice, "INVALID_CSRF_TOKEN"),
-        ({**alice, CSRF_HEADER: "0" * 64}, "INVALID_CSRF_TOKEN"),
+        ({"Host": "admin:4171"}, "FORBIDDEN"),
+        (same_origin, "INVALID_CSRF_TOKEN"),
+        ({**alice, "Referer": "http://admin:4171/topics/t"}, "INVALID_CSRF_TOKEN"),
+        ({**alice, "Cookie": "session=1"}, "INVALID_CSRF_TOKEN"),
+        ({**alice, "Sec-Fetch-Mode": "cors"}, "INVALID_CSRF_TOKEN"),
+        ({**same_origin, CSRF_HEADER: "0" * 64}, "INVALID_CSRF_TOKEN"),
         ({**alice, CSRF_HEADER: token, "Origin": "http://evil.example"}, "CROSS_ORIGIN_REQUEST"),
+        ({**alice, CSRF_HEADER: token, "Origin": "null"}, "CROSS_ORIGIN_REQUEST"),
+        ({**alice, "Origin": "http://evil.example"}, "CROSS_ORIGIN_REQUEST"),
+        ({**alice, "Referer": "http://evil.example/page"}, "CROSS_ORIGIN_REQUEST"),
+        ({**alice, "Referer": "http://[evil"}, "CROSS_ORIGIN_REQUEST"),
         ({**alice, CSRF_HEADER: token, "Sec-Fetch-Site": "cross-site"}, "CROSS_ORIGIN_REQUEST"),
+        ({**alice, "Sec-Fetch-Site": "same-site"}, "CROSS_ORIGIN_REQUEST"),
     ]
     for headers, code in cases:
         with pytest.raises(HTTPError) as info:

@@ -169,6 +169,22 @@ class FrameClient:
 # Raw synchronous client
 
 
+def open_stream_socket(address: tuple[str, int] | str, timeout: float) -> socket.socket:
+    """A connected blocking socket: TCP to ``(host, port)`` (without Nagle's delay), or a unix socket's path."""
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 class RawClient(FrameClient):
     """A blocking V2 connection with explicit, bounded reads.
 
@@ -176,11 +192,10 @@ class RawClient(FrameClient):
     ``skip_heartbeats=False``.
     """
 
-    def __init__(self, address: tuple[str, int], *, magic: bool = True, timeout: float = 10.0):
+    def __init__(self, address: tuple[str, int] | str, *, magic: bool = True, timeout: float = 10.0):
         self.address = address
         self.timeout = timeout
-        self.sock = socket.create_connection(address, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = open_stream_socket(address, timeout)
         self._decoder = FrameDecoder()
         self._pending: list[Frame] = []
         self.eof = False
@@ -510,7 +525,10 @@ def assert_refused_start(module: str, args: list[str], fatal: str, timeout: floa
     assert sum(" FATAL: " in text for text in lines) == 1, done.stderr
 
 
-def _parse_address(text: str) -> tuple[str, int]:
+def _parse_address(text: str) -> tuple[str, int] | str:
+    """``(host, port)`` to connect to a logged ``listening on`` address; a unix socket's path stays as it is."""
+    if text.startswith(("/", "@")):
+        return text
     host, _, port = text.rpartition(":")
     host = host.strip("[]")
     if host in ("", "0.0.0.0", "::"):

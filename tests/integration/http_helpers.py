@@ -24,11 +24,28 @@ class Reply:
         return self.json()["message"]
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a unix socket (``Host: localhost``)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
 def request(address, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None,
             timeout: float = 10.0) -> Reply:
+    """One request to ``(host, port)``, or to a unix socket's path."""
     if isinstance(body, str):
         body = body.encode()
-    conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
+    if isinstance(address, str):
+        conn = UnixHTTPConnection(address, timeout)
+    else:
+        conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
@@ -126,3 +143,32 @@ def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, message: 
         if time.monotonic() > deadline:
             raise AssertionError(f"{message} not met within {timeout}s (last value {value!r})")
         time.sleep(interval)
+
+
+class StaticPage:
+    """One page served to every GET on ``127.0.0.1:<port>`` by a thread, until ``close``; ``url`` is its address."""
+
+    def __init__(self, body: bytes, content_type: str = "text/html") -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (the standard library's name)
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

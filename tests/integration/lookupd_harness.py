@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from protocol.lookup_v1 import MAGIC_V1, encode_identify
-from tests.integration.harness import ConnectionClosed, NsqdProcess, stop_all
+from tests.integration.harness import ConnectionClosed, NsqdProcess, open_stream_socket, stop_all
 from tests.integration.http_helpers import get, wait_for
 
 __all__ = ["Cluster", "LookupdProcess", "RawPeer", "lookup_producers", "wait_for", "wait_for_producers"]
@@ -75,9 +75,9 @@ def wait_for_producers(lookupd: LookupdProcess, topic: str, tcp_ports: set[int],
 class RawPeer:
     """A blocking "  V1" connection with explicit, bounded reads."""
 
-    def __init__(self, address: tuple[str, int], *, magic: bool = True, timeout: float = 10.0) -> None:
+    def __init__(self, address: tuple[str, int] | str, *, magic: bool = True, timeout: float = 10.0) -> None:
         self.timeout = timeout
-        self.sock = socket.create_connection(address, timeout=timeout)
+        self.sock = open_stream_socket(address, timeout)
         self._buffer = b""
         if magic:
             self.send(MAGIC_V1)

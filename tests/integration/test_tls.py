@@ -303,3 +303,20 @@ def test_heartbeats_flow_through_tls(certs, nsqd_factory):
         frame = client.read_frame(timeout=5, skip_heartbeats=False)
         assert (frame.frame_type, frame.data) == (FRAME_TYPE_RESPONSE, b"_heartbeat_")
         client.send(NOP)
+
+
+def test_info_over_https_without_http_reports_http_port_0(certs, tmp_path_factory):
+    """nsqd with --http-address="" reports the port of its empty HTTP address, 0 (-1 is a unix socket's)."""
+    daemon = _daemon(tmp_path_factory, "nsqd-https-only", certs.daemon_args("--http-address=",
+                                                                            "--https-address=127.0.0.1:0"))
+    try:
+        port = int(daemon.wait_for_log(r"HTTPS: listening on \S+:(\d+)", 10).group(1))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=certs.client_context())
+        try:
+            conn.request("GET", "/info")
+            info = json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+        assert (info["http_port"], info["tcp_port"]) == (0, daemon.tcp[1])
+    finally:
+        stop_all([daemon])

@@ -7,7 +7,7 @@ import pytest
 
 import lookupd
 
-from lookupd.options import Options, OptionsError, build_flagset, parse_options, validate
+from lookupd.options import Options, build_flagset, parse_options, validate
 from runtime.flags import FlagError, HelpRequested
 
 
@@ -70,10 +70,7 @@ def test_version_flag():
 
 def test_validate():
     validate(parse())
-    with pytest.raises(OptionsError, match=r"listen \(127.0.0.1\) failed"):
-        validate(parse("--tcp-address=127.0.0.1"))
-    with pytest.raises(OptionsError, match="invalid port"):
-        validate(parse("--http-address=127.0.0.1:http"))
+    validate(parse("--tcp-address=127.0.0.1", "--http-address=127.0.0.1:http"))  # checked when bound
 
 
 def test_imported_from_this_checkout():

@@ -347,6 +347,8 @@ VALIDATION_CASES = [
     ({"e2e_processing_latency_percentiles": [-0.1]}, "invalid E2E processing latency percentile: -0.1"),
     ({"tls_required": "maybe"}, "invalid --tls-required 'maybe' (true, false, tcp-https)"),
     ({"log_level": "loud"}, "invalid log level 'loud' (debug, info, warn, error, fatal)"),
+    ({"queue_scan_worker_pool_max": 0}, "--queue-scan-worker-pool-max must be at least 1"),
+    ({"queue_scan_selection_count": -1}, "--queue-scan-selection-count must be at least 1"),
     ({"actor_workers": 0}, "--actor-workers must be at least 1"),
     ({"actor_slice": 0.0}, "--actor-slice must be positive"),
     ({"actor_interlude": -0.001}, "--actor-interlude must not be negative"),

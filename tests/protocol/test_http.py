@@ -158,6 +158,8 @@ PARSER_CASES = [
     (b"GET /old HTTP/1.0\r\n\r\n", ("GET", "/old", b"", None, False, False), b""),
     (b"GET /old HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", ("GET", "/old", b"", None, False, True), b""),
     (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", ("OPTIONS", "*", b"", None, False, True), b""),
+    # Go serves every HTTP/1.x
+    (b"GET /next HTTP/1.2\r\nHost: x\r\n\r\n", ("GET", "/next", b"", None, False, True), b""),
     (b"GET http://example.com/ping?a=1 HTTP/1.1\r\nHost: x\r\n\r\n", ("GET", "/ping", b"a=1", None, False, True),
      b""),
 ]
@@ -267,6 +269,11 @@ def test_request_parser_stops_after_a_closing_request(closing, split):
     (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: " + b"1" * 5000 + b"\r\n\r\n", 431),
     (b"GET /\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400),
     (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+    (b"GET / HTTP/9.9\r\nHost: x\r\n\r\n", 505),
+    (b"GET / HTTP/3.1\r\nHost: x\r\n\r\n", 505),
+    (b"GET / HTTP/10.0\r\nHost: x\r\n\r\n", 400),
+    (b"GET / HTTP/1.10\r\nHost: x\r\n\r\n", 400),
+    (b"GET / HTTP/x.1\r\nHost: x\r\n\r\n", 400),
     (b"GET / HTTP/1.1\nHost: x\n\n", 400),
     (b"get / HTTP/1.1\r\nHost: x\r\n\r\n", 400),
     (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
@@ -712,7 +719,8 @@ async def test_garbage_gets_400(server, garbage):
 
 
 @pytest.mark.parametrize(("request_bytes", "status", "body"), [
-    (b"GET /ping HTTP/2.0\r\nHost: t\r\n\r\n", 505, b"505 HTTP Version Not Supported"),
+    (b"GET /ping HTTP/2.0\r\nHost: t\r\n\r\n", 505, b"505 HTTP Version Not Supported: unsupported protocol version"),
+    (b"GET /ping HTTP/9.9\r\nHost: t\r\n\r\n", 505, b"505 HTTP Version Not Supported: unsupported protocol version"),
     (b"POST /pub HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501,
      b"501 Not Implemented"),
     # an upgrade is not supported: the request is answered as any other, then the connection closes

@@ -18,6 +18,7 @@ import pytest
 
 from tests.admin.cluster import Cluster, http, wait_until
 from tests.integration.harness import consumer
+from tests.integration.http_helpers import StaticPage
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
@@ -330,3 +331,35 @@ def test_action_without_csrf_token_is_refused_in_browser(tab, cluster, topic):
     }""", topic)
     assert status == [403, {"message": "INVALID_CSRF_TOKEN"}]
     assert not any(cluster.topic_stats(i, topic)["paused"] for i in (0, 1))
+
+
+def attacker_page(admin_url: str, topic: str) -> StaticPage:
+    """A page on another origin (another port of 127.0.0.1) that posts to the admin as soon as it loads: a form
+    whose text/plain body reads as the JSON of an action (no CORS preflight for a form), and a no-cors fetch."""
+    return StaticPage(f"""<!doctype html><body>
+        <form id=f method=POST action="{admin_url}/api/topics/{topic}" enctype="text/plain">
+          <input name='{{"action":"pause","x":"' value='"}}'></form>
+        <script>
+          fetch("{admin_url}/api/topics/{topic}/work", {{method: "POST", mode: "no-cors",
+                headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{action: "empty"}})}})
+            .finally(() => document.getElementById("f").submit());
+        </script></body>""".encode())
+
+
+def test_cross_origin_page_cannot_act_but_a_plain_client_can(tab, cluster, topic):
+    """The user's browser carries the proxy's user header to every request (the context's extra headers), yet a
+    page of another origin is refused, while a script with no browser signals needs no token."""
+    spread(cluster, topic)
+    attacker = attacker_page(cluster.url, topic)
+    try:
+        with tab.page.expect_response(lambda r: r.url.endswith(f"/api/topics/{topic}")) as answer:
+            tab.page.goto(attacker.url)
+        assert (answer.value.status, answer.value.json()) == (403, {"message": "CROSS_ORIGIN_REQUEST"})
+        cluster.admin.wait_for_log(rf"403 POST /api/topics/{topic}/work ", 10)  # the fetch arrived, and failed
+        assert not any(cluster.topic_stats(i, topic)["paused"] for i in (0, 1))
+        assert all(cluster.channel_stats(i, topic, "work")["depth"] == 1 for i in (0, 1))
+    finally:
+        attacker.close()
+    script = http("POST", f"{cluster.url}/api/topics/{topic}", {"action": "pause"}, ADMIN_HEADERS)
+    assert (script.status, script.json()) == (200, {"message": ""})
+    assert all(cluster.topic_stats(i, topic)["paused"] for i in (0, 1))

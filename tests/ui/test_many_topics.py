@@ -96,3 +96,9 @@ def test_nodes_pages_with_1000_topics_each(tab, big):
     expect(rows).to_have_count(25)
     page.get_by_label("Filter topics").fill("tenant0999")
     expect(rows).to_have_count(1)
+
+
+def test_lookup_page_with_10000_produced_topics(tab, big):
+    # every topic has a producer: the page says so without asking lookupd about each topic in turn
+    page = tab.open("/lookup")
+    expect(page.get_by_text("Every topic registered in lookupd has a producer.")).to_be_visible()

@@ -228,6 +228,14 @@ class Cluster:
                          channel: str | None = None, include_clients: bool = True
                          ) -> list[tuple[Producer, list[dict]]]:
         """Each reachable producer with its topics in nsqadmin's per-node form (``stats.node_topics``)."""
+        answers = await self.raw_node_stats(producers, warnings, topic=topic, channel=channel,
+                                            include_clients=include_clients)
+        now = int(time.time())  # connect_ts is a Unix time
+        return [(p, node_topics(stats, p.name, p.hostname, now)) for p, stats in answers]
+
+    async def raw_node_stats(self, producers: list[Producer], warnings: list[str], *, topic: str | None = None,
+                             channel: str | None = None, include_clients: bool = True) -> list[tuple[Producer, dict]]:
+        """Each reachable producer with its ``/stats?format=json`` answer as it came."""
         query = "/stats?format=json&include_clients=" + ("true" if include_clients else "false")
         if topic is not None:
             query += f"&topic={_q(topic)}"
@@ -235,8 +243,7 @@ class Cluster:
                 query += f"&channel={_q(channel)}"
         calls = [(p.name, lambda p=p: self.client.get_json(p.url + query)) for p in producers]
         answers = await self._fan_out(calls, "nsqd", warnings)
-        now = int(time.time())  # connect_ts is a Unix time
-        return [(p, node_topics(answers[p.name], p.name, p.hostname, now)) for p in producers if p.name in answers]
+        return [(p, answers[p.name]) for p in producers if p.name in answers]
 
     # -- actions ----------------------------------------------------------------------------------------------
     async def _post_all(self, urls: list[str], what: str, warnings: list[str]) -> None:

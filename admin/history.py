@@ -31,42 +31,53 @@ from array import array
 import trio
 
 from .cluster import Cluster, ClusterError
+from .stats import _int
 
 __all__ = ["History", "Sampler"]
 
 log = logging.getLogger("nsqadmin")
 
-Values = tuple[int, int, int, int, int]
+Values = tuple[int, int, int, int, int] | list[int]
 MESSAGES, DEPTH, IN_FLIGHT, DEFERRED, CHANNEL_DEPTH = range(5)
 SPARK_POINTS = 60
 
 
-def _add(table: dict, key: tuple, values: Values) -> None:
+def _add(table: dict, key: tuple, values: list[int]) -> None:
     old = table.get(key)
-    table[key] = values if old is None else tuple(a + b for a, b in zip(old, values))
+    if old is None:
+        table[key] = values
+    else:
+        for i, value in enumerate(values):
+            old[i] += value
 
 
-def reduce_sample(per_node: list[tuple[str, list[dict]]]) -> dict[tuple, Values]:
-    """One sample's series values from per-node topic lists (``stats.node_topics`` form)."""
-    table: dict[tuple, Values] = {("cluster",): (0, 0, 0, 0, 0)}
+def reduce_sample(per_node: list[tuple[str, list[dict]]]) -> dict[tuple, list[int]]:
+    """One sample's series values from per-node topic lists: the topics of nsqd's ``/stats`` as they come
+    (or in ``stats.node_topics`` form; the keys read are the same). Values that are not numbers count as 0."""
+    cluster = [0, 0, 0, 0, 0]
+    table: dict[tuple, list[int]] = {("cluster",): cluster}
     for node, topics in per_node:
-        _add(table, ("node", node), (0, 0, 0, 0, 0))
+        whole_node = table.setdefault(("node", node), [0, 0, 0, 0, 0])
         for topic in topics:
-            name = topic["topic_name"]
+            name = topic.get("topic_name", "")
             in_flight = deferred = channel_depth = 0
-            for channel in topic["channels"]:
-                values = (channel["message_count"], channel["depth"], channel["in_flight_count"],
-                          channel["deferred_count"], 0)
-                _add(table, ("channel", name, channel["channel_name"]), values)
-                in_flight += channel["in_flight_count"]
-                deferred += channel["deferred_count"]
-                channel_depth += channel["depth"]
-            values = (topic["message_count"], topic["depth"], in_flight, deferred, channel_depth)
-            _add(table, ("topic", name), values)
-            _add(table, ("topic_node", name, node), values)
-            whole = (topic["message_count"], topic["depth"] + channel_depth, in_flight, deferred, channel_depth)
-            _add(table, ("node", node), whole)
-            _add(table, ("cluster",), whole)
+            for channel in topic.get("channels") or ():
+                depth, flight, later = _int(channel.get("depth")), _int(channel.get("in_flight_count")), \
+                    _int(channel.get("deferred_count"))
+                _add(table, ("channel", name, channel.get("channel_name", "")),
+                     [_int(channel.get("message_count")), depth, flight, later, 0])
+                in_flight += flight
+                deferred += later
+                channel_depth += depth
+            messages, depth = _int(topic.get("message_count")), _int(topic.get("depth"))
+            _add(table, ("topic", name), [messages, depth, in_flight, deferred, channel_depth])
+            table[("topic_node", name, node)] = [messages, depth, in_flight, deferred, channel_depth]
+            for whole in (whole_node, cluster):
+                whole[MESSAGES] += messages
+                whole[DEPTH] += depth + channel_depth
+                whole[IN_FLIGHT] += in_flight
+                whole[DEFERRED] += deferred
+                whole[CHANNEL_DEPTH] += channel_depth
     return table
 
 
@@ -278,8 +289,8 @@ class Sampler:
     async def sample_once(self) -> None:
         warnings: list[str] = []
         producers = await self.cluster.producers(warnings)
-        per_node = await self.cluster.node_stats(producers, warnings, include_clients=False)
-        self.history.record(time.time(), reduce_sample([(p.name, topics) for p, topics in per_node]))
+        per_node = await self.cluster.raw_node_stats(producers, warnings, include_clients=False)
+        self.history.record(time.time(), reduce_sample([(p.name, stats.get("topics") or []) for p, stats in per_node]))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -155,6 +155,17 @@ def test_history_overview_sparklines():
     assert overview["nodes"]["n1"]["message_count"] == 40
 
 
+def test_reduce_sample_reads_nsqd_stats_as_they_come():
+    topics = [{"topic_name": "t", "message_count": 7, "depth": 2, "channels": None},
+              {"topic_name": "u", "message_count": "x", "channels": [{"channel_name": "c", "depth": 3}]}]
+    table = reduce_sample([("n1", topics), ("n2", topics[:1])])
+    assert list(table[("topic", "t")]) == [14, 4, 0, 0, 0]
+    assert list(table[("topic_node", "t", "n2")]) == [7, 2, 0, 0, 0]
+    assert list(table[("channel", "u", "c")]) == [0, 3, 0, 0, 0]
+    assert list(table[("node", "n1")]) == [7, 5, 0, 0, 3]
+    assert list(table[("cluster",)]) == [14, 7, 0, 0, 3]
+
+
 def test_history_memory_is_per_series_whatever_the_samples():
     history = History(interval=5.0, duration=3600.0)
     for n in range(800):  # more samples than an hour holds

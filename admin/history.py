@@ -243,16 +243,19 @@ class History:
             return {}
         recent = self.recent.slots()[-(SPARK_POINTS + 1):]
         newest_time, newest = recent[-1]
+        before_time, before = recent[-2] if len(recent) > 1 else (newest_time, None)
+        columns = COLUMNS[kind]
+        width, messages, depth = len(columns), columns.index(MESSAGES), columns.index(DEPTH)
         result = {}
         for key, series in self.keys.items():
             if key[0] != kind or series.last_seen != newest_time:
                 continue
             tier = series.recent
-            count = series.get(tier, newest, MESSAGES)
-            entry = {"rate": None, "depth": series.get(tier, newest, DEPTH), "message_count": count}
-            if len(recent) > 1:
-                before_time, before = recent[-2]
-                entry["rate"] = _rate(series.get(tier, before, MESSAGES), count, newest_time - before_time)
+            count = tier[newest * width + messages]
+            entry = {"rate": None, "depth": tier[newest * width + depth], "message_count": count}
+            if before is not None:
+                previous = tier[before * width + messages]
+                entry["rate"] = _rate(None if previous == ABSENT else previous, count, newest_time - before_time)
             if sparklines is None or key[1] in sparklines:
                 entry["rates"] = [_rate(series.get(tier, a, MESSAGES), series.get(tier, b, MESSAGES), t1 - t0)
                                   for (t0, a), (t1, b) in zip(recent, recent[1:])]

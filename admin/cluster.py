@@ -125,9 +125,9 @@ class Cluster:
             for answer in (await self._fan_out(self._lookupd_calls("/topics"), "nsqlookupd", warnings)).values():
                 names.update(answer.get("topics") or ())
         else:
-            for _producer, topics in await self.node_stats(await self.producers(warnings), warnings,
-                                                           include_clients=False):
-                names.update(t["topic_name"] for t in topics)
+            for _producer, stats in await self.raw_node_stats(await self.producers(warnings), warnings,
+                                                              include_clients=False):
+                names.update(t.get("topic_name", "") for t in stats.get("topics") or ())
         return sorted(names)
 
     async def lookupd_channels(self, topic: str, warnings: list[str]) -> list[str]:

@@ -8,12 +8,12 @@ and start again). Node ``n`` registers the topics ``(n * 200 + k) mod 10,000`` f
 nodes of 1,000 topics every topic of the 10,000 has 5 producers.
 
 Meanwhile a separate process asks ``/lookup`` for one of node 0's topics, one request at a time on a keep-alive
-connection, for the whole storm and ``--after`` seconds past its end. Figures: the seconds from the first connect
-to the last ``OK``, registrations per second and lookupd CPU microseconds per registration (both should stay flat
-as the row grows), ``/lookup`` p50/p99 during the storm and after it, one ``/nodes`` (the admin's node list) and
-``/topics`` after, and lookupd's resident set. Rows grow the node count (``--sizes``, default 10,25,50) so that a cost growing
-faster than linearly shows as a falling rate. Run it as ``python -m bench.many_lookupd``; the machine is shared
-by lookupd, the simulated nodes and the prober.
+connection, for the whole storm and ``--after`` seconds past its end. Figures: the seconds from the first
+connect to the last ``OK``, registrations per second and lookupd CPU microseconds per registration until then
+(both should stay flat as the row grows), ``/lookup`` p50/p99 during the storm and after it, one ``/nodes``
+(the admin's node list) and ``/topics`` after, and lookupd's resident set. Rows grow the node count
+(``--sizes``, default 10,25,50) so that a cost growing faster than linearly shows as a falling rate. Run it
+as ``python -m bench.many_lookupd``; the machine is shared by lookupd, the simulated nodes and the prober.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ async def _node(address: tuple[str, int], node: int, commands: list[bytes], stat
         await release.wait()  # the peers stay connected (and registered) while /lookup is measured
 
 
-async def _storm(address, http_address, nodes, topics, channels, after, stats) -> None:
+async def _storm(lookupd: "Lookupd", nodes: int, topics: int, channels: int, after: float, stats: dict) -> None:
     plans = []
     for node in range(nodes):
         commands = []
@@ -131,12 +131,14 @@ async def _storm(address, http_address, nodes, topics, channels, after, stats) -
         for node, commands in enumerate(plans):
             event = trio.Event()
             events.append(event)
-            nursery.start_soon(_node, address, node, commands, stats, event, release)
+            nursery.start_soon(_node, lookupd.addresses["TCP"], node, commands, stats, event, release)
         for event in events:
             await event.wait()
+        stats["cpu"] = lookupd.sampler.cpu_seconds() - stats["cpu"]
         await trio.sleep(after)
+        stats["after_end"] = time.monotonic()
         for path in ("/nodes", "/topics"):
-            stats[path] = await trio.to_thread.run_sync(_timed_get, http_address, path)
+            stats[path] = await trio.to_thread.run_sync(_timed_get, lookupd.addresses["HTTP"], path)
         release.set()
 
 
@@ -178,22 +180,20 @@ def measure(args, nodes: int) -> dict:
         prober = context.Process(target=_probe, args=(lookupd.addresses["HTTP"], node_topics(0, 1)[0], stop, sender))
         prober.start()
         time.sleep(0.5)
-        cpu_before = lookupd.sampler.cpu_seconds()
-        stats: dict = {}
-        trio.run(_storm, lookupd.addresses["TCP"], lookupd.addresses["HTTP"], nodes, args.topics, args.channels, args.after, stats)
-        cpu = lookupd.sampler.cpu_seconds() - cpu_before
+        stats: dict = {"cpu": lookupd.sampler.cpu_seconds()}
+        trio.run(_storm, lookupd, nodes, args.topics, args.channels, args.after, stats)
         stop.set()
         samples = receiver.recv()
         prober.join(10)
         rss = lookupd.sampler.rss_bytes()
     start, end = stats["start"], stats["last_ok"]
     during = sorted(latency for at, latency, _ in samples if start <= at <= end)
-    after = sorted(latency for at, latency, _ in samples if at > end)
+    after = sorted(latency for at, latency, _ in samples if end < at <= stats["after_end"])
     seconds = end - start
     return {
         "nsqd": nodes, "topics each": args.topics, "registrations": registrations,
         "register s": seconds, "reg/s": registrations / seconds,
-        "cpu us/reg": cpu * 1e6 / registrations,
+        "cpu us/reg": stats["cpu"] * 1e6 / registrations,
         "over 1s": stats["slow"],
         "lookup p50 ms": _ms(during, 0.5), "lookup p99 ms": _ms(during, 0.99), "lookups": len(during),
         "after p50 ms": _ms(after, 0.5), "after p99 ms": _ms(after, 0.99),

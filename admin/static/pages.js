@@ -141,6 +141,12 @@
     return [new LineChart(grid, first), new LineChart(grid, second)];
   }
 
+  /* The published rate and the depth of a sampled history, in a chartPair. */
+  function publishedAndQueued(charts, history) {
+    charts[0].update(history.timestamps, [{label: "published/s", values: history.rate}]);
+    charts[1].update(history.timestamps, [{label: "depth", values: history.depth}]);
+  }
+
   function readOnlyNote() {
     return IS_ADMIN ? null : h("p", {"class": "note"}, "Read-only view: actions are available to admin users only.");
   }
@@ -163,6 +169,14 @@
       }));
     })));
     return c.el;
+  }
+
+  /* The latency card of a topic or channel summed over nodes: one row per node, and the total when several. */
+  function nodesE2eCard(total) {
+    var nodes = total.nodes || [];
+    return e2eCard("End-to-end processing latency", nodes.map(function (n) {
+      return {label: n.node, e2e: n.e2e_processing_latency};
+    }).concat(nodes.length > 1 ? [{label: "All nodes", e2e: total.e2e_processing_latency}] : []));
   }
 
   function topicLink(topic) { return h("a", {href: "/topics/" + seg(topic)}, topic); }
@@ -243,13 +257,25 @@
         history = r[1];
         page.frame.subtitle.textContent = fmtInt(names.length) + (names.length === 1 ? " topic" : " topics") +
           " in the cluster" + (r[0].message ? " — " + r[0].message : "");
-        page.charts[0].update(history.timestamps, [{label: "published/s", values: history.rate}]);
-        page.charts[1].update(history.timestamps, [{label: "depth", values: history.depth}]);
+        publishedAndQueued(page.charts, history);
         page.table.update(names);
       });
     };
     return page;
   }};
+
+  /* The fixed part of a page about one topic, channel or node: the document title, the frame, the read-only
+   * note, the tiles and a card with two charts (o: {name, crumbs, title, subtitle, charts: [first, second]});
+   * the page appends its own parts after them. */
+  function detailFrame(page, root, o) {
+    document.title = o.name + " · nsqadmin";
+    page.frame = frame(root, o.crumbs, o.title, o.subtitle);
+    page.errorBox = page.frame.error;
+    page.tiles = h("div");
+    var charts = card("Throughput and depth");
+    page.charts = chartPair(charts.body, {title: o.charts[0]}, {title: o.charts[1]});
+    A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el);
+  }
 
   /* The pause, empty and delete buttons of a topic or channel page (admin users only). o: {kind ("topic" or
    * "channel"), name, path (under /api), pause, unpause, empty, remove (the confirmations' texts), back (where
@@ -287,16 +313,12 @@
     var topic = params.topic;
     var page = {};
     page.mount = function (root) {
-      document.title = topic + " · nsqadmin";
-      page.frame = frame(root, [{text: "Topics", href: "/topics"}, {text: topic}], topic, "Topic");
-      page.errorBox = page.frame.error;
-      page.tiles = h("div");
-      var charts = card("Throughput and depth");
-      page.charts = chartPair(charts.body, {title: "Messages published / s"}, {title: "Messages queued"});
+      detailFrame(page, root, {name: topic, crumbs: [{text: "Topics", href: "/topics"}, {text: topic}], title: topic,
+        subtitle: "Topic", charts: ["Messages published / s", "Messages queued"]});
       page.nodes = h("div");
       page.channels = h("div");
       page.e2e = h("div");
-      A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el, page.nodes, page.channels, page.e2e);
+      A.add(page.frame.body, page.nodes, page.channels, page.e2e);
       queueActions(page, {kind: "topic", name: topic, path: "/topics/" + seg(topic), back: "/topics",
         pause: "Pause topic “" + topic + "” on every node? Messages keep queueing in the topic but no channel receives them until it is unpaused.",
         unpause: "Resume copying messages of “" + topic + "” to its channels on every node?",
@@ -351,9 +373,7 @@
               fmtInt(c.message_count), fmtRate(channelRates[c.channel_name]), fmtInt(c.client_count), pausedBadge(c.paused)];
           }), {empty: "No channels: messages stay in the topic until a consumer subscribes or a channel is created."}));
         A.replaceChildren(page.channels, channels.el);
-        A.replaceChildren(page.e2e, e2eCard("End-to-end processing latency", (t.nodes || []).map(function (n) {
-          return {label: n.node, e2e: n.e2e_processing_latency};
-        }).concat((t.nodes || []).length > 1 ? [{label: "All nodes", e2e: t.e2e_processing_latency}] : [])));
+        A.replaceChildren(page.e2e, nodesE2eCard(t));
       });
     };
     return page;
@@ -376,17 +396,13 @@
     var page = {};
     var path = "/topics/" + seg(topic) + "/" + seg(channel);
     page.mount = function (root) {
-      document.title = topic + "/" + channel + " · nsqadmin";
-      page.frame = frame(root, [{text: "Topics", href: "/topics"}, {text: topic, href: "/topics/" + seg(topic)}, {text: channel}],
-        channel, "Channel of topic " + topic);
-      page.errorBox = page.frame.error;
-      page.tiles = h("div");
-      var charts = card("Throughput and depth");
-      page.charts = chartPair(charts.body, {title: "Messages / s into the channel"}, {title: "Depth, in flight and deferred"});
+      detailFrame(page, root, {name: topic + "/" + channel, title: channel, subtitle: "Channel of topic " + topic,
+        crumbs: [{text: "Topics", href: "/topics"}, {text: topic, href: "/topics/" + seg(topic)}, {text: channel}],
+        charts: ["Messages / s into the channel", "Depth, in flight and deferred"]});
       page.nodes = h("div");
       page.clients = h("div");
       page.e2e = h("div");
-      A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el, page.nodes, page.clients, page.e2e);
+      A.add(page.frame.body, page.nodes, page.clients, page.e2e);
       queueActions(page, {kind: "channel", name: channel, path: path, back: "/topics/" + seg(topic),
         pause: "Pause channel “" + channel + "” on every node? Messages keep queueing but consumers receive nothing until it is unpaused.",
         unpause: "Resume delivering messages of channel “" + channel + "” to its consumers?",
@@ -446,9 +462,7 @@
               fmtInt(cl.message_count), A.fmtDuration(cl.connected), features(cl)]};
           }), {empty: "No consumer is connected to this channel."}));
         A.replaceChildren(page.clients, clients.el);
-        A.replaceChildren(page.e2e, e2eCard("End-to-end processing latency", (c.nodes || []).map(function (n) {
-          return {label: n.node, e2e: n.e2e_processing_latency};
-        }).concat((c.nodes || []).length > 1 ? [{label: "All nodes", e2e: c.e2e_processing_latency}] : [])));
+        A.replaceChildren(page.e2e, nodesE2eCard(c));
       });
     };
     return page;
@@ -512,12 +526,8 @@
     var node = params.node;
     var page = {};
     page.mount = function (root) {
-      document.title = node + " · nsqadmin";
-      page.frame = frame(root, [{text: "Nodes", href: "/nodes"}, {text: node}], node, "nsqd node");
-      page.errorBox = page.frame.error;
-      page.tiles = h("div");
-      var charts = card("Throughput and depth");
-      page.charts = chartPair(charts.body, {title: "Messages published / s on this node"}, {title: "Messages queued on this node"});
+      detailFrame(page, root, {name: node, crumbs: [{text: "Nodes", href: "/nodes"}, {text: node}], title: node,
+        subtitle: "nsqd node", charts: ["Messages published / s on this node", "Messages queued on this node"]});
       page.table = new PagedTable([{label: "Topic / channel"}, {label: "Depth", num: true}, {label: "Memory", num: true},
         {label: "Disk", num: true}, {label: "In flight", num: true}, {label: "Messages", num: true},
         {label: "Channels / consumers", num: true}, {label: "State"}, {label: ""}], {
@@ -533,7 +543,7 @@
         }});
       var list = card("Topics and channels");
       list.body.append(page.table.el);
-      A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el, list.el);
+      A.add(page.frame.body, list.el);
     };
     page.refresh = function () {
       return Promise.all([A.api("GET", "/nodes/" + seg(node)), A.api("GET", "/history/nodes/" + seg(node))]).then(function (r) {
@@ -547,8 +557,7 @@
         A.replaceChildren(page.tiles, tiles([{label: "Messages", value: fmtInt(data.total_messages)},
           {label: "Consumers", value: fmtInt(data.total_clients)}, {label: "Topics", value: fmtInt(topics.length)},
           {label: "Channels", value: fmtInt(channelCount)}]));
-        page.charts[0].update(history.timestamps, [{label: "published/s", values: history.rate}]);
-        page.charts[1].update(history.timestamps, [{label: "depth", values: history.depth}]);
+        publishedAndQueued(page.charts, history);
         page.table.update(topics);
       });
     };

@@ -131,8 +131,8 @@ class Cluster:
             else:
                 self.mode = "nsqd"
                 upstream = [f"--nsqd-http-address={n.http}" for n in self.nsqds]
-            self.admin = Daemon("admin", ["--http-address=127.0.0.1:0", f"--history-interval={self.history_interval}", *upstream,
-                                          *self.admin_args]).start()
+            self.admin = Daemon("admin", ["--http-address=127.0.0.1:0", f"--history-interval={self.history_interval}",
+                                          *upstream, *self.admin_args]).start()
         except BaseException:
             self.stop(check=False)
             raise

@@ -56,7 +56,8 @@ def test_topics_page_with_10000_topics_pages_and_filters(tab, big):
     expect(page.locator(".pager-count")).to_have_text("1–50 of 10,000")
     expect(rows.first.get_by_role("link")).to_have_text(topic_name(0, 0))
     # the sparklines of the rows shown arrive with the rates, once two samples exist
-    page.wait_for_function("() => document.querySelectorAll('tr.topic-row svg.sparkline').length === 50",
+    page.wait_for_function("() => { const lines = [...document.querySelectorAll('tr.topic-row svg.sparkline')];"
+                           " return lines.length === 50 && lines.every(s => Number(s.dataset.points) >= 2); }",
                            timeout=30_000)
     tab.screenshot("many-topics")
 

@@ -45,6 +45,13 @@ def version_key(version: str) -> tuple:
     return tuple(parts)
 
 
+def _node_topics(raw: dict) -> list[tuple[str, bool]]:
+    """(topic, tombstoned) of one producer of lookupd's ``/nodes``."""
+    topics = raw.get("topics") or []
+    flags = raw.get("tombstones") or [False] * len(topics)
+    return [(topic, bool(tombstoned)) for topic, tombstoned in zip(topics, flags)]
+
+
 def _join_host(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -118,9 +125,9 @@ class Cluster:
             for answer in (await self._fan_out(self._lookupd_calls("/topics"), "nsqlookupd", warnings)).values():
                 names.update(answer.get("topics") or ())
         else:
-            for _producer, topics in await self.node_stats(await self.producers(warnings), warnings,
-                                                           include_clients=False):
-                names.update(t["topic_name"] for t in topics)
+            for _producer, stats in await self.raw_node_stats(await self.producers(warnings), warnings,
+                                                              include_clients=False):
+                names.update(t.get("topic_name", "") for t in stats.get("topics") or ())
         return sorted(names)
 
     async def lookupd_channels(self, topic: str, warnings: list[str]) -> list[str]:
@@ -134,9 +141,14 @@ class Cluster:
         """Topics that lookupd knows but no node produces, with their channels (lookupd mode only)."""
         if not self.uses_lookupd:
             return {}
+        # a topic has a producer in some lookupd's /lookup exactly when one of that lookupd's /nodes lists it
+        # untombstoned: one request per lookupd instead of one per topic
+        answers = await self._fan_out(self._lookupd_calls("/nodes"), "nsqlookupd", warnings)
+        produced = {topic for answer in answers.values() for raw in answer.get("producers") or ()
+                    for topic, tombstoned in _node_topics(raw) if not tombstoned}
         result: dict[str, list[str] | None] = {}
         for topic in await self.topics(warnings):
-            if not await self._lookupd_producers(topic, warnings, missing_ok=True):
+            if topic not in produced:
                 result[topic] = await self.lookupd_channels(topic, warnings) or None
         return result
 
@@ -167,10 +179,8 @@ class Cluster:
                 known = merged.setdefault(producer.name, producer)
                 known.remote_addresses = (known.remote_addresses or []) + [f"{address}/{producer.remote_address}"]
                 marks = tombstones.setdefault(producer.name, {})
-                topics = raw.get("topics") or []
-                flags = raw.get("tombstones") or [False] * len(topics)
-                for topic, tombstoned in zip(topics, flags):
-                    marks[topic] = marks.get(topic, False) or bool(tombstoned)
+                for topic, tombstoned in _node_topics(raw):
+                    marks[topic] = marks.get(topic, False) or tombstoned
         for name, producer in merged.items():
             producer.topics = [{"topic": t, "tombstoned": tombstones[name][t]} for t in sorted(tombstones[name])]
         return list(merged.values())
@@ -191,21 +201,8 @@ class Cluster:
         answers = await self._fan_out(calls, "nsqd", warnings)
         return [answers[a] for a in self.opts.nsqd_http_addresses if a in answers]
 
-    async def _lookupd_producers(self, topic: str, warnings: list[str], *, missing_ok: bool = False
-                                 ) -> list[Producer]:
-        calls = []
-        for address in self.opts.lookupd_http_addresses:
-            url = upstream_url(address) + f"/lookup?topic={_q(topic)}"
-
-            async def lookup(url=url):
-                try:
-                    return await self.client.get_json(url)
-                except UpstreamError as exc:
-                    if missing_ok and exc.status == 404:
-                        return {"producers": []}
-                    raise
-
-            calls.append((address, lookup))
+    async def _lookupd_producers(self, topic: str, warnings: list[str]) -> list[Producer]:
+        calls = self._lookupd_calls(f"/lookup?topic={_q(topic)}")
         answers = await self._fan_out(calls, "nsqlookupd", warnings)
         merged: dict[str, Producer] = {}
         for answer in answers.values():
@@ -231,6 +228,14 @@ class Cluster:
                          channel: str | None = None, include_clients: bool = True
                          ) -> list[tuple[Producer, list[dict]]]:
         """Each reachable producer with its topics in nsqadmin's per-node form (``stats.node_topics``)."""
+        answers = await self.raw_node_stats(producers, warnings, topic=topic, channel=channel,
+                                            include_clients=include_clients)
+        now = int(time.time())  # connect_ts is a Unix time
+        return [(p, node_topics(stats, p.name, p.hostname, now)) for p, stats in answers]
+
+    async def raw_node_stats(self, producers: list[Producer], warnings: list[str], *, topic: str | None = None,
+                             channel: str | None = None, include_clients: bool = True) -> list[tuple[Producer, dict]]:
+        """Each reachable producer with its ``/stats?format=json`` answer as it came."""
         query = "/stats?format=json&include_clients=" + ("true" if include_clients else "false")
         if topic is not None:
             query += f"&topic={_q(topic)}"
@@ -238,8 +243,7 @@ class Cluster:
                 query += f"&channel={_q(channel)}"
         calls = [(p.name, lambda p=p: self.client.get_json(p.url + query)) for p in producers]
         answers = await self._fan_out(calls, "nsqd", warnings)
-        now = int(time.time())  # connect_ts is a Unix time
-        return [(p, node_topics(answers[p.name], p.name, p.hostname, now)) for p in producers if p.name in answers]
+        return [(p, answers[p.name]) for p in producers if p.name in answers]
 
     # -- actions ----------------------------------------------------------------------------------------------
     async def _post_all(self, urls: list[str], what: str, warnings: list[str]) -> None:

@@ -10,7 +10,9 @@ every upstream failed. Mutating calls are checked by ``security.Guard`` first (4
 
 Extensions of this implementation: ``GET /api/session`` (user, admin flag and the CSRF token for scripts),
 ``GET /api/history`` and ``/api/history/{topics/:topic[/:channel],nodes/:node}`` (sampled rates and depths
-for the graphs). Responses are gzip-compressed when the client accepts it and the body is worth it.
+for the graphs; ``/api/history?spark=a,b`` gives the recent-rate sparkline of the topics named only, which keeps
+the topics page's refresh small with thousands of topics). Responses are gzip-compressed when the client accepts
+it and the body is worth it.
 """
 
 from __future__ import annotations
@@ -293,7 +295,9 @@ class AdminAPI:
 
     # -- history ----------------------------------------------------------------------------------------------
     async def history_overview(self, request: Request) -> Response:
-        return _compress(request, json_response({**self.history.overview(), "message": ""}))
+        spark = request.query_value("spark")
+        names = None if spark is None else set(filter(None, spark.split(",")))
+        return _compress(request, json_response({**self.history.overview(names), "message": ""}))
 
     async def history_topic(self, request: Request, topic: str) -> Response:
         body = self.history.series(("topic", topic))

@@ -97,14 +97,10 @@ class LookupdAPI:
         nodes = []
         for client in peers:
             peer = client.peer
-            topics = [r.key for r in db.lookup_registrations(peer.id) if r.category == "topic"]
-            tombstones = []
-            for topic in topics:
-                producer = db.producer(Registration("topic", topic, ""), peer.id)
-                tombstones.append(producer is not None and producer.is_tombstoned(lifetime, now))
+            found = db.peer_producers(peer.id, "topic")
             node = peer.as_json()
-            node["tombstones"] = tombstones
-            node["topics"] = topics
+            node["tombstones"] = [producer.is_tombstoned(lifetime, now) for _key, producer in found]
+            node["topics"] = [key.key for key, _producer in found]
             nodes.append(node)
         return json_response({"producers": nodes})
 

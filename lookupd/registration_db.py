@@ -169,6 +169,12 @@ class RegistrationDB:
         """Every key the peer is registered under."""
         return list(self._by_peer.get(peer_id, ()))
 
+    def peer_producers(self, peer_id: str, category: str) -> list[tuple[Registration, Producer]]:
+        """The peer's keys of ``category``, each with the peer's producer under it (``/nodes``: one pass over
+        the peer's own keys, however many other peers and keys there are)."""
+        producers = self._producers
+        return [(r, producers[r][peer_id]) for r in self._by_peer.get(peer_id, ()) if r.category == category]
+
     def producer(self, registration: Registration, peer_id: str) -> Producer | None:
         return self._producers.get(registration, {}).get(peer_id)
 

@@ -46,26 +46,87 @@
     }));
   }
 
-  /* columns: [{label, num}] ; rows: arrays of cells (text or nodes) ; options.total: a last row in bold */
+  /* columns: [{label, num}] ; rows: arrays of cells (text or nodes), or {cls, cells} ; options.total: a last
+   * row in bold ; options.empty: the text of an empty table */
   function table(columns, rows, options) {
     options = options || {};
-    var head = h("tr", null, columns.map(function (c) {
+    var body = h("tbody", null, tableRows(columns, rows, options.empty));
+    var foot = options.total ? h("tfoot", null, tableRows(columns, [options.total])) : null;
+    return h("div", {"class": "table-wrap"}, h("table", {"class": options.cls || "data"}, tableHead(columns), body, foot));
+  }
+
+  function tableHead(columns) {
+    return h("thead", null, h("tr", null, columns.map(function (c) {
       return h("th", {"class": c.num ? "num" : null, scope: "col", title: c.title || null}, c.label);
-    }));
-    var body = h("tbody", null, rows.map(function (row) {
+    })));
+  }
+
+  function tableRows(columns, rows, empty) {
+    if (!rows.length && empty) return [h("tr", null, h("td", {colspan: columns.length, "class": "empty"}, empty))];
+    return rows.map(function (row) {
       var cells = row.cells || row;
       return h("tr", {"class": row.cls || null}, cells.map(function (cell, i) {
         return h("td", {"class": columns[i] && columns[i].num ? "num" : null}, cell);
       }));
-    }));
-    var foot = options.total ? h("tfoot", null, h("tr", null, options.total.map(function (cell, i) {
-      return h("td", {"class": columns[i] && columns[i].num ? "num" : null}, cell);
-    }))) : null;
-    if (!rows.length && options.empty) {
-      body.append(h("tr", null, h("td", {colspan: columns.length, "class": "empty"}, options.empty)));
-    }
-    return h("div", {"class": "table-wrap"}, h("table", {"class": options.cls || "data"}, h("thead", null, head), body, foot));
+    });
   }
+
+  /* A table over many items with one page of them in the document: a filter box (a case-insensitive part of
+   * each item's name), an optional sort and a pager. The frame is built once; update(items) (each refresh),
+   * typing, sorting and paging redraw only the current page's rows, so a refresh costs the same with 10 items
+   * or 10,000. options: noun ("topics"), name(item), rows(item) -> table rows, pageSize, empty (text),
+   * sorts ({label: compare(a, b)}, the first is the default), onPage(items shown), called after each redraw. */
+  function PagedTable(columns, options) {
+    var self = this;
+    function again() { self.page = 0; self.draw(); }
+    this.columns = columns;
+    this.options = options;
+    this.items = [];
+    this.shown = [];
+    this.page = 0;
+    this.filter = h("input", {type: "search", "class": "filter", placeholder: "Filter " + options.noun + "…",
+      "aria-label": "Filter " + options.noun, autocomplete: "off", oninput: again});
+    this.sort = options.sorts ? h("select", {"class": "sort", "aria-label": "Sort " + options.noun, onchange: again},
+      Object.keys(options.sorts).map(function (label) { return h("option", {value: label}, label); })) : null;
+    this.count = h("span", {"class": "pager-count", "aria-live": "polite"});
+    this.prev = button("‹ Previous", {cls: "small", onclick: function () { self.page--; self.draw(); }});
+    this.next = button("Next ›", {cls: "small", onclick: function () { self.page++; self.draw(); }});
+    this.body = h("tbody");
+    this.el = h("div", {"class": "paged"}, h("div", {"class": "table-tools"}, this.filter,
+      this.sort ? h("label", {"class": "sort-label"}, "Sort by ", this.sort) : null,
+      h("span", {"class": "pager"}, this.count, this.prev, this.next)),
+      h("div", {"class": "table-wrap"}, h("table", {"class": "data"}, tableHead(columns), this.body)));
+  }
+
+  PagedTable.prototype.update = function (items) {
+    this.items = items;
+    this.draw();
+  };
+
+  PagedTable.prototype.draw = function () {
+    var text = this.filter.value.trim().toLowerCase();
+    var name = this.options.name;
+    var found = text ? this.items.filter(function (item) { return name(item).toLowerCase().indexOf(text) >= 0; })
+      : this.items.slice();
+    if (this.sort) found.sort(this.options.sorts[this.sort.value]);
+    var size = this.options.pageSize || 50;
+    var pages = Math.max(1, Math.ceil(found.length / size));
+    this.page = Math.min(Math.max(0, this.page), pages - 1);
+    var first = this.page * size;
+    this.shown = found.slice(first, first + size);
+    var rows = [];
+    var build = this.options.rows;
+    this.shown.forEach(function (item) { rows.push.apply(rows, build(item)); });
+    A.replaceChildren(this.body, tableRows(this.columns, rows, text ? "No " + this.options.noun + " match “" +
+      this.filter.value.trim() + "”." : this.options.empty));
+    var of = fmtInt(found.length) + (found.length !== this.items.length ? " matching (of " + fmtInt(this.items.length) + ")" : "");
+    this.count.textContent = found.length > this.shown.length ? fmtInt(first + 1) + "–" + fmtInt(first + this.shown.length) + " of " + of
+      : of + " " + this.options.noun;
+    this.prev.hidden = this.next.hidden = pages === 1;
+    this.prev.disabled = this.page === 0;
+    this.next.disabled = this.page >= pages - 1;
+    if (this.options.onPage) this.options.onPage(this.shown);
+  };
 
   function badge(text, kind, title) { return h("span", {"class": "badge " + (kind || ""), title: title || null}, text); }
 
@@ -78,6 +139,12 @@
     var grid = h("div", {"class": "charts"});
     container.append(grid);
     return [new LineChart(grid, first), new LineChart(grid, second)];
+  }
+
+  /* The published rate and the depth of a sampled history, in a chartPair. */
+  function publishedAndQueued(charts, history) {
+    charts[0].update(history.timestamps, [{label: "published/s", values: history.rate}]);
+    charts[1].update(history.timestamps, [{label: "depth", values: history.depth}]);
   }
 
   function readOnlyNote() {
@@ -104,6 +171,14 @@
     return c.el;
   }
 
+  /* The latency card of a topic or channel summed over nodes: one row per node, and the total when several. */
+  function nodesE2eCard(total) {
+    var nodes = total.nodes || [];
+    return e2eCard("End-to-end processing latency", nodes.map(function (n) {
+      return {label: n.node, e2e: n.e2e_processing_latency};
+    }).concat(nodes.length > 1 ? [{label: "All nodes", e2e: total.e2e_processing_latency}] : []));
+  }
+
   function topicLink(topic) { return h("a", {href: "/topics/" + seg(topic)}, topic); }
   function channelLink(topic, channel) { return h("a", {href: "/topics/" + seg(topic) + "/" + seg(channel)}, channel); }
   function nodeLink(node, text) { return h("a", {href: "/nodes/" + seg(node)}, text || node); }
@@ -122,88 +197,140 @@
   }
 
   // -- topics ---------------------------------------------------------------------------------------------
+  function byName(a, b) { return a < b ? -1 : a > b ? 1 : 0; }
+
+  /* Sort names by a number of their entry in stats (largest first, then by name; names without one last). */
+  function byStat(stats, field) {
+    return function (a, b) {
+      var x = stats()[a], y = stats()[b];
+      var u = x && x[field] !== null ? x[field] : -1, v = y && y[field] !== null ? y[field] : -1;
+      return v - u || byName(a, b);
+    };
+  }
+
   A.pages.topics = {section: "topics", create: function () {
     var page = {};
+    var history = {topics: {}};
+    var sparkTimer = null;
+    function stats() { return history.topics || {}; }
+    /* the sparklines of the topics on the page (the overview carries them only for the topics named) */
+    function sparkQuery(names) { return "/history?spark=" + names.map(seg).join(","); }
+    function fetchSparks(shown) {
+      var missing = shown.filter(function (name) { return stats()[name] && !stats()[name].rates; });
+      clearTimeout(sparkTimer);
+      if (!missing.length) return;
+      sparkTimer = setTimeout(function () {
+        A.api("GET", sparkQuery(missing)).then(function (data) {
+          if (!A.isCurrent(page)) return;
+          missing.forEach(function (name) {
+            var entry = stats()[name];
+            if (entry && !entry.rates) entry.rates = ((data.topics || {})[name] || {}).rates || [];
+          });
+          page.table.draw();
+        }, function () {});
+      }, 150);
+    }
     page.mount = function (root) {
       page.frame = frame(root, [], "Topics", "");
       page.errorBox = page.frame.error;
       var charts = card("Cluster throughput");
       page.charts = chartPair(charts.body, {title: "Messages published / s (all topics)"}, {title: "Messages queued (all topics and channels)"});
-      page.list = h("div");
-      page.frame.body.append(charts.el, page.list);
+      page.table = new PagedTable([{label: "Topic"}, {label: "Depth", num: true}, {label: "Messages", num: true},
+        {label: "Rate (msg/s)", num: true}, {label: "Recent rate"}], {
+        noun: "topics", name: function (name) { return name; }, onPage: fetchSparks,
+        sorts: {"name": byName, "depth": byStat(stats, "depth"), "rate": byStat(stats, "rate"),
+          "messages": byStat(stats, "message_count")},
+        empty: "No topics yet. Publish a message to an nsqd, or create a topic on the Lookup page.",
+        rows: function (name) {
+          var t = stats()[name];
+          return [{cls: "topic-row", cells: [topicLink(name), t ? fmtInt(t.depth) : "–", t ? fmtInt(t.message_count) : "–",
+            t ? fmtRate(t.rate) : "–", t ? sparkline(t.rates || []) : h("span", {"class": "muted"}, "no producer")]}];
+        }});
+      var list = card("All topics");
+      list.body.append(page.table.el);
+      page.frame.body.append(charts.el, list.el);
     };
     page.refresh = function () {
-      return Promise.all([A.api("GET", "/topics"), A.api("GET", "/history")]).then(function (r) {
+      return Promise.all([A.api("GET", "/topics"), A.api("GET", sparkQuery(page.table.shown))]).then(function (r) {
         if (!A.isCurrent(page)) return;
         var names = r[0].topics || [];
-        var history = r[1];
-        page.frame.subtitle.textContent = names.length + (names.length === 1 ? " topic" : " topics") +
+        history = r[1];
+        page.frame.subtitle.textContent = fmtInt(names.length) + (names.length === 1 ? " topic" : " topics") +
           " in the cluster" + (r[0].message ? " — " + r[0].message : "");
-        page.charts[0].update(history.timestamps, [{label: "published/s", values: history.rate}]);
-        page.charts[1].update(history.timestamps, [{label: "depth", values: history.depth}]);
-        var rows = names.map(function (name) {
-          var t = history.topics[name];
-          return [topicLink(name), t ? fmtInt(t.depth) : "–", t ? fmtInt(t.message_count) : "–",
-            t ? fmtRate(t.rate) : "–", t ? sparkline(t.rates) : h("span", {"class": "muted"}, "no producer")];
-        });
-        A.replaceChildren(page.list, card("All topics").el);
-        page.list.querySelector(".card-body").append(table([{label: "Topic"}, {label: "Depth", num: true},
-          {label: "Messages", num: true}, {label: "Rate (msg/s)", num: true}, {label: "Recent rate"}], rows,
-          {empty: "No topics yet. Publish a message to an nsqd, or create a topic on the Lookup page."}));
+        publishedAndQueued(page.charts, history);
+        page.table.update(names);
       });
     };
     return page;
   }};
 
+  /* The fixed part of a page about one topic, channel or node: the document title, the frame, the read-only
+   * note, the tiles and a card with two charts (o: {name, crumbs, title, subtitle, charts: [first, second]});
+   * the page appends its own parts after them. */
+  function detailFrame(page, root, o) {
+    document.title = o.name + " · nsqadmin";
+    page.frame = frame(root, o.crumbs, o.title, o.subtitle);
+    page.errorBox = page.frame.error;
+    page.tiles = h("div");
+    var charts = card("Throughput and depth");
+    page.charts = chartPair(charts.body, {title: o.charts[0]}, {title: o.charts[1]});
+    A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el);
+  }
+
+  /* The pause, empty and delete buttons of a topic or channel page (admin users only). o: {kind ("topic" or
+   * "channel"), name, path (under /api), pause, unpause, empty, remove (the confirmations' texts), back (where
+   * the page goes after a deletion)}. page.paused, kept by showPaused, says what the first button does. */
+  function queueActions(page, o) {
+    if (!IS_ADMIN) return;
+    var named = o.kind.charAt(0).toUpperCase() + o.kind.slice(1) + " “" + o.name + "” ";
+    page.pauseButton = button("Pause " + o.kind, {onclick: function () {
+      var action = page.paused ? "unpause" : "pause";
+      A.runAction({title: (page.paused ? "Unpause " : "Pause ") + o.kind, confirm: page.paused ? "Unpause" : "Pause",
+        text: page.paused ? o.unpause : o.pause,
+        call: function () { return A.api("POST", o.path, {action: action}); },
+        done: named + action + "d."});
+    }});
+    page.frame.actions.append(page.pauseButton,
+      button("Empty queue", {cls: "warn", onclick: function () {
+        A.runAction({title: "Empty " + o.kind, danger: true, confirm: "Empty", text: o.empty,
+          call: function () { return A.api("POST", o.path, {action: "empty"}); }, done: named + "emptied."});
+      }}),
+      button("Delete " + o.kind, {cls: "danger", onclick: function () {
+        A.runAction({title: "Delete " + o.kind, danger: true, confirm: "Delete", text: o.remove,
+          call: function () { return A.api("DELETE", o.path); }, done: named + "deleted.",
+          after: function () { A.navigate(o.back); }});
+      }}));
+  }
+
+  function showPaused(page, kind, paused) {
+    page.paused = paused;
+    A.replaceChildren(page.frame.badges, pausedBadge(paused));
+    if (page.pauseButton) page.pauseButton.textContent = (paused ? "Unpause " : "Pause ") + kind;
+  }
+
   // -- topic ----------------------------------------------------------------------------------------------
   A.pages.topic = {section: "topics", create: function (params) {
     var topic = params.topic;
     var page = {};
-    var paused = false;
     page.mount = function (root) {
-      document.title = topic + " · nsqadmin";
-      page.frame = frame(root, [{text: "Topics", href: "/topics"}, {text: topic}], topic, "Topic");
-      page.errorBox = page.frame.error;
-      page.tiles = h("div");
-      var charts = card("Throughput and depth");
-      page.charts = chartPair(charts.body, {title: "Messages published / s"}, {title: "Messages queued"});
+      detailFrame(page, root, {name: topic, crumbs: [{text: "Topics", href: "/topics"}, {text: topic}], title: topic,
+        subtitle: "Topic", charts: ["Messages published / s", "Messages queued"]});
       page.nodes = h("div");
       page.channels = h("div");
       page.e2e = h("div");
-      A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el, page.nodes, page.channels, page.e2e);
-      if (IS_ADMIN) {
-        page.pauseButton = button("Pause topic", {onclick: function () {
-          var action = paused ? "unpause" : "pause";
-          A.runAction({title: (paused ? "Unpause" : "Pause") + " topic", confirm: paused ? "Unpause" : "Pause",
-            text: paused ? "Resume copying messages of “" + topic + "” to its channels on every node?"
-              : "Pause topic “" + topic + "” on every node? Messages keep queueing in the topic but no channel receives them until it is unpaused.",
-            call: function () { return A.api("POST", "/topics/" + seg(topic), {action: action}); },
-            done: "Topic “" + topic + "” " + action + "d."});
-        }});
-        page.frame.actions.append(page.pauseButton,
-          button("Empty queue", {cls: "warn", onclick: function () {
-            A.runAction({title: "Empty topic", danger: true, confirm: "Empty",
-              text: "Delete every message queued in topic “" + topic + "” (memory and disk) on every node? Channel queues are not touched.",
-              call: function () { return A.api("POST", "/topics/" + seg(topic), {action: "empty"}); },
-              done: "Topic “" + topic + "” emptied."});
-          }}),
-          button("Delete topic", {cls: "danger", onclick: function () {
-            A.runAction({title: "Delete topic", danger: true, confirm: "Delete",
-              text: "Delete topic “" + topic + "” with all its channels and messages on every node and in lookupd?",
-              call: function () { return A.api("DELETE", "/topics/" + seg(topic)); },
-              done: "Topic “" + topic + "” deleted.",
-              after: function () { A.navigate("/topics"); }});
-          }}));
-      }
+      A.add(page.frame.body, page.nodes, page.channels, page.e2e);
+      queueActions(page, {kind: "topic", name: topic, path: "/topics/" + seg(topic), back: "/topics",
+        pause: "Pause topic “" + topic + "” on every node? Messages keep queueing in the topic but no channel receives them until it is unpaused.",
+        unpause: "Resume copying messages of “" + topic + "” to its channels on every node?",
+        empty: "Delete every message queued in topic “" + topic + "” (memory and disk) on every node? Channel queues are not touched.",
+        remove: "Delete topic “" + topic + "” with all its channels and messages on every node and in lookupd?"});
     };
     page.refresh = function () {
       return Promise.all([A.api("GET", "/topics/" + seg(topic)), A.api("GET", "/history/topics/" + seg(topic))]).then(function (r) {
         if (!A.isCurrent(page)) return;
         var t = r[0];
         var history = r[1];
-        paused = !!t.paused;
-        A.replaceChildren(page.frame.badges, pausedBadge(paused));
-        if (page.pauseButton) page.pauseButton.textContent = paused ? "Unpause topic" : "Pause topic";
+        showPaused(page, "topic", !!t.paused);
         page.frame.subtitle.textContent = "Topic on " + (t.nodes || []).length + " node" + ((t.nodes || []).length === 1 ? "" : "s") +
           (t.message ? " — " + t.message : "");
         var lastRate = history.rate.length ? history.rate[history.rate.length - 1] : null;
@@ -246,9 +373,7 @@
               fmtInt(c.message_count), fmtRate(channelRates[c.channel_name]), fmtInt(c.client_count), pausedBadge(c.paused)];
           }), {empty: "No channels: messages stay in the topic until a consumer subscribes or a channel is created."}));
         A.replaceChildren(page.channels, channels.el);
-        A.replaceChildren(page.e2e, e2eCard("End-to-end processing latency", (t.nodes || []).map(function (n) {
-          return {label: n.node, e2e: n.e2e_processing_latency};
-        }).concat((t.nodes || []).length > 1 ? [{label: "All nodes", e2e: t.e2e_processing_latency}] : [])));
+        A.replaceChildren(page.e2e, nodesE2eCard(t));
       });
     };
     return page;
@@ -269,44 +394,20 @@
     var topic = params.topic;
     var channel = params.channel;
     var page = {};
-    var paused = false;
     var path = "/topics/" + seg(topic) + "/" + seg(channel);
     page.mount = function (root) {
-      document.title = topic + "/" + channel + " · nsqadmin";
-      page.frame = frame(root, [{text: "Topics", href: "/topics"}, {text: topic, href: "/topics/" + seg(topic)}, {text: channel}],
-        channel, "Channel of topic " + topic);
-      page.errorBox = page.frame.error;
-      page.tiles = h("div");
-      var charts = card("Throughput and depth");
-      page.charts = chartPair(charts.body, {title: "Messages / s into the channel"}, {title: "Depth, in flight and deferred"});
+      detailFrame(page, root, {name: topic + "/" + channel, title: channel, subtitle: "Channel of topic " + topic,
+        crumbs: [{text: "Topics", href: "/topics"}, {text: topic, href: "/topics/" + seg(topic)}, {text: channel}],
+        charts: ["Messages / s into the channel", "Depth, in flight and deferred"]});
       page.nodes = h("div");
       page.clients = h("div");
       page.e2e = h("div");
-      A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el, page.nodes, page.clients, page.e2e);
-      if (IS_ADMIN) {
-        page.pauseButton = button("Pause channel", {onclick: function () {
-          var action = paused ? "unpause" : "pause";
-          A.runAction({title: (paused ? "Unpause" : "Pause") + " channel", confirm: paused ? "Unpause" : "Pause",
-            text: paused ? "Resume delivering messages of channel “" + channel + "” to its consumers?"
-              : "Pause channel “" + channel + "” on every node? Messages keep queueing but consumers receive nothing until it is unpaused.",
-            call: function () { return A.api("POST", path, {action: action}); },
-            done: "Channel “" + channel + "” " + action + "d."});
-        }});
-        page.frame.actions.append(page.pauseButton,
-          button("Empty queue", {cls: "warn", onclick: function () {
-            A.runAction({title: "Empty channel", danger: true, confirm: "Empty",
-              text: "Delete every message queued in channel “" + channel + "” (memory and disk) on every node? Messages in flight are not touched.",
-              call: function () { return A.api("POST", path, {action: "empty"}); },
-              done: "Channel “" + channel + "” emptied."});
-          }}),
-          button("Delete channel", {cls: "danger", onclick: function () {
-            A.runAction({title: "Delete channel", danger: true, confirm: "Delete",
-              text: "Delete channel “" + channel + "” of topic “" + topic + "” with its messages on every node and in lookupd?",
-              call: function () { return A.api("DELETE", path); },
-              done: "Channel “" + channel + "” deleted.",
-              after: function () { A.navigate("/topics/" + seg(topic)); }});
-          }}));
-      }
+      A.add(page.frame.body, page.nodes, page.clients, page.e2e);
+      queueActions(page, {kind: "channel", name: channel, path: path, back: "/topics/" + seg(topic),
+        pause: "Pause channel “" + channel + "” on every node? Messages keep queueing but consumers receive nothing until it is unpaused.",
+        unpause: "Resume delivering messages of channel “" + channel + "” to its consumers?",
+        empty: "Delete every message queued in channel “" + channel + "” (memory and disk) on every node? Messages in flight are not touched.",
+        remove: "Delete channel “" + channel + "” of topic “" + topic + "” with its messages on every node and in lookupd?"});
     };
     page.refresh = function () {
       return Promise.all([A.api("GET", path), A.api("GET", "/history" + path)]).then(function (r) {
@@ -320,9 +421,7 @@
           A.replaceChildren(page.clients);
           return;
         }
-        paused = !!c.paused;
-        A.replaceChildren(page.frame.badges, pausedBadge(paused));
-        if (page.pauseButton) page.pauseButton.textContent = paused ? "Unpause channel" : "Pause channel";
+        showPaused(page, "channel", !!c.paused);
         if (c.message) page.frame.subtitle.textContent = "Channel of topic " + topic + " — " + c.message;
         var lastRate = history.rate.length ? history.rate[history.rate.length - 1] : null;
         A.replaceChildren(page.tiles, tiles([
@@ -363,15 +462,28 @@
               fmtInt(cl.message_count), A.fmtDuration(cl.connected), features(cl)]};
           }), {empty: "No consumer is connected to this channel."}));
         A.replaceChildren(page.clients, clients.el);
-        A.replaceChildren(page.e2e, e2eCard("End-to-end processing latency", (c.nodes || []).map(function (n) {
-          return {label: n.node, e2e: n.e2e_processing_latency};
-        }).concat((c.nodes || []).length > 1 ? [{label: "All nodes", e2e: c.e2e_processing_latency}] : [])));
+        A.replaceChildren(page.e2e, nodesE2eCard(c));
       });
     };
     return page;
   }};
 
   // -- nodes ----------------------------------------------------------------------------------------------
+  var NODE_CHIPS = 12;
+
+  /* A node's first topics as chips; the rest are counted, with a link to the node's page that lists them. */
+  function topicChips(topics, node) {
+    var chips = topics.slice(0, NODE_CHIPS).map(function (t) {
+      var link = topicLink(t.topic);
+      link.className = "chip" + (t.tombstoned ? " tombstoned" : "");
+      if (t.tombstoned) link.title = "tombstoned on this node";
+      return link;
+    });
+    var more = topics.length - chips.length;
+    return h("div", {"class": "chips"}, chips, more > 0 ? h("a", {href: "/nodes/" + seg(node), "class": "chip more"},
+      "+ " + fmtInt(more) + " more") : null);
+  }
+
   A.pages.nodes = {section: "nodes", create: function () {
     var page = {};
     page.mount = function (root) {
@@ -384,7 +496,7 @@
       page.frame.body.append(page.list);
     };
     page.refresh = function () {
-      return Promise.all([A.api("GET", "/nodes"), A.api("GET", "/history")]).then(function (r) {
+      return Promise.all([A.api("GET", "/nodes"), A.api("GET", "/history?spark=")]).then(function (r) {
         if (!A.isCurrent(page)) return;
         var nodes = r[0].nodes || [];
         var history = r[1].nodes || {};
@@ -395,12 +507,7 @@
             [n.version, n.out_of_date ? badge("out of date", "paused", "older than the newest node") : null],
             String((n.remote_addresses || []).length || "–"),
             sample ? fmtRate(sample.rate) : "–", sample ? fmtInt(sample.depth) : "–",
-            h("div", {"class": "chips"}, (n.topics || []).map(function (t) {
-              var link = topicLink(t.topic);
-              link.className = "chip" + (t.tombstoned ? " tombstoned" : "");
-              if (t.tombstoned) link.title = "tombstoned on this node";
-              return link;
-            }))];
+            topicChips(n.topics || [], name)];
         });
         var c = card(nodes.length + (nodes.length === 1 ? " node" : " nodes"));
         c.body.append(table([{label: "Hostname"}, {label: "Broadcast address"}, {label: "TCP", num: true},
@@ -419,14 +526,24 @@
     var node = params.node;
     var page = {};
     page.mount = function (root) {
-      document.title = node + " · nsqadmin";
-      page.frame = frame(root, [{text: "Nodes", href: "/nodes"}, {text: node}], node, "nsqd node");
-      page.errorBox = page.frame.error;
-      page.tiles = h("div");
-      var charts = card("Throughput and depth");
-      page.charts = chartPair(charts.body, {title: "Messages published / s on this node"}, {title: "Messages queued on this node"});
-      page.topics = h("div");
-      A.add(page.frame.body, readOnlyNote(), page.tiles, charts.el, page.topics);
+      detailFrame(page, root, {name: node, crumbs: [{text: "Nodes", href: "/nodes"}, {text: node}], title: node,
+        subtitle: "nsqd node", charts: ["Messages published / s on this node", "Messages queued on this node"]});
+      page.table = new PagedTable([{label: "Topic / channel"}, {label: "Depth", num: true}, {label: "Memory", num: true},
+        {label: "Disk", num: true}, {label: "In flight", num: true}, {label: "Messages", num: true},
+        {label: "Channels / consumers", num: true}, {label: "State"}, {label: ""}], {
+        noun: "topics", name: function (t) { return t.topic_name; }, empty: "This node has no topics.", pageSize: 25,
+        rows: function (t) {
+          return [{cls: "topic-row", cells: [topicLink(t.topic_name), fmtInt(t.depth), fmtInt(t.memory_depth),
+            fmtInt(t.backend_depth), "", fmtInt(t.message_count), fmtInt(t.channels.length), pausedBadge(t.paused),
+            tombstoneButton(t.topic_name, node)]}].concat(t.channels.map(function (c) {
+            return {cls: "channel-row", cells: [h("span", {"class": "indent"}, "↳ ", channelLink(t.topic_name, c.channel_name)),
+              fmtInt(c.depth), fmtInt(c.memory_depth), fmtInt(c.backend_depth), fmtInt(c.in_flight_count),
+              fmtInt(c.message_count), fmtInt(c.client_count) + " conn.", pausedBadge(c.paused), ""]};
+          }));
+        }});
+      var list = card("Topics and channels");
+      list.body.append(page.table.el);
+      A.add(page.frame.body, list.el);
     };
     page.refresh = function () {
       return Promise.all([A.api("GET", "/nodes/" + seg(node)), A.api("GET", "/history/nodes/" + seg(node))]).then(function (r) {
@@ -440,24 +557,8 @@
         A.replaceChildren(page.tiles, tiles([{label: "Messages", value: fmtInt(data.total_messages)},
           {label: "Consumers", value: fmtInt(data.total_clients)}, {label: "Topics", value: fmtInt(topics.length)},
           {label: "Channels", value: fmtInt(channelCount)}]));
-        page.charts[0].update(history.timestamps, [{label: "published/s", values: history.rate}]);
-        page.charts[1].update(history.timestamps, [{label: "depth", values: history.depth}]);
-        var rows = [];
-        topics.forEach(function (t) {
-          rows.push({cls: "topic-row", cells: [topicLink(t.topic_name), fmtInt(t.depth), fmtInt(t.memory_depth),
-            fmtInt(t.backend_depth), "", fmtInt(t.message_count), fmtInt(t.channels.length), pausedBadge(t.paused),
-            tombstoneButton(t.topic_name, node)]});
-          t.channels.forEach(function (c) {
-            rows.push({cls: "channel-row", cells: [h("span", {"class": "indent"}, "↳ ", channelLink(t.topic_name, c.channel_name)),
-              fmtInt(c.depth), fmtInt(c.memory_depth), fmtInt(c.backend_depth), fmtInt(c.in_flight_count),
-              fmtInt(c.message_count), fmtInt(c.client_count) + " conn.", pausedBadge(c.paused), ""]});
-          });
-        });
-        var c = card("Topics and channels");
-        c.body.append(table([{label: "Topic / channel"}, {label: "Depth", num: true}, {label: "Memory", num: true},
-          {label: "Disk", num: true}, {label: "In flight", num: true}, {label: "Messages", num: true},
-          {label: "Channels / consumers", num: true}, {label: "State"}, {label: ""}], rows, {empty: "This node has no topics."}));
-        A.replaceChildren(page.topics, c.el);
+        publishedAndQueued(page.charts, history);
+        page.table.update(topics);
       });
     };
     return page;
@@ -510,6 +611,24 @@
   A.pages.lookup = {section: "lookup", create: function () {
     var page = {};
     var usesLookupd = A.CONFIG.NSQLOOKUPD.length > 0;
+    var inactive = {};
+    function inactiveTopicRow(topic) {
+      var channels = inactive[topic] || [];
+      return [[topicLink(topic), h("div", {"class": "chips"}, channels.map(function (channel) {
+        return h("span", {"class": "chip"}, channel, IS_ADMIN ? h("button", {type: "button", "class": "chip-x",
+          title: "Delete channel " + channel, "aria-label": "Delete channel " + channel, onclick: function () {
+            A.runAction({title: "Delete channel", danger: true, confirm: "Delete",
+              text: "Delete channel “" + channel + "” of topic “" + topic + "” from lookupd?",
+              call: function () { return A.api("DELETE", "/topics/" + seg(topic) + "/" + seg(channel)); },
+              done: "Channel “" + channel + "” deleted."});
+          }}, "×") : null);
+      })), IS_ADMIN ? button("Delete topic", {cls: "small danger-ghost", onclick: function () {
+        A.runAction({title: "Delete topic", danger: true, confirm: "Delete",
+          text: "Delete topic “" + topic + "” and its channels from lookupd?",
+          call: function () { return A.api("DELETE", "/topics/" + seg(topic)); },
+          done: "Topic “" + topic + "” deleted."});
+      }}) : null]];
+    }
     page.mount = function (root) {
       document.title = "Lookup · nsqadmin";
       page.frame = frame(root, [], "Lookup", usesLookupd ? "nsqlookupd at " + A.CONFIG.NSQLOOKUPD.join(", ")
@@ -549,29 +668,17 @@
       }
       return A.api("GET", "/topics?inactive=true").then(function (data) {
         if (!A.isCurrent(page)) return;
-        var topics = data.topics || {};
-        var names = Object.keys(topics).sort();
-        var rows = names.map(function (topic) {
-          var channels = topics[topic] || [];
-          return [topicLink(topic), h("div", {"class": "chips"}, channels.map(function (channel) {
-            return h("span", {"class": "chip"}, channel, IS_ADMIN ? h("button", {type: "button", "class": "chip-x",
-              title: "Delete channel " + channel, "aria-label": "Delete channel " + channel, onclick: function () {
-                A.runAction({title: "Delete channel", danger: true, confirm: "Delete",
-                  text: "Delete channel “" + channel + "” of topic “" + topic + "” from lookupd?",
-                  call: function () { return A.api("DELETE", "/topics/" + seg(topic) + "/" + seg(channel)); },
-                  done: "Channel “" + channel + "” deleted."});
-              }}, "×") : null);
-          })), IS_ADMIN ? button("Delete topic", {cls: "small danger-ghost", onclick: function () {
-            A.runAction({title: "Delete topic", danger: true, confirm: "Delete",
-              text: "Delete topic “" + topic + "” and its channels from lookupd?",
-              call: function () { return A.api("DELETE", "/topics/" + seg(topic)); },
-              done: "Topic “" + topic + "” deleted."});
-          }}) : null];
-        });
-        var c = card("Topics without producers");
-        c.body.append(h("p", {"class": "note"}, "Topics and channels registered in lookupd that no nsqd node produces right now. Consumers looking them up wait for a producer."),
-          table([{label: "Topic"}, {label: "Channels"}, {label: ""}], rows, {empty: "Every topic registered in lookupd has a producer."}));
-        A.replaceChildren(page.list, c.el);
+        if (!page.table) {
+          page.table = new PagedTable([{label: "Topic"}, {label: "Channels"}, {label: ""}], {
+            noun: "topics", name: function (name) { return name; }, rows: inactiveTopicRow,
+            empty: "Every topic registered in lookupd has a producer."});
+          var c = card("Topics without producers");
+          c.body.append(h("p", {"class": "note"}, "Topics and channels registered in lookupd that no nsqd node produces right now. Consumers looking them up wait for a producer."),
+            page.table.el);
+          A.replaceChildren(page.list, c.el);
+        }
+        inactive = data.topics || {};
+        page.table.update(Object.keys(inactive).sort());
       });
     };
     return page;

@@ -14,6 +14,7 @@ both nodes), and tests that need lookupd's view skip with that reason.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -94,11 +95,17 @@ def wait_until(condition, timeout: float = 15.0, interval: float = 0.1, message:
 
 
 class Cluster:
-    """lookupd + two nsqd + nsqadmin. ``admin_args`` are extra nsqadmin flags."""
+    """lookupd + ``nodes`` nsqd (two by default) + nsqadmin. ``admin_args`` are extra nsqadmin flags;
+    ``topics(index)``, when given, names the topics nsqd ``index`` starts with (written to its ``nsqd.dat``)."""
 
-    def __init__(self, data_root: Path, admin_args: list[str] = ()) -> None:
+    def __init__(self, data_root: Path, admin_args: list[str] = (), *, nodes: int = 2, topics=None,
+                 history_interval: str = "1s", stop_timeout: float = 15.0) -> None:
         self.data_root = Path(data_root)
         self.admin_args = list(admin_args)
+        self.nodes = nodes
+        self.topics = topics
+        self.history_interval = history_interval
+        self.stop_timeout = stop_timeout
         self.lookupd: Daemon | None = None
         self.nsqds: list[Daemon] = []
         self.admin: Daemon | None = None
@@ -108,9 +115,12 @@ class Cluster:
         try:
             self.lookupd = Daemon("lookupd", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                                               "--broadcast-address=127.0.0.1"]).start()
-            for number in range(2):
+            for number in range(self.nodes):
                 data = self.data_root / f"nsqd{number}"
                 data.mkdir(parents=True, exist_ok=True)
+                if self.topics is not None:
+                    entries = [{"name": name, "paused": False, "channels": None} for name in self.topics(number)]
+                    (data / "nsqd.dat").write_text(json.dumps({"topics": entries, "version": "1.3.0"}))
                 self.nsqds.append(Daemon("nsqd", [
                     "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--broadcast-address=127.0.0.1",
                     f"--lookupd-tcp-address={self.lookupd.tcp_address}", f"--data-path={data}",
@@ -121,8 +131,8 @@ class Cluster:
             else:
                 self.mode = "nsqd"
                 upstream = [f"--nsqd-http-address={n.http}" for n in self.nsqds]
-            self.admin = Daemon("admin", ["--http-address=127.0.0.1:0", "--history-interval=1s", *upstream,
-                                          *self.admin_args]).start()
+            self.admin = Daemon("admin", ["--http-address=127.0.0.1:0", f"--history-interval={self.history_interval}",
+                                          *upstream, *self.admin_args]).start()
         except BaseException:
             self.stop(check=False)
             raise
@@ -177,13 +187,20 @@ class Cluster:
         assert reply.status == 200, reply
 
     def stop(self, check: bool = True) -> None:
-        errors = []
-        for daemon in [self.admin, *self.nsqds, self.lookupd]:
-            if daemon is None:
-                continue
+        """Stop the admin, then every nsqd at once (each persists its topics), then lookupd."""
+        errors: list[str] = []
+
+        def stop(daemon) -> None:
             try:
-                daemon.stop()
+                daemon.stop(self.stop_timeout)
             except AssertionError as exc:
                 errors.append(str(exc))
+
+        for group in ([self.admin], self.nsqds, [self.lookupd]):
+            threads = [threading.Thread(target=stop, args=(daemon,)) for daemon in group if daemon is not None]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         if check and errors:
             raise AssertionError("\n\n".join(errors))

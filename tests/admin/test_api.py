@@ -339,6 +339,9 @@ def test_base_path_mounts_everything(cluster):
         assert http("GET", base + "/nsq/api/nodes").json()["nodes"][0]["http_port"] == int(
             cluster.nsqds[0].http.rpartition(":")[2])
         assert http("GET", base + "/ping").status == 404
+        # without lookupd the topics are read from the nodes' /stats
+        names = {t["topic_name"] for t in cluster.stats(0).get("topics") or ()}
+        assert set(http("GET", base + "/nsq/api/topics").json()["topics"]) == names
     finally:
         admin.stop()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from admin.history import History, reduce_sample
+from admin.history import OLD_POINTS, SPARK_POINTS, History, reduce_sample
 from admin.options import (Options, OptionsError, config_value, normalize_base_path, parse_options, upstream_url,
                            validate)
 from admin.security import CSRF_HEADER, Guard
@@ -153,6 +153,46 @@ def test_history_overview_sparklines():
     assert overview["topics"]["t"]["rate"] == 10.0
     assert overview["topics"]["t"]["rates"] == [10.0] * 4
     assert overview["nodes"]["n1"]["message_count"] == 40
+
+
+def test_reduce_sample_reads_nsqd_stats_as_they_come():
+    topics = [{"topic_name": "t", "message_count": 7, "depth": 2, "channels": None},
+              {"topic_name": "u", "message_count": "x", "channels": [{"channel_name": "c", "depth": 3}]}]
+    table = reduce_sample([("n1", topics), ("n2", topics[:1])])
+    assert list(table[("topic", "t")]) == [14, 4, 0, 0, 0]
+    assert list(table[("topic_node", "t", "n2")]) == [7, 2, 0, 0, 0]
+    assert list(table[("channel", "u", "c")]) == [0, 3, 0, 0, 0]
+    assert list(table[("node", "n1")]) == [7, 5, 0, 0, 3]
+    assert list(table[("cluster",)]) == [14, 7, 0, 0, 3]
+
+
+def test_history_memory_is_per_series_whatever_the_samples():
+    history = History(interval=5.0, duration=3600.0)
+    for n in range(800):  # more samples than an hour holds
+        table = _sample(n * 10, n % 7)
+        if n < 50:
+            table[("topic", "gone")] = (n, 0, 0, 0, 0)
+        history.record(n * 5.0, table)
+    series = history.series(("topic", "t"))
+    times = series["timestamps"]
+    assert len(times) <= SPARK_POINTS + 1 + OLD_POINTS + 1
+    assert times[-1] == 3995.0 and times[-1] - times[0] >= 3600.0 - 5 * history.stride
+    assert times[-SPARK_POINTS - 1:] == [5.0 * n for n in range(800 - SPARK_POINTS - 1, 800)]  # full resolution
+    assert set(series["rate"][1:]) == {2.0}  # 10 messages per 5 s, also across thinned samples
+    assert ("topic", "gone") not in history.keys  # absent from every kept sample
+    assert history.bytes_per_series("topic") == 8 * 3 * (SPARK_POINTS + 1 + history.old.size)
+    assert history.bytes_per_series("topic") < 3000
+
+
+def test_history_overview_sparklines_for_the_named_topics_only():
+    history = History(interval=1.0, duration=60.0)
+    for second in range(3):
+        table = _sample(second * 10, 0)
+        table[("topic", "u")] = (second, 0, 0, 0, 0)
+        history.record(float(second), table)
+    overview = history.overview({"u"})
+    assert "rates" not in overview["topics"]["t"] and overview["topics"]["t"]["rate"] == 10.0
+    assert overview["topics"]["u"]["rates"] == [1.0, 1.0]
 
 
 # -- guard --------------------------------------------------------------------------------------------------------

@@ -79,6 +79,20 @@ def test_peer_index_follows_every_change():
     assert db.find_registrations("topic", "t", "") == [topic("t")]
 
 
+def test_peer_producers_are_the_peers_own_keys_of_a_category():
+    db = RegistrationDB()
+    a, b = peer("a"), peer("b")
+    for name in ("t1", "t2"):
+        db.add_producer(topic(name), Producer(a))
+        db.add_producer(channel(name, "c"), Producer(a))
+    db.add_producer(topic("t1"), Producer(b))
+    found = db.peer_producers("a", "topic")
+    assert [key for key, _ in found] == [topic("t1"), topic("t2")]
+    assert all(producer.peer is a for _, producer in found)
+    assert db.peer_producers("b", "topic") == [(topic("t1"), db.producer(topic("t1"), "b"))]
+    assert db.peer_producers("nobody", "topic") == []
+
+
 def test_activity_and_tombstones():
     now = 1000 * S
     fresh, stale = peer("fresh", now - 5 * S), peer("stale", now - 301 * S)

@@ -171,6 +171,7 @@ def test_graphs_draw_rates_from_samples(tab, cluster, showcase):
     page.wait_for_function("() => Number(document.querySelector('svg.chart').dataset.points) >= 3", timeout=30_000)
     assert page.locator("svg.chart").first.locator("circle").count() >= 3
     tab.page.goto(cluster.url + "/topics")
+    page.get_by_label("Filter topics").fill(showcase)
     expect(page.locator(f"tr:has(a:text-is('{showcase}')) svg.sparkline")).to_be_visible()
 
 
@@ -250,6 +251,7 @@ def test_tombstone_topic_on_node(tab, cluster, topic):
     spread(cluster, topic)
     node = cluster.node_name(1)
     page = tab.open(f"/nodes/{node}")
+    page.get_by_label("Filter topics").fill(topic)
     row = page.locator("tr.topic-row", has=page.get_by_role("link", name=topic, exact=True))
     tab.act("Tombstone", "Tombstone", f"Topic “{topic}” tombstoned on {node}.", scope=row)
     assert cluster.topic_stats(1, topic) is None
@@ -259,19 +261,19 @@ def test_tombstone_topic_on_node(tab, cluster, topic):
 def test_create_channel_from_lookup_page(tab, cluster, topic):
     spread(cluster, topic)
     page = tab.open("/lookup")
-    page.get_by_label("Topic").fill(topic)
-    page.get_by_label("Channel").fill("made_in_ui")
+    page.get_by_label("Topic", exact=True).fill(topic)
+    page.get_by_label("Channel", exact=True).fill("made_in_ui")
     tab.act("Create", "Create", f"Created topic “{topic}” with channel “made_in_ui”.")
     assert all(cluster.channel_stats(i, topic, "made_in_ui") is not None for i in (0, 1))
-    expect(page.get_by_label("Topic")).to_have_value("")
+    expect(page.get_by_label("Topic", exact=True)).to_have_value("")
 
 
 def test_lookup_page_lists_topics_without_producers(tab, cluster, topic):
     if cluster.mode != "lookupd":
         pytest.skip("nsqd does not register with nsqlookupd yet: the admin runs with --nsqd-http-address")
     page = tab.open("/lookup")
-    page.get_by_label("Topic").fill(topic)
-    page.get_by_label("Channel").fill("orphan")
+    page.get_by_label("Topic", exact=True).fill(topic)
+    page.get_by_label("Channel", exact=True).fill("orphan")
     tab.act("Create", "Create", f"Created topic “{topic}” with channel “orphan”.")
     lookupd = f"http://{cluster.lookupd.http}"
     assert topic in http("GET", lookupd + "/topics").json()["topics"]

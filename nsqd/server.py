@@ -30,9 +30,11 @@ from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
+from .replication import ReplicaHost, Replicator, attach_replication
+from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
-from .tls import server_ssl_context
+from .tls import client_ssl_context, server_ssl_context
 from .topic import Topic
 
 __all__ = ["NSQD", "split_address"]
@@ -92,6 +94,9 @@ class NSQD:
         self.data_path = opts.data_path or os.getcwd()
         # group commit of publishes: connections commit it before an OK leaves (queues/diskqueue.py)
         self.sync_barrier = SyncBarrier()
+        # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
+        self.replication: Replicator | None = None
+        self.replica_host = ReplicaHost(self)
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -114,6 +119,8 @@ class NSQD:
                           make_backend=self._make_backend, spawn=self._spawn)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            if self.replication is not None and not topic.ephemeral:
+                attach_replication(self.replication, topic)
             if not topic.ephemeral:
                 self.persist_metadata()
             self.lookup.topic_created(topic)
@@ -182,6 +189,8 @@ class NSQD:
             for backend in [topic.backend, *(c.backend for c in topic.channels.values())]:
                 if backend is not None and backend.last_error is not None:
                     return f"NOK - {backend.last_error}"
+        if self.replication is not None and self.replication.refusing():
+            return "NOK - replication degraded"
         return "OK"
 
     def get_existing_topic(self, name: str) -> Topic | None:
@@ -193,6 +202,8 @@ class NSQD:
             return False
         self.lookup.topic_deleted(topic)
         topic.close(persist=False)
+        if topic.replication is not None:
+            topic.replication.channel_op(name, "", OP_DELETED)
         log.info("TOPIC(%s): deleting", name)
         if not topic.ephemeral:
             self.persist_metadata()
@@ -200,6 +211,9 @@ class NSQD:
 
     def _channel_created(self, channel) -> None:
         self.scanner.refresh()
+        if channel.topic.replication is not None and not channel.ephemeral:
+            channel.replication = channel.topic.replication
+            channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)
         self.lookup.channel_created(channel)
         percentiles = self.opts.e2e_processing_latency_percentiles
         if percentiles:
@@ -209,6 +223,8 @@ class NSQD:
 
     def _channel_deleted(self, channel) -> None:
         self.scanner.refresh()
+        if channel.replication is not None:
+            channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)
         self.lookup.channel_deleted(channel)
         if not channel.ephemeral:
             self.persist_metadata()
@@ -241,6 +257,7 @@ class NSQD:
         http_listeners = adopt_listeners(http) if http else None
         https_listeners = adopt_listeners(https) if https else None
         self.tcp_address = format_address(listeners[0].socket.getsockname())
+        self._start_replication()
         for listener in listeners:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))
         try:
@@ -260,6 +277,9 @@ class NSQD:
                 if opts.statsd_address:
                     await nursery.start(StatsdPusher(self).run)
                 nursery.start_soon(self._sync_loop)
+                await nursery.start(self.replica_host.run)
+                if self.replication is not None:
+                    await nursery.start(self.replication.run)
                 nursery.start_soon(self._serve, listeners)
                 await nursery.start(self.lookup.run)
                 for topic in list(self.topics.values()):
@@ -272,6 +292,29 @@ class NSQD:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             self._close_topics()
+
+    @property
+    def node_name(self) -> str:
+        """This node as its peers name it in ``--replicate-to``: broadcast address and TCP port."""
+        port = self.opts.broadcast_tcp_port or int(self.tcp_address.rpartition(":")[2])
+        return f"{self.opts.broadcast_address}:{port}"
+
+    def _start_replication(self) -> None:
+        """Open the replica stores, and with ``--replicate-to`` the origin's sender (its node name needs the
+        bound TCP port); the topics loaded from the metadata join it."""
+        self.replica_host.load()
+        opts = self.opts
+        if not opts.replicate_to:
+            return
+        self.replication = Replicator(self.node_name, opts.replicate_to,
+                                      acks=opts.replication_acks or len(opts.replicate_to),
+                                      degraded=opts.replication_degraded, durable=self.durable,
+                                      ssl_context=client_ssl_context(opts) if self.tls_context else None)
+        log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
+                 ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
+        for topic in self.topics.values():
+            if not topic.ephemeral:
+                attach_replication(self.replication, topic)
 
     async def _sync_loop(self) -> None:
         """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule)."""
@@ -290,6 +333,7 @@ class NSQD:
         if self._data_lock is None:
             return
         self.persist_metadata()
+        self.replica_host.close()
         for topic in list(self.topics.values()):
             try:
                 topic.close(persist=True)
@@ -326,6 +370,9 @@ class NSQD:
                     magic += chunk
             if len(magic) < 4:
                 log.info("[%s] closed before sending the protocol magic", remote)
+                return
+            if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)
+                await self.replica_host.serve(stream, remote, magic[4:])
                 return
             if magic[:4] != MAGIC_V2:
                 log.error("client(%s) bad protocol magic %r", remote, magic[:4])

@@ -1,0 +1,356 @@
+"""Replicator: the origin's side, an outbox of frames and one link per ``--replicate-to`` peer.
+
+See the package notes for the design. Sequence numbers count the data frames of this process's session from 1.
+``acked`` is the highest seq held by ``--replication-acks`` peers; a connection's writer holds its output while
+the seq its last publish got is above it (``wait_acked``), so no OK leaves early and one write and one ACK per
+peer cover every publish made meanwhile (group commit).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from protocol.errors import ProtocolError
+from protocol.replication import (
+    HEARTBEAT_FRAME,
+    MAGIC_R1,
+    Ack,
+    OP_CREATED,
+    OP_PAUSED,
+    ChannelOp,
+    Error,
+    Finished,
+    Heartbeat,
+    Hello,
+    ReplicationDecoder,
+    Welcome,
+    encode,
+    encode_messages,
+)
+
+__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_replication", "receive_event"]
+
+log = logging.getLogger("nsqd")
+
+CONNECT_TIMEOUT = 5.0
+RETRY_MIN, RETRY_MAX = 0.1, 5.0
+HEARTBEAT_INTERVAL = 5.0
+#: a peer silent for this long (no ACK, no heartbeat) is taken for gone and its connection closed
+PEER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
+#: message ids per FINISHED frame
+FIN_BATCH = 4096
+#: outbox bytes kept for a peer that is behind before the oldest frames are dropped (it then needs a backfill)
+OUTBOX_LIMIT = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PeerStatistics:
+    address: str
+    state: str  # connecting, connected, down
+    node: str
+    acked: int
+    sent: int
+    pending_frames: int
+    pending_bytes: int
+    pending_messages: int
+    lagging: bool
+
+
+@dataclass(frozen=True)
+class ReplicatorStatistics:
+    node: str
+    acks_required: int
+    degraded_mode: str
+    degraded: bool
+    seq: int
+    acked: int
+    unreplicated_messages: int  # in the outbox and not yet held by enough peers
+    accepted_unreplicated: int  # taken while degraded (``accept``), in all
+    peers: tuple[PeerStatistics, ...]
+
+
+class _Peer:
+    __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        host, _, port = address.rpartition(":")
+        self.host = host.strip("[]")
+        self.port = int(port)
+        self.state = "connecting"
+        self.node = ""
+        self.acked = 0
+        self.sent = 0
+        self.wake = trio.Event()
+        self.lagging = False
+        self.last_heard = 0.0
+
+
+class Replicator:
+    """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
+
+    def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
+                 ssl_context=None) -> None:
+        self.node = node
+        self.peers = [_Peer(address) for address in peers]
+        self.acks_required = acks
+        self.degraded_mode = degraded
+        self.durable = durable
+        self.epoch = epoch
+        self.session = secrets.token_hex(8)
+        self.ssl_context = ssl_context
+        self.seq = 0  # last seq given to a frame
+        self.acked = 0  # highest seq held by ``acks_required`` peers
+        self.degraded = True  # until enough peers are connected
+        self.accepted_unreplicated = 0  # messages taken while degraded (``accept``), counted once
+        self._outbox: deque[tuple[int, bytes, int]] = deque()  # (seq, frame, messages in it)
+        self._outbox_bytes = 0
+        self._outbox_messages = 0
+        self._fins: dict[tuple[str, str], list[bytes]] = {}
+        self._changed = trio.Event()  # set (and replaced) when ``acked`` or ``degraded`` changes
+
+    # -- what the broker calls (synchronous, once per batch) ----------------------------------------------------
+    def refusing(self) -> bool:
+        """True while publishes must be refused (degraded with ``--replication-degraded=refuse``)."""
+        return self.degraded and self.degraded_mode == "refuse"
+
+    def offer(self, topic: str, messages) -> int:
+        """A published batch of ``nsqd.message.Message``: one MESSAGES frame; returns its seq."""
+        records = [(m.id, m.timestamp, m.attempts, m.timestamp + int(m.defer * 1e9) if m.defer else 0, m.body)
+                   for m in messages]
+        return self.offer_records(topic, records)
+
+    def offer_records(self, topic: str, records: list) -> int:
+        """``offer`` of ``(id, timestamp, attempts, due_ns, body)`` tuples (adopted messages)."""
+        self.seq += 1
+        if self.degraded:
+            self.accepted_unreplicated += len(records)
+        self._append(encode_messages(self.seq, topic, records), len(records))
+        return self.seq
+
+    def finished(self, topic: str, channel: str, messages) -> None:
+        """FINs of a channel: sent with the next write, no one waits for them."""
+        ids = self._fins.get((topic, channel))
+        if ids is None:
+            ids = self._fins[(topic, channel)] = []
+            self._wake_senders()
+        ids.extend(m.id for m in messages)
+
+    def channel_op(self, topic: str, channel: str, op: int) -> None:
+        self._flush_fins()
+        self.seq += 1
+        self._append(encode(ChannelOp(self.seq, topic, channel, op)), 0)
+
+    def _append(self, frame: bytes, messages: int) -> None:
+        self._outbox.append((self.seq, frame, messages))
+        self._outbox_bytes += len(frame)
+        self._outbox_messages += messages
+        self._wake_senders()
+
+    def _wake_senders(self) -> None:
+        for peer in self.peers:
+            peer.wake.set()
+
+    def _flush_fins(self) -> None:
+        fins, self._fins = self._fins, {}
+        for (topic, channel), ids in fins.items():
+            for start in range(0, len(ids), FIN_BATCH):
+                self.seq += 1
+                frame = encode(Finished(self.seq, topic, channel, tuple(ids[start:start + FIN_BATCH])))
+                self._outbox.append((self.seq, frame, 0))
+                self._outbox_bytes += len(frame)
+
+    async def wait_acked(self, seq: int) -> bool:
+        """Wait until ``seq`` is held by enough peers: True; False when publishes are refused meanwhile (the
+        peers went away in ``refuse`` mode). In ``accept`` mode a degraded replicator answers True at once."""
+        while seq > self.acked:
+            if self.degraded:
+                return self.degraded_mode != "refuse"
+            await self._changed.wait()
+        return True
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- acknowledgements ------------------------------------------------------------------------------------
+    def _peer_changed(self) -> None:
+        """Recompute ``acked`` and ``degraded`` from the peers, trim the outbox, wake the waiting writers."""
+        peers = self.peers
+        connected = sum(1 for p in peers if p.state == "connected" and not p.lagging)
+        acks = sorted((p.acked for p in peers), reverse=True)
+        acked = acks[self.acks_required - 1] if self.acks_required <= len(acks) else 0
+        degraded = connected < self.acks_required
+        if degraded != self.degraded:
+            if degraded:
+                log.warning("REPLICATION: degraded: %d of %d required peer(s) connected (%s)", connected,
+                            self.acks_required, "refusing publishes" if self.degraded_mode == "refuse"
+                            else "accepting publishes unreplicated")
+            else:
+                log.info("REPLICATION: %d peer(s) connected, publishes are replicated", connected)
+        changed = acked > self.acked or degraded != self.degraded
+        self.acked = max(acked, self.acked)
+        self.degraded = degraded
+        low = min(p.acked for p in peers)
+        outbox = self._outbox
+        while outbox and (outbox[0][0] <= low or self._outbox_bytes > OUTBOX_LIMIT):
+            seq, frame, messages = outbox.popleft()
+            self._outbox_bytes -= len(frame)
+            self._outbox_messages -= messages
+            if seq > low:
+                for peer in peers:
+                    if peer.acked < seq and not peer.lagging:
+                        peer.lagging = True
+                        log.error("REPLICATION: peer %s fell %d bytes behind: frames dropped, it needs a backfill",
+                                  peer.address, OUTBOX_LIMIT)
+        if changed:
+            self._notify()
+
+    # -- running ------------------------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer in self.peers:
+                nursery.start_soon(self._link, peer)
+            task_status.started()
+
+    async def _link(self, peer: _Peer) -> None:
+        """Keep one peer connected: connect, handshake, stream; on any failure log, wait, again."""
+        delay = RETRY_MIN
+        while True:
+            peer.state = "connecting"
+            try:
+                await self._session(peer)
+                delay = RETRY_MIN
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                    ProtocolError) as exc:
+                if peer.state == "connected":
+                    log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
+                else:
+                    log.info("REPLICATION: peer %s unreachable - %s", peer.address, exc or type(exc).__name__)
+            finally:
+                was = peer.state
+                peer.state = "down"
+                if was == "connected":
+                    self._peer_changed()
+            await trio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    async def _session(self, peer: _Peer) -> None:
+        with trio.fail_after(CONNECT_TIMEOUT):
+            stream = await trio.open_tcp_stream(peer.host, peer.port)
+        async with stream:
+            await stream.send_all(MAGIC_R1)
+            if self.ssl_context is not None:
+                stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
+                with trio.fail_after(CONNECT_TIMEOUT):
+                    await stream.do_handshake()
+            decoder = ReplicationDecoder()
+            await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable)))
+            with trio.fail_after(CONNECT_TIMEOUT):
+                welcome = await receive_event(stream, decoder)
+            if type(welcome) is Error:
+                raise ProtocolError(welcome.code, welcome.text)
+            if type(welcome) is not Welcome:
+                raise ProtocolError("E_BAD_PROTOCOL", f"expected WELCOME, got {type(welcome).__name__}")
+            peer.node = welcome.node
+            first = self._outbox[0][0] if self._outbox else self.seq + 1
+            if welcome.session == self.session and welcome.seq + 1 >= first:
+                peer.sent = peer.acked = max(welcome.seq, peer.acked)  # a reconnection: resume after it
+            else:
+                # a new replica session: everything still in the outbox goes again (the replica skips what it has)
+                peer.sent = first - 1
+            peer.state = "connected"
+            peer.last_heard = trio.current_time()
+            log.info("REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node,
+                     peer.sent)
+            self._peer_changed()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_loop, peer, stream)
+                await self._receive_loop(peer, stream, decoder)
+                nursery.cancel_scope.cancel()
+
+    async def _receive_loop(self, peer: _Peer, stream, decoder: ReplicationDecoder) -> None:
+        while True:
+            with trio.move_on_after(PEER_TIMEOUT) as scope:
+                event = await receive_event(stream, decoder)
+            if scope.cancelled_caught:
+                raise trio.TooSlowError(f"no word for {PEER_TIMEOUT:g} s")
+            peer.last_heard = trio.current_time()
+            kind = type(event)
+            if kind is Ack:
+                if event.seq > peer.acked:
+                    peer.acked = event.seq
+                    self._peer_changed()
+            elif kind is Error:
+                raise ProtocolError(event.code, event.text)
+            elif kind is not Heartbeat:
+                raise ProtocolError("E_BAD_PROTOCOL", f"unexpected {kind.__name__} frame from the replica")
+
+    async def _send_loop(self, peer: _Peer, stream) -> None:
+        outbox = self._outbox
+        while True:
+            with trio.move_on_after(HEARTBEAT_INTERVAL):
+                await peer.wake.wait()
+            peer.wake = trio.Event()
+            if self._fins:
+                self._flush_fins()
+            if not outbox or outbox[-1][0] <= peer.sent:
+                await stream.send_all(HEARTBEAT_FRAME)
+                continue
+            start = peer.sent + 1 - outbox[0][0]
+            if start < 0:
+                start = 0
+            frames = [outbox[i][1] for i in range(start, len(outbox))]
+            last = outbox[-1][0]
+            await stream.send_all(b"".join(frames))
+            peer.sent = max(peer.sent, last)
+
+    # -- statistics ---------------------------------------------------------------------------------------------
+    def statistics(self) -> ReplicatorStatistics:
+        outbox = self._outbox
+        peers = []
+        for peer in self.peers:
+            pending = [(len(frame), n) for seq, frame, n in outbox if seq > peer.acked]
+            peers.append(PeerStatistics(
+                address=peer.address, state=peer.state, node=peer.node, acked=peer.acked, sent=peer.sent,
+                pending_frames=len(pending), pending_bytes=sum(size for size, _ in pending),
+                pending_messages=sum(n for _, n in pending), lagging=peer.lagging))
+        return ReplicatorStatistics(node=self.node, acks_required=self.acks_required,
+                                    degraded_mode=self.degraded_mode, degraded=self.degraded, seq=self.seq,
+                                    acked=self.acked, peers=tuple(peers),
+                                    unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
+                                    accepted_unreplicated=self.accepted_unreplicated)
+
+
+
+def attach_replication(replicator: Replicator, topic) -> None:
+    """Replicate ``topic`` (not ephemeral) and its channels from now on: its state goes to the peers first
+    (topic created, paused; each lasting channel created, paused)."""
+    topic.replication = replicator
+    replicator.channel_op(topic.name, "", OP_CREATED)
+    if topic.paused:
+        replicator.channel_op(topic.name, "", OP_PAUSED)
+    for channel in topic.channels.values():
+        if channel.ephemeral:
+            continue
+        channel.replication = replicator
+        replicator.channel_op(topic.name, channel.name, OP_CREATED)
+        if channel.paused:
+            replicator.channel_op(topic.name, channel.name, OP_PAUSED)
+
+
+async def receive_event(stream, decoder: ReplicationDecoder):
+    """The next event of a replication stream, reading as needed; BrokenResourceError at EOF."""
+    while True:
+        event = decoder.next_event()
+        if event is not None:
+            return event
+        data = await stream.receive_some(65536)
+        if not data:
+            raise trio.BrokenResourceError("connection closed by the peer")
+        decoder.receive_data(data)

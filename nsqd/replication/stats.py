@@ -1,0 +1,73 @@
+"""The ``replication`` section of ``/stats`` (JSON and text) and its source for ``/metrics``.
+
+One snapshot (``ReplicationStats``) from the origin's ``Replicator`` (peers, lag) and the replica's
+``ReplicaHost`` (stores per origin, takeovers, duplicates). It is present only on a node that replicates or holds
+copies, so the document of a plain nsqd stays nsqd's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .host import OriginStatistics
+from .sender import ReplicatorStatistics
+
+__all__ = ["ReplicationStats", "collect_replication", "replication_json", "replication_text"]
+
+
+@dataclass(frozen=True)
+class ReplicationStats:
+    node: str
+    origin: ReplicatorStatistics | None  # None without --replicate-to
+    replicas: tuple[OriginStatistics, ...]
+    takeovers: int
+    adopted_messages: int
+    duplicates_received: int  # messages an origin sent again while this replica held them
+
+
+def collect_replication(nsqd) -> ReplicationStats | None:
+    replication = nsqd.replication
+    host = nsqd.replica_host
+    if replication is None and not host.origins:
+        return None
+    return ReplicationStats(
+        node=nsqd.node_name if nsqd.tcp_address else "",
+        origin=replication.statistics() if replication is not None else None,
+        replicas=tuple(host.statistics()),
+        takeovers=host.takeovers,
+        adopted_messages=host.adopted_messages,
+        duplicates_received=sum(o.store.duplicates for o in host.origins.values()),
+    )
+
+
+def replication_json(stats: ReplicationStats) -> dict:
+    origin = stats.origin
+    return {
+        "node": stats.node,
+        "state": "off" if origin is None else ("degraded" if origin.degraded else "replicating"),
+        "acks_required": 0 if origin is None else origin.acks_required,
+        "degraded_mode": "" if origin is None else origin.degraded_mode,
+        "unreplicated_messages": 0 if origin is None else origin.unreplicated_messages,
+        "accepted_unreplicated": 0 if origin is None else origin.accepted_unreplicated,
+        "peers": [] if origin is None else [asdict(p) for p in origin.peers],
+        "replicas": [asdict(r) for r in stats.replicas],
+        "takeovers": stats.takeovers,
+        "adopted_messages": stats.adopted_messages,
+        "duplicates_received": stats.duplicates_received,
+    }
+
+
+def replication_text(stats: ReplicationStats) -> list[str]:
+    doc = replication_json(stats)
+    out = ["", f"Replication: {doc['state']} (node {doc['node']}, acks {doc['acks_required']}, "
+               f"degraded: {doc['degraded_mode'] or '-'}, unreplicated: {doc['unreplicated_messages']})"]
+    for p in doc["peers"]:
+        out.append(f"   peer [{p['address']:<21}] state: {p['state']:<10} acked: {p['acked']:<8} "
+                   f"pending: {p['pending_messages']} msgs / {p['pending_bytes']} bytes"
+                   + (" LAGGING (needs backfill)" if p["lagging"] else ""))
+    for r in doc["replicas"]:
+        out.append(f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
+                   f"{r['held_bytes']} bytes epoch: {r['epoch']}")
+    out.append(f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
+               f"duplicates received: {doc['duplicates_received']}")
+    return out

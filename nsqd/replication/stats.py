@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from .host import OriginStatistics
 from .sender import ReplicatorStatistics
 
-__all__ = ["ReplicationStats", "collect_replication", "replication_json", "replication_text"]
+__all__ = [
+    "ReplicationStats", "collect_replication", "replication_json", "replication_metrics", "replication_text",
+]
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,36 @@ def replication_text(stats: ReplicationStats) -> list[str]:
     out.append(f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
                f"duplicates received: {doc['duplicates_received']}")
     return out
+
+
+def replication_metrics(stats: ReplicationStats):
+    """The ``nsqd_replication_*`` families (``metrics.py`` yields them when the section exists)."""
+    origin = stats.origin
+    if origin is not None:
+        yield GaugeMetricFamily("nsqd_replication_degraded", "1 while fewer peers are connected than required",
+                                value=int(origin.degraded))
+        yield GaugeMetricFamily("nsqd_replication_unreplicated_messages",
+                                "Messages not yet held by enough peers", value=origin.unreplicated_messages)
+        yield CounterMetricFamily("nsqd_replication_accepted_unreplicated",
+                                  "Messages accepted while degraded (--replication-degraded=accept)",
+                                  value=origin.accepted_unreplicated)
+        connected = GaugeMetricFamily("nsqd_replication_peer_connected", "1 while the peer is connected",
+                                      labels=["peer"])
+        pending = GaugeMetricFamily("nsqd_replication_peer_pending_messages",
+                                    "Messages the peer has not acknowledged", labels=["peer"])
+        pending_bytes = GaugeMetricFamily("nsqd_replication_peer_pending_bytes",
+                                          "Bytes of frames the peer has not acknowledged", labels=["peer"])
+        for peer in origin.peers:
+            connected.add_metric([peer.address], int(peer.state == "connected"))
+            pending.add_metric([peer.address], peer.pending_messages)
+            pending_bytes.add_metric([peer.address], peer.pending_bytes)
+        yield from (connected, pending, pending_bytes)
+    held = GaugeMetricFamily("nsqd_replica_held_messages", "Messages held for an origin", labels=["origin"])
+    held_bytes = GaugeMetricFamily("nsqd_replica_held_bytes", "Body bytes held for an origin", labels=["origin"])
+    for replica in stats.replicas:
+        held.add_metric([replica.node], replica.held_messages)
+        held_bytes.add_metric([replica.node], replica.held_bytes)
+    yield from (held, held_bytes)
+    yield CounterMetricFamily("nsqd_replica_takeovers", "Origins taken over by this node", value=stats.takeovers)
+    yield CounterMetricFamily("nsqd_replica_adopted_messages", "Messages adopted at takeovers",
+                              value=stats.adopted_messages)

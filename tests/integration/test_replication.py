@@ -177,6 +177,10 @@ def test_degraded_accept_takes_messages_and_sends_them_when_the_peer_comes(daemo
     doc = stats(origin.http())["replication"]
     assert doc["state"] == "degraded" and doc["accepted_unreplicated"] == 1 and doc["unreplicated_messages"] == 1
     assert get(origin.http(), "/ping").status == 200
+    metrics = get(origin.http(), "/metrics").body.decode()
+    assert "nsqd_replication_degraded 1.0" in metrics
+    assert "nsqd_replication_accepted_unreplicated_total 1.0" in metrics
+    assert "Replication: degraded" in get(origin.http(), "/stats").body.decode()
     replica = start(daemons, tmp_path / "b", port=port)
     wait_for(lambda: held(replica, node) == 1, timeout=20, message="sent when the peer came")
     wait_for(lambda: stats(origin.http())["replication"]["unreplicated_messages"] == 0, message="acknowledged")

@@ -309,12 +309,21 @@ class NSQD:
         self.replication = Replicator(self.node_name, opts.replicate_to,
                                       acks=opts.replication_acks or len(opts.replicate_to),
                                       degraded=opts.replication_degraded, durable=self.durable,
-                                      ssl_context=client_ssl_context(opts) if self.tls_context else None)
+                                      ssl_context=self._replication_ssl_context())
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
         for topic in self.topics.values():
             if not topic.ephemeral:
                 attach_replication(self.replication, topic)
+
+    def _replication_ssl_context(self):
+        """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``
+        (or the system's roots), this node's certificate offered for their client-auth policy."""
+        if self.tls_context is None:
+            return None
+        context = client_ssl_context(self.opts)
+        context.load_cert_chain(self.opts.tls_cert, self.opts.tls_key)
+        return context
 
     async def _sync_loop(self) -> None:
         """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule)."""

@@ -124,6 +124,12 @@ class ReplicaHost:
     # -- the connection --------------------------------------------------------------------------------------------
     async def serve(self, stream, remote: str, initial: bytes) -> None:
         """One origin's stream, after the ``  R1`` magic; ``initial``: the bytes read after it."""
+        if not initial:  # what follows the magic says whether the origin starts TLS
+            with trio.move_on_after(HANDSHAKE_TIMEOUT):
+                try:
+                    initial = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    return
         if initial[:1] == b"\x16":  # a TLS ClientHello: the origin upgrades
             context = self.nsqd.tls_context
             if context is None:

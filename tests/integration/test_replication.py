@@ -220,3 +220,23 @@ def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons,
         bystander.publish("t", b"after")
     assert replica.is_running()
     assert stop_all([replica]) is None
+
+
+def test_replication_over_tls(daemons, tmp_path):
+    from tests.integration.features import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    tls = certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}")
+    origin, replica = pair(daemons, tmp_path, *tls, replica_args=tuple(tls))
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    origin.wait_for_log(r"REPLICATION: peer .* connected", timeout=10)
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"secret%d" % i for i in range(5)])
+    assert held(replica, node) == 5
+    replica.wait_for_log(r"origin .* connected", timeout=10)
+    plain = start(daemons, tmp_path / "c")
+    with socket.create_connection(plain.tcp, timeout=10) as sock:  # a node without a certificate refuses TLS
+        sock.sendall(MAGIC_R1 + b"\x16\x03\x01\x00\x05hello")
+        decoder = ReplicationDecoder()
+        decoder.receive_data(sock.recv(65536))
+        assert decoder.next_event() == Error("E_BAD_PROTOCOL", "TLS is not configured on this node")

@@ -8,6 +8,7 @@ Connections are served by ``tcp.Connection``; this module only accepts them and 
 from __future__ import annotations
 
 import itertools
+from functools import partial
 import logging
 import os
 import time
@@ -31,6 +32,8 @@ from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
 from .replication import ReplicaHost, Replicator, attach_replication
+from .replication.sender import load_epoch, save_epoch
+from .replication.snapshot import backfill_frames
 from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
@@ -40,6 +43,9 @@ from .topic import Topic
 __all__ = ["NSQD", "split_address"]
 
 log = logging.getLogger("nsqd")
+
+#: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted
+REPLICATION_START_TIMEOUT = 6.0
 
 
 class NSQD:
@@ -280,6 +286,7 @@ class NSQD:
                 await nursery.start(self.replica_host.run)
                 if self.replication is not None:
                     await nursery.start(self.replication.run)
+                    nursery.start_soon(self.replication.wait_started, REPLICATION_START_TIMEOUT)
                 nursery.start_soon(self._serve, listeners)
                 await nursery.start(self.lookup.run)
                 for topic in list(self.topics.values()):
@@ -309,12 +316,34 @@ class NSQD:
         self.replication = Replicator(self.node_name, opts.replicate_to,
                                       acks=opts.replication_acks or len(opts.replicate_to),
                                       degraded=opts.replication_degraded, durable=self.durable,
-                                      ssl_context=self._replication_ssl_context())
+                                      ssl_context=self._replication_ssl_context(),
+                                      epoch=load_epoch(self.data_path), snapshot=partial(backfill_frames, self),
+                                      on_adopted=self._replication_adopted)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
         for topic in self.topics.values():
             if not topic.ephemeral:
                 attach_replication(self.replication, topic)
+
+    def _replication_adopted(self, peer: str, epoch: int) -> None:
+        """A peer adopted this node's messages while it was away. At start-up they are dropped here (the peer
+        delivers them); later (a partition, not a death) they stay: duplicates, not losses."""
+        save_epoch(self.data_path, epoch)
+        if not self.replication.starting:
+            log.warning("REPLICATION: peer %s adopted this node's messages (epoch %d) while it was connected "
+                        "elsewhere: keeping them (duplicates possible)", peer, epoch)
+            return
+        dropped = 0
+        for topic in self.topics.values():
+            if topic.ephemeral:
+                continue
+            dropped += topic.depth() + sum(c.depth() + len(c.in_flight) + len(c.deferred)
+                                           for c in topic.channels.values())
+            topic.empty()
+            for channel in topic.channels.values():
+                channel.empty()
+        log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
+                    "%d message(s) held here", peer, epoch, dropped)
 
     def _replication_ssl_context(self):
         """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``
@@ -389,6 +418,8 @@ class NSQD:
                     await stream.send_all(encode_frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL"))
                 return
             log.info("[%s] PROTOCOL(V2)", remote)
+            if self.replication is not None and self.replication.starting:
+                await self.replication.ready.wait()  # clients wait until the peers said what is still ours
             opts = self.opts
             client = Client(next(self._client_ids), remote, msg_timeout=opts.msg_timeout,
                             heartbeat_interval=opts.client_timeout / 2, output_buffer_size=16384,

@@ -190,21 +190,43 @@ class ReplicaHost:
 
     async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder) -> None:
         """Store what each receive buffer holds, then answer it: ACK of the last seq, or a heartbeat for a
-        heartbeat. The first data frame of a session may start above the last seq stored (frames the replica
-        already holds are not sent again); the others must follow one another."""
+        heartbeat. A session this replica knows resumes with the next seq; otherwise the stream opens with a
+        backfill (data frames of seq 0, then SYNCED), after which messages not in it are released."""
         store = origin.store
         last = store.seq if session == store.session else 0
         first_frame = True
+        backfill: set[bytes] | None = None  # ids seen in the backfill while it runs
         while True:
             events = []
             acked = last
-            heartbeat = False
+            heartbeat = synced = False
             while (event := decoder.next_event()) is not None:
                 kind = type(event)
                 if kind in _DATA_EVENTS or kind is Synced:
-                    if event.seq != last + 1 and not (first_frame and event.seq > last):
-                        raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
+                    if first_frame and (event.seq == 0 or kind is Synced):  # a backfill (maybe empty)
+                        backfill = set()
+                        store.begin_backfill()
                     first_frame = False
+                    if backfill is not None:
+                        if kind is Synced:
+                            if events:
+                                self._store(store, events)
+                                events = []
+                            released = store.release_unseen(backfill)
+                            backfill = None
+                            last = event.seq
+                            synced = True
+                            log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released",
+                                     origin.node, len(store.held), released)
+                            continue
+                        if event.seq != 0:
+                            raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} inside a backfill")
+                        if kind is Messages:
+                            backfill.update(m.id for m in event.messages)
+                        events.append(event)
+                        continue
+                    if event.seq != last + 1:
+                        raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
                     last = event.seq
                     if kind is not Synced:
                         events.append(event)
@@ -213,11 +235,8 @@ class ReplicaHost:
                 else:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
-                try:
-                    store.store(session, events)
-                except OSError as exc:
-                    raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
-            if last != acked:
+                self._store(store, events)
+            if last != acked or synced:
                 store.session, store.seq = session, last
                 await stream.send_all(encode(Ack(last)))
             elif heartbeat:
@@ -229,6 +248,13 @@ class ReplicaHost:
             if not data:
                 raise trio.BrokenResourceError("closed by the origin")
             decoder.receive_data(data)
+
+    @staticmethod
+    def _store(store: ReplicaStore, events: list) -> None:
+        try:
+            store.store(events)
+        except OSError as exc:
+            raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
 
     @staticmethod
     async def _send_error(stream, code: str, text: str) -> None:

@@ -8,7 +8,9 @@ peer cover every publish made meanwhile (group commit).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import secrets
 from collections import deque
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 import trio
 
 from protocol.errors import ProtocolError
+
+from ..queues.atomic_file import replace_file
 from protocol.replication import (
     HEARTBEAT_FRAME,
     MAGIC_R1,
@@ -28,12 +32,14 @@ from protocol.replication import (
     Heartbeat,
     Hello,
     ReplicationDecoder,
+    Synced,
     Welcome,
     encode,
     encode_messages,
 )
 
-__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_replication", "receive_event"]
+__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_replication", "load_epoch", "receive_event",
+           "save_epoch"]
 
 log = logging.getLogger("nsqd")
 
@@ -75,7 +81,8 @@ class ReplicatorStatistics:
 
 
 class _Peer:
-    __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard")
+    __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
+                 "synced", "welcomed", "tried")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -89,13 +96,16 @@ class _Peer:
         self.wake = trio.Event()
         self.lagging = False
         self.last_heard = 0.0
+        self.synced = 0  # the seq of the SYNCED that ends this peer's backfill
+        self.welcomed = False  # a WELCOME came since this node started
+        self.tried = False  # a first connection attempt ended (welcomed or failed)
 
 
 class Replicator:
     """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
 
     def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
-                 ssl_context=None) -> None:
+                 ssl_context=None, snapshot=None, on_adopted=None) -> None:
         self.node = node
         self.peers = [_Peer(address) for address in peers]
         self.acks_required = acks
@@ -113,11 +123,34 @@ class Replicator:
         self._outbox_messages = 0
         self._fins: dict[tuple[str, str], list[bytes]] = {}
         self._changed = trio.Event()  # set (and replaced) when ``acked`` or ``degraded`` changes
+        #: () -> (frames, messages): the backfill of everything this node holds (``snapshot.backfill_frames``)
+        self.snapshot = snapshot
+        #: (peer address, epoch): a peer adopted this node's messages while it was away (``NSQD``)
+        self.on_adopted = on_adopted
+        #: True until every peer answered or failed once (start-up: the node learns its epoch before serving)
+        self.starting = True
+        self.started_check = trio.Event()
+        self.ready = trio.Event()  # set once ``starting`` is over
 
     # -- what the broker calls (synchronous, once per batch) ----------------------------------------------------
     def refusing(self) -> bool:
-        """True while publishes must be refused (degraded with ``--replication-degraded=refuse``)."""
-        return self.degraded and self.degraded_mode == "refuse"
+        """True while publishes must be refused: degraded with ``--replication-degraded=refuse``, or at start-up
+        until the peers said whether this node's messages were adopted."""
+        return self.starting or (self.degraded and self.degraded_mode == "refuse")
+
+    async def wait_started(self, timeout: float) -> None:
+        """Start-up: wait (at most ``timeout``) until every peer answered or failed once, then take publishes."""
+        with trio.move_on_after(timeout):
+            await self.started_check.wait()
+        self.starting = False
+        self.ready.set()
+        if not any(peer.welcomed for peer in self.peers):
+            log.warning("REPLICATION: no peer reachable at start-up: delivering the messages this node holds "
+                        "(at-least-once)")
+
+    def _check_started(self) -> None:
+        if all(peer.tried or peer.welcomed for peer in self.peers):
+            self.started_check.set()
 
     def offer(self, topic: str, messages) -> int:
         """A published batch of ``nsqd.message.Message``: one MESSAGES frame; returns its seq."""
@@ -226,16 +259,21 @@ class Replicator:
             try:
                 await self._session(peer)
                 delay = RETRY_MIN
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
-                    ProtocolError) as exc:
-                if peer.state == "connected":
+            except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                     ProtocolError) as group:
+                exc = group.exceptions[0]
+                while isinstance(exc, BaseExceptionGroup):
+                    exc = exc.exceptions[0]
+                if peer.state in ("connected", "backfilling"):
                     log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
                 else:
                     log.info("REPLICATION: peer %s unreachable - %s", peer.address, exc or type(exc).__name__)
             finally:
                 was = peer.state
                 peer.state = "down"
-                if was == "connected":
+                peer.tried = True
+                self._check_started()
+                if was in ("connected", "backfilling"):
                     self._peer_changed()
             await trio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
@@ -258,17 +296,37 @@ class Replicator:
             if type(welcome) is not Welcome:
                 raise ProtocolError("E_BAD_PROTOCOL", f"expected WELCOME, got {type(welcome).__name__}")
             peer.node = welcome.node
+            peer.last_heard = trio.current_time()
+            if welcome.epoch > self.epoch:
+                # this node's messages were adopted by that peer while it was away: they are the peer's now
+                self.epoch = welcome.epoch
+                if self.on_adopted is not None:
+                    self.on_adopted(peer.address, welcome.epoch)
             first = self._outbox[0][0] if self._outbox else self.seq + 1
+            backfill = None
             if welcome.session == self.session and welcome.seq + 1 >= first:
                 peer.sent = peer.acked = max(welcome.seq, peer.acked)  # a reconnection: resume after it
+                peer.state = "connected"
+                log.info("REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node,
+                         peer.sent)
             else:
-                # a new replica session: everything still in the outbox goes again (the replica skips what it has)
-                peer.sent = first - 1
-            peer.state = "connected"
-            peer.last_heard = trio.current_time()
-            log.info("REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node,
-                     peer.sent)
+                # the peer does not hold this session's stream: it gets everything this node holds unfinished
+                # first, and counts toward the acks once it acknowledged the end of that (SYNCED)
+                self._flush_fins()
+                backfill, count = self.snapshot() if self.snapshot is not None else ([], 0)
+                peer.synced = peer.sent = self.seq
+                peer.acked = 0
+                peer.lagging = False
+                peer.state = "backfilling"
+                log.info("REPLICATION: peer %s (%s) connected, backfill of %d message(s) up to seq %d",
+                         peer.address, welcome.node, count, peer.synced)
+            peer.welcomed = True
+            self._check_started()
             self._peer_changed()
+            if backfill is not None:
+                backfill.append(encode(Synced(peer.synced)))
+                for start in range(0, len(backfill), 64):
+                    await stream.send_all(b"".join(backfill[start:start + 64]))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._send_loop, peer, stream)
                 await self._receive_loop(peer, stream, decoder)
@@ -283,8 +341,11 @@ class Replicator:
             peer.last_heard = trio.current_time()
             kind = type(event)
             if kind is Ack:
-                if event.seq > peer.acked:
-                    peer.acked = event.seq
+                if event.seq > peer.acked or peer.state == "backfilling":
+                    peer.acked = max(event.seq, peer.acked)
+                    if peer.state == "backfilling" and event.seq >= peer.synced:
+                        peer.state = "connected"
+                        log.info("REPLICATION: peer %s backfilled, counting toward acks", peer.address)
                     self._peer_changed()
             elif kind is Error:
                 raise ProtocolError(event.code, event.text)
@@ -354,3 +415,22 @@ async def receive_event(stream, decoder: ReplicationDecoder):
         if not data:
             raise trio.BrokenResourceError("connection closed by the peer")
         decoder.receive_data(data)
+
+
+EPOCH_FILE = "replication.dat"
+
+
+def load_epoch(data_path: str) -> int:
+    """This node's epoch as an origin (``replication.dat``), 0 when it has none."""
+    try:
+        with open(os.path.join(data_path, EPOCH_FILE), "rb") as f:
+            return int(json.load(f).get("epoch", 0))
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError, AttributeError) as exc:
+        log.error("REPLICATION: could not read %s - %s", EPOCH_FILE, exc)
+        return 0
+
+
+def save_epoch(data_path: str, epoch: int) -> None:
+    replace_file(os.path.join(data_path, EPOCH_FILE), json.dumps({"epoch": epoch}).encode())

@@ -152,7 +152,7 @@ class ReplicaStore:
                 yield first + offset, event
 
     # -- receiving ---------------------------------------------------------------------------------------------
-    def store(self, session: str, events: list) -> None:
+    def store(self, events: list) -> None:
         """Write a batch of data events (MESSAGES, FINISHED, CHANNEL) and index them. In durable mode they are
         synced before this returns. OSError from the disk: nothing of the batch is stored (the queue's rule)."""
         if not events:
@@ -164,8 +164,6 @@ class ReplicaStore:
         assert len(read) == len(records), "the replica queue had unread records"
         for offset, event in enumerate(events):
             self._apply(first + offset, event)
-        self.session = session
-        self.seq = events[-1].seq
         if self.json_dirty:
             self.save_json()
             self.json_dirty = False
@@ -281,6 +279,19 @@ class ReplicaStore:
         else:
             del self._pending[token]
             self.queue.ack(token)
+
+    def begin_backfill(self) -> None:
+        """The origin sends its whole state again: its topics and channels are what the backfill says."""
+        self.topics.clear()
+        self.json_dirty = True
+
+    def release_unseen(self, seen: set[bytes]) -> int:
+        """After a backfill: release the held messages it did not include (the origin no longer holds them: their
+        FINs were lost with a connection or a restart). Returns how many."""
+        gone = [(msg_id, entry) for msg_id, entry in self.held.items() if msg_id not in seen]
+        for msg_id, entry in gone:
+            self._release(msg_id, entry)
+        return len(gone)
 
     def sync(self) -> None:
         self.queue.sync()

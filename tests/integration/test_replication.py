@@ -240,3 +240,59 @@ def test_replication_over_tls(daemons, tmp_path):
         decoder = ReplicationDecoder()
         decoder.receive_data(sock.recv(65536))
         assert decoder.next_event() == Error("E_BAD_PROTOCOL", "TLS is not configured on this node")
+
+
+def test_a_replica_that_comes_back_empty_is_backfilled_before_it_counts(daemons, tmp_path):
+    import shutil
+
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = replica.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    post(origin.http(), "/channel/create?topic=t&channel=d")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(30)])
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        receive(client, 10)
+        wait_for(lambda: held(replica, node) == 30, message="held")
+    replica.kill()
+    shutil.rmtree(tmp_path / "b")
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    replica = start(daemons, tmp_path / "b", port=port)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", timeout=20, message="back")
+    assert held(replica, node) == 30  # every message d has not finished, whatever c did
+    with consumer(origin.tcp, "t", "d", ready=30) as client:
+        receive(client, 30)
+        wait_for(lambda: held(replica, node) == 20, message="released")  # c still holds 20
+
+
+def test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])
+    assert origin.stop() == 0  # its messages stay in its data directory
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 10
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    origin.wait_for_log(r"adopted this node's messages while it was away \(epoch 1\): dropped the 10", timeout=20)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    channel = stats(origin.http(), "topic=t")["topics"][0]["channels"][0]
+    assert channel["depth"] == 0 and channel["in_flight_count"] == 0
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"new")
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert receive(client, 1) == [b"new"]
+        assert client.poll_frame(0.5) is None
+    # the origin restarts again: same epoch now, nothing dropped
+    assert (tmp_path / "a" / "replication.dat").read_text() == '{"epoch": 1}'
+
+
+def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_path):
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{free_port()}", "--replication-degraded=accept")
+    origin.wait_for_log(r"no peer reachable at start-up: delivering the messages this node holds", timeout=20)
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"x")

@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.common import RESULTS_DIR, format_table
 
 ORDER = ["pub", "mpub", "consume", "pubsub", "latency", "http", "memory", "fairness", "isolation",
-         "persistence", "spark_throughput"]
+         "persistence", "replication", "spark_throughput"]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
 
@@ -38,6 +38,7 @@ HEADLINES = {
     "memory": ["bytes/msg", "overhead/msg", "rss_drained_MB"],
     "fairness": ["few/many", "jain"],
     "isolation": ["live channel", "p99 ms", "drain msg/s"],
+    "replication": ["mode", "workload", "pub msg/s", "vs off", "ok p99 ms", "p99 added ms"],
 }
 
 

@@ -318,7 +318,7 @@ class NSQD:
                                       degraded=opts.replication_degraded, durable=self.durable,
                                       ssl_context=self._replication_ssl_context(),
                                       epoch=load_epoch(self.data_path), snapshot=partial(backfill_frames, self),
-                                      on_adopted=self._replication_adopted)
+                                      on_adopted=self._replication_adopted, node_id=opts.node_id)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
         for topic in self.topics.values():

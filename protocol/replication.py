@@ -73,6 +73,7 @@ class Hello:
     epoch: int = 0
     durable: bool = False
     version: int = 1
+    node_id: int = 0  # the origin's --node-id: message IDs are unique across nodes only if these differ
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +270,7 @@ def _decode_hello(payload: bytes):
         raise ProtocolError(E_BAD_HELLO, f"HELLO node {node!r} is not HOST:PORT")
     return Hello(node=node, session=_field(obj, "session", str, "", "HELLO"),
                  epoch=_field(obj, "epoch", int, 0, "HELLO"), durable=_field(obj, "durable", bool, False, "HELLO"),
-                 version=_field(obj, "version", int, 1, "HELLO"))
+                 version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"))
 
 
 def _decode_welcome(payload: bytes):

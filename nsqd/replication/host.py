@@ -152,6 +152,10 @@ class ReplicaHost:
                      hello.session, hello.epoch)
             await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
                                                  len(store.held))))
+            if hello.node_id == self.opts.node_id:
+                log.warning("REPLICATION: origin %s has this node's --node-id %d: the message IDs of adopted "
+                            "messages may collide with this node's own; give every node its own --node-id",
+                            hello.node, hello.node_id)
             if hello.epoch < store.epoch:
                 log.warning("REPLICATION: origin %s returns with epoch %d: its messages were adopted here "
                             "(epoch %d)", hello.node, hello.epoch, store.epoch)

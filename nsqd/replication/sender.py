@@ -105,12 +105,13 @@ class Replicator:
     """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
 
     def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
-                 ssl_context=None, snapshot=None, on_adopted=None) -> None:
+                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0) -> None:
         self.node = node
         self.peers = [_Peer(address) for address in peers]
         self.acks_required = acks
         self.degraded_mode = degraded
         self.durable = durable
+        self.node_id = node_id
         self.epoch = epoch
         self.session = secrets.token_hex(8)
         self.ssl_context = ssl_context
@@ -288,7 +289,8 @@ class Replicator:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     await stream.do_handshake()
             decoder = ReplicationDecoder()
-            await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable)))
+            await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable,
+                                               node_id=self.node_id)))
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:

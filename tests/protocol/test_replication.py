@@ -52,7 +52,7 @@ CASES = [
                  + b"\x00\x00\x00\x05hello", id="one-message"),
     pytest.param(Messages(2, "topic", (M1, M2, M3)), None, id="three-messages"),
     pytest.param(Messages(3, "topic", ()), None, id="no-message"),
-    pytest.param(Hello("127.0.0.1:4150", "abc", 2, True), None, id="hello"),
+    pytest.param(Hello("127.0.0.1:4150", "abc", 2, True, node_id=7), None, id="hello"),
     pytest.param(Welcome("10.0.0.2:4150", "abc", 99, 2, 5), None, id="welcome"),
     pytest.param(Error("E_BAD_TOPIC", "replicated topic name 'x y' is not valid"), None, id="error"),
 ]

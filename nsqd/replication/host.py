@@ -63,7 +63,7 @@ class OriginStatistics:
 
 
 class _Origin:
-    __slots__ = ("node", "store", "connected", "down_since", "down_at", "cancel")
+    __slots__ = ("node", "store", "connected", "down_since", "down_at", "cancel", "session", "generation")
 
     def __init__(self, node: str, store: ReplicaStore) -> None:
         self.node = node
@@ -72,6 +72,8 @@ class _Origin:
         self.down_since: float | None = time.time()  # wall clock, for /stats
         self.down_at = trio.current_time() if _in_trio() else 0.0
         self.cancel: trio.CancelScope | None = None
+        self.session = ""  # the session of the connected stream
+        self.generation = 0  # counts the connections; only the current one may mark the origin gone
 
 
 def _in_trio() -> bool:
@@ -147,6 +149,7 @@ class ReplicaHost:
             if type(hello) is not Hello:
                 raise ProtocolError(E_BAD_HELLO, f"expected HELLO, got {type(hello).__name__}")
             origin = self._claim(hello)
+            generation = origin.generation
             store = origin.store
             log.info("REPLICATION: [%s] origin %s connected (session %s, epoch %d)", remote, hello.node,
                      hello.session, hello.epoch)
@@ -169,7 +172,7 @@ class ReplicaHost:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("REPLICATION: [%s] connection closed - %s", remote, exc)
         finally:
-            if origin is not None:
+            if origin is not None and origin.generation == generation:
                 origin.connected = False
                 origin.cancel = None
                 origin.down_since = time.time()
@@ -187,8 +190,14 @@ class ReplicaHost:
         if origin is None:
             origin = self.origins[node] = _Origin(node, self._open_store(node))
         if origin.connected:
-            raise ProtocolError(E_NODE_CONFLICT, f"node {node} is already connected")
+            if hello.session != origin.session or origin.cancel is None:
+                raise ProtocolError(E_NODE_CONFLICT, f"node {node} is already connected")
+            # the same origin process again: its previous connection broke without this side noticing yet
+            log.info("REPLICATION: origin %s reconnected, closing its previous connection", node)
+            origin.cancel.cancel()
         origin.connected = True
+        origin.session = hello.session
+        origin.generation += 1
         origin.down_since = None
         return origin
 

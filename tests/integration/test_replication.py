@@ -296,3 +296,24 @@ def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_pa
     origin.wait_for_log(r"no peer reachable at start-up: delivering the messages this node holds", timeout=20)
     with RawClient(origin.tcp) as producer:
         producer.publish("t", b"x")
+
+
+def test_a_second_stream_for_a_connected_origin(daemons, tmp_path):
+    replica = start(daemons, tmp_path / "b")
+    hello = encode(Hello("10.9.9.9:1", "first"))
+    with socket.create_connection(replica.tcp, timeout=10) as first:
+        first.sendall(MAGIC_R1 + hello)
+        decoder = ReplicationDecoder()
+        decoder.receive_data(first.recv(65536))
+        assert type(decoder.next_event()).__name__ == "Welcome"
+        # another session claiming the same node while the first is open: refused
+        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "other")))
+        assert events[-1] == Error("E_NODE_CONFLICT", "node 10.9.9.9:1 is already connected")
+        # the same session again (its old connection broke unnoticed): the new one replaces the old one
+        with socket.create_connection(replica.tcp, timeout=10) as second:
+            second.sendall(MAGIC_R1 + hello)
+            decoder = ReplicationDecoder()
+            decoder.receive_data(second.recv(65536))
+            assert type(decoder.next_event()).__name__ == "Welcome"
+            assert first.recv(65536) == b""  # closed by the replica
+            replica.wait_for_log(r"origin 10.9.9.9:1 reconnected, closing its previous connection", timeout=5)

@@ -360,13 +360,15 @@ class ReplicationDecoder(InputBuffer):
     """Incremental reader of replication frames: ``receive_data(bytes)``, then ``next_event()`` until None.
 
     A size of 0 or over ``max_frame_size``, an unknown frame type or a malformed payload raises
-    ``ProtocolError``; names are checked as NSQ names (``E_BAD_TOPIC``, ``E_BAD_CHANNEL``)."""
+    ``ProtocolError``; names are checked as NSQ names (``E_BAD_TOPIC``, ``E_BAD_CHANNEL``). ``last_frame`` holds
+    the whole frame of the last event returned (a replica stores it as received)."""
 
-    __slots__ = ("_max_frame_size",)
+    __slots__ = ("_max_frame_size", "last_frame")
 
     def __init__(self, max_frame_size: int = 64 * 1024 * 1024) -> None:
         super().__init__()
         self._max_frame_size = max_frame_size
+        self.last_frame = b""
 
     def next_event(self):
         buf = self._buf
@@ -386,7 +388,9 @@ class ReplicationDecoder(InputBuffer):
             return None
         self._pos = end
         self._need = 0
-        return decode(buf[pos + 5:end])
+        event = decode(buf[pos + 5:end])
+        self.last_frame = buf[pos:end]
+        return event
 
     def buffered_size(self) -> int:
         return len(self._buf) - self._pos + self._chunks_len

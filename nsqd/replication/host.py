@@ -211,6 +211,7 @@ class ReplicaHost:
         backfill: set[bytes] | None = None  # ids seen in the backfill while it runs
         while True:
             events = []
+            frames = []  # as received: stored without encoding them again
             acked = last
             heartbeat = synced = False
             while (event := decoder.next_event()) is not None:
@@ -223,8 +224,8 @@ class ReplicaHost:
                     if backfill is not None:
                         if kind is Synced:
                             if events:
-                                self._store(store, events)
-                                events = []
+                                self._store(store, events, frames)
+                                events, frames = [], []
                             released = store.release_unseen(backfill)
                             backfill = None
                             last = event.seq
@@ -237,18 +238,20 @@ class ReplicaHost:
                         if kind is Messages:
                             backfill.update(m.id for m in event.messages)
                         events.append(event)
+                        frames.append(decoder.last_frame)
                         continue
                     if event.seq != last + 1:
                         raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
                     last = event.seq
                     if kind is not Synced:
                         events.append(event)
+                        frames.append(decoder.last_frame)
                 elif kind is Heartbeat:
                     heartbeat = True
                 else:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
-                self._store(store, events)
+                self._store(store, events, frames)
             if last != acked or synced:
                 store.session, store.seq = session, last
                 await stream.send_all(encode(Ack(last)))
@@ -263,9 +266,9 @@ class ReplicaHost:
             decoder.receive_data(data)
 
     @staticmethod
-    def _store(store: ReplicaStore, events: list) -> None:
+    def _store(store: ReplicaStore, events: list, frames: list[bytes]) -> None:
         try:
-            store.store(events)
+            store.store(events, frames)
         except OSError as exc:
             raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
 

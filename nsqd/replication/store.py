@@ -152,12 +152,13 @@ class ReplicaStore:
                 yield first + offset, event
 
     # -- receiving ---------------------------------------------------------------------------------------------
-    def store(self, events: list) -> None:
-        """Write a batch of data events (MESSAGES, FINISHED, CHANNEL) and index them. In durable mode they are
-        synced before this returns. OSError from the disk: nothing of the batch is stored (the queue's rule)."""
+    def store(self, events: list, frames: list[bytes] | None = None) -> None:
+        """Write a batch of data events (MESSAGES, FINISHED, CHANNEL) and index them; ``frames``: their frames as
+        received, stored as they are (else encoded here). In durable mode they are synced before this returns.
+        OSError from the disk: nothing of the batch is stored (the queue's rule)."""
         if not events:
             return
-        records = [encode(event) for event in events]
+        records = frames if frames is not None else [encode(event) for event in events]
         queue = self.queue
         queue.put_many(records)
         first, read = queue.read_many_held(len(records))

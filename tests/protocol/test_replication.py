@@ -70,6 +70,7 @@ def test_decode(event, wire, mode):
     decoder = ReplicationDecoder()
     assert run(decoder, decoder.next_event, encode(event), mode) == [event]
     assert decoder.buffered_size() == 0
+    assert decoder.last_frame == encode(event)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -8,6 +8,7 @@ peer cover every publish made meanwhile (group commit).
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -50,6 +51,8 @@ HEARTBEAT_INTERVAL = 5.0
 PEER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
 #: message ids per FINISHED frame
 FIN_BATCH = 4096
+#: how long FINs alone wait for more FINs (or a publish) before they are sent
+FIN_DELAY = 0.005
 #: outbox bytes kept for a peer that is behind before the oldest frames are dropped (it then needs a backfill)
 OUTBOX_LIMIT = 512 * 1024 * 1024
 
@@ -123,7 +126,10 @@ class Replicator:
         self._outbox_bytes = 0
         self._outbox_messages = 0
         self._fins: dict[tuple[str, str], list[bytes]] = {}
-        self._changed = trio.Event()  # set (and replaced) when ``acked`` or ``degraded`` changes
+        #: writers waiting for an ACK, by the seq they wait for: (seq, order, event), a min-heap. An ACK wakes only
+        #: those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs included)
+        self._waiters: list[tuple[int, int, trio.Event]] = []
+        self._waiter_order = 0
         #: () -> (frames, messages): the backfill of everything this node holds (``snapshot.backfill_frames``)
         self.snapshot = snapshot
         #: (peer address, epoch): a peer adopted this node's messages while it was away (``NSQD``)
@@ -168,11 +174,13 @@ class Replicator:
         return self.seq
 
     def finished(self, topic: str, channel: str, messages) -> None:
-        """FINs of a channel: sent with the next write, no one waits for them."""
-        ids = self._fins.get((topic, channel))
-        if ids is None:
-            ids = self._fins[(topic, channel)] = []
+        """FINs of a channel: sent with the next write (at most ``FIN_DELAY`` later), no one waits for them."""
+        fins = self._fins
+        if not fins:
             self._wake_senders()
+        ids = fins.get((topic, channel))
+        if ids is None:
+            ids = fins[(topic, channel)] = []
         ids.extend(m.id for m in messages)
 
     def channel_op(self, topic: str, channel: str, op: int) -> None:
@@ -205,12 +213,23 @@ class Replicator:
         while seq > self.acked:
             if self.degraded:
                 return self.degraded_mode != "refuse"
-            await self._changed.wait()
+            event = trio.Event()
+            self._waiter_order += 1
+            heapq.heappush(self._waiters, (seq, self._waiter_order, event))
+            await event.wait()
         return True
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+    def _notify(self, everyone: bool) -> None:
+        """Wake the writers whose seq is acknowledged now (``everyone``: all of them, to look at ``degraded``)."""
+        waiters = self._waiters
+        if everyone:
+            self._waiters = []
+            for _seq, _order, event in waiters:
+                event.set()
+            return
+        acked = self.acked
+        while waiters and waiters[0][0] <= acked:
+            heapq.heappop(waiters)[2].set()
 
     # -- acknowledgements ------------------------------------------------------------------------------------
     def _peer_changed(self) -> None:
@@ -227,7 +246,8 @@ class Replicator:
                             else "accepting publishes unreplicated")
             else:
                 log.info("REPLICATION: %d peer(s) connected, publishes are replicated", connected)
-        changed = acked > self.acked or degraded != self.degraded
+        degraded_changed = degraded != self.degraded
+        changed = acked > self.acked or degraded_changed
         self.acked = max(acked, self.acked)
         self.degraded = degraded
         low = min(p.acked for p in peers)
@@ -243,7 +263,7 @@ class Replicator:
                         log.error("REPLICATION: peer %s fell %d bytes behind: frames dropped, it needs a backfill",
                                   peer.address, OUTBOX_LIMIT)
         if changed:
-            self._notify()
+            self._notify(degraded_changed)
 
     # -- running ------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -360,6 +380,11 @@ class Replicator:
             with trio.move_on_after(HEARTBEAT_INTERVAL):
                 await peer.wake.wait()
             peer.wake = trio.Event()
+            if self._fins and (not outbox or outbox[-1][0] <= peer.sent):
+                # only FINs to send: let more gather for a moment (a publish ends the wait at once)
+                with trio.move_on_after(FIN_DELAY):
+                    await peer.wake.wait()
+                peer.wake = trio.Event()
             if self._fins:
                 self._flush_fins()
             if not outbox or outbox[-1][0] <= peer.sent:

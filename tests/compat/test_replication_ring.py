@@ -28,7 +28,7 @@ from tests.integration.harness import REPO_ROOT, NsqdProcess, RawClient
 from tests.integration.http_helpers import post, stats, wait_for
 from tests.integration.lookupd_harness import LookupdProcess
 
-pytestmark = [pytest.mark.compat, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.compat, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CYCLES = int(os.environ.get("RING_CYCLES", "20"))
 TOPIC = "ring"

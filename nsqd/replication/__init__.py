@@ -16,16 +16,22 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
 - A publish (``Topic.publish``) appends one MESSAGES frame per batch to the replicator's *outbox*, an ordered
   in-memory log of frames numbered by ``seq``, and the connection notes the outbox's last seq
   (``Client.replicated_seq``). FINs (``Channel._finished``) collect per (topic, channel) and become FINISHED
-  frames when the sender next writes; channel and topic creation, deletion, pause and emptying become CHANNEL
-  frames. Frames of ephemeral topics and channels are never made.
+  frames when the sender next writes (FINs alone wait up to 5 ms for more); channel and topic creation,
+  deletion, pause and emptying become CHANNEL frames. Frames of ephemeral topics and channels are never made.
 - One sender task per peer writes everything in the outbox past what it sent, in one write, and a reader task
   takes the peer's cumulative ACKs. The quorum seq (``acked``) is the N-th highest ACK among the connected
   peers. Group commit: every publish of every connection handled meanwhile rides the same write and the same
   ACK, so replication costs one round trip per batch, as durable mode's fsync does (``queues/group_commit.py``).
-- The connection's writer holds its output while its ``replicated_seq`` is above ``acked`` (``wait_acked``):
-  no OK leaves before N peers hold what it acknowledges. HTTP ``/pub`` and ``/mpub`` await the same.
+- The connection's writer holds its output while its ``replicated_seq`` is above ``acked`` (``wait_acked``, a
+  heap of waiters by seq, so an ACK wakes only the writers it covers): no OK leaves before N peers hold what it
+  acknowledges. HTTP ``/pub`` and ``/mpub`` await the same.
 - Frames leave the outbox once every peer acknowledged them. A peer that comes back within the same session
-  resumes after its last ACK (the WELCOME says where).
+  resumes after its last ACK (the WELCOME says where). Any other peer (it restarted empty, or this node
+  restarted) first gets a backfill (``snapshot.py``: everything this node holds unfinished, seq 0, then SYNCED)
+  and counts toward the acks once it acknowledged it.
+- Epoch: ``replication.dat`` keeps how often this node's messages were adopted. A WELCOME with a higher epoch
+  at start-up (V2 clients wait until every peer answered or failed once, at most 6 s) makes the node drop what
+  it holds: the peer delivers it. Later (a partition) it keeps them: duplicates, not losses.
 - Degraded (fewer than N peers connected): ``--replication-degraded=refuse`` answers publishes
   ``E_PUB_FAILED``/HTTP 503 and ``/ping`` NOK; a connection waiting for an ACK when the peers go is closed
   without its OK (its producer retries elsewhere: at-least-once). ``accept`` answers OK unreplicated, counts

@@ -32,7 +32,7 @@ from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
 from .replication import ReplicaHost, Replicator, attach_replication
-from .replication.sender import load_epoch, save_epoch
+from .replication.sender import load_state, save_state
 from .replication.snapshot import backfill_frames
 from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from .statsd import StatsdPusher
@@ -313,12 +313,19 @@ class NSQD:
         opts = self.opts
         if not opts.replicate_to:
             return
+        state = load_state(self.data_path)
+        epoch = int(state.get("epoch", 0)) if state else 0
+        # what its peers hold may go only if this directory still has every message this node acknowledged
+        clean = state is not None and (self.durable or not state.get("running", True))
+        if state is not None and not clean:
+            log.warning("REPLICATION: the last run did not stop cleanly: the peers adopt what they hold")
+        save_state(self.data_path, epoch, True)
         self.replication = Replicator(self.node_name, opts.replicate_to,
                                       acks=opts.replication_acks or len(opts.replicate_to),
                                       degraded=opts.replication_degraded, durable=self.durable,
                                       ssl_context=self._replication_ssl_context(),
-                                      epoch=load_epoch(self.data_path), snapshot=partial(backfill_frames, self),
-                                      on_adopted=self._replication_adopted, node_id=opts.node_id)
+                                      epoch=epoch, snapshot=partial(backfill_frames, self),
+                                      on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
         for topic in self.topics.values():
@@ -328,7 +335,7 @@ class NSQD:
     def _replication_adopted(self, peer: str, epoch: int) -> None:
         """A peer adopted this node's messages while it was away. At start-up they are dropped here (the peer
         delivers them); later (a partition, not a death) they stay: duplicates, not losses."""
-        save_epoch(self.data_path, epoch)
+        save_state(self.data_path, epoch, True)
         if not self.replication.starting:
             log.warning("REPLICATION: peer %s adopted this node's messages (epoch %d) while it was connected "
                         "elsewhere: keeping them (duplicates possible)", peer, epoch)
@@ -372,6 +379,11 @@ class NSQD:
             return
         self.persist_metadata()
         self.replica_host.close()
+        if self.replication is not None:
+            try:
+                save_state(self.data_path, self.replication.epoch, False)  # a clean stop
+            except OSError as exc:
+                log.error("REPLICATION: failed to save %s - %s", "replication.dat", exc)
         for topic in list(self.topics.values()):
             try:
                 topic.close(persist=True)

@@ -74,6 +74,7 @@ class Hello:
     durable: bool = False
     version: int = 1
     node_id: int = 0  # the origin's --node-id: message IDs are unique across nodes only if these differ
+    clean: bool = False  # the origin's data directory holds every message it acknowledged (see PROTOCOL.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +271,8 @@ def _decode_hello(payload: bytes):
         raise ProtocolError(E_BAD_HELLO, f"HELLO node {node!r} is not HOST:PORT")
     return Hello(node=node, session=_field(obj, "session", str, "", "HELLO"),
                  epoch=_field(obj, "epoch", int, 0, "HELLO"), durable=_field(obj, "durable", bool, False, "HELLO"),
-                 version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"))
+                 version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"),
+                 clean=_field(obj, "clean", bool, False, "HELLO"))
 
 
 def _decode_welcome(payload: bytes):

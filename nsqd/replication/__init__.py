@@ -32,6 +32,10 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
 - Epoch: ``replication.dat`` keeps how often this node's messages were adopted. A WELCOME with a higher epoch
   at start-up (V2 clients wait until every peer answered or failed once, at most 6 s) makes the node drop what
   it holds: the peer delivers it. Later (a partition) it keeps them: duplicates, not losses.
+- ``replication.dat`` also says whether the node is running: a start that finds ``running`` still true (a
+  kill, without durable mode) or no file at all (an empty directory) sends ``clean: false`` in HELLO, and a
+  replica holding copies of it takes them over instead of trusting the backfill, which may miss acknowledged
+  messages the kill took from memory.
 - Degraded (fewer than N peers connected): ``--replication-degraded=refuse`` answers publishes
   ``E_PUB_FAILED``/HTTP 503 and ``/ping`` NOK; a connection waiting for an ACK when the peers go is closed
   without its OK (its producer retries elsewhere: at-least-once). ``accept`` answers OK unreplicated, counts

@@ -151,6 +151,12 @@ class ReplicaHost:
             origin = self._claim(hello)
             generation = origin.generation
             store = origin.store
+            if not hello.clean and store.held and hello.session != store.session:
+                # the origin may have lost acknowledged messages (killed without durable mode, or back with an
+                # empty directory): what is held here is delivered here; the epoch tells the origin to drop its own
+                log.warning("REPLICATION: origin %s is back without all of its messages: taking over what is "
+                            "held here", hello.node)
+                self.takeover(hello.node)
             log.info("REPLICATION: [%s] origin %s connected (session %s, epoch %d)", remote, hello.node,
                      hello.session, hello.epoch)
             await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,

@@ -39,8 +39,8 @@ from protocol.replication import (
     encode_messages,
 )
 
-__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_replication", "load_epoch", "receive_event",
-           "save_epoch"]
+__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_replication", "load_state", "receive_event",
+           "save_state"]
 
 log = logging.getLogger("nsqd")
 
@@ -108,13 +108,16 @@ class Replicator:
     """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
 
     def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
-                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0) -> None:
+                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False) -> None:
         self.node = node
         self.peers = [_Peer(address) for address in peers]
         self.acks_required = acks
         self.degraded_mode = degraded
         self.durable = durable
         self.node_id = node_id
+        #: every message this node acknowledged is still in its data directory (a clean stop, or durable mode):
+        #: its peers may drop what a backfill does not include; otherwise they adopt what they hold (HELLO)
+        self.clean = clean
         self.epoch = epoch
         self.session = secrets.token_hex(8)
         self.ssl_context = ssl_context
@@ -310,7 +313,7 @@ class Replicator:
                     await stream.do_handshake()
             decoder = ReplicationDecoder()
             await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable,
-                                               node_id=self.node_id)))
+                                               node_id=self.node_id, clean=self.clean)))
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:
@@ -444,20 +447,22 @@ async def receive_event(stream, decoder: ReplicationDecoder):
         decoder.receive_data(data)
 
 
-EPOCH_FILE = "replication.dat"
+STATE_FILE = "replication.dat"
 
 
-def load_epoch(data_path: str) -> int:
-    """This node's epoch as an origin (``replication.dat``), 0 when it has none."""
+def load_state(data_path: str) -> dict | None:
+    """This node's replication state (``replication.dat``: ``epoch``, and ``running`` while it runs), None when
+    the data directory has none (a node that never ran with replication, or an empty directory)."""
     try:
-        with open(os.path.join(data_path, EPOCH_FILE), "rb") as f:
-            return int(json.load(f).get("epoch", 0))
+        with open(os.path.join(data_path, STATE_FILE), "rb") as f:
+            state = json.load(f)
     except FileNotFoundError:
-        return 0
-    except (OSError, ValueError, AttributeError) as exc:
-        log.error("REPLICATION: could not read %s - %s", EPOCH_FILE, exc)
-        return 0
+        return None
+    except (OSError, ValueError) as exc:
+        log.error("REPLICATION: could not read %s - %s", STATE_FILE, exc)
+        return None
+    return state if isinstance(state, dict) else None
 
 
-def save_epoch(data_path: str, epoch: int) -> None:
-    replace_file(os.path.join(data_path, EPOCH_FILE), json.dumps({"epoch": epoch}).encode())
+def save_state(data_path: str, epoch: int, running: bool) -> None:
+    replace_file(os.path.join(data_path, STATE_FILE), json.dumps({"epoch": epoch, "running": running}).encode())

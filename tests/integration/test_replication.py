@@ -6,6 +6,7 @@ HTTP call and by the timeout, channels and paused state included; B's copies sur
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 
@@ -56,6 +57,14 @@ def pair(daemons, tmp_path, *origin_args: str, replica_args: tuple[str, ...] = (
     return origin, replica
 
 
+def fins_acked(origin: NsqdProcess, before: int) -> None:
+    """Wait until the origin's peer acknowledged frames after ``before`` and nothing more is pending (the FINs)."""
+    def done() -> bool:
+        peer = stats(origin.http())["replication"]["peers"][0]
+        return peer["acked"] > before and peer["pending_frames"] == 0
+    wait_for(done, message="FINs acknowledged by the replica")
+
+
 def receive(client: RawClient, count: int, *, fin: bool = True) -> list[bytes]:
     bodies = []
     for _ in range(count):
@@ -97,9 +106,11 @@ def test_takeover_by_http_adopts_unfinished_messages_with_their_channels(daemons
     post(origin.http(), "/channel/pause?topic=t&channel=stopped")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(20)])
+    before = stats(origin.http())["replication"]["peers"][0]["acked"]
     with consumer(origin.tcp, "t", "done", ready=20) as client:
         receive(client, 20)
-    wait_for(lambda: replica_of(replica, node).get("held_messages") == 20, message=f"held {replica_of(replica, node)}")
+        fins_acked(origin, before)
+    assert held(replica, node) == 20
     origin.kill()
     reply = post(replica.http(), f"/replica/takeover?node={node}")
     assert reply.status == 200 and reply.json() == {"node": node, "messages": 20}
@@ -287,8 +298,8 @@ def test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again(daemo
     with consumer(origin.tcp, "t", "c", ready=10) as client:
         assert receive(client, 1) == [b"new"]
         assert client.poll_frame(0.5) is None
-    # the origin restarts again: same epoch now, nothing dropped
-    assert (tmp_path / "a" / "replication.dat").read_text() == '{"epoch": 1}'
+    # the epoch is kept for the next start
+    assert json.loads((tmp_path / "a" / "replication.dat").read_text()) == {"epoch": 1, "running": True}
 
 
 def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_path):
@@ -317,3 +328,39 @@ def test_a_second_stream_for_a_connected_origin(daemons, tmp_path):
             assert type(decoder.next_event()).__name__ == "Welcome"
             assert first.recv(65536) == b""  # closed by the replica
             replica.wait_for_log(r"origin 10.9.9.9:1 reconnected, closing its previous connection", timeout=5)
+
+
+def test_an_origin_killed_without_durable_mode_has_its_copies_adopted_when_it_returns(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])  # in memory only: a kill loses them there
+    origin.kill()
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    replica.wait_for_log(r"origin 127.0.0.1:\d+ is back without all of its messages", timeout=20)
+    origin.wait_for_log(r"the last run did not stop cleanly", timeout=5)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
+    assert held(replica, node) == 0
+
+
+def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])
+    assert origin.stop() == 0
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    assert held(replica, node) == 10  # the backfill had them all
+    assert "taking over" not in replica.log_text()
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
+        wait_for(lambda: held(replica, node) == 0, message="released")

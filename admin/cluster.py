@@ -245,7 +245,17 @@ class Cluster:
         answers = await self._fan_out(calls, "nsqd", warnings)
         return [(p, answers[p.name]) for p in producers if p.name in answers]
 
+    async def node_replication(self, producer: Producer, warnings: list[str]) -> dict | None:
+        """The ``replication`` section of a trionsq node's ``/stats`` (None for a node without one)."""
+        url = producer.url + "/stats?format=json&include_clients=false&include_mem=false"
+        answers = await self._fan_out([(producer.name, lambda: self.client.get_json(url))], "nsqd", warnings)
+        document = answers.get(producer.name)
+        return document.get("replication") if isinstance(document, dict) else None
+
     # -- actions ----------------------------------------------------------------------------------------------
+    async def replica_takeover(self, producer: Producer, origin: str, warnings: list[str]) -> None:
+        await self._post_all([producer.url + f"/replica/takeover?node={_q(origin)}"], "nsqd", warnings)
+
     async def _post_all(self, urls: list[str], what: str, warnings: list[str]) -> None:
         calls = [(url, lambda url=url: self.client.post(url)) for url in urls]
         await self._fan_out(calls, what, warnings)

@@ -234,8 +234,31 @@ class AdminAPI:
         topics = per_node[0][1] if per_node else []
         total_clients = sum(len(c["clients"]) for t in topics for c in t["channels"])
         body = {"node": node, "topics": topics, "total_messages": sum(t["message_count"] for t in topics),
-                "total_clients": total_clients, "message": _message(warnings)}
+                "total_clients": total_clients}
+        replication = await self.cluster.node_replication(producer, warnings)
+        if replication is not None:  # a trionsq node that replicates or holds copies
+            body["replication"] = replication
+        body["message"] = _message(warnings)
         return _compress(request, json_response(body))
+
+    async def node_action(self, request: Request, node: str) -> Response:
+        """``{"action": "takeover", "origin": "<host:port>"}``: the node adopts now the messages it holds for that
+        origin (trionsq's ``POST /replica/takeover``)."""
+        self.guard.check_action(request)
+        body = _json_body(request, error="INVALID_BODY")
+        origin = body.get("origin")
+        if body.get("action") != "takeover":
+            raise HTTPError(400, "INVALID_ACTION")
+        if not isinstance(origin, str) or not origin:
+            raise HTTPError(400, "INVALID_ORIGIN")
+        warnings: list[str] = []
+        producer = await self.cluster.find_node(node, warnings)
+        if producer is None:
+            raise HTTPError(404, "NODE_NOT_FOUND")
+        await self.cluster.replica_takeover(producer, origin, warnings)
+        self.notifier.notify(request, "replica_takeover", "", node=node)
+        log.info("ACTION: takeover of %s by %s", origin, node)
+        return self._done(warnings)
 
     async def counter(self, request: Request) -> Response:
         warnings: list[str] = []
@@ -455,7 +478,8 @@ def build_router(admin) -> Router:
     add(["GET", "POST", "DELETE"], "/api/topics/:topic/:channel",
         _by_method(get=api.channel, post=api.channel_action, delete=api.delete_channel))
     add(["GET"], "/api/nodes", _by_method(get=api.nodes))
-    add(["GET", "DELETE"], "/api/nodes/:node", _by_method(get=api.node, delete=api.tombstone))
+    add(["GET", "POST", "DELETE"], "/api/nodes/:node", _by_method(get=api.node, post=api.node_action,
+                                                                  delete=api.tombstone))
     add(["GET"], "/api/counter", _by_method(get=api.counter))
     add(["GET"], "/api/graphite", api.graphite)
     add(["GET"], "/api/session", api.session)

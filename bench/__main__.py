@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.common import RESULTS_DIR, format_table
 
 ORDER = ["pub", "mpub", "consume", "pubsub", "latency", "http", "memory", "fairness", "isolation",
-         "persistence", "spark_throughput", "many_lookupd"]
+         "persistence", "replication", "spark_throughput", "many_lookupd"]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
 
@@ -39,6 +39,7 @@ HEADLINES = {
     "fairness": ["few/many", "jain"],
     "isolation": ["live channel", "p99 ms", "drain msg/s"],
     "many_lookupd": ["nsqd", "reg/s", "lookup p99 ms", "after p99 ms"],
+    "replication": ["mode", "workload", "pub msg/s", "vs off", "ok p99 ms", "p99 added ms"],
 }
 
 

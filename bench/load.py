@@ -26,6 +26,7 @@ import select
 import socket
 import struct
 import time
+from collections import deque
 
 from protocol.commands import MAGIC_V2, encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub
 
@@ -241,10 +242,16 @@ def stamped_body(size: int) -> bytearray:
 class PacedPublisher(Role):
     """Publishes at a fixed rate: every ``tick`` seconds, the messages due so far as one MPUB (or
     one PUB), each body stamped with ``time.monotonic_ns()`` just before the send. Replies are
-    only counted (publishing is pipelined, never waits for them)."""
+    only counted (publishing is pipelined, never waits for them). With ``ok_latency``, the time from each
+    frame's send to its OK is recorded (``latencies``, ns, while ``recording`` is on): publish-to-OK latency."""
 
-    def __init__(self, address, topic: str, rate: float, body_size: int = 200, tick: float = 0.001) -> None:
+    def __init__(self, address, topic: str, rate: float, body_size: int = 200, tick: float = 0.001,
+                 ok_latency: bool = False) -> None:
         super().__init__()
+        self.latency = ok_latency
+        self.latencies: list[int] = []
+        self.recording = False
+        self._sent_at: deque[int] = deque()  # send time of each frame not yet answered (ok_latency)
         self.sock = connect(address)
         self.sock.sendall(MAGIC_V2)
         self.topic = topic
@@ -274,6 +281,7 @@ class PacedPublisher(Role):
             frozen = bytes(body)
             if due == 1:
                 self.send(encode_pub(self.topic, frozen))
+                frame_count = 1
             else:
                 # after a stall of this process the backlog may be large: MPUBs of at most
                 # MAX_BATCH messages keep each one far below nsqd's --max-body-size
@@ -281,6 +289,9 @@ class PacedPublisher(Role):
                 for start in range(0, due, MAX_BATCH):
                     frames.append(encode_mpub(self.topic, [frozen] * min(MAX_BATCH, due - start)))
                 self.send(b"".join(frames))
+                frame_count = len(frames)
+            if self.latency:
+                self._sent_at.extend([stamp] * frame_count)
             self.sent += due
             self.counter = self.sent
         return now + self.tick
@@ -293,6 +304,13 @@ class PacedPublisher(Role):
             data = self._tail + data
         oks, self._tail = _parse_replies(data, self)
         self.acked += oks
+        if self.latency and oks:
+            now_ns = _monotonic_ns()
+            sent_at = self._sent_at
+            for _ in range(min(oks, len(sent_at))):
+                stamp = sent_at.popleft()
+                if self.recording:
+                    self.latencies.append(now_ns - stamp)
 
 
 class Consumer(Role):

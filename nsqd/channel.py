@@ -34,6 +34,7 @@ from typing import Callable
 import trio
 
 from protocol.names import is_ephemeral
+from protocol.replication import OP_EMPTIED, OP_PAUSED, OP_UNPAUSED
 
 from .client import Client
 from .dispatch import ChannelDispatcher
@@ -62,6 +63,7 @@ class Channel:
         self.max_msg_timeout = max_msg_timeout
         self.paused = False
         self.exiting = False
+        self.replication = None  # the origin's Replicator when this channel is replicated (nsqd/replication/)
 
         self.queue: deque[Message] = deque()
         self.backend = backend
@@ -357,6 +359,8 @@ class Channel:
         if e2e is not None:
             for message in messages:
                 e2e.add(message.timestamp)
+        if self.replication is not None:
+            self.replication.finished(self.topic_name, self.name, messages)
         done = len(messages)
         client.in_flight -= done
         client.finish_count += done
@@ -413,13 +417,19 @@ class Channel:
     # -- administration --------------------------------------------------------------------------
     def pause(self) -> None:
         self.paused = True
+        if self.replication is not None:
+            self.replication.channel_op(self.topic_name, self.name, OP_PAUSED)
 
     def unpause(self) -> None:
         self.paused = False
+        if self.replication is not None:
+            self.replication.channel_op(self.topic_name, self.name, OP_UNPAUSED)
         self.wake()
 
     def empty(self) -> None:
         """Drop every ready and deferred message, and forget in-flight ones (nsqd's /channel/empty)."""
+        if self.replication is not None:
+            self.replication.channel_op(self.topic_name, self.name, OP_EMPTIED)
         self.queue.clear()
         self._release_all_topic_records()
         if self.backend is not None:

@@ -44,6 +44,7 @@ class Client:
         self.state = ClientState.INIT
         self.connect_ts = int(time.time())
         self.identified = False
+        self.replicated_seq = 0  # replication seq of this connection's last publish (nsqd/replication/)
 
         # negotiated settings (the first IDENTIFY wins, as in nsqd)
         self.msg_timeout = msg_timeout

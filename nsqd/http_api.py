@@ -165,15 +165,20 @@ class _API:
             raise HTTPError(503, "EXITING")
         return nsqd.get_topic(name)
 
-    @staticmethod
-    def _publish(topic, bodies: list[bytes], defer: float) -> None:
-        """Into the topic as TCP publishing does (``Topic.publish``); no producer is counted."""
+    async def _publish(self, topic, bodies: list[bytes], defer: float) -> None:
+        """Into the topic as TCP publishing does (``Topic.publish``); no producer is counted. With replication,
+        answered once the peers hold the messages (503 REPLICATION_DEGRADED when they cannot)."""
         if not bodies:
             return
+        replication = self.nsqd.replication
+        if replication is not None and replication.refusing():
+            raise HTTPError(503, "REPLICATION_DEGRADED")
         try:
             topic.publish(bodies, defer)
         except (TopicExiting, TopicFull):
             raise HTTPError(503, "EXITING") from None
+        if replication is not None and not await replication.wait_acked(replication.seq):
+            raise HTTPError(503, "REPLICATION_DEGRADED")
 
     # -- handlers ----------------------------------------------------------------------------------------------
     async def ping(self, request: Request) -> Response:
@@ -214,7 +219,7 @@ class _API:
         if topic is None or self.nsqd.exiting:
             topic = self._get_topic(self._topic_name(request))  # nsqd creates the topic before it looks at defer
         defer = self._defer_seconds(request) if "defer" in query else 0.0
-        self._publish(topic, [body], defer)
+        await self._publish(topic, [body], defer)
         return _OK
 
     async def mpub(self, request: Request) -> Response:
@@ -233,7 +238,7 @@ class _API:
             bodies = [line for line in request.body.split(b"\n") if line]
             if any(len(line) > opts.max_msg_size for line in bodies):
                 raise HTTPError(413, "MSG_TOO_BIG")
-        self._publish(self._get_topic(name), bodies, defer)
+        await self._publish(self._get_topic(name), bodies, defer)
         return _OK
 
     async def stats(self, request: Request) -> Response:
@@ -346,6 +351,21 @@ class _API:
         log.info("CHANNEL(%s:%s): %s", channel.topic_name, channel.name, "paused" if pause else "unpaused")
         self.nsqd.persist_metadata()
         return empty_response()
+
+    # replication
+    async def replica_takeover(self, request: Request) -> Response:
+        """Adopt now the messages this node holds for the origin ``node`` (its TCP address as its peers name it)."""
+        node = self._param(request, "node")
+        if not node:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        try:
+            count = self.nsqd.replica_host.takeover(node)
+        except KeyError:
+            raise HTTPError(404, "NODE_NOT_FOUND") from None
+        except OSError as exc:
+            log.error("REPLICATION: takeover of %s failed - %s", node, exc)
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        return json_response({"node": node, "messages": count})
 
     # configuration
     async def config(self, request: Request, opt: str) -> Response:
@@ -462,6 +482,7 @@ def build_router(nsqd) -> NSQDRouter:
     router.add(["POST"], "/channel/unpause", api.channel_unpause)
     router.add(["GET", "PUT"], "/config/:opt", api.config, max_body_bytes=lambda: opts_of().max_msg_size,
                body_too_big=error_response(413, "INVALID_VALUE"))
+    router.add(["POST"], "/replica/takeover", api.replica_takeover)
     router.add(["GET"], "/debug/pprof/", api.pprof_index)
     router.add(["PUT"], "/debug/setblockrate", api.set_block_rate)
     router.add(["POST"], "/debug/freememory", api.free_memory)

@@ -16,7 +16,9 @@ Series (labels in braces):
   ``nsqd_channel_paused``;
 - end-to-end latency, when percentiles are configured: ``nsqd_topic_e2e_processing_latency_seconds
   {topic,quantile}`` and ``nsqd_channel_e2e_processing_latency_seconds{topic,channel,quantile}`` with
-  ``..._samples`` gauges counting the samples in the window.
+  ``..._samples`` gauges counting the samples in the window;
+- replication, on a node that replicates or holds copies: ``nsqd_replication_*`` (degraded, per-peer lag) and
+  ``nsqd_replica_*`` (held per origin, takeovers), from ``replication/stats.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
+from .replication.stats import replication_metrics
 from .stats import collect
 
 __all__ = ["NSQDCollector", "make_registry", "render"]
@@ -136,6 +139,8 @@ class NSQDCollector:
         yield from (t_depth, t_backend, t_messages, t_bytes, t_channels, t_paused, t_e2e, t_e2e_n)
         yield from (c_depth, c_backend, c_in_flight, c_deferred, c_messages, c_requeues, c_timeouts, c_clients,
                     c_paused, c_e2e, c_e2e_n)
+        if stats.replication is not None:
+            yield from replication_metrics(stats.replication)
 
 
 def make_registry(nsqd) -> CollectorRegistry:

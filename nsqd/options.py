@@ -191,6 +191,16 @@ class Options(DaemonOptions):
     actor_slice: float = setting(0.0003, "time a channel actor may deliver before yielding to the others")
     actor_interlude: float = setting(
         0.00001, "how often a channel actor's slice pauses to read connections that send little (0 to disable)")
+    # replication between trionsq nodes (flags of this implementation; nsqd/replication/)
+    replicate_to: list[str] = setting(
+        default_factory=list,
+        help="<addr>:<port> of a trionsq node that keeps copies of this node's messages (may be given multiple times)")
+    replication_acks: int = setting(
+        0, "how many --replicate-to peers must hold a message before it is acknowledged (default: all of them)")
+    replication_degraded: str = setting(
+        "refuse", "with fewer peers reachable than --replication-acks: 'refuse' publishes or 'accept' them unreplicated")
+    replica_takeover_timeout: float = setting(
+        30.0, "adopt an origin's messages once its replication stream stayed closed this long (0: only on request)")
     # fixed inside nsqd 1.3.0, not flags
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0
@@ -264,6 +274,16 @@ def validate(opts: Options) -> None:
         raise OptionsError("--actor-slice must be positive")
     if opts.actor_interlude < 0:
         raise OptionsError("--actor-interlude must not be negative")
+    for peer in opts.replicate_to:
+        host, _, port = peer.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise OptionsError(f"--replicate-to {peer!r} is not HOST:PORT")
+    if not 0 <= opts.replication_acks <= len(opts.replicate_to):
+        raise OptionsError(f"--replication-acks must be [0,{len(opts.replicate_to)}] (the number of --replicate-to)")
+    if opts.replication_degraded not in ("refuse", "accept"):
+        raise OptionsError("--replication-degraded must be 'refuse' or 'accept'")
+    if opts.replica_takeover_timeout < 0:
+        raise OptionsError("--replica-takeover-timeout must not be negative")
 
 
 def is_go_only(name: str) -> bool:

@@ -8,6 +8,7 @@ Connections are served by ``tcp.Connection``; this module only accepts them and 
 from __future__ import annotations
 
 import itertools
+from functools import partial
 import logging
 import os
 import time
@@ -30,14 +31,21 @@ from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
+from .replication import ReplicaHost, Replicator, attach_replication
+from .replication.sender import load_state, save_state
+from .replication.snapshot import backfill_frames
+from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
-from .tls import server_ssl_context
+from .tls import client_ssl_context, server_ssl_context
 from .topic import Topic
 
 __all__ = ["NSQD"]
 
 log = logging.getLogger("nsqd")
+
+#: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted
+REPLICATION_START_TIMEOUT = 6.0
 
 
 class NSQD:
@@ -92,6 +100,9 @@ class NSQD:
         self.data_path = opts.data_path or os.getcwd()
         # group commit of publishes: connections commit it before an OK leaves (queues/diskqueue.py)
         self.sync_barrier = SyncBarrier()
+        # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
+        self.replication: Replicator | None = None
+        self.replica_host = ReplicaHost(self)
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -114,6 +125,8 @@ class NSQD:
                           make_backend=self._make_backend, spawn=self._spawn)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            if self.replication is not None and not topic.ephemeral:
+                attach_replication(self.replication, topic)
             if not topic.ephemeral:
                 self.persist_metadata()
             self.lookup.topic_created(topic)
@@ -182,6 +195,8 @@ class NSQD:
             for backend in [topic.backend, *(c.backend for c in topic.channels.values())]:
                 if backend is not None and backend.last_error is not None:
                     return f"NOK - {backend.last_error}"
+        if self.replication is not None and self.replication.refusing():
+            return "NOK - replication degraded"
         return "OK"
 
     def get_existing_topic(self, name: str) -> Topic | None:
@@ -193,6 +208,8 @@ class NSQD:
             return False
         self.lookup.topic_deleted(topic)
         topic.close(persist=False)
+        if topic.replication is not None:
+            topic.replication.channel_op(name, "", OP_DELETED)
         log.info("TOPIC(%s): deleting", name)
         if not topic.ephemeral:
             self.persist_metadata()
@@ -200,6 +217,9 @@ class NSQD:
 
     def _channel_created(self, channel) -> None:
         self.scanner.refresh()
+        if channel.topic.replication is not None and not channel.ephemeral:
+            channel.replication = channel.topic.replication
+            channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)
         self.lookup.channel_created(channel)
         percentiles = self.opts.e2e_processing_latency_percentiles
         if percentiles:
@@ -209,6 +229,8 @@ class NSQD:
 
     def _channel_deleted(self, channel) -> None:
         self.scanner.refresh()
+        if channel.replication is not None:
+            channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)
         self.lookup.channel_deleted(channel)
         if not channel.ephemeral:
             self.persist_metadata()
@@ -241,6 +263,7 @@ class NSQD:
         http_listeners = adopt_listeners(http) if http else None
         https_listeners = adopt_listeners(https) if https else None
         self.tcp_address = format_address(listeners[0].socket.getsockname())
+        self._start_replication()
         for listener in listeners:
             log.info("TCP: listening on %s", format_address(listener.socket.getsockname()))
         try:
@@ -260,6 +283,10 @@ class NSQD:
                 if opts.statsd_address:
                     await nursery.start(StatsdPusher(self).run)
                 nursery.start_soon(self._sync_loop)
+                await nursery.start(self.replica_host.run)
+                if self.replication is not None:
+                    await nursery.start(self.replication.run)
+                    nursery.start_soon(self.replication.wait_started, REPLICATION_START_TIMEOUT)
                 nursery.start_soon(self._serve, listeners)
                 await nursery.start(self.lookup.run)
                 for topic in list(self.topics.values()):
@@ -272,6 +299,67 @@ class NSQD:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
             self._close_topics()
+
+    @property
+    def node_name(self) -> str:
+        """This node as its peers name it in ``--replicate-to``: broadcast address and TCP port."""
+        port = self.opts.broadcast_tcp_port or int(self.tcp_address.rpartition(":")[2])
+        return f"{self.opts.broadcast_address}:{port}"
+
+    def _start_replication(self) -> None:
+        """Open the replica stores, and with ``--replicate-to`` the origin's sender (its node name needs the
+        bound TCP port); the topics loaded from the metadata join it."""
+        self.replica_host.load()
+        opts = self.opts
+        if not opts.replicate_to:
+            return
+        state = load_state(self.data_path)
+        epoch = int(state.get("epoch", 0)) if state else 0
+        # what its peers hold may go only if this directory still has every message this node acknowledged
+        clean = state is not None and (self.durable or not state.get("running", True))
+        if state is not None and not clean:
+            log.warning("REPLICATION: the last run did not stop cleanly: the peers adopt what they hold")
+        save_state(self.data_path, epoch, True)
+        self.replication = Replicator(self.node_name, opts.replicate_to,
+                                      acks=opts.replication_acks or len(opts.replicate_to),
+                                      degraded=opts.replication_degraded, durable=self.durable,
+                                      ssl_context=self._replication_ssl_context(),
+                                      epoch=epoch, snapshot=partial(backfill_frames, self),
+                                      on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean)
+        log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
+                 ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
+        for topic in self.topics.values():
+            if not topic.ephemeral:
+                attach_replication(self.replication, topic)
+
+    def _replication_adopted(self, peer: str, epoch: int) -> None:
+        """A peer adopted this node's messages while it was away. At start-up they are dropped here (the peer
+        delivers them); later (a partition, not a death) they stay: duplicates, not losses."""
+        save_state(self.data_path, epoch, True)
+        if not self.replication.starting:
+            log.warning("REPLICATION: peer %s adopted this node's messages (epoch %d) while it was connected "
+                        "elsewhere: keeping them (duplicates possible)", peer, epoch)
+            return
+        dropped = 0
+        for topic in self.topics.values():
+            if topic.ephemeral:
+                continue
+            dropped += topic.depth() + sum(c.depth() + len(c.in_flight) + len(c.deferred)
+                                           for c in topic.channels.values())
+            topic.empty()
+            for channel in topic.channels.values():
+                channel.empty()
+        log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
+                    "%d message(s) held here", peer, epoch, dropped)
+
+    def _replication_ssl_context(self):
+        """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``
+        (or the system's roots), this node's certificate offered for their client-auth policy."""
+        if self.tls_context is None:
+            return None
+        context = client_ssl_context(self.opts)
+        context.load_cert_chain(self.opts.tls_cert, self.opts.tls_key)
+        return context
 
     async def _sync_loop(self) -> None:
         """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule)."""
@@ -290,6 +378,12 @@ class NSQD:
         if self._data_lock is None:
             return
         self.persist_metadata()
+        self.replica_host.close()
+        if self.replication is not None:
+            try:
+                save_state(self.data_path, self.replication.epoch, False)  # a clean stop
+            except OSError as exc:
+                log.error("REPLICATION: failed to save %s - %s", "replication.dat", exc)
         for topic in list(self.topics.values()):
             try:
                 topic.close(persist=True)
@@ -327,12 +421,17 @@ class NSQD:
             if len(magic) < 4:
                 log.info("[%s] closed before sending the protocol magic", remote)
                 return
+            if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)
+                await self.replica_host.serve(stream, remote, magic[4:])
+                return
             if magic[:4] != MAGIC_V2:
                 log.error("client(%s) bad protocol magic %r", remote, magic[:4])
                 with trio.move_on_after(1):
                     await stream.send_all(encode_frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL"))
                 return
             log.info("[%s] PROTOCOL(V2)", remote)
+            if self.replication is not None and self.replication.starting:
+                await self.replication.ready.wait()  # clients wait until the peers said what is still ours
             opts = self.opts
             client = Client(next(self._client_ids), remote, msg_timeout=opts.msg_timeout,
                             heartbeat_interval=opts.client_timeout / 2, output_buffer_size=16384,

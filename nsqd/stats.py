@@ -31,6 +31,7 @@ from protocol.version import NSQ_VERSION, version_string
 
 from .e2e import EMPTY as EMPTY_E2E
 from .e2e import E2EResult, merge_results
+from .replication.stats import collect_replication, replication_json, replication_text
 
 __all__ = [
     "ChannelStats", "ClientStats", "E2EResult", "MemoryStats", "NodeStats", "TopicStats", "collect",
@@ -122,6 +123,8 @@ class NodeStats:
     # not part of /stats JSON; /metrics reports them
     tcp_connections: int = 0
     http_connections: int = 0
+    # the replication section (nsqd/replication/stats.py), None on a node without replication
+    replication: object = None
 
     @property
     def healthy(self) -> bool:
@@ -272,6 +275,7 @@ def collect(nsqd, *, topic: str | None = None, channel: str | None = None, inclu
         producers=producers,
         tcp_connections=len(nsqd.clients),
         http_connections=http_server.connections if http_server is not None else 0,
+        replication=collect_replication(nsqd) if hasattr(nsqd, "replica_host") else None,
     )
 
 
@@ -373,6 +377,8 @@ def to_json(stats: NodeStats) -> dict:
     if stats.memory is not None:
         obj["memory"] = _memory_json(stats.memory)
     obj["producers"] = None if stats.producers is None else [_client_json(p) for p in stats.producers]
+    if stats.replication is not None:
+        obj["replication"] = replication_json(stats.replication)
     return obj
 
 
@@ -435,4 +441,6 @@ def format_text(stats: NodeStats) -> str:
     else:
         out += ["", "Producers:"]
         out += [f"   {_client_text(p, now)}" for p in stats.producers]
+    if stats.replication is not None:
+        out += replication_text(stats.replication)
     return "\n".join(out) + "\n"

@@ -346,6 +346,9 @@ class Connection:
         if type(self.stream) is not trio.SocketStream or self._send_lock.locked() or self.nsqd.sync_barrier:
             return False
         client = self.client
+        replication = self.nsqd.replication
+        if replication is not None and client.replicated_seq > replication.acked:
+            return False  # the writer sends once the peers hold what an OK here acknowledges
         data = client.take_output()
         if not data:
             return True
@@ -380,6 +383,15 @@ class Connection:
                             await client.writer_wait_event().wait()
                         if trio.current_time() >= deadline:
                             break
+                replication = self.nsqd.replication
+                if replication is not None and client.replicated_seq > replication.acked:
+                    # nothing leaves before the peers hold what an OK in it acknowledges (nsqd/replication/)
+                    if not await replication.wait_acked(client.replicated_seq):
+                        log.error("[%s] - replication degraded before a publish was acknowledged, closing",
+                                  client.remote_address)
+                        client.out.clear()
+                        self._stop_reading()
+                        return
                 try:
                     lock.acquire_nowait()
                 except trio.WouldBlock:
@@ -733,12 +745,17 @@ class Connection:
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         topic = self.nsqd.get_topic(topic_name)
+        replication = self.nsqd.replication
+        if replication is not None and replication.refusing():
+            raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed replication degraded")
         try:
             topic.publish(bodies, defer, defer_sync=True)  # synced before the OK leaves (_writer)
         except TopicExiting:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed exiting") from None
         except TopicFull as exc:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {exc}") from None
+        if replication is not None:
+            self.client.replicated_seq = replication.seq  # the writer holds the OK until peers have it
         self.client.published(topic_name, len(bodies))
         return OK_FRAME
 

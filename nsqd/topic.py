@@ -43,6 +43,7 @@ from typing import Callable
 import trio
 
 from protocol.names import is_ephemeral
+from protocol.replication import OP_PAUSED, OP_UNPAUSED
 
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
@@ -77,6 +78,7 @@ class Topic:
         self.mem_queue_size = mem_queue_size
         self.max_msg_timeout = max_msg_timeout
         self.paused = False
+        self.replication = None  # the origin's Replicator when this topic is replicated (nsqd/replication/)
         # held while nsqd asks lookupd which channels to pre-create: messages wait in the topic
         self.held = False
         self.exiting = False
@@ -115,7 +117,10 @@ class Topic:
             ids = self.guid.next_ids(len(bodies), now_ns)
         except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
             ids = self.new_ids(len(bodies))
-        self._accept(new_messages(ids, bodies, now_ns, defer), sum(map(len, bodies)), bool(defer), defer_sync)
+        messages = new_messages(ids, bodies, now_ns, defer)
+        self._accept(messages, sum(map(len, bodies)), bool(defer), defer_sync)
+        if self.replication is not None:
+            self.replication.offer(self.name, messages)
 
     def put(self, message: Message) -> None:
         self.put_many((message,))
@@ -317,9 +322,13 @@ class Topic:
     # -- administration --------------------------------------------------------------------------
     def pause(self) -> None:
         self.paused = True
+        if self.replication is not None:
+            self.replication.channel_op(self.name, "", OP_PAUSED)
 
     def unpause(self) -> None:
         self.paused = False
+        if self.replication is not None:
+            self.replication.channel_op(self.name, "", OP_UNPAUSED)
         self.pump()
         self._start_drain()
 

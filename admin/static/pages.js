@@ -543,7 +543,8 @@
         }});
       var list = card("Topics and channels");
       list.body.append(page.table.el);
-      A.add(page.frame.body, list.el);
+      page.replication = h("div");
+      A.add(page.frame.body, page.replication, list.el);
     };
     page.refresh = function () {
       return Promise.all([A.api("GET", "/nodes/" + seg(node)), A.api("GET", "/history/nodes/" + seg(node))]).then(function (r) {
@@ -559,10 +560,47 @@
           {label: "Channels", value: fmtInt(channelCount)}]));
         publishedAndQueued(page.charts, history);
         page.table.update(topics);
+        A.replaceChildren(page.replication, data.replication ? replicationCard(node, data.replication) : null);
       });
     };
     return page;
   }};
+
+  // a trionsq node's replication: its peers (state, what they have not acknowledged) and the origins it holds
+  // copies for, each with a takeover button (the node then delivers that origin's unfinished messages)
+  function replicationCard(node, r) {
+    var kind = r.state === "replicating" ? "ok" : (r.state === "degraded" ? "warn" : "");
+    var c = card("Replication", badge(r.state, kind));
+    var peers = (r.peers || []).map(function (p) {
+      return [p.address, badge(p.state, p.state === "connected" ? "ok" : "warn"), fmtInt(p.pending_messages),
+        fmtInt(p.pending_bytes), p.lagging ? badge("needs backfill", "warn") : ""];
+    });
+    if (r.state !== "off") {
+      c.body.append(h("p", null, "Publishes are acknowledged once " + r.acks_required + " peer(s) hold them; when fewer are " +
+        "reachable this node " + (r.degraded_mode === "accept" ? "accepts them unreplicated" : "refuses them") + ". " +
+        fmtInt(r.unreplicated_messages) + " message(s) not yet held by enough peers."));
+      c.body.append(table([{label: "Peer"}, {label: "State"}, {label: "Messages not acknowledged", num: true},
+        {label: "Bytes not acknowledged", num: true}, {label: ""}], peers, {empty: "No peers."}));
+    }
+    var replicas = (r.replicas || []).map(function (o) {
+      var takeover = !IS_ADMIN || !o.held_messages ? "" : button("Take over", {cls: "small danger-ghost",
+        title: "Deliver the messages held for " + o.node + " from " + node, onclick: function () {
+          A.runAction({title: "Take over " + o.node, danger: true, confirm: "Take over",
+            text: "Make " + node + " deliver now the " + o.held_messages + " unfinished message(s) it holds for " + o.node +
+              "? Do it only when that node is gone: while it lives, both deliver them (duplicates).",
+            call: function () { return A.api("POST", "/nodes/" + seg(node), {action: "takeover", origin: o.node}); },
+            done: "Messages of " + o.node + " adopted by " + node + "."});
+        }});
+      return [o.node, badge(o.state, o.state === "connected" ? "ok" : (o.state === "gone" ? "warn" : "")),
+        fmtInt(o.held_messages), fmtInt(o.held_bytes), fmtInt(o.epoch), takeover];
+    });
+    c.body.append(table([{label: "Copies held for"}, {label: "Origin"}, {label: "Messages", num: true},
+      {label: "Bytes", num: true}, {label: "Epoch", num: true}, {label: ""}], replicas,
+      {empty: "This node holds no copies for other nodes."}));
+    c.body.append(h("p", null, "Takeovers: " + fmtInt(r.takeovers) + ", messages adopted: " + fmtInt(r.adopted_messages) +
+      ", messages received twice: " + fmtInt(r.duplicates_received) + "."));
+    return c.el;
+  }
 
   // -- counter --------------------------------------------------------------------------------------------
   A.pages.counter = {section: "counter", create: function () {

@@ -47,6 +47,10 @@ class DeferredQueue(Generic[T]):
         """The earliest due time, or None when empty."""
         return self._heap[0][0] if self._heap else None
 
+    def entries(self) -> list[tuple[float, T]]:
+        """Every ``(due, item)``, in no particular order, left in place (a replication backfill reads them)."""
+        return [(due, item) for due, _, item in self._heap]
+
     def drain(self) -> list[tuple[float, T]]:
         """Remove and return every ``(due, item)``, earliest first (for shutdown and channel deletion)."""
         ordered = sorted(self._heap, key=lambda entry: (entry[0], entry[1]))

@@ -82,6 +82,10 @@ NSQ_DEFAULTS = {
     "actor-workers": ("actor_workers", 1),
     "actor-slice": ("actor_slice", 0.0003),
     "actor-interlude": ("actor_interlude", 0.00001),
+    "replicate-to": ("replicate_to", []),
+    "replication-acks": ("replication_acks", 0),
+    "replication-degraded": ("replication_degraded", "refuse"),
+    "replica-takeover-timeout": ("replica_takeover_timeout", 30.0),
     "config": ("config", ""),
     "version": ("version", False),
 }
@@ -352,6 +356,11 @@ VALIDATION_CASES = [
     ({"actor_workers": 0}, "--actor-workers must be at least 1"),
     ({"actor_slice": 0.0}, "--actor-slice must be positive"),
     ({"actor_interlude": -0.001}, "--actor-interlude must not be negative"),
+    ({"replicate_to": ["nohost"]}, "--replicate-to 'nohost' is not HOST:PORT"),
+    ({"replicate_to": ["h:1"], "replication_acks": 2},
+     "--replication-acks must be [0,1] (the number of --replicate-to)"),
+    ({"replication_degraded": "maybe"}, "--replication-degraded must be 'refuse' or 'accept'"),
+    ({"replica_takeover_timeout": -1.0}, "--replica-takeover-timeout must not be negative"),
 ]
 
 

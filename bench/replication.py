@@ -1,0 +1,95 @@
+"""Replication: what a copy on a peer costs. Publish throughput and publish-to-OK latency, with and without it.
+
+Two nsqd on this machine: the peer (a plain node; every node can hold copies) and the node under test, started
+once without replication (``off``) and once with ``--replicate-to=<peer> --replication-acks=1`` (``acks=1``), each
+with a fresh data directory. Workloads, into a topic whose one channel is drained by one consumer (FIN for every
+message): ``PUB`` (16 connections, one message per round trip) and ``MPUB x200`` (4 connections), 200-byte bodies;
+then publish-to-OK latency at a fixed rate (10,000 msg/s by default: one MPUB per millisecond of the messages due,
+each frame timed from its send to its OK). Goals: MPUB x200 with replication at least half the rate without it;
+p99 publish-to-OK added below 2 ms. Run it as ``python -m bench.replication``; it prints a table and writes
+``bench/results/replication.json``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from bench.common import Generators, Report, Target, main, percentile, unique_topic
+from bench.consume import create_channel
+from bench.load import build_roles
+from bench.persistence import measure
+from protocol.commands import encode_mpub, encode_pub
+
+NAME = "replication"
+TITLE = "replication to a peer on the same machine (acks=1) against none"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--body-size", type=int, default=200)
+    parser.add_argument("--pub-connections", type=int, default=16)
+    parser.add_argument("--mpub-connections", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--latency-rate", type=float, default=10000.0)
+
+
+def throughput(args, target: Target, frame: bytes, per_frame: int, connections: int) -> dict:
+    """The persistence scenario's measure (publishers and one consumer), with nsqd's CPU per message."""
+    row = measure(args, target, frame, per_frame, connections)
+    cpu, rate = row["nsqd_cpu"], row["pub msg/s"]
+    return {**row, "cpu us/msg": cpu / rate * 1e6 if cpu and rate else None}
+
+
+def ok_latency(args, target: Target) -> dict:
+    topic = unique_topic(NAME)
+    create_channel(target, topic, "bench")
+    generators = Generators()
+    generators.add(build_roles, specs=[
+        ("paced", 1, dict(address=target.tcp, topic=topic, rate=args.latency_rate, body_size=args.body_size,
+                          ok_latency=True)),
+        ("sub", 1, dict(address=target.tcp, topic=topic, channel="bench", rdy=500)),
+    ])
+    result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
+    samples = sorted(v for role in result["workers"][0]["roles"] for v in role.get("latencies", ()))
+    return {"pub msg/s": sum(result["workers"][0]["window_counts"]) / result["window"],
+            "ok p50 ms": percentile(samples, 0.50) / 1e6 if samples else None,
+            "ok p99 ms": percentile(samples, 0.99) / 1e6 if samples else None}
+
+
+def run(args) -> Report:
+    body = b"d" * args.body_size
+    workloads = [
+        ("PUB", encode_pub("TOPIC", body), 1, args.pub_connections),
+        (f"MPUB x{args.batch}", encode_mpub("TOPIC", [body] * args.batch), args.batch, args.mpub_connections),
+    ]
+    report = Report(NAME, TITLE, params={"body_size": args.body_size, "pub_connections": args.pub_connections,
+                                         "mpub_connections": args.mpub_connections, "batch": args.batch,
+                                         "latency_rate": args.latency_rate, "duration_s": args.duration})
+    baseline: dict[str, float] = {}
+    with Target(args) as peer:
+        if peer.proc is not None:
+            try:  # the peer is not the node under test: it may run on any CPU
+                os.sched_setaffinity(peer.pid, os.sched_getaffinity(0))
+            except OSError:
+                pass
+        for mode, flags in (("off", []), ("acks=1", ["--replicate-to=%s:%d" % peer.tcp, "--replication-acks=1"])):
+            with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
+                report.target = target.describe()
+                for workload, frame, per_frame, connections in workloads:
+                    row = throughput(args, target, frame, per_frame, connections)
+                    if mode == "off":
+                        baseline[workload] = row["pub msg/s"]
+                    ratio = row["pub msg/s"] / baseline[workload] if baseline.get(workload) else None
+                    report.rows.append({"mode": mode, "workload": workload, **row, "vs off": ratio})
+                row = ok_latency(args, target)
+                if mode == "off":
+                    baseline["latency"] = row["ok p99 ms"] or 0.0
+                added = row["ok p99 ms"] - baseline["latency"] if row["ok p99 ms"] is not None else None
+                report.rows.append({"mode": mode, "workload": f"paced {args.latency_rate:g}/s", **row,
+                                    "p99 added ms": added})
+    report.notes.append("the peer runs on the same machine: the figures include its CPU competing with nsqd's")
+    report.notes.append("cpu column: cores used by the node under test (1.0 = one core)")
+    return report
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(__import__(__name__)))

@@ -1,0 +1,69 @@
+"""Replication between trionsq nodes: a message acknowledged by one nsqd survives that machine's death.
+
+The wire protocol (magic ``  R1`` on the ordinary TCP port) is in ``PROTOCOL.md`` next to this file and its
+codec in ``protocol/replication.py``. This package holds the daemon's parts.
+
+Why no consensus: NSQ promises at-least-once delivery and no ordering. A replica only has to *hold* a copy
+until the origin's channels finished the message; after a takeover a message may come twice, never not at all.
+
+Design
+------
+Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) and ``--replication-acks=N``
+(default: all peers):
+
+- ``NSQD.replication`` is the ``Replicator`` or None. With None nothing below runs: ``Topic.publish``,
+  ``Channel._finished`` and the connection's writer look at one attribute per batch, never per message.
+- A publish (``Topic.publish``) appends one MESSAGES frame per batch to the replicator's *outbox*, an ordered
+  in-memory log of frames numbered by ``seq``, and the connection notes the outbox's last seq
+  (``Client.replicated_seq``). FINs (``Channel._finished``) collect per (topic, channel) and become FINISHED
+  frames when the sender next writes (FINs alone wait up to 5 ms for more); channel and topic creation,
+  deletion, pause and emptying become CHANNEL frames. Frames of ephemeral topics and channels are never made.
+- One sender task per peer writes everything in the outbox past what it sent, in one write, and a reader task
+  takes the peer's cumulative ACKs. The quorum seq (``acked``) is the N-th highest ACK among the connected
+  peers. Group commit: every publish of every connection handled meanwhile rides the same write and the same
+  ACK, so replication costs one round trip per batch, as durable mode's fsync does (``queues/group_commit.py``).
+- The connection's writer holds its output while its ``replicated_seq`` is above ``acked`` (``wait_acked``, a
+  heap of waiters by seq, so an ACK wakes only the writers it covers): no OK leaves before N peers hold what it
+  acknowledges. HTTP ``/pub`` and ``/mpub`` await the same.
+- Frames leave the outbox once every peer acknowledged them. A peer that comes back within the same session
+  resumes after its last ACK (the WELCOME says where). Any other peer (it restarted empty, or this node
+  restarted) first gets a backfill (``snapshot.py``: everything this node holds unfinished, seq 0, then SYNCED)
+  and counts toward the acks once it acknowledged it.
+- Epoch: ``replication.dat`` keeps how often this node's messages were adopted. A WELCOME with a higher epoch
+  at start-up (V2 clients wait until every peer answered or failed once, at most 6 s) makes the node drop what
+  it holds: the peer delivers it. Later (a partition) it keeps them: duplicates, not losses.
+- ``replication.dat`` also says whether the node is running: a start that finds ``running`` still true (a
+  kill, without durable mode) or no file at all (an empty directory) sends ``clean: false`` in HELLO, and a
+  replica holding copies of it takes them over instead of trusting the backfill, which may miss acknowledged
+  messages the kill took from memory.
+- Degraded (fewer than N peers connected): ``--replication-degraded=refuse`` answers publishes
+  ``E_PUB_FAILED``/HTTP 503 and ``/ping`` NOK; a connection waiting for an ACK when the peers go is closed
+  without its OK (its producer retries elsewhere: at-least-once). ``accept`` answers OK unreplicated, counts
+  it, and sends it when the peers return.
+
+Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every node:
+
+- One store per origin node, in the data directory: a disk queue (``replica.<node>``, the ordinary
+  ``DiskQueue`` in hold mode) of the received frames, and ``replica.<node>.json`` with the origin's topics and
+  channels (paused state) and epochs. A MESSAGES frame is split into one record per message so that each can
+  be released alone; FINISHED and CHANNEL frames are one record each.
+- In memory: message id -> (token, topic, arrival seq, channels that finished it). A message is released (its
+  disk record acknowledged) once every channel that existed when it arrived has finished it (every channel of
+  the topic if it had none then), or its channel/topic is deleted. The disk queue's committed position is the
+  oldest record still needed, so a restart replays from there: messages, then the FINs that followed them
+  (a FIN record after the committed position is still on disk, one before it refers to a released message).
+  Durable mode syncs each received batch before the ACK; otherwise the queue syncs by its own rules.
+- Takeover (``ReplicaHost.takeover``): by ``POST /replica/takeover?node=`` or when the origin's stream stayed
+  closed for ``--replica-takeover-timeout``. The store is replayed from disk, the origin's topics and channels
+  are created here as they were (paused included), each unfinished message goes to each channel that had not
+  finished it (into the topic if it had no channel), deferred ones with the rest of their delay, and the topics
+  register with lookupd as any topic does. The epoch of that origin goes up and is persisted; the store's files
+  are removed. Adopted messages are this node's own from then on (replicated to its own peers).
+
+Not here: ordering, exactly-once; a partition that makes both sides deliver gives duplicates (NSQ allows it).
+"""
+
+from .host import ReplicaHost as ReplicaHost
+from .sender import Replicator as Replicator
+from .store import ReplicaStore as ReplicaStore
+from .sender import attach_replication as attach_replication

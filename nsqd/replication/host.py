@@ -1,0 +1,372 @@
+"""ReplicaHost: the replica's side, in every node: the ``  R1`` connections, the stores, takeover.
+
+A connection is served by ``serve`` (called by the TCP listener after the magic): HELLO, WELCOME, then every
+receive buffer's data frames are stored in one ``ReplicaStore.store`` (one write, one sync in durable mode) and
+answered by one ACK. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
+origins whose stream closed and takes them over after ``--replica-takeover-timeout``; ``takeover`` does it at
+once (``POST /replica/takeover``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import trio
+
+from protocol.errors import E_BAD_PROTOCOL, ProtocolError
+from protocol.replication import (
+    E_BAD_HELLO,
+    E_BAD_SEQ,
+    E_NODE_CONFLICT,
+    E_STORE_FAILED,
+    HEARTBEAT_FRAME,
+    Ack,
+    ChannelOp,
+    Error,
+    Finished,
+    Heartbeat,
+    Hello,
+    Messages,
+    ReplicationDecoder,
+    Synced,
+    Welcome,
+    encode,
+)
+
+from ..message import Message
+from ..streams import PrefixedStream
+from .sender import receive_event
+from .store import ReplicaStore, store_nodes
+
+__all__ = ["ReplicaHost", "OriginStatistics"]
+
+log = logging.getLogger("nsqd")
+
+HANDSHAKE_TIMEOUT = 5.0
+#: an origin silent this long (it heartbeats every 5 s) is taken for gone and its connection closed
+ORIGIN_SILENCE = 15.0
+_DATA_EVENTS = (Messages, Finished, ChannelOp)
+
+
+@dataclass(frozen=True)
+class OriginStatistics:
+    node: str
+    state: str  # connected, gone, adopted
+    held_messages: int
+    held_bytes: int
+    topics: int
+    epoch: int
+    seq: int
+    down_since: float | None  # wall-clock seconds
+
+
+class _Origin:
+    __slots__ = ("node", "store", "connected", "down_since", "down_at", "cancel", "session", "generation")
+
+    def __init__(self, node: str, store: ReplicaStore) -> None:
+        self.node = node
+        self.store = store
+        self.connected = False
+        self.down_since: float | None = time.time()  # wall clock, for /stats
+        self.down_at = trio.current_time() if _in_trio() else 0.0
+        self.cancel: trio.CancelScope | None = None
+        self.session = ""  # the session of the connected stream
+        self.generation = 0  # counts the connections; only the current one may mark the origin gone
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+class ReplicaHost:
+    """The stores this node keeps for its origins (``NSQD.replica_host``)."""
+
+    def __init__(self, nsqd) -> None:
+        self.nsqd = nsqd
+        self.opts = nsqd.opts
+        self.origins: dict[str, _Origin] = {}
+        self.takeovers = 0
+        self.adopted_messages = 0
+        self._wake = trio.Event()
+
+    @property
+    def node(self) -> str:
+        return self.nsqd.node_name
+
+    def _open_store(self, node: str) -> ReplicaStore:
+        opts = self.opts
+        return ReplicaStore(node, self.nsqd.data_path, durable=self.nsqd.durable,
+                            max_record_size=opts.max_body_size + (1 << 20),
+                            max_bytes_per_file=opts.max_bytes_per_file, sync_timeout=opts.sync_timeout)
+
+    def load(self) -> None:
+        """Open the stores left in the data directory (start-up)."""
+        for node in store_nodes(self.nsqd.data_path):
+            try:
+                origin = self.origins[node] = _Origin(node, self._open_store(node))
+            except (OSError, ValueError) as exc:
+                log.error("REPLICA(%s): could not open the store - %s", node, exc)
+                continue
+            if origin.store.held:
+                log.info("REPLICA(%s): holding %d message(s)", node, len(origin.store.held))
+
+    def close(self) -> None:
+        for origin in self.origins.values():
+            try:
+                origin.store.close()
+            except OSError as exc:
+                log.error("REPLICA(%s): failed to close - %s", origin.node, exc)
+
+    # -- the connection --------------------------------------------------------------------------------------------
+    async def serve(self, stream, remote: str, initial: bytes) -> None:
+        """One origin's stream, after the ``  R1`` magic; ``initial``: the bytes read after it."""
+        if not initial:  # what follows the magic says whether the origin starts TLS
+            with trio.move_on_after(HANDSHAKE_TIMEOUT):
+                try:
+                    initial = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    return
+        if initial[:1] == b"\x16":  # a TLS ClientHello: the origin upgrades
+            context = self.nsqd.tls_context
+            if context is None:
+                log.error("REPLICATION: [%s] TLS asked for but this node has no certificate, closing", remote)
+                await self._send_error(stream, E_BAD_PROTOCOL, "TLS is not configured on this node")
+                return
+            stream = trio.SSLStream(PrefixedStream(stream, initial), context, server_side=True)
+            initial = b""
+        decoder = ReplicationDecoder(max_frame_size=self.opts.max_body_size + (1 << 20))
+        decoder.receive_data(initial)
+        origin = None
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                hello = await receive_event(stream, decoder)
+            if type(hello) is not Hello:
+                raise ProtocolError(E_BAD_HELLO, f"expected HELLO, got {type(hello).__name__}")
+            origin = self._claim(hello)
+            generation = origin.generation
+            store = origin.store
+            if not hello.clean and store.held and hello.session != store.session:
+                # the origin may have lost acknowledged messages (killed without durable mode, or back with an
+                # empty directory): what is held here is delivered here; the epoch tells the origin to drop its own
+                log.warning("REPLICATION: origin %s is back without all of its messages: taking over what is "
+                            "held here", hello.node)
+                self.takeover(hello.node)
+            log.info("REPLICATION: [%s] origin %s connected (session %s, epoch %d)", remote, hello.node,
+                     hello.session, hello.epoch)
+            await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
+                                                 len(store.held))))
+            if hello.node_id == self.opts.node_id:
+                log.warning("REPLICATION: origin %s has this node's --node-id %d: the message IDs of adopted "
+                            "messages may collide with this node's own; give every node its own --node-id",
+                            hello.node, hello.node_id)
+            if hello.epoch < store.epoch:
+                log.warning("REPLICATION: origin %s returns with epoch %d: its messages were adopted here "
+                            "(epoch %d)", hello.node, hello.epoch, store.epoch)
+            with trio.CancelScope() as origin.cancel:
+                await self._stream(origin, hello.session, stream, decoder)
+        except ProtocolError as error:
+            log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
+            await self._send_error(stream, error.code, error.description)
+        except trio.TooSlowError:
+            log.error("REPLICATION: [%s] no HELLO within %g s, closing", remote, HANDSHAKE_TIMEOUT)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("REPLICATION: [%s] connection closed - %s", remote, exc)
+        finally:
+            if origin is not None and origin.generation == generation:
+                origin.connected = False
+                origin.cancel = None
+                origin.down_since = time.time()
+                origin.down_at = trio.current_time()
+                self._wake.set()
+                if origin.store.held:
+                    log.info("REPLICATION: origin %s gone, holding %d message(s)", origin.node,
+                             len(origin.store.held))
+
+    def _claim(self, hello: Hello) -> _Origin:
+        node = hello.node
+        if node == self.node:
+            raise ProtocolError(E_NODE_CONFLICT, f"node {node} is this node")
+        origin = self.origins.get(node)
+        if origin is None:
+            origin = self.origins[node] = _Origin(node, self._open_store(node))
+        if origin.connected:
+            if hello.session != origin.session or origin.cancel is None:
+                raise ProtocolError(E_NODE_CONFLICT, f"node {node} is already connected")
+            # the same origin process again: its previous connection broke without this side noticing yet
+            log.info("REPLICATION: origin %s reconnected, closing its previous connection", node)
+            origin.cancel.cancel()
+        origin.connected = True
+        origin.session = hello.session
+        origin.generation += 1
+        origin.down_since = None
+        return origin
+
+    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder) -> None:
+        """Store what each receive buffer holds, then answer it: ACK of the last seq, or a heartbeat for a
+        heartbeat. A session this replica knows resumes with the next seq; otherwise the stream opens with a
+        backfill (data frames of seq 0, then SYNCED), after which messages not in it are released."""
+        store = origin.store
+        last = store.seq if session == store.session else 0
+        first_frame = True
+        backfill: set[bytes] | None = None  # ids seen in the backfill while it runs
+        while True:
+            events = []
+            frames = []  # as received: stored without encoding them again
+            acked = last
+            heartbeat = synced = False
+            while (event := decoder.next_event()) is not None:
+                kind = type(event)
+                if kind in _DATA_EVENTS or kind is Synced:
+                    if first_frame and (event.seq == 0 or kind is Synced):  # a backfill (maybe empty)
+                        backfill = set()
+                        store.begin_backfill()
+                    first_frame = False
+                    if backfill is not None:
+                        if kind is Synced:
+                            if events:
+                                self._store(store, events, frames)
+                                events, frames = [], []
+                            released = store.release_unseen(backfill)
+                            backfill = None
+                            last = event.seq
+                            synced = True
+                            log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released",
+                                     origin.node, len(store.held), released)
+                            continue
+                        if event.seq != 0:
+                            raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} inside a backfill")
+                        if kind is Messages:
+                            backfill.update(m.id for m in event.messages)
+                        events.append(event)
+                        frames.append(decoder.last_frame)
+                        continue
+                    if event.seq != last + 1:
+                        raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
+                    last = event.seq
+                    if kind is not Synced:
+                        events.append(event)
+                        frames.append(decoder.last_frame)
+                elif kind is Heartbeat:
+                    heartbeat = True
+                else:
+                    raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
+            if events:
+                self._store(store, events, frames)
+            if last != acked or synced:
+                store.session, store.seq = session, last
+                await stream.send_all(encode(Ack(last)))
+            elif heartbeat:
+                await stream.send_all(HEARTBEAT_FRAME)
+            with trio.move_on_after(ORIGIN_SILENCE) as scope:
+                data = await stream.receive_some(65536)
+            if scope.cancelled_caught:
+                raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
+            if not data:
+                raise trio.BrokenResourceError("closed by the origin")
+            decoder.receive_data(data)
+
+    @staticmethod
+    def _store(store: ReplicaStore, events: list, frames: list[bytes]) -> None:
+        try:
+            store.store(events, frames)
+        except OSError as exc:
+            raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
+
+    @staticmethod
+    async def _send_error(stream, code: str, text: str) -> None:
+        with trio.move_on_after(1):
+            try:
+                await stream.send_all(encode(Error(code, text)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+    # -- takeover --------------------------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Take over the origins whose stream stayed closed for ``--replica-takeover-timeout``; sync the stores
+        that are not synced per batch."""
+        timeout = self.opts.replica_takeover_timeout
+        task_status.started()
+        while True:
+            now = trio.current_time()
+            next_at = now + max(self.opts.sync_timeout, 0.05)
+            for origin in list(self.origins.values()):
+                if not self.nsqd.durable:
+                    origin.store.sync_if_due(now)
+                if origin.connected or not origin.store.held or timeout <= 0:
+                    continue
+                due = origin.down_at + timeout
+                if due <= now:
+                    log.warning("REPLICATION: origin %s silent for %g s, taking over", origin.node, timeout)
+                    self.takeover(origin.node)
+                else:
+                    next_at = min(next_at, due)
+            with trio.move_on_at(next_at):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def takeover(self, node: str) -> int:
+        """Adopt the unfinished messages of ``node`` into this node's topics and channels; returns how many.
+        KeyError for a node this replica holds nothing of."""
+        origin = self.origins[node]
+        if origin.cancel is not None:
+            origin.cancel.cancel()  # a live stream stops: the data is ours now
+        store = origin.store
+        nsqd = self.nsqd
+        count = 0
+        # topics and channels as they were on the origin, before any message goes in
+        states = {name: (ts.paused, dict(ts.channels)) for name, ts in store.topics.items()}
+        for name, (paused, channels) in states.items():
+            topic = nsqd.get_topic(name)
+            for channel_name, (_order, channel_paused) in channels.items():
+                channel = topic.get_channel(channel_name)
+                if channel_paused and not channel.paused:
+                    channel.pause()
+            if paused and not topic.paused:
+                topic.pause()
+        replication = nsqd.replication
+        for topic_name, batch in store.adopt():
+            topic = nsqd.get_topic(topic_name)
+            now_ns = time.time_ns()
+            messages = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9
+                                if m.due_ns else 0.0) for m, _finished in batch]
+            count += len(messages)
+            channels = list(topic.channels.values())
+            if not channels:
+                topic.put_many(messages)
+            else:
+                for channel in channels:
+                    pending = [Message(m.id, m.body, m.timestamp, m.attempts, m.defer)
+                               for m, (_, finished) in zip(messages, batch) if channel.name not in finished]
+                    if pending:
+                        channel.put_many(pending)
+            if replication is not None and not topic.ephemeral:
+                replication.offer(topic_name, messages)
+                for channel in channels:
+                    done = [m for m, (_, finished) in zip(messages, batch) if channel.name in finished]
+                    if done:
+                        replication.finished(topic_name, channel.name, done)
+        store.epoch += 1
+        store.remove()
+        self.takeovers += 1
+        self.adopted_messages += count
+        log.warning("REPLICATION: took over origin %s: %d message(s) adopted (epoch %d)", node, count, store.epoch)
+        nsqd.persist_metadata()
+        return count
+
+    # -- statistics ------------------------------------------------------------------------------------------------
+    def statistics(self) -> list[OriginStatistics]:
+        out = []
+        for node, origin in sorted(self.origins.items()):
+            store = origin.store
+            state = "connected" if origin.connected else ("gone" if store.held else "idle")
+            out.append(OriginStatistics(node=node, state=state, held_messages=len(store.held),
+                                        held_bytes=store.held_bytes, topics=len(store.topics), epoch=store.epoch,
+                                        seq=store.seq, down_since=origin.down_since))
+        return out
+

@@ -1,0 +1,468 @@
+"""Replicator: the origin's side, an outbox of frames and one link per ``--replicate-to`` peer.
+
+See the package notes for the design. Sequence numbers count the data frames of this process's session from 1.
+``acked`` is the highest seq held by ``--replication-acks`` peers; a connection's writer holds its output while
+the seq its last publish got is above it (``wait_acked``), so no OK leaves early and one write and one ACK per
+peer cover every publish made meanwhile (group commit).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import secrets
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from protocol.errors import ProtocolError
+
+from ..queues.atomic_file import replace_file
+from protocol.replication import (
+    HEARTBEAT_FRAME,
+    MAGIC_R1,
+    Ack,
+    OP_CREATED,
+    OP_PAUSED,
+    ChannelOp,
+    Error,
+    Finished,
+    Heartbeat,
+    Hello,
+    ReplicationDecoder,
+    Synced,
+    Welcome,
+    encode,
+    encode_messages,
+)
+
+__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_replication", "load_state", "receive_event",
+           "save_state"]
+
+log = logging.getLogger("nsqd")
+
+CONNECT_TIMEOUT = 5.0
+RETRY_MIN, RETRY_MAX = 0.1, 5.0
+HEARTBEAT_INTERVAL = 5.0
+#: a peer silent for this long (no ACK, no heartbeat) is taken for gone and its connection closed
+PEER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
+#: message ids per FINISHED frame
+FIN_BATCH = 4096
+#: how long FINs alone wait for more FINs (or a publish) before they are sent
+FIN_DELAY = 0.005
+#: outbox bytes kept for a peer that is behind before the oldest frames are dropped (it then needs a backfill)
+OUTBOX_LIMIT = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PeerStatistics:
+    address: str
+    state: str  # connecting, connected, down
+    node: str
+    acked: int
+    sent: int
+    pending_frames: int
+    pending_bytes: int
+    pending_messages: int
+    lagging: bool
+
+
+@dataclass(frozen=True)
+class ReplicatorStatistics:
+    node: str
+    acks_required: int
+    degraded_mode: str
+    degraded: bool
+    seq: int
+    acked: int
+    unreplicated_messages: int  # in the outbox and not yet held by enough peers
+    accepted_unreplicated: int  # taken while degraded (``accept``), in all
+    peers: tuple[PeerStatistics, ...]
+
+
+class _Peer:
+    __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
+                 "synced", "welcomed", "tried")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        host, _, port = address.rpartition(":")
+        self.host = host.strip("[]")
+        self.port = int(port)
+        self.state = "connecting"
+        self.node = ""
+        self.acked = 0
+        self.sent = 0
+        self.wake = trio.Event()
+        self.lagging = False
+        self.last_heard = 0.0
+        self.synced = 0  # the seq of the SYNCED that ends this peer's backfill
+        self.welcomed = False  # a WELCOME came since this node started
+        self.tried = False  # a first connection attempt ended (welcomed or failed)
+
+
+class Replicator:
+    """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
+
+    def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
+                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False) -> None:
+        self.node = node
+        self.peers = [_Peer(address) for address in peers]
+        self.acks_required = acks
+        self.degraded_mode = degraded
+        self.durable = durable
+        self.node_id = node_id
+        #: every message this node acknowledged is still in its data directory (a clean stop, or durable mode):
+        #: its peers may drop what a backfill does not include; otherwise they adopt what they hold (HELLO)
+        self.clean = clean
+        self.epoch = epoch
+        self.session = secrets.token_hex(8)
+        self.ssl_context = ssl_context
+        self.seq = 0  # last seq given to a frame
+        self.acked = 0  # highest seq held by ``acks_required`` peers
+        self.degraded = True  # until enough peers are connected
+        self.accepted_unreplicated = 0  # messages taken while degraded (``accept``), counted once
+        self._outbox: deque[tuple[int, bytes, int]] = deque()  # (seq, frame, messages in it)
+        self._outbox_bytes = 0
+        self._outbox_messages = 0
+        self._fins: dict[tuple[str, str], list[bytes]] = {}
+        #: writers waiting for an ACK, by the seq they wait for: (seq, order, event), a min-heap. An ACK wakes only
+        #: those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs included)
+        self._waiters: list[tuple[int, int, trio.Event]] = []
+        self._waiter_order = 0
+        #: () -> (frames, messages): the backfill of everything this node holds (``snapshot.backfill_frames``)
+        self.snapshot = snapshot
+        #: (peer address, epoch): a peer adopted this node's messages while it was away (``NSQD``)
+        self.on_adopted = on_adopted
+        #: True until every peer answered or failed once (start-up: the node learns its epoch before serving)
+        self.starting = True
+        self.started_check = trio.Event()
+        self.ready = trio.Event()  # set once ``starting`` is over
+
+    # -- what the broker calls (synchronous, once per batch) ----------------------------------------------------
+    def refusing(self) -> bool:
+        """True while publishes must be refused: degraded with ``--replication-degraded=refuse``, or at start-up
+        until the peers said whether this node's messages were adopted."""
+        return self.starting or (self.degraded and self.degraded_mode == "refuse")
+
+    async def wait_started(self, timeout: float) -> None:
+        """Start-up: wait (at most ``timeout``) until every peer answered or failed once, then take publishes."""
+        with trio.move_on_after(timeout):
+            await self.started_check.wait()
+        self.starting = False
+        self.ready.set()
+        if not any(peer.welcomed for peer in self.peers):
+            log.warning("REPLICATION: no peer reachable at start-up: delivering the messages this node holds "
+                        "(at-least-once)")
+
+    def _check_started(self) -> None:
+        if all(peer.tried or peer.welcomed for peer in self.peers):
+            self.started_check.set()
+
+    def offer(self, topic: str, messages) -> int:
+        """A published batch of ``nsqd.message.Message``: one MESSAGES frame; returns its seq."""
+        records = [(m.id, m.timestamp, m.attempts, m.timestamp + int(m.defer * 1e9) if m.defer else 0, m.body)
+                   for m in messages]
+        return self.offer_records(topic, records)
+
+    def offer_records(self, topic: str, records: list) -> int:
+        """``offer`` of ``(id, timestamp, attempts, due_ns, body)`` tuples (adopted messages)."""
+        self.seq += 1
+        if self.degraded:
+            self.accepted_unreplicated += len(records)
+        self._append(encode_messages(self.seq, topic, records), len(records))
+        return self.seq
+
+    def finished(self, topic: str, channel: str, messages) -> None:
+        """FINs of a channel: sent with the next write (at most ``FIN_DELAY`` later), no one waits for them."""
+        fins = self._fins
+        if not fins:
+            self._wake_senders()
+        ids = fins.get((topic, channel))
+        if ids is None:
+            ids = fins[(topic, channel)] = []
+        ids.extend(m.id for m in messages)
+
+    def channel_op(self, topic: str, channel: str, op: int) -> None:
+        self._flush_fins()
+        self.seq += 1
+        self._append(encode(ChannelOp(self.seq, topic, channel, op)), 0)
+
+    def _append(self, frame: bytes, messages: int) -> None:
+        self._outbox.append((self.seq, frame, messages))
+        self._outbox_bytes += len(frame)
+        self._outbox_messages += messages
+        self._wake_senders()
+
+    def _wake_senders(self) -> None:
+        for peer in self.peers:
+            peer.wake.set()
+
+    def _flush_fins(self) -> None:
+        fins, self._fins = self._fins, {}
+        for (topic, channel), ids in fins.items():
+            for start in range(0, len(ids), FIN_BATCH):
+                self.seq += 1
+                frame = encode(Finished(self.seq, topic, channel, tuple(ids[start:start + FIN_BATCH])))
+                self._outbox.append((self.seq, frame, 0))
+                self._outbox_bytes += len(frame)
+
+    async def wait_acked(self, seq: int) -> bool:
+        """Wait until ``seq`` is held by enough peers: True; False when publishes are refused meanwhile (the
+        peers went away in ``refuse`` mode). In ``accept`` mode a degraded replicator answers True at once."""
+        while seq > self.acked:
+            if self.degraded:
+                return self.degraded_mode != "refuse"
+            event = trio.Event()
+            self._waiter_order += 1
+            heapq.heappush(self._waiters, (seq, self._waiter_order, event))
+            await event.wait()
+        return True
+
+    def _notify(self, everyone: bool) -> None:
+        """Wake the writers whose seq is acknowledged now (``everyone``: all of them, to look at ``degraded``)."""
+        waiters = self._waiters
+        if everyone:
+            self._waiters = []
+            for _seq, _order, event in waiters:
+                event.set()
+            return
+        acked = self.acked
+        while waiters and waiters[0][0] <= acked:
+            heapq.heappop(waiters)[2].set()
+
+    # -- acknowledgements ------------------------------------------------------------------------------------
+    def _peer_changed(self) -> None:
+        """Recompute ``acked`` and ``degraded`` from the peers, trim the outbox, wake the waiting writers."""
+        peers = self.peers
+        connected = sum(1 for p in peers if p.state == "connected" and not p.lagging)
+        acks = sorted((p.acked for p in peers), reverse=True)
+        acked = acks[self.acks_required - 1] if self.acks_required <= len(acks) else 0
+        degraded = connected < self.acks_required
+        if degraded != self.degraded:
+            if degraded:
+                log.warning("REPLICATION: degraded: %d of %d required peer(s) connected (%s)", connected,
+                            self.acks_required, "refusing publishes" if self.degraded_mode == "refuse"
+                            else "accepting publishes unreplicated")
+            else:
+                log.info("REPLICATION: %d peer(s) connected, publishes are replicated", connected)
+        degraded_changed = degraded != self.degraded
+        changed = acked > self.acked or degraded_changed
+        self.acked = max(acked, self.acked)
+        self.degraded = degraded
+        low = min(p.acked for p in peers)
+        outbox = self._outbox
+        while outbox and (outbox[0][0] <= low or self._outbox_bytes > OUTBOX_LIMIT):
+            seq, frame, messages = outbox.popleft()
+            self._outbox_bytes -= len(frame)
+            self._outbox_messages -= messages
+            if seq > low:
+                for peer in peers:
+                    if peer.acked < seq and not peer.lagging:
+                        peer.lagging = True
+                        log.error("REPLICATION: peer %s fell %d bytes behind: frames dropped, it needs a backfill",
+                                  peer.address, OUTBOX_LIMIT)
+        if changed:
+            self._notify(degraded_changed)
+
+    # -- running ------------------------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer in self.peers:
+                nursery.start_soon(self._link, peer)
+            task_status.started()
+
+    async def _link(self, peer: _Peer) -> None:
+        """Keep one peer connected: connect, handshake, stream; on any failure log, wait, again."""
+        delay = RETRY_MIN
+        while True:
+            peer.state = "connecting"
+            try:
+                await self._session(peer)
+                delay = RETRY_MIN
+            except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                     ProtocolError) as group:
+                exc = group.exceptions[0]
+                while isinstance(exc, BaseExceptionGroup):
+                    exc = exc.exceptions[0]
+                if peer.state in ("connected", "backfilling"):
+                    log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
+                else:
+                    log.info("REPLICATION: peer %s unreachable - %s", peer.address, exc or type(exc).__name__)
+            finally:
+                was = peer.state
+                peer.state = "down"
+                peer.tried = True
+                self._check_started()
+                if was in ("connected", "backfilling"):
+                    self._peer_changed()
+            await trio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    async def _session(self, peer: _Peer) -> None:
+        with trio.fail_after(CONNECT_TIMEOUT):
+            stream = await trio.open_tcp_stream(peer.host, peer.port)
+        async with stream:
+            await stream.send_all(MAGIC_R1)
+            if self.ssl_context is not None:
+                stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
+                with trio.fail_after(CONNECT_TIMEOUT):
+                    await stream.do_handshake()
+            decoder = ReplicationDecoder()
+            await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable,
+                                               node_id=self.node_id, clean=self.clean)))
+            with trio.fail_after(CONNECT_TIMEOUT):
+                welcome = await receive_event(stream, decoder)
+            if type(welcome) is Error:
+                raise ProtocolError(welcome.code, welcome.text)
+            if type(welcome) is not Welcome:
+                raise ProtocolError("E_BAD_PROTOCOL", f"expected WELCOME, got {type(welcome).__name__}")
+            peer.node = welcome.node
+            peer.last_heard = trio.current_time()
+            if welcome.epoch > self.epoch:
+                # this node's messages were adopted by that peer while it was away: they are the peer's now
+                self.epoch = welcome.epoch
+                if self.on_adopted is not None:
+                    self.on_adopted(peer.address, welcome.epoch)
+            first = self._outbox[0][0] if self._outbox else self.seq + 1
+            backfill = None
+            if welcome.session == self.session and welcome.seq + 1 >= first:
+                peer.sent = peer.acked = max(welcome.seq, peer.acked)  # a reconnection: resume after it
+                peer.state = "connected"
+                log.info("REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node,
+                         peer.sent)
+            else:
+                # the peer does not hold this session's stream: it gets everything this node holds unfinished
+                # first, and counts toward the acks once it acknowledged the end of that (SYNCED)
+                self._flush_fins()
+                backfill, count = self.snapshot() if self.snapshot is not None else ([], 0)
+                peer.synced = peer.sent = self.seq
+                peer.acked = 0
+                peer.lagging = False
+                peer.state = "backfilling"
+                log.info("REPLICATION: peer %s (%s) connected, backfill of %d message(s) up to seq %d",
+                         peer.address, welcome.node, count, peer.synced)
+            peer.welcomed = True
+            self._check_started()
+            self._peer_changed()
+            if backfill is not None:
+                backfill.append(encode(Synced(peer.synced)))
+                for start in range(0, len(backfill), 64):
+                    await stream.send_all(b"".join(backfill[start:start + 64]))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_loop, peer, stream)
+                await self._receive_loop(peer, stream, decoder)
+                nursery.cancel_scope.cancel()
+
+    async def _receive_loop(self, peer: _Peer, stream, decoder: ReplicationDecoder) -> None:
+        while True:
+            with trio.move_on_after(PEER_TIMEOUT) as scope:
+                event = await receive_event(stream, decoder)
+            if scope.cancelled_caught:
+                raise trio.TooSlowError(f"no word for {PEER_TIMEOUT:g} s")
+            peer.last_heard = trio.current_time()
+            kind = type(event)
+            if kind is Ack:
+                if event.seq > peer.acked or peer.state == "backfilling":
+                    peer.acked = max(event.seq, peer.acked)
+                    if peer.state == "backfilling" and event.seq >= peer.synced:
+                        peer.state = "connected"
+                        log.info("REPLICATION: peer %s backfilled, counting toward acks", peer.address)
+                    self._peer_changed()
+            elif kind is Error:
+                raise ProtocolError(event.code, event.text)
+            elif kind is not Heartbeat:
+                raise ProtocolError("E_BAD_PROTOCOL", f"unexpected {kind.__name__} frame from the replica")
+
+    async def _send_loop(self, peer: _Peer, stream) -> None:
+        outbox = self._outbox
+        while True:
+            with trio.move_on_after(HEARTBEAT_INTERVAL):
+                await peer.wake.wait()
+            peer.wake = trio.Event()
+            if self._fins and (not outbox or outbox[-1][0] <= peer.sent):
+                # only FINs to send: let more gather for a moment (a publish ends the wait at once)
+                with trio.move_on_after(FIN_DELAY):
+                    await peer.wake.wait()
+                peer.wake = trio.Event()
+            if self._fins:
+                self._flush_fins()
+            if not outbox or outbox[-1][0] <= peer.sent:
+                await stream.send_all(HEARTBEAT_FRAME)
+                continue
+            start = peer.sent + 1 - outbox[0][0]
+            if start < 0:
+                start = 0
+            frames = [outbox[i][1] for i in range(start, len(outbox))]
+            last = outbox[-1][0]
+            await stream.send_all(b"".join(frames))
+            peer.sent = max(peer.sent, last)
+
+    # -- statistics ---------------------------------------------------------------------------------------------
+    def statistics(self) -> ReplicatorStatistics:
+        outbox = self._outbox
+        peers = []
+        for peer in self.peers:
+            pending = [(len(frame), n) for seq, frame, n in outbox if seq > peer.acked]
+            peers.append(PeerStatistics(
+                address=peer.address, state=peer.state, node=peer.node, acked=peer.acked, sent=peer.sent,
+                pending_frames=len(pending), pending_bytes=sum(size for size, _ in pending),
+                pending_messages=sum(n for _, n in pending), lagging=peer.lagging))
+        return ReplicatorStatistics(node=self.node, acks_required=self.acks_required,
+                                    degraded_mode=self.degraded_mode, degraded=self.degraded, seq=self.seq,
+                                    acked=self.acked, peers=tuple(peers),
+                                    unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
+                                    accepted_unreplicated=self.accepted_unreplicated)
+
+
+
+def attach_replication(replicator: Replicator, topic) -> None:
+    """Replicate ``topic`` (not ephemeral) and its channels from now on: its state goes to the peers first
+    (topic created, paused; each lasting channel created, paused)."""
+    topic.replication = replicator
+    replicator.channel_op(topic.name, "", OP_CREATED)
+    if topic.paused:
+        replicator.channel_op(topic.name, "", OP_PAUSED)
+    for channel in topic.channels.values():
+        if channel.ephemeral:
+            continue
+        channel.replication = replicator
+        replicator.channel_op(topic.name, channel.name, OP_CREATED)
+        if channel.paused:
+            replicator.channel_op(topic.name, channel.name, OP_PAUSED)
+
+
+async def receive_event(stream, decoder: ReplicationDecoder):
+    """The next event of a replication stream, reading as needed; BrokenResourceError at EOF."""
+    while True:
+        event = decoder.next_event()
+        if event is not None:
+            return event
+        data = await stream.receive_some(65536)
+        if not data:
+            raise trio.BrokenResourceError("connection closed by the peer")
+        decoder.receive_data(data)
+
+
+STATE_FILE = "replication.dat"
+
+
+def load_state(data_path: str) -> dict | None:
+    """This node's replication state (``replication.dat``: ``epoch``, and ``running`` while it runs), None when
+    the data directory has none (a node that never ran with replication, or an empty directory)."""
+    try:
+        with open(os.path.join(data_path, STATE_FILE), "rb") as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.error("REPLICATION: could not read %s - %s", STATE_FILE, exc)
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def save_state(data_path: str, epoch: int, running: bool) -> None:
+    replace_file(os.path.join(data_path, STATE_FILE), json.dumps({"epoch": epoch, "running": running}).encode())

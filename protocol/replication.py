@@ -1,0 +1,398 @@
+"""The replication stream between trionsq nodes (magic ``  R1``), sans I/O.
+
+The frames and their rules are documented in ``nsqd/replication/PROTOCOL.md``. ``ReplicationDecoder`` takes
+bytes (``receive_data``) and gives events (``next_event``, None when more bytes are needed); ``encode`` turns
+an event into its frame. Both directions share the framing ``[uint32 size][uint8 type][payload]``; one
+decoder reads either direction. A malformed frame raises ``ProtocolError`` with the code the receiver sends
+back in its ERROR frame; the stream cannot be resynchronised after that.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+from ._input import InputBuffer
+from .errors import E_BAD_CHANNEL, E_BAD_PROTOCOL, E_BAD_TOPIC, ProtocolError
+from .names import is_ephemeral, is_valid_name_bytes
+
+__all__ = [
+    "MAGIC_R1",
+    "OP_CREATED",
+    "OP_DELETED",
+    "OP_EMPTIED",
+    "OP_PAUSED",
+    "OP_UNPAUSED",
+    "E_BAD_HELLO",
+    "E_BAD_SEQ",
+    "E_NODE_CONFLICT",
+    "E_STORE_FAILED",
+    "Ack",
+    "ChannelOp",
+    "Error",
+    "Finished",
+    "Heartbeat",
+    "Hello",
+    "Messages",
+    "ReplicatedMessage",
+    "ReplicationDecoder",
+    "Synced",
+    "Welcome",
+    "encode",
+    "encode_messages",
+]
+
+MAGIC_R1 = b"  R1"
+
+E_BAD_HELLO = "E_BAD_HELLO"
+E_NODE_CONFLICT = "E_NODE_CONFLICT"
+E_BAD_SEQ = "E_BAD_SEQ"
+E_STORE_FAILED = "E_STORE_FAILED"
+
+OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED = 1, 2, 3, 4, 5
+_OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED))
+
+T_HELLO, T_MESSAGES, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
+T_WELCOME, T_ACK, T_ERROR = 0x81, 0x82, 0x83
+
+_HEAD = struct.Struct(">IB")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+#: one message of a MESSAGES frame: id, timestamp, attempts, due time, body length
+_MSG = struct.Struct(">16sqHqI")
+_ID_LENGTH = 16
+
+
+# -- events ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Hello:
+    node: str
+    session: str
+    epoch: int = 0
+    durable: bool = False
+    version: int = 1
+    node_id: int = 0  # the origin's --node-id: message IDs are unique across nodes only if these differ
+    clean: bool = False  # the origin's data directory holds every message it acknowledged (see PROTOCOL.md)
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    node: str
+    session: str = ""
+    seq: int = 0
+    epoch: int = 0
+    held: int = 0
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedMessage:
+    id: bytes
+    timestamp: int
+    attempts: int
+    due_ns: int  # wall-clock ns when a deferred message becomes deliverable; 0: not deferred
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    seq: int
+    topic: str
+    messages: tuple[ReplicatedMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    seq: int
+    topic: str
+    channel: str
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOp:
+    seq: int
+    topic: str
+    channel: str  # "": the op applies to the topic
+    op: int
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    code: str
+    text: str
+
+
+# -- encoding ----------------------------------------------------------------------------------------------------
+def _frame(frame_type: int, payload: bytes) -> bytes:
+    return _HEAD.pack(len(payload) + 1, frame_type) + payload
+
+
+def _name(name: str) -> bytes:
+    raw = name.encode("utf-8", "surrogateescape")
+    return _U16.pack(len(raw)) + raw
+
+
+def encode_messages(seq: int, topic: str, messages) -> bytes:
+    """A MESSAGES frame from ``(id, timestamp, attempts, due_ns, body)`` tuples: one pack per message and one
+    join per frame (the origin's hot path, once per topic per replication write)."""
+    pack = _MSG.pack
+    parts = [b"", _U64.pack(seq), _name(topic), _U32.pack(len(messages))]
+    for msg_id, timestamp, attempts, due_ns, body in messages:
+        parts.append(pack(msg_id, timestamp, attempts, due_ns, len(body)))
+        parts.append(body)
+    parts[0] = _HEAD.pack(sum(map(len, parts)) + 1, T_MESSAGES)
+    return b"".join(parts)
+
+
+def _encode_json(frame_type: int, event) -> bytes:
+    fields = {name: getattr(event, name) for name in event.__slots__}
+    return _frame(frame_type, json.dumps(fields, separators=(",", ":")).encode())
+
+
+def encode(event) -> bytes:
+    """The frame of one event."""
+    kind = type(event)
+    if kind is Messages:
+        return encode_messages(event.seq, event.topic,
+                               [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages])
+    if kind is Finished:
+        return _frame(T_FINISHED, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
+                      + _U32.pack(len(event.ids)) + b"".join(event.ids))
+    if kind is ChannelOp:
+        return _frame(T_CHANNEL, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
+                      + bytes((event.op,)))
+    if kind is Ack:
+        return _frame(T_ACK, _U64.pack(event.seq))
+    if kind is Synced:
+        return _frame(T_SYNCED, _U64.pack(event.seq))
+    if kind is Heartbeat:
+        return _frame(T_HEARTBEAT, b"")
+    if kind is Hello:
+        return _encode_json(T_HELLO, event)
+    if kind is Welcome:
+        return _encode_json(T_WELCOME, event)
+    if kind is Error:
+        return _frame(T_ERROR, _name(event.code) + event.text.encode("utf-8", "replace"))
+    raise TypeError(f"not a replication event: {event!r}")
+
+
+HEARTBEAT_FRAME = encode(Heartbeat())
+
+
+# -- decoding ----------------------------------------------------------------------------------------------------
+class _Reader:
+    """Fields of one payload, in order; running short or leaving bytes over is ``E_BAD_PROTOCOL``."""
+
+    __slots__ = ("data", "pos", "what")
+
+    def __init__(self, data: bytes, what: str) -> None:
+        self.data = data
+        self.pos = 0
+        self.what = what
+
+    def _short(self) -> ProtocolError:
+        return ProtocolError(E_BAD_PROTOCOL, f"{self.what} frame cut short")
+
+    def unpack(self, layout: struct.Struct) -> tuple:
+        end = self.pos + layout.size
+        if end > len(self.data):
+            raise self._short()
+        values = layout.unpack_from(self.data, self.pos)
+        self.pos = end
+        return values
+
+    def take(self, size: int) -> bytes:
+        end = self.pos + size
+        if end > len(self.data):
+            raise self._short()
+        value = self.data[self.pos:end]
+        self.pos = end
+        return value
+
+    def name(self, code: str, kind: str, *, allow_empty: bool = False) -> str:
+        raw = self.take(self.unpack(_U16)[0])
+        if allow_empty and not raw:
+            return ""
+        text = raw.decode("utf-8", "surrogateescape")
+        if not is_valid_name_bytes(raw) or is_ephemeral(text):
+            shown = raw.decode("utf-8", "backslashreplace")
+            raise ProtocolError(code, f"replicated {kind} name {shown!r} is not valid")
+        return text
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise ProtocolError(E_BAD_PROTOCOL, f"{self.what} frame has {len(self.data) - self.pos} extra byte(s)")
+
+
+def _json_object(payload: bytes, what: str) -> dict:
+    try:
+        value = json.loads(payload)
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        raise ProtocolError(E_BAD_HELLO, f"{what} is not a JSON object")
+    return value
+
+
+def _field(obj: dict, name: str, kind: type, default, what: str):
+    value = obj.get(name, default)
+    if kind is int and (type(value) is not int or value < 0):
+        raise ProtocolError(E_BAD_HELLO, f"{what} field {name!r} must be a non-negative integer")
+    if kind is str and type(value) is not str:
+        raise ProtocolError(E_BAD_HELLO, f"{what} field {name!r} must be a string")
+    if kind is bool and type(value) is not bool:
+        raise ProtocolError(E_BAD_HELLO, f"{what} field {name!r} must be true or false")
+    return value
+
+
+def _decode_hello(payload: bytes):
+    obj = _json_object(payload, "HELLO")
+    node = _field(obj, "node", str, "", "HELLO")
+    host, _, port = node.rpartition(":")
+    if not host or not port.isdigit():
+        raise ProtocolError(E_BAD_HELLO, f"HELLO node {node!r} is not HOST:PORT")
+    return Hello(node=node, session=_field(obj, "session", str, "", "HELLO"),
+                 epoch=_field(obj, "epoch", int, 0, "HELLO"), durable=_field(obj, "durable", bool, False, "HELLO"),
+                 version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"),
+                 clean=_field(obj, "clean", bool, False, "HELLO"))
+
+
+def _decode_welcome(payload: bytes):
+    obj = _json_object(payload, "WELCOME")
+    return Welcome(node=_field(obj, "node", str, "", "WELCOME"), session=_field(obj, "session", str, "", "WELCOME"),
+                   seq=_field(obj, "seq", int, 0, "WELCOME"), epoch=_field(obj, "epoch", int, 0, "WELCOME"),
+                   held=_field(obj, "held", int, 0, "WELCOME"), version=_field(obj, "version", int, 1, "WELCOME"))
+
+
+def _decode_messages(payload: bytes):
+    reader = _Reader(payload, "MESSAGES")
+    seq = reader.unpack(_U64)[0]
+    topic = reader.name(E_BAD_TOPIC, "topic")
+    count = reader.unpack(_U32)[0]
+    unpack = _MSG.unpack_from
+    size = _MSG.size
+    data = payload
+    pos = reader.pos
+    end = len(data)
+    messages = []
+    for _ in range(count):
+        if pos + size > end:
+            raise reader._short()
+        msg_id, timestamp, attempts, due_ns, length = unpack(data, pos)
+        pos += size
+        if pos + length > end:
+            raise reader._short()
+        messages.append(ReplicatedMessage(msg_id, timestamp, attempts, due_ns, data[pos:pos + length]))
+        pos += length
+    reader.pos = pos
+    reader.end()
+    return Messages(seq, topic, tuple(messages))
+
+
+def _decode_finished(payload: bytes):
+    reader = _Reader(payload, "FINISHED")
+    seq = reader.unpack(_U64)[0]
+    topic = reader.name(E_BAD_TOPIC, "topic")
+    channel = reader.name(E_BAD_CHANNEL, "channel")
+    count = reader.unpack(_U32)[0]
+    raw = reader.take(count * _ID_LENGTH)
+    reader.end()
+    return Finished(seq, topic, channel, tuple(raw[i:i + _ID_LENGTH] for i in range(0, len(raw), _ID_LENGTH)))
+
+
+def _decode_channel(payload: bytes):
+    reader = _Reader(payload, "CHANNEL")
+    seq = reader.unpack(_U64)[0]
+    topic = reader.name(E_BAD_TOPIC, "topic")
+    channel = reader.name(E_BAD_CHANNEL, "channel", allow_empty=True)
+    op = reader.take(1)[0]
+    reader.end()
+    if op not in _OPS or (not channel and op == OP_EMPTIED):
+        raise ProtocolError(E_BAD_PROTOCOL, f"CHANNEL frame with unknown op {op}")
+    return ChannelOp(seq, topic, channel, op)
+
+
+def _decode_seq(event_type):
+    def decode(payload: bytes):
+        reader = _Reader(payload, event_type.__name__.upper())
+        seq = reader.unpack(_U64)[0]
+        reader.end()
+        return event_type(seq)
+    return decode
+
+
+def _decode_heartbeat(payload: bytes):
+    if payload:
+        raise ProtocolError(E_BAD_PROTOCOL, "HEARTBEAT frame with a payload")
+    return Heartbeat()
+
+
+def _decode_error(payload: bytes):
+    reader = _Reader(payload, "ERROR")
+    code = reader.take(reader.unpack(_U16)[0]).decode("utf-8", "replace")
+    return Error(code, payload[reader.pos:].decode("utf-8", "replace"))
+
+
+_DECODERS = {
+    T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
+    T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
+    T_ACK: _decode_seq(Ack), T_ERROR: _decode_error,
+}
+
+
+class ReplicationDecoder(InputBuffer):
+    """Incremental reader of replication frames: ``receive_data(bytes)``, then ``next_event()`` until None.
+
+    A size of 0 or over ``max_frame_size``, an unknown frame type or a malformed payload raises
+    ``ProtocolError``; names are checked as NSQ names (``E_BAD_TOPIC``, ``E_BAD_CHANNEL``). ``last_frame`` holds
+    the whole frame of the last event returned (a replica stores it as received)."""
+
+    __slots__ = ("_max_frame_size", "last_frame")
+
+    def __init__(self, max_frame_size: int = 64 * 1024 * 1024) -> None:
+        super().__init__()
+        self._max_frame_size = max_frame_size
+        self.last_frame = b""
+
+    def next_event(self):
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 5:
+            self._need = 5
+            return None
+        size, frame_type = _HEAD.unpack_from(buf, pos)
+        if size < 1 or size > self._max_frame_size:
+            raise ProtocolError(E_BAD_PROTOCOL, f"invalid replication frame size {size}")
+        decode = _DECODERS.get(frame_type)
+        if decode is None:
+            raise ProtocolError(E_BAD_PROTOCOL, f"unknown replication frame type {frame_type:#04x}")
+        end = pos + 4 + size
+        if end > len(buf):
+            self._need = 4 + size
+            return None
+        self._pos = end
+        self._need = 0
+        event = decode(buf[pos + 5:end])
+        self.last_frame = buf[pos:end]
+        return event
+
+    def buffered_size(self) -> int:
+        return len(self._buf) - self._pos + self._chunks_len

@@ -1,0 +1,366 @@
+"""Replication between two nodes: A keeps copies on B. Real daemons as subprocesses, real sockets.
+
+Every publish answered OK on A is held by B; FINs on A drop B's copies; B adopts A's unfinished messages by the
+HTTP call and by the timeout, channels and paused state included; B's copies survive B's restart; degraded
+``refuse`` and ``accept``; bad input on the replication magic closes only that connection."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+import pytest
+
+from protocol.replication import MAGIC_R1, Error, Hello, Messages, ReplicatedMessage, ReplicationDecoder, encode
+from tests.integration.harness import NsqdProcess, RawClient, command, consumer, mpub_body, stop_all
+from tests.integration.http_helpers import get, post, stats, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def daemons():
+    started: list[NsqdProcess] = []
+    yield started
+    for daemon in started:
+        if daemon.is_running():
+            daemon.kill()
+
+
+def start(daemons, data_path, *args: str, port: int | None = None) -> NsqdProcess:
+    port = port or free_port()
+    daemon = NsqdProcess(data_path, ["--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{port}", *args])
+    daemons.append(daemon)
+    return daemon.start()
+
+
+def replica_of(daemon: NsqdProcess, node: str) -> dict:
+    for entry in stats(daemon.http()).get("replication", {}).get("replicas", []):
+        if entry["node"] == node:
+            return entry
+    return {}
+
+
+def held(daemon: NsqdProcess, node: str) -> int:
+    return replica_of(daemon, node).get("held_messages", 0)
+
+
+def pair(daemons, tmp_path, *origin_args: str, replica_args: tuple[str, ...] = ()):
+    replica = start(daemons, tmp_path / "b", *replica_args)
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", *origin_args)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    return origin, replica
+
+
+def fins_acked(origin: NsqdProcess, before: int) -> None:
+    """Wait until the origin's peer acknowledged frames after ``before`` and nothing more is pending (the FINs)."""
+    def done() -> bool:
+        peer = stats(origin.http())["replication"]["peers"][0]
+        return peer["acked"] > before and peer["pending_frames"] == 0
+    wait_for(done, message="FINs acknowledged by the replica")
+
+
+def receive(client: RawClient, count: int, *, fin: bool = True) -> list[bytes]:
+    bodies = []
+    for _ in range(count):
+        message = client.read_message(timeout=10)
+        bodies.append(message.body)
+        if fin:
+            client.send(command("FIN", message.id))
+    return bodies
+
+
+def test_publishes_are_held_by_the_replica_and_released_by_fins(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"one")
+        producer.publish_many("t", [b"two", b"three"])
+        producer.send(command("DPUB", "t", 60000, body=b"later"))
+        producer.expect_ok()
+    assert post(origin.http(), "/pub?topic=t", b"four").status == 200
+    assert post(origin.http(), "/mpub?topic=t", b"five\nsix").status == 200
+    # every OK came after the replica stored the message: no wait needed
+    assert held(replica, node) == 7
+    doc = stats(origin.http())["replication"]
+    assert doc["peers"][0]["state"] == "connected" and doc["unreplicated_messages"] == 0
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 6)) == sorted([b"one", b"two", b"three", b"four", b"five", b"six"])
+        wait_for(lambda: held(replica, node) == 1, message="FINs reached the replica")  # the deferred one
+
+
+def test_takeover_by_http_adopts_unfinished_messages_with_their_channels(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=done")
+    post(origin.http(), "/channel/create?topic=t&channel=todo")
+    post(origin.http(), "/channel/create?topic=t&channel=stopped")
+    post(origin.http(), "/channel/pause?topic=t&channel=stopped")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(20)])
+    before = stats(origin.http())["replication"]["peers"][0]["acked"]
+    with consumer(origin.tcp, "t", "done", ready=20) as client:
+        receive(client, 20)
+        fins_acked(origin, before)
+    assert held(replica, node) == 20
+    origin.kill()
+    reply = post(replica.http(), f"/replica/takeover?node={node}")
+    assert reply.status == 200 and reply.json() == {"node": node, "messages": 20}
+    topic = stats(replica.http(), "topic=t")["topics"][0]
+    channels = {c["channel_name"]: c for c in topic["channels"]}
+    assert channels["done"]["depth"] == 0
+    assert channels["todo"]["depth"] == 20
+    assert channels["stopped"]["depth"] == 20 and channels["stopped"]["paused"]
+    with consumer(replica.tcp, "t", "todo", ready=20) as client:
+        assert sorted(receive(client, 20)) == sorted(b"m%d" % i for i in range(20))
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 0
+    assert post(replica.http(), "/replica/takeover?node=nobody:1").status == 404
+    assert stats(replica.http())["replication"]["takeovers"] == 2
+
+
+def test_takeover_by_timeout(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path, replica_args=("--replica-takeover-timeout=1s",))
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"survivor")
+    origin.kill()
+    replica.wait_for_log(r"REPLICATION: took over origin", timeout=20)
+    with consumer(replica.tcp, "t", "c", ready=1) as client:
+        assert receive(client, 1) == [b"survivor"]
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["default", "durable"])
+def test_replica_keeps_its_copies_across_its_restart(daemons, tmp_path, durable):
+    args = ("--mem-queue-size=0", "--sync-every=1") if durable else ()
+    replica = start(daemons, tmp_path / "b", *args)
+    port = replica.tcp[1]
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", *args)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(50)])
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        receive(client, 10)
+        wait_for(lambda: held(replica, node) == 40, message="FINs reached the replica")
+    origin.kill()
+    if durable:
+        replica.kill()
+    else:
+        assert replica.stop() == 0
+    replica = start(daemons, tmp_path / "b", *args, port=port)
+    assert held(replica, node) == 40
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 40
+    with consumer(replica.tcp, "t", "c", ready=40) as client:
+        assert sorted(receive(client, 40)) == sorted(b"m%d" % i for i in range(10, 50))
+
+
+def test_degraded_refuse_answers_publish_failed_and_ping_nok(daemons, tmp_path):
+    dead = f"127.0.0.1:{free_port()}"
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={dead}")
+    with RawClient(origin.tcp) as producer:
+        producer.send(command("PUB", "t", body=b"x"))
+        producer.expect_error(b"E_PUB_FAILED PUB failed replication degraded")
+    with RawClient(origin.tcp) as producer:
+        producer.send(command("MPUB", "t", body=mpub_body([b"x"])))
+        producer.expect_error(b"E_MPUB_FAILED MPUB failed replication degraded")
+    reply = post(origin.http(), "/pub?topic=t", b"x")
+    assert reply.status == 503 and reply.message == "REPLICATION_DEGRADED"
+    ping = get(origin.http(), "/ping")
+    assert ping.status == 500 and ping.body == b"NOK - replication degraded"
+    assert stats(origin.http())["replication"]["state"] == "degraded"
+
+
+def test_degraded_accept_takes_messages_and_sends_them_when_the_peer_comes(daemons, tmp_path):
+    port = free_port()
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{port}", "--replication-degraded=accept")
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"alone")
+    doc = stats(origin.http())["replication"]
+    assert doc["state"] == "degraded" and doc["accepted_unreplicated"] == 1 and doc["unreplicated_messages"] == 1
+    assert get(origin.http(), "/ping").status == 200
+    metrics = get(origin.http(), "/metrics").body.decode()
+    assert "nsqd_replication_degraded 1.0" in metrics
+    assert "nsqd_replication_accepted_unreplicated_total 1.0" in metrics
+    assert "Replication: degraded" in get(origin.http(), "/stats").body.decode()
+    replica = start(daemons, tmp_path / "b", port=port)
+    wait_for(lambda: held(replica, node) == 1, timeout=20, message="sent when the peer came")
+    wait_for(lambda: stats(origin.http())["replication"]["unreplicated_messages"] == 0, message="acknowledged")
+
+
+def _exchange(address, data: bytes) -> list:
+    """Send ``data`` on a replication connection and decode what comes back until the node closes it."""
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(MAGIC_R1 + data)
+        decoder = ReplicationDecoder()
+        events = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return events
+            decoder.receive_data(chunk)
+            while (event := decoder.next_event()) is not None:
+                events.append(event)
+
+
+def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons, tmp_path):
+    replica = start(daemons, tmp_path / "b")
+    with RawClient(replica.tcp) as bystander:
+        bystander.publish("t", b"before")
+        assert _exchange(replica.tcp, b"GET / HTTP/1.1\r\n\r\n")[-1].code == "E_BAD_PROTOCOL"
+        hello = encode(Hello(f"127.0.0.1:{replica.tcp[1]}", "s"))
+        assert _exchange(replica.tcp, hello)[-1] == Error("E_NODE_CONFLICT",
+                                                          f"node 127.0.0.1:{replica.tcp[1]} is this node")
+        bad_topic = struct.pack(">IB", 1 + 8 + 5 + 4, 0x02) + struct.pack(">Q", 1) + b"\x00\x03a/b" + b"\x00" * 4
+        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + bad_topic)
+        assert events[-1] == Error("E_BAD_TOPIC", "replicated topic name 'a/b' is not valid")
+        message = ReplicatedMessage(b"0" * 16, 1, 0, 0, b"x")
+        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + encode(Messages(1, "t", (message,)))
+                           + encode(Messages(5, "t", (message,))))
+        assert events[-1] == Error("E_BAD_SEQ", "frame seq 5 after 1")
+        assert _exchange(replica.tcp, b"\x00\x00\x00\x02\x01{")[-1].code == "E_BAD_HELLO"
+        bystander.publish("t", b"after")
+    assert replica.is_running()
+    assert stop_all([replica]) is None
+
+
+def test_replication_over_tls(daemons, tmp_path):
+    from tests.integration.features import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    tls = certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}")
+    origin, replica = pair(daemons, tmp_path, *tls, replica_args=tuple(tls))
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    origin.wait_for_log(r"REPLICATION: peer .* connected", timeout=10)
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"secret%d" % i for i in range(5)])
+    assert held(replica, node) == 5
+    replica.wait_for_log(r"origin .* connected", timeout=10)
+    plain = start(daemons, tmp_path / "c")
+    with socket.create_connection(plain.tcp, timeout=10) as sock:  # a node without a certificate refuses TLS
+        sock.sendall(MAGIC_R1 + b"\x16\x03\x01\x00\x05hello")
+        decoder = ReplicationDecoder()
+        decoder.receive_data(sock.recv(65536))
+        assert decoder.next_event() == Error("E_BAD_PROTOCOL", "TLS is not configured on this node")
+
+
+def test_a_replica_that_comes_back_empty_is_backfilled_before_it_counts(daemons, tmp_path):
+    import shutil
+
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = replica.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    post(origin.http(), "/channel/create?topic=t&channel=d")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(30)])
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        receive(client, 10)
+        wait_for(lambda: held(replica, node) == 30, message="held")
+    replica.kill()
+    shutil.rmtree(tmp_path / "b")
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    replica = start(daemons, tmp_path / "b", port=port)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", timeout=20, message="back")
+    assert held(replica, node) == 30  # every message d has not finished, whatever c did
+    with consumer(origin.tcp, "t", "d", ready=30) as client:
+        receive(client, 30)
+        wait_for(lambda: held(replica, node) == 20, message="released")  # c still holds 20
+
+
+def test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])
+    assert origin.stop() == 0  # its messages stay in its data directory
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 10
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    origin.wait_for_log(r"adopted this node's messages while it was away \(epoch 1\): dropped the 10", timeout=20)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    channel = stats(origin.http(), "topic=t")["topics"][0]["channels"][0]
+    assert channel["depth"] == 0 and channel["in_flight_count"] == 0
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"new")
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert receive(client, 1) == [b"new"]
+        assert client.poll_frame(0.5) is None
+    # the epoch is kept for the next start
+    assert json.loads((tmp_path / "a" / "replication.dat").read_text()) == {"epoch": 1, "running": True}
+
+
+def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_path):
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{free_port()}", "--replication-degraded=accept")
+    origin.wait_for_log(r"no peer reachable at start-up: delivering the messages this node holds", timeout=20)
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"x")
+
+
+def test_a_second_stream_for_a_connected_origin(daemons, tmp_path):
+    replica = start(daemons, tmp_path / "b")
+    hello = encode(Hello("10.9.9.9:1", "first"))
+    with socket.create_connection(replica.tcp, timeout=10) as first:
+        first.sendall(MAGIC_R1 + hello)
+        decoder = ReplicationDecoder()
+        decoder.receive_data(first.recv(65536))
+        assert type(decoder.next_event()).__name__ == "Welcome"
+        # another session claiming the same node while the first is open: refused
+        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "other")))
+        assert events[-1] == Error("E_NODE_CONFLICT", "node 10.9.9.9:1 is already connected")
+        # the same session again (its old connection broke unnoticed): the new one replaces the old one
+        with socket.create_connection(replica.tcp, timeout=10) as second:
+            second.sendall(MAGIC_R1 + hello)
+            decoder = ReplicationDecoder()
+            decoder.receive_data(second.recv(65536))
+            assert type(decoder.next_event()).__name__ == "Welcome"
+            assert first.recv(65536) == b""  # closed by the replica
+            replica.wait_for_log(r"origin 10.9.9.9:1 reconnected, closing its previous connection", timeout=5)
+
+
+def test_an_origin_killed_without_durable_mode_has_its_copies_adopted_when_it_returns(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])  # in memory only: a kill loses them there
+    origin.kill()
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    replica.wait_for_log(r"origin 127.0.0.1:\d+ is back without all of its messages", timeout=20)
+    origin.wait_for_log(r"the last run did not stop cleanly", timeout=5)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
+    assert held(replica, node) == 0
+
+
+def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    post(origin.http(), "/topic/create?topic=t")
+    post(origin.http(), "/channel/create?topic=t&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])
+    assert origin.stop() == 0
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    assert held(replica, node) == 10  # the backfill had them all
+    assert "taking over" not in replica.log_text()
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
+        wait_for(lambda: held(replica, node) == 0, message="released")

@@ -1,0 +1,163 @@
+"""The replication stream codec: every case encoded, then decoded whole, byte by byte and with trailing bytes;
+every malformed frame gives its error code."""
+
+import struct
+
+import pytest
+
+from protocol.errors import ProtocolError
+from protocol.replication import (
+    OP_CREATED,
+    OP_DELETED,
+    OP_EMPTIED,
+    OP_PAUSED,
+    Ack,
+    ChannelOp,
+    Error,
+    Finished,
+    Heartbeat,
+    Hello,
+    Messages,
+    ReplicatedMessage,
+    ReplicationDecoder,
+    Synced,
+    Welcome,
+    encode,
+    encode_messages,
+)
+
+from .feeding import MODES, run
+
+M1 = ReplicatedMessage(b"0123456789abcdef", 1_700_000_000_000_000_000, 1, 0, b"hello")
+M2 = ReplicatedMessage(b"0123456789abcdee", 1_700_000_000_000_000_001, 0, 1_700_000_005_000_000_000, b"")
+M3 = ReplicatedMessage(b"0123456789abcded", 5, 65535, 0, bytes(range(256)) * 3)
+
+# (event, wire bytes written out by hand where short enough, else None: the round trip covers those)
+CASES = [
+    pytest.param(Heartbeat(), b"\x00\x00\x00\x01\x05", id="heartbeat"),
+    pytest.param(Ack(7), b"\x00\x00\x00\x09\x82" + b"\x00" * 7 + b"\x07", id="ack"),
+    pytest.param(Synced(258), b"\x00\x00\x00\x09\x06" + b"\x00" * 6 + b"\x01\x02", id="synced"),
+    pytest.param(ChannelOp(1, "t", "c", OP_CREATED),
+                 b"\x00\x00\x00\x10\x04" + b"\x00" * 7 + b"\x01" + b"\x00\x01t" + b"\x00\x01c" + b"\x01", id="channel"),
+    pytest.param(ChannelOp(2, "t", "", OP_DELETED), None, id="topic-op"),
+    pytest.param(ChannelOp(3, "t.x_y-z", "ch", OP_PAUSED), None, id="pause"),
+    pytest.param(ChannelOp(3, "t", "ch", OP_EMPTIED), None, id="emptied"),
+    pytest.param(Finished(9, "t", "c", (b"0123456789abcdef",)),
+                 b"\x00\x00\x00\x23\x03" + b"\x00" * 7 + b"\x09" + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x01"
+                 + b"0123456789abcdef", id="finished"),
+    pytest.param(Finished(10, "t", "c", ()), None, id="finished-none"),
+    pytest.param(Messages(1, "t", (M1,)),
+                 b"\x00\x00\x00\x3b\x02" + b"\x00" * 7 + b"\x01" + b"\x00\x01t" + b"\x00\x00\x00\x01"
+                 + b"0123456789abcdef" + struct.pack(">q", M1.timestamp) + b"\x00\x01" + b"\x00" * 8
+                 + b"\x00\x00\x00\x05hello", id="one-message"),
+    pytest.param(Messages(2, "topic", (M1, M2, M3)), None, id="three-messages"),
+    pytest.param(Messages(3, "topic", ()), None, id="no-message"),
+    pytest.param(Hello("127.0.0.1:4150", "abc", 2, True, node_id=7), None, id="hello"),
+    pytest.param(Welcome("10.0.0.2:4150", "abc", 99, 2, 5), None, id="welcome"),
+    pytest.param(Error("E_BAD_TOPIC", "replicated topic name 'x y' is not valid"), None, id="error"),
+]
+
+
+@pytest.mark.parametrize("event, wire", CASES)
+def test_encode(event, wire):
+    if wire is not None:
+        assert encode(event) == wire
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("event, wire", CASES)
+def test_decode(event, wire, mode):
+    decoder = ReplicationDecoder()
+    assert run(decoder, decoder.next_event, encode(event), mode) == [event]
+    assert decoder.buffered_size() == 0
+    assert decoder.last_frame == encode(event)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("event, wire", CASES)
+def test_decode_with_trailing_bytes(event, wire, mode):
+    decoder = ReplicationDecoder()
+    trailing = encode(Ack(1))[:3]
+    assert run(decoder, decoder.next_event, encode(event) + trailing, mode) == [event]
+    assert decoder.buffered_size() == len(trailing)
+
+
+def test_a_stream_of_every_case_decodes_in_order():
+    events = [case.values[0] for case in CASES]
+    decoder = ReplicationDecoder()
+    for mode in MODES:
+        assert run(decoder, decoder.next_event, b"".join(map(encode, events)), mode) == events
+
+
+def test_encode_messages_matches_the_event_encoding():
+    tuples = [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in (M1, M2, M3)]
+    assert encode_messages(4, "t", tuples) == encode(Messages(4, "t", (M1, M2, M3)))
+
+
+def _error(data: bytes, max_frame_size: int = 1 << 20) -> ProtocolError:
+    decoder = ReplicationDecoder(max_frame_size)
+    decoder.receive_data(data)
+    with pytest.raises(ProtocolError) as info:
+        while decoder.next_event() is not None:
+            pass
+    return info.value
+
+
+def _frame(frame_type: int, payload: bytes) -> bytes:
+    return struct.pack(">IB", len(payload) + 1, frame_type) + payload
+
+
+BAD = [
+    pytest.param(b"\x00\x00\x00\x00\x05", "E_BAD_PROTOCOL", "invalid replication frame size 0", id="size-zero"),
+    pytest.param(b"\x7f\x00\x00\x00\x05", "E_BAD_PROTOCOL", "invalid replication frame size", id="size-huge"),
+    pytest.param(b"GET / HTTP/1.1\r\n", "E_BAD_PROTOCOL", "invalid replication frame size", id="garbage"),
+    pytest.param(_frame(0x42, b""), "E_BAD_PROTOCOL", "unknown replication frame type 0x42", id="unknown-type"),
+    pytest.param(_frame(0x05, b"x"), "E_BAD_PROTOCOL", "HEARTBEAT frame with a payload", id="heartbeat-payload"),
+    pytest.param(_frame(0x82, b"\x00" * 7), "E_BAD_PROTOCOL", "ACK frame cut short", id="ack-short"),
+    pytest.param(_frame(0x82, b"\x00" * 9), "E_BAD_PROTOCOL", "ACK frame has 1 extra byte(s)", id="ack-long"),
+    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x03a b" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC",
+                 "replicated topic name 'a b' is not valid", id="bad-topic"),
+    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x00" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC", "not valid",
+                 id="empty-topic"),
+    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x0cx#ephemeral" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC",
+                 "not valid", id="ephemeral-topic"),
+    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x01t" + b"\x00\x00\x00\x02" + b"0" * 42), "E_BAD_PROTOCOL",
+                 "MESSAGES frame cut short", id="messages-count-too-high"),
+    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x01t" + b"\x00\x00\x00\x01" + b"0" * 38 + b"\x00\x00\x00\x09"),
+                 "E_BAD_PROTOCOL", "MESSAGES frame cut short", id="message-body-short"),
+    pytest.param(_frame(0x03, b"\x00" * 8 + b"\x00\x01t\x00\x04c/\x00d" + b"\x00\x00\x00\x00"), "E_BAD_CHANNEL",
+                 "replicated channel name 'c/\\x00d' is not valid", id="bad-channel"),
+    pytest.param(_frame(0x03, b"\x00" * 8 + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x02" + b"0" * 16),
+                 "E_BAD_PROTOCOL", "FINISHED frame cut short", id="finished-short"),
+    pytest.param(_frame(0x04, b"\x00" * 8 + b"\x00\x01t\x00\x01c\x09"), "E_BAD_PROTOCOL", "unknown op 9",
+                 id="unknown-op"),
+    pytest.param(_frame(0x04, b"\x00" * 8 + b"\x00\x01t\x00\x00\x05"), "E_BAD_PROTOCOL", "unknown op 5",
+                 id="topic-emptied"),
+    pytest.param(_frame(0x01, b"not json"), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-not-json"),
+    pytest.param(_frame(0x01, b"[1]"), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-not-object"),
+    pytest.param(_frame(0x01, b'{"node": "nohost"}'), "E_BAD_HELLO", "is not HOST:PORT", id="hello-bad-node"),
+    pytest.param(_frame(0x01, b'{"node": "h:1", "epoch": -1}'), "E_BAD_HELLO", "'epoch' must be a non-negative",
+                 id="hello-bad-epoch"),
+    pytest.param(_frame(0x01, b'{"node": "h:1", "durable": 1}'), "E_BAD_HELLO", "'durable' must be true or false",
+                 id="hello-bad-durable"),
+    pytest.param(_frame(0x01, b'\xff'), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-bad-utf8"),
+]
+
+
+@pytest.mark.parametrize("data, code, text", BAD)
+def test_malformed_frames_raise_their_error(data, code, text):
+    error = _error(data)
+    assert error.code == code
+    assert text in error.description
+
+
+def test_frame_over_the_limit_is_refused_before_its_payload_arrives():
+    decoder = ReplicationDecoder(max_frame_size=100)
+    decoder.receive_data(struct.pack(">IB", 101, 0x02))
+    with pytest.raises(ProtocolError, match="invalid replication frame size 101"):
+        decoder.next_event()
+
+
+def test_encode_refuses_other_objects():
+    with pytest.raises(TypeError):
+        encode(object())

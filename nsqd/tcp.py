@@ -2,9 +2,10 @@
 
 Reading: each receive buffer is fed to the sans-IO ``CommandParser`` and every complete command is
 handled synchronously (no await per message); the responses are appended to the client's output
-buffer and leave in one write. A connection that consumes and publishes gets the answer to a publish before
-any message that this publish delivers back to it (``_publish``). A plain-TCP connection waiting for input sits in the daemon's
-``ReadPoller``, which reads it and runs those commands in its own task (``poll_ready``); the
+buffer and leave in one write. A connection that consumes and publishes gets the answer to a publish
+before any message that this publish delivers back to it (``_publish``). A plain-TCP connection waiting
+for input sits in the daemon's ``ReadPoller``, which reads it and runs those commands in its own task
+(``poll_ready``); the
 connection's task takes over for a command that must await (IDENTIFY, AUTH, an auth refresh), an
 error or EOF. TLS and compressed connections read in their own task. Writing: a writer task sends
 the output buffer when something asks for an immediate flush (any non-message frame, a consumer that

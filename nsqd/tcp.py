@@ -1,15 +1,16 @@
 """One V2 TCP connection: the magic, the command loop, the writer, heartbeats and deadlines.
 
 Reading: each receive buffer is fed to the sans-IO ``CommandParser`` and every complete command is
-handled synchronously (no await per message); the responses are appended to the client's output
-buffer and leave in one write. A plain-TCP connection waiting for input sits in the daemon's
-``ReadPoller``, which reads it and runs those commands in its own task (``poll_ready``); the
-connection's task takes over for a command that must await (IDENTIFY, AUTH, an auth refresh), an
-error or EOF. TLS and compressed connections read in their own task. Writing: a writer task sends
-the output buffer when something asks for an immediate flush (any non-message frame, a consumer that
-became not-ready, an idle channel) or when the flush timer (``output_buffer_timeout``) expires.
-Deadlines: the read side must see a command within 2 x heartbeat interval (one cancel scope whose
-deadline moves, not a scope per read); each write must finish within one heartbeat interval.
+handled synchronously (no await per message); the responses are appended to the client's output buffer
+and leave in one write. A connection that consumes and publishes gets the answer to a publish before any
+message that this publish delivers back to it (``_publish_answering_first``). A plain-TCP connection
+waiting for input sits in the daemon's ``ReadPoller``, which reads it and runs those commands in its own
+task (``poll_ready``); the connection's task takes over for a command that must await (IDENTIFY, AUTH,
+an auth refresh), an error or EOF. TLS and compressed connections read in their own task. Writing: a
+writer task sends the output buffer when something asks for an immediate flush (any non-message frame, a
+consumer that became not-ready, an idle channel) or when the flush timer (``output_buffer_timeout``)
+expires. Deadlines: the read side must see a command within 2 x heartbeat interval (one cancel scope
+whose deadline moves, not a scope per read); each write must finish within one heartbeat interval.
 
 Errors: handlers raise ``ProtocolError``; this loop alone decides to close. A fatal error is
 written, flushed, and the connection closed; E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED are not
@@ -59,6 +60,9 @@ _AUTH_CHECKED = frozenset((b"SUB", b"PUB", b"MPUB", b"DPUB"))
 
 _INIT_ONLY_WITH_BODY = frozenset((b"IDENTIFY", b"AUTH"))
 _FIN_STATES = (ClientState.SUBSCRIBED, ClientState.CLOSING)
+#: a handler's answer that is already in the output buffer (``_publish_answering_first``): the loop appends
+#: nothing more, and flushes the buffer as it does for any answer
+_ANSWER_QUEUED = b""
 
 
 def _text(raw: bytes) -> str:
@@ -653,6 +657,7 @@ class Connection:
         channel.add_client(client)
         client.channel = channel
         self.poll_actor = channel.dispatcher
+        self._publish = self._publish_answering_first  # what it publishes may come back here now
         client.state = ClientState.SUBSCRIBED
         log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
         return OK_FRAME
@@ -744,6 +749,9 @@ class Connection:
         return None
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
+        """PUB, MPUB, DPUB of a connection that never subscribed: what it publishes cannot come back to it, so
+        its OK is appended by the command loop after the publish, as any answer. SUB puts
+        ``_publish_answering_first`` in its place."""
         topic = self.nsqd.get_topic(topic_name)
         replication = self.nsqd.replication
         if replication is not None and replication.refusing():
@@ -758,6 +766,24 @@ class Connection:
             self.client.replicated_seq = replication.seq  # the writer holds the OK until peers have it
         self.client.published(topic_name, len(bodies))
         return OK_FRAME
+
+    def _publish_answering_first(self, verb: str, topic_name: str, bodies: list[bytes],
+                                 defer: float = 0.0) -> bytes:
+        """``_publish`` of a connection that consumes: the hand-off to the channels may deliver to this very
+        connection inside the publish (a quiet channel's slice runs at once, appends message frames to the output
+        buffer and may write them), so the OK goes into the buffer first. A publish that fails raises before it
+        stores or hands over anything, so that OK is then still the buffer's last piece and is taken back."""
+        client = self.client
+        out = client.out
+        out.append(OK_FRAME)
+        client.out_bytes += len(OK_FRAME)
+        try:
+            Connection._publish(self, verb, topic_name, bodies, defer)  # the class's: ``self._publish`` is this
+        except ProtocolError:
+            out.pop()
+            client.out_bytes -= len(OK_FRAME)
+            raise
+        return _ANSWER_QUEUED
 
     def PUB(self, command) -> bytes:
         if self._auth_enabled:

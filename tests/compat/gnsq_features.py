@@ -2,8 +2,8 @@
 
 Usage: python -m tests.compat.gnsq_features <options JSON> <nsqd host:port> <topic>
 options: {"tls": <CA file>, "snappy": bool, "deflate": <level>, "auth_secret": str}
-gnsq's connection class publishes (PUB and MPUB) and a gnsq Consumer receives and finishes everything, both
-with the options. Prints one JSON object; exits non-zero when something does not arrive in time.
+gnsq's connection class publishes (PUB and MPUB), then consumes and publishes on the same connection, and a gnsq
+Consumer receives and finishes everything, all with the options. Prints one JSON object; exits non-zero when something does not arrive in time.
 """
 
 from __future__ import annotations
@@ -43,6 +43,17 @@ def run(options: dict, address: str, topic: str, captured: Captured) -> dict:
             answers.append(producer.read_response()[1].decode())
         producer.multipublish(topic, batch)
         answers.append(producer.read_response()[1].decode())
+        # the same connection consumes too (a topic of its own): check_ok takes the next frame and raises on a
+        # message frame, so the PUB's answer has to come before the message it delivers back here
+        own = topic + "_own"
+        producer.subscribe(own, "own")
+        producer.check_ok()
+        producer.ready(1)
+        producer.publish(own, b"to myself")
+        producer.check_ok()
+        frame, message = producer.read_response()
+        responses["own"] = message.body.decode()
+        message.finish()
 
     expected = singles + batch
     received: list[bytes] = []
@@ -69,6 +80,7 @@ def run(options: dict, address: str, topic: str, captured: Captured) -> dict:
         "received": len(received),
         "identify": responses.get("identify"),
         "auth": responses.get("auth"),
+        "own": responses.get("own"),
         "warnings": warnings,
     }
 

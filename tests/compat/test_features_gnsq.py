@@ -30,6 +30,7 @@ def run(nsqd, options: dict) -> dict:
                         cwd=REPO_ROOT, what=f"gnsq with {options}", logs=nsqd.log_text)
     assert result["warnings"] == [], f"gnsq logged problems: {result['warnings']}"
     assert result["answers"] == ["OK"] * 6
+    assert result["own"] == "to myself"  # answered, then delivered back on the publishing connection
     assert result["complete"], f"gnsq got {result['received']} messages, not all it published"
     return result
 

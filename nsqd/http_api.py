@@ -279,12 +279,12 @@ class _API:
         return empty_response()
 
     async def topic_pause(self, request: Request) -> Response:
-        return self._pause_topic(request, pause=True)
+        return await self._pause_topic(request, pause=True)
 
     async def topic_unpause(self, request: Request) -> Response:
-        return self._pause_topic(request, pause=False)
+        return await self._pause_topic(request, pause=False)
 
-    def _pause_topic(self, request: Request, *, pause: bool) -> Response:
+    async def _pause_topic(self, request: Request, *, pause: bool) -> Response:
         name = self._param(request, "topic")
         if name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
@@ -294,7 +294,8 @@ class _API:
         else:
             topic.unpause()
         log.info("TOPIC(%s): %s", name, "paused" if pause else "unpaused")
-        self.nsqd.persist_metadata()
+        self.nsqd.metadata_changed(name)
+        await self.nsqd.persist_metadata()  # nsqd answers once the file holds the new flag
         return empty_response()
 
     # channels
@@ -330,19 +331,20 @@ class _API:
         return empty_response()
 
     async def channel_pause(self, request: Request) -> Response:
-        return self._pause_channel(request, pause=True)
+        return await self._pause_channel(request, pause=True)
 
     async def channel_unpause(self, request: Request) -> Response:
-        return self._pause_channel(request, pause=False)
+        return await self._pause_channel(request, pause=False)
 
-    def _pause_channel(self, request: Request, *, pause: bool) -> Response:
+    async def _pause_channel(self, request: Request, *, pause: bool) -> Response:
         channel = self._existing_channel(request)
         if pause:
             channel.pause()
         else:
             channel.unpause()
         log.info("CHANNEL(%s:%s): %s", channel.topic_name, channel.name, "paused" if pause else "unpaused")
-        self.nsqd.persist_metadata()
+        self.nsqd.metadata_changed(channel.topic_name)
+        await self.nsqd.persist_metadata()
         return empty_response()
 
     # configuration

@@ -24,7 +24,7 @@ from .client import Client
 from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path, save_metadata, snapshot
+from .metadata import MetadataWriter, Prebound, bind_addresses, load_metadata, lock_data_path
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
@@ -92,6 +92,7 @@ class NSQD:
         self.data_path = opts.data_path or os.getcwd()
         # group commit of publishes: connections commit it before an OK leaves (queues/diskqueue.py)
         self.sync_barrier = SyncBarrier()
+        self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -115,7 +116,7 @@ class NSQD:
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
             if not topic.ephemeral:
-                self.persist_metadata()
+                self.metadata_changed(name)
             self.lookup.topic_created(topic)
             if not self._loading:
                 self.lookup.prepare_topic(topic)  # pre-create the channels lookupd knows
@@ -150,14 +151,23 @@ class NSQD:
         self._data_lock = prebound.data_lock
         self._prebound = prebound
 
-    def persist_metadata(self) -> None:
-        """Write nsqd.dat now (topic/channel created or deleted, pause, shutdown)."""
+    def metadata_changed(self, topic_name: str) -> None:
+        """A topic, one of its channels or a paused flag changed: nsqd.dat follows shortly (metadata.py)."""
         if self._loading or self._data_lock is None:
             return
-        try:
-            save_metadata(self.data_path, snapshot(self.topics.values()))
-        except OSError as exc:
-            log.error("failed to persist metadata - %s", exc)
+        self.metadata.mark(topic_name)
+
+    async def persist_metadata(self) -> None:
+        """Return once nsqd.dat holds every change made so far (an HTTP pause answers after this, as in nsqd)."""
+        if self._data_lock is not None:
+            await self.metadata.flush()
+
+    def write_metadata(self) -> None:
+        """Write all of nsqd.dat inline (after loading, at shutdown)."""
+        if self._data_lock is None:
+            return
+        self.metadata.mark_all()
+        self.metadata.write_now()
 
     def load_metadata(self) -> None:
         self._loading = True
@@ -195,7 +205,7 @@ class NSQD:
         topic.close(persist=False)
         log.info("TOPIC(%s): deleting", name)
         if not topic.ephemeral:
-            self.persist_metadata()
+            self.metadata_changed(name)
         return True
 
     def _channel_created(self, channel) -> None:
@@ -205,13 +215,13 @@ class NSQD:
         if percentiles:
             channel.e2e = E2ELatency(percentiles, self.opts.e2e_processing_latency_window_time)
         if not channel.ephemeral:
-            self.persist_metadata()
+            self.metadata_changed(channel.topic_name)
 
     def _channel_deleted(self, channel) -> None:
         self.scanner.refresh()
         self.lookup.channel_deleted(channel)
         if not channel.ephemeral:
-            self.persist_metadata()
+            self.metadata_changed(channel.topic_name)
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None:
         """Replace ``--lookupd-tcp-address`` at run time: close the peers left out, connect the new ones."""
@@ -230,7 +240,7 @@ class NSQD:
         if self.durable:
             log.info("NSQ: durable mode: every message is synced to disk before OK, in-flight ones survive a crash")
         self.load_metadata()
-        self.persist_metadata()
+        self.write_metadata()
         # every listener is bound before anything runs, so an address in use stops start-up with its name
         prebound, self._prebound = self._prebound, None
         if prebound is not None:  # bound by the entry point before the imports (see Prebound)
@@ -247,6 +257,7 @@ class NSQD:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(self.actors.run)
+                await nursery.start(self.metadata.run)
                 await nursery.start(self.read_poller.run)
                 await nursery.start(self.scanner.run)
                 if http_listeners:
@@ -289,7 +300,7 @@ class NSQD:
         """nsqd's shutdown order: metadata, then each topic writes its channels' and its own messages."""
         if self._data_lock is None:
             return
-        self.persist_metadata()
+        self.write_metadata()
         for topic in list(self.topics.values()):
             try:
                 topic.close(persist=True)

@@ -175,6 +175,7 @@ def grow_topics(http: HttpClient, names: list[str], checkpoints: list[int]) -> l
             recent_pings = [rt for at, rt in pings if at > index - window] or [pings[-1][1]]
             rows.append({"step": f"create topic @{index:,}", "count": index,
                          "ms": statistics.fmean(recent) * 1e3, "ping ms": statistics.fmean(recent_pings) * 1e3})
+            print(f"  {rows[-1]['step']}: {rows[-1]['ms']:.3f} ms (ping {rows[-1]['ping ms']:.3f} ms)", flush=True)
     return rows
 
 
@@ -317,10 +318,12 @@ def run(args) -> Report:
             channel_ms = grow_channels(http, topics, args.channels_per_topic)
             channels = len(topics) * args.channels_per_topic
             report.rows.append({"step": f"create channel @{channels:,}", "count": channels, "ms": channel_ms})
+            print(f"  {channels:,} channels: {channel_ms:.3f} ms each", flush=True)
             rss_channels = _rss(sampler, args.settle)
 
             consumers = IdleConsumers(target.tcp, [(topics[index % len(topics)], "c0")
                                                    for index in range(min(args.consumers, len(topics)))])
+            print(f"  {len(consumers.sockets):,} idle consumers connected", flush=True)
             try:
                 rss_consumers = _rss(sampler, args.settle)
                 topic = topics[0]

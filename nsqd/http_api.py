@@ -46,6 +46,7 @@ from protocol.http import (
     Response,
     Router,
     empty_response,
+    encoded_json_response,
     error_response,
     json_response,
     text_response,
@@ -56,7 +57,7 @@ from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 
 from .options import config_value
-from .stats import collect, format_text, to_json
+from .stats import collect, format_text, gc_paused, json_body
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["BOOL_PARAMS", "NSQDRouter", "build_router", "make_http_server"]
@@ -107,7 +108,7 @@ class _API:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.registry = None  # built at the first scrape: prometheus_client costs start-up time otherwise
+        self.metrics_endpoint = None  # built at the first scrape: prometheus_client costs start-up time otherwise
 
     # -- parameter helpers -------------------------------------------------------------------------------------
     @staticmethod
@@ -238,19 +239,22 @@ class _API:
         fmt = self._param(request, "format")  # a bad query string: 400 INVALID_REQUEST from here
         include_clients = BOOL_PARAMS.get(self._param(request, "include_clients") or "", True)
         include_mem = BOOL_PARAMS.get(self._param(request, "include_mem") or "", True)
-        stats = collect(self.nsqd, topic=self._param(request, "topic") or None,
-                        channel=self._param(request, "channel") or None,
-                        include_clients=include_clients, include_mem=include_mem)
+        topic, channel = self._param(request, "topic") or None, self._param(request, "channel") or None
+        with gc_paused():
+            stats = collect(self.nsqd, topic=topic, channel=channel, include_clients=include_clients,
+                            include_mem=include_mem)
+            body = json_body(stats) if fmt == "json" else format_text(stats)
+            del stats
         if fmt == "json":
-            return json_response(to_json(stats))
-        return text_response(format_text(stats), nsq_header=True)
+            return encoded_json_response(body)
+        return text_response(body, nsq_header=True)
 
     async def metrics(self, request: Request) -> Response:
-        from .metrics import make_registry, render
+        if self.metrics_endpoint is None:
+            from .metrics import MetricsEndpoint
 
-        if self.registry is None:
-            self.registry = make_registry(self.nsqd)
-        body, content_type = render(self.registry, request.headers.get("accept"))
+            self.metrics_endpoint = MetricsEndpoint(self.nsqd)
+        body, content_type = self.metrics_endpoint.render(request.headers.get("accept"))
         return Response(200, [("Content-Type", content_type)], body)
 
     # topics

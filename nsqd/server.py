@@ -92,6 +92,7 @@ class NSQD:
         self.data_path = opts.data_path or os.getcwd()
         # group commit of publishes: connections commit it before an OK leaves (queues/diskqueue.py)
         self.sync_barrier = SyncBarrier()
+        self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
@@ -127,7 +128,7 @@ class NSQD:
         return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
-                         logger=log)
+                         failing=self.failing_queues, logger=log)
 
     @property
     def durable(self) -> bool:
@@ -187,11 +188,14 @@ class NSQD:
             self._loading = False
 
     def health(self) -> str:
-        """``OK``, or ``NOK - <error>`` while a disk queue's last write failed."""
-        for topic in self.topics.values():
-            for backend in [topic.backend, *(c.backend for c in topic.channels.values())]:
-                if backend is not None and backend.last_error is not None:
-                    return f"NOK - {backend.last_error}"
+        """``OK``, or ``NOK - <error>`` while a disk queue's last write failed (only the queues that have failed
+        are looked at: the cost does not follow the number of topics)."""
+        failing = self.failing_queues
+        for queue in list(failing):
+            if queue.closed or queue.last_error is None:
+                failing.pop(queue, None)
+            else:
+                return f"NOK - {queue.last_error}"
         return "OK"
 
     def get_existing_topic(self, name: str) -> Topic | None:

@@ -164,6 +164,7 @@ class DiskQueue:
         sync_timeout: float = 2.0,
         hold_reads: bool = False,
         barrier: SyncBarrier | None = None,
+        failing: dict | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         assert 0 < max_bytes_per_file <= _POS_MASK and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
@@ -176,6 +177,9 @@ class DiskQueue:
         self.sync_timeout = sync_timeout
         self.hold_reads = hold_reads
         self.barrier = barrier
+        # queues that have had an error, shared by the daemon's queues: health is read from these alone, not from
+        # every queue (the reader drops those that have recovered or closed)
+        self.failing = failing
         self.log = logger if logger is not None else _default_log
         self.last_error: OSError | None = None
 
@@ -727,6 +731,8 @@ class DiskQueue:
 
     def _record_error(self, action: str, exc: OSError) -> None:
         self.last_error = exc
+        if self.failing is not None:
+            self.failing[self] = None
         self.log.error("DISKQUEUE(%s): %s failed - %s", self.name, action, exc)
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -8,7 +8,8 @@ One nsqd is grown in steps, and each step is measured as it goes:
    (every tenth create is followed by one): a create should cost no more than a plain request, whatever N.
    Meanwhile another process publishes to a topic of its own on another TCP connection, one ``PUB`` at a time
    every millisecond; row ``PUB while creating``: the p50/p99/max of those round trips (a create that holds the
-   event loop shows here).
+   event loop shows here). Row ``PUB, nothing else``: the same for ``--quiet-probe`` seconds before any create,
+   the machine's noise floor.
 2. ``--channels-per-topic`` channels per topic (default 2: 20,000) with ``POST /channel/create``.
 3. ``--consumers`` idle consumers (default 5,000): a connection each, ``SUB`` to the first channel of as many
    topics, ``RDY 1``; nothing is published to them. They answer heartbeats.
@@ -55,6 +56,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--idle", type=float, default=15.0, help="seconds of idle CPU measured")
     parser.add_argument("--stats-repeats", type=int, default=5)
     parser.add_argument("--settle", type=float, default=1.0, help="seconds waited before each memory reading")
+    parser.add_argument("--quiet-probe", type=float, default=3.0,
+                        help="seconds of PUB round trips measured before any topic is created (the noise floor)")
 
 
 # -- a keep-alive HTTP client ------------------------------------------------------------------------
@@ -296,6 +299,13 @@ def run(args) -> Report:
         try:
             http.timed("GET", "/ping")
             rss_start = _rss(sampler, args.settle)
+            probe = PubProbe(target.tcp, f"{prefix}_probe")
+            time.sleep(args.quiet_probe)
+            quiet = probe.finish()
+            report.rows.append({"step": "PUB, nothing else", "count": len(quiet),
+                                "ms": percentile(quiet, 0.5) * 1e3 if quiet else None,
+                                "p99 ms": percentile(quiet, 0.99) * 1e3 if quiet else None,
+                                "max ms": quiet[-1] * 1e3 if quiet else None})
             probe = PubProbe(target.tcp, f"{prefix}_probe")
             started = time.monotonic()
             cpu_before = sampler.cpu_seconds()

@@ -13,8 +13,9 @@ change grows with the number of topics and holds the event loop (and every clien
 2,000 topics. Here a change only marks its topic: the writer task re-encodes the marked topics' entries (each topic
 keeps its encoded entry, so the work per change follows that topic's channels, not the node's topics), joins the
 entries and hands the bytes to a file worker thread (``queues/file_worker.py``), which writes the temporary file,
-fsyncs it and renames it. Changes are coalesced: one write at most every ``interval`` (5 ms, or the last write's
-duration if longer, so a slow disk is never busy more than half the time), the newest state each time. As in nsqd,
+fsyncs it and renames it. Changes are coalesced: one write at most every ``interval`` (5 ms, or four times the last
+write's duration if longer, so that a large file on a slow disk keeps the writer busy a fifth of the time at most),
+the newest state each time. As in nsqd,
 creates and deletes are answered without waiting (the file follows within ``interval`` plus one write); a pause
 waits, like a durable publish waits for its group commit, for the write that covers it (``flush``), and asks for
 it without the coalescing delay. Start-up and shutdown write inline (``write_now``).
@@ -130,6 +131,9 @@ class MetadataWriter:
 
     #: the least time between the starts of two writes (the most a change waits before its write begins)
     INTERVAL = 0.005
+    #: and at least this many times the last write's duration: the writer is busy a fifth of the time at most (a
+    #: 1.1 MB file, 10,000 topics with 2 channels each, takes 14 ms and 1.3 ms of CPU to replace here)
+    BUSY_FACTOR = 4
 
     def __init__(self, data_path: str, topics: dict, *, interval: float = INTERVAL,
                  logger: logging.Logger | None = None) -> None:
@@ -214,7 +218,7 @@ class MetadataWriter:
         with trio.CancelScope(shield=True):  # a write already handed over finishes before the task ends
             await done.wait()
         self._last_duration = trio.current_time() - started
-        self._next_start = started + max(self.interval, self._last_duration)
+        self._next_start = started + max(self.interval, self.BUSY_FACTOR * self._last_duration)
         self.written = generation
         self._written.set()
         self._written = trio.Event()

@@ -93,6 +93,7 @@ class NSQD:
         # group commit of publishes: connections commit it before an OK leaves (queues/diskqueue.py)
         self.sync_barrier = SyncBarrier()
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
+        self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
@@ -128,7 +129,7 @@ class NSQD:
         return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
-                         failing=self.failing_queues, logger=log)
+                         failing=self.failing_queues, active=self.active_queues, logger=log)
 
     @property
     def durable(self) -> bool:
@@ -213,7 +214,7 @@ class NSQD:
         return True
 
     def _channel_created(self, channel) -> None:
-        self.scanner.refresh()
+        self.scanner.invalidate()
         self.lookup.channel_created(channel)
         percentiles = self.opts.e2e_processing_latency_percentiles
         if percentiles:
@@ -222,7 +223,7 @@ class NSQD:
             self.metadata_changed(channel.topic_name)
 
     def _channel_deleted(self, channel) -> None:
-        self.scanner.refresh()
+        self.scanner.invalidate()
         self.lookup.channel_deleted(channel)
         if not channel.ephemeral:
             self.metadata_changed(channel.topic_name)
@@ -289,16 +290,20 @@ class NSQD:
             self._close_topics()
 
     async def _sync_loop(self) -> None:
-        """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule)."""
+        """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule). Only the queues that
+        changed since their last sync are visited, so idle topics and channels cost nothing here."""
         period = max(min(self.opts.sync_timeout / 2, 1.0), 0.01)
+        active = self.active_queues
         while True:
             await trio.sleep(period)
             now = trio.current_time()
-            for topic in list(self.topics.values()):
+            for queue in list(active):
                 try:
-                    topic.sync_backends(now)
+                    queue.sync_if_due(now)
                 except OSError as exc:
-                    log.error("TOPIC(%s): sync failed - %s", topic.name, exc)
+                    log.error("DISKQUEUE(%s): sync failed - %s", queue.name, exc)
+                if not queue.owes_sync:
+                    active.pop(queue, None)
 
     def _close_topics(self) -> None:
         """nsqd's shutdown order: metadata, then each topic writes its channels' and its own messages."""

@@ -179,23 +179,17 @@ def _e2e(channel, now_ns: int) -> E2EResult:
 
 
 def _channel_stats(channel, include_clients: bool, topic_filter: str | None, now_ns: int) -> ChannelStats:
-    clients = None
+    # called for every channel of a full /stats: positional arguments and the depth read once
+    clients = channel.clients
+    listed = None
     if include_clients:
-        clients = tuple([_client_stats(c, topic_filter) for c in channel.clients.values()]) if channel.clients else ()
-    return ChannelStats(
-        channel_name=channel.name,
-        depth=channel.depth(),
-        backend_depth=channel.backend_depth(),
-        in_flight_count=len(channel.in_flight),
-        deferred_count=len(channel.deferred),
-        message_count=channel.message_count,
-        requeue_count=channel.requeue_count,
-        timeout_count=channel.timeout_count,
-        client_count=len(channel.clients),
-        clients=clients,
-        paused=channel.paused,
-        e2e_processing_latency=_e2e(channel, now_ns),
-    )
+        listed = tuple([_client_stats(c, topic_filter) for c in clients.values()]) if clients else ()
+    backend_depth = channel.backend_depth()
+    window = channel.e2e
+    return ChannelStats(channel.name, len(channel.queue) + backend_depth, backend_depth, len(channel.in_flight),
+                        len(channel.deferred), channel.message_count, channel.requeue_count, channel.timeout_count,
+                        len(clients), listed, channel.paused,
+                        window.result(now_ns) if window is not None else EMPTY_E2E)
 
 
 @contextlib.contextmanager

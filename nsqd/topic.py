@@ -321,13 +321,5 @@ class Topic:
             backend.delete()
             self.deferred_index.remove_file()
 
-    def sync_backends(self, now: float) -> None:
-        """Give every disk queue of the topic its periodic fsync (``--sync-timeout``)."""
-        if self.backend is not None:
-            self.backend.sync_if_due(now)
-        for channel in self.channels.values():
-            if channel.backend is not None:
-                channel.backend.sync_if_due(now)
-
     def __repr__(self) -> str:
         return f"Topic({self.name})"

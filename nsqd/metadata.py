@@ -13,7 +13,7 @@ change grows with the number of topics and holds the event loop (and every clien
 2,000 topics. Here a change only marks its topic: the writer task re-encodes the marked topics' entries (each topic
 keeps its encoded entry, so the work per change follows that topic's channels, not the node's topics), joins the
 entries and hands the bytes to a file worker thread (``queues/file_worker.py``), which writes the temporary file,
-fsyncs it and renames it. Changes are coalesced: one write at most every ``interval`` (5 ms, or four times the last
+fsyncs it and renames it. Changes are coalesced: one write at most every ``interval`` (10 ms, or four times the last
 write's duration if longer, so that a large file on a slow disk keeps the writer busy a fifth of the time at most),
 the newest state each time. As in nsqd,
 creates and deletes are answered without waiting (the file follows within ``interval`` plus one write); a pause
@@ -129,8 +129,9 @@ class MetadataWriter:
     and coalesced (see the module notes). ``mark(name)`` after any change to a topic, its channels or their paused
     flags; ``run`` is the writer task; ``flush()`` waits until the file holds every change marked before it."""
 
-    #: the least time between the starts of two writes (the most a change waits before its write begins)
-    INTERVAL = 0.005
+    #: the least time between the starts of two writes (the most a change waits before its write begins); during a
+    #: storm of creates at 2,000 topics, 5 ms cost 0.43 ms of CPU per create (writes included), 20 ms 0.27 ms
+    INTERVAL = 0.01
     #: and at least this many times the last write's duration: the writer is busy a fifth of the time at most (a
     #: 1.1 MB file, 10,000 topics with 2 channels each, takes 14 ms and 1.3 ms of CPU to replace here)
     BUSY_FACTOR = 4

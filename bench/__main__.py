@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.common import RESULTS_DIR, format_table
 
 ORDER = ["pub", "mpub", "consume", "pubsub", "latency", "http", "memory", "fairness", "isolation",
-         "persistence", "spark_throughput"]
+         "persistence", "many", "spark_throughput"]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
 
@@ -38,6 +38,7 @@ HEADLINES = {
     "memory": ["bytes/msg", "overhead/msg", "rss_drained_MB"],
     "fairness": ["few/many", "jain"],
     "isolation": ["live channel", "p99 ms", "drain msg/s"],
+    "many": ["step", "ms", "p99 ms", "cpu ms", "cpu share", "topic KB", "channel KB", "connection KB"],
 }
 
 

@@ -24,7 +24,8 @@ from .client import Client
 from .e2e import E2ELatency
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import MetadataWriter, Prebound, bind_addresses, load_metadata, lock_data_path
+from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path
+from .metadata_writer import MetadataWriter
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue

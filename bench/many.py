@@ -16,12 +16,14 @@ One nsqd is grown in steps, and each step is measured as it goes:
 4. ``/stats`` (JSON and text, with ``topic=``, ``channel=``, ``include_clients=false``) and ``/metrics``: wall
    time per request (median of ``--stats-repeats``) and nsqd CPU per request; the ``admin poll`` column is the share
    of a core that one poll of that request every 5 s costs (nsqadmin polls every node).
-5. Idle: nsqd's CPU over ``--idle`` seconds with nothing to do but keep the topics, channels and connections.
+5. Idle: nsqd's CPU over ``--idle`` seconds (30: one heartbeat interval, so each idle connection is sent one
+   heartbeat, and answers it, within the window) with nothing else to do but keep the topics, channels and
+   connections.
 
 Memory: nsqd's resident set before and after each step gives the bytes per topic, per channel (no consumer) and
 per idle connection (its consumer included), in the ``memory`` rows.
 
-The whole run takes about a minute on our 2-core machine. A variant that grows nsqlookupd's registry instead is
+The whole run takes about two minutes on our 2-core machine. A variant that grows nsqlookupd's registry instead is
 the ``many_lookupd`` scenario; ``grow_topics``, ``HttpClient`` and ``IdleConsumers`` are shared with it.
 """
 
@@ -53,7 +55,9 @@ def add_arguments(parser) -> None:
                         help="topic counts at which the create time is reported (comma-separated)")
     parser.add_argument("--channels-per-topic", type=int, default=2)
     parser.add_argument("--consumers", type=int, default=5_000)
-    parser.add_argument("--idle", type=float, default=15.0, help="seconds of idle CPU measured")
+    parser.add_argument("--idle", type=float, default=30.0,
+                        help="seconds of idle CPU measured (default: nsqd's heartbeat interval, so that every "
+                             "connection's heartbeat falls in the window once)")
     parser.add_argument("--stats-repeats", type=int, default=5)
     parser.add_argument("--settle", type=float, default=1.0, help="seconds waited before each memory reading")
     parser.add_argument("--quiet-probe", type=float, default=3.0,

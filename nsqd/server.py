@@ -22,6 +22,7 @@ from .actors import ActorSystem
 from .auth import Authenticator
 from .client import Client
 from .e2e import E2ELatency
+from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
 from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path
@@ -61,6 +62,7 @@ class NSQD:
         self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice,
                                   wake_slack=4 * opts.actor_slice, interlude_seconds=opts.actor_interlude)
         self.read_poller = ReadPoller()  # idle plain-TCP connections are read by one task (poller.py)
+        self.heartbeats = HeartbeatTimer()  # and one task writes their heartbeats (heartbeats.py)
         # light connections are read between the consumers of a busy channel's slice too (actors.py)
         self.actors.interlude_hook = self.read_poller.poll_light
         self.scanner = QueueScanner(
@@ -265,6 +267,7 @@ class NSQD:
                 await nursery.start(self.actors.run)
                 await nursery.start(self.metadata.run)
                 await nursery.start(self.read_poller.run)
+                await nursery.start(self.heartbeats.run)
                 await nursery.start(self.scanner.run)
                 if http_listeners:
                     self.http_server = make_http_server(self, http_listeners)

@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.common import RESULTS_DIR, format_table
 
 ORDER = ["pub", "mpub", "consume", "pubsub", "latency", "http", "memory", "fairness", "isolation",
-         "persistence", "replication", "spark_throughput", "many_lookupd"]
+         "persistence", "replication", "many", "many_lookupd", "spark_throughput", "spark_sink"]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
 
@@ -40,6 +40,7 @@ HEADLINES = {
     "isolation": ["live channel", "p99 ms", "drain msg/s"],
     "many_lookupd": ["nsqd", "reg/s", "lookup p99 ms", "after p99 ms"],
     "replication": ["mode", "workload", "pub msg/s", "vs off", "ok p99 ms", "p99 added ms"],
+    "many": ["step", "ms", "p99 ms", "cpu ms", "cpu share", "topic KB", "channel KB", "connection KB"],
 }
 
 

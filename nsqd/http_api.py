@@ -46,6 +46,7 @@ from protocol.http import (
     Response,
     Router,
     empty_response,
+    encoded_json_response,
     error_response,
     json_response,
     text_response,
@@ -57,7 +58,7 @@ from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 
 from .options import config_value
-from .stats import collect, format_text, to_json
+from .stats import collect, format_text, gc_paused, json_body
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["BOOL_PARAMS", "NSQDRouter", "build_router", "make_http_server"]
@@ -108,7 +109,7 @@ class _API:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.registry = None  # built at the first scrape: prometheus_client costs start-up time otherwise
+        self.metrics_endpoint = None  # built at the first scrape: prometheus_client costs start-up time otherwise
 
     # -- parameter helpers -------------------------------------------------------------------------------------
     @staticmethod
@@ -245,19 +246,22 @@ class _API:
         fmt = self._param(request, "format")  # a bad query string: 400 INVALID_REQUEST from here
         include_clients = BOOL_PARAMS.get(self._param(request, "include_clients") or "", True)
         include_mem = BOOL_PARAMS.get(self._param(request, "include_mem") or "", True)
-        stats = collect(self.nsqd, topic=self._param(request, "topic") or None,
-                        channel=self._param(request, "channel") or None,
-                        include_clients=include_clients, include_mem=include_mem)
+        topic, channel = self._param(request, "topic") or None, self._param(request, "channel") or None
+        with gc_paused():
+            stats = collect(self.nsqd, topic=topic, channel=channel, include_clients=include_clients,
+                            include_mem=include_mem)
+            body = json_body(stats) if fmt == "json" else format_text(stats)
+            del stats
         if fmt == "json":
-            return json_response(to_json(stats))
-        return text_response(format_text(stats), nsq_header=True)
+            return encoded_json_response(body)
+        return text_response(body, nsq_header=True)
 
     async def metrics(self, request: Request) -> Response:
-        from .metrics import make_registry, render
+        if self.metrics_endpoint is None:
+            from .metrics import MetricsEndpoint
 
-        if self.registry is None:
-            self.registry = make_registry(self.nsqd)
-        body, content_type = render(self.registry, request.headers.get("accept"))
+            self.metrics_endpoint = MetricsEndpoint(self.nsqd)
+        body, content_type = self.metrics_endpoint.render(request.headers.get("accept"))
         return Response(200, [("Content-Type", content_type)], body)
 
     # topics
@@ -286,12 +290,12 @@ class _API:
         return empty_response()
 
     async def topic_pause(self, request: Request) -> Response:
-        return self._pause_topic(request, pause=True)
+        return await self._pause_topic(request, pause=True)
 
     async def topic_unpause(self, request: Request) -> Response:
-        return self._pause_topic(request, pause=False)
+        return await self._pause_topic(request, pause=False)
 
-    def _pause_topic(self, request: Request, *, pause: bool) -> Response:
+    async def _pause_topic(self, request: Request, *, pause: bool) -> Response:
         name = self._param(request, "topic")
         if name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
@@ -301,7 +305,8 @@ class _API:
         else:
             topic.unpause()
         log.info("TOPIC(%s): %s", name, "paused" if pause else "unpaused")
-        self.nsqd.persist_metadata()
+        self.nsqd.metadata_changed(name)
+        await self.nsqd.persist_metadata()  # nsqd answers once the file holds the new flag
         return empty_response()
 
     # channels
@@ -337,19 +342,20 @@ class _API:
         return empty_response()
 
     async def channel_pause(self, request: Request) -> Response:
-        return self._pause_channel(request, pause=True)
+        return await self._pause_channel(request, pause=True)
 
     async def channel_unpause(self, request: Request) -> Response:
-        return self._pause_channel(request, pause=False)
+        return await self._pause_channel(request, pause=False)
 
-    def _pause_channel(self, request: Request, *, pause: bool) -> Response:
+    async def _pause_channel(self, request: Request, *, pause: bool) -> Response:
         channel = self._existing_channel(request)
         if pause:
             channel.pause()
         else:
             channel.unpause()
         log.info("CHANNEL(%s:%s): %s", channel.topic_name, channel.name, "paused" if pause else "unpaused")
-        self.nsqd.persist_metadata()
+        self.nsqd.metadata_changed(channel.topic_name)
+        await self.nsqd.persist_metadata()
         return empty_response()
 
     # replication

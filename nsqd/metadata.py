@@ -5,6 +5,8 @@ Same JSON as nsqd 1.3.0 writes, so a data directory moves between the two:
 with ``null`` for an empty list. Ephemeral topics and channels are never written. The file is
 replaced atomically: written to ``nsqd.dat.<random>.tmp``, fsynced, renamed over the old one.
 The data directory is held with an exclusive ``flock`` so that two daemons cannot share it.
+
+It is written by ``metadata_writer.py`` (off the event loop, coalesced).
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import os
 from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 
-from .queues.atomic_file import replace_file
-
-__all__ = ["FILE_NAME", "DataDirLocked", "Prebound", "bind_addresses", "lock_data_path", "prebind", "load_metadata", "save_metadata", "snapshot"]
+__all__ = ["FILE_NAME", "DataDirLocked", "Prebound", "bind_addresses", "lock_data_path", "prebind", "load_metadata",
+           "snapshot"]
 
 FILE_NAME = "nsqd.dat"
 log = logging.getLogger("nsqd")
@@ -79,7 +80,8 @@ def lock_data_path(path: str) -> int:
 
 
 def snapshot(topics) -> dict:
-    """The metadata document for the live topics (``Topic`` objects)."""
+    """The metadata document for the live topics (``Topic`` objects), as a whole (``MetadataWriter`` writes the
+    same by parts)."""
     entries = []
     for topic in topics:
         if topic.ephemeral:
@@ -87,11 +89,6 @@ def snapshot(topics) -> dict:
         channels = [{"name": c.name, "paused": c.paused} for c in topic.channels.values() if not c.ephemeral]
         entries.append({"name": topic.name, "paused": topic.paused, "channels": channels or None})
     return {"topics": entries or None, "version": NSQ_VERSION}
-
-
-def save_metadata(data_path: str, document: dict) -> None:
-    data = json.dumps(document, separators=(",", ":")).encode()
-    replace_file(os.path.join(data_path, FILE_NAME), data)
 
 
 def load_metadata(data_path: str) -> list[dict]:

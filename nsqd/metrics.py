@@ -5,6 +5,12 @@ Nothing is counted per message for Prometheus: topics, channels and clients keep
 own counters cost 20-70 times more than ``obj.count += 1`` on the hot path). The registry also carries the
 standard ``process_*`` collector, which reads /proc at scrape time as well.
 
+The per-topic and per-channel series (15 families, 240,000 samples at 10,000 topics and 20,000 channels) are written
+here directly, byte for byte as ``prometheus_client`` writes them in either format (our metric and label names need
+no escaping, topic and channel names contain no character a label value escapes), after what the registry writes
+for the daemon's own families (and before OpenMetrics' ``# EOF``): through ``prometheus_client``'s families and
+encoders, a scrape took 60 microseconds per sample.
+
 Series (labels in braces):
 - daemon: ``nsqd_info{version}``, ``nsqd_healthy``, ``nsqd_start_time_seconds``, ``nsqd_uptime_seconds``,
   ``nsqd_tcp_connections``, ``nsqd_http_connections``, ``nsqd_producers``, ``nsqd_topics``;
@@ -23,35 +29,132 @@ Series (labels in braces):
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from operator import attrgetter
+
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from .replication.stats import replication_metrics
-from .stats import collect
+from .stats import collect, gc_paused
 
-__all__ = ["NSQDCollector", "make_registry", "render"]
+__all__ = ["CHANNEL_SERIES", "TOPIC_SERIES", "MetricsEndpoint", "NSQDCollector", "series_text"]
 
 
 def _quantile_label(q: float) -> str:
     return repr(float(q))
 
 
+def _channel_count(topic) -> int:
+    return len(topic.channels)
+
+
+#: (name, type, help, value of a ``TopicStats``) of the per-topic families, in the order they are written
+TOPIC_SERIES = (
+    ("nsqd_topic_depth", "gauge", "Messages queued in the topic (memory and disk)", attrgetter("depth")),
+    ("nsqd_topic_backend_depth", "gauge", "Messages queued in the topic's disk queue", attrgetter("backend_depth")),
+    ("nsqd_topic_messages", "counter", "Messages published to the topic", attrgetter("message_count")),
+    ("nsqd_topic_message_bytes", "counter", "Bytes of message bodies published", attrgetter("message_bytes")),
+    ("nsqd_topic_channels", "gauge", "Channels of the topic", _channel_count),
+    ("nsqd_topic_paused", "gauge", "1 while the topic is paused", attrgetter("paused")),
+)
+TOPIC_E2E = ("nsqd_topic_e2e_processing_latency_seconds",
+             "Publish-to-FIN latency quantiles over the window, all channels",
+             "nsqd_topic_e2e_processing_latency_samples",
+             "Publish-to-FIN latency samples in the window, all channels")
+#: the same for channels (``ChannelStats``)
+CHANNEL_SERIES = (
+    ("nsqd_channel_depth", "gauge", "Messages ready in the channel (memory and disk)", attrgetter("depth")),
+    ("nsqd_channel_backend_depth", "gauge", "Messages ready in the channel's disk queue",
+     attrgetter("backend_depth")),
+    ("nsqd_channel_in_flight", "gauge", "Messages delivered and not yet finished", attrgetter("in_flight_count")),
+    ("nsqd_channel_deferred", "gauge", "Deferred messages waiting for their time", attrgetter("deferred_count")),
+    ("nsqd_channel_messages", "counter", "Messages put into the channel", attrgetter("message_count")),
+    ("nsqd_channel_requeues", "counter", "Messages requeued by consumers (REQ)", attrgetter("requeue_count")),
+    ("nsqd_channel_timeouts", "counter", "In-flight messages that timed out", attrgetter("timeout_count")),
+    ("nsqd_channel_clients", "gauge", "Consumers connected to the channel", attrgetter("client_count")),
+    ("nsqd_channel_paused", "gauge", "1 while the channel is paused", attrgetter("paused")),
+)
+CHANNEL_E2E = ("nsqd_channel_e2e_processing_latency_seconds", "Publish-to-FIN latency quantiles over the window",
+               "nsqd_channel_e2e_processing_latency_samples", "Publish-to-FIN latency samples in the window")
+
+
+def _number(value) -> str:
+    return floatToGoString(value)
+
+
+def _numbers(values: list) -> list[str]:
+    """``floatToGoString`` of integers (and booleans): ``repr(float(v))`` in C where they are the same (below a
+    million, where Go does not switch to an exponent yet)."""
+    if values and max(values) >= 1_000_000:
+        return [floatToGoString(value) for value in values]
+    return list(map(repr, map(float, values)))
+
+
+def _family(out: list, name: str, kind: str, documentation: str, openmetrics: bool) -> str:
+    """Append a family's HELP and TYPE lines; returns the name its samples carry."""
+    sample = name + "_total" if kind == "counter" else name
+    title = name if openmetrics else sample
+    out.append(f"# HELP {title} {documentation}\n# TYPE {title} {kind}\n")
+    return sample
+
+
+def _series(out: list, spec, items: list, labels: list[str], openmetrics: bool) -> None:
+    name, kind, documentation, value = spec
+    sample = _family(out, name, kind, documentation, openmetrics)
+    out.append("".join(map((sample + "{} {}\n").format, labels, _numbers(list(map(value, items))))))
+
+
+def _latency(out: list, names: tuple, items: list, label_parts: list[str], openmetrics: bool) -> None:
+    """The quantile gauges and the sample-count gauges, for the items whose window is configured."""
+    seconds, seconds_help, samples, samples_help = names
+    _family(out, seconds, "gauge", seconds_help, openmetrics)
+    tracked = [(item.e2e_processing_latency, part) for item, part in zip(items, label_parts)
+               if item.e2e_processing_latency.percentiles is not None]
+    # label names sort as prometheus_client sorts them: channel < quantile < topic
+    for e2e, (before, after) in tracked:
+        for q, value in e2e.percentiles:
+            out.append(f'{seconds}{{{before}quantile="{_quantile_label(q)}",{after}}} {_number(value / 1e9)}\n')
+    _family(out, samples, "gauge", samples_help, openmetrics)
+    for e2e, (before, after) in tracked:
+        out.append(f"{samples}{{{before}{after}}} {_number(e2e.count)}\n")
+
+
+def series_text(stats, *, openmetrics: bool = False) -> str:
+    """The per-topic and per-channel families of a snapshot, as ``prometheus_client`` writes them in the Prometheus
+    text format, or in OpenMetrics."""
+    topics = stats.topics or ()
+    out: list[str] = []
+    topic_labels = [f'{{topic="{t.topic_name}"}}' for t in topics]
+    for spec in TOPIC_SERIES:
+        _series(out, spec, topics, topic_labels, openmetrics)
+    _latency(out, TOPIC_E2E, topics, [("", f'topic="{t.topic_name}"') for t in topics], openmetrics)
+    channels = [c for t in topics for c in t.channels]
+    channel_labels = [f'{{channel="{c.channel_name}",topic="{t.topic_name}"}}' for t in topics for c in t.channels]
+    for spec in CHANNEL_SERIES:
+        _series(out, spec, channels, channel_labels, openmetrics)
+    _latency(out, CHANNEL_E2E, channels,
+             [(f'channel="{c.channel_name}",', f'topic="{t.topic_name}"') for t in topics for c in t.channels],
+             openmetrics)
+    return "".join(out)
+
+
 class NSQDCollector:
-    """A custom collector (``collect()`` yields families) over a running ``NSQD``."""
+    """A custom collector (``collect()`` yields families) of the daemon-wide figures of a snapshot: the one that
+    ``MetricsEndpoint`` took for the scrape, or a new one."""
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
+        self.snapshot = None
 
     def describe(self):
         # no families are known before the first scrape; returning none keeps registration from collecting
         return []
 
     def collect(self):
-        stats = collect(self.nsqd, include_clients=False, include_mem=False)
-        topics = stats.topics or ()
-
+        stats = self.snapshot or collect(self.nsqd, include_clients=False, include_mem=False)
         info = GaugeMetricFamily("nsqd_info", "nsqd version (always 1)", labels=["version"])
         info.add_metric([stats.version], 1)
         yield info
@@ -64,94 +167,33 @@ class NSQDCollector:
         yield GaugeMetricFamily("nsqd_http_connections", "Open HTTP connections", value=stats.http_connections)
         yield GaugeMetricFamily("nsqd_producers", "TCP connections that have published",
                                 value=sum(1 for c in self.nsqd.clients.values() if c.pub_counts))
-        yield GaugeMetricFamily("nsqd_topics", "Topics", value=len(topics))
-
-        t_depth = GaugeMetricFamily("nsqd_topic_depth", "Messages queued in the topic (memory and disk)",
-                                    labels=["topic"])
-        t_backend = GaugeMetricFamily("nsqd_topic_backend_depth", "Messages queued in the topic's disk queue",
-                                      labels=["topic"])
-        t_messages = CounterMetricFamily("nsqd_topic_messages", "Messages published to the topic",
-                                         labels=["topic"])
-        t_bytes = CounterMetricFamily("nsqd_topic_message_bytes", "Bytes of message bodies published",
-                                      labels=["topic"])
-        t_channels = GaugeMetricFamily("nsqd_topic_channels", "Channels of the topic", labels=["topic"])
-        t_paused = GaugeMetricFamily("nsqd_topic_paused", "1 while the topic is paused", labels=["topic"])
-        t_e2e = GaugeMetricFamily("nsqd_topic_e2e_processing_latency_seconds",
-                                  "Publish-to-FIN latency quantiles over the window, all channels",
-                                  labels=["topic", "quantile"])
-        t_e2e_n = GaugeMetricFamily("nsqd_topic_e2e_processing_latency_samples",
-                                    "Publish-to-FIN latency samples in the window, all channels", labels=["topic"])
-
-        c_labels = ["topic", "channel"]
-        c_depth = GaugeMetricFamily("nsqd_channel_depth", "Messages ready in the channel (memory and disk)",
-                                    labels=c_labels)
-        c_backend = GaugeMetricFamily("nsqd_channel_backend_depth", "Messages ready in the channel's disk queue",
-                                      labels=c_labels)
-        c_in_flight = GaugeMetricFamily("nsqd_channel_in_flight", "Messages delivered and not yet finished",
-                                        labels=c_labels)
-        c_deferred = GaugeMetricFamily("nsqd_channel_deferred", "Deferred messages waiting for their time",
-                                       labels=c_labels)
-        c_messages = CounterMetricFamily("nsqd_channel_messages", "Messages put into the channel",
-                                         labels=c_labels)
-        c_requeues = CounterMetricFamily("nsqd_channel_requeues", "Messages requeued by consumers (REQ)",
-                                         labels=c_labels)
-        c_timeouts = CounterMetricFamily("nsqd_channel_timeouts", "In-flight messages that timed out",
-                                         labels=c_labels)
-        c_clients = GaugeMetricFamily("nsqd_channel_clients", "Consumers connected to the channel",
-                                      labels=c_labels)
-        c_paused = GaugeMetricFamily("nsqd_channel_paused", "1 while the channel is paused", labels=c_labels)
-        c_e2e = GaugeMetricFamily("nsqd_channel_e2e_processing_latency_seconds",
-                                  "Publish-to-FIN latency quantiles over the window",
-                                  labels=["topic", "channel", "quantile"])
-        c_e2e_n = GaugeMetricFamily("nsqd_channel_e2e_processing_latency_samples",
-                                    "Publish-to-FIN latency samples in the window", labels=c_labels)
-
-        for t in topics:
-            name = [t.topic_name]
-            t_depth.add_metric(name, t.depth)
-            t_backend.add_metric(name, t.backend_depth)
-            t_messages.add_metric(name, t.message_count)
-            t_bytes.add_metric(name, t.message_bytes)
-            t_channels.add_metric(name, len(t.channels))
-            t_paused.add_metric(name, 1 if t.paused else 0)
-            e2e = t.e2e_processing_latency
-            if e2e.percentiles is not None:
-                t_e2e_n.add_metric(name, e2e.count)
-                for q, value in e2e.percentiles:
-                    t_e2e.add_metric([t.topic_name, _quantile_label(q)], value / 1e9)
-            for c in t.channels:
-                labels = [t.topic_name, c.channel_name]
-                c_depth.add_metric(labels, c.depth)
-                c_backend.add_metric(labels, c.backend_depth)
-                c_in_flight.add_metric(labels, c.in_flight_count)
-                c_deferred.add_metric(labels, c.deferred_count)
-                c_messages.add_metric(labels, c.message_count)
-                c_requeues.add_metric(labels, c.requeue_count)
-                c_timeouts.add_metric(labels, c.timeout_count)
-                c_clients.add_metric(labels, c.client_count)
-                c_paused.add_metric(labels, 1 if c.paused else 0)
-                e2e = c.e2e_processing_latency
-                if e2e.percentiles is not None:
-                    c_e2e_n.add_metric(labels, e2e.count)
-                    for q, value in e2e.percentiles:
-                        c_e2e.add_metric([*labels, _quantile_label(q)], value / 1e9)
-
-        yield from (t_depth, t_backend, t_messages, t_bytes, t_channels, t_paused, t_e2e, t_e2e_n)
-        yield from (c_depth, c_backend, c_in_flight, c_deferred, c_messages, c_requeues, c_timeouts, c_clients,
-                    c_paused, c_e2e, c_e2e_n)
+        yield GaugeMetricFamily("nsqd_topics", "Topics", value=len(stats.topics or ()))
         if stats.replication is not None:
             yield from replication_metrics(stats.replication)
 
 
-def make_registry(nsqd) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    registry.register(NSQDCollector(nsqd))
-    ProcessCollector(registry=registry)
-    return registry
+class MetricsEndpoint:
+    """``GET /metrics`` of one daemon: the registry (daemon families, ``process_*``) and the series (see the
+    module notes), from one snapshot per scrape."""
 
+    def __init__(self, nsqd) -> None:
+        self.collector = NSQDCollector(nsqd)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)
 
-def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    """The exposition for a scrape (Prometheus text, or OpenMetrics when the ``Accept`` header asks for it)
-    and its content type."""
-    encoder, content_type = choose_encoder(accept or "")
-    return encoder(registry), content_type
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition for a scrape (Prometheus text, or OpenMetrics when the ``Accept`` header asks for it)
+        and its content type."""
+        encoder, content_type = choose_encoder(accept or "")
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        with gc_paused():
+            self.collector.snapshot = collect(self.collector.nsqd, include_clients=False, include_mem=False)
+            try:
+                head = encoder(self.registry)
+                series = series_text(self.collector.snapshot, openmetrics=openmetrics).encode()
+            finally:
+                self.collector.snapshot = None
+        if openmetrics and head.endswith(b"# EOF\n"):
+            return head[:-6] + series + b"# EOF\n", content_type
+        return head + series, content_type

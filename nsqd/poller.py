@@ -168,7 +168,8 @@ class ReadPoller:
                 if fresh:
                     # the list has no producer left: the fresh ones (producers first) go before the rest
                     producers = len([fd for fd in light[:fresh_producers] if fd not in served])
-                    fds = fresh + [fd for fd in fds[index:] if fd not in fresh]
+                    moved = set(fresh)  # a set: thousands of members ready at once made this quadratic
+                    fds = fresh + [fd for fd in fds[index:] if fd not in moved]
                     index = 0
             if index >= len(fds):
                 return

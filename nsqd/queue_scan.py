@@ -8,8 +8,9 @@ channels, as Redis samples keys with a TTL (its probabilistic expiration algorit
   channel moves what has expired or fallen due back to its queue and returns True if it moved anything ("dirty").
 - If more than ``dirty_percent`` (default 25 %) of the sampled channels were dirty, it samples again at once without
   waiting for the next tick: many channels probably have work, so keep going until the sample looks clean.
-- The cached list is refreshed every ``refresh_interval`` (default 5 s), and at once by ``refresh()`` (called when a
-  channel is created or deleted). At each refresh the worker pool is resized to
+- The cached list is refreshed every ``refresh_interval`` (default 5 s), and before the next sample after
+  ``invalidate()`` (called when a channel is created or deleted: rebuilding the list of 20,000 channels at each
+  of a burst of creates made each create cost milliseconds; nsqd itself waits for its refresh tick). At each refresh the worker pool is resized to
   ``clamp(int(0.25 * channels), 1, worker_pool_max)`` (default max 4).
 - The pool: worker tasks in the scanner's nursery receive channels through a memory channel and answer dirty or
   not through another; the scanner sends a whole sample, then collects as many answers. Shrinking sends one close
@@ -97,13 +98,19 @@ class QueueScanner:
         self._ticks = 0
         self._refreshes = 0
         self._last_dirty_ratio = 0.0
+        self._stale = False  # invalidate() was called: refresh before the next sample
 
     def ideal_pool_size(self, channel_count: int) -> int:
         """nsqd's rule: a quarter of the channels, at least 1, at most ``worker_pool_max``."""
         return min(max(int(channel_count * 0.25), 1), self.worker_pool_max)
 
+    def invalidate(self) -> None:
+        """The channels changed: reload the list before the next sample (once for any number of changes)."""
+        self._stale = True
+
     def refresh(self) -> None:
         """Reload the channel list now and resize the pool to match it."""
+        self._stale = False
         self._channels = list(self._get_channels())
         self._refreshes += 1
         self.resize_pool(self.ideal_pool_size(len(self._channels)))
@@ -170,6 +177,8 @@ class QueueScanner:
                 continue
             if now >= next_scan:
                 next_scan = _next_tick(next_scan, self.interval, now)
+                if self._stale:
+                    self.refresh()
                 if self._channels:
                     self._ticks += 1
                     await self._scan()
@@ -178,6 +187,8 @@ class QueueScanner:
         assert self._work_send is not None and self._done_receive is not None
         while True:
             # Re-read the list on every pass so that a refresh() during a dirty loop takes effect at once.
+            if self._stale:
+                self.refresh()
             channels = self._channels
             count = min(self.selection_count, len(channels))
             if count == 0:

@@ -23,9 +23,11 @@ from .actors import ActorSystem
 from .auth import Authenticator
 from .client import Client
 from .e2e import E2ELatency
+from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path, save_metadata, snapshot
+from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path
+from .metadata_writer import MetadataWriter
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
@@ -68,6 +70,7 @@ class NSQD:
         self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice,
                                   wake_slack=4 * opts.actor_slice, interlude_seconds=opts.actor_interlude)
         self.read_poller = ReadPoller()  # idle plain-TCP connections are read by one task (poller.py)
+        self.heartbeats = HeartbeatTimer()  # and one task writes their heartbeats (heartbeats.py)
         # light connections are read between the consumers of a busy channel's slice too (actors.py)
         self.actors.interlude_hook = self.read_poller.poll_light
         self.scanner = QueueScanner(
@@ -103,6 +106,9 @@ class NSQD:
         # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
         self.replication: Replicator | None = None
         self.replica_host = ReplicaHost(self)
+        self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
+        self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
+        self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -128,7 +134,7 @@ class NSQD:
             if self.replication is not None and not topic.ephemeral:
                 attach_replication(self.replication, topic)
             if not topic.ephemeral:
-                self.persist_metadata()
+                self.metadata_changed(name)
             self.lookup.topic_created(topic)
             if not self._loading:
                 self.lookup.prepare_topic(topic)  # pre-create the channels lookupd knows
@@ -139,7 +145,7 @@ class NSQD:
         return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
-                         logger=log)
+                         failing=self.failing_queues, active=self.active_queues, logger=log)
 
     @property
     def durable(self) -> bool:
@@ -163,14 +169,23 @@ class NSQD:
         self._data_lock = prebound.data_lock
         self._prebound = prebound
 
-    def persist_metadata(self) -> None:
-        """Write nsqd.dat now (topic/channel created or deleted, pause, shutdown)."""
+    def metadata_changed(self, topic_name: str) -> None:
+        """A topic, one of its channels or a paused flag changed: nsqd.dat follows shortly (metadata.py)."""
         if self._loading or self._data_lock is None:
             return
-        try:
-            save_metadata(self.data_path, snapshot(self.topics.values()))
-        except OSError as exc:
-            log.error("failed to persist metadata - %s", exc)
+        self.metadata.mark(topic_name)
+
+    async def persist_metadata(self) -> None:
+        """Return once nsqd.dat holds every change made so far (an HTTP pause answers after this, as in nsqd)."""
+        if self._data_lock is not None:
+            await self.metadata.flush()
+
+    def write_metadata(self) -> None:
+        """Write all of nsqd.dat inline (after loading, at shutdown)."""
+        if self._data_lock is None:
+            return
+        self.metadata.mark_all()
+        self.metadata.write_now()
 
     def load_metadata(self) -> None:
         self._loading = True
@@ -190,11 +205,14 @@ class NSQD:
             self._loading = False
 
     def health(self) -> str:
-        """``OK``, or ``NOK - <error>`` while a disk queue's last write failed."""
-        for topic in self.topics.values():
-            for backend in [topic.backend, *(c.backend for c in topic.channels.values())]:
-                if backend is not None and backend.last_error is not None:
-                    return f"NOK - {backend.last_error}"
+        """``OK``, or ``NOK - <error>`` while a disk queue's last write failed (only the queues that have failed
+        are looked at: the cost does not follow the number of topics), or while replication refuses publishes."""
+        failing = self.failing_queues
+        for queue in list(failing):
+            if queue.closed or queue.last_error is None:
+                failing.pop(queue, None)
+            else:
+                return f"NOK - {queue.last_error}"
         if self.replication is not None and self.replication.refusing():
             return "NOK - replication degraded"
         return "OK"
@@ -212,11 +230,11 @@ class NSQD:
             topic.replication.channel_op(name, "", OP_DELETED)
         log.info("TOPIC(%s): deleting", name)
         if not topic.ephemeral:
-            self.persist_metadata()
+            self.metadata_changed(name)
         return True
 
     def _channel_created(self, channel) -> None:
-        self.scanner.refresh()
+        self.scanner.invalidate()
         if channel.topic.replication is not None and not channel.ephemeral:
             channel.replication = channel.topic.replication
             channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)
@@ -225,15 +243,15 @@ class NSQD:
         if percentiles:
             channel.e2e = E2ELatency(percentiles, self.opts.e2e_processing_latency_window_time)
         if not channel.ephemeral:
-            self.persist_metadata()
+            self.metadata_changed(channel.topic_name)
 
     def _channel_deleted(self, channel) -> None:
-        self.scanner.refresh()
+        self.scanner.invalidate()
         if channel.replication is not None:
             channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)
         self.lookup.channel_deleted(channel)
         if not channel.ephemeral:
-            self.persist_metadata()
+            self.metadata_changed(channel.topic_name)
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None:
         """Replace ``--lookupd-tcp-address`` at run time: close the peers left out, connect the new ones."""
@@ -252,7 +270,7 @@ class NSQD:
         if self.durable:
             log.info("NSQ: durable mode: every message is synced to disk before OK, in-flight ones survive a crash")
         self.load_metadata()
-        self.persist_metadata()
+        self.write_metadata()
         # every listener is bound before anything runs, so an address in use stops start-up with its name
         prebound, self._prebound = self._prebound, None
         if prebound is not None:  # bound by the entry point before the imports (see Prebound)
@@ -270,7 +288,9 @@ class NSQD:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(self.actors.run)
+                await nursery.start(self.metadata.run)
                 await nursery.start(self.read_poller.run)
+                await nursery.start(self.heartbeats.run)
                 await nursery.start(self.scanner.run)
                 if http_listeners:
                     self.http_server = make_http_server(self, http_listeners)
@@ -362,22 +382,34 @@ class NSQD:
         return context
 
     async def _sync_loop(self) -> None:
-        """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule)."""
+        """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule). Only the queues that
+        changed since their last sync are visited, so idle topics and channels cost nothing here."""
         period = max(min(self.opts.sync_timeout / 2, 1.0), 0.01)
+        active = self.active_queues
         while True:
             await trio.sleep(period)
             now = trio.current_time()
-            for topic in list(self.topics.values()):
+            if self.durable:
+                # copies a full disk made channels keep in memory go to their disk once it takes writes again
+                # (Topic: durable mode on a full disk); only durable mode has them
+                for topic in self.topics.values():
+                    if topic.owes_records():
+                        for channel in list(topic.channels.values()):
+                            if channel.backend is not None:
+                                channel.store_kept_copies()
+            for queue in list(active):
                 try:
-                    topic.sync_backends(now)
+                    queue.sync_if_due(now)
                 except OSError as exc:
-                    log.error("TOPIC(%s): sync failed - %s", topic.name, exc)
+                    log.error("DISKQUEUE(%s): sync failed - %s", queue.name, exc)
+                if not queue.owes_sync:
+                    active.pop(queue, None)
 
     def _close_topics(self) -> None:
         """nsqd's shutdown order: metadata, then each topic writes its channels' and its own messages."""
         if self._data_lock is None:
             return
-        self.persist_metadata()
+        self.write_metadata()
         self.replica_host.close()
         if self.replication is not None:
             try:

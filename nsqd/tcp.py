@@ -28,7 +28,7 @@ import trio
 from protocol.commands import CommandParser, ms_to_go_duration, parse_base10
 from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from protocol.errors import LineTooLong, ProtocolError
-from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT_FRAME, OK_FRAME, encode_frame
+from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, OK_FRAME, encode_frame
 from protocol.identify import negotiate
 from protocol.names import go_quote, is_valid_channel_name, is_valid_name_bytes, is_valid_topic_name
 
@@ -98,7 +98,7 @@ class Connection:
         self._read_scope: trio.CancelScope | None = None
         self._now = trio.lowlevel.current_clock().current_time  # the run's clock, one call
         self._read_moves_at = math.inf  # when the read deadline is moved next (``_move_read_deadline``)
-        self._heartbeat_scope: trio.CancelScope | None = None
+        self._heartbeat_timer = nsqd.heartbeats  # one task writes every connection's heartbeats
         self._writer_done = trio.Event()
         self._send_lock = trio.Lock()  # the writer's flushes against IDENTIFY's upgrades
         self._tls_required = self.opts.tls_required_on_tcp()
@@ -127,7 +127,7 @@ class Connection:
         """Serve the connection; ``initial`` holds bytes read after the magic."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer)
-            nursery.start_soon(self._heartbeats)
+            self._heartbeat_timer.schedule(self.client, self.client.heartbeat_interval)
             try:
                 await self._read_loop(initial)
             finally:
@@ -135,6 +135,7 @@ class Connection:
                 log.info("PROTOCOL(V2): [%s] exiting ioloop", self.client.remote_address)
                 with trio.CancelScope(shield=True):
                     await self._drain()
+                self._heartbeat_timer.cancel(self.client)
                 nursery.cancel_scope.cancel()
 
     async def _drain(self) -> None:
@@ -443,18 +444,6 @@ class Connection:
         if self._poll_fd >= 0:  # the poller runs no more of its commands before the task ends the loop
             self._poller.discard(self._poll_fd)
 
-    async def _heartbeats(self) -> None:
-        client = self.client
-        while True:
-            with trio.CancelScope() as scope:
-                self._heartbeat_scope = scope
-                interval = client.heartbeat_interval
-                if interval <= 0:
-                    await trio.sleep_forever()
-                while True:
-                    await trio.sleep(interval)
-                    client.write_frame(HEARTBEAT_FRAME)
-
     # -- checks ----------------------------------------------------------------------------------
     def _line_check(self, name: bytes, params: tuple) -> None:
         """Checks nsqd makes before reading a command's body: the TLS policy (every command but
@@ -490,8 +479,7 @@ class Connection:
             client.output_buffer_timeout = result.output_buffer_timeout_ms / 1000
             client.sample_rate = result.sample_rate
             client.msg_timeout = result.msg_timeout_ms / 1000
-            if self._heartbeat_scope is not None:
-                self._heartbeat_scope.cancel()
+            self._heartbeat_timer.schedule(client, client.heartbeat_interval)
             if self._read_scope is not None:
                 self._set_read_deadline()
         log.info("[%s] IDENTIFY: client_id=%r hostname=%r user_agent=%r", client.remote_address, client.client_id,

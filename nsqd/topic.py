@@ -370,16 +370,9 @@ class Topic:
             backend.delete()
             self.deferred_index.remove_file()
 
-    def sync_backends(self, now: float) -> None:
-        """Give every disk queue of the topic its periodic fsync (``--sync-timeout``); in durable mode, channels
-        write the copies they kept in memory when their disk refused them (``Channel.store_kept_copies``)."""
-        if self.backend is not None:
-            self.backend.sync_if_due(now)
-        for channel in self.channels.values():
-            if channel.backend is not None:
-                if self._owed:
-                    channel.store_kept_copies()
-                channel.backend.sync_if_due(now)
+    def owes_records(self) -> bool:
+        """Durable mode: some channel keeps a copy of this topic's records in memory only (``owe_record``)."""
+        return bool(self._owed)
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"

@@ -33,7 +33,8 @@ import httptools
 __all__ = [
     "CONNECTION_CLOSED", "END_OF_BODY", "NEED_DATA", "BadRequest", "Headers", "HTTPError", "Match", "Request",
     "RequestHead", "RequestParser", "Response", "Route", "Router", "empty_response", "encode_response",
-    "error_response", "go_json", "json_response", "parse_query", "plain_error_response", "text_response",
+    "encoded_json_response",
+    "error_response", "go_json", "go_json_text", "go_string", "json_response", "parse_query", "plain_error_response", "text_response",
 ]
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
@@ -72,6 +73,7 @@ class HTTPError(Exception):
 _HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                                "\u2028": "\\u2028", "\u2029": "\\u2029"})
 _HTML_CHARS = re.compile("[<>&\u2028\u2029]")
+_encode_string = json.encoder.encode_basestring  # the C encoder of one string, UTF-8 kept (ensure_ascii=False)
 # A JSON string (skipped as is) or a number; only numbers with a fraction or an exponent (floats) change.
 _JSON_NUMBER = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?')
 # A value starting like a float: finding none (the usual case) skips the slower rewrite.
@@ -106,12 +108,25 @@ def _fix_floats(match: re.Match) -> str:
 def go_json(obj) -> bytes:
     """Compact JSON as Go's ``json.Marshal`` writes it: no spaces, UTF-8 kept as is, ``<``, ``>``, ``&``,
     U+2028 and U+2029 escaped, floats in Go's notation, no trailing newline. Key order is the dict's order."""
+    return go_json_text(obj).encode("utf-8", "replace")
+
+
+def go_json_text(obj) -> str:
+    """``go_json`` before its encoding to UTF-8 (a part of a larger document built by hand)."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     if _HTML_CHARS.search(text) is not None:
         text = text.translate(_HTML_ESCAPES)
     if _FLOAT_HINT.search(text) is not None:
         text = _JSON_NUMBER.sub(_fix_floats, text)
-    return text.encode("utf-8", "replace")
+    return text
+
+
+def go_string(value: str) -> str:
+    """One JSON string as ``go_json`` writes it, quotes included (for documents built by hand)."""
+    text = _encode_string(value)
+    if _HTML_CHARS.search(text) is not None:
+        text = text.translate(_HTML_ESCAPES)
+    return text
 
 
 def text_response(text: str | bytes, status: int = 200, *, nsq_header: bool = False) -> Response:
@@ -125,7 +140,12 @@ def text_response(text: str | bytes, status: int = 200, *, nsq_header: bool = Fa
 
 
 def json_response(obj, status: int = 200) -> Response:
-    return Response(status, [("Content-Type", JSON_CONTENT_TYPE), NSQ_CONTENT_TYPE_HEADER], go_json(obj))
+    return encoded_json_response(go_json(obj), status)
+
+
+def encoded_json_response(body: bytes, status: int = 200) -> Response:
+    """``json_response`` for a document already encoded."""
+    return Response(status, [("Content-Type", JSON_CONTENT_TYPE), NSQ_CONTENT_TYPE_HEADER], body)
 
 
 def empty_response() -> Response:

@@ -171,6 +171,8 @@ class DiskQueue:
         sync_timeout: float = 2.0,
         hold_reads: bool = False,
         barrier: SyncBarrier | None = None,
+        failing: dict | None = None,
+        active: dict | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         assert 0 < max_bytes_per_file <= _POS_MASK and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
@@ -183,6 +185,12 @@ class DiskQueue:
         self.sync_timeout = sync_timeout
         self.hold_reads = hold_reads
         self.barrier = barrier
+        # queues that have had an error, shared by the daemon's queues: health is read from these alone, not from
+        # every queue (the reader drops those that have recovered or closed)
+        self.failing = failing
+        # queues with changes not yet synced, shared likewise: the owner's periodic sync_if_due visits these alone
+        # (an idle queue costs nothing per tick); a queue enters when it becomes dirty, the owner drops it when clean
+        self.active = active
         self.log = logger if logger is not None else _default_log
         self.last_error: OSError | None = None
 
@@ -276,7 +284,8 @@ class DiskQueue:
             self._write_at_end(_LENGTH.pack(size) + data)
             self._write_pos += 4 + size
             self._depth += 1
-            self._dirty = True
+            if not self._dirty:
+                self._became_dirty()
             self._ops += 1
             if self._ops >= self.sync_every:
                 if self.sync_every == 1:
@@ -318,7 +327,8 @@ class DiskQueue:
                 parts.append(record)
                 pos += 4 + size
             self._write_parts(parts)
-            self._dirty = True
+            if not self._dirty:
+                self._became_dirty()
             self._ops += len(records)
             if self._ops >= self.sync_every:
                 if defer_sync and self.barrier is not None:
@@ -392,7 +402,8 @@ class DiskQueue:
             self._write_file_num = file_num
             # the meta written at the roll names the removed file and counts records cut below; refresh it
             self._need_sync = True
-            self._dirty = True
+            if not self._dirty:
+                self._became_dirty()
         self._write_pos = pos
         self._depth = depth
         self._read_end = read_end
@@ -504,7 +515,8 @@ class DiskQueue:
             held.popleft()
             base += 1
         self._held_base = base
-        self._dirty = True
+        if not self._dirty:
+            self._became_dirty()
         self._release_files()
 
     def ack_range(self, first: int, count: int) -> None:
@@ -545,7 +557,8 @@ class DiskQueue:
         self._depth -= taken
         self._ops += taken
         if taken:
-            self._dirty = True
+            if not self._dirty:
+                self._became_dirty()
         return problem
 
     def _open_read_file(self) -> bool:
@@ -600,7 +613,8 @@ class DiskQueue:
         self._read_file_num += 1
         self._read_pos = 0
         self._read_end = None
-        self._dirty = True
+        if not self._dirty:
+            self._became_dirty()
         self._need_sync = True
 
     def _skip_bad_file(self, problem: str) -> None:
@@ -650,13 +664,15 @@ class DiskQueue:
                 self.log.error("DISKQUEUE(%s): positive depth at the tail (%d), data loss, resetting to 0",
                                self.name, self._depth)
             self._depth = 0
-            self._dirty = True
+            if not self._dirty:
+                self._became_dirty()
             self._need_sync = True
         if reader != writer:
             self.log.error("DISKQUEUE(%s): read position %d,%d is beyond write position %d,%d, corruption, "
                            "skipping both to a new file", self.name, *reader, *writer)
             self._remove_data_files()
-            self._dirty = True
+            if not self._dirty:
+                self._became_dirty()
             self._need_sync = True
 
     # -- durability ----------------------------------------------------------------------------
@@ -703,8 +719,20 @@ class DiskQueue:
             self._sync_failed = False
             self.last_error = None
 
+    def _became_dirty(self) -> None:
+        self._dirty = True
+        if self.active is not None:
+            self.active[self] = None
+
+    @property
+    def owes_sync(self) -> bool:
+        """Changes not synced yet, or a failed background sync to try again (``sync_if_due`` has work)."""
+        return (self._dirty or self._sync_failed) and not self._closed
+
     def _background_sync_failed(self, exc: OSError) -> None:
         self._sync_failed = True
+        if self.active is not None:
+            self.active[self] = None  # the owner's sync_if_due tries again
         self._record_error("sync", exc)
 
     def sync_if_due(self, now: float) -> bool:
@@ -712,7 +740,8 @@ class DiskQueue:
         (say every second). The sync runs on the worker; its errors are logged and kept in ``last_error``, not
         raised. True when it started one."""
         if self._sync_failed and not self._closed:
-            self._dirty = True  # try again after another sync_timeout
+            if not self._dirty:  # try again after another sync_timeout
+                self._became_dirty()
         if self._closed or not self._dirty:
             self._pending_since = None
             return False
@@ -746,6 +775,8 @@ class DiskQueue:
 
     def _record_error(self, action: str, exc: OSError) -> None:
         self.last_error = exc
+        if self.failing is not None:
+            self.failing[self] = None
         self.log.error("DISKQUEUE(%s): %s failed - %s", self.name, action, exc)
 
     # -- lifecycle -----------------------------------------------------------------------------

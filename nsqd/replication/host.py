@@ -356,7 +356,8 @@ class ReplicaHost:
         self.takeovers += 1
         self.adopted_messages += count
         log.warning("REPLICATION: took over origin %s: %d message(s) adopted (epoch %d)", node, count, store.epoch)
-        nsqd.persist_metadata()
+        for name in states:  # paused flags set above: nsqd.dat follows with the next write
+            nsqd.metadata_changed(name)
         return count
 
     # -- statistics ------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.integration.harness import FRAME_TYPE_MESSAGE, ConnectionClosed, NsqdProcess, RawClient, fin, rdy, sub
-from tests.integration.http_helpers import stats
+from tests.integration.http_helpers import stats, wait_for
 
 #: every file name nsqd 1.3.0 itself creates in a data directory
 NSQ_FILE = re.compile(r"^(nsqd\.dat|.+\.diskqueue\.(meta|\d{6})\.dat)$")
@@ -153,6 +153,16 @@ def framed(records: list[bytes]) -> bytes:
 
 def metadata(path: Path) -> dict:
     return json.loads((path / "nsqd.dat").read_bytes())
+
+
+def wait_for_metadata(path: Path, condition, timeout: float = 10.0) -> dict:
+    """nsqd.dat once ``condition(document)`` holds: creates and deletes are written shortly after they are
+    answered, as in nsqd (its goroutine), not before."""
+    def ready() -> dict | None:
+        document = metadata(path)
+        return document if condition(document) else None
+
+    return wait_for(ready, timeout, message="nsqd.dat to follow")
 
 
 def limited_process_class(max_file_size: int):

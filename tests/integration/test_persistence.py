@@ -4,6 +4,7 @@ directory; what comes back, with which attempts and delays; the files on disk; d
 from __future__ import annotations
 
 import collections
+import random
 import resource
 import threading
 import time
@@ -27,6 +28,7 @@ from tests.integration.persistence_helpers import (
     parse_record,
     read_queue,
     receive,
+    wait_for_metadata,
 )
 
 DURABLE = ("--mem-queue-size=0", "--sync-every=1")
@@ -148,9 +150,9 @@ def test_empty_queues_leave_meta_files_and_metadata_follows_changes(data_dir):
     create_channel(daemon, topic, "idle")
     create_channel(daemon, topic, "idle#ephemeral")
     create_channel(daemon, name("gone") + "#ephemeral", "c#ephemeral")
-    # written when the channel was created, not only at shutdown
-    assert metadata(d.path)["topics"] == [{"name": topic, "paused": False,
-                                           "channels": [{"name": "idle", "paused": False}]}]
+    # written shortly after the channel was created, not only at shutdown
+    wait_for_metadata(d.path, lambda document: document["topics"] == [
+        {"name": topic, "paused": False, "channels": [{"name": "idle", "paused": False}]}])
     address = http(daemon)
     assert post(address, f"/channel/pause?topic={topic}&channel=idle").status == 200
     assert post(address, f"/topic/pause?topic={topic}").status == 200
@@ -164,7 +166,97 @@ def test_empty_queues_leave_meta_files_and_metadata_follows_changes(data_dir):
     (t,) = stats(http(daemon))["topics"]
     assert t["paused"] and [(c["channel_name"], c["paused"]) for c in t["channels"]] == [("idle", True)]
     assert post(http(daemon), f"/topic/delete?topic={topic}").status == 200
-    assert metadata(d.path)["topics"] is None
+    wait_for_metadata(d.path, lambda document: document["topics"] is None)
+
+
+def metadata_storm(daemon, rng) -> None:
+    """Creates (HTTP, PUB, SUB), deletes and pauses of topics and channels, ephemeral ones among them."""
+    address = http(daemon)
+    topics = [name(f"storm{i}") for i in range(8)] + [name("storm_e") + "#ephemeral"]
+    with RawClient(daemon.tcp) as publisher:
+        for _ in range(150):
+            topic, channel = rng.choice(topics), rng.choice(["a", "b", "c#ephemeral"])
+            roll = rng.random()
+            if roll < 0.2:
+                assert post(address, f"/topic/create?topic={topic}").status == 200
+            elif roll < 0.35:
+                publisher.publish(topic, b"m")
+            elif roll < 0.5:
+                assert post(address, f"/channel/create?topic={topic}&channel={channel}").status in (200, 404)
+            elif roll < 0.6:
+                create_channel(daemon, topic, channel)
+            elif roll < 0.7:
+                assert post(address, f"/topic/delete?topic={topic}").status in (200, 404)
+            elif roll < 0.8:
+                assert post(address, f"/channel/delete?topic={topic}&channel={channel}").status in (200, 404)
+            elif roll < 0.9:
+                verb = rng.choice(["pause", "unpause"])
+                assert post(address, f"/topic/{verb}?topic={topic}").status in (200, 404)
+            else:
+                verb = rng.choice(["pause", "unpause"])
+                assert post(address, f"/channel/{verb}?topic={topic}&channel={channel}").status in (200, 404)
+
+
+def known_state(daemon) -> dict:
+    """What a daemon knows of its durable topics and channels, from /stats: name -> (paused, {channel: paused})."""
+    return {t["topic_name"]: (t["paused"], {c["channel_name"]: c["paused"] for c in t["channels"] or []
+                                            if not c["channel_name"].endswith("#ephemeral")})
+            for t in stats(http(daemon))["topics"] or [] if not t["topic_name"].endswith("#ephemeral")}
+
+
+def file_state(document: dict) -> dict:
+    return {t["name"]: (t["paused"], {c["name"]: c["paused"] for c in t["channels"] or []})
+            for t in document["topics"] or []}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_nsqd_dat_follows_a_storm_and_a_graceful_stop_keeps_it(data_dir, seed):
+    d = data_dir()
+    daemon = d.start()
+    metadata_storm(daemon, random.Random(seed))
+    state = known_state(daemon)
+    assert state  # the storm leaves something to keep
+    wait_for_metadata(d.path, lambda document: file_state(document) == state)  # without any further request
+    daemon = d.restart()
+    assert file_state(metadata(d.path)) == state
+    assert known_state(daemon) == state
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_after_the_last_change_is_written_keeps_it(data_dir):
+    d = data_dir()
+    daemon = d.start()
+    metadata_storm(daemon, random.Random(3))
+    last = name("last")
+    assert post(http(daemon), f"/channel/create?topic={last}&channel=c").status == 404  # no such topic yet
+    assert post(http(daemon), f"/topic/create?topic={last}").status == 200
+    state = known_state(daemon)
+    # as nsqd (a goroutine writes after the answer), a create is on disk a moment after it is answered
+    wait_for_metadata(d.path, lambda document: last in file_state(document))
+    assert file_state(metadata(d.path)) == state
+    d.kill()
+    daemon = d.start()
+    assert known_state(daemon) == state
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_right_after_a_pause_answered_keeps_it_and_every_change_before(data_dir):
+    d = data_dir()
+    daemon = d.start()
+    address = http(daemon)
+    topics = [name(f"burst{i}") for i in range(50)]
+    for topic in topics:  # answered without waiting for the file
+        assert post(address, f"/channel/create?topic={topic}&channel=c").status == 404
+        assert post(address, f"/topic/create?topic={topic}").status == 200
+        assert post(address, f"/channel/create?topic={topic}&channel=c").status == 200
+    assert post(address, f"/channel/pause?topic={topics[-1]}&channel=c").status == 200  # answered once written
+    d.kill()
+    daemon = d.start()
+    state = known_state(daemon)
+    assert set(topics) <= set(state)
+    assert state[topics[-1]] == (False, {"c": True})
+    assert all(state[topic] == (False, {"c": False}) for topic in topics[:-1])
 
 
 @pytest.mark.timeout(60)
@@ -173,6 +265,7 @@ def test_temporary_files_left_by_a_kill_are_removed_at_the_next_start(data_dir):
     daemon = d.start()
     topic = name("strays")
     create_channel(daemon, topic, "c")
+    wait_for_metadata(d.path, lambda document: document["topics"] and document["topics"][0]["channels"])
     d.kill()
     # what a kill between writing a replacement and renaming it leaves behind, for each file nsqd replaces
     strays = ["nsqd.dat.8127361.tmp", f"{topic}.diskqueue.meta.dat.5577006791947779410.tmp",

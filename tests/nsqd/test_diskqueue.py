@@ -515,6 +515,24 @@ def test_sync_every_counts_reads_and_writes(tmp_path):
     q.close()
 
 
+def test_a_queue_is_active_from_its_first_change_until_synced(tmp_path):
+    active = {}
+    q = DiskQueue(NAME, str(tmp_path), sync_timeout=2.0, active=active)
+    assert active == {} and not q.owes_sync
+    q.put(message(0))
+    q.put(message(1))
+    assert list(active) == [q] and q.owes_sync
+    active.clear()  # what the owner does once the queue is clean; it comes back with the next change
+    assert q.sync_if_due(100.0) is False and q.owes_sync
+    assert q.sync_if_due(102.0) is True
+    q.wait_idle()
+    assert not q.owes_sync and active == {}
+    q.put(message(2))
+    assert list(active) == [q]
+    q.close()
+    assert not q.owes_sync
+
+
 def test_sync_if_due(tmp_path):
     q = DiskQueue(NAME, str(tmp_path), sync_timeout=2.0)
     assert q.sync_if_due(100.0) is False  # nothing happened

@@ -200,6 +200,29 @@ async def test_removed_channel_is_no_longer_scanned(autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_invalidate_reloads_the_list_once_before_the_next_sample(autojump_clock):
+    calls = []
+    channels = [FakeChannel("first")]
+
+    def listing():
+        calls.append(len(channels))
+        return channels
+
+    scanner = QueueScanner(listing, rng=random.Random(42))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scanner.run)
+        await trio.sleep(0.15)
+        late = [FakeChannel(str(n)) for n in range(3)]
+        for channel in late:  # a burst of creates: no reload each time
+            channels.append(channel)
+            scanner.invalidate()
+        assert calls == [1]
+        await trio.sleep(0.1)
+        assert calls == [1, 4]  # reloaded once, at the next tick, and sampled at once
+        assert all(channel.calls for channel in late)
+        nursery.cancel_scope.cancel()
+
+
 async def test_refresh_during_a_dirty_loop_takes_effect_at_once(autojump_clock):
     gone = DirtyFor(1000, "gone")
     channels = [gone]

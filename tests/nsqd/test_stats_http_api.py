@@ -30,7 +30,7 @@ async def test_unhealthy_ping_and_stats(nsqd):
     topic = nsqd.get_topic("sick")
     response = await call(router, "GET", "/ping")
     assert (response.status, response.body) == (200, b"OK")
-    topic.backend.last_error = OSError(28, "No space left on device")
+    topic.backend._record_error("write", OSError(28, "No space left on device"))  # as a failed write records it
     response = await call(router, "GET", "/ping")
     assert response.status == 500
     assert response.body == b"NOK - [Errno 28] No space left on device"

@@ -1,0 +1,54 @@
+"""HeartbeatTimer on trio's MockClock: every scheduled client gets a heartbeat each interval, from one task;
+IDENTIFY's new interval restarts the ticker, a cancelled client gets no more, and a disabled interval none."""
+
+from __future__ import annotations
+
+import trio
+
+from nsqd.heartbeats import HeartbeatTimer
+from protocol.frames import HEARTBEAT_FRAME
+
+
+class Recorder:
+    """What the timer needs of a client: ``write_frame``; records when each frame came."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def write_frame(self, frame: bytes) -> None:
+        assert frame == HEARTBEAT_FRAME
+        self.times.append(trio.current_time())
+
+
+async def test_each_client_ticks_at_its_interval(autojump_clock):
+    timer = HeartbeatTimer()
+    fast, slow, silent = Recorder(), Recorder(), Recorder()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(timer.run)
+        start = trio.current_time()
+        timer.schedule(slow, 30.0)
+        timer.schedule(fast, 1.0)
+        timer.schedule(silent, 0)  # heartbeats disabled
+        await trio.sleep(61.5)
+        nursery.cancel_scope.cancel()
+    assert [round(t - start, 6) for t in slow.times] == [30.0, 60.0]
+    assert [round(t - start, 6) for t in fast.times] == [float(n) for n in range(1, 62)]
+    assert silent.times == [] and timer.sent == 63
+
+
+async def test_reschedule_and_cancel(autojump_clock):
+    timer = HeartbeatTimer()
+    client, gone = Recorder(), Recorder()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(timer.run)
+        start = trio.current_time()
+        timer.schedule(client, 30.0)
+        timer.schedule(gone, 5.0)
+        await trio.sleep(12.0)
+        timer.schedule(client, 2.0)  # IDENTIFY asked for 2 s: the 30 s tick is dropped
+        timer.cancel(gone)  # the connection ended
+        await trio.sleep(7.0)
+        assert len(timer) == 1
+        nursery.cancel_scope.cancel()
+    assert [round(t - start, 6) for t in client.times] == [14.0, 16.0, 18.0]
+    assert [round(t - start, 6) for t in gone.times] == [5.0, 10.0]

@@ -173,6 +173,16 @@ class MetadataWriter:
         """Return after the next write ends."""
         await self._written.wait()
 
+    # -- durable mode: the sync barrier's group commit writes the file before an acknowledgement leaves --------
+    closed = False
+
+    def sync(self) -> None:
+        """Write now if a change is not yet on disk (``SyncBarrier.commit``: in durable mode a publish to a topic
+        created a moment ago is acknowledged only once nsqd.dat names the topic and its channels, or a kill -9
+        would leave its messages in files no restart opens)."""
+        if self.written < self.changes:
+            self.write_now()
+
     def write_now(self) -> None:
         """Write the current state inline (start-up, shutdown), after any write in progress."""
         self.worker.wait_idle()

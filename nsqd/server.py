@@ -174,6 +174,8 @@ class NSQD:
         if self._loading or self._data_lock is None:
             return
         self.metadata.mark(topic_name)
+        if self.durable:
+            self.sync_barrier.owe(self.metadata)  # written before the next acknowledgement leaves (group commit)
 
     async def persist_metadata(self) -> None:
         """Return once nsqd.dat holds every change made so far (an HTTP pause answers after this, as in nsqd)."""

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,12 @@ def spark():
     spark_connector.register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def topic() -> str:
+    """A topic name of its own for each test."""
+    return f"spark_{uuid.uuid4().hex[:12]}"
 
 
 def free_port() -> int:
@@ -194,3 +201,42 @@ def assert_exactly_once_after_dedup(rows: list, expected: set[bytes]) -> None:
     deduped = sorted(by_key.values())
     assert len(deduped) == len(expected), (len(deduped), len(expected))
     assert set(deduped) == expected
+
+
+def topic_message_count(nsqd: NsqdProcess, topic: str) -> int:
+    """nsqd's own count of the messages published to ``topic`` (/stats)."""
+    from tests.integration.harness import http_get
+
+    status, body = http_get(nsqd.http(), f"/stats?format=json&topic={topic}")
+    assert status == 200, body
+    return sum(t["message_count"] for t in json.loads(body)["topics"] or [] if t["topic_name"] == topic)
+
+
+def consume_bodies(addresses: list[str], topic: str, wal: Path, count: int, timeout: float,
+                   expected: set[bytes] | None = None) -> list[bytes]:
+    """Consume ``topic`` from every nsqd (channel ``check``) with the connector's own consumer
+    until ``count`` distinct messages (by nsqd and id) are in its log, and every body of
+    ``expected`` if given; return their bodies."""
+    from spark_connector.consumer import ConsumerGroup
+    from spark_connector.options import SourceOptions
+
+    options = SourceOptions.parse({"nsqd.tcp.addresses": ",".join(addresses), "topic": topic, "channel": "check",
+                                   "walPath": str(wal), "maxInFlight": "5000", "dedupWindow": str(2 * count)})
+    group = ConsumerGroup(options)
+    group.start()
+    try:
+        def logged() -> list[bytes] | None:
+            if sum(m.synced_end for m in group.wal.snapshot().values()) < count:
+                return None
+            found = []
+            for mlog in group.wal.snapshot().values():
+                columns = mlog.read(0, mlog.synced_end)
+                pos = 0
+                for size in columns.body_sizes:
+                    found.append(columns.bodies[pos : pos + size])
+                    pos += size
+            return found if expected is None or expected <= set(found) else None
+
+        return wait_until(logged, timeout, f"{count} messages of {topic} consumed", interval=0.2)
+    finally:
+        group.stop()

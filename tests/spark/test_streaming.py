@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,6 @@ from tests.spark.conftest import (
 
 pytestmark = pytest.mark.timeout(240)
 
-
-@pytest.fixture
-def topic() -> str:
-    return f"spark_{uuid.uuid4().hex[:12]}"
 
 
 def start_query(spark, base: Path, options: dict[str, object], trigger: str = "300 milliseconds"):

@@ -58,35 +58,79 @@ def spark_env() -> dict[str, str]:
             "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost"}
 
 
-def build_session():
+def build_session(master: str = "local[2]", conf: dict[str, str] | None = None):
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[2]").appName("trionsq-spark-tests")
-    for key, value in SPARK_CONF.items():
+    builder = SparkSession.builder.master(master).appName("trionsq-spark-tests")
+    for key, value in {**SPARK_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-@pytest.fixture(scope="session")
-def spark():
-    reason = java_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    session = build_session()
+def session_on(master: str, conf: dict[str, str] | None = None):
+    """The SparkSession of this process on ``master``: one Spark context per process, so the
+    session of another master (local mode, the test cluster) is stopped first."""
+    from pyspark import SparkContext
+
+    from pyspark.sql import SparkSession
+
+    active = SparkContext._active_spark_context
+    if active is not None and active.master == master:
+        return SparkSession.builder.getOrCreate()
+    if active is not None:
+        SparkSession.builder.getOrCreate().stop()
+    session = build_session(master, conf)
     import spark_connector
 
     spark_connector.register(session)
-    yield session
-    session.stop()
+    return session
+
+
+@pytest.fixture(scope="session")
+def _spark_process():
+    """Stops whichever Spark context the tests left running, at the end of the run."""
+    reason = java_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    yield
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate().stop()
 
 
 @pytest.fixture
-def topic() -> str:
-    """A topic name of its own for each test."""
-    return f"spark_{uuid.uuid4().hex[:12]}"
+def spark(_spark_process):
+    """The local[2] session (shared by the tests; rebuilt if a cluster test replaced it)."""
+    return session_on("local[2]")
+
+
+@pytest.fixture(scope="module")
+def cluster(_spark_process, tmp_path_factory):
+    """A standalone master and two workers on 127.0.0.1 for the tests of a module."""
+    from tests.spark.standalone import StandaloneCluster
+
+    started = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
+    yield started
+    from pyspark import SparkContext
+
+    active = SparkContext._active_spark_context
+    if active is not None and active.master == started.master_url:
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate().stop()
+    started.stop()
+
+
+@pytest.fixture
+def cluster_spark(cluster):
+    """A session whose executors are the cluster's (their own JVMs and Python workers)."""
+    return session_on(cluster.master_url, cluster.session_conf())
 
 
 def free_port() -> int:

@@ -217,11 +217,11 @@ def test_streaming_pipeline_restarted_mid_stream(spark, nsqd_at, tmp_path, topic
     out_topic = f"{topic}_out"
     first, second = bodies("p", 0, 1500), bodies("p", 1500, 3000)
     publish(nsqd, topic, first)
-    source = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxMessagesPerTrigger": 300}
+    source = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxMessagesPerTrigger": 750}
     sink = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": out_topic}
     query = start_pipeline(spark, tmp_path, source, sink)
     try:
-        wait_until(lambda: topic_message_count(nsqd, out_topic) >= 600, 120, "two batches published",
+        wait_until(lambda: topic_message_count(nsqd, out_topic) >= 750, 120, "a batch published",
                    interval=0.2)
         assert query.exception() is None
     finally:

@@ -57,6 +57,7 @@ from protocol.errors import E_BAD_PROTOCOL, NON_FATAL_CODES, ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 
 from .options import ACK_DURABLE, SourceOptions
+from .placement import check_placement
 from .wal import MessageLog, WalDirectory
 
 __all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "lookup_nodes", "lookup_producers",
@@ -617,17 +618,29 @@ class ConsumerGroup:
         self._committed: dict[str, int] = {}
         self._error: BaseException | None = None
         self._poller: threading.Thread | None = None
+        self.rebased: set[str] = set()  # logs started at a checkpoint's position (_continue_from)
 
     # -- start and stop --------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, floor: dict[str, int] | None = None) -> None:
+        """Open the log and connect. ``floor``: the positions of the offset Spark named in the
+        call that starts the source (a checkpoint's); an empty log continues from them in commit
+        ack mode, and is refused in durable mode (see ``_continue_from``)."""
         opts = self.options
+        check_placement(opts)
         self.wal = WalDirectory(opts.wal_path, opts.topic, opts.channel,
                                 segment_bytes=opts.wal_segment_bytes,
                                 dedup_window=opts.dedup_window).open()
         committed = self.wal.read_committed()
         if committed:
             self._committed = dict(committed.get("positions", {}))
+        elif floor and any(floor.values()) and all(m.end == 0 for m in self.wal.snapshot().values()):
+            try:
+                self._continue_from(floor)
+            except BaseException:
+                self.wal.close()
+                self.wal = None
+                raise
         for address in opts.nsqd_addresses:
             self.add_nsqd(address)
         if opts.lookupd_addresses:
@@ -653,6 +666,28 @@ class ConsumerGroup:
                     f"(option connectTimeoutMs)"
                 )
         self.raise_if_failed()
+
+    def _continue_from(self, floor: dict[str, int]) -> None:
+        """Spark's checkpoint refers to positions of a log this walPath does not have (a new or
+        emptied walPath, a driver restarted on another machine). In commit ack mode nothing
+        above the last commit was FIN'd: nsqd delivers those messages again, and each log starts
+        at the checkpoint's position (what Spark asks below it is gone, and is read again from
+        nsqd). In durable mode the lost log held messages nsqd no longer has: refuse."""
+        opts = self.options
+        if opts.ack_mode == ACK_DURABLE:
+            raise NsqSourceError(
+                f"nsq source: the checkpoint is at positions {floor} but walPath {opts.wal_path} holds no "
+                f"write-ahead log: with ackMode=durable the messages logged there after the last commit were "
+                f"already FIN'd and are lost with it. Restore that walPath, or start with a new checkpoint; "
+                f"ackMode=commit lets a query continue with a new walPath"
+            )
+        for address, position in floor.items():
+            if position > 0:
+                self.wal.log_for(address).start_at(position)
+                self._committed[address] = position
+                self.rebased.add(address)
+        log.warning("nsq source: walPath %s is empty but the checkpoint is at %s; continuing from there "
+                    "(ackMode=commit: nsqd delivers again what was not committed)", opts.wal_path, floor)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -11,6 +11,8 @@ lookupd.http.addresses   --         comma-separated ``host:port`` (or URLs) of n
                                     one of the two address options is required
 topic, channel           required   what to consume
 walPath                  required   directory of the write-ahead log, one per query
+walPathShared            false      the walPath is storage every machine that may run the driver
+                                    mounts (see ``spark_connector.placement``)
 ackMode                  durable    ``durable``: FIN once the message is fsynced in the log;
                                     ``commit``: FIN when Spark commits the batch holding it
 maxMessagesPerTrigger    none       upper bound of messages per micro-batch (Spark ReadMaxRows)
@@ -163,6 +165,7 @@ class SourceOptions(_Connection):
     wal_segment_bytes: int = 16 << 20
     dedup_window: int = 200_000
     lookupd_poll_interval_ms: int = 15_000
+    wal_path_shared: bool = False
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> "SourceOptions":
@@ -198,6 +201,7 @@ class SourceOptions(_Connection):
             wal_segment_bytes=p.integer("walSegmentBytes", 16 << 20, 1),
             dedup_window=p.integer("dedupWindow", 200_000, 0),
             lookupd_poll_interval_ms=p.integer("lookupd.pollIntervalMs", 15_000, 10),
+            wal_path_shared=p.boolean("walPathShared"),
             **p.connection(),
         )
         p.check("source")

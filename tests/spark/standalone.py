@@ -60,9 +60,9 @@ class StandaloneCluster:
     def master_url(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
-    def _launch(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.base / f"{name}.log", "ab")
-        process = subprocess.Popen(argv, cwd=REPO_ROOT, env=daemon_env(), stdin=subprocess.DEVNULL, stdout=log,
+        process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env or daemon_env(), stdin=subprocess.DEVNULL, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         self.processes.append(process)
         return process
@@ -134,11 +134,13 @@ class StandaloneCluster:
                 "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false", "spark.driver.memory": "768m"}
         argv = self._spark_class("org.apache.spark.deploy.SparkSubmit", "--master", self.master_url,
                                  "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-                                 "--name", "trionsq-connect")
+                                 "--name", "trionsq-connect", "--driver-memory", "768m")
         for key, value in conf.items():
             argv += ["--conf", f"{key}={value}"]
         argv.append("spark-internal")
-        process = self._launch("connect", argv)
+        env = daemon_env()
+        del env["SPARK_DAEMON_MEMORY"]  # a driver, not a daemon: --driver-memory sizes it
+        process = self._launch("connect", argv, env)
         deadline = time.monotonic() + timeout
         import socket
 

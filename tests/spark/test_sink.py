@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from tests.integration.harness import RawClient
+from tests.integration.harness import RawClient, http_get
 from tests.spark.conftest import (
     bodies,
     consume_bodies,
+    free_port,
     publish,
     topic_message_count,
     wait_until,
@@ -236,3 +237,55 @@ def test_streaming_pipeline_restarted_mid_stream(spark, nsqd_at, tmp_path, topic
     finally:
         query.stop()
     assert expected <= set(found)
+
+
+def test_nsqd_stopped_in_the_middle_of_a_write(spark, nsqd_at, tmp_path, tmp_path_factory, topic):
+    """One of two nsqd stops while the tasks publish to both: its batches go to the other, and
+    every row is stored at least once (what it took before it stopped is on its disk)."""
+    import threading
+
+    port, data = free_port(), tmp_path_factory.mktemp("stopping")
+    stopping, staying = nsqd_at(port, data), nsqd_at()
+    count = 300_000
+    stopped: list[int] = []
+
+    def stop_after_first_batches():
+        wait_until(lambda: topic_message_count(stopping, topic) > 0, 120, "the first batches on the nsqd to stop",
+                   interval=0.01)
+        stopped.append(stopping.stop())
+
+    # Spark jobs run from the test's thread (a data source registered with the session is found there)
+    stopper = threading.Thread(target=stop_after_first_batches, daemon=True)
+    stopper.start()
+    write(numbered(spark, count, 2), topic=topic, metricsPath=tmp_path / "metrics.jsonl",
+          nsqd_tcp_addresses=f"{stopping.tcp_address},{staying.tcp_address}")
+    stopper.join(130)
+    assert stopped == [0]
+    [summary] = metrics(tmp_path / "metrics.jsonl")
+    assert summary["rows"] == count and summary["retried_commands"] >= 1
+    restarted = nsqd_at(port, data)
+    addresses = [restarted.tcp_address, staying.tcp_address]
+    found = consume_bodies(addresses, topic, tmp_path / "check", count, 120,
+                           {f"row-{i:07d}".encode() for i in range(count)})
+    assert len(found) >= count
+
+
+def test_every_nsqd_lookupd_knows(spark, nsqd_at, tmp_path, topic):
+    from tests.spark.lookupd_helpers import LookupdProcess
+
+    lookupd = LookupdProcess(tmp_path / "lookupd").start()
+    try:
+        host, port = lookupd.tcp
+        flags = (f"--lookupd-tcp-address={host}:{port}", "--broadcast-address=127.0.0.1")
+        daemons = [nsqd_at(None, None, *flags), nsqd_at(None, None, *flags)]
+
+        def both_known():
+            status, body = http_get(lookupd.http(), "/nodes")
+            return status == 200 and len(json.loads(body)["producers"]) == 2
+
+        wait_until(both_known, 30, "both nsqd to register with lookupd", interval=0.2)
+        write(numbered(spark, 10_000, 2), topic=topic, **{"lookupd_http_addresses": lookupd.http_address})
+        counts = [topic_message_count(d, topic) for d in daemons]
+        assert sum(counts) == 10_000 and min(counts) > 0, counts
+    finally:
+        lookupd.stop()

@@ -110,21 +110,26 @@ def spark(_spark_process):
     return session_on("local[2]")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(_spark_process, tmp_path_factory):
-    """A standalone master and two workers on 127.0.0.1 for the tests of a module."""
+    """A standalone master and two workers on 127.0.0.1, shared by the tests that ask for it."""
     from tests.spark.standalone import StandaloneCluster
 
     started = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
     yield started
+    stop_cluster_session(started)
+    started.stop()
+
+
+def stop_cluster_session(cluster) -> None:
+    """Stop this process's session on ``cluster``, if any (it holds the cluster's cores)."""
     from pyspark import SparkContext
 
     active = SparkContext._active_spark_context
-    if active is not None and active.master == started.master_url:
+    if active is not None and active.master == cluster.master_url:
         from pyspark.sql import SparkSession
 
         SparkSession.builder.getOrCreate().stop()
-    started.stop()
 
 
 @pytest.fixture

@@ -140,7 +140,7 @@ class StandaloneCluster:
         argv.append("spark-internal")
         env = daemon_env()
         del env["SPARK_DAEMON_MEMORY"]  # a driver, not a daemon: --driver-memory sizes it
-        process = self._launch("connect", argv, env)
+        process = self._connect_process = self._launch("connect", argv, env)
         deadline = time.monotonic() + timeout
         import socket
 
@@ -154,16 +154,27 @@ class StandaloneCluster:
                 raise RuntimeError(f"the Spark Connect server did not start: {self.logs()}")
             time.sleep(0.5)
 
+    def stop_connect_server(self) -> None:
+        """Stop the Connect server (its cores go back to the cluster)."""
+        process = getattr(self, "_connect_process", None)
+        if process is not None:
+            _terminate([process])
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.base.glob("*.log")))
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in reversed(self.processes):
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+        _terminate(list(reversed(self.processes)))
+
+
+def _terminate(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process group (a worker's takes its executors along), SIGKILL after 20 s."""
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.spark import test_sink
-from tests.spark.conftest import bodies, consume_bodies, publish, topic_message_count, wait_until
+from tests.spark.conftest import bodies, consume_bodies, publish, stop_cluster_session, topic_message_count, wait_until
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -31,7 +31,9 @@ def remote(request):
     reason = _connect_missing()
     if reason:
         pytest.skip(reason)
-    url = request.getfixturevalue("cluster").start_connect_server()
+    cluster = request.getfixturevalue("cluster")
+    stop_cluster_session(cluster)  # the Connect server is an application of its own: it needs the cores
+    url = cluster.start_connect_server()
     from pyspark.sql import SparkSession
 
     session = SparkSession.builder.remote(url).getOrCreate()
@@ -40,6 +42,7 @@ def remote(request):
     session.dataSource.register(NsqDataSource)
     yield session
     session.stop()
+    cluster.stop_connect_server()
 
 
 def test_batch_write_through_connect(remote, nsqd_at, tmp_path, topic):

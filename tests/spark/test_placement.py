@@ -10,7 +10,6 @@ import sys
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from spark_connector.consumer import NsqSourceError
 from spark_connector.options import SourceOptions
 from spark_connector.placement import filesystem_of
 from spark_connector.stream_reader import make_offset, parse_offset
@@ -74,13 +73,6 @@ def test_durable_mode_on_a_local_disk_warns_when_the_deploy_mode_is_unknown(tmp_
 def test_filesystem_of_a_path_that_does_not_exist_yet(tmp_path):
     assert filesystem_of(tmp_path / "not" / "yet") == filesystem_of(tmp_path)
     assert filesystem_of("/proc/self") == "proc"
-
-
-def test_empty_wal_path_with_a_checkpoint_is_refused_in_durable_mode(tmp_path, nsqd_at, topic):
-    nsqd = nsqd_at()
-    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic})
-    with pytest.raises(NsqSourceError, match="holds no write-ahead log: with ackMode=durable"):
-        reader.latestOffset(make_offset({nsqd.tcp_address: 500}), ReadAllAvailable())
 
 
 def test_empty_wal_path_continues_from_the_checkpoint_in_commit_mode(tmp_path, nsqd_at, topic):

@@ -289,3 +289,33 @@ def test_every_nsqd_lookupd_knows(spark, nsqd_at, tmp_path, topic):
         assert sum(counts) == 10_000 and min(counts) > 0, counts
     finally:
         lookupd.stop()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"snappy": "true"}, {"deflate": "true", "deflate.level": "3"}, {"tls": "true", "snappy": "true"}],
+    ids=["snappy", "deflate", "tls+snappy"],
+)
+def test_connection_upgrades_of_the_publisher(tmp_path, nsqd_at, topic, options):
+    """The sink's tasks connect as the source does (here a task's code without Spark: Arrow batches
+    straight into ``write_partition``)."""
+    import pyarrow as pa
+
+    from spark_connector.options import SinkOptions
+    from spark_connector.sink import write_partition
+    from tests.integration.features import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    nsqd = nsqd_at(None, None, *certs.daemon_args())
+    if options.get("tls"):
+        options = {**options, "tls.caFile": str(certs.ca_file)}
+    sink = SinkOptions.parse({"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "batchMessages": "100",
+                              **options})
+    expected = bodies("u", 0, 3000)
+    batches = [pa.record_batch([pa.array(expected[i : i + 1000], pa.binary())], names=["body"])
+               for i in range(0, 3000, 1000)]
+    message = write_partition(sink, {"body": "body"}, iter(batches))
+    assert (message.rows, message.messages, message.commands) == (3000, 3000, 30)
+    assert topic_message_count(nsqd, topic) == 3000
+    found = consume_bodies([nsqd.tcp_address], topic, tmp_path / "check", 3000, 60)
+    assert sorted(found) == expected

@@ -2,7 +2,10 @@
 
 A backlog of ``--messages`` bodies is published first (nsqd keeps it in memory), then a streaming
 query ``spark.readStream.format("nsq")`` -> ``writeStream.format("parquet")`` (local[2], one
-checkpoint, the write-ahead log in a temporary directory) drains it, with no limit on a
+checkpoint, the write-ahead log in a temporary directory) drains it, then the same query on a
+Spark standalone cluster (a master and two 1-core workers started on 127.0.0.1 with pyspark's
+``spark-class``: executors in JVMs of their own, the consumer in the driver's source runner) drains
+the same backlog from a channel of its own (``--no-cluster`` skips it), with no limit on a
 micro-batch's size (``--max-per-trigger 0``: each batch takes what the log holds, so batches grow
 with the backlog) and ``minPartitions=2`` (two tasks share each batch's Parquet writing). Figures,
 from the query's own progress reports:
@@ -66,16 +69,21 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the Parquet sink (repeatable), e.g. parquet.enable.dictionary=false")
     parser.add_argument("--consumer-only", action="store_true", help="measure the consumer alone, without Spark")
+    parser.add_argument("--no-cluster", dest="cluster", action="store_false",
+                        help="skip the run on a standalone cluster (a master and two 1-core workers on 127.0.0.1)")
 
 
-def build_session():
+def build_session(master: str = "local[2]", conf: dict[str, str] | None = None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.master("local[2]").appName("trionsq-spark-bench")
+        builder.master(master).appName("trionsq-spark-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -146,7 +154,7 @@ def _progress_time(progress: dict) -> float:
     return datetime.datetime.fromisoformat(stamp).timestamp()
 
 
-def run_query(spark, target: Target, topic: str, args, work: Path) -> dict:
+def run_query(spark, target: Target, topic: str, args, work: Path, channel: str = "spark") -> dict:
     import spark_connector
 
     spark_connector.register(spark)
@@ -154,7 +162,7 @@ def run_query(spark, target: Target, topic: str, args, work: Path) -> dict:
         spark.readStream.format("nsq")
         .option("nsqd.tcp.addresses", "%s:%d" % target.tcp)
         .option("topic", topic)
-        .option("channel", "spark")
+        .option("channel", channel)
         .option("walPath", str(work / "wal"))
         .option("ackMode", args.ack_mode)
     )
@@ -250,6 +258,23 @@ def run_intake(target: Target, topic: str, args, work: Path) -> dict:
             "nsqd_us/msg": (nsqd.cpu_seconds() - nsqd_cpu) * 1e6 / max(logged, 1)}
 
 
+def measure_spark(spark, target: Target, topic: str, args, work: Path, channel: str) -> dict:
+    """The measured query on ``spark`` (after a warm-up query on a topic of its own); stops the
+    session."""
+    try:
+        if args.warmup_messages:
+            # A first query warms the JVM and Spark's Python workers; its figures are dropped.
+            warm = unique_topic("spark_warmup")
+            prefill(target, warm, args.warmup_messages, args.body_size)
+            run_query(spark, target, warm,
+                      argparse.Namespace(**{**vars(args), "messages": args.warmup_messages,
+                                            "max_per_trigger": args.warmup_per_trigger}),
+                      work / "warmup")
+        return run_query(spark, target, topic, args, work, channel)
+    finally:
+        spark.stop()
+
+
 def run(args) -> Report:
     report = Report(NAME, TITLE, params={"messages": args.messages, "body_size": args.body_size,
                                          "max_per_trigger": args.max_per_trigger or None,
@@ -264,6 +289,8 @@ def run(args) -> Report:
             create_channel(target, topic, "intake")
             if not args.consumer_only:
                 create_channel(target, topic, "spark")
+            if args.cluster and not args.consumer_only:
+                create_channel(target, topic, "spark_cluster")
             published = prefill(target, topic, args.messages, args.body_size)
             if published < args.messages:
                 report.skipped = f"nsqd took only {published} of {args.messages} messages"
@@ -272,30 +299,34 @@ def run(args) -> Report:
             if args.consumer_only:
                 report.notes.append("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
                 return report
-            spark = build_session()
-            try:
-                if args.warmup_messages:
-                    # A first query warms the JVM and Spark's Python workers; its figures are dropped.
-                    warm = unique_topic("spark_warmup")
-                    prefill(target, warm, args.warmup_messages, args.body_size)
-                    run_query(spark, target, warm,
-                              argparse.Namespace(**{**vars(args), "messages": args.warmup_messages,
-                                                    "max_per_trigger": args.warmup_per_trigger}),
-                              work / "warmup")
-                row = run_query(spark, target, topic, args, work)
-            finally:
-                spark.stop()
-        report.notes.append(f"Spark batch durations (ms): {row.pop('batch_ms')}; the first batch started "
-                            f"{row.pop('start_s') or 0:.1f} s after start()")
-        report.notes.append(f"mean ms per batch by phase (query progress durationMs): {row.pop('phase_ms')}")
-        report.notes.append(f"CPU us per message by process during the query: {row.pop('cpu_us_msg')}")
-        report.rows.append(row)
-        report.targets[f"{TARGET_MSG_S:,} msg/s end to end"] = (
+            row = measure_spark(build_session(), target, topic, args, work / "local", "spark")
+            rows = [("local[2]", row)]
+            if args.cluster:
+                from tests.spark.standalone import StandaloneCluster
+
+                cluster = StandaloneCluster(work / "standalone").start()
+                try:
+                    session = build_session(cluster.master_url, cluster.session_conf())
+                    rows.append(("standalone", measure_spark(session, target, topic, args, work / "cluster",
+                                                             "spark_cluster")))
+                finally:
+                    cluster.stop()
+        for mode, row in rows:
+            report.notes.append(f"{mode}: Spark batch durations (ms): {row.pop('batch_ms')}; the first batch "
+                                f"started {row.pop('start_s') or 0:.1f} s after start()")
+            report.notes.append(f"{mode}: mean ms per batch by phase (query progress durationMs): "
+                                f"{row.pop('phase_ms')}")
+            report.notes.append(f"{mode}: CPU us per message by process during the query: {row.pop('cpu_us_msg')}")
+            row["stage"] = f"{row['stage']} ({mode})"
+            report.rows.append(row)
+        row = rows[0][1]
+        report.targets[f"{TARGET_MSG_S:,} msg/s end to end (local[2])"] = (
             "met" if row["msg_s"] >= TARGET_MSG_S else f"missed ({row['msg_s']:,.0f})"
         )
         report.notes.append("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
-        if row["messages"] < args.messages:
-            report.notes.append(f"timed out after {args.timeout}s with {row['messages']} messages")
+        for mode, row in rows:
+            if row["messages"] < args.messages:
+                report.notes.append(f"{mode}: timed out after {args.timeout}s with {row['messages']} messages")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report

@@ -57,9 +57,11 @@ from protocol.errors import E_BAD_PROTOCOL, NON_FATAL_CODES, ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 
 from .options import ACK_DURABLE, SourceOptions
+from .placement import check_placement
 from .wal import MessageLog, WalDirectory
 
-__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "lookup_producers"]
+__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "lookup_nodes", "lookup_producers",
+           "open_connection"]
 
 log = logging.getLogger("spark_connector.consumer")
 
@@ -224,6 +226,75 @@ def _split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def open_connection(address: str, opts, identify_extra: dict) -> tuple[_Wire, dict, float]:
+    """Connect to the nsqd at ``address`` and go through the handshake every connection of the
+    connector shares: IDENTIFY (with ``identify_extra``), the TLS and compression upgrades, AUTH.
+    ``opts`` is a ``SourceOptions`` or ``SinkOptions`` (their connection fields have the same
+    names). Returns the wire, nsqd's IDENTIFY answer and the deadline of the connection's set-up
+    (``connectTimeoutMs`` from now), for the command that follows (SUB, or the first publish)."""
+    host, port = _split_address(address)
+    timeout = opts.connect_timeout_ms / 1000
+    deadline = time.monotonic() + timeout
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    wire = _Wire(sock)
+    try:
+        identify = {
+            "client_id": opts.client_id or f"spark-{socket.gethostname()}-{os.getpid()}",
+            "hostname": opts.hostname or socket.gethostname(),
+            "user_agent": USER_AGENT,
+            "feature_negotiation": True,
+            "tls_v1": opts.tls,
+            "snappy": opts.snappy,
+            "deflate": opts.deflate,
+            "deflate_level": opts.deflate_level,
+            **identify_extra,
+        }
+        if opts.msg_timeout_ms is not None:
+            identify["msg_timeout"] = opts.msg_timeout_ms
+        wire.send(MAGIC_V2 + encode_identify(identify))
+        answer = wire.expect_response_exactly(deadline)
+        settings = json.loads(answer) if answer != b"OK" else {}
+        if opts.tls:
+            if not settings.get("tls_v1"):
+                raise _ServerError(b"E_IDENTIFY_FAILED nsqd does not offer TLS (start it with a TLS certificate)")
+            wire.sock = _tls_wrap(wire.sock, host, opts, deadline)
+            if wire.expect_response_exactly(deadline) != b"OK":
+                raise ConnectionError("TLS upgrade was not confirmed")
+        if settings.get("snappy") or settings.get("deflate"):
+            from protocol import compression
+
+            if settings.get("snappy"):
+                wire.inflate, wire.deflate = compression.SnappyDecoder(), compression.SnappyEncoder()
+            else:
+                wire.inflate = compression.DeflateDecoder()
+                wire.deflate = compression.DeflateEncoder(int(settings.get("deflate_level", 6)))
+            if wire.expect_response(deadline) != b"OK":  # the first compressed frame
+                raise ConnectionError("compression upgrade was not confirmed")
+        elif opts.snappy or opts.deflate:
+            log.warning("nsqd %s did not accept compression; continuing uncompressed", address)
+        if settings.get("auth_required"):
+            if not opts.auth_secret:
+                raise _ServerError(b"E_AUTH_FIRST nsqd requires AUTH: set the auth.secret option")
+            wire.send(encode_auth(opts.auth_secret.encode()))
+            wire.expect_response(deadline)
+    except BaseException:
+        wire.close()
+        raise
+    return wire, settings, deadline
+
+
+def _tls_wrap(sock: socket.socket, host: str, opts, deadline: float) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=opts.tls_ca_file)
+    if opts.tls_insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if opts.tls_cert_file:
+        context.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
+    sock.settimeout(max(deadline - time.monotonic(), 0.1))
+    return context.wrap_socket(sock, server_hostname=opts.tls_server_name or host)
+
+
 @dataclass
 class ConsumerStats:
     received: int = 0
@@ -310,54 +381,10 @@ class NsqdConsumer:
 
     def _connect(self) -> _Wire:
         opts = self.options
-        host, port = _split_address(self.address)
-        timeout = opts.connect_timeout_ms / 1000
-        deadline = time.monotonic() + timeout
-        sock = socket.create_connection((host, port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        wire = _Wire(sock)
+        wire, settings, deadline = open_connection(self.address, opts, {"output_buffer_size": _OUTPUT_BUFFER_SIZE})
         try:
-            identify = {
-                "client_id": opts.client_id or f"spark-{socket.gethostname()}-{os.getpid()}",
-                "hostname": opts.hostname or socket.gethostname(),
-                "user_agent": USER_AGENT,
-                "feature_negotiation": True,
-                "output_buffer_size": _OUTPUT_BUFFER_SIZE,
-                "tls_v1": opts.tls,
-                "snappy": opts.snappy,
-                "deflate": opts.deflate,
-                "deflate_level": opts.deflate_level,
-            }
-            if opts.msg_timeout_ms is not None:
-                identify["msg_timeout"] = opts.msg_timeout_ms
-            wire.send(MAGIC_V2 + encode_identify(identify))
-            answer = wire.expect_response_exactly(deadline)
-            settings = json.loads(answer) if answer != b"OK" else {}
             self._max_rdy = int(settings.get("max_rdy_count", 2500))
             self._msg_timeout_ms = int(settings.get("msg_timeout", opts.msg_timeout_ms or 60_000))
-            if opts.tls:
-                if not settings.get("tls_v1"):
-                    raise _ServerError(b"E_IDENTIFY_FAILED nsqd does not offer TLS (start it with a TLS certificate)")
-                wire.sock = self._tls_wrap(wire.sock, host, deadline)
-                if wire.expect_response_exactly(deadline) != b"OK":
-                    raise ConnectionError("TLS upgrade was not confirmed")
-            if settings.get("snappy") or settings.get("deflate"):
-                from protocol import compression
-
-                if settings.get("snappy"):
-                    wire.inflate, wire.deflate = compression.SnappyDecoder(), compression.SnappyEncoder()
-                else:
-                    wire.inflate = compression.DeflateDecoder()
-                    wire.deflate = compression.DeflateEncoder(int(settings.get("deflate_level", 6)))
-                if wire.expect_response(deadline) != b"OK":  # the first compressed frame
-                    raise ConnectionError("compression upgrade was not confirmed")
-            elif opts.snappy or opts.deflate:
-                log.warning("nsqd %s did not accept compression; continuing uncompressed", self.address)
-            if settings.get("auth_required"):
-                if not opts.auth_secret:
-                    raise _ServerError(b"E_AUTH_FIRST nsqd requires AUTH: set the auth.secret option")
-                wire.send(encode_auth(opts.auth_secret.encode()))
-                wire.expect_response(deadline)
             wire.send(encode_sub(opts.topic, opts.channel))
             if wire.expect_response(deadline) != b"OK":
                 raise ConnectionError("SUB was not confirmed")
@@ -371,17 +398,6 @@ class NsqdConsumer:
             self._wire = wire
         self._update_rdy(wire)
         return wire
-
-    def _tls_wrap(self, sock: socket.socket, host: str, deadline: float) -> ssl.SSLSocket:
-        opts = self.options
-        context = ssl.create_default_context(cafile=opts.tls_ca_file)
-        if opts.tls_insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if opts.tls_cert_file:
-            context.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
-        sock.settimeout(max(deadline - time.monotonic(), 0.1))
-        return context.wrap_socket(sock, server_hostname=opts.tls_server_name or host)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -548,12 +564,11 @@ class NsqdConsumer:
             return len(self._pending)
 
 
-def lookup_producers(lookupd: str, topic: str, timeout: float) -> list[str] | None:
-    """``host:port`` of the nsqd TCP listeners that lookupd lists for ``topic``; None when lookupd
-    does not know the topic yet (404). Raises OSError when lookupd cannot be reached."""
+def _lookupd_get(lookupd: str, path: str, timeout: float) -> dict | None:
+    """The JSON answer of lookupd's ``path``; None on 404."""
     base = lookupd if "://" in lookupd else f"http://{lookupd}"
-    url = f"{base.rstrip('/')}/lookup?topic={urllib.parse.quote(topic)}"
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    request = urllib.request.Request(f"{base.rstrip('/')}{path}",
+                                     headers={"Accept": "application/vnd.nsq; version=1.0"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             payload = json.loads(response.read())
@@ -563,14 +578,31 @@ def lookup_producers(lookupd: str, topic: str, timeout: float) -> list[str] | No
         raise
     if "data" in payload and "producers" not in payload:  # the pre-1.0 envelope
         payload = payload["data"] or {}
+    return payload
+
+
+def _tcp_addresses(producers: list[dict]) -> list[str]:
     found = []
-    for producer in payload.get("producers") or []:
+    for producer in producers or []:
         host = producer.get("broadcast_address") or producer.get("hostname")
         port = producer.get("tcp_port")
         if host and port:
             host = f"[{host}]" if ":" in host else host
             found.append(f"{host}:{port}")
     return found
+
+
+def lookup_producers(lookupd: str, topic: str, timeout: float) -> list[str] | None:
+    """``host:port`` of the nsqd TCP listeners that lookupd lists for ``topic``; None when lookupd
+    does not know the topic yet (404). Raises OSError when lookupd cannot be reached."""
+    payload = _lookupd_get(lookupd, f"/lookup?topic={urllib.parse.quote(topic)}", timeout)
+    return None if payload is None else _tcp_addresses(payload.get("producers"))
+
+
+def lookup_nodes(lookupd: str, timeout: float) -> list[str]:
+    """``host:port`` of every nsqd TCP listener lookupd knows (``/nodes``), whatever its topics."""
+    payload = _lookupd_get(lookupd, "/nodes", timeout)
+    return [] if payload is None else _tcp_addresses(payload.get("producers"))
 
 
 class ConsumerGroup:
@@ -586,17 +618,29 @@ class ConsumerGroup:
         self._committed: dict[str, int] = {}
         self._error: BaseException | None = None
         self._poller: threading.Thread | None = None
+        self.rebased: set[str] = set()  # logs started at a checkpoint's position (_continue_from)
 
     # -- start and stop --------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, floor: dict[str, int] | None = None) -> None:
+        """Open the log and connect. ``floor``: the positions of the offset Spark named in the
+        call that starts the source (a checkpoint's); an empty log continues from them in commit
+        ack mode, and is refused in durable mode (see ``_continue_from``)."""
         opts = self.options
+        check_placement(opts)
         self.wal = WalDirectory(opts.wal_path, opts.topic, opts.channel,
                                 segment_bytes=opts.wal_segment_bytes,
                                 dedup_window=opts.dedup_window).open()
         committed = self.wal.read_committed()
         if committed:
             self._committed = dict(committed.get("positions", {}))
+        elif floor and any(floor.values()) and all(m.end == 0 for m in self.wal.snapshot().values()):
+            try:
+                self._continue_from(floor)
+            except BaseException:
+                self.wal.close()
+                self.wal = None
+                raise
         for address in opts.nsqd_addresses:
             self.add_nsqd(address)
         if opts.lookupd_addresses:
@@ -622,6 +666,28 @@ class ConsumerGroup:
                     f"(option connectTimeoutMs)"
                 )
         self.raise_if_failed()
+
+    def _continue_from(self, floor: dict[str, int]) -> None:
+        """Spark's checkpoint refers to positions of a log this walPath does not have (a new or
+        emptied walPath, a driver restarted on another machine). In commit ack mode nothing
+        above the last commit was FIN'd: nsqd delivers those messages again, and each log starts
+        at the checkpoint's position (what Spark asks below it is gone, and is read again from
+        nsqd). In durable mode the lost log held messages nsqd no longer has: refuse."""
+        opts = self.options
+        if opts.ack_mode == ACK_DURABLE:
+            raise NsqSourceError(
+                f"nsq source: the checkpoint is at positions {floor} but walPath {opts.wal_path} holds no "
+                f"write-ahead log: with ackMode=durable the messages logged there after the last commit were "
+                f"already FIN'd and are lost with it. Restore that walPath, or start with a new checkpoint; "
+                f"ackMode=commit lets a query continue with a new walPath"
+            )
+        for address, position in floor.items():
+            if position > 0:
+                self.wal.log_for(address).start_at(position)
+                self._committed[address] = position
+                self.rebased.add(address)
+        log.warning("nsq source: walPath %s is empty but the checkpoint is at %s; continuing from there "
+                    "(ackMode=commit: nsqd delivers again what was not committed)", opts.wal_path, floor)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -11,6 +11,8 @@ lookupd.http.addresses   --         comma-separated ``host:port`` (or URLs) of n
                                     one of the two address options is required
 topic, channel           required   what to consume
 walPath                  required   directory of the write-ahead log, one per query
+walPathShared            false      the walPath is storage every machine that may run the driver
+                                    mounts (see ``spark_connector.placement``)
 ackMode                  durable    ``durable``: FIN once the message is fsynced in the log;
                                     ``commit``: FIN when Spark commits the batch holding it
 maxMessagesPerTrigger    none       upper bound of messages per micro-batch (Spark ReadMaxRows)
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 
-__all__ = ["ACK_COMMIT", "ACK_DURABLE", "SourceOptions"]
+__all__ = ["ACK_COMMIT", "ACK_DURABLE", "SinkOptions", "SourceOptions"]
 
 ACK_DURABLE = "durable"
 ACK_COMMIT = "commit"
@@ -51,22 +53,87 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
 
 
+class _Parser:
+    """Reads typed values out of Spark's string options, collecting every problem."""
+
+    def __init__(self, raw: Mapping[str, str]) -> None:
+        self.opts = {str(k).lower(): v for k, v in raw.items()}
+        self.errors: list[str] = []
+
+    def text(self, name: str) -> str | None:
+        value = self.opts.get(name.lower())
+        return None if value is None else str(value).strip()
+
+    def integer(self, name: str, default: int | None, minimum: int) -> int | None:
+        value = self.text(name)
+        if value is None or value == "":
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            self.errors.append(f"option {name}={value!r} is not an integer")
+            return default
+        if number < minimum:
+            self.errors.append(f"option {name}={number} must be at least {minimum}")
+            return default
+        return number
+
+    def boolean(self, name: str, default: bool = False) -> bool:
+        value = self.text(name)
+        if value is None:
+            return default
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        self.errors.append(f"option {name}={value!r} is not a boolean (true/false)")
+        return default
+
+    def addresses(self, name: str) -> tuple[str, ...]:
+        value = self.text(name) or ""
+        return tuple(a.strip() for a in value.split(",") if a.strip())
+
+    def destinations(self) -> dict:
+        """``nsqd.tcp.addresses`` and ``lookupd.http.addresses``: one of them is required."""
+        nsqd = self.addresses("nsqd.tcp.addresses")
+        for address in nsqd:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                self.errors.append(f"nsqd address {address!r} is not host:port")
+        lookupd = self.addresses("lookupd.http.addresses")
+        if not nsqd and not lookupd:
+            self.errors.append("set nsqd.tcp.addresses or lookupd.http.addresses")
+        return {"nsqd_addresses": nsqd, "lookupd_addresses": lookupd}
+
+    def connection(self) -> dict:
+        """The options of every nsqd connection, source and sink alike."""
+        snappy = self.boolean("snappy")
+        deflate = self.boolean("deflate")
+        if snappy and deflate:
+            self.errors.append("options snappy and deflate are exclusive")
+        return {
+            "connect_timeout_ms": self.integer("connectTimeoutMs", 10_000, 1),
+            "client_id": self.text("clientId"),
+            "hostname": self.text("hostname"),
+            "tls": self.boolean("tls"),
+            "tls_ca_file": self.text("tls.caFile"),
+            "tls_cert_file": self.text("tls.certFile"),
+            "tls_key_file": self.text("tls.keyFile"),
+            "tls_insecure": self.boolean("tls.insecure"),
+            "tls_server_name": self.text("tls.serverName"),
+            "snappy": snappy,
+            "deflate": deflate,
+            "deflate_level": self.integer("deflate.level", 6, 1) or 6,
+            "auth_secret": self.text("auth.secret"),
+        }
+
+    def check(self, what: str) -> None:
+        if self.errors:
+            raise ValueError(f"nsq {what}: " + "; ".join(self.errors))
+
+
 @dataclass(frozen=True)
-class SourceOptions:
-    nsqd_addresses: tuple[str, ...]
-    lookupd_addresses: tuple[str, ...]
-    topic: str
-    channel: str
-    wal_path: str
-    ack_mode: str = ACK_DURABLE
-    max_messages_per_trigger: int | None = None
-    min_partitions: int | None = None
-    max_in_flight: int = 2500
-    max_backlog_messages: int = 1_000_000
-    msg_timeout_ms: int | None = None
-    wal_segment_bytes: int = 16 << 20
-    dedup_window: int = 200_000
-    lookupd_poll_interval_ms: int = 15_000
+class _Connection:
     connect_timeout_ms: int = 10_000
     client_id: str | None = None
     hostname: str | None = None
@@ -81,103 +148,99 @@ class SourceOptions:
     deflate_level: int = 6
     auth_secret: str | None = None
 
+
+@dataclass(frozen=True)
+class SourceOptions(_Connection):
+    nsqd_addresses: tuple[str, ...] = ()
+    lookupd_addresses: tuple[str, ...] = ()
+    topic: str = ""
+    channel: str = ""
+    wal_path: str = ""
+    ack_mode: str = ACK_DURABLE
+    max_messages_per_trigger: int | None = None
+    min_partitions: int | None = None
+    max_in_flight: int = 2500
+    max_backlog_messages: int = 1_000_000
+    msg_timeout_ms: int | None = None
+    wal_segment_bytes: int = 16 << 20
+    dedup_window: int = 200_000
+    lookupd_poll_interval_ms: int = 15_000
+    wal_path_shared: bool = False
+
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> "SourceOptions":
-        opts = {str(k).lower(): v for k, v in raw.items()}
-        errors: list[str] = []
-
-        def text(name: str) -> str | None:
-            value = opts.get(name.lower())
-            return None if value is None else str(value).strip()
-
-        def integer(name: str, default: int | None, minimum: int) -> int | None:
-            value = text(name)
-            if value is None or value == "":
-                return default
-            try:
-                number = int(value)
-            except ValueError:
-                errors.append(f"option {name}={value!r} is not an integer")
-                return default
-            if number < minimum:
-                errors.append(f"option {name}={number} must be at least {minimum}")
-                return default
-            return number
-
-        def boolean(name: str, default: bool = False) -> bool:
-            value = text(name)
-            if value is None:
-                return default
-            if value.lower() in _TRUE:
-                return True
-            if value.lower() in _FALSE:
-                return False
-            errors.append(f"option {name}={value!r} is not a boolean (true/false)")
-            return default
-
-        def addresses(name: str) -> tuple[str, ...]:
-            value = text(name) or ""
-            return tuple(a.strip() for a in value.split(",") if a.strip())
-
-        nsqd = addresses("nsqd.tcp.addresses")
-        for address in nsqd:
-            host, sep, port = address.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                errors.append(f"nsqd address {address!r} is not host:port")
-        lookupd = addresses("lookupd.http.addresses")
-        if not nsqd and not lookupd:
-            errors.append("set nsqd.tcp.addresses or lookupd.http.addresses")
-        topic = text("topic") or ""
-        channel = text("channel") or ""
+        p = _Parser(raw)
+        destinations = p.destinations()
+        topic = p.text("topic") or ""
+        channel = p.text("channel") or ""
         if not topic:
-            errors.append("option topic is required")
+            p.errors.append("option topic is required")
         elif not is_valid_topic_name(topic):
-            errors.append(f"topic {topic!r} is not a valid NSQ topic name")
+            p.errors.append(f"topic {topic!r} is not a valid NSQ topic name")
         if not channel:
-            errors.append("option channel is required")
+            p.errors.append("option channel is required")
         elif not is_valid_channel_name(channel):
-            errors.append(f"channel {channel!r} is not a valid NSQ channel name")
-        wal_path = text("walPath") or ""
+            p.errors.append(f"channel {channel!r} is not a valid NSQ channel name")
+        wal_path = p.text("walPath") or ""
         if not wal_path:
-            errors.append("option walPath is required (a directory of its own for each query)")
-        ack_mode = (text("ackMode") or ACK_DURABLE).lower()
+            p.errors.append("option walPath is required (a directory of its own for each query)")
+        ack_mode = (p.text("ackMode") or ACK_DURABLE).lower()
         if ack_mode not in (ACK_DURABLE, ACK_COMMIT):
-            errors.append(f"option ackMode={ack_mode!r} must be {ACK_DURABLE!r} or {ACK_COMMIT!r}")
-        msg_timeout = integer("msgTimeoutMs", None, 1000)
-        deflate_level = integer("deflate.level", 6, 1)
-        snappy = boolean("snappy")
-        deflate = boolean("deflate")
-        if snappy and deflate:
-            errors.append("options snappy and deflate are exclusive")
+            p.errors.append(f"option ackMode={ack_mode!r} must be {ACK_DURABLE!r} or {ACK_COMMIT!r}")
         parsed = cls(
-            nsqd_addresses=nsqd,
-            lookupd_addresses=lookupd,
+            **destinations,
             topic=topic,
             channel=channel,
             wal_path=wal_path,
             ack_mode=ack_mode,
-            max_messages_per_trigger=integer("maxMessagesPerTrigger", None, 1),
-            min_partitions=integer("minPartitions", None, 1),
-            max_in_flight=integer("maxInFlight", 2500, 1),
-            max_backlog_messages=integer("maxBacklogMessages", 1_000_000, 1),
-            msg_timeout_ms=msg_timeout,
-            wal_segment_bytes=integer("walSegmentBytes", 16 << 20, 1),
-            dedup_window=integer("dedupWindow", 200_000, 0),
-            lookupd_poll_interval_ms=integer("lookupd.pollIntervalMs", 15_000, 10),
-            connect_timeout_ms=integer("connectTimeoutMs", 10_000, 1),
-            client_id=text("clientId"),
-            hostname=text("hostname"),
-            tls=boolean("tls"),
-            tls_ca_file=text("tls.caFile"),
-            tls_cert_file=text("tls.certFile"),
-            tls_key_file=text("tls.keyFile"),
-            tls_insecure=boolean("tls.insecure"),
-            tls_server_name=text("tls.serverName"),
-            snappy=snappy,
-            deflate=deflate,
-            deflate_level=deflate_level or 6,
-            auth_secret=text("auth.secret"),
+            max_messages_per_trigger=p.integer("maxMessagesPerTrigger", None, 1),
+            min_partitions=p.integer("minPartitions", None, 1),
+            max_in_flight=p.integer("maxInFlight", 2500, 1),
+            max_backlog_messages=p.integer("maxBacklogMessages", 1_000_000, 1),
+            msg_timeout_ms=p.integer("msgTimeoutMs", None, 1000),
+            wal_segment_bytes=p.integer("walSegmentBytes", 16 << 20, 1),
+            dedup_window=p.integer("dedupWindow", 200_000, 0),
+            lookupd_poll_interval_ms=p.integer("lookupd.pollIntervalMs", 15_000, 10),
+            wal_path_shared=p.boolean("walPathShared"),
+            **p.connection(),
         )
-        if errors:
-            raise ValueError("nsq source: " + "; ".join(errors))
+        p.check("source")
+        return parsed
+
+
+@dataclass(frozen=True)
+class SinkOptions(_Connection):
+    """Options of ``df.write.format("nsq")`` and ``df.writeStream.format("nsq")`` (the table is in
+    ``spark_connector.sink``)."""
+
+    nsqd_addresses: tuple[str, ...] = ()
+    lookupd_addresses: tuple[str, ...] = ()
+    topic: str | None = None
+    batch_messages: int = 500
+    batch_bytes: int = 5 << 20
+    max_message_bytes: int = 1 << 20
+    max_in_flight: int = 8
+    response_timeout_ms: int = 30_000
+    metrics_path: str | None = None
+    msg_timeout_ms: int | None = None  # IDENTIFY's field; a publisher never sets it
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> "SinkOptions":
+        p = _Parser(raw)
+        destinations = p.destinations()
+        topic = p.text("topic") or None
+        if topic is not None and not is_valid_topic_name(topic):
+            p.errors.append(f"topic {topic!r} is not a valid NSQ topic name")
+        parsed = cls(
+            **destinations,
+            topic=topic,
+            batch_messages=p.integer("batchMessages", 500, 1),
+            batch_bytes=p.integer("batchBytes", 5 << 20, 64),
+            max_message_bytes=p.integer("maxMessageBytes", 1 << 20, 1),
+            max_in_flight=p.integer("maxInFlight", 8, 1),
+            response_timeout_ms=p.integer("responseTimeoutMs", 30_000, 1),
+            metrics_path=p.text("metricsPath") or None,
+            **p.connection(),
+        )
+        p.check("sink")
         return parsed

@@ -138,10 +138,10 @@ class NsqStreamReader(DataSourceStreamReader):
 
     # -- driver side -----------------------------------------------------------------------
 
-    def _started(self) -> ConsumerGroup:
+    def _started(self, floor: dict[str, int] | None = None) -> ConsumerGroup:
         if self._group is None:
             group = ConsumerGroup(self.options)
-            group.start()
+            group.start(floor)
             self._group = group
         self._group.raise_if_failed()
         return self._group
@@ -169,8 +169,8 @@ class NsqStreamReader(DataSourceStreamReader):
         return {key: mlog.synced_end for key, mlog in logs.items()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        group = self._started()
         begin = parse_offset(start)
+        group = self._started(begin)
         available = self._available(group, begin)
         if isinstance(limit, ReadMaxRows):
             end = _share(begin, available, limit.max_rows)
@@ -186,11 +186,19 @@ class NsqStreamReader(DataSourceStreamReader):
         return make_offset({k: m.synced_end for k, m in self._group.wal.snapshot().items()})
 
     def partitions(self, start: dict, end: dict) -> list[NsqPartition]:
-        group = self._started()
         begin = parse_offset(start)
         finish = parse_offset(end)
+        group = self._started(finish)
         logs = group.wal.snapshot()
-        ranges = [(key, begin.get(key, 0), finish[key]) for key in sorted(finish) if finish[key] > begin.get(key, 0)]
+        ranges = []
+        for key in sorted(finish):
+            lo = begin.get(key, 0)
+            if key in group.rebased:
+                # below its first position, a log continued from the checkpoint has nothing: those
+                # messages were not committed, nsqd delivers them again, at new positions
+                lo = max(lo, logs[key].first_retained())
+            if finish[key] > lo:
+                ranges.append((key, lo, finish[key]))
         parts = []
         for key, lo, hi in _split(ranges, self.options.min_partitions):
             mlog = logs.get(key)
@@ -203,7 +211,8 @@ class NsqStreamReader(DataSourceStreamReader):
         return parts
 
     def commit(self, end: dict) -> None:
-        self._started().commit(parse_offset(end))
+        positions = parse_offset(end)
+        self._started(positions).commit(positions)
 
     def stop(self) -> None:
         if self._group is not None:

@@ -488,6 +488,13 @@ class MessageLog:
                 os.close(fd)
         return Columns.concat(parts) if parts else Columns()
 
+    def start_at(self, position: int) -> None:
+        """Give an empty log its first position (its first segment will be named by it)."""
+        with self._lock:
+            if self._segments or self.end:
+                raise WalError(f"write-ahead log {self.directory} is not empty: it cannot start at {position}")
+            self.end = self.synced_end = position
+
     def first_retained(self) -> int:
         with self._lock:
             return self._segments[0].first if self._segments else self.synced_end

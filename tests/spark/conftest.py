@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,29 +58,84 @@ def spark_env() -> dict[str, str]:
             "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost"}
 
 
-def build_session():
+def build_session(master: str = "local[2]", conf: dict[str, str] | None = None):
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[2]").appName("trionsq-spark-tests")
-    for key, value in SPARK_CONF.items():
+    builder = SparkSession.builder.master(master).appName("trionsq-spark-tests")
+    for key, value in {**SPARK_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-@pytest.fixture(scope="session")
-def spark():
-    reason = java_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    session = build_session()
+def session_on(master: str, conf: dict[str, str] | None = None):
+    """The SparkSession of this process on ``master``: one Spark context per process, so the
+    session of another master (local mode, the test cluster) is stopped first."""
+    from pyspark import SparkContext
+
+    from pyspark.sql import SparkSession
+
+    active = SparkContext._active_spark_context
+    if active is not None and active.master == master:
+        return SparkSession.builder.getOrCreate()
+    if active is not None:
+        SparkSession.builder.getOrCreate().stop()
+    session = build_session(master, conf)
     import spark_connector
 
     spark_connector.register(session)
-    yield session
-    session.stop()
+    return session
+
+
+@pytest.fixture(scope="session")
+def _spark_process():
+    """Stops whichever Spark context the tests left running, at the end of the run."""
+    reason = java_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    yield
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate().stop()
+
+
+@pytest.fixture
+def spark(_spark_process):
+    """The local[2] session (shared by the tests; rebuilt if a cluster test replaced it)."""
+    return session_on("local[2]")
+
+
+@pytest.fixture(scope="session")
+def cluster(_spark_process, tmp_path_factory):
+    """A standalone master and two workers on 127.0.0.1, shared by the tests that ask for it."""
+    from tests.spark.standalone import StandaloneCluster
+
+    started = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
+    yield started
+    stop_cluster_session(started)
+    started.stop()
+
+
+def stop_cluster_session(cluster) -> None:
+    """Stop this process's session on ``cluster``, if any (it holds the cluster's cores)."""
+    from pyspark import SparkContext
+
+    active = SparkContext._active_spark_context
+    if active is not None and active.master == cluster.master_url:
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate().stop()
+
+
+@pytest.fixture
+def cluster_spark(cluster):
+    """A session whose executors are the cluster's (their own JVMs and Python workers)."""
+    return session_on(cluster.master_url, cluster.session_conf())
 
 
 def free_port() -> int:
@@ -194,3 +250,42 @@ def assert_exactly_once_after_dedup(rows: list, expected: set[bytes]) -> None:
     deduped = sorted(by_key.values())
     assert len(deduped) == len(expected), (len(deduped), len(expected))
     assert set(deduped) == expected
+
+
+def topic_message_count(nsqd: NsqdProcess, topic: str) -> int:
+    """nsqd's own count of the messages published to ``topic`` (/stats)."""
+    from tests.integration.harness import http_get
+
+    status, body = http_get(nsqd.http(), f"/stats?format=json&topic={topic}")
+    assert status == 200, body
+    return sum(t["message_count"] for t in json.loads(body)["topics"] or [] if t["topic_name"] == topic)
+
+
+def consume_bodies(addresses: list[str], topic: str, wal: Path, count: int, timeout: float,
+                   expected: set[bytes] | None = None) -> list[bytes]:
+    """Consume ``topic`` from every nsqd (channel ``check``) with the connector's own consumer
+    until ``count`` distinct messages (by nsqd and id) are in its log, and every body of
+    ``expected`` if given; return their bodies."""
+    from spark_connector.consumer import ConsumerGroup
+    from spark_connector.options import SourceOptions
+
+    options = SourceOptions.parse({"nsqd.tcp.addresses": ",".join(addresses), "topic": topic, "channel": "check",
+                                   "walPath": str(wal), "maxInFlight": "5000", "dedupWindow": str(2 * count)})
+    group = ConsumerGroup(options)
+    group.start()
+    try:
+        def logged() -> list[bytes] | None:
+            if sum(m.synced_end for m in group.wal.snapshot().values()) < count:
+                return None
+            found = []
+            for mlog in group.wal.snapshot().values():
+                columns = mlog.read(0, mlog.synced_end)
+                pos = 0
+                for size in columns.body_sizes:
+                    found.append(columns.bodies[pos : pos + size])
+                    pos += size
+            return found if expected is None or expected <= set(found) else None
+
+        return wait_until(logged, timeout, f"{count} messages of {topic} consumed", interval=0.2)
+    finally:
+        group.stop()

@@ -1,9 +1,9 @@
 """A Spark driver run as a subprocess by test_streaming.py, so that a test can kill it with -9.
 
-    python -m tests.spark.driver_app NSQD_ADDRESS TOPIC BASE_DIR
+    python -m tests.spark.driver_app NSQD_ADDRESS TOPIC BASE_DIR [WAL_NAME [ACK_MODE]]
 
 Streams the topic into BASE_DIR/out (Parquet) with its checkpoint in BASE_DIR/checkpoint and its
-write-ahead log in BASE_DIR/wal, small batches so that a batch is always in progress, until the
+write-ahead log in BASE_DIR/WAL_NAME (default ``wal``; ackMode default ``durable``), small batches so that a batch is always in progress, until the
 file BASE_DIR/stop appears (then it stops the query and exits 0).
 """
 
@@ -18,6 +18,7 @@ from tests.spark.conftest import build_session
 
 def main() -> int:
     address, topic, base = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    wal_name, ack_mode = (sys.argv[4:] + ["wal", "durable"][len(sys.argv[4:]):])[:2]
     spark = build_session()
     import spark_connector
 
@@ -27,7 +28,8 @@ def main() -> int:
         .option("nsqd.tcp.addresses", address)
         .option("topic", topic)
         .option("channel", "spark")
-        .option("walPath", str(base / "wal"))
+        .option("walPath", str(base / wal_name))
+        .option("ackMode", ack_mode)
         .option("maxMessagesPerTrigger", "200")
         .option("msgTimeoutMs", "3000")
         .load()

@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,6 @@ from tests.spark.conftest import (
 
 pytestmark = pytest.mark.timeout(240)
 
-
-@pytest.fixture
-def topic() -> str:
-    return f"spark_{uuid.uuid4().hex[:12]}"
 
 
 def start_query(spark, base: Path, options: dict[str, object], trigger: str = "300 milliseconds"):
@@ -199,17 +194,17 @@ def test_two_nsqd_found_through_lookupd(spark, nsqd_at, tmp_path, topic):
         lookupd.stop()
 
 
-def test_driver_killed_mid_batch(spark, nsqd_at, tmp_path, topic):
-    """The whole driver (Python, JVM, Python workers) dies with SIGKILL while a batch is planned
-    but not committed; a new driver on the same checkpoint and log finishes the job."""
-    nsqd = nsqd_at()
+def run_killed_driver(tmp_path, nsqd, topic, first_wal: list[str], second_wal: list[str]) -> list:
+    """Publish 1,200 messages; a driver subprocess (``driver_app`` with ``first_wal``: walPath name
+    and ackMode) dies with SIGKILL while a batch is planned but not committed; a second driver
+    (``second_wal``) on the same checkpoint finishes the job. Returns the sink's rows."""
     expected = bodies("k", 0, 1200)
     publish(nsqd, topic, expected)
     env = dict(os.environ, **spark_env())
-    argv = [sys.executable, "-m", "tests.spark.driver_app", nsqd.tcp_address, topic, str(tmp_path)]
     log_path = tmp_path / "driver.log"
 
-    def launch() -> subprocess.Popen:
+    def launch(wal: list[str]) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "tests.spark.driver_app", nsqd.tcp_address, topic, str(tmp_path), *wal]
         return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
                                 stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -220,19 +215,36 @@ def test_driver_killed_mid_batch(spark, nsqd_at, tmp_path, topic):
         planned = max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1)
         return planned >= 2 and not (tmp_path / "checkpoint" / "commits" / str(planned)).exists()
 
-    driver = launch()
+    driver = launch(first_wal)
     try:
         wait_until(in_flight_batch, 150, "the driver to be in the middle of its third batch", interval=0.01)
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
-        assert len({bytes(r.body) for r in read_output(spark, tmp_path / "out")}) < len(expected)
+        assert len({bytes(r.body) for r in read_output(None, tmp_path / "out")}) < len(expected)
 
-        driver = launch()
-        rows = wait_for_bodies(spark, tmp_path / "out", set(expected), 180)
+        driver = launch(second_wal)
+        rows = wait_for_bodies(None, tmp_path / "out", set(expected), 180)
         (tmp_path / "stop").touch()
         assert driver.wait(60) == 0, log_path.read_text()[-3000:]
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(30)
-    assert_exactly_once_after_dedup(rows, set(expected))
+    return rows
+
+
+@pytest.mark.usefixtures("_spark_process")
+def test_driver_killed_mid_batch(nsqd_at, tmp_path, topic):
+    """The whole driver (Python, JVM, Python workers) dies with SIGKILL while a batch is planned
+    but not committed; a new driver on the same checkpoint and log finishes the job."""
+    rows = run_killed_driver(tmp_path, nsqd_at(), topic, ["wal", "durable"], ["wal", "durable"])
+    assert_exactly_once_after_dedup(rows, set(bodies("k", 0, 1200)))
+
+
+@pytest.mark.usefixtures("_spark_process")
+def test_driver_restarted_with_an_empty_wal_path_in_commit_mode(nsqd_at, tmp_path, topic):
+    """ackMode=commit: the new driver (another machine, say) has a different, empty walPath; the
+    messages of the batch that was not committed come again from nsqd: nothing is lost."""
+    rows = run_killed_driver(tmp_path, nsqd_at(), topic, ["wal-a", "commit"], ["wal-b", "commit"])
+    assert {bytes(r.body) for r in rows} == set(bodies("k", 0, 1200))
+    assert (tmp_path / "wal-b").exists()

@@ -8,12 +8,17 @@ googleapis-common-protos, zstandard, pandas); skipped with the missing one's nam
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.spark import test_sink
 from tests.spark.conftest import bodies, consume_bodies, publish, stop_cluster_session, topic_message_count, wait_until
 
 pytestmark = pytest.mark.timeout(400)
+
+#: what pyspark sets in the environment for a remote session
+CONNECT_ENVIRONMENT = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 
 
 def _connect_missing() -> str | None:
@@ -36,13 +41,24 @@ def remote(request):
     url = cluster.start_connect_server()
     from pyspark.sql import SparkSession
 
-    session = SparkSession.builder.remote(url).getOrCreate()
-    from spark_connector.datasource import NsqDataSource
+    # a remote session marks the process as Spark Connect (SPARK_CONNECT_MODE_ENABLED) and its stop() leaves the
+    # mark: every later SparkSession of the run would try to be a Connect session without a URL
+    saved = {name: os.environ.get(name) for name in CONNECT_ENVIRONMENT}
+    try:
+        session = SparkSession.builder.remote(url).getOrCreate()
+        from spark_connector.datasource import NsqDataSource
 
-    session.dataSource.register(NsqDataSource)
-    yield session
-    session.stop()
-    cluster.stop_connect_server()
+        session.dataSource.register(NsqDataSource)
+        yield session
+        session.stop()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        cluster.stop_connect_server()
+
 
 
 def test_batch_write_through_connect(remote, nsqd_at, tmp_path, topic):

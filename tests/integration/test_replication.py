@@ -65,6 +65,13 @@ def fins_acked(origin: NsqdProcess, before: int) -> None:
     wait_for(done, message="FINs acknowledged by the replica")
 
 
+def create(origin: NsqdProcess, *channels: str) -> None:
+    """Topic ``t`` and its ``channels`` on ``origin`` (over HTTP, as an operator would)."""
+    post(origin.http(), "/topic/create?topic=t")
+    for channel in channels:
+        post(origin.http(), f"/channel/create?topic=t&channel={channel}")
+
+
 def receive(client: RawClient, count: int, *, fin: bool = True) -> list[bytes]:
     bodies = []
     for _ in range(count):
@@ -78,8 +85,7 @@ def receive(client: RawClient, count: int, *, fin: bool = True) -> list[bytes]:
 def test_publishes_are_held_by_the_replica_and_released_by_fins(daemons, tmp_path):
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
-    post(origin.http(), "/topic/create?topic=t")
-    post(origin.http(), "/channel/create?topic=t&channel=c")
+    create(origin, "c")
     with RawClient(origin.tcp) as producer:
         producer.publish("t", b"one")
         producer.publish_many("t", [b"two", b"three"])
@@ -99,10 +105,7 @@ def test_publishes_are_held_by_the_replica_and_released_by_fins(daemons, tmp_pat
 def test_takeover_by_http_adopts_unfinished_messages_with_their_channels(daemons, tmp_path):
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
-    post(origin.http(), "/topic/create?topic=t")
-    post(origin.http(), "/channel/create?topic=t&channel=done")
-    post(origin.http(), "/channel/create?topic=t&channel=todo")
-    post(origin.http(), "/channel/create?topic=t&channel=stopped")
+    create(origin, "done", "todo", "stopped")
     post(origin.http(), "/channel/pause?topic=t&channel=stopped")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(20)])
@@ -144,8 +147,7 @@ def test_replica_keeps_its_copies_across_its_restart(daemons, tmp_path, durable)
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", *args)
     node = f"127.0.0.1:{origin.tcp[1]}"
     wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
-    post(origin.http(), "/topic/create?topic=t")
-    post(origin.http(), "/channel/create?topic=t&channel=c")
+    create(origin, "c")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(50)])
     with consumer(origin.tcp, "t", "c", ready=10) as client:
@@ -259,9 +261,7 @@ def test_a_replica_that_comes_back_empty_is_backfilled_before_it_counts(daemons,
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
     port = replica.tcp[1]
-    post(origin.http(), "/topic/create?topic=t")
-    post(origin.http(), "/channel/create?topic=t&channel=c")
-    post(origin.http(), "/channel/create?topic=t&channel=d")
+    create(origin, "c", "d")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(30)])
     with consumer(origin.tcp, "t", "c", ready=10) as client:
@@ -282,8 +282,7 @@ def test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again(daemo
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
     port = origin.tcp[1]
-    post(origin.http(), "/topic/create?topic=t")
-    post(origin.http(), "/channel/create?topic=t&channel=c")
+    create(origin, "c")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(10)])
     assert origin.stop() == 0  # its messages stay in its data directory
@@ -334,8 +333,7 @@ def test_an_origin_killed_without_durable_mode_has_its_copies_adopted_when_it_re
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
     port = origin.tcp[1]
-    post(origin.http(), "/topic/create?topic=t")
-    post(origin.http(), "/channel/create?topic=t&channel=c")
+    create(origin, "c")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(10)])  # in memory only: a kill loses them there
     origin.kill()
@@ -352,8 +350,7 @@ def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
     port = origin.tcp[1]
-    post(origin.http(), "/topic/create?topic=t")
-    post(origin.http(), "/channel/create?topic=t&channel=c")
+    create(origin, "c")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(10)])
     assert origin.stop() == 0

@@ -108,6 +108,7 @@ class NSQD:
         self.replica_host = ReplicaHost(self)
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
+        self.owing_topics: dict[Topic, None] = {}  # durable mode: topics whose channels kept copies (Topic._owing)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
@@ -128,7 +129,7 @@ class NSQD:
                           on_channel_created=self._channel_created,
                           on_channel_deleted=self._channel_deleted,
                           on_last_channel_gone=self._ephemeral_topic_idle,
-                          make_backend=self._make_backend, spawn=self._spawn)
+                          make_backend=self._make_backend, spawn=self._spawn, owing=self.owing_topics)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
             if self.replication is not None and not topic.ephemeral:
@@ -391,14 +392,15 @@ class NSQD:
         while True:
             await trio.sleep(period)
             now = trio.current_time()
-            if self.durable:
-                # copies a full disk made channels keep in memory go to their disk once it takes writes again
-                # (Topic: durable mode on a full disk); only durable mode has them
-                for topic in self.topics.values():
-                    if topic.owes_records():
-                        for channel in list(topic.channels.values()):
-                            if channel.backend is not None:
-                                channel.store_kept_copies()
+            # copies a full disk made channels keep in memory go to their disk once it takes writes again
+            # (Topic: durable mode on a full disk); only the topics that have such copies are visited
+            for topic in list(self.owing_topics):
+                if topic.owes_records() and not topic.exiting:
+                    for channel in list(topic.channels.values()):
+                        if channel.backend is not None:
+                            channel.store_kept_copies()
+                if not topic.owes_records() or topic.exiting:
+                    self.owing_topics.pop(topic, None)
             for queue in list(active):
                 try:
                     queue.sync_if_due(now)

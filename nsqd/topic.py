@@ -72,7 +72,7 @@ class Topic:
                  on_channel_deleted: Callable[[Channel], None] | None = None,
                  on_last_channel_gone: Callable[["Topic"], None] | None = None,
                  make_backend: Callable[[str], object] | None = None,
-                 spawn: Callable | None = None) -> None:
+                 spawn: Callable | None = None, owing: dict | None = None) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -101,6 +101,8 @@ class Topic:
         # durable mode: token of a record read from the disk queue -> number of channels holding their copy of
         # it only in memory (their disk refused it); the record is acknowledged when that reaches 0
         self._owed: dict[int, int] = {}
+        # the daemon's topics that have owed records (shared): its periodic sync visits these alone
+        self._owing = owing
         self._actors = actors
         self._on_channel_created = on_channel_created
         self._on_channel_deleted = on_channel_deleted
@@ -220,6 +222,8 @@ class Topic:
     def owe_record(self, token: int) -> None:
         """Durable mode: a channel keeps its copy of the record ``token`` in memory only; the record stays."""
         self._owed[token] = self._owed.get(token, 0) + 1
+        if self._owing is not None:
+            self._owing[self] = None  # the owner drops it once nothing is owed
 
     def release_record(self, token: int) -> None:
         """Durable mode: a channel's in-memory copy of the record ``token`` is now on its disk, or finished."""

@@ -15,12 +15,19 @@ A record carrying an exception prints its one-line summary (``...: ValueError: b
 traceback follows, indented, only while the logger is at debug level, so a normal log keeps one
 line per event. Every line is a single ``write`` followed by a flush, and a broken stream or a bad
 format string never raises into the code that logged.
+
+Inside a daemon's event loop (``run_daemon`` installs ``LogFlusher`` as a trio instrument) the INFO and DEBUG
+lines of one turn of the loop are written together, in order, just before the loop waits for I/O: nsqd logs
+every HTTP request, and one ``write`` per line was a system call per request. A WARNING or worse line is
+written at once, after the lines before it, and lines logged by other threads are not held. Nothing is held
+while the loop waits, so no line is late by more than the turn that logged it.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 import traceback
 from typing import Callable, TextIO
@@ -32,9 +39,11 @@ __all__ = [
     "INFO",
     "WARN",
     "NSQFormatter",
+    "LogFlusher",
     "NSQHandler",
     "format_line",
     "get_log_level",
+    "log_flusher",
     "log_level_word",
     "parse_log_level",
     "set_log_level",
@@ -110,8 +119,14 @@ def format_line(prefix: str, label: str, message: str, created: float | None = N
         created = time.time()
     micros = int(round(created * 1_000_000))
     seconds, micro = divmod(micros, 1_000_000)
-    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))
-    return f"{prefix}{stamp}.{micro:06d} {label}: {message}"
+    key = (seconds, time.timezone)
+    if _stamp[0] != key:
+        _stamp[:] = [key, time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))]
+    return f"{prefix}{_stamp[1]}.{micro:06d} {label}: {message}"
+
+
+#: the date and time of the last second a line was formatted in (lines come many per second)
+_stamp: list = [None, ""]
 
 
 class NSQFormatter(logging.Formatter):
@@ -145,6 +160,8 @@ class NSQHandler(logging.Handler):
         super().__init__()
         self.stream = stream
         self.setFormatter(NSQFormatter(prefix, tracebacks=tracebacks))
+        self._pending: list[str] | None = None  # lines held until ``write_pending`` (a ``LogFlusher`` is on)
+        self._holder: int | None = None  # the thread whose lines are held (the event loop's)
 
     @property
     def prefix(self) -> str:
@@ -153,14 +170,80 @@ class NSQHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record) + "\n"
+        except Exception:
+            return
+        pending = self._pending
+        if pending is not None and threading.get_ident() == self._holder:
+            pending.append(line)
+            if record.levelno >= logging.WARNING or len(pending) >= _MAX_PENDING:
+                self.write_pending()
+            return
+        self._write(line)
+
+    def hold_lines(self, hold: bool) -> None:
+        """Hold this thread's INFO and DEBUG lines until ``write_pending`` (True), or write each at once (False)."""
+        with self.lock:
+            if hold:
+                self._holder = threading.get_ident()
+                if self._pending is None:
+                    self._pending = []
+            else:
+                self.write_pending()
+                self._pending = self._holder = None
+
+    def write_pending(self) -> None:
+        """Write the held lines, in order, with one ``write``."""
+        with self.lock:
+            pending = self._pending
+            if pending:
+                self._pending = []
+                self._write("".join(pending))
+
+    def _write(self, text: str) -> None:
+        try:
             stream = self.stream if self.stream is not None else sys.stderr
-            stream.write(line)
+            stream.write(text)
             stream.flush()
         except Exception:
             pass
 
+    def close(self) -> None:
+        self.write_pending()
+        super().close()
+
     def handleError(self, record: logging.LogRecord) -> None:  # never print logging's own tracebacks
         pass
+
+
+#: held lines are written at once past this many, whatever the loop does
+_MAX_PENDING = 512
+
+
+class LogFlusher:
+    """A trio instrument (trio takes any object with the hook methods, so this module imports no trio) that makes
+    ``handler`` hold the loop's INFO and DEBUG lines while tasks run and write them, once per turn, before the loop
+    waits for I/O (see the module notes)."""
+
+    def __init__(self, handler: NSQHandler) -> None:
+        self.handler = handler
+
+    def before_run(self) -> None:
+        self.handler.hold_lines(True)
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.handler._pending:
+            self.handler.write_pending()
+
+    def after_run(self) -> None:
+        self.handler.hold_lines(False)
+
+
+def log_flusher(logger: logging.Logger) -> LogFlusher | None:
+    """The ``LogFlusher`` for the handler ``setup_logging`` gave ``logger``; None when it has none."""
+    for handler in logger.handlers:
+        if isinstance(handler, NSQHandler):
+            return LogFlusher(handler)
+    return None
 
 
 def setup_logging(prefix: str = "[nsqd] ", level: str | int = "info", stream: TextIO | None = None,

@@ -8,12 +8,13 @@ test suites poll a freshly started nsqd for a second or two). ``runtime.daemon``
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 from typing import Any, Awaitable, Callable
 
-from .logfmt import setup_logging
+from .logfmt import log_flusher, setup_logging
 
 __all__ = [
     "ListenError",
@@ -257,6 +258,9 @@ def run_daemon(argv: list[str] | None, *, name: str, parse_options: Callable[[li
     are reported the same way, and ``serve(opts, prepared)`` runs instead.
     """
     opts = parse_options(sys.argv[1:] if argv is None else argv)
+    # no log line names its source file, thread or process: skip looking them up (logging's "Optimization")
+    logging._srcfile = None  # noqa: SLF001
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     log = setup_logging(prefix=opts.log_prefix, level=opts.log_level, name=name)
     for flag in getattr(opts, "ignored_flags", ()):
         log.warning("flag --%s is accepted for compatibility and has no effect", flag)
@@ -271,10 +275,12 @@ def run_daemon(argv: list[str] | None, *, name: str, parse_options: Callable[[li
         prepared = prebind(opts) if prebind is not None else None
         import trio  # noqa: PLC0415 (imported here, after the listeners exist: see above)
 
+        flusher = log_flusher(log)  # the loop's INFO lines written once per turn (logfmt's notes)
+        instruments = [flusher] if flusher is not None else []
         if prebind is None:
-            trio.run(serve, opts)
+            trio.run(serve, opts, instruments=instruments)
         else:
-            trio.run(serve, opts, prepared)
+            trio.run(serve, opts, prepared, instruments=instruments)
     except BaseException as exc:
         failure = startup_failure(exc, refusals)
         if failure is None:

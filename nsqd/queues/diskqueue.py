@@ -156,6 +156,10 @@ class DiskQueueStatistics:
     held: int = 0  # records read but not yet released by the committed position (hold mode)
 
 
+#: the meta text of a queue that has never held a record: what a missing meta file means at start-up
+_EMPTY_META = b"0\n0,0\n0,0\n"
+
+
 class DiskQueue:
     """A disk-backed FIFO of records, in go-diskqueue's file format. See the module notes."""
 
@@ -227,6 +231,8 @@ class DiskQueue:
         self._removed_read_file: str | None = None
 
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
+        # the meta file's content as last read or written (None: there is none); ``close`` need not rewrite it
+        self._saved_meta: bytes | None = None
         self._load()
 
     # -- names and introspection ---------------------------------------------------------------
@@ -690,7 +696,9 @@ class DiskQueue:
         self._worker.wait_idle()
         if self._write_fd is not None:
             os.fsync(self._write_fd)
-        replace_file(self._meta_path, self._meta_text())
+        meta = self._meta_text()
+        replace_file(self._meta_path, meta)
+        self._saved_meta = meta
         self._ops = 0
         self._dirty = False
         self._need_sync = False
@@ -715,6 +723,7 @@ class DiskQueue:
         if fd is not None:
             os.fsync(fd)
         replace_file(self._meta_path, meta)
+        self._saved_meta = meta
         if self._sync_failed:
             self._sync_failed = False
             self.last_error = None
@@ -788,18 +797,23 @@ class DiskQueue:
         self.log.info("DISKQUEUE(%s): emptying", self.name)
         self._remove_data_files()
         _remove_quietly(self._meta_path)
+        self._saved_meta = None
         self._ops = 0
         self._dirty = False
         self._need_sync = False
         self._pending_since = None
 
     def close(self) -> None:
-        """Sync (which writes the meta file, even for an empty queue) and close the files."""
+        """Sync and close the files. A queue with nothing to sync whose meta file already says what it would
+        write, or that has never held a record and has none (a restart reads the same), skips the sync: a graceful
+        stop of 10,000 idle topics must not cost 10,000 fsyncs."""
         if self._closed:
             return
         self.log.info("DISKQUEUE(%s): closing", self.name)
         try:
-            self.sync()
+            if self._dirty or self._sync_failed or self._worker.busy or self._meta_text() != (
+                    self._saved_meta if self._saved_meta is not None else _EMPTY_META):
+                self.sync()
         finally:
             self._closed = True
             self._close_read_file()
@@ -856,7 +870,8 @@ class DiskQueue:
     def _load(self) -> None:
         try:
             with open(self._meta_path, "rb") as f:
-                text = f.read().decode("ascii")
+                raw = f.read()
+            text = raw.decode("ascii")
         except FileNotFoundError:
             return
         except (OSError, UnicodeDecodeError) as exc:
@@ -876,6 +891,7 @@ class DiskQueue:
         self._depth = depth
         self._read_file_num, self._read_pos = read_num, read_pos
         self._write_file_num, self._write_pos = write_num, write_pos
+        self._saved_meta = raw
         self._remove_read_files(read_num)
         if read_num < write_num:
             self._skip_removed_read_files()

@@ -446,11 +446,38 @@ def test_meta_file_is_byte_exact(tmp_path):
     assert queue_files(tmp_path) == [data_file(tmp_path, 0).name, meta_file(tmp_path).name]
 
 
-def test_empty_queue_leaves_a_meta_file_on_close(tmp_path):
+def test_a_queue_that_never_held_a_record_closes_without_writing(tmp_path):
+    # a missing meta file reads as an empty queue, so closing one (10,000 idle topics at a graceful stop) costs no
+    # fsync; a queue that has held records writes its meta file even once it is empty again
     q = DiskQueue(NAME, str(tmp_path))
     q.close()
-    assert meta_file(tmp_path).read_bytes() == b"0\n0,0\n0,0\n"
-    assert queue_files(tmp_path) == [meta_file(tmp_path).name]
+    assert queue_files(tmp_path) == []
+    q = DiskQueue(NAME, str(tmp_path))
+    assert q.depth() == 0 and q.read_position() == (0, 0)
+    q.put(message(0))
+    assert len(q.read_many(1)) == 1
+    q.close()
+    size = 4 + len(message(0))
+    assert meta_file(tmp_path).read_bytes() == b"0\n0,%d\n0,%d\n" % (size, size)
+    reopened = DiskQueue(NAME, str(tmp_path))
+    assert reopened.depth() == 0 and reopened.read_position() == (0, size)
+    reopened.close()
+
+
+def test_closing_an_unchanged_queue_leaves_its_meta_file_alone(tmp_path):
+    q = DiskQueue(NAME, str(tmp_path), sync_every=1)
+    q.put(message(0))
+    q.close()
+    before = meta_file(tmp_path).stat()
+    q = DiskQueue(NAME, str(tmp_path))
+    q.close()  # nothing read or written: the meta file on disk says it already
+    after = meta_file(tmp_path).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    q = DiskQueue(NAME, str(tmp_path))
+    assert len(q.read_many(1)) == 1  # a read moves the position: the meta file is rewritten
+    q.close()
+    assert meta_file(tmp_path).stat().st_ino != before.st_ino
+    assert DiskQueue(NAME, str(tmp_path)).depth() == 0
 
 
 def test_files_are_private(tmp_path):

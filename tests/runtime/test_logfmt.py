@@ -6,9 +6,11 @@ import io
 import itertools
 import logging
 import re
+import threading
 import time
 
 import pytest
+import trio
 
 from runtime.logfmt import (
     DEBUG,
@@ -16,8 +18,10 @@ from runtime.logfmt import (
     FATAL,
     INFO,
     WARN,
+    NSQHandler,
     format_line,
     get_log_level,
+    log_flusher,
     log_level_word,
     parse_log_level,
     set_log_level,
@@ -166,3 +170,56 @@ def test_default_stream_is_stderr_at_write_time(capsys):
     err = capsys.readouterr().err
     assert err.startswith("[nsqlookupd] ") and err.endswith(" INFO: to stderr\n")
     logger.handlers.clear()
+
+
+def _messages(stream) -> list[str]:
+    return [line.split(": ", 1)[1] for line in stream.getvalue().splitlines()]
+
+
+def test_held_lines_are_written_together_and_in_order(logger_and_stream):
+    logger, stream = logger_and_stream
+    handler = next(h for h in logger.handlers if isinstance(h, NSQHandler))
+    handler.hold_lines(True)
+    logger.info("one")
+    logger.debug("not at info level")
+    logger.info("two")
+    assert stream.getvalue() == ""
+    handler.write_pending()
+    assert _messages(stream) == ["one", "two"]
+    logger.info("three")
+    logger.warning("four")  # a warning is written at once, after what was held before it
+    assert _messages(stream) == ["one", "two", "three", "four"]
+    logger.info("five")
+    handler.hold_lines(False)  # no longer holding: what is held is written
+    logger.info("six")
+    assert _messages(stream)[-2:] == ["five", "six"]
+    assert all(LINE.match(line) for line in stream.getvalue().splitlines())
+
+
+def test_lines_of_other_threads_are_not_held(logger_and_stream):
+    logger, stream = logger_and_stream
+    handler = next(h for h in logger.handlers if isinstance(h, NSQHandler))
+    handler.hold_lines(True)
+    worker = threading.Thread(target=logger.info, args=("from a worker",))
+    worker.start()
+    worker.join(10)
+    assert _messages(stream) == ["from a worker"]
+    handler.hold_lines(False)
+
+
+def test_a_daemon_loop_writes_its_lines_once_per_turn(logger_and_stream):
+    logger, stream = logger_and_stream
+    seen = []
+
+    async def main():
+        logger.info("first")
+        logger.info("second")
+        seen.append(stream.getvalue())  # held while this turn runs
+        await trio.sleep(0)  # the loop goes round and looks for I/O: the lines go out before
+        seen.append(stream.getvalue())
+        logger.info("last")
+
+    trio.run(main, instruments=[log_flusher(logger)])
+    assert seen[0] == ""
+    assert [line.split(": ", 1)[1] for line in seen[1].splitlines()] == ["first", "second"]
+    assert _messages(stream)[-1] == "last"  # written when the run ended

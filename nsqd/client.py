@@ -45,6 +45,7 @@ class Client:
         self.connect_ts = int(time.time())
         self.identified = False
         self.replicated_seq = 0  # replication seq of this connection's last publish (nsqd/replication/)
+        self.owes_commit = False  # a publish whose OK waits for the group commit (queues/group_commit.py)
 
         # negotiated settings (the first IDENTIFY wins, as in nsqd)
         self.msg_timeout = msg_timeout

@@ -403,8 +403,14 @@ class Connection:
                     await lock.acquire()  # an upgrade is under way; what follows goes through its layers
                 try:
                     data = client.take_output()
-                    if self.nsqd.sync_barrier:
-                        self.nsqd.sync_barrier.commit()  # group commit: what an OK here acknowledges is on disk
+                    barrier = self.nsqd.sync_barrier
+                    if barrier and not barrier.commit() and client.owes_commit:
+                        # group commit: what an OK here acknowledges is on disk, or the OK does not leave
+                        log.error("[%s] - a disk sync failed before a publish was acknowledged, closing",
+                                  client.remote_address)
+                        self._stop_reading()
+                        return
+                    client.owes_commit = False
                     if not data:
                         continue
                     sent = self._write_now(data)
@@ -746,6 +752,7 @@ class Connection:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed replication degraded")
         try:
             topic.publish(bodies, defer, defer_sync=True)  # synced before the OK leaves (_writer)
+            self.client.owes_commit = bool(self.nsqd.sync_barrier)
         except TopicExiting:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed exiting") from None
         except TopicFull as exc:

@@ -18,7 +18,8 @@ __all__ = ["remove_stray_temporaries", "replace_file"]
 _STRAY = re.compile(r"(?:nsqd\.dat|.+\.diskqueue\.meta\.dat|.+\.deferred\.dat)\.\d+\.tmp\Z")
 
 
-def replace_file(path: str, data: bytes) -> None:
+def replace_file(path: str, data: bytes, *, sync: bool = True) -> None:
+    """``sync=False`` skips the fsync: for content whose loss in a power cut loses nothing (see the callers)."""
     tmp = f"{path}.{random.getrandbits(63)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -26,7 +27,8 @@ def replace_file(path: str, data: bytes) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)

@@ -7,6 +7,11 @@ first writer of the turn syncs every queue that joined, the others find the barr
 before the commit that covers it, because the commit runs, without awaiting, before the ``send_all`` of any
 writer, and a publish is handled before its ``OK`` is queued. Queues that were closed or deleted meanwhile are
 skipped (closing syncs; a deleted queue's files must not come back).
+
+A sync that fails (an I/O error from ``fsync``) leaves its queue owing, and ``commit`` returns False: the writer
+of a connection whose publish is not yet covered by a successful commit then closes that connection instead of
+sending the ``OK`` (the producer sees no answer and publishes again, elsewhere if it must), and the next commit
+tries that queue again.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ __all__ = ["SyncBarrier"]
 class SyncBarrier:
     """Queues owing a sync that was put off until an acknowledgement leaves (see the module notes)."""
 
-    __slots__ = ("_owing", "commits")
+    __slots__ = ("_owing", "commits", "failures")
 
     def __init__(self) -> None:
         self._owing: dict[DiskQueue, None] = {}  # insertion-ordered set
         self.commits = 0
+        self.failures = 0  # commits that left a queue unsynced
 
     def __bool__(self) -> bool:
         return bool(self._owing)
@@ -35,13 +41,19 @@ class SyncBarrier:
         """``queue`` (a disk queue, or anything with ``closed`` and ``sync()``: nsqd.dat's writer) syncs at the next commit."""
         self._owing[queue] = None
 
-    def commit(self) -> None:
-        """Sync every queue that owes one (errors are logged and kept in the queue's ``last_error``)."""
+    def commit(self) -> bool:
+        """Sync every queue that owes one; False when one of them failed (it is logged, kept in the queue's
+        ``last_error``, and the queue still owes its sync)."""
         owing, self._owing = self._owing, {}
+        synced = True
         for queue in owing:
             if not queue.closed:
                 try:
                     queue.sync()
                 except OSError:
-                    pass
+                    self._owing[queue] = None
+                    synced = False
         self.commits += 1
+        if not synced:
+            self.failures += 1
+        return synced

@@ -446,12 +446,11 @@ def test_meta_file_is_byte_exact(tmp_path):
     assert queue_files(tmp_path) == [data_file(tmp_path, 0).name, meta_file(tmp_path).name]
 
 
-def test_a_queue_that_never_held_a_record_closes_without_writing(tmp_path):
-    # a missing meta file reads as an empty queue, so closing one (10,000 idle topics at a graceful stop) costs no
-    # fsync; a queue that has held records writes its meta file even once it is empty again
+def test_empty_queue_leaves_a_meta_file_on_close(tmp_path):
     q = DiskQueue(NAME, str(tmp_path))
     q.close()
-    assert queue_files(tmp_path) == []
+    assert meta_file(tmp_path).read_bytes() == b"0\n0,0\n0,0\n"
+    assert queue_files(tmp_path) == [meta_file(tmp_path).name]
     q = DiskQueue(NAME, str(tmp_path))
     assert q.depth() == 0 and q.read_position() == (0, 0)
     q.put(message(0))

@@ -420,6 +420,7 @@ class NSQD:
                 save_state(self.data_path, self.replication.epoch, False)  # a clean stop
             except OSError as exc:
                 log.error("REPLICATION: failed to save %s - %s", "replication.dat", exc)
+        self.actors.clear()  # the workers have stopped: no channel is run again, each leaves in O(1)
         for topic in list(self.topics.values()):
             try:
                 topic.close(persist=True)

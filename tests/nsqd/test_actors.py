@@ -323,6 +323,30 @@ async def test_removed_scheduled_actor_never_runs(autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_clear_takes_every_actor_out_and_they_can_come_back(autojump_clock):
+    system = ActorSystem(workers=1)
+    scheduled = [MailboxActor() for _ in range(5)]
+    for actor in scheduled:
+        actor.items.append("left")
+        system.add(actor)  # no worker runs yet: all of them wait in the ready heap
+    assert system.statistics().ready == 5
+    system.clear()
+    system.check_invariants()
+    assert system.statistics().actors == 0 and system.statistics().ready == 0
+    assert all(actor.actor_state is ActorState.IDLE for actor in scheduled)
+    system.remove(scheduled[0])  # after clear, a remove is a no-op
+    system.resume(scheduled[1])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        await trio.sleep(1.0)
+        assert all(actor.slices == 0 for actor in scheduled)
+        system.add(scheduled[2])  # a cleared actor can be added again
+        await trio.sleep(1.0)
+        assert scheduled[2].done == ["left"] and scheduled[3].slices == 0
+        system.check_invariants()
+        nursery.cancel_scope.cancel()
+
+
 async def test_removed_running_actor_is_not_rescheduled(autojump_clock):
     system = ActorSystem(workers=2)
     busy = BusyActor("busy", 0.010)

@@ -23,6 +23,7 @@ from protocol.replication import (
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
     Ack,
+    Adopted,
     ChannelOp,
     Error,
     Finished,
@@ -35,8 +36,8 @@ from protocol.replication import (
     encode,
 )
 
-from ..message import Message
 from ..streams import PrefixedStream
+from .adopted import FRAME_IDS, AdoptedIds, place
 from .sender import receive_event
 from .store import ReplicaStore, store_nodes
 
@@ -159,8 +160,12 @@ class ReplicaHost:
                 self.takeover(hello.node)
             log.info("REPLICATION: [%s] origin %s connected (session %s, epoch %d)", remote, hello.node,
                      hello.session, hello.epoch)
+            adopted = AdoptedIds(self.nsqd.data_path, hello.node)
+            ids = adopted.load()
             await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
-                                                 len(store.held))))
+                                                 len(store.held), adopted=len(ids))))
+            for start in range(0, len(ids), FRAME_IDS):  # what the origin must not deliver again
+                await stream.send_all(encode(Adopted(tuple(ids[start:start + FRAME_IDS]))))
             if hello.node_id == self.opts.node_id:
                 log.warning("REPLICATION: origin %s has this node's --node-id %d: the message IDs of adopted "
                             "messages may collide with this node's own; give every node its own --node-id",
@@ -169,7 +174,7 @@ class ReplicaHost:
                 log.warning("REPLICATION: origin %s returns with epoch %d: its messages were adopted here "
                             "(epoch %d)", hello.node, hello.epoch, store.epoch)
             with trio.CancelScope() as origin.cancel:
-                await self._stream(origin, hello.session, stream, decoder)
+                await self._stream(origin, hello.session, stream, decoder, adopted if ids else None)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
             await self._send_error(stream, error.code, error.description)
@@ -207,10 +212,12 @@ class ReplicaHost:
         origin.down_since = None
         return origin
 
-    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder) -> None:
+    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder,
+                      adopted: AdoptedIds | None = None) -> None:
         """Store what each receive buffer holds, then answer it: ACK of the last seq, or a heartbeat for a
         heartbeat. A session this replica knows resumes with the next seq; otherwise the stream opens with a
-        backfill (data frames of seq 0, then SYNCED), after which messages not in it are released."""
+        backfill (data frames of seq 0, then SYNCED), after which messages not in it are released. ``adopted``:
+        the list sent after the WELCOME, removed once the origin sends anything (it read the list first)."""
         store = origin.store
         last = store.seq if session == store.session else 0
         first_frame = True
@@ -269,6 +276,9 @@ class ReplicaHost:
                 raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
             if not data:
                 raise trio.BrokenResourceError("closed by the origin")
+            if adopted is not None:
+                adopted.clear()
+                adopted = None
             decoder.receive_data(data)
 
     @staticmethod
@@ -329,28 +339,11 @@ class ReplicaHost:
                     channel.pause()
             if paused and not topic.paused:
                 topic.pause()
-        replication = nsqd.replication
+        adopted: list[bytes] = []
         for topic_name, batch in store.adopt():
-            topic = nsqd.get_topic(topic_name)
-            now_ns = time.time_ns()
-            messages = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9
-                                if m.due_ns else 0.0) for m, _finished in batch]
-            count += len(messages)
-            channels = list(topic.channels.values())
-            if not channels:
-                topic.put_many(messages)
-            else:
-                for channel in channels:
-                    pending = [Message(m.id, m.body, m.timestamp, m.attempts, m.defer)
-                               for m, (_, finished) in zip(messages, batch) if channel.name not in finished]
-                    if pending:
-                        channel.put_many(pending)
-            if replication is not None and not topic.ephemeral:
-                replication.offer(topic_name, messages)
-                for channel in channels:
-                    done = [m for m, (_, finished) in zip(messages, batch) if channel.name in finished]
-                    if done:
-                        replication.finished(topic_name, channel.name, done)
+            count += place(nsqd, topic_name, batch)
+            adopted.extend(m.id for m, _finished in batch)
+        AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         store.epoch += 1
         store.remove()
         self.takeovers += 1

@@ -365,15 +365,20 @@ class NSQD:
         losses. The adopted messages this node had finished (no longer held) were delivered twice: counted."""
         save_state(self.data_path, epoch, True)
         adopted = set(ids)
-        starting = self.replication.starting
+        if not self.replication.starting:
+            self.duplicates_after_takeover += len(adopted)
+            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
+                        "elsewhere: keeping them (duplicates)", peer, len(adopted), epoch)
+            return
         held = dropped = kept = 0
+        accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
         for topic in list(self.topics.values()):
             if topic.ephemeral or not adopted:
                 continue
             messages, holders = topic_messages(topic)
             drop = messages.keys() & adopted
             held += len(drop)
-            if not starting or not drop:
+            if not drop:
                 continue
             names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
             keep = [(ReplicatedMessage(*messages[msg_id]), set() if holders[msg_id] is None
@@ -383,11 +388,7 @@ class NSQD:
                 channel.empty()
             kept += place(self, topic.name, keep)
             dropped += len(drop)
-        if not starting:
-            self.duplicates_after_takeover += len(adopted)
-            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
-                        "elsewhere: keeping them (duplicates)", peer, len(adopted), epoch)
-            return
+        self.replication.accepted_unreplicated = accepted
         if self.replication.clean:
             self.duplicates_after_takeover += len(adopted) - held
         log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "

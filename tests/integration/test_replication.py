@@ -425,9 +425,25 @@ def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopt
     origin.wait_for_log(r"dropped the 5 message\(s\) it adopted that were held here, kept 2", timeout=20)
     wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
     assert held(replica, node) == 2  # replicated now that the peer is back
+    assert stats(origin.http())["replication"]["accepted_unreplicated"] == 0  # in this run
     with consumer(origin.tcp, "t", "c", ready=10) as client:
         assert sorted(receive(client, 2)) == [b"alone1", b"alone2"]
         assert client.poll_frame(0.5) is None
         wait_for(lambda: held(replica, node) == 0, message="released")
     with consumer(replica.tcp, "t", "c", ready=10) as client:
         assert sorted(receive(client, 5)) == sorted(b"m%d" % i for i in range(5))
+
+
+def test_a_takeover_while_the_origin_lives_counts_every_adopted_message_as_a_duplicate(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(3)])
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 3
+    origin.wait_for_log(r"peer .* adopted 3 message\(s\) of this node \(epoch 1\) while it was connected elsewhere: "
+                        r"keeping them", timeout=20)
+    assert stats(origin.http())["replication"]["duplicates_after_takeover"] == 3
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    assert stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["depth"] == 3  # both deliver them
+    wait_for(lambda: not (tmp_path / "b" / f"replica.{node}.adopted").exists(), message="the list removed")

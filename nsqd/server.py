@@ -33,12 +33,11 @@ from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
+from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_replication
 from .replication.sender import load_state, save_state
-from .replication.adopted import place
-from .replication.snapshot import _topic_messages as topic_messages
 from .replication.snapshot import backfill_frames
-from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED, ReplicatedMessage
+from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
 from .tls import client_ssl_context, server_ssl_context
@@ -370,30 +369,14 @@ class NSQD:
             log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
                         "elsewhere: keeping them (duplicates)", peer, len(adopted), epoch)
             return
-        held = dropped = kept = 0
         accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
-        for topic in list(self.topics.values()):
-            if topic.ephemeral or not adopted:
-                continue
-            messages, holders = topic_messages(topic)
-            drop = messages.keys() & adopted
-            held += len(drop)
-            if not drop:
-                continue
-            names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
-            keep = [(ReplicatedMessage(*messages[msg_id]), set() if holders[msg_id] is None
-                     else names - holders[msg_id]) for msg_id in messages if msg_id not in drop]
-            topic.empty()
-            for channel in topic.channels.values():
-                channel.empty()
-            kept += place(self, topic.name, keep)
-            dropped += len(drop)
+        held, kept = drop_adopted(self, adopted)
         self.replication.accepted_unreplicated = accepted
         if self.replication.clean:
             self.duplicates_after_takeover += len(adopted) - held
         log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
                     "%d message(s) it adopted that were held here, kept %d other(s) of their topics; %s", peer,
-                    epoch, dropped, kept, f"{len(adopted) - held} it adopted had been finished here (delivered twice)"
+                    epoch, held, kept, f"{len(adopted) - held} it adopted had been finished here (delivered twice)"
                     if self.replication.clean else "how many of them had been finished here is unknown (the last "
                     "run did not stop cleanly)")
 

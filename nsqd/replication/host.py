@@ -174,7 +174,15 @@ class ReplicaHost:
                 log.warning("REPLICATION: origin %s returns with epoch %d: its messages were adopted here "
                             "(epoch %d)", hello.node, hello.epoch, store.epoch)
             with trio.CancelScope() as origin.cancel:
-                await self._stream(origin, hello.session, stream, decoder, adopted if ids else None)
+                if ids:  # the origin reads the whole list before it sends anything: then it may go
+                    data = b""
+                    with trio.move_on_after(ORIGIN_SILENCE):
+                        data = await stream.receive_some(65536)
+                    if not data:
+                        raise trio.BrokenResourceError("no answer to the list of adopted messages")
+                    decoder.receive_data(data)
+                    adopted.clear()
+                await self._stream(origin, hello.session, stream, decoder)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
             await self._send_error(stream, error.code, error.description)
@@ -212,12 +220,10 @@ class ReplicaHost:
         origin.down_since = None
         return origin
 
-    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder,
-                      adopted: AdoptedIds | None = None) -> None:
+    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder) -> None:
         """Store what each receive buffer holds, then answer it: ACK of the last seq, or a heartbeat for a
         heartbeat. A session this replica knows resumes with the next seq; otherwise the stream opens with a
-        backfill (data frames of seq 0, then SYNCED), after which messages not in it are released. ``adopted``:
-        the list sent after the WELCOME, removed once the origin sends anything (it read the list first)."""
+        backfill (data frames of seq 0, then SYNCED), after which messages not in it are released."""
         store = origin.store
         last = store.seq if session == store.session else 0
         first_frame = True
@@ -276,9 +282,6 @@ class ReplicaHost:
                 raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
             if not data:
                 raise trio.BrokenResourceError("closed by the origin")
-            if adopted is not None:
-                adopted.clear()
-                adopted = None
             decoder.receive_data(data)
 
     @staticmethod

@@ -405,8 +405,10 @@ def test_duplicates_after_takeover_are_the_adopted_messages_the_origin_had_finis
     assert set(finished) <= set(again)  # the 4 come twice
 
 
-def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopted(daemons, tmp_path):
-    origin, replica = pair(daemons, tmp_path, "--replication-degraded=accept")
+@pytest.mark.parametrize("args", [(), ("--mem-queue-size=0",), ("--mem-queue-size=0", "--sync-every=1")],
+                         ids=["memory", "disk", "durable"])
+def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopted(daemons, tmp_path, args):
+    origin, replica = pair(daemons, tmp_path, "--replication-degraded=accept", *args)
     node = f"127.0.0.1:{origin.tcp[1]}"
     origin_port, replica_port = origin.tcp[1], replica.tcp[1]
     create(origin, "c")
@@ -421,7 +423,7 @@ def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopt
     replica = start(daemons, tmp_path / "b", port=replica_port)
     assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 5
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-degraded=accept",
-                   port=origin_port)
+                   *args, port=origin_port)
     origin.wait_for_log(r"dropped the 5 message\(s\) it adopted that were held here, kept 2", timeout=20)
     wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
     assert held(replica, node) == 2  # replicated now that the peer is back

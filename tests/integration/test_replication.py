@@ -301,68 +301,6 @@ def test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again(daemo
     assert json.loads((tmp_path / "a" / "replication.dat").read_text()) == {"epoch": 1, "running": True}
 
 
-def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_path):
-    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{free_port()}", "--replication-degraded=accept")
-    origin.wait_for_log(r"no peer reachable at start-up: delivering the messages this node holds", timeout=20)
-    with RawClient(origin.tcp) as producer:
-        producer.publish("t", b"x")
-
-
-def test_a_second_stream_for_a_connected_origin(daemons, tmp_path):
-    replica = start(daemons, tmp_path / "b")
-    hello = encode(Hello("10.9.9.9:1", "first"))
-    with socket.create_connection(replica.tcp, timeout=10) as first:
-        first.sendall(MAGIC_R1 + hello)
-        decoder = ReplicationDecoder()
-        decoder.receive_data(first.recv(65536))
-        assert type(decoder.next_event()).__name__ == "Welcome"
-        # another session claiming the same node while the first is open: refused
-        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "other")))
-        assert events[-1] == Error("E_NODE_CONFLICT", "node 10.9.9.9:1 is already connected")
-        # the same session again (its old connection broke unnoticed): the new one replaces the old one
-        with socket.create_connection(replica.tcp, timeout=10) as second:
-            second.sendall(MAGIC_R1 + hello)
-            decoder = ReplicationDecoder()
-            decoder.receive_data(second.recv(65536))
-            assert type(decoder.next_event()).__name__ == "Welcome"
-            assert first.recv(65536) == b""  # closed by the replica
-            replica.wait_for_log(r"origin 10.9.9.9:1 reconnected, closing its previous connection", timeout=5)
-
-
-def test_an_origin_killed_without_durable_mode_has_its_copies_adopted_when_it_returns(daemons, tmp_path):
-    origin, replica = pair(daemons, tmp_path)
-    node = f"127.0.0.1:{origin.tcp[1]}"
-    port = origin.tcp[1]
-    create(origin, "c")
-    with RawClient(origin.tcp) as producer:
-        producer.publish_many("t", [b"m%d" % i for i in range(10)])  # in memory only: a kill loses them there
-    origin.kill()
-    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
-    replica.wait_for_log(r"origin 127.0.0.1:\d+ is back without all of its messages", timeout=20)
-    origin.wait_for_log(r"the last run did not stop cleanly", timeout=5)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
-    with consumer(replica.tcp, "t", "c", ready=10) as client:
-        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
-    assert held(replica, node) == 0
-
-
-def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies(daemons, tmp_path):
-    origin, replica = pair(daemons, tmp_path)
-    node = f"127.0.0.1:{origin.tcp[1]}"
-    port = origin.tcp[1]
-    create(origin, "c")
-    with RawClient(origin.tcp) as producer:
-        producer.publish_many("t", [b"m%d" % i for i in range(10)])
-    assert origin.stop() == 0
-    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
-    assert held(replica, node) == 10  # the backfill had them all
-    assert "taking over" not in replica.log_text()
-    with consumer(origin.tcp, "t", "c", ready=10) as client:
-        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
-        wait_for(lambda: held(replica, node) == 0, message="released")
-
-
 def test_duplicates_after_takeover_are_the_adopted_messages_the_origin_had_finished(daemons, tmp_path):
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
@@ -449,3 +387,66 @@ def test_a_takeover_while_the_origin_lives_counts_every_adopted_message_as_a_dup
     wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
     assert stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["depth"] == 3  # both deliver them
     wait_for(lambda: not (tmp_path / "b" / f"replica.{node}.adopted").exists(), message="the list removed")
+
+
+def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_path):
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{free_port()}", "--replication-degraded=accept")
+    origin.wait_for_log(r"no peer reachable at start-up: delivering the messages this node holds", timeout=20)
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"x")
+
+
+def test_a_second_stream_for_a_connected_origin(daemons, tmp_path):
+    replica = start(daemons, tmp_path / "b")
+    hello = encode(Hello("10.9.9.9:1", "first"))
+    with socket.create_connection(replica.tcp, timeout=10) as first:
+        first.sendall(MAGIC_R1 + hello)
+        decoder = ReplicationDecoder()
+        decoder.receive_data(first.recv(65536))
+        assert type(decoder.next_event()).__name__ == "Welcome"
+        # another session claiming the same node while the first is open: refused
+        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "other")))
+        assert events[-1] == Error("E_NODE_CONFLICT", "node 10.9.9.9:1 is already connected")
+        # the same session again (its old connection broke unnoticed): the new one replaces the old one
+        with socket.create_connection(replica.tcp, timeout=10) as second:
+            second.sendall(MAGIC_R1 + hello)
+            decoder = ReplicationDecoder()
+            decoder.receive_data(second.recv(65536))
+            assert type(decoder.next_event()).__name__ == "Welcome"
+            assert first.recv(65536) == b""  # closed by the replica
+            replica.wait_for_log(r"origin 10.9.9.9:1 reconnected, closing its previous connection", timeout=5)
+
+
+def test_an_origin_killed_without_durable_mode_has_its_copies_adopted_when_it_returns(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])  # in memory only: a kill loses them there
+    origin.kill()
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    replica.wait_for_log(r"origin 127.0.0.1:\d+ is back without all of its messages", timeout=20)
+    origin.wait_for_log(r"the last run did not stop cleanly", timeout=5)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
+    assert held(replica, node) == 0
+
+
+def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = origin.tcp[1]
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])
+    assert origin.stop() == 0
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    assert held(replica, node) == 10  # the backfill had them all
+    assert "taking over" not in replica.log_text()
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
+        wait_for(lambda: held(replica, node) == 0, message="released")
+

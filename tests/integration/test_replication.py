@@ -449,4 +449,3 @@ def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies
     with consumer(origin.tcp, "t", "c", ready=10) as client:
         assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
         wait_for(lambda: held(replica, node) == 0, message="released")
-

@@ -39,27 +39,27 @@ FRAME_IDS = 65536
 
 def place(nsqd, topic_name: str, batch: list) -> int:
     """Put ``batch``, ``[(message, channels that finished it), ...]`` of ``ReplicatedMessage``-like messages, into
-    topic ``topic_name``: each into every channel not in its set (into the topic when it has no channel), deferred
-    ones with the rest of their delay; replicated to this node's peers with FINs for the channels that finished
-    it. Returns how many."""
+    topic ``topic_name``: each into every channel not in its set (into the topic when it has no channel, or when
+    the set is None: the topic held it), deferred ones with the rest of their delay; replicated to this node's
+    peers with FINs for the channels that finished it. Returns how many."""
     topic = nsqd.get_topic(topic_name)
     now_ns = time.time_ns()
     messages = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
                 for m, _finished in batch]
     channels = list(topic.channels.values())
-    if not channels:
-        topic.put_many(messages)
-    else:
-        for channel in channels:
-            pending = [Message(m.id, m.body, m.timestamp, m.attempts, m.defer)
-                       for m, (_, finished) in zip(messages, batch) if channel.name not in finished]
-            if pending:
-                channel.put_many(pending)
+    to_topic = messages if not channels else [m for m, (_, finished) in zip(messages, batch) if finished is None]
+    if to_topic:
+        topic.put_many(to_topic)
+    for channel in channels:
+        pending = [Message(m.id, m.body, m.timestamp, m.attempts, m.defer) for m, (_, finished) in zip(messages, batch)
+                   if finished is not None and channel.name not in finished]
+        if pending:
+            channel.put_many(pending)
     replication = nsqd.replication
     if replication is not None and not topic.ephemeral and messages:
         replication.offer(topic_name, messages)
         for channel in channels:
-            done = [m for m, (_, finished) in zip(messages, batch) if channel.name in finished]
+            done = [m for m, (_, finished) in zip(messages, batch) if finished is not None and channel.name in finished]
             if done and not channel.ephemeral:
                 replication.finished(topic_name, channel.name, done)
     return len(messages)
@@ -86,7 +86,7 @@ def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
             continue
         found += len(drop)
         names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
-        keep = [(message, set() if holders[msg_id] is None else names - holders[msg_id])
+        keep = [(message, None if holders[msg_id] is None else names - holders[msg_id])
                 for msg_id, message in messages.items() if msg_id not in drop]
         topic.empty()
         for channel in topic.channels.values():

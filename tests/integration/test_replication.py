@@ -374,6 +374,31 @@ def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopt
         assert sorted(receive(client, 5)) == sorted(b"m%d" % i for i in range(5))
 
 
+
+def test_what_a_paused_topic_held_stays_in_the_topic_when_its_other_messages_were_adopted(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path, "--replication-degraded=accept")
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    origin_port, replica_port = origin.tcp[1], replica.tcp[1]
+    create(origin, "c")
+    post(origin.http(), "/topic/pause?topic=t")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m0", b"m1"])
+    assert replica.stop() == 0
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"alone")
+    assert origin.stop() == 0
+    replica = start(daemons, tmp_path / "b", port=replica_port)
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 2
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-degraded=accept",
+                   port=origin_port)
+    origin.wait_for_log(r"dropped the 2 message\(s\) it adopted that were held here, kept 1", timeout=20)
+    topic = stats(origin.http(), "topic=t")["topics"][0]
+    assert topic["paused"] and topic["depth"] == 1 and topic["channels"][0]["depth"] == 0
+    post(origin.http(), "/topic/unpause?topic=t")
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert receive(client, 1) == [b"alone"]
+
 def test_a_takeover_while_the_origin_lives_counts_every_adopted_message_as_a_duplicate(daemons, tmp_path):
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"

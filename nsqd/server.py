@@ -33,6 +33,7 @@ from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queue_scan import QueueScanner
+from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_replication
 from .replication.sender import load_state, save_state
 from .replication.snapshot import backfill_frames
@@ -106,6 +107,8 @@ class NSQD:
         # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
         self.replication: Replicator | None = None
         self.replica_host = ReplicaHost(self)
+        #: messages of this node a replica adopted that it had finished (``_replication_adopted``): delivered twice
+        self.duplicates_after_takeover = 0
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
         self.owing_topics: dict[Topic, None] = {}  # durable mode: topics whose channels kept copies (Topic._owing)
@@ -355,25 +358,28 @@ class NSQD:
             if not topic.ephemeral:
                 attach_replication(self.replication, topic)
 
-    def _replication_adopted(self, peer: str, epoch: int) -> None:
-        """A peer adopted this node's messages while it was away. At start-up they are dropped here (the peer
-        delivers them); later (a partition, not a death) they stay: duplicates, not losses."""
+    def _replication_adopted(self, peer: str, epoch: int, ids: list[bytes]) -> None:
+        """Peer ``peer`` adopted these messages of this node (``ids``) while it was away. At start-up the ones held
+        here are dropped (the peer delivers them); every other message stays, those accepted unreplicated
+        meanwhile included, and goes to the peers. Later (a partition, not a death) all stay: duplicates, not
+        losses. The adopted messages this node had finished (no longer held) were delivered twice: counted."""
         save_state(self.data_path, epoch, True)
+        adopted = set(ids)
         if not self.replication.starting:
-            log.warning("REPLICATION: peer %s adopted this node's messages (epoch %d) while it was connected "
-                        "elsewhere: keeping them (duplicates possible)", peer, epoch)
+            self.duplicates_after_takeover += len(adopted)
+            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
+                        "elsewhere: keeping them (duplicates)", peer, len(adopted), epoch)
             return
-        dropped = 0
-        for topic in self.topics.values():
-            if topic.ephemeral:
-                continue
-            dropped += topic.depth() + sum(c.depth() + len(c.in_flight) + len(c.deferred)
-                                           for c in topic.channels.values())
-            topic.empty()
-            for channel in topic.channels.values():
-                channel.empty()
+        accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
+        held, kept = drop_adopted(self, adopted)
+        self.replication.accepted_unreplicated = accepted
+        if self.replication.clean:
+            self.duplicates_after_takeover += len(adopted) - held
         log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
-                    "%d message(s) held here", peer, epoch, dropped)
+                    "%d message(s) it adopted that were held here, kept %d other(s) of their topics; %s", peer,
+                    epoch, held, kept, f"{len(adopted) - held} it adopted had been finished here (delivered twice)"
+                    if self.replication.clean else "how many of them had been finished here is unknown (the last "
+                    "run did not stop cleanly)")
 
     def _replication_ssl_context(self):
         """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``

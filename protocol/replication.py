@@ -29,6 +29,7 @@ __all__ = [
     "E_NODE_CONFLICT",
     "E_STORE_FAILED",
     "Ack",
+    "Adopted",
     "ChannelOp",
     "Error",
     "Finished",
@@ -49,6 +50,9 @@ E_BAD_HELLO = "E_BAD_HELLO"
 E_NODE_CONFLICT = "E_NODE_CONFLICT"
 E_BAD_SEQ = "E_BAD_SEQ"
 E_STORE_FAILED = "E_STORE_FAILED"
+
+#: the frame type of ADOPTED (replica to origin, right after WELCOME)
+T_ADOPTED = 0x84
 
 OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED = 1, 2, 3, 4, 5
 _OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED))
@@ -85,6 +89,7 @@ class Welcome:
     epoch: int = 0
     held: int = 0
     version: int = 1
+    adopted: int = 0  # message ids of this origin adopted here that follow in ADOPTED frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +137,11 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class Ack:
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    ids: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +199,8 @@ def encode(event) -> bytes:
         return _encode_json(T_HELLO, event)
     if kind is Welcome:
         return _encode_json(T_WELCOME, event)
+    if kind is Adopted:
+        return _frame(T_ADOPTED, _U32.pack(len(event.ids)) + b"".join(event.ids))
     if kind is Error:
         return _frame(T_ERROR, _name(event.code) + event.text.encode("utf-8", "replace"))
     raise TypeError(f"not a replication event: {event!r}")
@@ -279,7 +291,8 @@ def _decode_welcome(payload: bytes):
     obj = _json_object(payload, "WELCOME")
     return Welcome(node=_field(obj, "node", str, "", "WELCOME"), session=_field(obj, "session", str, "", "WELCOME"),
                    seq=_field(obj, "seq", int, 0, "WELCOME"), epoch=_field(obj, "epoch", int, 0, "WELCOME"),
-                   held=_field(obj, "held", int, 0, "WELCOME"), version=_field(obj, "version", int, 1, "WELCOME"))
+                   held=_field(obj, "held", int, 0, "WELCOME"), version=_field(obj, "version", int, 1, "WELCOME"),
+                   adopted=_field(obj, "adopted", int, 0, "WELCOME"))
 
 
 def _decode_messages(payload: bytes):
@@ -318,6 +331,13 @@ def _decode_finished(payload: bytes):
     return Finished(seq, topic, channel, tuple(raw[i:i + _ID_LENGTH] for i in range(0, len(raw), _ID_LENGTH)))
 
 
+def _decode_adopted(payload: bytes):
+    reader = _Reader(payload, "ADOPTED")
+    raw = reader.take(reader.unpack(_U32)[0] * _ID_LENGTH)
+    reader.end()
+    return Adopted(tuple(raw[i:i + _ID_LENGTH] for i in range(0, len(raw), _ID_LENGTH)))
+
+
 def _decode_channel(payload: bytes):
     reader = _Reader(payload, "CHANNEL")
     seq = reader.unpack(_U64)[0]
@@ -354,7 +374,7 @@ def _decode_error(payload: bytes):
 _DECODERS = {
     T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
     T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
-    T_ACK: _decode_seq(Ack), T_ERROR: _decode_error,
+    T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
 }
 
 

@@ -598,7 +598,7 @@
       {label: "Bytes", num: true}, {label: "Epoch", num: true}, {label: ""}], replicas,
       {empty: "This node holds no copies for other nodes."}));
     c.body.append(h("p", null, "Takeovers: " + fmtInt(r.takeovers) + ", messages adopted: " + fmtInt(r.adopted_messages) +
-      ", messages received twice: " + fmtInt(r.duplicates_received) + "."));
+      ", duplicates after takeover: " + fmtInt(r.duplicates_after_takeover || 0) + "."));
     return c.el;
   }
 

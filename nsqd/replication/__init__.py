@@ -30,8 +30,10 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   restarted) first gets a backfill (``snapshot.py``: everything this node holds unfinished, seq 0, then SYNCED)
   and counts toward the acks once it acknowledged it.
 - Epoch: ``replication.dat`` keeps how often this node's messages were adopted. A WELCOME with a higher epoch
-  at start-up (V2 clients wait until every peer answered or failed once, at most 6 s) makes the node drop what
-  it holds: the peer delivers it. Later (a partition) it keeps them: duplicates, not losses.
+  comes with the ids that peer adopted (ADOPTED frames, ``adopted.py``); at start-up (V2 clients wait until
+  every peer answered or failed once, at most 6 s) the node drops those it holds (the peer delivers them) and
+  keeps the rest, those accepted unreplicated included. Later (a partition) it keeps them all: duplicates, not
+  losses. Adopted ids it no longer held were finished here: ``duplicates_after_takeover``.
 - ``replication.dat`` also says whether the node is running: a start that finds ``running`` still true (a
   kill, without durable mode) or no file at all (an empty directory) sends ``clean: false`` in HELLO, and a
   replica holding copies of it takes them over instead of trusting the backfill, which may miss acknowledged
@@ -57,8 +59,8 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   closed for ``--replica-takeover-timeout``. The store is replayed from disk, the origin's topics and channels
   are created here as they were (paused included), each unfinished message goes to each channel that had not
   finished it (into the topic if it had no channel), deferred ones with the rest of their delay, and the topics
-  register with lookupd as any topic does. The epoch of that origin goes up and is persisted; the store's files
-  are removed. Adopted messages are this node's own from then on (replicated to its own peers).
+  register with lookupd as any topic does. The epoch of that origin goes up and is persisted, the adopted ids
+  are kept for the origin (``replica.<node>.adopted``); the store's files are removed. Adopted messages are this node's own from then on (replicated to its own peers).
 
 Not here: ordering, exactly-once; a partition that makes both sides deliver gives duplicates (NSQ allows it).
 """

@@ -23,6 +23,7 @@ from protocol.replication import (
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
     Ack,
+    Adopted,
     ChannelOp,
     Error,
     Finished,
@@ -35,8 +36,8 @@ from protocol.replication import (
     encode,
 )
 
-from ..message import Message
 from ..streams import PrefixedStream
+from .adopted import FRAME_IDS, AdoptedIds, place
 from .sender import receive_event
 from .store import ReplicaStore, store_nodes
 
@@ -159,8 +160,12 @@ class ReplicaHost:
                 self.takeover(hello.node)
             log.info("REPLICATION: [%s] origin %s connected (session %s, epoch %d)", remote, hello.node,
                      hello.session, hello.epoch)
+            adopted = AdoptedIds(self.nsqd.data_path, hello.node)
+            ids = adopted.load()
             await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
-                                                 len(store.held))))
+                                                 len(store.held), adopted=len(ids))))
+            for start in range(0, len(ids), FRAME_IDS):  # what the origin must not deliver again
+                await stream.send_all(encode(Adopted(tuple(ids[start:start + FRAME_IDS]))))
             if hello.node_id == self.opts.node_id:
                 log.warning("REPLICATION: origin %s has this node's --node-id %d: the message IDs of adopted "
                             "messages may collide with this node's own; give every node its own --node-id",
@@ -169,6 +174,14 @@ class ReplicaHost:
                 log.warning("REPLICATION: origin %s returns with epoch %d: its messages were adopted here "
                             "(epoch %d)", hello.node, hello.epoch, store.epoch)
             with trio.CancelScope() as origin.cancel:
+                if ids:  # the origin reads the whole list before it sends anything: then it may go
+                    data = b""
+                    with trio.move_on_after(ORIGIN_SILENCE):
+                        data = await stream.receive_some(65536)
+                    if not data:
+                        raise trio.BrokenResourceError("no answer to the list of adopted messages")
+                    decoder.receive_data(data)
+                    adopted.clear()
                 await self._stream(origin, hello.session, stream, decoder)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
@@ -329,28 +342,11 @@ class ReplicaHost:
                     channel.pause()
             if paused and not topic.paused:
                 topic.pause()
-        replication = nsqd.replication
+        adopted: list[bytes] = []
         for topic_name, batch in store.adopt():
-            topic = nsqd.get_topic(topic_name)
-            now_ns = time.time_ns()
-            messages = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9
-                                if m.due_ns else 0.0) for m, _finished in batch]
-            count += len(messages)
-            channels = list(topic.channels.values())
-            if not channels:
-                topic.put_many(messages)
-            else:
-                for channel in channels:
-                    pending = [Message(m.id, m.body, m.timestamp, m.attempts, m.defer)
-                               for m, (_, finished) in zip(messages, batch) if channel.name not in finished]
-                    if pending:
-                        channel.put_many(pending)
-            if replication is not None and not topic.ephemeral:
-                replication.offer(topic_name, messages)
-                for channel in channels:
-                    done = [m for m, (_, finished) in zip(messages, batch) if channel.name in finished]
-                    if done:
-                        replication.finished(topic_name, channel.name, done)
+            count += place(nsqd, topic_name, batch)
+            adopted.extend(m.id for m, _finished in batch)
+        AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         store.epoch += 1
         store.remove()
         self.takeovers += 1

@@ -25,6 +25,7 @@ from protocol.replication import (
     HEARTBEAT_FRAME,
     MAGIC_R1,
     Ack,
+    Adopted,
     OP_CREATED,
     OP_PAUSED,
     ChannelOp,
@@ -135,7 +136,7 @@ class Replicator:
         self._waiter_order = 0
         #: () -> (frames, messages): the backfill of everything this node holds (``snapshot.backfill_frames``)
         self.snapshot = snapshot
-        #: (peer address, epoch): a peer adopted this node's messages while it was away (``NSQD``)
+        #: (peer address, epoch, ids): a peer adopted these messages of this node while it was away (``NSQD``)
         self.on_adopted = on_adopted
         #: True until every peer answered or failed once (start-up: the node learns its epoch before serving)
         self.starting = True
@@ -322,11 +323,12 @@ class Replicator:
                 raise ProtocolError("E_BAD_PROTOCOL", f"expected WELCOME, got {type(welcome).__name__}")
             peer.node = welcome.node
             peer.last_heard = trio.current_time()
-            if welcome.epoch > self.epoch:
-                # this node's messages were adopted by that peer while it was away: they are the peer's now
-                self.epoch = welcome.epoch
+            ids = await receive_adopted(stream, decoder, welcome.adopted) if welcome.adopted else []
+            if welcome.epoch > self.epoch or ids:
+                # that peer adopted this node's messages while it was away (``ids``: which): they are the peer's now
+                self.epoch = max(welcome.epoch, self.epoch)
                 if self.on_adopted is not None:
-                    self.on_adopted(peer.address, welcome.epoch)
+                    self.on_adopted(peer.address, self.epoch, ids)
             first = self._outbox[0][0] if self._outbox else self.seq + 1
             backfill = None
             if welcome.session == self.session and welcome.seq + 1 >= first:
@@ -445,6 +447,18 @@ async def receive_event(stream, decoder: ReplicationDecoder):
         if not data:
             raise trio.BrokenResourceError("connection closed by the peer")
         decoder.receive_data(data)
+
+
+async def receive_adopted(stream, decoder: ReplicationDecoder, count: int) -> list[bytes]:
+    """The ``count`` message ids of the ADOPTED frames that follow a WELCOME."""
+    ids: list[bytes] = []
+    while len(ids) < count:
+        with trio.fail_after(CONNECT_TIMEOUT):
+            event = await receive_event(stream, decoder)
+        if type(event) is not Adopted:
+            raise ProtocolError("E_BAD_PROTOCOL", f"expected ADOPTED, got {type(event).__name__}")
+        ids.extend(event.ids)
+    return ids
 
 
 STATE_FILE = "replication.dat"

@@ -1,7 +1,7 @@
 """The ``replication`` section of ``/stats`` (JSON and text) and its source for ``/metrics``.
 
 One snapshot (``ReplicationStats``) from the origin's ``Replicator`` (peers, lag) and the replica's
-``ReplicaHost`` (stores per origin, takeovers, duplicates). It is present only on a node that replicates or holds
+``ReplicaHost`` (stores per origin, takeovers), and the duplicates after takeover the node learnt of. It is present only on a node that replicates or holds
 copies, so the document of a plain nsqd stays nsqd's.
 """
 
@@ -26,7 +26,10 @@ class ReplicationStats:
     replicas: tuple[OriginStatistics, ...]
     takeovers: int
     adopted_messages: int
-    duplicates_received: int  # messages an origin sent again while this replica held them
+    #: messages of this node a replica adopted that this node had finished (PROTOCOL.md, "Duplicates after
+    #: takeover"): delivered twice
+    duplicates_after_takeover: int
+    duplicates_received: int  # copies an origin sent again while this replica held them (resent frames)
 
 
 def collect_replication(nsqd) -> ReplicationStats | None:
@@ -40,6 +43,7 @@ def collect_replication(nsqd) -> ReplicationStats | None:
         replicas=tuple(host.statistics()),
         takeovers=host.takeovers,
         adopted_messages=host.adopted_messages,
+        duplicates_after_takeover=nsqd.duplicates_after_takeover,
         duplicates_received=sum(o.store.duplicates for o in host.origins.values()),
     )
 
@@ -57,6 +61,7 @@ def replication_json(stats: ReplicationStats) -> dict:
         "replicas": [asdict(r) for r in stats.replicas],
         "takeovers": stats.takeovers,
         "adopted_messages": stats.adopted_messages,
+        "duplicates_after_takeover": stats.duplicates_after_takeover,
         "duplicates_received": stats.duplicates_received,
     }
 
@@ -73,7 +78,8 @@ def replication_text(stats: ReplicationStats) -> list[str]:
         out.append(f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
                    f"{r['held_bytes']} bytes epoch: {r['epoch']}")
     out.append(f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
-               f"duplicates received: {doc['duplicates_received']}")
+               f"duplicates after takeover: {doc['duplicates_after_takeover']} "
+               f"copies received twice: {doc['duplicates_received']}")
     return out
 
 
@@ -108,3 +114,6 @@ def replication_metrics(stats: ReplicationStats):
     yield CounterMetricFamily("nsqd_replica_takeovers", "Origins taken over by this node", value=stats.takeovers)
     yield CounterMetricFamily("nsqd_replica_adopted_messages", "Messages adopted at takeovers",
                               value=stats.adopted_messages)
+    yield CounterMetricFamily("nsqd_replication_duplicates_after_takeover",
+                              "Messages of this node a replica adopted after this node had finished them",
+                              value=stats.duplicates_after_takeover)

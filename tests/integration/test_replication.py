@@ -301,6 +301,119 @@ def test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again(daemo
     assert json.loads((tmp_path / "a" / "replication.dat").read_text()) == {"epoch": 1, "running": True}
 
 
+def test_duplicates_after_takeover_are_the_adopted_messages_the_origin_had_finished(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    origin_port, replica_port = origin.tcp[1], replica.tcp[1]
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(10)])
+    assert held(replica, node) == 10
+    assert replica.stop() == 0  # the FINs that follow never reach it
+    with consumer(origin.tcp, "t", "c", ready=4) as client:
+        messages = [client.read_message(timeout=10) for _ in range(4)]
+        client.send(command("RDY", 0))  # no more in flight after these
+        for message in messages:
+            client.send(command("FIN", message.id))
+        finished = [message.body for message in messages]
+
+        def settled() -> bool:
+            channel = stats(origin.http(), "topic=t")["topics"][0]["channels"][0]
+            return channel["in_flight_count"] == 0 and channel["depth"] == 6
+        wait_for(settled, message="FINs taken by the origin")
+    assert origin.stop() == 0  # its data directory keeps the 6 it had not finished
+    replica = start(daemons, tmp_path / "b", port=replica_port)
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 10
+    adopted_file = tmp_path / "b" / f"replica.{node}.adopted"
+    assert adopted_file.stat().st_size == 10 * 16
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=origin_port)
+    origin.wait_for_log(r"dropped the 6 message\(s\) it adopted that were held here, kept 0 other\(s\) of their "
+                        r"topics; 4 it adopted had been finished here \(delivered twice\)", timeout=20)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    doc = stats(origin.http())["replication"]
+    assert doc["duplicates_after_takeover"] == 4
+    assert "duplicates after takeover: 4" in get(origin.http(), "/stats").body.decode()
+    assert "nsqd_replication_duplicates_after_takeover_total 4.0" in get(origin.http(), "/metrics").body.decode()
+    assert stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["depth"] == 0
+    wait_for(lambda: not adopted_file.exists(), message="the list removed once the origin heard it")
+    replica_doc = stats(replica.http())["replication"]
+    assert replica_doc["takeovers"] == 1 and replica_doc["adopted_messages"] == 10
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        again = receive(client, 10)
+    assert set(finished) <= set(again)  # the 4 come twice
+
+
+@pytest.mark.parametrize("args", [(), ("--mem-queue-size=0",), ("--mem-queue-size=0", "--sync-every=1")],
+                         ids=["memory", "disk", "durable"])
+def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopted(daemons, tmp_path, args):
+    origin, replica = pair(daemons, tmp_path, "--replication-degraded=accept", *args)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    origin_port, replica_port = origin.tcp[1], replica.tcp[1]
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(5)])
+    assert replica.stop() == 0
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"alone1", b"alone2"])  # held by the origin alone
+    assert stats(origin.http())["replication"]["accepted_unreplicated"] == 2
+    assert origin.stop() == 0
+    replica = start(daemons, tmp_path / "b", port=replica_port)
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 5
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-degraded=accept",
+                   *args, port=origin_port)
+    origin.wait_for_log(r"dropped the 5 message\(s\) it adopted that were held here, kept 2", timeout=20)
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    assert held(replica, node) == 2  # replicated now that the peer is back
+    assert stats(origin.http())["replication"]["accepted_unreplicated"] == 0  # in this run
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 2)) == [b"alone1", b"alone2"]
+        assert client.poll_frame(0.5) is None
+        wait_for(lambda: held(replica, node) == 0, message="released")
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        assert sorted(receive(client, 5)) == sorted(b"m%d" % i for i in range(5))
+
+
+
+def test_what_a_paused_topic_held_stays_in_the_topic_when_its_other_messages_were_adopted(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path, "--replication-degraded=accept")
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    origin_port, replica_port = origin.tcp[1], replica.tcp[1]
+    create(origin, "c")
+    post(origin.http(), "/topic/pause?topic=t")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m0", b"m1"])
+    assert replica.stop() == 0
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"alone")
+    assert origin.stop() == 0
+    replica = start(daemons, tmp_path / "b", port=replica_port)
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 2
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-degraded=accept",
+                   port=origin_port)
+    origin.wait_for_log(r"dropped the 2 message\(s\) it adopted that were held here, kept 1", timeout=20)
+    topic = stats(origin.http(), "topic=t")["topics"][0]
+    assert topic["paused"] and topic["depth"] == 1 and topic["channels"][0]["depth"] == 0
+    post(origin.http(), "/topic/unpause?topic=t")
+    with consumer(origin.tcp, "t", "c", ready=10) as client:
+        assert receive(client, 1) == [b"alone"]
+
+def test_a_takeover_while_the_origin_lives_counts_every_adopted_message_as_a_duplicate(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(3)])
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 3
+    origin.wait_for_log(r"peer .* adopted 3 message\(s\) of this node \(epoch 1\) while it was connected elsewhere: "
+                        r"keeping them", timeout=20)
+    assert stats(origin.http())["replication"]["duplicates_after_takeover"] == 3
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    assert stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["depth"] == 3  # both deliver them
+    wait_for(lambda: not (tmp_path / "b" / f"replica.{node}.adopted").exists(), message="the list removed")
+
+
 def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_path):
     origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{free_port()}", "--replication-degraded=accept")
     origin.wait_for_log(r"no peer reachable at start-up: delivering the messages this node holds", timeout=20)

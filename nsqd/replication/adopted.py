@@ -1,0 +1,176 @@
+"""Adopted messages: where they go, and the list of their ids a replica keeps for their origin.
+
+``place`` puts messages into a topic's channels as they were elsewhere (each into the channels that had not
+finished it) and replicates them from here: a takeover adopts an origin's copies with it, and an origin whose
+messages a replica adopted puts back with it the ones the replica did not adopt.
+
+``drop_adopted`` is the origin's side at start-up: it takes the messages a replica adopted out of this node's
+topics and channels, memory and disk backlogs alike, and puts the others back with ``place``.
+
+``AdoptedIds`` is ``replica.<node>.adopted`` in the data directory: the ids of the messages of origin ``node``
+this replica adopted (16 bytes each, appended at each takeover). They go to that origin in ADOPTED frames the next
+time it connects (PROTOCOL.md): it drops the ones it still holds (the replica delivers them) and counts the ones
+it had finished (delivered twice: its FINs had not reached the replica). The file goes once the origin heard them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import time
+
+import trio
+
+from protocol.replication import ReplicatedMessage
+
+from ..message import Message
+
+__all__ = ["AdoptedIds", "drop_adopted", "place"]
+
+log = logging.getLogger("nsqd")
+
+ID_SIZE = 16
+#: a disk queue record: [int32 size][int64 timestamp][uint16 attempts][16 id][body]
+_RECORD = struct.Struct(">iqH16s")
+#: ids per ADOPTED frame (1 MiB)
+FRAME_IDS = 65536
+
+
+def place(nsqd, topic_name: str, batch: list) -> int:
+    """Put ``batch``, ``[(message, channels that finished it), ...]`` of ``ReplicatedMessage``-like messages, into
+    topic ``topic_name``: each into every channel not in its set (into the topic when it has no channel, or when
+    the set is None: the topic held it), deferred ones with the rest of their delay; replicated to this node's
+    peers with FINs for the channels that finished it. Returns how many."""
+    topic = nsqd.get_topic(topic_name)
+    now_ns = time.time_ns()
+    messages = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
+                for m, _finished in batch]
+    channels = list(topic.channels.values())
+    to_topic = messages if not channels else [m for m, (_, finished) in zip(messages, batch) if finished is None]
+    if to_topic:
+        topic.put_many(to_topic)
+    for channel in channels:
+        pending = [Message(m.id, m.body, m.timestamp, m.attempts, m.defer) for m, (_, finished) in zip(messages, batch)
+                   if finished is not None and channel.name not in finished]
+        if pending:
+            channel.put_many(pending)
+    replication = nsqd.replication
+    if replication is not None and not topic.ephemeral and messages:
+        replication.offer(topic_name, messages)
+        for channel in channels:
+            done = [m for m, (_, finished) in zip(messages, batch) if finished is not None and channel.name in finished]
+            if done and not channel.ephemeral:
+                replication.finished(topic_name, channel.name, done)
+    return len(messages)
+
+
+def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
+    """Start-up (nothing delivered yet): take the messages in ``adopted`` out of every lasting topic of ``nsqd`` and
+    keep the rest where it was. Returns (adopted messages found and dropped here, others kept in their topics)."""
+    found = kept = 0
+    for topic in list(nsqd.topics.values()):
+        if topic.ephemeral or not adopted:
+            continue
+        messages: dict[bytes, ReplicatedMessage] = {}
+        holders: dict[bytes, set[str] | None] = {}  # None: the topic's (every channel gets it)
+        for holder, items in _holdings(topic):
+            for message in items:
+                messages.setdefault(message.id, message)
+                if holder is None:
+                    holders[message.id] = None
+                elif holders.setdefault(message.id, set()) is not None:
+                    holders[message.id].add(holder)
+        drop = messages.keys() & adopted
+        if not drop:
+            continue
+        found += len(drop)
+        names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
+        keep = [(message, None if holders[msg_id] is None else names - holders[msg_id])
+                for msg_id, message in messages.items() if msg_id not in drop]
+        topic.empty()
+        for channel in topic.channels.values():
+            channel.empty()
+        kept += place(nsqd, topic.name, keep)
+    return found, kept
+
+
+def _holdings(topic):
+    """``(channel name, or None for the topic, messages)`` for each place of ``topic`` that holds messages: memory
+    queues, in-flight and deferred messages, disk backlogs (read without moving their reader)."""
+    now, now_ns = trio.current_time(), time.time_ns()
+    yield None, [_replicated(m) for m in topic.queue]
+    yield None, _backlog(topic.backend, topic.deferred_index)
+    for channel in topic.channels.values():
+        if channel.ephemeral:
+            continue
+        in_flight = [channel.in_flight.get(msg_id) for msg_id in channel.in_flight]
+        yield channel.name, [_replicated(m) for m in [*channel.queue, *in_flight] if m is not None]
+        yield channel.name, [_replicated(m, now_ns + int(max(due - now, 0) * 1e9))
+                             for due, m in channel.deferred.entries()]
+        yield channel.name, _backlog(channel.backend, channel.deferred_index)
+
+
+def _replicated(message, due_ns: int = 0) -> ReplicatedMessage:
+    if not due_ns and message.defer:
+        due_ns = message.timestamp + int(message.defer * 1e9)
+    return ReplicatedMessage(message.id, message.timestamp, message.attempts, due_ns, message.body)
+
+
+def _backlog(queue, index) -> list[ReplicatedMessage]:
+    """The records of a disk queue between its reader and its writer, from its files."""
+    if queue is None or not queue.has_unread():
+        return []
+    due = index.due if index is not None else {}
+    (read_num, read_pos), (write_num, write_pos) = queue.read_position(), queue.write_position()
+    out = []
+    for num in range(read_num, write_num + 1):
+        try:
+            with open(queue.file_name(num), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.error("REPLICATION: could not read %s - %s", queue.file_name(num), exc)
+            continue
+        pos, end = (read_pos if num == read_num else 0), (write_pos if num == write_num else len(data))
+        while pos + _RECORD.size <= end:
+            size, timestamp, attempts, msg_id = _RECORD.unpack_from(data, pos)
+            stop = pos + 4 + size
+            if size < _RECORD.size - 4 or stop > end:
+                break
+            out.append(ReplicatedMessage(msg_id, timestamp, attempts, due.get(msg_id, 0),
+                                         data[pos + _RECORD.size:stop]))
+            pos = stop
+    return out
+
+
+class AdoptedIds:
+    """The ids of origin ``node``'s messages adopted here that the origin has not heard of yet."""
+
+    def __init__(self, data_path: str, node: str) -> None:
+        self.path = os.path.join(data_path, f"replica.{node}.adopted")
+
+    def add(self, ids: list[bytes]) -> None:
+        """Append (synced: the origin must hear of every message adopted here, even after this node's crash)."""
+        if not ids:
+            return
+        with open(self.path, "ab") as f:
+            f.write(b"".join(ids))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def load(self) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return []
+        size = len(raw) - len(raw) % ID_SIZE  # a write cut short by a crash leaves a partial id: ignored
+        return [raw[i:i + ID_SIZE] for i in range(0, size, ID_SIZE)]
+
+    def clear(self) -> None:
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass

@@ -391,6 +391,10 @@ class Channel:
         self.in_flight.touch(msg_id, deadline)
 
     # -- timers, driven by the queue scanner -------------------------------------------------------
+    def has_timed_work(self) -> bool:
+        """Something in flight or deferred: the queue scanner has work here (queue_scan.py)."""
+        return bool(len(self.in_flight) or len(self.deferred))
+
     def process_queues(self, now: float) -> bool:
         """Move expired in-flight and due deferred messages back to the queue; True if any moved."""
         if self.exiting:

@@ -3,9 +3,18 @@
 Every channel has two time-ordered queues (in flight, deferred). Instead of a timer per message, one loop samples the
 channels, as Redis samples keys with a TTL (its probabilistic expiration algorithm):
 
-- Every ``interval`` (default 100 ms) it picks up to ``selection_count`` (default 20) distinct channels at random from
-  a cached channel list and calls ``channel.process_queues(now)`` on each, ``now`` being ``trio.current_time()``. The
-  channel moves what has expired or fallen due back to its queue and returns True if it moved anything ("dirty").
+- Every ``interval`` (default 100 ms) it picks up to ``selection_count`` (default 20) distinct channels at random
+  among the *active* ones and calls ``channel.process_queues(now)`` on each, ``now`` being ``trio.current_time()``.
+  The channel moves what has expired or fallen due back to its queue and returns True if it moved anything
+  ("dirty").
+- Active: the channels that have something in flight or deferred (``has_timed_work()``). nsqd samples among all of
+  its channels, so with 10,000 channels a given one is looked at every 50 s on average, and a timed-out or deferred
+  message of a quiet channel waits that long; and most of the samples are spent on channels with nothing to do.
+  Here a channel's queues tell the scanner (``activate``) when they go from empty to holding something, once per
+  batch of the dispatcher at most, and a channel leaves the active set when a scan finds it with nothing timed
+  left (checked right after its ``process_queues``, with no await in between, so no activation is lost). While
+  ``selection_count`` or fewer are active, every one of them is processed at each tick, wherever it sits among
+  the others. Each refresh also adds the channels that have timed work but did not say so (as a safety net).
 - If more than ``dirty_percent`` (default 25 %) of the sampled channels were dirty, it samples again at once without
   waiting for the next tick: many channels probably have work, so keep going until the sample looks clean.
 - The cached list is refreshed every ``refresh_interval`` (default 5 s), and before the next sample after
@@ -53,6 +62,7 @@ class QueueScannerStatistics:
     ticks: int  # interval ticks that started a scan
     refreshes: int
     last_dirty_ratio: float  # dirty / sampled in the last sample; 0.0 before the first
+    active: int = 0  # channels with something in flight or deferred, the only ones sampled
 
 
 class QueueScanner:
@@ -87,6 +97,7 @@ class QueueScanner:
         self.dirty_percent = dirty_percent
         self._rng = rng if rng is not None else random.Random()
         self._channels: list[Any] = []
+        self._active: dict[Any, None] = {}  # channels with timed work (insertion-ordered set; see the notes)
         self._pool_size = 0  # workers started minus close tokens sent; 0 while not running
         self._workers_alive = 0
         self._nursery: trio.Nursery | None = None
@@ -104,6 +115,10 @@ class QueueScanner:
         """nsqd's rule: a quarter of the channels, at least 1, at most ``worker_pool_max``."""
         return min(max(int(channel_count * 0.25), 1), self.worker_pool_max)
 
+    def activate(self, channel: Any) -> None:
+        """``channel`` holds messages in flight or deferred: it is sampled from the next tick on."""
+        self._active[channel] = None
+
     def invalidate(self) -> None:
         """The channels changed: reload the list before the next sample (once for any number of changes)."""
         self._stale = True
@@ -112,6 +127,13 @@ class QueueScanner:
         """Reload the channel list now and resize the pool to match it."""
         self._stale = False
         self._channels = list(self._get_channels())
+        active = self._active
+        listed = set(self._channels)
+        for channel in [channel for channel in active if channel not in listed]:  # deleted meanwhile
+            del active[channel]
+        for channel in self._channels:
+            if channel not in active and channel.has_timed_work():
+                active[channel] = None
         self._refreshes += 1
         self.resize_pool(self.ideal_pool_size(len(self._channels)))
 
@@ -141,6 +163,7 @@ class QueueScanner:
             ticks=self._ticks,
             refreshes=self._refreshes,
             last_dirty_ratio=self._last_dirty_ratio,
+            active=len(self._active),
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -179,7 +202,7 @@ class QueueScanner:
                 next_scan = _next_tick(next_scan, self.interval, now)
                 if self._stale:
                     self.refresh()
-                if self._channels:
+                if self._active:
                     self._ticks += 1
                     await self._scan()
 
@@ -189,11 +212,15 @@ class QueueScanner:
             # Re-read the list on every pass so that a refresh() during a dirty loop takes effect at once.
             if self._stale:
                 self.refresh()
-            channels = self._channels
-            count = min(self.selection_count, len(channels))
+            active = self._active
+            if len(active) <= self.selection_count:
+                sample = list(active)
+            else:
+                sample = self._rng.sample(list(active), self.selection_count)
+            count = len(sample)
             if count == 0:
                 return
-            for channel in self._rng.sample(channels, count):
+            for channel in sample:
                 self._work_send.send_nowait(channel)
             dirty = 0
             for _ in range(count):
@@ -210,12 +237,16 @@ class QueueScanner:
         try:
             work_receive = self._work_receive
             done_send = self._done_send
+            active = self._active
             assert work_receive is not None and done_send is not None
             while True:
                 channel = await work_receive.receive()
                 if channel is _CLOSE:
                     return
-                done_send.send_nowait(bool(channel.process_queues(trio.current_time())))
+                dirty = bool(channel.process_queues(trio.current_time()))
+                if not channel.has_timed_work():  # no await since the scan: an activation cannot be missed
+                    active.pop(channel, None)
+                done_send.send_nowait(dirty)
         finally:
             self._workers_alive -= 1
 

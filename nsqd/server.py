@@ -241,6 +241,7 @@ class NSQD:
 
     def _channel_created(self, channel) -> None:
         self.scanner.invalidate()
+        channel.in_flight.on_active = channel.deferred.on_active = partial(self.scanner.activate, channel)
         if channel.topic.replication is not None and not channel.ephemeral:
             channel.replication = channel.topic.replication
             channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)

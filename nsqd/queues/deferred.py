@@ -10,7 +10,7 @@ The queue does no I/O and reads no clock: due times are plain floats on the call
 from __future__ import annotations
 
 import heapq
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 __all__ = ["DeferredQueue"]
 
@@ -20,9 +20,11 @@ T = TypeVar("T")
 class DeferredQueue(Generic[T]):
     """Items held until their due time; popped earliest first, FIFO among equal due times."""
 
-    __slots__ = ("_heap", "_next_seq")
+    __slots__ = ("_heap", "_next_seq", "on_active")
 
     def __init__(self) -> None:
+        #: called when the queue goes from empty to holding something (nsqd's queue scanner: QueueScanner.activate)
+        self.on_active: Callable[[], None] | None = None
         self._heap: list[tuple[float, int, T]] = []
         self._next_seq = 0
 
@@ -33,6 +35,8 @@ class DeferredQueue(Generic[T]):
         """Hold ``item`` until ``due``."""
         seq = self._next_seq
         self._next_seq = seq + 1
+        if not self._heap and self.on_active is not None:
+            self.on_active()
         heapq.heappush(self._heap, (due, seq, item))
 
     def pop_due(self, now: float) -> list[T]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 __all__ = ["InFlightQueue"]
 
@@ -68,9 +68,11 @@ _NO_BUCKET = _Bucket(float("nan"))
 class InFlightQueue(Generic[T]):
     """Items keyed by message ID, each with a deadline; O(1) push and removal by ID, expiry in deadline order."""
 
-    __slots__ = ("_entries", "_heap", "_next_seq", "_newest", "_dead", "_slots")
+    __slots__ = ("_entries", "_heap", "_next_seq", "_newest", "_dead", "_slots", "on_active")
 
     def __init__(self) -> None:
+        #: called when the queue goes from empty to holding something (nsqd's queue scanner: QueueScanner.activate)
+        self.on_active: Callable[[], None] | None = None
         self._entries: dict[bytes, tuple[T, _Bucket]] = {}
         self._heap: list[tuple[float, int, _Bucket]] = []
         self._next_seq = 0
@@ -93,6 +95,8 @@ class InFlightQueue(Generic[T]):
         entries = self._entries
         if msg_id in entries:
             raise KeyError(msg_id)
+        if not entries and self.on_active is not None:
+            self.on_active()
         bucket = self._bucket_for(deadline)
         bucket.ids.append(msg_id)
         bucket.live += 1
@@ -104,6 +108,8 @@ class InFlightQueue(Generic[T]):
         dispatcher's batch to one consumer. Returns the items refused because their ID is already in flight
         (the others are pushed)."""
         entries = self._entries
+        if not entries and self.on_active is not None:
+            self.on_active()
         bucket = self._bucket_for(deadline)
         ids = bucket.ids
         append = ids.append

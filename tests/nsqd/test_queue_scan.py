@@ -1,6 +1,7 @@
 """QueueScanner tests, all on trio's MockClock (autojump_clock fixture)."""
 
 import random
+from functools import partial
 
 import pytest
 import trio
@@ -28,9 +29,22 @@ class FakeChannel:
         self.moved.extend((now, item) for item in items)
         return bool(items)
 
+    def has_timed_work(self):
+        return bool(len(self.in_flight) or len(self.deferred))
+
+
+#: a deadline no test reaches: the channel stays active (something in flight) without ever being dirty
+FAR = 1e9
+
+
+def busy(channel, name=b"far"):
+    """``channel`` with a message in flight until ``FAR``: active for the scanner, never dirty."""
+    channel.in_flight.push(name, "far", FAR)
+    return channel
+
 
 class DirtyFor(FakeChannel):
-    """Reports dirty for its first ``times`` scans, clean afterwards."""
+    """Reports dirty for its first ``times`` scans, clean afterwards; always has timed work."""
 
     def __init__(self, times, name="d"):
         super().__init__(name)
@@ -40,14 +54,26 @@ class DirtyFor(FakeChannel):
         self.calls.append(now)
         return len(self.calls) <= self.times
 
+    def has_timed_work(self):
+        return True
+
 
 async def wait_blocked():
     await trio.testing.wait_all_tasks_blocked()
 
 
+def wire(scanner, channel):
+    """What nsqd does for each new channel: its queues tell the scanner when they start holding something."""
+    channel.in_flight.on_active = channel.deferred.on_active = partial(scanner.activate, channel)
+    return channel
+
+
 def scanner_for(channels, **kwargs):
     kwargs.setdefault("rng", random.Random(42))
-    return QueueScanner(lambda: channels, **kwargs)
+    scanner = QueueScanner(lambda: channels, **kwargs)
+    for channel in channels:
+        wire(scanner, channel)
+    return scanner
 
 
 async def test_expired_and_due_items_are_processed_within_an_interval(autojump_clock):
@@ -74,7 +100,7 @@ async def test_expired_and_due_items_are_processed_within_an_interval(autojump_c
 
 
 async def test_scans_every_interval_and_samples_without_repeats(autojump_clock):
-    channels = [FakeChannel(str(n)) for n in range(30)]
+    channels = [busy(FakeChannel(str(n))) for n in range(30)]
     scanner = scanner_for(channels, selection_count=20)
     async with trio.open_nursery() as nursery:
         await nursery.start(scanner.run)
@@ -125,7 +151,7 @@ async def test_loops_at_once_while_more_than_dirty_percent_are_dirty(autojump_cl
 
 async def test_exactly_dirty_percent_does_not_loop(autojump_clock):
     dirty = DirtyFor(3, "dirty")
-    channels = [dirty, *(FakeChannel(str(n)) for n in range(3))]
+    channels = [dirty, *(busy(FakeChannel(str(n))) for n in range(3))]
     scanner = scanner_for(channels)
     async with trio.open_nursery() as nursery:
         await nursery.start(scanner.run)
@@ -146,7 +172,7 @@ async def test_pool_size_follows_the_channel_count_and_the_max(autojump_clock):
         await wait_blocked()
         assert (scanner.statistics().pool_size, scanner.statistics().workers) == (1, 1)  # at least one
         for count, size in [(7, 1), (8, 2), (12, 3), (16, 4), (100, 4), (3, 1), (15, 3)]:
-            channels[:] = [FakeChannel(str(n)) for n in range(count)]
+            channels[:] = [wire(scanner, FakeChannel(str(n))) for n in range(count)]
             scanner.refresh()
             await wait_blocked()
             stats = scanner.statistics()
@@ -170,8 +196,8 @@ async def test_periodic_refresh_picks_up_new_channels_and_resizes(autojump_clock
     scanner = scanner_for(channels, refresh_interval=5.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(scanner.run)
-        late = [FakeChannel(str(n)) for n in range(11)]
-        channels.extend(late)  # no refresh() call: the periodic refresh must find them
+        late = [busy(FakeChannel(str(n))) for n in range(11)]
+        channels.extend(late)  # no refresh() call, and they did not tell: the periodic refresh must find them
         await trio.sleep(4.9)
         assert scanner.statistics().channels == 1 and not any(channel.calls for channel in late)
         assert scanner.statistics().refreshes == 1
@@ -184,7 +210,7 @@ async def test_periodic_refresh_picks_up_new_channels_and_resizes(autojump_clock
 
 
 async def test_removed_channel_is_no_longer_scanned(autojump_clock):
-    keep, gone = FakeChannel("keep"), FakeChannel("gone")
+    keep, gone = busy(FakeChannel("keep")), busy(FakeChannel("gone"))
     channels = [keep, gone]
     scanner = scanner_for(channels)
     async with trio.open_nursery() as nursery:
@@ -193,6 +219,7 @@ async def test_removed_channel_is_no_longer_scanned(autojump_clock):
         assert len(gone.calls) == 3
         channels.remove(gone)
         scanner.refresh()
+        gone.in_flight.on_active = gone.deferred.on_active = None  # as nsqd's deleted channels, drained for good
         gone.deferred.push("orphan", 0.0)
         await trio.sleep(1.0)
         assert len(gone.calls) == 3 and gone.moved == []
@@ -212,7 +239,7 @@ async def test_invalidate_reloads_the_list_once_before_the_next_sample(autojump_
     async with trio.open_nursery() as nursery:
         await nursery.start(scanner.run)
         await trio.sleep(0.15)
-        late = [FakeChannel(str(n)) for n in range(3)]
+        late = [busy(FakeChannel(str(n))) for n in range(3)]
         for channel in late:  # a burst of creates: no reload each time
             channels.append(channel)
             scanner.invalidate()
@@ -238,6 +265,9 @@ async def test_refresh_during_a_dirty_loop_takes_effect_at_once(autojump_clock):
                 scanner.refresh()
             return len(self.calls) <= 6
 
+        def has_timed_work(self):
+            return True
+
     remover = Remover("remover")
     channels.append(remover)
     async with trio.open_nursery() as nursery:
@@ -262,7 +292,7 @@ async def test_no_channels_no_scans(autojump_clock):
 
 async def test_stops_cleanly_on_cancel_and_can_run_again(autojump_clock):
     channel = FakeChannel()
-    scanner = scanner_for([channel] * 1 + [FakeChannel(str(n)) for n in range(9)])
+    scanner = scanner_for([busy(channel)] + [busy(FakeChannel(str(n))) for n in range(9)])
     with trio.move_on_after(0.55) as scope:
         await scanner.run()
     assert scope.cancelled_caught
@@ -299,7 +329,7 @@ async def test_process_queues_exception_propagates(autojump_clock):
         def process_queues(self, now):
             raise RuntimeError("boom")
 
-    scanner = scanner_for([Broken()])
+    scanner = scanner_for([busy(Broken())])
     with pytest.raises(RuntimeError, match="boom"):
         try:
             await scanner.run()
@@ -322,3 +352,29 @@ def test_invalid_arguments():
 def test_ideal_pool_size_is_nsqds_rule():
     scanner = QueueScanner(list, worker_pool_max=4)
     assert [scanner.ideal_pool_size(n) for n in (0, 1, 4, 7, 8, 11, 12, 16, 1000)] == [1, 1, 1, 1, 2, 2, 3, 4, 4]
+
+
+async def test_only_channels_with_timed_work_are_scanned_and_each_tick_reaches_them(autojump_clock):
+    # nsqd samples 20 of all its channels: with 2,000 channels, one with a message due waits 10 s on average.
+    # Here idle channels are never sampled, and a channel that starts holding something is scanned at the next tick.
+    channels = [FakeChannel(str(n)) for n in range(2000)]
+    scanner = scanner_for(channels)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scanner.run)
+        await trio.sleep(1.0)
+        assert not any(channel.calls for channel in channels)
+        assert scanner.statistics().ticks == 0 and scanner.statistics().active == 0
+        start = trio.current_time()
+        for n in (7, 1234, 1999):
+            channels[n].deferred.push(("deferred", n), start + 0.01)
+        channels[500].in_flight.push(b"m", ("timed out", 500), start + 0.02)
+        assert scanner.statistics().active == 4
+        await trio.sleep(0.1)
+        assert sorted(item for channel in channels for _, item in channel.moved) == [
+            ("deferred", 7), ("deferred", 1234), ("deferred", 1999), ("timed out", 500)]
+        assert sum(len(channel.calls) for channel in channels) == 4  # nobody else was looked at
+        assert scanner.statistics().active == 0  # each left once it had nothing timed
+        channels[7].deferred.push(("again", 7), trio.current_time() + 0.3)
+        await trio.sleep(0.45)
+        assert [item for _, item in channels[7].moved] == [("deferred", 7), ("again", 7)]
+        nursery.cancel_scope.cancel()

@@ -54,6 +54,8 @@ class NSQD:
     def __init__(self, opts) -> None:
         self.opts = opts
         self.topics: dict[str, Topic] = {}
+        # moves at every topic and channel create and delete (stats_cache.py keeps its sorted lists until then)
+        self.topology_version = 0
         self.clients: dict[int, Client] = {}
         self.exiting = False
         self.start_time = int(time.time())
@@ -130,6 +132,7 @@ class NSQD:
                           on_last_channel_gone=self._ephemeral_topic_idle,
                           make_backend=self._make_backend, spawn=self._spawn)
             self.topics[name] = topic
+            self.topology_version += 1
             log.info("TOPIC(%s): created", name)
             if self.replication is not None and not topic.ephemeral:
                 attach_replication(self.replication, topic)
@@ -226,6 +229,7 @@ class NSQD:
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
+        self.topology_version += 1
         self.lookup.topic_deleted(topic)
         topic.close(persist=False)
         if topic.replication is not None:
@@ -236,6 +240,7 @@ class NSQD:
         return True
 
     def _channel_created(self, channel) -> None:
+        self.topology_version += 1
         self.scanner.invalidate()
         if channel.topic.replication is not None and not channel.ephemeral:
             channel.replication = channel.topic.replication
@@ -248,6 +253,7 @@ class NSQD:
             self.metadata_changed(channel.topic_name)
 
     def _channel_deleted(self, channel) -> None:
+        self.topology_version += 1
         self.scanner.invalidate()
         if channel.replication is not None:
             channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)

@@ -21,7 +21,8 @@ Routes and their checks (status CODE, in order):
   validated before the topic is created.
 - ``POST /topic/{create,delete,empty,pause,unpause}`` and ``/channel/{...}``: see the handlers; pausing and
   unpausing persist the metadata at once.
-- ``GET /stats?format=json&topic=&channel=&include_clients=&include_mem=``: ``stats.py``.
+- ``GET /stats?format=json&topic=&channel=&include_clients=&include_mem=``: ``stats.py``; without ``topic=``,
+  ``stats_cache.py`` writes the same bytes re-rendering only what changed since the last request.
 - ``GET /metrics``: Prometheus exposition (``metrics.py``); an addition of this implementation.
 - ``GET|PUT /config/:opt``: option values by config-file name; only ``nsqlookupd_tcp_addresses`` (JSON array)
   and ``log_level`` (a level word) can be changed.

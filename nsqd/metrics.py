@@ -1,8 +1,9 @@
 """Prometheus ``/metrics``: a collector that turns one stats snapshot into metric families at scrape time.
 
-Nothing is counted per message for Prometheus: topics, channels and clients keep plain integers, and
-``NSQDCollector.collect`` reads them through ``stats.collect`` when a scrape comes (``prometheus_client``'s
-own counters cost 20-70 times more than ``obj.count += 1`` on the hot path). The registry also carries the
+Nothing is counted per message for Prometheus (``prometheus_client``'s own counters cost 20-70 times more than
+``obj.count += 1`` on the hot path): topics, channels and clients keep plain integers, read when a scrape comes.
+The series come from ``stats_cache.py``, which renders again only the topics and channels that changed since the
+last request, with ``topic_rows`` and ``channel_rows`` here. The registry also carries the
 standard ``process_*`` collector, which reads /proc at scrape time as well.
 
 The per-topic and per-channel series (15 families, 240,000 samples at 10,000 topics and 20,000 channels) are written
@@ -30,7 +31,7 @@ Series (labels in braces):
 from __future__ import annotations
 
 import time
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
@@ -41,7 +42,8 @@ from prometheus_client.utils import floatToGoString
 from .replication.stats import replication_metrics
 from .stats import gc_paused, node_stats
 
-__all__ = ["CHANNEL_SERIES", "TOPIC_SERIES", "MetricsEndpoint", "NSQDCollector", "series_text"]
+__all__ = ["CHANNEL_SERIES", "TOPIC_SERIES", "MetricsEndpoint", "NSQDCollector", "channel_rows", "rows_pieces",
+           "series_text", "topic_rows"]
 
 
 def _quantile_label(q: float) -> str:
@@ -82,12 +84,10 @@ CHANNEL_E2E = ("nsqd_channel_e2e_processing_latency_seconds", "Publish-to-FIN la
                "nsqd_channel_e2e_processing_latency_samples", "Publish-to-FIN latency samples in the window")
 
 
-def _family(out: list, name: str, kind: str, documentation: str, openmetrics: bool) -> str:
-    """Append a family's HELP and TYPE lines; returns the name its samples carry."""
-    sample = name + "_total" if kind == "counter" else name
-    title = name if openmetrics else sample
-    out.append(f"# HELP {title} {documentation}\n# TYPE {title} {kind}\n")
-    return sample
+def _family(name: str, kind: str, documentation: str, openmetrics: bool) -> bytes:
+    """A family's HELP and TYPE lines."""
+    title = name if openmetrics or kind != "counter" else name + "_total"
+    return f"# HELP {title} {documentation}\n# TYPE {title} {kind}\n".encode()
 
 
 def _sample_names(series) -> tuple[str, ...]:
@@ -99,7 +99,7 @@ _CHANNEL_SAMPLES = _sample_names(CHANNEL_SERIES)
 
 
 def _rows_of(item, samples: tuple[str, ...], series, latency: tuple, labels: str, before: str, after: str) \
-        -> tuple[str, ...]:
+        -> tuple[bytes, ...]:
     lines = [f"{sample}{labels} {floatToGoString(spec[3](item))}\n" for sample, spec in zip(samples, series)]
     e2e = item.e2e_processing_latency
     if e2e.percentiles is None:
@@ -109,45 +109,44 @@ def _rows_of(item, samples: tuple[str, ...], series, latency: tuple, labels: str
         lines.append("".join([f'{seconds}{{{before}quantile="{_quantile_label(q)}",{after}}} '
                               f"{floatToGoString(value / 1e9)}\n" for q, value in e2e.percentiles]))
         lines.append(f"{count}{labels} {floatToGoString(e2e.count)}\n")
-    return tuple(lines)
+    return tuple(line.encode() for line in lines)
 
 
-def topic_rows(topic) -> tuple[str, ...]:
+def topic_rows(topic) -> tuple[bytes, ...]:
     """A topic's sample lines (a ``TopicStats``), one string per family of ``TOPIC_SERIES``, then its latency
     quantiles' lines and its sample count's line (empty when its window is not configured)."""
     name = f'topic="{topic.topic_name}"'
     return _rows_of(topic, _TOPIC_SAMPLES, TOPIC_SERIES, TOPIC_E2E, "{" + name + "}", "", name)
 
 
-def channel_rows(channel, topic_name: str) -> tuple[str, ...]:
+def channel_rows(channel, topic_name: str) -> tuple[bytes, ...]:
     """The same for a channel (a ``ChannelStats``) of ``CHANNEL_SERIES``."""
     before, after = f'channel="{channel.channel_name}",', f'topic="{topic_name}"'
     return _rows_of(channel, _CHANNEL_SAMPLES, CHANNEL_SERIES, CHANNEL_E2E, "{" + before + after + "}", before, after)
 
 
-def rows_text(topics: list, channels: list, *, openmetrics: bool = False) -> str:
-    """The per-topic and per-channel families from every topic's ``topic_rows`` and every channel's
-    ``channel_rows``, in order: family by family, as ``prometheus_client`` writes them."""
-    out: list[str] = []
+def rows_pieces(topics: list, channels: list, *, openmetrics: bool = False) -> list[bytes]:
+    """The per-topic and per-channel families from rows of ``topic_rows`` and of ``channel_rows`` (or any rows
+    with as many columns: several channels' rows joined column by column), in order: family by family, as
+    ``prometheus_client`` writes them. The pieces, to be joined once."""
+    out: list[bytes] = []
     for rows, series, latency in ((topics, TOPIC_SERIES, TOPIC_E2E), (channels, CHANNEL_SERIES, CHANNEL_E2E)):
-        columns = list(zip(*rows)) if rows else [()] * (len(series) + 2)
-        for (name, kind, documentation, _), column in zip(series, columns):
-            _family(out, name, kind, documentation, openmetrics)
-            out.append("".join(column))
         seconds, seconds_help, samples, samples_help = latency
-        _family(out, seconds, "gauge", seconds_help, openmetrics)
-        out.append("".join(columns[-2]))
-        _family(out, samples, "gauge", samples_help, openmetrics)
-        out.append("".join(columns[-1]))
-    return "".join(out)
+        families = [(name, kind, documentation) for name, kind, documentation, _ in series]
+        families += [(seconds, "gauge", seconds_help), (samples, "gauge", samples_help)]
+        for column, (name, kind, documentation) in enumerate(families):
+            out.append(_family(name, kind, documentation, openmetrics))
+            out += map(itemgetter(column), rows)
+    return out
 
 
 def series_text(stats, *, openmetrics: bool = False) -> str:
     """The per-topic and per-channel families of a snapshot, as ``prometheus_client`` writes them in the Prometheus
     text format, or in OpenMetrics."""
     topics = stats.topics or ()
-    return rows_text([topic_rows(t) for t in topics],
-                     [channel_rows(c, t.topic_name) for t in topics for c in t.channels], openmetrics=openmetrics)
+    return b"".join(rows_pieces([topic_rows(t) for t in topics],
+                                [channel_rows(c, t.topic_name) for t in topics for c in t.channels],
+                                openmetrics=openmetrics)).decode()
 
 
 class NSQDCollector:
@@ -206,9 +205,10 @@ class MetricsEndpoint:
             self.collector.snapshot = node_stats(nsqd, None, None, include_mem=False, now_ns=time.time_ns())
             try:
                 head = encoder(self.registry)
-                series = self.cache.metrics_series(openmetrics=openmetrics).encode()
+                series = self.cache.metrics_pieces(openmetrics=openmetrics)
             finally:
                 self.collector.snapshot = None
-        if openmetrics and head.endswith(b"# EOF\n"):
-            return head[:-6] + series + b"# EOF\n", content_type
-        return head + series, content_type
+            end = b""
+            if openmetrics and head.endswith(b"# EOF\n"):
+                head, end = head[:-6], b"# EOF\n"
+            return b"".join([head, *series, end]), content_type

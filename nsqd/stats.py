@@ -3,8 +3,10 @@
 ``collect(nsqd, ...)`` reads the plain counters that topics, channels and clients keep (nothing is
 counted for the stats' sake) into dataclasses (with slots; not frozen, whose ``__init__`` costs five times
 more, 50 ms at 30,000 topics and channels). The snapshot is taken synchronously, so it is
-consistent: no message moves while it is read. ``/stats`` (``to_json``, ``format_text``), ``/metrics``
-(``metrics.py``) and statsd (``statsd.py``) all start from it.
+consistent: no message moves while it is read. ``/stats?topic=`` (``json_body``, ``format_text``) and statsd
+(``statsd.py``) start from it. ``/stats`` and ``/metrics`` of the whole node go through ``stats_cache.py``, which
+keeps each topic's, channel's and client's pieces and renders them with the functions here (``channel_json_parts``,
+``topic_text_line``...), so both paths write the same bytes.
 
 Filters and null-vs-empty rules are nsqd's:
 - ``topic`` names a missing topic: ``topics`` and ``producers`` are ``None`` (JSON ``null``);

@@ -37,7 +37,8 @@ def assert_current(nsqd, cache: StatsCache) -> dict:
         assert _ageless(cache.text(**options)) == _ageless(format_text(collect(nsqd, **options)).encode()), options
     snapshot = collect(nsqd, include_clients=False, include_mem=False)
     for openmetrics in (False, True):
-        assert cache.metrics_series(openmetrics=openmetrics) == series_text(snapshot, openmetrics=openmetrics)
+        assert b"".join(cache.metrics_pieces(openmetrics=openmetrics)) == series_text(snapshot,
+                                                                                      openmetrics=openmetrics).encode()
     return json.loads(cache.json(include_mem=False))
 
 
@@ -221,3 +222,21 @@ async def test_the_http_handlers_use_the_cache(nsqd):
     assert json.loads(await get("/stats", b"format=json&topic=t"))["topics"][0]["channels"][0]["paused"] is True
     body, _ = MetricsEndpoint(nsqd).render(None)
     assert b"nsqd_topics 1.0\n" in body
+
+
+async def test_metrics_runs_of_topics_are_joined_again_only_when_one_changed(nsqd, monkeypatch):
+    monkeypatch.setattr("nsqd.stats_cache.METRICS_BLOCK", 3)
+    cache = StatsCache(nsqd)
+    for index in range(10):
+        nsqd.get_topic(f"t{index}").get_channel("c")
+    assert_current(nsqd, cache)
+    kept = dict(cache._metrics_blocks)
+    nsqd.get_topic("t4").publish([b"m"])  # in the second run of three
+    assert_current(nsqd, cache)
+    assert [cache._metrics_blocks[start] is kept[start] for start in (0, 3, 6, 9)] == [True, False, True, True]
+    nsqd.delete_topic("t9")
+    nsqd.delete_topic("t8")
+    assert_current(nsqd, cache)
+    assert sorted(cache._metrics_blocks) == [0, 3, 6]
+    nsqd.get_topic("t1").delete_channel("c")  # a topic without channels among others
+    assert_current(nsqd, cache)

@@ -27,6 +27,7 @@ Requests with ``topic=`` still go through ``stats.collect`` (one topic costs wel
 from __future__ import annotations
 
 import time
+from itertools import zip_longest
 from operator import attrgetter
 
 from .client import ClientState
@@ -70,18 +71,19 @@ def _fold(parts: list) -> tuple[bytes, tuple[tuple[int, bytes], ...]]:
 
 
 class _Piece:
-    """One channel's or client's key, its snapshot (``ChannelStats``, ``ClientStats``), and its renderings (None
-    until asked for)."""
+    """A channel's or a client's key and snapshot (``ChannelStats``, ``ClientStats``); a client's also keeps its
+    renderings (None until asked for). A channel is rendered again with its topic (from the snapshot: its key did
+    not change), so that only one copy of each topic's text is kept."""
 
-    __slots__ = ("key", "stats", "json", "text", "metrics", "clients")
+    __slots__ = ("key", "stats", "json", "text", "clients", "client")
 
-    def __init__(self) -> None:
+    def __init__(self, client=None) -> None:
         self.key = None
         self.stats = None
         self.json = None
         self.text = None
-        self.metrics = None
         self.clients = _NO_CLIENTS  # a channel's clients' pieces, in the channel's order
+        self.client = client  # a client's piece: the client
 
 
 class _TopicPiece:
@@ -123,14 +125,13 @@ _client_identity = attrgetter("client_id", "hostname", "user_agent", "sample_rat
                               "tls_negotiated_protocol_is_mutual")
 
 
-_INIT = ClientState.INIT
-
-
 def _client_key(client) -> tuple:
-    counts = client.pub_counts
+    """What the client's renderings depend on (the refresh loop writes the same inline)."""
     counters = _client_counters(client)
-    return (counters, tuple(counts.items()) if counts else None,
-            _client_identity(client) if counters[0] == _INIT else None)
+    counts = client.pub_counts
+    if not counts and counters[0] != ClientState.INIT:
+        return counters
+    return counters, tuple(counts.items()), _client_identity(client)
 
 
 class StatsCache:
@@ -140,7 +141,6 @@ class StatsCache:
         self.nsqd = nsqd
         self._version = None
         self._order: list[tuple] = []  # [(topic, _TopicPiece)] sorted by topic name
-        self._clients: dict[int, _Piece] = {}  # by client ID
         self._producers: list[_Piece] = []
         self._metrics_blocks: dict[int, tuple] = {}  # by the index of the run's first topic
 
@@ -177,8 +177,7 @@ class StatsCache:
         idle channel is read once and costs one tuple comparison; its piece is not touched."""
         now_ns = time.time_ns()
         order = self._sorted()
-        old_clients = self._clients
-        clients: dict[int, _Piece] = {}
+        client_counters, client_identity, INIT = _client_counters, _client_identity, ClientState.INIT
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
         state = None
         for topic, topic_piece in order:
@@ -205,25 +204,30 @@ class StatsCache:
                     if state is not None:  # keep the figures, not the window's samples
                         latency = stats.e2e_processing_latency
                         stats.e2e_processing_latency = E2EResult(latency.count, latency.percentiles)
-                    piece.key, piece.stats, piece.json, piece.text, piece.metrics = key, stats, None, None, None
+                    piece.key, piece.stats = key, stats
                     if not members:  # (a channel whose key counts no client lists none: not looked at below)
                         piece.clients = _NO_CLIENTS
                     changed = True
                 if include_clients and members:
                     has_clients = True
                     piece = topic_piece.pieces[index]
+                    previous = piece.clients
+                    if len(previous) != len(members):
+                        previous = ()
                     listed = []
-                    for client in members.values():
-                        client_id = client.id
-                        client_piece = old_clients.get(client_id) or _Piece()
-                        key = _client_key(client)
+                    for client, client_piece in zip_longest(members.values(), previous):
+                        if client_piece is None or client_piece.client is not client:
+                            client_piece = _Piece(client)
+                        counters = client_counters(client)
+                        counts = client.pub_counts
+                        key = (counters if not counts and counters[0] != INIT else
+                               (counters, tuple(counts.items()), client_identity(client)))
                         if key != client_piece.key:
                             client_piece.key, client_piece.json, client_piece.text = key, None, None
                             client_piece.stats = client_stats(client, None)
                             changed = True
-                        clients[client_id] = client_piece
                         listed.append(client_piece)
-                    if listed != piece.clients:
+                    if listed != previous:
                         piece.clients = listed
                         changed = True
             backend = topic.backend
@@ -241,22 +245,18 @@ class StatsCache:
             if include_clients:
                 topic_piece.has_clients = has_clients
         if include_clients:
-            self._producers = [self._client_piece(c, clients, old_clients)
-                               for c in list(self.nsqd.clients.values()) if c.pub_counts]
-            self._clients = clients
+            previous = {piece.client.id: piece for piece in self._producers}
+            self._producers = [self._producer_piece(c, previous) for c in list(self.nsqd.clients.values())
+                               if c.pub_counts]
         return order
 
     @staticmethod
-    def _client_piece(client, pieces: dict, old: dict) -> _Piece:
-        """The client's piece (the one of this request, else the last request's), renewed if its key changed."""
-        piece = pieces.get(client.id)
-        if piece is not None:
-            return piece
-        piece = old.get(client.id) or _Piece()
+    def _producer_piece(client, previous: dict) -> _Piece:
+        """A producer's piece (the last request's, by client), renewed if the client changed."""
+        piece = previous.get(client.id) or _Piece(client)
         key = _client_key(client)
         if piece.key != key:
             piece.key, piece.stats, piece.json, piece.text = key, client_stats(client, None), None, None
-        pieces[client.id] = piece
         return piece
 
     def _header(self, include_mem: bool):
@@ -300,9 +300,7 @@ class StatsCache:
     def _topic_json(self, topic, piece: _TopicPiece, channels: list, include_clients: bool) -> bytes:
         rendered = []
         for _, channel_piece in channels:
-            if channel_piece.json is None:
-                channel_piece.json = tuple(map(_encode, channel_json_parts(channel_piece.stats)))
-            head, tail = channel_piece.json
+            head, tail = map(_encode, channel_json_parts(channel_piece.stats))
             clients = self._json_clients(channel_piece.clients) if include_clients else b"null"
             rendered.append(head + clients + tail)
         return (_encode(topic_json_head(topic.name)) + b",".join(rendered)
@@ -354,9 +352,7 @@ class StatsCache:
     def _topic_text(self, piece: _TopicPiece, channels: list, include_clients: bool) -> tuple:
         parts: list = [_encode(topic_text_line(piece.stats) + "\n")]
         for _, channel_piece in channels:
-            if channel_piece.text is None:
-                channel_piece.text = _encode(channel_text_line(channel_piece.stats) + "\n")
-            parts.append(channel_piece.text)
+            parts.append(_encode(channel_text_line(channel_piece.stats) + "\n"))
             if include_clients:
                 self._text_clients(parts, channel_piece.clients, b"        ")
         return _fold(parts)
@@ -394,11 +390,7 @@ class StatsCache:
         for topic, piece in order:
             rendered = piece.metrics
             if rendered is None:
-                channel_rows_ = []
-                for _, channel_piece in piece.channels:
-                    if channel_piece.metrics is None:
-                        channel_piece.metrics = channel_rows(channel_piece.stats, topic.name)
-                    channel_rows_.append(channel_piece.metrics)
+                channel_rows_ = [channel_rows(channel_piece.stats, topic.name) for _, channel_piece in piece.channels]
                 columns = tuple(map(b"".join, zip(*channel_rows_))) if channel_rows_ else None
                 rendered = piece.metrics = (topic_rows(piece.stats), columns)
             rows.append(rendered)

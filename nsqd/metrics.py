@@ -98,9 +98,15 @@ _TOPIC_SAMPLES = _sample_names(TOPIC_SERIES)
 _CHANNEL_SAMPLES = _sample_names(CHANNEL_SERIES)
 
 
+def _value(value) -> str:
+    """``floatToGoString`` of an integer or boolean: ``repr(float(v))`` below a million, where they are the same (Go
+    switches to an exponent from seven digits on)."""
+    return repr(float(value)) if value < 1_000_000 else floatToGoString(value)
+
+
 def _rows_of(item, samples: tuple[str, ...], series, latency: tuple, labels: str, before: str, after: str) \
         -> tuple[bytes, ...]:
-    lines = [f"{sample}{labels} {floatToGoString(spec[3](item))}\n" for sample, spec in zip(samples, series)]
+    lines = [f"{sample}{labels} {_value(spec[3](item))}\n" for sample, spec in zip(samples, series)]
     e2e = item.e2e_processing_latency
     if e2e.percentiles is None:
         lines += ("", "")

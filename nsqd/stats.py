@@ -39,8 +39,11 @@ from .e2e import E2EResult, merge_results
 from .replication.stats import collect_replication, replication_json, replication_text
 
 __all__ = [
-    "ChannelStats", "ClientStats", "E2EResult", "MemoryStats", "NodeStats", "TopicStats", "collect",
-    "format_text", "gc_paused", "json_body", "memory_stats", "to_json",
+    "PRODUCERS_TEXT", "TOPICS_TEXT", "ChannelStats", "ClientStats", "E2EResult", "MemoryStats", "NodeStats",
+    "TopicStats", "channel_json_parts", "channel_stats", "channel_text_line", "client_body", "client_stats",
+    "client_text_parts", "collect", "connected_text", "format_text", "gc_paused", "json_body", "json_end",
+    "json_head", "json_middle", "memory_stats", "node_stats", "text_end", "text_head", "to_json", "topic_json_head",
+    "topic_json_tail", "topic_stats", "topic_text_line",
 ]
 
 

@@ -107,6 +107,13 @@ class E2ELatency:
     def count(self) -> int:
         return self._current_count + self._previous_count
 
+    def state(self, now_ns: int) -> tuple[int, int, int]:
+        """What ``result(now_ns)`` depends on: the bucket edge and the bucket counts (a sample is recorded with a
+        count, a rotation moves the edge). A stale window is rotated first, as ``result`` does."""
+        if now_ns >= self._rotate_at:
+            self._rotate(now_ns)
+        return self._rotate_at, self._current_count, self._previous_count
+
     def result(self, now_ns: int | None = None) -> E2EResult:
         """The figures of the window ending now (a stale window is rotated first, so an idle channel's old
         samples expire even without new FINs)."""

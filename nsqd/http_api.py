@@ -21,7 +21,8 @@ Routes and their checks (status CODE, in order):
   validated before the topic is created.
 - ``POST /topic/{create,delete,empty,pause,unpause}`` and ``/channel/{...}``: see the handlers; pausing and
   unpausing persist the metadata at once.
-- ``GET /stats?format=json&topic=&channel=&include_clients=&include_mem=``: ``stats.py``.
+- ``GET /stats?format=json&topic=&channel=&include_clients=&include_mem=``: ``stats.py``; without ``topic=``,
+  ``stats_cache.py`` writes the same bytes re-rendering only what changed since the last request.
 - ``GET /metrics``: Prometheus exposition (``metrics.py``); an addition of this implementation.
 - ``GET|PUT /config/:opt``: option values by config-file name; only ``nsqlookupd_tcp_addresses`` (JSON array)
   and ``log_level`` (a level word) can be changed.
@@ -59,6 +60,7 @@ from protocol.version import NSQ_VERSION
 
 from .options import config_value
 from .stats import collect, format_text, gc_paused, json_body
+from .stats_cache import StatsCache
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["BOOL_PARAMS", "NSQDRouter", "build_router", "make_http_server"]
@@ -110,6 +112,7 @@ class _API:
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
         self.metrics_endpoint = None  # built at the first scrape: prometheus_client costs start-up time otherwise
+        self.stats_cache = StatsCache(nsqd)
 
     # -- parameter helpers -------------------------------------------------------------------------------------
     @staticmethod
@@ -250,10 +253,14 @@ class _API:
         include_mem = BOOL_PARAMS.get(self._param(request, "include_mem") or "", True)
         topic, channel = self._param(request, "topic") or None, self._param(request, "channel") or None
         with gc_paused():
-            stats = collect(self.nsqd, topic=topic, channel=channel, include_clients=include_clients,
-                            include_mem=include_mem)
-            body = json_body(stats) if fmt == "json" else format_text(stats)
-            del stats
+            if topic is None:  # the whole node: only what changed since the last request is rendered again
+                render = self.stats_cache.json if fmt == "json" else self.stats_cache.text
+                body = render(channel=channel, include_clients=include_clients, include_mem=include_mem)
+            else:
+                stats = collect(self.nsqd, topic=topic, channel=channel, include_clients=include_clients,
+                                include_mem=include_mem)
+                body = json_body(stats) if fmt == "json" else format_text(stats).encode("utf-8", "replace")
+                del stats
         if fmt == "json":
             return encoded_json_response(body)
         return text_response(body, nsq_header=True)
@@ -262,7 +269,7 @@ class _API:
         if self.metrics_endpoint is None:
             from .metrics import MetricsEndpoint
 
-            self.metrics_endpoint = MetricsEndpoint(self.nsqd)
+            self.metrics_endpoint = MetricsEndpoint(self.nsqd, self.stats_cache)
         body, content_type = self.metrics_endpoint.render(request.headers.get("accept"))
         return Response(200, [("Content-Type", content_type)], body)
 

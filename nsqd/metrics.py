@@ -1,8 +1,9 @@
 """Prometheus ``/metrics``: a collector that turns one stats snapshot into metric families at scrape time.
 
-Nothing is counted per message for Prometheus: topics, channels and clients keep plain integers, and
-``NSQDCollector.collect`` reads them through ``stats.collect`` when a scrape comes (``prometheus_client``'s
-own counters cost 20-70 times more than ``obj.count += 1`` on the hot path). The registry also carries the
+Nothing is counted per message for Prometheus (``prometheus_client``'s own counters cost 20-70 times more than
+``obj.count += 1`` on the hot path): topics, channels and clients keep plain integers, read when a scrape comes.
+The series come from ``stats_cache.py``, which renders again only the topics and channels that changed since the
+last request, with ``topic_rows`` and ``channel_rows`` here. The registry also carries the
 standard ``process_*`` collector, which reads /proc at scrape time as well.
 
 The per-topic and per-channel series (15 families, 240,000 samples at 10,000 topics and 20,000 channels) are written
@@ -29,7 +30,8 @@ Series (labels in braces):
 
 from __future__ import annotations
 
-from operator import attrgetter
+import time
+from operator import attrgetter, itemgetter
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
@@ -38,9 +40,10 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from .replication.stats import replication_metrics
-from .stats import collect, gc_paused
+from .stats import gc_paused, node_stats
 
-__all__ = ["CHANNEL_SERIES", "TOPIC_SERIES", "MetricsEndpoint", "NSQDCollector", "series_text"]
+__all__ = ["CHANNEL_SERIES", "TOPIC_SERIES", "MetricsEndpoint", "NSQDCollector", "channel_rows", "rows_pieces",
+           "series_text", "topic_rows"]
 
 
 def _quantile_label(q: float) -> str:
@@ -81,64 +84,75 @@ CHANNEL_E2E = ("nsqd_channel_e2e_processing_latency_seconds", "Publish-to-FIN la
                "nsqd_channel_e2e_processing_latency_samples", "Publish-to-FIN latency samples in the window")
 
 
-def _number(value) -> str:
-    return floatToGoString(value)
+def _family(name: str, kind: str, documentation: str, openmetrics: bool) -> bytes:
+    """A family's HELP and TYPE lines."""
+    title = name if openmetrics or kind != "counter" else name + "_total"
+    return f"# HELP {title} {documentation}\n# TYPE {title} {kind}\n".encode()
 
 
-def _numbers(values: list) -> list[str]:
-    """``floatToGoString`` of integers (and booleans): ``repr(float(v))`` in C where they are the same (below a
-    million, where Go does not switch to an exponent yet)."""
-    if values and max(values) >= 1_000_000:
-        return [floatToGoString(value) for value in values]
-    return list(map(repr, map(float, values)))
+def _sample_names(series) -> tuple[str, ...]:
+    return tuple(name + "_total" if kind == "counter" else name for name, kind, _, _ in series)
 
 
-def _family(out: list, name: str, kind: str, documentation: str, openmetrics: bool) -> str:
-    """Append a family's HELP and TYPE lines; returns the name its samples carry."""
-    sample = name + "_total" if kind == "counter" else name
-    title = name if openmetrics else sample
-    out.append(f"# HELP {title} {documentation}\n# TYPE {title} {kind}\n")
-    return sample
+_TOPIC_SAMPLES = _sample_names(TOPIC_SERIES)
+_CHANNEL_SAMPLES = _sample_names(CHANNEL_SERIES)
 
 
-def _series(out: list, spec, items: list, labels: list[str], openmetrics: bool) -> None:
-    name, kind, documentation, value = spec
-    sample = _family(out, name, kind, documentation, openmetrics)
-    out.append("".join(map((sample + "{} {}\n").format, labels, _numbers(list(map(value, items))))))
+def _value(value) -> str:
+    """``floatToGoString`` of an integer or boolean: ``repr(float(v))`` below a million, where they are the same (Go
+    switches to an exponent from seven digits on)."""
+    return repr(float(value)) if value < 1_000_000 else floatToGoString(value)
 
 
-def _latency(out: list, names: tuple, items: list, label_parts: list[str], openmetrics: bool) -> None:
-    """The quantile gauges and the sample-count gauges, for the items whose window is configured."""
-    seconds, seconds_help, samples, samples_help = names
-    _family(out, seconds, "gauge", seconds_help, openmetrics)
-    tracked = [(item.e2e_processing_latency, part) for item, part in zip(items, label_parts)
-               if item.e2e_processing_latency.percentiles is not None]
-    # label names sort as prometheus_client sorts them: channel < quantile < topic
-    for e2e, (before, after) in tracked:
-        for q, value in e2e.percentiles:
-            out.append(f'{seconds}{{{before}quantile="{_quantile_label(q)}",{after}}} {_number(value / 1e9)}\n')
-    _family(out, samples, "gauge", samples_help, openmetrics)
-    for e2e, (before, after) in tracked:
-        out.append(f"{samples}{{{before}{after}}} {_number(e2e.count)}\n")
+def _rows_of(item, samples: tuple[str, ...], series, latency: tuple, labels: str, before: str, after: str) \
+        -> tuple[bytes, ...]:
+    lines = [f"{sample}{labels} {_value(spec[3](item))}\n" for sample, spec in zip(samples, series)]
+    e2e = item.e2e_processing_latency
+    if e2e.percentiles is None:
+        lines += ("", "")
+    else:
+        seconds, _, count, _ = latency
+        lines.append("".join([f'{seconds}{{{before}quantile="{_quantile_label(q)}",{after}}} '
+                              f"{floatToGoString(value / 1e9)}\n" for q, value in e2e.percentiles]))
+        lines.append(f"{count}{labels} {floatToGoString(e2e.count)}\n")
+    return tuple(line.encode() for line in lines)
+
+
+def topic_rows(topic) -> tuple[bytes, ...]:
+    """A topic's sample lines (a ``TopicStats``), one string per family of ``TOPIC_SERIES``, then its latency
+    quantiles' lines and its sample count's line (empty when its window is not configured)."""
+    name = f'topic="{topic.topic_name}"'
+    return _rows_of(topic, _TOPIC_SAMPLES, TOPIC_SERIES, TOPIC_E2E, "{" + name + "}", "", name)
+
+
+def channel_rows(channel, topic_name: str) -> tuple[bytes, ...]:
+    """The same for a channel (a ``ChannelStats``) of ``CHANNEL_SERIES``."""
+    before, after = f'channel="{channel.channel_name}",', f'topic="{topic_name}"'
+    return _rows_of(channel, _CHANNEL_SAMPLES, CHANNEL_SERIES, CHANNEL_E2E, "{" + before + after + "}", before, after)
+
+
+def rows_pieces(topics: list, channels: list, *, openmetrics: bool = False) -> list[bytes]:
+    """The per-topic and per-channel families from rows of ``topic_rows`` and of ``channel_rows`` (or any rows
+    with as many columns: several channels' rows joined column by column), in order: family by family, as
+    ``prometheus_client`` writes them. The pieces, to be joined once."""
+    out: list[bytes] = []
+    for rows, series, latency in ((topics, TOPIC_SERIES, TOPIC_E2E), (channels, CHANNEL_SERIES, CHANNEL_E2E)):
+        seconds, seconds_help, samples, samples_help = latency
+        families = [(name, kind, documentation) for name, kind, documentation, _ in series]
+        families += [(seconds, "gauge", seconds_help), (samples, "gauge", samples_help)]
+        for column, (name, kind, documentation) in enumerate(families):
+            out.append(_family(name, kind, documentation, openmetrics))
+            out += map(itemgetter(column), rows)
+    return out
 
 
 def series_text(stats, *, openmetrics: bool = False) -> str:
     """The per-topic and per-channel families of a snapshot, as ``prometheus_client`` writes them in the Prometheus
     text format, or in OpenMetrics."""
     topics = stats.topics or ()
-    out: list[str] = []
-    topic_labels = [f'{{topic="{t.topic_name}"}}' for t in topics]
-    for spec in TOPIC_SERIES:
-        _series(out, spec, topics, topic_labels, openmetrics)
-    _latency(out, TOPIC_E2E, topics, [("", f'topic="{t.topic_name}"') for t in topics], openmetrics)
-    channels = [c for t in topics for c in t.channels]
-    channel_labels = [f'{{channel="{c.channel_name}",topic="{t.topic_name}"}}' for t in topics for c in t.channels]
-    for spec in CHANNEL_SERIES:
-        _series(out, spec, channels, channel_labels, openmetrics)
-    _latency(out, CHANNEL_E2E, channels,
-             [(f'channel="{c.channel_name}",', f'topic="{t.topic_name}"') for t in topics for c in t.channels],
-             openmetrics)
-    return "".join(out)
+    return b"".join(rows_pieces([topic_rows(t) for t in topics],
+                                [channel_rows(c, t.topic_name) for t in topics for c in t.channels],
+                                openmetrics=openmetrics)).decode()
 
 
 class NSQDCollector:
@@ -154,7 +168,7 @@ class NSQDCollector:
         return []
 
     def collect(self):
-        stats = self.snapshot or collect(self.nsqd, include_clients=False, include_mem=False)
+        stats = self.snapshot or node_stats(self.nsqd, None, None, include_mem=False, now_ns=time.time_ns())
         info = GaugeMetricFamily("nsqd_info", "nsqd version (always 1)", labels=["version"])
         info.add_metric([stats.version], 1)
         yield info
@@ -167,7 +181,7 @@ class NSQDCollector:
         yield GaugeMetricFamily("nsqd_http_connections", "Open HTTP connections", value=stats.http_connections)
         yield GaugeMetricFamily("nsqd_producers", "TCP connections that have published",
                                 value=sum(1 for c in self.nsqd.clients.values() if c.pub_counts))
-        yield GaugeMetricFamily("nsqd_topics", "Topics", value=len(stats.topics or ()))
+        yield GaugeMetricFamily("nsqd_topics", "Topics", value=len(self.nsqd.topics))
         if stats.replication is not None:
             yield from replication_metrics(stats.replication)
 
@@ -176,24 +190,31 @@ class MetricsEndpoint:
     """``GET /metrics`` of one daemon: the registry (daemon families, ``process_*``) and the series (see the
     module notes), from one snapshot per scrape."""
 
-    def __init__(self, nsqd) -> None:
+    def __init__(self, nsqd, cache=None) -> None:
         self.collector = NSQDCollector(nsqd)
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
+        if cache is None:
+            from .stats_cache import StatsCache
+
+            cache = StatsCache(nsqd)
+        self.cache = cache
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scrape (Prometheus text, or OpenMetrics when the ``Accept`` header asks for it)
         and its content type."""
         encoder, content_type = choose_encoder(accept or "")
         openmetrics = content_type.startswith("application/openmetrics-text")
+        nsqd = self.collector.nsqd
         with gc_paused():
-            self.collector.snapshot = collect(self.collector.nsqd, include_clients=False, include_mem=False)
+            self.collector.snapshot = node_stats(nsqd, None, None, include_mem=False, now_ns=time.time_ns())
             try:
                 head = encoder(self.registry)
-                series = series_text(self.collector.snapshot, openmetrics=openmetrics).encode()
+                series = self.cache.metrics_pieces(openmetrics=openmetrics)
             finally:
                 self.collector.snapshot = None
-        if openmetrics and head.endswith(b"# EOF\n"):
-            return head[:-6] + series + b"# EOF\n", content_type
-        return head + series, content_type
+            end = b""
+            if openmetrics and head.endswith(b"# EOF\n"):
+                head, end = head[:-6], b"# EOF\n"
+            return b"".join([head, *series, end]), content_type

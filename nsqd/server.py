@@ -55,6 +55,8 @@ class NSQD:
     def __init__(self, opts) -> None:
         self.opts = opts
         self.topics: dict[str, Topic] = {}
+        # moves at every topic and channel create and delete (stats_cache.py keeps its sorted lists until then)
+        self.topology_version = 0
         self.clients: dict[int, Client] = {}
         self.exiting = False
         self.start_time = int(time.time())
@@ -134,6 +136,7 @@ class NSQD:
                           on_last_channel_gone=self._ephemeral_topic_idle,
                           make_backend=self._make_backend, spawn=self._spawn, owing=self.owing_topics)
             self.topics[name] = topic
+            self.topology_version += 1
             log.info("TOPIC(%s): created", name)
             if self.replication is not None and not topic.ephemeral:
                 attach_replication(self.replication, topic)
@@ -230,6 +233,7 @@ class NSQD:
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
+        self.topology_version += 1
         self.lookup.topic_deleted(topic)
         topic.close(persist=False)
         if topic.replication is not None:
@@ -240,6 +244,7 @@ class NSQD:
         return True
 
     def _channel_created(self, channel) -> None:
+        self.topology_version += 1
         self.scanner.invalidate()
         channel.in_flight.on_active = channel.deferred.on_active = partial(self.scanner.activate, channel)
         if channel.topic.replication is not None and not channel.ephemeral:
@@ -253,6 +258,7 @@ class NSQD:
             self.metadata_changed(channel.topic_name)
 
     def _channel_deleted(self, channel) -> None:
+        self.topology_version += 1
         self.scanner.invalidate()
         if channel.replication is not None:
             channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)

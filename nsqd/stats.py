@@ -3,8 +3,10 @@
 ``collect(nsqd, ...)`` reads the plain counters that topics, channels and clients keep (nothing is
 counted for the stats' sake) into dataclasses (with slots; not frozen, whose ``__init__`` costs five times
 more, 50 ms at 30,000 topics and channels). The snapshot is taken synchronously, so it is
-consistent: no message moves while it is read. ``/stats`` (``to_json``, ``format_text``), ``/metrics``
-(``metrics.py``) and statsd (``statsd.py``) all start from it.
+consistent: no message moves while it is read. ``/stats?topic=`` (``json_body``, ``format_text``) and statsd
+(``statsd.py``) start from it. ``/stats`` and ``/metrics`` of the whole node go through ``stats_cache.py``, which
+keeps each topic's, channel's and client's pieces and renders them with the functions here (``channel_json_parts``,
+``topic_text_line``...), so both paths write the same bytes.
 
 Filters and null-vs-empty rules are nsqd's:
 - ``topic`` names a missing topic: ``topics`` and ``producers`` are ``None`` (JSON ``null``);
@@ -37,8 +39,11 @@ from .e2e import E2EResult, merge_results
 from .replication.stats import collect_replication, replication_json, replication_text
 
 __all__ = [
-    "ChannelStats", "ClientStats", "E2EResult", "MemoryStats", "NodeStats", "TopicStats", "collect",
-    "format_text", "gc_paused", "json_body", "memory_stats", "to_json",
+    "PRODUCERS_TEXT", "TOPICS_TEXT", "ChannelStats", "ClientStats", "E2EResult", "MemoryStats", "NodeStats",
+    "TopicStats", "channel_json_parts", "channel_stats", "channel_text_line", "client_body", "client_stats",
+    "client_text_parts", "collect", "connected_text", "format_text", "gc_paused", "json_body", "json_end",
+    "json_head", "json_middle", "memory_stats", "node_stats", "text_end", "text_head", "to_json", "topic_json_head",
+    "topic_json_tail", "topic_stats", "topic_text_line",
 ]
 
 
@@ -135,7 +140,7 @@ class NodeStats:
 
 
 # -- collecting ------------------------------------------------------------------------------------------------
-def _client_stats(client, topic_filter: str | None) -> ClientStats:
+def client_stats(client, topic_filter: str | None) -> ClientStats:
     pub_counts = client.pub_counts
     if not pub_counts:
         counts: tuple = ()
@@ -181,18 +186,24 @@ def _e2e(channel, now_ns: int) -> E2EResult:
     return window.result(now_ns) if window is not None else EMPTY_E2E
 
 
-def _channel_stats(channel, include_clients: bool, topic_filter: str | None, now_ns: int) -> ChannelStats:
+def channel_stats(channel, include_clients: bool, topic_filter: str | None, now_ns: int) -> ChannelStats:
     # called for every channel of a full /stats: positional arguments and the depth read once
     clients = channel.clients
     listed = None
     if include_clients:
-        listed = tuple([_client_stats(c, topic_filter) for c in clients.values()]) if clients else ()
+        listed = tuple([client_stats(c, topic_filter) for c in clients.values()]) if clients else ()
     backend_depth = channel.backend_depth()
     window = channel.e2e
     return ChannelStats(channel.name, len(channel.queue) + backend_depth, backend_depth, len(channel.in_flight),
                         len(channel.deferred), channel.message_count, channel.requeue_count, channel.timeout_count,
                         len(clients), listed, channel.paused,
                         window.result(now_ns) if window is not None else EMPTY_E2E)
+
+
+def topic_stats(topic, channels: tuple[ChannelStats, ...], e2e: E2EResult) -> TopicStats:
+    backend_depth = topic.backend_depth()
+    return TopicStats(topic.name, channels, len(topic.queue) + backend_depth, backend_depth, topic.message_count,
+                      topic.message_bytes, topic.paused, e2e)
 
 
 @contextlib.contextmanager
@@ -256,26 +267,22 @@ def collect(nsqd, *, topic: str | None = None, channel: str | None = None, inclu
                     continue
             else:
                 selected = sorted(t.channels.values(), key=lambda c: c.name)
-            channels = tuple(_channel_stats(c, include_clients, topic, now_ns) for c in selected)
+            channels = tuple(channel_stats(c, include_clients, topic, now_ns) for c in selected)
             # the topic's latency merges all its channels, whichever are listed
             if channel:
                 results = [_e2e(c, now_ns) for c in t.channels.values()]
             else:
                 results = [c.e2e_processing_latency for c in channels]
-            entries.append(TopicStats(
-                topic_name=t.name,
-                channels=channels,
-                depth=t.depth(),
-                backend_depth=t.backend_depth(),
-                message_count=t.message_count,
-                message_bytes=t.message_bytes,
-                paused=t.paused,
-                e2e_processing_latency=merge_results(results, quantiles),
-            ))
+            entries.append(topic_stats(t, channels, merge_results(results, quantiles)))
         topics = tuple(entries)
         if include_clients:
-            found_producers = tuple(_client_stats(c, topic) for c in list(nsqd.clients.values()) if c.pub_counts)
+            found_producers = tuple(client_stats(c, topic) for c in list(nsqd.clients.values()) if c.pub_counts)
             producers = found_producers or None
+    return node_stats(nsqd, topics, producers, include_mem=include_mem, now_ns=now_ns)
+
+
+def node_stats(nsqd, topics, producers, *, include_mem: bool, now_ns: int) -> NodeStats:
+    """The snapshot of the daemon-wide figures, around the given topics and producers."""
     http_server = getattr(nsqd, "http_server", None)
     return NodeStats(
         version=NSQ_VERSION,
@@ -409,7 +416,7 @@ def _e2e_body(result: E2EResult) -> str:
     return go_json_text(_e2e_json(result))
 
 
-def _client_body(c: ClientStats) -> str:
+def client_body(c: ClientStats) -> str:
     optional = ""
     if c.authed:
         optional += ',"authed":true'
@@ -435,34 +442,63 @@ def _client_body(c: ClientStats) -> str:
 def _clients_body(clients) -> str:
     if clients is None:
         return "null"
-    return "[" + ",".join([_client_body(c) for c in clients]) + "]"
+    return "[" + ",".join([client_body(c) for c in clients]) + "]"
+
+
+def channel_json_parts(c: ChannelStats) -> tuple[str, str]:
+    """A channel's JSON object around its ``clients`` value: what comes before it and what after."""
+    return ((f'{{"channel_name":"{c.channel_name}","depth":{c.depth},"backend_depth":{c.backend_depth},'
+             f'"in_flight_count":{c.in_flight_count},"deferred_count":{c.deferred_count},'
+             f'"message_count":{c.message_count},"requeue_count":{c.requeue_count},'
+             f'"timeout_count":{c.timeout_count},"client_count":{c.client_count},"clients":'),
+            f',"paused":{_BOOL[c.paused]},"e2e_processing_latency":{_e2e_body(c.e2e_processing_latency)}}}')
 
 
 def _channel_body(c: ChannelStats) -> str:
-    return (f'{{"channel_name":"{c.channel_name}","depth":{c.depth},"backend_depth":{c.backend_depth},'
-            f'"in_flight_count":{c.in_flight_count},"deferred_count":{c.deferred_count},'
-            f'"message_count":{c.message_count},"requeue_count":{c.requeue_count},'
-            f'"timeout_count":{c.timeout_count},"client_count":{c.client_count},'
-            f'"clients":{_clients_body(c.clients)},"paused":{_BOOL[c.paused]},'
-            f'"e2e_processing_latency":{_e2e_body(c.e2e_processing_latency)}}}')
+    head, tail = channel_json_parts(c)
+    return head + _clients_body(c.clients) + tail
+
+
+def topic_json_head(name: str) -> str:
+    """A topic's JSON object up to its channels."""
+    return f'{{"topic_name":"{name}","channels":['
+
+
+def topic_json_tail(t: TopicStats) -> str:
+    """A topic's JSON object after its channels."""
+    return (f'],"depth":{t.depth},"backend_depth":{t.backend_depth},"message_count":{t.message_count},'
+            f'"message_bytes":{t.message_bytes},"paused":{_BOOL[t.paused]},'
+            f'"e2e_processing_latency":{_e2e_body(t.e2e_processing_latency)}}}')
 
 
 def _topic_body(t: TopicStats) -> str:
-    return (f'{{"topic_name":"{t.topic_name}","channels":[{",".join([_channel_body(c) for c in t.channels])}],'
-            f'"depth":{t.depth},"backend_depth":{t.backend_depth},"message_count":{t.message_count},'
-            f'"message_bytes":{t.message_bytes},"paused":{_BOOL[t.paused]},'
-            f'"e2e_processing_latency":{_e2e_body(t.e2e_processing_latency)}}}')
+    return topic_json_head(t.topic_name) + ",".join([_channel_body(c) for c in t.channels]) + topic_json_tail(t)
+
+
+def json_head(stats: NodeStats) -> str:
+    """The document up to its topics' value."""
+    return (f'{{"version":{go_string(stats.version)},"health":{go_string(stats.health)},'
+            f'"start_time":{stats.start_time},"topics":')
+
+
+def json_middle(stats: NodeStats) -> str:
+    """The document from after its topics to its producers' value."""
+    memory = "" if stats.memory is None else ',"memory":' + go_json_text(_memory_json(stats.memory))
+    return memory + ',"producers":'
+
+
+def json_end(stats: NodeStats) -> str:
+    """The document after its producers."""
+    replication = ("" if stats.replication is None
+                   else ',"replication":' + go_json_text(replication_json(stats.replication)))
+    return replication + "}"
 
 
 def json_body(stats: NodeStats) -> bytes:
     """``/stats?format=json``: ``go_json(to_json(stats))``, written directly (see above)."""
     topics = "null" if stats.topics is None else "[" + ",".join([_topic_body(t) for t in stats.topics]) + "]"
-    memory = "" if stats.memory is None else ',"memory":' + go_json_text(_memory_json(stats.memory))
-    replication = ("" if stats.replication is None
-                   else ',"replication":' + go_json_text(replication_json(stats.replication)))
-    return (f'{{"version":{go_string(stats.version)},"health":{go_string(stats.health)},'
-            f'"start_time":{stats.start_time},"topics":{topics}{memory},'
-            f'"producers":{_clients_body(stats.producers)}{replication}}}').encode("utf-8", "replace")
+    return (json_head(stats) + topics + json_middle(stats) + _clients_body(stats.producers)
+            + json_end(stats)).encode("utf-8", "replace")
 
 
 # -- text ------------------------------------------------------------------------------------------------------
@@ -472,17 +508,27 @@ def _e2e_text(result: E2EResult) -> str:
     return ", ".join(f"p{q * 100:g}={go_duration(int(v))}" for q, v in result.percentiles)
 
 
-def _client_text(c: ClientStats, now: int) -> str:
+def client_text_parts(c: ClientStats) -> tuple[str, str]:
+    """A client's text line around its connection's age (which changes every second)."""
     identity = f"{c.client_id}/{c.hostname}" if c.client_id != c.hostname else c.client_id
-    line = (f"[{c.version} {c.remote_address:<21}] state: {c.state} inflt: {c.in_flight_count:<4} "
-            f"rdy: {c.ready_count:<4} fin: {c.finish_count:<8} re-q: {c.requeue_count:<8} "
-            f"msgs: {c.message_count:<8} connected: {go_duration(max(now - c.connect_ts, 0) * 1_000_000_000)} "
-            f"({identity})")
+    before = (f"[{c.version} {c.remote_address:<21}] state: {c.state} inflt: {c.in_flight_count:<4} "
+              f"rdy: {c.ready_count:<4} fin: {c.finish_count:<8} re-q: {c.requeue_count:<8} "
+              f"msgs: {c.message_count:<8} connected: ")
+    after = f" ({identity})"
     if c.user_agent:
-        line += f" {c.user_agent}"
+        after += f" {c.user_agent}"
     if c.pub_counts:
-        line += " pub: " + ", ".join(f"{topic}={count}" for topic, count in c.pub_counts)
-    return line
+        after += " pub: " + ", ".join(f"{topic}={count}" for topic, count in c.pub_counts)
+    return before, after
+
+
+def connected_text(connect_ts: int, now: int) -> str:
+    return go_duration(max(now - connect_ts, 0) * 1_000_000_000)
+
+
+def _client_text(c: ClientStats, now: int) -> str:
+    before, after = client_text_parts(c)
+    return before + connected_text(c.connect_ts, now) + after
 
 
 def _rfc3339(ts: int) -> str:
@@ -490,9 +536,8 @@ def _rfc3339(ts: int) -> str:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
-def format_text(stats: NodeStats) -> str:
-    """``/stats`` without ``format=json``: for people, in nsqd's layout (not an interface contract)."""
-    now = int(time.time())
+def text_head(stats: NodeStats) -> list[str]:
+    """The text's lines before its topics."""
     out = [
         version_string("nsqd"),
         f"start_time {_rfc3339(stats.start_time)}",
@@ -503,27 +548,46 @@ def format_text(stats: NodeStats) -> str:
     if stats.memory is not None:
         out += ["", "Memory:"]
         out += [f"   {name:<25}\t{value}" for name, value in _memory_json(stats.memory).items()]
-    if not stats.topics:
-        out += ["", "Topics: None"]
-    else:
-        out += ["", "Topics:"]
+    return out
+
+
+def topic_text_line(t: TopicStats) -> str:
+    prefix = "*P " if t.paused else "   "
+    return (f"{prefix}[{t.topic_name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
+            f"msgs: {t.message_count:<8} e2e%: {_e2e_text(t.e2e_processing_latency)}")
+
+
+def channel_text_line(c: ChannelStats) -> str:
+    prefix = "   *P " if c.paused else "      "
+    return (f"{prefix}[{c.channel_name:<25}] depth: {c.depth:<5} be-depth: {c.backend_depth:<5} "
+            f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
+            f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} "
+            f"e2e%: {_e2e_text(c.e2e_processing_latency)}")
+
+
+#: the text's line introducing its topics, without topics and with
+TOPICS_TEXT = (["", "Topics: None"], ["", "Topics:"])
+#: the same for producers
+PRODUCERS_TEXT = (["", "Producers: None"], ["", "Producers:"])
+
+
+def format_text(stats: NodeStats) -> str:
+    """``/stats`` without ``format=json``: for people, in nsqd's layout (not an interface contract)."""
+    now = int(time.time())
+    out = text_head(stats)
+    out += TOPICS_TEXT[bool(stats.topics)]
     for t in stats.topics or ():
-        prefix = "*P " if t.paused else "   "
-        out.append(f"{prefix}[{t.topic_name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
-                   f"msgs: {t.message_count:<8} e2e%: {_e2e_text(t.e2e_processing_latency)}")
+        out.append(topic_text_line(t))
         for c in t.channels:
-            prefix = "   *P " if c.paused else "      "
-            out.append(f"{prefix}[{c.channel_name:<25}] depth: {c.depth:<5} be-depth: {c.backend_depth:<5} "
-                       f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
-                       f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} "
-                       f"e2e%: {_e2e_text(c.e2e_processing_latency)}")
+            out.append(channel_text_line(c))
             for client in c.clients or ():
                 out.append(f"        {_client_text(client, now)}")
-    if not stats.producers:
-        out += ["", "Producers: None"]
-    else:
-        out += ["", "Producers:"]
-        out += [f"   {_client_text(p, now)}" for p in stats.producers]
-    if stats.replication is not None:
-        out += replication_text(stats.replication)
+    out += PRODUCERS_TEXT[bool(stats.producers)]
+    out += [f"   {_client_text(p, now)}" for p in stats.producers or ()]
+    out += text_end(stats)
     return "\n".join(out) + "\n"
+
+
+def text_end(stats: NodeStats) -> list[str]:
+    """The text's lines after its producers."""
+    return replication_text(stats.replication) if stats.replication is not None else []

@@ -47,6 +47,9 @@ log = logging.getLogger("nsqd")
 HANDSHAKE_TIMEOUT = 5.0
 #: an origin silent this long (it heartbeats every 5 s) is taken for gone and its connection closed
 ORIGIN_SILENCE = 15.0
+#: bytes asked for per read of an origin's stream: a group commit's frames of several connections in one read,
+#: so one store and one ACK cover them
+RECEIVE_SIZE = 256 * 1024
 _DATA_EVENTS = (Messages, Finished, ChannelOp)
 
 
@@ -214,7 +217,7 @@ class ReplicaHost:
         store = origin.store
         last = store.seq if session == store.session else 0
         first_frame = True
-        backfill: set[bytes] | None = None  # ids seen in the backfill while it runs
+        backfill = False  # a backfill is running (data frames of seq 0 until SYNCED)
         while True:
             events = []
             frames = []  # as received: stored without encoding them again
@@ -224,47 +227,42 @@ class ReplicaHost:
                 kind = type(event)
                 if kind in _DATA_EVENTS or kind is Synced:
                     if first_frame and (event.seq == 0 or kind is Synced):  # a backfill (maybe empty)
-                        backfill = set()
+                        backfill = True
                         store.begin_backfill()
                     first_frame = False
-                    if backfill is not None:
+                    if backfill:
                         if kind is Synced:
-                            if events:
-                                self._store(store, events, frames)
-                                events, frames = [], []
-                            released = store.release_unseen(backfill)
-                            backfill = None
+                            backfill = False
                             last = event.seq
                             synced = True
-                            log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released",
-                                     origin.node, len(store.held), released)
-                            continue
-                        if event.seq != 0:
+                        elif event.seq != 0:
                             raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} inside a backfill")
-                        if kind is Messages:
-                            backfill.update(m.id for m in event.messages)
-                        events.append(event)
-                        frames.append(decoder.last_frame)
-                        continue
-                    if event.seq != last + 1:
-                        raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
-                    last = event.seq
-                    if kind is not Synced:
-                        events.append(event)
-                        frames.append(decoder.last_frame)
+                    else:
+                        if event.seq != last + 1:
+                            raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
+                        last = event.seq
+                        if kind is Synced:
+                            continue
+                        if kind is Messages and event.channel:
+                            raise ProtocolError(E_BAD_PROTOCOL, "MESSAGES frame of a channel outside a backfill")
+                    events.append(event)
+                    frames.append(decoder.last_frame)
                 elif kind is Heartbeat:
                     heartbeat = True
                 else:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
                 self._store(store, events, frames)
+            if synced:
+                log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
+                         len(store.held), store.backfill_released)
             if last != acked or synced:
                 store.session, store.seq = session, last
                 await stream.send_all(encode(Ack(last)))
             elif heartbeat:
                 await stream.send_all(HEARTBEAT_FRAME)
             with trio.move_on_after(ORIGIN_SILENCE) as scope:
-                data = await stream.receive_some(65536)
+                data = await stream.receive_some(RECEIVE_SIZE)
             if scope.cancelled_caught:
                 raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
             if not data:

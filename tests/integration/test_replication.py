@@ -222,7 +222,7 @@ def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons,
         hello = encode(Hello(f"127.0.0.1:{replica.tcp[1]}", "s"))
         assert _exchange(replica.tcp, hello)[-1] == Error("E_NODE_CONFLICT",
                                                           f"node 127.0.0.1:{replica.tcp[1]} is this node")
-        bad_topic = struct.pack(">IB", 1 + 8 + 5 + 4, 0x02) + struct.pack(">Q", 1) + b"\x00\x03a/b" + b"\x00" * 4
+        bad_topic = struct.pack(">IB", 1 + 8 + 5 + 2 + 4, 0x07) + struct.pack(">Q", 1) + b"\x00\x03a/b" + b"\x00" * 6
         events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + bad_topic)
         assert events[-1] == Error("E_BAD_TOPIC", "replicated topic name 'a/b' is not valid")
         message = ReplicatedMessage(b"0" * 16, 1, 0, 0, b"x")

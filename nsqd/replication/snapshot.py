@@ -41,9 +41,9 @@ _HEADER = SplitRecords.HEADER  # timestamp, attempts, id
 #: messages per MESSAGES frame of a backfill (and per step of encoding)
 BATCH = 512
 #: bytes read from a backlog's file per step
-READ_SIZE = 1 << 20
+READ_SIZE = 256 * 1024
 #: bytes of frames gathered before one write to the peer
-SEND_SIZE = 1 << 20
+SEND_SIZE = 256 * 1024
 
 
 class _Span:

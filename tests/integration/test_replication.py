@@ -229,6 +229,8 @@ def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons,
         events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + encode(Messages(1, "t", (message,)))
                            + encode(Messages(5, "t", (message,))))
         assert events[-1] == Error("E_BAD_SEQ", "frame seq 5 after 1")
+        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + encode(Messages(1, "t", (message,), "c")))
+        assert events[-1] == Error("E_BAD_PROTOCOL", "MESSAGES frame of a channel outside a backfill")
         assert _exchange(replica.tcp, b"\x00\x00\x00\x02\x01{")[-1].code == "E_BAD_HELLO"
         bystander.publish("t", b"after")
     assert replica.is_running()

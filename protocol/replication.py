@@ -221,13 +221,28 @@ def _pack_column(code: str, values) -> bytes:
     return struct.pack(f">{len(values)}{code}", *values)
 
 
+_NAMES: dict[str, bytes] = {"": b"\0\0"}
+
+
+def _cached_name(name: str) -> bytes:
+    """``_name`` of a topic or channel, kept for the names that come again (a bounded number)."""
+    raw = _NAMES.get(name)
+    if raw is None:
+        raw = _name(name)
+        if len(_NAMES) < 4096:
+            _NAMES[name] = raw
+    return raw
+
+
 def _messages_frame(seq: int, topic: str, channel: str, count: int, ids: bytes, timestamps: bytes,
                     attempts: bytes, dues: bytes, bodies) -> bytes:
-    head = _U64.pack(seq) + _name(topic) + _name(channel) + _U32.pack(count)
-    lengths = _pack_column("I", list(map(len, bodies)))
+    lengths = struct.pack(">%dI" % count, *map(len, bodies))
     data = b"".join(bodies)
-    size = 1 + len(head) + len(ids) + len(timestamps) + len(attempts) + len(dues) + len(lengths) + len(data)
-    return b"".join((_HEAD.pack(size, T_MESSAGES), head, ids, timestamps, attempts, dues, lengths, data))
+    topic_raw, channel_raw = _cached_name(topic), _cached_name(channel)
+    size = (1 + 8 + len(topic_raw) + len(channel_raw) + 4 + len(ids) + len(timestamps) + len(attempts) + len(dues)
+            + len(lengths) + len(data))
+    return b"".join((_HEAD.pack(size, T_MESSAGES), _U64.pack(seq), topic_raw, channel_raw, _U32.pack(count), ids,
+                     timestamps, attempts, dues, lengths, data))
 
 
 def _read_columns(payload: bytes, pos: int, ids: tuple[bytes, ...]) -> tuple[ReplicatedMessage, ...]:
@@ -288,6 +303,10 @@ HEARTBEAT_FRAME = encode(Heartbeat())
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------
+#: names found valid (topics and channels: the same rule), kept for the frames that name them again
+_VALID_NAMES: dict[bytes, str] = {}
+
+
 class _Reader:
     """Fields of one payload, in order; running short or leaving bytes over is ``E_BAD_PROTOCOL``."""
 
@@ -321,10 +340,15 @@ class _Reader:
         raw = self.take(self.unpack(_U16)[0])
         if allow_empty and not raw:
             return ""
+        text = _VALID_NAMES.get(raw)
+        if text is not None:
+            return text
         text = raw.decode("utf-8", "surrogateescape")
         if not is_valid_name_bytes(raw) or is_ephemeral(text):
             shown = raw.decode("utf-8", "backslashreplace")
             raise ProtocolError(code, f"replicated {kind} name {shown!r} is not valid")
+        if len(_VALID_NAMES) < 4096:
+            _VALID_NAMES[raw] = text
         return text
 
     def end(self) -> None:

@@ -154,6 +154,7 @@ class ReplicaHost:
             origin = self._claim(hello)
             generation = origin.generation
             store = origin.store
+            store.apply()  # what a previous connection left unindexed
             if not hello.clean and store.held and hello.session != store.session:
                 # the origin may have lost acknowledged messages (killed without durable mode, or back with an
                 # empty directory): what is held here is delivered here; the epoch tells the origin to drop its own
@@ -181,6 +182,11 @@ class ReplicaHost:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("REPLICATION: [%s] connection closed - %s", remote, exc)
         finally:
+            if origin is not None:
+                try:
+                    origin.store.apply()
+                except OSError as exc:
+                    log.error("REPLICA(%s): could not index what was stored - %s", origin.node, exc)
             if origin is not None and origin.generation == generation:
                 origin.connected = False
                 origin.cancel = None
@@ -253,14 +259,15 @@ class ReplicaHost:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
                 self._store(store, events, frames)
+            if last != acked or synced:
+                store.session, store.seq = session, last
+                await stream.send_all(encode(Ack(last)))  # on disk: the index follows the ACK
+            elif heartbeat:
+                await stream.send_all(HEARTBEAT_FRAME)
+            self._apply(store)
             if synced:
                 log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
                          len(store.held), store.backfill_released)
-            if last != acked or synced:
-                store.session, store.seq = session, last
-                await stream.send_all(encode(Ack(last)))
-            elif heartbeat:
-                await stream.send_all(HEARTBEAT_FRAME)
             with trio.move_on_after(ORIGIN_SILENCE) as scope:
                 data = await stream.receive_some(RECEIVE_SIZE)
             if scope.cancelled_caught:
@@ -272,7 +279,14 @@ class ReplicaHost:
     @staticmethod
     def _store(store: ReplicaStore, events: list, frames: list[bytes]) -> None:
         try:
-            store.store(events, frames)
+            store.write(events, frames)
+        except OSError as exc:
+            raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
+
+    @staticmethod
+    def _apply(store: ReplicaStore) -> None:
+        try:
+            store.apply()
         except OSError as exc:
             raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
 
@@ -363,6 +377,7 @@ class ReplicaHost:
         out = []
         for node, origin in sorted(self.origins.items()):
             store = origin.store
+            store.apply()
             state = "connected" if origin.connected else ("gone" if store.held else "idle")
             out.append(OriginStatistics(node=node, state=state, held_messages=len(store.held),
                                         held_bytes=store.held_bytes, topics=len(store.topics), epoch=store.epoch,

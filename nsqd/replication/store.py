@@ -125,6 +125,7 @@ class ReplicaStore:
         #: topic, every channel), for the messages it named that were held already
         self._backfill: dict[bytes, set[str] | None] | None = None
         self.backfill_released = 0  # messages the last backfill left out (released at its SYNCED)
+        self._unapplied: list | None = None  # the events written last, not yet indexed
         self.json_dirty = False  # topics or channels changed since the JSON file was written
         self._json_path = os.path.join(data_path, f"{_PREFIX}{node}{_JSON_SUFFIX}")
         self._load_json()
@@ -194,16 +195,31 @@ class ReplicaStore:
 
     # -- receiving ---------------------------------------------------------------------------------------------
     def store(self, events: list, frames: list[bytes] | None = None) -> None:
-        """Write a batch of events (MESSAGES, FINISHED, CHANNEL, SYNCED) and index them; ``frames``: their frames
-        as received, stored as they are (else encoded here). In durable mode they are synced before this returns.
-        OSError from the disk: nothing of the batch is stored (the queue's rule)."""
+        """``write`` then ``apply``: the events are on disk and indexed when this returns."""
+        self.write(events, frames)
+        self.apply()
+
+    def write(self, events: list, frames: list[bytes] | None = None) -> None:
+        """Write a batch of events (MESSAGES, FINISHED, CHANNEL, SYNCED); ``frames``: their frames as received,
+        stored as they are (else encoded here). In durable mode they are synced before this returns. OSError from
+        the disk: nothing of the batch is stored (the queue's rule). They are indexed by ``apply``, which the host
+        calls once it has acknowledged them (they are on disk: the ACK need not wait for the index); everything
+        that reads the index applies what is pending first."""
         if not events:
             return
+        self.apply()
         records = frames if frames is not None else [encode(event) for event in events]
-        queue = self.queue
-        queue.put_many(records)
-        first, read = queue.read_many_held(len(records))
-        assert len(read) == len(records), "the replica queue had unread records"
+        self.queue.put_many(records)
+        self._unapplied = events
+
+    def apply(self) -> None:
+        """Index the batch ``write`` stored last, if it is not yet (its records are read back for their tokens)."""
+        events = self._unapplied
+        if events is None:
+            return
+        self._unapplied = None
+        first, read = self.queue.read_many_held(len(events))
+        assert len(read) == len(events), "the replica queue had unread records"
         for offset, event in enumerate(events):
             self._apply(first + offset, event)
         if self.json_dirty:
@@ -386,6 +402,7 @@ class ReplicaStore:
     def begin_backfill(self) -> None:
         """The origin sends its whole state again: its topics and channels are what the backfill says; each
         message it sends names the channel that holds it (or the topic), and SYNCED ends it (``_end_backfill``)."""
+        self.apply()
         self._stop_backfill()
         self.topics.clear()
         self._backfill = {}
@@ -459,6 +476,7 @@ class ReplicaStore:
         """For a takeover: the held messages, read again from disk in batches, each with the channels that
         finished it: ``(topic, [(message, finished channels), ...])`` per record. The store's files are read
         from the committed position by a fresh queue object; ``remove`` deletes them afterwards."""
+        self.apply()
         self.queue.close()
         self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
         held = self.held
@@ -489,6 +507,7 @@ class ReplicaStore:
 
     def close(self) -> None:
         try:
+            self.apply()
             self.save_json()
         finally:
             self.queue.close()

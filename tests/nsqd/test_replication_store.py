@@ -156,3 +156,12 @@ def test_fins_of_many_records_and_channels_release_each_message_once(tmp_path):
     assert len(store.held) == 375
     store.store([Finished(10, "t", "a", every[1::2]), Finished(11, "t", "b", every[250:])])
     assert not store.held and store.held_bytes == 0 and not store._records
+
+
+def test_a_batch_written_but_not_yet_indexed_is_indexed_before_anything_reads_the_index(tmp_path):
+    store = _open(tmp_path)
+    store.write([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", 1, 2)])  # acknowledged; indexed later
+    store.write([Finished(3, "t", "a", (_id(1),))])  # the previous batch first
+    assert set(store.held) == {_id(1), _id(2)}
+    adopted = [(topic, [m.id for m, _ in batch]) for topic, batch in store.adopt()]
+    assert adopted == [("t", [_id(2)])]

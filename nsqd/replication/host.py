@@ -1,8 +1,9 @@
 """ReplicaHost: the replica's side, in every node: the ``  R1`` connections, the stores, takeover.
 
 A connection is served by ``serve`` (called by the TCP listener after the magic): HELLO, WELCOME, then every
-receive buffer's data frames are stored in one ``ReplicaStore.store`` (one write, one sync in durable mode) and
-answered by one ACK. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
+receive buffer's data frames are written in one ``ReplicaStore.write`` (one write, one sync in durable mode),
+answered by one ACK, and only then indexed (``ReplicaStore.apply``: the ACK waits for the disk, not for the
+index). A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
 origins whose stream closed and takes them over after ``--replica-takeover-timeout``; ``takeover`` does it at
 once (``POST /replica/takeover``).
 """
@@ -258,13 +259,13 @@ class ReplicaHost:
                 else:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
-                self._store(store, events, frames)
+                self._on_disk(store.write, events, frames)
             if last != acked or synced:
                 store.session, store.seq = session, last
                 await stream.send_all(encode(Ack(last)))  # on disk: the index follows the ACK
             elif heartbeat:
                 await stream.send_all(HEARTBEAT_FRAME)
-            self._apply(store)
+            self._on_disk(store.apply)
             if synced:
                 log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
                          len(store.held), store.backfill_released)
@@ -277,16 +278,10 @@ class ReplicaHost:
             decoder.receive_data(data)
 
     @staticmethod
-    def _store(store: ReplicaStore, events: list, frames: list[bytes]) -> None:
+    def _on_disk(step, *args) -> None:
+        """A store's ``write`` or ``apply``: a disk error ends the stream with ``E_STORE_FAILED``."""
         try:
-            store.write(events, frames)
-        except OSError as exc:
-            raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
-
-    @staticmethod
-    def _apply(store: ReplicaStore) -> None:
-        try:
-            store.apply()
+            step(*args)
         except OSError as exc:
             raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
 

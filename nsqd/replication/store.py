@@ -7,10 +7,10 @@ Files in the data directory, for origin ``node``::
                                                   "epoch": adopted epoch, "session": ..., "seq": ...}
 
 Records are the frames as received (MESSAGES, FINISHED, CHANNEL, SYNCED); a message is decoded again only for
-a takeover. The index in memory is one dict entry per held message, its id -> the ``_Record`` of its MESSAGES
-frame (shared by the frame's messages: its topic, order, how many it still holds, and per channel the IDs that
-channel finished while others have not yet); the record is acknowledged in the disk queue once it holds no
-message. FINs are applied per run of IDs of one record, with C-level dict and set operations: a FINISHED
+a takeover. The index in memory is one dict entry per held message, its id -> the token of its MESSAGES frame's
+``_Record`` (an int: the garbage collector never walks the index), shared by the frame's messages: its topic,
+order, how many it still holds, and per channel the IDs that channel finished while others have not yet; the
+record is acknowledged in the disk queue once it holds no message. FINs are applied per run of IDs of one record, with C-level dict and set operations: a FINISHED
 frame costs Python steps per record it touches, not per message. FINISHED, CHANNEL and SYNCED records are
 acknowledged at once: they stay on disk while any earlier record is held, which is exactly as long as a restart
 needs them (``DiskQueue``'s hold mode keeps the committed position at the oldest held record).
@@ -113,7 +113,9 @@ class ReplicaStore:
                                 max_msg_size=max_record_size, sync_every=1 if durable else 1 << 30,
                                 sync_timeout=sync_timeout, hold_reads=True, logger=log)
         self.topics: dict[str, TopicState] = {}
-        self.held: dict[bytes, _Record] = {}  # message id -> the record that holds it
+        #: message id -> the token of the record that holds it: int values keep this dict out of the garbage
+        #: collector's passes (an index of millions of messages costs it nothing)
+        self.held: dict[bytes, int] = {}
         self._records: dict[int, _Record] = {}  # token -> record, while it holds messages
         self.held_bytes = 0
         self.epoch = 0  # the highest epoch of this origin adopted here
@@ -249,10 +251,10 @@ class ReplicaStore:
         record = _Record(token, topic, self._order, ids)
         before = len(held)
         if held.keys().isdisjoint(ids):
-            held.update(dict.fromkeys(ids, record))
+            held.update(dict.fromkeys(ids, token))
         else:
             self._held_again(ids, event.channel or None)
-            held.update(dict.fromkeys([msg_id for msg_id in ids if msg_id not in held], record))
+            held.update(dict.fromkeys([msg_id for msg_id in ids if msg_id not in held], token))
         added = len(held) - before
         self.duplicates += len(ids) - added
         if not added:
@@ -271,9 +273,9 @@ class ReplicaStore:
         seen = self._backfill
         if seen is None:
             return
-        held = self.held
+        held, records = self.held, self._records
         for msg_id in ids:
-            record = held.get(msg_id)
+            record = records.get(held.get(msg_id))
             if record is None:
                 continue
             holders = seen.get(msg_id, _UNSEEN)
@@ -298,7 +300,9 @@ class ReplicaStore:
         ids = event.ids
         channel = event.channel
         # the IDs of one record come together (FINs follow the publishes): one step per run of them
-        for record, run in groupby(zip(map(self.held.get, ids), ids), key=_first):
+        records = self._records
+        for token, run in groupby(zip(map(self.held.get, ids), ids), key=_first):
+            record = records.get(token)
             if record is None or record.topic != topic:
                 continue
             run_ids = list(map(_second, run))
@@ -357,7 +361,8 @@ class ReplicaStore:
 
     def _held_ids(self, record: _Record) -> list[bytes]:
         held = self.held
-        return [msg_id for msg_id in record.ids if held.get(msg_id) is record]
+        token = record.token
+        return [msg_id for msg_id in record.ids if held.get(msg_id) == token]
 
     def _topic_records(self, topic: str) -> list[_Record]:
         return [record for record in self._records.values() if record.topic == topic]
@@ -485,9 +490,10 @@ class ReplicaStore:
                 continue
             batch = []
             for message in event.messages:
-                record = held.pop(message.id, None)
-                if record is not None:
-                    fins = record.fins
+                token = held.pop(message.id, None)
+                if token is not None:
+                    record = self._records.get(token)
+                    fins = record.fins if record is not None else None
                     batch.append((message, {name for name, ids in fins.items() if message.id in ids}
                                   if fins else set()))
             if batch:

@@ -299,13 +299,17 @@ class ReplicaStore:
             return
         ids = event.ids
         channel = event.channel
-        # the IDs of one record come together (FINs follow the publishes): one step per run of them
         records = self._records
+        alone = len(ts.channels) == 1 and channel in ts.channels  # then every message waits for it alone
+        # the IDs of one record come together (FINs follow the publishes): one step per run of them
         for token, run in groupby(zip(map(self.held.get, ids), ids), key=_first):
             record = records.get(token)
             if record is None or record.topic != topic:
                 continue
             run_ids = list(map(_second, run))
+            if alone:
+                self._release_ids(record, run_ids)
+                continue
             required = self._required(ts, record)
             if required == (channel,):
                 self._release_ids(record, run_ids)
@@ -344,20 +348,26 @@ class ReplicaStore:
         """Release those of ``ids`` that ``record`` still holds (each maps to it in ``held``)."""
         held = self.held
         before = len(held)
-        deque(map(held.pop, ids, repeat(None)), maxlen=0)
+        if len(ids) == 1:
+            held.pop(next(iter(ids)), None)
+        else:
+            deque(map(held.pop, ids, repeat(None)), maxlen=0)
         count = before - len(held)
         if record.fins:
             for finished in record.fins.values():
                 finished.difference_update(ids)
         if not count:
             return
-        share = record.size if count >= record.left else record.size * count // record.left
-        record.size -= share
-        self.held_bytes -= share
-        record.left -= count
-        if record.left <= 0:
+        left = record.left - count
+        if left <= 0:
+            self.held_bytes -= record.size
             del self._records[record.token]
             self.queue.ack(record.token)
+            return
+        share = record.size * count // record.left
+        record.size -= share
+        self.held_bytes -= share
+        record.left = left
 
     def _held_ids(self, record: _Record) -> list[bytes]:
         held = self.held

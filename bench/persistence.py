@@ -43,7 +43,7 @@ def add_arguments(parser) -> None:
                         help="measure each figure this many times and report the run with the median rate")
 
 
-def measure(args, target: Target, frame: bytes, per_frame: int, connections: int) -> dict:
+def measure(args, target: Target, frame: bytes, per_frame: int, connections: int, sampler=None) -> dict:
     topic = unique_topic(NAME)
     frame = frame.replace(b"TOPIC", topic.encode(), 1)
     Consumer(target.tcp, topic, "bench", 0).sock.close()  # the channel exists before the first publish
@@ -52,7 +52,7 @@ def measure(args, target: Target, frame: bytes, per_frame: int, connections: int
                                                                  messages_per_frame=per_frame, outstanding=1))])
     generators.add(build_roles, specs=[("sub", 1, dict(address=target.tcp, topic=topic, channel="bench",
                                                        rdy=200))])
-    result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
+    result = generators.run(warmup=args.warmup, duration=args.duration, sampler=sampler or target.sampler())
     window = result["window"]
     published, delivered = (sum(worker["window_counts"]) for worker in result["workers"])
     return {

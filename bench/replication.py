@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from bench.common import Generators, Report, Target, main, percentile, unique_topic
+from bench.common import Generators, ProcessSampler, Report, Target, main, percentile, unique_topic
 from bench.consume import create_channel
 from bench.load import build_roles
 from bench.persistence import measure
@@ -32,11 +32,30 @@ def add_arguments(parser) -> None:
     parser.add_argument("--latency-rate", type=float, default=10000.0)
 
 
-def throughput(args, target: Target, frame: bytes, per_frame: int, connections: int) -> dict:
-    """The persistence scenario's measure (publishers and one consumer), with nsqd's CPU per message."""
-    row = measure(args, target, frame, per_frame, connections)
+class _WithPeer(ProcessSampler):
+    """The node's CPU, as the generators sample it; the peer's at the same moments, in ``peer_readings``."""
+
+    def __init__(self, pid: int | None, peer_pid: int | None) -> None:
+        super().__init__(pid)
+        self.peer = ProcessSampler(peer_pid)
+        self.peer_readings: list[float] = []
+
+    def cpu_seconds(self) -> float:
+        self.peer_readings.append(self.peer.cpu_seconds())
+        return super().cpu_seconds()
+
+
+def throughput(args, target: Target, peer: Target, frame: bytes, per_frame: int, connections: int) -> dict:
+    """The persistence scenario's measure (publishers and one consumer), with the CPU per message of nsqd and of
+    nsqd and its peer together (the peer's work for the copies competes for the same two cores)."""
+    sampler = _WithPeer(target.pid, peer.pid)
+    row = measure(args, target, frame, per_frame, connections, sampler)
     cpu, rate = row["nsqd_cpu"], row["pub msg/s"]
-    return {**row, "cpu us/msg": cpu / rate * 1e6 if cpu and rate else None}
+    readings = sampler.peer_readings
+    peer_cpu = (readings[-1] - readings[0]) / (args.duration or 1) if len(readings) >= 2 and peer.pid else None
+    both = cpu + peer_cpu if cpu is not None and peer_cpu is not None else None
+    return {**row, "cpu us/msg": cpu / rate * 1e6 if cpu and rate else None, "peer_cpu": peer_cpu,
+            "both us/msg": both / rate * 1e6 if both and rate else None}
 
 
 def ok_latency(args, target: Target) -> dict:
@@ -75,7 +94,7 @@ def run(args) -> Report:
             with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
                 report.target = target.describe()
                 for workload, frame, per_frame, connections in workloads:
-                    row = throughput(args, target, frame, per_frame, connections)
+                    row = throughput(args, target, peer, frame, per_frame, connections)
                     if mode == "off":
                         baseline[workload] = row["pub msg/s"]
                     ratio = row["pub msg/s"] / baseline[workload] if baseline.get(workload) else None
@@ -87,7 +106,8 @@ def run(args) -> Report:
                 report.rows.append({"mode": mode, "workload": f"paced {args.latency_rate:g}/s", **row,
                                     "p99 added ms": added})
     report.notes.append("the peer runs on the same machine: the figures include its CPU competing with nsqd's")
-    report.notes.append("cpu column: cores used by the node under test (1.0 = one core)")
+    report.notes.append("nsqd_cpu / peer_cpu: cores used by the node under test / its peer (1.0 = one core); "
+                        "both us/msg: their CPU together per message published")
     return report
 
 

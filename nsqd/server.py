@@ -36,7 +36,7 @@ from .queue_scan import QueueScanner
 from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_replication
 from .replication.sender import load_state, save_state
-from .replication.snapshot import backfill_frames
+from .replication.snapshot import Backfill
 from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
@@ -357,7 +357,7 @@ class NSQD:
                                       acks=opts.replication_acks or len(opts.replicate_to),
                                       degraded=opts.replication_degraded, durable=self.durable,
                                       ssl_context=self._replication_ssl_context(),
-                                      epoch=epoch, snapshot=partial(backfill_frames, self),
+                                      epoch=epoch, snapshot=partial(Backfill, self),
                                       on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)

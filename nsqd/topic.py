@@ -122,7 +122,7 @@ class Topic:
         messages = new_messages(ids, bodies, now_ns, defer)
         self._accept(messages, sum(map(len, bodies)), bool(defer), defer_sync)
         if self.replication is not None:
-            self.replication.offer(self.name, messages)
+            self.replication.offer_published(self.name, ids, bodies, now_ns, defer)
 
     def put(self, message: Message) -> None:
         self.put_many((message,))

@@ -42,6 +42,8 @@ __all__ = [
     "Welcome",
     "encode",
     "encode_messages",
+    "encode_published",
+    "split_ids",
 ]
 
 MAGIC_R1 = b"  R1"
@@ -57,16 +59,20 @@ T_ADOPTED = 0x84
 OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED = 1, 2, 3, 4, 5
 _OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED))
 
-T_HELLO, T_MESSAGES, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
+T_HELLO, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED, T_MESSAGES = 0x01, 0x03, 0x04, 0x05, 0x06, 0x07
+#: MESSAGES as earlier versions wrote it, one row per message: decoded still (a replica's store on disk), never sent
+T_MESSAGES_ROWS = 0x02
 T_WELCOME, T_ACK, T_ERROR = 0x81, 0x82, 0x83
 
 _HEAD = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-#: one message of a MESSAGES frame: id, timestamp, attempts, due time, body length
-_MSG = struct.Struct(">16sqHqI")
+_I64 = struct.Struct(">q")
+_ROW = struct.Struct(">16sqHqI")  # a message of a T_MESSAGES_ROWS frame: id, timestamp, attempts, due, length
 _ID_LENGTH = 16
+#: bytes per message of the fixed-size columns of a MESSAGES frame: id, timestamp, attempts, due time
+_FIXED_COLUMNS = _ID_LENGTH + 8 + 2 + 8
 
 
 # -- events ------------------------------------------------------------------------------------------------------
@@ -101,11 +107,52 @@ class ReplicatedMessage:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
 class Messages:
-    seq: int
-    topic: str
-    messages: tuple[ReplicatedMessage, ...]
+    """MESSAGES: ``messages`` (``ReplicatedMessage``) of ``topic``; ``channel``, in a backfill only, names the
+    channel that holds them ("": the topic, so every channel). A decoded frame splits only its ``ids`` and sums
+    its body lengths (``body_bytes``) at once: the other columns are read when ``messages`` is first asked for
+    (a replica stores the frame as received and needs its messages only for a takeover)."""
+
+    __slots__ = ("seq", "topic", "ids", "body_bytes", "channel", "_messages", "_payload", "_columns")
+
+    def __init__(self, seq: int, topic: str, messages: tuple[ReplicatedMessage, ...] = (), channel: str = "") -> None:
+        self.seq = seq
+        self.topic = topic
+        self.channel = channel
+        self._messages = tuple(messages)
+        self.ids = tuple(m.id for m in self._messages)
+        self.body_bytes = sum(len(m.body) for m in self._messages)
+        self._payload = b""
+        self._columns = 0
+
+    @classmethod
+    def _decoded(cls, seq: int, topic: str, channel: str, ids: tuple[bytes, ...], body_bytes: int, payload: bytes,
+                 columns: int) -> "Messages":
+        event = cls.__new__(cls)
+        event.seq, event.topic, event.channel, event.ids, event.body_bytes = seq, topic, channel, ids, body_bytes
+        event._messages, event._payload, event._columns = None, payload, columns
+        return event
+
+    @property
+    def messages(self) -> tuple[ReplicatedMessage, ...]:
+        if self._messages is None:
+            self._messages = _read_columns(self._payload, self._columns, self.ids)
+            self._payload = b""
+        return self._messages
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not Messages:
+            return NotImplemented
+        return ((self.seq, self.topic, self.channel, self.messages)
+                == (other.seq, other.topic, other.channel, other.messages))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Messages(seq={self.seq!r}, topic={self.topic!r}, messages={self.messages!r}, channel={self.channel!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,16 +207,73 @@ def _name(name: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def encode_messages(seq: int, topic: str, messages) -> bytes:
-    """A MESSAGES frame from ``(id, timestamp, attempts, due_ns, body)`` tuples: one pack per message and one
-    join per frame (the origin's hot path, once per topic per replication write)."""
-    pack = _MSG.pack
-    parts = [b"", _U64.pack(seq), _name(topic), _U32.pack(len(messages))]
-    for msg_id, timestamp, attempts, due_ns, body in messages:
-        parts.append(pack(msg_id, timestamp, attempts, due_ns, len(body)))
-        parts.append(body)
-    parts[0] = _HEAD.pack(sum(map(len, parts)) + 1, T_MESSAGES)
-    return b"".join(parts)
+def encode_messages(seq: int, topic: str, messages, channel: str = "") -> bytes:
+    """A MESSAGES frame from ``(id, timestamp, attempts, due_ns, body)`` tuples: the columns are built by one
+    ``zip`` and one ``pack`` each (adopted messages, a backfill)."""
+    count = len(messages)
+    if not count:
+        return _messages_frame(seq, topic, channel, 0, b"", b"", b"", b"", ())
+    ids, timestamps, attempts, dues, bodies = zip(*messages)
+    return _messages_frame(seq, topic, channel, count, b"".join(ids), _pack_column("q", timestamps),
+                           _pack_column("H", attempts), _pack_column("q", dues), bodies)
+
+
+def encode_published(seq: int, topic: str, ids: list[bytes], bodies: list[bytes], timestamp: int,
+                     due_ns: int = 0) -> bytes:
+    """The MESSAGES frame of a published batch (one timestamp and due time for all, no attempt yet): the
+    origin's hot path, no Python step per message (the columns are joined, repeated and packed in C)."""
+    count = len(ids)
+    return _messages_frame(seq, topic, "", count, b"".join(ids), _I64.pack(timestamp) * count, b"\0\0" * count,
+                           _I64.pack(due_ns) * count, bodies)
+
+
+def _pack_column(code: str, values) -> bytes:
+    return struct.pack(f">{len(values)}{code}", *values)
+
+
+_NAMES: dict[str, bytes] = {"": b"\0\0"}
+
+
+def _cached_name(name: str) -> bytes:
+    """``_name`` of a topic or channel, kept for the names that come again (a bounded number)."""
+    raw = _NAMES.get(name)
+    if raw is None:
+        raw = _name(name)
+        if len(_NAMES) < 4096:
+            _NAMES[name] = raw
+    return raw
+
+
+def _messages_frame(seq: int, topic: str, channel: str, count: int, ids: bytes, timestamps: bytes,
+                    attempts: bytes, dues: bytes, bodies) -> bytes:
+    lengths = struct.pack(">%dI" % count, *map(len, bodies))
+    data = b"".join(bodies)
+    topic_raw, channel_raw = _cached_name(topic), _cached_name(channel)
+    size = (1 + 8 + len(topic_raw) + len(channel_raw) + 4 + len(ids) + len(timestamps) + len(attempts) + len(dues)
+            + len(lengths) + len(data))
+    return b"".join((_HEAD.pack(size, T_MESSAGES), _U64.pack(seq), topic_raw, channel_raw, _U32.pack(count), ids,
+                     timestamps, attempts, dues, lengths, data))
+
+
+def _read_columns(payload: bytes, pos: int, ids: tuple[bytes, ...]) -> tuple[ReplicatedMessage, ...]:
+    """The messages of a MESSAGES payload whose columns start at ``pos`` (checked by the decoder)."""
+    count = len(ids)
+    if not count:
+        return ()
+    unpack = struct.unpack_from
+    timestamps = unpack(f">{count}q", payload, pos)
+    pos += 8 * count
+    attempts = unpack(f">{count}H", payload, pos)
+    pos += 2 * count
+    dues = unpack(f">{count}q", payload, pos)
+    pos += 8 * count
+    lengths = unpack(f">{count}I", payload, pos)
+    pos += 4 * count
+    bodies = []
+    for length in lengths:
+        bodies.append(payload[pos:pos + length])
+        pos += length
+    return tuple(map(ReplicatedMessage, ids, timestamps, attempts, dues, bodies))
 
 
 def _encode_json(frame_type: int, event) -> bytes:
@@ -182,7 +286,8 @@ def encode(event) -> bytes:
     kind = type(event)
     if kind is Messages:
         return encode_messages(event.seq, event.topic,
-                               [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages])
+                               [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages],
+                               event.channel)
     if kind is Finished:
         return _frame(T_FINISHED, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
                       + _U32.pack(len(event.ids)) + b"".join(event.ids))
@@ -210,6 +315,10 @@ HEARTBEAT_FRAME = encode(Heartbeat())
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------
+#: names found valid (topics and channels: the same rule), kept for the frames that name them again
+_VALID_NAMES: dict[bytes, str] = {}
+
+
 class _Reader:
     """Fields of one payload, in order; running short or leaving bytes over is ``E_BAD_PROTOCOL``."""
 
@@ -243,10 +352,15 @@ class _Reader:
         raw = self.take(self.unpack(_U16)[0])
         if allow_empty and not raw:
             return ""
+        text = _VALID_NAMES.get(raw)
+        if text is not None:
+            return text
         text = raw.decode("utf-8", "surrogateescape")
         if not is_valid_name_bytes(raw) or is_ephemeral(text):
             shown = raw.decode("utf-8", "backslashreplace")
             raise ProtocolError(code, f"replicated {kind} name {shown!r} is not valid")
+        if len(_VALID_NAMES) < 4096:
+            _VALID_NAMES[raw] = text
         return text
 
     def end(self) -> None:
@@ -299,23 +413,30 @@ def _decode_messages(payload: bytes):
     reader = _Reader(payload, "MESSAGES")
     seq = reader.unpack(_U64)[0]
     topic = reader.name(E_BAD_TOPIC, "topic")
+    channel = reader.name(E_BAD_CHANNEL, "channel", allow_empty=True)
     count = reader.unpack(_U32)[0]
-    unpack = _MSG.unpack_from
-    size = _MSG.size
-    data = payload
-    pos = reader.pos
-    end = len(data)
+    columns = reader.pos
+    lengths_at = columns + count * _FIXED_COLUMNS
+    bodies_at = lengths_at + 4 * count
+    if bodies_at > len(payload):
+        raise reader._short()
+    body_bytes = sum(struct.unpack_from(f">{count}I", payload, lengths_at)) if count else 0
+    if bodies_at + body_bytes > len(payload):
+        raise reader._short()
+    reader.pos = bodies_at + body_bytes
+    reader.end()
+    return Messages._decoded(seq, topic, channel, split_ids(payload, columns, count), body_bytes, payload,
+                             columns + _ID_LENGTH * count)
+
+
+def _decode_message_rows(payload: bytes):
+    reader = _Reader(payload, "MESSAGES")
+    seq = reader.unpack(_U64)[0]
+    topic = reader.name(E_BAD_TOPIC, "topic")
     messages = []
-    for _ in range(count):
-        if pos + size > end:
-            raise reader._short()
-        msg_id, timestamp, attempts, due_ns, length = unpack(data, pos)
-        pos += size
-        if pos + length > end:
-            raise reader._short()
-        messages.append(ReplicatedMessage(msg_id, timestamp, attempts, due_ns, data[pos:pos + length]))
-        pos += length
-    reader.pos = pos
+    for _ in range(reader.unpack(_U32)[0]):
+        msg_id, timestamp, attempts, due_ns, length = reader.unpack(_ROW)
+        messages.append(ReplicatedMessage(msg_id, timestamp, attempts, due_ns, reader.take(length)))
     reader.end()
     return Messages(seq, topic, tuple(messages))
 
@@ -326,9 +447,24 @@ def _decode_finished(payload: bytes):
     topic = reader.name(E_BAD_TOPIC, "topic")
     channel = reader.name(E_BAD_CHANNEL, "channel")
     count = reader.unpack(_U32)[0]
-    raw = reader.take(count * _ID_LENGTH)
+    start = reader.pos
+    reader.take(count * _ID_LENGTH)
     reader.end()
-    return Finished(seq, topic, channel, tuple(raw[i:i + _ID_LENGTH] for i in range(0, len(raw), _ID_LENGTH)))
+    return Finished(seq, topic, channel, split_ids(payload, start, count))
+
+
+_ID_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def split_ids(data: bytes, pos: int, count: int) -> tuple[bytes, ...]:
+    """``count`` 16-byte message IDs stored back to back from ``pos``, in one C call (a ``Struct`` of that many
+    IDs, kept for the counts that come again)."""
+    layout = _ID_STRUCTS.get(count)
+    if layout is None:
+        layout = struct.Struct(f"{_ID_LENGTH}s" * count)
+        if len(_ID_STRUCTS) < 64 and count <= 8192:
+            _ID_STRUCTS[count] = layout
+    return layout.unpack_from(data, pos)
 
 
 def _decode_adopted(payload: bytes):
@@ -372,7 +508,7 @@ def _decode_error(payload: bytes):
 
 
 _DECODERS = {
-    T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
+    T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_MESSAGES_ROWS: _decode_message_rows, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
     T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
     T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
 }

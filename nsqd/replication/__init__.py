@@ -13,8 +13,9 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
 
 - ``NSQD.replication`` is the ``Replicator`` or None. With None nothing below runs: ``Topic.publish``,
   ``Channel._finished`` and the connection's writer look at one attribute per batch, never per message.
-- A publish (``Topic.publish``) appends one MESSAGES frame per batch to the replicator's *outbox*, an ordered
-  in-memory log of frames numbered by ``seq``, and the connection notes the outbox's last seq
+- A publish (``Topic.publish``) appends one MESSAGES frame per batch (built from the batch's IDs and bodies
+  without a step per message) to the replicator's *outbox*, an ordered in-memory log of frames numbered by
+  ``seq``, and the connection notes the outbox's last seq
   (``Client.replicated_seq``). FINs (``Channel._finished``) collect per (topic, channel) and become FINISHED
   frames when the sender next writes (FINs alone wait up to 5 ms for more); channel and topic creation,
   deletion, pause and emptying become CHANNEL frames. Frames of ephemeral topics and channels are never made.
@@ -27,8 +28,9 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   acknowledges. HTTP ``/pub`` and ``/mpub`` await the same.
 - Frames leave the outbox once every peer acknowledged them. A peer that comes back within the same session
   resumes after its last ACK (the WELCOME says where). Any other peer (it restarted empty, or this node
-  restarted) first gets a backfill (``snapshot.py``: everything this node holds unfinished, seq 0, then SYNCED)
-  and counts toward the acks once it acknowledged it.
+  restarted) first gets a backfill (``snapshot.py``: everything this node holds unfinished, captured at once and
+  streamed in bounded steps while publishes go on, seq 0, then SYNCED) and counts toward the acks once it
+  acknowledged it.
 - Epoch: ``replication.dat`` keeps how often this node's messages were adopted. A WELCOME with a higher epoch
   comes with the ids that peer adopted (ADOPTED frames, ``adopted.py``); at start-up (V2 clients wait until
   every peer answered or failed once, at most 6 s) the node drops those it holds (the peer delivers them) and
@@ -46,15 +48,18 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
 Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every node:
 
 - One store per origin node, in the data directory: a disk queue (``replica.<node>``, the ordinary
-  ``DiskQueue`` in hold mode) of the received frames, and ``replica.<node>.json`` with the origin's topics and
-  channels (paused state) and epochs. A MESSAGES frame is split into one record per message so that each can
-  be released alone; FINISHED and CHANNEL frames are one record each.
-- In memory: message id -> (token, topic, arrival seq, channels that finished it). A message is released (its
-  disk record acknowledged) once every channel that existed when it arrived has finished it (every channel of
-  the topic if it had none then), or its channel/topic is deleted. The disk queue's committed position is the
-  oldest record still needed, so a restart replays from there: messages, then the FINs that followed them
-  (a FIN record after the committed position is still on disk, one before it refers to a released message).
-  Durable mode syncs each received batch before the ACK; otherwise the queue syncs by its own rules.
+  ``DiskQueue`` in hold mode) of the received frames as they came, one record per frame, and
+  ``replica.<node>.json`` with the origin's topics and channels (paused state) and epochs.
+- In memory: one dict entry per held message, its id -> the record of its MESSAGES frame (topic, arrival
+  order, how many of its messages are still held, per channel the IDs that channel finished while others have
+  not). A message is released once every channel that existed when it arrived has finished it (every channel of
+  the topic if it had none then), or its channel/topic is deleted; a record is acknowledged in the disk queue
+  once it holds none. FINs are applied per run of IDs of one record with C-level dict and set operations, and
+  MESSAGES frames are indexed without decoding their messages: the replica takes no Python step per message.
+  The disk queue's committed position is the oldest record still needed, so a restart replays from there:
+  messages, then the FINs that followed them (a FIN record after the committed position is still on disk, one
+  before it refers to a released message). Durable mode syncs each received batch before the ACK; otherwise the
+  queue syncs by its own rules.
 - Takeover (``ReplicaHost.takeover``): by ``POST /replica/takeover?node=`` or when the origin's stream stayed
   closed for ``--replica-takeover-timeout``. The store is replayed from disk, the origin's topics and channels
   are created here as they were (paused included), each unfinished message goes to each channel that had not

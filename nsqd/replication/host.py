@@ -1,8 +1,9 @@
 """ReplicaHost: the replica's side, in every node: the ``  R1`` connections, the stores, takeover.
 
 A connection is served by ``serve`` (called by the TCP listener after the magic): HELLO, WELCOME, then every
-receive buffer's data frames are stored in one ``ReplicaStore.store`` (one write, one sync in durable mode) and
-answered by one ACK. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
+receive buffer's data frames are written in one ``ReplicaStore.write`` (one write, one sync in durable mode),
+answered by one ACK, and only then indexed (``ReplicaStore.apply``: the ACK waits for the disk, not for the
+index). A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
 origins whose stream closed and takes them over after ``--replica-takeover-timeout``; ``takeover`` does it at
 once (``POST /replica/takeover``).
 """
@@ -48,6 +49,9 @@ log = logging.getLogger("nsqd")
 HANDSHAKE_TIMEOUT = 5.0
 #: an origin silent this long (it heartbeats every 5 s) is taken for gone and its connection closed
 ORIGIN_SILENCE = 15.0
+#: bytes asked for per read of an origin's stream: a group commit's frames of several connections in one read,
+#: so one store and one ACK cover them
+RECEIVE_SIZE = 256 * 1024
 _DATA_EVENTS = (Messages, Finished, ChannelOp)
 
 
@@ -152,6 +156,7 @@ class ReplicaHost:
             origin = self._claim(hello)
             generation = origin.generation
             store = origin.store
+            store.apply()  # what a previous connection left unindexed
             if not hello.clean and store.held and hello.session != store.session:
                 # the origin may have lost acknowledged messages (killed without durable mode, or back with an
                 # empty directory): what is held here is delivered here; the epoch tells the origin to drop its own
@@ -191,6 +196,11 @@ class ReplicaHost:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("REPLICATION: [%s] connection closed - %s", remote, exc)
         finally:
+            if origin is not None:
+                try:
+                    origin.store.apply()
+                except OSError as exc:
+                    log.error("REPLICA(%s): could not index what was stored - %s", origin.node, exc)
             if origin is not None and origin.generation == generation:
                 origin.connected = False
                 origin.cancel = None
@@ -227,7 +237,7 @@ class ReplicaHost:
         store = origin.store
         last = store.seq if session == store.session else 0
         first_frame = True
-        backfill: set[bytes] | None = None  # ids seen in the backfill while it runs
+        backfill = False  # a backfill is running (data frames of seq 0 until SYNCED)
         while True:
             events = []
             frames = []  # as received: stored without encoding them again
@@ -237,47 +247,43 @@ class ReplicaHost:
                 kind = type(event)
                 if kind in _DATA_EVENTS or kind is Synced:
                     if first_frame and (event.seq == 0 or kind is Synced):  # a backfill (maybe empty)
-                        backfill = set()
+                        backfill = True
                         store.begin_backfill()
                     first_frame = False
-                    if backfill is not None:
+                    if backfill:
                         if kind is Synced:
-                            if events:
-                                self._store(store, events, frames)
-                                events, frames = [], []
-                            released = store.release_unseen(backfill)
-                            backfill = None
+                            backfill = False
                             last = event.seq
                             synced = True
-                            log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released",
-                                     origin.node, len(store.held), released)
-                            continue
-                        if event.seq != 0:
+                        elif event.seq != 0:
                             raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} inside a backfill")
-                        if kind is Messages:
-                            backfill.update(m.id for m in event.messages)
-                        events.append(event)
-                        frames.append(decoder.last_frame)
-                        continue
-                    if event.seq != last + 1:
-                        raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
-                    last = event.seq
-                    if kind is not Synced:
-                        events.append(event)
-                        frames.append(decoder.last_frame)
+                    else:
+                        if event.seq != last + 1:
+                            raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} after {last}")
+                        last = event.seq
+                        if kind is Synced:
+                            continue
+                        if kind is Messages and event.channel:
+                            raise ProtocolError(E_BAD_PROTOCOL, "MESSAGES frame of a channel outside a backfill")
+                    events.append(event)
+                    frames.append(decoder.last_frame)
                 elif kind is Heartbeat:
                     heartbeat = True
                 else:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
-                self._store(store, events, frames)
+                self._on_disk(store.write, events, frames)
             if last != acked or synced:
                 store.session, store.seq = session, last
-                await stream.send_all(encode(Ack(last)))
+                await stream.send_all(encode(Ack(last)))  # on disk: the index follows the ACK
             elif heartbeat:
                 await stream.send_all(HEARTBEAT_FRAME)
+            self._on_disk(store.apply)
+            if synced:
+                log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
+                         len(store.held), store.backfill_released)
             with trio.move_on_after(ORIGIN_SILENCE) as scope:
-                data = await stream.receive_some(65536)
+                data = await stream.receive_some(RECEIVE_SIZE)
             if scope.cancelled_caught:
                 raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
             if not data:
@@ -285,9 +291,10 @@ class ReplicaHost:
             decoder.receive_data(data)
 
     @staticmethod
-    def _store(store: ReplicaStore, events: list, frames: list[bytes]) -> None:
+    def _on_disk(step, *args) -> None:
+        """A store's ``write`` or ``apply``: a disk error ends the stream with ``E_STORE_FAILED``."""
         try:
-            store.store(events, frames)
+            step(*args)
         except OSError as exc:
             raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
 
@@ -361,6 +368,7 @@ class ReplicaHost:
         out = []
         for node, origin in sorted(self.origins.items()):
             store = origin.store
+            store.apply()
             state = "connected" if origin.connected else ("gone" if store.held else "idle")
             out.append(OriginStatistics(node=node, state=state, held_messages=len(store.held),
                                         held_bytes=store.held_bytes, topics=len(store.topics), epoch=store.epoch,

@@ -1,79 +1,83 @@
 """The backfill: everything this node holds unfinished, as the frames a replica needs to hold it too.
 
 Sent to a peer whose WELCOME shows it does not hold this session's stream (it restarted empty, or this node
-restarted): the topics and channels as they are (created, paused), then every unfinished message once
-(MESSAGES), then, for each channel that does not hold a message its topic passed on to others, a FINISHED for
-it, so that the replica's release rule gives the same answer as this node's queues. All frames carry seq 0
-(see PROTOCOL.md); SYNCED follows them.
+restarted): the topics and channels as they are (created, paused), then every unfinished message, in MESSAGES
+frames that name where it is: the topic (not yet copied to channels: every channel will get it) or the channel
+that holds it. A message held by several channels comes once per channel; the replica joins them, and at SYNCED
+counts every channel that named none of a message's frames as having finished it (PROTOCOL.md). So this node
+keeps no index of what it sent, however large the backlog.
 
-Where unfinished messages are: the topic's memory queue and disk backlog (not yet copied to channels: every
-channel will get them), and each channel's memory queue, disk backlog, in-flight and deferred messages. A disk
-backlog is read from the queue's files between its reader and its writer without moving either
-(``peek_records``); in durable mode the records between the committed position and the reader are in memory
-(the channel's queue or in flight), so nothing is missed. Built synchronously, so that no publish or FIN can
-fall between the snapshot and the outbox frames that follow it.
+``Backfill(nsqd)`` captures, synchronously (no publish or FIN can fall between the capture and the outbox frames
+that follow it), where everything is: the topology, references to the messages in memory (each topic's and
+channel's memory queue, in-flight and deferred messages: no copy of a body), and for each disk backlog its
+segment files, opened, with the span between the queue's reader and its writer. ``send`` then encodes and sends
+it in bounded steps (``BATCH`` messages, ``READ_SIZE`` bytes of a file read on a worker thread) while publishes
+go on: the files stay readable through their descriptors even once the queue has read and deleted them, and
+records appended after the capture are not read (they are in the outbox after it). A message finished meanwhile
+is still sent; its FIN follows in the outbox. In durable mode the records between a queue's committed position
+and its reader are in memory (the channel's queue or in flight), so nothing is missed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import time
-from collections.abc import Iterator
+from contextlib import aclosing
 
 import trio
 
-from protocol.replication import (
-    OP_CREATED,
-    OP_PAUSED,
-    ChannelOp,
-    Finished,
-    encode,
-    encode_messages,
-)
+from protocol.replication import OP_CREATED, OP_PAUSED, ChannelOp, encode, encode_messages
 
 from ..queues.segment_reader import SplitRecords
 
-__all__ = ["backfill_frames", "peek_records"]
+__all__ = ["Backfill"]
 
 log = logging.getLogger("nsqd")
 
 _LENGTH = struct.Struct(">i")
 _HEADER = SplitRecords.HEADER  # timestamp, attempts, id
-#: messages per MESSAGES frame of a backfill
+#: messages per MESSAGES frame of a backfill (and per step of encoding)
 BATCH = 512
+#: bytes read from a backlog's file per step
+READ_SIZE = 256 * 1024
+#: bytes of frames gathered before one write to the peer
+SEND_SIZE = 256 * 1024
 
 
-def peek_records(queue) -> Iterator[bytes]:
-    """The unread records of a ``DiskQueue``, read from its files without moving its reader."""
-    if queue is None or not queue.has_unread():
-        return
-    read_num, read_pos = queue.read_position()
-    write_num, write_pos = queue.write_position()
-    for num in range(read_num, write_num + 1):
-        start = read_pos if num == read_num else 0
-        try:
-            with open(queue.file_name(num), "rb") as f:
-                f.seek(start)
-                data = f.read() if num < write_num else f.read(max(write_pos - start, 0))
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.error("REPLICATION: could not read %s for a backfill - %s", queue.file_name(num), exc)
-            continue
-        pos = 0
-        end = len(data)
-        while pos + 4 <= end:
-            size = _LENGTH.unpack_from(data, pos)[0]
-            if size <= 0 or pos + 4 + size > end:
-                break
-            yield data[pos + 4:pos + 4 + size]
-            pos += 4 + size
+class _Span:
+    """The unread records of a disk queue at the capture: its files, open, each with the span to read."""
+
+    __slots__ = ("files", "due")
+
+    def __init__(self, queue, index) -> None:
+        self.files: list[tuple[int, int, int]] = []  # (descriptor, start, end)
+        self.due = dict(index.due) if index is not None and index.due else {}
+        read_num, read_pos = queue.read_position()
+        write_num, write_pos = queue.write_position()
+        for num in range(read_num, write_num + 1):
+            try:
+                fd = os.open(queue.file_name(num), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.error("REPLICATION: could not open %s for a backfill - %s", queue.file_name(num), exc)
+                continue
+            try:
+                end = write_pos if num == write_num else os.fstat(fd).st_size
+            except OSError:
+                end = 0
+            self.files.append((fd, read_pos if num == read_num else 0, end))
+
+    def close(self) -> None:
+        for fd, _start, _end in self.files:
+            os.close(fd)
+        self.files = []
 
 
-def _record_tuple(record: bytes, due_ns: int) -> tuple:
-    timestamp, attempts, msg_id = _HEADER.unpack_from(record)
-    return msg_id, timestamp, attempts, due_ns, record[_HEADER.size:]
+def _has_backlog(queue) -> bool:
+    return queue is not None and queue.has_unread()
 
 
 def _message_tuple(message, due_ns: int = 0) -> tuple:
@@ -82,73 +86,130 @@ def _message_tuple(message, due_ns: int = 0) -> tuple:
     return message.id, message.timestamp, message.attempts, due_ns, message.body
 
 
-def _topic_messages(topic) -> tuple[dict[bytes, tuple], dict[bytes, set[str] | None]]:
-    """Every unfinished message of ``topic`` once, and which channels hold it (None: the topic, so all)."""
-    now, now_ns = trio.current_time(), time.time_ns()
-    messages: dict[bytes, tuple] = {}
-    holders: dict[bytes, set[str] | None] = {}
-    for message in topic.queue:
-        messages[message.id] = _message_tuple(message)
-        holders[message.id] = None
-    index = topic.deferred_index
-    for record in peek_records(topic.backend):
-        item = _record_tuple(record, 0)
-        due_ns = index.due.get(item[0], 0) if index is not None else 0
-        messages[item[0]] = item[:3] + (due_ns,) + item[4:]
-        holders[item[0]] = None
-    for channel in topic.channels.values():
-        if channel.ephemeral:
-            continue
-        name = channel.name
-        found = [(m, 0) for m in channel.queue]
-        found += [(channel.in_flight.get(msg_id), 0) for msg_id in channel.in_flight]
-        found += [(m, now_ns + int(max(due - now, 0) * 1e9)) for due, m in channel.deferred.entries()]
-        for message, due_ns in found:
-            if message is None:
+class Backfill:
+    """One backfill: captured when made, sent by ``send``; ``count``: the messages sent so far."""
+
+    def __init__(self, nsqd) -> None:
+        self.count = 0
+        self.topology: list[bytes] = []
+        #: (topic, holder channel or "", memory items or a disk span), in the order they are sent
+        self.parts: list[tuple[str, str, list | _Span]] = []
+        try:
+            self._capture(nsqd)
+        except BaseException:
+            self.close()
+            raise
+
+    def _capture(self, nsqd) -> None:
+        now, now_ns = trio.current_time(), time.time_ns()
+        topology, parts = self.topology, self.parts
+        for topic in list(nsqd.topics.values()):
+            if topic.ephemeral or topic.replication is None:
                 continue
-            if message.id not in messages:
-                messages[message.id] = _message_tuple(message, due_ns)
-            held = holders.get(message.id, set())
-            if held is not None:
-                held.add(name)
-                holders[message.id] = held
-        index = channel.deferred_index
-        for record in peek_records(channel.backend):
-            item = _record_tuple(record, 0)
-            if item[0] not in messages:
-                due_ns = index.due.get(item[0], 0) if index is not None else 0
-                messages[item[0]] = item[:3] + (due_ns,) + item[4:]
-            held = holders.get(item[0], set())
-            if held is not None:
-                held.add(name)
-                holders[item[0]] = held
-    return messages, holders
+            name = topic.name
+            topology.append(encode(ChannelOp(0, name, "", OP_CREATED)))
+            if topic.paused:
+                topology.append(encode(ChannelOp(0, name, "", OP_PAUSED)))
+            if topic.queue:
+                parts.append((name, "", [(m, 0) for m in topic.queue]))
+            if _has_backlog(topic.backend):
+                parts.append((name, "", _Span(topic.backend, topic.deferred_index)))
+            for channel in list(topic.channels.values()):
+                if channel.ephemeral:
+                    continue
+                topology.append(encode(ChannelOp(0, name, channel.name, OP_CREATED)))
+                if channel.paused:
+                    topology.append(encode(ChannelOp(0, name, channel.name, OP_PAUSED)))
+                held = [(m, 0) for m in channel.queue]
+                in_flight = channel.in_flight
+                held += [(in_flight.get(msg_id), 0) for msg_id in in_flight]
+                held += [(m, now_ns + int(max(due - now, 0) * 1e9)) for due, m in channel.deferred.entries()]
+                if held:
+                    parts.append((name, channel.name, held))
+                if _has_backlog(channel.backend):
+                    parts.append((name, channel.name, _Span(channel.backend, channel.deferred_index)))
 
+    def close(self) -> None:
+        for _topic, _channel, source in self.parts:
+            if type(source) is _Span:
+                source.close()
+        self.parts = []
 
-def backfill_frames(nsqd) -> tuple[list[bytes], int]:
-    """The frames of a backfill (seq 0) and how many messages they carry."""
-    frames: list[bytes] = []
-    count = 0
-    for topic in list(nsqd.topics.values()):
-        if topic.ephemeral or topic.replication is None:
-            continue
-        name = topic.name
-        frames.append(encode(ChannelOp(0, name, "", OP_CREATED)))
-        if topic.paused:
-            frames.append(encode(ChannelOp(0, name, "", OP_PAUSED)))
-        channels = [c for c in topic.channels.values() if not c.ephemeral]
-        for channel in channels:
-            frames.append(encode(ChannelOp(0, name, channel.name, OP_CREATED)))
-            if channel.paused:
-                frames.append(encode(ChannelOp(0, name, channel.name, OP_PAUSED)))
-        messages, holders = _topic_messages(topic)
-        items = list(messages.values())
-        count += len(items)
+    async def send(self, send_all) -> None:
+        """Encode and send everything captured (``await send_all(bytes)`` per write of about ``SEND_SIZE``),
+        one step of ``BATCH`` messages or ``READ_SIZE`` bytes at a time; the files are closed at the end."""
+        pending: list[bytes] = list(self.topology)
+        size = sum(map(len, pending))
+        try:
+            for topic, channel, source in self.parts:
+                if type(source) is _Span:
+                    steps = self._disk_frames(topic, channel, source)
+                else:
+                    steps = self._memory_frames(topic, channel, source)
+                async with aclosing(steps):
+                    async for frame in steps:
+                        pending.append(frame)
+                        size += len(frame)
+                        if size >= SEND_SIZE:
+                            await send_all(b"".join(pending))
+                            pending, size = [], 0
+            if pending:
+                await send_all(b"".join(pending))
+        finally:
+            self.close()
+
+    async def _memory_frames(self, topic: str, channel: str, items: list):
         for start in range(0, len(items), BATCH):
-            frames.append(encode_messages(0, name, items[start:start + BATCH]))
-        for channel in channels:
-            done = tuple(msg_id for msg_id, held in holders.items() if held is not None and channel.name not in held)
-            for start in range(0, len(done), BATCH * 8):
-                frames.append(encode(Finished(0, name, channel.name, done[start:start + BATCH * 8])))
-    return frames, count
+            batch = [_message_tuple(m, due_ns) for m, due_ns in items[start:start + BATCH] if m is not None]
+            if batch:
+                self.count += len(batch)
+                yield encode_messages(0, topic, batch, channel)
+            await trio.lowlevel.checkpoint()
 
+    async def _disk_frames(self, topic: str, channel: str, span: _Span):
+        due = span.due
+        unpack_header = _HEADER.unpack_from
+        header = _HEADER.size
+        for fd, pos, end in span.files:
+            batch: list[tuple] = []
+            while pos < end:
+                try:
+                    data = await trio.to_thread.run_sync(os.pread, fd, min(READ_SIZE, end - pos), pos)
+                except OSError as exc:
+                    log.error("REPLICATION: could not read a backlog for a backfill - %s", exc)
+                    break
+                if not data:
+                    break
+                offset, length = 0, len(data)
+                while offset + 4 <= length:
+                    size = _LENGTH.unpack_from(data, offset)[0]
+                    if size < header or pos + offset + 4 + size > end:
+                        offset = length = -1  # a corrupt record: the rest of this file cannot be trusted
+                        break
+                    if offset + 4 + size > length:
+                        if offset == 0:  # one record longer than a read: read it whole
+                            data = await trio.to_thread.run_sync(os.pread, fd, 4 + size, pos)
+                            if len(data) < 4 + size:
+                                offset = length = -1
+                                break
+                            length = len(data)
+                            continue
+                        break
+                    timestamp, attempts, msg_id = unpack_header(data, offset + 4)
+                    batch.append((msg_id, timestamp, attempts, due.get(msg_id, 0),
+                                  data[offset + 4 + header:offset + 4 + size]))
+                    offset += 4 + size
+                    if len(batch) >= BATCH:
+                        self.count += len(batch)
+                        yield encode_messages(0, topic, batch, channel)
+                        batch = []
+                if offset < 0:
+                    log.error("REPLICATION: a backlog of topic %s has a corrupt record: the backfill skips the rest "
+                              "of that file", topic)
+                    break
+                if offset == 0:
+                    break  # a record cut short at the end of the span
+                pos += offset
+            if batch:
+                self.count += len(batch)
+                yield encode_messages(0, topic, batch, channel)

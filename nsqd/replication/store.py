@@ -6,11 +6,14 @@ Files in the data directory, for origin ``node``::
     replica.<node>.json                          {"topics": {name: {"paused": bool, "channels": {name: paused}}},
                                                   "epoch": adopted epoch, "session": ..., "seq": ...}
 
-Records are the frames as the protocol encodes them (MESSAGES, FINISHED, CHANNEL). The index in memory maps
-each held message id to ``[token, topic, order, finished channels]``; ``_pending`` counts the held messages of
-each MESSAGES record, which is acknowledged in the disk queue when that count reaches 0. FINISHED and CHANNEL
-records are acknowledged at once: they stay on disk while any earlier record is held, which is exactly as long
-as a restart needs them (``DiskQueue``'s hold mode keeps the committed position at the oldest held record).
+Records are the frames as received (MESSAGES, FINISHED, CHANNEL, SYNCED); a message is decoded again only for
+a takeover. The index in memory is one dict entry per held message, its id -> the token of its MESSAGES frame's
+``_Record`` (an int: the garbage collector never walks the index), shared by the frame's messages: its topic,
+order, how many it still holds, and per channel the IDs that channel finished while others have not yet; the
+record is acknowledged in the disk queue once it holds no message. FINs are applied per run of IDs of one record, with C-level dict and set operations: a FINISHED
+frame costs Python steps per record it touches, not per message. FINISHED, CHANNEL and SYNCED records are
+acknowledged at once: they stay on disk while any earlier record is held, which is exactly as long as a restart
+needs them (``DiskQueue``'s hold mode keeps the committed position at the oldest held record).
 
 ``order`` numbers records as they are applied (received, or replayed at open); a channel remembers the order of
 its creation (0 for one known from the JSON file: older than every record replayed).
@@ -21,7 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator
+from itertools import groupby, repeat
+from operator import itemgetter
 
 from protocol.errors import ProtocolError
 from protocol.replication import (
@@ -35,6 +41,7 @@ from protocol.replication import (
     Messages,
     ReplicatedMessage,
     ReplicationDecoder,
+    Synced,
     encode,
 )
 
@@ -49,6 +56,7 @@ _PREFIX = "replica."
 _JSON_SUFFIX = ".json"
 #: records read per step when the store is replayed or adopted
 READ_BATCH = 1024
+_UNSEEN = object()
 
 
 def store_nodes(data_path: str) -> list[str]:
@@ -69,6 +77,30 @@ class TopicState:
         self.channels: dict[str, list] = {}  # name -> [creation order, paused]
 
 
+class _Record:
+    """A MESSAGES record of the disk queue while it holds messages. ``ids``: the frame's IDs (those held map to
+    this record in ``ReplicaStore.held``); ``left``: how many are still held; ``size``: their body bytes
+    (a partial release takes an even share); ``fins``: channel -> IDs of this record it finished, kept while
+    they wait for other channels; ``holder``: in a backfill, the channel that holds them (None: the topic)."""
+
+    __slots__ = ("token", "topic", "order", "ids", "left", "size", "fins", "holder", "backfill")
+
+    def __init__(self, token: int, topic: str, order: int, ids: tuple[bytes, ...]) -> None:
+        self.token = token
+        self.topic = topic
+        self.order = order
+        self.ids = ids
+        self.left = 0
+        self.size = 0
+        self.fins: dict[str, set[bytes]] | None = None
+        self.holder: str | None = None
+        self.backfill = False  # received in the backfill that is running
+
+
+_first = itemgetter(0)
+_second = itemgetter(1)
+
+
 class ReplicaStore:
     """The copies of one origin's messages; see the module notes. Synchronous (the host calls it from the loop)."""
 
@@ -81,14 +113,21 @@ class ReplicaStore:
                                 max_msg_size=max_record_size, sync_every=1 if durable else 1 << 30,
                                 sync_timeout=sync_timeout, hold_reads=True, logger=log)
         self.topics: dict[str, TopicState] = {}
-        self.held: dict[bytes, list] = {}  # message id -> [token, topic, order, finished channels, body size]
-        self._pending: dict[int, int] = {}  # token of a MESSAGES record -> its messages still held
+        #: message id -> the token of the record that holds it: int values keep this dict out of the garbage
+        #: collector's passes (an index of millions of messages costs it nothing)
+        self.held: dict[bytes, int] = {}
+        self._records: dict[int, _Record] = {}  # token -> record, while it holds messages
         self.held_bytes = 0
         self.epoch = 0  # the highest epoch of this origin adopted here
         self.session = ""
         self.seq = 0  # the last seq stored in ``session``
         self.duplicates = 0  # messages received again while held (a resent or backfilled frame)
         self._order = 0
+        #: while a backfill runs: message id -> the channels a backfill frame named as holding it (None: the
+        #: topic, every channel), for the messages it named that were held already
+        self._backfill: dict[bytes, set[str] | None] | None = None
+        self.backfill_released = 0  # messages the last backfill left out (released at its SYNCED)
+        self._unapplied: list | None = None  # the events written last, not yet indexed
         self.json_dirty = False  # topics or channels changed since the JSON file was written
         self._json_path = os.path.join(data_path, f"{_PREFIX}{node}{_JSON_SUFFIX}")
         self._load_json()
@@ -123,11 +162,16 @@ class ReplicaStore:
         replace_file(self._json_path, json.dumps(state, separators=(",", ":")).encode())
 
     def _replay(self) -> None:
-        """Index every record from the committed position on (the store's state before a restart)."""
+        """Index every record from the committed position on (the store's state before a restart). A backfill
+        found there is settled again at its SYNCED record; one without it stays as it is (its messages wait for
+        every channel)."""
         replayed = 0
         for token, event in self._read_all():
+            if type(event) is Messages and event.seq == 0 and self._backfill is None:
+                self._backfill = {}
             self._apply(token, event)
             replayed += 1
+        self._stop_backfill()
         if replayed:
             log.info("REPLICA(%s): replayed %d record(s), %d message(s) held", self.node, replayed, len(self.held))
 
@@ -153,16 +197,31 @@ class ReplicaStore:
 
     # -- receiving ---------------------------------------------------------------------------------------------
     def store(self, events: list, frames: list[bytes] | None = None) -> None:
-        """Write a batch of data events (MESSAGES, FINISHED, CHANNEL) and index them; ``frames``: their frames as
-        received, stored as they are (else encoded here). In durable mode they are synced before this returns.
-        OSError from the disk: nothing of the batch is stored (the queue's rule)."""
+        """``write`` then ``apply``: the events are on disk and indexed when this returns."""
+        self.write(events, frames)
+        self.apply()
+
+    def write(self, events: list, frames: list[bytes] | None = None) -> None:
+        """Write a batch of events (MESSAGES, FINISHED, CHANNEL, SYNCED); ``frames``: their frames as received,
+        stored as they are (else encoded here). In durable mode they are synced before this returns. OSError from
+        the disk: nothing of the batch is stored (the queue's rule). They are indexed by ``apply``, which the host
+        calls once it has acknowledged them (they are on disk: the ACK need not wait for the index); everything
+        that reads the index applies what is pending first."""
         if not events:
             return
+        self.apply()
         records = frames if frames is not None else [encode(event) for event in events]
-        queue = self.queue
-        queue.put_many(records)
-        first, read = queue.read_many_held(len(records))
-        assert len(read) == len(records), "the replica queue had unread records"
+        self.queue.put_many(records)
+        self._unapplied = events
+
+    def apply(self) -> None:
+        """Index the batch ``write`` stored last, if it is not yet (its records are read back for their tokens)."""
+        events = self._unapplied
+        if events is None:
+            return
+        self._unapplied = None
+        first, read = self.queue.read_many_held(len(events))
+        assert len(read) == len(events), "the replica queue had unread records"
         for offset, event in enumerate(events):
             self._apply(first + offset, event)
         if self.json_dirty:
@@ -174,50 +233,149 @@ class ReplicaStore:
         kind = type(event)
         if kind is Messages:
             self._apply_messages(token, event)
-        elif kind is Finished:
-            self.queue.ack(token)
+            return
+        self.queue.ack(token)  # FINISHED, CHANNEL, SYNCED: needed only while an earlier record is
+        if kind is Finished:
             self._apply_finished(event)
         elif kind is ChannelOp:
-            self.queue.ack(token)
             self._apply_op(event)
-        else:
-            self.queue.ack(token)
+        elif kind is Synced:
+            self.backfill_released = self._end_backfill()
 
     def _apply_messages(self, token: int, event: Messages) -> None:
-        held = self.held
+        ids = event.ids
         topic = event.topic
         if topic not in self.topics:
             self.topics[topic] = TopicState()
-        order = self._order
-        count = 0
-        for message in event.messages:
-            if message.id in held:
-                self.duplicates += 1
-                continue
-            held[message.id] = [token, topic, order, None, len(message.body)]
-            self.held_bytes += len(message.body)
-            count += 1
-        if count:
-            self._pending[token] = count
+        held = self.held
+        record = _Record(token, topic, self._order, ids)
+        before = len(held)
+        if held.keys().isdisjoint(ids):
+            held.update(dict.fromkeys(ids, token))
         else:
+            self._held_again(ids, event.channel or None)
+            held.update(dict.fromkeys([msg_id for msg_id in ids if msg_id not in held], token))
+        added = len(held) - before
+        self.duplicates += len(ids) - added
+        if not added:
             self.queue.ack(token)
+            return
+        record.left = added
+        record.size = event.body_bytes if added == len(ids) else event.body_bytes * added // len(ids)
+        self.held_bytes += record.size
+        self._records[token] = record
+        if self._backfill is not None:
+            record.backfill = True
+            record.holder = event.channel or None
+
+    def _held_again(self, ids: tuple[bytes, ...], holder: str | None) -> None:
+        """In a backfill: note the holder of the messages it names that are held already."""
+        seen = self._backfill
+        if seen is None:
+            return
+        held, records = self.held, self._records
+        for msg_id in ids:
+            record = records.get(held.get(msg_id))
+            if record is None:
+                continue
+            holders = seen.get(msg_id, _UNSEEN)
+            if holders is None:
+                continue
+            if holders is _UNSEEN:
+                holders = set() if not record.backfill else (None if record.holder is None else {record.holder})
+                if holders is None:
+                    seen[msg_id] = None
+                    continue
+            if holder is None:
+                seen[msg_id] = None
+            else:
+                holders.add(holder)
+                seen[msg_id] = holders
 
     def _apply_finished(self, event: Finished) -> None:
-        ts = self.topics.get(event.topic)
+        topic = event.topic
+        ts = self.topics.get(topic)
         if ts is None:
             return
-        held = self.held
+        ids = event.ids
         channel = event.channel
-        for msg_id in event.ids:
-            entry = held.get(msg_id)
-            if entry is None or entry[1] != event.topic:
+        records = self._records
+        alone = len(ts.channels) == 1 and channel in ts.channels  # then every message waits for it alone
+        # the IDs of one record come together (FINs follow the publishes): one step per run of them
+        for token, run in groupby(zip(map(self.held.get, ids), ids), key=_first):
+            record = records.get(token)
+            if record is None or record.topic != topic:
                 continue
-            if entry[3] is None:
-                entry[3] = {channel}
+            run_ids = list(map(_second, run))
+            if alone:
+                self._release_ids(record, run_ids)
+                continue
+            required = self._required(ts, record)
+            if required == (channel,):
+                self._release_ids(record, run_ids)
+                continue
+            fins = record.fins
+            if fins is None:
+                fins = record.fins = {}
+            finished = fins.get(channel)
+            if finished is None:
+                fins[channel] = set(run_ids)
             else:
-                entry[3].add(channel)
-            if self._is_done(ts, entry):
-                self._release(msg_id, entry)
+                finished.update(run_ids)
+            if channel in required:
+                self._settle(record, required)
+
+    @staticmethod
+    def _required(ts: TopicState, record: _Record) -> tuple[str, ...]:
+        """The channels that must finish the messages of ``record``: those that existed when it arrived (every
+        channel, if none did)."""
+        order = record.order
+        return tuple(name for name, state in ts.channels.items() if state[0] < order) or tuple(ts.channels)
+
+    def _settle(self, record: _Record, required: tuple[str, ...]) -> None:
+        """Release the messages of ``record`` that every required channel finished."""
+        fins = record.fins
+        if not required or not fins:
+            return
+        sets = [fins.get(name) for name in required]
+        if None in sets:
+            return
+        done = sets[0].intersection(*sets[1:])
+        if done:
+            self._release_ids(record, done)
+
+    def _release_ids(self, record: _Record, ids) -> None:
+        """Release those of ``ids`` that ``record`` still holds (each maps to it in ``held``)."""
+        held = self.held
+        before = len(held)
+        if len(ids) == 1:
+            held.pop(next(iter(ids)), None)
+        else:
+            deque(map(held.pop, ids, repeat(None)), maxlen=0)
+        count = before - len(held)
+        if record.fins:
+            for finished in record.fins.values():
+                finished.difference_update(ids)
+        if not count:
+            return
+        left = record.left - count
+        if left <= 0:
+            self.held_bytes -= record.size
+            del self._records[record.token]
+            self.queue.ack(record.token)
+            return
+        share = record.size * count // record.left
+        record.size -= share
+        self.held_bytes -= share
+        record.left = left
+
+    def _held_ids(self, record: _Record) -> list[bytes]:
+        held = self.held
+        token = record.token
+        return [msg_id for msg_id in record.ids if held.get(msg_id) == token]
+
+    def _topic_records(self, topic: str) -> list[_Record]:
+        return [record for record in self._records.values() if record.topic == topic]
 
     def _apply_op(self, event: ChannelOp) -> None:
         name, channel, op = event.topic, event.channel, event.op
@@ -225,7 +383,8 @@ class ReplicaStore:
         if not channel:
             if op == OP_DELETED:
                 self.topics.pop(name, None)
-                self._recheck(name, deleted=True)
+                for record in self._topic_records(name):
+                    self._release_ids(record, self._held_ids(record))
             elif ts is None:
                 self.topics[name] = TopicState(op == OP_PAUSED)
             elif op in (OP_PAUSED, OP_UNPAUSED):
@@ -242,57 +401,84 @@ class ReplicaStore:
                 state[0] = self._order  # known from the JSON file: created where this record stands
         elif op == OP_DELETED:
             if ts.channels.pop(channel, None) is not None:
-                self._recheck(name)
+                for record in self._topic_records(name):
+                    self._settle(record, self._required(ts, record))
         elif op in (OP_PAUSED, OP_UNPAUSED):
             state = ts.channels.setdefault(channel, [self._order, False])
             state[1] = op == OP_PAUSED
         elif op == OP_EMPTIED:
-            for msg_id, entry in list(self.held.items()):
-                if entry[1] == name:
-                    entry[3] = {channel} if entry[3] is None else entry[3] | {channel}
-            self._recheck(name)
-
+            for record in self._topic_records(name):
+                if record.fins is None:
+                    record.fins = {}
+                record.fins[channel] = set(self._held_ids(record))
+                self._settle(record, self._required(ts, record))
         self.json_dirty = True
-
-    def _recheck(self, topic: str, *, deleted: bool = False) -> None:
-        ts = self.topics.get(topic)
-        for msg_id, entry in list(self.held.items()):
-            if entry[1] == topic and (deleted or self._is_done(ts, entry)):
-                self._release(msg_id, entry)
-
-    @staticmethod
-    def _is_done(ts: TopicState, entry: list) -> bool:
-        """Finished by every channel that existed when the message arrived (every channel, if none did)."""
-        finished = entry[3]
-        if finished is None or not ts.channels:
-            return False
-        order = entry[2]
-        required = [name for name, state in ts.channels.items() if state[0] < order] or list(ts.channels)
-        return all(name in finished for name in required)
-
-    def _release(self, msg_id: bytes, entry: list) -> None:
-        del self.held[msg_id]
-        self.held_bytes -= entry[4]
-        token = entry[0]
-        left = self._pending[token] - 1
-        if left:
-            self._pending[token] = left
-        else:
-            del self._pending[token]
-            self.queue.ack(token)
 
     def begin_backfill(self) -> None:
-        """The origin sends its whole state again: its topics and channels are what the backfill says."""
+        """The origin sends its whole state again: its topics and channels are what the backfill says; each
+        message it sends names the channel that holds it (or the topic), and SYNCED ends it (``_end_backfill``)."""
+        self.apply()
+        self._stop_backfill()
         self.topics.clear()
+        self._backfill = {}
         self.json_dirty = True
 
-    def release_unseen(self, seen: set[bytes]) -> int:
-        """After a backfill: release the held messages it did not include (the origin no longer holds them: their
-        FINs were lost with a connection or a restart). Returns how many."""
-        gone = [(msg_id, entry) for msg_id, entry in self.held.items() if msg_id not in seen]
-        for msg_id, entry in gone:
-            self._release(msg_id, entry)
-        return len(gone)
+    def _stop_backfill(self) -> None:
+        """A backfill that did not reach its SYNCED: what it sent stays held, waiting for every channel."""
+        self._backfill = None
+        for record in self._records.values():
+            record.backfill = False
+
+    def _end_backfill(self) -> int:
+        """SYNCED: release the held messages the backfill did not name (the origin no longer holds them: their FINs
+        were lost with a connection or a restart), and count every channel that holds none of the others as
+        having finished it. Returns how many were released."""
+        seen = self._backfill
+        if seen is None:
+            return 0
+        released = 0
+        for record in list(self._records.values()):
+            ts = self.topics.get(record.topic)
+            if record.backfill and not seen:  # the common case: no message named twice
+                ids = record.ids if record.left == len(record.ids) else self._held_ids(record)
+                if record.holder is not None:
+                    self._finished_by_others(record, ts, ids, {record.holder})
+                continue
+            ids = self._held_ids(record)
+            if not record.backfill:
+                unseen = [msg_id for msg_id in ids if msg_id not in seen]
+                if unseen:
+                    released += len(unseen)
+                    self._release_ids(record, unseen)
+                    ids = [msg_id for msg_id in ids if msg_id in seen]
+            default = {record.holder} if record.backfill and record.holder is not None else None
+            for msg_id in ids:
+                holders = seen.get(msg_id, default)
+                if holders is not None:
+                    self._finished_by_others(record, ts, (msg_id,), holders, settle=False)
+            if ts is not None and record.left > 0:
+                self._settle(record, self._required(ts, record))
+        self._stop_backfill()
+        return released
+
+    def _finished_by_others(self, record: _Record, ts: TopicState | None, ids, holders: set[str], *,
+                            settle: bool = True) -> None:
+        """Backfilled messages of ``record``: the channels of the topic not among ``holders`` finished them."""
+        if ts is None or record.left <= 0:
+            return
+        others = [name for name in ts.channels if name not in holders]
+        if not others:
+            return
+        if record.fins is None:
+            record.fins = {}
+        for name in others:
+            finished = record.fins.get(name)
+            if finished is None:
+                record.fins[name] = set(ids)
+            else:
+                finished.update(ids)
+        if settle:
+            self._settle(record, self._required(ts, record))
 
     def sync(self) -> None:
         self.queue.sync()
@@ -305,17 +491,21 @@ class ReplicaStore:
         """For a takeover: the held messages, read again from disk in batches, each with the channels that
         finished it: ``(topic, [(message, finished channels), ...])`` per record. The store's files are read
         from the committed position by a fresh queue object; ``remove`` deletes them afterwards."""
+        self.apply()
         self.queue.close()
         self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
         held = self.held
         for _token, event in self._read_all():
-            if type(event) is not Messages:
+            if type(event) is not Messages or held.keys().isdisjoint(event.ids):
                 continue
             batch = []
             for message in event.messages:
-                entry = held.pop(message.id, None)
-                if entry is not None:
-                    batch.append((message, entry[3] or set()))
+                token = held.pop(message.id, None)
+                if token is not None:
+                    record = self._records.get(token)
+                    fins = record.fins if record is not None else None
+                    batch.append((message, {name for name, ids in fins.items() if message.id in ids}
+                                  if fins else set()))
             if batch:
                 yield event.topic, batch
 
@@ -323,7 +513,7 @@ class ReplicaStore:
         """Delete the queue's files (after a takeover); the JSON file stays with the new epoch and no topics."""
         self.queue.delete()
         self.held.clear()
-        self._pending.clear()
+        self._records.clear()
         self.held_bytes = 0
         self.topics.clear()
         self.session = ""
@@ -333,6 +523,7 @@ class ReplicaStore:
 
     def close(self) -> None:
         try:
+            self.apply()
             self.save_json()
         finally:
             self.queue.close()

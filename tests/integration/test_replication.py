@@ -222,13 +222,15 @@ def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons,
         hello = encode(Hello(f"127.0.0.1:{replica.tcp[1]}", "s"))
         assert _exchange(replica.tcp, hello)[-1] == Error("E_NODE_CONFLICT",
                                                           f"node 127.0.0.1:{replica.tcp[1]} is this node")
-        bad_topic = struct.pack(">IB", 1 + 8 + 5 + 4, 0x02) + struct.pack(">Q", 1) + b"\x00\x03a/b" + b"\x00" * 4
+        bad_topic = struct.pack(">IB", 1 + 8 + 5 + 2 + 4, 0x07) + struct.pack(">Q", 1) + b"\x00\x03a/b" + b"\x00" * 6
         events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + bad_topic)
         assert events[-1] == Error("E_BAD_TOPIC", "replicated topic name 'a/b' is not valid")
         message = ReplicatedMessage(b"0" * 16, 1, 0, 0, b"x")
         events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + encode(Messages(1, "t", (message,)))
                            + encode(Messages(5, "t", (message,))))
         assert events[-1] == Error("E_BAD_SEQ", "frame seq 5 after 1")
+        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + encode(Messages(1, "t", (message,), "c")))
+        assert events[-1] == Error("E_BAD_PROTOCOL", "MESSAGES frame of a channel outside a backfill")
         assert _exchange(replica.tcp, b"\x00\x00\x00\x02\x01{")[-1].code == "E_BAD_HELLO"
         bystander.publish("t", b"after")
     assert replica.is_running()
@@ -474,3 +476,55 @@ def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies
     with consumer(origin.tcp, "t", "c", ready=10) as client:
         assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
         wait_for(lambda: held(replica, node) == 0, message="released")
+
+
+def test_a_backlog_spilled_to_disk_is_backfilled_whole_while_publishing_goes_on(daemons, tmp_path):
+    import threading
+
+    port = free_port()
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{port}", "--replication-degraded=accept",
+                   "--mem-queue-size=100", "--max-bytes-per-file=262144")
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c", "d")
+    published = [b"old%06d." % i + b"x" * 200 for i in range(20000)]
+    with RawClient(origin.tcp) as producer:  # no replica yet: taken unreplicated, mostly onto disk
+        for first in range(0, len(published), 500):
+            producer.publish_many("t", published[first:first + 500])
+    channels = {c["channel_name"]: c for c in stats(origin.http(), "topic=t")["topics"][0]["channels"]}
+    assert channels["c"]["backend_depth"] > 10000 and channels["d"]["backend_depth"] > 10000
+
+    replicating = threading.Event()
+    failures: list[BaseException] = []
+
+    def produce() -> None:  # publishes before, during and after the backfill
+        try:
+            with RawClient(origin.tcp) as producer:
+                for n in range(10000):
+                    if replicating.is_set() and n >= 40:
+                        return
+                    batch = [b"new%06d" % (n * 50 + i) for i in range(50)]
+                    producer.publish_many("t", batch)
+                    published.extend(batch)
+        except BaseException as exc:  # reported by the test
+            failures.append(exc)
+
+    producer_thread = threading.Thread(target=produce)
+    producer_thread.start()
+    replica = start(daemons, tmp_path / "b", port=port)
+    with consumer(origin.tcp, "t", "c", ready=100) as client:  # c finishes some while the backfill reads its files
+        finished_on_c = set(receive(client, 3000))
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", timeout=60, message="backfilled")
+    replicating.set()
+    producer_thread.join(timeout=60)
+    assert not producer_thread.is_alive() and not failures
+    origin.wait_for_log(r"REPLICATION: peer .* backfill sent: \d+ message\(s\)", timeout=10)
+    wait_for(lambda: stats(origin.http())["replication"]["unreplicated_messages"] == 0, message="acknowledged")
+    wait_for(lambda: held(replica, node) == len(published), timeout=30, message="every message held (d has all)")
+    origin.kill()
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == len(published)
+    expected = set(published)
+    with consumer(replica.tcp, "t", "d", ready=1000) as client:
+        assert set(receive(client, len(expected))) == expected
+    with consumer(replica.tcp, "t", "c", ready=1000) as client:
+        assert set(receive(client, len(expected - finished_on_c))) == expected - finished_on_c
+        assert client.poll_frame(0.5) is None

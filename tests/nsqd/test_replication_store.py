@@ -11,6 +11,7 @@ from protocol.replication import (
     Finished,
     Messages,
     ReplicatedMessage,
+    Synced,
 )
 from nsqd.replication.store import ReplicaStore, store_nodes
 
@@ -21,8 +22,8 @@ def _id(n: int) -> bytes:
     return b"%016x" % n
 
 
-def _messages(seq: int, topic: str, *numbers: int) -> Messages:
-    return Messages(seq, topic, tuple(ReplicatedMessage(_id(n), n, 0, 0, b"body%d" % n) for n in numbers))
+def _messages(seq: int, topic: str, *numbers: int, channel: str = "") -> Messages:
+    return Messages(seq, topic, tuple(ReplicatedMessage(_id(n), n, 0, 0, b"body%d" % n) for n in numbers), channel)
 
 
 def _open(tmp_path, durable: bool = False) -> ReplicaStore:
@@ -89,8 +90,87 @@ def test_a_backfill_replaces_the_topology_and_releases_what_it_left_out(tmp_path
     store = _open(tmp_path)
     store.store([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", 1, 2, 3)])
     store.begin_backfill()
-    store.store([ChannelOp(0, "t", "b", OP_CREATED), _messages(0, "t", 2, 4)])
-    assert store.release_unseen({_id(2), _id(4)}) == 2
+    store.store([ChannelOp(0, "t", "b", OP_CREATED), _messages(0, "t", 2, 4), Synced(0)])
+    assert store.backfill_released == 2
     assert set(store.held) == {_id(2), _id(4)} and list(store.topics["t"].channels) == ["b"]
     store.store([Finished(1, "t", "b", (_id(2), _id(4)))])
     assert not store.held
+
+
+def _backfill_of_two_channels(store: ReplicaStore) -> None:
+    """A backfill of topic t with channels a and b: 1 and 2 held by both (sent once per channel), 3 only by a,
+    4 only by b, 5 still in the topic (every channel gets it), 6 by a and 7 by b in their own frames."""
+    store.begin_backfill()
+    store.store([ChannelOp(0, "t", "", OP_CREATED), ChannelOp(0, "t", "a", OP_CREATED),
+                 ChannelOp(0, "t", "b", OP_CREATED), _messages(0, "t", 5), _messages(0, "t", 1, 2, 3, channel="a"),
+                 _messages(0, "t", 1, 2, 4, channel="b"), _messages(0, "t", 6, channel="a"),
+                 _messages(0, "t", 7, channel="b"), Synced(9)])
+
+
+def test_a_backfill_names_the_channel_holding_each_message_and_the_others_count_as_finished(tmp_path):
+    store = _open(tmp_path)
+    store.store([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", 1, 3, 8)])  # from before: 8 is finished
+    _backfill_of_two_channels(store)
+    assert store.backfill_released == 1 and set(store.held) == {_id(n) for n in range(1, 8)}
+    assert store.duplicates == 2 + 2  # 1 and 3 held from before, 1 and 2 named by both channels
+    store.store([Finished(10, "t", "a", (_id(1), _id(2), _id(3), _id(5), _id(6)))])
+    assert set(store.held) == {_id(1), _id(2), _id(4), _id(5), _id(7)}  # b never held 3 and 6
+    store.store([Finished(11, "t", "b", (_id(1), _id(2), _id(4), _id(5), _id(7)))])
+    assert not store.held and store.held_bytes == 0
+
+
+def test_a_backfill_is_settled_again_when_the_store_is_replayed(tmp_path):
+    store = _open(tmp_path, durable=True)
+    _backfill_of_two_channels(store)
+    store.store([Finished(10, "t", "a", (_id(1), _id(5)))])
+    store.queue.close()  # as a kill leaves it
+    again = _open(tmp_path, durable=True)
+    assert set(again.held) == {_id(n) for n in range(1, 8)}
+    again.store([Finished(11, "t", "b", (_id(1), _id(2), _id(4), _id(5), _id(7)))])
+    assert set(again.held) == {_id(2), _id(3), _id(6)}  # waiting for a only
+    adopted = {m.id: finished for _, batch in again.adopt() for m, finished in batch}
+    assert adopted == {_id(2): {"b"}, _id(3): {"b"}, _id(6): {"b"}}
+
+
+def test_a_backfill_cut_short_leaves_its_messages_held_for_every_channel(tmp_path):
+    store = _open(tmp_path)
+    store.begin_backfill()
+    store.store([ChannelOp(0, "t", "a", OP_CREATED), ChannelOp(0, "t", "b", OP_CREATED),
+                 _messages(0, "t", 1, channel="a")])
+    store.begin_backfill()  # the connection broke; the next one backfills again
+    store.store([ChannelOp(0, "t", "a", OP_CREATED), ChannelOp(0, "t", "b", OP_CREATED),
+                 _messages(0, "t", 1, channel="b"), Synced(3)])
+    store.store([Finished(4, "t", "b", (_id(1),))])
+    assert not store.held
+
+
+def test_fins_of_many_records_and_channels_release_each_message_once(tmp_path):
+    store = _open(tmp_path)
+    store.store([ChannelOp(1, "t", "a", OP_CREATED), ChannelOp(2, "t", "b", OP_CREATED)]
+                + [_messages(3 + n, "t", *range(n * 100, n * 100 + 100)) for n in range(5)])
+    assert len(store.held) == 500 and store.held_bytes == sum(len(b"body%d" % n) for n in range(500))
+    every = tuple(_id(n) for n in range(500))
+    store.store([Finished(8, "t", "a", every[::2] + every[::2])])  # repeated IDs are harmless
+    assert len(store.held) == 500
+    store.store([Finished(9, "t", "b", every[:250])])
+    assert len(store.held) == 375
+    store.store([Finished(10, "t", "a", every[1::2]), Finished(11, "t", "b", every[250:])])
+    assert not store.held and store.held_bytes == 0 and not store._records
+
+
+def test_a_batch_written_but_not_yet_indexed_is_indexed_before_anything_reads_the_index(tmp_path):
+    store = _open(tmp_path)
+    store.write([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", 1, 2)])  # acknowledged; indexed later
+    store.write([Finished(3, "t", "a", (_id(1),))])  # the previous batch first
+    assert set(store.held) == {_id(1), _id(2)}
+    adopted = [(topic, [m.id for m, _ in batch]) for topic, batch in store.adopt()]
+    assert adopted == [("t", [_id(2)])]
+
+
+def test_the_index_of_held_messages_is_not_walked_by_the_garbage_collector(tmp_path):
+    import gc
+
+    store = _open(tmp_path)
+    store.store([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", *range(1000))])
+    gc.collect()
+    assert len(store.held) == 1000 and not gc.is_tracked(store.held)  # millions held cost no collector pass

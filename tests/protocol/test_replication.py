@@ -25,6 +25,7 @@ from protocol.replication import (
     Welcome,
     encode,
     encode_messages,
+    encode_published,
 )
 
 from .feeding import MODES, run
@@ -48,10 +49,15 @@ CASES = [
                  + b"0123456789abcdef", id="finished"),
     pytest.param(Finished(10, "t", "c", ()), None, id="finished-none"),
     pytest.param(Messages(1, "t", (M1,)),
-                 b"\x00\x00\x00\x3b\x02" + b"\x00" * 7 + b"\x01" + b"\x00\x01t" + b"\x00\x00\x00\x01"
+                 b"\x00\x00\x00\x3d\x07" + b"\x00" * 7 + b"\x01" + b"\x00\x01t" + b"\x00\x00" + b"\x00\x00\x00\x01"
                  + b"0123456789abcdef" + struct.pack(">q", M1.timestamp) + b"\x00\x01" + b"\x00" * 8
                  + b"\x00\x00\x00\x05hello", id="one-message"),
-    pytest.param(Messages(2, "topic", (M1, M2, M3)), None, id="three-messages"),
+    pytest.param(Messages(2, "topic", (M1, M2, M3)),
+                 b"\x00\x00\x03\x8d\x07" + b"\x00" * 7 + b"\x02" + b"\x00\x05topic" + b"\x00\x00" + b"\x00\x00\x00\x03"
+                 + M1.id + M2.id + M3.id + struct.pack(">3q", M1.timestamp, M2.timestamp, M3.timestamp)
+                 + struct.pack(">3H", 1, 0, 65535) + struct.pack(">3q", 0, M2.due_ns, 0)
+                 + struct.pack(">3I", 5, 0, 768) + b"hello" + M3.body, id="three-messages"),
+    pytest.param(Messages(0, "topic", (M1, M3), channel="ch"), None, id="backfill-messages-of-a-channel"),
     pytest.param(Messages(3, "topic", ()), None, id="no-message"),
     pytest.param(Hello("127.0.0.1:4150", "abc", 2, True, node_id=7), None, id="hello"),
     pytest.param(Welcome("10.0.0.2:4150", "abc", 99, 2, 5), None, id="welcome"),
@@ -97,6 +103,35 @@ def test_a_stream_of_every_case_decodes_in_order():
 def test_encode_messages_matches_the_event_encoding():
     tuples = [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in (M1, M2, M3)]
     assert encode_messages(4, "t", tuples) == encode(Messages(4, "t", (M1, M2, M3)))
+    assert encode_messages(0, "t", tuples, "c") == encode(Messages(0, "t", (M1, M2, M3), channel="c"))
+
+
+def test_encode_published_is_a_batch_of_one_timestamp_and_due_time():
+    ids, bodies = [M1.id, M2.id, M3.id], [b"a", b"", b"ccc"]
+    expected = Messages(5, "t", tuple(ReplicatedMessage(i, 42, 0, 99, b) for i, b in zip(ids, bodies)))
+    assert encode_published(5, "t", ids, bodies, 42, 99) == encode(expected)
+    assert encode_published(6, "t", [], [], 42) == encode(Messages(6, "t", ()))
+
+
+def test_a_decoded_frame_gives_its_ids_and_body_bytes_before_its_messages():
+    decoder = ReplicationDecoder()
+    decoder.receive_data(encode(Messages(7, "t", (M1, M2, M3))))
+    event = decoder.next_event()
+    assert event.ids == (M1.id, M2.id, M3.id) and event.body_bytes == 5 + 0 + 768 and len(event) == 3
+    assert event.messages == (M1, M2, M3)
+
+
+def test_messages_as_earlier_versions_wrote_them_still_decode():
+    rows = b"".join(struct.pack(">16sqHqI", m.id, m.timestamp, m.attempts, m.due_ns, len(m.body)) + m.body
+                    for m in (M1, M2, M3))
+    payload = struct.pack(">Q", 3) + b"\x00\x01t" + struct.pack(">I", 3) + rows
+    decoder = ReplicationDecoder()
+    decoder.receive_data(_frame(0x02, payload))
+    event = decoder.next_event()
+    assert event == Messages(3, "t", (M1, M2, M3)) and event.ids == (M1.id, M2.id, M3.id)
+    decoder.receive_data(_frame(0x02, payload[:-1]))
+    with pytest.raises(ProtocolError, match="MESSAGES frame cut short"):
+        decoder.next_event()
 
 
 def _error(data: bytes, max_frame_size: int = 1 << 20) -> ProtocolError:
@@ -120,16 +155,24 @@ BAD = [
     pytest.param(_frame(0x05, b"x"), "E_BAD_PROTOCOL", "HEARTBEAT frame with a payload", id="heartbeat-payload"),
     pytest.param(_frame(0x82, b"\x00" * 7), "E_BAD_PROTOCOL", "ACK frame cut short", id="ack-short"),
     pytest.param(_frame(0x82, b"\x00" * 9), "E_BAD_PROTOCOL", "ACK frame has 1 extra byte(s)", id="ack-long"),
-    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x03a b" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC",
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x03a b" + b"\x00\x00" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC",
                  "replicated topic name 'a b' is not valid", id="bad-topic"),
-    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x00" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC", "not valid",
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x00" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC", "not valid",
                  id="empty-topic"),
-    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x0cx#ephemeral" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC",
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x0cx#ephemeral" + b"\x00\x00\x00\x00"), "E_BAD_TOPIC",
                  "not valid", id="ephemeral-topic"),
-    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x01t" + b"\x00\x00\x00\x02" + b"0" * 42), "E_BAD_PROTOCOL",
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x01t\x00\x00" + b"\x00\x00\x00\x02" + b"0" * 42), "E_BAD_PROTOCOL",
                  "MESSAGES frame cut short", id="messages-count-too-high"),
-    pytest.param(_frame(0x02, b"\x00" * 8 + b"\x00\x01t" + b"\x00\x00\x00\x01" + b"0" * 38 + b"\x00\x00\x00\x09"),
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x01t\x00\x00" + b"\xff\xff\xff\xff" + b"0" * 42),
+                 "E_BAD_PROTOCOL", "MESSAGES frame cut short", id="messages-count-huge"),
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x01t\x00\x00" + b"\x00\x00\x00\x01" + b"0" * 34
+                        + b"\x00\x00\x00\x09" + b"x" * 8),
                  "E_BAD_PROTOCOL", "MESSAGES frame cut short", id="message-body-short"),
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x01t\x00\x00" + b"\x00\x00\x00\x01" + b"0" * 34
+                        + b"\x00\x00\x00\x02" + b"xyz"),
+                 "E_BAD_PROTOCOL", "MESSAGES frame has 1 extra byte(s)", id="message-body-long"),
+    pytest.param(_frame(0x07, b"\x00" * 8 + b"\x00\x01t\x00\x03c d" + b"\x00\x00\x00\x00"), "E_BAD_CHANNEL",
+                 "replicated channel name 'c d' is not valid", id="messages-bad-channel"),
     pytest.param(_frame(0x03, b"\x00" * 8 + b"\x00\x01t\x00\x04c/\x00d" + b"\x00\x00\x00\x00"), "E_BAD_CHANNEL",
                  "replicated channel name 'c/\\x00d' is not valid", id="bad-channel"),
     pytest.param(_frame(0x03, b"\x00" * 8 + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x02" + b"0" * 16),

@@ -50,10 +50,15 @@ def held(daemon: NsqdProcess, node: str) -> int:
     return replica_of(daemon, node).get("held_messages", 0)
 
 
+def wait_state(origin: NsqdProcess, state: str, *, timeout: float = 10, message: str | None = None) -> None:
+    """Until the origin's /stats says its replication is in ``state`` (replicating, degraded...)."""
+    wait_for(lambda: stats(origin.http())["replication"]["state"] == state, timeout=timeout, message=message or state)
+
+
 def pair(daemons, tmp_path, *origin_args: str, replica_args: tuple[str, ...] = ()):
     replica = start(daemons, tmp_path / "b", *replica_args)
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", *origin_args)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     return origin, replica
 
 
@@ -146,7 +151,7 @@ def test_replica_keeps_its_copies_across_its_restart(daemons, tmp_path, durable)
     port = replica.tcp[1]
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", *args)
     node = f"127.0.0.1:{origin.tcp[1]}"
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     create(origin, "c")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(50)])
@@ -271,9 +276,9 @@ def test_a_replica_that_comes_back_empty_is_backfilled_before_it_counts(daemons,
         wait_for(lambda: held(replica, node) == 30, message="held")
     replica.kill()
     shutil.rmtree(tmp_path / "b")
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    wait_state(origin, "degraded")
     replica = start(daemons, tmp_path / "b", port=port)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", timeout=20, message="back")
+    wait_state(origin, "replicating", timeout=20, message="back")
     assert held(replica, node) == 30  # every message d has not finished, whatever c did
     with consumer(origin.tcp, "t", "d", ready=30) as client:
         receive(client, 30)
@@ -291,7 +296,7 @@ def test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again(daemo
     assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 10
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
     origin.wait_for_log(r"adopted this node's messages while it was away \(epoch 1\): dropped the 10", timeout=20)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     channel = stats(origin.http(), "topic=t")["topics"][0]["channels"][0]
     assert channel["depth"] == 0 and channel["in_flight_count"] == 0
     with RawClient(origin.tcp) as producer:
@@ -331,7 +336,7 @@ def test_duplicates_after_takeover_are_the_adopted_messages_the_origin_had_finis
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=origin_port)
     origin.wait_for_log(r"dropped the 6 message\(s\) it adopted that were held here, kept 0 other\(s\) of their "
                         r"topics; 4 it adopted had been finished here \(delivered twice\)", timeout=20)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     doc = stats(origin.http())["replication"]
     assert doc["duplicates_after_takeover"] == 4
     assert "duplicates after takeover: 4" in get(origin.http(), "/stats").body.decode()
@@ -355,7 +360,7 @@ def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopt
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(5)])
     assert replica.stop() == 0
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    wait_state(origin, "degraded")
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"alone1", b"alone2"])  # held by the origin alone
     assert stats(origin.http())["replication"]["accepted_unreplicated"] == 2
@@ -365,7 +370,7 @@ def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopt
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-degraded=accept",
                    *args, port=origin_port)
     origin.wait_for_log(r"dropped the 5 message\(s\) it adopted that were held here, kept 2", timeout=20)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     assert held(replica, node) == 2  # replicated now that the peer is back
     assert stats(origin.http())["replication"]["accepted_unreplicated"] == 0  # in this run
     with consumer(origin.tcp, "t", "c", ready=10) as client:
@@ -386,7 +391,7 @@ def test_what_a_paused_topic_held_stays_in_the_topic_when_its_other_messages_wer
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m0", b"m1"])
     assert replica.stop() == 0
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "degraded", message="degraded")
+    wait_state(origin, "degraded")
     with RawClient(origin.tcp) as producer:
         producer.publish("t", b"alone")
     assert origin.stop() == 0
@@ -411,7 +416,7 @@ def test_a_takeover_while_the_origin_lives_counts_every_adopted_message_as_a_dup
     origin.wait_for_log(r"peer .* adopted 3 message\(s\) of this node \(epoch 1\) while it was connected elsewhere: "
                         r"keeping them", timeout=20)
     assert stats(origin.http())["replication"]["duplicates_after_takeover"] == 3
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     assert stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["depth"] == 3  # both deliver them
     wait_for(lambda: not (tmp_path / "b" / f"replica.{node}.adopted").exists(), message="the list removed")
 
@@ -455,7 +460,7 @@ def test_an_origin_killed_without_durable_mode_has_its_copies_adopted_when_it_re
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
     replica.wait_for_log(r"origin 127.0.0.1:\d+ is back without all of its messages", timeout=20)
     origin.wait_for_log(r"the last run did not stop cleanly", timeout=5)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     with consumer(replica.tcp, "t", "c", ready=10) as client:
         assert sorted(receive(client, 10)) == sorted(b"m%d" % i for i in range(10))
     assert held(replica, node) == 0
@@ -470,7 +475,7 @@ def test_an_origin_stopped_cleanly_keeps_its_messages_and_its_replica_its_copies
         producer.publish_many("t", [b"m%d" % i for i in range(10)])
     assert origin.stop() == 0
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=port)
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", message="replicating")
+    wait_state(origin, "replicating")
     assert held(replica, node) == 10  # the backfill had them all
     assert "taking over" not in replica.log_text()
     with consumer(origin.tcp, "t", "c", ready=10) as client:
@@ -513,7 +518,7 @@ def test_a_backlog_spilled_to_disk_is_backfilled_whole_while_publishing_goes_on(
     replica = start(daemons, tmp_path / "b", port=port)
     with consumer(origin.tcp, "t", "c", ready=100) as client:  # c finishes some while the backfill reads its files
         finished_on_c = set(receive(client, 3000))
-    wait_for(lambda: stats(origin.http())["replication"]["state"] == "replicating", timeout=60, message="backfilled")
+    wait_state(origin, "replicating", timeout=60, message="backfilled")
     replicating.set()
     producer_thread.join(timeout=60)
     assert not producer_thread.is_alive() and not failures

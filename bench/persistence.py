@@ -62,16 +62,22 @@ def measure(args, target: Target, frame: bytes, per_frame: int, connections: int
     }
 
 
+def publish_workloads(args) -> list[tuple[str, bytes, int, int]]:
+    """``(name, frame, messages per frame, connections)`` of the PUB and MPUB workloads (``TOPIC`` in the frame
+    is replaced per run), from ``--body-size``, ``--batch``, ``--pub-connections`` and ``--mpub-connections``."""
+    body = b"d" * args.body_size
+    return [
+        ("PUB", encode_pub("TOPIC", body), 1, args.pub_connections),
+        (f"MPUB x{args.batch}", encode_mpub("TOPIC", [body] * args.batch), args.batch, args.mpub_connections),
+    ]
+
+
 def run(args) -> Report:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s): {', '.join(unknown)}")
-    body = b"d" * args.body_size
-    workloads = [
-        ("PUB", encode_pub("TOPIC", body), 1, args.pub_connections),
-        (f"MPUB x{args.batch}", encode_mpub("TOPIC", [body] * args.batch), args.batch, args.mpub_connections),
-    ]
+    workloads = publish_workloads(args)
     report = Report(NAME, TITLE, params={"body_size": args.body_size, "pub_connections": args.pub_connections,
                                          "mpub_connections": args.mpub_connections, "batch": args.batch,
                                          "duration_s": args.duration, "repeat": args.repeat,

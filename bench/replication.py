@@ -17,8 +17,7 @@ import os
 from bench.common import Generators, ProcessSampler, Report, Target, main, percentile, unique_topic
 from bench.consume import create_channel
 from bench.load import build_roles
-from bench.persistence import measure
-from protocol.commands import encode_mpub, encode_pub
+from bench.persistence import measure, publish_workloads
 
 NAME = "replication"
 TITLE = "replication to a peer on the same machine (acks=1) against none"
@@ -75,11 +74,7 @@ def ok_latency(args, target: Target) -> dict:
 
 
 def run(args) -> Report:
-    body = b"d" * args.body_size
-    workloads = [
-        ("PUB", encode_pub("TOPIC", body), 1, args.pub_connections),
-        (f"MPUB x{args.batch}", encode_mpub("TOPIC", [body] * args.batch), args.batch, args.mpub_connections),
-    ]
+    workloads = publish_workloads(args)
     report = Report(NAME, TITLE, params={"body_size": args.body_size, "pub_connections": args.pub_connections,
                                          "mpub_connections": args.mpub_connections, "batch": args.batch,
                                          "latency_rate": args.latency_rate, "duration_s": args.duration})

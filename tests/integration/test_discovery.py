@@ -153,7 +153,20 @@ def test_nsqd_reregisters_after_lookupd_restarts(make_cluster, topic):
     # a restarted lookupd starts empty (nsqd may already have registered again by now, so no 404 is asserted):
     # what it knows next comes from the nsqds' new registrations
     wait_for_producers(lookupd, topic, tcp_ports(cluster))
-    assert channel_producers(lookupd, topic, "ch") == {cluster.nsqds[0].tcp[1]}
+    # the second nsqd may hold "ch" too: its topic asks lookupd for channels to pre-create without blocking the
+    # PUB, so that query can see the consumer's "ch" registered meanwhile; lookupd must list exactly the nsqds
+    # that hold the channel, the consumer's among them
+    def settled():
+        holders = nsqds_with_channel(cluster, topic, "ch")
+        return holders if channel_producers(lookupd, topic, "ch") == holders else None
+
+    assert cluster.nsqds[0].tcp[1] in wait_for(settled, message="lookupd lists the nsqds holding ch")
+
+
+def nsqds_with_channel(cluster: Cluster, topic: str, channel: str) -> set[int]:
+    return {nsqd.tcp[1] for nsqd in cluster.nsqds
+            for found in stats(nsqd.http(), f"topic={topic}")["topics"]
+            if any(c["channel_name"] == channel for c in found["channels"])}
 
 
 def test_lookupd_sees_nsqd_leave_and_come_back(make_cluster, topic):

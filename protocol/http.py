@@ -34,7 +34,7 @@ __all__ = [
     "CONNECTION_CLOSED", "END_OF_BODY", "NEED_DATA", "BadRequest", "Headers", "HTTPError", "Match", "Request",
     "RequestHead", "RequestParser", "Response", "Route", "Router", "empty_response", "encode_response",
     "encoded_json_response",
-    "error_response", "go_json", "go_json_text", "go_string", "json_response", "parse_query", "plain_error_response", "text_response",
+    "error_response", "go_json", "go_json_text", "go_string", "json_response", "parse_query", "refusal_bytes", "text_response",
 ]
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
@@ -157,15 +157,18 @@ def error_response(status: int, code_text: str) -> Response:
     return json_response({"message": code_text}, status)
 
 
-#: the words Go's net/http adds to the text of its own answer to a request it refuses, by status
-_GO_REFUSAL_DETAILS = {505: ": unsupported protocol version"}
+#: the headers of net/http's own answer to a request it refuses (no Content-Length, no Date: it closes after)
+_REFUSAL_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
 
-def plain_error_response(status: int) -> Response:
-    """What Go's net/http answers by itself to a request it cannot parse: ``400 Bad Request`` as text
-    (``505 HTTP Version Not Supported: unsupported protocol version`` for a version it does not serve)."""
-    text = f"{status} {_reason(status)}{_GO_REFUSAL_DETAILS.get(status, '')}"
-    return Response(status, [("Content-Type", TEXT_CONTENT_TYPE)], text.encode())
+def refusal_bytes(refused: BadRequest) -> bytes:
+    """What Go's net/http writes by itself before closing a connection whose request it cannot serve, byte for
+    byte: ``400 Bad Request`` as status line and text; the words it shows (``refused.shown``) after both, as in
+    ``400 Bad Request: missing required Host header``; ``Unsupported transfer encoding`` as the text of a 501."""
+    status = refused.status
+    line = f"{status} {_reason(status)}" + (f": {refused.shown}" if refused.shown else "")
+    text = "Unsupported transfer encoding" if status == 501 else line
+    return b"HTTP/1.1 " + line.encode() + _REFUSAL_HEADERS + text.encode()
 
 
 _REASONS: dict[int, str] = {status.value: status.phrase for status in HTTPStatus}
@@ -551,10 +554,11 @@ CONNECTION_CLOSED = _Sentinel("CONNECTION_CLOSED")
 class BadRequest(Exception):
     """The client sent something that is not HTTP/1.1; answer ``status`` (400, 431, 501 or 505) and close."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, *, shown: str = "") -> None:
         super().__init__(status, reason)
         self.status = status
-        self.reason = reason
+        self.reason = reason  # for the log
+        self.shown = shown  # the words Go's answer shows after the status (most refusals show none)
 
 
 @dataclasses.dataclass(slots=True)
@@ -597,7 +601,7 @@ def _make_head(method: bytes, url: bytes, version: str, headers: list, keep_aliv
             # llhttp reads a request line without a version as HTTP/0.9: malformed, as Go sees it
             raise BadRequest(400, "missing HTTP version")
         else:
-            raise BadRequest(505, f"unsupported HTTP version {version}")
+            raise BadRequest(505, f"unsupported HTTP version {version}", shown="unsupported protocol version")
     path_bytes, question, raw_query = url.partition(b"?")
     if not path_bytes.startswith(b"/"):
         if path_bytes == b"*" and not question:
@@ -611,10 +615,10 @@ def _make_head(method: bytes, url: bytes, version: str, headers: list, keep_aliv
     content_length = None
     chunked = False
     expect_continue = False
-    host = False
+    hosts = 0
     for name, value in headers:
         if name == b"host":
-            host = True
+            hosts += 1
         elif name == b"content-length":
             content_length = int(value)  # llhttp accepts digits only, and one Content-Length
         elif name == b"transfer-encoding":
@@ -624,8 +628,9 @@ def _make_head(method: bytes, url: bytes, version: str, headers: list, keep_aliv
             chunked = True
         elif name == b"expect":
             expect_continue = version == "1.1" and value.lower() == b"100-continue"
-    if not host and version == "1.1":
-        raise BadRequest(400, "missing required Host header")
+    if hosts != 1 and (hosts or version == "1.1"):
+        words = "too many Host headers" if hosts else "missing required Host header"
+        raise BadRequest(400, words, shown=words)
     name = _METHODS.get(method)
     if name is None:
         name = _METHODS[method] = method.decode("ascii")

@@ -26,8 +26,9 @@ is cut off as soon as it passes the limit. ``Expect: 100-continue`` gets ``100 C
 be read. A connection that stops reading a body it was sent is closed after the answer with a short linger, so
 the client reads the answer before the kernel resets the connection.
 
-Errors: a malformed request gets Go's plain-text ``400 Bad Request`` (``431`` for an oversized head, ``501`` for
-a transfer coding other than chunked, ``505`` for a well-formed version other than HTTP/1.x, as Go) and the connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
+Errors: a malformed request gets the bytes Go's net/http writes itself (``protocol.http.refusal_bytes``: a plain-text
+``400 Bad Request``, with Go's words for a missing or repeated Host, ``431`` for an oversized head, ``501`` for a
+transfer coding other than chunked, ``505`` for a well-formed version other than HTTP/1.x) and the connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
 listener's nursery (``except*`` below), so one client never disturbs another.
 """
 
@@ -53,7 +54,7 @@ from protocol.http import (
     Router,
     encode_response,
     error_response,
-    plain_error_response,
+    refusal_bytes,
 )
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTPServer", "format_address", "go_duration", "serve_http"]
@@ -241,7 +242,7 @@ class _Connection:
                 linger = await self._serve_requests()
             except BadRequest as exc:
                 server.logger.debug("%s: bad request from %s: %s", server.name, self.remote, exc.reason)
-                self.out.append(encode_response(plain_error_response(exc.status), date=_http_date(), close=True))
+                self.out.append(refusal_bytes(exc))
                 linger = True
             self.scope.deadline = trio.current_time() + server.idle_timeout
             await self._flush()

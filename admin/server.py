@@ -12,6 +12,7 @@ import logging
 
 import trio
 
+from protocol.version import version_string
 from runtime.daemon import adopt_listeners, listen_tcp
 from runtime.http_server import HTTPServer
 
@@ -53,6 +54,7 @@ class NSQAdmin:
             self._listeners = await listen_tcp(self.opts.http_address)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        log.info("%s", version_string("nsqadmin"))
         if not self._listeners:
             await self.open_listener()
         http = HTTPServer(build_router(self), logger=log, listeners=self._listeners)

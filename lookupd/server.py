@@ -13,6 +13,7 @@ import socket
 
 import trio
 
+from protocol.version import version_string
 from runtime.daemon import ListenError, accept_connections, address_port, adopt_listeners, format_address, listen
 from runtime.http_server import HTTPServer
 
@@ -70,6 +71,7 @@ class NSQLookupd:
         self.http_port = address_port(self.http_address)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        log.info("%s", version_string("nsqlookupd"))
         if not self._tcp_listeners:
             await self.open_listeners()
         tcp_listeners, http_listeners = self._tcp_listeners, self._http_listeners

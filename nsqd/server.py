@@ -38,6 +38,7 @@ from .replication import ReplicaHost, Replicator, attach_replication
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
 from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
+from protocol.version import version_string
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
 from .tls import client_ssl_context, server_ssl_context
@@ -280,6 +281,8 @@ class NSQD:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         opts = self.opts
         self.lock_data_path()
+        log.info("%s", version_string("nsqd"))
+        log.info("ID: %d", opts.node_id)
         if self.durable:
             log.info("NSQ: durable mode: every message is synced to disk before OK, in-flight ones survive a crash")
         self.load_metadata()

@@ -155,6 +155,14 @@ def test_listening_lines_show_the_real_ports_and_go_only_flags_are_logged(nsqd_f
     assert re.search(r"flag --verbose .*no effect", log) and re.search(r"flag --worker-id .*no effect", log)
 
 
+def test_start_up_logs_the_version_and_the_node_id_before_listening(nsqd_factory):
+    daemon = nsqd_factory("--node-id=77")
+    lines = [line.split(" INFO: ", 1)[1] for line in daemon.log_text().splitlines() if " INFO: " in line]
+    version = next(i for i, line in enumerate(lines) if re.fullmatch(r"nsqd v1\.3\.0 \(built w/python\S+\)", line))
+    assert lines[version + 1] == "ID: 77"
+    assert version + 1 < next(i for i, line in enumerate(lines) if line.startswith("TCP: listening on "))
+
+
 def test_empty_http_address_disables_http(nsqd_factory):
     daemon = nsqd_factory("--http-address=")
     with RawClient(daemon.tcp) as client:

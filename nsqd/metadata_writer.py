@@ -150,6 +150,7 @@ class MetadataWriter:
         self._written = trio.Event()
 
     def _replace(self, entries: list[bytes]) -> None:
+        self.log.info("NSQ: persisting topic/channel metadata to %s", self.path)
         try:
             replace_file(self.path, join_document(entries))
             self.writes += 1

@@ -158,6 +158,7 @@ def test_empty_queues_leave_meta_files_and_metadata_follows_changes(data_dir):
     assert post(address, f"/topic/pause?topic={topic}").status == 200
     assert metadata(d.path)["topics"] == [{"name": topic, "paused": True,
                                            "channels": [{"name": "idle", "paused": True}]}]
+    assert f"INFO: NSQ: persisting topic/channel metadata to {d.path / 'nsqd.dat'}\n" in daemon.log_text()
     daemon = d.restart()
     for queue in (topic, f"{topic}:idle"):
         assert (d.path / f"{queue}.diskqueue.meta.dat").read_bytes() == b"0\n0,0\n0,0\n"

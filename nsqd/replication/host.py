@@ -3,7 +3,7 @@
 A connection is served by ``serve`` (called by the TCP listener after the magic): HELLO, WELCOME, then every
 receive buffer's data frames are written in one ``ReplicaStore.write`` (one write, one sync in durable mode),
 answered by one ACK, and only then indexed (``ReplicaStore.apply``: the ACK waits for the disk, not for the
-index). A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
+index); when more has arrived meanwhile it is stored and acknowledged before the index catches up. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
 origins whose stream closed and takes them over after ``--replica-takeover-timeout``; ``takeover`` does it at
 once (``POST /replica/takeover``).
 """

@@ -58,6 +58,17 @@ _DATA_EVENTS = (Messages, Finished, ChannelOp)
 APPLY_LAG = 16
 
 
+def _write_now(stream, data: bytes) -> int:
+    """Write what a plain TCP stream takes of ``data`` right now, without a turn of the event loop; returns how
+    much (the rest, errors included, is left to ``send_all``)."""
+    if type(stream) is not trio.SocketStream:
+        return 0
+    try:
+        return os.write(stream.socket.fileno(), data)
+    except OSError:
+        return 0
+
+
 def _read_now(stream) -> bytes | None:
     """What a plain TCP stream holds right now (None: nothing, end of stream or error, all left to the awaited
     read), without a turn of the event loop."""
@@ -289,7 +300,10 @@ class ReplicaHost:
                 self._on_disk(store.write, events, frames)
             if last != acked or synced:
                 store.session, store.seq = session, last
-                await stream.send_all(encode(Ack(last)))  # on disk: the index follows the ACK
+                ack = encode(Ack(last))  # on disk: the index follows the ACK
+                written = _write_now(stream, ack)
+                if written < len(ack):
+                    await stream.send_all(ack[written:])
             elif heartbeat:
                 await stream.send_all(HEARTBEAT_FRAME)
             # what came meanwhile is stored and acknowledged first; the index follows once the socket is idle

@@ -349,6 +349,27 @@ class DiskQueue:
             raise
         self.last_error = None
 
+    def put_many_held(self, records: list[bytes]) -> int | None:
+        """Hold mode: ``put_many``, and when the reader had read everything before them and they went into its
+        file, take them as read at once (held, as ``read_many_held`` would return them) without reading them
+        back: returns the token of the first record (the others follow it). None when they were only appended
+        (the reader was behind, or the write moved to a new file): ``read_many_held`` returns them in order."""
+        assert self.hold_reads, "put_many_held needs hold_reads=True"
+        file_num, pos = self._write_file_num, self._write_pos
+        caught_up = self._read_file_num == file_num and self._read_pos == pos and not self._closed
+        self.put_many(records)
+        if not caught_up or self._write_file_num != file_num:
+            return None
+        first = self._held_base + len(self._held)
+        key = (file_num << _POS_BITS) + pos
+        append = self._held.append
+        for record in records:
+            append(key)
+            key += 4 + len(record)
+        self._read_pos = self._write_pos
+        self._depth -= len(records)
+        return first
+
     def _write_parts(self, parts: list[bytes]) -> None:
         data = b"".join(parts)
         self._write_at_end(data)

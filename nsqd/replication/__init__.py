@@ -20,7 +20,10 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   frames when the sender next writes (FINs alone wait up to 5 ms for more); channel and topic creation,
   deletion, pause and emptying become CHANNEL frames. Frames of ephemeral topics and channels are never made.
 - One sender task per peer writes everything in the outbox past what it sent, in one write, and a reader task
-  takes the peer's cumulative ACKs. The quorum seq (``acked``) is the N-th highest ACK among the connected
+  takes the peer's cumulative ACKs. A large batch's frame (or any frame while the peer acknowledged everything)
+  is written by the publish itself when nothing is ahead of it on a plain TCP stream, so that the replica stores
+  it while the origin handles the rest of what it read; what the socket does not take goes first in the sender
+  task's next write. Frames go out without waiting for earlier ACKs. The quorum seq (``acked``) is the N-th highest ACK among the connected
   peers. Group commit: every publish of every connection handled meanwhile rides the same write and the same
   ACK, so replication costs one round trip per batch, as durable mode's fsync does (``queues/group_commit.py``).
 - The connection's writer holds its output while its ``replicated_seq`` is above ``acked`` (``wait_acked``, a
@@ -59,7 +62,9 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   The disk queue's committed position is the oldest record still needed, so a restart replays from there:
   messages, then the FINs that followed them (a FIN record after the committed position is still on disk, one
   before it refers to a released message). Durable mode syncs each received batch before the ACK; otherwise the
-  queue syncs by its own rules.
+  queue syncs by its own rules. A batch is written with its tokens known (``DiskQueue.put_many_held``: the
+  reader is at the writer, so the records are held as written, never read back) and indexed after its ACK;
+  what the socket already holds by then is stored and acknowledged first (``APPLY_LAG`` batches at most).
 - Takeover (``ReplicaHost.takeover``): by ``POST /replica/takeover?node=`` or when the origin's stream stayed
   closed for ``--replica-takeover-timeout``. The store is replayed from disk, the origin's topics and channels
   are created here as they were (paused included), each unfinished message goes to each channel that had not

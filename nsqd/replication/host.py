@@ -3,7 +3,7 @@
 A connection is served by ``serve`` (called by the TCP listener after the magic): HELLO, WELCOME, then every
 receive buffer's data frames are written in one ``ReplicaStore.write`` (one write, one sync in durable mode),
 answered by one ACK, and only then indexed (``ReplicaStore.apply``: the ACK waits for the disk, not for the
-index). A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
+index); when more has arrived meanwhile it is stored and acknowledged before the index catches up. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
 origins whose stream closed and takes them over after ``--replica-takeover-timeout``; ``takeover`` does it at
 once (``POST /replica/takeover``).
 """
@@ -11,6 +11,7 @@ once (``POST /replica/takeover``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -53,6 +54,30 @@ ORIGIN_SILENCE = 15.0
 #: so one store and one ACK cover them
 RECEIVE_SIZE = 256 * 1024
 _DATA_EVENTS = (Messages, Finished, ChannelOp)
+#: received batches stored and acknowledged while more data waited, before they are indexed all the same
+APPLY_LAG = 16
+
+
+def _write_now(stream, data: bytes) -> int:
+    """Write what a plain TCP stream takes of ``data`` right now, without a turn of the event loop; returns how
+    much (the rest, errors included, is left to ``send_all``)."""
+    if type(stream) is not trio.SocketStream:
+        return 0
+    try:
+        return os.write(stream.socket.fileno(), data)
+    except OSError:
+        return 0
+
+
+def _read_now(stream) -> bytes | None:
+    """What a plain TCP stream holds right now (None: nothing, end of stream or error, all left to the awaited
+    read), without a turn of the event loop."""
+    if type(stream) is not trio.SocketStream:
+        return None
+    try:
+        return os.read(stream.socket.fileno(), RECEIVE_SIZE) or None
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -275,19 +300,25 @@ class ReplicaHost:
                 self._on_disk(store.write, events, frames)
             if last != acked or synced:
                 store.session, store.seq = session, last
-                await stream.send_all(encode(Ack(last)))  # on disk: the index follows the ACK
+                ack = encode(Ack(last))  # on disk: the index follows the ACK
+                written = _write_now(stream, ack)
+                if written < len(ack):
+                    await stream.send_all(ack[written:])
             elif heartbeat:
                 await stream.send_all(HEARTBEAT_FRAME)
-            self._on_disk(store.apply)
-            if synced:
-                log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
-                         len(store.held), store.backfill_released)
-            with trio.move_on_after(ORIGIN_SILENCE) as scope:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            if scope.cancelled_caught:
-                raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
-            if not data:
-                raise trio.BrokenResourceError("closed by the origin")
+            # what came meanwhile is stored and acknowledged first; the index follows once the socket is idle
+            data = _read_now(stream) if not synced and store.unapplied < APPLY_LAG else None
+            if data is None:
+                self._on_disk(store.apply)
+                if synced:
+                    log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
+                             len(store.held), store.backfill_released)
+                with trio.move_on_after(ORIGIN_SILENCE) as scope:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                if scope.cancelled_caught:
+                    raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
+                if not data:
+                    raise trio.BrokenResourceError("closed by the origin")
             decoder.receive_data(data)
 
     @staticmethod

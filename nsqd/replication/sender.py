@@ -57,6 +57,9 @@ PEER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
 FIN_BATCH = 4096
 #: how long FINs alone wait for more FINs (or a publish) before they are sent
 FIN_DELAY = 0.005
+#: a frame this large is written as soon as it is made when nothing is ahead of it (a smaller one only when the
+#: peer acknowledged everything: small frames made meanwhile go in one write)
+DIRECT_SIZE = 16 * 1024
 #: outbox bytes kept for a peer that is behind before the oldest frames are dropped (it then needs a backfill)
 OUTBOX_LIMIT = 512 * 1024 * 1024
 
@@ -89,7 +92,7 @@ class ReplicatorStatistics:
 
 class _Peer:
     __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
-                 "synced", "welcomed", "tried")
+                 "synced", "welcomed", "tried", "fd", "sending", "tail")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -106,6 +109,10 @@ class _Peer:
         self.synced = 0  # the seq of the SYNCED that ends this peer's backfill
         self.welcomed = False  # a WELCOME came since this node started
         self.tried = False  # a first connection attempt ended (welcomed or failed)
+        #: the socket of a plain TCP stream while it streams, written directly by ``_append`` (else -1)
+        self.fd = -1
+        self.sending = False  # the sender task is in a write: nothing else may write meanwhile
+        self.tail: bytes | None = None  # what a direct write left of its frame: the sender task writes it first
 
 
 class Replicator:
@@ -207,10 +214,30 @@ class Replicator:
         self._append(encode(ChannelOp(self.seq, topic, channel, op)), 0)
 
     def _append(self, frame: bytes, messages: int) -> None:
-        self._outbox.append((self.seq, frame, messages))
+        seq = self.seq
+        self._outbox.append((seq, frame, messages))
         self._outbox_bytes += len(frame)
         self._outbox_messages += messages
-        self._wake_senders()
+        direct = len(frame) >= DIRECT_SIZE
+        for peer in self.peers:
+            if (peer.fd < 0 or peer.sent != seq - 1 or peer.sending or peer.tail is not None
+                    or not (direct or peer.acked == peer.sent)):
+                peer.wake.set()
+                continue
+            # the peer has everything before this frame and no write is under way, and the frame is a large batch
+            # or nothing waits for an ACK: it leaves now, while the publishes read with it are handled (the
+            # replica stores it meanwhile), not after them; small frames behind one in flight go together
+            try:
+                written = os.write(peer.fd, frame)
+            except (BlockingIOError, InterruptedError):
+                written = 0
+            except OSError:
+                peer.wake.set()  # the sender task's write meets the error and ends the connection
+                continue
+            peer.sent = seq
+            if written < len(frame):
+                peer.tail = frame[written:]
+                peer.wake.set()
 
     def _wake_senders(self) -> None:
         for peer in self.peers:
@@ -372,10 +399,15 @@ class Replicator:
                         backfill.close()
                     log.info("REPLICATION: peer %s backfill sent: %d message(s)", peer.address, backfill.count)
                 await stream.send_all(encode(Synced(peer.synced)))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._send_loop, peer, stream)
-                await self._receive_loop(peer, stream, decoder)
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._send_loop, peer, stream)
+                    await self._receive_loop(peer, stream, decoder)
+                    nursery.cancel_scope.cancel()
+            finally:
+                peer.fd = -1
+                peer.tail = None
+                peer.sending = False
 
     async def _receive_loop(self, peer: _Peer, stream, decoder: ReplicationDecoder) -> None:
         while True:
@@ -398,7 +430,11 @@ class Replicator:
                 raise ProtocolError("E_BAD_PROTOCOL", f"unexpected {kind.__name__} frame from the replica")
 
     async def _send_loop(self, peer: _Peer, stream) -> None:
+        """Write what the outbox holds past ``peer.sent``. On a plain TCP stream ``_append`` writes a frame itself
+        when nothing is ahead of it (``peer.fd``); this task writes the rest, ``peer.sending`` while it does."""
         outbox = self._outbox
+        if type(stream) is trio.SocketStream:
+            peer.fd = stream.socket.fileno()
         while True:
             with trio.move_on_after(HEARTBEAT_INTERVAL):
                 await peer.wake.wait()
@@ -411,15 +447,26 @@ class Replicator:
             if self._fins:
                 self._flush_fins()
             if not outbox or outbox[-1][0] <= peer.sent:
-                await stream.send_all(HEARTBEAT_FRAME)
+                await self._send(peer, stream, HEARTBEAT_FRAME)
                 continue
             start = peer.sent + 1 - outbox[0][0]
             if start < 0:
                 start = 0
             frames = [outbox[i][1] for i in range(start, len(outbox))]
             last = outbox[-1][0]
-            await stream.send_all(b"".join(frames))
+            await self._send(peer, stream, b"".join(frames))
             peer.sent = max(peer.sent, last)
+
+    @staticmethod
+    async def _send(peer: _Peer, stream, data: bytes) -> None:
+        """Write ``data`` after what a direct write left of its frame (``peer.tail``), if anything."""
+        if peer.tail is not None:
+            data, peer.tail = peer.tail + data, None
+        peer.sending = True
+        try:
+            await stream.send_all(data)
+        finally:
+            peer.sending = False
 
     # -- statistics ---------------------------------------------------------------------------------------------
     def statistics(self) -> ReplicatorStatistics:

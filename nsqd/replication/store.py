@@ -127,7 +127,7 @@ class ReplicaStore:
         #: topic, every channel), for the messages it named that were held already
         self._backfill: dict[bytes, set[str] | None] | None = None
         self.backfill_released = 0  # messages the last backfill left out (released at its SYNCED)
-        self._unapplied: list | None = None  # the events written last, not yet indexed
+        self._unapplied: list[tuple[int | None, list]] = []  # (first token, events) written, not yet indexed
         self.json_dirty = False  # topics or channels changed since the JSON file was written
         self._json_path = os.path.join(data_path, f"{_PREFIX}{node}{_JSON_SUFFIX}")
         self._load_json()
@@ -205,25 +205,31 @@ class ReplicaStore:
         """Write a batch of events (MESSAGES, FINISHED, CHANNEL, SYNCED); ``frames``: their frames as received,
         stored as they are (else encoded here). In durable mode they are synced before this returns. OSError from
         the disk: nothing of the batch is stored (the queue's rule). They are indexed by ``apply``, which the host
-        calls once it has acknowledged them (they are on disk: the ACK need not wait for the index); everything
-        that reads the index applies what is pending first."""
+        calls once it has acknowledged them (they are on disk: the ACK need not wait for the index), after the
+        batches that came meanwhile; everything that reads the index applies what is pending first."""
         if not events:
             return
-        self.apply()
         records = frames if frames is not None else [encode(event) for event in events]
-        self.queue.put_many(records)
-        self._unapplied = events
+        # held as written: their tokens without reading them back (None: read back by ``apply``)
+        self._unapplied.append((self.queue.put_many_held(records), events))
+
+    @property
+    def unapplied(self) -> int:
+        """Batches written and not yet indexed."""
+        return len(self._unapplied)
 
     def apply(self) -> None:
-        """Index the batch ``write`` stored last, if it is not yet (its records are read back for their tokens)."""
-        events = self._unapplied
-        if events is None:
+        """Index the batches ``write`` stored that are not yet, in order."""
+        pending = self._unapplied
+        if not pending:
             return
-        self._unapplied = None
-        first, read = self.queue.read_many_held(len(events))
-        assert len(read) == len(events), "the replica queue had unread records"
-        for offset, event in enumerate(events):
-            self._apply(first + offset, event)
+        self._unapplied = []
+        for first, events in pending:
+            if first is None:
+                first, read = self.queue.read_many_held(len(events))
+                assert len(read) == len(events), "the replica queue had unread records"
+            for offset, event in enumerate(events):
+                self._apply(first + offset, event)
         if self.json_dirty:
             self.save_json()
             self.json_dirty = False

@@ -217,3 +217,27 @@ def test_split_reads_hold_each_record_at_its_own_position(tmp_path):
         q.sync()
         assert meta_file(tmp_path, NAME).read_text().split("\n")[1] == f"0,{ends[acked]}"
     q.close()
+
+
+def test_put_many_held_takes_what_it_writes_as_read_when_the_reader_was_at_the_writer(tmp_path):
+    records = [message(n, body_size=60) for n in range(8)]
+    q = held_queue(tmp_path, max_bytes_per_file=300)  # 90 bytes per record: 3 per file
+    assert q.put_many_held(records[:2]) == 0  # held at once, nothing left to read
+    assert q.depth() == 0 and q.statistics().held == 2 and q.read_many_held(5) == (2, [])
+    assert q.put_many_held(records[2:4]) is None  # the second went into a new file: left for the reader
+    assert q.read_many_held(5) == (2, records[2:4])
+    q.put_many(records[4:5])
+    assert q.put_many_held(records[5:6]) is None  # the reader was behind: appended
+    assert q.read_many_held(5) == (4, records[4:6])
+    assert q.put_many_held(records[6:7]) is None  # a new file again
+    assert q.read_many_held(5) == (6, records[6:7])
+    assert q.put_many_held(records[7:]) == 7
+    assert q.depth() == 0 and q.read_many_held(5) == (8, [])
+    for token in (0, 1, 2, 4, 5, 6):
+        q.ack(token)
+    q.sync()
+    # the committed position is the oldest unacknowledged record (3): a restart reads from there
+    q2 = held_queue(tmp_path, max_bytes_per_file=300)
+    assert q2.read_many_held(10)[1] == records[3:]
+    q2.close()
+    q.close()

@@ -161,10 +161,22 @@ def test_fins_of_many_records_and_channels_release_each_message_once(tmp_path):
 def test_a_batch_written_but_not_yet_indexed_is_indexed_before_anything_reads_the_index(tmp_path):
     store = _open(tmp_path)
     store.write([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", 1, 2)])  # acknowledged; indexed later
-    store.write([Finished(3, "t", "a", (_id(1),))])  # the previous batch first
-    assert set(store.held) == {_id(1), _id(2)}
+    store.write([Finished(3, "t", "a", (_id(1),))])  # the batches that came meanwhile wait with it
+    assert store.unapplied == 2 and not store.held
     adopted = [(topic, [m.id for m, _ in batch]) for topic, batch in store.adopt()]
     assert adopted == [("t", [_id(2)])]
+
+
+def test_batches_written_in_a_row_are_indexed_in_order_with_the_tokens_they_were_written_under(tmp_path):
+    store = _open(tmp_path)
+    store.write([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", 1, 2)])
+    store.write([_messages(3, "t", 3)])
+    store.write([Finished(4, "t", "a", (_id(1), _id(2)))])
+    store.apply()
+    assert set(store.held) == {_id(3)}
+    store.close()
+    store = _open(tmp_path)  # the committed position was at the record that still holds a message
+    assert set(store.held) == {_id(3)}
 
 
 def test_the_index_of_held_messages_is_not_walked_by_the_garbage_collector(tmp_path):

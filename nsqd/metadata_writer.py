@@ -16,7 +16,7 @@ covers it (``flush``), and asks for it without the coalescing delay. Start-up an
 
 from __future__ import annotations
 
-import json
+from json.encoder import encode_basestring_ascii
 import logging
 import os
 
@@ -32,10 +32,17 @@ __all__ = ["MetadataWriter", "encode_topic", "join_document"]
 
 
 def encode_topic(topic) -> bytes:
-    """One topic's entry of the ``topics`` list, as in ``json.dumps(snapshot(...), separators=(",", ":"))``."""
-    channels = [{"name": c.name, "paused": c.paused} for c in topic.channels.values() if not c.ephemeral]
-    return json.dumps({"name": topic.name, "paused": topic.paused, "channels": channels or None},
-                      separators=(",", ":")).encode()
+    """One topic's entry of the ``topics`` list, as in ``json.dumps(snapshot(...), separators=(",", ":"))``, written
+    directly (``json.dumps`` cost 8 us a topic: a storm of creates re-encodes every new one)."""
+    channels = [f'{{"name":{_quote(c.name)},"paused":{_BOOLEAN[bool(c.paused)]}}}'
+                for c in topic.channels.values() if not c.ephemeral]
+    listed = f"[{','.join(channels)}]" if channels else "null"
+    return f'{{"name":{_quote(topic.name)},"paused":{_BOOLEAN[bool(topic.paused)]},"channels":{listed}}}'.encode()
+
+
+#: a JSON string as ``json.dumps`` writes it (ASCII, escaped)
+_quote = encode_basestring_ascii
+_BOOLEAN = ("false", "true")
 
 
 _DOCUMENT_END = b'],"version":"' + NSQ_VERSION.encode() + b'"}'

@@ -115,6 +115,13 @@ class NSQD:
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
         self.owing_topics: dict[Topic, None] = {}  # durable mode: topics whose channels kept copies (Topic._owing)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
+        # the names of the files the data directory held at start-up (``load_metadata``); a disk queue or deferred
+        # index whose file is not among them opens nothing (queues/diskqueue.py, "Many queues"); None: look
+        self.files_at_start: frozenset[str] | None = None
+        # what every topic is given (made once: a bound method per topic would be five more objects each)
+        self._topic_hooks = {"on_channel_created": self._channel_created, "on_channel_deleted": self._channel_deleted,
+                             "on_last_channel_gone": self._ephemeral_topic_idle, "make_backend": self._make_backend,
+                             "spawn": self._spawn, "owing": self.owing_topics}
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -130,11 +137,7 @@ class NSQD:
         if topic is None:
             opts = self.opts
             topic = Topic(name, node_id=opts.node_id, mem_queue_size=opts.mem_queue_size,
-                          max_msg_timeout=opts.max_msg_timeout, actors=self.actors,
-                          on_channel_created=self._channel_created,
-                          on_channel_deleted=self._channel_deleted,
-                          on_last_channel_gone=self._ephemeral_topic_idle,
-                          make_backend=self._make_backend, spawn=self._spawn, owing=self.owing_topics)
+                          max_msg_timeout=opts.max_msg_timeout, actors=self.actors, **self._topic_hooks)
             self.topics[name] = topic
             self.topology_version += 1
             log.info("TOPIC(%s): created", name)
@@ -152,7 +155,8 @@ class NSQD:
         return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
-                         failing=self.failing_queues, active=self.active_queues, logger=log)
+                         failing=self.failing_queues, active=self.active_queues, logger=log,
+                         known_files=self.files_at_start)
 
     @property
     def durable(self) -> bool:
@@ -202,6 +206,8 @@ class NSQD:
             if self._data_lock is not None:  # nobody else writes here: what a killed nsqd left can go
                 for name in remove_stray_temporaries(self.data_path):
                     log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
+                # nothing but this process adds files here from now on (it holds the lock)
+                self.files_at_start = frozenset(os.listdir(self.data_path))
             for entry in load_metadata(self.data_path):
                 topic = self.get_topic(entry["name"])
                 for channel_entry in entry["channels"]:

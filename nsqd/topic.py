@@ -95,7 +95,7 @@ class Topic:
         self.deferred_index: DeferredIndex | None = None
         if self.backend is not None:
             self.deferred_index = DeferredIndex(self.backend.data_path, self.backend.name)
-            self.deferred_index.load(self.backend.read_position())
+            self.deferred_index.load(self.backend.read_position(), self.backend.known_files)
         self._spawn = spawn
         self._draining = False
         # durable mode: token of a record read from the disk queue -> number of channels holding their copy of

@@ -172,6 +172,14 @@ _EMPTY_META = b"0\n0,0\n0,0\n"
 class DiskQueue:
     """A disk-backed FIFO of records, in go-diskqueue's file format. See the module notes."""
 
+    # slots: more attributes than CPython keeps without a dictionary of their own, one more object per queue
+    __slots__ = ("name", "data_path", "max_bytes_per_file", "min_msg_size", "max_msg_size", "sync_every",
+                 "sync_timeout", "hold_reads", "barrier", "failing", "active", "log", "known_files", "last_error",
+                 "_depth", "_read_file_num", "_read_pos", "_write_file_num", "_write_pos", "_write_fd", "_reader",
+                 "_read_end", "_worker", "_sync_failed", "_ops", "_dirty", "_need_sync", "_pending_since", "_closed",
+                 "_held", "_held_base", "_acked", "_oldest_file", "_bad_files", "_removed_read_file", "_meta_path",
+                 "_saved_meta")
+
     def __init__(
         self,
         name: str,

@@ -55,6 +55,9 @@ class NSQD:
     def __init__(self, opts) -> None:
         self.opts = opts
         self.topics: dict[str, Topic] = {}
+        # every channel of every topic, kept by the create and delete hooks: the queue scanner's refresh copies it
+        # instead of walking every topic (milliseconds at 10,000 topics)
+        self._channels: dict = {}
         # moves at every topic and channel create and delete (stats_cache.py keeps its sorted lists until then)
         self.topology_version = 0
         self.clients: dict[int, Client] = {}
@@ -241,6 +244,8 @@ class NSQD:
             return False
         self.topology_version += 1
         self.lookup.topic_deleted(topic)
+        for channel in topic.channels.values():
+            self._channels.pop(channel, None)
         topic.close(persist=False)
         if topic.replication is not None:
             topic.replication.channel_op(name, "", OP_DELETED)
@@ -251,6 +256,7 @@ class NSQD:
 
     def _channel_created(self, channel) -> None:
         self.topology_version += 1
+        self._channels[channel] = None
         self.scanner.invalidate()
         channel.in_flight.on_active = channel.deferred.on_active = partial(self.scanner.activate, channel)
         if channel.topic.replication is not None and not channel.ephemeral:
@@ -265,6 +271,7 @@ class NSQD:
 
     def _channel_deleted(self, channel) -> None:
         self.topology_version += 1
+        self._channels.pop(channel, None)
         self.scanner.invalidate()
         if channel.replication is not None:
             channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)
@@ -280,7 +287,7 @@ class NSQD:
         self.delete_topic(topic.name)
 
     def all_channels(self) -> list:
-        return [channel for topic in self.topics.values() for channel in topic.channels.values()]
+        return list(self._channels)
 
     # -- running ---------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -78,3 +78,15 @@ def test_files_of_a_topic_missing_from_nsqd_dat_load_when_it_is_created(tmp_path
     channel = topic.get_channel("ch")
     assert channel.backend_depth() == 3
     assert nsqd.get_topic("other_0").backend_depth() == 0
+
+
+def test_the_queue_scanner_sees_every_channel_and_no_deleted_one(tmp_path):
+    nsqd = started_nsqd(tmp_path)
+    for n in range(3):
+        topic = nsqd.get_topic(f"t{n}")
+        for name in ("a", "b"):
+            topic.get_channel(name)
+    assert {(c.topic_name, c.name) for c in nsqd.all_channels()} == {(f"t{n}", c) for n in range(3) for c in "ab"}
+    nsqd.get_topic("t0").delete_channel("a")
+    nsqd.delete_topic("t1")
+    assert {(c.topic_name, c.name) for c in nsqd.all_channels()} == {("t0", "b"), ("t2", "a"), ("t2", "b")}

@@ -28,7 +28,7 @@ from .metadata import FILE_NAME, log
 from .queues.atomic_file import replace_file
 from .queues.file_worker import FileWorker
 
-__all__ = ["MetadataWriter", "encode_topic", "join_document"]
+__all__ = ["MetadataWriter", "document_parts", "encode_topic"]
 
 
 def encode_topic(topic) -> bytes:
@@ -49,11 +49,20 @@ _DOCUMENT_END = b'],"version":"' + NSQ_VERSION.encode() + b'"}'
 _EMPTY_DOCUMENT = b'{"topics":null,"version":"' + NSQ_VERSION.encode() + b'"}'
 
 
-def join_document(entries: list[bytes]) -> bytes:
-    """The whole file from the topics' encoded entries: byte for byte ``json.dumps`` of ``snapshot``, compact."""
+def document_parts(entries: list[bytes]) -> list[bytes]:
+    """The whole file from the topics' encoded entries, in pieces to be written one after the other (byte for byte
+    ``json.dumps`` of ``snapshot``, compact). Not joined: the file worker writes them with ``writev``, the
+    interpreter lock released, where joining them made a new buffer of the file's size at each write with the lock
+    held (0.2-9 ms for 670 KB at 10,000 topics here, the page faults of a fresh buffer dominating), and the event loop
+    waited for it. Made without a loop of bytecode (a thread running bytecode keeps the lock for the interpreter's
+    switch interval, 5 ms, while the loop asks for it)."""
     if not entries:
-        return _EMPTY_DOCUMENT
-    return b'{"topics":[' + b",".join(entries) + _DOCUMENT_END
+        return [_EMPTY_DOCUMENT]
+    parts = [b","] * (2 * len(entries) + 1)
+    parts[1:-1:2] = entries
+    parts[0] = b'{"topics":['
+    parts[-1] = _DOCUMENT_END
+    return parts
 
 
 class MetadataWriter:
@@ -158,7 +167,7 @@ class MetadataWriter:
 
     def _replace(self, entries: list[bytes]) -> None:
         try:
-            replace_file(self.path, join_document(entries))
+            replace_file(self.path, document_parts(entries))
             self.writes += 1
         except OSError as exc:  # as nsqd: logged, and the next change tries again
             self.log.error("failed to persist metadata - %s", exc)

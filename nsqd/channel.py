@@ -72,7 +72,7 @@ class Channel:
         self.deferred_index: DeferredIndex | None = None
         if backend is not None:
             self.deferred_index = DeferredIndex(backend.data_path, backend.name)
-            self.deferred_index.load(backend.read_position())
+            self.deferred_index.load(backend.read_position(), backend.known_files)
         self.in_flight = InFlightQueue()
         self.deferred = DeferredQueue()
         # durable mode: ID -> topic record token of each message kept only in memory after the disk refused it

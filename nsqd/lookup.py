@@ -295,19 +295,24 @@ class Lookup:
         for peer in self.peers.values():
             peer.enqueue(command, branch)
 
+    # (nothing is encoded for a node without lookupds: a storm of creates pays no command per topic)
     def topic_created(self, topic) -> None:
-        self._notify(encode_register(topic.name), "topic")
+        if self.peers:
+            self._notify(encode_register(topic.name), "topic")
 
     def topic_deleted(self, topic) -> None:
-        self._notify(encode_unregister(topic.name), "topic")
-        for name in list(topic.channels):
-            self._notify(encode_unregister(topic.name, name), "channel")
+        if self.peers:
+            self._notify(encode_unregister(topic.name), "topic")
+            for name in list(topic.channels):
+                self._notify(encode_unregister(topic.name, name), "channel")
 
     def channel_created(self, channel) -> None:
-        self._notify(encode_register(channel.topic_name, channel.name), "channel")
+        if self.peers:
+            self._notify(encode_register(channel.topic_name, channel.name), "channel")
 
     def channel_deleted(self, channel) -> None:
-        self._notify(encode_unregister(channel.topic_name, channel.name), "channel")
+        if self.peers:
+            self._notify(encode_unregister(channel.topic_name, channel.name), "channel")
 
     # -- channel pre-creation --------------------------------------------------------------------
     def http_addresses(self) -> list[str]:

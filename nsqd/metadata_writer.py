@@ -16,7 +16,7 @@ covers it (``flush``), and asks for it without the coalescing delay. Start-up an
 
 from __future__ import annotations
 
-import json
+from json.encoder import encode_basestring_ascii
 import logging
 import os
 
@@ -28,25 +28,41 @@ from .metadata import FILE_NAME, log
 from .queues.atomic_file import replace_file
 from .queues.file_worker import FileWorker
 
-__all__ = ["MetadataWriter", "encode_topic", "join_document"]
+__all__ = ["MetadataWriter", "document_parts", "encode_topic"]
 
 
 def encode_topic(topic) -> bytes:
-    """One topic's entry of the ``topics`` list, as in ``json.dumps(snapshot(...), separators=(",", ":"))``."""
-    channels = [{"name": c.name, "paused": c.paused} for c in topic.channels.values() if not c.ephemeral]
-    return json.dumps({"name": topic.name, "paused": topic.paused, "channels": channels or None},
-                      separators=(",", ":")).encode()
+    """One topic's entry of the ``topics`` list, as in ``json.dumps(snapshot(...), separators=(",", ":"))``, written
+    directly (``json.dumps`` cost 8 us a topic: a storm of creates re-encodes every new one)."""
+    channels = [f'{{"name":{_quote(c.name)},"paused":{_BOOLEAN[bool(c.paused)]}}}'
+                for c in topic.channels.values() if not c.ephemeral]
+    listed = f"[{','.join(channels)}]" if channels else "null"
+    return f'{{"name":{_quote(topic.name)},"paused":{_BOOLEAN[bool(topic.paused)]},"channels":{listed}}}'.encode()
+
+
+#: a JSON string as ``json.dumps`` writes it (ASCII, escaped)
+_quote = encode_basestring_ascii
+_BOOLEAN = ("false", "true")
 
 
 _DOCUMENT_END = b'],"version":"' + NSQ_VERSION.encode() + b'"}'
 _EMPTY_DOCUMENT = b'{"topics":null,"version":"' + NSQ_VERSION.encode() + b'"}'
 
 
-def join_document(entries: list[bytes]) -> bytes:
-    """The whole file from the topics' encoded entries: byte for byte ``json.dumps`` of ``snapshot``, compact."""
+def document_parts(entries: list[bytes]) -> list[bytes]:
+    """The whole file from the topics' encoded entries, in pieces to be written one after the other (byte for byte
+    ``json.dumps`` of ``snapshot``, compact). Not joined: the file worker writes them with ``writev``, the
+    interpreter lock released, where joining them made a new buffer of the file's size at each write with the lock
+    held (0.2-9 ms for 670 KB at 10,000 topics here, the page faults of a fresh buffer dominating), and the event loop
+    waited for it. Made without a loop of bytecode (a thread running bytecode keeps the lock for the interpreter's
+    switch interval, 5 ms, while the loop asks for it)."""
     if not entries:
-        return _EMPTY_DOCUMENT
-    return b'{"topics":[' + b",".join(entries) + _DOCUMENT_END
+        return [_EMPTY_DOCUMENT]
+    parts = [b","] * (2 * len(entries) + 1)
+    parts[1:-1:2] = entries
+    parts[0] = b'{"topics":['
+    parts[-1] = _DOCUMENT_END
+    return parts
 
 
 class MetadataWriter:
@@ -152,7 +168,7 @@ class MetadataWriter:
     def _replace(self, entries: list[bytes]) -> None:
         self.log.info("NSQ: persisting topic/channel metadata to %s", self.path)
         try:
-            replace_file(self.path, join_document(entries))
+            replace_file(self.path, document_parts(entries))
             self.writes += 1
         except OSError as exc:  # as nsqd: logged, and the next change tries again
             self.log.error("failed to persist metadata - %s", exc)

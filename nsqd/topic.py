@@ -88,14 +88,15 @@ class Topic:
         self._queue_deferred = False
         self.message_count = 0
         self.message_bytes = 0
-        self.guid = GUIDFactory(node_id)
+        self.node_id = node_id
+        self.guid: GUIDFactory | None = None  # made by the first publish (a node may hold many idle topics)
         self._make_backend = make_backend
         self.backend = make_backend(name) if make_backend is not None and not self.ephemeral else None
         self.durable = self.backend is not None and self.backend.hold_reads
         self.deferred_index: DeferredIndex | None = None
         if self.backend is not None:
             self.deferred_index = DeferredIndex(self.backend.data_path, self.backend.name)
-            self.deferred_index.load(self.backend.read_position())
+            self.deferred_index.load(self.backend.read_position(), self.backend.known_files)
         self._spawn = spawn
         self._draining = False
         # durable mode: token of a record read from the disk queue -> number of channels holding their copy of
@@ -116,7 +117,7 @@ class Topic:
             raise TopicExiting()
         now_ns = time.time_ns()
         try:
-            ids = self.guid.next_ids(len(bodies), now_ns)
+            ids = (self.guid or self._make_guid()).next_ids(len(bodies), now_ns)
         except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
             ids = self.new_ids(len(bodies))
         messages = new_messages(ids, bodies, now_ns, defer)
@@ -280,15 +281,20 @@ class Topic:
                 m.defer = (due_ns - now_ns) / 1e9
         index.reader_moved(self.backend.read_position())
 
+    def _make_guid(self) -> GUIDFactory:
+        self.guid = GUIDFactory(self.node_id)
+        return self.guid
+
     def new_ids(self, count: int) -> list[bytes]:
         """IDs for a batch. A used-up tick or a clock that stepped back waits a moment and retries
         (nsqd sleeps 1 ms too); the wait blocks, but it is rare and bounded."""
+        guid = self.guid or self._make_guid()
         for _ in range(1000):
             try:
-                return self.guid.next_ids(count)
+                return guid.next_ids(count)
             except GUIDUnavailable:
                 time.sleep(0.0005)
-        return self.guid.next_ids(count)
+        return guid.next_ids(count)
 
     # -- channels --------------------------------------------------------------------------------
     def get_channel(self, name: str) -> Channel:

@@ -18,15 +18,17 @@ __all__ = ["remove_stray_temporaries", "replace_file"]
 _STRAY = re.compile(r"(?:nsqd\.dat|.+\.diskqueue\.meta\.dat|.+\.deferred\.dat)\.\d+\.tmp\Z")
 
 
-def replace_file(path: str, data: bytes, *, sync: bool = True) -> None:
-    """``sync=False`` skips the fsync: for content whose loss in a power cut loses nothing (see the callers)."""
+def replace_file(path: str, data: bytes | list[bytes], *, sync: bool = True) -> None:
+    """``data``: the bytes, or pieces of them written one after the other (``writev``, no joined copy).
+    ``sync=False`` skips the fsync: for content whose loss in a power cut loses nothing (see the callers)."""
     tmp = f"{path}.{random.getrandbits(63)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            if isinstance(data, list):
+                _write_pieces(fd, data)
+            else:
+                _write_all(fd, data)
             if sync:
                 os.fsync(fd)
         finally:
@@ -38,6 +40,24 @@ def replace_file(path: str, data: bytes, *, sync: bool = True) -> None:
         except OSError:
             pass
         raise
+
+
+#: pieces per ``writev`` (the system's limit)
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024, 1024)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_pieces(fd: int, pieces: list[bytes]) -> None:
+    for start in range(0, len(pieces), _IOV_MAX):
+        chunk = pieces[start:start + _IOV_MAX]
+        done = os.writev(fd, chunk)
+        if done < sum(map(len, chunk)):  # a short write (a full disk): the rest, plainly, raises the real error
+            _write_all(fd, b"".join(chunk)[done:])
 
 
 def remove_stray_temporaries(directory: str) -> list[str]:

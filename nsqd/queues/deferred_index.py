@@ -43,6 +43,7 @@ import logging
 import os
 import struct
 import zlib
+from typing import Container
 
 from .atomic_file import replace_file
 
@@ -69,7 +70,8 @@ class DeferredIndex:
         self.path = side_file_name(data_path, queue_name)
         self.due: dict[bytes, int] = {}
         self.log = logger if logger is not None else _default_log
-        self._loaded: list[bytes] = []  # IDs that came from the file (subject to the stale-entry rule)
+        # IDs that came from the file (subject to the stale-entry rule); an immutable empty one until then
+        self._loaded: list[bytes] | tuple = ()
         self._loaded_end: tuple[int, int] | None = None
 
     def __len__(self) -> int:
@@ -96,18 +98,22 @@ class DeferredIndex:
         if stale:
             self.log.warning("DEFERRED(%s): %d deferred entr%s matched no message in the queue, dropped",
                              os.path.basename(self.path), stale, "y" if stale == 1 else "ies")
-        self._loaded = []
+        self._loaded = ()
         self._loaded_end = None
 
     def clear(self) -> None:
         self.due.clear()
-        self._loaded = []
+        self._loaded = ()
         self._loaded_end = None
 
     # -- the file --------------------------------------------------------------------------------
-    def load(self, read_position: tuple[int, int]) -> int:
+    def load(self, read_position: tuple[int, int], known_files: Container[str] | None = None) -> int:
         """Read the side file if there is one; returns the number of entries loaded. The file stays in place
-        until the next ``save`` or ``remove_file`` (so a crash before then still finds it)."""
+        until the next ``save`` or ``remove_file`` (so a crash before then still finds it). ``known_files``: the
+        names of the files the directory held at start-up (``DiskQueue``'s); without the side file's among them,
+        nothing is opened."""
+        if known_files is not None and os.path.basename(self.path) not in known_files:
+            return 0
         try:
             with open(self.path, "rb") as handle:
                 data = handle.read()

@@ -104,6 +104,12 @@ joined (inline, after the worker's earlier jobs, the fsync of a file finished by
 connections handled in one turn of the event loop then share one fsync, and still no ``OK`` leaves before its
 message is on disk. A queue closed or deleted before the commit is skipped (it synced, or its files are gone).
 
+Many queues. A node may hold tens of thousands of topics and channels, most never spilling to disk, so a queue
+costs little until it is used: its ``FileWorker`` is made with its first job, and with ``known_files`` (the names
+of the files its directory held when the owner started; the owner holds the directory's lock, so nothing else adds
+any) a queue whose meta file was not there starts empty without opening anything. No file is created before the
+first record is written; ``close()`` still leaves the meta file, as nsqd does.
+
 The API is synchronous: the broker calls ``put``, ``put_many`` and ``read_many`` from its event loop. What they
 do inline is plain system calls on page-cache files (``pwrite``, ``pread`` when no read ahead has the bytes yet,
 ``open``); everything slow goes to the worker, except the syncs that must be done before the call returns.
@@ -118,7 +124,7 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Container, TypeVar
 
 from .atomic_file import replace_file
 from .file_worker import FileWorker, remove_in_steps
@@ -156,12 +162,23 @@ class DiskQueueStatistics:
     held: int = 0  # records read but not yet released by the committed position (hold mode)
 
 
+#: what the hold mode's sets are without hold mode
+_NO_NUMBERS: frozenset[int] = frozenset()
+
 #: the meta text of a queue that has never held a record: what a missing meta file means at start-up
 _EMPTY_META = b"0\n0,0\n0,0\n"
 
 
 class DiskQueue:
     """A disk-backed FIFO of records, in go-diskqueue's file format. See the module notes."""
+
+    # slots: more attributes than CPython keeps without a dictionary of their own, one more object per queue
+    __slots__ = ("name", "data_path", "max_bytes_per_file", "min_msg_size", "max_msg_size", "sync_every",
+                 "sync_timeout", "hold_reads", "barrier", "failing", "active", "log", "known_files", "last_error",
+                 "_depth", "_read_file_num", "_read_pos", "_write_file_num", "_write_pos", "_write_fd", "_reader",
+                 "_read_end", "_worker", "_sync_failed", "_ops", "_dirty", "_need_sync", "_pending_since", "_closed",
+                 "_held", "_held_base", "_acked", "_oldest_file", "_bad_files", "_removed_read_file", "_meta_path",
+                 "_saved_meta")
 
     def __init__(
         self,
@@ -178,6 +195,7 @@ class DiskQueue:
         failing: dict | None = None,
         active: dict | None = None,
         logger: logging.Logger | None = None,
+        known_files: Container[str] | None = None,
     ) -> None:
         assert 0 < max_bytes_per_file <= _POS_MASK and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
         self.name = name
@@ -196,6 +214,7 @@ class DiskQueue:
         # (an idle queue costs nothing per tick); a queue enters when it becomes dirty, the owner drops it when clean
         self.active = active
         self.log = logger if logger is not None else _default_log
+        self.known_files = known_files  # see "Many queues" in the module notes
         self.last_error: OSError | None = None
 
         self._depth = 0
@@ -208,8 +227,9 @@ class DiskQueue:
         self._reader: SegmentReader | None = None  # the open read file
         # End of the read file when it is a complete file (not the write file); None until known.
         self._read_end: int | None = None
-        # Blocking file work (fsync, meta file, removals, closing the old write file) runs there, in order.
-        self._worker = FileWorker(name, self.log)
+        # Blocking file work (fsync, meta file, removals, closing the old write file) runs there, in order; made
+        # with the first job (``_submit``): most queues of a node with many topics never have any
+        self._worker: FileWorker | None = None
         self._sync_failed = False  # the last background sync failed (sync_if_due tries again)
 
         self._ops = 0  # reads and writes since the last sync
@@ -219,13 +239,14 @@ class DiskQueue:
         self._closed = False
 
         # Hold mode: start of every record read since the committed position (file << _POS_BITS | pos), the token
-        # of the first one, the acknowledged tokens beyond it, and the oldest data file not yet deleted.
-        self._held: deque[int] = deque()
+        # of the first one, the acknowledged tokens beyond it, and the oldest data file not yet deleted. Without
+        # hold mode they stay empty and immutable (no containers per queue: a node may have tens of thousands).
+        self._held: deque[int] | tuple = deque() if hold_reads else ()
         self._held_base = 0
-        self._acked: set[int] = set()
+        self._acked: set[int] | frozenset = set() if hold_reads else _NO_NUMBERS
         self._oldest_file = 0
         # Hold mode: numbers of corrupt files skipped while records read from them may still be unacknowledged.
-        self._bad_files: set[int] = set()
+        self._bad_files: set[int] | frozenset = set() if hold_reads else _NO_NUMBERS
         # Set at start-up when the meta's read file had been removed after being read (``_load``): the depth the
         # meta counts for it is not data loss.
         self._removed_read_file: str | None = None
@@ -233,7 +254,8 @@ class DiskQueue:
         self._meta_path = os.path.join(data_path, f"{name}.diskqueue.meta.dat")
         # the meta file's content as last read or written (None: there is none); ``close`` need not rewrite it
         self._saved_meta: bytes | None = None
-        self._load()
+        if known_files is None or f"{name}.diskqueue.meta.dat" in known_files:
+            self._load()
 
     # -- names and introspection ---------------------------------------------------------------
     def file_name(self, file_num: int) -> str:
@@ -398,7 +420,7 @@ class DiskQueue:
         self.log.info("DISKQUEUE(%s): writing %s", self.name, path)
         if self._write_pos == 0:
             # the new file's name must survive a power cut before the meta names it: every later sync comes after
-            self._worker.submit(self._fsync_directory)
+            self._submit(self._fsync_directory)
         return fd
 
     def _roll(self) -> None:
@@ -413,7 +435,7 @@ class DiskQueue:
         self._sync_soon()  # fsyncs the finished file (still open) and records the new file number
         if fd is not None:
             self._write_fd = None
-            self._worker.submit(partial(os.close, fd))  # after its fsync
+            self._submit(partial(os.close, fd))  # after its fsync
 
     def _position(self) -> tuple[int, int, int, int | None, int]:
         return self._write_file_num, self._write_pos, self._depth, self._read_end, self._ops
@@ -423,7 +445,7 @@ class DiskQueue:
         file_num, pos, depth, read_end, ops = before
         if self._write_file_num != file_num:
             self._close_write_file()
-            self._worker.wait_idle()  # the roll's background sync names the files removed here: let it finish
+            self._wait_worker()  # the roll's background sync names the files removed here: let it finish
             for num in range(file_num + 1, self._write_file_num + 1):
                 _remove_quietly(self.file_name(num))
             self._write_file_num = file_num
@@ -569,9 +591,9 @@ class DiskQueue:
             num = self._oldest_file
             if num in self._bad_files:
                 self._bad_files.discard(num)
-                self._worker.submit(partial(self._set_aside_bad_file, self.file_name(num)))
+                self._submit(partial(self._set_aside_bad_file, self.file_name(num)))
             else:
-                self._worker.submit(partial(self._remove_data_file, self.file_name(num)))
+                self._submit(partial(self._remove_data_file, self.file_name(num)))
             self._oldest_file += 1
 
     def _read_records(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
@@ -624,7 +646,7 @@ class DiskQueue:
         # meta past the file (removed at the next start), never naming a file that is gone or cut short.
         self._sync_soon()
         # unlink frees the file's blocks (milliseconds for a full segment): off the loop
-        self._worker.submit(partial(self._remove_data_file, done))
+        self._submit(partial(self._remove_data_file, done))
 
     def _remove_data_file(self, path: str) -> None:
         """Runs on the worker."""
@@ -713,8 +735,9 @@ class DiskQueue:
 
     def _sync(self) -> None:
         """Sync now, on the caller's thread: on disk when it returns (after the background work before it)."""
-        self._worker.discard_last(("sync", self._write_fd))  # superseded by this one
-        self._worker.wait_idle()
+        if self._worker is not None:
+            self._worker.discard_last(("sync", self._write_fd))  # superseded by this one
+        self._wait_worker()
         if self._write_fd is not None:
             os.fsync(self._write_fd)
         meta = self._meta_text()
@@ -732,7 +755,7 @@ class DiskQueue:
         it; what must be on disk before an acknowledgement goes through ``_sync`` (``sync_every=1``, the barrier).
         Errors are logged and kept in ``last_error``."""
         fd = self._write_fd
-        self._worker.submit(partial(self._sync_files, fd, self._meta_text()), self._background_sync_failed,
+        self._submit(partial(self._sync_files, fd, self._meta_text()), self._background_sync_failed,
                             key=("sync", fd))
         self._ops = 0
         self._dirty = False
@@ -789,7 +812,18 @@ class DiskQueue:
 
     def wait_idle(self) -> None:
         """Block until the file work handed to the worker so far (syncs, removals) has run."""
-        self._worker.wait_idle()
+        self._wait_worker()
+
+    def _submit(self, job, on_error=None, *, key: object = None) -> None:
+        """Hand ``job`` to the worker (``FileWorker.submit``), which the first job creates."""
+        worker = self._worker
+        if worker is None:
+            worker = self._worker = FileWorker(self.name, self.log)
+        worker.submit(job, on_error, key=key)
+
+    def _wait_worker(self) -> None:
+        if self._worker is not None:
+            self._worker.wait_idle()
 
     def _fsync_directory(self) -> None:
         try:
@@ -834,7 +868,7 @@ class DiskQueue:
         self.log.info("DISKQUEUE(%s): closing", self.name)
         try:
             meta = self._meta_text()
-            if self._dirty or self._sync_failed or self._worker.busy or (
+            if self._dirty or self._sync_failed or (self._worker is not None and self._worker.busy) or (
                     meta != self._saved_meta and meta != _EMPTY_META):
                 self.sync()
             elif meta != self._saved_meta:
@@ -848,7 +882,7 @@ class DiskQueue:
             self._closed = True
             self._close_read_file()
             self._close_write_file()
-            self._worker.wait_idle()
+            self._wait_worker()
 
     def delete(self) -> None:
         """Remove the queue's data and meta files and close it; no file of it is left (``.bad`` files aside)."""
@@ -862,7 +896,7 @@ class DiskQueue:
         """Delete files read..write and put both positions at the start of a fresh file number."""
         self._close_read_file()
         self._close_write_file()
-        self._worker.wait_idle()  # nothing of the worker's may write the meta file or use a descriptor after this
+        self._wait_worker()  # nothing of the worker's may write the meta file or use a descriptor after this
         first, last = self._read_file_num, self._write_file_num
         if self.hold_reads:
             first = min(first, self._oldest_file)
@@ -894,7 +928,7 @@ class DiskQueue:
         """On the worker, after the syncs already handed to it (which may fsync this descriptor)."""
         fd, self._write_fd = self._write_fd, None
         if fd is not None:
-            self._worker.submit(partial(os.close, fd))
+            self._submit(partial(os.close, fd))
 
     # -- start-up ------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -975,7 +1009,7 @@ class DiskQueue:
                 return
             self.log.info("DISKQUEUE(%s): removing %s, read before the last stop but not yet removed",
                           self.name, path)
-            self._worker.submit(partial(self._remove_data_file, path))
+            self._submit(partial(self._remove_data_file, path))
 
     def _skip_removed_read_files(self) -> None:
         """Start-up: a complete read file that is missing, or shorter than the read position, was being removed
@@ -995,7 +1029,7 @@ class DiskQueue:
                              "removed after being read; reading goes on with the next file", self.name, path,
                              "missing" if size is None else f"{size} bytes", self._read_pos)
             if size is not None:
-                self._worker.submit(partial(self._remove_data_file, path))
+                self._submit(partial(self._remove_data_file, path))
             self._read_file_num += 1
             self._read_pos = 0
             self._removed_read_file = path

@@ -36,7 +36,7 @@ class HeldWorker:
     def __init__(self, q: DiskQueue) -> None:
         self.started = threading.Event()
         self.release = threading.Event()
-        q._worker.submit(self._hold)
+        q._submit(self._hold)
         assert self.started.wait(30)
 
     def _hold(self) -> None:
@@ -264,7 +264,7 @@ def test_kill_9_before_the_meta_of_a_roll_is_written_loses_nothing(tmp_path):
         q = DiskQueue({NAME!r}, {str(tmp_path)!r}, max_bytes_per_file=1000, sync_every=1)
         q.put_many([message(n, body_size=70) for n in range(5)])  # synced: "5\\n0,0\\n0,500\\n"
         started = threading.Event()
-        q._worker.submit(lambda: (started.set(), threading.Event().wait()))
+        q._submit(lambda: (started.set(), threading.Event().wait()))
         started.wait()
         q.sync_every = 1000
         q.put_many([message(n, body_size=70) for n in range(5, 25)])  # rolls twice; no meta can be written

@@ -23,6 +23,7 @@ from .actors import ActorSystem
 from .auth import Authenticator
 from .client import Client
 from .e2e import E2ELatency
+from .guid import GUIDFactory
 from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
@@ -123,6 +124,8 @@ class NSQD:
         # index whose file is not among them opens nothing (queues/diskqueue.py, "Many queues"); None: look
         self.files_at_start: frozenset[str] | None = None
         # what every topic is given (made once: a bound method per topic would be five more objects each)
+        #: message IDs of every topic: unique on the node, not only per topic as nsqd's (a replica keys by ID)
+        self.guid = GUIDFactory(opts.node_id)
         self._topic_hooks = {"on_channel_created": self._channel_created, "on_channel_deleted": self._channel_deleted,
                              "on_last_channel_gone": self._ephemeral_topic_idle, "make_backend": self._make_backend,
                              "spawn": self._spawn, "owing": self.owing_topics}
@@ -141,7 +144,8 @@ class NSQD:
         if topic is None:
             opts = self.opts
             topic = Topic(name, node_id=opts.node_id, mem_queue_size=opts.mem_queue_size,
-                          max_msg_timeout=opts.max_msg_timeout, actors=self.actors, **self._topic_hooks)
+                          max_msg_timeout=opts.max_msg_timeout, actors=self.actors, guid=self.guid,
+                          **self._topic_hooks)
             self.topics[name] = topic
             self.topology_version += 1
             log.info("TOPIC(%s): created", name)

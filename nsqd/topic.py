@@ -72,7 +72,7 @@ class Topic:
                  on_channel_deleted: Callable[[Channel], None] | None = None,
                  on_last_channel_gone: Callable[["Topic"], None] | None = None,
                  make_backend: Callable[[str], object] | None = None,
-                 spawn: Callable | None = None, owing: dict | None = None) -> None:
+                 spawn: Callable | None = None, owing: dict | None = None, guid: GUIDFactory | None = None) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -89,7 +89,9 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.node_id = node_id
-        self.guid: GUIDFactory | None = None  # made by the first publish (a node may hold many idle topics)
+        # the node's ID factory, shared by its topics: an ID names one message of the node, whatever its topic
+        # (a replica's index and the list of adopted IDs key by ID alone); made by the first publish without one
+        self.guid: GUIDFactory | None = guid
         self._make_backend = make_backend
         self.backend = make_backend(name) if make_backend is not None and not self.ephemeral else None
         self.durable = self.backend is not None and self.backend.hold_reads

@@ -12,6 +12,7 @@ import struct
 
 import pytest
 
+from protocol.commands import encode_mpub
 from protocol.replication import MAGIC_R1, Error, Hello, Messages, ReplicatedMessage, ReplicationDecoder, encode
 from tests.integration.harness import NsqdProcess, RawClient, command, consumer, mpub_body, stop_all
 from tests.integration.http_helpers import get, post, stats, wait_for
@@ -132,6 +133,24 @@ def test_takeover_by_http_adopts_unfinished_messages_with_their_channels(daemons
     assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 0
     assert post(replica.http(), "/replica/takeover?node=nobody:1").status == 404
     assert stats(replica.http())["replication"]["takeovers"] == 2
+
+
+def test_publishes_to_many_topics_in_the_same_millisecond_are_each_held_and_adopted(daemons, tmp_path):
+    # one ID names one message of a node whatever its topic: the replica's index and its takeover rely on it
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    topics = [f"t{n}" for n in range(8)]
+    with RawClient(origin.tcp) as producer:
+        for _ in range(5):  # one write: the publishes of all topics are read and handled together
+            producer.send(b"".join(encode_mpub(topic, [b"%s-%d" % (topic.encode(), i) for i in range(3)])
+                                   for topic in topics))
+            for _ in topics:
+                producer.expect_ok()
+    assert held(replica, node) == 5 * 3 * len(topics)
+    origin.kill()
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 5 * 3 * len(topics)
+    depths = {t["topic_name"]: t["depth"] for t in stats(replica.http())["topics"]}
+    assert all(depths.get(topic) == 15 for topic in topics), depths
 
 
 def test_takeover_by_timeout(daemons, tmp_path):

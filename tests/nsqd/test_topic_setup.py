@@ -90,3 +90,17 @@ def test_the_queue_scanner_sees_every_channel_and_no_deleted_one(tmp_path):
     nsqd.get_topic("t0").delete_channel("a")
     nsqd.delete_topic("t1")
     assert {(c.topic_name, c.name) for c in nsqd.all_channels()} == {("t0", "b"), ("t2", "a"), ("t2", "b")}
+
+
+def test_message_ids_are_unique_across_the_topics_of_a_node(tmp_path):
+    # one ID names one message of the node: a replica indexes the copies of all its origin's topics by ID alone,
+    # and topics with factories of their own give the same IDs to publishes in the same millisecond
+    nsqd = started_nsqd(tmp_path)
+    topics = [nsqd.get_topic(f"ids_{n}") for n in range(4)]
+    ids = [msg_id for _ in range(50) for topic in topics for msg_id in topic.new_ids(2)]
+    assert len(set(ids)) == len(ids)
+    published = []
+    for topic in topics:
+        topic.publish([b"x", b"y"])
+        published += [m.id for m in topic.queue]
+    assert len(set(published)) == len(published) == 8

@@ -37,17 +37,21 @@ from itertools import zip_longest
 from operator import attrgetter
 
 from .client import ClientState
+from .e2e import EMPTY as EMPTY_E2E
 from .e2e import merge_results
 from .metrics import channel_rows, rows_pieces, topic_rows
-from .stats import (PRODUCERS_TEXT, TOPICS_TEXT, E2EResult, channel_json_parts, channel_stats, channel_text_line,
-                    client_body, client_stats, client_text_parts, connected_text, json_end, json_head, json_middle,
-                    node_stats, text_end, text_head, topic_json_head, topic_json_tail, topic_stats, topic_text_line)
+from .stats import (PRODUCERS_TEXT, TOPICS_TEXT, ChannelStats, ClientStats, E2EResult, TopicStats,
+                    channel_json_parts, channel_text_line, client_body, client_stats, client_text_parts,
+                    connected_text, json_end, json_head, json_middle, node_stats, text_end, text_head,
+                    topic_json_head, topic_json_tail, topic_text_line)
 
 __all__ = ["StatsCache"]
 
 _NO_CLIENTS: tuple = ()
 #: topics per run of /metrics rows joined together (see ``StatsCache.metrics_pieces``)
 METRICS_BLOCK = 128
+#: a ``ClientStats``'s values in field order, as a tuple (``ClientStats(*values)`` builds it again)
+_client_values = attrgetter(*ClientStats.__slots__)
 
 
 def _encode(text: str) -> bytes:
@@ -76,33 +80,56 @@ def _fold(parts: list) -> tuple[bytes, tuple[tuple[int, bytes], ...]]:
     return first, tuple(rest)
 
 
-class _Piece:
-    """A channel's or a client's key and snapshot (``ChannelStats``, ``ClientStats``); a client's also keeps its
-    renderings (None until asked for). A channel is rendered again with its topic (from the snapshot: its key did
-    not change), so that only one copy of each topic's text is kept."""
+def _e2e_values(result: E2EResult) -> tuple | None:
+    """A latency result's figures as plain values (None: ``EMPTY``)."""
+    return None if result is EMPTY_E2E else (result.count, result.percentiles)
 
-    __slots__ = ("key", "stats", "json", "text", "clients", "client")
 
-    def __init__(self, client=None) -> None:
+def _e2e_result(values: tuple | None) -> E2EResult:
+    return EMPTY_E2E if values is None else E2EResult(*values)
+
+
+def _channel_stats(channel, key: tuple, e2e: tuple | None) -> ChannelStats:
+    """A channel's snapshot (without clients) from its key (see ``StatsCache._refresh``) and latency figures."""
+    depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused, _ = key
+    return ChannelStats(channel.name, depth + backend_depth, backend_depth, in_flight, deferred, messages, requeues,
+                        timeouts, clients, None, paused, _e2e_result(e2e))
+
+
+class _ClientPiece:
+    """A client's key, the values its renderings show (``ClientStats``'s, as a tuple) and its renderings (None
+    until asked for)."""
+
+    __slots__ = ("client", "key", "values", "json", "text")
+
+    def __init__(self, client) -> None:
+        self.client = client
         self.key = None
-        self.stats = None
+        self.values = None
         self.json = None
-        self.text = None
-        self.clients = _NO_CLIENTS  # a channel's clients' pieces, in the channel's order
-        self.client = client  # a client's piece: the client
+        self.text = None  # (text before its age, its connection time, text after)
+
+    def renew(self, key) -> None:
+        self.key, self.json, self.text = key, None, None
+        self.values = _client_values(client_stats(self.client, None))
 
 
 class _TopicPiece:
-    """One topic's key and snapshot, its channels' pieces in name order, and the renderings of the whole topic
-    (None until asked for, dropped when the topic, a channel or one of their clients changed)."""
+    """One topic's key and figures, its channels' in name order (in lists side by side: the refresh loop reads
+    them without touching any other object), and the renderings of the whole topic (None until asked for,
+    dropped when the topic, a channel or one of their clients changed)."""
 
-    __slots__ = ("key", "stats", "channels", "members", "pieces", "keys", "has_clients", "json", "json_clients",
-                 "text", "text_clients", "metrics")
+    __slots__ = ("topic", "key", "values", "members", "keys", "e2e", "clients", "has_clients", "json",
+                 "json_clients", "text", "text_clients", "metrics")
 
-    def __init__(self, channels: list) -> None:
+    def __init__(self, topic, channels: list) -> None:
+        self.topic = topic
         self.key = None
-        self.stats = None
-        self.set_channels(channels)
+        self.values = None  # the topic's merged latency figures (``_e2e_values``)
+        self.members = channels
+        self.keys = [None] * len(channels)  # each channel's key
+        self.e2e = [None] * len(channels)  # each channel's latency figures (``_e2e_values``)
+        self.clients = [_NO_CLIENTS] * len(channels)  # each channel's clients' pieces, in the channel's order
         self.has_clients = False  # as the last request that listed clients saw
         self.json = None  # with "clients":null
         self.json_clients = None
@@ -110,15 +137,20 @@ class _TopicPiece:
         self.text_clients = None  # with clients
         self.metrics = None  # (its rows, its channels' rows joined family by family)
 
-    def set_channels(self, channels: list) -> None:
-        self.channels = channels  # [(channel, _Piece)]
-        # the same, apart, with the pieces' keys: what the refresh loop reads without touching the pieces
-        self.members = [channel for channel, _ in channels]
-        self.pieces = [piece for _, piece in channels]
-        self.keys = [piece.key for piece in self.pieces]
-
     def drop(self) -> None:
         self.json = self.json_clients = self.text = self.text_clients = self.metrics = None
+
+    def stats(self, channels: tuple = ()) -> TopicStats:
+        """Its snapshot, with the given channels' (its renderings show their number only in /metrics)."""
+        depth, backend_depth, messages, message_bytes, paused, _ = self.key
+        return TopicStats(self.topic.name, channels, depth + backend_depth, backend_depth, messages, message_bytes,
+                          paused, _e2e_result(self.values))
+
+    def channel_stats(self, channel: str | None = None) -> list:
+        """``(ChannelStats, its clients' pieces)`` of its channels (only ``channel`` if given), in name order."""
+        return [(_channel_stats(member, key, e2e), clients)
+                for member, key, e2e, clients in zip(self.members, self.keys, self.e2e, self.clients)
+                if channel is None or member.name == channel]
 
 
 #: the values of a client that its renderings show and that change after IDENTIFY: its counters, its state and
@@ -146,47 +178,42 @@ class StatsCache:
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
         self._version = None
-        self._order: list[tuple] = []  # [(topic, _TopicPiece)] sorted by topic name
-        self._producers: list[_Piece] = []
+        self._order: list[_TopicPiece] = []  # sorted by topic name
+        self._producers: list[_ClientPiece] = []
         self._metrics_blocks: dict[int, tuple] = {}  # by the index of the run's first topic
 
     # -- keeping the pieces current -----------------------------------------------------------------------------
     def _sorted(self) -> list:
-        """The topics and channels in name order, each with its piece (kept across topology changes)."""
+        """The topics' pieces in name order (kept across topology changes; a topic whose channels changed starts
+        its channels' afresh)."""
         nsqd = self.nsqd
         version = (nsqd.topology_version, len(nsqd.topics))
         if version == self._version:
             return self._order
-        topic_pieces = {id(topic): piece for topic, piece in self._order}
-        channel_pieces = {id(channel): piece for _, topic_piece in self._order
-                          for channel, piece in topic_piece.channels}
+        kept = {id(piece.topic): piece for piece in self._order}
         order = []
         for _, topic in sorted(nsqd.topics.items()):
-            channels = [(channel, channel_pieces.get(id(channel)) or _Piece())
-                        for _, channel in sorted(topic.channels.items())]
-            piece = topic_pieces.get(id(topic))
-            if piece is None:
-                piece = _TopicPiece(channels)
-            elif [p for _, p in piece.channels] != [p for _, p in channels]:
-                piece.set_channels(channels)
-                piece.key = None
-            order.append((topic, piece))
+            channels = [channel for _, channel in sorted(topic.channels.items())]
+            piece = kept.get(id(topic))
+            if piece is None or piece.topic is not topic or piece.members != channels:
+                piece = _TopicPiece(topic, channels)
+            order.append(piece)
         self._order, self._version = order, version
         return order
 
     def _refresh(self, include_clients: bool) -> list:
-        """Bring every key up to date: renew the snapshot of what changed and drop the renderings of the topics
+        """Bring every key up to date: renew the figures of what changed and drop the renderings of the topics
         it belongs to. Clients are looked at only for a request that lists them (their pieces' keys are those of
         the last such request, so a change in between is still seen by the next one). Returns the sorted topics.
 
         This loop is most of a request (about 1.5 us per channel at 20,000 channels, mostly memory reads): an
-        idle channel is read once and costs one tuple comparison; its piece is not touched."""
+        idle channel is read once and costs one tuple comparison."""
         now_ns = time.time_ns()
         order = self._sorted()
         client_counters, client_identity, INIT = _client_counters, _client_identity, ClientState.INIT
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
         state = None
-        for topic, topic_piece in order:
+        for topic_piece in order:
             changed = has_clients = False
             states = None
             keys = topic_piece.keys
@@ -205,46 +232,43 @@ class StatsCache:
                        channel.requeue_count, channel.timeout_count, len(members), channel.paused, state)
                 if key != keys[index]:
                     keys[index] = key
-                    piece = topic_piece.pieces[index]
-                    stats = channel_stats(channel, False, None, now_ns)
-                    if state is not None:  # keep the figures, not the window's samples
-                        latency = stats.e2e_processing_latency
-                        stats.e2e_processing_latency = E2EResult(latency.count, latency.percentiles)
-                    piece.key, piece.stats = key, stats
+                    if state is not None:  # the figures, not the window's samples
+                        result = window.result(now_ns)
+                        topic_piece.e2e[index] = (result.count, result.percentiles)
+                    else:
+                        topic_piece.e2e[index] = None
                     if not members:  # (a channel whose key counts no client lists none: not looked at below)
-                        piece.clients = _NO_CLIENTS
+                        topic_piece.clients[index] = _NO_CLIENTS
                     changed = True
                 if include_clients and members:
                     has_clients = True
-                    piece = topic_piece.pieces[index]
-                    previous = piece.clients
+                    previous = topic_piece.clients[index]
                     if len(previous) != len(members):
                         previous = ()
                     listed = []
                     for client, client_piece in zip_longest(members.values(), previous):
                         if client_piece is None or client_piece.client is not client:
-                            client_piece = _Piece(client)
+                            client_piece = _ClientPiece(client)
                         counters = client_counters(client)
                         counts = client.pub_counts
                         key = (counters if not counts and counters[0] != INIT else
                                (counters, tuple(counts.items()), client_identity(client)))
                         if key != client_piece.key:
-                            client_piece.key, client_piece.json, client_piece.text = key, None, None
-                            client_piece.stats = client_stats(client, None)
+                            client_piece.renew(key)
                             changed = True
                         listed.append(client_piece)
                     if listed != previous:
-                        piece.clients = listed
+                        topic_piece.clients[index] = listed
                         changed = True
+            topic = topic_piece.topic
             backend = topic.backend
             key = (len(topic.queue), backend._depth if backend is not None else 0, topic.message_count,
                    topic.message_bytes, topic.paused, states)
             if key != topic_piece.key:
                 topic_piece.key = key
-                channels = topic_piece.channels
-                results = [c.e2e.result(now_ns) for c, _ in channels if c.e2e is not None] if states else ()
-                e2e = merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles))
-                topic_piece.stats = topic_stats(topic, tuple(piece.stats for _, piece in channels), e2e)
+                results = [c.e2e.result(now_ns) for c in topic_piece.members if c.e2e is not None] if states else ()
+                topic_piece.values = _e2e_values(
+                    merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles)))
                 changed = True
             if changed:
                 topic_piece.drop()
@@ -257,12 +281,14 @@ class StatsCache:
         return order
 
     @staticmethod
-    def _producer_piece(client, previous: dict) -> _Piece:
+    def _producer_piece(client, previous: dict) -> _ClientPiece:
         """A producer's piece (the last request's, by client), renewed if the client changed."""
-        piece = previous.get(client.id) or _Piece(client)
+        piece = previous.get(client.id)
+        if piece is None or piece.client is not client:
+            piece = _ClientPiece(client)
         key = _client_key(client)
         if piece.key != key:
-            piece.key, piece.stats, piece.json, piece.text = key, client_stats(client, None), None, None
+            piece.renew(key)
         return piece
 
     def _header(self, include_mem: bool):
@@ -274,20 +300,20 @@ class StatsCache:
         order = self._refresh(include_clients)
         topics = []
         if channel is None:
-            for topic, piece in order:
+            for piece in order:
                 rendered = piece.json_clients if include_clients else piece.json
                 if rendered is None:
-                    rendered = self._topic_json(topic, piece, piece.channels, include_clients)
+                    rendered = self._topic_json(piece, piece.channel_stats(), include_clients)
                     if include_clients:
                         piece.json_clients = rendered
                     else:
                         piece.json = rendered
                 topics.append(rendered)
         else:
-            for topic, piece in order:
-                listed = [(c, p) for c, p in piece.channels if c.name == channel]
+            for piece in order:
+                listed = piece.channel_stats(channel)
                 if listed:
-                    topics.append(self._topic_json(topic, piece, listed, include_clients))
+                    topics.append(self._topic_json(piece, listed, include_clients))
         header = self._header(include_mem)
         out = [_encode(json_head(header)), b"["]
         for rendered in topics:
@@ -303,43 +329,42 @@ class StatsCache:
         out.append(_encode(json_end(header)))
         return b"".join(out)
 
-    def _topic_json(self, topic, piece: _TopicPiece, channels: list, include_clients: bool) -> bytes:
+    def _topic_json(self, piece: _TopicPiece, channels: list, include_clients: bool) -> bytes:
         rendered = []
-        for _, channel_piece in channels:
-            head, tail = map(_encode, channel_json_parts(channel_piece.stats))
-            clients = self._json_clients(channel_piece.clients) if include_clients else b"null"
-            rendered.append(head + clients + tail)
-        return (_encode(topic_json_head(topic.name)) + b",".join(rendered)
-                + _encode(topic_json_tail(piece.stats)))
+        for stats, clients in channels:
+            head, tail = map(_encode, channel_json_parts(stats))
+            rendered.append(head + (self._json_clients(clients) if include_clients else b"null") + tail)
+        return (_encode(topic_json_head(piece.topic.name)) + b",".join(rendered)
+                + _encode(topic_json_tail(piece.stats())))
 
     @staticmethod
     def _json_clients(pieces) -> bytes:
         for piece in pieces:
             if piece.json is None:
-                piece.json = _encode(client_body(piece.stats))
+                piece.json = _encode(client_body(ClientStats(*piece.values)))
         return b"[" + b",".join([piece.json for piece in pieces]) + b"]"
 
     # -- text ---------------------------------------------------------------------------------------------------
     def text(self, *, channel: str | None = None, include_clients: bool = True, include_mem: bool = True) -> bytes:
-        """``/stats`` without ``topic=``: ``stats.format_text(stats.collect(...))``, encoded."""
+        """``/stats`` without ``format=json``: ``stats.format_text(stats.collect(...))``, encoded."""
         order = self._refresh(include_clients)
         now = int(time.time())
         ages: dict[int, bytes] = {}
         out = [b""]
         append = out.append
         listed_any = False
-        for topic, piece in order:
+        for piece in order:
             if channel is None:
                 if include_clients and piece.has_clients:
                     rendered = piece.text_clients
                     if rendered is None:
-                        rendered = piece.text_clients = self._topic_text(piece, piece.channels, True)
+                        rendered = piece.text_clients = self._topic_text(piece, piece.channel_stats(), True)
                 else:
                     rendered = piece.text
                     if rendered is None:
-                        rendered = piece.text = self._topic_text(piece, piece.channels, False)
+                        rendered = piece.text = self._topic_text(piece, piece.channel_stats(), False)
             else:
-                listed = [(c, p) for c, p in piece.channels if c.name == channel]
+                listed = piece.channel_stats(channel)
                 if not listed:
                     continue
                 rendered = self._topic_text(piece, listed, include_clients)
@@ -356,21 +381,23 @@ class StatsCache:
         return b"".join(out)
 
     def _topic_text(self, piece: _TopicPiece, channels: list, include_clients: bool) -> tuple:
-        parts: list = [_encode(topic_text_line(piece.stats) + "\n")]
-        for _, channel_piece in channels:
-            parts.append(_encode(channel_text_line(channel_piece.stats) + "\n"))
+        parts: list = [_encode(topic_text_line(piece.stats()) + "\n")]
+        for stats, clients in channels:
+            parts.append(_encode(channel_text_line(stats) + "\n"))
             if include_clients:
-                self._text_clients(parts, channel_piece.clients, b"        ")
+                self._text_clients(parts, clients, b"        ")
         return _fold(parts)
 
     @staticmethod
     def _text_clients(parts: list, pieces, indent: bytes) -> None:
         """Each client's line, its connection time standing for its age (written per request)."""
         for piece in pieces:
-            if piece.text is None:
-                before, after = client_text_parts(piece.stats)
-                piece.text = (_encode(before), _encode(after + "\n"))
-            parts += (indent, piece.text[0], piece.stats.connect_ts, piece.text[1])
+            text = piece.text
+            if text is None:
+                stats = ClientStats(*piece.values)
+                before, after = client_text_parts(stats)
+                text = piece.text = (_encode(before), stats.connect_ts, _encode(after + "\n"))
+            parts += (indent, *text)
 
     @staticmethod
     def _text_with_ages(out: list, rendered: tuple, now: int, ages: dict) -> None:
@@ -393,12 +420,14 @@ class StatsCache:
         since the last scrape is not joined again."""
         order = self._refresh(False)
         rows = []
-        for topic, piece in order:
+        for piece in order:
             rendered = piece.metrics
             if rendered is None:
-                channel_rows_ = [channel_rows(channel_piece.stats, topic.name) for _, channel_piece in piece.channels]
+                name = piece.topic.name
+                channels = tuple(stats for stats, _ in piece.channel_stats())
+                channel_rows_ = [channel_rows(stats, name) for stats in channels]
                 columns = tuple(map(b"".join, zip(*channel_rows_))) if channel_rows_ else None
-                rendered = piece.metrics = (topic_rows(piece.stats), columns)
+                rendered = piece.metrics = (topic_rows(piece.stats(channels)), columns)
             rows.append(rendered)
         blocks = []
         for start in range(0, len(rows), METRICS_BLOCK):

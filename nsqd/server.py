@@ -57,6 +57,8 @@ class NSQD:
         self.topics: dict[str, Topic] = {}
         # moves at every topic and channel create and delete (stats_cache.py keeps its sorted lists until then)
         self.topology_version = 0
+        self._channels: list = []  # all_channels(), as of _channels_version
+        self._channels_version = None
         self.clients: dict[int, Client] = {}
         self.exiting = False
         self.start_time = int(time.time())
@@ -274,7 +276,14 @@ class NSQD:
         self.delete_topic(topic.name)
 
     def all_channels(self) -> list:
-        return [channel for topic in self.topics.values() for channel in topic.channels.values()]
+        """Every topic's channels. The same list object comes back until a topic or a channel is created or
+        deleted (``topology_version``): the queue scanner asks every few seconds, and an idle node with 20,000
+        channels spent most of its time listing them again."""
+        version = (self.topology_version, len(self.topics))
+        if version != self._channels_version:
+            self._channels = [channel for topic in self.topics.values() for channel in topic.channels.values()]
+            self._channels_version = version
+        return self._channels
 
     # -- running ---------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

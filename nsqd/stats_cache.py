@@ -39,7 +39,7 @@ from operator import attrgetter
 from .client import ClientState
 from .e2e import EMPTY as EMPTY_E2E
 from .e2e import merge_results
-from .metrics import channel_rows, rows_pieces, topic_rows
+from .metrics import TOPIC_SERIES, channel_rows, rows_pieces, topic_rows
 from .stats import (PRODUCERS_TEXT, TOPICS_TEXT, ChannelStats, ClientStats, E2EResult, TopicStats,
                     channel_json_parts, channel_text_line, client_body, client_stats, client_text_parts,
                     connected_text, json_end, json_head, json_middle, node_stats, text_end, text_head,
@@ -50,6 +50,8 @@ __all__ = ["StatsCache"]
 _NO_CLIENTS: tuple = ()
 #: topics per run of /metrics rows joined together (see ``StatsCache.metrics_pieces``)
 METRICS_BLOCK = 128
+#: the rows of ``metrics.topic_rows``: one per family of ``TOPIC_SERIES``, its latency quantiles' and sample count's
+_TOPIC_ROWS = len(TOPIC_SERIES) + 2
 #: a ``ClientStats``'s values in field order, as a tuple (``ClientStats(*values)`` builds it again)
 _client_values = attrgetter(*ClientStats.__slots__)
 
@@ -58,40 +60,49 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
 
-def _fold(parts: list) -> tuple[bytes, tuple[tuple[int, bytes], ...]]:
-    """Text pieces with the connection times of clients among them (ints) as ``(text up to the first time,
-    ((time, text up to the next time), ...))``, so that a rendering joins few pieces and the ages."""
-    first = None
-    rest = []
+def _fold(parts: list) -> tuple:
+    """Text pieces with the connection times of clients among them (ints) as ``(text up to the first time, time,
+    text up to the next time, time, ...)``, so that a rendering joins few pieces and the ages."""
+    folded: list = []
     pending: list[bytes] = []
-    connect_ts = 0
     for part in parts:
         if isinstance(part, int):
-            if first is None:
-                first = b"".join(pending)
-            else:
-                rest.append((connect_ts, b"".join(pending)))
-            pending, connect_ts = [], part
+            folded += (b"".join(pending), part)
+            pending = []
         else:
             pending.append(part)
-    if first is None:
-        return b"".join(pending), ()
-    rest.append((connect_ts, b"".join(pending)))
-    return first, tuple(rest)
+    folded.append(b"".join(pending))
+    return tuple(folded)
 
+
+# What the cache keeps is flat tuples of plain values (no tuple in a tuple): the collector stops tracking such a
+# tuple at its first collection, where a tuple holding tuples is let go one level per collection, so that a
+# nested one may live on in the oldest generation (see the module notes).
 
 def _e2e_values(result: E2EResult) -> tuple | None:
-    """A latency result's figures as plain values (None: ``EMPTY``)."""
-    return None if result is EMPTY_E2E else (result.count, result.percentiles)
+    """A latency result's figures as one flat tuple (None: ``EMPTY``)."""
+    if result is EMPTY_E2E:
+        return None
+    if result.percentiles is None:
+        return (result.count, None)
+    return (result.count, *[figure for pair in result.percentiles for figure in pair])
 
 
 def _e2e_result(values: tuple | None) -> E2EResult:
-    return EMPTY_E2E if values is None else E2EResult(*values)
+    if values is None:
+        return EMPTY_E2E
+    if len(values) == 2 and values[1] is None:
+        return E2EResult(values[0])
+    return E2EResult(values[0], tuple(zip(values[1::2], values[2::2])))
+
+
+#: the fields of a channel's key before its latency window's state (see ``StatsCache._refresh``)
+_CHANNEL_FIGURES = 9
 
 
 def _channel_stats(channel, key: tuple, e2e: tuple | None) -> ChannelStats:
     """A channel's snapshot (without clients) from its key (see ``StatsCache._refresh``) and latency figures."""
-    depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused, _ = key
+    depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused = key[:_CHANNEL_FIGURES]
     return ChannelStats(channel.name, depth + backend_depth, backend_depth, in_flight, deferred, messages, requeues,
                         timeouts, clients, None, paused, _e2e_result(e2e))
 
@@ -114,43 +125,73 @@ class _ClientPiece:
         self.values = _client_values(client_stats(self.client, None))
 
 
-class _TopicPiece:
-    """One topic's key and figures, its channels' in name order (in lists side by side: the refresh loop reads
-    them without touching any other object), and the renderings of the whole topic (None until asked for,
-    dropped when the topic, a channel or one of their clients changed)."""
+class _Columns:
+    """Every topic's and channel's key, figures and renderings, in columns: one list per field, topics in name
+    order, each topic's channels in name order after the previous topic's (``bounds``). A topic or a channel is
+    therefore no object of the cache's: its entries are plain values or bytes, and the lists the only containers
+    (the cyclic collector walks those few lists, not tens of thousands of pieces: see the module notes)."""
 
-    __slots__ = ("topic", "key", "values", "members", "keys", "e2e", "clients", "has_clients", "json",
-                 "json_clients", "text", "text_clients", "metrics")
+    __slots__ = ("topics", "topic_keys", "topic_e2e", "bounds", "has_clients", "json", "json_clients", "text",
+                 "text_clients", "metrics", "channels", "keys", "e2e", "clients")
 
-    def __init__(self, topic, channels: list) -> None:
-        self.topic = topic
-        self.key = None
-        self.values = None  # the topic's merged latency figures (``_e2e_values``)
-        self.members = channels
-        self.keys = [None] * len(channels)  # each channel's key
-        self.e2e = [None] * len(channels)  # each channel's latency figures (``_e2e_values``)
-        self.clients = [_NO_CLIENTS] * len(channels)  # each channel's clients' pieces, in the channel's order
-        self.has_clients = False  # as the last request that listed clients saw
-        self.json = None  # with "clients":null
-        self.json_clients = None
-        self.text = None  # its line and its channels' lines, without clients (see ``_fold``)
-        self.text_clients = None  # with clients
-        self.metrics = None  # (its rows, its channels' rows joined family by family)
+    def __init__(self) -> None:
+        self.topics: list = []
+        self.topic_keys: list = []
+        self.topic_e2e: list = []  # its merged latency figures (``_e2e_values``)
+        self.bounds: list[int] = [0]  # topic i's channels are channels[bounds[i]:bounds[i + 1]]
+        self.has_clients: list[bool] = []  # as the last request that listed clients saw
+        # its renderings, None until asked for and dropped when the topic, a channel or a client changed
+        self.json: list = []  # with "clients":null
+        self.json_clients: list = []
+        self.text: list = []  # its line and its channels' lines, without clients (see ``_fold``)
+        self.text_clients: list = []  # with clients
+        self.metrics: list = []  # its rows, then its channels' rows joined family by family (see ``_TOPIC_ROWS``)
+        self.channels: list = []
+        self.keys: list = []
+        self.e2e: list = []  # a channel's latency figures (``_e2e_values``)
+        self.clients: list = []  # a channel's clients' pieces, in the channel's order
 
-    def drop(self) -> None:
-        self.json = self.json_clients = self.text = self.text_clients = self.metrics = None
+    def add(self, topic, channels: list, kept: "_Columns | None" = None, index: int = 0) -> None:
+        """Append a topic: with what ``kept`` holds for it at ``index``, or nothing yet."""
+        self.topics.append(topic)
+        count = len(channels)
+        self.channels += channels
+        self.bounds.append(len(self.channels))
+        columns = ("topic_keys", "topic_e2e", "has_clients", "json", "json_clients", "text", "text_clients",
+                   "metrics")
+        if kept is None:
+            for name in columns:
+                getattr(self, name).append(None)
+            self.keys += [None] * count
+            self.e2e += [None] * count
+            self.clients += [_NO_CLIENTS] * count
+            return
+        for name in columns:
+            getattr(self, name).append(getattr(kept, name)[index])
+        start, end = kept.bounds[index], kept.bounds[index + 1]
+        self.keys += kept.keys[start:end]
+        self.e2e += kept.e2e[start:end]
+        self.clients += kept.clients[start:end]
 
-    def stats(self, channels: tuple = ()) -> TopicStats:
-        """Its snapshot, with the given channels' (its renderings show their number only in /metrics)."""
-        depth, backend_depth, messages, message_bytes, paused, _ = self.key
-        return TopicStats(self.topic.name, channels, depth + backend_depth, backend_depth, messages, message_bytes,
-                          paused, _e2e_result(self.values))
+    def drop(self, index: int) -> None:
+        self.json[index] = self.json_clients[index] = self.text[index] = self.text_clients[index] = None
+        self.metrics[index] = None
 
-    def channel_stats(self, channel: str | None = None) -> list:
-        """``(ChannelStats, its clients' pieces)`` of its channels (only ``channel`` if given), in name order."""
-        return [(_channel_stats(member, key, e2e), clients)
-                for member, key, e2e, clients in zip(self.members, self.keys, self.e2e, self.clients)
-                if channel is None or member.name == channel]
+    def topic_stats(self, index: int, channels: tuple = ()) -> TopicStats:
+        """Topic ``index``'s snapshot, with the given channels' (its renderings show their number only in
+        /metrics)."""
+        depth, backend_depth, messages, message_bytes, paused = self.topic_keys[index][:5]
+        return TopicStats(self.topics[index].name, channels, depth + backend_depth, backend_depth, messages,
+                          message_bytes, paused, _e2e_result(self.topic_e2e[index]))
+
+    def channel_stats(self, index: int, channel: str | None = None) -> list:
+        """``(ChannelStats, its clients' pieces)`` of topic ``index``'s channels (only ``channel`` if given)."""
+        listed = []
+        for at in range(self.bounds[index], self.bounds[index + 1]):
+            member = self.channels[at]
+            if channel is None or member.name == channel:
+                listed.append((_channel_stats(member, self.keys[at], self.e2e[at]), self.clients[at]))
+        return listed
 
 
 #: the values of a client that its renderings show and that change after IDENTIFY: its counters, its state and
@@ -178,71 +219,76 @@ class StatsCache:
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
         self._version = None
-        self._order: list[_TopicPiece] = []  # sorted by topic name
+        self._columns = _Columns()
         self._producers: list[_ClientPiece] = []
         self._metrics_blocks: dict[int, tuple] = {}  # by the index of the run's first topic
 
     # -- keeping the pieces current -----------------------------------------------------------------------------
-    def _sorted(self) -> list:
-        """The topics' pieces in name order (kept across topology changes; a topic whose channels changed starts
-        its channels' afresh)."""
+    def _sorted(self) -> _Columns:
+        """The topics and channels in name order (kept across topology changes; a topic whose channels changed
+        starts afresh)."""
         nsqd = self.nsqd
         version = (nsqd.topology_version, len(nsqd.topics))
+        kept = self._columns
         if version == self._version:
-            return self._order
-        kept = {id(piece.topic): piece for piece in self._order}
-        order = []
+            return kept
+        where = {id(topic): index for index, topic in enumerate(kept.topics)}
+        columns = _Columns()
         for _, topic in sorted(nsqd.topics.items()):
             channels = [channel for _, channel in sorted(topic.channels.items())]
-            piece = kept.get(id(topic))
-            if piece is None or piece.topic is not topic or piece.members != channels:
-                piece = _TopicPiece(topic, channels)
-            order.append(piece)
-        self._order, self._version = order, version
-        return order
+            index = where.get(id(topic))
+            if (index is not None and kept.topics[index] is topic
+                    and kept.channels[kept.bounds[index]:kept.bounds[index + 1]] == channels):
+                columns.add(topic, channels, kept, index)
+            else:
+                columns.add(topic, channels)
+        self._columns, self._version = columns, version
+        return columns
 
-    def _refresh(self, include_clients: bool) -> list:
+    def _refresh(self, include_clients: bool) -> _Columns:
         """Bring every key up to date: renew the figures of what changed and drop the renderings of the topics
         it belongs to. Clients are looked at only for a request that lists them (their pieces' keys are those of
-        the last such request, so a change in between is still seen by the next one). Returns the sorted topics.
+        the last such request, so a change in between is still seen by the next one). Returns the columns.
 
         This loop is most of a request (about 1.5 us per channel at 20,000 channels, mostly memory reads): an
         idle channel is read once and costs one tuple comparison."""
         now_ns = time.time_ns()
-        order = self._sorted()
+        columns = self._sorted()
         client_counters, client_identity, INIT = _client_counters, _client_identity, ClientState.INIT
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
+        channels, keys, e2e, clients, bounds = (columns.channels, columns.keys, columns.e2e, columns.clients,
+                                                columns.bounds)
+        topic_keys, has_clients_ = columns.topic_keys, columns.has_clients
         state = None
-        for topic_piece in order:
+        for index, topic in enumerate(columns.topics):
             changed = has_clients = False
-            states = None
-            keys = topic_piece.keys
-            for index, channel in enumerate(topic_piece.members):
+            states = ()  # its channels' window states one after the other (each is 3 ints)
+            for at in range(bounds[index], bounds[index + 1]):
+                channel = channels[at]
                 if tracked:
                     window = channel.e2e
                     state = window.state(now_ns) if window is not None else None
                     if state is not None:
-                        states = (*states, state) if states else (state,)
+                        states += state
                 # the sizes come from the queues' own fields, not their ``len()`` and ``depth()`` (methods written
                 # in Python, a third of a request at 20,000 channels); the tests compare the result with the snapshot
                 backend = channel.backend
                 members = channel.clients
                 key = (len(channel.queue), backend._depth if backend is not None else 0,
                        len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
-                       channel.requeue_count, channel.timeout_count, len(members), channel.paused, state)
-                if key != keys[index]:
-                    keys[index] = key
-                    if state is not None:  # the figures, not the window's samples
-                        result = window.result(now_ns)
-                        topic_piece.e2e[index] = (result.count, result.percentiles)
-                    else:
-                        topic_piece.e2e[index] = None
+                       channel.requeue_count, channel.timeout_count, len(members), channel.paused)
+                if state is not None:
+                    key += state
+                if key != keys[at]:
+                    keys[at] = key
+                    # the figures, not the window's samples
+                    e2e[at] = _e2e_values(window.result(now_ns)) if state is not None else None
                     if not members:  # (a channel whose key counts no client lists none: not looked at below)
-                        topic_piece.clients[index] = _NO_CLIENTS
+                        clients[at] = _NO_CLIENTS
                     changed = True
                 if include_clients and members:
                     has_clients = True
-                    previous = topic_piece.clients[index]
+                    previous = clients[at]
                     if len(previous) != len(members):
                         previous = ()
                     listed = []
@@ -258,27 +304,29 @@ class StatsCache:
                             changed = True
                         listed.append(client_piece)
                     if listed != previous:
-                        topic_piece.clients[index] = listed
+                        clients[at] = listed
                         changed = True
-            topic = topic_piece.topic
             backend = topic.backend
             key = (len(topic.queue), backend._depth if backend is not None else 0, topic.message_count,
-                   topic.message_bytes, topic.paused, states)
-            if key != topic_piece.key:
-                topic_piece.key = key
-                results = [c.e2e.result(now_ns) for c in topic_piece.members if c.e2e is not None] if states else ()
-                topic_piece.values = _e2e_values(
+                   topic.message_bytes, topic.paused)
+            if states:
+                key += states
+            if key != topic_keys[index]:
+                topic_keys[index] = key
+                results = ([c.e2e.result(now_ns) for c in channels[bounds[index]:bounds[index + 1]]
+                            if c.e2e is not None] if states else ())
+                columns.topic_e2e[index] = _e2e_values(
                     merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles)))
                 changed = True
             if changed:
-                topic_piece.drop()
+                columns.drop(index)
             if include_clients:
-                topic_piece.has_clients = has_clients
+                has_clients_[index] = has_clients
         if include_clients:
             previous = {piece.client.id: piece for piece in self._producers}
             self._producers = [self._producer_piece(c, previous) for c in list(self.nsqd.clients.values())
                                if c.pub_counts]
-        return order
+        return columns
 
     @staticmethod
     def _producer_piece(client, previous: dict) -> _ClientPiece:
@@ -297,23 +345,20 @@ class StatsCache:
     # -- JSON ---------------------------------------------------------------------------------------------------
     def json(self, *, channel: str | None = None, include_clients: bool = True, include_mem: bool = True) -> bytes:
         """``/stats?format=json`` without ``topic=``: ``stats.json_body(stats.collect(...))``."""
-        order = self._refresh(include_clients)
+        columns = self._refresh(include_clients)
         topics = []
         if channel is None:
-            for piece in order:
-                rendered = piece.json_clients if include_clients else piece.json
+            kept = columns.json_clients if include_clients else columns.json
+            for index, rendered in enumerate(kept):
                 if rendered is None:
-                    rendered = self._topic_json(piece, piece.channel_stats(), include_clients)
-                    if include_clients:
-                        piece.json_clients = rendered
-                    else:
-                        piece.json = rendered
+                    rendered = kept[index] = self._topic_json(columns, index, columns.channel_stats(index),
+                                                              include_clients)
                 topics.append(rendered)
         else:
-            for piece in order:
-                listed = piece.channel_stats(channel)
+            for index in range(len(columns.topics)):
+                listed = columns.channel_stats(index, channel)
                 if listed:
-                    topics.append(self._topic_json(piece, listed, include_clients))
+                    topics.append(self._topic_json(columns, index, listed, include_clients))
         header = self._header(include_mem)
         out = [_encode(json_head(header)), b"["]
         for rendered in topics:
@@ -329,13 +374,13 @@ class StatsCache:
         out.append(_encode(json_end(header)))
         return b"".join(out)
 
-    def _topic_json(self, piece: _TopicPiece, channels: list, include_clients: bool) -> bytes:
+    def _topic_json(self, columns: _Columns, index: int, channels: list, include_clients: bool) -> bytes:
         rendered = []
         for stats, clients in channels:
             head, tail = map(_encode, channel_json_parts(stats))
             rendered.append(head + (self._json_clients(clients) if include_clients else b"null") + tail)
-        return (_encode(topic_json_head(piece.topic.name)) + b",".join(rendered)
-                + _encode(topic_json_tail(piece.stats())))
+        return (_encode(topic_json_head(columns.topics[index].name)) + b",".join(rendered)
+                + _encode(topic_json_tail(columns.topic_stats(index))))
 
     @staticmethod
     def _json_clients(pieces) -> bytes:
@@ -347,27 +392,25 @@ class StatsCache:
     # -- text ---------------------------------------------------------------------------------------------------
     def text(self, *, channel: str | None = None, include_clients: bool = True, include_mem: bool = True) -> bytes:
         """``/stats`` without ``format=json``: ``stats.format_text(stats.collect(...))``, encoded."""
-        order = self._refresh(include_clients)
+        columns = self._refresh(include_clients)
         now = int(time.time())
         ages: dict[int, bytes] = {}
         out = [b""]
         append = out.append
         listed_any = False
-        for piece in order:
+        for index in range(len(columns.topics)):
             if channel is None:
-                if include_clients and piece.has_clients:
-                    rendered = piece.text_clients
-                    if rendered is None:
-                        rendered = piece.text_clients = self._topic_text(piece, piece.channel_stats(), True)
-                else:
-                    rendered = piece.text
-                    if rendered is None:
-                        rendered = piece.text = self._topic_text(piece, piece.channel_stats(), False)
+                with_clients = include_clients and columns.has_clients[index]
+                kept = columns.text_clients if with_clients else columns.text
+                rendered = kept[index]
+                if rendered is None:
+                    rendered = kept[index] = self._topic_text(columns, index, columns.channel_stats(index),
+                                                              with_clients)
             else:
-                listed = piece.channel_stats(channel)
+                listed = columns.channel_stats(index, channel)
                 if not listed:
                     continue
-                rendered = self._topic_text(piece, listed, include_clients)
+                rendered = self._topic_text(columns, index, listed, include_clients)
             listed_any = True
             self._text_with_ages(out, rendered, now, ages)
         header = self._header(include_mem)
@@ -380,8 +423,8 @@ class StatsCache:
         append(_encode("".join(line + "\n" for line in text_end(header))))
         return b"".join(out)
 
-    def _topic_text(self, piece: _TopicPiece, channels: list, include_clients: bool) -> tuple:
-        parts: list = [_encode(topic_text_line(piece.stats()) + "\n")]
+    def _topic_text(self, columns: _Columns, index: int, channels: list, include_clients: bool) -> tuple:
+        parts: list = [_encode(topic_text_line(columns.topic_stats(index)) + "\n")]
         for stats, clients in channels:
             parts.append(_encode(channel_text_line(stats) + "\n"))
             if include_clients:
@@ -401,9 +444,8 @@ class StatsCache:
 
     @staticmethod
     def _text_with_ages(out: list, rendered: tuple, now: int, ages: dict) -> None:
-        first, rest = rendered
-        out.append(first)
-        for connect_ts, text in rest:
+        out.append(rendered[0])
+        for connect_ts, text in zip(rendered[1::2], rendered[2::2]):
             age = ages.get(connect_ts)
             if age is None:
                 age = ages[connect_ts] = _encode(connected_text(connect_ts, now))
@@ -418,24 +460,22 @@ class StatsCache:
         The families run across all topics, so a topic's rows are spread over 15 places of the exposition. Runs of
         ``METRICS_BLOCK`` topics keep their rows joined family by family, and a run none of whose topics changed
         since the last scrape is not joined again."""
-        order = self._refresh(False)
-        rows = []
-        for piece in order:
-            rendered = piece.metrics
+        columns = self._refresh(False)
+        rows = columns.metrics
+        for index, rendered in enumerate(rows):
             if rendered is None:
-                name = piece.topic.name
-                channels = tuple(stats for stats, _ in piece.channel_stats())
+                name = columns.topics[index].name
+                channels = tuple(stats for stats, _ in columns.channel_stats(index))
                 channel_rows_ = [channel_rows(stats, name) for stats in channels]
-                columns = tuple(map(b"".join, zip(*channel_rows_))) if channel_rows_ else None
-                rendered = piece.metrics = (topic_rows(piece.stats(channels)), columns)
-            rows.append(rendered)
+                joined = tuple(map(b"".join, zip(*channel_rows_)))
+                rows[index] = topic_rows(columns.topic_stats(index, channels)) + joined
         blocks = []
         for start in range(0, len(rows), METRICS_BLOCK):
             run = rows[start:start + METRICS_BLOCK]
             kept = self._metrics_blocks.get(start)
             if kept is None or kept[0] != run:  # the same row objects: no change (compared by identity first)
-                topic_columns = tuple(map(b"".join, zip(*[topic for topic, _ in run])))
-                channels = [columns for _, columns in run if columns is not None]
+                topic_columns = tuple(map(b"".join, zip(*[rendered[:_TOPIC_ROWS] for rendered in run])))
+                channels = [rendered[_TOPIC_ROWS:] for rendered in run if len(rendered) > _TOPIC_ROWS]
                 channel_columns = tuple(map(b"".join, zip(*channels))) if channels else None
                 kept = self._metrics_blocks[start] = (run, topic_columns, channel_columns)
             blocks.append(kept)

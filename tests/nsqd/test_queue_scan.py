@@ -10,6 +10,7 @@ import trio.testing
 from nsqd.queue_scan import QueueScanner, QueueScannerStatistics
 from nsqd.queues.deferred import DeferredQueue
 from nsqd.queues.inflight import InFlightQueue
+from tests.nsqd.test_metrics import nsqd  # noqa: F401 (the fixture: a daemon)
 
 
 class FakeChannel:
@@ -378,3 +379,17 @@ async def test_only_channels_with_timed_work_are_scanned_and_each_tick_reaches_t
         await trio.sleep(0.45)
         assert [item for _, item in channels[7].moved] == [("deferred", 7), ("again", 7)]
         nursery.cancel_scope.cancel()
+
+
+async def test_nsqd_lists_its_channels_again_only_when_one_came_or_went(nsqd):
+    """The scanner's refresh asks nsqd for its channels every few seconds: the same list comes back while no topic
+    or channel was created or deleted, and a new one after any such change."""
+    assert nsqd.all_channels() is nsqd.all_channels()
+    alpha = nsqd.get_topic("t").get_channel("a")
+    assert nsqd.all_channels() == [alpha]
+    beta = nsqd.get_topic("u").get_channel("b")
+    assert nsqd.all_channels() == [alpha, beta]
+    nsqd.get_topic("t").delete_channel("a")
+    assert nsqd.all_channels() == [beta]
+    nsqd.delete_topic("u")
+    assert nsqd.all_channels() == []

@@ -7,6 +7,8 @@ nsqd runs a ticker per client (``heartbeatInterval``, 30 s by default, or what I
 writes the heartbeat of every client due by then and schedules its next one an interval after the previous due
 time (a ticker, as nsqd's). Rescheduling (IDENTIFY changes the interval) and cancelling (the connection ends) only
 replace or drop the client's entry in a dictionary; entries left in the heap are skipped when they come up.
+A heartbeat is written to the socket by the timer itself when the connection allows (plain TCP, its writer not
+in the middle of a write: ``Client.write_frame_now``), so an idle connection's heartbeat wakes none of its tasks.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class HeartbeatTimer:
                 live = current.get(client)
                 if live is None or live[0] != number:
                     continue  # cancelled, or rescheduled with a newer entry
-                client.write_frame(HEARTBEAT_FRAME)
+                client.write_frame_now(HEARTBEAT_FRAME)
                 self.sent += 1
                 interval = live[1]
                 following = due + interval

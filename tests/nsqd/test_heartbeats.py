@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import trio
 
+from nsqd.client import Client
 from nsqd.heartbeats import HeartbeatTimer
 from protocol.frames import HEARTBEAT_FRAME
 
 
 class Recorder:
-    """What the timer needs of a client: ``write_frame``; records when each frame came."""
+    """What the timer needs of a client: ``write_frame_now``; records when each frame came."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
 
-    def write_frame(self, frame: bytes) -> None:
+    def write_frame_now(self, frame: bytes) -> None:
         assert frame == HEARTBEAT_FRAME
         self.times.append(trio.current_time())
 
@@ -52,3 +53,23 @@ async def test_reschedule_and_cancel(autojump_clock):
         nursery.cancel_scope.cancel()
     assert [round(t - start, 6) for t in client.times] == [14.0, 16.0, 18.0]
     assert [round(t - start, 6) for t in gone.times] == [5.0, 10.0]
+
+
+async def test_a_heartbeat_leaves_at_once_when_the_connection_can():
+    """The timer writes through the connection's direct flush (plain TCP, no write under way): the connection's
+    writer task is not woken; when the connection cannot (TLS, a write under way), its writer sends it."""
+    client = Client(1, "127.0.0.1:1", msg_timeout=60.0, heartbeat_interval=30.0, output_buffer_size=16384,
+                    output_buffer_timeout=0.25)
+    sent = []
+
+    def direct_flush() -> bool:
+        sent.append(client.take_output())
+        return True
+
+    client.direct_flush = direct_flush
+    wakeup = client.writer_wait_event()
+    client.write_frame_now(HEARTBEAT_FRAME)
+    assert sent == [HEARTBEAT_FRAME] and not client.out and not wakeup.is_set()
+    client.direct_flush = lambda: False
+    client.write_frame_now(HEARTBEAT_FRAME)
+    assert wakeup.is_set() and client.flush_now and client.take_output() == HEARTBEAT_FRAME

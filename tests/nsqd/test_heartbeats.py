@@ -73,3 +73,34 @@ async def test_a_heartbeat_leaves_at_once_when_the_connection_can():
     client.direct_flush = lambda: False
     client.write_frame_now(HEARTBEAT_FRAME)
     assert wakeup.is_set() and client.flush_now and client.take_output() == HEARTBEAT_FRAME
+
+
+async def test_heartbeats_due_close_together_go_at_one_wake_up_each_on_its_own_ticker(autojump_clock):
+    timer = HeartbeatTimer()
+    first, close, apart = Recorder(), Recorder(), Recorder()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(timer.run)
+        start = trio.current_time()
+        timer.schedule(first, 10.0)
+        await trio.sleep(0.05)
+        timer.schedule(close, 10.0)  # due 0.05 s after the first: written with it, a little early
+        await trio.sleep(0.45)
+        timer.schedule(apart, 10.0)  # due 0.5 s after: a wake-up of its own
+        await trio.sleep(25.0)
+        nursery.cancel_scope.cancel()
+    assert [round(t - start, 6) for t in first.times] == [10.0, 20.0]
+    assert [round(t - start, 6) for t in close.times] == [10.0, 20.0]  # due at 10.05 and 20.05: no drift
+    assert [round(t - start, 6) for t in apart.times] == [10.5, 20.5]
+
+
+async def test_an_interval_under_the_batch_window_sends_one_heartbeat_per_wake_up(autojump_clock):
+    timer = HeartbeatTimer()
+    client = Recorder()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(timer.run)
+        start = trio.current_time()
+        timer.schedule(client, 0.04)
+        await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    times = [round(t - start, 6) for t in client.times]
+    assert times and len(times) == len(set(times)) and len(times) <= 13, times

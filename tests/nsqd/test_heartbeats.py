@@ -3,11 +3,23 @@ IDENTIFY's new interval restarts the ticker, a cancelled client gets no more, an
 
 from __future__ import annotations
 
+import contextlib
+
 import trio
 
 from nsqd.client import Client
 from nsqd.heartbeats import HeartbeatTimer
 from protocol.frames import HEARTBEAT_FRAME
+
+
+@contextlib.asynccontextmanager
+async def running_timer():
+    """A running HeartbeatTimer and the time it started; stopped at the end of the block."""
+    timer = HeartbeatTimer()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(timer.run)
+        yield timer, trio.current_time()
+        nursery.cancel_scope.cancel()
 
 
 class Recorder:
@@ -22,27 +34,20 @@ class Recorder:
 
 
 async def test_each_client_ticks_at_its_interval(autojump_clock):
-    timer = HeartbeatTimer()
     fast, slow, silent = Recorder(), Recorder(), Recorder()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(timer.run)
-        start = trio.current_time()
+    async with running_timer() as (timer, start):
         timer.schedule(slow, 30.0)
         timer.schedule(fast, 1.0)
         timer.schedule(silent, 0)  # heartbeats disabled
         await trio.sleep(61.5)
-        nursery.cancel_scope.cancel()
     assert [round(t - start, 6) for t in slow.times] == [30.0, 60.0]
     assert [round(t - start, 6) for t in fast.times] == [float(n) for n in range(1, 62)]
     assert silent.times == [] and timer.sent == 63
 
 
 async def test_reschedule_and_cancel(autojump_clock):
-    timer = HeartbeatTimer()
     client, gone = Recorder(), Recorder()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(timer.run)
-        start = trio.current_time()
+    async with running_timer() as (timer, start):
         timer.schedule(client, 30.0)
         timer.schedule(gone, 5.0)
         await trio.sleep(12.0)
@@ -50,7 +55,6 @@ async def test_reschedule_and_cancel(autojump_clock):
         timer.cancel(gone)  # the connection ended
         await trio.sleep(7.0)
         assert len(timer) == 1
-        nursery.cancel_scope.cancel()
     assert [round(t - start, 6) for t in client.times] == [14.0, 16.0, 18.0]
     assert [round(t - start, 6) for t in gone.times] == [5.0, 10.0]
 
@@ -76,31 +80,23 @@ async def test_a_heartbeat_leaves_at_once_when_the_connection_can():
 
 
 async def test_heartbeats_due_close_together_go_at_one_wake_up_each_on_its_own_ticker(autojump_clock):
-    timer = HeartbeatTimer()
     first, close, apart = Recorder(), Recorder(), Recorder()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(timer.run)
-        start = trio.current_time()
+    async with running_timer() as (timer, start):
         timer.schedule(first, 10.0)
         await trio.sleep(0.05)
         timer.schedule(close, 10.0)  # due 0.05 s after the first: written with it, a little early
         await trio.sleep(0.45)
         timer.schedule(apart, 10.0)  # due 0.5 s after: a wake-up of its own
         await trio.sleep(25.0)
-        nursery.cancel_scope.cancel()
     assert [round(t - start, 6) for t in first.times] == [10.0, 20.0]
     assert [round(t - start, 6) for t in close.times] == [10.0, 20.0]  # due at 10.05 and 20.05: no drift
     assert [round(t - start, 6) for t in apart.times] == [10.5, 20.5]
 
 
 async def test_an_interval_under_the_batch_window_sends_one_heartbeat_per_wake_up(autojump_clock):
-    timer = HeartbeatTimer()
     client = Recorder()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(timer.run)
-        start = trio.current_time()
+    async with running_timer() as (timer, start):
         timer.schedule(client, 0.04)
         await trio.sleep(0.5)
-        nursery.cancel_scope.cancel()
     times = [round(t - start, 6) for t in client.times]
     assert times and len(times) == len(set(times)) and len(times) <= 13, times

@@ -393,3 +393,25 @@ async def test_nsqd_lists_its_channels_again_only_when_one_came_or_went(nsqd):
     assert nsqd.all_channels() == [beta]
     nsqd.delete_topic("u")
     assert nsqd.all_channels() == []
+
+
+def test_a_refresh_looks_at_the_channels_new_to_the_list_only():
+    """The channels a refresh knew tell when they get timed work (their queues are wired): the next refreshes do
+    not look at them again, however many there are; a channel new to the list is looked at once."""
+    looked_at = []
+
+    class Counted(FakeChannel):
+        def has_timed_work(self):
+            looked_at.append(self.name)
+            return super().has_timed_work()
+
+    channels = [Counted(str(n)) for n in range(5)]
+    scanner = scanner_for(channels)
+    scanner.refresh()
+    assert sorted(looked_at) == ["0", "1", "2", "3", "4"]
+    looked_at.clear()
+    scanner.refresh()
+    assert looked_at == []
+    channels.append(busy(Counted("new")))  # timed work from before it was listed: found
+    scanner.refresh()
+    assert looked_at == ["new"] and scanner.statistics().active == 1

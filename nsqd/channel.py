@@ -393,7 +393,9 @@ class Channel:
     # -- timers, driven by the queue scanner -------------------------------------------------------
     def has_timed_work(self) -> bool:
         """Something in flight or deferred: the queue scanner has work here (queue_scan.py)."""
-        return bool(len(self.in_flight) or len(self.deferred))
+        # the queues' own containers, not their ``len()`` (methods written in Python): the queue scanner asks
+        # every channel every few seconds
+        return bool(self.in_flight._entries or self.deferred._heap)
 
     def process_queues(self, now: float) -> bool:
         """Move expired in-flight and due deferred messages back to the queue; True if any moved."""

@@ -117,14 +117,26 @@ class Client:
         self.flush_now = True
         self.wake_writer()
 
+    def write_frame_now(self, frame: bytes) -> None:
+        """``write_frame`` from outside the connection's tasks (the heartbeat timer): the buffer is written at once
+        if the connection can (``direct_flush``), which saves a wake-up of its writer task."""
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        self.flush()
+
     def messages_queued(self, flush: bool) -> None:
         """Dispatch appended message frames to ``out``: flush now, or let the writer's timer run."""
         if flush or self.out_bytes >= self.output_buffer_size:
-            self.flush_now = True
-            direct_flush = self.direct_flush
-            if direct_flush is not None and direct_flush():
-                return
-        self.wake_writer()
+            self.flush()
+        else:
+            self.wake_writer()
+
+    def flush(self) -> None:
+        """Write the buffer now: directly if the connection can, else by its writer."""
+        self.flush_now = True
+        direct_flush = self.direct_flush
+        if direct_flush is None or not direct_flush():
+            self.wake_writer()
 
     def wake_writer(self) -> None:
         event = self._writer_wakeup

@@ -7,6 +7,11 @@ nsqd runs a ticker per client (``heartbeatInterval``, 30 s by default, or what I
 writes the heartbeat of every client due by then and schedules its next one an interval after the previous due
 time (a ticker, as nsqd's). Rescheduling (IDENTIFY changes the interval) and cancelling (the connection ends) only
 replace or drop the client's entry in a dictionary; entries left in the heap are skipped when they come up.
+The heartbeats due within ``BATCH_WINDOW`` (0.1 s) of the earliest go out at the same wake-up, a little early (the
+ticker keeps each client's own due times, so its period does not drift): 5,000 connections at 30 s make 10 wake-ups
+a second instead of 167, and their answers (NOP) come back together to the read poller.
+A heartbeat is written to the socket by the timer itself when the connection allows (plain TCP, its writer not
+in the middle of a write: ``Client.write_frame_now``), so an idle connection's heartbeat wakes none of its tasks.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ import trio
 
 from protocol.frames import HEARTBEAT_FRAME
 
-__all__ = ["HeartbeatTimer"]
+__all__ = ["BATCH_WINDOW", "HeartbeatTimer"]
+
+#: heartbeats due within this many seconds of a wake-up are written at that wake-up (nsqd's shortest interval is 1 s)
+BATCH_WINDOW = 0.1
 
 
 class HeartbeatTimer:
@@ -62,15 +70,19 @@ class HeartbeatTimer:
                 await self._wake.wait()
             self._wake = trio.Event()
             now = trio.current_time()
-            while heap and heap[0][0] <= now:
+            horizon = now + BATCH_WINDOW
+            next_ticks = []
+            while heap and heap[0][0] <= horizon:
                 due, number, client = heapq.heappop(heap)
                 live = current.get(client)
                 if live is None or live[0] != number:
                     continue  # cancelled, or rescheduled with a newer entry
-                client.write_frame(HEARTBEAT_FRAME)
+                client.write_frame_now(HEARTBEAT_FRAME)
                 self.sent += 1
                 interval = live[1]
                 following = due + interval
                 if following <= now:  # the loop was held up past a whole interval: no burst of missed ticks
                     following = now + interval
-                heapq.heappush(heap, (following, number, client))
+                next_ticks.append((following, number, client))
+            for entry in next_ticks:  # (after the loop: one heartbeat per client and wake-up, whatever its interval)
+                heapq.heappush(heap, entry)

@@ -9,8 +9,21 @@ is counted for this cache, nothing is added to the publish, dispatch or FIN path
 key, compares it with the stored one (one tuple comparison for an idle object) and renders again only the topics
 whose key, or whose channels' or clients' keys, differ; then it joins the topics' pieces. The output is byte for
 byte what the snapshot's renderings write (``stats.json_body``, ``stats.format_text``, ``metrics.series_text``):
-the same functions write each piece, from the same snapshot objects (kept per channel and client while their key
-holds).
+the same functions write each piece, from snapshot objects (``ChannelStats``...) built again from the stored
+figures when a topic is rendered, and dropped once it is.
+
+What is kept is shaped for CPython's cyclic collector, which walks every container object that lives long (a
+full collection of a node at 10,000 topics, 20,000 channels and 5,000 connections takes 0.5-0.7 s) and makes one
+each time the long-lived ones have grown by a quarter. Topics and channels have no object of their own here:
+``_Columns`` keeps one list per field (topics in name order, each topic's channels after the previous topic's),
+whose entries are the daemon's objects, bytes, None, or flat tuples of plain values (keys, latency figures, a
+topic's /metrics rows, its text cut around the clients' connection times), which the collector stops tracking at
+their first collection (a tuple holding a tuple is let go one level per collection, so none is nested). A client
+has one object (``_ClientPiece``: key, values as a tuple, renderings) and a channel with clients one list of them.
+So the collector walks a few dozen lists however many topics there are, and a request whose topics changed leaves
+no new long-lived object behind, where a piece and a snapshot object per channel, topic and client made every
+full collection longer and, renewed at each request, brought the next one sooner (on an idle node too, in the
+seconds after an admin's poll).
 
 What makes a piece stale, and is therefore in its key:
 - channel: memory and disk depth, in flight, deferred, message, requeue and timeout counts, client count, paused,
@@ -21,8 +34,9 @@ What makes a piece stale, and is therefore in its key:
   while it is in its first state (IDENTIFY is allowed only there) or once it has published, also the IDENTIFY
   fields, TLS and compression, and its publish counts. Clients are matched to their pieces by their place in the
   channel's list. The text's "connected" age is written per request between cached pieces (``_fold``).
-Topics and channels are listed sorted by name; the sorted lists are kept until ``nsqd.topology_version`` (bumped
-at every topic and channel create and delete) moves.
+Topics and channels are listed sorted by name; the columns are laid out again when ``nsqd.topology_version``
+(bumped at every topic and channel create and delete) moves, each topic keeping its entries if its channels are
+the same objects as before.
 
 What a request still costs is reading the keys: about 1.5 us per channel (mostly memory reads of the channel and
 its queues, scattered over the heap), 40-50 ms at 20,000 channels. Requests with ``topic=`` go through
@@ -37,88 +51,161 @@ from itertools import zip_longest
 from operator import attrgetter
 
 from .client import ClientState
+from .e2e import EMPTY as EMPTY_E2E
 from .e2e import merge_results
-from .metrics import channel_rows, rows_pieces, topic_rows
-from .stats import (PRODUCERS_TEXT, TOPICS_TEXT, E2EResult, channel_json_parts, channel_stats, channel_text_line,
-                    client_body, client_stats, client_text_parts, connected_text, json_end, json_head, json_middle,
-                    node_stats, text_end, text_head, topic_json_head, topic_json_tail, topic_stats, topic_text_line)
+from .metrics import TOPIC_SERIES, channel_rows, rows_pieces, topic_rows
+from .stats import (PRODUCERS_TEXT, TOPICS_TEXT, ChannelStats, ClientStats, E2EResult, TopicStats,
+                    channel_json_parts, channel_text_line, client_body, client_stats, client_text_parts,
+                    connected_text, json_end, json_head, json_middle, node_stats, text_end, text_head,
+                    topic_json_head, topic_json_tail, topic_text_line)
 
 __all__ = ["StatsCache"]
 
 _NO_CLIENTS: tuple = ()
 #: topics per run of /metrics rows joined together (see ``StatsCache.metrics_pieces``)
 METRICS_BLOCK = 128
+#: the rows of ``metrics.topic_rows``: one per family of ``TOPIC_SERIES``, its latency quantiles' and sample count's
+_TOPIC_ROWS = len(TOPIC_SERIES) + 2
+#: a ``ClientStats``'s values in field order, as a tuple (``ClientStats(*values)`` builds it again)
+_client_values = attrgetter(*ClientStats.__slots__)
 
 
 def _encode(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
 
-def _fold(parts: list) -> tuple[bytes, tuple[tuple[int, bytes], ...]]:
-    """Text pieces with the connection times of clients among them (ints) as ``(text up to the first time,
-    ((time, text up to the next time), ...))``, so that a rendering joins few pieces and the ages."""
-    first = None
-    rest = []
+def _fold(parts: list) -> tuple:
+    """Text pieces with the connection times of clients among them (ints) as ``(text up to the first time, time,
+    text up to the next time, time, ...)``, so that a rendering joins few pieces and the ages."""
+    folded: list = []
     pending: list[bytes] = []
-    connect_ts = 0
     for part in parts:
         if isinstance(part, int):
-            if first is None:
-                first = b"".join(pending)
-            else:
-                rest.append((connect_ts, b"".join(pending)))
-            pending, connect_ts = [], part
+            folded += (b"".join(pending), part)
+            pending = []
         else:
             pending.append(part)
-    if first is None:
-        return b"".join(pending), ()
-    rest.append((connect_ts, b"".join(pending)))
-    return first, tuple(rest)
+    folded.append(b"".join(pending))
+    return tuple(folded)
 
 
-class _Piece:
-    """A channel's or a client's key and snapshot (``ChannelStats``, ``ClientStats``); a client's also keeps its
-    renderings (None until asked for). A channel is rendered again with its topic (from the snapshot: its key did
-    not change), so that only one copy of each topic's text is kept."""
+# What the cache keeps is flat tuples of plain values (no tuple in a tuple): the collector stops tracking such a
+# tuple at its first collection, where a tuple holding tuples is let go one level per collection, so that a
+# nested one may live on in the oldest generation (see the module notes).
 
-    __slots__ = ("key", "stats", "json", "text", "clients", "client")
+def _e2e_values(result: E2EResult) -> tuple | None:
+    """A latency result's figures as one flat tuple (None: ``EMPTY``)."""
+    if result is EMPTY_E2E:
+        return None
+    if result.percentiles is None:
+        return (result.count, None)
+    return (result.count, *[figure for pair in result.percentiles for figure in pair])
 
-    def __init__(self, client=None) -> None:
+
+def _e2e_result(values: tuple | None) -> E2EResult:
+    if values is None:
+        return EMPTY_E2E
+    if len(values) == 2 and values[1] is None:
+        return E2EResult(values[0])
+    return E2EResult(values[0], tuple(zip(values[1::2], values[2::2])))
+
+
+#: the fields of a channel's key before its latency window's state (see ``StatsCache._refresh``)
+_CHANNEL_FIGURES = 9
+
+
+def _channel_stats(channel, key: tuple, e2e: tuple | None) -> ChannelStats:
+    """A channel's snapshot (without clients) from its key (see ``StatsCache._refresh``) and latency figures."""
+    depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused = key[:_CHANNEL_FIGURES]
+    return ChannelStats(channel.name, depth + backend_depth, backend_depth, in_flight, deferred, messages, requeues,
+                        timeouts, clients, None, paused, _e2e_result(e2e))
+
+
+class _ClientPiece:
+    """A client's key, the values its renderings show (``ClientStats``'s, as a tuple) and its renderings (None
+    until asked for)."""
+
+    __slots__ = ("client", "key", "values", "json", "text")
+
+    def __init__(self, client) -> None:
+        self.client = client
         self.key = None
-        self.stats = None
+        self.values = None
         self.json = None
-        self.text = None
-        self.clients = _NO_CLIENTS  # a channel's clients' pieces, in the channel's order
-        self.client = client  # a client's piece: the client
+        self.text = None  # (text before its age, its connection time, text after)
+
+    def renew(self, key) -> None:
+        self.key, self.json, self.text = key, None, None
+        self.values = _client_values(client_stats(self.client, None))
 
 
-class _TopicPiece:
-    """One topic's key and snapshot, its channels' pieces in name order, and the renderings of the whole topic
-    (None until asked for, dropped when the topic, a channel or one of their clients changed)."""
+class _Columns:
+    """Every topic's and channel's key, figures and renderings, in columns: one list per field, topics in name
+    order, each topic's channels in name order after the previous topic's (``bounds``). A topic or a channel is
+    therefore no object of the cache's: its entries are plain values or bytes, and the lists the only containers
+    (the cyclic collector walks those few lists, not tens of thousands of pieces: see the module notes)."""
 
-    __slots__ = ("key", "stats", "channels", "members", "pieces", "keys", "has_clients", "json", "json_clients",
-                 "text", "text_clients", "metrics")
+    __slots__ = ("topics", "topic_keys", "topic_e2e", "bounds", "has_clients", "json", "json_clients", "text",
+                 "text_clients", "metrics", "channels", "keys", "e2e", "clients")
 
-    def __init__(self, channels: list) -> None:
-        self.key = None
-        self.stats = None
-        self.set_channels(channels)
-        self.has_clients = False  # as the last request that listed clients saw
-        self.json = None  # with "clients":null
-        self.json_clients = None
-        self.text = None  # its line and its channels' lines, without clients (see ``_fold``)
-        self.text_clients = None  # with clients
-        self.metrics = None  # (its rows, its channels' rows joined family by family)
+    def __init__(self) -> None:
+        self.topics: list = []
+        self.topic_keys: list = []
+        self.topic_e2e: list = []  # its merged latency figures (``_e2e_values``)
+        self.bounds: list[int] = [0]  # topic i's channels are channels[bounds[i]:bounds[i + 1]]
+        self.has_clients: list[bool] = []  # as the last request that listed clients saw
+        # its renderings, None until asked for and dropped when the topic, a channel or a client changed
+        self.json: list = []  # with "clients":null
+        self.json_clients: list = []
+        self.text: list = []  # its line and its channels' lines, without clients (see ``_fold``)
+        self.text_clients: list = []  # with clients
+        self.metrics: list = []  # its rows, then its channels' rows joined family by family (see ``_TOPIC_ROWS``)
+        self.channels: list = []
+        self.keys: list = []
+        self.e2e: list = []  # a channel's latency figures (``_e2e_values``)
+        self.clients: list = []  # a channel's clients' pieces, in the channel's order
 
-    def set_channels(self, channels: list) -> None:
-        self.channels = channels  # [(channel, _Piece)]
-        # the same, apart, with the pieces' keys: what the refresh loop reads without touching the pieces
-        self.members = [channel for channel, _ in channels]
-        self.pieces = [piece for _, piece in channels]
-        self.keys = [piece.key for piece in self.pieces]
+    def add(self, topic, channels: list, kept: "_Columns | None" = None, index: int = 0) -> None:
+        """Append a topic: with what ``kept`` holds for it at ``index``, or nothing yet."""
+        self.topics.append(topic)
+        count = len(channels)
+        self.channels += channels
+        self.bounds.append(len(self.channels))
+        columns = ("topic_keys", "topic_e2e", "has_clients", "json", "json_clients", "text", "text_clients",
+                   "metrics")
+        if kept is None:
+            for name in columns:
+                getattr(self, name).append(None)
+            self.keys += [None] * count
+            self.e2e += [None] * count
+            self.clients += [_NO_CLIENTS] * count
+            return
+        for name in columns:
+            getattr(self, name).append(getattr(kept, name)[index])
+        start, end = kept.bounds[index], kept.bounds[index + 1]
+        self.keys += kept.keys[start:end]
+        self.e2e += kept.e2e[start:end]
+        self.clients += kept.clients[start:end]
 
-    def drop(self) -> None:
-        self.json = self.json_clients = self.text = self.text_clients = self.metrics = None
+    def drop(self, index: int) -> None:
+        self.json[index] = self.json_clients[index] = self.text[index] = self.text_clients[index] = None
+        self.metrics[index] = None
+
+    def topic_stats(self, index: int, channels: tuple = ()) -> TopicStats:
+        """Topic ``index``'s snapshot, with the given channels' (its renderings show their number only in
+        /metrics)."""
+        depth, backend_depth, messages, message_bytes, paused = self.topic_keys[index][:5]
+        return TopicStats(self.topics[index].name, channels, depth + backend_depth, backend_depth, messages,
+                          message_bytes, paused, _e2e_result(self.topic_e2e[index]))
+
+    def channel_stats(self, index: int, channel: str | None = None) -> list:
+        """``(ChannelStats, its clients' pieces)`` of topic ``index``'s channels (only ``channel`` if given)."""
+        listed = []
+        for at in range(self.bounds[index], self.bounds[index + 1]):
+            member = self.channels[at]
+            if channel is None or member.name == channel:
+                listed.append((_channel_stats(member, self.keys[at], self.e2e[at]), self.clients[at]))
+        return listed
 
 
 #: the values of a client that its renderings show and that change after IDENTIFY: its counters, its state and
@@ -146,123 +233,124 @@ class StatsCache:
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
         self._version = None
-        self._order: list[tuple] = []  # [(topic, _TopicPiece)] sorted by topic name
-        self._producers: list[_Piece] = []
+        self._columns = _Columns()
+        self._producers: list[_ClientPiece] = []
         self._metrics_blocks: dict[int, tuple] = {}  # by the index of the run's first topic
 
     # -- keeping the pieces current -----------------------------------------------------------------------------
-    def _sorted(self) -> list:
-        """The topics and channels in name order, each with its piece (kept across topology changes)."""
+    def _sorted(self) -> _Columns:
+        """The topics and channels in name order (kept across topology changes; a topic whose channels changed
+        starts afresh)."""
         nsqd = self.nsqd
         version = (nsqd.topology_version, len(nsqd.topics))
+        kept = self._columns
         if version == self._version:
-            return self._order
-        topic_pieces = {id(topic): piece for topic, piece in self._order}
-        channel_pieces = {id(channel): piece for _, topic_piece in self._order
-                          for channel, piece in topic_piece.channels}
-        order = []
+            return kept
+        where = {id(topic): index for index, topic in enumerate(kept.topics)}
+        columns = _Columns()
         for _, topic in sorted(nsqd.topics.items()):
-            channels = [(channel, channel_pieces.get(id(channel)) or _Piece())
-                        for _, channel in sorted(topic.channels.items())]
-            piece = topic_pieces.get(id(topic))
-            if piece is None:
-                piece = _TopicPiece(channels)
-            elif [p for _, p in piece.channels] != [p for _, p in channels]:
-                piece.set_channels(channels)
-                piece.key = None
-            order.append((topic, piece))
-        self._order, self._version = order, version
-        return order
+            channels = [channel for _, channel in sorted(topic.channels.items())]
+            index = where.get(id(topic))
+            if (index is not None and kept.topics[index] is topic
+                    and kept.channels[kept.bounds[index]:kept.bounds[index + 1]] == channels):
+                columns.add(topic, channels, kept, index)
+            else:
+                columns.add(topic, channels)
+        self._columns, self._version = columns, version
+        return columns
 
-    def _refresh(self, include_clients: bool) -> list:
-        """Bring every key up to date: renew the snapshot of what changed and drop the renderings of the topics
+    def _refresh(self, include_clients: bool) -> _Columns:
+        """Bring every key up to date: renew the figures of what changed and drop the renderings of the topics
         it belongs to. Clients are looked at only for a request that lists them (their pieces' keys are those of
-        the last such request, so a change in between is still seen by the next one). Returns the sorted topics.
+        the last such request, so a change in between is still seen by the next one). Returns the columns.
 
         This loop is most of a request (about 1.5 us per channel at 20,000 channels, mostly memory reads): an
-        idle channel is read once and costs one tuple comparison; its piece is not touched."""
+        idle channel is read once and costs one tuple comparison."""
         now_ns = time.time_ns()
-        order = self._sorted()
+        columns = self._sorted()
         client_counters, client_identity, INIT = _client_counters, _client_identity, ClientState.INIT
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
+        channels, keys, e2e, clients, bounds = (columns.channels, columns.keys, columns.e2e, columns.clients,
+                                                columns.bounds)
+        topic_keys, topic_has_clients = columns.topic_keys, columns.has_clients
         state = None
-        for topic, topic_piece in order:
+        for index, topic in enumerate(columns.topics):
             changed = has_clients = False
-            states = None
-            keys = topic_piece.keys
-            for index, channel in enumerate(topic_piece.members):
+            states = ()  # its channels' window states one after the other (each is 3 ints)
+            for at in range(bounds[index], bounds[index + 1]):
+                channel = channels[at]
                 if tracked:
                     window = channel.e2e
                     state = window.state(now_ns) if window is not None else None
                     if state is not None:
-                        states = (*states, state) if states else (state,)
+                        states += state
                 # the sizes come from the queues' own fields, not their ``len()`` and ``depth()`` (methods written
                 # in Python, a third of a request at 20,000 channels); the tests compare the result with the snapshot
                 backend = channel.backend
                 members = channel.clients
                 key = (len(channel.queue), backend._depth if backend is not None else 0,
                        len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
-                       channel.requeue_count, channel.timeout_count, len(members), channel.paused, state)
-                if key != keys[index]:
-                    keys[index] = key
-                    piece = topic_piece.pieces[index]
-                    stats = channel_stats(channel, False, None, now_ns)
-                    if state is not None:  # keep the figures, not the window's samples
-                        latency = stats.e2e_processing_latency
-                        stats.e2e_processing_latency = E2EResult(latency.count, latency.percentiles)
-                    piece.key, piece.stats = key, stats
+                       channel.requeue_count, channel.timeout_count, len(members), channel.paused)
+                if state is not None:
+                    key += state
+                if key != keys[at]:
+                    keys[at] = key
+                    # the figures, not the window's samples
+                    e2e[at] = _e2e_values(window.result(now_ns)) if state is not None else None
                     if not members:  # (a channel whose key counts no client lists none: not looked at below)
-                        piece.clients = _NO_CLIENTS
+                        clients[at] = _NO_CLIENTS
                     changed = True
                 if include_clients and members:
                     has_clients = True
-                    piece = topic_piece.pieces[index]
-                    previous = piece.clients
+                    previous = clients[at]
                     if len(previous) != len(members):
                         previous = ()
                     listed = []
                     for client, client_piece in zip_longest(members.values(), previous):
                         if client_piece is None or client_piece.client is not client:
-                            client_piece = _Piece(client)
+                            client_piece = _ClientPiece(client)
                         counters = client_counters(client)
                         counts = client.pub_counts
                         key = (counters if not counts and counters[0] != INIT else
                                (counters, tuple(counts.items()), client_identity(client)))
                         if key != client_piece.key:
-                            client_piece.key, client_piece.json, client_piece.text = key, None, None
-                            client_piece.stats = client_stats(client, None)
+                            client_piece.renew(key)
                             changed = True
                         listed.append(client_piece)
                     if listed != previous:
-                        piece.clients = listed
+                        clients[at] = listed
                         changed = True
             backend = topic.backend
             key = (len(topic.queue), backend._depth if backend is not None else 0, topic.message_count,
-                   topic.message_bytes, topic.paused, states)
-            if key != topic_piece.key:
-                topic_piece.key = key
-                channels = topic_piece.channels
-                results = [c.e2e.result(now_ns) for c, _ in channels if c.e2e is not None] if states else ()
-                e2e = merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles))
-                topic_piece.stats = topic_stats(topic, tuple(piece.stats for _, piece in channels), e2e)
+                   topic.message_bytes, topic.paused)
+            if states:
+                key += states
+            if key != topic_keys[index]:
+                topic_keys[index] = key
+                results = ([c.e2e.result(now_ns) for c in channels[bounds[index]:bounds[index + 1]]
+                            if c.e2e is not None] if states else ())
+                columns.topic_e2e[index] = _e2e_values(
+                    merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles)))
                 changed = True
             if changed:
-                topic_piece.drop()
+                columns.drop(index)
             if include_clients:
-                topic_piece.has_clients = has_clients
+                topic_has_clients[index] = has_clients
         if include_clients:
             previous = {piece.client.id: piece for piece in self._producers}
             self._producers = [self._producer_piece(c, previous) for c in list(self.nsqd.clients.values())
                                if c.pub_counts]
-        return order
+        return columns
 
     @staticmethod
-    def _producer_piece(client, previous: dict) -> _Piece:
+    def _producer_piece(client, previous: dict) -> _ClientPiece:
         """A producer's piece (the last request's, by client), renewed if the client changed."""
-        piece = previous.get(client.id) or _Piece(client)
+        piece = previous.get(client.id)
+        if piece is None or piece.client is not client:
+            piece = _ClientPiece(client)
         key = _client_key(client)
         if piece.key != key:
-            piece.key, piece.stats, piece.json, piece.text = key, client_stats(client, None), None, None
+            piece.renew(key)
         return piece
 
     def _header(self, include_mem: bool):
@@ -271,23 +359,20 @@ class StatsCache:
     # -- JSON ---------------------------------------------------------------------------------------------------
     def json(self, *, channel: str | None = None, include_clients: bool = True, include_mem: bool = True) -> bytes:
         """``/stats?format=json`` without ``topic=``: ``stats.json_body(stats.collect(...))``."""
-        order = self._refresh(include_clients)
+        columns = self._refresh(include_clients)
         topics = []
         if channel is None:
-            for topic, piece in order:
-                rendered = piece.json_clients if include_clients else piece.json
+            kept = columns.json_clients if include_clients else columns.json
+            for index, rendered in enumerate(kept):
                 if rendered is None:
-                    rendered = self._topic_json(topic, piece, piece.channels, include_clients)
-                    if include_clients:
-                        piece.json_clients = rendered
-                    else:
-                        piece.json = rendered
+                    rendered = kept[index] = self._topic_json(columns, index, columns.channel_stats(index),
+                                                              include_clients)
                 topics.append(rendered)
         else:
-            for topic, piece in order:
-                listed = [(c, p) for c, p in piece.channels if c.name == channel]
+            for index in range(len(columns.topics)):
+                listed = columns.channel_stats(index, channel)
                 if listed:
-                    topics.append(self._topic_json(topic, piece, listed, include_clients))
+                    topics.append(self._topic_json(columns, index, listed, include_clients))
         header = self._header(include_mem)
         out = [_encode(json_head(header)), b"["]
         for rendered in topics:
@@ -303,46 +388,43 @@ class StatsCache:
         out.append(_encode(json_end(header)))
         return b"".join(out)
 
-    def _topic_json(self, topic, piece: _TopicPiece, channels: list, include_clients: bool) -> bytes:
+    def _topic_json(self, columns: _Columns, index: int, channels: list, include_clients: bool) -> bytes:
         rendered = []
-        for _, channel_piece in channels:
-            head, tail = map(_encode, channel_json_parts(channel_piece.stats))
-            clients = self._json_clients(channel_piece.clients) if include_clients else b"null"
-            rendered.append(head + clients + tail)
-        return (_encode(topic_json_head(topic.name)) + b",".join(rendered)
-                + _encode(topic_json_tail(piece.stats)))
+        for stats, clients in channels:
+            head, tail = map(_encode, channel_json_parts(stats))
+            rendered.append(head + (self._json_clients(clients) if include_clients else b"null") + tail)
+        return (_encode(topic_json_head(columns.topics[index].name)) + b",".join(rendered)
+                + _encode(topic_json_tail(columns.topic_stats(index))))
 
     @staticmethod
     def _json_clients(pieces) -> bytes:
         for piece in pieces:
             if piece.json is None:
-                piece.json = _encode(client_body(piece.stats))
+                piece.json = _encode(client_body(ClientStats(*piece.values)))
         return b"[" + b",".join([piece.json for piece in pieces]) + b"]"
 
     # -- text ---------------------------------------------------------------------------------------------------
     def text(self, *, channel: str | None = None, include_clients: bool = True, include_mem: bool = True) -> bytes:
-        """``/stats`` without ``topic=``: ``stats.format_text(stats.collect(...))``, encoded."""
-        order = self._refresh(include_clients)
+        """``/stats`` without ``format=json``: ``stats.format_text(stats.collect(...))``, encoded."""
+        columns = self._refresh(include_clients)
         now = int(time.time())
         ages: dict[int, bytes] = {}
         out = [b""]
         append = out.append
         listed_any = False
-        for topic, piece in order:
+        for index in range(len(columns.topics)):
             if channel is None:
-                if include_clients and piece.has_clients:
-                    rendered = piece.text_clients
-                    if rendered is None:
-                        rendered = piece.text_clients = self._topic_text(piece, piece.channels, True)
-                else:
-                    rendered = piece.text
-                    if rendered is None:
-                        rendered = piece.text = self._topic_text(piece, piece.channels, False)
+                with_clients = include_clients and columns.has_clients[index]
+                kept = columns.text_clients if with_clients else columns.text
+                rendered = kept[index]
+                if rendered is None:
+                    rendered = kept[index] = self._topic_text(columns, index, columns.channel_stats(index),
+                                                              with_clients)
             else:
-                listed = [(c, p) for c, p in piece.channels if c.name == channel]
+                listed = columns.channel_stats(index, channel)
                 if not listed:
                     continue
-                rendered = self._topic_text(piece, listed, include_clients)
+                rendered = self._topic_text(columns, index, listed, include_clients)
             listed_any = True
             self._text_with_ages(out, rendered, now, ages)
         header = self._header(include_mem)
@@ -355,28 +437,29 @@ class StatsCache:
         append(_encode("".join(line + "\n" for line in text_end(header))))
         return b"".join(out)
 
-    def _topic_text(self, piece: _TopicPiece, channels: list, include_clients: bool) -> tuple:
-        parts: list = [_encode(topic_text_line(piece.stats) + "\n")]
-        for _, channel_piece in channels:
-            parts.append(_encode(channel_text_line(channel_piece.stats) + "\n"))
+    def _topic_text(self, columns: _Columns, index: int, channels: list, include_clients: bool) -> tuple:
+        parts: list = [_encode(topic_text_line(columns.topic_stats(index)) + "\n")]
+        for stats, clients in channels:
+            parts.append(_encode(channel_text_line(stats) + "\n"))
             if include_clients:
-                self._text_clients(parts, channel_piece.clients, b"        ")
+                self._text_clients(parts, clients, b"        ")
         return _fold(parts)
 
     @staticmethod
     def _text_clients(parts: list, pieces, indent: bytes) -> None:
         """Each client's line, its connection time standing for its age (written per request)."""
         for piece in pieces:
-            if piece.text is None:
-                before, after = client_text_parts(piece.stats)
-                piece.text = (_encode(before), _encode(after + "\n"))
-            parts += (indent, piece.text[0], piece.stats.connect_ts, piece.text[1])
+            text = piece.text
+            if text is None:
+                stats = ClientStats(*piece.values)
+                before, after = client_text_parts(stats)
+                text = piece.text = (_encode(before), stats.connect_ts, _encode(after + "\n"))
+            parts += (indent, *text)
 
     @staticmethod
     def _text_with_ages(out: list, rendered: tuple, now: int, ages: dict) -> None:
-        first, rest = rendered
-        out.append(first)
-        for connect_ts, text in rest:
+        out.append(rendered[0])
+        for connect_ts, text in zip(rendered[1::2], rendered[2::2]):
             age = ages.get(connect_ts)
             if age is None:
                 age = ages[connect_ts] = _encode(connected_text(connect_ts, now))
@@ -391,22 +474,22 @@ class StatsCache:
         The families run across all topics, so a topic's rows are spread over 15 places of the exposition. Runs of
         ``METRICS_BLOCK`` topics keep their rows joined family by family, and a run none of whose topics changed
         since the last scrape is not joined again."""
-        order = self._refresh(False)
-        rows = []
-        for topic, piece in order:
-            rendered = piece.metrics
+        columns = self._refresh(False)
+        rows = columns.metrics
+        for index, rendered in enumerate(rows):
             if rendered is None:
-                channel_rows_ = [channel_rows(channel_piece.stats, topic.name) for _, channel_piece in piece.channels]
-                columns = tuple(map(b"".join, zip(*channel_rows_))) if channel_rows_ else None
-                rendered = piece.metrics = (topic_rows(piece.stats), columns)
-            rows.append(rendered)
+                name = columns.topics[index].name
+                channels = tuple(stats for stats, _ in columns.channel_stats(index))
+                channel_rows_ = [channel_rows(stats, name) for stats in channels]
+                joined = tuple(map(b"".join, zip(*channel_rows_)))
+                rows[index] = topic_rows(columns.topic_stats(index, channels)) + joined
         blocks = []
         for start in range(0, len(rows), METRICS_BLOCK):
             run = rows[start:start + METRICS_BLOCK]
             kept = self._metrics_blocks.get(start)
             if kept is None or kept[0] != run:  # the same row objects: no change (compared by identity first)
-                topic_columns = tuple(map(b"".join, zip(*[topic for topic, _ in run])))
-                channels = [columns for _, columns in run if columns is not None]
+                topic_columns = tuple(map(b"".join, zip(*[rendered[:_TOPIC_ROWS] for rendered in run])))
+                channels = [rendered[_TOPIC_ROWS:] for rendered in run if len(rendered) > _TOPIC_ROWS]
                 channel_columns = tuple(map(b"".join, zip(*channels))) if channels else None
                 kept = self._metrics_blocks[start] = (run, topic_columns, channel_columns)
             blocks.append(kept)

@@ -10,6 +10,7 @@ import trio.testing
 from nsqd.queue_scan import QueueScanner, QueueScannerStatistics
 from nsqd.queues.deferred import DeferredQueue
 from nsqd.queues.inflight import InFlightQueue
+from tests.nsqd.test_metrics import nsqd  # noqa: F401 (the fixture: a daemon)
 
 
 class FakeChannel:
@@ -378,3 +379,39 @@ async def test_only_channels_with_timed_work_are_scanned_and_each_tick_reaches_t
         await trio.sleep(0.45)
         assert [item for _, item in channels[7].moved] == [("deferred", 7), ("again", 7)]
         nursery.cancel_scope.cancel()
+
+
+async def test_nsqd_lists_its_channels_again_only_when_one_came_or_went(nsqd):
+    """The scanner's refresh asks nsqd for its channels every few seconds: the same list comes back while no topic
+    or channel was created or deleted, and a new one after any such change."""
+    assert nsqd.all_channels() is nsqd.all_channels()
+    alpha = nsqd.get_topic("t").get_channel("a")
+    assert nsqd.all_channels() == [alpha]
+    beta = nsqd.get_topic("u").get_channel("b")
+    assert nsqd.all_channels() == [alpha, beta]
+    nsqd.get_topic("t").delete_channel("a")
+    assert nsqd.all_channels() == [beta]
+    nsqd.delete_topic("u")
+    assert nsqd.all_channels() == []
+
+
+def test_a_refresh_looks_at_the_channels_new_to_the_list_only():
+    """The channels a refresh knew tell when they get timed work (their queues are wired): the next refreshes do
+    not look at them again, however many there are; a channel new to the list is looked at once."""
+    looked_at = []
+
+    class Counted(FakeChannel):
+        def has_timed_work(self):
+            looked_at.append(self.name)
+            return super().has_timed_work()
+
+    channels = [Counted(str(n)) for n in range(5)]
+    scanner = scanner_for(channels)
+    scanner.refresh()
+    assert sorted(looked_at) == ["0", "1", "2", "3", "4"]
+    looked_at.clear()
+    scanner.refresh()
+    assert looked_at == []
+    channels.append(busy(Counted("new")))  # timed work from before it was listed: found
+    scanner.refresh()
+    assert looked_at == ["new"] and scanner.statistics().active == 1

@@ -376,11 +376,12 @@ def run(args) -> Report:
                     http, sampler, ["/stats?format=json", "/stats?format=json&include_clients=false", "/metrics"],
                     topics[::max(len(topics) // max(args.changed_topics, 1), 1)][:args.changed_topics],
                     args.stats_repeats)
-                time.sleep(args.settle)
-                share = idle_cpu(sampler, args.idle)
-                report.rows.append({"step": "idle", "count": len(consumers.sockets),
-                                    "cpu share": share if sampler.pid else None,
-                                    "heartbeats": consumers.heartbeats})
+                if args.idle > 0:  # --idle 0: no idle window
+                    time.sleep(args.settle)
+                    share = idle_cpu(sampler, args.idle)
+                    report.rows.append({"step": "idle", "count": len(consumers.sockets),
+                                        "cpu share": share if sampler.pid else None,
+                                        "heartbeats": consumers.heartbeats})
             finally:
                 consumers.close()
         finally:

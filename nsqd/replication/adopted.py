@@ -15,7 +15,6 @@ it had finished (delivered twice: its FINs had not reached the replica). The fil
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import struct
@@ -25,10 +24,9 @@ import trio
 
 from protocol.replication import ReplicatedMessage
 
-from ..guid import split_id
 from ..message import Message
 
-__all__ = ["AdoptedIds", "drop_adopted", "place", "renamed"]
+__all__ = ["AdoptedIds", "drop_adopted", "place"]
 
 log = logging.getLogger("nsqd")
 
@@ -65,22 +63,6 @@ def place(nsqd, topic_name: str, batch: list) -> int:
             if done and not channel.ephemeral:
                 replication.finished(topic_name, channel.name, done)
     return len(messages)
-
-
-def renamed(nsqd, topic_name: str, batch: list) -> list:
-    """Adopted messages keep their IDs (a consumer that got one from the origin sees the same ID again), except
-    those whose ID carries this node's own ``--node-id``: an origin with the same node ID (a misconfiguration the
-    replica warns of) issues IDs this node issues too, and two messages with one ID in a channel would finish
-    each other. Those get a new ID of this node's."""
-    own = nsqd.opts.node_id
-    clashing = [index for index, (m, _finished) in enumerate(batch) if split_id(m.id).node_id == own]
-    if not clashing:
-        return batch
-    batch = list(batch)
-    for index, new_id in zip(clashing, nsqd.get_topic(topic_name).new_ids(len(clashing))):
-        message, finished = batch[index]
-        batch[index] = (dataclasses.replace(message, id=new_id), finished)
-    return batch
 
 
 def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:

@@ -39,7 +39,7 @@ from protocol.replication import (
 )
 
 from ..streams import PrefixedStream
-from .adopted import FRAME_IDS, AdoptedIds, place, renamed
+from .adopted import FRAME_IDS, AdoptedIds, place
 from .sender import receive_event
 from .store import ReplicaStore, store_nodes
 
@@ -197,8 +197,9 @@ class ReplicaHost:
             for start in range(0, len(ids), FRAME_IDS):  # what the origin must not deliver again
                 await stream.send_all(encode(Adopted(tuple(ids[start:start + FRAME_IDS]))))
             if hello.node_id == self.opts.node_id:
-                log.warning("REPLICATION: origin %s has this node's --node-id %d: messages adopted from it would "
-                            "get new IDs here; give every node its own --node-id", hello.node, hello.node_id)
+                log.warning("REPLICATION: origin %s has this node's --node-id %d: the message IDs of adopted "
+                            "messages may collide with this node's own; give every node its own --node-id",
+                            hello.node, hello.node_id)
             if hello.epoch < store.epoch:
                 log.warning("REPLICATION: origin %s returns with epoch %d: its messages were adopted here "
                             "(epoch %d)", hello.node, hello.epoch, store.epoch)
@@ -381,8 +382,8 @@ class ReplicaHost:
                 topic.pause()
         adopted: list[bytes] = []
         for topic_name, batch in store.adopt():
-            adopted.extend(m.id for m, _finished in batch)  # the origin's IDs: what it must hear of
-            count += place(nsqd, topic_name, renamed(nsqd, topic_name, batch))
+            count += place(nsqd, topic_name, batch)
+            adopted.extend(m.id for m, _finished in batch)
         AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         store.epoch += 1
         store.remove()

@@ -12,7 +12,6 @@ import struct
 
 import pytest
 
-from nsqd.guid import split_id
 from protocol.commands import encode_mpub
 from protocol.replication import MAGIC_R1, Error, Hello, Messages, ReplicatedMessage, ReplicationDecoder, encode
 from tests.integration.harness import NsqdProcess, RawClient, command, consumer, mpub_body, stop_all
@@ -152,28 +151,6 @@ def test_publishes_to_many_topics_in_the_same_millisecond_are_each_held_and_adop
     assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 5 * 3 * len(topics)
     depths = {t["topic_name"]: t["depth"] for t in stats(replica.http())["topics"]}
     assert all(depths.get(topic) == 15 for topic in topics), depths
-
-
-@pytest.mark.parametrize("origin_id, replica_id", [(1, 2), (7, 7)])
-def test_adopted_messages_keep_their_ids_unless_the_origin_has_the_replicas_node_id(daemons, tmp_path, origin_id,
-                                                                                      replica_id):
-    origin, replica = pair(daemons, tmp_path, f"--node-id={origin_id}", replica_args=(f"--node-id={replica_id}",))
-    node = f"127.0.0.1:{origin.tcp[1]}"
-    create(origin, "c")
-    with RawClient(origin.tcp) as producer:
-        producer.publish_many("t", [b"one", b"two"])
-    with consumer(origin.tcp, "t", "c", ready=2) as client:
-        seen = {m.body: m.id for m in (client.read_message(timeout=10) for _ in range(2))}  # in flight, not FINed
-        origin.kill()
-    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 2
-    with consumer(replica.tcp, "t", "c", ready=2) as client:
-        again = {m.body: m.id for m in (client.read_message(timeout=10) for _ in range(2))}
-    assert set(again) == {b"one", b"two"}
-    if origin_id != replica_id:
-        assert again == seen
-    else:  # the origin's IDs are IDs the replica issues too: new ones of the replica's
-        assert not set(again.values()) & set(seen.values())
-        assert {split_id(msg_id).node_id for msg_id in again.values()} == {replica_id}
 
 
 def test_takeover_by_timeout(daemons, tmp_path):

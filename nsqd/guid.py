@@ -1,6 +1,7 @@
 """Message IDs, generated as nsqd generates them (nsqd/guid.go), plus a batch fast path.
 
-Each topic owns one ``GUIDFactory``; IDs are unique and strictly increasing per topic and node.
+One ``GUIDFactory`` serves every topic of a node (nsqd has one per topic): IDs are unique and strictly increasing
+per node, so an ID names one message of the node whatever its topic (replication keys copies by ID alone).
 The 64-bit value, written as 8 big-endian bytes in lowercase hex (16 ASCII bytes on the wire)::
 
      63                        22 21          12 11            0
@@ -32,7 +33,7 @@ the tick's 13-digit prefix (timestamp and node id) followed by one of 4096 preco
 A batch joins prefix and suffixes into one bytes object and splits it: one C call each instead of a
 ``%016x`` formatting per ID (about 4x cheaper per ID; MPUB pays it on every message).
 
-Not thread-safe: a factory belongs to its topic and is used from the event-loop thread.
+Not thread-safe: a factory belongs to its node and is used from the event-loop thread.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def split_id(message_id: bytes) -> GUIDParts:
 
 
 class GUIDFactory:
-    """Issues a topic's message IDs (see the module notes for the layout and the batch rule)."""
+    """Issues a node's message IDs (see the module notes for the layout and the batch rule)."""
 
     __slots__ = ("node_id", "_last_tick", "_sequence", "_ahead", "_prefix_tick", "_prefix")
 

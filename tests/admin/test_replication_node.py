@@ -3,20 +3,14 @@ B) and a real nsqadmin in nsqd mode."""
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 
 from tests.admin.cluster import Daemon, http, wait_until
-from tests.integration.harness import RawClient
+from tests.integration.harness import RawClient, free_port
 
 ADMIN = {"X-Forwarded-User": "alice"}
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -28,7 +22,7 @@ def nodes(tmp_path):
         started.append(daemon)
         return daemon
 
-    replica_port, origin_port = _free_port(), _free_port()
+    replica_port, origin_port = free_port(), free_port()
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     common = ["--http-address=127.0.0.1:0", "--broadcast-address=127.0.0.1"]

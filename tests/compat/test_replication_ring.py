@@ -14,7 +14,6 @@ import itertools
 import os
 import random
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.compat.client_runs import NODE, NODE_DIR, nsqjs_missing, python_client
-from tests.integration.harness import REPO_ROOT, NsqdProcess, RawClient
+from tests.integration.harness import REPO_ROOT, NsqdProcess, RawClient, free_port
 from tests.integration.http_helpers import post, stats, wait_for
 from tests.integration.lookupd_harness import LookupdProcess
 
@@ -35,18 +34,13 @@ TOPIC = "ring"
 CHANNELS = ("py", "js")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 class Ring:
     def __init__(self, tmp_path: Path, lookupd: LookupdProcess, extra: tuple[str, ...]) -> None:
         self.tmp_path = tmp_path
         self.lookupd = lookupd
         self.extra = extra
-        self.ports = [(_free_port(), _free_port()) for _ in range(3)]
+        self.ports = [(free_port(), free_port()) for _ in range(3)]
         self.nodes: list[NsqdProcess | None] = [None, None, None]
         self.started: list[tuple[int, NsqdProcess]] = []  # every process, for the logs of a failure
         # producers use a node once it has the topic and both channels: a topic without channels gives its backlog

@@ -500,6 +500,13 @@ def stop_all(daemons: list[NsqdProcess]) -> None:
         raise AssertionError("\n\n".join(failures))
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now, for a daemon that must keep its address across restarts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @contextmanager
 def taken_address() -> Iterator[str]:
     """``127.0.0.1:<port>`` with a socket listening there until the block ends, so no daemon can bind it."""

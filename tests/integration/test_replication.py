@@ -14,14 +14,9 @@ import pytest
 
 from protocol.commands import encode_mpub
 from protocol.replication import MAGIC_R1, Error, Hello, Messages, ReplicatedMessage, ReplicationDecoder, encode
-from tests.integration.harness import NsqdProcess, RawClient, command, consumer, mpub_body, stop_all
+from tests.integration.harness import NsqdProcess, RawClient, command, consumer, free_port, mpub_body, stop_all
 from tests.integration.http_helpers import get, post, stats, wait_for
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import NsqdProcess, RawClient
+from tests.integration.harness import NsqdProcess, RawClient, free_port
 
 
 def java_missing_reason() -> str | None:
@@ -137,11 +136,6 @@ def cluster_spark(cluster):
     """A session whose executors are the cluster's (their own JVMs and Python workers)."""
     return session_on(cluster.master_url, cluster.session_conf())
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

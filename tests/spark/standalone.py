@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.integration.harness import REPO_ROOT
+from tests.integration.harness import REPO_ROOT, free_port
 
 WORKERS = 2
 WORKER_MEMORY = "768m"
@@ -30,13 +30,6 @@ def spark_home() -> Path:
 
     return Path(pyspark.__file__).parent
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def daemon_env() -> dict[str, str]:
@@ -51,8 +44,8 @@ class StandaloneCluster:
     def __init__(self, base: Path, workers: int = WORKERS) -> None:
         self.base = base
         self.workers = workers
-        self.port = _free_port()
-        self.ui_port = _free_port()
+        self.port = free_port()
+        self.ui_port = free_port()
         self.processes: list[subprocess.Popen] = []
         self.connect_port: int | None = None
 
@@ -79,7 +72,7 @@ class StandaloneCluster:
             work.mkdir(exist_ok=True)
             self._launch(f"worker{n}", self._spark_class(
                 "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                "--memory", WORKER_MEMORY, "--webui-port", str(_free_port()), "--work-dir", str(work),
+                "--memory", WORKER_MEMORY, "--webui-port", str(free_port()), "--work-dir", str(work),
                 self.master_url))
         deadline = time.monotonic() + timeout
         while self.alive_workers() < self.workers:
@@ -128,7 +121,7 @@ class StandaloneCluster:
 
     def start_connect_server(self, timeout: float = 180) -> str:
         """The Spark Connect server, an application of this cluster; returns its ``sc://`` URL."""
-        self.connect_port = _free_port()
+        self.connect_port = free_port()
         conf = {**self.session_conf(), "spark.connect.grpc.binding.port": str(self.connect_port),
                 "spark.connect.grpc.binding.address": "127.0.0.1", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false", "spark.driver.memory": "768m"}

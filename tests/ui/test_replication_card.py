@@ -8,20 +8,14 @@ messages (checked through B's ``/stats``). A screenshot goes to tests/artifacts/
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
 
 from tests.admin.cluster import Daemon, http, wait_until
-from tests.integration.harness import RawClient
+from tests.integration.harness import RawClient, free_port
 from tests.ui.test_pages import ADMIN_HEADERS, Tab, browser, expect  # noqa: F401 (browser is a fixture)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -34,7 +28,7 @@ def ring(tmp_path):
         started.append(daemon)
         return daemon
 
-    ports = {name: _free_port() for name in "abc"}
+    ports = {name: free_port() for name in "abc"}
 
     def nsqd(name: str, *args: str) -> Daemon:
         (tmp_path / name).mkdir()

@@ -278,7 +278,7 @@ class _API:
         name = self._topic_name(request)
         if self.nsqd.exiting:
             raise HTTPError(503, "EXITING")
-        self.nsqd.get_topic(name)
+        self.nsqd.get_topic(name, after=request.after_answer)
         return empty_response()
 
     async def topic_delete(self, request: Request) -> Response:

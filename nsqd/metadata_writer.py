@@ -90,17 +90,21 @@ class MetadataWriter:
         self.writes = 0
         self.worker = FileWorker(FILE_NAME, logger)
         self._running = False
-        self._wake = trio.Event()  # a mark or a flush while the writer waits
+        self._wake = trio.Event()  # a mark while the writer waits for one, or a flush
+        self._idle = False  # the writer waits for a change (not for the coalescing delay to pass)
         self._urgent = False  # a flush waits: skip the coalescing delay
         self._written = trio.Event()  # set (and replaced) after each write
         self._next_start = 0.0
         self._last_duration = 0.0
 
     def mark(self, name: str) -> None:
-        """The topic ``name`` (created, deleted, paused, or one of its channels) must be written again."""
+        """The topic ``name`` (created, deleted, paused, or one of its channels) must be written again. Wakes the
+        writer only when it waits for a change: while it waits out the coalescing delay, only a flush wakes it (a
+        storm of creates would otherwise switch to it and back at each one)."""
         self.dirty[name] = None
         self.changes += 1
-        self._wake.set()
+        if self._idle:
+            self._wake.set()
 
     def mark_all(self) -> None:
         for name in self.topics:
@@ -125,7 +129,11 @@ class MetadataWriter:
         try:
             while True:
                 if self.written == self.changes:
-                    await self._wake.wait()
+                    self._idle = True
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        self._idle = False
                     self._wake = trio.Event()
                     continue
                 delay = self._next_start - trio.current_time()

@@ -141,7 +141,11 @@ class NSQD:
         self._stopped = trio.Event()
 
     # -- topics ----------------------------------------------------------------------------------
-    def get_topic(self, name: str) -> Topic:
+    def get_topic(self, name: str, *, after=None) -> Topic:
+        """The topic ``name``, created if need be. ``after``: a new topic's announcement (its log line, nsqd.dat,
+        lookupd) is handed to this (``Request.after_answer``) instead of being made at once, as nsqd 1.3.0 answers
+        ``/topic/create`` once the topic exists and persists and notifies from a goroutine; the topic itself is
+        there, publishable and listed, on return."""
         topic = self.topics.get(name)
         if topic is None:
             opts = self.opts
@@ -150,15 +154,21 @@ class NSQD:
                           **self._topic_hooks)
             self.topics[name] = topic
             self.topology_version += 1
-            log.info("TOPIC(%s): created", name)
             if self.replication is not None and not topic.ephemeral:
                 attach_replication(self.replication, topic)
-            if not topic.ephemeral:
-                self.metadata_changed(name)
-            self.lookup.topic_created(topic)
-            if not self._loading:
-                self.lookup.prepare_topic(topic)  # pre-create the channels lookupd knows
+            if after is None:
+                self._topic_created(topic)
+            else:
+                after(partial(self._topic_created, topic))
         return topic
+
+    def _topic_created(self, topic: Topic) -> None:
+        log.info("TOPIC(%s): created", topic.name)
+        if not topic.ephemeral:
+            self.metadata_changed(topic.name)
+        self.lookup.topic_created(topic)
+        if not self._loading:
+            self.lookup.prepare_topic(topic)  # pre-create the channels lookupd knows
 
     def _make_backend(self, name: str) -> DiskQueue:
         opts = self.opts

@@ -34,7 +34,7 @@ __all__ = [
     "CONNECTION_CLOSED", "END_OF_BODY", "NEED_DATA", "BadRequest", "Headers", "HTTPError", "Match", "Request",
     "RequestHead", "RequestParser", "Response", "Route", "Router", "empty_response", "encode_response",
     "encoded_json_response",
-    "error_response", "go_json", "go_json_text", "go_string", "json_response", "parse_query", "refusal_bytes", "text_response",
+    "error_response", "go_json", "go_json_text", "go_string", "json_response", "parse_query", "refusal_bytes", "run_deferred", "text_response",
 ]
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
@@ -292,10 +292,11 @@ def parse_query(raw_query: bytes) -> dict[str, list[str]]:
 class Request:
     """One request as handlers see it. ``query`` is parsed on first use; a bad encoding raises
     ``HTTPError(400, "INVALID_REQUEST")``, which the router answers (so, as in nsqd, only endpoints that read
-    parameters reject a bad query string)."""
+    parameters reject a bad query string). ``after_answer(fn)``: ``fn()`` runs once the answer is written (see
+    ``after_answer``)."""
 
     __slots__ = ("method", "target", "path", "raw_query", "headers", "body", "remote_address", "tls",
-                 "http_version", "_query")
+                 "http_version", "_query", "deferred")
 
     def __init__(self, method: str, path: str, raw_query: bytes = b"", headers: Headers | None = None,
                  body: bytes = b"", remote_address: str = "", tls: bool = False, *, target: str | None = None,
@@ -312,6 +313,18 @@ class Request:
         self.target = target  # the request-target as sent (Go's RequestURI), for logs and redirects
         self.http_version = http_version
         self._query: dict[str, list[str]] | None = None
+        self.deferred: list[Callable[[], object]] | None = None
+
+    def after_answer(self, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` once the answer has been handed to the client's socket, before the server does anything
+        else: before it reads or answers another request of any connection (so a client that got the answer and
+        sends anything anywhere finds ``fn`` done) and before it reads a pipelined request after this one. Work a
+        request causes that its answer need not wait for goes here (nsqd does such work in a goroutine after
+        answering). ``fn`` must not raise; the ``deferred`` calls run in order (``run_deferred``)."""
+        if self.deferred is None:
+            self.deferred = [fn]
+        else:
+            self.deferred.append(fn)
 
     @property
     def query(self) -> dict[str, list[str]]:
@@ -504,8 +517,23 @@ class Router:
             return error_response(500, "INTERNAL_ERROR")
 
     async def handle(self, request: Request) -> Response:
-        """Match and call in one step (tests, and callers that already hold the whole request)."""
-        return await self.call(self.match(request.method, request.path, request.raw_query), request)
+        """Match and call in one step (tests, and callers that already hold the whole request); the request's
+        ``after_answer`` work is done before this returns."""
+        response = await self.call(self.match(request.method, request.path, request.raw_query), request)
+        if request.deferred is not None:
+            run_deferred(request, self.logger)
+        return response
+
+
+def run_deferred(request: Request, logger: logging.Logger) -> None:
+    """Run and clear what the handler of ``request`` left for after its answer, in order; one that raises is
+    logged and the others still run."""
+    deferred, request.deferred = request.deferred, None
+    for fn in deferred or ():
+        try:
+            fn()
+        except Exception as exc:
+            logger.error("panic after answering %s %s - %r", request.method, request.target, exc, exc_info=True)
 
 
 def _bind(pattern: tuple[str, ...], segments: tuple[str, ...]) -> dict[str, str] | None:

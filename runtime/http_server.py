@@ -55,6 +55,7 @@ from protocol.http import (
     encode_response,
     error_response,
     refusal_bytes,
+    run_deferred,
 )
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTPServer", "format_address", "go_duration", "serve_http"]
@@ -252,8 +253,11 @@ class _Connection:
         if self.scope.cancelled_caught:
             server.logger.debug("%s: closing %s after a timeout", server.name, self.remote)
 
-    async def _flush(self) -> None:
-        """Write the queued answers in one go: directly when the socket takes them all, else through the stream."""
+    async def _flush(self, answered: Request | None = None) -> None:
+        """Write the queued answers in one go: directly when the socket takes them all, else through the stream.
+        ``answered``: a request whose ``after_answer`` work runs once its answer (the last queued) is out; before
+        anything else runs (see ``Request.after_answer``): right after a direct write, or before the stream's,
+        which may let other tasks run once the answer is in the kernel."""
         if self.out:
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
@@ -264,9 +268,15 @@ class _Connection:
                 except BlockingIOError:
                     sent = 0
                 if sent == len(data):
+                    if answered is not None:
+                        run_deferred(answered, self.server.logger)
                     return
                 data = memoryview(data)[sent:]
+            if answered is not None:
+                run_deferred(answered, self.server.logger)
             await self.stream.send_all(data)
+        elif answered is not None:
+            run_deferred(answered, self.server.logger)
 
     async def _linger(self) -> None:
         """Stop writing, then discard what the client still sends for a while, so that closing with unread
@@ -388,6 +398,15 @@ class _Connection:
             out.append(data)
             self.out_bytes += len(data)
             server.requests += 1
+            if request.deferred is not None:  # answered now, then its deferred work (and its line after that)
+                if log_it:
+                    elapsed_ns = time.perf_counter_ns() - started
+                    request.after_answer(lambda: self._log(True, response.status, head, elapsed_ns))
+                scope.deadline = trio.current_time() + server.idle_timeout
+                await self._flush(request)
+                if not keep_alive:
+                    return False
+                continue
             if log_it:
                 self._log(True, response.status, head, time.perf_counter_ns() - started)
             if not keep_alive:

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from tests.integration.harness import RawClient, dpub, mpub, pub, rdy, req, sub
-from tests.integration.http_helpers import get, post, stats
+from tests.integration.http_helpers import get, post, raw_exchange, stats
 from tests.integration.persistence_helpers import (
     NSQ_FILE,
     SIDE_FILE,
@@ -239,6 +239,42 @@ def test_kill_9_after_the_last_change_is_written_keeps_it(data_dir):
     d.kill()
     daemon = d.start()
     assert known_state(daemon) == state
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags", [(), DURABLE], ids=["default", "durable"])
+def test_a_created_topic_is_there_for_what_follows_its_answer_and_through_a_kill_9(data_dir, flags):
+    """nsqd answers /topic/create once the topic exists and persists and notifies after: whatever a client does
+    once it has the answer finds the topic, and what must outlive a kill -9 does."""
+    d = data_dir(*flags)
+    daemon = d.start()
+    address = http(daemon)
+    topics = [name(f"fresh{i}") for i in range(20)]
+    with RawClient(daemon.tcp) as publisher:
+        for topic in topics:
+            assert post(address, f"/topic/create?topic={topic}").status == 200
+            assert stats(address, f"topic={topic}")["topics"][0]["topic_name"] == topic
+            publisher.publish(topic, topic.encode())  # acknowledged: durable mode has it on disk, nsqd.dat too
+        # pipelined behind the create on its connection, and the create's own lines logged before its access line
+        last = name("pipelined")
+        replies = raw_exchange(address, f"POST /topic/create?topic={last} HTTP/1.1\r\nHost: t\r\n\r\n"
+                                        f"GET /stats?format=json&topic={last} HTTP/1.1\r\nHost: t\r\n"
+                                        "Connection: close\r\n\r\n".encode())
+        assert replies.startswith(b"HTTP/1.1 200 OK\r\n") and f'"topic_name":"{last}"'.encode() in replies
+        publisher.publish(last, last.encode())
+    log = daemon.log_text()
+    assert log.index(f"TOPIC({last}): created") < log.index(f"200 POST /topic/create?topic={last} ")
+    if flags == DURABLE:
+        d.kill()  # at once: every acknowledged message, and so its topic, must come back
+    else:
+        wait_for_metadata(d.path, lambda document: last in file_state(document))  # nsqd.dat follows shortly
+        d.kill()
+    daemon = d.start()
+    state = known_state(daemon)
+    assert set(topics) | {last} <= set(state)
+    if flags == DURABLE:
+        for topic in topics + [last]:
+            assert [m.body for m in consume_exactly(daemon, topic, "c", 1)] == [topic.encode()]
 
 
 @pytest.mark.timeout(120)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import ssl
@@ -379,8 +380,39 @@ async def slow(request):
     return text_response("late")
 
 
+#: what ``/later``'s after-answer work saw: the bytes its client had received by then (``later_client`` peeks)
+LATER: list = []
+
+
+async def later(request):
+    """Answers at once; after the answer, records what the client (``LATER[0]``, a socket) has already received."""
+    def after() -> None:
+        client = LATER[0]
+        try:
+            received = client.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            received = b""
+        LATER.append(received)
+        logging.getLogger(LOGGER).info("later: done")
+    request.after_answer(after)
+    return text_response("answered")
+
+
+async def later_seen(request):
+    return json_response(len(LATER) - 1)
+
+
+async def later_failing(request):
+    request.after_answer(lambda: 1 / 0)
+    request.after_answer(lambda: LATER.append(b"second"))
+    return text_response("answered")
+
+
 def make_router() -> Router:
     router = Router(logger=logging.getLogger(LOGGER))
+    router.add(["GET"], "/later", later)
+    router.add(["GET"], "/later/seen", later_seen)
+    router.add(["GET"], "/later/failing", later_failing)
     router.add(["GET"], "/ping", ping)
     router.add(["GET"], "/json", lambda request: _json_value())
     router.add(["POST"], "/topic/create", lambda request: _empty())
@@ -604,6 +636,53 @@ async def test_keep_alive_and_pipelining(server):
     status, headers, body = await client.response()
     assert (status, headers["connection"], body) == (200, "close", b"OK")
     assert await client.is_closed()
+
+
+async def test_after_answer_work_runs_once_the_answer_is_out_and_before_the_next_request(server, caplog):
+    caplog.set_level(logging.INFO, LOGGER)
+    client = await Client.connect(server)
+    peek = socket.socket(fileno=os.dup(client.stream.socket.fileno()))
+    LATER[:] = [peek]
+    try:
+        await client.send(get("/later"))
+        assert (await client.response())[2] == b"answered"
+        # the client held the whole answer when the work ran
+        assert LATER[1].startswith(b"HTTP/1.1 200 OK\r\n") and LATER[1].endswith(b"answered")
+        # a pipelined request after it finds it done; so does one on another connection
+        await client.send(get("/later") + get("/later/seen"))
+        assert (await client.response())[2] == b"answered"
+        assert (await client.response())[2] == b"2"
+        other = await Client.connect(server)
+        await other.send(get("/later/seen"))
+        assert (await other.response())[2] == b"2"
+        # the request's access line follows what its work logged, as a handler's own lines precede it
+        lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+        done = lines.index("later: done")
+        assert re.match(r"200 GET /later \(", lines[done + 1]), lines
+        # work that raises is logged; the rest still runs, and the connection goes on
+        await client.send(get("/later/failing"))
+        assert (await client.response())[2] == b"answered"
+        assert LATER[-1] == b"second"
+        assert any("panic after answering GET /later/failing" in r.getMessage() for r in caplog.records)
+        await client.send(get("/later/seen", "Connection: close"))
+        assert (await client.response())[2] == b"3"
+        await other.aclose()
+    finally:
+        peek.close()
+        LATER.clear()
+    await client.aclose()
+
+
+async def test_router_runs_after_answer_work_before_handle_returns():
+    mine, theirs = socket.socketpair()
+    LATER[:] = [mine]
+    try:
+        response = await make_router().handle(Request("GET", "/later"))
+        assert response.body == b"answered" and LATER[1:] == [b""]  # ran (nothing is sent without a socket)
+    finally:
+        mine.close()
+        theirs.close()
+        LATER.clear()
 
 
 async def test_http_1_0(server):

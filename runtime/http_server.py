@@ -255,28 +255,29 @@ class _Connection:
 
     async def _flush(self, answered: Request | None = None) -> None:
         """Write the queued answers in one go: directly when the socket takes them all, else through the stream.
-        ``answered``: a request whose ``after_answer`` work runs once its answer (the last queued) is out; before
-        anything else runs (see ``Request.after_answer``): right after a direct write, or before the stream's,
-        which may let other tasks run once the answer is in the kernel."""
-        if self.out:
-            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
-            self.out.clear()
-            self.out_bytes = 0
+        ``answered``: a request whose ``after_answer`` work runs once its answer (the last queued) is out, before
+        anything else runs (see ``Request.after_answer``): right after the direct write (also when it fails: the
+        work belongs to the request, not to the client), before the stream's, which may let other tasks run once
+        the answer is in the kernel."""
+        if not self.out:
+            if answered is not None:
+                run_deferred(answered, self.server.logger)
+            return
+        data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+        self.out.clear()
+        self.out_bytes = 0
+        sent = 0
+        try:
             if self.fd >= 0:
                 try:
                     sent = os.write(self.fd, data)
                 except BlockingIOError:
-                    sent = 0
-                if sent == len(data):
-                    if answered is not None:
-                        run_deferred(answered, self.server.logger)
-                    return
-                data = memoryview(data)[sent:]
+                    pass
+        finally:
             if answered is not None:
                 run_deferred(answered, self.server.logger)
-            await self.stream.send_all(data)
-        elif answered is not None:
-            run_deferred(answered, self.server.logger)
+        if sent < len(data):
+            await self.stream.send_all(memoryview(data)[sent:] if sent else data)
 
     async def _linger(self) -> None:
         """Stop writing, then discard what the client still sends for a while, so that closing with unread

@@ -673,6 +673,28 @@ async def test_after_answer_work_runs_once_the_answer_is_out_and_before_the_next
     await client.aclose()
 
 
+async def test_after_answer_work_runs_when_the_client_is_gone_before_its_answer(nursery):
+    gone: list = []
+
+    async def reset_then_answer(request):
+        # the client resets the connection while its request is handled: the answer cannot be written
+        client.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.stream.socket.close()
+        request.after_answer(lambda: gone.append("done"))
+        return text_response("answered")
+
+    router = Router(logger=logging.getLogger(LOGGER))
+    router.add(["GET"], "/reset", reset_then_answer)
+    http = HTTPServer(router, logger=logging.getLogger(LOGGER), address="127.0.0.1:0")
+    await nursery.start(http.run)
+    client = await Client.connect(http)
+    await client.send(get("/reset"))
+    with trio.fail_after(5):
+        while not gone:
+            await trio.sleep(0.01)
+    assert gone == ["done"]
+
+
 async def test_router_runs_after_answer_work_before_handle_returns():
     mine, theirs = socket.socketpair()
     LATER[:] = [mine]

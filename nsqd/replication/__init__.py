@@ -66,7 +66,9 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   reader is at the writer, so the records are held as written, never read back) and indexed after its ACK;
   what the socket already holds by then is stored and acknowledged first (``APPLY_LAG`` batches at most).
 - Takeover (``ReplicaHost.takeover``): by ``POST /replica/takeover?node=`` or when the origin's stream stayed
-  closed for ``--replica-takeover-timeout``. The store is replayed from disk, the origin's topics and channels
+  closed for ``--replica-takeover-timeout`` and its address refuses connections (one that accepts them lives: a
+  restarted replica finds its origins silent while their reconnections back off; it waits for them, 60 s at
+  most). The store is replayed from disk, the origin's topics and channels
   are created here as they were (paused included), each unfinished message goes to each channel that had not
   finished it (into the topic if it had no channel), deferred ones with the rest of their delay, and the topics
   register with lookupd as any topic does. The epoch of that origin goes up and is persisted, the adopted ids

@@ -547,3 +547,42 @@ def test_a_backlog_spilled_to_disk_is_backfilled_whole_while_publishing_goes_on(
     with consumer(replica.tcp, "t", "c", ready=1000) as client:
         assert set(receive(client, len(expected - finished_on_c))) == expected - finished_on_c
         assert client.poll_frame(0.5) is None
+
+
+def test_a_replica_restarted_on_its_data_waits_for_an_origin_that_lives(daemons, tmp_path):
+    # the origin's reconnections back off up to 5 s while the replica is down: the restarted replica, whose
+    # takeover timeout is shorter, must not take the living origin's messages for its own (both would deliver them)
+    durable = ("--mem-queue-size=0", "--sync-every=1")  # the replica's copies survive its kill
+    origin, replica = pair(daemons, tmp_path, *durable, replica_args=("--replica-takeover-timeout=1s", *durable))
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = replica.tcp[1]
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(5)])
+    replica.kill()
+    # lost, then unreachable after 0.1, 0.2, 0.4, 0.8, 1.6 and 3.2 s: the next attempt is 5 s away
+    wait_for(lambda: origin.log_text().count(f"peer {replica.tcp_address} unreachable") >= 6, timeout=30,
+             message="the origin's reconnections backing off")
+    replica = start(daemons, tmp_path / "b", "--replica-takeover-timeout=1s", *durable, port=port)
+    assert held(replica, node) == 5
+    wait_for(lambda: replica_of(replica, node).get("state") == "connected", timeout=30, message="origin back")
+    wait_state(origin, "replicating", timeout=20)
+    assert stats(replica.http())["replication"]["takeovers"] == 0, replica.log_text()
+    assert held(replica, node) == 5
+    assert "adopted" not in origin.log_text()
+    assert f"origin {node} silent for 1 s but accepting connections: waiting for its stream" in replica.log_text()
+    with consumer(origin.tcp, "t", "c", ready=5) as client:
+        assert sorted(receive(client, 5)) == [b"m%d" % i for i in range(5)]
+
+
+def test_a_replica_takes_over_an_origin_whose_address_refuses_connections(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path, replica_args=("--replica-takeover-timeout=1s",))
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"survivor")
+    origin.kill()
+    replica.wait_for_log(rf"REPLICATION: origin {node} silent for 1 s and unreachable \(.+\), taking over",
+                         timeout=20)
+    with consumer(replica.tcp, "t", "c", ready=1) as client:
+        assert receive(client, 1) == [b"survivor"]

@@ -92,7 +92,7 @@ class ReplicatorStatistics:
 
 class _Peer:
     __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
-                 "synced", "welcomed", "unreachable", "fd", "sending", "tail")
+                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -108,9 +108,10 @@ class _Peer:
         self.last_heard = 0.0
         self.synced = 0  # the seq of the SYNCED that ends this peer's backfill
         self.welcomed = False  # a WELCOME came since this node started
-        #: why the last attempt could not connect (refused, no route, no connection within ``CONNECT_TIMEOUT``);
-        #: None while none failed so, or once one connected (a peer that took the connection is waited for)
+        #: why the last attempt could not connect (refused, no route, unknown host); None while none failed so,
+        #: or once one connected: such a peer is waited for at start-up, as one whose connection is only slow
         self.unreachable: str | None = None
+        self.failure = ""  # how the last attempt ended, for the log
         #: the socket of a plain TCP stream while it streams, written directly by ``_append`` (else -1)
         self.fd = -1
         self.sending = False  # the sender task is in a write: nothing else may write meanwhile
@@ -179,7 +180,7 @@ class Replicator:
             return
         for peer in silent:
             why = (f"unreachable ({peer.unreachable})" if peer.unreachable is not None
-                   else f"connected but did not answer within {timeout:g} s")
+                   else f"did not answer within {timeout:g} s ({peer.failure or 'no WELCOME yet'})")
             log.warning("REPLICATION: peer %s %s at start-up: delivering the messages this node holds, any it "
                         "adopted included (at-least-once)", peer.address, why)
 
@@ -344,6 +345,7 @@ class Replicator:
                 exc = group.exceptions[0]
                 while isinstance(exc, BaseExceptionGroup):
                     exc = exc.exceptions[0]
+                peer.failure = str(exc) or type(exc).__name__
                 if peer.state in ("connected", "backfilling"):
                     log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
                 else:
@@ -359,11 +361,8 @@ class Replicator:
 
     async def _session(self, peer: _Peer) -> None:
         try:
-            with trio.fail_after(CONNECT_TIMEOUT):
+            with trio.fail_after(CONNECT_TIMEOUT):  # a timeout may be a slow peer: not taken for unreachable
                 stream = await trio.open_tcp_stream(peer.host, peer.port)
-        except trio.TooSlowError:
-            peer.unreachable = f"no connection within {CONNECT_TIMEOUT:g} s"
-            raise
         except OSError as exc:
             peer.unreachable = str(exc) or type(exc).__name__
             raise

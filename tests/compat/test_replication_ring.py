@@ -208,7 +208,8 @@ def _write_logs(tmp_path: Path, ring: Ring) -> list[str]:
     return warnings
 
 
-ADOPTED_FROM_LIVING = re.compile(r"peer \S+ adopted (\d+) message\(s\) of this node .* while it was connected elsewhere")
+ADOPTED_FROM_LIVING = re.compile(r"peer \S+ adopted (\d+) message\(s\) of this node .* while it was connected "
+                                 r"elsewhere")
 GAVE_UP_AT_START = "at start-up: delivering the messages this node holds"
 
 

@@ -672,7 +672,8 @@ def test_an_origin_restarted_on_its_data_waits_for_a_peer_that_took_its_connecti
         client.send(command("RDY", 0))
         for message_id in ids.values():
             client.send(command("REQ", message_id, 0))
-    wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0, message="requeued")
+    wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
+             message="requeued")
     origin.kill()
     replica = SlowReplica((ids[b"m0"], ids[b"m1"]))
     try:

@@ -200,7 +200,8 @@ class Options(DaemonOptions):
     replication_degraded: str = setting(
         "refuse", "with fewer peers reachable than --replication-acks: 'refuse' publishes or 'accept' them unreplicated")
     replica_takeover_timeout: float = setting(
-        30.0, "adopt an origin's messages once its replication stream stayed closed this long (0: only on request)")
+        30.0, "adopt an origin's messages once its replication stream stayed closed this long and its address refuses "
+        "connections (0: only on request)")
     # fixed inside nsqd 1.3.0, not flags
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0

@@ -49,8 +49,9 @@ __all__ = ["NSQD"]
 
 log = logging.getLogger("nsqd")
 
-#: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted
-REPLICATION_START_TIMEOUT = 6.0
+#: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted (a peer
+#: that refuses the connection is not waited for; one that took it and is slow to answer is, this long at most)
+REPLICATION_START_TIMEOUT = 30.0
 
 
 class NSQD:

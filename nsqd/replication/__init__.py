@@ -36,9 +36,10 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   acknowledged it.
 - Epoch: ``replication.dat`` keeps how often this node's messages were adopted. A WELCOME with a higher epoch
   comes with the ids that peer adopted (ADOPTED frames, ``adopted.py``); at start-up (V2 clients wait until
-  every peer answered or failed once, at most 6 s) the node drops those it holds (the peer delivers them) and
-  keeps the rest, those accepted unreplicated included. Later (a partition) it keeps them all: duplicates, not
-  losses. Adopted ids it no longer held were finished here: ``duplicates_after_takeover``.
+  every peer answered or refused the connection; a slow one is tried again and waited for, 30 s at most) the
+  node drops those it holds (the peer delivers them) and keeps the rest, those accepted unreplicated included.
+  Later (a partition) it keeps them all: duplicates, not losses. Adopted ids it no longer held were finished
+  here: ``duplicates_after_takeover``.
 - ``replication.dat`` also says whether the node is running: a start that finds ``running`` still true (a
   kill, without durable mode) or no file at all (an empty directory) sends ``clean: false`` in HELLO, and a
   replica holding copies of it takes them over instead of trusting the backfill, which may miss acknowledged
@@ -66,7 +67,9 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   reader is at the writer, so the records are held as written, never read back) and indexed after its ACK;
   what the socket already holds by then is stored and acknowledged first (``APPLY_LAG`` batches at most).
 - Takeover (``ReplicaHost.takeover``): by ``POST /replica/takeover?node=`` or when the origin's stream stayed
-  closed for ``--replica-takeover-timeout``. The store is replayed from disk, the origin's topics and channels
+  closed for ``--replica-takeover-timeout`` and its address refuses connections (one that accepts them lives: a
+  restarted replica finds its origins silent while their reconnections back off; it waits for them, 60 s at
+  most). The store is replayed from disk, the origin's topics and channels
   are created here as they were (paused included), each unfinished message goes to each channel that had not
   finished it (into the topic if it had no channel), deferred ones with the rest of their delay, and the topics
   register with lookupd as any topic does. The epoch of that origin goes up and is persisted, the adopted ids

@@ -4,8 +4,10 @@ A connection is served by ``serve`` (called by the TCP listener after the magic)
 receive buffer's data frames are written in one ``ReplicaStore.write`` (one write, one sync in durable mode),
 answered by one ACK, and only then indexed (``ReplicaStore.apply``: the ACK waits for the disk, not for the
 index); when more has arrived meanwhile it is stored and acknowledged before the index catches up. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
-origins whose stream closed and takes them over after ``--replica-takeover-timeout``; ``takeover`` does it at
-once (``POST /replica/takeover``).
+origins whose stream closed and takes them over after ``--replica-takeover-timeout`` once their address refuses
+connections (an origin that still accepts them is alive: this replica restarted, or the origin's reconnections
+back off, up to 5 s; it is waited for, ``REACHABLE_GRACE`` at most); ``takeover`` does it at once
+(``POST /replica/takeover``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ RECEIVE_SIZE = 256 * 1024
 _DATA_EVENTS = (Messages, Finished, ChannelOp)
 #: received batches stored and acknowledged while more data waited, before they are indexed all the same
 APPLY_LAG = 16
+#: how long the connection that tells whether a silent origin is still up may take
+PROBE_TIMEOUT = 2.0
+#: a silent origin whose address still accepts connections is waited for this long (from the end of its stream, or
+#: this node's start) before its copies are adopted all the same: a process hung with its port open
+REACHABLE_GRACE = 60.0
 
 
 def _write_now(stream, data: bytes) -> int:
@@ -93,7 +100,8 @@ class OriginStatistics:
 
 
 class _Origin:
-    __slots__ = ("node", "store", "connected", "down_since", "down_at", "cancel", "session", "generation")
+    __slots__ = ("node", "store", "connected", "down_since", "down_at", "cancel", "session", "generation", "probe_at",
+                 "probing")
 
     def __init__(self, node: str, store: ReplicaStore) -> None:
         self.node = node
@@ -104,6 +112,23 @@ class _Origin:
         self.cancel: trio.CancelScope | None = None
         self.session = ""  # the session of the connected stream
         self.generation = 0  # counts the connections; only the current one may mark the origin gone
+        self.probe_at = 0.0  # a silent origin found reachable: when to look again (trio clock)
+        self.probing = False  # a connection to its address is under way
+
+
+async def _unreachable(node: str) -> str | None:
+    """Why ``node`` (``host:port``, an nsqd's TCP address) accepts no connection within ``PROBE_TIMEOUT``; None when
+    it accepts one."""
+    host, _, port = node.rpartition(":")
+    try:
+        with trio.fail_after(PROBE_TIMEOUT):
+            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    except trio.TooSlowError:
+        return f"no connection within {PROBE_TIMEOUT:g} s"
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+    await stream.aclose()
+    return None
 
 
 def _in_trio() -> bool:
@@ -253,6 +278,7 @@ class ReplicaHost:
         origin.session = hello.session
         origin.generation += 1
         origin.down_since = None
+        origin.probe_at = 0.0
         return origin
 
     async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder) -> None:
@@ -339,27 +365,56 @@ class ReplicaHost:
 
     # -- takeover --------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Take over the origins whose stream stayed closed for ``--replica-takeover-timeout``; sync the stores
-        that are not synced per batch."""
+        """Take over the origins whose stream stayed closed for ``--replica-takeover-timeout`` and whose address
+        refuses connections (``_take_over_if_gone``); sync the stores that are not synced per batch."""
         timeout = self.opts.replica_takeover_timeout
-        task_status.started()
-        while True:
-            now = trio.current_time()
-            next_at = now + max(self.opts.sync_timeout, 0.05)
-            for origin in list(self.origins.values()):
-                if not self.nsqd.durable:
-                    origin.store.sync_if_due(now)
-                if origin.connected or not origin.store.held or timeout <= 0:
-                    continue
-                due = origin.down_at + timeout
-                if due <= now:
-                    log.warning("REPLICATION: origin %s silent for %g s, taking over", origin.node, timeout)
-                    self.takeover(origin.node)
-                else:
-                    next_at = min(next_at, due)
-            with trio.move_on_at(next_at):
-                await self._wake.wait()
-            self._wake = trio.Event()
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                now = trio.current_time()
+                next_at = now + max(self.opts.sync_timeout, 0.05)
+                for origin in list(self.origins.values()):
+                    if not self.nsqd.durable:
+                        origin.store.sync_if_due(now)
+                    if origin.connected or origin.probing or not origin.store.held or timeout <= 0:
+                        continue
+                    due = max(origin.down_at + timeout, origin.probe_at)
+                    if due <= now:
+                        origin.probing = True
+                        nursery.start_soon(self._take_over_if_gone, origin, timeout)
+                    else:
+                        next_at = min(next_at, due)
+                with trio.move_on_at(next_at):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _take_over_if_gone(self, origin: _Origin, timeout: float) -> None:
+        """``origin`` is silent for ``timeout``: take it over unless its address accepts a connection. A replica
+        that restarts finds its origins silent though they live (their reconnections back off, up to 5 s): adopting
+        their copies would deliver their backlogs twice. One that stays reachable and silent for
+        ``REACHABLE_GRACE`` is taken over all the same."""
+        try:
+            unreachable = await _unreachable(origin.node)
+        finally:
+            origin.probing = False
+            self._wake.set()
+        now = trio.current_time()
+        if origin.connected or not origin.store.held or origin.down_at + timeout > now:
+            return  # it came back meanwhile
+        silent = now - origin.down_at
+        if unreachable is None:
+            if silent < REACHABLE_GRACE:
+                if not origin.probe_at:
+                    log.info("REPLICATION: origin %s silent for %g s but accepting connections: waiting for its "
+                             "stream", origin.node, timeout)
+                origin.probe_at = now + max(timeout, 0.5)
+                return
+            log.warning("REPLICATION: origin %s silent for %g s though it accepts connections, taking over",
+                        origin.node, REACHABLE_GRACE)
+        else:
+            log.warning("REPLICATION: origin %s silent for %g s and unreachable (%s), taking over", origin.node,
+                        timeout, unreachable)
+        self.takeover(origin.node)
 
     def takeover(self, node: str) -> int:
         """Adopt the unfinished messages of ``node`` into this node's topics and channels; returns how many.

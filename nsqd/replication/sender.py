@@ -92,7 +92,7 @@ class ReplicatorStatistics:
 
 class _Peer:
     __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
-                 "synced", "welcomed", "tried", "fd", "sending", "tail")
+                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -108,7 +108,10 @@ class _Peer:
         self.last_heard = 0.0
         self.synced = 0  # the seq of the SYNCED that ends this peer's backfill
         self.welcomed = False  # a WELCOME came since this node started
-        self.tried = False  # a first connection attempt ended (welcomed or failed)
+        #: why the last attempt could not connect (refused, no route, unknown host); None while none failed so,
+        #: or once one connected: such a peer is waited for at start-up, as one whose connection is only slow
+        self.unreachable: str | None = None
+        self.failure = ""  # how the last attempt ended, for the log
         #: the socket of a plain TCP stream while it streams, written directly by ``_append`` (else -1)
         self.fd = -1
         self.sending = False  # the sender task is in a write: nothing else may write meanwhile
@@ -160,17 +163,29 @@ class Replicator:
         return self.starting or (self.degraded and self.degraded_mode == "refuse")
 
     async def wait_started(self, timeout: float) -> None:
-        """Start-up: wait (at most ``timeout``) until every peer answered or failed once, then take publishes."""
+        """Start-up: wait until every peer answered (WELCOME, with the ids it adopted) or could not be connected to,
+        then take publishes. A peer that took the connection and is slow to answer, or failed after it, is waited
+        for (the link tries again), ``timeout`` at most: delivering before it answered would deliver what it
+        adopted twice. Each peer not heard from is logged."""
         with trio.move_on_after(timeout):
             await self.started_check.wait()
         self.starting = False
         self.ready.set()
-        if not any(peer.welcomed for peer in self.peers):
+        silent = [peer for peer in self.peers if not peer.welcomed]
+        if not silent:
+            return
+        if len(silent) == len(self.peers) and all(peer.unreachable is not None for peer in silent):
             log.warning("REPLICATION: no peer reachable at start-up: delivering the messages this node holds "
                         "(at-least-once)")
+            return
+        for peer in silent:
+            why = (f"unreachable ({peer.unreachable})" if peer.unreachable is not None
+                   else f"did not answer within {timeout:g} s ({peer.failure or 'no WELCOME yet'})")
+            log.warning("REPLICATION: peer %s %s at start-up: delivering the messages this node holds, any it "
+                        "adopted included (at-least-once)", peer.address, why)
 
     def _check_started(self) -> None:
-        if all(peer.tried or peer.welcomed for peer in self.peers):
+        if all(peer.welcomed or peer.unreachable is not None for peer in self.peers):
             self.started_check.set()
 
     def offer(self, topic: str, messages) -> int:
@@ -330,6 +345,7 @@ class Replicator:
                 exc = group.exceptions[0]
                 while isinstance(exc, BaseExceptionGroup):
                     exc = exc.exceptions[0]
+                peer.failure = str(exc) or type(exc).__name__
                 if peer.state in ("connected", "backfilling"):
                     log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
                 else:
@@ -337,7 +353,6 @@ class Replicator:
             finally:
                 was = peer.state
                 peer.state = "down"
-                peer.tried = True
                 self._check_started()
                 if was in ("connected", "backfilling"):
                     self._peer_changed()
@@ -345,8 +360,13 @@ class Replicator:
             delay = min(delay * 2, RETRY_MAX)
 
     async def _session(self, peer: _Peer) -> None:
-        with trio.fail_after(CONNECT_TIMEOUT):
-            stream = await trio.open_tcp_stream(peer.host, peer.port)
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT):  # a timeout may be a slow peer: not taken for unreachable
+                stream = await trio.open_tcp_stream(peer.host, peer.port)
+        except OSError as exc:
+            peer.unreachable = str(exc) or type(exc).__name__
+            raise
+        peer.unreachable = None
         async with stream:
             await stream.send_all(MAGIC_R1)
             if self.ssl_context is not None:

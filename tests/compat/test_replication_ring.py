@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import shutil
 import subprocess
 import threading
@@ -207,6 +208,29 @@ def _write_logs(tmp_path: Path, ring: Ring) -> list[str]:
     return warnings
 
 
+ADOPTED_FROM_LIVING = re.compile(r"peer \S+ adopted (\d+) message\(s\) of this node .* while it was connected "
+                                 r"elsewhere")
+GAVE_UP_AT_START = "at start-up: delivering the messages this node holds"
+
+
+def _adopted_from_living(ring: Ring) -> tuple[int, list[str]]:
+    """Messages a peer adopted from a node that lived, which both deliver: ``(allowed, unexplained lines)``. Allowed
+    are those of a node restarted on its data that logged it went on without a peer's answer at start-up
+    (at-least-once: it delivers what it holds); any other is a takeover of a living node. (The ring's first three
+    starts find their successors down, hold nothing, and excuse nothing.)"""
+    allowed, unexplained = 0, []
+    for number, (index, node) in enumerate(ring.started):
+        text = node.log_text()
+        gave_up = number >= 3 and GAVE_UP_AT_START in text
+        for line in text.splitlines():
+            match = ADOPTED_FROM_LIVING.search(line)
+            if match and gave_up:
+                allowed += int(match.group(1))
+            elif match:
+                unexplained.append(f"node{index}-{number}: {line}")
+    return allowed, unexplained
+
+
 def _run_ring(tmp_path: Path, *, keep_data: bool, extra: tuple[str, ...] = (), max_duplicates: int | None = None) \
         -> dict:
     reason = nsqjs_missing()
@@ -264,11 +288,14 @@ def _run_ring(tmp_path: Path, *, keep_data: bool, extra: tuple[str, ...] = (), m
         for channel, consumer in zip(CHANNELS, consumers):
             report[f"duplicates_{channel}"] = sum(n - 1 for body, n in consumer.received.items() if body in acked)
         print(f"\nreplication ring, {CYCLES} kills, data {'kept' if keep_data else 'deleted'}: {report}")
-        if max_duplicates is not None and any(report[f"duplicates_{channel}"] > max_duplicates
-                                              for channel in CHANNELS):
-            warnings = _write_logs(tmp_path, ring)  # what the nodes said of their peers and takeovers
-            raise AssertionError(f"more than {max_duplicates} duplicates on a channel: {report}; logs in "
-                                 f"{tmp_path}; replication warnings (last 20): {warnings[-20:]}")
+        if max_duplicates is not None:
+            allowed, unexplained = _adopted_from_living(ring)
+            report["adopted_after_a_start_without_a_peer"] = allowed
+            if unexplained or any(report[f"duplicates_{channel}"] > max_duplicates + allowed for channel in CHANNELS):
+                warnings = _write_logs(tmp_path, ring)  # what the nodes said of their peers and takeovers
+                raise AssertionError(f"more than {max_duplicates} duplicates on a channel, or a living node's messages "
+                                     f"adopted: {report}; {unexplained[:5]}; logs in {tmp_path}; replication warnings "
+                                     f"(last 20): {warnings[-20:]}")
         return report
     finally:
         producers.stopping.set()
@@ -283,5 +310,7 @@ def test_ring_survives_kills_that_destroy_the_data(tmp_path):
 
 
 def test_ring_with_nodes_restarted_on_their_data_does_not_deliver_adopted_messages_again(tmp_path):
-    # what may come twice: what was in flight at a kill (max-in-flight 20 per reader) and FINs not yet replicated
+    # what may come twice: what was in flight at a kill (max-in-flight 20 per reader) and FINs not yet replicated; and
+    # what a peer adopted from a node that logged it started without that peer's answer (at-least-once). No node's
+    # messages may be adopted while it lives: a restarted node waits for its living predecessor's stream.
     _run_ring(tmp_path, keep_data=True, extra=("--mem-queue-size=0", "--sync-every=1"), max_duplicates=CYCLES * 100)

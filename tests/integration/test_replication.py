@@ -9,11 +9,26 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 
 import pytest
 
 from protocol.commands import encode_mpub
-from protocol.replication import MAGIC_R1, Error, Hello, Messages, ReplicatedMessage, ReplicationDecoder, encode
+from protocol.replication import (
+    HEARTBEAT_FRAME,
+    MAGIC_R1,
+    Ack,
+    Adopted,
+    Error,
+    Heartbeat,
+    Hello,
+    Messages,
+    ReplicatedMessage,
+    ReplicationDecoder,
+    Synced,
+    Welcome,
+    encode,
+)
 from tests.integration.harness import NsqdProcess, RawClient, command, consumer, free_port, mpub_body, stop_all
 from tests.integration.http_helpers import get, post, stats, wait_for
 
@@ -547,3 +562,130 @@ def test_a_backlog_spilled_to_disk_is_backfilled_whole_while_publishing_goes_on(
     with consumer(replica.tcp, "t", "c", ready=1000) as client:
         assert set(receive(client, len(expected - finished_on_c))) == expected - finished_on_c
         assert client.poll_frame(0.5) is None
+
+
+def test_a_replica_restarted_on_its_data_waits_for_an_origin_that_lives(daemons, tmp_path):
+    # the origin's reconnections back off up to 5 s while the replica is down: the restarted replica, whose
+    # takeover timeout is shorter, must not take the living origin's messages for its own (both would deliver them)
+    durable = ("--mem-queue-size=0", "--sync-every=1")  # the replica's copies survive its kill
+    origin, replica = pair(daemons, tmp_path, *durable, replica_args=("--replica-takeover-timeout=1s", *durable))
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    port = replica.tcp[1]
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(5)])
+    replica.kill()
+    # lost, then unreachable after 0.1, 0.2, 0.4, 0.8, 1.6 and 3.2 s: the next attempt is 5 s away
+    wait_for(lambda: origin.log_text().count(f"peer {replica.tcp_address} unreachable") >= 6, timeout=30,
+             message="the origin's reconnections backing off")
+    replica = start(daemons, tmp_path / "b", "--replica-takeover-timeout=1s", *durable, port=port)
+    assert held(replica, node) == 5
+    wait_for(lambda: replica_of(replica, node).get("state") == "connected", timeout=30, message="origin back")
+    wait_state(origin, "replicating", timeout=20)
+    assert stats(replica.http())["replication"]["takeovers"] == 0, replica.log_text()
+    assert held(replica, node) == 5
+    assert "adopted" not in origin.log_text()
+    assert f"origin {node} silent for 1 s but accepting connections: waiting for its stream" in replica.log_text()
+    with consumer(origin.tcp, "t", "c", ready=5) as client:
+        assert sorted(receive(client, 5)) == [b"m%d" % i for i in range(5)]
+
+
+def test_a_replica_takes_over_an_origin_whose_address_refuses_connections(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path, replica_args=("--replica-takeover-timeout=1s",))
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"survivor")
+    origin.kill()
+    replica.wait_for_log(rf"REPLICATION: origin {node} silent for 1 s and unreachable \(.+\), taking over",
+                         timeout=20)
+    with consumer(replica.tcp, "t", "c", ready=1) as client:
+        assert receive(client, 1) == [b"survivor"]
+
+
+class SlowReplica:
+    """A replica played by the test: it takes the first connection and never answers its HELLO; the next one gets
+    WELCOME (epoch 1) with ``adopted`` in ADOPTED, then ACKs."""
+
+    def __init__(self, adopted: tuple[bytes, ...]) -> None:
+        self.adopted = adopted
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(60)
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.connections: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> tuple[socket.socket, ReplicationDecoder]:
+        connection, _ = self.listener.accept()
+        connection.settimeout(60)
+        self.connections.append(connection)
+        decoder = ReplicationDecoder()
+        data = b""
+        while len(data) < 4:
+            data += connection.recv(65536)
+        decoder.receive_data(data[4:])
+        assert type(self._next(connection, decoder)) is Hello
+        return connection, decoder
+
+    @staticmethod
+    def _next(connection: socket.socket, decoder: ReplicationDecoder):
+        while (event := decoder.next_event()) is None:
+            data = connection.recv(65536)
+            if not data:
+                raise EOFError
+            decoder.receive_data(data)
+        return event
+
+    def _run(self) -> None:
+        try:
+            self._accept()  # silent: the origin's HELLO gets no answer
+            connection, decoder = self._accept()
+            connection.sendall(encode(Welcome("127.0.0.1:1", epoch=1, adopted=len(self.adopted)))
+                               + encode(Adopted(self.adopted)))
+            while True:
+                event = self._next(connection, decoder)
+                if type(event) is Heartbeat:
+                    connection.sendall(HEARTBEAT_FRAME)
+                elif type(event) is Synced or getattr(event, "seq", 0) > 0:
+                    connection.sendall(encode(Ack(event.seq)))
+        except (OSError, EOFError):
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.connections:
+            connection.close()
+        self.thread.join(10)
+
+
+def test_an_origin_restarted_on_its_data_waits_for_a_peer_that_took_its_connection_but_is_slow(daemons, tmp_path):
+    # a peer slower to answer than a connection attempt's timeout is tried again, not taken for unreachable: the
+    # node delivers nothing before it heard which of its messages that peer adopted (else it delivers them twice)
+    durable = ("--mem-queue-size=0", "--sync-every=1", "--replication-degraded=accept")
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{free_port()}", *durable)
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(4)])
+    with consumer(origin.tcp, "t", "c", ready=4) as client:  # their IDs; they go back to the channel unfinished
+        ids = {message.body: message.id for message in (client.read_message(timeout=10) for _ in range(4))}
+        client.send(command("RDY", 0))
+        for message_id in ids.values():
+            client.send(command("REQ", message_id, 0))
+    wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
+             message="requeued")
+    origin.kill()
+    replica = SlowReplica((ids[b"m0"], ids[b"m1"]))
+    try:
+        origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.address}", *durable)
+        origin.wait_for_log(rf"peer {replica.address} adopted this node's messages while it was away \(epoch 1\): "
+                            r"dropped the 2 message\(s\) it adopted that were held here", timeout=40)
+        assert "delivering the messages this node holds" not in origin.log_text()
+        with consumer(origin.tcp, "t", "c", ready=4) as client:
+            assert sorted(receive(client, 2)) == [b"m2", b"m3"]
+            wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
+                     message="FINs")
+        channel = stats(origin.http(), "topic=t")["topics"][0]["channels"][0]
+        assert channel["depth"] == 0 and channel["in_flight_count"] == 0
+    finally:
+        replica.close()

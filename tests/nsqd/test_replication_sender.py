@@ -67,3 +67,36 @@ async def test_batches_written_beyond_what_the_socket_takes_arrive_whole_and_in_
             assert peer.tail is None
             nursery.cancel_scope.cancel()
     assert sender.DIRECT_SIZE < len(batches[0]) * 1000
+
+
+async def test_a_starting_node_waits_for_a_peer_that_took_its_connection_and_says_when_it_gives_up(caplog):
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    replicator = sender.Replicator("127.0.0.1:1", [f"127.0.0.1:{port}"], acks=1, degraded="accept", durable=False)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(replicator.run)
+            taken = await listeners[0].accept()  # never answered
+            await replicator.wait_started(0.5)
+            assert replicator.ready.is_set() and not replicator.peers[0].welcomed
+            nursery.cancel_scope.cancel()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"REPLICATION: peer 127.0.0.1:{port} did not answer within 0.5 s (no WELCOME yet) at start-up: "
+                        "delivering the messages this node holds, any it adopted included (at-least-once)"]
+    await taken.aclose()
+    await listeners[0].aclose()
+
+
+async def test_a_starting_node_does_not_wait_for_a_peer_that_refuses_its_connection(caplog):
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()  # nothing listens there
+    replicator = sender.Replicator("127.0.0.1:1", [f"127.0.0.1:{port}"], acks=1, degraded="accept", durable=False)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(replicator.run)
+            await replicator.wait_started(3600)  # returns once the connection was refused
+            nursery.cancel_scope.cancel()
+    assert replicator.peers[0].unreachable
+    assert "REPLICATION: no peer reachable at start-up: delivering the messages this node holds (at-least-once)" in [
+        r.getMessage() for r in caplog.records]

@@ -208,7 +208,9 @@ class HeldIndex:
                 del self._by_token[token]
             return count
         gone = entry.gone
-        if gone is None:
+        if gone is None and len(ids) == entry.left and (ids if type(ids) is tuple else tuple(ids)) == entry.ids:
+            count = entry.left  # the whole span at once (its FINs in order): no set of them
+        elif gone is None:
             gone = entry.gone = set(ids)
             count = len(gone)
         else:

@@ -148,10 +148,17 @@ class _AckReader:
             return
         except OSError:
             data = b""
-        if not data:  # the end of the stream, or an error: the receive task meets it too
-            self.replicator.poller.discard(self.fd)
+        if data:
+            self.decoder.receive_data(data)
+            self.take_events()
             return
-        self.decoder.receive_data(data)
+        self.take_events()  # the end of the stream (or an error), after what came before it
+        self.peer.early.append(trio.BrokenResourceError("connection closed by the peer"))
+        self._pass_on()
+
+    def take_events(self) -> None:
+        """Handle the ACKs and heartbeats the decoder holds; anything else goes to the receive task, and this
+        member leaves the poller."""
         peer = self.peer
         try:
             while (event := self.decoder.next_event()) is not None:
@@ -164,10 +171,14 @@ class _AckReader:
                 peer.last_heard = trio.current_time()
         except ProtocolError as error:
             peer.early.append(error)
-        if peer.early:  # the receive task takes it from here
-            self.replicator.poller.discard(self.fd)
-            if peer.receiving is not None:
-                peer.receiving.cancel()
+        if peer.early:
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        """The receive task takes it from here (it ends the connection)."""
+        self.replicator.poller.discard(self.fd)
+        if self.peer.receiving is not None:
+            self.peer.receiving.cancel()
 
 
 class Replicator:
@@ -466,10 +477,11 @@ class Replicator:
             if self.poller is not None and type(stream) is trio.SocketStream:
                 reader = _AckReader(self, peer, decoder, stream.socket.fileno())
                 self.poller.add(reader.fd, reader)
+                reader.take_events()  # what came with the handshake's reads
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_loop, peer, stream)
-                    await self._receive_loop(peer, stream, decoder)
+                    await self._receive_loop(peer, stream, decoder, reader is not None)
                     nursery.cancel_scope.cancel()
             finally:
                 if reader is not None:
@@ -480,20 +492,24 @@ class Replicator:
                 peer.tail = None
                 peer.sending = False
 
-    async def _receive_loop(self, peer: _Peer, stream, decoder: ReplicationDecoder) -> None:
+    async def _receive_loop(self, peer: _Peer, stream, decoder: ReplicationDecoder, polled: bool) -> None:
+        """Take the peer's ACKs; ``polled``: the read poller reads the stream, this task only waits for what it
+        passes on (an error, the end of the stream) or for the peer's silence."""
         while True:
             if peer.early:  # decoded by the read poller (``_AckReader``)
                 event = peer.early.popleft()
-                if isinstance(event, ProtocolError):
+                if isinstance(event, Exception):
                     raise event
             else:
                 with trio.move_on_at(peer.last_heard + PEER_TIMEOUT) as scope:
                     peer.receiving = scope
+                    if polled:
+                        await trio.sleep_forever()  # the read poller reads the socket (``_AckReader``)
                     event = await receive_event(stream, decoder)
                 peer.receiving = None
                 if scope.cancelled_caught:
                     if peer.early or trio.current_time() < peer.last_heard + PEER_TIMEOUT:
-                        continue  # the read poller took what came
+                        continue  # the read poller passed something on, or took what came
                     raise trio.TooSlowError(f"no word for {PEER_TIMEOUT:g} s")
             peer.last_heard = trio.current_time()
             kind = type(event)

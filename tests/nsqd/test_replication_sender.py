@@ -13,7 +13,7 @@ from nsqd.options import parse_options
 from nsqd.replication import sender
 from nsqd.server import NSQD
 from protocol.commands import MAGIC_V2, encode_mpub
-from protocol.replication import MAGIC_R1, Ack, Finished, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode
+from protocol.replication import MAGIC_R1, Ack, Error, Finished, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode
 
 
 async def _next(stream, decoder: ReplicationDecoder):
@@ -68,6 +68,29 @@ async def test_an_ack_is_taken_by_the_read_poller_and_sends_the_ok_it_covers_wit
             assert nsqd.replication.acked == event.seq
             assert os.read(fd, 100) == b"\0\0\0\x06\0\0\0\0OK"
             await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_error_or_the_end_of_the_stream_read_by_the_poller_ends_the_connection(tmp_path, caplog):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery, "--replication-degraded=accept")
+            peer = nsqd.replication.peers[0]
+            # an ACK and an ERROR in one read: the ACK counts, the ERROR ends the connection
+            await stream.send_all(encode(Ack(peer.acked)) + encode(Error("E_STORE_FAILED", "disk full")))
+            while peer.state == "connected":
+                await trio.sleep(0.01)
+            assert "E_STORE_FAILED" in caplog.text and nsqd.replication.degraded
+            nursery.cancel_scope.cancel()
+    (tmp_path / "eof").mkdir()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path / "eof", nursery,
+                                                               "--replication-degraded=accept")
+            await stream.aclose()
+            while nsqd.replication.peers[0].state == "connected":
+                await trio.sleep(0.01)
+            assert "peer 127.0.0.1" in caplog.text and "lost - connection closed by the peer" in caplog.text
             nursery.cancel_scope.cancel()
 
 

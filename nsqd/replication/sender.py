@@ -558,9 +558,20 @@ class Replicator:
 
     @staticmethod
     async def _send(peer: _Peer, stream, data: bytes) -> None:
-        """Write ``data`` after what a direct write left of its frame (``peer.tail``), if anything."""
+        """Write ``data`` after what a direct write left of its frame (``peer.tail``), if anything. On a plain TCP
+        stream what the socket takes goes at once, without a turn of the event loop (``send_all`` yields to the
+        scheduler even when the socket takes everything: the frames published meanwhile could not be written
+        directly, ``peer.sending``); ``send_all`` writes the rest, errors included."""
         if peer.tail is not None:
             data, peer.tail = peer.tail + data, None
+        if peer.fd >= 0:
+            try:
+                written = os.write(peer.fd, data)
+            except OSError:  # BlockingIOError included: ``send_all`` waits, or meets the error
+                written = 0
+            if written == len(data):
+                return
+            data = data[written:]
         peer.sending = True
         try:
             await stream.send_all(data)

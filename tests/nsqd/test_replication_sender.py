@@ -13,7 +13,7 @@ from nsqd.options import parse_options
 from nsqd.replication import sender
 from nsqd.server import NSQD
 from protocol.commands import MAGIC_V2, encode_mpub
-from protocol.replication import MAGIC_R1, Ack, Error, Finished, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode
+from protocol.replication import HEARTBEAT_FRAME, MAGIC_R1, Ack, Error, Finished, Heartbeat, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode
 
 
 async def _next(stream, decoder: ReplicationDecoder):
@@ -68,6 +68,23 @@ async def test_an_ack_is_taken_by_the_read_poller_and_sends_the_ok_it_covers_wit
             assert nsqd.replication.acked == event.seq
             assert os.read(fd, 100) == b"\0\0\0\x06\0\0\0\0OK"
             await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_sender_task_writes_what_the_socket_takes_without_a_turn_of_the_loop(tmp_path):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
+            replication = nsqd.replication
+            peer = replication.peers[0]
+            while peer.fd < 0:
+                await trio.sleep(0.01)
+            # no turn of the loop in which a publish would find the sender writing (and not write its frame)
+            with trio.testing.assert_no_checkpoints():
+                await replication._send(peer, None, HEARTBEAT_FRAME)
+            assert not peer.sending
+            while type(await _next(stream, decoder)) is not Heartbeat:
+                pass
             nursery.cancel_scope.cancel()
 
 

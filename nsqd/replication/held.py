@@ -46,7 +46,7 @@ class _Span:
         self.lo = ids[0]
         self.hi = ids[-1]
         self.gone: set[bytes] | None = None  # released IDs
-        self.members: frozenset[bytes] | None = None  # ``ids`` as a set, built on the first FIN batch with gaps
+        self.members: frozenset[bytes] | None = None  # ``ids`` as a set, built once the span is released in part
         self.left = len(ids)
 
     def held_of(self, run: list[bytes]) -> list[bytes]:
@@ -210,13 +210,19 @@ class HeldIndex:
         gone = entry.gone
         if gone is None and len(ids) == entry.left and (ids if type(ids) is tuple else tuple(ids)) == entry.ids:
             count = entry.left  # the whole span at once (its FINs in order): no set of them
-        elif gone is None:
-            gone = entry.gone = set(ids)
-            count = len(gone)
         else:
-            before = len(gone)
-            gone.update(ids)
-            count = len(gone) - before
+            # only the span's own IDs not released yet count: a wrong count would let the disk queue drop the
+            # record while it still holds messages
+            members = entry.members
+            if members is None:
+                members = entry.members = frozenset(entry.ids)
+            fresh = members.intersection(ids)
+            if gone is None:
+                entry.gone = set(fresh)
+            else:
+                fresh -= gone
+                gone |= fresh
+            count = len(fresh)
         entry.left -= count
         self._count -= count
         assert entry.left >= 0, "released IDs a span does not hold"

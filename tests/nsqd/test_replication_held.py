@@ -120,3 +120,13 @@ def test_a_reopened_store_holds_what_it_held_across_spans_and_loose_records(tmp_
     assert set(again.held) == expected and len(again.held) == len(expected) == 17
     again.store([Finished(6, "t", "a", tuple(sorted(expected)))])
     assert not again.held and not again._records and again.held_bytes == 0
+
+
+def test_a_release_counts_only_the_ids_a_span_still_holds():
+    index = HeldIndex()
+    index.add(1, _ids(10, 12, 14, 16))
+    # one it holds (named twice), one in its range it never had, one outside it
+    assert index.release(1, _ids(12, 12, 13, 30)) == 1
+    assert index.release(1, _ids(12, 14)) == 1  # 12 is gone already
+    assert len(index) == 2 and index.held_ids(1) == list(_ids(10, 16))
+    assert index.release(1, _ids(10, 11, 16)) == 2 and len(index) == 0 and index.spans == 0

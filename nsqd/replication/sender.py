@@ -9,8 +9,9 @@ Taking ACKs while the loop is busy. A peer's ACK comes back in a fraction of a m
 reads it runs only at the next turn of the event loop, after the read poller's step (the MPUB batches it
 serves) or a channel's slice, and the writers it wakes only at the turn after: an ACK waited there 1-4 ms with
 the peer and the publishers sharing two cores. So a plain TCP peer's socket is also a member of the node's
-``ReadPoller`` (``_AckReader``) while it streams: the poller reads it between the connections it serves and
-from the interludes of channel slices (it reads little: it is served first), and an ACK taken there flushes the
+``ReadPoller`` (``_AckReader``) while it streams: the poller reads it between the connections it serves (more
+than once in a step: each MPUB's OK waits on an ACK) and from the interludes of channel slices (it reads
+little: it is served first), and an ACK taken there flushes the
 OKs it covers at once (``wait_acked``'s ``flush``), from the publishers' own output buffers. The receive task
 then reads nothing itself: it waits for what the poller passes on (an ERROR, a bad frame, the end of the stream:
 ``peer.early``, which ends the connection) or for the peer's silence. Over TLS the receive task reads as before.
@@ -477,7 +478,7 @@ class Replicator:
             reader = None
             if self.poller is not None and type(stream) is trio.SocketStream:
                 reader = _AckReader(self, peer, decoder, stream.socket.fileno())
-                self.poller.add(reader.fd, reader)
+                self.poller.add(reader.fd, reader, again=True)
                 reader.take_events()  # what came with the handshake's reads
             try:
                 async with trio.open_nursery() as nursery:

@@ -39,7 +39,9 @@ were not served in this step yet are served next (by rank and size), before the 
 waits while the list goes on with light producers: nothing that arrives can rank before them (a look would only
 reorder producers by size), so a step of single-PUB producers, each call longer than 20 us on a slow core,
 looks again once at their end instead of after each (an ``epoll`` and a sort per PUB, 15% of the PUB
-scenario's time). Each member is still called at most once per step; a cheap call costs no extra ``epoll``.
+scenario's time). Each member is still called at most once per step, except those added with ``again``: a
+replication peer's ACKs (``replication/sender.py``), a few bytes that the OKs of every MPUB in the step wait
+on; a cheap call costs no extra ``epoll``.
 """
 
 from __future__ import annotations
@@ -73,19 +75,24 @@ class ReadPoller:
         self.repoll_after = repoll_after
         self._epoll = select.epoll()
         self._members: dict[int, Polled] = {}
+        self._again: set[int] = set()  # members a fresh look may serve again in the same step
         self._polling = False
 
     def __len__(self) -> int:
         return len(self._members)
 
-    def add(self, fd: int, member: Polled) -> None:
-        """Watch ``fd`` until ``discard``; ``member.poll_ready()`` is called whenever it is readable."""
+    def add(self, fd: int, member: Polled, *, again: bool = False) -> None:
+        """Watch ``fd`` until ``discard``; ``member.poll_ready()`` is called whenever it is readable (``again``:
+        also more than once in a step, by a fresh look; for a cheap member that others wait on)."""
         assert fd not in self._members, "a descriptor is added once"
         self._epoll.register(fd, select.EPOLLIN)
         self._members[fd] = member
+        if again:
+            self._again.add(fd)
 
     def discard(self, fd: int) -> None:
         """Stop watching ``fd`` (no-op if it is not watched). Call it before the descriptor is closed."""
+        self._again.discard(fd)
         if self._members.pop(fd, None) is not None:
             try:
                 self._epoll.unregister(fd)
@@ -163,6 +170,8 @@ class ReadPoller:
             if stale and index >= producers:
                 stale = False
                 served.update(fds[:index])
+                if self._again:
+                    served -= self._again
                 light, _, fresh_producers = self._sort(self._epoll.poll(0), below)
                 fresh = [fd for fd in light if fd not in served]
                 if fresh:

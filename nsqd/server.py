@@ -398,6 +398,7 @@ class NSQD:
                                       ssl_context=self._replication_ssl_context(),
                                       epoch=epoch, snapshot=partial(Backfill, self),
                                       on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean)
+        self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
         for topic in self.topics.values():

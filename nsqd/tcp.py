@@ -391,7 +391,7 @@ class Connection:
                 replication = self.nsqd.replication
                 if replication is not None and client.replicated_seq > replication.acked:
                     # nothing leaves before the peers hold what an OK in it acknowledges (nsqd/replication/)
-                    if not await replication.wait_acked(client.replicated_seq):
+                    if not await replication.wait_acked(client.replicated_seq, self._flush_direct):
                         log.error("[%s] - replication degraded before a publish was acknowledged, closing",
                                   client.remote_address)
                         client.out.clear()

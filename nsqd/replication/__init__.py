@@ -20,7 +20,9 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   frames when the sender next writes (FINs alone wait up to 5 ms for more); channel and topic creation,
   deletion, pause and emptying become CHANNEL frames. Frames of ephemeral topics and channels are never made.
 - One sender task per peer writes everything in the outbox past what it sent, in one write, and a reader task
-  takes the peer's cumulative ACKs. A large batch's frame (or any frame while the peer acknowledged everything)
+  takes the peer's cumulative ACKs; on a plain TCP stream the node's read poller reads them too, between the
+  connections it serves and in channel slices' interludes, and an ACK taken there sends the OKs it covers at
+  once (``sender.py``: "Taking ACKs while the loop is busy"). A large batch's frame (or any frame while the peer acknowledged everything)
   is written by the publish itself when nothing is ahead of it on a plain TCP stream, so that the replica stores
   it while the origin handles the rest of what it read; what the socket does not take goes first in the sender
   task's next write. Frames go out without waiting for earlier ACKs. The quorum seq (``acked``) is the N-th highest ACK among the connected
@@ -54,11 +56,13 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
 - One store per origin node, in the data directory: a disk queue (``replica.<node>``, the ordinary
   ``DiskQueue`` in hold mode) of the received frames as they came, one record per frame, and
   ``replica.<node>.json`` with the origin's topics and channels (paused state) and epochs.
-- In memory: one dict entry per held message, its id -> the record of its MESSAGES frame (topic, arrival
+- In memory (``held.py``, ``HeldIndex``): message id -> the record of its MESSAGES frame (topic, arrival
   order, how many of its messages are still held, per channel the IDs that channel finished while others have
-  not). A message is released once every channel that existed when it arrived has finished it (every channel of
+  not), with one *span* per frame whose IDs are sorted and overlap no other span (bisection over the spans,
+  a set of the released IDs), and one dict entry per message for the other frames (adopted messages sent
+  again, backfills, frames sent twice). A message is released once every channel that existed when it arrived has finished it (every channel of
   the topic if it had none then), or its channel/topic is deleted; a record is acknowledged in the disk queue
-  once it holds none. FINs are applied per run of IDs of one record with C-level dict and set operations, and
+  once it holds none. FINs are applied per run of IDs of one record with C-level slice and set operations, and
   MESSAGES frames are indexed without decoding their messages: the replica takes no Python step per message.
   The disk queue's committed position is the oldest record still needed, so a restart replays from there:
   messages, then the FINs that followed them (a FIN record after the committed position is still on disk, one

@@ -4,6 +4,18 @@ See the package notes for the design. Sequence numbers count the data frames of 
 ``acked`` is the highest seq held by ``--replication-acks`` peers; a connection's writer holds its output while
 the seq its last publish got is above it (``wait_acked``), so no OK leaves early and one write and one ACK per
 peer cover every publish made meanwhile (group commit).
+
+Taking ACKs while the loop is busy. A peer's ACK comes back in a fraction of a millisecond, but the task that
+reads it runs only at the next turn of the event loop, after the read poller's step (the MPUB batches it
+serves) or a channel's slice, and the writers it wakes only at the turn after: an ACK waited there 1-4 ms with
+the peer and the publishers sharing two cores. So a plain TCP peer's socket is also a member of the node's
+``ReadPoller`` (``_AckReader``) while it streams: the poller reads it between the connections it serves (more
+than once in a step: each MPUB's OK waits on an ACK) and from the interludes of channel slices (it reads
+little: it is served first), and an ACK taken there flushes the
+OKs it covers at once (``wait_acked``'s ``flush``), from the publishers' own output buffers. The receive task
+then reads nothing itself: it waits for what the poller passes on (an ERROR, a bad frame, the end of the stream:
+``peer.early``, which ends the connection) or for the peer's silence. Over TLS the receive task reads as before.
+The sender task writes likewise without a turn of the loop when the socket takes its data (``_send``).
 """
 
 from __future__ import annotations
@@ -92,7 +104,7 @@ class ReplicatorStatistics:
 
 class _Peer:
     __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
-                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail")
+                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail", "early", "receiving")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -116,6 +128,62 @@ class _Peer:
         self.fd = -1
         self.sending = False  # the sender task is in a write: nothing else may write meanwhile
         self.tail: bytes | None = None  # what a direct write left of its frame: the sender task writes it first
+        #: events other than ACK and heartbeat that the read poller decoded: the receive task handles them
+        self.early: deque = deque()
+        self.receiving: trio.CancelScope | None = None  # the receive task's wait, cancelled when ``early`` fills
+
+
+class _AckReader:
+    """A peer's plain TCP socket as a ``ReadPoller`` member while it streams (see the module notes)."""
+
+    __slots__ = ("replicator", "peer", "decoder", "fd", "last_read", "poll_actor")
+
+    def __init__(self, replicator: Replicator, peer: _Peer, decoder: ReplicationDecoder, fd: int) -> None:
+        self.replicator = replicator
+        self.peer = peer
+        self.decoder = decoder
+        self.fd = fd
+        self.last_read = 0  # ACKs: served before the other members, and from the interludes of slices
+        self.poll_actor = None
+
+    def poll_ready(self) -> None:
+        try:
+            data = os.read(self.fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.decoder.receive_data(data)
+            self.take_events()
+            return
+        self.take_events()  # the end of the stream (or an error), after what came before it
+        self.peer.early.append(trio.BrokenResourceError("connection closed by the peer"))
+        self._pass_on()
+
+    def take_events(self) -> None:
+        """Handle the ACKs and heartbeats the decoder holds; anything else goes to the receive task, and this
+        member leaves the poller."""
+        peer = self.peer
+        try:
+            while (event := self.decoder.next_event()) is not None:
+                kind = type(event)
+                if kind is Ack:
+                    self.replicator._on_ack(peer, event.seq)
+                elif kind is not Heartbeat:
+                    peer.early.append(event)
+                    break
+                peer.last_heard = trio.current_time()
+        except ProtocolError as error:
+            peer.early.append(error)
+        if peer.early:
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        """The receive task takes it from here (it ends the connection)."""
+        self.replicator.poller.discard(self.fd)
+        if self.peer.receiving is not None:
+            self.peer.receiving.cancel()
 
 
 class Replicator:
@@ -143,9 +211,12 @@ class Replicator:
         self._outbox_bytes = 0
         self._outbox_messages = 0
         self._fins: dict[tuple[str, str], list[bytes]] = {}
-        #: writers waiting for an ACK, by the seq they wait for: (seq, order, event), a min-heap. An ACK wakes only
-        #: those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs included)
-        self._waiters: list[tuple[int, int, trio.Event]] = []
+        #: writers waiting for an ACK, by the seq they wait for: (seq, order, event, flush), a min-heap. An ACK wakes
+        #: only those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs
+        #: included), and calls their ``flush`` first
+        self._waiters: list[tuple[int, int, trio.Event, object]] = []
+        #: the node's ``ReadPoller`` (None: the peers' sockets are read by their receive tasks alone)
+        self.poller = None
         self._waiter_order = 0
         #: () -> ``snapshot.Backfill``: everything this node holds, captured now, sent by its ``send``
         self.snapshot = snapshot
@@ -267,15 +338,17 @@ class Replicator:
                 self._outbox.append((self.seq, frame, 0))
                 self._outbox_bytes += len(frame)
 
-    async def wait_acked(self, seq: int) -> bool:
+    async def wait_acked(self, seq: int, flush=None) -> bool:
         """Wait until ``seq`` is held by enough peers: True; False when publishes are refused meanwhile (the
-        peers went away in ``refuse`` mode). In ``accept`` mode a degraded replicator answers True at once."""
+        peers went away in ``refuse`` mode). In ``accept`` mode a degraded replicator answers True at once.
+        ``flush``: called (synchronously, must not raise) by the ACK that covers ``seq``, before the waiter wakes:
+        the connection writes its OKs from there when it can (``Connection._flush_direct``)."""
         while seq > self.acked:
             if self.degraded:
                 return self.degraded_mode != "refuse"
             event = trio.Event()
             self._waiter_order += 1
-            heapq.heappush(self._waiters, (seq, self._waiter_order, event))
+            heapq.heappush(self._waiters, (seq, self._waiter_order, event, flush))
             await event.wait()
         return True
 
@@ -284,12 +357,15 @@ class Replicator:
         waiters = self._waiters
         if everyone:
             self._waiters = []
-            for _seq, _order, event in waiters:
+            for _seq, _order, event, _flush in waiters:
                 event.set()
             return
         acked = self.acked
         while waiters and waiters[0][0] <= acked:
-            heapq.heappop(waiters)[2].set()
+            _seq, _order, event, flush = heapq.heappop(waiters)
+            if flush is not None:
+                flush()
+            event.set()
 
     # -- acknowledgements ------------------------------------------------------------------------------------
     def _peer_changed(self) -> None:
@@ -419,35 +495,60 @@ class Replicator:
                         backfill.close()
                     log.info("REPLICATION: peer %s backfill sent: %d message(s)", peer.address, backfill.count)
                 await stream.send_all(encode(Synced(peer.synced)))
+            reader = None
+            if self.poller is not None and type(stream) is trio.SocketStream:
+                reader = _AckReader(self, peer, decoder, stream.socket.fileno())
+                self.poller.add(reader.fd, reader, again=True)
+                reader.take_events()  # what came with the handshake's reads
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_loop, peer, stream)
-                    await self._receive_loop(peer, stream, decoder)
+                    await self._receive_loop(peer, stream, decoder, reader is not None)
                     nursery.cancel_scope.cancel()
             finally:
+                if reader is not None:
+                    self.poller.discard(reader.fd)
+                peer.early.clear()
+                peer.receiving = None
                 peer.fd = -1
                 peer.tail = None
                 peer.sending = False
 
-    async def _receive_loop(self, peer: _Peer, stream, decoder: ReplicationDecoder) -> None:
+    async def _receive_loop(self, peer: _Peer, stream, decoder: ReplicationDecoder, polled: bool) -> None:
+        """Take the peer's ACKs; ``polled``: the read poller reads the stream, this task only waits for what it
+        passes on (an error, the end of the stream) or for the peer's silence."""
         while True:
-            with trio.move_on_after(PEER_TIMEOUT) as scope:
-                event = await receive_event(stream, decoder)
-            if scope.cancelled_caught:
-                raise trio.TooSlowError(f"no word for {PEER_TIMEOUT:g} s")
+            if peer.early:  # decoded by the read poller (``_AckReader``)
+                event = peer.early.popleft()
+                if isinstance(event, Exception):
+                    raise event
+            else:
+                with trio.move_on_at(peer.last_heard + PEER_TIMEOUT) as scope:
+                    peer.receiving = scope
+                    if polled:
+                        await trio.sleep_forever()  # the read poller reads the socket (``_AckReader``)
+                    event = await receive_event(stream, decoder)
+                peer.receiving = None
+                if scope.cancelled_caught:
+                    if peer.early or trio.current_time() < peer.last_heard + PEER_TIMEOUT:
+                        continue  # the read poller passed something on, or took what came
+                    raise trio.TooSlowError(f"no word for {PEER_TIMEOUT:g} s")
             peer.last_heard = trio.current_time()
             kind = type(event)
             if kind is Ack:
-                if event.seq > peer.acked or peer.state == "backfilling":
-                    peer.acked = max(event.seq, peer.acked)
-                    if peer.state == "backfilling" and event.seq >= peer.synced:
-                        peer.state = "connected"
-                        log.info("REPLICATION: peer %s backfilled, counting toward acks", peer.address)
-                    self._peer_changed()
+                self._on_ack(peer, event.seq)
             elif kind is Error:
                 raise ProtocolError(event.code, event.text)
             elif kind is not Heartbeat:
                 raise ProtocolError("E_BAD_PROTOCOL", f"unexpected {kind.__name__} frame from the replica")
+
+    def _on_ack(self, peer: _Peer, seq: int) -> None:
+        if seq > peer.acked or peer.state == "backfilling":
+            peer.acked = max(seq, peer.acked)
+            if peer.state == "backfilling" and seq >= peer.synced:
+                peer.state = "connected"
+                log.info("REPLICATION: peer %s backfilled, counting toward acks", peer.address)
+            self._peer_changed()
 
     async def _send_loop(self, peer: _Peer, stream) -> None:
         """Write what the outbox holds past ``peer.sent``. On a plain TCP stream ``_append`` writes a frame itself
@@ -479,9 +580,20 @@ class Replicator:
 
     @staticmethod
     async def _send(peer: _Peer, stream, data: bytes) -> None:
-        """Write ``data`` after what a direct write left of its frame (``peer.tail``), if anything."""
+        """Write ``data`` after what a direct write left of its frame (``peer.tail``), if anything. On a plain TCP
+        stream what the socket takes goes at once, without a turn of the event loop (``send_all`` yields to the
+        scheduler even when the socket takes everything: the frames published meanwhile could not be written
+        directly, ``peer.sending``); ``send_all`` writes the rest, errors included."""
         if peer.tail is not None:
             data, peer.tail = peer.tail + data, None
+        if peer.fd >= 0:
+            try:
+                written = os.write(peer.fd, data)
+            except OSError:  # BlockingIOError included: ``send_all`` waits, or meets the error
+                written = 0
+            if written == len(data):
+                return
+            data = data[written:]
         peer.sending = True
         try:
             await stream.send_all(data)

@@ -7,11 +7,12 @@ Files in the data directory, for origin ``node``::
                                                   "epoch": adopted epoch, "session": ..., "seq": ...}
 
 Records are the frames as received (MESSAGES, FINISHED, CHANNEL, SYNCED); a message is decoded again only for
-a takeover. The index in memory is one dict entry per held message, its id -> the token of its MESSAGES frame's
-``_Record`` (an int: the garbage collector never walks the index), shared by the frame's messages: its topic,
-order, how many it still holds, and per channel the IDs that channel finished while others have not yet; the
-record is acknowledged in the disk queue once it holds no message. FINs are applied per run of IDs of one record, with C-level dict and set operations: a FINISHED
-frame costs Python steps per record it touches, not per message. FINISHED, CHANNEL and SYNCED records are
+a takeover. The index in memory (``HeldIndex``, ``held.py``) finds by message ID the token of the MESSAGES frame
+that holds it, with a few entries per frame rather than one per message; the token names the frame's
+``_Record``: its topic, order, how many it still holds, and per channel the IDs that channel finished while
+others have not yet; the record is acknowledged in the disk queue once it holds no message. FINs are applied per
+run of IDs of one record, with C-level slice, set and bisection operations: a FINISHED frame costs Python steps
+per record it touches, not per message. FINISHED, CHANNEL and SYNCED records are
 acknowledged at once: they stay on disk while any earlier record is held, which is exactly as long as a restart
 needs them (``DiskQueue``'s hold mode keeps the committed position at the oldest held record).
 
@@ -24,10 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections import deque
 from collections.abc import Iterator
-from itertools import groupby, repeat
-from operator import itemgetter
 
 from protocol.errors import ProtocolError
 from protocol.replication import (
@@ -47,6 +45,7 @@ from protocol.replication import (
 
 from ..queues.atomic_file import replace_file
 from ..queues.diskqueue import DiskQueue
+from .held import HeldIndex
 
 __all__ = ["ReplicaStore", "TopicState", "store_nodes"]
 
@@ -78,8 +77,8 @@ class TopicState:
 
 
 class _Record:
-    """A MESSAGES record of the disk queue while it holds messages. ``ids``: the frame's IDs (those held map to
-    this record in ``ReplicaStore.held``); ``left``: how many are still held; ``size``: their body bytes
+    """A MESSAGES record of the disk queue while it holds messages. ``ids``: the frame's IDs (those it holds map
+    to it in ``ReplicaStore.held``); ``left``: how many are still held; ``size``: their body bytes
     (a partial release takes an even share); ``fins``: channel -> IDs of this record it finished, kept while
     they wait for other channels; ``holder``: in a backfill, the channel that holds them (None: the topic)."""
 
@@ -97,10 +96,6 @@ class _Record:
         self.backfill = False  # received in the backfill that is running
 
 
-_first = itemgetter(0)
-_second = itemgetter(1)
-
-
 class ReplicaStore:
     """The copies of one origin's messages; see the module notes. Synchronous (the host calls it from the loop)."""
 
@@ -113,9 +108,8 @@ class ReplicaStore:
                                 max_msg_size=max_record_size, sync_every=1 if durable else 1 << 30,
                                 sync_timeout=sync_timeout, hold_reads=True, logger=log)
         self.topics: dict[str, TopicState] = {}
-        #: message id -> the token of the record that holds it: int values keep this dict out of the garbage
-        #: collector's passes (an index of millions of messages costs it nothing)
-        self.held: dict[bytes, int] = {}
+        #: message id -> the token of the record that holds it
+        self.held = HeldIndex()
         self._records: dict[int, _Record] = {}  # token -> record, while it holds messages
         self.held_bytes = 0
         self.epoch = 0  # the highest epoch of this origin adopted here
@@ -255,13 +249,9 @@ class ReplicaStore:
             self.topics[topic] = TopicState()
         held = self.held
         record = _Record(token, topic, self._order, ids)
-        before = len(held)
-        if held.keys().isdisjoint(ids):
-            held.update(dict.fromkeys(ids, token))
-        else:
+        added = len(held.add(token, ids))
+        if added != len(ids):  # some were held already (this record is not in ``_records`` yet)
             self._held_again(ids, event.channel or None)
-            held.update(dict.fromkeys([msg_id for msg_id in ids if msg_id not in held], token))
-        added = len(held) - before
         self.duplicates += len(ids) - added
         if not added:
             self.queue.ack(token)
@@ -307,12 +297,10 @@ class ReplicaStore:
         channel = event.channel
         records = self._records
         alone = len(ts.channels) == 1 and channel in ts.channels  # then every message waits for it alone
-        # the IDs of one record come together (FINs follow the publishes): one step per run of them
-        for token, run in groupby(zip(map(self.held.get, ids), ids), key=_first):
+        for token, run_ids in self.held.runs(ids):  # one step per record: FINs follow the publishes
             record = records.get(token)
             if record is None or record.topic != topic:
                 continue
-            run_ids = list(map(_second, run))
             if alone:
                 self._release_ids(record, run_ids)
                 continue
@@ -351,14 +339,8 @@ class ReplicaStore:
             self._release_ids(record, done)
 
     def _release_ids(self, record: _Record, ids) -> None:
-        """Release those of ``ids`` that ``record`` still holds (each maps to it in ``held``)."""
-        held = self.held
-        before = len(held)
-        if len(ids) == 1:
-            held.pop(next(iter(ids)), None)
-        else:
-            deque(map(held.pop, ids, repeat(None)), maxlen=0)
-        count = before - len(held)
+        """Release ``ids``, IDs that ``record`` held (those it still holds are released)."""
+        count = self.held.release(record.token, ids)
         if record.fins:
             for finished in record.fins.values():
                 finished.difference_update(ids)
@@ -376,9 +358,7 @@ class ReplicaStore:
         record.left = left
 
     def _held_ids(self, record: _Record) -> list[bytes]:
-        held = self.held
-        token = record.token
-        return [msg_id for msg_id in record.ids if held.get(msg_id) == token]
+        return self.held.held_ids(record.token)
 
     def _topic_records(self, topic: str) -> list[_Record]:
         return [record for record in self._records.values() if record.topic == topic]
@@ -502,11 +482,11 @@ class ReplicaStore:
         self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
         held = self.held
         for _token, event in self._read_all():
-            if type(event) is not Messages or held.keys().isdisjoint(event.ids):
+            if type(event) is not Messages or not any(map(held.__contains__, event.ids)):
                 continue
             batch = []
             for message in event.messages:
-                token = held.pop(message.id, None)
+                token = held.pop(message.id)
                 if token is not None:
                     record = self._records.get(token)
                     fins = record.fins if record is not None else None

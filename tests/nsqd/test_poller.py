@@ -321,6 +321,27 @@ def test_a_fresh_look_among_heavy_members_skips_light_ones_served_in_the_step(pa
     assert calls == [light, heavy, light] and light.reads == [b"x", b"again"]
 
 
+def test_a_member_added_with_again_is_served_again_in_the_same_step(pairs):
+    """A replication peer's ACKs: readable again after a heavy member's long call, it is served again in that
+    step, before the heavy members that follow."""
+    poller = ReadPoller(light_read=2048, repoll_after=0.0)
+    calls: list[Member] = []
+    (acks, peer_acks), (heavy, peer_heavy), (later, peer_later) = pairs(3)
+    acks_member = Member(acks, last_read=0, calls=calls, poll_rank=-math.inf)
+    heavy_member = Member(heavy, calls=calls, on_call=lambda member: peer_acks.sendall(b"ack2"))
+    later_member = Member(later, calls=calls)
+    poller.add(acks.fileno(), acks_member, again=True)
+    poller.add(heavy.fileno(), heavy_member)
+    poller.add(later.fileno(), later_member)
+    for peer in (peer_acks, peer_heavy, peer_later):
+        peer.sendall(b"x")
+    assert poller.poll_once() == 3
+    assert calls == [acks_member, heavy_member, acks_member, later_member]
+    assert acks_member.reads == [b"x", b"ack2"]
+    poller.discard(acks.fileno())
+    assert not poller._again
+
+
 def test_an_interlude_takes_a_fresh_look_for_light_members_only(pairs):
     poller = ReadPoller(light_read=2048, repoll_after=0.0)
     calls: list[Member] = []

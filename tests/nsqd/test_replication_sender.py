@@ -1,15 +1,19 @@
 """The origin's sender on an in-process origin, against a replica played by the test over a real socket: large
-batches are written as they are made, and a write the socket takes only in part is finished before anything
-else goes out."""
+batches are written as they are made, a write the socket takes only in part is finished before anything
+else goes out, and an ACK is taken by the read poller, which sends the OK it covers."""
 
 from __future__ import annotations
 
+import os
+
 import trio
+import trio.testing
 
 from nsqd.options import parse_options
 from nsqd.replication import sender
 from nsqd.server import NSQD
-from protocol.replication import MAGIC_R1, Ack, Finished, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode
+from protocol.commands import MAGIC_V2, encode_mpub
+from protocol.replication import HEARTBEAT_FRAME, MAGIC_R1, Ack, Error, Finished, Heartbeat, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode
 
 
 async def _next(stream, decoder: ReplicationDecoder):
@@ -18,6 +22,93 @@ async def _next(stream, decoder: ReplicationDecoder):
         assert data, "the origin closed the stream"
         decoder.receive_data(data)
     return event
+
+
+async def _origin_with_replica(tmp_path, nursery, *flags):
+    """An in-process origin replicating to the test: (nsqd, the replica's end of the stream, its decoder)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    opts = parse_options(["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp_path}",
+                          f"--replicate-to=127.0.0.1:{port}", *flags], exit_on_error=False)
+    nsqd = NSQD(opts)
+    await nursery.start(nsqd.run)
+    stream = await listeners[0].accept()
+    assert await stream.receive_some(4) == MAGIC_R1
+    decoder = ReplicationDecoder()
+    assert type(await _next(stream, decoder)) is Hello
+    await stream.send_all(encode(Welcome("replica:1", "", 0)))
+    while type(event := await _next(stream, decoder)) is not Synced:  # the (empty) backfill
+        pass
+    await stream.send_all(encode(Ack(event.seq)))
+    while nsqd.replication.degraded:
+        await trio.sleep(0.01)
+    return nsqd, stream, decoder
+
+
+async def test_an_ack_is_taken_by_the_read_poller_and_sends_the_ok_it_covers_without_a_turn_of_the_loop(tmp_path):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
+            host, _, port = nsqd.tcp_address.rpartition(":")
+            client = await trio.open_tcp_stream(host, int(port))
+            await client.send_all(MAGIC_V2 + encode_mpub("t", [b"one", b"two"]))
+            while type(event := await _next(stream, decoder)) is not Messages:  # the topic's creation first
+                pass
+            assert [m.body for m in event.messages] == [b"one", b"two"]
+            await trio.testing.wait_all_tasks_blocked()  # the connection's writer waits for the ACK
+            fd = client.socket.fileno()
+            try:
+                os.read(fd, 100)
+                raise AssertionError("an OK before the replica acknowledged")
+            except BlockingIOError:
+                pass
+            # the ACK arrives while the loop is busy: no await from here on, so only the poller can take it
+            os.write(stream.socket.fileno(), encode(Ack(event.seq)))
+            nsqd.read_poller.poll_once()
+            assert nsqd.replication.acked == event.seq
+            assert os.read(fd, 100) == b"\0\0\0\x06\0\0\0\0OK"
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_sender_task_writes_what_the_socket_takes_without_a_turn_of_the_loop(tmp_path):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
+            replication = nsqd.replication
+            peer = replication.peers[0]
+            while peer.fd < 0:
+                await trio.sleep(0.01)
+            # no turn of the loop in which a publish would find the sender writing (and not write its frame)
+            with trio.testing.assert_no_checkpoints():
+                await replication._send(peer, None, HEARTBEAT_FRAME)
+            assert not peer.sending
+            while type(await _next(stream, decoder)) is not Heartbeat:
+                pass
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_error_or_the_end_of_the_stream_read_by_the_poller_ends_the_connection(tmp_path, caplog):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery, "--replication-degraded=accept")
+            peer = nsqd.replication.peers[0]
+            # an ACK and an ERROR in one read: the ACK counts, the ERROR ends the connection
+            await stream.send_all(encode(Ack(peer.acked)) + encode(Error("E_STORE_FAILED", "disk full")))
+            while peer.state == "connected":
+                await trio.sleep(0.01)
+            assert "E_STORE_FAILED" in caplog.text and nsqd.replication.degraded
+            nursery.cancel_scope.cancel()
+    (tmp_path / "eof").mkdir()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path / "eof", nursery,
+                                                               "--replication-degraded=accept")
+            await stream.aclose()
+            while nsqd.replication.peers[0].state == "connected":
+                await trio.sleep(0.01)
+            assert "peer 127.0.0.1" in caplog.text and "lost - connection closed by the peer" in caplog.text
+            nursery.cancel_scope.cancel()
 
 
 async def test_batches_written_beyond_what_the_socket_takes_arrive_whole_and_in_order(tmp_path):

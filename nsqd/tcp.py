@@ -389,14 +389,17 @@ class Connection:
                         if trio.current_time() >= deadline:
                             break
                 replication = self.nsqd.replication
-                if replication is not None and client.replicated_seq > replication.acked:
-                    # nothing leaves before the peers hold what an OK in it acknowledges (nsqd/replication/)
+                while replication is not None and client.replicated_seq > replication.acked:
+                    # nothing leaves before the peers hold what an OK in it acknowledges (nsqd/replication/);
+                    # a publish read while this waited raised replicated_seq: its OK waits too
                     if not await replication.wait_acked(client.replicated_seq, self._flush_direct):
                         log.error("[%s] - replication degraded before a publish was acknowledged, closing",
                                   client.remote_address)
                         client.out.clear()
                         self._stop_reading()
                         return
+                    if replication.degraded:
+                        break  # ``accept``: taken unreplicated, answered now
                 try:
                     lock.acquire_nowait()
                 except trio.WouldBlock:

@@ -71,6 +71,41 @@ async def test_an_ack_is_taken_by_the_read_poller_and_sends_the_ok_it_covers_wit
             nursery.cancel_scope.cancel()
 
 
+async def test_a_pipelined_publish_gets_no_ok_before_the_replica_acknowledged_it(tmp_path):
+    """Two MPUBs on one connection, the second read while the first waits for its ACK: the ACK of the first
+    alone must not let the second's OK out."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
+            host, _, port = nsqd.tcp_address.rpartition(":")
+            client = await trio.open_tcp_stream(host, int(port))
+            await client.send_all(MAGIC_V2 + encode_mpub("t", [b"one"]))
+            while type(first := await _next(stream, decoder)) is not Messages:  # the topic's creation first
+                pass
+            await trio.testing.wait_all_tasks_blocked()  # the writer waits for the first ACK
+            await client.send_all(encode_mpub("t", [b"two"]))
+            while type(second := await _next(stream, decoder)) is not Messages:
+                pass
+            assert second.seq > first.seq
+            await stream.send_all(encode(Ack(first.seq)))
+            while nsqd.replication.acked < first.seq:
+                await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            ok = b"\0\0\0\x06\0\0\0\0OK"
+            try:
+                early = os.read(client.socket.fileno(), 100)
+            except BlockingIOError:
+                early = b""
+            assert early in (b"", ok), "the second OK left before the replica held its message"
+            await stream.send_all(encode(Ack(second.seq)))
+            received = early
+            while len(received) < 2 * len(ok):
+                received += await client.receive_some(100)
+            assert received == ok * 2
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
 async def test_the_sender_task_writes_what_the_socket_takes_without_a_turn_of_the_loop(tmp_path):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

@@ -325,6 +325,8 @@ class ReplicaHost:
             if events:
                 self._on_disk(store.write, events, frames)
             if last != acked or synced:
+                if session != store.session:
+                    store.json_dirty = True  # a restart of this replica must know the origin's session
                 store.session, store.seq = session, last
                 ack = encode(Ack(last))  # on disk: the index follows the ACK
                 written = _write_now(stream, ack)

@@ -122,7 +122,7 @@ class ReplicaStore:
         self._backfill: dict[bytes, set[str] | None] | None = None
         self.backfill_released = 0  # messages the last backfill left out (released at its SYNCED)
         self._unapplied: list[tuple[int | None, list]] = []  # (first token, events) written, not yet indexed
-        self.json_dirty = False  # topics or channels changed since the JSON file was written
+        self.json_dirty = False  # topics, channels or the session changed since the JSON file was written
         self._json_path = os.path.join(data_path, f"{_PREFIX}{node}{_JSON_SUFFIX}")
         self._load_json()
         self.queue = DiskQueue(f"{_PREFIX}{node}", data_path, **self._queue_args)
@@ -215,7 +215,7 @@ class ReplicaStore:
     def apply(self) -> None:
         """Index the batches ``write`` stored that are not yet, in order."""
         pending = self._unapplied
-        if not pending:
+        if not pending and not self.json_dirty:
             return
         self._unapplied = []
         for first, events in pending:

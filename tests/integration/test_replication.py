@@ -689,3 +689,34 @@ def test_an_origin_restarted_on_its_data_waits_for_a_peer_that_took_its_connecti
         assert channel["depth"] == 0 and channel["in_flight_count"] == 0
     finally:
         replica.close()
+
+
+def test_a_replica_killed_after_its_origin_changed_session_knows_the_session_it_resumes(daemons, tmp_path):
+    # the origin (without durable mode) was killed and came back with a new session while the replica held
+    # nothing, then published to a topic the replica knew: the replica, killed in turn, must come back knowing that
+    # session, or it takes the living origin's messages for those of an origin that lost them, and both deliver
+    durable = ("--mem-queue-size=0", "--sync-every=1")  # the replica's copies survive its kill
+    origin, replica = pair(daemons, tmp_path, replica_args=durable)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    origin_port, replica_port = origin.tcp[1], replica.tcp[1]
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish("t", b"first")
+    with consumer(origin.tcp, "t", "c", ready=1) as client:
+        assert receive(client, 1) == [b"first"]
+    wait_for(lambda: held(replica, node) == 0, message="the first message released")
+    origin.kill()
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=origin_port)
+    wait_state(origin, "replicating", timeout=20)
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"m%d" % i for i in range(5)])
+    wait_for(lambda: held(replica, node) == 5, message="the new session's messages held")
+    replica.kill()
+    replica = start(daemons, tmp_path / "b", *durable, port=replica_port)
+    wait_for(lambda: replica_of(replica, node).get("state") == "connected", timeout=30, message="origin back")
+    wait_state(origin, "replicating", timeout=20)
+    assert "is back without all of its messages" not in replica.log_text()
+    assert stats(replica.http())["replication"]["takeovers"] == 0
+    assert held(replica, node) == 5
+    with consumer(origin.tcp, "t", "c", ready=5) as client:
+        assert sorted(receive(client, 5)) == [b"m%d" % i for i in range(5)]

@@ -29,6 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+from functools import partial
 from typing import Callable
 
 import trio
@@ -39,9 +40,9 @@ from protocol.replication import OP_EMPTIED, OP_PAUSED, OP_UNPAUSED
 from .client import Client
 from .dispatch import ChannelDispatcher
 from .message import Message, encode_record, split_messages
-from .queues.deferred import DeferredQueue
+from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
 from .queues.deferred_index import DeferredIndex
-from .queues.inflight import InFlightQueue
+from .queues.inflight import EMPTY_IN_FLIGHT, InFlightQueue
 
 __all__ = ["Channel", "ChannelError"]
 
@@ -73,8 +74,13 @@ class Channel:
         if backend is not None:
             self.deferred_index = DeferredIndex(backend.data_path, backend.name)
             self.deferred_index.load(backend.read_position(), backend.known_files)
-        self.in_flight = InFlightQueue()
-        self.deferred = DeferredQueue()
+        # the shared empty queues until the first delivery and the first deferred message (``open_in_flight``,
+        # ``open_deferred``): an idle channel holds fewer objects for the cyclic collector to visit
+        self.in_flight: InFlightQueue = EMPTY_IN_FLIGHT
+        self.deferred: DeferredQueue = EMPTY_DEFERRED
+        #: called with the channel when its in-flight or deferred queue goes from empty to holding something (the
+        #: daemon's queue scanner: ``QueueScanner.activate``, one bound method for every channel)
+        self.on_timed_work: Callable[["Channel"], None] | None = None
         # durable mode: ID -> topic record token of each message kept only in memory after the disk refused it
         self._topic_records: dict[bytes, int] = {}
         self.clients: dict[int, Client] = {}
@@ -93,6 +99,27 @@ class Channel:
         actors.add(self.dispatcher)
 
     # -- queue -----------------------------------------------------------------------------------
+    def open_in_flight(self) -> InFlightQueue:
+        """The channel's own in-flight queue, made at its first delivery (the shared empty one until then)."""
+        queue = self.in_flight
+        if queue is EMPTY_IN_FLIGHT:
+            queue = self.in_flight = InFlightQueue()
+            queue.on_active = self._timed_work_hook()
+        return queue
+
+    def open_deferred(self) -> DeferredQueue:
+        """The channel's own deferred queue, made at its first deferred message (the shared empty one until
+        then)."""
+        queue = self.deferred
+        if queue is EMPTY_DEFERRED:
+            queue = self.deferred = DeferredQueue()
+            queue.on_active = self._timed_work_hook()
+        return queue
+
+    def _timed_work_hook(self) -> Callable[[], None] | None:
+        hook = self.on_timed_work
+        return None if hook is None else partial(hook, self)
+
     def put_many(self, messages: list[Message], deferred: bool | None = None, topic_token: int = -1) -> bool:
         """Accept messages from the topic pump (deferred ones go to the deferred heap). False when the disk
         refused some (they are kept in memory then, see ``_enqueue``). ``deferred``: whether some message
@@ -108,7 +135,7 @@ class Channel:
             ready = []
             for m in messages:
                 if m.defer:
-                    self.deferred.push(m, now + m.defer)
+                    self.open_deferred().push(m, now + m.defer)
                 else:
                     ready.append(m)
             messages = ready
@@ -219,7 +246,7 @@ class Channel:
             if due_ns is None or due_ns <= now_ns:
                 self.queue.append(m)
             else:
-                self.deferred.push(m, now + (due_ns - now_ns) / 1e9)
+                self.open_deferred().push(m, now + (due_ns - now_ns) / 1e9)
 
     def _handoff_room(self) -> int:
         """An ephemeral channel without a memory queue (``--mem-queue-size=0``) passes a message on only when
@@ -270,7 +297,7 @@ class Channel:
                 queue.append(message)
                 ready += 1
             else:
-                self.deferred.push(message, now + (due_ns - now_ns) / 1e9)
+                self.open_deferred().push(message, now + (due_ns - now_ns) / 1e9)
         index.reader_moved(self.backend.read_position())
         return ready > 0
 
@@ -376,7 +403,7 @@ class Channel:
         client.requeue_count += 1
         self.requeue_count += 1
         if delay > 0:
-            self.deferred.push(message, trio.current_time() + delay)
+            self.open_deferred().push(message, trio.current_time() + delay)
         else:
             self._enqueue([message])
             self.wake()

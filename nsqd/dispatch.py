@@ -98,7 +98,7 @@ class ChannelDispatcher(Actor):
         queue = channel.queue
         popleft = queue.popleft
         mailbox = channel.mailbox
-        push_in_flight = channel.in_flight.push_many
+        push_in_flight = None  # the channel's in-flight queue is made at its first delivery (``open_in_flight``)
         pack_prefix = _pack_frame_prefix
         clock = trio.current_time
         now = clock()
@@ -132,6 +132,8 @@ class ChannelDispatcher(Actor):
             batch = [popleft() for _ in range(count)]
             if client.sample_rate:
                 batch = self._sample(batch, client.sample_rate)
+            if push_in_flight is None:
+                push_in_flight = channel.open_in_flight().push_many
             refused = push_in_flight(batch, now + client.msg_timeout)
             if refused:
                 batch = self._drop_refused(batch, refused)

@@ -91,6 +91,7 @@ class NSQD:
             worker_pool_max=opts.queue_scan_worker_pool_max,
             dirty_percent=opts.queue_scan_dirty_percent,
         )
+        self._scanner_activate = self.scanner.activate  # every channel's ``on_timed_work`` (one object for all)
         self.tls_context = server_ssl_context(opts)  # None without --tls-cert/--tls-key; shared with HTTPS
         self.authenticator = Authenticator.from_options(opts)
         self.identify_limits = IdentifyLimits(
@@ -265,7 +266,7 @@ class NSQD:
         self.topology_version += 1
         self._channel_registry[channel] = None
         self.scanner.invalidate()
-        channel.in_flight.on_active = channel.deferred.on_active = partial(self.scanner.activate, channel)
+        channel.on_timed_work = self._scanner_activate
         if channel.topic.replication is not None and not channel.ephemeral:
             channel.replication = channel.topic.replication
             channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)

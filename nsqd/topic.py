@@ -58,6 +58,12 @@ DRAIN_BATCH = 1024
 log = logging.getLogger("nsqd")
 
 
+def _ephemeral_channel_idle(channel: Channel) -> None:
+    """An ephemeral channel's last consumer left: the channel goes (every channel's ``on_last_client_gone``, one
+    function for all where a bound method would be one more object per channel)."""
+    channel.topic.delete_channel(channel.name)
+
+
 class TopicFull(Exception):
     """The message could not be stored: the disk queue failed (the cause is the exception's text)."""
 
@@ -306,7 +312,7 @@ class Topic:
             if self._make_backend is not None and not is_ephemeral(name):
                 backend = self._make_backend(f"{self.name}:{name}")
             channel = Channel(self, name, mem_queue_size=self.mem_queue_size, max_msg_timeout=self.max_msg_timeout,
-                              actors=self._actors, on_last_client_gone=self._ephemeral_channel_idle,
+                              actors=self._actors, on_last_client_gone=_ephemeral_channel_idle,
                               backend=backend)
             self.channels[name] = channel
             log.info("TOPIC(%s): new channel(%s)", self.name, name)
@@ -327,9 +333,6 @@ class Topic:
         if self.ephemeral and not self.channels and self._on_last_channel_gone is not None:
             self._on_last_channel_gone(self)
         return True
-
-    def _ephemeral_channel_idle(self, channel: Channel) -> None:
-        self.delete_channel(channel.name)
 
     # -- administration --------------------------------------------------------------------------
     def pause(self) -> None:

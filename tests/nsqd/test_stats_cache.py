@@ -69,7 +69,7 @@ def _deliver(channel, client) -> bytes:
     message = channel.queue.popleft()
     message.client = client
     message.delivered_at = trio.current_time()
-    channel.in_flight.push(message.id, message, trio.current_time() + 60.0)
+    channel.open_in_flight().push(message.id, message, trio.current_time() + 60.0)
     client.in_flight += 1
     client.message_count += 1
     return message.id

@@ -15,6 +15,7 @@ import time
 
 import trio
 
+from runtime.collector import FreezingCollector
 from runtime.daemon import accept_connections, adopt_listeners, format_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
@@ -91,6 +92,9 @@ class NSQD:
             worker_pool_max=opts.queue_scan_worker_pool_max,
             dirty_percent=opts.queue_scan_dirty_percent,
         )
+        # what survives a full collection is frozen, and handed back once enough topics, channels and connections
+        # were let go (runtime/collector.py); hooked to the collector by the entry point (``__main__``)
+        self.collector = FreezingCollector(self._kept_objects)
         self._scanner_activate = self.scanner.activate  # every channel's ``on_timed_work`` (one object for all)
         self.tls_context = server_ssl_context(opts)  # None without --tls-cert/--tls-key; shared with HTTPS
         self.authenticator = Authenticator.from_options(opts)
@@ -254,6 +258,7 @@ class NSQD:
         self.lookup.topic_deleted(topic)
         for channel in topic.channels.values():
             self._channel_registry.pop(channel, None)
+        self.collector.release(1 + len(topic.channels))
         topic.close(persist=False)
         if topic.replication is not None:
             topic.replication.channel_op(name, "", OP_DELETED)
@@ -280,6 +285,7 @@ class NSQD:
     def _channel_deleted(self, channel) -> None:
         self.topology_version += 1
         self._channel_registry.pop(channel, None)
+        self.collector.release()
         self.scanner.invalidate()
         if channel.replication is not None:
             channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)
@@ -293,6 +299,10 @@ class NSQD:
 
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
+
+    def _kept_objects(self) -> int:
+        """The topics, channels and connections the node keeps (``FreezingCollector``)."""
+        return len(self.topics) + len(self._channel_registry) + len(self.clients)
 
     def all_channels(self) -> list:
         """Every topic's channels: the registry the create and delete hooks keep, listed again only when a topic or
@@ -524,6 +534,7 @@ class NSQD:
         finally:
             if client is not None:
                 self.clients.pop(client.id, None)
+                self.collector.release()
                 client.state = client.state  # keep the last state for logs
                 channel = client.channel
                 client.channel = None

@@ -1,0 +1,68 @@
+"""The node's collector policy (runtime/collector.py): what survives a full collection is frozen, so the next one
+walks only what came since; deleted topics, channels and closed connections are still freed, once they outnumber a
+quarter of what the node keeps."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+
+from runtime.collector import FreezingCollector
+
+from .test_topic_setup import started_nsqd
+
+
+@contextlib.contextmanager
+def installed(collector: FreezingCollector):
+    gc.collect()
+    collector.install()
+    try:
+        yield collector
+    finally:
+        collector.uninstall()
+        gc.unfreeze()
+
+
+def test_a_full_collection_freezes_its_survivors_and_the_next_walks_only_what_came_since(tmp_path):
+    nsqd = started_nsqd(tmp_path)
+    with installed(nsqd.collector) as collector:
+        for n in range(300):
+            nsqd.get_topic(f"t{n}").get_channel("c")
+        gc.collect()
+        assert collector.freezes == 1 and gc.get_freeze_count() > 300 * 8
+        assert len(gc.get_objects()) < 300  # the next full collection walks none of the topics and channels
+        frozen = gc.get_freeze_count()
+        nsqd.get_topic("new").get_channel("c")
+        gc.collect()
+        assert collector.freezes == 2 and gc.get_freeze_count() > frozen
+
+
+def test_deleted_topics_and_channels_are_freed_once_they_outnumber_a_quarter_of_those_kept(tmp_path):
+    nsqd = started_nsqd(tmp_path)
+    with installed(nsqd.collector) as collector:
+        for n in range(100):
+            nsqd.get_topic(f"t{n}").get_channel("c")
+        gc.collect()  # frozen: the topics and channels (in cycles with each other) are not walked any more
+        deleted = [weakref.ref(nsqd.topics[f"t{n}"]) for n in range(18)]
+        channels = [weakref.ref(nsqd.topics[f"t{n}"].channels["c"]) for n in range(18, 22)]
+        for n in range(18):
+            nsqd.delete_topic(f"t{n}")
+        for n in range(18, 22):
+            nsqd.topics[f"t{n}"].delete_channel("c")
+        # 40 let go of (18 topics, their 18 channels, 4 channels), 160 kept: still frozen, their cycles kept
+        assert collector.unfreezes == 0 and collector.released == 40
+        gc.collect()
+        assert all(ref() is not None for ref in deleted + channels)
+        nsqd.topics["t22"].delete_channel("c")  # 41 let go of, 159 kept: more than a quarter
+        assert collector.unfreezes == 1 and collector.released == 0
+        gc.collect()
+        assert all(ref() is None for ref in deleted + channels)
+        assert collector.freezes == 3 and gc.get_freeze_count() > 0
+
+
+def test_release_without_a_freeze_does_nothing(tmp_path):
+    nsqd = started_nsqd(tmp_path)
+    nsqd.get_topic("t")
+    nsqd.delete_topic("t")
+    assert nsqd.collector.released == 1 and nsqd.collector.unfreezes == 0

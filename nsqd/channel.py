@@ -95,6 +95,9 @@ class Channel:
 
         self._actors = actors
         self._on_last_client_gone = on_last_client_gone
+        # the set the channel adds itself to where its /stats figures change: its topic's (``Topic.changed``)
+        changed = getattr(topic, "changed", None)
+        self.changed: set = changed if changed is not None else set()
         self.dispatcher = ChannelDispatcher(self)
         actors.add(self.dispatcher)
 
@@ -126,6 +129,7 @@ class Channel:
         may have a delay, when the topic knows (None: look at each). ``topic_token``: in durable mode, the
         token of the first message's record in the topic's disk queue (the others follow)."""
         self.message_count += len(messages)
+        self.changed.add(self)
         if deferred is None:
             deferred = any(m.defer for m in messages)
         if deferred:
@@ -214,6 +218,7 @@ class Channel:
         kept = [m for m in self.queue if m.id in records]
         if not kept:
             return
+        self.changed.add(self)
         try:
             backend.put_many([encode_record(m) for m in kept])
         except OSError:
@@ -264,7 +269,10 @@ class Channel:
         """Read up to ``count`` messages from disk into the memory deque; True if any came. Messages listed
         in the deferred index go to the deferred heap instead (and reading goes on)."""
         backend = self.backend
-        if backend is None or not backend.has_unread():
+        if backend is None:
+            return False
+        self.changed.add(self)
+        if not backend.has_unread():
             return False
         if not self.durable and not self.deferred_index:
             records = backend.read_split(count)
@@ -304,6 +312,7 @@ class Channel:
     def discard(self, message: Message) -> None:
         """A message consumed without delivery (``sample_rate``, or a duplicate of one in flight): release
         its disk record."""
+        self.changed.add(self)
         if message.disk_token >= 0:
             self.backend.ack(message.disk_token)
             message.disk_token = -1
@@ -330,11 +339,13 @@ class Channel:
     # -- consumers -------------------------------------------------------------------------------
     def add_client(self, client: Client) -> None:
         self.clients[client.id] = client
+        self.changed.add(self)
 
     def remove_client(self, client: Client) -> None:
         """A consumer left. Its in-flight messages come back when their timeout expires, as in nsqd."""
         if self.clients.pop(client.id, None) is None:
             return
+        self.changed.add(self)
         if self.ephemeral and not self.clients and not self.exiting:
             self._on_last_client_gone(self)
 
@@ -375,6 +386,7 @@ class Channel:
     def _finished(self, client: Client, messages) -> None:
         """The bookkeeping of finished messages (already out of the in-flight queue): disk acks (durable mode),
         end-to-end latency samples, the client's counters, and its credit."""
+        self.changed.add(self)
         if self.durable:
             ack = self.backend.ack
             for message in messages:
@@ -398,6 +410,7 @@ class Channel:
             raise ChannelError("exiting")
         message = self._owned(client, msg_id)
         self.in_flight.pop(msg_id)
+        self.changed.add(self)
         message.client = None
         client.in_flight -= 1
         client.requeue_count += 1
@@ -443,6 +456,7 @@ class Channel:
         if due:
             self._enqueue(due)
         if expired or due:
+            self.changed.add(self)
             self.wake()
             return True
         return False
@@ -450,11 +464,13 @@ class Channel:
     # -- administration --------------------------------------------------------------------------
     def pause(self) -> None:
         self.paused = True
+        self.changed.add(self)
         if self.replication is not None:
             self.replication.channel_op(self.topic_name, self.name, OP_PAUSED)
 
     def unpause(self) -> None:
         self.paused = False
+        self.changed.add(self)
         if self.replication is not None:
             self.replication.channel_op(self.topic_name, self.name, OP_UNPAUSED)
         self.wake()
@@ -464,6 +480,7 @@ class Channel:
         if self.replication is not None:
             self.replication.channel_op(self.topic_name, self.name, OP_EMPTIED)
         self.queue.clear()
+        self.changed.add(self)
         self._release_all_topic_records()
         if self.backend is not None:
             self.backend.empty()

@@ -95,6 +95,7 @@ class ChannelDispatcher(Actor):
         channel = self.channel
         if channel.paused or channel.exiting:
             return False
+        channel.changed.add(channel)  # its queue and in-flight counts may move (stats_cache.py)
         queue = channel.queue
         popleft = queue.popleft
         mailbox = channel.mailbox

@@ -125,6 +125,9 @@ class NSQD:
         self.duplicates_after_takeover = 0
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
+        #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
+        #: themselves: ``Topic.changed``; the cache empties it)
+        self.stats_changed: set = set()
         self.owing_topics: dict[Topic, None] = {}  # durable mode: topics whose channels kept copies (Topic._owing)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         # the names of the files the data directory held at start-up (``load_metadata``); a disk queue or deferred
@@ -135,7 +138,7 @@ class NSQD:
         self.guid = GUIDFactory(opts.node_id)
         self._topic_hooks = {"on_channel_created": self._channel_created, "on_channel_deleted": self._channel_deleted,
                              "on_last_channel_gone": self._ephemeral_topic_idle, "make_backend": self._make_backend,
-                             "spawn": self._spawn, "owing": self.owing_topics}
+                             "spawn": self._spawn, "owing": self.owing_topics, "changed": self.stats_changed}
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False

@@ -15,6 +15,8 @@ from nsqd.options import parse_options
 from nsqd.queues.deferred import EMPTY_DEFERRED
 from nsqd.queues.inflight import EMPTY_IN_FLIGHT
 from nsqd.server import NSQD
+from nsqd.stats import collect, json_body
+from nsqd.stats_cache import StatsCache
 from nsqd.tcp import Connection
 from protocol.commands import MAGIC_V2, encode_dpub, encode_fin, encode_pub, encode_rdy, encode_req, encode_sub
 from protocol.frames import FRAME_TYPE_MESSAGE, FrameDecoder
@@ -71,6 +73,11 @@ async def _running(nursery, tmp_path, *flags: str) -> NSQD:
     return nsqd
 
 
+def _assert_stats(nsqd: NSQD, cache: StatsCache) -> None:
+    for options in ({}, {"include_clients": False}):
+        assert cache.json(include_mem=False, **options) == json_body(collect(nsqd, include_mem=False, **options))
+
+
 class _Client:
     def __init__(self, stream) -> None:
         self.stream = stream
@@ -109,26 +116,42 @@ class _Client:
 
 
 async def test_queues_made_at_first_use_wake_the_scanner_and_survive_a_restart(tmp_path):
+    with trio.fail_after(30):
+        await _first_use_and_restart(tmp_path)
+
+
+async def _first_use_and_restart(tmp_path):
     async with trio.open_nursery() as nursery:
         nsqd = await _running(nursery, tmp_path, "--msg-timeout=200ms")
         client = await _Client.open(nsqd)
-        await client.send(encode_sub("t", "c") + encode_rdy(10))
-        assert await client.response() == b"OK"
+        await client.send(encode_sub("t", "c") + encode_pub("t", b"zero") + encode_pub("t", b"zero too"))
+        for _ in range(3):
+            assert await client.response() == b"OK"
         channel = nsqd.topics["t"].channels["c"]
         other = nsqd.topics["t"].get_channel("idle")
         assert channel.in_flight is EMPTY_IN_FLIGHT and channel.deferred is EMPTY_DEFERRED
+        cache = StatsCache(nsqd)  # and the /stats the cache renders follows each step (the channels mark changes)
+        _assert_stats(nsqd, cache)
+        await client.send(encode_rdy(1))  # the dispatcher delivers what waited, in a slice of its own
+        zero = await client.message()
+        _assert_stats(nsqd, cache)
+        await client.send(encode_fin(zero.id) + encode_rdy(10))
+        await client.send(encode_fin((await client.message()).id))
 
         await client.send(encode_pub("t", b"one") + encode_pub("t", b"two"))
         first, second = await client.message(), await client.message()
         assert channel.in_flight is not EMPTY_IN_FLIGHT and len(channel.in_flight) == 2
         assert other.in_flight is EMPTY_IN_FLIGHT  # the other channel's copies wait in its memory queue
+        _assert_stats(nsqd, cache)
         # a requeue with a delay: the deferred queue is made, and the scanner brings the message back
         await client.send(encode_req(first.id, 20))
         assert (await client.message()).body == b"one"
         assert channel.deferred is not EMPTY_DEFERRED and len(channel.deferred) == 0
+        _assert_stats(nsqd, cache)
         # the message left unfinished times out: the in-flight queue made at the first delivery woke the scanner
         again = await client.message()
         assert (again.body, again.attempts) == (b"two", 2)
+        _assert_stats(nsqd, cache)
         await client.send(encode_fin(again.id))
         # a DPUB: deferred in both channels, delivered here after its delay
         await client.send(encode_dpub("t", 30, b"later"))
@@ -141,6 +164,7 @@ async def test_queues_made_at_first_use_wake_the_scanner_and_survive_a_restart(t
         assert other.deferred is not EMPTY_DEFERRED
         while [m.body for m in other.queue] != [b"one", b"two", b"later"]:
             await trio.sleep(0.01)
+        _assert_stats(nsqd, cache)
         # left in flight and deferred when the node stops: written to disk with the channel
         await client.send(encode_dpub("t", 60_000, b"much later"))
         await client.response()
@@ -161,5 +185,6 @@ async def test_queues_made_at_first_use_wake_the_scanner_and_survive_a_restart(t
         while channel.deferred is EMPTY_DEFERRED or len(channel.deferred) != 1:
             await trio.sleep(0.01)
         assert channel.deferred.entries()[0][1].body == b"much later"
+        _assert_stats(nsqd, StatsCache(nsqd))
         nsqd.exit()
 

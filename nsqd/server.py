@@ -261,6 +261,8 @@ class NSQD:
         self.lookup.topic_deleted(topic)
         for channel in topic.channels.values():
             self._channel_registry.pop(channel, None)
+            self.stats_changed.discard(channel)
+        self.stats_changed.discard(topic)  # (held there until the next /stats request otherwise)
         self.collector.release(1 + len(topic.channels))
         topic.close(persist=False)
         if topic.replication is not None:
@@ -288,6 +290,7 @@ class NSQD:
     def _channel_deleted(self, channel) -> None:
         self.topology_version += 1
         self._channel_registry.pop(channel, None)
+        self.stats_changed.discard(channel)
         self.collector.release()
         self.scanner.invalidate()
         if channel.replication is not None:

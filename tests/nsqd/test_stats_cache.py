@@ -299,3 +299,15 @@ async def test_the_kept_pieces_of_idle_topics_are_few_objects_for_the_collector(
         counts.append(_tracked_by_cache(cache, nsqd))
     # 190 topics and 380 channels more: a few objects more (the second run of /metrics rows), not some per topic
     assert counts[1] - counts[0] < 10 and counts[1] < 50, counts
+
+
+async def test_deleted_topics_and_channels_leave_the_changed_set(any_nsqd):
+    nsqd = any_nsqd
+    topic = nsqd.get_topic("t")
+    kept, deleted = topic.get_channel("kept"), topic.get_channel("deleted")
+    topic.publish([b"one"])
+    assert nsqd.stats_changed == {topic, kept, deleted}
+    topic.delete_channel("deleted")
+    assert nsqd.stats_changed == {topic, kept}
+    nsqd.delete_topic("t")  # nothing of theirs stays held until the next request
+    assert nsqd.stats_changed == set()

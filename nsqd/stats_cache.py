@@ -199,6 +199,10 @@ class _Columns:
         for name in columns:
             getattr(self, name).append(getattr(kept, name)[index])
         start, end = kept.bounds[index], kept.bounds[index + 1]
+        first = len(self.keys)
+        for at in range(start, end):
+            if at in kept.with_clients:
+                self.with_clients[first + at - start] = None
         self.keys += kept.keys[start:end]
         self.e2e += kept.e2e[start:end]
         self.clients += kept.clients[start:end]

@@ -311,3 +311,14 @@ async def test_deleted_topics_and_channels_leave_the_changed_set(any_nsqd):
     assert nsqd.stats_changed == {topic, kept}
     nsqd.delete_topic("t")  # nothing of theirs stays held until the next request
     assert nsqd.stats_changed == set()
+
+
+async def test_clients_of_a_topic_kept_across_a_new_layout_still_show(any_nsqd):
+    nsqd = any_nsqd
+    cache = StatsCache(nsqd)
+    consumer = _connect(nsqd, nsqd.get_topic("b").get_channel("c"), port=5001)
+    assert_current(nsqd, cache)
+    nsqd.get_topic("a").get_channel("c")  # laid out again: "b" keeps its entries
+    assert _channel(assert_current(nsqd, cache), "b", "c")["clients"][0]["ready_count"] == 0
+    consumer.rdy = 3
+    assert _channel(assert_current(nsqd, cache), "b", "c")["clients"][0]["ready_count"] == 3

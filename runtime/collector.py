@@ -11,9 +11,10 @@ walks only what was made since. Frozen objects that become garbage are still fre
 everything in the daemons is (messages, buffers, requests); only a reference cycle (a topic and its channels, a
 connection and its tasks) outlives its last outside reference until the collector sees it. So the daemon tells the
 collector what it lets go of (``release``: a deleted topic or channel, a closed connection), and once that is more
-than a quarter of what it keeps, everything frozen is handed back (``gc.unfreeze``): the next full collection walks
-all of it once, frees those cycles, and freezes the survivors again. The memory held by what was let go is so
-bounded by a quarter of what is kept, as the growth between two full collections is by CPython's own rule.
+than a quarter of what it keeps (and at least ``RELEASED_MIN``), everything frozen is handed back (``gc.unfreeze``):
+the next full collection walks all of it once, frees those cycles, and freezes the survivors again. The memory held
+by what was let go is so bounded by a quarter of what is kept (or by a few hundred objects on a small node), as the
+growth between two full collections is by CPython's own rule.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-__all__ = ["FreezingCollector"]
+__all__ = ["RELEASED_MIN", "FreezingCollector"]
+
+#: ...and at least this many: a small node would otherwise hand back everything frozen (the modules frozen at
+#: start-up among it) at every few objects it lets go of, and walk it all at the next full collection
+RELEASED_MIN = 256
 
 
 class FreezingCollector:
@@ -52,7 +57,7 @@ class FreezingCollector:
     def release(self, count: int = 1) -> None:
         """``count`` objects of the kind ``kept`` counts were let go of (they may be frozen, in a cycle)."""
         self.released += count
-        if self.released * 4 > self._kept() and gc.get_freeze_count():
+        if self.released >= RELEASED_MIN and self.released * 4 > self._kept() and gc.get_freeze_count():
             gc.unfreeze()  # the next full collection walks everything once (then freezes again)
             self.unfreezes += 1
             self.released = 0

@@ -41,24 +41,35 @@ def test_a_full_collection_freezes_its_survivors_and_the_next_walks_only_what_ca
 def test_deleted_topics_and_channels_are_freed_once_they_outnumber_a_quarter_of_those_kept(tmp_path):
     nsqd = started_nsqd(tmp_path)
     with installed(nsqd.collector) as collector:
-        for n in range(100):
+        for n in range(1000):
             nsqd.get_topic(f"t{n}").get_channel("c")
         gc.collect()  # frozen: the topics and channels (in cycles with each other) are not walked any more
-        deleted = [weakref.ref(nsqd.topics[f"t{n}"]) for n in range(18)]
-        channels = [weakref.ref(nsqd.topics[f"t{n}"].channels["c"]) for n in range(18, 22)]
-        for n in range(18):
+        deleted = [weakref.ref(nsqd.topics[f"t{n}"]) for n in range(190)]
+        channels = [weakref.ref(nsqd.topics[f"t{n}"].channels["c"]) for n in range(190, 210)]
+        for n in range(190):
             nsqd.delete_topic(f"t{n}")
-        for n in range(18, 22):
+        for n in range(190, 210):
             nsqd.topics[f"t{n}"].delete_channel("c")
-        # 40 let go of (18 topics, their 18 channels, 4 channels), 160 kept: still frozen, their cycles kept
-        assert collector.unfreezes == 0 and collector.released == 40
+        # 400 let go of (190 topics, their 190 channels, 20 channels), 1,600 kept: still frozen, their cycles kept
+        assert collector.unfreezes == 0 and collector.released == 400
         gc.collect()
         assert all(ref() is not None for ref in deleted + channels)
-        nsqd.topics["t22"].delete_channel("c")  # 41 let go of, 159 kept: more than a quarter
+        nsqd.topics["t210"].delete_channel("c")  # 401 let go of, 1,599 kept: more than a quarter
         assert collector.unfreezes == 1 and collector.released == 0
         gc.collect()
         assert all(ref() is None for ref in deleted + channels)
         assert collector.freezes == 3 and gc.get_freeze_count() > 0
+
+
+def test_a_small_node_hands_back_nothing_for_a_few_objects(tmp_path):
+    nsqd = started_nsqd(tmp_path)
+    with installed(nsqd.collector) as collector:
+        for n in range(10):
+            nsqd.get_topic(f"t{n}").get_channel("c")
+        gc.collect()
+        for n in range(10):
+            nsqd.delete_topic(f"t{n}")
+        assert collector.released == 20 and collector.unfreezes == 0  # more than a quarter, fewer than RELEASED_MIN
 
 
 def test_release_without_a_freeze_does_nothing(tmp_path):

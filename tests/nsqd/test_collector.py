@@ -14,22 +14,23 @@ from .test_topic_setup import started_nsqd
 
 
 @contextlib.contextmanager
-def installed(collector: FreezingCollector):
+def grown(tmp_path, topics: int):
+    """A node with ``topics`` topics of one channel each, its collector installed, after a full collection."""
+    nsqd = started_nsqd(tmp_path)
     gc.collect()
-    collector.install()
+    nsqd.collector.install()
     try:
-        yield collector
+        for n in range(topics):
+            nsqd.get_topic(f"t{n}").get_channel("c")
+        gc.collect()
+        yield nsqd, nsqd.collector
     finally:
-        collector.uninstall()
+        nsqd.collector.uninstall()
         gc.unfreeze()
 
 
 def test_a_full_collection_freezes_its_survivors_and_the_next_walks_only_what_came_since(tmp_path):
-    nsqd = started_nsqd(tmp_path)
-    with installed(nsqd.collector) as collector:
-        for n in range(300):
-            nsqd.get_topic(f"t{n}").get_channel("c")
-        gc.collect()
+    with grown(tmp_path, 300) as (nsqd, collector):
         assert collector.freezes == 1 and gc.get_freeze_count() > 300 * 8
         assert len(gc.get_objects()) < 300  # the next full collection walks none of the topics and channels
         frozen = gc.get_freeze_count()
@@ -39,11 +40,8 @@ def test_a_full_collection_freezes_its_survivors_and_the_next_walks_only_what_ca
 
 
 def test_deleted_topics_and_channels_are_freed_once_they_outnumber_a_quarter_of_those_kept(tmp_path):
-    nsqd = started_nsqd(tmp_path)
-    with installed(nsqd.collector) as collector:
-        for n in range(1000):
-            nsqd.get_topic(f"t{n}").get_channel("c")
-        gc.collect()  # frozen: the topics and channels (in cycles with each other) are not walked any more
+    # frozen: the topics and channels (in cycles with each other) are not walked any more
+    with grown(tmp_path, 1000) as (nsqd, collector):
         deleted = [weakref.ref(nsqd.topics[f"t{n}"]) for n in range(190)]
         channels = [weakref.ref(nsqd.topics[f"t{n}"].channels["c"]) for n in range(190, 210)]
         for n in range(190):
@@ -62,11 +60,7 @@ def test_deleted_topics_and_channels_are_freed_once_they_outnumber_a_quarter_of_
 
 
 def test_a_small_node_hands_back_nothing_for_a_few_objects(tmp_path):
-    nsqd = started_nsqd(tmp_path)
-    with installed(nsqd.collector) as collector:
-        for n in range(10):
-            nsqd.get_topic(f"t{n}").get_channel("c")
-        gc.collect()
+    with grown(tmp_path, 10) as (nsqd, collector):
         for n in range(10):
             nsqd.delete_topic(f"t{n}")
         assert collector.released == 20 and collector.unfreezes == 0  # more than a quarter, fewer than RELEASED_MIN

@@ -41,6 +41,7 @@ from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
 from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from protocol.version import version_string
+from .stats_cache import StatsCache
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
 from .tls import client_ssl_context, server_ssl_context
@@ -128,6 +129,11 @@ class NSQD:
         #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
         #: themselves: ``Topic.changed``; the cache empties it)
         self.stats_changed: set = set()
+        #: the ``StatsCache``s made for this node; with more than one, each reads every key (the one that emptied
+        #: ``stats_changed`` would hide its marks from the others). The HTTP and HTTPS servers share one
+        #: (``stats_cache``).
+        self.stats_readers = 0
+        self._stats_cache: StatsCache | None = None
         self.owing_topics: dict[Topic, None] = {}  # durable mode: topics whose channels kept copies (Topic._owing)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         # the names of the files the data directory held at start-up (``load_metadata``); a disk queue or deferred
@@ -305,6 +311,12 @@ class NSQD:
 
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
+
+    def stats_cache(self) -> StatsCache:
+        """The node's ``StatsCache`` (its ``/stats`` and ``/metrics``, whichever server they come through)."""
+        if self._stats_cache is None:
+            self._stats_cache = StatsCache(self)
+        return self._stats_cache
 
     def _kept_objects(self) -> int:
         """The topics, channels and connections the node keeps (``FreezingCollector``)."""

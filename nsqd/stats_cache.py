@@ -252,6 +252,7 @@ class StatsCache:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
+        nsqd.stats_readers += 1
         self._version = None
         self._columns = _Columns()
         self._producers: list[_ClientPiece] = []
@@ -285,15 +286,15 @@ class StatsCache:
         the last such request, so a change in between is still seen by the next one). Returns the columns.
 
         The keys read are those of the topics that changed since the last request, or one of whose channels did
-        (``_marked``); all of them after the topics or channels were laid out again, and always with latency
-        percentiles (a window's state moves with the clock). Reading a key is about 1 us per channel (memory
+        (``_marked``); all of them after the topics or channels were laid out again, always with latency
+        percentiles (a window's state moves with the clock), and when the node has another cache. Reading a key is about 1 us per channel (memory
         reads of the channel and its queues, scattered over the heap: 20-30 ms at 20,000 channels), so an idle
         channel costs nothing. The clients of every channel that has some are looked at."""
         now_ns = time.time_ns()
         columns, laid_out = self._sorted()
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
         marked = self.nsqd.stats_changed
-        if laid_out or tracked:
+        if laid_out or tracked or self.nsqd.stats_readers > 1:
             indexes = range(len(columns.topics))
         else:
             indexes = self._marked(columns, marked)

@@ -16,13 +16,12 @@ import trio
 from nsqd.client import Client, ClientState
 from nsqd.http_api import build_router
 from nsqd.metrics import MetricsEndpoint, series_text
+from nsqd.options import Options
+from nsqd.server import NSQD
 from nsqd.stats import collect, format_text, json_body
 from nsqd.stats_cache import StatsCache
 from protocol.http import Request
 from tests.nsqd.test_metrics import nsqd  # noqa: F401 (the fixture: a daemon with two percentiles)
-
-from nsqd.options import Options
-from nsqd.server import NSQD
 
 
 @pytest.fixture(params=["percentiles", "plain"])
@@ -322,3 +321,21 @@ async def test_clients_of_a_topic_kept_across_a_new_layout_still_show(any_nsqd):
     assert _channel(assert_current(nsqd, cache), "b", "c")["clients"][0]["ready_count"] == 0
     consumer.rdy = 3
     assert _channel(assert_current(nsqd, cache), "b", "c")["clients"][0]["ready_count"] == 3
+
+
+async def test_two_caches_of_one_node_both_stay_current(any_nsqd):
+    """The HTTP and HTTPS servers share the node's cache; two caches would each empty the changed set the other
+    reads, so with two every key is read."""
+    nsqd = any_nsqd
+    assert nsqd.stats_cache() is nsqd.stats_cache()
+    build_router(nsqd)
+    build_router(nsqd)
+    assert nsqd.stats_readers == 1
+    first, second = nsqd.stats_cache(), StatsCache(nsqd)
+    topic = nsqd.get_topic("t")
+    topic.get_channel("c")
+    assert_current(nsqd, first)
+    assert_current(nsqd, second)
+    topic.publish([b"one"])
+    assert _topic(assert_current(nsqd, first), "t")["message_count"] == 1
+    assert _topic(assert_current(nsqd, second), "t")["message_count"] == 1

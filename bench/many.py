@@ -21,6 +21,10 @@ One nsqd is grown in steps, and each step is measured as it goes:
 5. Idle: nsqd's CPU over ``--idle`` seconds (30: one heartbeat interval, so each idle connection is sent one
    heartbeat, and answers it, within the window) with nothing else to do but keep the topics, channels and
    connections.
+6. Full collection: ``POST /debug/freememory`` (a full collection of the interpreter's heap; the collector makes
+   one by itself each time the long-lived objects have grown by a quarter, and one falling in the idle window is
+   most of that window's CPU): its time follows the number of objects each topic, channel and connection keeps.
+   Row ``first``: the one the growth left owed; row ``again``: the median of ``--stats-repeats`` more.
 
 Memory: nsqd's resident set before and after each step gives the bytes per topic, per channel (no consumer) and
 per idle connection (its consumer included), in the ``memory`` rows.
@@ -309,6 +313,23 @@ def idle_cpu(sampler, seconds: float) -> float:
     return (sampler.cpu_seconds() - before) / seconds
 
 
+def full_collection(http: HttpClient, sampler, repeats: int) -> list[dict]:
+    """``POST /debug/freememory`` (a full collection of the interpreter's heap): wall time and nsqd CPU of the first
+    request, then the median wall time and CPU per request of ``repeats`` more. The collector makes one by itself
+    each time the long-lived objects have grown by a quarter; the first request makes the one the growth left
+    owed, the others show what one costs once nothing has changed."""
+    rows = []
+    for step, count in (("first", 1), ("again", repeats)):
+        times = []
+        cpu_before = sampler.cpu_seconds()
+        for _ in range(count):
+            times.append(http.timed("POST", "/debug/freememory"))
+        cpu = (sampler.cpu_seconds() - cpu_before) / count
+        rows.append({"step": f"full collection (POST /debug/freememory), {step}", "count": count,
+                     "ms": statistics.median(times) * 1e3, "cpu ms": cpu * 1e3 if sampler.pid else None})
+    return rows
+
+
 def _rss(sampler, settle: float) -> int:
     time.sleep(settle)
     return sampler.rss_bytes()
@@ -382,6 +403,7 @@ def run(args) -> Report:
                     report.rows.append({"step": "idle", "count": len(consumers.sockets),
                                         "cpu share": share if sampler.pid else None,
                                         "heartbeats": consumers.heartbeats})
+                report.rows += full_collection(http, sampler, args.stats_repeats)
             finally:
                 consumers.close()
         finally:
@@ -404,7 +426,8 @@ def run(args) -> Report:
     return report
 
 
-__all__ = ["HttpClient", "IdleConsumers", "PubProbe", "grow_channels", "grow_topics", "idle_cpu", "measure_stats",
+__all__ = ["HttpClient", "IdleConsumers", "PubProbe", "full_collection", "grow_channels", "grow_topics", "idle_cpu",
+           "measure_stats",
            "measure_stats_changing", "run"]
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ async def serve(opts, prebound: Prebound) -> None:
     nsqd.adopt(prebound)  # locked and bound before anything runs, so a refusal leaves nothing to stop
     gc.freeze()  # what startup made (modules, options) lives as long as the process: never scan it again
     gc.set_threshold(*GC_THRESHOLDS)
+    nsqd.collector.install()  # and what survives a full collection is frozen too (runtime/collector.py)
     await serve_until_signalled(nsqd)
 
 

@@ -29,6 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+from functools import partial
 from typing import Callable
 
 import trio
@@ -39,9 +40,9 @@ from protocol.replication import OP_EMPTIED, OP_PAUSED, OP_UNPAUSED
 from .client import Client
 from .dispatch import ChannelDispatcher
 from .message import Message, encode_record, split_messages
-from .queues.deferred import DeferredQueue
+from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
 from .queues.deferred_index import DeferredIndex
-from .queues.inflight import InFlightQueue
+from .queues.inflight import EMPTY_IN_FLIGHT, InFlightQueue
 
 __all__ = ["Channel", "ChannelError"]
 
@@ -73,8 +74,13 @@ class Channel:
         if backend is not None:
             self.deferred_index = DeferredIndex(backend.data_path, backend.name)
             self.deferred_index.load(backend.read_position(), backend.known_files)
-        self.in_flight = InFlightQueue()
-        self.deferred = DeferredQueue()
+        # the shared empty queues until the first delivery and the first deferred message (``open_in_flight``,
+        # ``open_deferred``): an idle channel holds fewer objects for the cyclic collector to visit
+        self.in_flight: InFlightQueue = EMPTY_IN_FLIGHT
+        self.deferred: DeferredQueue = EMPTY_DEFERRED
+        #: called with the channel when its in-flight or deferred queue goes from empty to holding something (the
+        #: daemon's queue scanner: ``QueueScanner.activate``, one bound method for every channel)
+        self.on_timed_work: Callable[["Channel"], None] | None = None
         # durable mode: ID -> topic record token of each message kept only in memory after the disk refused it
         self._topic_records: dict[bytes, int] = {}
         self.clients: dict[int, Client] = {}
@@ -89,16 +95,41 @@ class Channel:
 
         self._actors = actors
         self._on_last_client_gone = on_last_client_gone
+        # the set the channel adds itself to where its /stats figures change: its topic's (``Topic.changed``)
+        changed = getattr(topic, "changed", None)
+        self.changed: set = changed if changed is not None else set()
         self.dispatcher = ChannelDispatcher(self)
         actors.add(self.dispatcher)
 
     # -- queue -----------------------------------------------------------------------------------
+    def open_in_flight(self) -> InFlightQueue:
+        """The channel's own in-flight queue, made at its first delivery (the shared empty one until then)."""
+        queue = self.in_flight
+        if queue is EMPTY_IN_FLIGHT:
+            queue = self.in_flight = InFlightQueue()
+            queue.on_active = self._timed_work_hook()
+        return queue
+
+    def open_deferred(self) -> DeferredQueue:
+        """The channel's own deferred queue, made at its first deferred message (the shared empty one until
+        then)."""
+        queue = self.deferred
+        if queue is EMPTY_DEFERRED:
+            queue = self.deferred = DeferredQueue()
+            queue.on_active = self._timed_work_hook()
+        return queue
+
+    def _timed_work_hook(self) -> Callable[[], None] | None:
+        hook = self.on_timed_work
+        return None if hook is None else partial(hook, self)
+
     def put_many(self, messages: list[Message], deferred: bool | None = None, topic_token: int = -1) -> bool:
         """Accept messages from the topic pump (deferred ones go to the deferred heap). False when the disk
         refused some (they are kept in memory then, see ``_enqueue``). ``deferred``: whether some message
         may have a delay, when the topic knows (None: look at each). ``topic_token``: in durable mode, the
         token of the first message's record in the topic's disk queue (the others follow)."""
         self.message_count += len(messages)
+        self.changed.add(self)
         if deferred is None:
             deferred = any(m.defer for m in messages)
         if deferred:
@@ -108,7 +139,7 @@ class Channel:
             ready = []
             for m in messages:
                 if m.defer:
-                    self.deferred.push(m, now + m.defer)
+                    self.open_deferred().push(m, now + m.defer)
                 else:
                     ready.append(m)
             messages = ready
@@ -187,6 +218,7 @@ class Channel:
         kept = [m for m in self.queue if m.id in records]
         if not kept:
             return
+        self.changed.add(self)
         try:
             backend.put_many([encode_record(m) for m in kept])
         except OSError:
@@ -219,7 +251,7 @@ class Channel:
             if due_ns is None or due_ns <= now_ns:
                 self.queue.append(m)
             else:
-                self.deferred.push(m, now + (due_ns - now_ns) / 1e9)
+                self.open_deferred().push(m, now + (due_ns - now_ns) / 1e9)
 
     def _handoff_room(self) -> int:
         """An ephemeral channel without a memory queue (``--mem-queue-size=0``) passes a message on only when
@@ -237,7 +269,10 @@ class Channel:
         """Read up to ``count`` messages from disk into the memory deque; True if any came. Messages listed
         in the deferred index go to the deferred heap instead (and reading goes on)."""
         backend = self.backend
-        if backend is None or not backend.has_unread():
+        if backend is None:
+            return False
+        self.changed.add(self)
+        if not backend.has_unread():
             return False
         if not self.durable and not self.deferred_index:
             records = backend.read_split(count)
@@ -270,13 +305,14 @@ class Channel:
                 queue.append(message)
                 ready += 1
             else:
-                self.deferred.push(message, now + (due_ns - now_ns) / 1e9)
+                self.open_deferred().push(message, now + (due_ns - now_ns) / 1e9)
         index.reader_moved(self.backend.read_position())
         return ready > 0
 
     def discard(self, message: Message) -> None:
         """A message consumed without delivery (``sample_rate``, or a duplicate of one in flight): release
         its disk record."""
+        self.changed.add(self)
         if message.disk_token >= 0:
             self.backend.ack(message.disk_token)
             message.disk_token = -1
@@ -303,11 +339,13 @@ class Channel:
     # -- consumers -------------------------------------------------------------------------------
     def add_client(self, client: Client) -> None:
         self.clients[client.id] = client
+        self.changed.add(self)
 
     def remove_client(self, client: Client) -> None:
         """A consumer left. Its in-flight messages come back when their timeout expires, as in nsqd."""
         if self.clients.pop(client.id, None) is None:
             return
+        self.changed.add(self)
         if self.ephemeral and not self.clients and not self.exiting:
             self._on_last_client_gone(self)
 
@@ -348,6 +386,7 @@ class Channel:
     def _finished(self, client: Client, messages) -> None:
         """The bookkeeping of finished messages (already out of the in-flight queue): disk acks (durable mode),
         end-to-end latency samples, the client's counters, and its credit."""
+        self.changed.add(self)
         if self.durable:
             ack = self.backend.ack
             for message in messages:
@@ -371,12 +410,13 @@ class Channel:
             raise ChannelError("exiting")
         message = self._owned(client, msg_id)
         self.in_flight.pop(msg_id)
+        self.changed.add(self)
         message.client = None
         client.in_flight -= 1
         client.requeue_count += 1
         self.requeue_count += 1
         if delay > 0:
-            self.deferred.push(message, trio.current_time() + delay)
+            self.open_deferred().push(message, trio.current_time() + delay)
         else:
             self._enqueue([message])
             self.wake()
@@ -416,6 +456,7 @@ class Channel:
         if due:
             self._enqueue(due)
         if expired or due:
+            self.changed.add(self)
             self.wake()
             return True
         return False
@@ -423,11 +464,13 @@ class Channel:
     # -- administration --------------------------------------------------------------------------
     def pause(self) -> None:
         self.paused = True
+        self.changed.add(self)
         if self.replication is not None:
             self.replication.channel_op(self.topic_name, self.name, OP_PAUSED)
 
     def unpause(self) -> None:
         self.paused = False
+        self.changed.add(self)
         if self.replication is not None:
             self.replication.channel_op(self.topic_name, self.name, OP_UNPAUSED)
         self.wake()
@@ -437,6 +480,7 @@ class Channel:
         if self.replication is not None:
             self.replication.channel_op(self.topic_name, self.name, OP_EMPTIED)
         self.queue.clear()
+        self.changed.add(self)
         self._release_all_topic_records()
         if self.backend is not None:
             self.backend.empty()

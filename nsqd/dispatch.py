@@ -95,10 +95,11 @@ class ChannelDispatcher(Actor):
         channel = self.channel
         if channel.paused or channel.exiting:
             return False
+        channel.changed.add(channel)  # its queue and in-flight counts may move (stats_cache.py)
         queue = channel.queue
         popleft = queue.popleft
         mailbox = channel.mailbox
-        push_in_flight = channel.in_flight.push_many
+        push_in_flight = None  # the channel's in-flight queue is made at its first delivery (``open_in_flight``)
         pack_prefix = _pack_frame_prefix
         clock = trio.current_time
         now = clock()
@@ -132,6 +133,8 @@ class ChannelDispatcher(Actor):
             batch = [popleft() for _ in range(count)]
             if client.sample_rate:
                 batch = self._sample(batch, client.sample_rate)
+            if push_in_flight is None:
+                push_in_flight = channel.open_in_flight().push_many
             refused = push_in_flight(batch, now + client.msg_timeout)
             if refused:
                 batch = self._drop_refused(batch, refused)

@@ -60,7 +60,6 @@ from protocol.version import NSQ_VERSION
 
 from .options import config_value
 from .stats import collect, format_text, gc_paused, json_body
-from .stats_cache import StatsCache
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["BOOL_PARAMS", "NSQDRouter", "build_router", "make_http_server"]
@@ -112,7 +111,7 @@ class _API:
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
         self.metrics_endpoint = None  # built at the first scrape: prometheus_client costs start-up time otherwise
-        self.stats_cache = StatsCache(nsqd)
+        self.stats_cache = nsqd.stats_cache()
 
     # -- parameter helpers -------------------------------------------------------------------------------------
     @staticmethod

@@ -195,11 +195,7 @@ class MetricsEndpoint:
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
-        if cache is None:
-            from .stats_cache import StatsCache
-
-            cache = StatsCache(nsqd)
-        self.cache = cache
+        self.cache = cache if cache is not None else nsqd.stats_cache()
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scrape (Prometheus text, or OpenMetrics when the ``Accept`` header asks for it)

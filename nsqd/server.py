@@ -15,6 +15,7 @@ import time
 
 import trio
 
+from runtime.collector import FreezingCollector
 from runtime.daemon import accept_connections, adopt_listeners, format_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
@@ -40,6 +41,7 @@ from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
 from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
 from protocol.version import version_string
+from .stats_cache import StatsCache
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
 from .tls import client_ssl_context, server_ssl_context
@@ -92,6 +94,10 @@ class NSQD:
             worker_pool_max=opts.queue_scan_worker_pool_max,
             dirty_percent=opts.queue_scan_dirty_percent,
         )
+        # what survives a full collection is frozen, and handed back once enough topics, channels and connections
+        # were let go (runtime/collector.py); hooked to the collector by the entry point (``__main__``)
+        self.collector = FreezingCollector(self._kept_objects)
+        self._scanner_activate = self.scanner.activate  # every channel's ``on_timed_work`` (one object for all)
         self.tls_context = server_ssl_context(opts)  # None without --tls-cert/--tls-key; shared with HTTPS
         self.authenticator = Authenticator.from_options(opts)
         self.identify_limits = IdentifyLimits(
@@ -121,6 +127,14 @@ class NSQD:
         self.duplicates_after_takeover = 0
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
+        #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
+        #: themselves: ``Topic.changed``; the cache empties it)
+        self.stats_changed: set = set()
+        #: the ``StatsCache``s made for this node; with more than one, each reads every key (the one that emptied
+        #: ``stats_changed`` would hide its marks from the others). The HTTP and HTTPS servers share one
+        #: (``stats_cache``).
+        self.stats_readers = 0
+        self._stats_cache: StatsCache | None = None
         self.owing_topics: dict[Topic, None] = {}  # durable mode: topics whose channels kept copies (Topic._owing)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         # the names of the files the data directory held at start-up (``load_metadata``); a disk queue or deferred
@@ -131,7 +145,7 @@ class NSQD:
         self.guid = GUIDFactory(opts.node_id)
         self._topic_hooks = {"on_channel_created": self._channel_created, "on_channel_deleted": self._channel_deleted,
                              "on_last_channel_gone": self._ephemeral_topic_idle, "make_backend": self._make_backend,
-                             "spawn": self._spawn, "owing": self.owing_topics}
+                             "spawn": self._spawn, "owing": self.owing_topics, "changed": self.stats_changed}
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -264,6 +278,9 @@ class NSQD:
         self.lookup.topic_deleted(topic)
         for channel in topic.channels.values():
             self._channel_registry.pop(channel, None)
+            self.stats_changed.discard(channel)
+        self.stats_changed.discard(topic)  # (held there until the next /stats request otherwise)
+        self.collector.release(1 + len(topic.channels))
         topic.close(persist=False)
         if topic.replication is not None:
             topic.replication.channel_op(name, "", OP_DELETED)
@@ -276,7 +293,7 @@ class NSQD:
         self.topology_version += 1
         self._channel_registry[channel] = None
         self.scanner.invalidate()
-        channel.in_flight.on_active = channel.deferred.on_active = partial(self.scanner.activate, channel)
+        channel.on_timed_work = self._scanner_activate
         if channel.topic.replication is not None and not channel.ephemeral:
             channel.replication = channel.topic.replication
             channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)
@@ -290,6 +307,8 @@ class NSQD:
     def _channel_deleted(self, channel) -> None:
         self.topology_version += 1
         self._channel_registry.pop(channel, None)
+        self.stats_changed.discard(channel)
+        self.collector.release()
         self.scanner.invalidate()
         if channel.replication is not None:
             channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)
@@ -303,6 +322,16 @@ class NSQD:
 
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
+
+    def stats_cache(self) -> StatsCache:
+        """The node's ``StatsCache`` (its ``/stats`` and ``/metrics``, whichever server they come through)."""
+        if self._stats_cache is None:
+            self._stats_cache = StatsCache(self)
+        return self._stats_cache
+
+    def _kept_objects(self) -> int:
+        """The topics, channels and connections the node keeps (``FreezingCollector``)."""
+        return len(self.topics) + len(self._channel_registry) + len(self.clients)
 
     def all_channels(self) -> list:
         """Every topic's channels: the registry the create and delete hooks keep, listed again only when a topic or
@@ -535,6 +564,7 @@ class NSQD:
         finally:
             if client is not None:
                 self.clients.pop(client.id, None)
+                self.collector.release()
                 client.state = client.state  # keep the last state for logs
                 channel = client.channel
                 client.channel = None

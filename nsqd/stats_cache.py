@@ -4,10 +4,11 @@ The admin polls every node's ``/stats`` every few seconds and Prometheus scrapes
 20,000 channels and 5,000 clients, building a snapshot of every object (``stats.collect``) and formatting it cost
 about 5 us per object, 150-250 ms per request. Most objects are idle between two requests, so each topic keeps its
 rendered pieces here, and each topic, channel and client the *key* they were rendered from: a tuple of the plain
-values the rendering shows, read at request time (the counters topics, channels and clients already keep: nothing
-is counted for this cache, nothing is added to the publish, dispatch or FIN paths). A request reads every object's
-key, compares it with the stored one (one tuple comparison for an idle object) and renders again only the topics
-whose key, or whose channels' or clients' keys, differ; then it joins the topics' pieces. The output is byte for
+values the rendering shows, read at request time (the counters topics, channels and clients already keep; the
+publish, dispatch and FIN paths only mark a topic or channel changed, once per batch: see "Which keys are read"
+below). A request reads the keys of what was marked and of every client, compares each with the stored one (one
+tuple comparison for an idle object) and renders again only the topics whose key, or whose channels' or clients'
+keys, differ; then it joins the topics' pieces. The output is byte for
 byte what the snapshot's renderings write (``stats.json_body``, ``stats.format_text``, ``metrics.series_text``):
 the same functions write each piece, from snapshot objects (``ChannelStats``...) built again from the stored
 figures when a topic is rendered, and dropped once it is.
@@ -38,10 +39,17 @@ Topics and channels are listed sorted by name; the columns are laid out again wh
 (bumped at every topic and channel create and delete) moves, each topic keeping its entries if its channels are
 the same objects as before.
 
-What a request still costs is reading the keys: about 1.5 us per channel (mostly memory reads of the channel and
-its queues, scattered over the heap), 40-50 ms at 20,000 channels. Requests with ``topic=`` go through
-``stats.collect`` (one topic costs well under a millisecond); statsd too; ``channel=`` without ``topic=`` renders
-every topic that has the channel again (no admin asks for it).
+Which keys are read: a topic or channel whose figures change adds itself to ``NSQD.stats_changed`` (a set the
+node's topics and channels share: ``Topic.changed``), where its publish, delivery, FIN, REQ, timeout, deferral,
+disk read, pause, emptying and client arrival or departure happen (once per batch or slice, one set insertion), and
+a request reads the keys of those topics and of the topics of those channels only, then empties the set. Reading a
+key costs about 1 us per channel (memory reads of the channel and its queues, scattered over the heap: 20-30 ms
+at 20,000 channels), which an idle channel no longer costs. All keys are read after the topics or channels were
+laid out again, and always on a node with latency percentiles (a window's state moves with the clock). The clients
+of every channel that has some are read at each request that lists them (their counters change on every RDY,
+delivery and FIN). Requests with ``topic=`` go through ``stats.collect`` (one topic costs well under a
+millisecond); statsd too; ``channel=`` without ``topic=`` renders every topic that has the channel again (no admin
+asks for it).
 """
 
 from __future__ import annotations
@@ -146,7 +154,7 @@ class _Columns:
     (the cyclic collector walks those few lists, not tens of thousands of pieces: see the module notes)."""
 
     __slots__ = ("topics", "topic_keys", "topic_e2e", "bounds", "has_clients", "json", "json_clients", "text",
-                 "text_clients", "metrics", "channels", "keys", "e2e", "clients")
+                 "text_clients", "metrics", "channels", "owners", "keys", "e2e", "clients", "with_clients", "where")
 
     def __init__(self) -> None:
         self.topics: list = []
@@ -161,14 +169,22 @@ class _Columns:
         self.text_clients: list = []  # with clients
         self.metrics: list = []  # its rows, then its channels' rows joined family by family (see ``_TOPIC_ROWS``)
         self.channels: list = []
+        self.owners: list[int] = []  # a channel's topic's index
         self.keys: list = []
         self.e2e: list = []  # a channel's latency figures (``_e2e_values``)
         self.clients: list = []  # a channel's clients' pieces, in the channel's order
+        self.with_clients: dict[int, None] = {}  # the channels whose key counts clients
+        self.where: dict = {}  # each topic and channel -> its topic's index (``StatsCache._marked``)
 
     def add(self, topic, channels: list, kept: "_Columns | None" = None, index: int = 0) -> None:
         """Append a topic: with what ``kept`` holds for it at ``index``, or nothing yet."""
         self.topics.append(topic)
         count = len(channels)
+        at = len(self.topics) - 1
+        self.where[topic] = at
+        for channel in channels:
+            self.where[channel] = at
+        self.owners += [at] * count
         self.channels += channels
         self.bounds.append(len(self.channels))
         columns = ("topic_keys", "topic_e2e", "has_clients", "json", "json_clients", "text", "text_clients",
@@ -183,6 +199,10 @@ class _Columns:
         for name in columns:
             getattr(self, name).append(getattr(kept, name)[index])
         start, end = kept.bounds[index], kept.bounds[index + 1]
+        first = len(self.keys)
+        for at in range(start, end):
+            if at in kept.with_clients:
+                self.with_clients[first + at - start] = None
         self.keys += kept.keys[start:end]
         self.e2e += kept.e2e[start:end]
         self.clients += kept.clients[start:end]
@@ -232,20 +252,21 @@ class StatsCache:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
+        nsqd.stats_readers += 1
         self._version = None
         self._columns = _Columns()
         self._producers: list[_ClientPiece] = []
         self._metrics_blocks: dict[int, tuple] = {}  # by the index of the run's first topic
 
     # -- keeping the pieces current -----------------------------------------------------------------------------
-    def _sorted(self) -> _Columns:
+    def _sorted(self) -> tuple[_Columns, bool]:
         """The topics and channels in name order (kept across topology changes; a topic whose channels changed
-        starts afresh)."""
+        starts afresh), and whether they were laid out again."""
         nsqd = self.nsqd
         version = (nsqd.topology_version, len(nsqd.topics))
         kept = self._columns
         if version == self._version:
-            return kept
+            return kept, False
         where = {id(topic): index for index, topic in enumerate(kept.topics)}
         columns = _Columns()
         for _, topic in sorted(nsqd.topics.items()):
@@ -257,90 +278,124 @@ class StatsCache:
             else:
                 columns.add(topic, channels)
         self._columns, self._version = columns, version
-        return columns
+        return columns, True
 
     def _refresh(self, include_clients: bool) -> _Columns:
         """Bring every key up to date: renew the figures of what changed and drop the renderings of the topics
         it belongs to. Clients are looked at only for a request that lists them (their pieces' keys are those of
         the last such request, so a change in between is still seen by the next one). Returns the columns.
 
-        This loop is most of a request (about 1.5 us per channel at 20,000 channels, mostly memory reads): an
-        idle channel is read once and costs one tuple comparison."""
+        The keys read are those of the topics that changed since the last request, or one of whose channels did
+        (``_marked``); all of them after the topics or channels were laid out again, always with latency
+        percentiles (a window's state moves with the clock), and when the node has another cache. Reading a key is about 1 us per channel (memory
+        reads of the channel and its queues, scattered over the heap: 20-30 ms at 20,000 channels), so an idle
+        channel costs nothing. The clients of every channel that has some are looked at."""
         now_ns = time.time_ns()
-        columns = self._sorted()
-        client_counters, client_identity, INIT = _client_counters, _client_identity, ClientState.INIT
+        columns, laid_out = self._sorted()
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
-        channels, keys, e2e, clients, bounds = (columns.channels, columns.keys, columns.e2e, columns.clients,
-                                                columns.bounds)
-        topic_keys, topic_has_clients = columns.topic_keys, columns.has_clients
-        state = None
-        for index, topic in enumerate(columns.topics):
-            changed = has_clients = False
-            states = ()  # its channels' window states one after the other (each is 3 ints)
-            for at in range(bounds[index], bounds[index + 1]):
-                channel = channels[at]
-                if tracked:
-                    window = channel.e2e
-                    state = window.state(now_ns) if window is not None else None
-                    if state is not None:
-                        states += state
-                # the sizes come from the queues' own fields, not their ``len()`` and ``depth()`` (methods written
-                # in Python, a third of a request at 20,000 channels); the tests compare the result with the snapshot
-                backend = channel.backend
-                members = channel.clients
-                key = (len(channel.queue), backend._depth if backend is not None else 0,
-                       len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
-                       channel.requeue_count, channel.timeout_count, len(members), channel.paused)
-                if state is not None:
-                    key += state
-                if key != keys[at]:
-                    keys[at] = key
-                    # the figures, not the window's samples
-                    e2e[at] = _e2e_values(window.result(now_ns)) if state is not None else None
-                    if not members:  # (a channel whose key counts no client lists none: not looked at below)
-                        clients[at] = _NO_CLIENTS
-                    changed = True
-                if include_clients and members:
-                    has_clients = True
-                    previous = clients[at]
-                    if len(previous) != len(members):
-                        previous = ()
-                    listed = []
-                    for client, client_piece in zip_longest(members.values(), previous):
-                        if client_piece is None or client_piece.client is not client:
-                            client_piece = _ClientPiece(client)
-                        counters = client_counters(client)
-                        counts = client.pub_counts
-                        key = (counters if not counts and counters[0] != INIT else
-                               (counters, tuple(counts.items()), client_identity(client)))
-                        if key != client_piece.key:
-                            client_piece.renew(key)
-                            changed = True
-                        listed.append(client_piece)
-                    if listed != previous:
-                        clients[at] = listed
-                        changed = True
-            backend = topic.backend
-            key = (len(topic.queue), backend._depth if backend is not None else 0, topic.message_count,
-                   topic.message_bytes, topic.paused)
-            if states:
-                key += states
-            if key != topic_keys[index]:
-                topic_keys[index] = key
-                results = ([c.e2e.result(now_ns) for c in channels[bounds[index]:bounds[index + 1]]
-                            if c.e2e is not None] if states else ())
-                columns.topic_e2e[index] = _e2e_values(
-                    merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles)))
-                changed = True
-            if changed:
-                columns.drop(index)
-            if include_clients:
-                topic_has_clients[index] = has_clients
+        marked = self.nsqd.stats_changed
+        if laid_out or tracked or self.nsqd.stats_readers > 1:
+            indexes = range(len(columns.topics))
+        else:
+            indexes = self._marked(columns, marked)
+        marked.clear()
+        changed = {index for index in indexes if self._refresh_topic(columns, index, tracked, now_ns)}
         if include_clients:
+            has_clients = [False] * len(columns.topics)
+            channels, clients, owners = columns.channels, columns.clients, columns.owners
+            for at in columns.with_clients:
+                owner = owners[at]
+                has_clients[owner] = True
+                if self._refresh_clients(clients, at, channels[at].clients):
+                    changed.add(owner)
+            columns.has_clients = has_clients
             previous = {piece.client.id: piece for piece in self._producers}
             self._producers = [self._producer_piece(c, previous) for c in list(self.nsqd.clients.values())
                                if c.pub_counts]
+        for index in changed:
+            columns.drop(index)
         return columns
+
+    @staticmethod
+    def _marked(columns: _Columns, marked: set) -> list[int]:
+        """The indexes of the topics that are in ``marked`` (``NSQD.stats_changed``: the topics and channels that
+        changed since the last request add themselves), or one of whose channels is."""
+        where = columns.where
+        return sorted({where[member] for member in marked if member in where})
+
+    def _refresh_topic(self, columns: _Columns, index: int, tracked: bool, now_ns: int) -> bool:
+        """Topic ``index``'s key and its channels': True if one changed (their figures renewed)."""
+        channels, keys, e2e, clients, bounds, with_clients = (columns.channels, columns.keys, columns.e2e,
+                                                              columns.clients, columns.bounds, columns.with_clients)
+        changed = False
+        state = None
+        states = ()  # its channels' window states one after the other (each is 3 ints)
+        for at in range(bounds[index], bounds[index + 1]):
+            channel = channels[at]
+            if tracked:
+                window = channel.e2e
+                state = window.state(now_ns) if window is not None else None
+                if state is not None:
+                    states += state
+            # the sizes come from the queues' own fields, not their ``len()`` and ``depth()`` (methods written
+            # in Python, a third of a request at 20,000 channels); the tests compare the result with the snapshot
+            backend = channel.backend
+            members = channel.clients
+            key = (len(channel.queue), backend._depth if backend is not None else 0,
+                   len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
+                   channel.requeue_count, channel.timeout_count, len(members), channel.paused)
+            if state is not None:
+                key += state
+            if key != keys[at]:
+                keys[at] = key
+                # the figures, not the window's samples
+                e2e[at] = _e2e_values(window.result(now_ns)) if state is not None else None
+                if members:
+                    with_clients[at] = None
+                else:  # (a channel whose key counts no client lists none: not looked at for clients)
+                    with_clients.pop(at, None)
+                    clients[at] = _NO_CLIENTS
+                changed = True
+        topic = columns.topics[index]
+        backend = topic.backend
+        key = (len(topic.queue), backend._depth if backend is not None else 0, topic.message_count,
+               topic.message_bytes, topic.paused)
+        if states:
+            key += states
+        if key != columns.topic_keys[index]:
+            columns.topic_keys[index] = key
+            results = ([c.e2e.result(now_ns) for c in channels[bounds[index]:bounds[index + 1]]
+                        if c.e2e is not None] if states else ())
+            columns.topic_e2e[index] = _e2e_values(
+                merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles)))
+            changed = True
+        return changed
+
+    @staticmethod
+    def _refresh_clients(clients: list, at: int, members: dict) -> bool:
+        """Channel ``at``'s clients' pieces, renewed where a client's key changed; True if one did, or if the
+        channel's clients are not those of the last look."""
+        client_counters, client_identity, INIT = _client_counters, _client_identity, ClientState.INIT
+        previous = clients[at]
+        if len(previous) != len(members):
+            previous = ()
+        changed = False
+        listed = []
+        for client, client_piece in zip_longest(members.values(), previous):
+            if client_piece is None or client_piece.client is not client:
+                client_piece = _ClientPiece(client)
+            counters = client_counters(client)
+            counts = client.pub_counts
+            key = (counters if not counts and counters[0] != INIT else
+                   (counters, tuple(counts.items()), client_identity(client)))
+            if key != client_piece.key:
+                client_piece.renew(key)
+                changed = True
+            listed.append(client_piece)
+        if listed != previous:
+            clients[at] = listed
+            changed = True
+        return changed
 
     @staticmethod
     def _producer_piece(client, previous: dict) -> _ClientPiece:

@@ -116,11 +116,7 @@ class Connection:
         self._poll_result: bytes | OSError | None = None
         self._pending_command: tuple | None = None  # left by the poller for this task (it must await)
         self._poller_error: Exception | None = None  # raised by a command the poller ran
-        self._handlers = {
-            b"FIN": self.FIN, b"RDY": self.RDY, b"REQ": self.REQ, b"PUB": self.PUB, b"MPUB": self.MPUB,
-            b"DPUB": self.DPUB, b"NOP": self.NOP, b"TOUCH": self.TOUCH, b"SUB": self.SUB, b"CLS": self.CLS,
-            b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH,
-        }
+        self._consumes = False  # SUB: what it publishes may come back to it (``_publish``)
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -227,7 +223,7 @@ class Connection:
         far. Non-fatal errors are answered and the loop goes on; a fatal one is raised."""
         parser = self.parser
         client = self.client
-        handlers = self._handlers
+        handlers = _HANDLERS
         out = client.out
         replied = False
         while True:
@@ -243,7 +239,7 @@ class Connection:
                     self._send_replies()
                 return command
             try:
-                response = handler(command)
+                response = handler(self, command)
             except ProtocolError as error:
                 if error.fatal:
                     raise
@@ -263,10 +259,10 @@ class Connection:
         name = command[0]
         try:
             if name in _ASYNC_COMMANDS:
-                response = await self._handlers[name](command)
+                response = await _HANDLERS[name](self, command)
             else:
                 await self._refresh_expired_auth()
-                response = self._handlers[name](command)
+                response = _HANDLERS[name](self, command)
         except ProtocolError as error:
             if error.fatal:
                 raise
@@ -654,7 +650,7 @@ class Connection:
         channel.add_client(client)
         client.channel = channel
         self.poll_actor = channel.dispatcher
-        self._publish = self._publish_answering_first  # what it publishes may come back here now
+        self._consumes = True  # what it publishes may come back here now
         client.state = ClientState.SUBSCRIBED
         log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
         return OK_FRAME
@@ -746,9 +742,15 @@ class Connection:
         return None
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
-        """PUB, MPUB, DPUB of a connection that never subscribed: what it publishes cannot come back to it, so
-        its OK is appended by the command loop after the publish, as any answer. SUB puts
-        ``_publish_answering_first`` in its place."""
+        """PUB, MPUB, DPUB: ``_publish_stored`` of a connection that never subscribed, ``_publish_answering_first``
+        of one that did (a flag, not a bound method kept per connection: one object fewer for the collector)."""
+        if self._consumes:
+            return self._publish_answering_first(verb, topic_name, bodies, defer)
+        return self._publish_stored(verb, topic_name, bodies, defer)
+
+    def _publish_stored(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
+        """The publish of a connection that never subscribed: what it publishes cannot come back to it, so its OK
+        is appended by the command loop after the publish, as any answer."""
         topic = self.nsqd.get_topic(topic_name)
         replication = self.nsqd.replication
         if replication is not None and replication.refusing():
@@ -776,7 +778,7 @@ class Connection:
         out.append(OK_FRAME)
         client.out_bytes += len(OK_FRAME)
         try:
-            Connection._publish(self, verb, topic_name, bodies, defer)  # the class's: ``self._publish`` is this
+            self._publish_stored(verb, topic_name, bodies, defer)
         except ProtocolError:
             out.pop()
             client.out_bytes -= len(OK_FRAME)
@@ -804,3 +806,12 @@ class Connection:
             raise ProtocolError("E_DPUB_FAILED", "DPUB failed exiting")
         delay = max(ms_to_go_duration(parse_base10(command.params[1])), 0) / 1e9
         return self._publish("DPUB", _text(command.params[0]), [command.body], delay)
+
+
+#: each command's method, called with the connection (one table for every connection: a table of bound methods
+#: made per connection was a dozen more objects each for the cyclic collector to visit)
+_HANDLERS = {
+    b"FIN": Connection.FIN, b"RDY": Connection.RDY, b"REQ": Connection.REQ, b"PUB": Connection.PUB,
+    b"MPUB": Connection.MPUB, b"DPUB": Connection.DPUB, b"NOP": Connection.NOP, b"TOUCH": Connection.TOUCH,
+    b"SUB": Connection.SUB, b"CLS": Connection.CLS, b"IDENTIFY": Connection.IDENTIFY, b"AUTH": Connection.AUTH,
+}

@@ -58,6 +58,12 @@ DRAIN_BATCH = 1024
 log = logging.getLogger("nsqd")
 
 
+def _ephemeral_channel_idle(channel: Channel) -> None:
+    """An ephemeral channel's last consumer left: the channel goes (every channel's ``on_last_client_gone``, one
+    function for all where a bound method would be one more object per channel)."""
+    channel.topic.delete_channel(channel.name)
+
+
 class TopicFull(Exception):
     """The message could not be stored: the disk queue failed (the cause is the exception's text)."""
 
@@ -72,7 +78,8 @@ class Topic:
                  on_channel_deleted: Callable[[Channel], None] | None = None,
                  on_last_channel_gone: Callable[["Topic"], None] | None = None,
                  make_backend: Callable[[str], object] | None = None,
-                 spawn: Callable | None = None, owing: dict | None = None, guid: GUIDFactory | None = None) -> None:
+                 spawn: Callable | None = None, owing: dict | None = None, guid: GUIDFactory | None = None,
+                 changed: set | None = None) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -110,6 +117,9 @@ class Topic:
         self._on_channel_created = on_channel_created
         self._on_channel_deleted = on_channel_deleted
         self._on_last_channel_gone = on_last_channel_gone
+        #: the topics and channels whose figures in /stats may have changed since the cache last looked (shared by
+        #: the node's topics and their channels; ``stats_cache.py``): each adds itself where its figures change
+        self.changed: set = changed if changed is not None else set()
 
     # -- publishing ------------------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer: float = 0.0, *, defer_sync: bool = False) -> None:
@@ -151,6 +161,7 @@ class Topic:
                 raise TopicFull(str(exc)) from exc
         self.message_count += count
         self.message_bytes += size
+        self.changed.add(self)
         if not queue and self.channels and not self.paused and not self.held:
             # the pump would take the batch straight back out of the queue: hand it over directly
             if messages:
@@ -208,6 +219,7 @@ class Topic:
             return
         batch = list(queue)
         queue.clear()
+        self.changed.add(self)
         deferred = self._queue_deferred
         self._queue_deferred = False
         self._copy_to_channels(batch, deferred)
@@ -239,6 +251,7 @@ class Topic:
             return
         del owed[token]
         self.backend.ack(token)
+        self.changed.add(self)
 
     def _start_drain(self) -> None:
         if self._draining or self._spawn is None or not self.channels or self.paused or self.held or self.exiting:
@@ -257,6 +270,7 @@ class Topic:
                     records = backend.read_split(DRAIN_BATCH)
                 if not records:
                     break  # a read error (logged by the queue); the next publish starts the drain again
+                self.changed.add(self)
                 batch = list(split_messages(records))
                 if self.deferred_index:
                     self._restore_delays(batch)
@@ -306,7 +320,7 @@ class Topic:
             if self._make_backend is not None and not is_ephemeral(name):
                 backend = self._make_backend(f"{self.name}:{name}")
             channel = Channel(self, name, mem_queue_size=self.mem_queue_size, max_msg_timeout=self.max_msg_timeout,
-                              actors=self._actors, on_last_client_gone=self._ephemeral_channel_idle,
+                              actors=self._actors, on_last_client_gone=_ephemeral_channel_idle,
                               backend=backend)
             self.channels[name] = channel
             log.info("TOPIC(%s): new channel(%s)", self.name, name)
@@ -328,17 +342,16 @@ class Topic:
             self._on_last_channel_gone(self)
         return True
 
-    def _ephemeral_channel_idle(self, channel: Channel) -> None:
-        self.delete_channel(channel.name)
-
     # -- administration --------------------------------------------------------------------------
     def pause(self) -> None:
         self.paused = True
+        self.changed.add(self)
         if self.replication is not None:
             self.replication.channel_op(self.name, "", OP_PAUSED)
 
     def unpause(self) -> None:
         self.paused = False
+        self.changed.add(self)
         if self.replication is not None:
             self.replication.channel_op(self.name, "", OP_UNPAUSED)
         self.pump()
@@ -346,6 +359,7 @@ class Topic:
 
     def empty(self) -> None:
         self.queue.clear()
+        self.changed.add(self)
         self._queue_deferred = False
         self._owed.clear()  # the tokens go stale with the records
         if self.backend is not None:

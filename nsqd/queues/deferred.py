@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Generic, TypeVar
 
-__all__ = ["DeferredQueue"]
+__all__ = ["EMPTY_DEFERRED", "DeferredQueue"]
 
 T = TypeVar("T")
 
@@ -60,3 +60,18 @@ class DeferredQueue(Generic[T]):
         ordered = sorted(self._heap, key=lambda entry: (entry[0], entry[1]))
         self._heap.clear()
         return [(due, item) for due, _, item in ordered]
+
+
+class _Unopened(DeferredQueue):
+    """``EMPTY_DEFERRED``'s class: reads as an empty queue, refuses what would fill it."""
+
+    __slots__ = ()
+
+    def push(self, item: T, due: float) -> None:
+        raise TypeError("the shared empty deferred queue holds nothing: its owner opens a queue of its own")
+
+
+#: An empty queue for those that have not pushed yet (nsqd's channels before their first deferred message): every
+#: read, ``pop_due`` and ``drain`` work on it (it stays empty); ``push`` raises: the owner replaces it with a
+#: ``DeferredQueue`` first.
+EMPTY_DEFERRED: DeferredQueue = _Unopened()

@@ -10,15 +10,31 @@ import json
 import re
 import time
 
+import pytest
 import trio
 
 from nsqd.client import Client, ClientState
 from nsqd.http_api import build_router
 from nsqd.metrics import MetricsEndpoint, series_text
+from nsqd.options import Options
+from nsqd.server import NSQD
 from nsqd.stats import collect, format_text, json_body
 from nsqd.stats_cache import StatsCache
 from protocol.http import Request
 from tests.nsqd.test_metrics import nsqd  # noqa: F401 (the fixture: a daemon with two percentiles)
+
+
+@pytest.fixture(params=["percentiles", "plain"])
+def any_nsqd(request, tmp_path):
+    """A daemon with two latency percentiles (every key is read at each request: windows move with the clock),
+    and one without (only the topics and channels that marked themselves changed are read)."""
+    if request.param == "percentiles":
+        yield request.getfixturevalue("nsqd")
+        return
+    daemon = NSQD(Options(data_path=str(tmp_path), node_id=1))
+    yield daemon
+    for topic in list(daemon.topics.values()):
+        topic.close(persist=False)
 
 #: the variants of a whole-node request (``topic=`` goes through the snapshot)
 VARIANTS = ({}, {"include_clients": False}, {"channel": "c"}, {"channel": "c", "include_clients": False},
@@ -66,16 +82,18 @@ def _topic(document: dict, topic: str) -> dict:
 
 def _deliver(channel, client) -> bytes:
     """What the dispatcher does for one message: from the queue into flight, owned by the client."""
+    channel.changed.add(channel)  # (as the dispatcher's slice does)
     message = channel.queue.popleft()
     message.client = client
     message.delivered_at = trio.current_time()
-    channel.in_flight.push(message.id, message, trio.current_time() + 60.0)
+    channel.open_in_flight().push(message.id, message, trio.current_time() + 60.0)
     client.in_flight += 1
     client.message_count += 1
     return message.id
 
 
-async def test_every_change_shows_in_the_next_rendering(nsqd):
+async def test_every_change_shows_in_the_next_rendering(any_nsqd):
+    nsqd = any_nsqd
     cache = StatsCache(nsqd)
     alpha = nsqd.get_topic("alpha")
     channel = alpha.get_channel("c")
@@ -102,8 +120,9 @@ async def test_every_change_shows_in_the_next_rendering(nsqd):
     channel.finish(consumer, first)  # FIN: a latency sample, the client's counters
     document = assert_current(nsqd, cache)
     assert _channel(document, "alpha", "c")["clients"][0]["finish_count"] == 1
-    assert _channel(document, "alpha", "c")["e2e_processing_latency"]["count"] == 1
-    assert _topic(document, "alpha")["e2e_processing_latency"]["count"] == 1
+    if nsqd.opts.e2e_processing_latency_percentiles:
+        assert _channel(document, "alpha", "c")["e2e_processing_latency"]["count"] == 1
+        assert _topic(document, "alpha")["e2e_processing_latency"]["count"] == 1
 
     channel.requeue(consumer, _deliver(channel, consumer), 0)
     assert _channel(assert_current(nsqd, cache), "alpha", "c")["requeue_count"] == 1
@@ -130,7 +149,8 @@ async def test_every_change_shows_in_the_next_rendering(nsqd):
     assert _channel(assert_current(nsqd, cache), "alpha", "d")["depth"] == 0
 
 
-async def test_topics_channels_and_clients_come_and_go(nsqd):
+async def test_topics_channels_and_clients_come_and_go(any_nsqd):
+    nsqd = any_nsqd
     cache = StatsCache(nsqd)
     nsqd.get_topic("b").get_channel("c")
     assert [t["topic_name"] for t in assert_current(nsqd, cache)["topics"]] == ["b"]
@@ -170,7 +190,8 @@ async def test_topics_channels_and_clients_come_and_go(nsqd):
     assert [c["remote_address"] for c in clients] == ["127.0.0.1:3002"]
 
 
-async def test_producers_identify_and_publish_counts(nsqd):
+async def test_producers_identify_and_publish_counts(any_nsqd):
+    nsqd = any_nsqd
     cache = StatsCache(nsqd)
     nsqd.get_topic("t").get_channel("c")
     producer = _connect(nsqd, port=4001)
@@ -277,3 +298,44 @@ async def test_the_kept_pieces_of_idle_topics_are_few_objects_for_the_collector(
         counts.append(_tracked_by_cache(cache, nsqd))
     # 190 topics and 380 channels more: a few objects more (the second run of /metrics rows), not some per topic
     assert counts[1] - counts[0] < 10 and counts[1] < 50, counts
+
+
+async def test_deleted_topics_and_channels_leave_the_changed_set(any_nsqd):
+    nsqd = any_nsqd
+    topic = nsqd.get_topic("t")
+    kept, deleted = topic.get_channel("kept"), topic.get_channel("deleted")
+    topic.publish([b"one"])
+    assert nsqd.stats_changed == {topic, kept, deleted}
+    topic.delete_channel("deleted")
+    assert nsqd.stats_changed == {topic, kept}
+    nsqd.delete_topic("t")  # nothing of theirs stays held until the next request
+    assert nsqd.stats_changed == set()
+
+
+async def test_clients_of_a_topic_kept_across_a_new_layout_still_show(any_nsqd):
+    nsqd = any_nsqd
+    cache = StatsCache(nsqd)
+    consumer = _connect(nsqd, nsqd.get_topic("b").get_channel("c"), port=5001)
+    assert_current(nsqd, cache)
+    nsqd.get_topic("a").get_channel("c")  # laid out again: "b" keeps its entries
+    assert _channel(assert_current(nsqd, cache), "b", "c")["clients"][0]["ready_count"] == 0
+    consumer.rdy = 3
+    assert _channel(assert_current(nsqd, cache), "b", "c")["clients"][0]["ready_count"] == 3
+
+
+async def test_two_caches_of_one_node_both_stay_current(any_nsqd):
+    """The HTTP and HTTPS servers share the node's cache; two caches would each empty the changed set the other
+    reads, so with two every key is read."""
+    nsqd = any_nsqd
+    assert nsqd.stats_cache() is nsqd.stats_cache()
+    build_router(nsqd)
+    build_router(nsqd)
+    assert nsqd.stats_readers == 1
+    first, second = nsqd.stats_cache(), StatsCache(nsqd)
+    topic = nsqd.get_topic("t")
+    topic.get_channel("c")
+    assert_current(nsqd, first)
+    assert_current(nsqd, second)
+    topic.publish([b"one"])
+    assert _topic(assert_current(nsqd, first), "t")["message_count"] == 1
+    assert _topic(assert_current(nsqd, second), "t")["message_count"] == 1

@@ -6,7 +6,9 @@ nsqd runs a ticker per client (``heartbeatInterval``, 30 s by default, or what I
 ``HeartbeatTimer`` keeps one heap of (due time, client) entries and one task that sleeps until the earliest, then
 writes the heartbeat of every client due by then and schedules its next one an interval after the previous due
 time (a ticker, as nsqd's). Rescheduling (IDENTIFY changes the interval) and cancelling (the connection ends) only
-replace or drop the client's entry in a dictionary; entries left in the heap are skipped when they come up.
+replace or drop the client's entry in a dictionary; entries left in the heap are skipped when they come up, and
+the heap is rebuilt without them once they outnumber the live ones (``STALE_MIN`` at least): a stale entry holds
+its ended connection's objects (5 KB), and a flood of short connections would otherwise keep an interval's worth.
 The heartbeats due within ``BATCH_WINDOW`` (0.1 s) of the earliest go out at the same wake-up, a little early (the
 ticker keeps each client's own due times, so its period does not drift): 5,000 connections at 30 s make 10 wake-ups
 a second instead of 167, and their answers (NOP) come back together to the read poller.
@@ -24,10 +26,13 @@ import trio
 
 from protocol.frames import HEARTBEAT_FRAME
 
-__all__ = ["BATCH_WINDOW", "HeartbeatTimer"]
+__all__ = ["BATCH_WINDOW", "STALE_MIN", "HeartbeatTimer"]
 
 #: heartbeats due within this many seconds of a wake-up are written at that wake-up (nsqd's shortest interval is 1 s)
 BATCH_WINDOW = 0.1
+#: entries of ended or rescheduled connections kept in the heap before it is rebuilt without them (and no more
+#: than the live entries): rebuilding costs one pass per as many ends as the heap holds
+STALE_MIN = 64
 
 
 class HeartbeatTimer:
@@ -39,6 +44,7 @@ class HeartbeatTimer:
         self._numbers = itertools.count()
         self._wake = trio.Event()
         self._sleeping_until = math.inf
+        self._stale = 0  # heap entries no longer live (skipped when they come up)
         self.sent = 0
 
     def __len__(self) -> int:
@@ -50,6 +56,8 @@ class HeartbeatTimer:
             self.cancel(client)
             return
         number = next(self._numbers)
+        if self._current.get(client) is not None:
+            self._stale += 1
         self._current[client] = (number, interval)
         due = trio.current_time() + interval
         heapq.heappush(self._heap, (due, number, client))
@@ -58,7 +66,18 @@ class HeartbeatTimer:
 
     def cancel(self, client) -> None:
         """No more heartbeats for ``client`` (its connection ended)."""
-        self._current.pop(client, None)
+        if self._current.pop(client, None) is not None:
+            self._stale += 1
+            if self._stale >= STALE_MIN and self._stale > len(self._current):
+                self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the heap (in place: ``run`` holds it) from its live entries only."""
+        current = self._current
+        heap = self._heap
+        heap[:] = [entry for entry in heap if (live := current.get(entry[2])) is not None and live[0] == entry[1]]
+        heapq.heapify(heap)
+        self._stale = 0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         heap = self._heap
@@ -76,6 +95,7 @@ class HeartbeatTimer:
                 due, number, client = heapq.heappop(heap)
                 live = current.get(client)
                 if live is None or live[0] != number:
+                    self._stale -= 1
                     continue  # cancelled, or rescheduled with a newer entry
                 client.write_frame_now(HEARTBEAT_FRAME)
                 self.sent += 1

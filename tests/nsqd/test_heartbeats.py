@@ -100,3 +100,30 @@ async def test_an_interval_under_the_batch_window_sends_one_heartbeat_per_wake_u
         await trio.sleep(0.5)
     times = [round(t - start, 6) for t in client.times]
     assert times and len(times) == len(set(times)) and len(times) <= 13, times
+
+
+async def test_ended_connections_are_let_go_of_before_their_next_heartbeat_was_due(autojump_clock):
+    # a flood of short connections: each ended one's entry would hold its objects for a whole interval
+    import gc
+    import weakref
+
+    from nsqd.heartbeats import STALE_MIN
+
+    kept = [Recorder() for _ in range(10)]
+    async with running_timer() as (timer, start):
+        for client in kept:
+            timer.schedule(client, 30.0)
+        ended = []
+        for _ in range(10 * STALE_MIN):
+            client = Recorder()
+            timer.schedule(client, 30.0)
+            timer.schedule(client, 15.0)  # IDENTIFY's interval: the first entry is stale at once
+            ended.append(weakref.ref(client))
+            timer.cancel(client)
+            del client
+            assert len(timer._heap) <= len(kept) + 2 * STALE_MIN + 2
+        gc.collect()
+        assert sum(ref() is not None for ref in ended) <= STALE_MIN
+        await trio.sleep(31)
+    assert all([round(t - start, 6) for t in client.times] == [30.0] for client in kept)
+    assert timer.sent == len(kept)

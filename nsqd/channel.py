@@ -25,6 +25,7 @@ the choice).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -346,6 +347,10 @@ class Channel:
         if self.clients.pop(client.id, None) is None:
             return
         self.changed.add(self)
+        if client.in_mailbox:  # the dispatcher drops it too when it comes up, but an idle channel's never runs
+            client.in_mailbox = False
+            with contextlib.suppress(ValueError):  # (taken out by a dispatcher turn under way)
+                self.mailbox.remove(client)
         if self.ephemeral and not self.clients and not self.exiting:
             self._on_last_client_gone(self)
 

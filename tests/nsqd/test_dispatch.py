@@ -215,3 +215,21 @@ async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_deliver
     if on_disk:
         assert REFILL < BATCH and seen.count(0) >= BATCH // REFILL  # the first batch's reads: paused after each
     assert quiet_client.in_flight == 1 and actors.statistics().preempted >= 1
+
+
+async def test_consumers_that_leave_an_idle_channel_leave_its_mailbox():
+    # the dispatcher drops a gone consumer when it comes up, but an idle channel's dispatcher does not run:
+    # consumers that subscribe, send RDY and leave must not pile up there (each holds its connection)
+    channel = _channel()
+    staying = _consumer(channel, 1, rdy=10)
+    for client_id in range(2, 200):
+        client = _consumer(channel, client_id, rdy=5)
+        client.rdy = 0  # as the daemon does when the connection ends
+        client.channel = None
+        channel.remove_client(client)
+        assert not client.in_mailbox
+    assert list(channel.mailbox) == [staying]
+    messages = _messages()
+    channel.put_many(messages)
+    channel.dispatcher.dispatch(math.inf)
+    assert staying.in_flight == len(messages)

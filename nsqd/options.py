@@ -35,6 +35,7 @@ from runtime.flags import (
     check_log_level,
     go_format_float,
     go_quote,
+    load_config,
     parse_go_bool,
     setting,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "GO_ONLY_FLAGS",
     "NSQ_VERSION",
     "Options",
+    "replication_node_id",
     "OptionsError",
     "TLS_MIN_VERSIONS",
     "TLS_REQUIRED_VALUES",
@@ -240,7 +242,26 @@ def parse_options(argv: list[str], *, exit_on_error: bool = True) -> Options:
     """
     opts = Options.from_argv(argv, exit_on_error=exit_on_error)
     opts.tls_required = opts.effective_tls_required()
+    if opts.replicate_to and not _node_id_given(argv, opts.config):
+        opts.node_id = replication_node_id(opts.broadcast_address, opts.tcp_address)
     return opts
+
+
+def replication_node_id(broadcast_address: str, tcp_address: str) -> int:
+    """The default ``--node-id`` of a node that replicates: the hash of its name as its peers know it (broadcast
+    address and TCP port) instead of its hostname's. Adopted messages keep their IDs, so replicating nodes need
+    distinct node IDs, and nodes sharing a host share the hostname's."""
+    return default_node_id(f"{broadcast_address}:{tcp_address.rpartition(':')[2]}")
+
+
+def _node_id_given(argv: list[str], config_path: str) -> bool:
+    """Whether ``--node-id`` is on the command line (``-node-id``, ``--node-id=N``...) or ``id`` in the config."""
+    for token in argv:
+        if token == "--":
+            break
+        if token.startswith("-") and token.lstrip("-").split("=", 1)[0] == "node-id":
+            return True
+    return bool(config_path) and "id" in load_config(config_path)
 
 
 def validate(opts: Options) -> None:

@@ -122,6 +122,22 @@ def test_default_node_id_is_crc32_of_md5(hostname):
     assert default_node_id(hostname) == zlib.crc32(digest) % 1024
 
 
+def test_a_replicating_node_defaults_its_node_id_to_the_hash_of_its_address(tmp_path):
+    # nodes sharing a host share the hostname's default, and adopted messages keep their IDs
+    hostname = socket.gethostname()
+    ids = {port: parse("--broadcast-address=10.0.0.1", f"--tcp-address=0.0.0.0:{port}",
+                       "--replicate-to=10.0.0.2:4150").node_id for port in (4150, 4250, 4350)}
+    assert ids == {port: default_node_id(f"10.0.0.1:{port}") for port in ids}
+    assert len(set(ids.values())) == 3
+    assert parse("--broadcast-address=10.0.0.1", "--tcp-address=0.0.0.0:4150").node_id == default_node_id(hostname)
+    # given, it stays
+    for given in (("--node-id=7",), ("-node-id", "7")):
+        assert parse("--broadcast-address=10.0.0.1", "--replicate-to=10.0.0.2:4150", *given).node_id == 7
+    path = tmp_path / "nsqd.toml"
+    path.write_text("id = 9\n")
+    assert parse(f"--config={path}", "--broadcast-address=10.0.0.1", "--replicate-to=10.0.0.2:4150").node_id == 9
+
+
 def test_default_node_id_known_value():
     # md5("localhost") = 421aa90e079fa326b6494f812ad13e79, whose IEEE CRC-32 is 1762046992; mod 1024 = 16
     assert hashlib.md5(b"localhost").hexdigest() == "421aa90e079fa326b6494f812ad13e79"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import time
 
 __all__ = ["remove_stray_temporaries", "replace_file"]
 
@@ -18,15 +19,19 @@ __all__ = ["remove_stray_temporaries", "replace_file"]
 _STRAY = re.compile(r"(?:nsqd\.dat|.+\.diskqueue\.meta\.dat|.+\.deferred\.dat)\.\d+\.tmp\Z")
 
 
-def replace_file(path: str, data: bytes | list[bytes], *, sync: bool = True) -> None:
+def replace_file(path: str, data: bytes | list[bytes], *, sync: bool = True, pause: float = 0.0) -> None:
     """``data``: the bytes, or pieces of them written one after the other (``writev``, no joined copy).
-    ``sync=False`` skips the fsync: for content whose loss in a power cut loses nothing (see the callers)."""
+    ``sync=False`` skips the fsync: for content whose loss in a power cut loses nothing (see the callers).
+    ``pause``: seconds slept between two ``writev`` of many pieces (``_IOV_MAX`` each), for a large file written by a
+    worker thread that may share the event loop's core: the kernel's copy of each comes as a short piece of work
+    the loop can run between, where a single stretch of a megabyte held the core from the loop for a millisecond
+    (as ``file_worker.remove_in_steps`` does for removals)."""
     tmp = f"{path}.{random.getrandbits(63)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         try:
             if isinstance(data, list):
-                _write_pieces(fd, data)
+                _write_pieces(fd, data, pause)
             else:
                 _write_all(fd, data)
             if sync:
@@ -52,8 +57,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _write_pieces(fd: int, pieces: list[bytes]) -> None:
+def _write_pieces(fd: int, pieces: list[bytes], pause: float = 0.0) -> None:
     for start in range(0, len(pieces), _IOV_MAX):
+        if start and pause:
+            time.sleep(pause)
         chunk = pieces[start:start + _IOV_MAX]
         done = os.writev(fd, chunk)
         if done < sum(map(len, chunk)):  # a short write (a full disk): the rest, plainly, raises the real error

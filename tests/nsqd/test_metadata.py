@@ -11,6 +11,7 @@ import trio
 
 from nsqd.http_api import build_router
 from nsqd.metadata import FILE_NAME, snapshot
+from nsqd.metadata_writer import document_parts
 from nsqd.options import parse_options
 from nsqd.server import NSQD
 from protocol.http import Request
@@ -121,4 +122,42 @@ async def test_a_change_encodes_only_its_own_topic(tmp_path):
             unchanged = [name for name in after if name != "t5"]
             assert len(unchanged) == 98
             assert all(after[name] is entries[name] for name in unchanged)  # the same bytes, not re-encoded
+            nsqd.exit()
+
+
+async def test_a_large_file_written_in_pieces_with_pauses_is_the_whole_document(tmp_path):
+    """Thousands of topics: the background write goes in many ``writev`` with pauses between them (``pause``), and
+    the file is byte for byte the document all the same."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd = await running_nsqd(nursery, tmp_path)
+            for index in range(3000):
+                nsqd.get_topic(f"topic-{index}").get_channel("c")
+            await nsqd.persist_metadata()
+            assert len(document_parts(list(nsqd.metadata.entries.values()))) > 2 * 1024  # three writev at least
+            assert raw(nsqd) == json.dumps(snapshot(nsqd.topics.values()), separators=(",", ":")).encode()
+            nsqd.exit()
+
+
+async def test_a_storm_waits_out_the_cpu_bound_but_a_pause_does_not(tmp_path):
+    """The writer spaces its writes by ``CPU_FACTOR`` times the CPU the last one took (its thread's, measured);
+    a pause's answer waits for a write of its own, which does not wait out that spacing."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd = await running_nsqd(nursery, tmp_path)
+            router = build_router(nsqd)
+            writer = nsqd.metadata
+            writer.CPU_FACTOR = 1e9  # whatever CPU a write takes, the next one is out of this test's reach
+            nsqd.get_topic("first")
+            await nsqd.persist_metadata()
+            assert writer._last_cpu > 0
+            writes = writer.writes
+            for index in range(50):
+                nsqd.get_topic(f"t{index}").get_channel("c")
+            with trio.move_on_after(0.5):  # the coalescing interval (10 ms) passes many times over: no write
+                await writer.wait_written()
+            assert writer.writes == writes and writer.written < writer.changes
+            assert await post(router, "/topic/pause", "topic=t3") == 200
+            assert writer.writes == writes + 1
+            assert by_name(on_disk(nsqd)) == state(nsqd)
             nsqd.exit()

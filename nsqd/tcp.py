@@ -106,6 +106,8 @@ class Connection:
         self._auth_refresh_error: AuthError | None = None
         self._authed_before_refresh: bool | None = None
         client.direct_flush = self._flush_direct
+        #: the replication seq an ACK callback waits for on this connection's behalf (``_await_ack_directly``)
+        self._ack_wait = 0
         self._poller = nsqd.read_poller
         self._poll_fd = -1
         self.last_read = RECEIVE_SIZE  # bytes of the last read through the poller (``ReadPoller``: small first)
@@ -335,7 +337,34 @@ class Connection:
         handling. Saves a task switch and a ``send_all`` per round trip of a PUB producer.
         While a disk sync is owed (durable mode), the writer sends instead: it commits the sync
         barrier first, once for all the connections whose readers ran in the meantime (group commit)."""
-        if not self._flush_direct():
+        if not self._flush_direct() and not self._await_ack_directly():
+            self.client.wake_writer()
+
+    def _await_ack_directly(self) -> bool:
+        """Replication: when the OKs in the output wait only for the peers (``replicated_seq`` above ``acked``),
+        have the ACK that covers them write them (``Replicator.call_when_acked``), with no task switch: the
+        writer task stays asleep (waking it, and waking it again once it waited for the ACK, cost two task
+        switches per publish). True if so (or if such a call is already registered); False when the writer must
+        handle it (not a plain socket, a write or a sync in progress, degraded)."""
+        replication = self.nsqd.replication
+        if (replication is None or replication.degraded or type(self.stream) is not trio.SocketStream
+                or self._send_lock.locked() or self.nsqd.sync_barrier):
+            return False
+        seq = self.client.replicated_seq
+        if seq <= replication.acked:
+            return False  # not held for the peers: a write the socket did not take all of, for the writer
+        if self._ack_wait < seq:
+            if self._ack_wait:
+                return True  # the registered call comes first and waits again for the rest (``_acked``)
+            self._ack_wait = seq
+            replication.call_when_acked(seq, self._acked)
+        return True
+
+    def _acked(self) -> None:
+        """An ACK covered ``_ack_wait`` (or the replicator's state changed): write what waited, wait again for a
+        later publish's seq, or leave it to the writer."""
+        self._ack_wait = 0
+        if not self._flush_direct() and not self._await_ack_directly():
             self.client.wake_writer()
 
     def _flush_direct(self) -> bool:

@@ -28,9 +28,12 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   task's next write. Frames go out without waiting for earlier ACKs. The quorum seq (``acked``) is the N-th highest ACK among the connected
   peers. Group commit: every publish of every connection handled meanwhile rides the same write and the same
   ACK, so replication costs one round trip per batch, as durable mode's fsync does (``queues/group_commit.py``).
-- The connection's writer holds its output while its ``replicated_seq`` is above ``acked`` (``wait_acked``, a
-  heap of waiters by seq, so an ACK wakes only the writers it covers): no OK leaves before N peers hold what it
-  acknowledges. HTTP ``/pub`` and ``/mpub`` await the same.
+- A connection's output waits while its ``replicated_seq`` is above ``acked``: no OK leaves before N peers hold
+  what it acknowledges. On a plain TCP connection the ACK that covers it writes it (``call_when_acked``: a heap of
+  calls and waiters by seq, so an ACK runs only those it covers); no task wakes for it (its writer woke twice per
+  publish before: once to find the OK held, once at the ACK; MPUB x200 with replication went from 330-380k to
+  426-466k msg/s, alternated runs). The writer waits itself (``wait_acked``) over TLS or compression, in durable
+  mode, and when degraded. HTTP ``/pub`` and ``/mpub`` await the same.
 - Frames leave the outbox once every peer acknowledged them. A peer that comes back within the same session
   resumes after its last ACK (the WELCOME says where). Any other peer (it restarted empty, or this node
   restarted) first gets a backfill (``snapshot.py``: everything this node holds unfinished, captured at once and

@@ -214,7 +214,7 @@ class Replicator:
         #: writers waiting for an ACK, by the seq they wait for: (seq, order, event, flush), a min-heap. An ACK wakes
         #: only those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs
         #: included), and calls their ``flush`` first
-        self._waiters: list[tuple[int, int, trio.Event, object]] = []
+        self._waiters: list[tuple[int, int, trio.Event | None, object]] = []  # None: ``call_when_acked``
         #: the node's ``ReadPoller`` (None: the peers' sockets are read by their receive tasks alone)
         self.poller = None
         self._waiter_order = 0
@@ -352,20 +352,30 @@ class Replicator:
             await event.wait()
         return True
 
+    def call_when_acked(self, seq: int, callback) -> None:
+        """Call ``callback()`` (synchronously, must not raise) once ``seq`` is held by enough peers, or at the
+        next change of ``degraded`` (the callback looks at the state itself): ``wait_acked`` without a task."""
+        self._waiter_order += 1
+        heapq.heappush(self._waiters, (seq, self._waiter_order, None, callback))
+
     def _notify(self, everyone: bool) -> None:
         """Wake the writers whose seq is acknowledged now (``everyone``: all of them, to look at ``degraded``)."""
         waiters = self._waiters
         if everyone:
             self._waiters = []
-            for _seq, _order, event, _flush in waiters:
-                event.set()
+            for _seq, _order, event, flush in waiters:
+                if event is None:
+                    flush()  # ``call_when_acked``
+                else:
+                    event.set()
             return
         acked = self.acked
         while waiters and waiters[0][0] <= acked:
             _seq, _order, event, flush = heapq.heappop(waiters)
             if flush is not None:
                 flush()
-            event.set()
+            if event is not None:
+                event.set()
 
     # -- acknowledgements ------------------------------------------------------------------------------------
     def _peer_changed(self) -> None:

@@ -45,12 +45,17 @@ async def _origin_with_replica(tmp_path, nursery, *flags):
     return nsqd, stream, decoder
 
 
+async def _connect(nsqd) -> trio.SocketStream:
+    """A client connection to the origin's TCP port."""
+    host, _, port = nsqd.tcp_address.rpartition(":")
+    return await trio.open_tcp_stream(host, int(port))
+
+
 async def test_an_ack_is_taken_by_the_read_poller_and_sends_the_ok_it_covers_without_a_turn_of_the_loop(tmp_path):
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
-            host, _, port = nsqd.tcp_address.rpartition(":")
-            client = await trio.open_tcp_stream(host, int(port))
+            client = await _connect(nsqd)
             await client.send_all(MAGIC_V2 + encode_mpub("t", [b"one", b"two"]))
             while type(event := await _next(stream, decoder)) is not Messages:  # the topic's creation first
                 pass
@@ -77,8 +82,7 @@ async def test_a_pipelined_publish_gets_no_ok_before_the_replica_acknowledged_it
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
-            host, _, port = nsqd.tcp_address.rpartition(":")
-            client = await trio.open_tcp_stream(host, int(port))
+            client = await _connect(nsqd)
             await client.send_all(MAGIC_V2 + encode_mpub("t", [b"one"]))
             while type(first := await _next(stream, decoder)) is not Messages:  # the topic's creation first
                 pass
@@ -103,6 +107,49 @@ async def test_a_pipelined_publish_gets_no_ok_before_the_replica_acknowledged_it
                 received += await client.receive_some(100)
             assert received == ok * 2
             await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_publish_waiting_for_its_ack_holds_no_task_and_the_ack_writes_its_ok(tmp_path):
+    """The OK of a publish waits in the replicator's heap as a call (``call_when_acked``), not as a writer task
+    woken to wait for an event: the ACK writes it."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
+            client = await _connect(nsqd)
+            await client.send_all(MAGIC_V2)
+            for body in (b"one", b"two"):  # the first also meets the connection's tasks as they start
+                await client.send_all(encode_mpub("t", [body]))
+                while type(event := await _next(stream, decoder)) is not Messages:
+                    pass
+                await trio.testing.wait_all_tasks_blocked()
+                waiting = nsqd.replication._waiters
+                assert waiting, "the OK waits for nothing"
+                if body == b"two":
+                    assert all(entry[2] is None for entry in waiting), "a task waits for the ACK"
+                await stream.send_all(encode(Ack(event.seq)))
+                assert await client.receive_some(100) == b"\0\0\0\x06\0\0\0\0OK"
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_publish_waiting_when_its_only_peer_goes_gets_no_ok_and_its_connection_closes(tmp_path):
+    """``--replication-degraded=refuse`` (the default): the peer's stream ends while a publish waits for its ACK;
+    the publisher gets no OK, and its connection is closed."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery)
+            client = await _connect(nsqd)
+            await client.send_all(MAGIC_V2 + encode_mpub("t", [b"one"]))
+            while type(await _next(stream, decoder)) is not Messages:
+                pass
+            await trio.testing.wait_all_tasks_blocked()
+            await stream.aclose()
+            received = b""
+            while data := await client.receive_some(100):
+                received += data
+            assert received == b"", "an OK for a message no peer holds"
+            assert nsqd.replication.degraded
             nursery.cancel_scope.cancel()
 
 

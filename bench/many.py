@@ -4,8 +4,10 @@ One nsqd is grown in steps, and each step is measured as it goes:
 
 1. ``--topics`` topics (default 10,000) created one at a time with ``POST /topic/create`` on one keep-alive
    connection. Row ``create topic @N``: the mean round trip of the creates just before the N-th (at 100, 1,000 and
-   10,000 by default), beside the mean round trip of ``GET /ping`` on the same connection at the same moment
-   (every tenth create is followed by one): a create should cost no more than a plain request, whatever N.
+   10,000 by default: the last 500, or half of those made so far), beside the mean round trip of ``GET /ping`` on
+   the same connection at the same moment (every tenth create is followed by one, so both follow a create): a
+   create should cost no more than a plain request, whatever N. The medians beside them are the typical round
+   trips: a stall of a millisecond among the 5 to 50 pings of a window moves their mean by 2-20%.
    Meanwhile another process publishes to a topic of its own on another TCP connection, one ``PUB`` at a time
    every millisecond; row ``PUB while creating``: the p50/p99/max of those round trips (a create that holds the
    event loop shows here). Row ``PUB, nothing else``: the same for ``--quiet-probe`` seconds before any create,
@@ -177,6 +179,10 @@ class PubProbe:
 
 # -- growing ----------------------------------------------------------------------------------------
 
+#: creates measured before each checkpoint (fewer at the first ones: half the topics made so far)
+WINDOW = 500
+
+
 def grow_topics(http: HttpClient, names: list[str], checkpoints: list[int]) -> list[dict]:
     """Create ``names`` one by one with ``POST /topic/create``; at each checkpoint, the mean create round trip
     over the last creates before it and the mean ``/ping`` round trip measured among them (milliseconds)."""
@@ -190,11 +196,13 @@ def grow_topics(http: HttpClient, names: list[str], checkpoints: list[int]) -> l
             pings.append((index, http.timed("GET", "/ping")))
         if pending and index == pending[0]:
             pending.pop(0)
-            window = max(10, min(100, index // 2))
+            window = max(10, min(WINDOW, index // 2))
             recent = creates[index - window:index]
             recent_pings = [rt for at, rt in pings if at > index - window] or [pings[-1][1]]
             rows.append({"step": f"create topic @{index:,}", "count": index,
-                         "ms": statistics.fmean(recent) * 1e3, "ping ms": statistics.fmean(recent_pings) * 1e3})
+                         "ms": statistics.fmean(recent) * 1e3, "ping ms": statistics.fmean(recent_pings) * 1e3,
+                         "median ms": statistics.median(recent) * 1e3,
+                         "ping median ms": statistics.median(recent_pings) * 1e3})
             print(f"  {rows[-1]['step']}: {rows[-1]['ms']:.3f} ms (ping {rows[-1]['ping ms']:.3f} ms)", flush=True)
     return rows
 
@@ -374,6 +382,7 @@ def run(args) -> Report:
             latencies = probe.finish()
             for row in rows:
                 row["create/ping"] = row["ms"] / row["ping ms"]
+                row["median create/ping"] = row["median ms"] / row["ping median ms"]
             if rows:
                 rows[-1]["cpu ms"] = create_cpu * 1e3 if sampler.pid else None
             report.rows += rows

@@ -11,10 +11,10 @@ serves) or a channel's slice, and the writers it wakes only at the turn after: a
 the peer and the publishers sharing two cores. So a plain TCP peer's socket is also a member of the node's
 ``ReadPoller`` (``_AckReader``) while it streams: the poller reads it between the connections it serves (more
 than once in a step: each MPUB's OK waits on an ACK) and from the interludes of channel slices (it reads
-little: it is served first), and an ACK taken there flushes the
-OKs it covers at once (``wait_acked``'s ``flush``), from the publishers' own output buffers. The receive task
-then reads nothing itself: it waits for what the poller passes on (an ERROR, a bad frame, the end of the stream:
-``peer.early``, which ends the connection) or for the peer's silence. Over TLS the receive task reads as before.
+little: it is served first), and an ACK taken there flushes the OKs it covers at once (``call_when_acked``, or
+``wait_acked``'s ``flush``), from the publishers' own output buffers. The receive task then reads nothing itself:
+it waits for what the poller passes on (an ERROR, a bad frame, the end of the stream: ``peer.early``, which ends
+the connection) or for the peer's silence. Over TLS the receive task reads as before.
 The sender task writes likewise without a turn of the loop when the socket takes its data (``_send``).
 """
 

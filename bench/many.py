@@ -36,7 +36,7 @@ on the CPUs nsqd is not pinned to (unless ``--no-pin``): on the server's core, e
 nsqd, and the round trips measured were theirs as much as nsqd's.
 
 The whole run takes about two minutes on our 2-core machine. A variant that grows nsqlookupd's registry instead is
-the ``many_lookupd`` scenario; ``grow_topics``, ``HttpClient`` and ``IdleConsumers`` are shared with it.
+the ``many_lookupd`` scenario.
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ class _Columns:
     (the cyclic collector walks those few lists, not tens of thousands of pieces: see the module notes)."""
 
     __slots__ = ("topics", "topic_keys", "topic_e2e", "bounds", "has_clients", "json", "json_clients", "text",
-                 "text_clients", "metrics", "channels", "owners", "keys", "e2e", "clients", "with_clients", "where")
+                 "text_clients", "metrics", "channels", "keys", "e2e", "clients", "with_clients", "where")
 
     def __init__(self) -> None:
         self.topics: list = []
@@ -169,7 +169,6 @@ class _Columns:
         self.text_clients: list = []  # with clients
         self.metrics: list = []  # its rows, then its channels' rows joined family by family (see ``_TOPIC_ROWS``)
         self.channels: list = []
-        self.owners: list[int] = []  # a channel's topic's index
         self.keys: list = []
         self.e2e: list = []  # a channel's latency figures (``_e2e_values``)
         self.clients: list = []  # a channel's clients' pieces, in the channel's order
@@ -184,7 +183,6 @@ class _Columns:
         self.where[topic] = at
         for channel in channels:
             self.where[channel] = at
-        self.owners += [at] * count
         self.channels += channels
         self.bounds.append(len(self.channels))
         columns = ("topic_keys", "topic_e2e", "has_clients", "json", "json_clients", "text", "text_clients",
@@ -200,9 +198,9 @@ class _Columns:
             getattr(self, name).append(getattr(kept, name)[index])
         start, end = kept.bounds[index], kept.bounds[index + 1]
         first = len(self.keys)
-        for at in range(start, end):
-            if at in kept.with_clients:
-                self.with_clients[first + at - start] = None
+        for position in range(start, end):
+            if position in kept.with_clients:
+                self.with_clients[first + position - start] = None
         self.keys += kept.keys[start:end]
         self.e2e += kept.e2e[start:end]
         self.clients += kept.clients[start:end]
@@ -287,9 +285,10 @@ class StatsCache:
 
         The keys read are those of the topics that changed since the last request, or one of whose channels did
         (``_marked``); all of them after the topics or channels were laid out again, always with latency
-        percentiles (a window's state moves with the clock), and when the node has another cache. Reading a key is about 1 us per channel (memory
-        reads of the channel and its queues, scattered over the heap: 20-30 ms at 20,000 channels), so an idle
-        channel costs nothing. The clients of every channel that has some are looked at."""
+        percentiles (a window's state moves with the clock), and when the node has another cache. Reading a key
+        is about 1 us per channel (memory reads of the channel and its queues, scattered over the heap: 20-30 ms
+        at 20,000 channels), so an idle channel costs nothing. The clients of every channel that has some are
+        looked at."""
         now_ns = time.time_ns()
         columns, laid_out = self._sorted()
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
@@ -302,9 +301,9 @@ class StatsCache:
         changed = {index for index in indexes if self._refresh_topic(columns, index, tracked, now_ns)}
         if include_clients:
             has_clients = [False] * len(columns.topics)
-            channels, clients, owners = columns.channels, columns.clients, columns.owners
+            channels, clients, where = columns.channels, columns.clients, columns.where
             for at in columns.with_clients:
-                owner = owners[at]
+                owner = where[channels[at]]
                 has_clients[owner] = True
                 if self._refresh_clients(clients, at, channels[at].clients):
                     changed.add(owner)

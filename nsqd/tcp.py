@@ -347,8 +347,7 @@ class Connection:
         switches per publish). True if so (or if such a call is already registered); False when the writer must
         handle it (not a plain socket, a write or a sync in progress, degraded)."""
         replication = self.nsqd.replication
-        if (replication is None or replication.degraded or type(self.stream) is not trio.SocketStream
-                or self._send_lock.locked() or self.nsqd.sync_barrier):
+        if replication is None or replication.degraded or not self._may_write_directly():
             return False
         seq = self.client.replicated_seq
         if seq <= replication.acked:
@@ -364,8 +363,13 @@ class Connection:
         """An ACK covered ``_ack_wait`` (or the replicator's state changed): write what waited, wait again for a
         later publish's seq, or leave it to the writer."""
         self._ack_wait = 0
-        if not self._flush_direct() and not self._await_ack_directly():
-            self.client.wake_writer()
+        self._send_replies()
+
+    def _may_write_directly(self) -> bool:
+        """Whether a write from outside the writer task cannot reorder anything: a plain socket (no TLS or
+        compression layer), no write of the writer's under way (``_send_lock``), no disk sync owed (durable mode:
+        the writer commits it first)."""
+        return type(self.stream) is trio.SocketStream and not self._send_lock.locked() and not self.nsqd.sync_barrier
 
     def _flush_direct(self) -> bool:
         """Write the whole output buffer now, without awaiting, if that cannot reorder anything (the
@@ -373,7 +377,7 @@ class Connection:
         the buffer, marked for an immediate flush, and the caller wakes the writer. The channel's
         dispatcher calls it too (``Client.direct_flush``) for consumers it asks to flush, which saves
         a wake-up of the writer task per delivered batch."""
-        if type(self.stream) is not trio.SocketStream or self._send_lock.locked() or self.nsqd.sync_barrier:
+        if not self._may_write_directly():
             return False
         client = self.client
         replication = self.nsqd.replication

@@ -424,7 +424,7 @@ class NSQD:
         self.replication = Replicator(self.node_name, opts.replicate_to,
                                       acks=opts.replication_acks or len(opts.replicate_to),
                                       degraded=opts.replication_degraded, durable=self.durable,
-                                      ssl_context=self._replication_ssl_context(),
+                                      ssl_context=self.replication_ssl_context(),
                                       epoch=epoch, snapshot=partial(Backfill, self),
                                       on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean)
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
@@ -457,7 +457,7 @@ class NSQD:
                     if self.replication.clean else "how many of them had been finished here is unknown (the last "
                     "run did not stop cleanly)")
 
-    def _replication_ssl_context(self):
+    def replication_ssl_context(self):
         """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``
         (or the system's roots), this node's certificate offered for their client-auth policy."""
         if self.tls_context is None:

@@ -31,6 +31,8 @@ __all__ = [
     "Ack",
     "Adopted",
     "ChannelOp",
+    "Confirm",
+    "Confirmed",
     "Error",
     "Finished",
     "Heartbeat",
@@ -60,6 +62,8 @@ OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED = 1, 2, 3, 4, 5
 _OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED))
 
 T_HELLO, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED, T_MESSAGES = 0x01, 0x03, 0x04, 0x05, 0x06, 0x07
+#: a replica asks the node a HELLO named whether that HELLO was its own (a connection of its own); the answer
+T_CONFIRM, T_CONFIRMED = 0x08, 0x85
 #: MESSAGES as earlier versions wrote it, one row per message: decoded still (a replica's store on disk), never sent
 T_MESSAGES_ROWS = 0x02
 T_WELCOME, T_ACK, T_ERROR = 0x81, 0x82, 0x83
@@ -85,6 +89,20 @@ class Hello:
     version: int = 1
     node_id: int = 0  # the origin's --node-id: message IDs are unique across nodes only if these differ
     clean: bool = False  # the origin's data directory holds every message it acknowledged (see PROTOCOL.md)
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """Asked of the node at ``node``: is ``session`` your replication session?"""
+    node: str
+    session: str
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    """The answer of the node that has that session (any other answers ERROR)."""
+    node: str
+    session: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +322,10 @@ def encode(event) -> bytes:
         return _encode_json(T_HELLO, event)
     if kind is Welcome:
         return _encode_json(T_WELCOME, event)
+    if kind is Confirm:
+        return _encode_json(T_CONFIRM, event)
+    if kind is Confirmed:
+        return _encode_json(T_CONFIRMED, event)
     if kind is Adopted:
         return _frame(T_ADOPTED, _U32.pack(len(event.ids)) + b"".join(event.ids))
     if kind is Error:
@@ -399,6 +421,15 @@ def _decode_hello(payload: bytes):
                  epoch=_field(obj, "epoch", int, 0, "HELLO"), durable=_field(obj, "durable", bool, False, "HELLO"),
                  version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"),
                  clean=_field(obj, "clean", bool, False, "HELLO"))
+
+
+def _decode_identity(event_type):
+    what = event_type.__name__.upper()
+
+    def decode(payload: bytes):
+        obj = _json_object(payload, what)
+        return event_type(node=_field(obj, "node", str, "", what), session=_field(obj, "session", str, "", what))
+    return decode
 
 
 def _decode_welcome(payload: bytes):
@@ -511,6 +542,7 @@ _DECODERS = {
     T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_MESSAGES_ROWS: _decode_message_rows, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
     T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
     T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
+    T_CONFIRM: _decode_identity(Confirm), T_CONFIRMED: _decode_identity(Confirmed),
 }
 
 

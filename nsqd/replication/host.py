@@ -26,9 +26,12 @@ from protocol.replication import (
     E_NODE_CONFLICT,
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
+    MAGIC_R1,
     Ack,
     Adopted,
     ChannelOp,
+    Confirm,
+    Confirmed,
     Error,
     Finished,
     Heartbeat,
@@ -149,6 +152,7 @@ class ReplicaHost:
         self.takeovers = 0
         self.adopted_messages = 0
         self._wake = trio.Event()
+        self._tls_client = None  # the context of CONFIRM's connections over TLS, made at the first
 
     @property
     def node(self) -> str:
@@ -187,7 +191,8 @@ class ReplicaHost:
                     initial = await stream.receive_some(65536)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     return
-        if initial[:1] == b"\x16":  # a TLS ClientHello: the origin upgrades
+        tls = initial[:1] == b"\x16"  # a TLS ClientHello: the origin upgrades
+        if tls:
             context = self.nsqd.tls_context
             if context is None:
                 log.error("REPLICATION: [%s] TLS asked for but this node has no certificate, closing", remote)
@@ -195,14 +200,24 @@ class ReplicaHost:
                 return
             stream = trio.SSLStream(PrefixedStream(stream, initial), context, server_side=True)
             initial = b""
+        elif self.opts.tls_required_on_tcp():  # as for V2 clients: nothing passes this port in the clear
+            log.error("REPLICATION: [%s] a stream without TLS, which this node requires, closing", remote)
+            await self._send_error(stream, E_BAD_PROTOCOL, "TLS is required on this node")
+            return
         decoder = ReplicationDecoder(max_frame_size=self.opts.max_body_size + (1 << 20))
         decoder.receive_data(initial)
         origin = None
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
                 hello = await receive_event(stream, decoder)
+            if type(hello) is Confirm:
+                await self._answer_confirm(stream, hello)
+                return
             if type(hello) is not Hello:
                 raise ProtocolError(E_BAD_HELLO, f"expected HELLO, got {type(hello).__name__}")
+            if hello.node == self.node:
+                raise ProtocolError(E_NODE_CONFLICT, f"node {hello.node} is this node")
+            await self._confirm(hello, tls)
             origin = self._claim(hello)
             generation = origin.generation
             store = origin.store
@@ -261,19 +276,61 @@ class ReplicaHost:
                     log.info("REPLICATION: origin %s gone, holding %d message(s)", origin.node,
                              len(origin.store.held))
 
+    async def _confirm(self, hello: Hello, tls: bool) -> None:
+        """Whether the node a HELLO names sent it: the replica asks that address, on a connection of its own
+        (TLS when the HELLO came over TLS), whether the HELLO's session is its own (CONFIRM, CONFIRMED). A claim
+        not confirmed is ``E_NODE_CONFLICT``: whatever a connection says of itself, it cannot stream for a node
+        it is not (a dead node's name would force a takeover, and a clean HELLO with an empty backfill would drop
+        that node's copies), and two nodes that share a name find out."""
+        host, _, port = hello.node.rpartition(":")
+        host = host.strip("[]")
+        answer = None
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                stream = await trio.open_tcp_stream(host, int(port))
+                try:
+                    await stream.send_all(MAGIC_R1)
+                    if tls:
+                        stream = trio.SSLStream(stream, self._client_tls(), server_hostname=host)
+                    await stream.send_all(encode(Confirm(hello.node, hello.session)))
+                    answer = await receive_event(stream, ReplicationDecoder())
+                finally:
+                    await trio.aclose_forcefully(stream)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError) as exc:
+            why = str(exc) or type(exc).__name__
+        except trio.TooSlowError:
+            why = f"no answer within {HANDSHAKE_TIMEOUT:g} s"
+        else:
+            if answer == Confirmed(hello.node, hello.session):
+                return
+            why = f"{answer.code} {answer.text}" if type(answer) is Error else f"answered {type(answer).__name__}"
+        raise ProtocolError(E_NODE_CONFLICT, f"node {hello.node} did not confirm session {hello.session} - {why}")
+
+    async def _answer_confirm(self, stream, ask: Confirm) -> None:
+        """The other side of ``_confirm``: a HELLO naming this node with ``ask.session`` was its own."""
+        sender = self.nsqd.replication
+        if sender is None or ask.node != sender.node or ask.session != sender.session:
+            raise ProtocolError(E_NODE_CONFLICT, f"node {ask.node} with session {ask.session} is not this node")
+        await stream.send_all(encode(Confirmed(ask.node, ask.session)))
+
+    def _client_tls(self):
+        if self._tls_client is None:
+            self._tls_client = self.nsqd.replication_ssl_context()
+        return self._tls_client
+
     def _claim(self, hello: Hello) -> _Origin:
+        """The origin a confirmed HELLO names, marked connected."""
         node = hello.node
-        if node == self.node:
-            raise ProtocolError(E_NODE_CONFLICT, f"node {node} is this node")
         origin = self.origins.get(node)
         if origin is None:
             origin = self.origins[node] = _Origin(node, self._open_store(node))
-        if origin.connected:
-            if hello.session != origin.session or origin.cancel is None:
-                raise ProtocolError(E_NODE_CONFLICT, f"node {node} is already connected")
-            # the same origin process again: its previous connection broke without this side noticing yet
+        if origin.connected and origin.cancel is not None:
+            # the node at that address confirmed this stream: its previous connection broke without this side
+            # noticing yet (the same session: it reconnected; another: it restarted)
             log.info("REPLICATION: origin %s reconnected, closing its previous connection", node)
             origin.cancel.cancel()
+        elif origin.connected:
+            raise ProtocolError(E_NODE_CONFLICT, f"node {node} is already connected")
         origin.connected = True
         origin.session = hello.session
         origin.generation += 1

@@ -225,6 +225,26 @@ def test_nsqd_dat_follows_a_storm_and_a_graceful_stop_keeps_it(data_dir, seed):
 
 
 @pytest.mark.timeout(120)
+def test_a_graceful_stop_right_after_a_storm_keeps_every_change_answered(data_dir):
+    """Creates and deletes are answered before nsqd.dat follows them: a SIGTERM that comes at once still finds
+    them all written at shutdown, the last ones included."""
+    d = data_dir()
+    daemon = d.start()
+    metadata_storm(daemon, random.Random(4))
+    address = http(daemon)
+    burst = [name(f"burst{i}") for i in range(50)]
+    for topic in burst:
+        assert post(address, f"/topic/create?topic={topic}").status == 200
+        assert post(address, f"/channel/create?topic={topic}&channel=c").status == 200
+    assert post(address, f"/topic/delete?topic={burst[0]}").status == 200
+    state = known_state(daemon)
+    assert set(burst[1:]) <= set(state) and burst[0] not in state
+    daemon = d.restart()  # no wait for the file: SIGTERM right after the last answer
+    assert known_state(daemon) == state
+    assert file_state(metadata(d.path)) == state
+
+
+@pytest.mark.timeout(120)
 def test_kill_9_after_the_last_change_is_written_keeps_it(data_dir):
     d = data_dir()
     daemon = d.start()

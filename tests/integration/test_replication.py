@@ -19,6 +19,8 @@ from protocol.replication import (
     MAGIC_R1,
     Ack,
     Adopted,
+    Confirm,
+    Confirmed,
     Error,
     Heartbeat,
     Hello,
@@ -233,6 +235,61 @@ def test_degraded_accept_takes_messages_and_sends_them_when_the_peer_comes(daemo
     wait_for(lambda: stats(origin.http())["replication"]["unreplicated_messages"] == 0, message="acknowledged")
 
 
+class StandIn:
+    """A listener that stands for an origin node at ``node`` (127.0.0.1, a free port): it confirms the HELLOs of
+    the sessions in ``sessions`` (CONFIRM) as that node would, and refuses any other; ``asked`` lists what it was
+    asked. For tests that speak for an origin themselves."""
+
+    def __init__(self, *sessions: str) -> None:
+        self.sessions = set(sessions)
+        self.asked: list[Confirm] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.node = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> "StandIn":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._listener.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                event = self._read_ask(conn)
+                if event is None:
+                    continue
+                self.asked.append(event)
+                confirmed = type(event) is Confirm and event.node == self.node and event.session in self.sessions
+                conn.sendall(encode(Confirmed(event.node, event.session) if confirmed
+                                    else Error("E_NODE_CONFLICT", "not this node")))
+
+    @staticmethod
+    def _read_ask(conn: socket.socket):
+        """The first frame after the magic, or None when the connection ends first."""
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+            if len(data) > 4:
+                if data[:4] != MAGIC_R1:
+                    return None
+                decoder = ReplicationDecoder()
+                decoder.receive_data(data[4:])
+                if (event := decoder.next_event()) is not None:
+                    return event
+        return None
+
+
 def _exchange(address, data: bytes) -> list:
     """Send ``data`` on a replication connection and decode what comes back until the node closes it."""
     with socket.create_connection(address, timeout=10) as sock:
@@ -250,23 +307,36 @@ def _exchange(address, data: bytes) -> list:
 
 def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons, tmp_path):
     replica = start(daemons, tmp_path / "b")
-    with RawClient(replica.tcp) as bystander:
+    with RawClient(replica.tcp) as bystander, StandIn("s") as origin:
         bystander.publish("t", b"before")
         assert _exchange(replica.tcp, b"GET / HTTP/1.1\r\n\r\n")[-1].code == "E_BAD_PROTOCOL"
         hello = encode(Hello(f"127.0.0.1:{replica.tcp[1]}", "s"))
         assert _exchange(replica.tcp, hello)[-1] == Error("E_NODE_CONFLICT",
                                                           f"node 127.0.0.1:{replica.tcp[1]} is this node")
+        # a node claiming another node's identity: the node at that address does not confirm the session
+        events = _exchange(replica.tcp, encode(Hello(origin.node, "stolen", clean=True)) + encode(Synced(0)))
+        assert events[-1] == Error("E_NODE_CONFLICT", f"node {origin.node} did not confirm session stolen - "
+                                                      "E_NODE_CONFLICT not this node")
+        assert origin.asked == [Confirm(origin.node, "stolen")]
+        gone = f"127.0.0.1:{free_port()}"  # nothing listens there: a dead node's name
+        events = _exchange(replica.tcp, encode(Hello(gone, "s")))
+        assert events[-1].code == "E_NODE_CONFLICT"
+        assert events[-1].text.startswith(f"node {gone} did not confirm session s - ")
         bad_topic = struct.pack(">IB", 1 + 8 + 5 + 2 + 4, 0x07) + struct.pack(">Q", 1) + b"\x00\x03a/b" + b"\x00" * 6
-        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + bad_topic)
+        events = _exchange(replica.tcp, encode(Hello(origin.node, "s")) + bad_topic)
         assert events[-1] == Error("E_BAD_TOPIC", "replicated topic name 'a/b' is not valid")
         message = ReplicatedMessage(b"0" * 16, 1, 0, 0, b"x")
-        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + encode(Messages(1, "t", (message,)))
+        events = _exchange(replica.tcp, encode(Hello(origin.node, "s")) + encode(Messages(1, "t", (message,)))
                            + encode(Messages(5, "t", (message,))))
         assert events[-1] == Error("E_BAD_SEQ", "frame seq 5 after 1")
-        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "s")) + encode(Messages(1, "t", (message,), "c")))
+        events = _exchange(replica.tcp, encode(Hello(origin.node, "s")) + encode(Messages(1, "t", (message,), "c")))
         assert events[-1] == Error("E_BAD_PROTOCOL", "MESSAGES frame of a channel outside a backfill")
         assert _exchange(replica.tcp, b"\x00\x00\x00\x02\x01{")[-1].code == "E_BAD_HELLO"
+        # a CONFIRM asked of a node that replicates nothing
+        assert _exchange(replica.tcp, encode(Confirm(f"127.0.0.1:{replica.tcp[1]}", "s")))[-1] == Error(
+            "E_NODE_CONFLICT", f"node 127.0.0.1:{replica.tcp[1]} with session s is not this node")
         bystander.publish("t", b"after")
+    assert held(replica, gone) == 0 and not replica_of(replica, gone)
     assert replica.is_running()
     assert stop_all([replica]) is None
 
@@ -276,13 +346,16 @@ def test_replication_over_tls(daemons, tmp_path):
 
     certs = make_certificates(tmp_path / "certs")
     tls = certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}")
-    origin, replica = pair(daemons, tmp_path, *tls, replica_args=tuple(tls))
+    # the replica takes no stream in the clear: the copies below came over TLS, and so did its CONFIRM
+    origin, replica = pair(daemons, tmp_path, *tls, replica_args=(*tls, "--tls-required=tcp-https"))
     node = f"127.0.0.1:{origin.tcp[1]}"
     origin.wait_for_log(r"REPLICATION: peer .* connected", timeout=10)
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"secret%d" % i for i in range(5)])
     assert held(replica, node) == 5
     replica.wait_for_log(r"origin .* connected", timeout=10)
+    assert _exchange(replica.tcp, encode(Hello(node, "plain")))[-1] == Error("E_BAD_PROTOCOL",
+                                                                           "TLS is required on this node")
     plain = start(daemons, tmp_path / "c")
     with socket.create_connection(plain.tcp, timeout=10) as sock:  # a node without a certificate refuses TLS
         sock.sendall(MAGIC_R1 + b"\x16\x03\x01\x00\x05hello")
@@ -459,23 +532,32 @@ def test_an_origin_with_no_peer_at_start_up_says_so_and_delivers(daemons, tmp_pa
 
 def test_a_second_stream_for_a_connected_origin(daemons, tmp_path):
     replica = start(daemons, tmp_path / "b")
-    hello = encode(Hello("10.9.9.9:1", "first"))
-    with socket.create_connection(replica.tcp, timeout=10) as first:
-        first.sendall(MAGIC_R1 + hello)
-        decoder = ReplicationDecoder()
-        decoder.receive_data(first.recv(65536))
-        assert type(decoder.next_event()).__name__ == "Welcome"
-        # another session claiming the same node while the first is open: refused
-        events = _exchange(replica.tcp, encode(Hello("10.9.9.9:1", "other")))
-        assert events[-1] == Error("E_NODE_CONFLICT", "node 10.9.9.9:1 is already connected")
-        # the same session again (its old connection broke unnoticed): the new one replaces the old one
-        with socket.create_connection(replica.tcp, timeout=10) as second:
-            second.sendall(MAGIC_R1 + hello)
+    with StandIn("first") as origin:
+        hello = encode(Hello(origin.node, "first"))
+        with socket.create_connection(replica.tcp, timeout=10) as first:
+            first.sendall(MAGIC_R1 + hello)
             decoder = ReplicationDecoder()
-            decoder.receive_data(second.recv(65536))
+            decoder.receive_data(first.recv(65536))
             assert type(decoder.next_event()).__name__ == "Welcome"
-            assert first.recv(65536) == b""  # closed by the replica
-            replica.wait_for_log(r"origin 10.9.9.9:1 reconnected, closing its previous connection", timeout=5)
+            # another session claiming the same node while the first is open, not confirmed by it: refused
+            events = _exchange(replica.tcp, encode(Hello(origin.node, "other")))
+            assert events[-1].code == "E_NODE_CONFLICT" and "did not confirm session other" in events[-1].text
+            # the same session again (its old connection broke unnoticed): the new one replaces the old one
+            with socket.create_connection(replica.tcp, timeout=10) as second:
+                second.sendall(MAGIC_R1 + hello)
+                decoder = ReplicationDecoder()
+                decoder.receive_data(second.recv(65536))
+                assert type(decoder.next_event()).__name__ == "Welcome"
+                assert first.recv(65536) == b""  # closed by the replica
+                replica.wait_for_log(rf"origin {origin.node} reconnected, closing its previous connection", timeout=5)
+                # the node restarted (a new session, which it confirms) while its old stream looks open: replaced
+                origin.sessions = {"restarted"}
+                with socket.create_connection(replica.tcp, timeout=10) as third:
+                    third.sendall(MAGIC_R1 + encode(Hello(origin.node, "restarted")))
+                    decoder = ReplicationDecoder()
+                    decoder.receive_data(third.recv(65536))
+                    assert type(decoder.next_event()).__name__ == "Welcome"
+                    assert second.recv(65536) == b""
 
 
 def test_an_origin_killed_without_durable_mode_has_its_copies_adopted_when_it_returns(daemons, tmp_path):
@@ -720,3 +802,163 @@ def test_a_replica_killed_after_its_origin_changed_session_knows_the_session_it_
     assert held(replica, node) == 5
     with consumer(origin.tcp, "t", "c", ready=5) as client:
         assert sorted(receive(client, 5)) == [b"m%d" % i for i in range(5)]
+
+
+@pytest.mark.timeout(90)
+def test_a_takeover_registers_the_adopted_topic_and_channel_with_lookupd(daemons, tmp_path):
+    import uuid
+
+    from tests.integration.lookupd_harness import LookupdProcess, lookup_producers, wait_for_producers
+
+    lookupd = LookupdProcess(tmp_path / "lookupd")
+    daemons.append(lookupd)
+    lookupd.start()
+    registered = f"--lookupd-tcp-address={lookupd.tcp_address}"
+    origin, replica = pair(daemons, tmp_path, registered, replica_args=(registered,))
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    topic = f"r_{uuid.uuid4().hex[:12]}"  # on the origin alone until the takeover
+    post(origin.http(), f"/topic/create?topic={topic}")
+    post(origin.http(), f"/channel/create?topic={topic}&channel=c")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many(topic, [b"m%d" % i for i in range(5)])
+    wait_for_producers(lookupd, topic, {origin.tcp[1]})
+    origin.kill()
+    wait_for(lambda: not lookup_producers(lookupd, topic), message="the killed origin unregistered")
+    assert post(replica.http(), f"/replica/takeover?node={node}").json() == {"node": node, "messages": 5}
+    [producer] = wait_for_producers(lookupd, topic, {replica.tcp[1]})
+    assert get(lookupd.http_address, f"/lookup?topic={topic}").json()["channels"] == ["c"]
+    # a consumer finds the node as a lookupd client does
+    with consumer((producer["broadcast_address"], producer["tcp_port"]), topic, "c", ready=5) as client:
+        assert sorted(receive(client, 5)) == [b"m%d" % i for i in range(5)]
+
+
+@pytest.mark.timeout(60)
+def test_degraded_refuse_answers_dpub_and_http_mpub_and_stores_nothing(daemons, tmp_path):
+    # the other publishes are in test_degraded_refuse_answers_publish_failed_and_ping_nok
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{free_port()}")
+    with RawClient(origin.tcp) as producer:
+        producer.send(command("DPUB", "t", 60000, body=b"x"))
+        producer.expect_error(b"E_DPUB_FAILED DPUB failed replication degraded")
+    with consumer(origin.tcp, "t", "c", ready=0) as client:  # a connection that consumes puts its OK first
+        client.send(command("DPUB", "t", 60000, body=b"x"))
+        client.expect_error(b"E_DPUB_FAILED DPUB failed replication degraded")  # the OK taken back, not sent
+        client.assert_closed()  # fatal, as in nsqd
+    for path, body in (("/mpub?topic=t", b"x\ny"), ("/mpub?topic=t&binary=true", mpub_body([b"x"])),
+                       ("/pub?topic=t&defer=60000", b"x")):
+        reply = post(origin.http(), path, body)
+        assert (reply.status, reply.message) == (503, "REPLICATION_DEGRADED"), (path, reply)
+    topic = stats(origin.http(), "topic=t")["topics"][0]
+    channel = topic["channels"][0]
+    assert (topic["depth"], topic["message_count"]) == (0, 0)
+    assert (channel["depth"], channel["deferred_count"]) == (0, 0)
+
+
+@pytest.mark.timeout(60)
+def test_a_deferred_message_stays_deferred_after_a_takeover(daemons, tmp_path):
+    # attempts are not tested here: a REQ sends nothing to the replica, which keeps the attempts of the publish
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c")
+    with RawClient(origin.tcp) as producer:
+        producer.send(command("DPUB", "t", 60000, body=b"later"))
+        producer.expect_ok()
+        producer.publish("t", b"now")
+    origin.kill()
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 2
+    channel = stats(replica.http(), "topic=t")["topics"][0]["channels"][0]
+    assert (channel["depth"], channel["deferred_count"]) == (1, 1)
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        assert receive(client, 1) == [b"now"]
+        assert client.poll_frame(0.5) is None  # "later" is due in a minute
+    assert stats(replica.http(), "topic=t")["topics"][0]["channels"][0]["deferred_count"] == 1
+
+
+class GatedReplica:
+    """A replica played by the test: WELCOME, the (empty) backfill and topic changes acknowledged at once; then
+    it holds back its ACK until ``gate`` MESSAGES frames came, and answers them all with one ACK. ``oks_before``
+    is how many publishers had their OK when the gate opened (``published``: one event per publisher)."""
+
+    def __init__(self, gate: int, published: list[threading.Event]) -> None:
+        self.gate = gate
+        self.published = published
+        self.frames: list[Messages] = []
+        self.acks_after_gate: list[int] = []
+        self.oks_before: int | None = None
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(60)
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.connection: socket.socket | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.connection, _ = self.listener.accept()
+            self.connection.settimeout(60)
+            decoder = ReplicationDecoder()
+            data = b""
+            while len(data) < 4:
+                data += self.connection.recv(65536)
+            decoder.receive_data(data[4:])
+            assert type(SlowReplica._next(self.connection, decoder)) is Hello
+            self.connection.sendall(encode(Welcome("127.0.0.1:1")))
+            while True:
+                event = SlowReplica._next(self.connection, decoder)
+                if type(event) is Heartbeat:
+                    self.connection.sendall(HEARTBEAT_FRAME)
+                elif type(event) is Messages and event.seq > 0:
+                    self.frames.append(event)
+                    if len(self.frames) == self.gate:
+                        self.oks_before = sum(done.is_set() for done in self.published)
+                        self.acks_after_gate.append(event.seq)
+                        self.connection.sendall(encode(Ack(event.seq)))
+                    elif len(self.frames) > self.gate:
+                        self.acks_after_gate.append(event.seq)
+                        self.connection.sendall(encode(Ack(event.seq)))
+                elif type(event) is Synced or getattr(event, "seq", 0) > 0:
+                    self.connection.sendall(encode(Ack(event.seq)))
+        except (OSError, EOFError):
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        if self.connection is not None:
+            self.connection.close()
+        self.thread.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_publishes_of_many_connections_share_one_replication_round_trip(daemons, tmp_path):
+    # group commit: the frames of publishes made while an ACK is pending go to the peer without waiting for it, and
+    # one ACK answers them all; no publisher has its OK before the ACK that covers its message
+    publishers = 16
+    published = [threading.Event() for _ in range(publishers)]
+    replica = GatedReplica(publishers, published)
+    try:
+        origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.address}")
+        wait_state(origin, "replicating")
+        assert post(origin.http(), "/topic/create?topic=t").status == 200
+        clients = [RawClient(origin.tcp) for _ in range(publishers)]
+        failures: list[BaseException] = []
+
+        def publish(n: int) -> None:
+            try:
+                clients[n].publish("t", b"m%d" % n)
+                published[n].set()
+            except BaseException as exc:  # reported by the test
+                failures.append(exc)
+
+        threads = [threading.Thread(target=publish, args=(n,)) for n in range(publishers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not failures and all(done.is_set() for done in published)
+        assert sorted(m.body for frame in replica.frames for m in frame.messages) == sorted(
+            b"m%d" % n for n in range(publishers))
+        assert replica.oks_before == 0  # every frame reached the replica before any of them was acknowledged
+        assert replica.acks_after_gate == [replica.frames[-1].seq]  # and one ACK released all 16 OKs
+        for client in clients:
+            client.close()
+    finally:
+        replica.close()

@@ -14,6 +14,8 @@ from protocol.replication import (
     Ack,
     Adopted,
     ChannelOp,
+    Confirm,
+    Confirmed,
     Error,
     Finished,
     Heartbeat,
@@ -65,6 +67,10 @@ CASES = [
     pytest.param(Adopted((b"0123456789abcdef",)), b"\x00\x00\x00\x15\x84\x00\x00\x00\x01" + b"0123456789abcdef",
                  id="adopted"),
     pytest.param(Adopted(()), None, id="adopted-none"),
+    pytest.param(Confirm("127.0.0.1:4150", "abc"), b"\x00\x00\x00\x2a\x08" + b'{"node":"127.0.0.1:4150","session":"abc"}',
+                 id="confirm"),
+    pytest.param(Confirmed("127.0.0.1:4150", "abc"),
+                 b"\x00\x00\x00\x2a\x85" + b'{"node":"127.0.0.1:4150","session":"abc"}', id="confirmed"),
     pytest.param(Error("E_BAD_TOPIC", "replicated topic name 'x y' is not valid"), None, id="error"),
 ]
 
@@ -193,6 +199,9 @@ BAD = [
     pytest.param(_frame(0x01, b'{"node": "h:1", "durable": 1}'), "E_BAD_HELLO", "'durable' must be true or false",
                  id="hello-bad-durable"),
     pytest.param(_frame(0x01, b'\xff'), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-bad-utf8"),
+    pytest.param(_frame(0x08, b"{"), "E_BAD_HELLO", "CONFIRM is not a JSON object", id="confirm-not-json"),
+    pytest.param(_frame(0x85, b'{"node": "h:1", "session": 5}'), "E_BAD_HELLO",
+                 "CONFIRMED field 'session' must be a string", id="confirmed-bad-session"),
 ]
 
 

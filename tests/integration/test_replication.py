@@ -629,7 +629,17 @@ def test_a_backlog_spilled_to_disk_is_backfilled_whole_while_publishing_goes_on(
     replica = start(daemons, tmp_path / "b", port=port)
     with consumer(origin.tcp, "t", "c", ready=100) as client:  # c finishes some while the backfill reads its files
         finished_on_c = set(receive(client, 3000))
+
+        def finished_by_c() -> int:
+            channel = next(c for c in stats(origin.http(), "topic=t")["topics"][0]["channels"]
+                           if c["channel_name"] == "c")
+            return sum(client["finish_count"] for client in channel["clients"])
+        wait_for(lambda: finished_by_c() == len(finished_on_c), message="c's FINs taken")
     wait_state(origin, "replicating", timeout=60, message="backfilled")
+    # FINs go to the peer asynchronously: a channel op sends those gathered before it, and its ACK says they are held
+    before = stats(origin.http())["replication"]["peers"][0]["acked"]
+    assert post(origin.http(), "/channel/unpause?topic=t&channel=c").status == 200
+    fins_acked(origin, before)
     replicating.set()
     producer_thread.join(timeout=60)
     assert not producer_thread.is_alive() and not failures

@@ -884,12 +884,15 @@ def test_a_deferred_message_stays_deferred_after_a_takeover(daemons, tmp_path):
 
 
 class GatedReplica:
-    """A replica played by the test: WELCOME, the (empty) backfill and topic changes acknowledged at once; then
+    """A replica played by the test: WELCOME, the (empty) backfill and topic changes acknowledged at once (the
+    backfill once ``hold_synced`` is set, when given); then
     it holds back its ACK until ``gate`` MESSAGES frames came, and answers them all with one ACK. ``oks_before``
     is how many publishers had their OK when the gate opened (``published``: one event per publisher)."""
 
-    def __init__(self, gate: int, published: list[threading.Event]) -> None:
+    def __init__(self, gate: int, published: list[threading.Event], *,
+                 hold_synced: threading.Event | None = None) -> None:
         self.gate = gate
+        self.hold_synced = hold_synced  # set: the end of the backfill (SYNCED) is acknowledged only once it is set
         self.published = published
         self.frames: list[Messages] = []
         self.acks_after_gate: list[int] = []
@@ -926,11 +929,15 @@ class GatedReplica:
                         self.acks_after_gate.append(event.seq)
                         self.connection.sendall(encode(Ack(event.seq)))
                 elif type(event) is Synced or getattr(event, "seq", 0) > 0:
+                    if type(event) is Synced and self.hold_synced is not None:
+                        self.hold_synced.wait(30)
                     self.connection.sendall(encode(Ack(event.seq)))
         except (OSError, EOFError):
             pass
 
     def close(self) -> None:
+        if self.hold_synced is not None:
+            self.hold_synced.set()
         self.listener.close()
         if self.connection is not None:
             self.connection.close()
@@ -970,5 +977,27 @@ def test_publishes_of_many_connections_share_one_replication_round_trip(daemons,
         assert replica.acks_after_gate == [replica.frames[-1].seq]  # and one ACK released all 16 OKs
         for client in clients:
             client.close()
+    finally:
+        replica.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_counts_toward_acks_only_once_its_backfill_is_acknowledged(daemons, tmp_path):
+    backfilled = threading.Event()
+    replica = GatedReplica(1, [], hold_synced=backfilled)
+    try:
+        origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.address}")
+        wait_for(lambda: stats(origin.http())["replication"]["peers"][0]["state"] == "backfilling",
+                 message="backfilling")
+        assert stats(origin.http())["replication"]["state"] == "degraded"  # connected, but not counted yet
+        with RawClient(origin.tcp) as producer:
+            producer.send(command("PUB", "t", body=b"early"))
+            producer.expect_error(b"E_PUB_FAILED PUB failed replication degraded")
+        assert get(origin.http(), "/ping").status == 500
+        backfilled.set()
+        wait_state(origin, "replicating")
+        with RawClient(origin.tcp) as producer:
+            producer.publish("t", b"counted")
+        assert [m.body for frame in replica.frames for m in frame.messages] == [b"counted"]
     finally:
         replica.close()

@@ -425,6 +425,9 @@ class Channel:
         else:
             self._enqueue([message])
             self.wake()
+        if self.replication is not None:
+            due_ns = time.time_ns() + int(delay * 1e9) if delay > 0 else 0
+            self.replication.requeued(self.topic_name, self.name, ((msg_id, message.attempts, due_ns),))
         self.client_credit_changed(client)
 
     def touch(self, client: Client, msg_id: bytes, msg_timeout: float) -> None:
@@ -457,6 +460,8 @@ class Channel:
                     self.client_credit_changed(owner)
         if expired:
             self._enqueue(expired)
+            if self.replication is not None:
+                self.replication.requeued(self.topic_name, self.name, [(m.id, m.attempts, 0) for m in expired])
         due = self.deferred.pop_due(now)
         if due:
             self._enqueue(due)

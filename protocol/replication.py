@@ -40,6 +40,7 @@ __all__ = [
     "Messages",
     "ReplicatedMessage",
     "ReplicationDecoder",
+    "Requeued",
     "Synced",
     "Welcome",
     "encode",
@@ -64,6 +65,9 @@ _OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED))
 T_HELLO, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED, T_MESSAGES = 0x01, 0x03, 0x04, 0x05, 0x06, 0x07
 #: a replica asks the node a HELLO named whether that HELLO was its own (a connection of its own); the answer
 T_CONFIRM, T_CONFIRMED = 0x08, 0x85
+#: messages a channel put back (REQ, an in-flight timeout): their attempts and due time there
+T_REQUEUED = 0x09
+_REQUEUED_ROW = struct.Struct(">16sHq")
 #: MESSAGES as earlier versions wrote it, one row per message: decoded still (a replica's store on disk), never sent
 T_MESSAGES_ROWS = 0x02
 T_WELCOME, T_ACK, T_ERROR = 0x81, 0x82, 0x83
@@ -179,6 +183,15 @@ class Finished:
     topic: str
     channel: str
     ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """Messages ``channel`` put back: ``entries`` are ``(id, attempts, due_ns)`` (due 0: ready at once)."""
+    seq: int
+    topic: str
+    channel: str
+    entries: tuple[tuple[bytes, int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +322,9 @@ def encode(event) -> bytes:
     if kind is Finished:
         return _frame(T_FINISHED, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
                       + _U32.pack(len(event.ids)) + b"".join(event.ids))
+    if kind is Requeued:
+        return _frame(T_REQUEUED, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
+                      + _U32.pack(len(event.entries)) + b"".join(_REQUEUED_ROW.pack(*row) for row in event.entries))
     if kind is ChannelOp:
         return _frame(T_CHANNEL, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
                       + bytes((event.op,)))
@@ -484,6 +500,17 @@ def _decode_finished(payload: bytes):
     return Finished(seq, topic, channel, split_ids(payload, start, count))
 
 
+def _decode_requeued(payload: bytes):
+    reader = _Reader(payload, "REQUEUED")
+    seq = reader.unpack(_U64)[0]
+    topic = reader.name(E_BAD_TOPIC, "topic")
+    channel = reader.name(E_BAD_CHANNEL, "channel")
+    count = reader.unpack(_U32)[0]
+    rows = reader.take(count * _REQUEUED_ROW.size)
+    reader.end()
+    return Requeued(seq, topic, channel, tuple(_REQUEUED_ROW.iter_unpack(rows)))
+
+
 _ID_STRUCTS: dict[int, struct.Struct] = {}
 
 
@@ -542,7 +569,7 @@ _DECODERS = {
     T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_MESSAGES_ROWS: _decode_message_rows, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
     T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
     T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
-    T_CONFIRM: _decode_identity(Confirm), T_CONFIRMED: _decode_identity(Confirmed),
+    T_CONFIRM: _decode_identity(Confirm), T_CONFIRMED: _decode_identity(Confirmed), T_REQUEUED: _decode_requeued,
 }
 
 

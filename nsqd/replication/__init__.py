@@ -17,7 +17,8 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   without a step per message) to the replicator's *outbox*, an ordered in-memory log of frames numbered by
   ``seq``, and the connection notes the outbox's last seq
   (``Client.replicated_seq``). FINs (``Channel._finished``) collect per (topic, channel) and become FINISHED
-  frames when the sender next writes (FINs alone wait up to 5 ms for more); channel and topic creation,
+  frames when the sender next writes (FINs alone wait up to 5 ms for more); messages a channel puts back (REQ,
+  in-flight timeouts) go the same way as REQUEUED frames, with their attempts and due time; channel and topic creation,
   deletion, pause and emptying become CHANNEL frames. Frames of ephemeral topics and channels are never made.
 - One sender task per peer writes everything in the outbox past what it sent, in one write, and a reader task
   takes the peer's cumulative ACKs; on a plain TCP stream the node's read poller reads them too, between the

@@ -38,31 +38,52 @@ FRAME_IDS = 65536
 
 
 def place(nsqd, topic_name: str, batch: list) -> int:
-    """Put ``batch``, ``[(message, channels that finished it), ...]`` of ``ReplicatedMessage``-like messages, into
-    topic ``topic_name``: each into every channel not in its set (into the topic when it has no channel, or when
-    the set is None: the topic held it), deferred ones with the rest of their delay; replicated to this node's
-    peers with FINs for the channels that finished it. Returns how many."""
+    """Put ``batch``, ``[(message, channels that finished it, channels that put it back), ...]`` of
+    ``ReplicatedMessage``-like messages, into topic ``topic_name``: each into every channel not in its set (into
+    the topic when it has no channel, or when the set is None: the topic held it), deferred ones with the rest of
+    their delay; a channel that put it back (``{channel: (attempts, due ns)}`` or None) gets it with those attempts
+    and that due time. Replicated to this node's peers with FINs for the channels that finished it, and the
+    requeues. Returns how many."""
     topic = nsqd.get_topic(topic_name)
     now_ns = time.time_ns()
-    messages = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
-                for m, _finished in batch]
+    messages = [Message(m.id, m.body, m.timestamp, m.attempts, _delay(m.due_ns, now_ns)) for m, _f, _r in batch]
     channels = list(topic.channels.values())
-    to_topic = messages if not channels else [m for m, (_, finished) in zip(messages, batch) if finished is None]
+    to_topic = messages if not channels else [m for m, (_, finished, _r) in zip(messages, batch) if finished is None]
     if to_topic:
         topic.put_many(to_topic)
     for channel in channels:
-        pending = [Message(m.id, m.body, m.timestamp, m.attempts, m.defer) for m, (_, finished) in zip(messages, batch)
-                   if finished is not None and channel.name not in finished]
+        name = channel.name
+        pending = []
+        for m, (_, finished, requeued) in zip(messages, batch):
+            if finished is None or name in finished:
+                continue
+            again = requeued.get(name) if requeued else None
+            if again is None:
+                pending.append(Message(m.id, m.body, m.timestamp, m.attempts, m.defer))
+            else:
+                pending.append(Message(m.id, m.body, m.timestamp, again[0], _delay(again[1], now_ns)))
         if pending:
             channel.put_many(pending)
     replication = nsqd.replication
     if replication is not None and not topic.ephemeral and messages:
         replication.offer(topic_name, messages)
         for channel in channels:
-            done = [m for m, (_, finished) in zip(messages, batch) if finished is not None and channel.name in finished]
-            if done and not channel.ephemeral:
+            if channel.ephemeral:
+                continue
+            done = [m for m, (_, finished, _r) in zip(messages, batch)
+                    if finished is not None and channel.name in finished]
+            if done:
                 replication.finished(topic_name, channel.name, done)
+            again = [(m.id, *requeued[channel.name]) for m, (_, finished, requeued) in zip(messages, batch)
+                     if requeued and channel.name in requeued and (finished is None or channel.name not in finished)]
+            if again:
+                replication.requeued(topic_name, channel.name, again)
     return len(messages)
+
+
+def _delay(due_ns: int, now_ns: int) -> float:
+    """Seconds from ``now_ns`` to a due time (0: none, or past)."""
+    return max(due_ns - now_ns, 0) / 1e9 if due_ns else 0.0
 
 
 def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
@@ -86,7 +107,7 @@ def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
             continue
         found += len(drop)
         names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
-        keep = [(message, None if holders[msg_id] is None else names - holders[msg_id])
+        keep = [(message, None if holders[msg_id] is None else names - holders[msg_id], None)
                 for msg_id, message in messages.items() if msg_id not in drop]
         topic.empty()
         for channel in topic.channels.values():

@@ -38,6 +38,7 @@ from protocol.replication import (
     Hello,
     Messages,
     ReplicationDecoder,
+    Requeued,
     Synced,
     Welcome,
     encode,
@@ -58,7 +59,7 @@ ORIGIN_SILENCE = 15.0
 #: bytes asked for per read of an origin's stream: a group commit's frames of several connections in one read,
 #: so one store and one ACK cover them
 RECEIVE_SIZE = 256 * 1024
-_DATA_EVENTS = (Messages, Finished, ChannelOp)
+_DATA_EVENTS = (Messages, Finished, Requeued, ChannelOp)
 #: received batches stored and acknowledged while more data waited, before they are indexed all the same
 APPLY_LAG = 16
 #: how long the connection that tells whether a silent origin is still up may take
@@ -497,7 +498,7 @@ class ReplicaHost:
         adopted: list[bytes] = []
         for topic_name, batch in store.adopt():
             count += place(nsqd, topic_name, batch)
-            adopted.extend(m.id for m, _finished in batch)
+            adopted.extend(m.id for m, _finished, _requeued in batch)
         AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         store.epoch += 1
         store.remove()

@@ -47,6 +47,7 @@ from protocol.replication import (
     Heartbeat,
     Hello,
     ReplicationDecoder,
+    Requeued,
     Synced,
     Welcome,
     encode,
@@ -211,6 +212,8 @@ class Replicator:
         self._outbox_bytes = 0
         self._outbox_messages = 0
         self._fins: dict[tuple[str, str], list[bytes]] = {}
+        #: what channels put back since the last flush, sent before the FINs: (topic, channel) -> (id, attempts, due)
+        self._requeues: dict[tuple[str, str], list[tuple[bytes, int, int]]] = {}
         #: writers waiting for an ACK, by the seq they wait for: (seq, order, event, flush), a min-heap. An ACK wakes
         #: only those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs
         #: included), and calls their ``flush`` first
@@ -287,12 +290,27 @@ class Replicator:
     def finished(self, topic: str, channel: str, messages) -> None:
         """FINs of a channel: sent with the next write (at most ``FIN_DELAY`` later), no one waits for them."""
         fins = self._fins
-        if not fins:
+        if not fins and not self._requeues:
             self._wake_senders()
         ids = fins.get((topic, channel))
         if ids is None:
             ids = fins[(topic, channel)] = []
         ids.extend(map(_message_id, messages))
+        if len(ids) >= FIN_BATCH:  # no sender task takes them while every peer is gone: into the outbox
+            self._flush_fins()
+
+    def requeued(self, topic: str, channel: str, entries) -> None:
+        """Messages a channel put back (REQ, an in-flight timeout), ``(id, attempts, due_ns)``: sent like FINs, so
+        that a takeover delivers them with their attempts and, after a REQ with a delay, at their time."""
+        requeues = self._requeues
+        if not requeues and not self._fins:
+            self._wake_senders()
+        rows = requeues.get((topic, channel))
+        if rows is None:
+            rows = requeues[(topic, channel)] = []
+        rows.extend(entries)
+        if len(rows) >= FIN_BATCH:
+            self._flush_fins()
 
     def channel_op(self, topic: str, channel: str, op: int) -> None:
         self._flush_fins()
@@ -304,6 +322,8 @@ class Replicator:
         self._outbox.append((seq, frame, messages))
         self._outbox_bytes += len(frame)
         self._outbox_messages += messages
+        if self._outbox_bytes > OUTBOX_LIMIT:  # no ACK comes to trim it (every peer gone, ``accept``)
+            self._trim_outbox()
         direct = len(frame) >= DIRECT_SIZE
         for peer in self.peers:
             if (peer.fd < 0 or peer.sent != seq - 1 or peer.sending or peer.tail is not None
@@ -330,6 +350,15 @@ class Replicator:
             peer.wake.set()
 
     def _flush_fins(self) -> None:
+        """FINs and requeues into frames of the outbox (requeues first: a message put back and then finished
+        meanwhile ends finished)."""
+        requeues, self._requeues = self._requeues, {}
+        for (topic, channel), rows in requeues.items():
+            for start in range(0, len(rows), FIN_BATCH):
+                self.seq += 1
+                frame = encode(Requeued(self.seq, topic, channel, tuple(rows[start:start + FIN_BATCH])))
+                self._outbox.append((self.seq, frame, 0))
+                self._outbox_bytes += len(frame)
         fins, self._fins = self._fins, {}
         for (topic, channel), ids in fins.items():
             for start in range(0, len(ids), FIN_BATCH):
@@ -337,6 +366,8 @@ class Replicator:
                 frame = encode(Finished(self.seq, topic, channel, tuple(ids[start:start + FIN_BATCH])))
                 self._outbox.append((self.seq, frame, 0))
                 self._outbox_bytes += len(frame)
+        if self._outbox_bytes > OUTBOX_LIMIT:
+            self._trim_outbox()
 
     async def wait_acked(self, seq: int, flush=None) -> bool:
         """Wait until ``seq`` is held by enough peers: True; False when publishes are refused meanwhile (the
@@ -396,6 +427,14 @@ class Replicator:
         changed = acked > self.acked or degraded_changed
         self.acked = max(acked, self.acked)
         self.degraded = degraded
+        self._trim_outbox()
+        if changed:
+            self._notify(degraded_changed)
+
+    def _trim_outbox(self) -> None:
+        """Drop the frames every peer acknowledged, and the oldest beyond ``OUTBOX_LIMIT`` (a peer that still
+        needed them falls behind: it gets a backfill when it comes back)."""
+        peers = self.peers
         low = min(p.acked for p in peers)
         outbox = self._outbox
         while outbox and (outbox[0][0] <= low or self._outbox_bytes > OUTBOX_LIMIT):
@@ -408,8 +447,6 @@ class Replicator:
                         peer.lagging = True
                         log.error("REPLICATION: peer %s fell %d bytes behind: frames dropped, it needs a backfill",
                                   peer.address, OUTBOX_LIMIT)
-        if changed:
-            self._notify(degraded_changed)
 
     # -- running ------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -570,12 +607,12 @@ class Replicator:
             with trio.move_on_after(HEARTBEAT_INTERVAL):
                 await peer.wake.wait()
             peer.wake = trio.Event()
-            if self._fins and (not outbox or outbox[-1][0] <= peer.sent):
+            if (self._fins or self._requeues) and (not outbox or outbox[-1][0] <= peer.sent):
                 # only FINs to send: let more gather for a moment (a publish ends the wait at once)
                 with trio.move_on_after(FIN_DELAY):
                     await peer.wake.wait()
                 peer.wake = trio.Event()
-            if self._fins:
+            if self._fins or self._requeues:
                 self._flush_fins()
             if not outbox or outbox[-1][0] <= peer.sent:
                 await self._send(peer, stream, HEARTBEAT_FRAME)

@@ -28,7 +28,7 @@ from contextlib import aclosing
 
 import trio
 
-from protocol.replication import OP_CREATED, OP_PAUSED, ChannelOp, encode, encode_messages
+from protocol.replication import OP_CREATED, OP_PAUSED, ChannelOp, Requeued, encode, encode_messages
 
 from ..queues.segment_reader import SplitRecords
 
@@ -158,12 +158,25 @@ class Backfill:
         finally:
             self.close()
 
+    def _frames(self, topic: str, channel: str, batch: list) -> bytes:
+        """The MESSAGES frame of ``batch``; a channel's copies go with no attempts and no due time, and a REQUEUED
+        frame after it gives those the channel has (delivered, put back, deferred): what a channel did with a
+        message is that channel's alone, not that of the others that hold it too (PROTOCOL.md)."""
+        self.count += len(batch)
+        if not channel:
+            return encode_messages(0, topic, batch)
+        rows = tuple((msg_id, attempts, due_ns) for msg_id, _ts, attempts, due_ns, _body in batch
+                     if attempts or due_ns)
+        if not rows:
+            return encode_messages(0, topic, batch, channel)
+        plain = [(msg_id, timestamp, 0, 0, body) for msg_id, timestamp, _a, _d, body in batch]
+        return encode_messages(0, topic, plain, channel) + encode(Requeued(0, topic, channel, rows))
+
     async def _memory_frames(self, topic: str, channel: str, items: list):
         for start in range(0, len(items), BATCH):
             batch = [_message_tuple(m, due_ns) for m, due_ns in items[start:start + BATCH] if m is not None]
             if batch:
-                self.count += len(batch)
-                yield encode_messages(0, topic, batch, channel)
+                yield self._frames(topic, channel, batch)
             await trio.lowlevel.checkpoint()
 
     async def _disk_frames(self, topic: str, channel: str, span: _Span):
@@ -200,8 +213,7 @@ class Backfill:
                                   data[offset + 4 + header:offset + 4 + size]))
                     offset += 4 + size
                     if len(batch) >= BATCH:
-                        self.count += len(batch)
-                        yield encode_messages(0, topic, batch, channel)
+                        yield self._frames(topic, channel, batch)
                         batch = []
                 if offset < 0:
                     log.error("REPLICATION: a backlog of topic %s has a corrupt record: the backfill skips the rest "
@@ -211,5 +223,4 @@ class Backfill:
                     break  # a record cut short at the end of the span
                 pos += offset
             if batch:
-                self.count += len(batch)
-                yield encode_messages(0, topic, batch, channel)
+                yield self._frames(topic, channel, batch)

@@ -39,6 +39,7 @@ from protocol.replication import (
     Messages,
     ReplicatedMessage,
     ReplicationDecoder,
+    Requeued,
     Synced,
     encode,
 )
@@ -82,7 +83,7 @@ class _Record:
     (a partial release takes an even share); ``fins``: channel -> IDs of this record it finished, kept while
     they wait for other channels; ``holder``: in a backfill, the channel that holds them (None: the topic)."""
 
-    __slots__ = ("token", "topic", "order", "ids", "left", "size", "fins", "holder", "backfill")
+    __slots__ = ("token", "topic", "order", "ids", "left", "size", "fins", "holder", "backfill", "requeued")
 
     def __init__(self, token: int, topic: str, order: int, ids: tuple[bytes, ...]) -> None:
         self.token = token
@@ -94,6 +95,8 @@ class _Record:
         self.fins: dict[str, set[bytes]] | None = None
         self.holder: str | None = None
         self.backfill = False  # received in the backfill that is running
+        #: channel -> {id: (attempts, due ns)} of its messages a channel put back (REQUEUED), the latest
+        self.requeued: dict[str, dict[bytes, tuple[int, int]]] | None = None
 
 
 class ReplicaStore:
@@ -234,9 +237,11 @@ class ReplicaStore:
         if kind is Messages:
             self._apply_messages(token, event)
             return
-        self.queue.ack(token)  # FINISHED, CHANNEL, SYNCED: needed only while an earlier record is
+        self.queue.ack(token)  # FINISHED, REQUEUED, CHANNEL, SYNCED: needed only while an earlier record is
         if kind is Finished:
             self._apply_finished(event)
+        elif kind is Requeued:
+            self._apply_requeued(event)
         elif kind is ChannelOp:
             self._apply_op(event)
         elif kind is Synced:
@@ -318,6 +323,22 @@ class ReplicaStore:
                 finished.update(run_ids)
             if channel in required:
                 self._settle(record, required)
+
+    def _apply_requeued(self, event: Requeued) -> None:
+        """Keep, per channel, the attempts and due time of the held messages it put back (the latest counts): a
+        takeover delivers them so. A step per message: REQ and timeouts are rare beside publishes and FINs."""
+        held, records = self.held, self._records
+        channel = event.channel
+        for msg_id, attempts, due_ns in event.entries:
+            record = records.get(held.get(msg_id))
+            if record is None:
+                continue
+            if record.requeued is None:
+                record.requeued = {}
+            kept = record.requeued.get(channel)
+            if kept is None:
+                kept = record.requeued[channel] = {}
+            kept[msg_id] = (attempts, due_ns)
 
     @staticmethod
     def _required(ts: TopicState, record: _Record) -> tuple[str, ...]:
@@ -473,10 +494,11 @@ class ReplicaStore:
         self.queue.sync_if_due(now)
 
     # -- takeover ----------------------------------------------------------------------------------------------
-    def adopt(self) -> Iterator[tuple[str, list[tuple[ReplicatedMessage, set]]]]:
+    def adopt(self) -> Iterator[tuple[str, list[tuple[ReplicatedMessage, set, dict | None]]]]:
         """For a takeover: the held messages, read again from disk in batches, each with the channels that
-        finished it: ``(topic, [(message, finished channels), ...])`` per record. The store's files are read
-        from the committed position by a fresh queue object; ``remove`` deletes them afterwards."""
+        finished it and those that put it back: ``(topic, [(message, finished channels, {channel: (attempts,
+        due ns)} or None), ...])`` per record. The store's files are read from the committed position by a fresh
+        queue object; ``remove`` deletes them afterwards."""
         self.apply()
         self.queue.close()
         self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
@@ -490,8 +512,12 @@ class ReplicaStore:
                 if token is not None:
                     record = self._records.get(token)
                     fins = record.fins if record is not None else None
+                    requeued = record.requeued if record is not None else None
+                    if requeued:
+                        requeued = {name: rows[message.id] for name, rows in requeued.items()
+                                    if message.id in rows} or None
                     batch.append((message, {name for name, ids in fins.items() if message.id in ids}
-                                  if fins else set()))
+                                  if fins else set(), requeued))
             if batch:
                 yield event.topic, batch
 

@@ -865,7 +865,6 @@ def test_degraded_refuse_answers_dpub_and_http_mpub_and_stores_nothing(daemons, 
 
 @pytest.mark.timeout(60)
 def test_a_deferred_message_stays_deferred_after_a_takeover(daemons, tmp_path):
-    # attempts are not tested here: a REQ sends nothing to the replica, which keeps the attempts of the publish
     origin, replica = pair(daemons, tmp_path)
     node = f"127.0.0.1:{origin.tcp[1]}"
     create(origin, "c")
@@ -881,6 +880,79 @@ def test_a_deferred_message_stays_deferred_after_a_takeover(daemons, tmp_path):
         assert receive(client, 1) == [b"now"]
         assert client.poll_frame(0.5) is None  # "later" is due in a minute
     assert stats(replica.http(), "topic=t")["topics"][0]["channels"][0]["deferred_count"] == 1
+
+
+def test_a_message_put_back_keeps_its_attempts_and_its_delay_through_a_takeover(daemons, tmp_path):
+    origin, replica = pair(daemons, tmp_path)
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c", "d")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"again", b"later"])
+    with consumer(origin.tcp, "t", "c", ready=2) as client:
+        for _ in range(2):
+            message = client.read_message(timeout=10)
+            assert message.attempts == 1
+            client.send(command("REQ", message.id, 0 if message.body == b"again" else 60000))
+        again = client.read_message(timeout=10)  # delivered a second time, and put back once more
+        assert (again.body, again.attempts) == (b"again", 2)
+        client.send(command("RDY", 0))
+        client.send(command("REQ", again.id, 0))
+        # REQUEUED frames go like FINs; a channel op after them is acknowledged once they are held
+        before = stats(origin.http())["replication"]["peers"][0]["acked"]
+        assert post(origin.http(), "/channel/unpause?topic=t&channel=d").status == 200
+        fins_acked(origin, before)
+    origin.kill()
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 2
+    channels = {c["channel_name"]: c for c in stats(replica.http(), "topic=t")["topics"][0]["channels"]}
+    assert (channels["c"]["depth"], channels["c"]["deferred_count"]) == (1, 1)  # "later" waits for its minute
+    assert (channels["d"]["depth"], channels["d"]["deferred_count"]) == (2, 0)
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        message = client.read_message(timeout=10)
+        assert (message.body, message.attempts) == (b"again", 3)  # two deliveries on the origin, then this one
+        client.send(command("FIN", message.id))
+        assert client.poll_frame(0.5) is None
+    with consumer(replica.tcp, "t", "d", ready=10) as client:
+        got = sorted((m.body, m.attempts) for m in (client.read_message(timeout=10) for _ in range(2)))
+        assert got == [(b"again", 1), (b"later", 1)]  # d never had them
+
+
+def put_back_on_c(origin: NsqdProcess) -> None:
+    """On channel c: "again" delivered twice and put back each time, "later" put back for a minute."""
+    with consumer(origin.tcp, "t", "c", ready=2) as client:
+        for _ in range(2):
+            message = client.read_message(timeout=10)
+            client.send(command("REQ", message.id, 0 if message.body == b"again" else 60000))
+        again = client.read_message(timeout=10)
+        assert (again.body, again.attempts) == (b"again", 2)
+        client.send(command("RDY", 0))
+        client.send(command("REQ", again.id, 0))
+        wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
+                 message="put back")
+
+
+def test_a_backfill_carries_what_a_channel_put_back(daemons, tmp_path):
+    port = free_port()
+    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{port}", "--replication-degraded=accept")
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "c", "d")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [b"again", b"later"])
+    put_back_on_c(origin)
+    replica = start(daemons, tmp_path / "b", port=port)  # it gets them in a backfill, as the channels hold them
+    wait_state(origin, "replicating", timeout=20)
+    origin.kill()
+    assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 2
+    channels = {c["channel_name"]: c for c in stats(replica.http(), "topic=t")["topics"][0]["channels"]}
+    assert (channels["c"]["depth"], channels["c"]["deferred_count"]) == (1, 1)
+    assert (channels["d"]["depth"], channels["d"]["deferred_count"]) == (2, 0)  # what c did is c's alone
+    with consumer(replica.tcp, "t", "c", ready=10) as client:
+        message = client.read_message(timeout=10)
+        assert (message.body, message.attempts) == (b"again", 3)
+        client.send(command("FIN", message.id))
+        assert client.poll_frame(0.5) is None
+    with consumer(replica.tcp, "t", "d", ready=10) as client:
+        got = sorted((m.body, m.attempts) for m in (client.read_message(timeout=10) for _ in range(2)))
+        assert got == [(b"again", 1), (b"later", 1)]
 
 
 class GatedReplica:

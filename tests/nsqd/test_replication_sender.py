@@ -273,3 +273,29 @@ async def test_a_starting_node_does_not_wait_for_a_peer_that_refuses_its_connect
     assert replicator.peers[0].unreachable
     assert "REPLICATION: no peer reachable at start-up: delivering the messages this node holds (at-least-once)" in [
         r.getMessage() for r in caplog.records]
+
+
+class _Finished:
+    """What ``Replicator.finished`` reads of a message."""
+
+    def __init__(self, msg_id: bytes) -> None:
+        self.id = msg_id
+
+
+def test_the_outbox_stays_bounded_while_no_peer_acknowledges(monkeypatch):
+    # every peer gone in ``accept`` mode: no ACK trims the outbox, so publishes, FINs and requeues must not grow
+    # it past the limit; the peer falls behind and gets a backfill when it comes back
+    limit = 64 * 1024
+    monkeypatch.setattr(sender, "OUTBOX_LIMIT", limit)
+    replicator = sender.Replicator("127.0.0.1:1", ["127.0.0.1:9"], acks=1, degraded="accept", durable=False)
+    for n in range(1000):
+        replicator.offer_published("t", [b"%016d" % n], [b"x" * 1000], 1)
+    assert limit - 2000 < replicator._outbox_bytes <= limit
+    assert replicator.peers[0].lagging
+    assert replicator.statistics().unreplicated_messages == len(replicator._outbox)
+    for n in range(3 * sender.FIN_BATCH):
+        replicator.finished("t", "c", [_Finished(b"%016d" % n)])
+        replicator.requeued("t", "d", [(b"%016d" % n, 1, 0)])
+    assert len(replicator._fins.get(("t", "c"), ())) < sender.FIN_BATCH
+    assert len(replicator._requeues.get(("t", "d"), ())) < sender.FIN_BATCH
+    assert replicator._outbox_bytes <= limit

@@ -11,6 +11,7 @@ from protocol.replication import (
     Finished,
     Messages,
     ReplicatedMessage,
+    Requeued,
     Synced,
 )
 from nsqd.replication.store import ReplicaStore, store_nodes
@@ -77,7 +78,7 @@ def test_reopen_replays_messages_fins_and_channels(tmp_path):
     again = _open(tmp_path, durable=True)
     assert set(again.held) == {_id(n) for n in range(4, 10)}
     assert again.topics["t"].channels["b"][1] is True
-    adopted = [(topic, [(m.id, finished) for m, finished in batch]) for topic, batch in again.adopt()]
+    adopted = [(topic, [(m.id, finished) for m, finished, _requeued in batch]) for topic, batch in again.adopt()]
     assert adopted == [("t", [(_id(n), {"a"}) for n in range(4, 10)])]
     again.epoch += 1
     again.remove()
@@ -128,7 +129,7 @@ def test_a_backfill_is_settled_again_when_the_store_is_replayed(tmp_path):
     assert set(again.held) == {_id(n) for n in range(1, 8)}
     again.store([Finished(11, "t", "b", (_id(1), _id(2), _id(4), _id(5), _id(7)))])
     assert set(again.held) == {_id(2), _id(3), _id(6)}  # waiting for a only
-    adopted = {m.id: finished for _, batch in again.adopt() for m, finished in batch}
+    adopted = {m.id: finished for _, batch in again.adopt() for m, finished, _requeued in batch}
     assert adopted == {_id(2): {"b"}, _id(3): {"b"}, _id(6): {"b"}}
 
 
@@ -163,7 +164,7 @@ def test_a_batch_written_but_not_yet_indexed_is_indexed_before_anything_reads_th
     store.write([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, "t", 1, 2)])  # acknowledged; indexed later
     store.write([Finished(3, "t", "a", (_id(1),))])  # the batches that came meanwhile wait with it
     assert store.unapplied == 2 and not store.held
-    adopted = [(topic, [m.id for m, _ in batch]) for topic, batch in store.adopt()]
+    adopted = [(topic, [m.id for m, _, _ in batch]) for topic, batch in store.adopt()]
     assert adopted == [("t", [_id(2)])]
 
 
@@ -189,3 +190,18 @@ def test_the_index_of_held_messages_is_not_walked_by_the_garbage_collector(tmp_p
     assert len(store.held) == 1000 and store.held.spans == 1 and store.held.loose == 0
     (record,) = store._records.values()
     assert not gc.is_tracked(record.ids)
+
+
+def test_requeues_are_kept_per_channel_the_latest_counting_and_replayed(tmp_path):
+    store = _open(tmp_path, durable=True)
+    store.store([ChannelOp(1, "t", "a", OP_CREATED), ChannelOp(2, "t", "b", OP_CREATED), _messages(3, "t", 1, 2, 3)])
+    store.store([Requeued(4, "t", "a", ((_id(1), 1, 0), (_id(2), 1, 5_000))),
+                 Requeued(5, "t", "a", ((_id(1), 2, 9_000),)),  # delivered again and put back again
+                 Requeued(6, "t", "b", ((_id(1), 1, 0), (_id(99), 7, 0))),  # 99: not held, nothing to keep
+                 Finished(7, "t", "a", (_id(2),))])
+    store.queue.close()  # as a kill leaves it
+    again = _open(tmp_path, durable=True)
+    adopted = {m.id: (finished, requeued) for _, batch in again.adopt() for m, finished, requeued in batch}
+    assert adopted == {_id(1): (set(), {"a": (2, 9_000), "b": (1, 0)}),
+                       _id(2): ({"a"}, {"a": (1, 5_000)}),
+                       _id(3): (set(), None)}

@@ -23,6 +23,7 @@ from protocol.replication import (
     Messages,
     ReplicatedMessage,
     ReplicationDecoder,
+    Requeued,
     Synced,
     Welcome,
     encode,
@@ -50,6 +51,11 @@ CASES = [
                  b"\x00\x00\x00\x23\x03" + b"\x00" * 7 + b"\x09" + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x01"
                  + b"0123456789abcdef", id="finished"),
     pytest.param(Finished(10, "t", "c", ()), None, id="finished-none"),
+    pytest.param(Requeued(11, "t", "c", ((b"0123456789abcdef", 2, 258),)),
+                 b"\x00\x00\x00\x2d\x09" + b"\x00" * 7 + b"\x0b" + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x01"
+                 + b"0123456789abcdef" + b"\x00\x02" + b"\x00" * 6 + b"\x01\x02", id="requeued"),
+    pytest.param(Requeued(12, "t", "c", ((b"0123456789abcdef", 65535, 0), (b"0123456789abcdee", 1, 1 << 62))), None,
+                 id="requeued-two"),
     pytest.param(Messages(1, "t", (M1,)),
                  b"\x00\x00\x00\x3d\x07" + b"\x00" * 7 + b"\x01" + b"\x00\x01t" + b"\x00\x00" + b"\x00\x00\x00\x01"
                  + b"0123456789abcdef" + struct.pack(">q", M1.timestamp) + b"\x00\x01" + b"\x00" * 8
@@ -183,6 +189,10 @@ BAD = [
                  "replicated channel name 'c/\\x00d' is not valid", id="bad-channel"),
     pytest.param(_frame(0x03, b"\x00" * 8 + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x02" + b"0" * 16),
                  "E_BAD_PROTOCOL", "FINISHED frame cut short", id="finished-short"),
+    pytest.param(_frame(0x09, b"\x00" * 8 + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x01" + b"0" * 25),
+                 "E_BAD_PROTOCOL", "REQUEUED frame cut short", id="requeued-short"),
+    pytest.param(_frame(0x09, b"\x00" * 8 + b"\x00\x01t\x00\x00" + b"\x00\x00\x00\x00"), "E_BAD_CHANNEL",
+                 "replicated channel name '' is not valid", id="requeued-no-channel"),
     pytest.param(_frame(0x84, b"\x00\x00\x00\x02" + b"0" * 17), "E_BAD_PROTOCOL", "ADOPTED frame cut short",
                  id="adopted-short"),
     pytest.param(_frame(0x84, b"\x00\x00\x00\x01" + b"0" * 17), "E_BAD_PROTOCOL",

@@ -352,20 +352,15 @@ class Replicator:
     def _flush_fins(self) -> None:
         """FINs and requeues into frames of the outbox (requeues first: a message put back and then finished
         meanwhile ends finished)."""
-        requeues, self._requeues = self._requeues, {}
-        for (topic, channel), rows in requeues.items():
-            for start in range(0, len(rows), FIN_BATCH):
-                self.seq += 1
-                frame = encode(Requeued(self.seq, topic, channel, tuple(rows[start:start + FIN_BATCH])))
-                self._outbox.append((self.seq, frame, 0))
-                self._outbox_bytes += len(frame)
-        fins, self._fins = self._fins, {}
-        for (topic, channel), ids in fins.items():
-            for start in range(0, len(ids), FIN_BATCH):
-                self.seq += 1
-                frame = encode(Finished(self.seq, topic, channel, tuple(ids[start:start + FIN_BATCH])))
-                self._outbox.append((self.seq, frame, 0))
-                self._outbox_bytes += len(frame)
+        buffers = ((Requeued, self._requeues), (Finished, self._fins))
+        self._requeues, self._fins = {}, {}
+        for event, buffer in buffers:
+            for (topic, channel), rows in buffer.items():
+                for start in range(0, len(rows), FIN_BATCH):
+                    self.seq += 1
+                    frame = encode(event(self.seq, topic, channel, tuple(rows[start:start + FIN_BATCH])))
+                    self._outbox.append((self.seq, frame, 0))
+                    self._outbox_bytes += len(frame)
         if self._outbox_bytes > OUTBOX_LIMIT:
             self._trim_outbox()
 

@@ -488,12 +488,17 @@ def _decode_message_rows(payload: bytes):
     return Messages(seq, topic, tuple(messages))
 
 
-def _decode_finished(payload: bytes):
-    reader = _Reader(payload, "FINISHED")
+def _channel_frame_head(payload: bytes, what: str) -> tuple[_Reader, int, str, str, int]:
+    """The fields FINISHED and REQUEUED open with: seq, topic, channel, count (the reader past them)."""
+    reader = _Reader(payload, what)
     seq = reader.unpack(_U64)[0]
     topic = reader.name(E_BAD_TOPIC, "topic")
     channel = reader.name(E_BAD_CHANNEL, "channel")
-    count = reader.unpack(_U32)[0]
+    return reader, seq, topic, channel, reader.unpack(_U32)[0]
+
+
+def _decode_finished(payload: bytes):
+    reader, seq, topic, channel, count = _channel_frame_head(payload, "FINISHED")
     start = reader.pos
     reader.take(count * _ID_LENGTH)
     reader.end()
@@ -501,11 +506,7 @@ def _decode_finished(payload: bytes):
 
 
 def _decode_requeued(payload: bytes):
-    reader = _Reader(payload, "REQUEUED")
-    seq = reader.unpack(_U64)[0]
-    topic = reader.name(E_BAD_TOPIC, "topic")
-    channel = reader.name(E_BAD_CHANNEL, "channel")
-    count = reader.unpack(_U32)[0]
+    reader, seq, topic, channel, count = _channel_frame_head(payload, "REQUEUED")
     rows = reader.take(count * _REQUEUED_ROW.size)
     reader.end()
     return Requeued(seq, topic, channel, tuple(_REQUEUED_ROW.iter_unpack(rows)))

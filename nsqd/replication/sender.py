@@ -289,26 +289,22 @@ class Replicator:
 
     def finished(self, topic: str, channel: str, messages) -> None:
         """FINs of a channel: sent with the next write (at most ``FIN_DELAY`` later), no one waits for them."""
-        fins = self._fins
-        if not fins and not self._requeues:
-            self._wake_senders()
-        ids = fins.get((topic, channel))
-        if ids is None:
-            ids = fins[(topic, channel)] = []
-        ids.extend(map(_message_id, messages))
-        if len(ids) >= FIN_BATCH:  # no sender task takes them while every peer is gone: into the outbox
-            self._flush_fins()
+        self._gather(self._fins, (topic, channel), map(_message_id, messages))
 
     def requeued(self, topic: str, channel: str, entries) -> None:
         """Messages a channel put back (REQ, an in-flight timeout), ``(id, attempts, due_ns)``: sent like FINs, so
         that a takeover delivers them with their attempts and, after a REQ with a delay, at their time."""
-        requeues = self._requeues
-        if not requeues and not self._fins:
+        self._gather(self._requeues, (topic, channel), entries)
+
+    def _gather(self, buffer: dict, key: tuple[str, str], items) -> None:
+        """Add to what the next write sends (``_flush_fins``); a large pile goes into the outbox at once, where the
+        outbox's bound holds (no sender task takes anything while every peer is gone)."""
+        if not self._fins and not self._requeues:
             self._wake_senders()
-        rows = requeues.get((topic, channel))
+        rows = buffer.get(key)
         if rows is None:
-            rows = requeues[(topic, channel)] = []
-        rows.extend(entries)
+            rows = buffer[key] = []
+        rows.extend(items)
         if len(rows) >= FIN_BATCH:
             self._flush_fins()
 

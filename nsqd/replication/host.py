@@ -285,7 +285,6 @@ class ReplicaHost:
         that node's copies), and two nodes that share a name find out."""
         host, _, port = hello.node.rpartition(":")
         host = host.strip("[]")
-        answer = None
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
                 stream = await trio.open_tcp_stream(host, int(port))

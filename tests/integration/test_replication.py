@@ -695,6 +695,29 @@ def test_a_replica_takes_over_an_origin_whose_address_refuses_connections(daemon
         assert receive(client, 1) == [b"survivor"]
 
 
+def accept_origin(listener: socket.socket) -> tuple[socket.socket, ReplicationDecoder]:
+    """For a replica played by a test: the next origin's connection, its magic and HELLO read."""
+    connection, _ = listener.accept()
+    connection.settimeout(60)
+    decoder = ReplicationDecoder()
+    data = b""
+    while len(data) < 4:
+        data += connection.recv(65536)
+    decoder.receive_data(data[4:])
+    assert type(next_event(connection, decoder)) is Hello
+    return connection, decoder
+
+
+def next_event(connection: socket.socket, decoder: ReplicationDecoder):
+    """The next event of a replication stream read on a blocking socket; EOFError at its end."""
+    while (event := decoder.next_event()) is None:
+        data = connection.recv(65536)
+        if not data:
+            raise EOFError
+        decoder.receive_data(data)
+    return event
+
+
 class SlowReplica:
     """A replica played by the test: it takes the first connection and never answers its HELLO; the next one gets
     WELCOME (epoch 1) with ``adopted`` in ADOPTED, then ACKs."""
@@ -709,25 +732,9 @@ class SlowReplica:
         self.thread.start()
 
     def _accept(self) -> tuple[socket.socket, ReplicationDecoder]:
-        connection, _ = self.listener.accept()
-        connection.settimeout(60)
+        connection, decoder = accept_origin(self.listener)
         self.connections.append(connection)
-        decoder = ReplicationDecoder()
-        data = b""
-        while len(data) < 4:
-            data += connection.recv(65536)
-        decoder.receive_data(data[4:])
-        assert type(self._next(connection, decoder)) is Hello
         return connection, decoder
-
-    @staticmethod
-    def _next(connection: socket.socket, decoder: ReplicationDecoder):
-        while (event := decoder.next_event()) is None:
-            data = connection.recv(65536)
-            if not data:
-                raise EOFError
-            decoder.receive_data(data)
-        return event
 
     def _run(self) -> None:
         try:
@@ -736,7 +743,7 @@ class SlowReplica:
             connection.sendall(encode(Welcome("127.0.0.1:1", epoch=1, adopted=len(self.adopted)))
                                + encode(Adopted(self.adopted)))
             while True:
-                event = self._next(connection, decoder)
+                event = next_event(connection, decoder)
                 if type(event) is Heartbeat:
                     connection.sendall(HEARTBEAT_FRAME)
                 elif type(event) is Synced or getattr(event, "seq", 0) > 0:
@@ -978,17 +985,10 @@ class GatedReplica:
 
     def _run(self) -> None:
         try:
-            self.connection, _ = self.listener.accept()
-            self.connection.settimeout(60)
-            decoder = ReplicationDecoder()
-            data = b""
-            while len(data) < 4:
-                data += self.connection.recv(65536)
-            decoder.receive_data(data[4:])
-            assert type(SlowReplica._next(self.connection, decoder)) is Hello
+            self.connection, decoder = accept_origin(self.listener)
             self.connection.sendall(encode(Welcome("127.0.0.1:1")))
             while True:
-                event = SlowReplica._next(self.connection, decoder)
+                event = next_event(self.connection, decoder)
                 if type(event) is Heartbeat:
                     self.connection.sendall(HEARTBEAT_FRAME)
                 elif type(event) is Messages and event.seq > 0:

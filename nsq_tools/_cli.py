@@ -1,0 +1,164 @@
+"""What the six utilities share: Go-style flags, NSQ's option pass-through, fatal errors, signals, trio.
+
+Each tool is one module with a ``main(argv=None) -> int`` (its console script) that declares its flags on a
+``ToolFlags`` (NSQ 1.3.0's names, kinds and defaults, see NSQ-TOOLS-FACTS), parses them with Go's rules
+(``runtime.flags.FlagSet``: ``-h`` prints the usage to stderr and exits 0, an unknown or malformed flag prints
+the error and the usage and exits 2, ``-version`` prints ``<tool> v1.3.0 (built w/python...)`` and exits 0),
+checks them, and runs its trio main with ``run``.
+
+Fatal start-up problems (a missing ``--topic``, a bad ``--consumer-opt``) end the tool the way Go's
+``log.Fatal`` does: one line ``YYYY/MM/DD HH:MM:SS <text>`` on stderr and exit code 1, never a traceback.
+
+Signals: ``run`` hands the tool's main a ``trio.Event`` that is set by the first SIGINT, SIGTERM or SIGHUP
+(the tools' graceful stop: close files, finish or requeue in-flight messages); a second one while stopping is
+ignored, like NSQ's tools, which stop once and wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from typing import Any, Awaitable, Callable, NoReturn
+
+from protocol.version import version_string
+from runtime.flags import FlagError, FlagSet
+
+__all__ = ["ToolFlags", "consumer_config", "fatal", "log_line", "producer_config", "run", "setup_logging"]
+
+
+def log_line(text: str) -> str:
+    """Go's standard logger line (``log.LstdFlags``): local date and time, then the text."""
+    return time.strftime("%Y/%m/%d %H:%M:%S ") + text
+
+
+def fatal(text: str) -> NoReturn:
+    """Go's ``log.Fatal``: the line on stderr, exit code 1."""
+    try:
+        sys.stderr.write(log_line(text) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(1)
+
+
+class _GoLogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info and record.levelno >= logging.ERROR:
+            text += f" - {record.exc_info[1]}"
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(record.created))
+        return f"{self._prefix}{stamp} {text}"
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self._prefix = prefix
+
+
+def setup_logging(prefix: str = "", level: int = logging.INFO) -> None:
+    """Log lines on stderr in Go's standard form, as NSQ's tools print their own and the client's events."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_GoLogFormatter(prefix))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class ToolFlags(FlagSet):
+    """A tool's flag set, with the flags most tools share declared by one call each."""
+
+    def add_version(self) -> None:
+        self.add("version", "bool", False, "print the version and exit", in_config=False)
+
+    def add_consumer(self, *, channel: str = "", max_in_flight: int | None = 200, topics: bool = True) -> None:
+        """``-channel``, ``-consumer-opt``, ``-lookupd-http-address``, ``-nsqd-tcp-address``, ``-max-in-flight``
+        and (``topics``) a repeatable ``-topic``: the flags of every consuming tool."""
+        self.add("channel", "str", channel, "the channel to consume", in_config=False)
+        self.add("consumer-opt", "str_list", [], "an option for the consumer, as `name,value` (repeatable; "
+                 "go-nsq's option names)", in_config=False)
+        self.add("lookupd-http-address", "str_list", [], "an nsqlookupd HTTP address to discover nsqd from "
+                 "(repeatable)", in_config=False)
+        self.add("nsqd-tcp-address", "str_list", [], "an nsqd TCP address to consume from (repeatable)",
+                 in_config=False)
+        if max_in_flight is not None:
+            self.add("max-in-flight", "int", max_in_flight, "how many messages may be in flight at once",
+                     in_config=False)
+        if topics:
+            self.add("topic", "str_list", [], "a topic to consume (repeatable)", in_config=False)
+
+    def add_producer_opt(self) -> None:
+        self.add("producer-opt", "str_list", [], "an option for the producer, as `name,value` (repeatable; "
+                 "go-nsq's option names)", in_config=False)
+
+    def add_http_client_timeouts(self, request_timeout: float = 5.0) -> None:
+        self.add("http-client-connect-timeout", "duration", 2.0, "timeout for connecting to an HTTP endpoint",
+                 in_config=False)
+        self.add("http-client-request-timeout", "duration", request_timeout,
+                 "timeout for an HTTP request", in_config=False)
+
+    def parse_or_exit(self, argv: list[str] | None) -> dict[str, Any]:
+        """The flags' values by attribute, or the process ends as Go's ``flag.Parse`` and ``-version`` end it."""
+        try:
+            values = self.parse(sys.argv[1:] if argv is None else argv)
+        except FlagError as exc:
+            exc.exit()
+        if values.get("version"):
+            sys.stdout.write(version_string(self.program) + "\n")
+            sys.stdout.flush()
+            raise SystemExit(0)
+        return values
+
+
+def _apply_options(config, options: list[str]) -> None:
+    for text in options:
+        try:
+            config.set_option_text(text)
+        except ValueError as exc:
+            fatal(str(exc))
+
+
+def consumer_config(values: dict[str, Any], **fields: Any):
+    """A ``trionsq.Config`` from a consuming tool's flags: ``-max-in-flight``, then each ``-consumer-opt``
+    (which may override it, as in NSQ's tools); ``fields`` are set first (a tool's own defaults)."""
+    from trionsq import Config  # noqa: PLC0415 (keeps -h and -version free of the client's imports)
+
+    config = Config(**fields)
+    if "max_in_flight" in values:
+        config.max_in_flight = values["max_in_flight"]
+    _apply_options(config, values.get("consumer_opt", []))
+    return config
+
+
+def producer_config(values: dict[str, Any], **fields: Any):
+    """A ``trionsq.Config`` for a producing tool, with its ``-producer-opt`` values applied."""
+    from trionsq import Config  # noqa: PLC0415
+
+    config = Config(**fields)
+    _apply_options(config, values.get("producer_opt", []))
+    return config
+
+
+def run(main: Callable[..., Awaitable[int | None]], *args: Any) -> int:
+    """Run ``await main(stop, *args)`` under trio, where ``stop`` is a ``trio.Event`` set by the first SIGINT,
+    SIGTERM or SIGHUP; return its exit code (None means 0)."""
+    import trio  # noqa: PLC0415
+
+    async def with_signals() -> int | None:
+        stop = trio.Event()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            async with trio.open_nursery() as nursery:
+                async def watch() -> None:
+                    async for _ in signals:
+                        stop.set()
+
+                nursery.start_soon(watch)
+                code = await main(stop, *args)
+                nursery.cancel_scope.cancel()
+        return code
+
+    try:
+        code = trio.run(with_signals)
+    except KeyboardInterrupt:
+        return 130
+    return 0 if code is None else code

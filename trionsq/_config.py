@@ -1,0 +1,245 @@
+"""Client configuration with go-nsq's option names, so the same ``name,value`` strings work everywhere.
+
+``Config`` is a plain dataclass: build it with keywords (``Config(max_in_flight=200)``) or fill it
+from text with ``set(name, value)`` / ``set_option_text("name,value")``, the form the utilities
+take in ``--consumer-opt`` and ``--producer-opt``. Text values follow go-nsq's ``Config.Set`` for
+string input: durations in Go's syntax (``"30s"``, ``"250ms"``; a bare number has no unit and is
+refused, as ``time.ParseDuration`` refuses it), booleans as ``strconv.ParseBool`` reads them,
+integers in base 10, floats as ``strconv.ParseFloat``. Dashes in names become underscores. Values
+outside go-nsq's ranges are refused with go-nsq's wording (``invalid read_timeout ! 50ms < 100ms``).
+A bare ``name`` in ``set_option_text`` means true, and only boolean options accept it.
+
+Durations are float seconds in Python. The IDENTIFY fields derived from them (milliseconds, -1 for
+"disabled", 0 for "the server's default") are computed by ``trionsq._core``.
+
+TLS: ``tls_context`` (an ``ssl.SSLContext``) is used as given. Without it and with ``tls_v1``,
+``ssl_context()`` builds one from ``tls_root_ca_file`` (else the system's CAs),
+``tls_insecure_skip_verify``, ``tls_cert``/``tls_key`` and ``tls_min_version`` (``tls1.0`` ..
+``tls1.3``, as nsqd's ``--tls-min-version``), once, and keeps it.
+
+Imports only the standard library, ``protocol`` and ``runtime.flags`` (which has no trio), so the
+blocking driver can use it in processes without trio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.flags import format_duration, go_quote, parse_duration, parse_go_bool, parse_go_float
+
+from ._version import __version__
+
+__all__ = ["Config"]
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+# kind, min, max (None: unbounded), as go-nsq's struct tags declare them
+_DURATION, _INT, _FLOAT, _BOOL, _STR, _OPT_DURATION = "duration", "int", "float", "bool", "str", "optduration"
+_OPTIONS: dict[str, tuple[str, float | None, float | None]] = {
+    "client_id": (_STR, None, None),
+    "hostname": (_STR, None, None),
+    "user_agent": (_STR, None, None),
+    "heartbeat_interval": (_DURATION, None, None),
+    "read_timeout": (_DURATION, 0.1, 300.0),
+    "write_timeout": (_DURATION, 0.1, 300.0),
+    "dial_timeout": (_DURATION, None, None),
+    "output_buffer_size": (_INT, None, None),
+    "output_buffer_timeout": (_DURATION, None, None),
+    "tls_v1": (_BOOL, None, None),
+    "tls_insecure_skip_verify": (_BOOL, None, None),
+    "tls_root_ca_file": (_STR, None, None),
+    "tls_cert": (_STR, None, None),
+    "tls_key": (_STR, None, None),
+    "tls_min_version": (_STR, None, None),
+    "snappy": (_BOOL, None, None),
+    "deflate": (_BOOL, None, None),
+    "deflate_level": (_INT, 1, 9),
+    "sample_rate": (_INT, 0, 99),
+    "msg_timeout": (_OPT_DURATION, 0.0, None),
+    "auth_secret": (_STR, None, None),
+    "max_in_flight": (_INT, 0, None),
+    "max_attempts": (_INT, 0, 65535),
+    "default_requeue_delay": (_DURATION, 0.0, 3600.0),
+    "max_requeue_delay": (_DURATION, 0.0, 3600.0),
+    "backoff_multiplier": (_DURATION, 0.0, 3600.0),
+    "max_backoff_duration": (_DURATION, 0.0, 3600.0),
+    "lookupd_poll_interval": (_DURATION, 0.01, 300.0),
+    "lookupd_poll_jitter": (_FLOAT, 0.0, 1.0),
+    "low_rdy_idle_timeout": (_DURATION, 1.0, 300.0),
+}
+
+_TLS_VERSIONS = {
+    "ssl3.0": ssl.TLSVersion.SSLv3,
+    "tls1.0": ssl.TLSVersion.TLSv1,
+    "tls1.1": ssl.TLSVersion.TLSv1_1,
+    "tls1.2": ssl.TLSVersion.TLSv1_2,
+    "tls1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+def _parse_base10(text: str) -> int:
+    """Go's ``strconv.ParseInt(text, 10, 64)``: an optional sign and ASCII digits."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(text)}: invalid syntax")
+    value = int(text)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(text)}: value out of range")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    try:
+        return parse_go_float(text)
+    except ValueError:
+        raise ValueError(f"strconv.ParseFloat: parsing {go_quote(text)}: invalid syntax") from None
+
+
+def _show(kind: str, value: Any) -> str:
+    """A value as go-nsq's ``%v`` prints it in range errors."""
+    if kind in (_DURATION, _OPT_DURATION):
+        return format_duration(value)
+    if kind == _FLOAT:
+        return repr(float(value)).removesuffix(".0")
+    return str(value)
+
+
+@dataclass
+class Config:
+    """A client's settings; see the module docstring for names, units and the text form."""
+
+    client_id: str | None = None  # None: the short hostname (up to the first dot)
+    hostname: str | None = None  # None: socket.gethostname()
+    user_agent: str = f"trionsq/{__version__}"
+    heartbeat_interval: float = 30.0  # <= 0: heartbeats disabled
+    read_timeout: float = 60.0
+    write_timeout: float = 1.0
+    dial_timeout: float = 1.0
+    output_buffer_size: int = 16384
+    output_buffer_timeout: float = 0.25
+    tls_v1: bool = False
+    tls_context: ssl.SSLContext | None = None
+    tls_insecure_skip_verify: bool = False
+    tls_root_ca_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_min_version: str | None = None
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+    sample_rate: int = 0
+    msg_timeout: float | None = None  # None: the server's --msg-timeout
+    auth_secret: str | None = None
+    max_in_flight: int = 1
+    max_attempts: int = 5  # 0: unlimited
+    default_requeue_delay: float = 90.0
+    max_requeue_delay: float = 900.0
+    backoff_multiplier: float = 1.0
+    max_backoff_duration: float = 120.0
+    lookupd_poll_interval: float = 60.0
+    lookupd_poll_jitter: float = 0.3
+    low_rdy_idle_timeout: float = 10.0
+    _built_context: ssl.SSLContext | None = field(default=None, init=False, repr=False, compare=False)
+
+    # -- text form ------------------------------------------------------------------------------
+
+    def set(self, name: str, value: str | bool) -> None:
+        """Set one option from go-nsq's name and Go's text syntax; ``ValueError`` if the name is
+        unknown or the value does not parse or is out of range. ``value=True`` (a bare name in
+        ``set_option_text``) is accepted by boolean options only."""
+        option = name.replace("-", "_")
+        spec = _OPTIONS.get(option)
+        if spec is None:
+            raise ValueError(f"invalid option {option}")
+        kind, low, high = spec
+        try:
+            parsed = self._coerce(kind, value)
+        except ValueError as exc:
+            shown = "true" if value is True else value
+            raise ValueError(f"failed to coerce option {option} ({shown}) - {exc}") from None
+        if parsed is not None and low is not None and parsed < low:
+            raise ValueError(f"invalid {option} ! {_show(kind, parsed)} < {_show(kind, low)}")
+        if parsed is not None and high is not None and parsed > high:
+            raise ValueError(f"invalid {option} ! {_show(kind, parsed)} > {_show(kind, high)}")
+        if option == "tls_root_ca_file" and not os.path.isfile(parsed):
+            raise ValueError(
+                f"ERROR: failed to read custom Certificate Authority file open {parsed}: no such file"
+            )
+        if option.startswith("tls_"):
+            self._built_context = None
+        setattr(self, option, parsed)
+
+    def set_option_text(self, text: str) -> None:
+        """``"name,value"`` as the utilities' ``--consumer-opt``/``--producer-opt`` take it; a bare
+        ``"name"`` sets a boolean option to true. The value may itself contain commas."""
+        name, comma, value = text.partition(",")
+        self.set(name, value if comma else True)
+
+    @staticmethod
+    def _coerce(kind: str, value: str | bool) -> Any:
+        if value is True:
+            if kind != _BOOL:
+                raise ValueError("invalid value type")
+            return True
+        if kind == _BOOL:
+            return parse_go_bool(value)
+        if kind == _STR:
+            return value
+        if kind == _INT:
+            return _parse_base10(value)
+        if kind == _FLOAT:
+            return _parse_float(value)
+        if kind == _OPT_DURATION and value == "":
+            return None
+        return parse_duration(value)
+
+    def copy(self, **changes: Any) -> Config:
+        """A copy with some fields changed (the built TLS context is not carried over)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- derived values -------------------------------------------------------------------------
+
+    def effective_client_id(self) -> str:
+        if self.client_id is not None:
+            return self.client_id
+        return self.effective_hostname().split(".", 1)[0]
+
+    def effective_hostname(self) -> str:
+        return self.hostname if self.hostname is not None else socket.gethostname()
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The context for the TLS upgrade: ``tls_context`` if set, else one built from the
+        ``tls_*`` options (once; ``set`` of a ``tls_*`` option rebuilds it). ``ValueError`` when
+        a certificate or key file cannot be read."""
+        if self.tls_context is not None:
+            return self.tls_context
+        if self._built_context is None:
+            self._built_context = self._build_context()
+        return self._built_context
+
+    def _build_context(self) -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(cafile=self.tls_root_ca_file)
+            if self.tls_insecure_skip_verify:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if self.tls_cert or self.tls_key:
+                if not (self.tls_cert and self.tls_key):
+                    raise ValueError("tls_cert and tls_key must be given together")
+                context.load_cert_chain(self.tls_cert, self.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot set up TLS: {exc}") from None
+        if self.tls_min_version:
+            version = _TLS_VERSIONS.get(self.tls_min_version.lower())
+            if version is None:
+                raise ValueError(
+                    f"invalid tls_min_version {self.tls_min_version!r} "
+                    f"(one of {', '.join(_TLS_VERSIONS)})"
+                )
+            context.minimum_version = version
+        return context

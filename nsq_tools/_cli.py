@@ -161,4 +161,15 @@ def run(main: Callable[..., Awaitable[int | None]], *args: Any) -> int:
         code = trio.run(with_signals)
     except KeyboardInterrupt:
         return 130
+    except BaseExceptionGroup as group:
+        # fatal() called inside a task reaches here wrapped by the nurseries it crossed; it is still only an exit
+        exits, rest = group.split(SystemExit)
+        if exits is None or rest is not None:
+            raise
+        raise _first_leaf(exits) from None
     return 0 if code is None else code
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

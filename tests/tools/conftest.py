@@ -16,6 +16,8 @@ Helpers (import them: ``from tests.tools.conftest import run_tool, ToolProcess, 
 - ``usage_flags(text)``: Go's ``-h`` text parsed into ``{name: (kind, default)}``, to compare with the table of
   NSQ-TOOLS-FACTS (kind is Go's placeholder: ``string``, ``int``, ``duration``, ``value``..., ``bool`` for a
   flag without one; default is the text of ``(default ...)`` or None).
+- ``assert_fatal(result, text)``: the tool ended as Go's ``log.Fatal`` ends it (exit 1, last stderr line
+  ``YYYY/MM/DD HH:MM:SS <text>``, no traceback); ``assert_unknown_flag(tool)``: exit 2 and Go's message.
 - ``topic_depth(nsqd, topic)``, ``channel_depth(nsqd, topic, channel)``: from nsqd's ``/stats``.
 """
 
@@ -35,7 +37,8 @@ from tests.integration.harness import REPO_ROOT, NsqdProcess, stop_all
 from tests.integration.http_helpers import stats, wait_for
 from tests.integration.lookupd_harness import LookupdProcess
 
-__all__ = ["ToolProcess", "channel_depth", "run_tool", "tool_argv", "topic_depth", "usage_flags", "wait_for"]
+__all__ = ["ToolProcess", "assert_fatal", "assert_unknown_flag", "channel_depth", "run_tool", "tool_argv",
+           "topic_depth", "usage_flags", "wait_for"]
 
 
 def tool_argv(tool: str, *args: str) -> list[str]:
@@ -156,6 +159,24 @@ def usage_flags(text: str) -> dict[str, tuple[str, str | None]]:
         default = _DEFAULT.search(help_lines[-1]) if help_lines else None
         flags[match.group(1)] = (match.group(2) or "bool", default.group(1) if default else None)
     return flags
+
+
+def assert_fatal(result: subprocess.CompletedProcess, text: str) -> None:
+    """Exit code 1 and, as the last stderr line, Go's log line with ``text``; never a traceback."""
+    stderr = result.stderr.decode(errors="replace") if isinstance(result.stderr, bytes) else result.stderr
+    assert result.returncode == 1, f"exit code {result.returncode}; stderr:\n{stderr}"
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.splitlines()
+    assert lines and re.fullmatch(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d " + re.escape(text), lines[-1]), stderr
+
+
+def assert_unknown_flag(tool: str) -> None:
+    """An undefined flag: Go's message, then the usage, exit code 2."""
+    result = run_tool(tool, "-no-such-flag=1")
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert stderr.startswith("flag provided but not defined: -no-such-flag\n"), stderr
+    assert f"Usage of {tool}:" in stderr and "Traceback" not in stderr, stderr
 
 
 def topic_depth(nsqd: NsqdProcess, topic: str) -> int | None:

@@ -1,0 +1,449 @@
+"""The client side of NSQ's V2 protocol, sans I/O: bytes in, events out, bytes to send.
+
+Both drivers run this one state machine: the trio ``Connection`` (``trionsq._connection``) and the
+blocking one (``trionsq.blocking``). It never touches a socket, a clock or an event loop; it decides
+what the connection is to do next and the driver does it.
+
+A connection's life, in the order go-nsq and pynsq follow::
+
+    magic "  V2" + IDENTIFY  ->  IDENTIFY response (JSON Features, or "OK" from a server without
+    feature negotiation)  ->  [TLS handshake, then "OK" over TLS]  ->  [deflate or snappy: both
+    directions switch at once, then a compressed "OK"]  ->  [AUTH <secret>, JSON answer]  ->
+    connected: commands out, frames in
+
+How a driver uses it
+--------------------
+
+::
+
+    core = ClientCore(config, "host:port", responder=conn)   # responder: see trionsq._message
+    write(core.handshake_bytes())                 # magic + IDENTIFY, plain bytes
+    while True:                                   # the handshake
+        event = core.next_event()
+        if event is NEED_DATA:
+            data = read()                         # b"" at EOF -> raise ConnectError
+            core.receive_data(data)
+        elif event is START_TLS:                  # wrap the socket in TLS (server_hostname from the
+            tls_handshake()                       # address; context config.ssl_context()), then:
+            core.tls_started()                    # later reads/writes go through TLS
+        elif type(event) is Send:
+            write(event.data)                     # already wire bytes (AUTH, compressed if need be)
+        elif type(event) is Connected:
+            break                                 # event.features, event.auth; core.features too
+
+    # connected: every outgoing byte passes through core.wire_bytes() (compression), in order
+    write(core.wire_bytes(encode_pub(topic, body)));  core.expect_reply(token)
+    ...
+    core.receive_data(read())
+    while (event := core.next_event()) is not NEED_DATA:
+        type(event) is Message    -> hand it to the consumer (its finish()/requeue()/touch() call
+                                     the responder, which queues core.wire_bytes(data) for writing)
+        event is HEARTBEAT        -> write(core.wire_bytes(NOP))
+        type(event) is Reply      -> event.token is what expect_reply() got for the oldest
+                                     command still waiting; event.data e.g. b"OK", b"CLOSE_WAIT"
+        type(event) is ErrorReply -> event.error (NSQError); event.token as for Reply, or None for
+                                     E_FIN_FAILED/E_REQ_FAILED/E_TOUCH_FAILED, which answer no
+                                     waiting command. error.fatal: nsqd closes the connection
+
+Rules the driver keeps:
+
+- ``expect_reply(token)`` once per command that nsqd answers (PUB, MPUB, DPUB, SUB, CLS, and
+  IDENTIFY/AUTH are the core's own), in the order the commands are written; RDY, FIN, REQ, TOUCH
+  and NOP get no reply. Writes may be batched: ``wire_bytes(b"".join(commands))`` once per flush
+  (one compressed chunk per flush, which is also what makes compression cheap).
+- ``receive_data`` takes what the transport read (after TLS, before decompression); ``b""`` is
+  never passed (EOF is the driver's business: fail ``pending_tokens()`` with ``ConnectionClosed``).
+- Exceptions: ``NSQError`` for an error frame during the handshake (E_IDENTIFY_FAILED,
+  E_AUTH_FAILED...), ``ConnectError`` for an impossible handshake (unexpected answer, auth required
+  without ``auth_secret``), ``ConnectionClosed`` for a corrupt stream at any time (bad frame size,
+  bad compressed data, unknown frame type). After any of them the connection is to be dropped.
+
+Compression and TLS upgrades change the byte stream mid-read, so whatever the frame decoder holds
+past the frame that ends a step is taken back (``take_unparsed``) and re-fed through the new layer:
+bytes of a compressed "OK" that arrived in the same read as the IDENTIFY response are not lost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.commands import MAGIC_V2, encode_auth, encode_identify
+from protocol.compression import (
+    CompressionError,
+    DeflateDecoder,
+    DeflateEncoder,
+    SnappyDecoder,
+    SnappyEncoder,
+)
+from protocol.errors import NON_FATAL_CODES, ProtocolError
+from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
+
+from ._config import Config
+from ._errors import ConnectError, ConnectionClosed, NSQError
+from ._message import Message
+
+__all__ = [
+    "HEARTBEAT",
+    "NEED_DATA",
+    "START_TLS",
+    "AuthResult",
+    "ClientCore",
+    "Connected",
+    "ErrorReply",
+    "Features",
+    "Reply",
+    "Send",
+    "identify_body",
+]
+
+
+class _Sentinel:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+NEED_DATA = _Sentinel("NEED_DATA")
+"""``next_event()``: nothing more can be decoded until ``receive_data``."""
+START_TLS = _Sentinel("START_TLS")
+"""``next_event()`` during the handshake: do the TLS handshake now, then call ``tls_started()``."""
+HEARTBEAT = _Sentinel("HEARTBEAT")
+"""``next_event()``: nsqd sent ``_heartbeat_``; answer with NOP."""
+
+_HEARTBEAT_DATA = b"_heartbeat_"
+
+
+@dataclass(frozen=True)
+class Features:
+    """What nsqd granted in its IDENTIFY response (times in seconds; ``feature_negotiation`` is
+    False when the server answered a bare ``OK``, and the rest are then defaults)."""
+
+    feature_negotiation: bool = False
+    version: str = ""
+    max_rdy_count: int = 2500
+    msg_timeout: float = 60.0
+    max_msg_timeout: float = 900.0
+    tls_v1: bool = False
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+    max_deflate_level: int = 6
+    sample_rate: int = 0
+    auth_required: bool = False
+    output_buffer_size: int = 16384
+    output_buffer_timeout: float = 0.25
+
+    @classmethod
+    def from_response(cls, data: bytes) -> Features:
+        """Parse the IDENTIFY response; ``ConnectError`` if it is neither JSON nor ``OK``."""
+        if not data.startswith(b"{"):
+            return cls()  # a server without feature negotiation answers "OK", as go-nsq accepts
+        try:
+            obj = json.loads(data)
+            return cls(
+                feature_negotiation=True,
+                version=str(obj.get("version", "")),
+                max_rdy_count=int(obj.get("max_rdy_count", 2500)),
+                msg_timeout=int(obj.get("msg_timeout", 60000)) / 1000,
+                max_msg_timeout=int(obj.get("max_msg_timeout", 900000)) / 1000,
+                tls_v1=bool(obj.get("tls_v1", False)),
+                snappy=bool(obj.get("snappy", False)),
+                deflate=bool(obj.get("deflate", False)),
+                deflate_level=int(obj.get("deflate_level", 6)),
+                max_deflate_level=int(obj.get("max_deflate_level", 6)),
+                sample_rate=int(obj.get("sample_rate", 0)),
+                auth_required=bool(obj.get("auth_required", False)),
+                output_buffer_size=int(obj.get("output_buffer_size", 16384)),
+                output_buffer_timeout=int(obj.get("output_buffer_timeout", 250)) / 1000,
+            )
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConnectError(f"invalid IDENTIFY response from nsqd: {data[:200]!r} ({exc})") from None
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """nsqd's answer to AUTH (the auth server's identity and how many permissions it granted)."""
+
+    identity: str = ""
+    identity_url: str = ""
+    permission_count: int = 0
+
+
+class Send:
+    """Handshake event: write ``data`` (wire bytes) to the peer."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"Send({self.data!r})"
+
+
+class Connected:
+    """Handshake event: the connection is ready for commands."""
+
+    __slots__ = ("features", "auth")
+
+    def __init__(self, features: Features, auth: AuthResult | None) -> None:
+        self.features = features
+        self.auth = auth
+
+    def __repr__(self) -> str:
+        return f"Connected({self.features!r}, {self.auth!r})"
+
+
+class Reply:
+    """A response frame answering the oldest waiting command (``token`` from ``expect_reply``)."""
+
+    __slots__ = ("token", "data")
+
+    def __init__(self, token: Any, data: bytes) -> None:
+        self.token = token
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"Reply({self.token!r}, {self.data!r})"
+
+
+class ErrorReply:
+    """An error frame: for the oldest waiting command, or (``token`` None) for a FIN, REQ or TOUCH."""
+
+    __slots__ = ("token", "error")
+
+    def __init__(self, token: Any, error: NSQError) -> None:
+        self.token = token
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"ErrorReply({self.token!r}, {self.error!r})"
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def identify_body(config: Config) -> dict[str, Any]:
+    """IDENTIFY's fields as go-nsq sends them (times in ms; -1 disables heartbeats or the output
+    buffer timer, 0 leaves a value to the server)."""
+    return {
+        "client_id": config.effective_client_id(),
+        "hostname": config.effective_hostname(),
+        "user_agent": config.user_agent,
+        "feature_negotiation": True,
+        "tls_v1": config.tls_v1,
+        "snappy": config.snappy,
+        "deflate": config.deflate,
+        "deflate_level": config.deflate_level,
+        "heartbeat_interval": _ms(config.heartbeat_interval) if config.heartbeat_interval > 0 else -1,
+        "output_buffer_size": config.output_buffer_size,
+        "output_buffer_timeout": (
+            -1 if config.output_buffer_timeout < 0 else _ms(config.output_buffer_timeout)
+        ),
+        "sample_rate": config.sample_rate,
+        "msg_timeout": 0 if config.msg_timeout is None else _ms(config.msg_timeout),
+    }
+
+
+# Handshake states, then _CONNECTED.
+_INITIAL, _IDENTIFY, _TLS, _TLS_OK, _COMPRESSION_OK, _AUTH, _CONNECTED = range(7)
+
+
+class ClientCore:
+    """One connection's protocol state; see the module docstring for how a driver runs it."""
+
+    __slots__ = (
+        "config",
+        "address",
+        "responder",
+        "features",
+        "auth",
+        "_state",
+        "_frames",
+        "_decoder",
+        "_encoder",
+        "_pending",
+    )
+
+    def __init__(self, config: Config, address: str, responder: Any = None) -> None:
+        self.config = config
+        self.address = address
+        self.responder = responder  # given to every Message (trionsq._message)
+        self.features: Features | None = None
+        self.auth: AuthResult | None = None
+        self._state = _INITIAL
+        self._frames = FrameDecoder()
+        self._decoder: SnappyDecoder | DeflateDecoder | None = None
+        self._encoder: SnappyEncoder | DeflateEncoder | None = None
+        self._pending: deque[Any] = deque()
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._state == _CONNECTED
+
+    def handshake_bytes(self) -> bytes:
+        """The first bytes to send: the magic and IDENTIFY."""
+        assert self._state == _INITIAL, "handshake_bytes() is called once"
+        self._state = _IDENTIFY
+        return MAGIC_V2 + encode_identify(identify_body(self.config))
+
+    def tls_started(self) -> None:
+        """The driver finished the TLS handshake asked for by ``START_TLS``."""
+        assert self._state == _TLS, "tls_started() answers START_TLS"
+        self._state = _TLS_OK
+
+    # -- output -----------------------------------------------------------------------------------
+
+    def wire_bytes(self, data: bytes) -> bytes:
+        """Commands as they go on the wire (compressed once deflate or snappy is on). Pass a whole
+        flush at once: each call is one piece of the compressed stream."""
+        encoder = self._encoder
+        return data if encoder is None else encoder.encode(data)
+
+    def expect_reply(self, token: Any) -> None:
+        """Register the command just written as waiting for a reply; ``token`` comes back in its
+        ``Reply``/``ErrorReply``."""
+        self._pending.append(token)
+
+    def pending_tokens(self) -> list[Any]:
+        """Remove and return the tokens of every command still waiting (to fail them when the
+        connection ends)."""
+        tokens = list(self._pending)
+        self._pending.clear()
+        return tokens
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    # -- input ------------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Bytes read from the transport (TLS already removed)."""
+        decoder = self._decoder
+        if decoder is None:
+            self._frames.receive_data(data)
+            return
+        try:
+            self._frames.receive_data(decoder.decode(data))
+            while decoder.has_more:
+                self._frames.receive_data(decoder.decode(b""))
+        except CompressionError as exc:
+            raise ConnectionClosed(f"corrupt compressed stream from nsqd {self.address}: {exc}") from None
+
+    def next_event(self) -> Any:
+        """The next event (see the module docstring), or ``NEED_DATA``."""
+        try:
+            frame = self._frames.next_frame()
+        except ProtocolError as exc:
+            raise ConnectionClosed(f"corrupt stream from nsqd {self.address}: {exc}") from None
+        if frame is None:
+            if self._state == _TLS:
+                return START_TLS
+            return NEED_DATA
+        frame_type, data = frame
+        if self._state != _CONNECTED:
+            return self._handshake_frame(frame_type, data)
+        if frame_type == FRAME_TYPE_MESSAGE:
+            try:
+                return Message.from_frame_data(data, self.address, self.responder)
+            except NSQError as exc:
+                raise ConnectionClosed(f"corrupt message from nsqd {self.address}: {exc}") from None
+        if frame_type == FRAME_TYPE_RESPONSE:
+            if data == _HEARTBEAT_DATA:
+                return HEARTBEAT
+            return Reply(self._pending.popleft() if self._pending else None, data)
+        if frame_type == FRAME_TYPE_ERROR:
+            error = NSQError.from_frame(data)
+            if error.code in NON_FATAL_CODES or not self._pending:
+                return ErrorReply(None, error)
+            return ErrorReply(self._pending.popleft(), error)
+        raise ConnectionClosed(f"unknown frame type {frame_type} from nsqd {self.address}")
+
+    # -- handshake --------------------------------------------------------------------------------
+
+    def _handshake_frame(self, frame_type: int, data: bytes) -> Any:
+        state = self._state
+        if frame_type == FRAME_TYPE_ERROR:
+            raise NSQError.from_frame(data)
+        if frame_type != FRAME_TYPE_RESPONSE:
+            raise ConnectError(f"unexpected frame type {frame_type} from nsqd {self.address} during the handshake")
+        if data == _HEARTBEAT_DATA and state != _IDENTIFY:
+            # nsqd's heartbeat timer starts after IDENTIFY; one can arrive while we authenticate
+            return self.next_event()
+        if state == _IDENTIFY:
+            features = self.features = Features.from_response(data)
+            if features.tls_v1:
+                if self._frames.buffered_size():
+                    raise ConnectError(f"nsqd {self.address} sent data before the TLS handshake")
+                self._state = _TLS
+                return START_TLS
+            return self._after_tls()
+        if state == _TLS_OK:
+            self._expect_ok(data, "TLS")
+            return self._after_tls()
+        if state == _COMPRESSION_OK:
+            self._expect_ok(data, "Deflate" if self.features.deflate else "Snappy")  # type: ignore[union-attr]
+            return self._after_compression()
+        if state == _AUTH:
+            self.auth = _parse_auth(data, self.address)
+            return self._connect()
+        raise ConnectError(f"unexpected response {data[:100]!r} from nsqd {self.address}")
+
+    def _expect_ok(self, data: bytes, what: str) -> None:
+        if data != b"OK":
+            raise ConnectError(f"invalid response from {what} upgrade from nsqd {self.address}: {data[:100]!r}")
+
+    def _after_tls(self) -> Any:
+        features = self.features
+        assert features is not None
+        if features.deflate or features.snappy:
+            if features.deflate:
+                self._decoder = DeflateDecoder()
+                self._encoder = DeflateEncoder(features.deflate_level)
+            else:
+                self._decoder = SnappyDecoder()
+                self._encoder = SnappyEncoder()
+            self._state = _COMPRESSION_OK
+            rest = self._frames.take_unparsed()
+            if rest:
+                self.receive_data(rest)  # the compressed OK may have come with the previous frame
+            return self.next_event()
+        return self._after_compression()
+
+    def _after_compression(self) -> Any:
+        features = self.features
+        assert features is not None
+        if features.auth_required:
+            if not self.config.auth_secret:
+                raise ConnectError(f"nsqd {self.address} requires authorization and no auth_secret is set")
+            self._state = _AUTH
+            return Send(self.wire_bytes(encode_auth(self.config.auth_secret.encode())))
+        return self._connect()
+
+    def _connect(self) -> Connected:
+        self._state = _CONNECTED
+        assert self.features is not None
+        return Connected(self.features, self.auth)
+
+
+def _parse_auth(data: bytes, address: str) -> AuthResult:
+    try:
+        obj = json.loads(data)
+        return AuthResult(
+            identity=str(obj.get("identity", "")),
+            identity_url=str(obj.get("identity_url", "")),
+            permission_count=int(obj.get("permission_count", 0)),
+        )
+    except (ValueError, TypeError, AttributeError):
+        raise ConnectError(f"invalid AUTH response from nsqd {address}: {data[:200]!r}") from None

@@ -75,7 +75,7 @@ class ToolFlags(FlagSet):
         """``-channel``, ``-consumer-opt``, ``-lookupd-http-address``, ``-nsqd-tcp-address``, ``-max-in-flight``
         and (``topics``) a repeatable ``-topic``: the flags of every consuming tool."""
         self.add("channel", "str", channel, "the channel to consume", in_config=False)
-        self.add("consumer-opt", "str_list", [], "an option for the consumer, as `name,value` (repeatable; "
+        self.add("consumer-opt", "str_list", [], "an option for the consumer, as name,value (repeatable; "
                  "go-nsq's option names)", in_config=False)
         self.add("lookupd-http-address", "str_list", [], "an nsqlookupd HTTP address to discover nsqd from "
                  "(repeatable)", in_config=False)
@@ -88,7 +88,7 @@ class ToolFlags(FlagSet):
             self.add("topic", "str_list", [], "a topic to consume (repeatable)", in_config=False)
 
     def add_producer_opt(self) -> None:
-        self.add("producer-opt", "str_list", [], "an option for the producer, as `name,value` (repeatable; "
+        self.add("producer-opt", "str_list", [], "an option for the producer, as name,value (repeatable; "
                  "go-nsq's option names)", in_config=False)
 
     def add_http_client_timeouts(self, request_timeout: float = 5.0) -> None:

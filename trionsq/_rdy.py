@@ -16,8 +16,8 @@ Spreading ``max_in_flight``
 More connections than ``max_in_flight``
     Only ``max_in_flight`` connections can hold RDY 1. Every ``redistribute_interval`` (go-nsq's 5 s) a connection
     that received nothing for ``low_rdy_idle_timeout`` (10 s), or has held its RDY for ``low_rdy_timeout`` (30 s),
-    drops to RDY 0, and the free slots go to connections picked at random: RDY 1 rotates, and an nsqd with messages
-    is never starved for long by idle ones.
+    drops to RDY 0, and the free slots go to the connections that have waited longest: RDY 1 rotates round them
+    all, and an nsqd with messages is never starved for long by idle ones.
 
 Backoff
     A handler failure (REQ with backoff) raises the backoff level by one, as long as the next duration,
@@ -88,6 +88,9 @@ class ReadyController(Generic[K]):
         self._stopped = False
 
     # --- inspection -------------------------------------------------------------------------------------------------
+    def __contains__(self, key: object) -> bool:
+        return key in self._conns
+
     def rdy(self, key: K) -> int:
         return self._conns[key].rdy
 
@@ -248,8 +251,10 @@ class ReadyController(Generic[K]):
                              or now - conn.last_rdy_at > self.low_rdy_timeout):
                 self._set(key, 0, now, updates)
                 released.append(key)
-        # the connections that waited come first, so a released RDY really moves
+        # those that waited longest come first (ties at random), then the ones just released: a released RDY
+        # really moves, and it goes round all the connections (go-nsq picks among all of them at random)
         self._rng.shuffle(waiting)
+        waiting.sort(key=lambda key: self._conns[key].last_rdy_at)
         self._rng.shuffle(released)
         available = (1 if self.backoff_level else self.max_in_flight) - self._total
         for key in (waiting + released)[:max(0, available)]:

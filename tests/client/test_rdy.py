@@ -179,3 +179,14 @@ def test_stop_zeroes_everything_and_ignores_what_follows():
     assert ctl.failed(2) == [] and ctl.tick(100) == [] and ctl.add("c", 2500, 3) == []
     stats = ctl.stats()
     assert (stats.connections, stats.total_rdy, stats.backoff_level) == (3, 0, 0)
+
+
+def test_rotation_goes_round_every_connection():
+    ctl = controller(1, low_rdy_idle_timeout=1, redistribute_interval=5)
+    for key in "abc":
+        ctl.add(key, 2500, 0)
+    holders = [next(key for key in "abc" if ctl.rdy(key))]
+    for now in (5, 10, 15):
+        ctl.tick(now)
+        holders.append(next(key for key in "abc" if ctl.rdy(key)))
+    assert sorted(holders[:3]) == ["a", "b", "c"] and holders[3] == holders[0]

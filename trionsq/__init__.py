@@ -5,6 +5,10 @@ The V2 protocol's client side is written once, sans I/O, in ``trionsq._core``; t
 """
 
 from ._config import Config as Config
+from ._connection import Connection as Connection
+from ._connection import open_connection as open_connection
+from ._core import AuthResult as AuthResult
+from ._core import Features as Features
 from ._errors import ConnectError as ConnectError
 from ._errors import ConnectionClosed as ConnectionClosed
 from ._errors import NoAvailableNsqd as NoAvailableNsqd

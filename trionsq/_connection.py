@@ -1,0 +1,509 @@
+"""The trio driver of one connection to nsqd.
+
+``Connection`` runs ``trionsq._core`` over a trio stream: it dials within ``dial_timeout``, performs
+the handshake (magic, IDENTIFY, TLS through ``trio.SSLStream``, snappy/deflate, AUTH) within
+``read_timeout``, then runs two tasks in a nursery of its own until it closes:
+
+- the *reader* receives, decodes and dispatches: replies wake the waiting callers, messages go to
+  ``on_message`` (a sync callable), heartbeats are answered with NOP. No frame for
+  ``read_timeout`` seconds (nsqd sends a heartbeat every ``heartbeat_interval``) closes the
+  connection;
+- the *writer* sends what ``send_nowait`` queued: everything queued since its last write is joined
+  and sent (compressed) as one write, so a burst of publishes or FINs costs one system call. It
+  sleeps while nothing is queued and is woken by the first ``send_nowait`` of the next batch; a
+  write that takes longer than ``write_timeout`` closes the connection.
+
+Requests are pipelined: ``publish`` queues its command, registers itself as the next reply expected
+(``ClientCore.expect_reply``) and parks until the reader hands it its reply. Commands leave in call
+order and nsqd answers in order, so replies match callers first-in first-out, with no per-call task
+and one await per call. A caller cancelled while waiting stays in the queue, marked abandoned, and
+its reply is dropped.
+
+Lifetime: ``await nursery.start(conn.run)`` (or ``await open_connection(..., nursery=...)``, or
+``async with Connection(...)``) returns once the handshake succeeded, and raises ``ConnectError`` or
+``NSQError`` if it failed. The connection then lives until ``close()`` (CLS, then CLOSE_WAIT within a
+bound), an I/O error, EOF, a read timeout, or the cancellation of the nursery. However it ends,
+every waiting request fails with ``ConnectionClosed``, ``closed`` becomes true, the socket is closed
+and ``on_close(conn)`` is called once; ``run`` itself returns normally, so a lost connection never
+tears down the caller's nursery.
+
+Messages answer through the connection that delivered them (it is their *responder*, see
+``trionsq._message``): ``finish``/``requeue``/``touch`` queue FIN/REQ/TOUCH with ``send_nowait``,
+update ``in_flight`` and call ``on_response(message, finished, backoff)`` for FIN and REQ. An answer
+after the connection closed is dropped (nsqd has requeued the message already).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import outcome
+import trio
+
+from protocol.commands import CLS, NOP, encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
+from protocol.errors import E_BAD_CHANNEL, E_BAD_TOPIC
+from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
+
+from ._config import Config
+from ._core import (
+    HEARTBEAT,
+    NEED_DATA,
+    START_TLS,
+    AuthResult,
+    ClientCore,
+    Connected,
+    ErrorReply,
+    Features,
+    Reply,
+    Send,
+)
+from ._errors import ConnectError, ConnectionClosed, NSQError
+from ._message import Message
+
+__all__ = ["Connection", "open_connection", "split_address"]
+
+logger = logging.getLogger("trionsq.connection")
+
+_RECEIVE_SIZE = 256 * 1024
+_CLOSE_WAIT_TIMEOUT = 5.0
+_reschedule = trio.lowlevel.reschedule
+_Value = outcome.Value
+_Error = outcome.Error
+
+# Names already checked: a producer repeats the same few topics endlessly.
+_valid_topics: set[str] = set()
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:4150"`` for IPv6) to (host, port); ``ValueError`` otherwise."""
+    host, colon, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid nsqd address {address!r} (want host:port)")
+    return host, int(port)
+
+
+def _check_topic(command: str, topic: str) -> None:
+    if topic in _valid_topics:
+        return
+    if not is_valid_topic_name(topic):
+        # nsqd would answer the same; checked here because a space in the name would split the
+        # command line and publish to the name's first word
+        raise NSQError(E_BAD_TOPIC, f"{command} topic name {go_quote(topic)} is not valid")
+    if len(_valid_topics) > 10_000:
+        _valid_topics.clear()
+    _valid_topics.add(topic)
+
+
+class _Waiter:
+    """A caller parked until its reply; ``task`` None once it gave up (cancelled)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task: trio.lowlevel.Task | None = task
+
+    def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+class Connection:
+    """One connection to one nsqd; see the module docstring for its tasks and lifetime.
+
+    ``on_message(message)``: a sync callable for each delivered ``Message`` (after ``subscribe``).
+    ``on_response(message, finished, backoff)``: called when a message is FIN'd or REQ'd.
+    ``on_close(conn)``: called once when the connection has closed (``conn.close_reason`` says why).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        config: Config | None = None,
+        *,
+        on_message: Callable[[Message], Any] | None = None,
+        on_response: Callable[[Message, bool, bool], Any] | None = None,
+        on_close: Callable[[Connection], Any] | None = None,
+    ) -> None:
+        self.address = address
+        self.host, self.port = split_address(address)
+        self.config = config if config is not None else Config()
+        self.on_message = on_message
+        self.on_response = on_response
+        self.on_close = on_close
+        self.features: Features | None = None
+        self.auth: AuthResult | None = None
+        self.closed = False
+        self.close_reason = ""
+        #: messages delivered and not yet FIN'd or REQ'd
+        self.in_flight = 0
+        #: the last RDY count sent
+        self.rdy = 0
+        #: trio.current_time() of the last message delivered (0 before the first)
+        self.last_message_time = 0.0
+        self.messages_received = 0
+        self._core = ClientCore(self.config, address, responder=self)
+        self._stream: trio.abc.Stream | None = None
+        self._outbox: list[bytes] = []
+        self._writer_task: trio.lowlevel.Task | None = None
+        self._writer_parked = False
+        self._tasks_scope: trio.CancelScope | None = None
+        self._started = False
+        self._finished = trio.Event()
+        self._nursery_manager: Any = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("open" if self._core.connected else "connecting")
+        return f"<trionsq.Connection {self.address} {state}>"
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, then serve the connection until it closes (use with ``nursery.start``)."""
+        await self._connect()
+        await self._serve(task_status=task_status)
+
+    async def close(self, timeout: float = _CLOSE_WAIT_TIMEOUT) -> None:
+        """Send CLS, wait (at most ``timeout`` seconds) for CLOSE_WAIT, then close the socket and
+        wait until the connection has shut down. Idempotent."""
+        if not self.closed and self._core.connected:
+            with trio.move_on_after(timeout):
+                try:
+                    await self._request(CLS)
+                except (ConnectionClosed, NSQError):
+                    pass
+        self._mark_closed("closed by the client")
+        if self._started:
+            await self._finished.wait()
+
+    async def __aenter__(self) -> Connection:
+        # Connect before opening the nursery, so that a failure is raised as itself, not inside
+        # the nursery's exception group.
+        await self._connect()
+        self._nursery_manager = trio.open_nursery()
+        nursery = await self._nursery_manager.__aenter__()
+        nursery.start_soon(self._serve)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        error = exc_info[1]  # the body's exception, or one raised while closing
+        if error is None:
+            try:
+                await self.close()
+            except BaseException as exc:  # cancelled while closing: still leave the nursery
+                error = exc
+        else:
+            self._mark_closed("closed by the client")
+        try:
+            suppressed = await self._nursery_manager.__aexit__(type(error), error, error and error.__traceback__)
+        except BaseExceptionGroup as group:
+            if error is None or len(group.exceptions) != 1 or group.exceptions[0] is not error:
+                raise
+            suppressed = False  # the exception propagates as itself, not wrapped in a group
+        if error is not None and error is not exc_info[1] and not suppressed:
+            raise error
+        return suppressed
+
+    async def _connect(self) -> None:
+        if self._started:
+            raise RuntimeError("a Connection runs once")
+        self._started = True
+        try:
+            await self._open()
+        except BaseException as exc:
+            self._mark_closed(f"connect failed: {exc}")
+            await self._close_stream()
+            self._finished.set()
+            raise
+
+    async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._tasks_scope = nursery.cancel_scope
+                if self.closed:  # closed between the handshake and now
+                    nursery.cancel_scope.cancel()
+                nursery.start_soon(self._read_loop)
+                nursery.start_soon(self._write_loop)
+                task_status.started()
+        finally:
+            self._mark_closed("connection closed")
+            await self._close_stream()
+            self._finished.set()
+            logger.info("%s: closed (%s)", self.address, self.close_reason)
+            if self.on_close is not None:
+                self.on_close(self)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    async def publish(self, topic: str, body: bytes) -> None:
+        """PUB; returns when nsqd confirmed, raises ``NSQError`` or ``ConnectionClosed``."""
+        _check_topic("PUB", topic)
+        await self._request(encode_pub(topic, body))
+
+    async def multi_publish(self, topic: str, bodies: list[bytes]) -> None:
+        """MPUB: several messages in one command (all or none are published)."""
+        _check_topic("MPUB", topic)
+        if not bodies:
+            raise ValueError("multi_publish needs at least one message body")
+        await self._request(encode_mpub(topic, bodies))
+
+    async def deferred_publish(self, topic: str, delay_seconds: float, body: bytes) -> None:
+        """DPUB: the message becomes visible to consumers after ``delay_seconds``."""
+        _check_topic("DPUB", topic)
+        await self._request(encode_dpub(topic, max(0, int(delay_seconds * 1000)), body))
+
+    async def subscribe(self, topic: str, channel: str) -> None:
+        """SUB; messages then flow to ``on_message`` as RDY allows."""
+        _check_topic("SUB", topic)
+        if not is_valid_channel_name(channel):
+            raise NSQError(E_BAD_CHANNEL, f"SUB channel name {go_quote(channel)} is not valid")
+        await self._request(encode_sub(topic, channel))
+
+    def ready(self, count: int) -> None:
+        """RDY ``count`` (sync: queued for the writer)."""
+        limit = self.features.max_rdy_count if self.features is not None else 2500
+        if not 0 <= count <= limit:
+            raise ValueError(f"RDY count {count} out of range 0-{limit} for nsqd {self.address}")
+        self.send_nowait(encode_rdy(count))
+        self.rdy = count
+
+    def send_nowait(self, data: bytes) -> None:
+        """Queue raw command bytes for the writer (joined with the rest of its batch)."""
+        if self.closed:
+            raise ConnectionClosed(f"connection to nsqd {self.address} is closed ({self.close_reason})")
+        self._outbox.append(data)
+        if self._writer_parked:
+            self._writer_parked = False
+            _reschedule(self._writer_task)  # type: ignore[arg-type]
+
+    async def _request(self, data: bytes) -> bytes:
+        """Queue a command that nsqd answers and park until its reply."""
+        if self.closed:
+            raise ConnectionClosed(f"connection to nsqd {self.address} is closed ({self.close_reason})")
+        waiter = _Waiter(trio.lowlevel.current_task())
+        self.send_nowait(data)
+        self._core.expect_reply(waiter)
+        return await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+
+    # -- message responder (see trionsq._message) -------------------------------------------------
+
+    def _message_finished(self, message: Message, data: bytes) -> None:
+        self._answer(message, data, True, False)
+
+    def _message_requeued(self, message: Message, data: bytes, backoff: bool) -> None:
+        self._answer(message, data, False, backoff)
+
+    def _message_touched(self, message: Message, data: bytes) -> None:
+        if not self.closed:
+            self.send_nowait(data)
+
+    def _answer(self, message: Message, data: bytes, finished: bool, backoff: bool) -> None:
+        if self.closed:
+            logger.debug("%s: %s after close dropped", self.address, data[:3].decode())
+        else:
+            self.send_nowait(data)
+        self.in_flight -= 1
+        if self.on_response is not None:
+            self.on_response(message, finished, backoff)
+
+    # -- the handshake ----------------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        config = self.config
+        try:
+            with trio.fail_after(config.dial_timeout):
+                self._stream = await trio.open_tcp_stream(self.host, self.port)
+        except (OSError, trio.TooSlowError) as exc:
+            cause = "timed out" if isinstance(exc, trio.TooSlowError) else (exc.strerror or str(exc))
+            raise ConnectError(f"cannot connect to nsqd {self.address}: {cause}") from exc
+        try:
+            with trio.fail_after(config.read_timeout):
+                await self._handshake()
+        except trio.TooSlowError:
+            raise ConnectError(f"handshake with nsqd {self.address} timed out") from None
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise ConnectError(f"handshake with nsqd {self.address} failed: {_cause(exc)}") from exc
+        features = self.features
+        assert features is not None
+        if config.tls_v1 and not features.tls_v1:
+            logger.warning("%s: TLS requested but not offered by nsqd; continuing without it", self.address)
+        logger.info(
+            "%s: connected (nsqd %s%s%s%s%s)",
+            self.address,
+            features.version or "without feature negotiation",
+            ", TLS" if features.tls_v1 else "",
+            ", snappy" if features.snappy else "",
+            f", deflate level {features.deflate_level}" if features.deflate else "",
+            f", authenticated as {self.auth.identity!r}" if self.auth is not None else "",
+        )
+
+    async def _handshake(self) -> None:
+        core = self._core
+        stream = self._stream
+        assert stream is not None
+        await stream.send_all(core.handshake_bytes())
+        while True:
+            event = core.next_event()
+            if event is NEED_DATA:
+                data = await stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    raise ConnectError(f"nsqd {self.address} closed the connection during the handshake")
+                core.receive_data(data)
+            elif event is START_TLS:
+                stream = self._stream = trio.SSLStream(
+                    stream, self.config.ssl_context(), server_hostname=self.host
+                )
+                await stream.do_handshake()
+                core.tls_started()
+            elif type(event) is Send:
+                await stream.send_all(event.data)
+            elif type(event) is Connected:
+                self.features = event.features
+                self.auth = event.auth
+                return
+            else:
+                raise ConnectError(f"unexpected {event!r} from nsqd {self.address} during the handshake")
+
+    # -- the two tasks ----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        core = self._core
+        stream = self._stream
+        assert stream is not None
+        read_timeout = self.config.read_timeout
+        on_message = self.on_message
+        try:
+            with trio.CancelScope(deadline=trio.current_time() + read_timeout) as timer:
+                while True:
+                    data = await stream.receive_some(_RECEIVE_SIZE)
+                    if not data:
+                        self._mark_closed("nsqd closed the connection")
+                        return
+                    now = trio.current_time()
+                    timer.deadline = now + read_timeout
+                    core.receive_data(data)
+                    while (event := core.next_event()) is not NEED_DATA:
+                        kind = type(event)
+                        if kind is Reply:
+                            waiter = event.token
+                            if waiter is not None and waiter.task is not None:
+                                _reschedule(waiter.task, _Value(event.data))
+                        elif kind is Message:
+                            self.in_flight += 1
+                            self.messages_received += 1
+                            self.last_message_time = now
+                            if on_message is None:
+                                on_message = self.on_message  # set after construction
+                            if on_message is not None:
+                                on_message(event)
+                            else:
+                                logger.warning("%s: message %s with no on_message handler", self.address, event.id)
+                        elif event is HEARTBEAT:
+                            self.send_nowait(NOP)
+                        elif kind is ErrorReply:
+                            self._error_frame(event)
+                        if self.closed:
+                            return
+            self._mark_closed(f"no data from nsqd for {read_timeout:g}s (read_timeout)")
+        except ConnectionClosed as exc:  # a corrupt stream
+            self._mark_closed(str(exc))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._mark_closed(f"read failed: {_cause(exc)}")
+
+    def _error_frame(self, event: ErrorReply) -> None:
+        waiter = event.token
+        error = event.error
+        if waiter is not None:
+            if waiter.task is not None:
+                _reschedule(waiter.task, _Error(error))
+            return
+        if error.fatal:
+            logger.error("%s: error from nsqd: %s", self.address, error)
+        else:
+            logger.warning("%s: error from nsqd: %s", self.address, error)
+
+    async def _write_loop(self) -> None:
+        core = self._core
+        stream = self._stream
+        assert stream is not None
+        write_timeout = self.config.write_timeout
+        self._writer_task = trio.lowlevel.current_task()
+        try:
+            while True:
+                if not self._outbox:
+                    self._writer_parked = True
+                    await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
+                batch = self._outbox
+                self._outbox = []
+                data = batch[0] if len(batch) == 1 else b"".join(batch)
+                with trio.move_on_after(write_timeout) as timer:
+                    await stream.send_all(core.wire_bytes(data))
+                if timer.cancelled_caught:
+                    self._mark_closed(f"write to nsqd took over {write_timeout:g}s (write_timeout)")
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._mark_closed(f"write failed: {_cause(exc)}")
+
+    def _abort_writer_wait(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._writer_parked = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    # -- shutting down ----------------------------------------------------------------------------
+
+    def _mark_closed(self, reason: str) -> None:
+        """Close (once): fail every waiting request, stop the tasks; ``run`` closes the socket."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        for waiter in self._core.pending_tokens():
+            if waiter is not None and waiter.task is not None:
+                error = ConnectionClosed(f"connection to nsqd {self.address} closed: {reason}")
+                _reschedule(waiter.task, _Error(error))
+        self._outbox.clear()
+        if self._tasks_scope is not None:
+            self._tasks_scope.cancel()
+
+    async def _close_stream(self) -> None:
+        stream = self._stream
+        if stream is None:
+            return
+        self._stream = None
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(1.0) as timer:
+                try:
+                    await stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+            if timer.cancelled_caught:
+                # a TLS close_notify the peer does not read must not hold us: drop the socket
+                await trio.aclose_forcefully(stream)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__ or exc
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return str(cause) or type(cause).__name__
+
+
+async def open_connection(
+    address: str,
+    config: Config | None = None,
+    *,
+    nursery: trio.Nursery,
+    on_message: Callable[[Message], Any] | None = None,
+    on_response: Callable[[Message, bool, bool], Any] | None = None,
+    on_close: Callable[[Connection], Any] | None = None,
+) -> Connection:
+    """Connect to nsqd and run the connection's tasks in ``nursery``; returns once connected.
+
+    Raises ``ConnectError`` (dial, TLS or handshake failure) or ``NSQError`` (an error frame
+    during the handshake, such as E_AUTH_FAILED)."""
+    conn = Connection(address, config, on_message=on_message, on_response=on_response, on_close=on_close)
+    await nursery.start(conn.run)
+    return conn

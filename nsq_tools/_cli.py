@@ -25,7 +25,8 @@ from typing import Any, Awaitable, Callable, NoReturn
 from protocol.version import version_string
 from runtime.flags import FlagError, FlagSet
 
-__all__ = ["ToolFlags", "consumer_config", "fatal", "log_line", "producer_config", "run", "setup_logging"]
+__all__ = ["ToolFlags", "consumer_config", "fatal", "log_line", "producer_config", "run", "setup_logging",
+           "write_stdout"]
 
 
 def log_line(text: str) -> str:
@@ -41,6 +42,25 @@ def fatal(text: str) -> NoReturn:
     except (OSError, ValueError):
         pass
     raise SystemExit(1)
+
+
+def write_stdout(data: bytes | str) -> None:
+    """Write and flush at once (a tool's output is news, like Go's unbuffered ``os.Stdout``). A reader that
+    went away (``tool | head``) ends the tool quietly, as the SIGPIPE that ends a Go tool does; any other
+    failure is fatal with upstream's words."""
+    try:
+        if isinstance(data, str):
+            data = data.encode()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        import os  # noqa: PLC0415
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush has nowhere to fail
+        raise SystemExit(0) from None
+    except OSError as exc:
+        fatal(f"ERROR: failed to write to os.Stdout - {exc}")
 
 
 class _GoLogFormatter(logging.Formatter):
@@ -139,9 +159,10 @@ def producer_config(values: dict[str, Any], **fields: Any):
     return config
 
 
-def run(main: Callable[..., Awaitable[int | None]], *args: Any) -> int:
+def run(main: Callable[..., Awaitable[int | None]], *args: Any, on_hup: Callable[[], None] | None = None) -> int:
     """Run ``await main(stop, *args)`` under trio, where ``stop`` is a ``trio.Event`` set by the first SIGINT,
-    SIGTERM or SIGHUP; return its exit code (None means 0)."""
+    SIGTERM or SIGHUP; return its exit code (None means 0). With ``on_hup`` (called in the event loop), SIGHUP
+    calls it instead of stopping (nsq_to_file reopens its files on SIGHUP)."""
     import trio  # noqa: PLC0415
 
     async def with_signals() -> int | None:
@@ -149,8 +170,11 @@ def run(main: Callable[..., Awaitable[int | None]], *args: Any) -> int:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 async def watch() -> None:
-                    async for _ in signals:
-                        stop.set()
+                    async for signum in signals:
+                        if signum == signal.SIGHUP and on_hup is not None:
+                            on_hup()
+                        else:
+                            stop.set()
 
                 nursery.start_soon(watch)
                 code = await main(stop, *args)

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import http
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import quote
 
-from nsq_tools._cli import ToolFlags, fatal, run
+from nsq_tools._cli import ToolFlags, fatal, run, write_stdout
 
-__all__ = ["ChannelFigures", "format_header", "format_line", "main", "write_stdout"]
+__all__ = ["ChannelFigures", "format_header", "format_line", "main"]
 
 HEADER_EVERY = 25
 _ACCEPT_V1 = ("Accept", "application/vnd.nsq; version=1.0")
@@ -272,18 +271,6 @@ async def _main(stop, values: dict[str, Any]) -> int:
         await _stat_loop(values)
         nursery.cancel_scope.cancel()
     return 0
-
-
-def write_stdout(text: str) -> None:
-    """Print and flush at once (each line is news); a reader that went away (``nsq_stat | head``) ends the
-    tool quietly, as the SIGPIPE that ends Go's does."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush has nowhere to fail
-        raise SystemExit(0) from None
 
 
 def main(argv: list[str] | None = None) -> int:

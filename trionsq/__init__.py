@@ -14,4 +14,6 @@ from ._errors import ConnectionClosed as ConnectionClosed
 from ._errors import NoAvailableNsqd as NoAvailableNsqd
 from ._errors import NSQError as NSQError
 from ._message import Message as Message
+from ._producer import Producer as Producer
+from ._producer import ProducerStats as ProducerStats
 from ._version import __version__ as __version__

@@ -36,7 +36,6 @@ after the connection closed is dropped (nsqd has requeued the message already).
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +61,7 @@ from ._core import (
 )
 from ._errors import ConnectError, ConnectionClosed, NSQError
 from ._message import Message
+from ._nursery import leave_nursery
 
 __all__ = ["Connection", "open_connection", "split_address"]
 
@@ -146,6 +146,8 @@ class Connection:
         #: trio.current_time() of the last message delivered (0 before the first)
         self.last_message_time = 0.0
         self.messages_received = 0
+        #: writes to the socket (each carries every command queued since the previous one)
+        self.writes = 0
         self._core = ClientCore(self.config, address, responder=self)
         self._stream: trio.abc.Stream | None = None
         self._outbox: list[bytes] = []
@@ -189,24 +191,11 @@ class Connection:
         nursery.start_soon(self._serve)
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        error = exc_info[1]  # the body's exception, or one raised while closing
-        if error is None:
-            try:
-                await self.close()
-            except BaseException as exc:  # cancelled while closing: still leave the nursery
-                error = exc
-        else:
-            self._mark_closed("closed by the client")
-        try:
-            suppressed = await self._nursery_manager.__aexit__(type(error), error, error and error.__traceback__)
-        except BaseExceptionGroup as group:
-            if error is None or len(group.exceptions) != 1 or group.exceptions[0] is not error:
-                raise
-            suppressed = False  # the exception propagates as itself, not wrapped in a group
-        if error is not None and error is not exc_info[1] and not suppressed:
-            raise error
-        return suppressed
+    async def __aexit__(self, *exc_info: Any) -> bool:
+        return await leave_nursery(self._nursery_manager, exc_info, self.close, self._abandon)
+
+    def _abandon(self) -> None:
+        self._mark_closed("closed by the client")
 
     async def _connect(self) -> None:
         if self._started:
@@ -440,6 +429,7 @@ class Connection:
                 batch = self._outbox
                 self._outbox = []
                 data = batch[0] if len(batch) == 1 else b"".join(batch)
+                self.writes += 1
                 with trio.move_on_after(write_timeout) as timer:
                     await stream.send_all(core.wire_bytes(data))
                 if timer.cancelled_caught:

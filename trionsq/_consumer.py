@@ -1,0 +1,503 @@
+"""The trio Consumer: one topic/channel read from many nsqd, found by address or through nsqlookupd.
+
+Shape
+    A ``Consumer`` is an async context manager that owns one nursery. In it run: one task per nsqd (connect,
+    SUB, wait for the connection's end, reconnect), ``concurrency`` handler workers, the RDY timer task, and the
+    lookupd poller when lookupd addresses are given. Each connection's ``on_message`` callback is synchronous: it
+    counts the message and ``send_nowait``s it into one unbounded memory channel that the workers read. The channel
+    needs no bound of its own: nsqd sends no more than the RDY counts allow, and their sum never passes
+    ``max_in_flight``.
+
+Answers
+    A message answers through its connection (``finish()``/``requeue()`` queue FIN/REQ there, without awaiting),
+    whose ``on_response`` hook tells the consumer's ``_Link``: it counts the answer and feeds it to the RDY
+    controller as a success or a failure. So a FIN from a handler, from the auto response, or from application code
+    much later all take the same path. A handler that returns FINs its message, one that raises REQs it with go-nsq's
+    delay (``default_requeue_delay * attempts``, at most ``max_requeue_delay``) and a backoff signal; neither
+    happens after ``message.disable_auto_response()``. A message delivered more than ``max_attempts`` times
+    (0: no limit) is FIN'd without calling the handler, logged, and passed to ``on_give_up`` if given.
+
+Flow control
+    ``trionsq._rdy.ReadyController`` decides every RDY count (spread, rotation, backoff); this module only feeds it
+    events and the clock, and writes the counts it returns. Its timers run in one task that sleeps until the
+    controller's next deadline and is woken when an input moves that deadline earlier.
+
+Discovery and reconnects
+    Listed nsqd (``nsqd_tcp_addresses``) are connected at start and reconnected forever after a loss, the delay
+    doubling from 0.25 s up to ``lookupd_poll_interval`` (go-nsq waits that interval every time). nsqd found
+    through lookupd are polled every ``lookupd_poll_interval`` (the first poll after a random part,
+    ``lookupd_poll_jitter``, of it, so consumers restarted together spread out), querying every lookupd and taking
+    the union: a new nsqd is joined, one that no lookupd lists any more is drained and closed (only when every
+    lookupd answered, so one lookupd down does not drop the nsqd it alone knew). A discovered nsqd whose connection
+    ends is not redialled blindly; lookupd is asked again at once, as go-nsq does.
+
+Stopping
+    ``stop()``: RDY 0 on every connection, then the handlers finish what was delivered (their FIN/REQ are sent),
+    bounded by ``stop_timeout``; whatever is still unanswered then is REQ'd at once without backoff, so another
+    consumer gets it now rather than after nsqd's msg_timeout. Then CLS on every connection, and each is closed
+    once nsqd answers CLOSE_WAIT. Leaving the ``async with`` block normally calls ``stop()``; leaving it with an
+    exception cancels everything at once (unanswered messages go back to the queue when nsqd's timeout expires,
+    which is what at-least-once delivery promises).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from protocol.names import is_valid_channel_name, is_valid_topic_name
+
+from ._config import Config
+from ._connection import Connection
+from ._errors import ConnectionClosed, NSQError
+from ._lookupd import DEFAULT_TIMEOUT, LookupdError, lookup
+from ._message import Message
+from ._rdy import ReadyController
+
+__all__ = ["Consumer", "ConsumerStats"]
+
+log = logging.getLogger("trionsq.consumer")
+
+Handler = Callable[[Message], Awaitable[Any]]
+GiveUpHook = Callable[[Message], Any]
+
+RECONNECT_MIN_DELAY = 0.25
+DRAIN_TIMEOUT = 30.0  # go-nsq gives its handlers 30 s at Stop
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    """Counts since the consumer started, and its state now."""
+
+    received: int
+    finished: int
+    requeued: int
+    given_up: int  # FIN'd without the handler: attempts > max_attempts
+    connections: int
+    in_flight: int  # delivered and not answered yet
+    backoff_level: int
+    total_rdy: int
+
+
+class _Link:
+    """The consumer's side of one connection: what it delivered and has not seen answered."""
+
+    __slots__ = ("consumer", "address", "conn", "unanswered", "closed", "drained")
+
+    def __init__(self, consumer: Consumer, address: str) -> None:
+        self.consumer = consumer
+        self.address = address
+        self.conn = Connection(address, consumer.config, on_message=self.on_message, on_response=self.on_response,
+                               on_close=self.on_close)
+        self.unanswered: dict[bytes, Message] = {}
+        self.closed = trio.Event()
+        self.drained: trio.Event | None = None
+
+    # the connection's callbacks (sync, from its reader task or from whoever answered a message)
+    def on_message(self, message: Message) -> None:
+        self.unanswered[message.id] = message
+        self.consumer._on_message(self, message)
+
+    def on_response(self, message: Message, finished: bool, backoff: bool) -> None:
+        self.unanswered.pop(message.id, None)
+        if not self.unanswered and self.drained is not None:
+            self.drained.set()
+        self.consumer._on_answer(finished, backoff)
+
+    def on_close(self, conn: Connection) -> None:
+        self.closed.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) until every message delivered here is answered."""
+        if self.unanswered:
+            self.drained = trio.Event()
+            with trio.move_on_after(timeout):
+                await self.drained.wait()
+        return not self.unanswered
+
+
+class Consumer:
+    """Read ``topic``/``channel`` from nsqd and run ``handler`` on each message.
+
+    ``handler`` is an async function of a ``Message``: returning FINs the message, raising REQs it (and counts as
+    a failure for backoff). Give nsqd addresses (``host:port``), nsqlookupd HTTP addresses, or both.
+    ``concurrency`` handlers run at a time; ``max_in_flight`` (in ``config``) bounds the messages delivered and not
+    yet answered. ``on_give_up(message)`` (sync or async) sees each message dropped for passing ``max_attempts``.
+    ``stop_timeout`` bounds how long ``stop()`` waits for handlers.
+
+    Use as ``async with Consumer(...) as consumer:``; see the module docstring for the behaviour.
+    """
+
+    def __init__(self, topic: str, channel: str, handler: Handler, config: Config | None = None, *,
+                 nsqd_tcp_addresses: Iterable[str] | str = (), lookupd_http_addresses: Iterable[str] | str = (),
+                 concurrency: int = 1, on_give_up: GiveUpHook | None = None,
+                 stop_timeout: float = DRAIN_TIMEOUT) -> None:
+        if not is_valid_topic_name(topic):
+            raise ValueError(f"invalid topic name {topic!r}")
+        if not is_valid_channel_name(channel):
+            raise ValueError(f"invalid channel name {channel!r}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        self.topic = topic
+        self.channel = channel
+        self.handler = handler
+        self.config = config if config is not None else Config()
+        self.nsqd_tcp_addresses = _addresses(nsqd_tcp_addresses)
+        self.lookupd_http_addresses = _addresses(lookupd_http_addresses)
+        if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
+            raise ValueError("give at least one nsqd TCP address or nsqlookupd HTTP address")
+        self.concurrency = concurrency
+        self.on_give_up = on_give_up
+        self.stop_timeout = stop_timeout
+
+        self._rng = random.Random()
+        self._rdy: ReadyController[str] = ReadyController(
+            max_in_flight=self.config.max_in_flight, backoff_multiplier=self.config.backoff_multiplier,
+            max_backoff_duration=self.config.max_backoff_duration,
+            low_rdy_idle_timeout=self.config.low_rdy_idle_timeout, rng=self._rng)
+        self._links: dict[str, _Link] = {}  # subscribed connections
+        self._tasks: dict[str, trio.CancelScope] = {}  # one per nsqd being connected or connected
+        self._discovered: set[str] = set()
+        self._send, self._receive = trio.open_memory_channel[Message](math.inf)
+        self._nursery_manager: Any = None
+        self._nursery: trio.Nursery | None = None
+        self._workers = trio.CancelScope()
+        self._worker_tasks: set[Any] = set()
+        self._discovery = trio.CancelScope()
+        self._recheck = trio.Event()
+        self._rdy_wakeup = trio.Event()
+        self._rdy_armed = math.inf
+        self._stopping = False
+        self._closed = trio.Event()
+        self._received = self._finished = self._requeued = self._given_up = 0
+
+    # --- lifecycle --------------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> Consumer:
+        if self._nursery_manager is not None:
+            raise RuntimeError("a Consumer runs once")
+        self._nursery_manager = trio.open_nursery()
+        self._nursery = nursery = await self._nursery_manager.__aenter__()
+        try:
+            nursery.start_soon(self._run_workers)
+            nursery.start_soon(self._rdy_loop)
+            # the first round of connects (and lookupd's first answer) happens before the block starts, as go-nsq's
+            # ConnectToNSQD and ConnectToNSQLookupd do it before returning
+            async with trio.open_nursery() as first:
+                for address in self.nsqd_tcp_addresses:
+                    first.start_soon(self._start_nsqd, address)
+            if self.lookupd_http_addresses:
+                await self._query_lookupds()
+                nursery.start_soon(self._discovery_loop)
+        except BaseException as exc:
+            nursery.cancel_scope.cancel()
+            if not await self._nursery_manager.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        assert self._nursery is not None
+        if exc_type is None:
+            await self.stop()
+        self._stopping = True
+        self._nursery.cancel_scope.cancel()
+        self._closed.set()
+        return await self._nursery_manager.__aexit__(exc_type, exc, tb)
+
+    async def wait_closed(self) -> None:
+        """Return once the consumer has stopped."""
+        await self._closed.wait()
+
+    async def stop(self) -> None:
+        """RDY 0 everywhere, let the handlers answer what was delivered (at most ``stop_timeout``), REQ what is
+        left, CLS and close every connection. Called from a handler, it starts the stop and returns at once (waiting
+        there would wait for that handler itself). A second call waits for the first."""
+        if self._stopping:
+            if trio.lowlevel.current_task() not in self._worker_tasks:
+                await self._closed.wait()
+            return
+        if trio.lowlevel.current_task() in self._worker_tasks:
+            assert self._nursery is not None
+            self._nursery.start_soon(self.stop)
+            return
+        self._stopping = True
+        log.info("[%s/%s] stopping", self.topic, self.channel)
+        self._discovery.cancel()
+        for address, scope in list(self._tasks.items()):
+            if address not in self._links:  # still dialling or waiting to redial
+                scope.cancel()
+        self._apply(self._rdy.stop(trio.current_time()))
+        links = list(self._links.values())
+        with trio.move_on_after(self.stop_timeout):
+            async with trio.open_nursery() as nursery:
+                for link in links:
+                    nursery.start_soon(link.drain, math.inf)
+        self._workers.cancel()
+        for link in links:
+            left = list(link.unanswered.values())
+            if left:
+                log.warning("(%s) %d messages unanswered after %.1fs: requeued", link.address, len(left),
+                            self.stop_timeout)
+            for message in left:
+                message.requeue(0, backoff=False)
+        async with trio.open_nursery() as nursery:
+            for link in links:
+                nursery.start_soon(self._close_link, link)
+        for scope in self._tasks.values():
+            scope.cancel()
+        self._closed.set()
+        log.info("[%s/%s] stopped", self.topic, self.channel)
+
+    def stats(self) -> ConsumerStats:
+        rdy = self._rdy.stats()
+        return ConsumerStats(
+            received=self._received, finished=self._finished, requeued=self._requeued, given_up=self._given_up,
+            connections=len(self._links), in_flight=sum(len(link.unanswered) for link in self._links.values()),
+            backoff_level=rdy.backoff_level, total_rdy=rdy.total_rdy)
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change ``max_in_flight`` while running (0 pauses delivery)."""
+        self._apply(self._rdy.set_max_in_flight(max_in_flight, trio.current_time()))
+
+    # --- events from the links (sync) -------------------------------------------------------------------------------
+    def _on_message(self, link: _Link, message: Message) -> None:
+        self._received += 1
+        self._rdy.message_received(link.address, trio.current_time())
+        self._send.send_nowait(message)
+
+    def _on_answer(self, finished: bool, backoff: bool) -> None:
+        if finished:
+            self._finished += 1
+            self._apply(self._rdy.succeeded(trio.current_time()))
+        else:
+            self._requeued += 1
+            self._apply(self._rdy.failed(trio.current_time(), backoff=backoff))
+
+    def _apply(self, updates: list[tuple[str, int]]) -> None:
+        """Write the RDY counts the controller chose, and wake its timer task if its deadline moved earlier."""
+        for address, count in updates:
+            link = self._links.get(address)
+            if link is not None:
+                log.debug("(%s) RDY %d", address, count)
+                try:
+                    link.conn.ready(count)
+                except ConnectionClosed:
+                    pass  # its task is about to remove it
+        if self._rdy.next_deadline() < self._rdy_armed:
+            self._rdy_wakeup.set()
+
+    # --- tasks ------------------------------------------------------------------------------------------------------
+    async def _rdy_loop(self) -> None:
+        while True:
+            self._rdy_armed = self._rdy.next_deadline()
+            self._rdy_wakeup = trio.Event()
+            with trio.move_on_at(self._rdy_armed):
+                await self._rdy_wakeup.wait()
+            self._rdy_armed = math.inf
+            updates = self._rdy.tick(trio.current_time())
+            if updates:
+                log.debug("RDY timers: %s", updates)
+            self._apply(updates)
+
+    async def _run_workers(self) -> None:
+        with self._workers:
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.concurrency):
+                    nursery.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        self._worker_tasks.add(trio.lowlevel.current_task())
+        async for message in self._receive:
+            if message.has_responded:  # requeued by stop() while it waited here
+                continue
+            max_attempts = self.config.max_attempts
+            if max_attempts and message.attempts > max_attempts:
+                await self._give_up(message)
+                continue
+            try:
+                await self.handler(message)
+            except Exception as exc:
+                log.error("handler failed (%s: %s) for message %s (attempt %d)", type(exc).__name__, exc,
+                          message.id.decode(), message.attempts, exc_info=log.isEnabledFor(logging.DEBUG))
+                if not message.auto_response_disabled:
+                    message.requeue()
+            else:
+                if not message.auto_response_disabled:
+                    message.finish()
+
+    async def _give_up(self, message: Message) -> None:
+        log.warning("message %s attempted %d times, giving up", message.id.decode(), message.attempts)
+        self._given_up += 1
+        if self.on_give_up is not None:
+            try:
+                result = self.on_give_up(message)
+                if hasattr(result, "__await__"):
+                    await result
+            except Exception as exc:
+                log.error("on_give_up failed for message %s: %s: %s", message.id.decode(), type(exc).__name__, exc)
+        message.finish()
+
+    async def _start_nsqd(self, address: str) -> None:
+        """Start the task of ``address`` and return after its first attempt."""
+        assert self._nursery is not None
+        if address not in self._tasks and not self._stopping:
+            await self._nursery.start(self._run_nsqd, address)
+
+    async def _run_nsqd(self, address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, SUB, serve until the connection ends; listed addresses are redialled, discovered ones are left
+        to the next lookupd answer. ``started`` after the first attempt, whatever its outcome."""
+        scope = self._tasks[address] = trio.CancelScope()
+        started = _Once(task_status.started)
+        attempt = 0
+        try:
+            with scope:
+                while not self._stopping:
+                    if await self._session(address, started):
+                        attempt = 0
+                    if self._stopping:
+                        return
+                    if address not in self.nsqd_tcp_addresses:
+                        self._recheck.set()  # ask lookupd whether it is still there (go-nsq does the same)
+                        return
+                    delay = min(RECONNECT_MIN_DELAY * 2 ** attempt,
+                                max(self.config.lookupd_poll_interval, RECONNECT_MIN_DELAY))
+                    attempt += 1
+                    log.info("(%s) re-connecting in %.2fs", address, delay)
+                    await trio.sleep(delay)
+        finally:
+            started()
+            if self._tasks.get(address) is scope:
+                del self._tasks[address]
+
+    async def _session(self, address: str, started: Callable[[], None]) -> bool:
+        """One connection's life: False if it never got subscribed."""
+        link = _Link(self, address)
+        conn = link.conn
+        log.info("(%s) connecting to nsqd", address)
+        async with trio.open_nursery() as nursery:  # the connection's reader and writer live here
+            try:
+                await nursery.start(conn.run)
+                await conn.subscribe(self.topic, self.channel)
+            except (ConnectionClosed, NSQError) as exc:
+                log.error("(%s) error connecting to nsqd - %s", address, exc)
+                started()
+                await conn.close()
+                return False
+            assert conn.features is not None
+            max_rdy = conn.features.max_rdy_count
+            if max_rdy < self.config.max_in_flight:
+                log.warning("(%s) max RDY count %d < consumer max in flight %d, truncation possible", address,
+                            max_rdy, self.config.max_in_flight)
+            self._links[address] = link
+            log.info("(%s) subscribed to %s/%s", address, self.topic, self.channel)
+            self._apply(self._rdy.add(address, max_rdy, trio.current_time()))
+            started()
+            try:
+                await link.closed.wait()
+            finally:
+                if self._links.get(address) is link:
+                    del self._links[address]
+                if address in self._rdy:
+                    self._apply(self._rdy.remove(address, trio.current_time()))
+                if not self._stopping:
+                    log.warning("(%s) connection closed (%s); %d connections left", address, conn.close_reason,
+                                len(self._links))
+                with trio.CancelScope(shield=True):
+                    await conn.close()
+        return True
+
+    async def _close_link(self, link: _Link) -> None:
+        """CLS, wait for CLOSE_WAIT (bounded by ``Connection.close``), close."""
+        await link.conn.close()
+        link.closed.set()
+
+    async def _retire(self, link: _Link) -> None:
+        """An nsqd no lookupd lists any more: no new messages, answer those delivered, then close."""
+        log.info("(%s) no longer listed by nsqlookupd: closing", link.address)
+        if link.address in self._rdy:
+            self._apply(self._rdy.remove(link.address, trio.current_time()))
+        try:
+            link.conn.ready(0)
+        except ConnectionClosed:
+            pass
+        await link.drain(self.stop_timeout)
+        await self._close_link(link)
+
+    # --- lookupd ----------------------------------------------------------------------------------------------------
+    async def _discovery_loop(self) -> None:
+        interval = self.config.lookupd_poll_interval
+        deadline = trio.current_time() + self._rng.random() * self.config.lookupd_poll_jitter * interval
+        with self._discovery:
+            while True:
+                with trio.move_on_at(deadline):
+                    await self._recheck.wait()
+                self._recheck = trio.Event()
+                if trio.current_time() >= deadline:
+                    deadline = trio.current_time() + interval
+                await self._query_lookupds()
+
+    async def _query_lookupds(self) -> None:
+        answers: dict[str, list[str]] = {}
+        timeout = min(DEFAULT_TIMEOUT, max(1.0, self.config.lookupd_poll_interval))
+
+        async def query(lookupd: str) -> None:
+            log.info("querying nsqlookupd %s", lookupd)
+            try:
+                answers[lookupd] = await lookup(lookupd, self.topic, timeout=timeout)
+            except LookupdError as exc:
+                log.error("error querying nsqlookupd (%s) - %s", lookupd, exc)
+
+        async with trio.open_nursery() as nursery:
+            for lookupd in self.lookupd_http_addresses:
+                nursery.start_soon(query, lookupd)
+        if self._stopping:
+            return
+        found = {address for addresses in answers.values() for address in addresses}
+        if len(answers) == len(self.lookupd_http_addresses):
+            for address in self._discovered - found:
+                link = self._links.get(address)
+                if address in self.nsqd_tcp_addresses:
+                    continue
+                if link is not None:
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._retire, link)
+                elif address in self._tasks:
+                    self._tasks[address].cancel()
+            self._discovered = found
+        else:
+            self._discovered |= found
+        async with trio.open_nursery() as nursery:
+            for address in sorted(found):
+                if address not in self._tasks:
+                    nursery.start_soon(self._start_nsqd, address)
+
+
+def _addresses(value: Iterable[str] | str) -> list[str]:
+    items = [value] if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            raise ValueError("empty address")
+        if item not in out:
+            out.append(item)
+    return out
+
+
+class _Once:
+    """Call ``fn`` the first time only (a task's ``started`` may be reached on several paths)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn: Callable[[], Any] | None = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()

@@ -139,6 +139,7 @@ class Connection:
         self.auth: AuthResult | None = None
         self.closed = False
         self.close_reason = ""
+        self.subscribed = False
         #: messages delivered and not yet FIN'd or REQ'd
         self.in_flight = 0
         #: the last RDY count sent
@@ -170,9 +171,11 @@ class Connection:
         await self._serve(task_status=task_status)
 
     async def close(self, timeout: float = _CLOSE_WAIT_TIMEOUT) -> None:
-        """Send CLS, wait (at most ``timeout`` seconds) for CLOSE_WAIT, then close the socket and
-        wait until the connection has shut down. Idempotent."""
-        if not self.closed and self._core.connected:
+        """Close: a subscribed connection first sends CLS and waits (at most ``timeout`` seconds)
+        for CLOSE_WAIT (nsqd refuses CLS on a connection that never subscribed, so a publishing
+        one just closes its socket, as go-nsq's does). Then waits until the connection has shut
+        down. Idempotent."""
+        if not self.closed and self.subscribed:
             with trio.move_on_after(timeout):
                 try:
                     await self._request(CLS)
@@ -251,6 +254,7 @@ class Connection:
         if not is_valid_channel_name(channel):
             raise NSQError(E_BAD_CHANNEL, f"SUB channel name {go_quote(channel)} is not valid")
         await self._request(encode_sub(topic, channel))
+        self.subscribed = True
 
     def ready(self, count: int) -> None:
         """RDY ``count`` (sync: queued for the writer)."""

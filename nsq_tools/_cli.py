@@ -35,7 +35,9 @@ def log_line(text: str) -> str:
 
 
 def fatal(text: str) -> NoReturn:
-    """Go's ``log.Fatal``: the line on stderr, exit code 1."""
+    """Go's ``log.Fatal``: the line on stderr, exit code 1. Go exits there and then; here the exit unwinds
+    the tool's tasks, whose log lines (a connection closing...) would follow the fatal one, so logging ends."""
+    logging.disable(logging.CRITICAL)
     try:
         sys.stderr.write(log_line(text) + "\n")
         sys.stderr.flush()

@@ -54,9 +54,9 @@ import trio
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ._config import Config
-from ._connection import Connection
+from ._connection import Connection, split_address
 from ._errors import ConnectionClosed, NSQError
-from ._lookupd import DEFAULT_TIMEOUT, LookupdError, lookup
+from ._lookupd import DEFAULT_TIMEOUT, LookupdError, lookup, lookup_url
 from ._message import Message
 from ._rdy import ReadyController
 
@@ -152,6 +152,13 @@ class Consumer:
         self.lookupd_http_addresses = _addresses(lookupd_http_addresses)
         if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
             raise ValueError("give at least one nsqd TCP address or nsqlookupd HTTP address")
+        for address in self.nsqd_tcp_addresses:
+            split_address(address)  # ValueError naming the address
+        for address in self.lookupd_http_addresses:
+            try:
+                lookup_url(address, "/lookup", topic=topic)
+            except LookupdError as exc:
+                raise ValueError(str(exc)) from None
         self.concurrency = concurrency
         self.on_give_up = on_give_up
         self.stop_timeout = stop_timeout
@@ -267,7 +274,7 @@ class Consumer:
     # --- events from the links (sync) -------------------------------------------------------------------------------
     def _on_message(self, link: _Link, message: Message) -> None:
         self._received += 1
-        self._rdy.message_received(link.address, trio.current_time())
+        self._rdy.message_received(link.address, link.conn.last_message_time)
         self._send.send_nowait(message)
 
     def _on_answer(self, finished: bool, backoff: bool) -> None:
@@ -362,7 +369,8 @@ class Consumer:
                     if self._stopping:
                         return
                     if address not in self.nsqd_tcp_addresses:
-                        self._recheck.set()  # ask lookupd whether it is still there (go-nsq does the same)
+                        if address in self._discovered:  # lost, not retired: is it still there? (as go-nsq asks)
+                            self._recheck.set()
                         return
                     delay = min(RECONNECT_MIN_DELAY * 2 ** attempt,
                                 max(self.config.lookupd_poll_interval, RECONNECT_MIN_DELAY))

@@ -349,6 +349,10 @@ def test_bad_arguments_are_clear():
         Consumer("t", "", handler, nsqd_tcp_addresses=["127.0.0.1:4150"])
     with pytest.raises(ValueError, match="at least one nsqd TCP address or nsqlookupd HTTP address"):
         Consumer("t", CHANNEL, handler)
+    with pytest.raises(ValueError, match="invalid nsqd address 'localhost'"):
+        Consumer("t", CHANNEL, handler, nsqd_tcp_addresses=["localhost"])
+    with pytest.raises(ValueError, match="bad nsqlookupd HTTP address 'ftp://x'"):
+        Consumer("t", CHANNEL, handler, lookupd_http_addresses=["ftp://x"])
     with pytest.raises(ValueError, match="concurrency"):
         Consumer("t", CHANNEL, handler, nsqd_tcp_addresses="127.0.0.1:4150", concurrency=0)
 

@@ -22,7 +22,8 @@ its reply is dropped.
 Lifetime: ``await nursery.start(conn.run)`` (or ``await open_connection(..., nursery=...)``, or
 ``async with Connection(...)``) returns once the handshake succeeded, and raises ``ConnectError`` or
 ``NSQError`` if it failed. The connection then lives until ``close()`` (CLS, then CLOSE_WAIT within a
-bound), an I/O error, EOF, a read timeout, or the cancellation of the nursery. However it ends,
+bound), an I/O error, EOF, a read timeout, a fatal error frame (nsqd closes the connection after
+one; the request it answers gets the ``NSQError``), or the cancellation of the nursery. However it ends,
 every waiting request fails with ``ConnectionClosed``, ``closed`` becomes true, the socket is closed
 and ``on_close(conn)`` is called once; ``run`` itself returns normally, so a lost connection never
 tears down the caller's nursery.
@@ -311,7 +312,7 @@ class Connection:
             with trio.fail_after(config.dial_timeout):
                 self._stream = await trio.open_tcp_stream(self.host, self.port)
         except (OSError, trio.TooSlowError) as exc:
-            cause = "timed out" if isinstance(exc, trio.TooSlowError) else (exc.strerror or str(exc))
+            cause = "timed out" if isinstance(exc, trio.TooSlowError) else _dial_cause(exc)
             raise ConnectError(f"cannot connect to nsqd {self.address}: {cause}") from exc
         try:
             with trio.fail_after(config.read_timeout):
@@ -413,11 +414,14 @@ class Connection:
         if waiter is not None:
             if waiter.task is not None:
                 _reschedule(waiter.task, _Error(error))
-            return
-        if error.fatal:
+        elif error.fatal:
             logger.error("%s: error from nsqd: %s", self.address, error)
         else:
             logger.warning("%s: error from nsqd: %s", self.address, error)
+        if error.fatal:
+            # nsqd closes the connection after a fatal error and ignores what follows: the
+            # requests behind this one fail now, and no new one is sent into the closing socket
+            self._mark_closed(f"nsqd sent {error.code}")
 
     async def _write_loop(self) -> None:
         core = self._core
@@ -476,6 +480,16 @@ class Connection:
             if timer.cancelled_caught:
                 # a TLS close_notify the peer does not read must not hold us: drop the socket
                 await trio.aclose_forcefully(stream)
+
+
+def _dial_cause(exc: OSError) -> str:
+    """The reason of a failed dial: trio gathers each attempt's error in a group under a summary."""
+    group = exc.__cause__
+    if isinstance(group, BaseExceptionGroup):
+        reasons = {e.strerror for e in group.exceptions if isinstance(e, OSError) and e.strerror}
+        if reasons:
+            return ", ".join(sorted(reasons))
+    return exc.strerror or str(exc)
 
 
 def _cause(exc: BaseException) -> str:

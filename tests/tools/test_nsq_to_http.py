@@ -44,7 +44,7 @@ FATAL_LINE = re.compile(rb"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (.*)\n\Z")
 
 
 def channel_stats(nsqd, topic: str, channel: str) -> dict | None:
-    for entry in stats(nsqd.http(), f"topic={topic}")["topics"]:
+    for entry in stats(nsqd.http(), f"topic={topic}")["topics"] or []:
         if entry["topic_name"] == topic:
             for chan in entry["channels"]:
                 if chan["channel_name"] == channel:

@@ -39,7 +39,7 @@ FAST_RETRY = ("--consumer-opt=default_requeue_delay,50ms", "--consumer-opt=max_b
 
 
 def topic_stats(nsqd, topic: str) -> dict | None:
-    for entry in stats(nsqd.http(), f"topic={topic}")["topics"]:
+    for entry in stats(nsqd.http(), f"topic={topic}")["topics"] or []:
         if entry["topic_name"] == topic:
             return entry
     return None
@@ -68,7 +68,7 @@ def read_bodies(nsqd, topic: str, count: int, channel: str = "check") -> list[by
     """``count`` messages of ``topic`` read (and FIN'd) on a channel of their own, with the raw client."""
     bodies = []
     # RDY stays within nsqd's --max-rdy-count (2500); FINs free the slots for the rest
-    with consumer(nsqd.tcp_address, topic, channel, ready=max(1, min(count, 2500))) as client:
+    with consumer(nsqd.tcp, topic, channel, ready=max(1, min(count, 2500))) as client:
         while len(bodies) < count:
             message = client.read_message(timeout=10)
             bodies.append(message.body)
@@ -77,7 +77,7 @@ def read_bodies(nsqd, topic: str, count: int, channel: str = "check") -> list[by
 
 
 def publish(nsqd, topic: str, bodies: list[bytes]) -> None:
-    with RawClient(nsqd.tcp_address) as client:
+    with RawClient(nsqd.tcp) as client:
         for start in range(0, len(bodies), 500):
             client.publish_many(topic, bodies[start:start + 500])
 
@@ -150,7 +150,7 @@ def test_start_up_checks_exit_1_with_a_fatal_line(args, text):
 
 
 def test_copies_every_message_to_the_destination_intact(source, destination):
-    bodies = [b"plain", b"", b"\x00\x01binary\xff\n\r\n", "\u00e9t\u00e9".encode(), b"x" * 100_000] + \
+    bodies = [b"plain", b"\x00\x01binary\xff\n\r\n", "\u00e9t\u00e9".encode(), b"x" * 100_000] + \
         [f"n{i}".encode() for i in range(500)]
     publish(source, "events", bodies)
     with relay(source, destination, "--topic=events") as tool:

@@ -17,7 +17,8 @@ import trio
 
 from tests.integration.harness import NsqdProcess, free_port
 from tests.integration.http_helpers import post, stats
-from tests.integration.lookupd_harness import Cluster, wait_for_producers
+from tests.client.test_lookupd import cluster  # noqa: F401 - the fixture: one nsqlookupd, one nsqd registered
+from tests.integration.lookupd_harness import wait_for_producers
 from trionsq import Config, Message
 from trionsq._consumer import Consumer
 
@@ -283,13 +284,6 @@ async def test_heartbeats_keep_the_connection(nsqd, topic):
         assert consumer.stats().connections == 1
         await blocking(publish, nsqd, topic, [b"alive"])
         await eventually(lambda: handler.done == [b"alive"], message="a message after the heartbeats")
-
-
-@pytest.fixture
-def cluster(tmp_path_factory):
-    built = Cluster(tmp_path_factory.mktemp, lookupds=1, nsqds=1)
-    yield built
-    built.stop()
 
 
 async def test_discovery_joins_new_nsqd_and_drops_gone_ones(cluster, topic):

@@ -101,6 +101,7 @@ def test_lookup_url_rejects_bad_addresses(address):
 
 @pytest.fixture
 def cluster(tmp_path_factory):
+    """One nsqlookupd and one nsqd registered with it (more nsqd with ``cluster.start_nsqd()``)."""
     built = Cluster(tmp_path_factory.mktemp, lookupds=1, nsqds=1)
     yield built
     built.stop()

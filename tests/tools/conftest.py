@@ -181,14 +181,14 @@ def assert_unknown_flag(tool: str) -> None:
 
 def topic_depth(nsqd: NsqdProcess, topic: str) -> int | None:
     """The topic's depth (None while nsqd does not have it)."""
-    for entry in stats(nsqd.http(), f"topic={topic}")["topics"]:
+    for entry in stats(nsqd.http(), f"topic={topic}")["topics"] or []:
         if entry["topic_name"] == topic:
             return entry["depth"]
     return None
 
 
 def channel_depth(nsqd: NsqdProcess, topic: str, channel: str) -> int | None:
-    for entry in stats(nsqd.http(), f"topic={topic}")["topics"]:
+    for entry in stats(nsqd.http(), f"topic={topic}")["topics"] or []:
         if entry["topic_name"] == topic:
             for chan in entry["channels"]:
                 if chan["channel_name"] == channel:

@@ -23,8 +23,10 @@ Flow control
     controller's next deadline and is woken when an input moves that deadline earlier.
 
 Discovery and reconnects
-    Listed nsqd (``nsqd_tcp_addresses``) are connected at start and reconnected forever after a loss, the delay
-    doubling from 0.25 s up to ``lookupd_poll_interval`` (go-nsq waits that interval every time). nsqd found
+    Listed nsqd (``nsqd_tcp_addresses``) are connected before the ``async with`` block starts; a first attempt that
+    fails is raised there (``fail_fast``, go-nsq's ``ConnectToNSQD``) or retried in the background. After a loss
+    they are redialled forever, the delay doubling from 0.25 s up to ``lookupd_poll_interval`` (go-nsq waits that
+    interval every time). nsqd found
     through lookupd are polled every ``lookupd_poll_interval`` (the first poll after a random part,
     ``lookupd_poll_jitter``, of it, so consumers restarted together spread out), querying every lookupd and taking
     the union: a new nsqd is joined, one that no lookupd lists any more is drained and closed (only when every
@@ -129,7 +131,9 @@ class Consumer:
     a failure for backoff). Give nsqd addresses (``host:port``), nsqlookupd HTTP addresses, or both.
     ``concurrency`` handlers run at a time; ``max_in_flight`` (in ``config``) bounds the messages delivered and not
     yet answered. ``on_give_up(message)`` (sync or async) sees each message dropped for passing ``max_attempts``.
-    ``stop_timeout`` bounds how long ``stop()`` waits for handlers.
+    ``stop_timeout`` bounds how long ``stop()`` waits for handlers. With ``fail_fast`` (the default, as go-nsq's
+    ``ConnectToNSQD``), entering the block raises the error of a listed nsqd whose first connection or SUB failed
+    (``ConnectError``, ``NSQError``); without it that nsqd is redialled in the background like a lost one.
 
     Use as ``async with Consumer(...) as consumer:``; see the module docstring for the behaviour.
     """
@@ -137,7 +141,7 @@ class Consumer:
     def __init__(self, topic: str, channel: str, handler: Handler, config: Config | None = None, *,
                  nsqd_tcp_addresses: Iterable[str] | str = (), lookupd_http_addresses: Iterable[str] | str = (),
                  concurrency: int = 1, on_give_up: GiveUpHook | None = None,
-                 stop_timeout: float = DRAIN_TIMEOUT) -> None:
+                 stop_timeout: float = DRAIN_TIMEOUT, fail_fast: bool = True) -> None:
         if not is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")
         if not is_valid_channel_name(channel):
@@ -162,6 +166,7 @@ class Consumer:
         self.concurrency = concurrency
         self.on_give_up = on_give_up
         self.stop_timeout = stop_timeout
+        self.fail_fast = fail_fast
 
         self._rng = random.Random()
         self._rdy: ReadyController[str] = ReadyController(
@@ -190,6 +195,7 @@ class Consumer:
             raise RuntimeError("a Consumer runs once")
         self._nursery_manager = trio.open_nursery()
         self._nursery = nursery = await self._nursery_manager.__aenter__()
+        failures: list[BaseException] = []
         try:
             nursery.start_soon(self._run_workers)
             nursery.start_soon(self._rdy_loop)
@@ -197,14 +203,20 @@ class Consumer:
             # ConnectToNSQD and ConnectToNSQLookupd do it before returning
             async with trio.open_nursery() as first:
                 for address in self.nsqd_tcp_addresses:
-                    first.start_soon(self._start_nsqd, address)
-            if self.lookupd_http_addresses:
+                    first.start_soon(self._start_nsqd, address, failures)
+            if not (failures and self.fail_fast) and self.lookupd_http_addresses:
                 await self._query_lookupds()
                 nursery.start_soon(self._discovery_loop)
         except BaseException as exc:
+            self._stopping = True
             nursery.cancel_scope.cancel()
             if not await self._nursery_manager.__aexit__(type(exc), exc, exc.__traceback__):
                 raise
+        if failures and self.fail_fast:
+            self._stopping = True
+            nursery.cancel_scope.cancel()
+            await self._nursery_manager.__aexit__(None, None, None)
+            raise failures[0]
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> bool:
@@ -349,15 +361,17 @@ class Consumer:
                 log.error("on_give_up failed for message %s: %s: %s", message.id.decode(), type(exc).__name__, exc)
         message.finish()
 
-    async def _start_nsqd(self, address: str) -> None:
-        """Start the task of ``address`` and return after its first attempt."""
+    async def _start_nsqd(self, address: str, failures: list[BaseException] | None = None) -> None:
+        """Start the task of ``address`` and return after its first attempt (its error, if any, in ``failures``)."""
         assert self._nursery is not None
         if address not in self._tasks and not self._stopping:
-            await self._nursery.start(self._run_nsqd, address)
+            error = await self._nursery.start(self._run_nsqd, address)
+            if error is not None and failures is not None:
+                failures.append(error)
 
     async def _run_nsqd(self, address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Connect, SUB, serve until the connection ends; listed addresses are redialled, discovered ones are left
-        to the next lookupd answer. ``started`` after the first attempt, whatever its outcome."""
+        to the next lookupd answer. ``started`` after the first attempt, with its error or None."""
         scope = self._tasks[address] = trio.CancelScope()
         started = _Once(task_status.started)
         attempt = 0
@@ -378,11 +392,11 @@ class Consumer:
                     log.info("(%s) re-connecting in %.2fs", address, delay)
                     await trio.sleep(delay)
         finally:
-            started()
+            started(None)
             if self._tasks.get(address) is scope:
                 del self._tasks[address]
 
-    async def _session(self, address: str, started: Callable[[], None]) -> bool:
+    async def _session(self, address: str, started: Callable[[BaseException | None], None]) -> bool:
         """One connection's life: False if it never got subscribed."""
         link = _Link(self, address)
         conn = link.conn
@@ -393,7 +407,7 @@ class Consumer:
                 await conn.subscribe(self.topic, self.channel)
             except (ConnectionClosed, NSQError) as exc:
                 log.error("(%s) error connecting to nsqd - %s", address, exc)
-                started()
+                started(exc)
                 await conn.close()
                 return False
             assert conn.features is not None
@@ -404,7 +418,7 @@ class Consumer:
             self._links[address] = link
             log.info("(%s) subscribed to %s/%s", address, self.topic, self.channel)
             self._apply(self._rdy.add(address, max_rdy, trio.current_time()))
-            started()
+            started(None)
             try:
                 await link.closed.wait()
             finally:
@@ -502,10 +516,10 @@ class _Once:
 
     __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn: Callable[[], Any] | None = fn
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn: Callable[[Any], Any] | None = fn
 
-    def __call__(self) -> None:
+    def __call__(self, value: Any) -> None:
         fn, self.fn = self.fn, None
         if fn is not None:
-            fn()
+            fn(value)

@@ -19,7 +19,7 @@ from tests.integration.harness import NsqdProcess, free_port
 from tests.integration.http_helpers import post, stats
 from tests.client.test_lookupd import cluster  # noqa: F401 - the fixture: one nsqlookupd, one nsqd registered
 from tests.integration.lookupd_harness import wait_for_producers
-from trionsq import Config, Message
+from trionsq import Config, ConnectError, Message, NSQError
 from trionsq._consumer import Consumer
 
 pytestmark = pytest.mark.timeout(120)
@@ -351,12 +351,27 @@ def test_bad_arguments_are_clear():
         Consumer("t", CHANNEL, handler, nsqd_tcp_addresses="127.0.0.1:4150", concurrency=0)
 
 
-async def test_unreachable_nsqd_is_retried_in_the_background(topic):
+async def test_unreachable_nsqd_fails_fast_or_is_retried(topic):
     port = free_port()
     handler = Recorder()
     with trio.fail_after(10):
+        with pytest.raises(ConnectError, match=f"127.0.0.1:{port}"):
+            async with Consumer(topic, CHANNEL, handler, nsqd_tcp_addresses=[f"127.0.0.1:{port}"]):
+                raise AssertionError("not reached")
+
         async with Consumer(topic, CHANNEL, handler, Config(lookupd_poll_interval=1.0),
-                            nsqd_tcp_addresses=[f"127.0.0.1:{port}"]) as consumer:
+                            nsqd_tcp_addresses=[f"127.0.0.1:{port}"], fail_fast=False) as consumer:
             assert consumer.stats().connections == 0
             await trio.sleep(0.6)  # a few redials (0.25 s, 0.5 s) without an error escaping
-    assert math.isfinite(consumer.stats().received)
+        assert consumer.stats().connections == 0
+
+
+async def test_refused_subscribe_is_raised(nsqd_factory, topic):
+    nsqd = nsqd_factory("--max-channel-consumers=1")
+    handler = Recorder()
+    with trio.fail_after(10):
+        async with Consumer(topic, CHANNEL, handler, nsqd_tcp_addresses=[nsqd.tcp_address]) as first:
+            with pytest.raises(NSQError, match="E_SUB_FAILED SUB failed consumers for .* exceeds limit of 1"):
+                async with Consumer(topic, CHANNEL, handler, nsqd_tcp_addresses=[nsqd.tcp_address]):
+                    raise AssertionError("not reached")
+            assert first.stats().connections == 1

@@ -8,7 +8,6 @@ running meanwhile. Every wait polls a real condition with a deadline.
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -51,7 +50,7 @@ def ready_counts(nsqd: NsqdProcess, topic: str) -> list[int]:
 
 
 async def eventually(check: Callable, timeout: float = 20.0, message: str = "condition", interval: float = 0.05):
-    """Poll ``check`` (sync, run in a thread when ``threaded``) until it returns a true value."""
+    """Poll ``check`` (sync and quick: it runs in the event loop) until it returns a true value."""
     with trio.move_on_after(timeout):
         while True:
             value = check()
@@ -62,6 +61,7 @@ async def eventually(check: Callable, timeout: float = 20.0, message: str = "con
 
 
 async def eventually_threaded(check: Callable, timeout: float = 20.0, message: str = "condition"):
+    """``eventually`` for a blocking ``check`` (an HTTP call to a daemon): it runs in a thread."""
     with trio.move_on_after(timeout):
         while True:
             value = await blocking(check)

@@ -12,9 +12,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tests.integration.harness import free_port
-from tests.integration.http_helpers import post, stats
+from tests.integration.http_helpers import post
 from tests.tools.conftest import ToolProcess, run_tool, usage_flags, wait_for
 from tests.tools.http_sink import HttpSink
+from tests.tools.relay_checks import FAST_RETRY, channel_stats, fatal_text, wait_drained
 
 # NSQ 1.3.0's `nsq_to_http -h` (NSQ-TOOLS-FACTS): name -> (kind, default)
 NSQ_FLAGS = {
@@ -37,33 +38,17 @@ NSQ_FLAGS = {
     "version": ("bool", None),
 }
 
-# quick requeues, so a failed request comes back within the test's time
-FAST_RETRY = ("--consumer-opt=default_requeue_delay,50ms", "--consumer-opt=max_backoff_duration,50ms")
-
-FATAL_LINE = re.compile(rb"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (.*)\n\Z")
-
-
-def channel_stats(nsqd, topic: str, channel: str) -> dict | None:
-    for entry in stats(nsqd.http(), f"topic={topic}")["topics"] or []:
-        if entry["topic_name"] == topic:
-            for chan in entry["channels"]:
-                if chan["channel_name"] == channel:
-                    return chan
-    return None
-
-
 def publish(nsqd, topic: str, bodies: list[bytes]) -> None:
     for body in bodies:
         assert post(nsqd.http(), f"/pub?topic={topic}", body).status == 200
 
 
-def wait_drained(nsqd, topic: str, channel: str = "nsq_to_http", timeout: float = 30.0) -> dict:
-    """The channel once nothing is left in it and nothing is in flight."""
-    def drained():
-        chan = channel_stats(nsqd, topic, channel)
-        return chan if chan and chan["depth"] == 0 and chan["in_flight_count"] == 0 and chan["deferred_count"] == 0 \
-            else None
-    return wait_for(drained, timeout, 0.1, "channel drained")
+def channel(nsqd, topic: str) -> dict | None:
+    return channel_stats(nsqd, topic, "nsq_to_http")
+
+
+def drained(nsqd, topic: str) -> dict:
+    return wait_drained(nsqd, topic, "nsq_to_http")
 
 
 # --- flags and start-up checks ---------------------------------------------------------------------------------------
@@ -118,23 +103,16 @@ POST = "--post=http://127.0.0.1:1/"
     (("--topic=t", NSQD, POST, "--header=novalue"), 'could not parse custom headers: Invalid header: "novalue"'),
     (("--topic=a b", NSQD, POST), "invalid topic name"),
     (("--topic=t", "--channel=c/d", NSQD, POST), "invalid channel name"),
-    (("--topic=t", NSQD, POST, "--consumer-opt=no_such_option,1"), None),
+    (("--topic=t", NSQD, POST, "--consumer-opt=no_such_option,1"), "invalid option no_such_option"),
 ])
 def test_start_up_checks_exit_1_with_a_fatal_line(args, text):
-    result = run_tool("nsq_to_http", *args)
-    assert result.returncode == 1, result.stderr
-    match = FATAL_LINE.match(result.stderr)
-    assert match, result.stderr
-    if text is not None:
-        assert match.group(1).decode() == text
-    else:
-        assert b"no_such_option" in match.group(1)
+    assert fatal_text("nsq_to_http", *args) == text
 
 
 def test_content_type_equal_to_the_default_is_allowed_with_get():
     # NSQ compares the value with the default, not whether the flag was given; the run then fails on --topic
-    result = run_tool("nsq_to_http", NSQD, "--get=http://h/?m=%s", "--content-type=application/octet-stream")
-    assert FATAL_LINE.match(result.stderr).group(1) == b"--topic and --channel are required"
+    assert fatal_text("nsq_to_http", NSQD, "--get=http://h/?m=%s", "--content-type=application/octet-stream") == \
+        "--topic and --channel are required"
 
 
 # --- end to end ------------------------------------------------------------------------------------------------------
@@ -148,7 +126,7 @@ def test_post_sends_each_message_once_with_headers_and_content_type(module_nsqd,
             f"--post={sink.url}/hook?src=nsq", "--content-type=text/plain; charset=utf-8",
             "--header=X-Test: yes", "--header=Authorization:Bearer abc", "-n", "8") as tool:
         sink.wait_for(lambda requests: len(requests) >= len(bodies))
-        wait_drained(module_nsqd, topic)
+        drained(module_nsqd, topic)
         assert tool.stop(signal.SIGTERM) == 0
     requests = sink.snapshot()
     assert Counter(r.body for r in requests) == Counter(bodies)  # each exactly once
@@ -167,7 +145,7 @@ def test_get_puts_the_query_escaped_body_in_the_url(module_nsqd, topic):
             "nsq_to_http", f"--topic={topic}", f"--nsqd-tcp-address={module_nsqd.tcp_address}",
             f"--get={sink.url}/track?v=1&data=%s", "--header=X-From: tool") as tool:
         requests = sink.wait_for(lambda requests: len(requests) >= len(bodies))
-        wait_drained(module_nsqd, topic)
+        drained(module_nsqd, topic)
         assert tool.stop() == 0
     received = []
     for request in requests:
@@ -191,7 +169,7 @@ def test_failed_requests_are_requeued_and_delivered_later(module_nsqd, topic):
             "nsq_to_http", f"--topic={topic}", f"--nsqd-tcp-address={module_nsqd.tcp_address}",
             f"--post={sink.url}/", *FAST_RETRY) as tool:
         requests = sink.wait_for(lambda requests: sum(r.status == 200 for r in requests) >= len(bodies), 40)
-        chan = wait_drained(module_nsqd, topic)
+        chan = drained(module_nsqd, topic)
         assert tool.stop() == 0
     attempts = Counter(r.body for r in requests)
     assert attempts == Counter({body: 3 for body in bodies})  # 500, 500, then 200
@@ -205,17 +183,17 @@ def test_unreachable_endpoint_loses_nothing(module_nsqd, topic):
     port = free_port()
     with ToolProcess("nsq_to_http", f"--topic={topic}", f"--nsqd-tcp-address={module_nsqd.tcp_address}",
                      f"--post=http://127.0.0.1:{port}/", *FAST_RETRY) as tool:
-        wait_for(lambda: (channel_stats(module_nsqd, topic, "nsq_to_http") or {}).get("requeue_count", 0) >= 5,
+        wait_for(lambda: (channel(module_nsqd, topic) or {}).get("requeue_count", 0) >= 5,
                  20, 0.1, "requeues")
         assert tool.stop() == 0
-    chan = channel_stats(module_nsqd, topic, "nsq_to_http")
+    chan = channel(module_nsqd, topic)
     assert chan["depth"] + chan["deferred_count"] == len(bodies) and chan["in_flight_count"] == 0
     # and they go out once the endpoint is there
     with HttpSink() as sink, ToolProcess("nsq_to_http", f"--topic={topic}",
                                          f"--nsqd-tcp-address={module_nsqd.tcp_address}", f"--post={sink.url}/",
                                          *FAST_RETRY) as tool:
         sink.wait_for(lambda requests: len(requests) >= len(bodies))
-        wait_drained(module_nsqd, topic)
+        drained(module_nsqd, topic)
         assert tool.stop() == 0
     assert sorted(r.body for r in sink.snapshot()) == sorted(bodies)
 
@@ -227,7 +205,7 @@ def test_sample_sends_a_fraction_and_fins_the_rest(module_nsqd, topic):
     with HttpSink() as sink, ToolProcess(
             "nsq_to_http", f"--topic={topic}", f"--nsqd-tcp-address={module_nsqd.tcp_address}",
             f"--post={sink.url}/", "--sample=0.5") as tool:
-        chan = wait_drained(module_nsqd, topic)
+        chan = drained(module_nsqd, topic)
         assert tool.stop() == 0
     sent = len(sink.snapshot())
     assert chan["message_count"] == total and chan["requeue_count"] == 0
@@ -242,7 +220,7 @@ def test_round_robin_spreads_messages_over_the_urls(module_nsqd, topic):
             "nsq_to_http", f"--topic={topic}", f"--nsqd-tcp-address={module_nsqd.tcp_address}",
             f"--post={one.url}/", f"--post={two.url}/", "--mode=round-robin", "--status-every=10") as tool:
         wait_for(lambda: len(one.snapshot()) + len(two.snapshot()) >= len(bodies), 20, 0.05, "requests")
-        wait_drained(module_nsqd, topic)
+        drained(module_nsqd, topic)
         # --status-every with two URLs: the aggregate line and one per URL
         tool.wait_for_stderr(rb"\[aggregate\]: finished 10 - 99th: \d+\.\d\dms - 95th: \d+\.\d\dms - avg: "
                              rb"\d+\.\d\dms")
@@ -259,7 +237,7 @@ def test_hostpool_moves_away_from_a_failing_url(module_nsqd, topic):
     with HttpSink() as sink, ToolProcess(
             "nsq_to_http", f"--topic={topic}", f"--nsqd-tcp-address={module_nsqd.tcp_address}",
             f"--post={dead}", f"--post={sink.url}/", "-n", "1", *FAST_RETRY) as tool:
-        chan = wait_drained(module_nsqd, topic)
+        chan = drained(module_nsqd, topic)
         assert tool.stop() == 0
     assert sorted(r.body for r in sink.snapshot()) == sorted(bodies)
     # one request at a time: the refused URL gets the first message, then is skipped for its 30s retry delay

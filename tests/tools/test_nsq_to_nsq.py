@@ -12,8 +12,15 @@ from collections import Counter
 import pytest
 
 from tests.integration.harness import RawClient, consumer, fin
-from tests.integration.http_helpers import stats
 from tests.tools.conftest import ToolProcess, run_tool, usage_flags, wait_for
+from tests.tools.relay_checks import (
+    FAST_RETRY,
+    channel_stats,
+    fatal_text,
+    published_count,
+    topic_stats,
+    wait_drained,
+)
 
 # NSQ 1.3.0's `nsq_to_nsq -h` (NSQ-TOOLS-FACTS): name -> (kind, default)
 NSQ_FLAGS = {
@@ -34,34 +41,14 @@ NSQ_FLAGS = {
     "whitelist-json-field": ("value", None),
 }
 
-FATAL_LINE = re.compile(rb"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (.*)\n\Z")
-FAST_RETRY = ("--consumer-opt=default_requeue_delay,50ms", "--consumer-opt=max_backoff_duration,50ms")
 
 
-def topic_stats(nsqd, topic: str) -> dict | None:
-    for entry in stats(nsqd.http(), f"topic={topic}")["topics"] or []:
-        if entry["topic_name"] == topic:
-            return entry
-    return None
+def channel(nsqd, topic: str, name: str = "nsq_to_nsq") -> dict | None:
+    return channel_stats(nsqd, topic, name)
 
 
-def channel_stats(nsqd, topic: str, channel: str = "nsq_to_nsq") -> dict | None:
-    for chan in (topic_stats(nsqd, topic) or {}).get("channels", []):
-        if chan["channel_name"] == channel:
-            return chan
-    return None
-
-
-def published_count(nsqd, topic: str) -> int:
-    return (topic_stats(nsqd, topic) or {}).get("message_count", 0)
-
-
-def wait_drained(nsqd, topic: str, timeout: float = 30.0) -> dict:
-    def drained():
-        chan = channel_stats(nsqd, topic)
-        return chan if chan and chan["depth"] == 0 and chan["in_flight_count"] == 0 and chan["deferred_count"] == 0 \
-            else None
-    return wait_for(drained, timeout, 0.1, "source channel drained")
+def drained(nsqd, topic: str) -> dict:
+    return wait_drained(nsqd, topic, "nsq_to_nsq")
 
 
 def read_bodies(nsqd, topic: str, count: int, channel: str = "check") -> list[bytes]:
@@ -134,16 +121,12 @@ DEST = "--destination-nsqd-tcp-address=127.0.0.1:4250"
     (("--topic=t", NSQD), "--destination-nsqd-tcp-address required"),
     (("--topic=t", NSQD, DEST, "--mode=random"),
      '--mode must be one of round-robin, hostpool, epsilon-greedy (got "random")'),
-    (("--topic=t", NSQD, DEST, "--producer-opt=bogus,1"), None),
-    (("--topic=t", NSQD, DEST, "--consumer-opt=max_in_flight,lots"), None),
+    (("--topic=t", NSQD, DEST, "--producer-opt=bogus,1"), "invalid option bogus"),
+    (("--topic=t", NSQD, DEST, "--consumer-opt=max_in_flight,lots"),
+     'failed to coerce option max_in_flight (lots) - strconv.ParseInt: parsing "lots": invalid syntax'),
 ])
 def test_start_up_checks_exit_1_with_a_fatal_line(args, text):
-    result = run_tool("nsq_to_nsq", *args)
-    assert result.returncode == 1, result.stderr
-    match = FATAL_LINE.match(result.stderr)
-    assert match, result.stderr
-    if text is not None:
-        assert match.group(1).decode() == text
+    assert fatal_text("nsq_to_nsq", *args) == text
 
 
 # --- end to end ------------------------------------------------------------------------------------------------------
@@ -154,7 +137,7 @@ def test_copies_every_message_to_the_destination_intact(source, destination):
         [f"n{i}".encode() for i in range(500)]
     publish(source, "events", bodies)
     with relay(source, destination, "--topic=events") as tool:
-        wait_drained(source, "events")
+        drained(source, "events")
         wait_for(lambda: published_count(destination, "events") >= len(bodies), 20, 0.1, "copies")
         assert tool.stop() == 0
     assert published_count(destination, "events") == len(bodies)  # none twice
@@ -170,7 +153,7 @@ def test_destination_topic_gathers_several_topics(source, destination):
         assert tool.stop() == 0
     assert sorted(read_bodies(destination, "merged", 3)) == [b"a1", b"a2", b"b1"]
     assert topic_stats(destination, "alpha") is None and topic_stats(destination, "beta") is None
-    assert channel_stats(source, "alpha", "copy")["depth"] == 0
+    assert channel(source, "alpha", "copy")["depth"] == 0
 
 
 def test_whitelist_json_fields(source, destination):
@@ -184,7 +167,7 @@ def test_whitelist_json_fields(source, destination):
     publish(source, "j", bodies)
     with relay(source, destination, "--topic=j", "--whitelist-json-field=id", "--whitelist-json-field=user",
                "--whitelist-json-field=nested", "--whitelist-json-field=tag", "--whitelist-json-field=score") as tool:
-        wait_drained(source, "j")
+        drained(source, "j")
         wait_for(lambda: published_count(destination, "j") >= 3, 20, 0.1, "copies")
         tool.wait_for_stderr(rb"ERROR: Unable to decode json: not json")
         assert tool.stop() == 0
@@ -203,19 +186,19 @@ def test_require_json_field_and_value(source, destination):
     publish(source, "r", passing + fin_dropped + missing)
     with relay(source, destination, "--topic=r", "--require-json-field=kind", "--require-json-value=click",
                "--consumer-opt=max_attempts,3", *FAST_RETRY) as tool:
-        wait_drained(source, "r")
+        drained(source, "r")
         tool.wait_for_stderr(rb"ERROR: missing field to check required value")
         assert tool.stop() == 0
     assert sorted(read_bodies(destination, "r", 2)) == sorted(passing)  # published untouched
     assert published_count(destination, "r") == 2
     # the message without the field was requeued until the consumer gave up on it after max_attempts
-    assert channel_stats(source, "r")["requeue_count"] >= 2
+    assert channel(source, "r")["requeue_count"] >= 2
 
 
 def test_require_json_field_without_value(source, destination):
     publish(source, "rf", [b'{"kind": 1}', b'{"other": 1}', b'{"kind": null}'])
     with relay(source, destination, "--topic=rf", "--require-json-field=kind") as tool:
-        chan = wait_drained(source, "rf")
+        chan = drained(source, "rf")
         assert tool.stop() == 0
     assert chan["requeue_count"] == 0
     assert sorted(read_bodies(destination, "rf", 2)) == [b'{"kind": 1}', b'{"kind": null}']
@@ -230,7 +213,7 @@ def test_round_robin_over_two_destinations(source, destination, nsqd_factory):
                      f"--destination-nsqd-tcp-address={destination.tcp_address}",
                      f"--destination-nsqd-tcp-address={second.tcp_address}", "--mode=round-robin",
                      "--status-every=20") as tool:
-        wait_drained(source, "rr")
+        drained(source, "rr")
         tool.wait_for_stderr(rb"\[aggregate\]: finished 20 - 99th: \d+\.\d\dms - 95th: \d+\.\d\dms - avg: "
                              rb"\d+\.\d\dms")
         tool.wait_for_stderr(re.escape(f"[{second.tcp_address}]: finished 20 ".encode()))
@@ -246,9 +229,9 @@ def test_unreachable_destination_requeues_and_loses_nothing(source, nsqd_factory
     destination.stop()
     with ToolProcess("nsq_to_nsq", f"--nsqd-tcp-address={source.tcp_address}", "--topic=down",
                      f"--destination-nsqd-tcp-address={destination.tcp_address}", *FAST_RETRY) as tool:
-        wait_for(lambda: (channel_stats(source, "down") or {}).get("requeue_count", 0) >= 5, 20, 0.1, "requeues")
+        wait_for(lambda: (channel(source, "down") or {}).get("requeue_count", 0) >= 5, 20, 0.1, "requeues")
         assert tool.stop() == 0
-    chan = channel_stats(source, "down")
+    chan = channel(source, "down")
     assert chan["depth"] + chan["deferred_count"] == len(bodies) and chan["in_flight_count"] == 0
 
 
@@ -260,7 +243,7 @@ def test_sigterm_mid_stream_loses_nothing(source, destination):
         wait_for(lambda: published_count(destination, "stream") >= 500, 30, 0.02, "the copy under way")
         assert tool.stop(signal.SIGTERM) == 0
     copied = published_count(destination, "stream")
-    chan = channel_stats(source, "stream")
+    chan = channel(source, "stream")
     assert chan["in_flight_count"] == 0
     left = chan["depth"] + chan["deferred_count"]
     assert copied < total, "the stop came too late to test anything"

@@ -40,6 +40,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from runtime.flags import format_duration
+
 __all__ = [
     "DEFAULT_DATETIME_FORMAT",
     "DEFAULT_FILENAME_FORMAT",
@@ -99,42 +101,31 @@ def _numeric_zone(offset: int) -> str:
     return f"{sign}{minutes // 60:02d}{minutes % 60:02d}"
 
 
-def _convert(code: str, t: time.struct_time) -> str | None:
-    if code == "Y":
-        return f"{t.tm_year:04d}"
-    if code == "y":
-        return f"{t.tm_year % 100:02d}"
-    if code == "m":
-        return f"{t.tm_mon:02d}"
-    if code == "B":
-        return _MONTHS[t.tm_mon - 1]
-    if code == "b":
-        return _MONTHS[t.tm_mon - 1][:3]
-    if code == "d":
-        return f"{t.tm_mday:02d}"
-    if code == "A":
-        return _DAYS[t.tm_wday]
-    if code == "a":
-        return _DAYS[t.tm_wday][:3]
-    if code == "H":
-        return f"{t.tm_hour:02d}"
-    if code == "I":
-        return f"{(t.tm_hour % 12) or 12:02d}"
-    if code == "M":
-        return f"{t.tm_min:02d}"
-    if code == "S":
-        return f"{t.tm_sec:02d}"
-    if code == "p":
-        return "PM" if t.tm_hour >= 12 else "AM"
-    if code == "z":
-        return _numeric_zone(t.tm_gmtoff or 0)
-    if code == "Z":
-        # Go prints the zone's abbreviation, or the numeric offset for a zone without one
-        zone = t.tm_zone or ""
-        return zone if zone.isalpha() else _numeric_zone(t.tm_gmtoff or 0)
-    if code == "%":
-        return "%"
-    return None
+def _zone_name(t: time.struct_time) -> str:
+    # Go prints the zone's abbreviation, or the numeric offset for a zone without one
+    zone = t.tm_zone or ""
+    return zone if zone.isalpha() else _numeric_zone(t.tm_gmtoff or 0)
+
+
+# NSQ's strftime codes (its table of Go layout pieces), each as a function of the time
+_CODES: dict[str, Callable[[time.struct_time], str]] = {
+    "Y": lambda t: f"{t.tm_year:04d}",
+    "y": lambda t: f"{t.tm_year % 100:02d}",
+    "m": lambda t: f"{t.tm_mon:02d}",
+    "B": lambda t: _MONTHS[t.tm_mon - 1],
+    "b": lambda t: _MONTHS[t.tm_mon - 1][:3],
+    "d": lambda t: f"{t.tm_mday:02d}",
+    "A": lambda t: _DAYS[t.tm_wday],
+    "a": lambda t: _DAYS[t.tm_wday][:3],
+    "H": lambda t: f"{t.tm_hour:02d}",
+    "I": lambda t: f"{(t.tm_hour % 12) or 12:02d}",
+    "M": lambda t: f"{t.tm_min:02d}",
+    "S": lambda t: f"{t.tm_sec:02d}",
+    "p": lambda t: "PM" if t.tm_hour >= 12 else "AM",
+    "z": lambda t: _numeric_zone(t.tm_gmtoff or 0),
+    "Z": _zone_name,
+    "%": lambda t: "%",
+}
 
 
 def strftime(format: str, t: time.struct_time) -> str:
@@ -148,12 +139,10 @@ def strftime(format: str, t: time.struct_time) -> str:
     i, n = 0, len(format)
     while i < n:
         ch = format[i]
-        if ch == "%" and i + 1 < n:
-            piece = _convert(format[i + 1], t)
-            if piece is not None:
-                out.append(piece)
-                i += 2
-                continue
+        if ch == "%" and i + 1 < n and format[i + 1] in _CODES:
+            out.append(_CODES[format[i + 1]](t))
+            i += 2
+            continue
         out.append(ch)
         i += 1
     return "".join(out)
@@ -253,7 +242,7 @@ class FileLogger:
         if self.opts.rotate_interval > 0:
             elapsed = self._monotonic() - self.open_time
             if elapsed > self.opts.rotate_interval:
-                self._log(INFO, f"{elapsed:.3f}s since last open, rotating...")
+                self._log(INFO, f"{format_duration(elapsed)} since last open, rotating...")
                 return True
         if self.opts.rotate_size > 0 and self.filesize > self.opts.rotate_size:
             self._log(INFO, f"{self.path} currently {self.filesize} bytes (> {self.opts.rotate_size}), rotating...")

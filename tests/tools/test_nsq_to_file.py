@@ -232,6 +232,7 @@ def test_work_dir_move_and_revision_clashes(tmp_path):
 from tests.tools.conftest import ToolProcess, channel_depth, run_tool, usage_flags, wait_for  # noqa: E402
 
 SHORT_HOST = socket.gethostname().split(".")[0]
+HOUR_STAMP = r"\d{4}-\d\d-\d\d_\d\d"  # the default --datetime-format (its exact text: the unit tests above)
 
 FACTS = {
     "channel": ("string", '"nsq_to_file"'),
@@ -341,8 +342,9 @@ def test_default_name_and_content(nsqd, topic, tmp_path):
         wait_for(lambda: channel_depth(nsqd, topic, "nsq_to_file") == 0 and len(all_lines(tmp_path)) == 3,
                  timeout=20)
         stop_ok(tool)
-    name = f"{topic}.{SHORT_HOST}.{time.strftime('%Y-%m-%d_%H')}.log"
-    assert read_lines(tmp_path) == {name: [b"first", b"second message", b"third"]}
+    [(name, lines)] = read_lines(tmp_path).items()
+    assert lines == [b"first", b"second message", b"third"]
+    assert re.fullmatch(rf"{topic}\.{SHORT_HOST}\.{HOUR_STAMP}\.log", name), name
     assert re.search(rb"\[nsq_to_file\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: \[" + topic.encode()
                      + rb"/nsq_to_file\] opening ", tool.stderr)
 
@@ -358,14 +360,15 @@ def test_gzip_output_reads_with_gzip_command(nsqd, topic, tmp_path):
         tool.wait_for_stderr(rb"syncing \d+ records", timeout=10)
         stop_ok(tool)
     files = sorted(tmp_path.iterdir())
-    assert [f.name for f in files] == [f"{topic}.{SHORT_HOST}-000000.{time.strftime('%Y-%m-%d_%H')}.log.gz"]
+    assert len(files) == 1
+    assert re.fullmatch(rf"{topic}\.{SHORT_HOST}-000000\.{HOUR_STAMP}\.log\.gz", files[0].name), files[0].name
     assert gzip.decompress(files[0].read_bytes()).splitlines() == messages
     unpacked = subprocess.run(["gzip", "-dc", str(files[0])], capture_output=True, timeout=30)
     assert unpacked.returncode == 0 and unpacked.stdout.splitlines() == messages
 
 
 def test_rotate_size_keeps_every_message_once_in_order(nsqd, topic, tmp_path):
-    messages = [f"message number {i:04d}".encode() for i in range(300)]  # 25 bytes a line
+    messages = [f"message number {i:04d}".encode() for i in range(300)]  # 20 bytes a line
     publish_many(nsqd, topic, messages)
     with ToolProcess("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
                      f"--output-dir={tmp_path}", "--rotate-size=1000", "--sync-interval=100ms",
@@ -374,9 +377,9 @@ def test_rotate_size_keeps_every_message_once_in_order(nsqd, topic, tmp_path):
                  timeout=60)
         stop_ok(tool)
     files = read_lines(tmp_path)
-    assert len(files) == 8  # 41 lines (1025 bytes) a file
+    assert len(files) == 6  # 51 lines (1020 bytes) a file: the line that passes 1000 bytes stays in the file
     assert all(re.fullmatch(rf"{topic}\.{SHORT_HOST}-00000\d\..*\.log", name) for name in files)
-    assert all(len(lines) == 41 for lines in list(files.values())[:-1])
+    assert [len(lines) for lines in files.values()] == [51] * 5 + [45]
     assert all_lines(tmp_path) == messages
 
 
@@ -393,6 +396,24 @@ def test_rotate_interval_and_work_dir(nsqd, topic, tmp_path):
     names = sorted(os.listdir(out))
     assert len(names) == 2 and all(re.fullmatch(rf"{topic}\.{SHORT_HOST}-00000[01]\..*\.log", n) for n in names)
     assert os.listdir(work) == []
+
+
+def test_sighup_closes_the_file_and_the_next_message_opens_another(nsqd, topic, tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    with ToolProcess("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
+                     f"--output-dir={out}", f"--work-dir={work}", "--sync-interval=100ms") as tool:
+        publish(nsqd, topic, b"before")
+        wait_for(lambda: work.exists() and all_lines(work) == [b"before"], timeout=20)
+        assert not out.exists() or not os.listdir(out)
+        tool.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: out.exists() and all_lines(out) == [b"before"] and not os.listdir(work), timeout=20)
+        publish(nsqd, topic, b"after")
+        wait_for(lambda: all_lines(work) == [b"after"], timeout=20)
+        stop_ok(tool)
+    files = read_lines(out)
+    assert list(files.values()) == [[b"before"], [b"after"]]
+    assert [re.fullmatch(rf"{topic}\.{SHORT_HOST}-00000([01])\.{HOUR_STAMP}\.log", name).group(1)
+            for name in files] == ["0", "1"]
 
 
 def test_topic_pattern_picks_up_new_topics(lookupd, lookupd_nsqd, tmp_path):

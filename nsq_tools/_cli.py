@@ -25,8 +25,8 @@ from typing import Any, Awaitable, Callable, NoReturn
 from protocol.version import version_string
 from runtime.flags import FlagError, FlagSet
 
-__all__ = ["ToolFlags", "consumer_config", "fatal", "log_line", "producer_config", "run", "setup_logging",
-           "write_stdout"]
+__all__ = ["ToolFlags", "consumer_config", "fatal", "fatal_if", "log_line", "producer_config", "run",
+           "setup_logging", "write_stdout"]
 
 
 def log_line(text: str) -> str:
@@ -194,6 +194,18 @@ def run(main: Callable[..., Awaitable[int | None]], *args: Any, on_hup: Callable
             raise
         raise _first_leaf(exits) from None
     return 0 if code is None else code
+
+
+def fatal_if(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> None:
+    """End the tool with ``exc``'s text as a fatal line when it is one of ``kinds`` (or a group from trio's
+    nurseries holding only such errors, the first one named); otherwise return, for the caller to re-raise."""
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(kinds)
+        if matched is None or rest is not None:
+            return
+        exc = _first_leaf(matched)
+    if isinstance(exc, kinds):
+        fatal(str(exc))
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -34,7 +34,7 @@ import time
 from typing import Any
 from urllib.parse import quote_plus
 
-from nsq_tools._cli import ToolFlags, consumer_config, fatal, run, setup_logging
+from nsq_tools._cli import ToolFlags, consumer_config, fatal, fatal_if, run, setup_logging
 from nsq_tools._relay import Destinations, check_mode, destination_metrics
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
@@ -193,10 +193,10 @@ async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> 
     import trionsq  # noqa: PLC0415
 
     config = consumer_config(values, user_agent=f"nsq_to_http/{NSQ_VERSION} trionsq/{trionsq.__version__}")
-    consumer = trionsq.Consumer(values["topic"], values["channel"], make_handler(values, headers),
-                                config=config, nsqd_tcp_addresses=values["nsqd_tcp_address"],
-                                lookupd_http_addresses=values["lookupd_http_address"], concurrency=values["n"])
     try:
+        consumer = trionsq.Consumer(values["topic"], values["channel"], make_handler(values, headers),
+                                    config=config, nsqd_tcp_addresses=values["nsqd_tcp_address"],
+                                    lookupd_http_addresses=values["lookupd_http_address"], concurrency=values["n"])
         async with consumer:
             async with trio.open_nursery() as nursery:
                 async def stop_on_signal() -> None:
@@ -206,8 +206,10 @@ async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> 
                 nursery.start_soon(stop_on_signal)
                 await consumer.wait_closed()
                 nursery.cancel_scope.cancel()
-    except (OSError, trionsq.NSQError, trionsq.ConnectError) as exc:
-        fatal(str(exc))
+    except Exception as exc:
+        # a bad address, a lookupd or nsqd refusing us: a fatal line, not a traceback
+        fatal_if(exc, (ValueError, OSError, trionsq.NSQError, trionsq.ConnectError))
+        raise
     return 0
 
 

@@ -37,7 +37,7 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any
 
-from nsq_tools._cli import ToolFlags, consumer_config, fatal, producer_config, run, setup_logging
+from nsq_tools._cli import ToolFlags, consumer_config, fatal, fatal_if, producer_config, run, setup_logging
 from nsq_tools._gojson import decode_object, encode, int_if_whole
 from nsq_tools._relay import Destinations, check_mode, destination_metrics
 from protocol.names import is_valid_channel_name, is_valid_topic_name
@@ -220,8 +220,10 @@ async def _run(stop, values: dict[str, Any]) -> int:
                 nursery.start_soon(all_closed)
                 await stop.wait()
                 nursery.cancel_scope.cancel()
-    except (OSError, trionsq.NSQError, trionsq.ConnectError, trionsq.NoAvailableNsqd) as exc:
-        fatal(str(exc))
+    except Exception as exc:
+        # a bad address, a lookupd or nsqd refusing us: a fatal line, not a traceback
+        fatal_if(exc, (ValueError, OSError, trionsq.NSQError, trionsq.ConnectError, trionsq.NoAvailableNsqd))
+        raise
     return 0
 
 

@@ -59,33 +59,25 @@ from ._core import (
     Features,
     Reply,
     Send,
+    split_address,
 )
 from ._errors import ConnectError, ConnectionClosed, NSQError
 from ._message import Message
 from ._nursery import leave_nursery
 
-__all__ = ["Connection", "open_connection", "split_address"]
+__all__ = ["Connection", "open_connection"]
 
 logger = logging.getLogger("trionsq.connection")
 
 _RECEIVE_SIZE = 256 * 1024
 _CLOSE_WAIT_TIMEOUT = 5.0
+_WRITE_FAILURE_GRACE = 0.5
 _reschedule = trio.lowlevel.reschedule
 _Value = outcome.Value
 _Error = outcome.Error
 
 # Names already checked: a producer repeats the same few topics endlessly.
 _valid_topics: set[str] = set()
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[::1]:4150"`` for IPv6) to (host, port); ``ValueError`` otherwise."""
-    host, colon, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"invalid nsqd address {address!r} (want host:port)")
-    return host, int(port)
 
 
 def _check_topic(command: str, topic: str) -> None:
@@ -158,6 +150,7 @@ class Connection:
         self._tasks_scope: trio.CancelScope | None = None
         self._started = False
         self._finished = trio.Event()
+        self._reader_done = trio.Event()
         self._nursery_manager: Any = None
 
     def __repr__(self) -> str:
@@ -324,7 +317,8 @@ class Connection:
         features = self.features
         assert features is not None
         if config.tls_v1 and not features.tls_v1:
-            logger.warning("%s: TLS requested but not offered by nsqd; continuing without it", self.address)
+            # go-nsq would carry on in the clear; a client configured for TLS refuses to
+            raise ConnectError(f"nsqd {self.address} does not offer TLS (start it with --tls-cert and --tls-key)")
         logger.info(
             "%s: connected (nsqd %s%s%s%s%s)",
             self.address,
@@ -407,6 +401,8 @@ class Connection:
             self._mark_closed(str(exc))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._mark_closed(f"read failed: {_cause(exc)}")
+        finally:
+            self._reader_done.set()
 
     def _error_frame(self, event: ErrorReply) -> None:
         waiter = event.token
@@ -444,7 +440,13 @@ class Connection:
                     self._mark_closed(f"write to nsqd took over {write_timeout:g}s (write_timeout)")
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self._mark_closed(f"write failed: {_cause(exc)}")
+            reason = f"write failed: {_cause(exc)}"
+        # nsqd may have answered and closed while we were still writing (it refuses an oversized
+        # body on its size field): the reader gets a moment to deliver that answer to its caller
+        # before every request still waiting fails
+        with trio.move_on_after(_WRITE_FAILURE_GRACE):
+            await self._reader_done.wait()
+        self._mark_closed(reason)
 
     def _abort_writer_wait(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
         self._writer_parked = False

@@ -97,6 +97,7 @@ __all__ = [
     "Reply",
     "Send",
     "identify_body",
+    "split_address",
 ]
 
 
@@ -227,6 +228,16 @@ class ErrorReply:
         return f"ErrorReply({self.token!r}, {self.error!r})"
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:4150"`` for IPv6) to (host, port); ``ValueError`` otherwise."""
+    host, colon, port = address.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid nsqd address {address!r} (want host:port)")
+    return host, int(port)
+
+
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
@@ -330,16 +341,26 @@ class ClientCore:
 
     def receive_data(self, data: bytes) -> None:
         """Bytes read from the transport (TLS already removed)."""
+        self._frames.receive_data(data if self._decoder is None else self.decompress(data))
+
+    def decompress(self, data: bytes) -> bytes:
+        """Transport bytes to stream bytes (identity until compression is on), for a driver that
+        parses the stream itself once connected (see ``take_unparsed``)."""
         decoder = self._decoder
         if decoder is None:
-            self._frames.receive_data(data)
-            return
+            return data
         try:
-            self._frames.receive_data(decoder.decode(data))
+            out = decoder.decode(data)
             while decoder.has_more:
-                self._frames.receive_data(decoder.decode(b""))
+                out += decoder.decode(b"")
         except CompressionError as exc:
             raise ConnectionClosed(f"corrupt compressed stream from nsqd {self.address}: {exc}") from None
+        return out
+
+    def take_unparsed(self) -> bytes:
+        """Remove and return the stream bytes (decompressed) received past the last event: where a
+        driver that parses frames itself takes over (feeding ``decompress(data)`` from then on)."""
+        return self._frames.take_unparsed()
 
     def next_event(self) -> Any:
         """The next event (see the module docstring), or ``NEED_DATA``."""

@@ -30,7 +30,8 @@ import trio
 from protocol.errors import E_DPUB_FAILED, E_MPUB_FAILED, E_PUB_FAILED
 
 from ._config import Config
-from ._connection import Connection, split_address
+from ._connection import Connection
+from ._core import split_address
 from ._errors import ConnectionClosed, NoAvailableNsqd, NSQError
 from ._nursery import leave_nursery
 

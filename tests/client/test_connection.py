@@ -312,3 +312,9 @@ async def test_auth_refused(auth_nsqd, topic):
             await conn.publish(topic, b"x")
         assert info.value.code == "E_UNAUTHORIZED"
 
+
+
+async def test_tls_asked_of_an_nsqd_without_tls(module_nsqd):
+    with pytest.raises(trionsq.ConnectError, match="does not offer TLS"):
+        async with trionsq.Connection(module_nsqd.tcp_address, trionsq.Config(tls_v1=True)):
+            pass

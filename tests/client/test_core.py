@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import ssl
+import subprocess
+import sys
 
 import pytest
 
@@ -25,6 +27,7 @@ from protocol.identify import IdentifyLimits, negotiate
 from protocol.message import Message as WireMessage
 from protocol.message import encode_message_frame
 from tests.protocol.feeding import MODES, pieces
+import trionsq
 from trionsq import Config, ConnectError, ConnectionClosed, Message, NSQError
 from trionsq._core import (
     HEARTBEAT,
@@ -37,6 +40,7 @@ from trionsq._core import (
     Reply,
     Send,
     identify_body,
+    split_address,
 )
 
 ADDRESS = "127.0.0.1:4150"
@@ -468,3 +472,48 @@ def test_config_ssl_context_bad_files(tmp_path):
         Config(tls_v1=True, tls_cert=str(bad), tls_key=str(bad)).ssl_context()
     with pytest.raises(ValueError, match="tls_min_version"):
         Config(tls_v1=True, tls_min_version="tls9").ssl_context()
+
+
+def test_take_unparsed_and_decompress_hand_over_the_stream():
+    core = new_core(snappy=True)
+    server_out = SnappyEncoder()
+    stream = identify_response(snappy=True) + server_out.encode(OK_FRAME + HEARTBEAT_FRAME[:5])
+    events = feed(core, stream, "whole")
+    assert type(events[0]) is Connected
+    assert core.take_unparsed() == HEARTBEAT_FRAME[:5]  # decompressed, frames not yet complete
+    assert core.decompress(server_out.encode(HEARTBEAT_FRAME[5:])) == HEARTBEAT_FRAME[5:]
+
+
+# -- addresses and the package ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [("127.0.0.1:4150", ("127.0.0.1", 4150)), ("[::1]:4150", ("::1", 4150)), ("nsqd.example:1", ("nsqd.example", 1))],
+)
+def test_split_address(address, expected):
+    assert split_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["localhost", ":4150", "h:0", "h:65536", "h:x", "h:"])
+def test_split_address_refuses(address):
+    with pytest.raises(ValueError, match="invalid nsqd address"):
+        split_address(address)
+
+
+def test_public_api():
+    public = {name for name in dir(trionsq) if not name.startswith("_")}
+    assert public == {
+        "AuthResult", "Config", "ConnectError", "Connection", "ConnectionClosed", "Consumer", "ConsumerStats",
+        "Features", "LookupdError", "Message", "NSQError", "NoAvailableNsqd", "Producer", "ProducerStats",
+        "lookup", "open_connection",
+    }
+    for name in public:
+        assert getattr(trionsq, name).__module__.startswith("trionsq.") or name == "lookup"
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        trionsq.Nope  # noqa: B018
+
+
+def test_importing_the_package_does_not_import_trio():
+    code = "import sys, trionsq, trionsq._core; assert 'trio' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -109,6 +109,11 @@ def test_start_up_checks_exit_1_with_a_fatal_line(args, text):
     assert fatal_text("nsq_to_http", *args) == text
 
 
+@pytest.mark.parametrize("address", ["--nsqd-tcp-address=nohostport", "--lookupd-http-address=::bad"])
+def test_a_bad_address_is_a_fatal_line(address):
+    assert ("nohostport" if "nsqd" in address else "::bad") in fatal_text("nsq_to_http", "--topic=t", address, POST)
+
+
 def test_content_type_equal_to_the_default_is_allowed_with_get():
     # NSQ compares the value with the default, not whether the flag was given; the run then fails on --topic
     assert fatal_text("nsq_to_http", NSQD, "--get=http://h/?m=%s", "--content-type=application/octet-stream") == \

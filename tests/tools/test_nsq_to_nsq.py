@@ -129,6 +129,12 @@ def test_start_up_checks_exit_1_with_a_fatal_line(args, text):
     assert fatal_text("nsq_to_nsq", *args) == text
 
 
+@pytest.mark.parametrize("args", [("--nsqd-tcp-address=nohostport", DEST), (NSQD, "--destination-nsqd-tcp-address=x")])
+def test_a_bad_address_is_a_fatal_line(args):
+    line = fatal_text("nsq_to_nsq", "--topic=t", *args)
+    assert "nohostport" in line if "nohostport" in args[0] else "'x'" in line
+
+
 # --- end to end ------------------------------------------------------------------------------------------------------
 
 

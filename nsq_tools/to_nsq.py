@@ -14,9 +14,8 @@ Upstream trims one byte from it as if it ended with the delimiter (so ``printf '
 Speed: upstream waits for each PUB's answer before reading on. Here the PUBs are pipelined: each address has
 up to ``WINDOW`` publishes waiting for their answers, the reader stops when a window is full (so memory stays
 bounded and a slow nsqd slows the reader rather than queueing without end). The order of the messages on each
-connection is the order of stdin: each publish starts through ``nursery.start``, which returns only once the
-new task has called ``publish`` (the client queues the command in call order), so task scheduling cannot
-reorder them. stdin is read in large blocks by a worker thread (abandoned when a signal stops the tool).
+connection is the order of stdin (see ``_Pipeline``). stdin is read in large blocks by a worker thread
+(abandoned when a signal stops the tool).
 """
 
 from __future__ import annotations
@@ -93,46 +92,59 @@ class _Throttle:
 
 
 class _Pipeline:
-    """One nsqd's producer with at most ``WINDOW`` publishes awaiting their answers, started in stdin's order."""
+    """One nsqd's producer with at most ``WINDOW`` publishes awaiting their answers, made in stdin's order.
+
+    Each publish is a task (it waits for its own answer), numbered as it is started. The client queues a
+    command when ``publish`` is called, so the tasks must call it in number order; trio runs the tasks made ready
+    together in an order of its choosing, so a task whose turn has not come parks, and every publish wakes the
+    parked ones to look again. Tasks are started without a checkpoint between them while the window has room,
+    so many commands are queued before the connection's writer runs: one write carries many PUBs.
+    """
 
     def __init__(self, producer, topic: str) -> None:
         import trio  # noqa: PLC0415
 
+        self._trio = trio
         self.producer = producer
         self.topic = topic
         self.window = trio.Semaphore(WINDOW)
+        self.started = 0  # numbers given to publish tasks
+        self.turn = 0  # the number whose publish is to be called next
+        self.waiting = trio.lowlevel.ParkingLot()
         self.connected = False
 
     async def send(self, nursery, body: bytes) -> None:
         if not self.connected:
             # the producer dials on its first publish, and publishes made while it dials would resume in any
             # order: the first one goes alone
-            await self._publish(body, trio_task_status_ignored())
+            self.started += 1
+            self.window.acquire_nowait()
+            await self._publish(0, body)
             self.connected = True
             return
-        await self.window.acquire()
-        await nursery.start(self._publish, body)
+        try:
+            self.window.acquire_nowait()  # no checkpoint: the next tasks start in the same scheduling round
+        except self._trio.WouldBlock:
+            await self.window.acquire()
+        nursery.start_soon(self._publish, self.started, body)
+        self.started += 1
 
-    async def _publish(self, body: bytes, task_status) -> None:
+    async def _publish(self, number: int, body: bytes) -> None:
         from trionsq import ConnectError, ConnectionClosed, NoAvailableNsqd, NSQError  # noqa: PLC0415
 
-        task_status.started()
+        while self.turn != number:
+            await self.waiting.park()
+        self.turn += 1
+        self.waiting.unpark_all()
         try:
-            await self.producer.publish(self.topic, body)
+            await self.producer.publish(self.topic, body)  # queued before this task's first checkpoint
         except NoAvailableNsqd as exc:
             # one address per producer: its one error says it all
             fatal(str(next(iter(exc.errors.values()), exc)))
         except (NSQError, ConnectError, ConnectionClosed, OSError) as exc:
             fatal(str(exc))
         finally:
-            if self.connected:
-                self.window.release()
-
-
-def trio_task_status_ignored():
-    import trio  # noqa: PLC0415
-
-    return trio.TASK_STATUS_IGNORED
+            self.window.release()
 
 
 async def _read_or_stop(stdin: int, stop) -> bytes | None:

@@ -21,9 +21,12 @@ its reply is dropped.
 
 Lifetime: ``await nursery.start(conn.run)`` (or ``await open_connection(..., nursery=...)``, or
 ``async with Connection(...)``) returns once the handshake succeeded, and raises ``ConnectError`` or
-``NSQError`` if it failed. The connection then lives until ``close()`` (CLS, then CLOSE_WAIT within a
-bound), an I/O error, EOF, a read timeout, a fatal error frame (nsqd closes the connection after
-one; the request it answers gets the ``NSQError``), or the cancellation of the nursery. However it ends,
+``NSQError`` if it failed (``tls_v1`` set and nsqd offering no TLS is a ``ConnectError``: go-nsq
+would carry on in the clear). The connection then lives until ``close()`` (CLS and CLOSE_WAIT within
+a bound when subscribed), an I/O error, EOF, a read timeout, a fatal error frame (nsqd closes the
+connection after one; the request it answers gets the ``NSQError``), or the cancellation of the
+nursery. A failed write waits up to half a second for the reader, which may still hold nsqd's
+answer to the command being written (an oversized body is refused on its size). However it ends,
 every waiting request fails with ``ConnectionClosed``, ``closed`` becomes true, the socket is closed
 and ``on_close(conn)`` is called once; ``run`` itself returns normally, so a lost connection never
 tears down the caller's nursery.

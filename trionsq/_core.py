@@ -177,55 +177,35 @@ class AuthResult:
     permission_count: int = 0
 
 
+@dataclass(slots=True)
 class Send:
     """Handshake event: write ``data`` (wire bytes) to the peer."""
 
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __repr__(self) -> str:
-        return f"Send({self.data!r})"
+    data: bytes
 
 
+@dataclass(slots=True)
 class Connected:
     """Handshake event: the connection is ready for commands."""
 
-    __slots__ = ("features", "auth")
-
-    def __init__(self, features: Features, auth: AuthResult | None) -> None:
-        self.features = features
-        self.auth = auth
-
-    def __repr__(self) -> str:
-        return f"Connected({self.features!r}, {self.auth!r})"
+    features: Features
+    auth: AuthResult | None
 
 
+@dataclass(slots=True)
 class Reply:
     """A response frame answering the oldest waiting command (``token`` from ``expect_reply``)."""
 
-    __slots__ = ("token", "data")
-
-    def __init__(self, token: Any, data: bytes) -> None:
-        self.token = token
-        self.data = data
-
-    def __repr__(self) -> str:
-        return f"Reply({self.token!r}, {self.data!r})"
+    token: Any
+    data: bytes
 
 
+@dataclass(slots=True)
 class ErrorReply:
     """An error frame: for the oldest waiting command, or (``token`` None) for a FIN, REQ or TOUCH."""
 
-    __slots__ = ("token", "error")
-
-    def __init__(self, token: Any, error: NSQError) -> None:
-        self.token = token
-        self.error = error
-
-    def __repr__(self) -> str:
-        return f"ErrorReply({self.token!r}, {self.error!r})"
+    token: Any
+    error: NSQError
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -4,8 +4,9 @@ writing every message to the write-ahead log before Spark can see it.
 Threads, not trio: this runs inside Spark's Python source runner, a plain process that calls the
 stream reader's methods one at a time; a few daemon threads (one per nsqd, one polling lookupd)
 are the least surprising guests there, and they die with the runner if Spark kills it.
-The wire work is ``protocol/``: encoders for commands, ``FrameDecoder`` for the handshake's
-frames, ``protocol.compression`` codecs for snappy/deflate; TLS is the standard library's.
+The wire work is the client package's blocking driver (``trionsq.blocking``, no trio): it dials,
+runs the handshake (IDENTIFY, TLS, snappy/deflate, AUTH) and SUB, then hands the raw stream to the
+loop below; the source's options become a ``trionsq.Config`` (``client_config``).
 
 One connection's loop (``NsqdConsumer._serve``): receive what the socket holds (up to 8 MiB),
 parse every frame of it in one pass over the buffer (one ``struct`` call per message gives its
@@ -32,35 +33,33 @@ the query at the next driver call.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
-import ssl
 import struct
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
-from protocol.commands import (
-    MAGIC_V2,
-    NOP,
-    encode_auth,
-    encode_identify,
-    encode_rdy,
-    encode_sub,
+from protocol.commands import NOP, encode_rdy
+from protocol.errors import E_BAD_PROTOCOL, ProtocolError
+from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
+from trionsq.blocking import (
+    BlockingConnection,
+    Config,
+    ConnectionClosed,
+    HandshakeError,
+    LookupdError,
+    NSQError,
+    connect,
+    lookup,
 )
-from protocol.errors import E_BAD_PROTOCOL, NON_FATAL_CODES, ProtocolError
-from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
 
 from .options import ACK_DURABLE, SourceOptions
 from .placement import check_placement
 from .wal import MessageLog, WalDirectory
 
-__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "lookup_nodes", "lookup_producers",
+__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "client_config",
            "open_connection"]
 
 log = logging.getLogger("spark_connector.consumer")
@@ -90,209 +89,46 @@ class NsqConnectionError(NsqSourceError):
     """An nsqd or lookupd could not be reached or refused the consumer."""
 
 
-class _ServerError(Exception):
-    def __init__(self, data: bytes) -> None:
-        text = data.decode("utf-8", "replace")
-        super().__init__(text)
-        self.code = text.split(" ", 1)[0]
-        self.fatal = self.code not in NON_FATAL_CODES
-
-
 # Errors that no retry can fix: the query is misconfigured for this nsqd.
 _CONFIG_ERRORS = {"E_BAD_TOPIC", "E_BAD_CHANNEL", "E_AUTH_FAILED", "E_UNAUTHORIZED", "E_AUTH_FIRST",
                   "E_IDENTIFY_FAILED", "E_BAD_BODY", "E_INVALID"}
 
 
-class _Wire:
-    """A connected socket with its optional TLS and compression layers and a frame decoder."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.decoder = FrameDecoder()  # its unread bytes go to the serving loop (take_unparsed)
-        self.inflate = None
-        self.deflate = None
-        self._send_lock = threading.Lock()
-        # one receive buffer for the connection's life: ``recv(1 MiB)`` would allocate (and map) a fresh
-        # 1 MiB object per call, 14 us more per read here; reads fill this and leave in one copy
-        self._receive_view = memoryview(bytearray(_COALESCE_BYTES + _RECV_SIZE))
-
-    def send(self, data: bytes) -> None:
-        with self._send_lock:
-            if self.deflate is not None:
-                data = self.deflate.encode(data)
-            self.sock.sendall(data)
-
-    def receive(self) -> bool:
-        """Read into the frame decoder; False on EOF. Raises socket.timeout when idle."""
-        raw = self.read_available()
-        if not raw:
-            return False
-        self.decoder.receive_data(raw)
-        return True
-
-    def read_available(self) -> bytes:
-        """What the socket holds, decompressed; b"" on EOF. Raises socket.timeout when idle.
-
-        Once data arrives, keep reading whatever else the socket already holds (up to
-        ``_COALESCE_BYTES``) without waiting, so that one log record and one fsync cover it all.
-        """
-        view = self._receive_view
-        size = self.sock.recv_into(view[:_RECV_SIZE])
-        if not size:
-            return b""
-        if not isinstance(self.sock, ssl.SSLSocket):
-            timeout = self.sock.gettimeout()
-            self.sock.settimeout(0.0)
-            try:
-                while size < _COALESCE_BYTES:
-                    try:
-                        read = self.sock.recv_into(view[size : size + _RECV_SIZE])
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    if not read:
-                        break  # EOF: reported by the next call
-                    size += read
-            finally:
-                self.sock.settimeout(timeout)
-        raw = bytes(view[:size])
-        if self.inflate is not None:
-            raw = self.inflate.decode(raw)
-            while getattr(self.inflate, "has_more", False):
-                raw += self.inflate.decode(b"")
-        return raw
-
-    def take_buffered(self) -> bytes:
-        """The bytes the frame decoder holds (frames that came with the handshake's last
-        answer), for a loop that parses the stream itself from now on."""
-        return self.decoder.take_unparsed()
-
-    def read_frame(self, deadline: float):
-        while True:
-            frame = self.decoder.next_frame()
-            if frame is not None:
-                if frame.frame_type == 0 and frame.data == _HEARTBEAT:
-                    self.send(NOP)
-                    continue
-                return frame
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("nsqd did not answer in time")
-            self.sock.settimeout(remaining)
-            if not self.receive():
-                raise ConnectionError("nsqd closed the connection")
-
-    def expect_response(self, deadline: float) -> bytes:
-        frame = self.read_frame(deadline)
-        if frame.frame_type == FRAME_TYPE_ERROR:
-            raise _ServerError(frame.data)
-        return frame.data
-
-    def expect_response_exactly(self, deadline: float) -> bytes:
-        """Read one response frame byte-exactly, consuming nothing after it: before an upgrade,
-        the bytes that follow belong to the TLS or compression layer."""
-        assert self.decoder.buffered_size() == 0 and self.inflate is None
-        while True:
-            size, frame_type = struct.unpack(">ii", self._exactly(8, deadline))
-            data = self._exactly(size - 4, deadline) if size > 4 else b""
-            if frame_type == FRAME_TYPE_ERROR:
-                raise _ServerError(data)
-            if data == _HEARTBEAT:
-                self.send(NOP)
-                continue
-            return data
-
-    def _exactly(self, n: int, deadline: float) -> bytes:
-        data = b""
-        while len(data) < n:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("nsqd did not answer in time")
-            self.sock.settimeout(remaining)
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("nsqd closed the connection")
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+def client_config(opts, **changes) -> Config:
+    """The client settings of a ``SourceOptions`` or ``SinkOptions`` (their connection fields have
+    the same names)."""
+    return Config(
+        client_id=opts.client_id or f"spark-{socket.gethostname()}-{os.getpid()}",
+        hostname=opts.hostname,
+        user_agent=USER_AGENT,
+        dial_timeout=opts.connect_timeout_ms / 1000,
+        tls_v1=opts.tls,
+        tls_root_ca_file=opts.tls_ca_file,
+        tls_cert=opts.tls_cert_file,
+        # a certificate file may hold its key too (ssl's load_cert_chain reads both from one file)
+        tls_key=opts.tls_key_file or opts.tls_cert_file,
+        tls_insecure_skip_verify=opts.tls_insecure,
+        snappy=opts.snappy,
+        deflate=opts.deflate,
+        deflate_level=opts.deflate_level,
+        auth_secret=opts.auth_secret,
+        msg_timeout=None if opts.msg_timeout_ms is None else opts.msg_timeout_ms / 1000,
+        **changes,
+    )
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def open_connection(address: str, opts, identify_extra: dict) -> tuple[_Wire, dict, float]:
-    """Connect to the nsqd at ``address`` and go through the handshake every connection of the
-    connector shares: IDENTIFY (with ``identify_extra``), the TLS and compression upgrades, AUTH.
-    ``opts`` is a ``SourceOptions`` or ``SinkOptions`` (their connection fields have the same
-    names). Returns the wire, nsqd's IDENTIFY answer and the deadline of the connection's set-up
-    (``connectTimeoutMs`` from now), for the command that follows (SUB, or the first publish)."""
-    host, port = _split_address(address)
-    timeout = opts.connect_timeout_ms / 1000
-    deadline = time.monotonic() + timeout
-    sock = socket.create_connection((host, port), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    wire = _Wire(sock)
+def open_connection(address: str, opts, config: Config, **kwargs) -> tuple[BlockingConnection, float]:
+    """Connect to the nsqd at ``address`` through the handshake every connection of the connector
+    shares; returns it and the deadline of its set-up (``connectTimeoutMs`` from now), for the
+    command that follows (SUB, or the first publish)."""
+    deadline = time.monotonic() + opts.connect_timeout_ms / 1000
     try:
-        identify = {
-            "client_id": opts.client_id or f"spark-{socket.gethostname()}-{os.getpid()}",
-            "hostname": opts.hostname or socket.gethostname(),
-            "user_agent": USER_AGENT,
-            "feature_negotiation": True,
-            "tls_v1": opts.tls,
-            "snappy": opts.snappy,
-            "deflate": opts.deflate,
-            "deflate_level": opts.deflate_level,
-            **identify_extra,
-        }
-        if opts.msg_timeout_ms is not None:
-            identify["msg_timeout"] = opts.msg_timeout_ms
-        wire.send(MAGIC_V2 + encode_identify(identify))
-        answer = wire.expect_response_exactly(deadline)
-        settings = json.loads(answer) if answer != b"OK" else {}
-        if opts.tls:
-            if not settings.get("tls_v1"):
-                raise _ServerError(b"E_IDENTIFY_FAILED nsqd does not offer TLS (start it with a TLS certificate)")
-            wire.sock = _tls_wrap(wire.sock, host, opts, deadline)
-            if wire.expect_response_exactly(deadline) != b"OK":
-                raise ConnectionError("TLS upgrade was not confirmed")
-        if settings.get("snappy") or settings.get("deflate"):
-            from protocol import compression
-
-            if settings.get("snappy"):
-                wire.inflate, wire.deflate = compression.SnappyDecoder(), compression.SnappyEncoder()
-            else:
-                wire.inflate = compression.DeflateDecoder()
-                wire.deflate = compression.DeflateEncoder(int(settings.get("deflate_level", 6)))
-            if wire.expect_response(deadline) != b"OK":  # the first compressed frame
-                raise ConnectionError("compression upgrade was not confirmed")
-        elif opts.snappy or opts.deflate:
-            log.warning("nsqd %s did not accept compression; continuing uncompressed", address)
-        if settings.get("auth_required"):
-            if not opts.auth_secret:
-                raise _ServerError(b"E_AUTH_FIRST nsqd requires AUTH: set the auth.secret option")
-            wire.send(encode_auth(opts.auth_secret.encode()))
-            wire.expect_response(deadline)
-    except BaseException:
-        wire.close()
+        conn = connect(address, config, deadline=deadline, server_hostname=opts.tls_server_name, **kwargs)
+        return conn, deadline
+    except HandshakeError as exc:
+        if opts.auth_secret is None and "AUTH" in str(exc):
+            raise HandshakeError(f"{exc}: set the auth.secret option") from None
         raise
-    return wire, settings, deadline
-
-
-def _tls_wrap(sock: socket.socket, host: str, opts, deadline: float) -> ssl.SSLSocket:
-    context = ssl.create_default_context(cafile=opts.tls_ca_file)
-    if opts.tls_insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if opts.tls_cert_file:
-        context.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
-    sock.settimeout(max(deadline - time.monotonic(), 0.1))
-    return context.wrap_socket(sock, server_hostname=opts.tls_server_name or host)
 
 
 @dataclass
@@ -314,8 +150,8 @@ class NsqdConsumer:
         self.stats = ConsumerStats()
         self.connected = threading.Event()
         self.last_error: BaseException | None = None
-        self._wire: _Wire | None = None
-        self._wire_lock = threading.Lock()
+        self._conn: BlockingConnection | None = None
+        self._conn_lock = threading.Lock()
         self._rdy_sent = -1
         self._max_rdy = 2500
         self._msg_timeout_ms = 60_000
@@ -338,14 +174,14 @@ class NsqdConsumer:
         stopping = self.group.stopping
         while not stopping.is_set():
             try:
-                wire = self._connect()
-            except _ServerError as exc:
+                conn = self._connect()
+            except (NSQError, HandshakeError) as exc:
                 self.last_error = exc
-                if exc.code in _CONFIG_ERRORS:
+                if isinstance(exc, HandshakeError) or exc.code in _CONFIG_ERRORS:
                     self.group.fail(NsqConnectionError(f"nsqd {self.address} refused the consumer: {exc}"))
                     return
                 log.warning("nsqd %s: %s; retrying in %.1fs", self.address, exc, backoff)
-            except (OSError, TimeoutError, ValueError, ProtocolError) as exc:
+            except (ConnectionClosed, TimeoutError, ValueError) as exc:  # ConnectError is a ConnectionClosed
                 self.last_error = exc
                 log.warning("nsqd %s: cannot connect (%s); retrying in %.1fs", self.address, exc, backoff)
             else:
@@ -353,14 +189,14 @@ class NsqdConsumer:
                 self.stats.connects += 1
                 self.connected.set()
                 try:
-                    self._serve(wire)
-                except _ServerError as exc:
+                    self._serve(conn)
+                except NSQError as exc:
                     self.last_error = exc
                     if exc.code in _CONFIG_ERRORS:
                         self.group.fail(NsqConnectionError(f"nsqd {self.address}: {exc}"))
                         return
                     log.warning("nsqd %s: %s; reconnecting", self.address, exc)
-                except (OSError, ConnectionError, ValueError, ProtocolError) as exc:
+                except (ConnectionClosed, ProtocolError) as exc:
                     if not stopping.is_set():
                         self.last_error = exc
                         log.warning("nsqd %s: connection lost (%s); reconnecting", self.address, exc)
@@ -368,9 +204,9 @@ class NsqdConsumer:
                     self.group.fail(NsqSourceError(f"consumer of nsqd {self.address} failed: {exc!r}"))
                     raise
                 finally:
-                    with self._wire_lock:
-                        self._wire = None
-                    wire.close()
+                    with self._conn_lock:
+                        self._conn = None
+                    conn.close()
                     with self._pending_lock:
                         # Unacknowledged messages of a lost connection come back as new deliveries.
                         self._pending.clear()
@@ -379,33 +215,31 @@ class NsqdConsumer:
 
     # -- connection set-up -----------------------------------------------------------------
 
-    def _connect(self) -> _Wire:
+    def _connect(self) -> BlockingConnection:
         opts = self.options
-        wire, settings, deadline = open_connection(self.address, opts, {"output_buffer_size": _OUTPUT_BUFFER_SIZE})
+        conn, deadline = open_connection(self.address, opts, self.group.config, receive_size=_RECV_SIZE)
         try:
-            self._max_rdy = int(settings.get("max_rdy_count", 2500))
-            self._msg_timeout_ms = int(settings.get("msg_timeout", opts.msg_timeout_ms or 60_000))
-            wire.send(encode_sub(opts.topic, opts.channel))
-            if wire.expect_response(deadline) != b"OK":
-                raise ConnectionError("SUB was not confirmed")
-            wire.sock.settimeout(_POLL_SECONDS)
+            features = conn.features
+            self._max_rdy = features.max_rdy_count
+            self._msg_timeout_ms = int(features.msg_timeout * 1000)
+            conn.subscribe(opts.topic, opts.channel, deadline)
         except BaseException:
-            wire.close()
+            conn.close()
             raise
         self._rdy_sent = -1
         self._next_touch = time.monotonic() + self._msg_timeout_ms / 2000
-        with self._wire_lock:
-            self._wire = wire
-        self._update_rdy(wire)
-        return wire
+        with self._conn_lock:
+            self._conn = conn
+        self._update_rdy(conn)
+        return conn
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _serve(self, wire: _Wire) -> None:
+    def _serve(self, conn: BlockingConnection) -> None:
         stopping = self.group.stopping
         durable = self.options.ack_mode == ACK_DURABLE
         stop_by = None
-        rest = wire.take_buffered()  # an incomplete frame carried over to the next read
+        rest = conn.take_unparsed()  # an incomplete frame carried over to the next read
         handshake_rest = bool(rest)
         rest_need = 0  # the bytes that frame needs in all (0: unknown, parse at the next read)
         waiting: list[bytes] = []  # reads queued while they cannot complete that frame
@@ -414,7 +248,7 @@ class NsqdConsumer:
             if stopping.is_set():
                 if stop_by is None:
                     # Graceful stop: no new deliveries; log and FIN what is already on its way.
-                    wire.send(encode_rdy(0))
+                    conn.send(encode_rdy(0))
                     self._rdy_sent = 0
                     stop_by = time.monotonic() + _DRAIN_SECONDS
                 elif time.monotonic() >= stop_by:
@@ -423,15 +257,12 @@ class NsqdConsumer:
                 raw = b""  # frames that came with the handshake's last answer: parse them first
                 handshake_rest = False
             else:
-                try:
-                    raw = wire.read_available()
-                except (socket.timeout, TimeoutError):
+                raw = conn.read_available(_POLL_SECONDS, _COALESCE_BYTES)
+                if raw is None:  # idle
                     if stop_by is not None:
                         return  # drained
-                    self._housekeeping(wire)
+                    self._housekeeping(conn)
                     continue
-                if not raw:
-                    raise ConnectionError("nsqd closed the connection")
             if rest:
                 # Only join once the incomplete frame can be completed (a large body arriving in
                 # many reads is copied a bounded number of times).
@@ -444,10 +275,10 @@ class NsqdConsumer:
                 waiting_size = 0
             else:
                 buf = raw
-            rest, rest_need = self._consume(wire, buf, durable)
-            self._housekeeping(wire)
+            rest, rest_need = self._consume(conn, buf, durable)
+            self._housekeeping(conn)
 
-    def _consume(self, wire: _Wire, buf: bytes, durable: bool) -> tuple[bytes, int]:
+    def _consume(self, conn: BlockingConnection, buf: bytes, durable: bool) -> tuple[bytes, int]:
         """Parse, log and acknowledge every complete frame of ``buf``; returns the incomplete
         frame at its end and how many bytes that frame needs in all (0 when not yet known)."""
         mlog = self.log
@@ -490,12 +321,12 @@ class NsqdConsumer:
                     attempts.append(att)
                     bodies.append(buf[pos + _MESSAGE_HEADER_SIZE : end])
             elif ftype == FRAME_TYPE_ERROR:
-                error = _ServerError(buf[pos + 8 : end])
+                error = NSQError.from_frame(buf[pos + 8 : end])
                 if error.fatal:
                     raise error
                 log.warning("nsqd %s: %s", self.address, error)
             elif buf[pos + 8 : end] == _HEARTBEAT:
-                wire.send(NOP)
+                conn.send(NOP)
             pos = end
         if ids:
             first = mlog.append(ids, timestamps, attempts, bodies)
@@ -511,19 +342,19 @@ class NsqdConsumer:
             with self._pending_lock:
                 self._pending.update(pending_dups)
         if acks:
-            wire.send(b"FIN " + b"\nFIN ".join(acks) + b"\n")
+            conn.send(b"FIN " + b"\nFIN ".join(acks) + b"\n")
         return (buf[pos:] if pos < size_of else b""), need
 
-    def _housekeeping(self, wire: _Wire) -> None:
-        self._update_rdy(wire)
+    def _housekeeping(self, conn: BlockingConnection) -> None:
+        self._update_rdy(conn)
         if self._pending and time.monotonic() >= self._next_touch:
             with self._pending_lock:
                 ids = list(self._pending)
             if ids:
-                wire.send(b"TOUCH " + b"\nTOUCH ".join(ids) + b"\n")
+                conn.send(b"TOUCH " + b"\nTOUCH ".join(ids) + b"\n")
             self._next_touch = time.monotonic() + self._msg_timeout_ms / 2000
 
-    def _update_rdy(self, wire: _Wire) -> None:
+    def _update_rdy(self, conn: BlockingConnection) -> None:
         if self.group.stopping.is_set():
             return
         backlog = self.log.end - self.group.committed_position(self.address)
@@ -532,7 +363,7 @@ class NsqdConsumer:
             if want == 0:
                 log.info("nsqd %s: %d messages await Spark's commit; pausing delivery (RDY 0)",
                          self.address, backlog)
-            wire.send(encode_rdy(want))
+            conn.send(encode_rdy(want))
             self._rdy_sent = want
 
     # -- called from the driver thread -----------------------------------------------------
@@ -540,9 +371,9 @@ class NsqdConsumer:
     def on_commit(self, position: int) -> None:
         """Spark committed everything below ``position``: FIN what waits for it (commit mode),
         and let delivery resume if the backlog shrank."""
-        with self._wire_lock:
-            wire = self._wire
-        if wire is None:
+        with self._conn_lock:
+            conn = self._conn
+        if conn is None:
             return
         acks = []
         with self._pending_lock:
@@ -553,9 +384,9 @@ class NsqdConsumer:
                     del pending[mid]
         try:
             if acks:
-                wire.send(b"FIN " + b"\nFIN ".join(acks) + b"\n")
-            self._update_rdy(wire)
-        except OSError as exc:
+                conn.send(b"FIN " + b"\nFIN ".join(acks) + b"\n")
+            self._update_rdy(conn)
+        except ConnectionClosed as exc:
             log.warning("nsqd %s: could not send FIN (%s); nsqd will redeliver and the copies "
                         "will be dropped", self.address, exc)
 
@@ -564,53 +395,13 @@ class NsqdConsumer:
             return len(self._pending)
 
 
-def _lookupd_get(lookupd: str, path: str, timeout: float) -> dict | None:
-    """The JSON answer of lookupd's ``path``; None on 404."""
-    base = lookupd if "://" in lookupd else f"http://{lookupd}"
-    request = urllib.request.Request(f"{base.rstrip('/')}{path}",
-                                     headers={"Accept": "application/vnd.nsq; version=1.0"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            payload = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-    if "data" in payload and "producers" not in payload:  # the pre-1.0 envelope
-        payload = payload["data"] or {}
-    return payload
-
-
-def _tcp_addresses(producers: list[dict]) -> list[str]:
-    found = []
-    for producer in producers or []:
-        host = producer.get("broadcast_address") or producer.get("hostname")
-        port = producer.get("tcp_port")
-        if host and port:
-            host = f"[{host}]" if ":" in host else host
-            found.append(f"{host}:{port}")
-    return found
-
-
-def lookup_producers(lookupd: str, topic: str, timeout: float) -> list[str] | None:
-    """``host:port`` of the nsqd TCP listeners that lookupd lists for ``topic``; None when lookupd
-    does not know the topic yet (404). Raises OSError when lookupd cannot be reached."""
-    payload = _lookupd_get(lookupd, f"/lookup?topic={urllib.parse.quote(topic)}", timeout)
-    return None if payload is None else _tcp_addresses(payload.get("producers"))
-
-
-def lookup_nodes(lookupd: str, timeout: float) -> list[str]:
-    """``host:port`` of every nsqd TCP listener lookupd knows (``/nodes``), whatever its topics."""
-    payload = _lookupd_get(lookupd, "/nodes", timeout)
-    return [] if payload is None else _tcp_addresses(payload.get("producers"))
-
-
 class ConsumerGroup:
     """Every consumer of one query, the lookupd poller, the log directory and the state they
     share with the stream reader (committed positions, the first fatal error)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        self.config = client_config(options, output_buffer_size=_OUTPUT_BUFFER_SIZE)
         self.stopping = threading.Event()
         self.wal: WalDirectory | None = None
         self.consumers: dict[str, NsqdConsumer] = {}
@@ -721,13 +512,13 @@ class ConsumerGroup:
         failures = []
         for lookupd in opts.lookupd_addresses:
             try:
-                producers = lookup_producers(lookupd, opts.topic, timeout=5.0)
-            except (OSError, ValueError) as exc:
+                producers = lookup(lookupd, opts.topic, timeout=5.0)
+            except LookupdError as exc:
                 failures.append(f"{lookupd}: {exc}")
                 continue
             reached.append(lookupd)
-            if producers is None:
-                log.info("lookupd %s does not know topic %r yet; asking again later", lookupd, opts.topic)
+            if not producers:
+                log.info("lookupd %s lists no nsqd for topic %r yet; asking again later", lookupd, opts.topic)
                 continue
             for address in producers:
                 self.add_nsqd(address)

@@ -18,16 +18,21 @@ nsqd before it went away; it is published again elsewhere and counted in ``resen
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from protocol.commands import NOP
-from protocol.errors import ProtocolError
-from protocol.frames import FRAME_TYPE_ERROR
+from trionsq.blocking import (
+    BlockingConnection,
+    ConnectionClosed,
+    ErrorReply,
+    LookupdError,
+    NSQError,
+    Reply,
+    nodes,
+)
 
-from .consumer import _HEARTBEAT, NsqConnectionError, _ServerError, _Wire, lookup_nodes, open_connection
+from .consumer import NsqConnectionError, client_config, open_connection
 from .options import SinkOptions
 
 __all__ = ["Command", "NsqPublishError", "Publisher", "PublisherStats", "destinations"]
@@ -62,9 +67,9 @@ class PublisherStats:
 
 
 class _Link:
-    def __init__(self, address: str, wire: _Wire) -> None:
-        self.address = address
-        self.wire = wire
+    def __init__(self, conn: BlockingConnection) -> None:
+        self.address = conn.address
+        self.conn = conn
         self.waiting: deque[Command] = deque()
 
 
@@ -74,10 +79,10 @@ def destinations(options: SinkOptions) -> list[str]:
     failures = []
     for lookupd in options.lookupd_addresses:
         try:
-            for address in lookup_nodes(lookupd, timeout=options.connect_timeout_ms / 1000):
-                if address not in found:
-                    found.append(address)
-        except (OSError, ValueError) as exc:
+            for peer in nodes(lookupd, timeout=options.connect_timeout_ms / 1000):
+                if peer.tcp_address not in found:
+                    found.append(peer.tcp_address)
+        except LookupdError as exc:
             failures.append(f"{lookupd}: {exc}")
     if not found:
         detail = "; ".join(failures) or "lookupd knows no nsqd"
@@ -99,15 +104,15 @@ class Publisher:
         self._timeout = options.response_timeout_ms / 1000
 
     def open(self) -> "Publisher":
+        config = client_config(self.options)
         for address in self.addresses:
             try:
-                wire, _, _ = open_connection(address, self.options, {})
-            except (OSError, TimeoutError, ValueError, ProtocolError, _ServerError) as exc:
+                conn, _ = open_connection(address, self.options, config)
+            except (ConnectionClosed, NSQError, ValueError) as exc:  # ConnectError is a ConnectionClosed
                 self._refused_at_connect[address] = f"cannot connect ({exc})"
                 log.warning("nsqd %s: cannot connect (%s); publishing to the others", address, exc)
                 continue
-            wire.sock.settimeout(self._timeout)
-            self._links.append(_Link(address, wire))
+            self._links.append(_Link(conn))
         if not self._links:
             raise NsqPublishError("nsq sink: no nsqd accepted a connection: " + "; ".join(
                 f"nsqd {a}: {why}" for a, why in self._refused_at_connect.items()))
@@ -115,7 +120,7 @@ class Publisher:
 
     def close(self) -> None:
         for link in self._links:
-            link.wire.close()
+            link.conn.close()
         self._links.clear()
 
     # -- sending -----------------------------------------------------------------------------
@@ -143,8 +148,8 @@ class Publisher:
                 if command.sent_before:
                     self.stats.resent_messages += command.count
             try:
-                link.wire.send(b"".join((command.header, command.payload)))
-            except OSError as exc:
+                link.conn.send_command(b"".join((command.header, command.payload)), command)
+            except ConnectionClosed as exc:
                 command.sent_before = True  # part of it may have reached nsqd
                 link.waiting.append(command)
                 self._lost(link, f"connection lost ({exc})")
@@ -170,28 +175,19 @@ class Publisher:
 
     def _await(self, link: _Link, left: int) -> None:
         """Read answers on ``link`` until at most ``left`` commands wait for one."""
-        wire = link.wire
-        deadline = time.monotonic() + self._timeout
+        conn = link.conn
         while len(link.waiting) > left:
-            frame = wire.decoder.next_frame()
-            if frame is None:
-                try:
-                    if not wire.receive():
-                        self._lost(link, "nsqd closed the connection")
-                        return
-                except (socket.timeout, TimeoutError):
-                    if time.monotonic() >= deadline:
-                        self._lost(link, f"no answer within {self.options.response_timeout_ms} ms "
-                                         f"(option responseTimeoutMs)")
-                        return
-                    continue
-                except (OSError, ValueError, ProtocolError) as exc:
-                    self._lost(link, f"connection lost ({exc})")
-                    return
-                continue
-            if frame.frame_type == FRAME_TYPE_ERROR:
+            try:
+                event = conn.read_event(time.monotonic() + self._timeout)
+            except TimeoutError:
+                self._lost(link, f"no answer within {self.options.response_timeout_ms} ms (option responseTimeoutMs)")
+                return
+            except ConnectionClosed as exc:
+                self._lost(link, f"connection lost ({exc})")
+                return
+            if type(event) is ErrorReply and event.token is not None:
                 command = link.waiting.popleft()
-                error = _ServerError(frame.data)
+                error = event.error
                 command.refusals[link.address] = str(error)
                 log.warning("nsqd %s refused %d messages from row %d: %s", link.address, command.count,
                             command.first_row, error)
@@ -199,14 +195,15 @@ class Publisher:
                 if error.fatal:
                     self._lost(link, None)  # nsqd closes the connection after it
                     return
-                continue
-            if frame.data == _HEARTBEAT:
-                wire.send(NOP)
-                continue
-            command = link.waiting.popleft()
-            self.stats.messages += command.count
-            self.stats.per_nsqd[link.address] = self.stats.per_nsqd.get(link.address, 0) + command.count
-            deadline = time.monotonic() + self._timeout
+            elif type(event) is Reply:
+                command = link.waiting.popleft()
+                self.stats.messages += command.count
+                self.stats.per_nsqd[link.address] = self.stats.per_nsqd.get(link.address, 0) + command.count
+            elif type(event) is ErrorReply and not event.error.fatal:
+                log.warning("nsqd %s: %s", link.address, event.error)
+            else:
+                self._lost(link, f"unexpected {event!r}")
+                return
 
     def _lost(self, link: _Link, reason: str | None) -> None:
         """Stop using ``link``; what waits on it goes to the other nsqd. With ``reason`` (the
@@ -221,7 +218,7 @@ class Publisher:
                 command.refusals.setdefault(link.address, "connection closed after an earlier error")
         self._retry.extend(link.waiting)
         link.waiting.clear()
-        link.wire.close()
+        link.conn.close()
         self._links.remove(link)
         self._refused_at_connect[link.address] = reason or "connection closed after an error"
         if self._links:

@@ -78,6 +78,7 @@ from ._core import (
     Features,
     Reply,
     Send,
+    split_address,
 )
 from ._errors import ConnectError, ConnectionClosed, NoAvailableNsqd, NSQError
 from ._lookupd import (
@@ -127,16 +128,6 @@ SERVER_FAILURES = frozenset({E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED})
 class HandshakeError(ConnectError):
     """nsqd and the ``Config`` cannot agree, so retrying is pointless: ``tls_v1`` asked and nsqd
     offers no TLS, or nsqd requires AUTH and no ``auth_secret`` is set."""
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[::1]:4150"`` for IPv6) to (host, port); ``ValueError`` otherwise."""
-    host, colon, port = address.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"invalid nsqd address {address!r} (want host:port)")
-    return host, int(port)
 
 
 def _checked(command: str, topic: str) -> str:
@@ -360,7 +351,7 @@ class BlockingConnection:
     def take_unparsed(self) -> bytes:
         """The stream bytes (decompressed) the core holds past the last event it returned: where a
         loop that parses the stream itself starts."""
-        return self._core._frames.take_unparsed()
+        return self._core.take_unparsed()
 
     def read_available(self, timeout: float | None, coalesce: int = 0) -> bytes | None:
         """What the socket holds, decompressed; None when nothing came within ``timeout`` seconds;
@@ -391,18 +382,11 @@ class BlockingConnection:
         if not size:
             self.close()
             raise ConnectionClosed(f"nsqd {self.address} closed the connection")
-        raw = bytes(view[:size])
-        decoder = self._core._decoder
-        if decoder is None:
-            return raw
         try:
-            raw = decoder.decode(raw)
-            while decoder.has_more:
-                raw += decoder.decode(b"")
-        except ValueError as exc:  # protocol.compression.CompressionError
+            return self._core.decompress(bytes(view[:size]))
+        except ConnectionClosed:
             self.close()
-            raise ConnectionClosed(f"corrupt compressed stream from nsqd {self.address}: {exc}") from None
-        return raw
+            raise
 
     # -- commands ----------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.common import RESULTS_DIR, format_table
 
-ORDER = ["pub", "mpub", "consume", "pubsub", "latency", "http", "memory", "fairness", "isolation",
+ORDER = ["pub", "mpub", "consume", "pubsub", "client", "latency", "http", "memory", "fairness", "isolation",
          "persistence", "replication", "many", "many_lookupd", "spark_throughput", "spark_sink"]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
@@ -33,6 +33,7 @@ HEADLINES = {
     "mpub": ["msg/s", "MB/s"],
     "consume": ["msg/s"],
     "pubsub": ["in msg/s", "out msg/s"],
+    "client": ["client", "workload", "msg/s", "client us/msg"],
     "latency": ["rate", "p50 ms", "p99 ms", "p99.9 ms"],
     "http": ["endpoint", "requests/s", "msg/s"],
     "memory": ["bytes/msg", "overhead/msg", "rss_drained_MB"],

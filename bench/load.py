@@ -11,6 +11,11 @@ never what a figure measures:
 - replies that are all ``OK`` frames are counted with ``bytes.count`` instead of being parsed;
 - no threads, no asyncio, no per-message objects: ``select.epoll`` and plain counters.
 
+This is deliberately not the project's client (``trionsq``): the generators measure nsqd, so nothing
+may stand between the wire and the counters, and their cost must stay far below nsqd's. What the
+client costs on top of this floor is measured by the ``client`` scenario, which runs the trio and
+blocking clients against these generators in one run.
+
 A *role* owns one connection and reacts to readiness (``Publisher``, ``Consumer``,
 ``PacedPublisher``, ``HttpPublisher``). ``run_roles`` drives them until a deadline or until every
 role says it is done; counters are snapshot at the start of the measurement window (after the

@@ -31,6 +31,10 @@ One nsqd is grown in steps, and each step is measured as it goes:
 Memory: nsqd's resident set before and after each step gives the bytes per topic, per channel (no consumer) and
 per idle connection (its consumer included), in the ``memory`` rows.
 
+The PUB probe and the idle consumers speak V2 with raw sockets, as ``bench.load``'s generators do, not through the
+``trionsq`` client: they measure nsqd's round trips and the cost of 5,000 connections to nsqd, with no client code in
+between (5,000 client connections would also cost this process more than the consumers' one selector thread).
+
 As every generator, the scenario's own clients (the HTTP connection, the PUB probe, the idle consumers' thread) run
 on the CPUs nsqd is not pinned to (unless ``--no-pin``): on the server's core, each of their wake-ups took it from
 nsqd, and the round trips measured were theirs as much as nsqd's.

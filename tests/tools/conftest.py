@@ -16,6 +16,7 @@ Helpers (import them: ``from tests.tools.conftest import run_tool, ToolProcess, 
 - ``usage_flags(text)``: Go's ``-h`` text parsed into ``{name: (kind, default)}``, to compare with the table of
   NSQ-TOOLS-FACTS (kind is Go's placeholder: ``string``, ``int``, ``duration``, ``value``..., ``bool`` for a
   flag without one; default is the text of ``(default ...)`` or None).
+- ``assert_usage(tool, expected)``: ``-h`` exits 0 and lists exactly ``expected`` (``usage_flags``' form).
 - ``assert_fatal(result, text)``: the tool ended as Go's ``log.Fatal`` ends it (exit 1, last stderr line
   ``YYYY/MM/DD HH:MM:SS <text>``, no traceback); ``assert_unknown_flag(tool)``: exit 2 and Go's message.
 - ``topic_depth(nsqd, topic)``, ``channel_depth(nsqd, topic, channel)``: from nsqd's ``/stats``.
@@ -37,7 +38,7 @@ from tests.integration.harness import REPO_ROOT, NsqdProcess, stop_all
 from tests.integration.http_helpers import stats, wait_for
 from tests.integration.lookupd_harness import LookupdProcess
 
-__all__ = ["ToolProcess", "assert_fatal", "assert_unknown_flag", "channel_depth", "run_tool", "tool_argv",
+__all__ = ["ToolProcess", "assert_fatal", "assert_unknown_flag", "assert_usage", "channel_depth", "run_tool", "tool_argv",
            "topic_depth", "usage_flags", "wait_for"]
 
 
@@ -168,6 +169,15 @@ def assert_fatal(result: subprocess.CompletedProcess, text: str) -> None:
     assert "Traceback" not in stderr, stderr
     lines = stderr.splitlines()
     assert lines and re.fullmatch(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d " + re.escape(text), lines[-1]), stderr
+
+
+def assert_usage(tool: str, expected: dict[str, tuple[str, str | None]]) -> None:
+    """``-h``: Go's usage text on stderr, exit code 0, exactly the flags (kinds and defaults) expected."""
+    result = run_tool(tool, "-h")
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert stderr.startswith(f"Usage of {tool}:\n"), stderr
+    assert usage_flags(stderr) == expected
 
 
 def assert_unknown_flag(tool: str) -> None:

@@ -18,8 +18,8 @@ from tests.tools.conftest import (
     ToolProcess,
     assert_fatal,
     assert_unknown_flag,
+    assert_usage,
     run_tool,
-    usage_flags,
     wait_for,
 )
 
@@ -71,10 +71,7 @@ def http_address(daemon) -> str:
 
 
 def test_usage_lists_upstream_flags():
-    result = run_tool("nsq_stat", "-h")
-    assert result.returncode == 0
-    assert result.stderr.decode().startswith("Usage of nsq_stat:\n")
-    assert usage_flags(result.stderr.decode()) == UPSTREAM_FLAGS
+    assert_usage("nsq_stat", UPSTREAM_FLAGS)
 
 
 def test_unknown_flag_exits_2():

@@ -12,14 +12,15 @@ import signal
 
 import pytest
 
+from tests.integration.harness import mpub_body
 from tests.integration.http_helpers import post, stats
 from tests.integration.lookupd_harness import wait_for_producers
 from tests.tools.conftest import (
     ToolProcess,
     assert_fatal,
     assert_unknown_flag,
+    assert_usage,
     run_tool,
-    usage_flags,
     wait_for,
 )
 
@@ -61,19 +62,11 @@ def publish(nsqd, topic: str, *bodies: bytes) -> None:
     if len(bodies) == 1:
         assert post(nsqd.http(), f"/pub?topic={topic}", bodies[0]).status == 200
     else:
-        assert post(nsqd.http(), f"/mpub?topic={topic}&binary=true", _mpub_body(bodies)).status == 200
-
-
-def _mpub_body(bodies) -> bytes:
-    from tests.integration.harness import mpub_body
-
-    return mpub_body(list(bodies))
+        assert post(nsqd.http(), f"/mpub?topic={topic}&binary=true", mpub_body(list(bodies))).status == 200
 
 
 def test_usage_lists_upstream_flags():
-    result = run_tool("nsq_tail", "-h")
-    assert result.returncode == 0
-    assert usage_flags(result.stderr.decode()) == UPSTREAM_FLAGS
+    assert_usage("nsq_tail", UPSTREAM_FLAGS)
 
 
 def test_unknown_flag_exits_2():

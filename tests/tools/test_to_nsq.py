@@ -18,9 +18,9 @@ from tests.tools.conftest import (
     ToolProcess,
     assert_fatal,
     assert_unknown_flag,
+    assert_usage,
     run_tool,
     topic_depth,
-    usage_flags,
     wait_for,
 )
 
@@ -55,9 +55,7 @@ def to_nsq(*args: str, stdin: bytes, timeout: float = 60.0):
 
 
 def test_usage_lists_upstream_flags():
-    result = run_tool("to_nsq", "-h")
-    assert result.returncode == 0
-    assert usage_flags(result.stderr.decode()) == UPSTREAM_FLAGS
+    assert_usage("to_nsq", UPSTREAM_FLAGS)
 
 
 def test_unknown_flag_exits_2():

@@ -38,8 +38,8 @@ from tests.integration.harness import REPO_ROOT, NsqdProcess, stop_all
 from tests.integration.http_helpers import stats, wait_for
 from tests.integration.lookupd_harness import LookupdProcess
 
-__all__ = ["ToolProcess", "assert_fatal", "assert_unknown_flag", "assert_usage", "channel_depth", "run_tool", "tool_argv",
-           "topic_depth", "usage_flags", "wait_for"]
+__all__ = ["ToolProcess", "assert_fatal", "assert_unknown_flag", "assert_usage", "channel_depth", "run_tool",
+           "tool_argv", "topic_depth", "usage_flags", "wait_for"]
 
 
 def tool_argv(tool: str, *args: str) -> list[str]:

@@ -27,6 +27,7 @@ Log lines are NSQ's: ``[nsq_to_file] 2026/11/27 12:00:00.123456 INFO: [topic/cha
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -170,27 +171,31 @@ class TopicLogger:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             message.requeue(0, backoff=False)  # the files are closed: let the next run have it
 
-    async def run(self) -> None:
+    async def run(self) -> bool:
+        """Consume and write until stopped; False when the consumer could not start (NSQ logs it and skips the
+        topic, asking again at the next refresh)."""
         import trio  # noqa: PLC0415
 
         from trionsq import Consumer  # noqa: PLC0415
 
         values = self.values
         try:
-            consumer = Consumer(self.topic, values["channel"], self._handle, self.config,
-                                nsqd_tcp_addresses=values["nsqd_tcp_address"],
-                                lookupd_http_addresses=values["lookupd_http_address"])
-        except ValueError as exc:
-            log.error("couldn't create logger for new topic %s: %s", self.topic, exc)
-            return
-        try:
-            async with consumer:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    consumer = Consumer(self.topic, values["channel"], self._handle, self.config,
+                                        nsqd_tcp_addresses=values["nsqd_tcp_address"],
+                                        lookupd_http_addresses=values["lookupd_http_address"])
+                    await stack.enter_async_context(consumer)
+                except Exception as exc:  # go-nsq's NewConsumer or first ConnectToNSQD failing
+                    log.error("couldn't create logger for new topic %s: %s", self.topic, exc)
+                    return False
                 async with trio.open_nursery() as nursery:
                     await self._route(consumer, nursery)
         except* FileError:
             raise SystemExit(1) from None  # logged as FATAL where it happened; NSQ exits at once
         finally:
             self._receive.close()
+        return True
 
     def _starved(self, consumer: Any, batch: list[Any]) -> bool:
         """go-nsq's ``IsStarved``: some connection holds at least 85% of its RDY unanswered. The RDY of each is
@@ -292,7 +297,11 @@ class TopicDiscoverer:
             writer = TopicWriter(FileLogger(self.opts, topic, name_format, _log))
             logger = TopicLogger(topic, self.values, self.config, writer)
             self.topics[topic] = logger
-            self._nursery.start_soon(logger.run)
+            self._nursery.start_soon(self._run_topic, logger)
+
+    async def _run_topic(self, logger: TopicLogger) -> None:
+        if not await logger.run():
+            del self.topics[logger.topic]
 
     def hup(self) -> None:
         for logger in self.topics.values():

@@ -5,6 +5,7 @@ published over nsqd's HTTP /pub (nothing of the client under test)."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import signal
@@ -330,6 +331,16 @@ def all_lines(directory: Path) -> list[bytes]:
     return [line for lines in read_lines(directory).values() for line in lines]
 
 
+def channel_left(nsqd, topic: str) -> int:
+    """What nsqd still holds on the channel: waiting, in flight (until its timeout) or deferred."""
+    host, port = nsqd.http()
+    with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json&topic={topic}", timeout=10) as reply:
+        doc = json.loads(reply.read())
+    chan = next(c for t in doc["topics"] if t["topic_name"] == topic for c in t["channels"]
+                if c["channel_name"] == "nsq_to_file")
+    return chan["depth"] + chan["in_flight_count"] + chan["deferred_count"]
+
+
 def stop_ok(tool: ToolProcess) -> None:
     code = tool.stop(signal.SIGTERM)
     assert code == 0, tool.stderr.decode(errors="replace")
@@ -433,34 +444,46 @@ def test_topic_pattern_picks_up_new_topics(lookupd, lookupd_nsqd, tmp_path):
 
 
 def test_sigterm_mid_stream_loses_nothing(nsqd, topic, tmp_path):
-    total = 3000
+    total = 6000
     messages = [f"stream {i:05d}".encode() for i in range(total)]
     publish_many(nsqd, topic, messages[:1000])
     args = (f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}", f"--output-dir={tmp_path}",
             "--sync-interval=50ms", "--max-in-flight=20")
     with ToolProcess("nsq_to_file", *args) as tool:
         tool.wait_for_stderr(rb"syncing \d+ records")
-        publish_many(nsqd, topic, messages[1000:2000])
-        publish_many(nsqd, topic, messages[2000:])
+        for start in range(1000, total, 2500):
+            publish_many(nsqd, topic, messages[start:start + 2500])
         stop_ok(tool)  # in the middle of the stream
     written = all_lines(tmp_path)
     assert len(written) == len(set(written)) and set(written) <= set(messages)
     assert written == sorted(written)
     # everything else is still in nsqd, on the channel (depth, or in flight until it times out)
-    host, port = nsqd.http()
-
-    def left() -> int:
-        import json
-        with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json&topic={topic}", timeout=10) as reply:
-            doc = json.loads(reply.read())
-        chan = next(c for t in doc["topics"] if t["topic_name"] == topic for c in t["channels"]
-                    if c["channel_name"] == "nsq_to_file")
-        return chan["depth"] + chan["in_flight_count"] + chan["deferred_count"]
-
-    assert len(written) + left() >= total
+    assert len(written) + channel_left(nsqd, topic) >= total
     assert len(written) < total, "the stop came too late to test anything"
     # a second run writes the rest
     with ToolProcess("nsq_to_file", *args) as tool:
         wait_for(lambda: set(all_lines(tmp_path)) == set(messages), timeout=60)
         stop_ok(tool)
     assert sorted(set(all_lines(tmp_path))) == messages
+
+
+def test_unwritable_output_dir_is_fatal(nsqd, topic, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    publish(nsqd, topic, b"x")
+    result = run_tool("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
+                      f"--output-dir={blocker}/out")
+    assert result.returncode == 1
+    assert re.search(rb"FATAL: \[" + topic.encode() + rb"/nsq_to_file\] unable to create dir: ", result.stderr)
+    assert b"Traceback" not in result.stderr
+    assert channel_left(nsqd, topic) == 1  # never FIN'd: nsqd still has it
+
+
+def test_unreachable_nsqd_skips_the_topic_as_nsq_does(tmp_path):
+    from tests.integration.harness import free_port
+
+    with ToolProcess("nsq_to_file", "--topic=tt", f"--nsqd-tcp-address=127.0.0.1:{free_port()}",
+                     f"--output-dir={tmp_path}") as tool:
+        tool.wait_for_stderr(rb"ERROR: couldn't create logger for new topic tt: ")
+        stop_ok(tool)
+    assert b"Traceback" not in tool.stderr

@@ -230,7 +230,14 @@ def test_work_dir_move_and_revision_clashes(tmp_path):
 
 # --- end to end -------------------------------------------------------------------------------------------------------
 
-from tests.tools.conftest import ToolProcess, channel_depth, run_tool, usage_flags, wait_for  # noqa: E402
+from tests.tools.conftest import (  # noqa: E402
+    ToolProcess,
+    assert_unknown_flag,
+    assert_usage,
+    channel_depth,
+    run_tool,
+    wait_for,
+)
 
 SHORT_HOST = socket.gethostname().split(".")[0]
 HOUR_STAMP = r"\d{4}-\d\d-\d\d_\d\d"  # the default --datetime-format (its exact text: the unit tests above)
@@ -264,15 +271,11 @@ FACTS = {
 
 
 def test_usage_lists_nsq_flags():
-    result = run_tool("nsq_to_file", "-h")
-    assert result.returncode == 0
-    assert usage_flags(result.stderr.decode()) == FACTS
+    assert_usage("nsq_to_file", FACTS)
 
 
 def test_bad_flag_exits_2_and_version():
-    result = run_tool("nsq_to_file", "--no-such-flag")
-    assert result.returncode == 2
-    assert b"flag provided but not defined: -no-such-flag" in result.stderr
+    assert_unknown_flag("nsq_to_file")
     result = run_tool("nsq_to_file", "--gzip-level=x")
     assert result.returncode == 2 and b'invalid value "x" for flag -gzip-level' in result.stderr
     result = run_tool("nsq_to_file", "-version")

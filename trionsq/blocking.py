@@ -291,6 +291,13 @@ class BlockingConnection:
         try:
             self.sock.sendall(self._core.wire_bytes(data))
         except OSError as exc:  # BlockingIOError: SO_SNDTIMEO passed, the peer reads nothing
+            # part of a command may have gone out: the stream is unusable. Shut it down rather than
+            # close it, so that a reader blocked in another thread wakes up to EOF
+            self.closed = True
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             raise ConnectionClosed(f"cannot write to nsqd {self.address}: {_cause(exc)}") from exc
 
     # -- reading through the core ----------------------------------------------------------------------
@@ -317,8 +324,8 @@ class BlockingConnection:
 
     def request(self, data: bytes, deadline: float | None = None) -> bytes:
         """Send one command that nsqd answers and wait for the answer: its data (``b"OK"``), or
-        ``NSQError``. Messages that arrive meanwhile are refused: this is for connections that do
-        not consume (or have not subscribed yet)."""
+        ``NSQError`` (fatal: the connection is closed). For a connection used one request at a
+        time that does not consume yet: a message or another command's reply meanwhile closes it."""
         token = object()
         self.send_command(data, token)
         if deadline is None:
@@ -327,12 +334,13 @@ class BlockingConnection:
             event = self.read_event(deadline)
             if type(event) is Reply and event.token is token:
                 return event.data
-            if type(event) is ErrorReply:
-                if event.token is token or event.error.fatal:
-                    raise event.error
+            if type(event) is ErrorReply and not event.error.fatal:
                 logger.warning("%s: %s", self.address, event.error)
-            else:
-                raise ConnectionClosed(f"unexpected {event!r} from nsqd {self.address} awaiting a reply")
+                continue
+            self.close()  # after a fatal error nsqd closes it too
+            if type(event) is ErrorReply:
+                raise event.error
+            raise ConnectionClosed(f"unexpected {event!r} from nsqd {self.address} awaiting a reply")
 
     def _receive(self) -> bytes:
         view = self._view
@@ -413,8 +421,6 @@ class BlockingConnection:
     def close(self) -> None:
         """Close the socket (nsqd requeues what this connection had in flight when each message
         times out). Idempotent."""
-        if self.closed:
-            return
         self.closed = True
         try:
             self.sock.close()

@@ -126,8 +126,8 @@ def open_connection(address: str, opts, config: Config, **kwargs) -> tuple[Block
         conn = connect(address, config, deadline=deadline, server_hostname=opts.tls_server_name, **kwargs)
         return conn, deadline
     except HandshakeError as exc:
-        if opts.auth_secret is None and "AUTH" in str(exc):
-            raise HandshakeError(f"{exc}: set the auth.secret option") from None
+        if exc.features.auth_required and not opts.auth_secret:
+            raise HandshakeError(f"{exc}: set the auth.secret option", exc.features) from None
         raise
 
 

@@ -127,7 +127,15 @@ SERVER_FAILURES = frozenset({E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED})
 
 class HandshakeError(ConnectError):
     """nsqd and the ``Config`` cannot agree, so retrying is pointless: ``tls_v1`` asked and nsqd
-    offers no TLS, or nsqd requires AUTH and no ``auth_secret`` is set."""
+    offers no TLS, or nsqd requires AUTH and no ``auth_secret`` is set. ``features``: what nsqd
+    answered to IDENTIFY."""
+
+    def __init__(self, message: str, features: Features) -> None:
+        super().__init__(message)
+        self.features = features
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.features))
 
 
 def _checked(command: str, topic: str) -> str:
@@ -205,7 +213,8 @@ class BlockingConnection:
                 except ConnectError:
                     features = core.features
                     if features is not None and features.auth_required and not self.config.auth_secret:
-                        raise HandshakeError(f"nsqd {address} requires AUTH and no auth_secret is set") from None
+                        raise HandshakeError(f"nsqd {address} requires AUTH and no auth_secret is set",
+                                             features) from None
                     raise
                 if event is NEED_DATA:
                     self._set_timeout(deadline)
@@ -231,7 +240,8 @@ class BlockingConnection:
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; ValueError: a bad TLS setting
             raise ConnectError(f"handshake with nsqd {address} failed: {_cause(exc)}") from exc
         if self.config.tls_v1 and not tls:
-            raise HandshakeError(f"nsqd {address} does not offer TLS (start it with --tls-cert and --tls-key)")
+            raise HandshakeError(f"nsqd {address} does not offer TLS (start it with --tls-cert and --tls-key)",
+                                 self.features)
         self._blocking_mode()
         logger.debug("%s: connected (nsqd %s%s%s%s)", address, self.features.version or "without negotiation",
                      ", TLS" if tls else "", ", snappy" if self.features.snappy else "",

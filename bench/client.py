@@ -1,8 +1,8 @@
 """Scenario: the client package (``trionsq``, trio and blocking) against the raw generators, in one run on one nsqd.
 
-What an application pays for using the client instead of hand-written frames. Each workload runs three (or four)
-times on the same nsqd, one after the other, for the same window: by the raw generator of ``bench.load`` (one epoll
-loop, pre-encoded frames, replies counted with ``bytes.count``: the cheapest client there can be), by the trio
+What an application pays for using the client instead of hand-written frames. Each workload runs three times on
+the same nsqd, one after the other, for the same window: by the raw generator of ``bench.load`` (one epoll loop,
+pre-encoded frames, replies counted with ``bytes.count``: the cheapest client there can be), by the trio
 ``Producer``/``Consumer``, and by the blocking driver (``trionsq.blocking``). Every client runs in a process of its
 own, pinned to a CPU nsqd is not on, as the generators are, so the CPU it uses is its own and nsqd's is nsqd's.
 

@@ -364,6 +364,29 @@ class BlockingConnection:
             raise ConnectionClosed(f"nsqd {self.address} closed the connection")
         return bytes(view[:size])
 
+    def is_alive(self) -> bool:
+        """Whether the connection is still open, found without waiting: what has arrived is read
+        (heartbeats answered, non-fatal errors logged), and EOF or a reset closes it. For a
+        connection with no reply due and no subscription (a producer's, between publishes)."""
+        if self.closed:
+            return False
+        core = self._core
+        try:
+            while self._readable(0):
+                core.receive_data(self._receive())
+                while (event := core.next_event()) is not NEED_DATA:
+                    if event is HEARTBEAT:
+                        self.send(NOP)
+                    elif type(event) is ErrorReply and not event.error.fatal:
+                        logger.warning("%s: %s", self.address, event.error)
+                    else:
+                        raise ConnectionClosed(f"unexpected {event!r} from nsqd {self.address} while idle")
+        except ConnectionClosed as exc:
+            logger.info("%s", exc)
+            self.close()
+            return False
+        return True
+
     # -- reading the raw stream --------------------------------------------------------------------------
 
     def take_unparsed(self) -> bytes:
@@ -490,7 +513,11 @@ class ProducerStats:
 class Producer:
     """Blocking, pipelined publishing to the first nsqd of ``addresses`` that works (see the module
     notes). ``max_in_flight`` commands may wait for their reply; ``response_timeout`` (default
-    ``config.read_timeout``) bounds the wait for the oldest. Not thread-safe: one per thread."""
+    ``config.read_timeout``) bounds the wait for the oldest. Not thread-safe: one per thread.
+
+    With no thread of its own, a producer cannot answer heartbeats while idle, so its connections
+    IDENTIFY with heartbeats off; before writing on a connection that had nothing to wait for, it
+    checks without blocking that nsqd did not close it meanwhile, and reconnects if it did."""
 
     def __init__(self, addresses: str | Sequence[str], config: Config | None = None, *, max_in_flight: int = 16,
                  response_timeout: float | None = None) -> None:
@@ -503,6 +530,9 @@ class Producer:
             raise ValueError("max_in_flight must be at least 1")
         self.addresses = addresses
         self.config = config if config is not None else Config()
+        # no reader runs between calls to answer heartbeats, and nsqd drops a connection that misses
+        # two: a producer's connections ask for none (nsqd then sets no read deadline either)
+        self._connect_config = self.config.copy(heartbeat_interval=-1)
         self.max_in_flight = max_in_flight
         self.response_timeout = self.config.read_timeout if response_timeout is None else response_timeout
         self._current = 0
@@ -595,11 +625,14 @@ class Producer:
         for _ in range(len(addresses)):
             address = addresses[self._current]
             if address not in command.failures:
-                if self._conn is not None and self._conn.address == address:
-                    return self._conn
+                conn = self._conn
+                # between publishes nsqd may have gone away (restarted): found before writing, that is
+                # no failure of this command, just a new connection
+                if conn is not None and conn.address == address and (self._waiting or conn.is_alive()):
+                    return conn
                 self._drop()
                 try:
-                    self._conn = connect(address, self.config)
+                    self._conn = connect(address, self._connect_config)
                 except (ConnectError, NSQError) as exc:
                     logger.warning("%s", exc)
                     command.failures[address] = exc

@@ -271,6 +271,32 @@ def test_producer_fails_over_to_the_next_address(nsqd_factory, topic):
     assert topic_message_count(second, topic) == 20
 
 
+def test_idle_producer_keeps_its_connection(nsqd, topic):
+    """Nothing answers heartbeats between a blocking producer's calls: its connection asks for none, so nsqd (which
+    drops a connection that misses two) keeps it through an idle spell of three intervals."""
+    with Producer(nsqd.tcp_address, Config(heartbeat_interval=1.0)) as producer:
+        producer.publish(topic, b"before")
+        time.sleep(3.0)
+        producer.publish(topic, b"after")
+        assert producer.stats().connects == 1
+    assert topic_message_count(nsqd, topic) == 2
+
+
+def test_producer_reconnects_to_a_restarted_nsqd(nsqd_factory, topic):
+    """nsqd restarted while the producer was idle: found before the next write, that is a new connection to the same
+    address, not a failure (with one address, a failure would be NoAvailableNsqd)."""
+    port = free_port()
+    first = nsqd_factory(f"--tcp-address=127.0.0.1:{port}")
+    with Producer(first.tcp_address) as producer:
+        producer.publish(topic, b"one")
+        first.stop()
+        second = nsqd_factory(f"--tcp-address=127.0.0.1:{port}")
+        producer.publish(topic, b"two")
+        stats = producer.stats()
+    assert (stats.connects, stats.retried_commands, stats.messages) == (2, 0, 2)
+    assert topic_message_count(second, topic) == 1
+
+
 def test_producer_with_no_nsqd_left_raises_no_available_nsqd(nsqd, topic):
     dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     with Producer(dead) as producer:

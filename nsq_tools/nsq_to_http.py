@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import quote_plus
 
 from nsq_tools._cli import ToolFlags, consumer_config, fatal, fatal_if, run, setup_logging
-from nsq_tools._relay import Destinations, check_mode, destination_metrics
+from nsq_tools._relay import Destinations, Quiesce, check_mode, destination_metrics
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 from runtime.flags import go_quote
@@ -161,7 +161,8 @@ class Sender:
             raise RequestFailed(f"got status code {reply.status}")
 
 
-def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], *, rng: random.Random | None = None):
+def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], quiesce: Quiesce, *,
+                 rng: random.Random | None = None):
     urls = values["post"] or values["get"]
     sender = Sender(values, headers)
     destinations = Destinations(urls, values["mode"])
@@ -172,6 +173,8 @@ def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], *, rng:
     async def handle(message) -> None:
         if sample < 1.0 and rng.random() > sample:
             return  # not in the sample: FIN'd unsent
+        if not quiesce.admit(message):
+            return
         started = time.monotonic()
         url = destinations.pick()
         try:
@@ -179,6 +182,8 @@ def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], *, rng:
         except RequestFailed:
             destinations.mark(url, False)
             raise
+        finally:
+            quiesce.done()
         now = time.monotonic()
         destinations.mark(url, True, now - started)
         per_url[url].status(started, now)
@@ -193,8 +198,9 @@ async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> 
     import trionsq  # noqa: PLC0415
 
     config = consumer_config(values, user_agent=f"nsq_to_http/{NSQ_VERSION} trionsq/{trionsq.__version__}")
+    quiesce = Quiesce()
     try:
-        consumer = trionsq.Consumer(values["topic"], values["channel"], make_handler(values, headers),
+        consumer = trionsq.Consumer(values["topic"], values["channel"], make_handler(values, headers, quiesce),
                                     config=config, nsqd_tcp_addresses=values["nsqd_tcp_address"],
                                     lookupd_http_addresses=values["lookupd_http_address"], concurrency=values["n"])
         async with consumer:
@@ -206,6 +212,9 @@ async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> 
                 nursery.start_soon(stop_on_signal)
                 await consumer.wait_closed()
                 nursery.cancel_scope.cancel()
+            # requests under way end first; leaving the block then stops the consumer
+            quiesce.begin([consumer])
+            await quiesce.wait_idle(values["http_client_request_timeout"])
     except Exception as exc:
         # a bad address, a lookupd or nsqd refusing us: a fatal line, not a traceback
         fatal_if(exc, (ValueError, OSError, trionsq.NSQError, trionsq.ConnectError))

@@ -25,6 +25,11 @@ class Request:
     status: int  # what the sink answered
 
 
+class _Server(ThreadingHTTPServer):
+    # the tool opens up to -n (100) connections at once; http.server's backlog of 5 would drop SYNs under load
+    request_queue_size = 256
+
+
 class HttpSink:
     def __init__(self, *, fail_first: int = 0, status: int = 200) -> None:
         self.fail_first = fail_first
@@ -59,7 +64,7 @@ class HttpSink:
             def log_message(self, format: str, *args) -> None:  # keep the test output quiet
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.harness import free_port
 from tests.integration.http_helpers import post
-from tests.tools.conftest import ToolProcess, run_tool, usage_flags, wait_for
+from tests.tools.conftest import ToolProcess, assert_unknown_flag, assert_usage, run_tool, wait_for
 from tests.tools.http_sink import HttpSink
 from tests.tools.relay_checks import FAST_RETRY, channel_stats, fatal_text, wait_drained
 
@@ -55,15 +55,12 @@ def drained(nsqd, topic: str) -> dict:
 
 
 def test_usage_lists_nsq_flags():
-    result = run_tool("nsq_to_http", "-h")
-    assert result.returncode == 0
-    assert usage_flags(result.stderr.decode()) == NSQ_FLAGS
+    assert_usage("nsq_to_http", NSQ_FLAGS)
 
 
 def test_unknown_flag_exits_2_with_usage():
-    result = run_tool("nsq_to_http", "--no-such-flag")
-    assert result.returncode == 2
-    assert result.stderr.startswith(b"flag provided but not defined: -no-such-flag\nUsage of nsq_to_http:")
+    assert_unknown_flag("nsq_to_http")
+
 
 
 def test_bad_flag_value_exits_2():

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from tests.integration.harness import RawClient, consumer, fin
-from tests.tools.conftest import ToolProcess, run_tool, usage_flags, wait_for
+from tests.tools.conftest import ToolProcess, assert_unknown_flag, assert_usage, run_tool, wait_for
 from tests.tools.relay_checks import (
     FAST_RETRY,
     channel_stats,
@@ -88,15 +88,12 @@ def relay(source, destination, *args: str) -> ToolProcess:
 
 
 def test_usage_lists_nsq_flags():
-    result = run_tool("nsq_to_nsq", "-h")
-    assert result.returncode == 0
-    assert usage_flags(result.stderr.decode()) == NSQ_FLAGS
+    assert_usage("nsq_to_nsq", NSQ_FLAGS)
 
 
 def test_unknown_flag_exits_2_with_usage():
-    result = run_tool("nsq_to_nsq", "-destination", "x")
-    assert result.returncode == 2
-    assert result.stderr.startswith(b"flag provided but not defined: -destination\nUsage of nsq_to_nsq:")
+    assert_unknown_flag("nsq_to_nsq")
+
 
 
 def test_bad_flag_value_exits_2():

@@ -104,7 +104,9 @@ class Publisher:
         self._timeout = options.response_timeout_ms / 1000
 
     def open(self) -> "Publisher":
-        config = client_config(self.options)
+        # replies are read only when a link has maxInFlight commands waiting, and a task may spend a
+        # while on its next rows: no heartbeats to miss (nsqd drops a connection that misses two)
+        config = client_config(self.options, heartbeat_interval=-1)
         for address in self.addresses:
             try:
                 conn, _ = open_connection(address, self.options, config)

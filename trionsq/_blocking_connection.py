@@ -1,0 +1,405 @@
+"""One nsqd connection over a plain socket: ``connect`` and ``BlockingConnection``; the design is
+told in ``trionsq.blocking``, whose public names these are."""
+
+from __future__ import annotations
+
+import logging
+import math
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from protocol.commands import NOP, encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
+from protocol.errors import E_BAD_TOPIC
+from protocol.names import go_quote, is_valid_topic_name
+
+from ._config import Config
+from ._core import (
+    HEARTBEAT,
+    NEED_DATA,
+    START_TLS,
+    AuthResult,
+    ClientCore,
+    Connected,
+    ErrorReply,
+    Features,
+    Reply,
+    Send,
+    split_address,
+)
+from ._errors import ConnectError, ConnectionClosed, NSQError
+from ._message import Message
+
+__all__ = ["BlockingConnection", "HandshakeError", "connect"]
+
+logger = logging.getLogger("trionsq.blocking")
+
+RECEIVE_SIZE = 256 * 1024
+
+
+class HandshakeError(ConnectError):
+    """nsqd and the ``Config`` cannot agree, so retrying is pointless: ``tls_v1`` asked and nsqd
+    offers no TLS, or nsqd requires AUTH and no ``auth_secret`` is set. ``features``: what nsqd
+    answered to IDENTIFY."""
+
+    def __init__(self, message: str, features: Features) -> None:
+        super().__init__(message)
+        self.features = features
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.features))
+
+
+def checked_topic(command: str, topic: str) -> str:
+    """``topic`` if nsqd would take it: a space in it would split the command line and publish to
+    its first word, so it is refused here with nsqd's own error."""
+    if not is_valid_topic_name(topic):
+        raise NSQError(E_BAD_TOPIC, f"{command} topic name {go_quote(topic)} is not valid")
+    return topic
+
+
+def cause(exc: BaseException) -> str:
+    """An exception as a short reason for a message ("timed out", "Connection refused")."""
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+# -- one connection ----------------------------------------------------------------------------------
+
+
+def connect(address: str, config: Config | None = None, *, deadline: float | None = None,
+            server_hostname: str | None = None, receive_size: int = RECEIVE_SIZE) -> BlockingConnection:
+    """A connection to the nsqd at ``address``, through its handshake (see the module notes).
+
+    ``deadline`` (``time.monotonic()``) bounds the dial and the handshake; ``server_hostname`` is
+    the name the TLS certificate is checked against (default: the address's host). Raises
+    ``ConnectError`` (refused, timed out, TLS or upgrade failure; ``HandshakeError`` when retrying
+    cannot help) or ``NSQError`` (nsqd refused IDENTIFY or AUTH)."""
+    config = config if config is not None else Config()
+    host, port = split_address(address)
+    started = time.monotonic()
+    if deadline is None:
+        deadline = started + config.dial_timeout + config.read_timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=max(min(config.dial_timeout, deadline - started), 0.001))
+    except OSError as exc:
+        raise ConnectError(f"cannot connect to nsqd {address}: {cause(exc)}") from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn = BlockingConnection(sock, config, address, receive_size)
+    try:
+        conn._handshake(deadline, server_hostname or host)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class BlockingConnection:
+    """One nsqd connection driven by blocking calls; made by ``connect``."""
+
+    def __init__(self, sock: socket.socket, config: Config, address: str, receive_size: int = RECEIVE_SIZE) -> None:
+        self.sock: socket.socket = sock
+        self.config = config
+        self.address = address
+        self.features: Features | None = None
+        self.auth: AuthResult | None = None
+        self.closed = False
+        self._core = ClientCore(config, address, responder=self)
+        self._send_lock = threading.Lock()
+        self._receive_size = receive_size
+        self._view: memoryview | None = None  # the receive buffer, made at the first read
+        self._timeout: float | None = -1.0  # what the socket's timeout was last set to (handshake)
+        self._poll: select.poll | None = None
+
+    # -- the handshake -------------------------------------------------------------------------------
+
+    def _handshake(self, deadline: float, server_hostname: str) -> None:
+        core = self._core
+        address = self.address
+        tls = False
+        try:
+            self._write(core.handshake_bytes(), deadline)
+            while True:
+                try:
+                    event = core.next_event()
+                except ConnectError:
+                    features = core.features
+                    if features is not None and features.auth_required and not self.config.auth_secret:
+                        raise HandshakeError(f"nsqd {address} requires AUTH and no auth_secret is set",
+                                             features) from None
+                    raise
+                if event is NEED_DATA:
+                    self._set_timeout(deadline)
+                    data = self.sock.recv(RECEIVE_SIZE)
+                    if not data:
+                        raise ConnectError(f"nsqd {address} closed the connection during the handshake")
+                    core.receive_data(data)
+                elif event is START_TLS:
+                    self._set_timeout(deadline)
+                    self.sock = self.config.ssl_context().wrap_socket(self.sock, server_hostname=server_hostname)
+                    self._timeout = -1.0
+                    core.tls_started()
+                    tls = True
+                elif type(event) is Send:
+                    self._write(event.data, deadline)
+                elif type(event) is Connected:
+                    self.features, self.auth = event.features, event.auth
+                    break
+                else:
+                    raise ConnectError(f"unexpected {event!r} from nsqd {address} during the handshake")
+        except (socket.timeout, TimeoutError):
+            raise ConnectError(f"handshake with nsqd {address} timed out") from None
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; ValueError: a bad TLS setting
+            raise ConnectError(f"handshake with nsqd {address} failed: {cause(exc)}") from exc
+        if self.config.tls_v1 and not tls:
+            raise HandshakeError(f"nsqd {address} does not offer TLS (start it with --tls-cert and --tls-key)",
+                                 self.features)
+        self._blocking_mode()
+        logger.debug("%s: connected (nsqd %s%s%s%s)", address, self.features.version or "without negotiation",
+                     ", TLS" if tls else "", ", snappy" if self.features.snappy else "",
+                     ", deflate" if self.features.deflate else "")
+
+    def _set_timeout(self, deadline: float | None) -> None:
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError
+        if timeout != self._timeout:
+            self.sock.settimeout(timeout)
+            self._timeout = timeout
+
+    def _write(self, data: bytes, deadline: float | None) -> None:
+        self._set_timeout(deadline)
+        self.sock.sendall(data)
+
+    def _blocking_mode(self) -> None:
+        """From now on a reader and a writer may use the socket from two threads, so neither may
+        change its timeout under the other: the socket blocks, a read waits for data with ``poll``
+        (its own deadline), and the kernel bounds each write by ``write_timeout`` (SO_SNDTIMEO),
+        and a read of a TLS record cut short by ``read_timeout`` (SO_RCVTIMEO)."""
+        sock = self.sock
+        sock.settimeout(None)
+        for option, seconds in ((socket.SO_SNDTIMEO, self.config.write_timeout),
+                                (socket.SO_RCVTIMEO, self.config.read_timeout)):
+            whole = int(seconds)
+            sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+
+    def _readable(self, timeout: float | None) -> bool:
+        """Whether data came within ``timeout`` seconds (None: wait as long as it takes)."""
+        sock = self.sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True  # decrypted bytes the kernel knows nothing of
+        return bool(self._poll.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Write commands (several may be joined: one write, one compressed piece). Blocks until the
+        socket took them, at most ``write_timeout`` per call. ``ConnectionClosed`` when it fails."""
+        with self._send_lock:
+            self._send_locked(data)
+
+    def send_command(self, data: bytes, token: Any) -> None:
+        """Write one command that nsqd answers (PUB, MPUB, DPUB, SUB); its ``Reply`` or
+        ``ErrorReply`` from ``read_event`` carries ``token``."""
+        with self._send_lock:
+            self._core.expect_reply(token)
+            self._send_locked(data)
+
+    def _send_locked(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionClosed(f"connection to nsqd {self.address} is closed")
+        try:
+            self.sock.sendall(self._core.wire_bytes(data))
+        except OSError as exc:  # BlockingIOError: SO_SNDTIMEO passed, the peer reads nothing
+            # part of a command may have gone out: the stream is unusable. Shut it down rather than
+            # close it, so that a reader blocked in another thread wakes up to EOF
+            self.closed = True
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            raise ConnectionClosed(f"cannot write to nsqd {self.address}: {cause(exc)}") from exc
+
+    # -- reading through the core ----------------------------------------------------------------------
+
+    def read_event(self, deadline: float | None = None) -> Reply | ErrorReply | Message:
+        """The next reply, error or message; heartbeats are answered on the way. ``TimeoutError``
+        at ``deadline`` (the connection stays usable), ``ConnectionClosed`` at EOF, on a reset or
+        on a corrupt stream."""
+        core = self._core
+        try:
+            while True:
+                event = core.next_event()
+                if event is NEED_DATA:
+                    if not self._readable(None if deadline is None else deadline - time.monotonic()):
+                        raise TimeoutError(f"no answer from nsqd {self.address} in time")
+                    core.receive_data(self._receive())
+                elif event is HEARTBEAT:
+                    self.send(NOP)
+                else:
+                    return event
+        except ConnectionClosed:
+            self.close()
+            raise
+
+    def request(self, data: bytes, deadline: float | None = None) -> bytes:
+        """Send one command that nsqd answers and wait for the answer: its data (``b"OK"``), or
+        ``NSQError`` (fatal: the connection is closed). For a connection used one request at a
+        time that does not consume yet: a message or another command's reply meanwhile closes it."""
+        token = object()
+        self.send_command(data, token)
+        if deadline is None:
+            deadline = time.monotonic() + self.config.read_timeout
+        while True:
+            event = self.read_event(deadline)
+            if type(event) is Reply and event.token is token:
+                return event.data
+            if type(event) is ErrorReply and not event.error.fatal:
+                logger.warning("%s: %s", self.address, event.error)
+                continue
+            self.close()  # after a fatal error nsqd closes it too
+            if type(event) is ErrorReply:
+                raise event.error
+            raise ConnectionClosed(f"unexpected {event!r} from nsqd {self.address} awaiting a reply")
+
+    def _receive(self) -> bytes:
+        view = self._view
+        if view is None:
+            view = self._view = memoryview(bytearray(self._receive_size))
+        try:
+            size = self.sock.recv_into(view[: self._receive_size])
+        except OSError as exc:
+            raise ConnectionClosed(f"connection to nsqd {self.address} lost: {cause(exc)}") from exc
+        if not size:
+            raise ConnectionClosed(f"nsqd {self.address} closed the connection")
+        return bytes(view[:size])
+
+    def is_alive(self) -> bool:
+        """Whether the connection is still open, found without waiting: what has arrived is read
+        (heartbeats answered, non-fatal errors logged), and EOF or a reset closes it. For a
+        connection with no reply due and no subscription (a producer's, between publishes)."""
+        if self.closed:
+            return False
+        core = self._core
+        try:
+            while self._readable(0):
+                core.receive_data(self._receive())
+                while (event := core.next_event()) is not NEED_DATA:
+                    if event is HEARTBEAT:
+                        self.send(NOP)
+                    elif type(event) is ErrorReply and not event.error.fatal:
+                        logger.warning("%s: %s", self.address, event.error)
+                    else:
+                        raise ConnectionClosed(f"unexpected {event!r} from nsqd {self.address} while idle")
+        except ConnectionClosed as exc:
+            logger.info("%s", exc)
+            self.close()
+            return False
+        return True
+
+    # -- reading the raw stream --------------------------------------------------------------------------
+
+    def take_unparsed(self) -> bytes:
+        """The stream bytes (decompressed) the core holds past the last event it returned: where a
+        loop that parses the stream itself starts."""
+        return self._core.take_unparsed()
+
+    def read_available(self, timeout: float | None, coalesce: int = 0) -> bytes | None:
+        """What the socket holds, decompressed; None when nothing came within ``timeout`` seconds;
+        ``ConnectionClosed`` at EOF, on a reset or a corrupt stream. Once data arrives, reads on
+        without waiting while the socket has more, up to ``coalesce`` bytes in all (not over TLS,
+        which reads with flags refuse)."""
+        view = self._view
+        chunk = self._receive_size
+        if view is None or len(view) < coalesce + chunk:
+            view = self._view = memoryview(bytearray(coalesce + chunk))
+        if not self._readable(timeout):
+            return None
+        sock = self.sock
+        try:
+            size = sock.recv_into(view[:chunk])
+            if size and coalesce and not isinstance(sock, ssl.SSLSocket):
+                while size < coalesce:
+                    try:
+                        read = sock.recv_into(view[size : size + chunk], 0, socket.MSG_DONTWAIT)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    if not read:
+                        break  # EOF: the next call reports it
+                    size += read
+        except OSError as exc:
+            self.close()
+            raise ConnectionClosed(f"connection to nsqd {self.address} lost: {cause(exc)}") from exc
+        if not size:
+            self.close()
+            raise ConnectionClosed(f"nsqd {self.address} closed the connection")
+        try:
+            return self._core.decompress(bytes(view[:size]))
+        except ConnectionClosed:
+            self.close()
+            raise
+
+    # -- commands ----------------------------------------------------------------------------------------
+
+    def publish(self, topic: str, body: bytes) -> None:
+        """PUB: one round trip; ``NSQError`` if nsqd refuses it."""
+        self.request(encode_pub(checked_topic("PUB", topic), body))
+
+    def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
+        """MPUB: one round trip."""
+        self.request(encode_mpub(checked_topic("MPUB", topic), list(bodies)))
+
+    def deferred_publish(self, topic: str, delay: float, body: bytes) -> None:
+        """DPUB, ``delay`` in seconds (sent as whole milliseconds)."""
+        self.request(encode_dpub(checked_topic("DPUB", topic), max(0, int(delay * 1000)), body))
+
+    def subscribe(self, topic: str, channel: str, deadline: float | None = None) -> None:
+        """SUB; deliveries start after ``ready``."""
+        self.request(encode_sub(topic, channel), deadline)
+
+    def ready(self, count: int) -> None:
+        """RDY ``count`` (no reply)."""
+        self.send(encode_rdy(count))
+
+    def close(self) -> None:
+        """Close the socket (nsqd requeues what this connection had in flight when each message
+        times out). Idempotent."""
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> BlockingConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- Message's responder -----------------------------------------------------------------------------
+
+    def _message_finished(self, message: Message, data: bytes) -> None:
+        self._answer(data)
+
+    def _message_requeued(self, message: Message, data: bytes, backoff: bool) -> None:
+        self._answer(data)
+
+    def _message_touched(self, message: Message, data: bytes) -> None:
+        self._answer(data)
+
+    def _answer(self, data: bytes) -> None:
+        try:
+            self.send(data)
+        except ConnectionClosed:
+            logger.debug("%s: %s after close dropped", self.address, data[:3].decode())
+
+    def __repr__(self) -> str:
+        return f"<BlockingConnection {self.address}{' closed' if self.closed else ''}>"

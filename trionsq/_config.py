@@ -9,13 +9,26 @@ integers in base 10, floats as ``strconv.ParseFloat``. Dashes in names become un
 outside go-nsq's ranges are refused with go-nsq's wording (``invalid read_timeout ! 50ms < 100ms``).
 A bare ``name`` in ``set_option_text`` means true, and only boolean options accept it.
 
+The names are all of go-nsq v1.1.0's ``Config`` options, with its defaults and ranges:
+connection (``dial_timeout``, ``read_timeout``, ``write_timeout``, ``local_addr``, ``heartbeat_interval``,
+``client_id``, ``hostname``, ``user_agent``, ``output_buffer_size``, ``output_buffer_timeout``, ``sample_rate``,
+``msg_timeout``, ``snappy``, ``deflate``, ``deflate_level``, ``auth_secret``, ``tls_*``), consumer
+(``max_in_flight``, ``max_attempts``, ``default_requeue_delay``, ``max_requeue_delay``, ``backoff_strategy``
+``exponential``/``full_jitter``, ``backoff_multiplier``, ``max_backoff_duration``, ``low_rdy_idle_timeout``,
+``low_rdy_timeout``, ``rdy_redistribute_interval``) and lookupd (``lookupd_poll_interval``,
+``lookupd_poll_jitter``, ``lookupd_poll_timeout``, ``skip_lookupd_authorization``: despite its name, true, the
+default, sends ``auth_secret`` to nsqlookupd as a bearer token, as go-nsq does). None is accepted and ignored.
+``tls_config`` (a ``*tls.Config`` in Go, which its ``Set`` cannot take from text) is refused; give
+``tls_context`` instead. ``local_addr`` binds the connections' local address (``host:port``; trio picks the
+port, so a port other than 0 is checked but not used).
+
 Durations are float seconds in Python. The IDENTIFY fields derived from them (milliseconds, -1 for
 "disabled", 0 for "the server's default") are computed by ``trionsq._core``.
 
 TLS: ``tls_context`` (an ``ssl.SSLContext``) is used as given. Without it and with ``tls_v1``,
 ``ssl_context()`` builds one from ``tls_root_ca_file`` (else the system's CAs),
-``tls_insecure_skip_verify``, ``tls_cert``/``tls_key`` and ``tls_min_version`` (``tls1.0`` ..
-``tls1.3``, as nsqd's ``--tls-min-version``), once, and keeps it.
+``tls_insecure_skip_verify``, ``tls_cert``/``tls_key`` and ``tls_min_version`` (go-nsq's ``ssl3.0`` ..
+``tls1.2``, and ``tls1.3``; anything else is refused as go-nsq refuses it), once, and keeps it.
 
 Imports only the standard library, ``protocol`` and ``runtime.flags`` (which has no trio), so the
 blocking driver can use it in processes without trio.
@@ -39,7 +52,9 @@ __all__ = ["Config"]
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 # kind, min, max (None: unbounded), as go-nsq's struct tags declare them
-_DURATION, _INT, _FLOAT, _BOOL, _STR, _OPT_DURATION = "duration", "int", "float", "bool", "str", "optduration"
+_DURATION, _INT, _UINT, _FLOAT, _BOOL, _STR, _OPT_DURATION = (
+    "duration", "int", "uint", "float", "bool", "str", "optduration")
+_ADDR, _STRATEGY, _TLS_VERSION = "addr", "strategy", "tlsversion"
 _OPTIONS: dict[str, tuple[str, float | None, float | None]] = {
     "client_id": (_STR, None, None),
     "hostname": (_STR, None, None),
@@ -48,6 +63,7 @@ _OPTIONS: dict[str, tuple[str, float | None, float | None]] = {
     "read_timeout": (_DURATION, 0.1, 300.0),
     "write_timeout": (_DURATION, 0.1, 300.0),
     "dial_timeout": (_DURATION, None, None),
+    "local_addr": (_ADDR, None, None),
     "output_buffer_size": (_INT, None, None),
     "output_buffer_timeout": (_DURATION, None, None),
     "tls_v1": (_BOOL, None, None),
@@ -55,7 +71,7 @@ _OPTIONS: dict[str, tuple[str, float | None, float | None]] = {
     "tls_root_ca_file": (_STR, None, None),
     "tls_cert": (_STR, None, None),
     "tls_key": (_STR, None, None),
-    "tls_min_version": (_STR, None, None),
+    "tls_min_version": (_TLS_VERSION, None, None),
     "snappy": (_BOOL, None, None),
     "deflate": (_BOOL, None, None),
     "deflate_level": (_INT, 1, 9),
@@ -63,15 +79,24 @@ _OPTIONS: dict[str, tuple[str, float | None, float | None]] = {
     "msg_timeout": (_OPT_DURATION, 0.0, None),
     "auth_secret": (_STR, None, None),
     "max_in_flight": (_INT, 0, None),
-    "max_attempts": (_INT, 0, 65535),
+    "max_attempts": (_UINT, 0, 65535),
     "default_requeue_delay": (_DURATION, 0.0, 3600.0),
     "max_requeue_delay": (_DURATION, 0.0, 3600.0),
+    "backoff_strategy": (_STRATEGY, None, None),
     "backoff_multiplier": (_DURATION, 0.0, 3600.0),
     "max_backoff_duration": (_DURATION, 0.0, 3600.0),
     "lookupd_poll_interval": (_DURATION, 0.01, 300.0),
     "lookupd_poll_jitter": (_FLOAT, 0.0, 1.0),
+    "lookupd_poll_timeout": (_DURATION, None, None),
     "low_rdy_idle_timeout": (_DURATION, 1.0, 300.0),
+    "low_rdy_timeout": (_DURATION, 1.0, 300.0),
+    "rdy_redistribute_interval": (_DURATION, 0.001, 5.0),
+    "skip_lookupd_authorization": (_BOOL, None, None),
 }
+# go-nsq's tls_config is a *tls.Config: Set with text panics there; here it is refused with a pointer to the
+# Python equivalent
+_NOT_FROM_TEXT = {"tls_config": "tls_config takes an ssl.SSLContext (Config.tls_context), not text"}
+_BACKOFF_STRATEGIES = {"": "exponential", "exponential": "exponential", "full_jitter": "full_jitter"}
 
 _TLS_VERSIONS = {
     "ssl3.0": ssl.TLSVersion.SSLv3,
@@ -91,6 +116,34 @@ def _parse_base10(text: str) -> int:
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise ValueError(f"strconv.ParseInt: parsing {go_quote(text)}: value out of range")
     return value
+
+
+def _parse_uint(text: str) -> int:
+    """Go's ``strconv.ParseUint(text, 10, 64)``: ASCII digits only, no sign."""
+    if not text or not text.isascii() or not text.isdigit():
+        raise ValueError(f"strconv.ParseUint: parsing {go_quote(text)}: invalid syntax")
+    value = int(text)
+    if value >= 1 << 64:
+        raise ValueError(f"strconv.ParseUint: parsing {go_quote(text)}: value out of range")
+    return value
+
+
+def _parse_tcp_addr(text: str) -> str:
+    """``host:port`` as Go's ``net.ResolveTCPAddr("tcp", text)`` reads it (an empty host or port 0 is allowed);
+    kept as text, the connection binds to it."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"address {text}: missing port in address")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"address {text}: invalid port")
+    if host:
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            raise ValueError(f"lookup {host}: no such host") from None
+    return text
 
 
 def _parse_float(text: str) -> float:
@@ -120,6 +173,7 @@ class Config:
     read_timeout: float = 60.0
     write_timeout: float = 1.0
     dial_timeout: float = 1.0
+    local_addr: str | None = None  # "host:port" the connections are made from (None: the system's choice)
     output_buffer_size: int = 16384
     output_buffer_timeout: float = 0.25
     tls_v1: bool = False
@@ -139,11 +193,16 @@ class Config:
     max_attempts: int = 5  # 0: unlimited
     default_requeue_delay: float = 90.0
     max_requeue_delay: float = 900.0
+    backoff_strategy: str = "exponential"  # or "full_jitter"
     backoff_multiplier: float = 1.0
     max_backoff_duration: float = 120.0
     lookupd_poll_interval: float = 60.0
     lookupd_poll_jitter: float = 0.3
+    lookupd_poll_timeout: float = 60.0
     low_rdy_idle_timeout: float = 10.0
+    low_rdy_timeout: float = 30.0
+    rdy_redistribute_interval: float = 5.0
+    skip_lookupd_authorization: bool = True  # despite go-nsq's name: True sends auth_secret to lookupd
     _built_context: ssl.SSLContext | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- text form ------------------------------------------------------------------------------
@@ -153,10 +212,14 @@ class Config:
         unknown or the value does not parse or is out of range. ``value=True`` (a bare name in
         ``set_option_text``) is accepted by boolean options only."""
         option = name.replace("-", "_")
+        if option in _NOT_FROM_TEXT:
+            raise ValueError(_NOT_FROM_TEXT[option])
         spec = _OPTIONS.get(option)
         if spec is None:
             raise ValueError(f"invalid option {option}")
         kind, low, high = spec
+        if kind == _TLS_VERSION and value not in _TLS_VERSIONS:
+            raise ValueError(f"ERROR: {'true' if value is True else value} is not a tls version")
         try:
             parsed = self._coerce(kind, value)
         except ValueError as exc:
@@ -192,6 +255,16 @@ class Config:
             return value
         if kind == _INT:
             return _parse_base10(value)
+        if kind == _UINT:
+            return _parse_uint(value)
+        if kind == _ADDR:
+            return _parse_tcp_addr(value)
+        if kind == _STRATEGY:
+            if value not in _BACKOFF_STRATEGIES:
+                raise ValueError("invalid value type")
+            return _BACKOFF_STRATEGIES[value]
+        if kind == _TLS_VERSION:
+            return value
         if kind == _FLOAT:
             return _parse_float(value)
         if kind == _OPT_DURATION and value == "":

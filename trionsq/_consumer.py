@@ -34,12 +34,16 @@ Discovery and reconnects
     ends is not redialled blindly; lookupd is asked again at once, as go-nsq does.
 
 Stopping
-    ``stop()``: RDY 0 on every connection, then the handlers finish what was delivered (their FIN/REQ are sent),
-    bounded by ``stop_timeout``; whatever is still unanswered then is REQ'd at once without backoff, so another
-    consumer gets it now rather than after nsqd's msg_timeout. Then CLS on every connection, and each is closed
-    once nsqd answers CLOSE_WAIT. Leaving the ``async with`` block normally calls ``stop()``; leaving it with an
-    exception cancels everything at once (unanswered messages go back to the queue when nsqd's timeout expires,
-    which is what at-least-once delivery promises).
+    ``stop()`` never cuts a handler short that it can wait for, so no message is both handled and requeued: a
+    handler's side effect (a publish, an HTTP request) is never repeated because of a stop. It sends RDY 0 on every
+    connection; from then on every message not yet handed to a handler, whether waiting in the channel or arriving
+    late (nsqd sent it before it read RDY 0), is REQ'd at once without backoff or delay, so another consumer gets
+    it now. The handlers already running finish and their FIN/REQ are sent; the idle workers end; messages whose
+    answer the application gives itself (``disable_auto_response``) are waited for too. All that is bounded by
+    ``stop_timeout``: a handler still running then is cancelled and whatever is still unanswered is REQ'd (logged).
+    Then CLS on every connection, and each is closed once nsqd answers CLOSE_WAIT. Leaving the ``async with`` block
+    normally calls ``stop()``; leaving it with an exception cancels everything at once (unanswered messages go back
+    to the queue when nsqd's timeout expires, which is what at-least-once delivery promises).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from protocol.names import is_valid_channel_name, is_valid_topic_name
 from ._config import Config
 from ._connection import Connection, split_address
 from ._errors import ConnectionClosed, NSQError
-from ._lookupd import DEFAULT_TIMEOUT, LookupdError, lookup, lookup_url
+from ._lookupd import LookupdError, lookup, lookup_url
 from ._message import Message
 from ._rdy import ReadyController
 
@@ -90,7 +94,7 @@ class ConsumerStats:
 class _Link:
     """The consumer's side of one connection: what it delivered and has not seen answered."""
 
-    __slots__ = ("consumer", "address", "conn", "unanswered", "closed", "drained")
+    __slots__ = ("consumer", "address", "conn", "unanswered", "closed", "drained", "closing")
 
     def __init__(self, consumer: Consumer, address: str) -> None:
         self.consumer = consumer
@@ -100,6 +104,7 @@ class _Link:
         self.unanswered: dict[bytes, Message] = {}
         self.closed = trio.Event()
         self.drained: trio.Event | None = None
+        self.closing = False  # stopping or retired: RDY 0 sent, CLS to follow
 
     # the connection's callbacks (sync, from its reader task or from whoever answered a message)
     def on_message(self, message: Message) -> None:
@@ -171,8 +176,9 @@ class Consumer:
         self._rng = random.Random()
         self._rdy: ReadyController[str] = ReadyController(
             max_in_flight=self.config.max_in_flight, backoff_multiplier=self.config.backoff_multiplier,
-            max_backoff_duration=self.config.max_backoff_duration,
-            low_rdy_idle_timeout=self.config.low_rdy_idle_timeout, rng=self._rng)
+            max_backoff_duration=self.config.max_backoff_duration, backoff_strategy=self.config.backoff_strategy,
+            low_rdy_idle_timeout=self.config.low_rdy_idle_timeout, low_rdy_timeout=self.config.low_rdy_timeout,
+            redistribute_interval=self.config.rdy_redistribute_interval, rng=self._rng)
         self._links: dict[str, _Link] = {}  # subscribed connections
         self._tasks: dict[str, trio.CancelScope] = {}  # one per nsqd being connected or connected
         self._discovered: set[str] = set()
@@ -180,6 +186,7 @@ class Consumer:
         self._nursery_manager: Any = None
         self._nursery: trio.Nursery | None = None
         self._workers = trio.CancelScope()
+        self._workers_done = trio.Event()
         self._worker_tasks: set[Any] = set()
         self._discovery = trio.CancelScope()
         self._recheck = trio.Event()
@@ -233,9 +240,10 @@ class Consumer:
         await self._closed.wait()
 
     async def stop(self) -> None:
-        """RDY 0 everywhere, let the handlers answer what was delivered (at most ``stop_timeout``), REQ what is
-        left, CLS and close every connection. Called from a handler, it starts the stop and returns at once (waiting
-        there would wait for that handler itself). A second call waits for the first."""
+        """RDY 0 everywhere, REQ at once what no handler has taken, let the running handlers finish and answer
+        (at most ``stop_timeout``), REQ what is left, CLS and close every connection. Called from a handler, it
+        starts the stop and returns at once (waiting there would wait for that handler itself). A second call
+        waits for the first."""
         if self._stopping:
             if trio.lowlevel.current_task() not in self._worker_tasks:
                 await self._closed.wait()
@@ -244,19 +252,36 @@ class Consumer:
             assert self._nursery is not None
             self._nursery.start_soon(self.stop)
             return
-        self._stopping = True
+        self._stopping = True  # from here on _on_message puts every new message back at once
         log.info("[%s/%s] stopping", self.topic, self.channel)
+        deadline = trio.current_time() + self.stop_timeout
         self._discovery.cancel()
         for address, scope in list(self._tasks.items()):
             if address not in self._links:  # still dialling or waiting to redial
                 scope.cancel()
-        self._apply(self._rdy.stop(trio.current_time()))
         links = list(self._links.values())
-        with trio.move_on_after(self.stop_timeout):
+        for link in links:
+            link.closing = True
+        self._apply(self._rdy.stop(trio.current_time()))
+        put_back = 0
+        while True:  # delivered, but no handler has it: back to nsqd now, not after the handlers
+            try:
+                message = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if not message.has_responded:
+                message.requeue(0, backoff=False)
+                put_back += 1
+        if put_back:
+            log.info("[%s/%s] %d messages not yet handled requeued", self.topic, self.channel, put_back)
+        self._send.close()  # the idle workers end; the busy ones end after their handler
+        with trio.move_on_at(deadline):
+            await self._workers_done.wait()
+        with trio.move_on_at(deadline):  # answers the application gives itself, later
             async with trio.open_nursery() as nursery:
                 for link in links:
                     nursery.start_soon(link.drain, math.inf)
-        self._workers.cancel()
+        self._workers.cancel()  # only handlers that outlived stop_timeout are still there
         for link in links:
             left = list(link.unanswered.values())
             if left:
@@ -283,9 +308,22 @@ class Consumer:
         """Change ``max_in_flight`` while running (0 pauses delivery)."""
         self._apply(self._rdy.set_max_in_flight(max_in_flight, trio.current_time()))
 
+    def is_starved(self) -> bool:
+        """go-nsq's ``IsStarved``: some connection that is not closing has messages in flight (delivered, not
+        answered) and at least 85% of its last RDY count in flight. A consumer that batches its answers (as
+        nsq_to_file does) should answer now: nsqd will send nothing more on that connection until it does."""
+        for link in self._links.values():
+            in_flight = len(link.unanswered)
+            if in_flight and not link.closing and in_flight >= int(link.conn.rdy * 0.85):
+                return True
+        return False
+
     # --- events from the links (sync) -------------------------------------------------------------------------------
     def _on_message(self, link: _Link, message: Message) -> None:
         self._received += 1
+        if self._stopping:  # sent by nsqd before it read RDY 0 (or CLS): no handler will take it
+            message.requeue(0, backoff=False)
+            return
         self._rdy.message_received(link.address, link.conn.last_message_time)
         self._send.send_nowait(message)
 
@@ -328,11 +366,12 @@ class Consumer:
             async with trio.open_nursery() as nursery:
                 for _ in range(self.concurrency):
                     nursery.start_soon(self._worker)
+        self._workers_done.set()
 
     async def _worker(self) -> None:
         self._worker_tasks.add(trio.lowlevel.current_task())
-        async for message in self._receive:
-            if message.has_responded:  # requeued by stop() while it waited here
+        async for message in self._receive:  # ends when stop() closes the channel
+            if message.has_responded:  # answered while it waited here
                 continue
             max_attempts = self.config.max_attempts
             if max_attempts and message.attempts > max_attempts:
@@ -441,6 +480,7 @@ class Consumer:
     async def _retire(self, link: _Link) -> None:
         """An nsqd no lookupd lists any more: no new messages, answer those delivered, then close."""
         log.info("(%s) no longer listed by nsqlookupd: closing", link.address)
+        link.closing = True
         if link.address in self._rdy:
             self._apply(self._rdy.remove(link.address, trio.current_time()))
         try:
@@ -465,12 +505,13 @@ class Consumer:
 
     async def _query_lookupds(self) -> None:
         answers: dict[str, list[str]] = {}
-        timeout = min(DEFAULT_TIMEOUT, max(1.0, self.config.lookupd_poll_interval))
+        timeout = self.config.lookupd_poll_timeout
+        secret = self.config.auth_secret if self.config.skip_lookupd_authorization else None
 
         async def query(lookupd: str) -> None:
             log.info("querying nsqlookupd %s", lookupd)
             try:
-                answers[lookupd] = await lookup(lookupd, self.topic, timeout=timeout)
+                answers[lookupd] = await lookup(lookupd, self.topic, timeout=timeout, authorization=secret)
             except LookupdError as exc:
                 log.error("error querying nsqlookupd (%s) - %s", lookupd, exc)
 

@@ -170,27 +170,34 @@ def parse_topics(url: str, status: int, body: bytes) -> list[str]:
 
 # --- trio: one GET per call ----------------------------------------------------------------------------------------
 
-async def _get(url: str, timeout: float) -> tuple[int, bytes]:
+async def _get(url: str, timeout: float, authorization: str | None = None) -> tuple[int, bytes]:
     # imported here so that the parsers above stay importable without trio (the blocking driver uses them)
     from runtime.http_client import HTTPClientError, fetch
 
+    headers = [ACCEPT_V1]
+    if authorization:  # go-nsq sends the consumer's auth_secret as a bearer token
+        headers.append(("Authorization", f"Bearer {authorization}"))
     try:
-        reply = await fetch("GET", url, headers=[ACCEPT_V1], connect_timeout=timeout, request_timeout=timeout,
+        reply = await fetch("GET", url, headers=headers, connect_timeout=timeout, request_timeout=timeout,
                             max_bytes=MAX_BODY)
     except HTTPClientError as exc:
         raise LookupdError(str(exc)) from None
     return reply.status, reply.body
 
 
-async def lookup_producers(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[Peer]:
-    """The nsqd that a lookupd lists for ``topic`` (``[]`` when it knows no such topic)."""
+async def lookup_producers(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT,
+                           authorization: str | None = None) -> list[Peer]:
+    """The nsqd that a lookupd lists for ``topic`` (``[]`` when it knows no such topic); ``authorization``, a
+    secret sent as ``Authorization: Bearer <secret>``."""
     url = lookup_url(lookupd_http_address, "/lookup", topic=topic)
-    return parse_lookup(url, *await _get(url, timeout))
+    return parse_lookup(url, *await _get(url, timeout, authorization))
 
 
-async def lookup(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
+async def lookup(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT,
+                 authorization: str | None = None) -> list[str]:
     """The ``broadcast_address:tcp_port`` of each nsqd that a lookupd lists for ``topic``, in its order."""
-    return [peer.tcp_address for peer in await lookup_producers(lookupd_http_address, topic, timeout=timeout)]
+    peers = await lookup_producers(lookupd_http_address, topic, timeout=timeout, authorization=authorization)
+    return [peer.tcp_address for peer in peers]
 
 
 async def nodes(lookupd_http_address: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[Peer]:

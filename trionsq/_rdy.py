@@ -21,13 +21,15 @@ More connections than ``max_in_flight``
 
 Backoff
     A handler failure (REQ with backoff) raises the backoff level by one, as long as the next duration,
-    ``backoff_multiplier * 2**level`` seconds, does not pass ``max_backoff_duration`` (0 disables backoff); a
-    success (FIN) lowers it by one; a REQ without backoff leaves it. After any such signal, a level above 0 means
-    RDY 0 on every connection for ``min(backoff_multiplier * 2**level, max_backoff_duration)`` seconds; when that
-    time is up one connection picked at random gets RDY 1 as a trial, whose outcome is the next signal. Signals that
-    arrive while the RDY-0 period runs are ignored, so a burst of failures of messages already in flight costs one
-    level, not a hundred. Reaching level 0 through a success gives every connection its full share again. While the
-    level is above 0 at most one RDY 1 is out, moved by the redistribution above when its connection idles or goes.
+    ``backoff_multiplier * 2**level`` seconds (``backoff_strategy="exponential"``) or a random time below it
+    (``"full_jitter"``, go-nsq's FullJitterStrategy), does not pass ``max_backoff_duration`` (0 disables backoff);
+    a success (FIN) lowers it by one; a REQ without backoff leaves it. After any such signal, a level above 0 means
+    RDY 0 on every connection for the level's duration (drawn anew with full jitter; at most
+    ``max_backoff_duration``); when that time is up one connection picked at random gets RDY 1 as a trial, whose
+    outcome is the next signal. Signals that arrive while the RDY-0 period runs are ignored, so a burst of failures
+    of messages already in flight costs one level, not a hundred. Reaching level 0 through a success gives every
+    connection its full share again. While the level is above 0 at most one RDY 1 is out, moved by the
+    redistribution above when its connection idles or goes.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ __all__ = ["ReadyController", "ReadyStats"]
 K = TypeVar("K", bound=Hashable)
 Updates = list[tuple[K, int]]
 
-REDISTRIBUTE_INTERVAL = 5.0  # go-nsq's rdy_redistribute_interval
-LOW_RDY_TIMEOUT = 30.0  # go-nsq's low_rdy_timeout
+REDISTRIBUTE_INTERVAL = 5.0  # go-nsq's rdy_redistribute_interval default
+LOW_RDY_TIMEOUT = 30.0  # go-nsq's low_rdy_timeout default
+BACKOFF_STRATEGIES = ("exponential", "full_jitter")
 RESUME_RETRY = 1.0  # go-nsq waits a second when a trial RDY 1 finds no connection
 
 
@@ -68,10 +71,14 @@ class ReadyController(Generic[K]):
 
     def __init__(self, *, max_in_flight: int, backoff_multiplier: float = 1.0, max_backoff_duration: float = 120.0,
                  low_rdy_idle_timeout: float = 10.0, low_rdy_timeout: float = LOW_RDY_TIMEOUT,
-                 redistribute_interval: float = REDISTRIBUTE_INTERVAL, now: float = 0.0,
-                 rng: random.Random | None = None) -> None:
+                 redistribute_interval: float = REDISTRIBUTE_INTERVAL, backoff_strategy: str = "exponential",
+                 now: float = 0.0, rng: random.Random | None = None) -> None:
         if max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0, not {max_in_flight}")
+        if backoff_strategy not in BACKOFF_STRATEGIES:
+            raise ValueError(f"backoff_strategy must be one of {', '.join(BACKOFF_STRATEGIES)}, "
+                             f"not {backoff_strategy!r}")
+        self.backoff_strategy = backoff_strategy
         self.max_in_flight = max_in_flight
         self.backoff_multiplier = backoff_multiplier
         self.max_backoff_duration = max_backoff_duration
@@ -212,7 +219,12 @@ class ReadyController(Generic[K]):
 
     # --- the machinery ----------------------------------------------------------------------------------------------
     def _duration(self, level: int) -> float:
-        return self.backoff_multiplier * 2 ** level
+        """The backoff time of ``level``: exponential, or uniform below it with full jitter (drawn anew at
+        each call, as go-nsq's strategy is asked both to decide the level and to time the RDY-0 period)."""
+        duration = self.backoff_multiplier * 2 ** level
+        if self.backoff_strategy == "full_jitter":
+            return self._rng.random() * duration
+        return duration
 
     def _after_signal(self, now: float, *, changed: bool) -> Updates:
         updates: Updates = []

@@ -7,6 +7,7 @@ running meanwhile. Every wait polls a real condition with a deadline.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -137,13 +138,14 @@ async def test_more_connections_than_max_in_flight_rotate(nsqd_factory, topic):
     for index, daemon in enumerate(daemons):
         await blocking(publish, daemon, topic, [f"from{index}".encode()])
     handler = Recorder()
-    config = Config(max_in_flight=1, low_rdy_idle_timeout=1.0)
+    # go-nsq's rdy_redistribute_interval (5 s by default) and low_rdy_timeout, shortened
+    config = Config(max_in_flight=1, low_rdy_idle_timeout=1.0, low_rdy_timeout=1.0, rdy_redistribute_interval=0.3)
     async with Consumer(topic, CHANNEL, handler, config, nsqd_tcp_addresses=[d.tcp_address for d in daemons]):
         # only one connection holds RDY 1 at any time
         counts = [await blocking(ready_counts, daemon, topic) for daemon in daemons]
         assert sorted(sum(counts, [])) == [0, 0, 1]
-        # RDY 1 moves off the idle ones (every 5 s) until each nsqd delivered its message
-        await eventually(lambda: sorted(handler.done) == [b"from0", b"from1", b"from2"], timeout=40,
+        # RDY 1 moves off the idle ones (every 0.3 s) until each nsqd delivered its message
+        await eventually(lambda: sorted(handler.done) == [b"from0", b"from1", b"from2"], timeout=8,
                          message="a message from each of three nsqd")
         counts = [await blocking(ready_counts, daemon, topic) for daemon in daemons]
         assert sum(sum(counts, [])) <= 1
@@ -248,6 +250,180 @@ async def test_stop_with_messages_in_flight_loses_nothing(nsqd, topic):
     async with Consumer(topic, CHANNEL, second, Config(max_in_flight=50), nsqd_tcp_addresses=[nsqd.tcp_address]):
         await eventually(lambda: len(first.done) + len(second.done) >= len(sent), message="all messages")
     assert Counter(first.done + second.done) == Counter(sent)  # each exactly once: FIN'd once, none lost
+
+
+async def test_stop_lets_running_handlers_finish_and_puts_the_rest_back_at_once(nsqd, topic):
+    # The handler's side effect (a publish, an HTTP request) comes first, then it waits for its outcome. A stop
+    # must neither cancel it after the effect and REQ its message (the effect would happen twice) nor start
+    # handlers for messages still waiting: those go back to nsqd at once.
+    sent = bodies(20)
+    await blocking(publish, nsqd, topic, sent)
+    effects: list[bytes] = []
+    busy = trio.Event()
+
+    async def handler(message: Message) -> None:
+        effects.append(message.body)
+        busy.set()
+        await trio.sleep(0.2)
+
+    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=20), nsqd_tcp_addresses=[nsqd.tcp_address],
+                        stop_timeout=0.5) as consumer:
+        await eventually(lambda: consumer.stats().received == len(sent), message="all delivered")
+        await busy.wait()
+        started = trio.current_time()
+    took = trio.current_time() - started
+    stopped = consumer.stats()
+    assert len(effects) == 1  # the one handler running when the stop began, and no other
+    assert (stopped.finished, stopped.requeued, stopped.in_flight) == (1, len(sent) - 1, 0)
+    assert took < 0.45  # the handler's 0.2 s, not the stop_timeout
+    channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c,
+                                        message="the consumer gone from nsqd")
+    assert (channel["depth"], channel["in_flight_count"], channel["deferred_count"]) == (len(sent) - 1, 0, 0)
+
+    async def quick(message: Message) -> None:
+        effects.append(message.body)
+
+    async with Consumer(topic, CHANNEL, quick, Config(max_in_flight=50), nsqd_tcp_addresses=[nsqd.tcp_address]):
+        await eventually(lambda: len(effects) >= len(sent), message="the rest")
+    assert Counter(effects) == Counter(sent)  # every side effect exactly once
+
+
+async def test_stop_cancels_a_handler_that_outlives_stop_timeout(nsqd, topic):
+    await blocking(publish, nsqd, topic, [b"slow"])
+    cancelled = trio.Event()
+
+    async def handler(message: Message) -> None:
+        try:
+            await trio.sleep(30)
+        except trio.Cancelled:
+            cancelled.set()
+            raise
+
+    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=5), nsqd_tcp_addresses=[nsqd.tcp_address],
+                        stop_timeout=0.3) as consumer:
+        await eventually(lambda: consumer.stats().received == 1, message="the delivery")
+        started = trio.current_time()
+    assert trio.current_time() - started < 5 and cancelled.is_set()
+    assert (consumer.stats().requeued, consumer.stats().in_flight) == (1, 0)
+    channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c,
+                                        message="the consumer gone from nsqd")
+    assert (channel["depth"], channel["requeue_count"]) == (1, 1)
+
+
+async def test_is_starved_as_go_nsq(nsqd, topic):
+    # starved: some connection has messages in flight and at least 85% of its RDY count in flight
+    held: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        message.disable_auto_response()
+        held.append(message)
+
+    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=10),
+                        nsqd_tcp_addresses=[nsqd.tcp_address]) as consumer:
+        assert not consumer.is_starved()  # nothing in flight
+        await blocking(publish, nsqd, topic, bodies(7))
+        await eventually(lambda: len(held) == 7, message="seven held")
+        assert not consumer.is_starved()  # 7 < int(10 * 0.85)
+        await blocking(publish, nsqd, topic, [b"eighth"])
+        await eventually(lambda: len(held) == 8, message="eight held")
+        assert consumer.is_starved()
+        held.pop().finish()
+        assert not consumer.is_starved()
+        consumer.set_max_in_flight(8)  # RDY 8: 7 in flight reach int(8 * 0.85) = 6
+        assert consumer.is_starved()
+        for message in held:
+            message.finish()
+        assert not consumer.is_starved()
+
+
+async def test_set_max_in_flight_changes_rdy_at_nsqd(nsqd_factory, topic):
+    daemons = [nsqd_factory(), nsqd_factory()]
+    for daemon in daemons:
+        await blocking(publish, daemon, topic, [b"x"])
+    handler = Recorder()
+    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=10),
+                        nsqd_tcp_addresses=[d.tcp_address for d in daemons]) as consumer:
+        for max_in_flight, expected in ((None, 5), (4, 2), (0, 0), (15, 7)):  # max(1, n // 2) each
+            if max_in_flight is not None:
+                consumer.set_max_in_flight(max_in_flight)
+            for daemon in daemons:
+                await eventually_threaded(lambda: ready_counts(daemon, topic) == [expected],
+                                          message=f"RDY {expected} on each nsqd")
+            assert consumer.stats().total_rdy == 2 * expected
+        await eventually(lambda: len(handler.done) == 2, message="both messages")
+        # paused: nothing is delivered until the window opens again
+        consumer.set_max_in_flight(0)
+        for daemon in daemons:
+            await eventually_threaded(lambda: ready_counts(daemon, topic) == [0], message="RDY 0")
+        await blocking(publish, daemons[0], topic, [b"later"])
+        await trio.sleep(0.3)
+        assert len(handler.done) == 2
+        consumer.set_max_in_flight(1)  # fewer than connections: one of them gets RDY 1
+        await eventually(lambda: len(handler.done) == 3, timeout=15, message="the message after the pause")
+
+
+async def test_async_give_up_hook(nsqd, topic):
+    await blocking(publish, nsqd, topic, [b"poison"])
+    seen: list[tuple[bytes, int, bool]] = []
+
+    async def on_give_up(message: Message) -> None:
+        await trio.sleep(0.05)  # an async hook is awaited before the message is FIN'd
+        seen.append((message.body, message.attempts, message.has_responded))
+
+    handler = Recorder(fail=lambda body, attempts: True)
+    config = Config(max_in_flight=1, max_attempts=2, default_requeue_delay=0.0, max_backoff_duration=0.0)
+    async with Consumer(topic, CHANNEL, handler, config, nsqd_tcp_addresses=[nsqd.tcp_address],
+                        on_give_up=on_give_up) as consumer:
+        await eventually(lambda: consumer.stats().given_up == 1 and consumer.stats().finished == 1,
+                         message="given up and FIN'd")
+    assert seen == [(b"poison", 3, False)]
+    assert [attempts for _, attempts in handler.attempts] == [1, 2]
+    channel = await blocking(channel_stats, nsqd, topic)
+    assert (channel["depth"], channel["in_flight_count"], channel["deferred_count"]) == (0, 0, 0)
+
+
+async def test_local_addr_binds_the_connection(nsqd, topic):
+    # go-nsq's local_addr: the connection comes from that address (127.0.0.2 is loopback too on Linux)
+    config = Config()
+    config.set("local_addr", "127.0.0.2:0")
+    async with Consumer(topic, CHANNEL, Recorder(), config, nsqd_tcp_addresses=[nsqd.tcp_address]):
+        channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and c["clients"] and c,
+                                            message="the client at nsqd")
+    assert channel["clients"][0]["remote_address"].startswith("127.0.0.2:")
+
+
+async def test_lookupd_queries_carry_the_auth_secret(topic):
+    # go-nsq sends auth_secret to nsqlookupd as a bearer token unless skip_lookupd_authorization is false
+    heads: list[bytes] = []
+
+    async def serve(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                return
+            data += chunk
+        heads.append(data.lower())
+        body = b'{"channels": [], "producers": []}'
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        lookupd = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+        for skip, expected in (("true", b"authorization: bearer s3cret\r\n"), ("false", None)):
+            heads.clear()
+            config = Config(auth_secret="s3cret")
+            config.set("skip_lookupd_authorization", skip)
+            async with Consumer(topic, CHANNEL, Recorder(), config, lookupd_http_addresses=[lookupd]):
+                pass
+            assert len(heads) == 1
+            if expected:
+                assert expected in heads[0]
+            else:
+                assert b"authorization" not in heads[0]
+        nursery.cancel_scope.cancel()
 
 
 async def test_reconnects_after_nsqd_restart(tmp_path, topic):

@@ -440,6 +440,67 @@ def test_config_set_refuses(name, value, message):
     assert config == Config()
 
 
+# go-nsq v1.1.0's Config options (opt tags) with the default each has there, as text; "" = Go's zero value or a
+# default computed at run time (client_id, hostname, user_agent). tls_config is a *tls.Config, not text.
+GO_NSQ_OPTIONS = {
+    "dial_timeout": "1s", "read_timeout": "1m0s", "write_timeout": "1s", "local_addr": "",
+    "lookupd_poll_interval": "1m0s", "lookupd_poll_jitter": "0.3", "lookupd_poll_timeout": "1m0s",
+    "max_requeue_delay": "15m0s", "default_requeue_delay": "1m30s", "backoff_strategy": "exponential",
+    "max_backoff_duration": "2m0s", "backoff_multiplier": "1s", "max_attempts": "5", "low_rdy_idle_timeout": "10s",
+    "low_rdy_timeout": "30s", "rdy_redistribute_interval": "5s", "client_id": "", "hostname": "", "user_agent": "",
+    "heartbeat_interval": "30s", "sample_rate": "0", "tls_v1": "false", "deflate": "false", "deflate_level": "6",
+    "snappy": "false", "output_buffer_size": "16384", "output_buffer_timeout": "250ms", "max_in_flight": "1",
+    "msg_timeout": "", "auth_secret": "", "skip_lookupd_authorization": "true",
+    "tls_insecure_skip_verify": "false", "tls_cert": "", "tls_key": "", "tls_min_version": "tls1.0",
+}
+
+
+def test_config_takes_every_go_nsq_option_with_its_default():
+    for name, default in GO_NSQ_OPTIONS.items():
+        config = Config()
+        if default:
+            config.set(name, default)  # accepted, and it is already the default here
+            if name != "tls_min_version":  # go-nsq sets TLS 1.0 as the floor; here None: ssl's own floor
+                assert config == Config(), name
+    with pytest.raises(ValueError, match="tls_config takes an ssl.SSLContext"):
+        Config().set("tls_config", "x")
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("rdy_redistribute_interval", "6s", "invalid rdy_redistribute_interval ! 6s > 5s"),
+        ("rdy_redistribute_interval", "0s", "invalid rdy_redistribute_interval ! 0s < 1ms"),
+        ("low_rdy_timeout", "500ms", "invalid low_rdy_timeout ! 500ms < 1s"),
+        ("low_rdy_timeout", "6m", "invalid low_rdy_timeout ! 6m0s > 5m0s"),
+        ("backoff_strategy", "linear", "failed to coerce option backoff_strategy (linear) - invalid value type"),
+        ("max_attempts", "-1", 'failed to coerce option max_attempts (-1) - strconv.ParseUint: parsing "-1": '
+                               "invalid syntax"),
+        ("local_addr", "127.0.0.1", "failed to coerce option local_addr (127.0.0.1) - address 127.0.0.1: "
+                                    "missing port in address"),
+        ("tls_min_version", "tls2", "ERROR: tls2 is not a tls version"),
+    ],
+)
+def test_config_set_refuses_go_nsq_ranges(name, value, message):
+    config = Config()
+    with pytest.raises(ValueError) as info:
+        config.set(name, value)
+    assert str(info.value) == message
+
+
+def test_config_new_options_values():
+    config = Config()
+    for text in ("backoff_strategy,full_jitter", "rdy_redistribute_interval,250ms", "low_rdy_timeout,2s",
+                 "lookupd_poll_timeout,3s", "local_addr,127.0.0.1:0", "skip_lookupd_authorization,false"):
+        config.set_option_text(text)
+    assert (config.backoff_strategy, config.rdy_redistribute_interval, config.low_rdy_timeout) == (
+        "full_jitter", 0.25, 2.0)
+    assert (config.lookupd_poll_timeout, config.local_addr, config.skip_lookupd_authorization) == (
+        3.0, "127.0.0.1:0", False)
+    config.set("backoff_strategy", "")  # go-nsq: empty means exponential
+    assert config.backoff_strategy == "exponential"
+
+
 def test_config_option_text():
     config = Config()
     config.set_option_text("deflate")

@@ -120,6 +120,34 @@ def test_backoff_level_stops_where_the_next_duration_passes_the_max():
         assert ctl.tick(now) == [("a", 1)]
 
 
+def test_full_jitter_backoff_is_random_below_the_exponential_duration():
+    ctl = controller(1, backoff_multiplier=1.0, max_backoff_duration=100, backoff_strategy="full_jitter")
+    ctl.add("a", 2500, 0)
+    now = 0.0
+    periods = []
+    for level in (1, 2, 3, 4):
+        ctl.failed(now)
+        assert ctl.backoff_level == level
+        period = ctl.backoff_until - now
+        assert 0 <= period < 2 ** level
+        periods.append(period / 2 ** level)
+        now = ctl.backoff_until
+        assert ctl.tick(now) == [("a", 1)]
+    assert len(set(periods)) == len(periods)  # drawn each time, not a fixed share of the exponential time
+    # the level still stops where a drawn duration would pass the max (drawn below 2**level, so later here)
+    ctl = controller(1, backoff_multiplier=1.0, max_backoff_duration=3, backoff_strategy="full_jitter")
+    ctl.add("a", 2500, 0)
+    now = 0.0
+    for _ in range(30):
+        ctl.failed(now)
+        assert ctl.backoff_until - now <= 3 + 1e-9
+        now = ctl.backoff_until
+        ctl.tick(now)
+    assert 2 <= ctl.backoff_level <= 10
+    with pytest.raises(ValueError, match="backoff_strategy"):
+        controller(1, backoff_strategy="linear")
+
+
 def test_requeue_without_backoff_keeps_the_level():
     ctl = controller(4)
     ctl.add("a", 2500, 0)

@@ -21,8 +21,6 @@ to round-robin) for a ``--mode`` they do not know; here that is a start-up error
 ``<prefix> finished <n> - 99th: <ms>ms - 95th: <ms>ms - avg: <ms>ms`` and starts over; 0 disables it. Both tools
 keep one labelled ``[aggregate]:`` and, with several destinations, one per destination labelled ``[<address>]:``.
 
-``Quiesce`` is how both tools stop: no request or publish is cut short, so none is both delivered and requeued.
-
 Everything here runs on the trio thread, so no locks: a pick and its mark are plain calls.
 """
 
@@ -36,7 +34,7 @@ from typing import Callable
 
 from runtime.flags import go_quote
 
-__all__ = ["MODES", "Destinations", "Quiesce", "TimerMetrics", "check_mode", "destination_metrics"]
+__all__ = ["MODES", "Destinations", "TimerMetrics", "check_mode", "destination_metrics"]
 
 log = logging.getLogger("nsq_tools")
 
@@ -231,46 +229,3 @@ def destination_metrics(addresses: list[str], status_every: int) -> tuple[TimerM
     per_address = {address: TimerMetrics(every, f"[{address}]:") for address in addresses}
     return TimerMetrics(status_every, "[aggregate]:"), per_address
 
-
-class Quiesce:
-    """A graceful stop that never cuts a delivery short.
-
-    A consumer's stop cancels handlers that are still running once what it had delivered is answered, and REQs
-    their messages; a message that arrived late (sent by nsqd before it read RDY 0) could then be cancelled after
-    its request or publish went out, and come back as a duplicate. So the tools quiesce first: ``begin(consumers)``
-    pauses delivery (max in flight 0) and makes ``admit`` refuse new work (the message is put back at once, without
-    backoff), then ``wait_idle`` waits for the deliveries under way; only then is the consumer stopped.
-    """
-
-    def __init__(self) -> None:
-        import trio  # noqa: PLC0415
-
-        self.stopping = False
-        self.active = 0
-        self._idle = trio.Event()
-
-    def admit(self, message) -> bool:
-        """Whether the handler may deliver ``message``; when not, it has been requeued."""
-        if self.stopping:
-            message.requeue(0, backoff=False)
-            return False
-        self.active += 1
-        return True
-
-    def done(self) -> None:
-        self.active -= 1
-        if self.stopping and not self.active:
-            self._idle.set()
-
-    def begin(self, consumers) -> None:
-        self.stopping = True
-        for consumer in consumers:
-            consumer.set_max_in_flight(0)
-        if not self.active:
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float = 30.0) -> None:
-        import trio  # noqa: PLC0415
-
-        with trio.move_on_after(timeout):
-            await self._idle.wait()

@@ -12,13 +12,14 @@ The router (``TopicLogger._route``) is the only writer of its topic's files. The
 the automatic answer and passes the message on through a memory channel; the router takes whatever has arrived in
 one go, writes it in a worker thread (file I/O blocks), and FINs, on the event loop, what the last fsync covered
 (``_file_logger.TopicWriter`` decides when: each ``--sync-interval``, at ``--max-in-flight`` pending, after a
-rotation, and whenever the consumer is starved, i.e. any nsqd connection has 85% of its RDY pending, as go-nsq's
-``IsStarved``). A message is never FIN'd before it is on disk.
+rotation, and whenever ``Consumer.is_starved()``, go-nsq's ``IsStarved``: a connection has 85% of its RDY in
+flight, so nsqd sends nothing more until some are answered). A message is never FIN'd before it is on disk.
 
-Signals. SIGINT or SIGTERM: each router syncs and FINs what it holds, asks its consumer to stop (RDY 0, then
-whatever was already delivered comes in, is written, synced and FIN'd at once), and once the consumer has closed,
-closes its file (moving it out of ``--work-dir``); the tool exits 0. Messages never written are not FIN'd, so nsqd
-delivers them again to the next run. SIGHUP syncs and closes every file; the next message opens a new one (for
+Signals. SIGINT or SIGTERM: each router syncs and FINs what it holds, asks its consumer to stop (RDY 0; what the
+handler already passed on is written, synced and FIN'd at once; messages it had not taken yet, and late ones nsqd
+sent before reading RDY 0, go back to nsqd at once without being written), and once the consumer has closed,
+closes its file (moving it out of ``--work-dir``); the tool exits 0. So a message is either in a file and FIN'd or
+back in nsqd, never both; messages never written are not FIN'd, and nsqd delivers them again to the next run. SIGHUP syncs and closes every file; the next message opens a new one (for
 external log rotation).
 
 Log lines are NSQ's: ``[nsq_to_file] 2026/11/27 12:00:00.123456 INFO: [topic/channel] opening ...`` at
@@ -197,17 +198,6 @@ class TopicLogger:
             self._receive.close()
         return True
 
-    def _starved(self, consumer: Any, batch: list[Any]) -> bool:
-        """go-nsq's ``IsStarved``: some connection holds at least 85% of its RDY unanswered. The RDY of each is
-        taken as ``max_in_flight`` spread evenly over the connections (how the consumer spreads it)."""
-        counts = self.writer.pending_by_address()
-        for message in batch:
-            counts[message.nsqd_address] = counts.get(message.nsqd_address, 0) + 1
-        connections = max(1, consumer.stats().connections, len(counts))
-        rdy = max(1, self.config.max_in_flight // connections)
-        threshold = int(rdy * 0.85)
-        return any(count >= threshold and count > 0 for count in counts.values())
-
     async def _route(self, consumer: Any, nursery: Any) -> None:
         import trio  # noqa: PLC0415
 
@@ -241,10 +231,11 @@ class TopicLogger:
             batch: list[Any] = []
             for item in items + [None]:
                 if item is not None and not isinstance(item, _Control):
-                    batch.append(item)
+                    if not item.has_responded:  # not requeued by a stop that gave up waiting for the files
+                        batch.append(item)
                     continue
                 if batch:
-                    await in_thread(writer.write, batch, sync=closing or self._starved(consumer, batch))
+                    await in_thread(writer.write, batch, sync=closing or consumer.is_starved())
                     batch = []
                 if item is _STOP and not closing:
                     closing = True

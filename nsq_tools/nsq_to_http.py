@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import quote_plus
 
 from nsq_tools._cli import ToolFlags, consumer_config, fatal, fatal_if, run, setup_logging
-from nsq_tools._relay import Destinations, Quiesce, check_mode, destination_metrics
+from nsq_tools._relay import Destinations, check_mode, destination_metrics
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 from runtime.flags import go_quote
@@ -161,8 +161,7 @@ class Sender:
             raise RequestFailed(f"got status code {reply.status}")
 
 
-def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], quiesce: Quiesce, *,
-                 rng: random.Random | None = None):
+def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], *, rng: random.Random | None = None):
     urls = values["post"] or values["get"]
     sender = Sender(values, headers)
     destinations = Destinations(urls, values["mode"])
@@ -173,8 +172,6 @@ def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], quiesce
     async def handle(message) -> None:
         if sample < 1.0 and rng.random() > sample:
             return  # not in the sample: FIN'd unsent
-        if not quiesce.admit(message):
-            return
         started = time.monotonic()
         url = destinations.pick()
         try:
@@ -182,8 +179,6 @@ def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], quiesce
         except RequestFailed:
             destinations.mark(url, False)
             raise
-        finally:
-            quiesce.done()
         now = time.monotonic()
         destinations.mark(url, True, now - started)
         per_url[url].status(started, now)
@@ -198,11 +193,13 @@ async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> 
     import trionsq  # noqa: PLC0415
 
     config = consumer_config(values, user_agent=f"nsq_to_http/{NSQ_VERSION} trionsq/{trionsq.__version__}")
-    quiesce = Quiesce()
+    # a stop waits for the requests under way (each bounded by the request timeout), never cutting one short
+    stop_timeout = max(30.0, values["http_client_request_timeout"] + 1.0)
     try:
-        consumer = trionsq.Consumer(values["topic"], values["channel"], make_handler(values, headers, quiesce),
+        consumer = trionsq.Consumer(values["topic"], values["channel"], make_handler(values, headers),
                                     config=config, nsqd_tcp_addresses=values["nsqd_tcp_address"],
-                                    lookupd_http_addresses=values["lookupd_http_address"], concurrency=values["n"])
+                                    lookupd_http_addresses=values["lookupd_http_address"], concurrency=values["n"],
+                                    stop_timeout=stop_timeout)
         async with consumer:
             async with trio.open_nursery() as nursery:
                 async def stop_on_signal() -> None:
@@ -212,9 +209,8 @@ async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> 
                 nursery.start_soon(stop_on_signal)
                 await consumer.wait_closed()
                 nursery.cancel_scope.cancel()
-            # requests under way end first; leaving the block then stops the consumer
-            quiesce.begin([consumer])
-            await quiesce.wait_idle(values["http_client_request_timeout"])
+            # leaving the block stops the consumer: requests under way finish and are answered, the messages no
+            # request has started for go back to nsqd at once
     except Exception as exc:
         # a bad address, a lookupd or nsqd refusing us: a fatal line, not a traceback
         fatal_if(exc, (ValueError, OSError, trionsq.NSQError, trionsq.ConnectError))

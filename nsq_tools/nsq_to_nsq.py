@@ -39,7 +39,7 @@ from typing import Any
 
 from nsq_tools._cli import ToolFlags, consumer_config, fatal, fatal_if, producer_config, run, setup_logging
 from nsq_tools._gojson import decode_object, encode, int_if_whole
-from nsq_tools._relay import Destinations, Quiesce, check_mode, destination_metrics
+from nsq_tools._relay import Destinations, check_mode, destination_metrics
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 from runtime.flags import parse_go_float
@@ -157,7 +157,7 @@ class JsonRules:
 
 
 def make_handler(rules: JsonRules, destinations: Destinations, producers: dict[str, Any], topic: str,
-                 metrics: tuple[Any, dict[str, Any]], quiesce: Quiesce):
+                 metrics: tuple[Any, dict[str, Any]]):
     import trionsq  # noqa: PLC0415
 
     publish_errors = (trionsq.NSQError, trionsq.NoAvailableNsqd, trionsq.ConnectionClosed, trionsq.ConnectError,
@@ -171,8 +171,6 @@ def make_handler(rules: JsonRules, destinations: Destinations, producers: dict[s
             if skip.requeue:
                 raise
             return
-        if not quiesce.admit(message):
-            return
         started = time.monotonic()
         address = destinations.pick()
         error: BaseException | None = None
@@ -180,8 +178,6 @@ def make_handler(rules: JsonRules, destinations: Destinations, producers: dict[s
             await producers[address].publish(topic, body)
         except publish_errors as exc:
             error = exc
-        finally:
-            quiesce.done()
         now = time.monotonic()
         destinations.mark(address, error is None, now - started)
         per_address[address].status(started, now)  # NSQ's tool times failed publishes as well
@@ -204,7 +200,6 @@ async def _run(stop, values: dict[str, Any]) -> int:
     rules = JsonRules(values["require_json_field"], values["require_json_value"], values["whitelist_json_field"])
     destinations = Destinations(addresses, values["mode"])
     metrics = destination_metrics(addresses, values["status_every"])
-    quiesce = Quiesce()
     try:
         async with AsyncExitStack() as stack:
             producers = {}
@@ -213,7 +208,7 @@ async def _run(stop, values: dict[str, Any]) -> int:
             consumers = []
             for topic in values["topic"]:
                 handler = make_handler(rules, destinations, producers, values["destination_topic"] or topic,
-                                       metrics, quiesce)
+                                       metrics)
                 consumer = trionsq.Consumer(topic, values["channel"], handler, config=cconfig,
                                             nsqd_tcp_addresses=values["nsqd_tcp_address"],
                                             lookupd_http_addresses=values["lookupd_http_address"],
@@ -228,9 +223,8 @@ async def _run(stop, values: dict[str, Any]) -> int:
                 nursery.start_soon(all_closed)
                 await stop.wait()
                 nursery.cancel_scope.cancel()
-            # publishes under way end first; leaving the stack then stops the consumers and closes the producers
-            quiesce.begin(consumers)
-            await quiesce.wait_idle()
+            # leaving the stack stops the consumers (publishes under way finish and are answered, the messages no
+            # publish has started for go back to nsqd at once), then closes the producers
     except Exception as exc:
         # a bad address, a lookupd or nsqd refusing us: a fatal line, not a traceback
         fatal_if(exc, (ValueError, OSError, trionsq.NSQError, trionsq.ConnectError, trionsq.NoAvailableNsqd))

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from nsq_tools._gojson import decode_object, encode, int_if_whole
-from nsq_tools._relay import Destinations, Quiesce, TimerMetrics, check_mode, destination_metrics
+from nsq_tools._relay import Destinations, TimerMetrics, check_mode, destination_metrics
 from nsq_tools.nsq_to_nsq import JsonRules, Skip
 
 
@@ -178,46 +178,3 @@ def test_json_rules_drop_bodies_that_are_not_objects(caplog):
     assert caplog.records[0].getMessage() == "ERROR: Unable to decode json: not json"
     assert JsonRules("", "", []).apply(b"not json") == b"not json"  # no JSON option: copied as is
 
-
-class _Msg:
-    def __init__(self) -> None:
-        self.requeued: list[tuple[float, bool]] = []
-
-    def requeue(self, delay: float, backoff: bool) -> None:
-        self.requeued.append((delay, backoff))
-
-
-class _Consumer:
-    def __init__(self) -> None:
-        self.max_in_flight = 50
-
-    def set_max_in_flight(self, value: int) -> None:
-        self.max_in_flight = value
-
-
-async def test_quiesce_pauses_refuses_new_work_and_waits_for_work_under_way():
-    import trio
-
-    quiesce = Quiesce()
-    first, late = _Msg(), _Msg()
-    assert quiesce.admit(first)
-    consumer = _Consumer()
-    quiesce.begin([consumer])
-    assert consumer.max_in_flight == 0
-    assert not quiesce.admit(late) and late.requeued == [(0, False)]  # back at once, no backoff
-    with trio.move_on_after(0.05) as waiting:
-        await quiesce.wait_idle()
-    assert waiting.cancelled_caught  # the delivery under way holds the stop
-    quiesce.done()
-    with trio.fail_after(1):
-        await quiesce.wait_idle()
-    assert first.requeued == []
-
-
-async def test_quiesce_with_nothing_under_way_is_idle_at_once():
-    import trio
-
-    quiesce = Quiesce()
-    quiesce.begin([])
-    with trio.fail_after(1):
-        await quiesce.wait_idle()

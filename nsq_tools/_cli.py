@@ -6,8 +6,13 @@ Each tool is one module with a ``main(argv=None) -> int`` (its console script) t
 the error and the usage and exits 2, ``-version`` prints ``<tool> v1.3.0 (built w/python...)`` and exits 0),
 checks them, and runs its trio main with ``run``.
 
-Fatal start-up problems (a missing ``--topic``, a bad ``--consumer-opt``) end the tool the way Go's
-``log.Fatal`` does: one line ``YYYY/MM/DD HH:MM:SS <text>`` on stderr and exit code 1, never a traceback.
+Fatal start-up problems (a missing ``--topic``) end the tool the way Go's ``log.Fatal`` does: one line
+``YYYY/MM/DD HH:MM:SS <text>`` on stderr and exit code 1, never a traceback.
+
+``-consumer-opt``/``-producer-opt``: NSQ's tools declare them as go-nsq's ``ConfigFlag`` (a ``flag.Value`` whose
+``Set`` applies the option to the tool's Config), so a bad option is a flag error: ``invalid value "x" for flag
+-consumer-opt: <go-nsq's reason>``, the usage, exit code 2. Here each value is tried on a scratch ``Config`` while
+the flags are parsed (the flag's ``convert``), and applied to the real one by ``consumer_config``/``producer_config``.
 
 Signals: ``run`` hands the tool's main a ``trio.Event`` that is set by the first SIGINT, SIGTERM or SIGHUP
 (the tools' graceful stop: close files, finish or requeue in-flight messages); a second one while stopping is
@@ -98,7 +103,7 @@ class ToolFlags(FlagSet):
         and (``topics``) a repeatable ``-topic``: the flags of every consuming tool."""
         self.add("channel", "str", channel, "the channel to consume", in_config=False)
         self.add("consumer-opt", "str_list", [], "an option for the consumer, as name,value (repeatable; "
-                 "go-nsq's option names)", in_config=False)
+                 "go-nsq's option names)", in_config=False, convert=_option_checker())
         self.add("lookupd-http-address", "str_list", [], "an nsqlookupd HTTP address to discover nsqd from "
                  "(repeatable)", in_config=False)
         self.add("nsqd-tcp-address", "str_list", [], "an nsqd TCP address to consume from (repeatable)",
@@ -111,7 +116,7 @@ class ToolFlags(FlagSet):
 
     def add_producer_opt(self) -> None:
         self.add("producer-opt", "str_list", [], "an option for the producer, as name,value (repeatable; "
-                 "go-nsq's option names)", in_config=False)
+                 "go-nsq's option names)", in_config=False, convert=_option_checker())
 
     def add_http_client_timeouts(self, request_timeout: float = 5.0) -> None:
         self.add("http-client-connect-timeout", "duration", 2.0, "timeout for connecting to an HTTP endpoint",
@@ -130,6 +135,22 @@ class ToolFlags(FlagSet):
             sys.stdout.flush()
             raise SystemExit(0)
         return values
+
+
+def _option_checker() -> Callable[[str], str]:
+    """A ``convert`` for an option flag: ``name,value`` set on a scratch ``Config`` of that flag (several
+    occurrences accumulate, as on go-nsq's ConfigFlag), ``ValueError`` with go-nsq's reason when refused."""
+    scratch: list[Any] = []
+
+    def check(text: str) -> str:
+        if not scratch:
+            from trionsq import Config  # noqa: PLC0415 (only when the flag is given: -h stays light)
+
+            scratch.append(Config())
+        scratch[0].set_option_text(text)
+        return text
+
+    return check
 
 
 def _apply_options(config, options: list[str]) -> None:

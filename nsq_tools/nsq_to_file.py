@@ -19,8 +19,8 @@ Signals. SIGINT or SIGTERM: each router syncs and FINs what it holds, asks its c
 handler already passed on is written, synced and FIN'd at once; messages it had not taken yet, and late ones nsqd
 sent before reading RDY 0, go back to nsqd at once without being written), and once the consumer has closed,
 closes its file (moving it out of ``--work-dir``); the tool exits 0. So a message is either in a file and FIN'd or
-back in nsqd, never both; messages never written are not FIN'd, and nsqd delivers them again to the next run. SIGHUP syncs and closes every file; the next message opens a new one (for
-external log rotation).
+back in nsqd, never both; messages never written are not FIN'd, and nsqd delivers them again to the next run.
+SIGHUP syncs and closes every file; the next message opens a new one (for external log rotation).
 
 Log lines are NSQ's: ``[nsq_to_file] 2026/11/27 12:00:00.123456 INFO: [topic/channel] opening ...`` at
 ``--log-level``; the client's own lines (connections) are Go's plain log lines, as go-nsq prints them.

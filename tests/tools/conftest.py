@@ -189,6 +189,16 @@ def assert_unknown_flag(tool: str) -> None:
     assert f"Usage of {tool}:" in stderr and "Traceback" not in stderr, stderr
 
 
+def assert_bad_option(tool: str, *args: str, flag: str, value: str, reason: str) -> None:
+    """A refused ``-consumer-opt``/``-producer-opt`` value is a flag error, as go-nsq's ConfigFlag makes it in NSQ's
+    tools: ``invalid value "<value>" for flag -<flag>: <reason>``, the usage, exit code 2."""
+    result = run_tool(tool, *args, f"--{flag}={value}")
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert stderr.startswith(f'invalid value "{value}" for flag -{flag}: {reason}\n'), stderr
+    assert f"Usage of {tool}:" in stderr and "Traceback" not in stderr, stderr
+
+
 def topic_depth(nsqd: NsqdProcess, topic: str) -> int | None:
     """The topic's depth (None while nsqd does not have it)."""
     for entry in stats(nsqd.http(), f"topic={topic}")["topics"] or []:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.harness import free_port
 from tests.integration.http_helpers import post
-from tests.tools.conftest import ToolProcess, assert_unknown_flag, assert_usage, run_tool, wait_for
+from tests.tools.conftest import ToolProcess, assert_bad_option, assert_unknown_flag, assert_usage, run_tool, wait_for
 from tests.tools.http_sink import HttpSink
 from tests.tools.relay_checks import FAST_RETRY, channel_stats, fatal_text, wait_drained
 
@@ -100,10 +100,14 @@ POST = "--post=http://127.0.0.1:1/"
     (("--topic=t", NSQD, POST, "--header=novalue"), 'could not parse custom headers: Invalid header: "novalue"'),
     (("--topic=a b", NSQD, POST), "invalid topic name"),
     (("--topic=t", "--channel=c/d", NSQD, POST), "invalid channel name"),
-    (("--topic=t", NSQD, POST, "--consumer-opt=no_such_option,1"), "invalid option no_such_option"),
 ])
 def test_start_up_checks_exit_1_with_a_fatal_line(args, text):
     assert fatal_text("nsq_to_http", *args) == text
+
+
+def test_bad_consumer_opt_is_a_flag_error():
+    assert_bad_option("nsq_to_http", "--topic=t", NSQD, POST, flag="consumer-opt", value="no_such_option,1",
+                      reason="invalid option no_such_option")
 
 
 @pytest.mark.parametrize("address", ["--nsqd-tcp-address=nohostport", "--lookupd-http-address=::bad"])

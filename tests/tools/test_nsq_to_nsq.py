@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from tests.integration.harness import RawClient, consumer, fin
-from tests.tools.conftest import ToolProcess, assert_unknown_flag, assert_usage, run_tool, wait_for
+from tests.tools.conftest import ToolProcess, assert_bad_option, assert_unknown_flag, assert_usage, run_tool, wait_for
 from tests.tools.relay_checks import (
     FAST_RETRY,
     channel_stats,
@@ -118,12 +118,21 @@ DEST = "--destination-nsqd-tcp-address=127.0.0.1:4250"
     (("--topic=t", NSQD), "--destination-nsqd-tcp-address required"),
     (("--topic=t", NSQD, DEST, "--mode=random"),
      '--mode must be one of round-robin, hostpool, epsilon-greedy (got "random")'),
-    (("--topic=t", NSQD, DEST, "--producer-opt=bogus,1"), "invalid option bogus"),
-    (("--topic=t", NSQD, DEST, "--consumer-opt=max_in_flight,lots"),
-     'failed to coerce option max_in_flight (lots) - strconv.ParseInt: parsing "lots": invalid syntax'),
 ])
 def test_start_up_checks_exit_1_with_a_fatal_line(args, text):
     assert fatal_text("nsq_to_nsq", *args) == text
+
+
+@pytest.mark.parametrize("flag, value, reason", [
+    ("producer-opt", "bogus,1", "invalid option bogus"),
+    ("consumer-opt", "max_in_flight,lots",
+     'failed to coerce option max_in_flight (lots) - strconv.ParseInt: parsing "lots": invalid syntax'),
+    ("consumer-opt", "rdy_redistribute_interval,10s", "invalid rdy_redistribute_interval ! 10s > 5s"),
+    ("consumer-opt", "low_rdy_timeout", "failed to coerce option low_rdy_timeout (true) - invalid value type"),
+])
+def test_bad_option_is_a_flag_error(flag, value, reason):
+    # checked while the flags are parsed, before the start-up checks (no --topic here)
+    assert_bad_option("nsq_to_nsq", NSQD, DEST, flag=flag, value=value, reason=reason)
 
 
 @pytest.mark.parametrize("args", [("--nsqd-tcp-address=nohostport", DEST), (NSQD, "--destination-nsqd-tcp-address=x")])

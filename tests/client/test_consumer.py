@@ -95,6 +95,14 @@ def bodies(n: int, prefix: str = "m") -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(n)]
 
 
+async def nsqds_with_a_message(nsqd_factory, topic: str, count: int) -> list[NsqdProcess]:
+    """``count`` new nsqd, each holding one message ``x`` on ``topic``."""
+    daemons = [nsqd_factory() for _ in range(count)]
+    for daemon in daemons:
+        await blocking(publish, daemon, topic, [b"x"])
+    return daemons
+
+
 async def test_consume_from_nsqd_addresses(nsqd, topic):
     sent = bodies(200)
     await blocking(publish, nsqd, topic, sent)
@@ -114,9 +122,7 @@ async def test_consume_from_nsqd_addresses(nsqd, topic):
 
 
 async def test_max_in_flight_spread_over_connections(nsqd_factory, topic):
-    daemons = [nsqd_factory(), nsqd_factory()]
-    for daemon in daemons:
-        await blocking(publish, daemon, topic, [b"x"])
+    daemons = await nsqds_with_a_message(nsqd_factory, topic, 2)
     handler = Recorder()
     async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=11),
                         nsqd_tcp_addresses=[d.tcp_address for d in daemons]) as consumer:
@@ -337,9 +343,7 @@ async def test_is_starved_as_go_nsq(nsqd, topic):
 
 
 async def test_set_max_in_flight_changes_rdy_at_nsqd(nsqd_factory, topic):
-    daemons = [nsqd_factory(), nsqd_factory()]
-    for daemon in daemons:
-        await blocking(publish, daemon, topic, [b"x"])
+    daemons = await nsqds_with_a_message(nsqd_factory, topic, 2)
     handler = Recorder()
     async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=10),
                         nsqd_tcp_addresses=[d.tcp_address for d in daemons]) as consumer:

@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocol.commands import NOP, encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
-from protocol.errors import E_BAD_TOPIC
-from protocol.names import go_quote, is_valid_topic_name
 
 from ._config import Config
 from ._core import (
@@ -30,9 +28,10 @@ from ._core import (
     Features,
     Reply,
     Send,
+    check_topic,
     split_address,
 )
-from ._errors import ConnectError, ConnectionClosed, NSQError
+from ._errors import ConnectError, ConnectionClosed
 from ._message import Message
 
 __all__ = ["BlockingConnection", "HandshakeError", "connect"]
@@ -53,14 +52,6 @@ class HandshakeError(ConnectError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.features))
-
-
-def checked_topic(command: str, topic: str) -> str:
-    """``topic`` if nsqd would take it: a space in it would split the command line and publish to
-    its first word, so it is refused here with nsqd's own error."""
-    if not is_valid_topic_name(topic):
-        raise NSQError(E_BAD_TOPIC, f"{command} topic name {go_quote(topic)} is not valid")
-    return topic
 
 
 def cause(exc: BaseException) -> str:
@@ -351,15 +342,15 @@ class BlockingConnection:
 
     def publish(self, topic: str, body: bytes) -> None:
         """PUB: one round trip; ``NSQError`` if nsqd refuses it."""
-        self.request(encode_pub(checked_topic("PUB", topic), body))
+        self.request(encode_pub(check_topic("PUB", topic), body))
 
     def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
         """MPUB: one round trip."""
-        self.request(encode_mpub(checked_topic("MPUB", topic), list(bodies)))
+        self.request(encode_mpub(check_topic("MPUB", topic), list(bodies)))
 
     def deferred_publish(self, topic: str, delay: float, body: bytes) -> None:
         """DPUB, ``delay`` in seconds (sent as whole milliseconds)."""
-        self.request(encode_dpub(checked_topic("DPUB", topic), max(0, int(delay * 1000)), body))
+        self.request(encode_dpub(check_topic("DPUB", topic), max(0, int(delay * 1000)), body))
 
     def subscribe(self, topic: str, channel: str, deadline: float | None = None) -> None:
         """SUB; deliveries start after ``ready``."""

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from protocol.commands import encode_dpub, encode_mpub, encode_pub
 from protocol.errors import E_DPUB_FAILED, E_MPUB_FAILED, E_PUB_FAILED
 
-from ._blocking_connection import BlockingConnection, checked_topic, connect
+from ._blocking_connection import BlockingConnection, connect
 from ._config import Config
-from ._core import ErrorReply, Reply, split_address
+from ._core import ErrorReply, Reply, check_topic, split_address
 from ._errors import ConnectError, ConnectionClosed, NoAvailableNsqd, NSQError
 
 __all__ = ["Producer", "ProducerStats"]
@@ -87,17 +87,17 @@ class Producer:
 
     def publish(self, topic: str, body: bytes) -> None:
         """PUB, then ``flush``: returns once nsqd acknowledged it (and everything sent before)."""
-        self.send(encode_pub(checked_topic("PUB", topic), body))
+        self.send(encode_pub(check_topic("PUB", topic), body))
         self.flush()
 
     def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
         """MPUB of ``bodies`` (all or none stored), then ``flush``."""
-        self.send(encode_mpub(checked_topic("MPUB", topic), list(bodies)), len(bodies))
+        self.send(encode_mpub(check_topic("MPUB", topic), list(bodies)), len(bodies))
         self.flush()
 
     def deferred_publish(self, topic: str, delay: float, body: bytes) -> None:
         """DPUB (``delay`` in seconds, sent as whole milliseconds), then ``flush``."""
-        self.send(encode_dpub(checked_topic("DPUB", topic), max(0, int(delay * 1000)), body))
+        self.send(encode_dpub(check_topic("DPUB", topic), max(0, int(delay * 1000)), body))
         self.flush()
 
     def send(self, command: bytes, messages: int = 1) -> None:

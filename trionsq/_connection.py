@@ -47,8 +47,8 @@ import outcome
 import trio
 
 from protocol.commands import CLS, NOP, encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
-from protocol.errors import E_BAD_CHANNEL, E_BAD_TOPIC
-from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from protocol.errors import E_BAD_CHANNEL
+from protocol.names import go_quote, is_valid_channel_name
 
 from ._config import Config
 from ._core import (
@@ -62,6 +62,7 @@ from ._core import (
     Features,
     Reply,
     Send,
+    check_topic,
     split_address,
 )
 from ._errors import ConnectError, ConnectionClosed, NSQError
@@ -78,22 +79,6 @@ _WRITE_FAILURE_GRACE = 0.5
 _reschedule = trio.lowlevel.reschedule
 _Value = outcome.Value
 _Error = outcome.Error
-
-# Names already checked: a producer repeats the same few topics endlessly.
-_valid_topics: set[str] = set()
-
-
-def _check_topic(command: str, topic: str) -> None:
-    if topic in _valid_topics:
-        return
-    if not is_valid_topic_name(topic):
-        # nsqd would answer the same; checked here because a space in the name would split the
-        # command line and publish to the name's first word
-        raise NSQError(E_BAD_TOPIC, f"{command} topic name {go_quote(topic)} is not valid")
-    if len(_valid_topics) > 10_000:
-        _valid_topics.clear()
-    _valid_topics.add(topic)
-
 
 class _Waiter:
     """A caller parked until its reply; ``task`` None once it gave up (cancelled)."""
@@ -230,24 +215,24 @@ class Connection:
 
     async def publish(self, topic: str, body: bytes) -> None:
         """PUB; returns when nsqd confirmed, raises ``NSQError`` or ``ConnectionClosed``."""
-        _check_topic("PUB", topic)
+        check_topic("PUB", topic)
         await self._request(encode_pub(topic, body))
 
     async def multi_publish(self, topic: str, bodies: list[bytes]) -> None:
         """MPUB: several messages in one command (all or none are published)."""
-        _check_topic("MPUB", topic)
+        check_topic("MPUB", topic)
         if not bodies:
             raise ValueError("multi_publish needs at least one message body")
         await self._request(encode_mpub(topic, bodies))
 
     async def deferred_publish(self, topic: str, delay_seconds: float, body: bytes) -> None:
         """DPUB: the message becomes visible to consumers after ``delay_seconds``."""
-        _check_topic("DPUB", topic)
+        check_topic("DPUB", topic)
         await self._request(encode_dpub(topic, max(0, int(delay_seconds * 1000)), body))
 
     async def subscribe(self, topic: str, channel: str) -> None:
         """SUB; messages then flow to ``on_message`` as RDY allows."""
-        _check_topic("SUB", topic)
+        check_topic("SUB", topic)
         if not is_valid_channel_name(channel):
             raise NSQError(E_BAD_CHANNEL, f"SUB channel name {go_quote(channel)} is not valid")
         await self._request(encode_sub(topic, channel))
@@ -377,8 +362,7 @@ class Connection:
                         return
                     now = trio.current_time()
                     timer.deadline = now + read_timeout
-                    core.receive_data(data)
-                    while (event := core.next_event()) is not NEED_DATA:
+                    for event in core.receive_events(data):  # the whole read, decoded in one pass
                         kind = type(event)
                         if kind is Reply:
                             waiter = event.token

@@ -4,9 +4,19 @@ Shape
     A ``Consumer`` is an async context manager that owns one nursery. In it run: one task per nsqd (connect,
     SUB, wait for the connection's end, reconnect), ``concurrency`` handler workers, the RDY timer task, and the
     lookupd poller when lookupd addresses are given. Each connection's ``on_message`` callback is synchronous: it
-    counts the message and ``send_nowait``s it into one unbounded memory channel that the workers read. The channel
-    needs no bound of its own: nsqd sends no more than the RDY counts allow, and their sum never passes
-    ``max_in_flight``.
+    counts the message and appends it to one queue (a deque) that the workers share. The queue needs no bound of
+    its own: nsqd sends no more than the RDY counts allow, and their sum never passes ``max_in_flight``.
+
+Cost per message
+    A consumer is dominated by what it pays per message, so the path is built for batches. A connection's reader
+    decodes a whole read in one pass and appends its messages to the queue; only a worker that is parked idle is
+    woken (one wake-up per worker and read, not per message). A worker then takes messages off the queue and runs
+    their handlers back to back: a handler that completes without suspending costs no trip through trio's
+    scheduler, and the worker checkpoints once per ``_BATCH`` messages (or parks when the queue is empty), not once
+    per message. The FINs those handlers produce are queued on their connection's write buffer, whose writer task
+    runs only when the worker yields, so a batch of answers leaves in one write. A handler that does suspend lets
+    the other workers take the next messages, so ``concurrency`` still bounds the handlers running at once. RDY is
+    a standing window and is written only when the distribution changes, never per message.
 
 Answers
     A message answers through its connection (``finish()``/``requeue()`` queue FIN/REQ there, without awaiting),
@@ -51,6 +61,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +86,12 @@ GiveUpHook = Callable[[Message], Any]
 
 RECONNECT_MIN_DELAY = 0.25
 DRAIN_TIMEOUT = 30.0  # go-nsq gives its handlers 30 s at Stop
+_BATCH = 128  # handlers a worker runs back to back before it checkpoints (lets the writer and the reader run)
+
+_reschedule = trio.lowlevel.reschedule
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+_checkpoint = trio.lowlevel.checkpoint
+_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +111,7 @@ class ConsumerStats:
 class _Link:
     """The consumer's side of one connection: what it delivered and has not seen answered."""
 
-    __slots__ = ("consumer", "address", "conn", "unanswered", "closed", "drained", "closing")
+    __slots__ = ("consumer", "address", "conn", "unanswered", "closed", "drained", "closing", "_rdy")
 
     def __init__(self, consumer: Consumer, address: str) -> None:
         self.consumer = consumer
@@ -105,17 +122,36 @@ class _Link:
         self.closed = trio.Event()
         self.drained: trio.Event | None = None
         self.closing = False  # stopping or retired: RDY 0 sent, CLS to follow
+        self._rdy = consumer._rdy
 
-    # the connection's callbacks (sync, from its reader task or from whoever answered a message)
+    # the connection's callbacks (sync, from its reader task or from whoever answered a message); the per-message
+    # path, kept flat
     def on_message(self, message: Message) -> None:
+        consumer = self.consumer
+        consumer._received += 1
         self.unanswered[message.id] = message
-        self.consumer._on_message(self, message)
+        if consumer._stopping:  # sent by nsqd before it read RDY 0 (or CLS): no handler will take it
+            message.requeue(0, backoff=False)
+            return
+        self._rdy.message_received(self.address, self.conn.last_message_time)
+        consumer._queue.append(message)
+        idle = consumer._idle
+        if idle:  # a parked worker takes it (the busy ones come back to the queue by themselves)
+            _reschedule(idle.pop())
 
     def on_response(self, message: Message, finished: bool, backoff: bool) -> None:
-        self.unanswered.pop(message.id, None)
-        if not self.unanswered and self.drained is not None:
+        unanswered = self.unanswered
+        unanswered.pop(message.id, None)
+        if not unanswered and self.drained is not None:
             self.drained.set()
-        self.consumer._on_answer(finished, backoff)
+        consumer = self.consumer
+        if finished:
+            consumer._finished += 1
+            if self._rdy.backoff_level:  # a success only matters to the controller while backing off
+                consumer._apply(self._rdy.succeeded(trio.current_time()))
+        else:
+            consumer._requeued += 1
+            consumer._apply(self._rdy.failed(trio.current_time(), backoff=backoff))
 
     def on_close(self, conn: Connection) -> None:
         self.closed.set()
@@ -182,7 +218,8 @@ class Consumer:
         self._links: dict[str, _Link] = {}  # subscribed connections
         self._tasks: dict[str, trio.CancelScope] = {}  # one per nsqd being connected or connected
         self._discovered: set[str] = set()
-        self._send, self._receive = trio.open_memory_channel[Message](math.inf)
+        self._queue: deque[Message] = deque()  # delivered, not yet taken by a worker
+        self._idle: list[trio.lowlevel.Task] = []  # workers parked until the queue has something
         self._nursery_manager: Any = None
         self._nursery: trio.Nursery | None = None
         self._workers = trio.CancelScope()
@@ -252,7 +289,7 @@ class Consumer:
             assert self._nursery is not None
             self._nursery.start_soon(self.stop)
             return
-        self._stopping = True  # from here on _on_message puts every new message back at once
+        self._stopping = True  # from here on _Link.on_message puts every new message back at once
         log.info("[%s/%s] stopping", self.topic, self.channel)
         deadline = trio.current_time() + self.stop_timeout
         self._discovery.cancel()
@@ -264,17 +301,16 @@ class Consumer:
             link.closing = True
         self._apply(self._rdy.stop(trio.current_time()))
         put_back = 0
-        while True:  # delivered, but no handler has it: back to nsqd now, not after the handlers
-            try:
-                message = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        queue = self._queue
+        while queue:  # delivered, but no handler has it: back to nsqd now, not after the handlers
+            message = queue.popleft()
             if not message.has_responded:
                 message.requeue(0, backoff=False)
                 put_back += 1
         if put_back:
             log.info("[%s/%s] %d messages not yet handled requeued", self.topic, self.channel, put_back)
-        self._send.close()  # the idle workers end; the busy ones end after their handler
+        while self._idle:  # the idle workers end; the busy ones end after their handler (the queue stays empty)
+            _reschedule(self._idle.pop())
         with trio.move_on_at(deadline):
             await self._workers_done.wait()
         with trio.move_on_at(deadline):  # answers the application gives itself, later
@@ -318,23 +354,7 @@ class Consumer:
                 return True
         return False
 
-    # --- events from the links (sync) -------------------------------------------------------------------------------
-    def _on_message(self, link: _Link, message: Message) -> None:
-        self._received += 1
-        if self._stopping:  # sent by nsqd before it read RDY 0 (or CLS): no handler will take it
-            message.requeue(0, backoff=False)
-            return
-        self._rdy.message_received(link.address, link.conn.last_message_time)
-        self._send.send_nowait(message)
-
-    def _on_answer(self, finished: bool, backoff: bool) -> None:
-        if finished:
-            self._finished += 1
-            self._apply(self._rdy.succeeded(trio.current_time()))
-        else:
-            self._requeued += 1
-            self._apply(self._rdy.failed(trio.current_time(), backoff=backoff))
-
+    # --- RDY ---------------------------------------------------------------------------------------------------------
     def _apply(self, updates: list[tuple[str, int]]) -> None:
         """Write the RDY counts the controller chose, and wake its timer task if its deadline moved earlier."""
         for address, count in updates:
@@ -369,24 +389,47 @@ class Consumer:
         self._workers_done.set()
 
     async def _worker(self) -> None:
-        self._worker_tasks.add(trio.lowlevel.current_task())
-        async for message in self._receive:  # ends when stop() closes the channel
-            if message.has_responded:  # answered while it waited here
+        """Run handlers on queued messages, back to back, until ``stop()`` (see "Cost per message")."""
+        task = trio.lowlevel.current_task()
+        self._worker_tasks.add(task)
+        queue = self._queue
+        idle = self._idle
+        handler = self.handler
+        max_attempts = self.config.max_attempts
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            if task in idle:
+                idle.remove(task)
+            return _SUCCEEDED
+
+        while True:
+            if not queue:
+                if self._stopping:  # stop() emptied the queue and nothing is added any more
+                    return
+                idle.append(task)
+                await _wait_task_rescheduled(abort)
                 continue
-            max_attempts = self.config.max_attempts
-            if max_attempts and message.attempts > max_attempts:
-                await self._give_up(message)
-                continue
-            try:
-                await self.handler(message)
-            except Exception as exc:
-                log.error("handler failed (%s: %s) for message %s (attempt %d)", type(exc).__name__, exc,
-                          message.id.decode(), message.attempts, exc_info=log.isEnabledFor(logging.DEBUG))
-                if not message.auto_response_disabled:
-                    message.requeue()
+            for _ in range(_BATCH):
+                if not queue:
+                    break
+                message = queue.popleft()
+                if message._responded:  # answered while it waited here
+                    continue
+                if max_attempts and message.attempts > max_attempts:
+                    await self._give_up(message)
+                    continue
+                try:
+                    await handler(message)
+                except Exception as exc:
+                    log.error("handler failed (%s: %s) for message %s (attempt %d)", type(exc).__name__, exc,
+                              message.id.decode(), message.attempts, exc_info=log.isEnabledFor(logging.DEBUG))
+                    if not message._auto_response_disabled:
+                        message.requeue()
+                else:
+                    if not message._auto_response_disabled:
+                        message.finish()
             else:
-                if not message.auto_response_disabled:
-                    message.finish()
+                await _checkpoint()  # a full batch and more waiting: let the writer, the reader and others run
 
     async def _give_up(self, message: Message) -> None:
         log.warning("message %s attempted %d times, giving up", message.id.decode(), message.attempts)

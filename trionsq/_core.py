@@ -35,7 +35,7 @@ How a driver uses it
     write(core.wire_bytes(encode_pub(topic, body)));  core.expect_reply(token)
     ...
     core.receive_data(read())
-    while (event := core.next_event()) is not NEED_DATA:
+    while (event := core.next_event()) is not NEED_DATA:    # or: for event in core.receive_events(read())
         type(event) is Message    -> hand it to the consumer (its finish()/requeue()/touch() call
                                      the responder, which queues core.wire_bytes(data) for writing)
         event is HEARTBEAT        -> write(core.wire_bytes(NOP))
@@ -44,6 +44,11 @@ How a driver uses it
         type(event) is ErrorReply -> event.error (NSQError); event.token as for Reply, or None for
                                      E_FIN_FAILED/E_REQ_FAILED/E_TOUCH_FAILED, which answer no
                                      waiting command. error.fatal: nsqd closes the connection
+
+``receive_events(data)`` is the batch form of ``receive_data`` + ``next_event`` for a connected
+driver: every frame the read completes is decoded in one pass into a list (a read of a consumer at
+RDY 200 holds hundreds of messages; one call per frame, one ``Frame`` tuple per frame and a state
+check per frame are what it saves). A driver uses one form or the other once connected, not both.
 
 Rules the driver keeps:
 
@@ -66,6 +71,7 @@ bytes of a compressed "OK" that arrived in the same read as the IDENTIFY respons
 from __future__ import annotations
 
 import json
+import struct
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +84,10 @@ from protocol.compression import (
     SnappyDecoder,
     SnappyEncoder,
 )
-from protocol.errors import NON_FATAL_CODES, ProtocolError
+from protocol.errors import E_BAD_TOPIC, NON_FATAL_CODES, ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
+from protocol.message import MESSAGE_HEADER_SIZE
+from protocol.names import go_quote, is_valid_topic_name
 
 from ._config import Config
 from ._errors import ConnectError, ConnectionClosed, NSQError
@@ -96,6 +104,7 @@ __all__ = [
     "Features",
     "Reply",
     "Send",
+    "check_topic",
     "identify_body",
     "split_address",
 ]
@@ -119,6 +128,27 @@ HEARTBEAT = _Sentinel("HEARTBEAT")
 """``next_event()``: nsqd sent ``_heartbeat_``; answer with NOP."""
 
 _HEARTBEAT_DATA = b"_heartbeat_"
+_MAX_FRAME_SIZE = 64 * 1024 * 1024  # as FrameDecoder's default
+_MESSAGE_FRAME_MIN = 4 + MESSAGE_HEADER_SIZE  # a message frame's size field: type + header (+ body)
+_unpack_frame_header = struct.Struct(">ii").unpack_from
+_unpack_message_header = struct.Struct(">qH16s").unpack_from
+
+# Names already checked: a producer repeats the same few topics endlessly.
+_valid_topics: set[str] = set()
+
+
+def check_topic(command: str, topic: str) -> str:
+    """``topic`` if nsqd would take it, else ``NSQError(E_BAD_TOPIC)`` with nsqd's own text. Checked
+    on the client because a space in the name would split the command line and publish to the
+    name's first word."""
+    if topic in _valid_topics:
+        return topic
+    if not is_valid_topic_name(topic):
+        raise NSQError(E_BAD_TOPIC, f"{command} topic name {go_quote(topic)} is not valid")
+    if len(_valid_topics) > 10_000:
+        _valid_topics.clear()
+    _valid_topics.add(topic)
+    return topic
 
 
 @dataclass(frozen=True)
@@ -262,6 +292,9 @@ class ClientCore:
         "_decoder",
         "_encoder",
         "_pending",
+        "_tail",
+        "_tail_size",
+        "_tail_need",
     )
 
     def __init__(self, config: Config, address: str, responder: Any = None) -> None:
@@ -275,6 +308,10 @@ class ClientCore:
         self._decoder: SnappyDecoder | DeflateDecoder | None = None
         self._encoder: SnappyEncoder | DeflateEncoder | None = None
         self._pending: deque[Any] = deque()
+        # receive_events: the start of an incomplete frame, its size, and the size it needs
+        self._tail: list[bytes] = []
+        self._tail_size = 0
+        self._tail_need = 0
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -336,6 +373,70 @@ class ClientCore:
         except CompressionError as exc:
             raise ConnectionClosed(f"corrupt compressed stream from nsqd {self.address}: {exc}") from None
         return out
+
+    def receive_events(self, data: bytes) -> list[Any]:
+        """Connected: the events of every frame ``data`` (transport bytes) completes, in order, in
+        one pass (see the module docstring); an incomplete frame is kept for the next call."""
+        if self._decoder is not None:
+            data = self.decompress(data)
+        elif type(data) is not bytes:
+            data = bytes(data)  # message bodies are slices of it
+        if self._tail_need:
+            self._tail.append(data)
+            self._tail_size += len(data)
+            if self._tail_size < self._tail_need:
+                return []  # a large frame in many reads is joined once, when complete
+            data = b"".join(self._tail)
+            self._tail.clear()
+            self._tail_need = 0
+        elif self._frames.buffered_size():  # what the handshake read past its last frame
+            data = self._frames.take_unparsed() + data
+        events: list[Any] = []
+        append = events.append
+        pending = self._pending
+        address = self.address
+        responder = self.responder
+        pos = 0
+        end = len(data)
+        size = 0
+        while end - pos >= 8:
+            size, frame_type = _unpack_frame_header(data, pos)
+            stop = pos + 4 + size
+            if stop > end:
+                break
+            if frame_type == FRAME_TYPE_MESSAGE and size >= _MESSAGE_FRAME_MIN:
+                timestamp, attempts, msg_id = _unpack_message_header(data, pos + 8)
+                append(Message(msg_id, data[pos + 8 + MESSAGE_HEADER_SIZE : stop], timestamp, attempts, address,
+                               responder))
+            elif frame_type == FRAME_TYPE_RESPONSE and size >= 4:
+                body = data[pos + 8 : stop]
+                if body == _HEARTBEAT_DATA:
+                    append(HEARTBEAT)
+                else:
+                    append(Reply(pending.popleft() if pending else None, body))
+            elif frame_type == FRAME_TYPE_ERROR and size >= 4:
+                error = NSQError.from_frame(data[pos + 8 : stop])
+                if error.code in NON_FATAL_CODES or not pending:
+                    append(ErrorReply(None, error))
+                else:
+                    append(ErrorReply(pending.popleft(), error))
+            else:
+                raise ConnectionClosed(self._bad_frame(size, frame_type))
+            pos = stop
+        if pos < end:
+            if end - pos >= 8 and (size < 4 or size > _MAX_FRAME_SIZE):
+                raise ConnectionClosed(f"corrupt stream from nsqd {self.address}: invalid frame size {size}")
+            self._tail.append(data[pos:] if pos else data)
+            self._tail_size = end - pos
+            self._tail_need = 4 + size if end - pos >= 8 else 8
+        return events
+
+    def _bad_frame(self, size: int, frame_type: int) -> str:
+        if size < 4 or size > _MAX_FRAME_SIZE:
+            return f"corrupt stream from nsqd {self.address}: invalid frame size {size}"
+        if frame_type == FRAME_TYPE_MESSAGE:
+            return f"corrupt message from nsqd {self.address}: invalid message buffer size ({size - 4})"
+        return f"unknown frame type {frame_type} from nsqd {self.address}"
 
     def take_unparsed(self) -> bytes:
         """Remove and return the stream bytes (decompressed) received past the last event: where a

@@ -448,9 +448,3 @@ class TopicWriter:
         self.logger.sync()
         done, self.pending = self.pending, []
         return done
-
-    def pending_by_address(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for message in self.pending:
-            counts[message.nsqd_address] = counts.get(message.nsqd_address, 0) + 1
-        return counts

@@ -29,6 +29,7 @@ from ._core import (
     Reply,
     Send,
     check_topic,
+    local_host,
     split_address,
 )
 from ._errors import ConnectError, ConnectionClosed
@@ -77,8 +78,10 @@ def connect(address: str, config: Config | None = None, *, deadline: float | Non
     started = time.monotonic()
     if deadline is None:
         deadline = started + config.dial_timeout + config.read_timeout
+    source = local_host(config.local_addr)
     try:
-        sock = socket.create_connection((host, port), timeout=max(min(config.dial_timeout, deadline - started), 0.001))
+        sock = socket.create_connection((host, port), timeout=max(min(config.dial_timeout, deadline - started), 0.001),
+                                        source_address=None if source is None else (source, 0))
     except OSError as exc:
         raise ConnectError(f"cannot connect to nsqd {address}: {cause(exc)}") from exc
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -63,6 +63,7 @@ from ._core import (
     Reply,
     Send,
     check_topic,
+    local_host,
     split_address,
 )
 from ._errors import ConnectError, ConnectionClosed, NSQError
@@ -292,7 +293,7 @@ class Connection:
         try:
             with trio.fail_after(config.dial_timeout):
                 self._stream = await trio.open_tcp_stream(self.host, self.port,
-                                                          local_address=_local_host(config.local_addr))
+                                                          local_address=local_host(config.local_addr))
         except (OSError, trio.TooSlowError) as exc:
             cause = "timed out" if isinstance(exc, trio.TooSlowError) else _dial_cause(exc)
             raise ConnectError(f"cannot connect to nsqd {self.address}: {cause}") from exc
@@ -470,14 +471,6 @@ class Connection:
             if timer.cancelled_caught:
                 # a TLS close_notify the peer does not read must not hold us: drop the socket
                 await trio.aclose_forcefully(stream)
-
-
-def _local_host(local_addr: str | None) -> str | None:
-    """The host part of go-nsq's ``local_addr`` (trio binds a host and lets the system pick the port)."""
-    if not local_addr:
-        return None
-    host = local_addr.rpartition(":")[0].strip("[]")
-    return host or None
 
 
 def _dial_cause(exc: OSError) -> str:

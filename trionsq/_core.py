@@ -106,6 +106,7 @@ __all__ = [
     "Send",
     "check_topic",
     "identify_body",
+    "local_host",
     "split_address",
 ]
 
@@ -246,6 +247,15 @@ def split_address(address: str) -> tuple[str, int]:
     if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"invalid nsqd address {address!r} (want host:port)")
     return host, int(port)
+
+
+def local_host(local_addr: str | None) -> str | None:
+    """The host part of go-nsq's ``local_addr``, the source address both drivers bind their
+    connections to (the system picks the port, as trio's ``local_address`` does), or None."""
+    if not local_addr:
+        return None
+    host = local_addr.rpartition(":")[0].strip("[]")
+    return host or None
 
 
 def _ms(seconds: float) -> int:

@@ -193,6 +193,20 @@ def test_tls_verifies_the_certificate(tls_nsqd, certs):
 def test_tls_asked_of_nsqd_without_tls_is_refused(nsqd):
     with pytest.raises(HandshakeError, match="does not offer TLS"):
         connect(nsqd.tcp_address, Config(tls_v1=True))
+    with pytest.raises(NoAvailableNsqd, match="does not offer TLS"):
+        with Producer([nsqd.tcp_address], Config(tls_v1=True)) as producer:
+            producer.publish("refused", b"never in the clear")
+
+
+def test_local_addr_binds_the_source_address(nsqd, topic):
+    # go-nsq's local_addr, as the trio driver applies it: 127.0.0.2 is loopback too on Linux
+    config = Config()
+    config.set("local_addr", "127.0.0.2:0")
+    with connect(nsqd.tcp_address, config) as conn:
+        conn.subscribe(topic, "ch")
+        assert conn.sock.getsockname()[0] == "127.0.0.2"
+        client = wait_until(lambda: client_entry(nsqd, topic), 10, "the client in nsqd's /stats")
+    assert client["remote_address"].startswith("127.0.0.2:")
 
 
 @pytest.fixture

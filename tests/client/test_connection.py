@@ -314,7 +314,20 @@ async def test_auth_refused(auth_nsqd, topic):
 
 
 
-async def test_tls_asked_of_an_nsqd_without_tls(module_nsqd):
+async def test_tls_asked_of_an_nsqd_without_tls(module_nsqd, topic):
+    # go-nsq would carry on in the clear; every trio entry point refuses instead
+    config = trionsq.Config(tls_v1=True)
     with pytest.raises(trionsq.ConnectError, match="does not offer TLS"):
-        async with trionsq.Connection(module_nsqd.tcp_address, trionsq.Config(tls_v1=True)):
+        async with trionsq.Connection(module_nsqd.tcp_address, config):
             pass
+    async with trionsq.Producer([module_nsqd.tcp_address], config) as producer:
+        with pytest.raises(trionsq.NoAvailableNsqd, match="does not offer TLS"):
+            await producer.publish(topic, b"never in the clear")
+
+    async def handler(message: trionsq.Message) -> None:
+        raise AssertionError("no message can arrive")
+
+    with pytest.raises(trionsq.ConnectError, match="does not offer TLS"):
+        async with trionsq.Consumer(topic, "ch", handler, config, nsqd_tcp_addresses=[module_nsqd.tcp_address]):
+            pass
+    assert topic_message_count(module_nsqd, topic) == 0

@@ -13,6 +13,14 @@ the handshake (magic, IDENTIFY, TLS through ``trio.SSLStream``, snappy/deflate, 
   sleeps while nothing is queued and is woken by the first ``send_nowait`` of the next batch; a
   write that takes longer than ``write_timeout`` closes the connection.
 
+Cost per operation: every trip through trio's scheduler is a few microseconds, so the hot paths
+take as few as they can. Without TLS the two tasks drive the socket themselves once the handshake
+is done (``trio.SocketStream``'s socket is detached into a plain non-blocking socket): a read that
+returns data or a write that the kernel takes whole costs no scheduler trip of its own, where a
+stream's ``receive_some``/``send_all`` adds one to every call; the tasks park only in
+``wait_readable``/``wait_writable`` (a short read means the socket is drained, so the reader parks
+at once instead of trying again). Over TLS the ``trio.SSLStream`` is used as it is.
+
 Requests are pipelined: ``publish`` queues its command, registers itself as the next reply expected
 (``ClientCore.expect_reply``) and parks until the reader hands it its reply. Commands leave in call
 order and nsqd answers in order, so replies match callers first-in first-out, with no per-call task
@@ -40,6 +48,7 @@ after the connection closed is dropped (nsqd has requeued the message already).
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +87,9 @@ _RECEIVE_SIZE = 256 * 1024
 _CLOSE_WAIT_TIMEOUT = 5.0
 _WRITE_FAILURE_GRACE = 0.5
 _reschedule = trio.lowlevel.reschedule
+_wait_readable = trio.lowlevel.wait_readable
+_wait_writable = trio.lowlevel.wait_writable
+_checkpoint = trio.lowlevel.checkpoint
 _Value = outcome.Value
 _Error = outcome.Error
 
@@ -133,6 +145,7 @@ class Connection:
         self.writes = 0
         self._core = ClientCore(self.config, address, responder=self)
         self._stream: trio.abc.Stream | None = None
+        self._sock: socket.socket | None = None  # the plain TCP socket, without TLS, once connected
         self._outbox: list[bytes] = []
         self._writer_task: trio.lowlevel.Task | None = None
         self._writer_parked = False
@@ -342,6 +355,10 @@ class Connection:
             elif type(event) is Connected:
                 self.features = event.features
                 self.auth = event.auth
+                if type(stream) is trio.SocketStream:  # no TLS: the tasks drive the socket (module docstring)
+                    sock = self._sock = socket.socket(fileno=stream.socket.detach())
+                    sock.setblocking(False)
+                    self._stream = None
                 return
             else:
                 raise ConnectError(f"unexpected {event!r} from nsqd {self.address} during the handshake")
@@ -351,13 +368,27 @@ class Connection:
     async def _read_loop(self) -> None:
         core = self._core
         stream = self._stream
-        assert stream is not None
+        sock = self._sock
+        recv = sock.recv if sock is not None else None
         read_timeout = self.config.read_timeout
         on_message = self.on_message
+        drained = True  # the last read was short: the socket had nothing more
         try:
             with trio.CancelScope(deadline=trio.current_time() + read_timeout) as timer:
                 while True:
-                    data = await stream.receive_some(_RECEIVE_SIZE)
+                    if recv is None:
+                        data = await stream.receive_some(_RECEIVE_SIZE)  # type: ignore[union-attr]
+                    else:
+                        if drained:  # park until more comes, rather than try a recv that would fail
+                            await _wait_readable(sock)
+                        else:  # more is probably there: the tasks the last read woke run first
+                            await _checkpoint()
+                        try:
+                            data = recv(_RECEIVE_SIZE)
+                        except BlockingIOError:
+                            drained = True
+                            continue
+                        drained = len(data) < _RECEIVE_SIZE
                     if not data:
                         self._mark_closed("nsqd closed the connection")
                         return
@@ -411,7 +442,7 @@ class Connection:
     async def _write_loop(self) -> None:
         core = self._core
         stream = self._stream
-        assert stream is not None
+        sock = self._sock
         write_timeout = self.config.write_timeout
         self._writer_task = trio.lowlevel.current_task()
         try:
@@ -421,10 +452,20 @@ class Connection:
                     await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
                 batch = self._outbox
                 self._outbox = []
-                data = batch[0] if len(batch) == 1 else b"".join(batch)
+                data = core.wire_bytes(batch[0] if len(batch) == 1 else b"".join(batch))
                 self.writes += 1
-                with trio.move_on_after(write_timeout) as timer:
-                    await stream.send_all(core.wire_bytes(data))
+                if sock is not None:
+                    try:
+                        sent = sock.send(data)
+                    except BlockingIOError:
+                        sent = 0
+                    if sent == len(data):
+                        continue  # the common case: the kernel took it all, no scheduler trip
+                    with trio.move_on_after(write_timeout) as timer:
+                        await self._send_rest(sock, memoryview(data)[sent:])
+                else:
+                    with trio.move_on_after(write_timeout) as timer:
+                        await stream.send_all(data)  # type: ignore[union-attr]
                 if timer.cancelled_caught:
                     self._mark_closed(f"write to nsqd took over {write_timeout:g}s (write_timeout)")
                     return
@@ -436,6 +477,16 @@ class Connection:
         with trio.move_on_after(_WRITE_FAILURE_GRACE):
             await self._reader_done.wait()
         self._mark_closed(reason)
+
+    @staticmethod
+    async def _send_rest(sock: socket.socket, data: memoryview) -> None:
+        """What the kernel did not take at once, as it makes room."""
+        while data:
+            await _wait_writable(sock)
+            try:
+                data = data[sock.send(data) :]
+            except BlockingIOError:
+                pass
 
     def _abort_writer_wait(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
         self._writer_parked = False
@@ -458,6 +509,11 @@ class Connection:
             self._tasks_scope.cancel()
 
     async def _close_stream(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            self._sock = None
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
         stream = self._stream
         if stream is None:
             return

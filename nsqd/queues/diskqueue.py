@@ -147,6 +147,27 @@ _POS_MASK = (1 << _POS_BITS) - 1
 
 _default_log = logging.getLogger("nsqd")
 
+#: Tests only: while the file this names exists, the inline sync's fsync (the group commit's, and
+#: ``--sync-every=1``'s: the one that must succeed before an OK) fails with EIO, as a failing disk's would. Set in the
+#: environment of an nsqd under test; a real failing device (device-mapper's error target) needs privileges and
+#: kernel modules a test machine may lack.
+FAIL_FSYNC_ENV = "NSQD_TEST_FAIL_FSYNC"
+
+
+def _fsync_hook():
+    trigger = os.environ.get(FAIL_FSYNC_ENV)
+    if not trigger:
+        return os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.exists(trigger):
+            raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (injected: {FAIL_FSYNC_ENV})")
+        os.fsync(fd)
+    return fsync
+
+
+_fsync = _fsync_hook()
+
 
 class DiskQueueClosed(Exception):
     """The queue was closed or deleted."""
@@ -180,7 +201,7 @@ class DiskQueue:
                  "_depth", "_read_file_num", "_read_pos", "_write_file_num", "_write_pos", "_write_fd", "_reader",
                  "_read_end", "_worker", "_sync_failed", "_ops", "_dirty", "_need_sync", "_pending_since", "_closed",
                  "_held", "_held_base", "_acked", "_oldest_file", "_bad_files", "_removed_read_file", "_meta_path",
-                 "_saved_meta", "checksums", "on_damage", "damaged", "_sum_fd", "_write_count")
+                 "_saved_meta", "checksums", "on_damage", "damaged", "_sum_fd", "_write_count", "_synced_at", "_suspect")
 
     def __init__(
         self,
@@ -227,6 +248,10 @@ class DiskQueue:
         self.damaged = 0
         self._sum_fd: int | None = None  # the write file's side file (None: none, or checksums off for it)
         self._write_count = 0  # records in the write file before write_pos (the next entry's number)
+        # The writer's position at the last inline sync that succeeded, and after one that failed, that position
+        # (what was written since may be gone from the page cache: Linux drops the dirty pages of a failed fsync)
+        self._synced_at: tuple[int, int] = (0, 0)
+        self._suspect: tuple[int, int] | None = None
 
         self._depth = 0
         self._read_file_num = 0
@@ -840,12 +865,24 @@ class DiskQueue:
             raise
 
     def _sync(self) -> None:
-        """Sync now, on the caller's thread: on disk when it returns (after the background work before it)."""
+        """Sync now, on the caller's thread: on disk when it returns (after the background work before it).
+        After a failed fsync the bytes written since the last good one are written again first: the kernel
+        may have dropped them (marked clean, never written) when it reported the error."""
         if self._worker is not None:
             self._worker.discard_last(("sync", self._write_fd))  # superseded by this one
         self._wait_worker()
-        if self._write_fd is not None:
-            os.fsync(self._write_fd)
+        fd = self._write_fd
+        if fd is not None:
+            try:
+                if self._suspect is not None:
+                    self._rewrite_suspect(fd)
+                _fsync(fd)
+            except OSError:
+                if self._suspect is None:
+                    self._suspect = self._synced_at
+                raise
+            self._suspect = None
+            self._synced_at = (self._write_file_num, self._write_pos)
         meta = self._meta_text()
         replace_file(self._meta_path, meta)
         self._saved_meta = meta
@@ -855,6 +892,18 @@ class DiskQueue:
         self._pending_since = None
         self._sync_failed = False
         self.last_error = None
+
+    def _rewrite_suspect(self, fd: int) -> None:
+        """Write again what the write file holds from the last good sync on (the whole file if that was in an
+        earlier one, whose own fsync ran on the worker when writing moved on)."""
+        file_num, pos = self._suspect
+        start = pos if file_num == self._write_file_num else 0
+        if start >= self._write_pos:
+            return
+        data = os.pread(fd, self._write_pos - start, start)
+        _write_fully(fd, data, start, self.file_name(self._write_file_num))
+        self.log.warning("DISKQUEUE(%s): %d byte(s) of %s written since the last good sync written again after a "
+                         "failed sync", self.name, len(data), self.file_name(self._write_file_num))
 
     def _sync_soon(self, sum_fd: int | None = None) -> None:
         """Sync on the worker: the meta file as the queue is now, after everything done so far. Nothing waits for

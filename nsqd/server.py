@@ -39,7 +39,7 @@ from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_replication
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
-from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
+from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 from protocol.version import version_string
 from .stats_cache import StatsCache
 from .statsd import StatsdPusher
@@ -54,6 +54,16 @@ log = logging.getLogger("nsqd")
 #: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted (a peer
 #: that refuses the connection is not waited for; one that took it and is slow to answer is, this long at most)
 REPLICATION_START_TIMEOUT = 30.0
+#: Tests only: the newest replication protocol version this node speaks, below ``PROTOCOL_VERSION`` (a node not
+#: yet upgraded, in a test of a rolling upgrade). Not a flag: an operator has no reason to speak an older version.
+REPLICATION_VERSION_ENV = "NSQD_TEST_REPLICATION_VERSION"
+
+
+def _replication_version() -> int:
+    cap = os.environ.get(REPLICATION_VERSION_ENV, "")
+    if not cap:
+        return PROTOCOL_VERSION
+    return max(PROTOCOL_VERSION_MIN, min(PROTOCOL_VERSION, int(cap)))
 
 
 class NSQD:
@@ -122,6 +132,8 @@ class NSQD:
         self.sync_barrier = SyncBarrier()
         # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
         self.replication: Replicator | None = None
+        #: the newest replication protocol version this node speaks, both as an origin and as a replica
+        self.replication_version = _replication_version()
         self.replica_host = ReplicaHost(self)
         #: messages of this node a replica adopted that it had finished (``_replication_adopted``): delivered twice
         self.duplicates_after_takeover = 0
@@ -426,7 +438,8 @@ class NSQD:
                                       degraded=opts.replication_degraded, durable=self.durable,
                                       ssl_context=self.replication_ssl_context(),
                                       epoch=epoch, snapshot=partial(Backfill, self),
-                                      on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean)
+                                      on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean,
+                                      version=self.replication_version)
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)

@@ -19,6 +19,8 @@ from .names import is_ephemeral, is_valid_name_bytes
 
 __all__ = [
     "MAGIC_R1",
+    "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION_MIN",
     "OP_CREATED",
     "OP_DELETED",
     "OP_EMPTIED",
@@ -26,6 +28,7 @@ __all__ = [
     "OP_UNPAUSED",
     "E_BAD_HELLO",
     "E_BAD_SEQ",
+    "E_BAD_VERSION",
     "E_NODE_CONFLICT",
     "E_STORE_FAILED",
     "Ack",
@@ -38,6 +41,8 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "Messages",
+    "Ping",
+    "Pong",
     "ReplicatedMessage",
     "ReplicationDecoder",
     "Requeued",
@@ -46,15 +51,26 @@ __all__ = [
     "encode",
     "encode_messages",
     "encode_published",
+    "frame_version",
+    "negotiate",
     "split_ids",
 ]
 
 MAGIC_R1 = b"  R1"
 
+#: The newest version of the replication protocol this code speaks, and the oldest it still speaks. HELLO
+#: carries the origin's range (``version``, ``min_version``), WELCOME the version the replica chose for the
+#: stream: the highest both ends speak (``negotiate``). Each side then sends only that version's frames and its
+#: decoder refuses the rest (``ReplicationDecoder.version``), so a ring is upgraded one node at a time.
+#: Version 2 adds PING/PONG (an idle stream's heartbeat that measures the round trip).
+PROTOCOL_VERSION = 2
+PROTOCOL_VERSION_MIN = 1
+
 E_BAD_HELLO = "E_BAD_HELLO"
 E_NODE_CONFLICT = "E_NODE_CONFLICT"
 E_BAD_SEQ = "E_BAD_SEQ"
 E_STORE_FAILED = "E_STORE_FAILED"
+E_BAD_VERSION = "E_BAD_VERSION"
 
 #: the frame type of ADOPTED (replica to origin, right after WELCOME)
 T_ADOPTED = 0x84
@@ -71,6 +87,12 @@ _REQUEUED_ROW = struct.Struct(">16sHq")
 #: MESSAGES as earlier versions wrote it, one row per message: decoded still (a replica's store on disk), never sent
 T_MESSAGES_ROWS = 0x02
 T_WELCOME, T_ACK, T_ERROR = 0x81, 0x82, 0x83
+#: version 2: the origin's heartbeat on an idle stream carries its clock, the replica's answer gives it back
+T_PING, T_PONG = 0x0A, 0x86
+
+#: the protocol version that introduced each frame type newer than version 1: a frame type is sent only on a
+#: stream whose negotiated version has it, and a decoder of an older stream refuses it as an unknown type
+FRAME_VERSIONS = {T_PING: 2, T_PONG: 2}
 
 _HEAD = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
@@ -90,9 +112,10 @@ class Hello:
     session: str
     epoch: int = 0
     durable: bool = False
-    version: int = 1
+    version: int = 1  # the newest protocol version the origin speaks (absent: 1)
     node_id: int = 0  # the origin's --node-id: message IDs are unique across nodes only if these differ
     clean: bool = False  # the origin's data directory holds every message it acknowledged (see PROTOCOL.md)
+    min_version: int = 1  # the oldest it speaks (absent: 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +139,7 @@ class Welcome:
     seq: int = 0
     epoch: int = 0
     held: int = 0
-    version: int = 1
+    version: int = 1  # the protocol version of this stream, chosen by the replica (absent: 1)
     adopted: int = 0  # message ids of this origin adopted here that follow in ADOPTED frames
 
 
@@ -215,6 +238,18 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class Ack:
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Version 2: the origin's heartbeat on an idle stream; ``clock`` is its monotonic clock in ns."""
+    clock: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """Version 2: the replica's answer to a PING, with the PING's ``clock``: the origin's round trip to it."""
+    clock: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +369,10 @@ def encode(event) -> bytes:
         return _frame(T_SYNCED, _U64.pack(event.seq))
     if kind is Heartbeat:
         return _frame(T_HEARTBEAT, b"")
+    if kind is Ping:
+        return _frame(T_PING, _U64.pack(event.clock))
+    if kind is Pong:
+        return _frame(T_PONG, _U64.pack(event.clock))
     if kind is Hello:
         return _encode_json(T_HELLO, event)
     if kind is Welcome:
@@ -350,6 +389,21 @@ def encode(event) -> bytes:
 
 
 HEARTBEAT_FRAME = encode(Heartbeat())
+
+
+def frame_version(frame_type: int) -> int:
+    """The protocol version that introduced ``frame_type`` (1 for the first version's frames)."""
+    return FRAME_VERSIONS.get(frame_type, 1)
+
+
+def negotiate(speaks: int, speaks_min: int, peer: int, peer_min: int) -> int:
+    """The protocol version of a stream between a node speaking ``speaks_min``..``speaks`` and a peer speaking
+    ``peer_min``..``peer``: the highest both speak. ``E_BAD_VERSION`` when the ranges do not meet."""
+    version = min(speaks, peer)
+    if version < max(speaks_min, peer_min):
+        raise ProtocolError(E_BAD_VERSION, f"no protocol version in common: this node speaks {speaks_min}-{speaks}, "
+                                           f"the peer {peer_min}-{peer}")
+    return version
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------
@@ -436,7 +490,7 @@ def _decode_hello(payload: bytes):
     return Hello(node=node, session=_field(obj, "session", str, "", "HELLO"),
                  epoch=_field(obj, "epoch", int, 0, "HELLO"), durable=_field(obj, "durable", bool, False, "HELLO"),
                  version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"),
-                 clean=_field(obj, "clean", bool, False, "HELLO"))
+                 clean=_field(obj, "clean", bool, False, "HELLO"), min_version=_field(obj, "min_version", int, 1, "HELLO"))
 
 
 def _decode_identity(event_type):
@@ -571,6 +625,7 @@ _DECODERS = {
     T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
     T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
     T_CONFIRM: _decode_identity(Confirm), T_CONFIRMED: _decode_identity(Confirmed), T_REQUEUED: _decode_requeued,
+    T_PING: _decode_seq(Ping), T_PONG: _decode_seq(Pong),
 }
 
 
@@ -579,14 +634,17 @@ class ReplicationDecoder(InputBuffer):
 
     A size of 0 or over ``max_frame_size``, an unknown frame type or a malformed payload raises
     ``ProtocolError``; names are checked as NSQ names (``E_BAD_TOPIC``, ``E_BAD_CHANNEL``). ``last_frame`` holds
-    the whole frame of the last event returned (a replica stores it as received)."""
+    the whole frame of the last event returned (a replica stores it as received). ``version``: the protocol
+    version of the stream (set once HELLO and WELCOME agreed on it); a frame type of a later version is refused
+    as unknown, as a node of that version would."""
 
-    __slots__ = ("_max_frame_size", "last_frame")
+    __slots__ = ("_max_frame_size", "last_frame", "version")
 
-    def __init__(self, max_frame_size: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_frame_size: int = 64 * 1024 * 1024, version: int = PROTOCOL_VERSION) -> None:
         super().__init__()
         self._max_frame_size = max_frame_size
         self.last_frame = b""
+        self.version = version
 
     def next_event(self):
         buf = self._buf
@@ -598,8 +656,9 @@ class ReplicationDecoder(InputBuffer):
         if size < 1 or size > self._max_frame_size:
             raise ProtocolError(E_BAD_PROTOCOL, f"invalid replication frame size {size}")
         decode = _DECODERS.get(frame_type)
-        if decode is None:
-            raise ProtocolError(E_BAD_PROTOCOL, f"unknown replication frame type {frame_type:#04x}")
+        if decode is None or (frame_type in FRAME_VERSIONS and FRAME_VERSIONS[frame_type] > self.version):
+            raise ProtocolError(E_BAD_PROTOCOL, f"unknown replication frame type {frame_type:#04x} (protocol "
+                                                f"version {self.version})")
         end = pos + 4 + size
         if end > len(buf):
             self._need = 4 + size

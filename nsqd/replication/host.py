@@ -24,6 +24,7 @@ from protocol.replication import (
     E_BAD_HELLO,
     E_BAD_SEQ,
     E_NODE_CONFLICT,
+    PROTOCOL_VERSION_MIN,
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
     MAGIC_R1,
@@ -37,11 +38,14 @@ from protocol.replication import (
     Heartbeat,
     Hello,
     Messages,
+    Ping,
+    Pong,
     ReplicationDecoder,
     Requeued,
     Synced,
     Welcome,
     encode,
+    negotiate,
 )
 
 from ..streams import PrefixedStream
@@ -218,6 +222,9 @@ class ReplicaHost:
                 raise ProtocolError(E_BAD_HELLO, f"expected HELLO, got {type(hello).__name__}")
             if hello.node == self.node:
                 raise ProtocolError(E_NODE_CONFLICT, f"node {hello.node} is this node")
+            # the stream speaks the newest version both ends speak: an older origin gets only its own frames
+            version = decoder.version = negotiate(self.nsqd.replication_version, PROTOCOL_VERSION_MIN,
+                                                  hello.version, hello.min_version)
             await self._confirm(hello, tls)
             origin = self._claim(hello)
             generation = origin.generation
@@ -234,7 +241,7 @@ class ReplicaHost:
             adopted = AdoptedIds(self.nsqd.data_path, hello.node)
             ids = adopted.load()
             await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
-                                                 len(store.held), adopted=len(ids))))
+                                                 len(store.held), adopted=len(ids), version=version)))
             for start in range(0, len(ids), FRAME_IDS):  # what the origin must not deliver again
                 await stream.send_all(encode(Adopted(tuple(ids[start:start + FRAME_IDS]))))
             if hello.node_id == self.opts.node_id:
@@ -351,6 +358,7 @@ class ReplicaHost:
             frames = []  # as received: stored without encoding them again
             acked = last
             heartbeat = synced = False
+            ping = None
             while (event := decoder.next_event()) is not None:
                 kind = type(event)
                 if kind in _DATA_EVENTS or kind is Synced:
@@ -377,6 +385,8 @@ class ReplicaHost:
                     frames.append(decoder.last_frame)
                 elif kind is Heartbeat:
                     heartbeat = True
+                elif kind is Ping:  # version 2 (the decoder refuses it on an older stream)
+                    ping = event
                 else:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
@@ -391,6 +401,8 @@ class ReplicaHost:
                     await stream.send_all(ack[written:])
             elif heartbeat:
                 await stream.send_all(HEARTBEAT_FRAME)
+            if ping is not None:
+                await stream.send_all(encode(Pong(ping.clock)))
             # what came meanwhile is stored and acknowledged first; the index follows once the socket is idle
             data = _read_now(stream) if not synced and store.unapplied < APPLY_LAG else None
             if data is None:

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
@@ -35,8 +36,11 @@ from protocol.errors import ProtocolError
 
 from ..queues.atomic_file import replace_file
 from protocol.replication import (
+    E_BAD_VERSION,
     HEARTBEAT_FRAME,
     MAGIC_R1,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
     Ack,
     Adopted,
     OP_CREATED,
@@ -46,6 +50,8 @@ from protocol.replication import (
     Finished,
     Heartbeat,
     Hello,
+    Ping,
+    Pong,
     ReplicationDecoder,
     Requeued,
     Synced,
@@ -88,6 +94,8 @@ class PeerStatistics:
     pending_bytes: int
     pending_messages: int
     lagging: bool
+    version: int  # the protocol version of the stream (0 until a WELCOME came)
+    round_trip_ms: float | None  # the last PING's round trip (version 2 peers, idle streams), None until one came
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,8 @@ class ReplicatorStatistics:
 
 class _Peer:
     __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
-                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail", "early", "receiving")
+                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail", "early", "receiving",
+                 "version", "round_trip")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -132,6 +141,8 @@ class _Peer:
         #: events other than ACK and heartbeat that the read poller decoded: the receive task handles them
         self.early: deque = deque()
         self.receiving: trio.CancelScope | None = None  # the receive task's wait, cancelled when ``early`` fills
+        self.version = 0  # the protocol version of the current stream (WELCOME): which frames it may be sent
+        self.round_trip: float | None = None  # seconds, from the last PONG
 
 
 class _AckReader:
@@ -171,6 +182,8 @@ class _AckReader:
                 kind = type(event)
                 if kind is Ack:
                     self.replicator._on_ack(peer, event.seq)
+                elif kind is Pong:
+                    _on_pong(peer, event)
                 elif kind is not Heartbeat:
                     peer.early.append(event)
                     break
@@ -191,8 +204,11 @@ class Replicator:
     """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
 
     def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
-                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False) -> None:
+                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False,
+                 version: int = PROTOCOL_VERSION) -> None:
         self.node = node
+        #: the newest protocol version this node speaks (below ``PROTOCOL_VERSION`` only when capped for a test)
+        self.version = version
         self.peers = [_Peer(address) for address in peers]
         self.acks_required = acks
         self.degraded_mode = degraded
@@ -487,15 +503,22 @@ class Replicator:
                 stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
                 with trio.fail_after(CONNECT_TIMEOUT):
                     await stream.do_handshake()
-            decoder = ReplicationDecoder()
+            decoder = ReplicationDecoder(version=self.version)
             await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable,
-                                               node_id=self.node_id, clean=self.clean)))
+                                               node_id=self.node_id, clean=self.clean, version=self.version,
+                                               min_version=PROTOCOL_VERSION_MIN)))
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:
                 raise ProtocolError(welcome.code, welcome.text)
             if type(welcome) is not Welcome:
                 raise ProtocolError("E_BAD_PROTOCOL", f"expected WELCOME, got {type(welcome).__name__}")
+            if not PROTOCOL_VERSION_MIN <= welcome.version <= self.version:
+                raise ProtocolError(E_BAD_VERSION, f"the replica chose protocol version {welcome.version}, this node "
+                                                   f"speaks {PROTOCOL_VERSION_MIN}-{self.version}")
+            # from here on this stream speaks the version the replica chose: no frame of a later one either way
+            decoder.version = peer.version = welcome.version
+            peer.round_trip = None
             peer.node = welcome.node
             peer.last_heard = trio.current_time()
             ids = await receive_adopted(stream, decoder, welcome.adopted) if welcome.adopted else []
@@ -575,6 +598,8 @@ class Replicator:
             kind = type(event)
             if kind is Ack:
                 self._on_ack(peer, event.seq)
+            elif kind is Pong:
+                _on_pong(peer, event)
             elif kind is Error:
                 raise ProtocolError(event.code, event.text)
             elif kind is not Heartbeat:
@@ -606,7 +631,10 @@ class Replicator:
             if self._fins or self._requeues:
                 self._flush_fins()
             if not outbox or outbox[-1][0] <= peer.sent:
-                await self._send(peer, stream, HEARTBEAT_FRAME)
+                # an idle stream's heartbeat: a PING to a peer that speaks version 2 (its PONG gives the round
+                # trip), the empty HEARTBEAT of version 1 to one that does not
+                await self._send(peer, stream, encode(Ping(time.monotonic_ns())) if peer.version >= 2
+                                 else HEARTBEAT_FRAME)
                 continue
             start = peer.sent + 1 - outbox[0][0]
             if start < 0:
@@ -647,13 +675,18 @@ class Replicator:
             peers.append(PeerStatistics(
                 address=peer.address, state=peer.state, node=peer.node, acked=peer.acked, sent=peer.sent,
                 pending_frames=len(pending), pending_bytes=sum(size for size, _ in pending),
-                pending_messages=sum(n for _, n in pending), lagging=peer.lagging))
+                pending_messages=sum(n for _, n in pending), lagging=peer.lagging, version=peer.version,
+                round_trip_ms=None if peer.round_trip is None else round(peer.round_trip * 1000, 3)))
         return ReplicatorStatistics(node=self.node, acks_required=self.acks_required,
                                     degraded_mode=self.degraded_mode, degraded=self.degraded, seq=self.seq,
                                     acked=self.acked, peers=tuple(peers),
                                     unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
                                     accepted_unreplicated=self.accepted_unreplicated)
 
+
+
+def _on_pong(peer: _Peer, pong: Pong) -> None:
+    peer.round_trip = max(time.monotonic_ns() - pong.clock, 0) / 1e9
 
 
 def attach_replication(replicator: Replicator, topic) -> None:

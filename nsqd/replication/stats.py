@@ -72,7 +72,8 @@ def replication_text(stats: ReplicationStats) -> list[str]:
                f"degraded: {doc['degraded_mode'] or '-'}, unreplicated: {doc['unreplicated_messages']})"]
     for p in doc["peers"]:
         out.append(f"   peer [{p['address']:<21}] state: {p['state']:<10} acked: {p['acked']:<8} "
-                   f"pending: {p['pending_messages']} msgs / {p['pending_bytes']} bytes"
+                   f"pending: {p['pending_messages']} msgs / {p['pending_bytes']} bytes protocol: v{p['version']}"
+                   + (f" round trip: {p['round_trip_ms']} ms" if p["round_trip_ms"] is not None else "")
                    + (" LAGGING (needs backfill)" if p["lagging"] else ""))
     for r in doc["replicas"]:
         out.append(f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
@@ -100,11 +101,16 @@ def replication_metrics(stats: ReplicationStats):
                                     "Messages the peer has not acknowledged", labels=["peer"])
         pending_bytes = GaugeMetricFamily("nsqd_replication_peer_pending_bytes",
                                           "Bytes of frames the peer has not acknowledged", labels=["peer"])
+        round_trip = GaugeMetricFamily("nsqd_replication_peer_round_trip_seconds",
+                                       "The last heartbeat's round trip to the peer (protocol version 2)",
+                                       labels=["peer"])
         for peer in origin.peers:
             connected.add_metric([peer.address], int(peer.state == "connected"))
             pending.add_metric([peer.address], peer.pending_messages)
             pending_bytes.add_metric([peer.address], peer.pending_bytes)
-        yield from (connected, pending, pending_bytes)
+            if peer.round_trip_ms is not None:
+                round_trip.add_metric([peer.address], peer.round_trip_ms / 1000)
+        yield from (connected, pending, pending_bytes, round_trip)
     held = GaugeMetricFamily("nsqd_replica_held_messages", "Messages held for an origin", labels=["origin"])
     held_bytes = GaugeMetricFamily("nsqd_replica_held_bytes", "Body bytes held for an origin", labels=["origin"])
     for replica in stats.replicas:

@@ -109,7 +109,10 @@ class ReplicaStore:
         self.durable = durable
         self._queue_args = dict(max_bytes_per_file=max_bytes_per_file, min_msg_size=5,
                                 max_msg_size=max_record_size, sync_every=1 if durable else 1 << 30,
-                                sync_timeout=sync_timeout, hold_reads=True, logger=log)
+                                sync_timeout=sync_timeout, hold_reads=True, logger=log, checksums=True,
+                                on_damage=self._damaged)
+        #: records of this store found damaged or lost on reading (checksums: ``queues/checksums.py``)
+        self.damaged = 0
         self.topics: dict[str, TopicState] = {}
         #: message id -> the token of the record that holds it
         self.held = HeldIndex()
@@ -148,6 +151,19 @@ class ReplicaStore:
             ts = self.topics[name] = TopicState(bool(topic.get("paused")))
             for channel, paused in topic.get("channels", {}).items():
                 ts.channels[channel] = [0, bool(paused)]
+
+    def _damaged(self, queue, count: int) -> None:
+        """Records of the store that cannot be read (never indexed, never delivered by a takeover): the copies
+        they held are gone here. The store forgets the origin's session, so that the origin's next connection
+        gets a WELCOME it cannot resume from and sends a backfill of everything it holds; until this replica
+        acknowledged that backfill's end the origin does not count it toward --replication-acks."""
+        self.damaged += count
+        log.error("REPLICA(%s): %d record(s) of the store damaged or lost: the origin will be asked for a new "
+                  "backfill", self.node, count)
+        if self.session:
+            self.session = ""
+            self.seq = 0
+            self.json_dirty = True
 
     def save_json(self) -> None:
         self.json_dirty = False

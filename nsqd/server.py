@@ -203,7 +203,7 @@ class NSQD:
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
                          failing=self.failing_queues, active=self.active_queues, logger=log,
-                         known_files=self.files_at_start)
+                         known_files=self.files_at_start, checksums=True)
 
     @property
     def durable(self) -> bool:
@@ -448,25 +448,31 @@ class NSQD:
                 attach_replication(self.replication, topic)
 
     def _replication_adopted(self, peer: str, epoch: int, ids: list[bytes]) -> None:
-        """Peer ``peer`` adopted these messages of this node (``ids``) while it was away. At start-up the ones held
-        here are dropped (the peer delivers them); every other message stays, those accepted unreplicated
-        meanwhile included, and goes to the peers. Later (a partition, not a death) all stay: duplicates, not
-        losses. The adopted messages this node had finished (no longer held) were delivered twice: counted."""
+        """Peer ``peer`` adopted these messages of this node (``ids``) while it was away, or cut off from it (a
+        partition longer than the peer's takeover wait, while this node ran). The ones held here are dropped (the
+        peer delivers them: one owner for each message) and every other message stays, those accepted unreplicated
+        meanwhile included, and goes to the peers (the backfill that follows). The adopted messages this node no
+        longer held were finished here: delivered twice, counted. While the node runs (a partition) its channels
+        may hold some of them in flight: those are forgotten (a FIN for them fails), and the peer delivers them
+        again; the other messages of their topics are put back in their channels (an in-flight one among them
+        comes again)."""
         save_state(self.data_path, epoch, True)
         adopted = set(ids)
-        if not self.replication.starting:
-            self.duplicates_after_takeover += len(adopted)
-            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
-                        "elsewhere: keeping them (duplicates)", peer, len(adopted), epoch)
-            return
         accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
         held, kept = drop_adopted(self, adopted)
         self.replication.accepted_unreplicated = accepted
-        if self.replication.clean:
-            self.duplicates_after_takeover += len(adopted) - held
+        finished = len(adopted) - held
+        if self.replication.clean or not self.replication.starting:
+            self.duplicates_after_takeover += finished
+        if not self.replication.starting:
+            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
+                        "elsewhere (a partition, or a start that did not wait for that peer): dropped the %d held here "
+                        "(the peer delivers them), kept %d other(s) of their topics; %d had been finished here "
+                        "(delivered twice)", peer, len(adopted), epoch, held, kept, finished)
+            return
         log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
                     "%d message(s) it adopted that were held here, kept %d other(s) of their topics; %s", peer,
-                    epoch, held, kept, f"{len(adopted) - held} it adopted had been finished here (delivered twice)"
+                    epoch, held, kept, f"{finished} it adopted had been finished here (delivered twice)"
                     if self.replication.clean else "how many of them had been finished here is unknown (the last "
                     "run did not stop cleanly)")
 

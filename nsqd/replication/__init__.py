@@ -44,8 +44,8 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   comes with the ids that peer adopted (ADOPTED frames, ``adopted.py``); at start-up (V2 clients wait until
   every peer answered or refused the connection; a slow one is tried again and waited for, 30 s at most) the
   node drops those it holds (the peer delivers them) and keeps the rest, those accepted unreplicated included.
-  Later (a partition) it keeps them all: duplicates, not losses. Adopted ids it no longer held were finished
-  here: ``duplicates_after_takeover``.
+  Later (a partition longer than the peer's takeover wait) it does the same when the stream returns: one owner
+  per message. Adopted ids it no longer held were finished here: ``duplicates_after_takeover``.
 - ``replication.dat`` also says whether the node is running: a start that finds ``running`` still true (a
   kill, without durable mode) or no file at all (an empty directory) sends ``clean: false`` in HELLO, and a
   replica holding copies of it takes them over instead of trusting the backfill, which may miss acknowledged

@@ -4,7 +4,7 @@
 finished it) and replicates them from here: a takeover adopts an origin's copies with it, and an origin whose
 messages a replica adopted puts back with it the ones the replica did not adopt.
 
-``drop_adopted`` is the origin's side at start-up: it takes the messages a replica adopted out of this node's
+``drop_adopted`` is the origin's side at start-up (or when a partition ends): it takes the messages a replica adopted out of this node's
 topics and channels, memory and disk backlogs alike, and puts the others back with ``place``.
 
 ``AdoptedIds`` is ``replica.<node>.adopted`` in the data directory: the ids of the messages of origin ``node``
@@ -87,7 +87,7 @@ def _delay(due_ns: int, now_ns: int) -> float:
 
 
 def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
-    """Start-up (nothing delivered yet): take the messages in ``adopted`` out of every lasting topic of ``nsqd`` and
+    """Start-up, or a partition's end (what is in flight is forgotten too): take the messages in ``adopted`` out of every lasting topic of ``nsqd`` and
     keep the rest where it was. Returns (adopted messages found and dropped here, others kept in their topics)."""
     found = kept = 0
     for topic in list(nsqd.topics.values()):

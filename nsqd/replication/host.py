@@ -105,6 +105,8 @@ class OriginStatistics:
     epoch: int
     seq: int
     down_since: float | None  # wall-clock seconds
+    #: records of the store found damaged or lost since start-up (a new backfill was asked for: see store.py)
+    damaged_records: int = 0
 
 
 class _Origin:
@@ -529,6 +531,7 @@ class ReplicaHost:
             state = "connected" if origin.connected else ("gone" if store.held else "idle")
             out.append(OriginStatistics(node=node, state=state, held_messages=len(store.held),
                                         held_bytes=store.held_bytes, topics=len(store.topics), epoch=store.epoch,
-                                        seq=store.seq, down_since=origin.down_since))
+                                        seq=store.seq, down_since=origin.down_since,
+                                        damaged_records=store.damaged))
         return out
 

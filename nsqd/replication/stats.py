@@ -77,7 +77,8 @@ def replication_text(stats: ReplicationStats) -> list[str]:
                    + (" LAGGING (needs backfill)" if p["lagging"] else ""))
     for r in doc["replicas"]:
         out.append(f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
-                   f"{r['held_bytes']} bytes epoch: {r['epoch']}")
+                   f"{r['held_bytes']} bytes epoch: {r['epoch']}"
+                   + (f" DAMAGED: {r['damaged_records']} record(s), backfill asked" if r["damaged_records"] else ""))
     out.append(f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
                f"duplicates after takeover: {doc['duplicates_after_takeover']} "
                f"copies received twice: {doc['duplicates_received']}")
@@ -113,10 +114,14 @@ def replication_metrics(stats: ReplicationStats):
         yield from (connected, pending, pending_bytes, round_trip)
     held = GaugeMetricFamily("nsqd_replica_held_messages", "Messages held for an origin", labels=["origin"])
     held_bytes = GaugeMetricFamily("nsqd_replica_held_bytes", "Body bytes held for an origin", labels=["origin"])
+    damaged = CounterMetricFamily("nsqd_replica_damaged_records",
+                                  "Records of an origin's store found damaged or lost (a new backfill is asked for)",
+                                  labels=["origin"])
     for replica in stats.replicas:
         held.add_metric([replica.node], replica.held_messages)
         held_bytes.add_metric([replica.node], replica.held_bytes)
-    yield from (held, held_bytes)
+        damaged.add_metric([replica.node], replica.damaged_records)
+    yield from (held, held_bytes, damaged)
     yield CounterMetricFamily("nsqd_replica_takeovers", "Origins taken over by this node", value=stats.takeovers)
     yield CounterMetricFamily("nsqd_replica_adopted_messages", "Messages adopted at takeovers",
                               value=stats.adopted_messages)

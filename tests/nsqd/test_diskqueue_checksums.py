@@ -29,6 +29,14 @@ class Queue(DiskQueue):
 queue = Queue
 
 
+def written(path, records: list[bytes], **kwargs) -> list[bytes]:
+    """``records`` put into a new queue at ``path``, which is closed."""
+    q = queue(path, **kwargs)
+    q.put_many(records)
+    q.close()
+    return records
+
+
 def offsets(records: list[bytes]) -> list[int]:
     out, pos = [], 0
     for r in records:
@@ -58,10 +66,7 @@ def test_side_file_lists_every_record(tmp_path):
 
 @pytest.mark.parametrize("split", [False, True])
 def test_a_flipped_body_byte_is_never_delivered(tmp_path, caplog, split):
-    records = [message(n) for n in range(10)]
-    q = queue(tmp_path)
-    q.put_many(records)
-    q.close()
+    records = written(tmp_path, [message(n) for n in range(10)])
     path = data_file(tmp_path, 0)
     data = bytearray(path.read_bytes())
     at = offsets(records)[4]
@@ -79,10 +84,7 @@ def test_a_flipped_body_byte_is_never_delivered(tmp_path, caplog, split):
 
 
 def test_an_overwritten_size_field_costs_one_record_not_the_file(tmp_path, caplog):
-    records = [message(n) for n in range(10)]
-    q = queue(tmp_path)
-    q.put_many(records)
-    q.close()
+    records = written(tmp_path, [message(n) for n in range(10)])
     path = data_file(tmp_path, 0)
     data = bytearray(path.read_bytes())
     at = offsets(records)[3]
@@ -109,10 +111,7 @@ def test_a_segment_cut_short_counts_what_it_lost_and_the_next_file_is_read(tmp_p
 
 
 def test_a_deleted_segment_counts_its_records(tmp_path, caplog):
-    records = [message(n, body_size=74) for n in range(12)]
-    q = queue(tmp_path, max_bytes_per_file=420)
-    q.put_many(records)
-    q.close()
+    records = written(tmp_path, [message(n, body_size=74) for n in range(12)], max_bytes_per_file=420)
     os.remove(data_file(tmp_path, 1))
     q = queue(tmp_path, max_bytes_per_file=420)
     assert read_all(q) == records[:4] + records[8:]
@@ -121,10 +120,7 @@ def test_a_deleted_segment_counts_its_records(tmp_path, caplog):
 
 
 def test_a_segment_without_side_file_reads_as_nsqd_wrote_it(tmp_path, caplog):
-    records = [message(n) for n in range(6)]
-    q = queue(tmp_path)
-    q.put_many(records)
-    q.close()
+    records = written(tmp_path, [message(n) for n in range(6)])
     os.remove(side_file_name(str(data_file(tmp_path, 0))))
     q = queue(tmp_path)
     assert read_all(q) == records and q.damaged == 0
@@ -153,10 +149,7 @@ def test_checksums_continue_across_a_restart_and_a_failed_write(tmp_path):
 
 
 def test_hold_mode_steps_over_a_damaged_record(tmp_path):
-    records = [message(n) for n in range(6)]
-    q = queue(tmp_path, hold_reads=True, sync_every=1)
-    q.put_many(records)
-    q.close()
+    records = written(tmp_path, [message(n) for n in range(6)], hold_reads=True, sync_every=1)
     path = data_file(tmp_path, 0)
     data = bytearray(path.read_bytes())
     data[offsets(records)[2] + 50] ^= 0x10

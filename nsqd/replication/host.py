@@ -58,8 +58,11 @@ __all__ = ["ReplicaHost", "OriginStatistics"]
 log = logging.getLogger("nsqd")
 
 HANDSHAKE_TIMEOUT = 5.0
-#: an origin silent this long (it heartbeats every 5 s) is taken for gone and its connection closed
-ORIGIN_SILENCE = 15.0
+#: an origin silent this long is taken for gone and its connection closed (the takeover wait starts then): an
+#: origin of version 2 or later heartbeats after each second without a write; one of version 1 every 5 s, so a
+#: version 1 stream gets ``ORIGIN_SILENCE_V1``
+ORIGIN_SILENCE = 5.0
+ORIGIN_SILENCE_V1 = 15.0
 #: bytes asked for per read of an origin's stream: a group commit's frames of several connections in one read,
 #: so one store and one ACK cover them
 RECEIVE_SIZE = 256 * 1024
@@ -256,13 +259,13 @@ class ReplicaHost:
             with trio.CancelScope() as origin.cancel:
                 if ids:  # the origin reads the whole list before it sends anything: then it may go
                     data = b""
-                    with trio.move_on_after(ORIGIN_SILENCE):
+                    with trio.move_on_after(ORIGIN_SILENCE if version >= 2 else ORIGIN_SILENCE_V1):
                         data = await stream.receive_some(65536)
                     if not data:
                         raise trio.BrokenResourceError("no answer to the list of adopted messages")
                     decoder.receive_data(data)
                     adopted.clear()
-                await self._stream(origin, hello.session, stream, decoder)
+                await self._stream(origin, hello.session, stream, decoder, version)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
             await self._send_error(stream, error.code, error.description)
@@ -347,11 +350,13 @@ class ReplicaHost:
         origin.probe_at = 0.0
         return origin
 
-    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder) -> None:
+    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder,
+                      version: int) -> None:
         """Store what each receive buffer holds, then answer it: ACK of the last seq, or a heartbeat for a
         heartbeat. A session this replica knows resumes with the next seq; otherwise the stream opens with a
         backfill (data frames of seq 0, then SYNCED), after which messages not in it are released."""
         store = origin.store
+        silence = ORIGIN_SILENCE if version >= 2 else ORIGIN_SILENCE_V1
         last = store.seq if session == store.session else 0
         first_frame = True
         backfill = False  # a backfill is running (data frames of seq 0 until SYNCED)
@@ -412,10 +417,10 @@ class ReplicaHost:
                 if synced:
                     log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
                              len(store.held), store.backfill_released)
-                with trio.move_on_after(ORIGIN_SILENCE) as scope:
+                with trio.move_on_after(silence) as scope:
                     data = await stream.receive_some(RECEIVE_SIZE)
                 if scope.cancelled_caught:
-                    raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
+                    raise trio.BrokenResourceError(f"origin silent for {silence:g} s")
                 if not data:
                     raise trio.BrokenResourceError("closed by the origin")
             decoder.receive_data(data)

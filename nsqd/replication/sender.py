@@ -69,9 +69,15 @@ _message_id = attrgetter("id")
 
 CONNECT_TIMEOUT = 5.0
 RETRY_MIN, RETRY_MAX = 0.1, 5.0
-HEARTBEAT_INTERVAL = 5.0
-#: a peer silent for this long (no ACK, no heartbeat) is taken for gone and its connection closed
-PEER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
+#: an idle stream's heartbeat (HEARTBEAT, or PING on version 2) goes out after this long without a write
+HEARTBEAT_INTERVAL = 1.0
+#: A peer silent for this long (no ACK, heartbeat or PONG) is taken for gone and its connection closed; it is the
+#: most a publish waits on a peer that stopped answering (a partition, a stopped process) before it is refused
+#: (``--replication-degraded=refuse``) or taken unreplicated (``accept``). Five heartbeats: a replica answers
+#: each at once, so only a peer stalled for seconds (its event loop, or a sync of its disk) is taken for gone
+#: while it lives, and that costs one reconnection (the stream resumes where it was), not data. 15 s before:
+#: publishes to an origin cut off from its peer hung that long.
+PEER_TIMEOUT = 5 * HEARTBEAT_INTERVAL
 #: message ids per FINISHED frame
 FIN_BATCH = 4096
 #: how long FINs alone wait for more FINs (or a publish) before they are sent

@@ -10,7 +10,8 @@ nodes crosses the link, while clients still reach both nodes directly.
 the sockets' buffers as in a network that drops packets (TCP retransmits them once the network heals), and a
 node's writes block once those buffers fill. The connections stay open; their ends time out on their own.
 During any cut new connections between the two are refused (the proxies stop listening): a node's address looks
-down to the other, as an unreachable host does after its connect timeout. ``heal()`` forwards everything held, in
+down to the other, as an unreachable host does after its connect timeout. A proxy whose node refuses a
+connection (it is down) refuses them too until its node takes one again. ``heal()`` forwards everything held, in
 order, and listens again.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 
 from tests.integration.harness import free_port
 
@@ -35,11 +37,13 @@ class Proxy:
         self.lock = threading.Condition()
         self.outbound_held = False
         self.inbound_held = False
-        self.refusing = False
+        self.refusing = False  # a cut: no new connection
+        self.target_down = False  # the target refused the last connection: so does the proxy, until it is back
         self.connections = 0  # accepted so far
         self.closed = False
         self._listener: socket.socket | None = None
-        self._listen()
+        with self.lock:
+            self._update_listener()
         self._thread = threading.Thread(target=self._accept_loop, name=f"proxy-{self.port}", daemon=True)
         self._thread.start()
 
@@ -47,37 +51,51 @@ class Proxy:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _listen(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self._listener = listener
+    def _update_listener(self) -> None:
+        """Listen exactly while no cut refuses connections and the target takes them (the lock held): a node that
+        is down looks down through its proxy too (a replica probes a silent origin's address before a takeover)."""
+        listen = not (self.refusing or self.target_down or self.closed)
+        if listen and self._listener is None:
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", self.port))
+            listener.listen(64)
+            self._listener = listener
+        elif not listen and self._listener is not None:
+            self._listener.close()  # the accept loop sees it and waits
+            self._listener = None
+        self.lock.notify_all()
 
     def set(self, *, outbound: bool, inbound: bool) -> None:
         """Hold (True) or forward (False) each direction; while either is held, refuse new connections."""
         with self.lock:
             self.outbound_held, self.inbound_held = outbound, inbound
-            refusing = outbound or inbound
-            if refusing and not self.refusing:
-                self._listener.close()  # the accept loop sees it and waits
-            elif not refusing and self.refusing:
-                self._listen()
-            self.refusing = refusing
-            self.lock.notify_all()
+            self.refusing = outbound or inbound
+            self._update_listener()
 
     def close(self) -> None:
         with self.lock:
             self.closed = True
             self.outbound_held = self.inbound_held = False
-            if not self.refusing:
-                self._listener.close()
-            self.lock.notify_all()
+            self._update_listener()
+
+    def _watch_target(self) -> None:
+        """The target refused a connection: look every 0.1 s until it takes one, then listen again."""
+        while not self.closed:
+            time.sleep(0.1)
+            try:
+                socket.create_connection(self.target, timeout=1).close()
+            except OSError:
+                continue
+            with self.lock:
+                self.target_down = False
+                self._update_listener()
+            return
 
     def _accept_loop(self) -> None:
         while True:
             with self.lock:
-                while self.refusing and not self.closed:
+                while self._listener is None and not self.closed:
                     self.lock.wait()
                 if self.closed:
                     return
@@ -93,6 +111,10 @@ class Proxy:
                 server = socket.create_connection(self.target, timeout=5)
             except OSError:
                 client.close()
+                with self.lock:
+                    self.target_down = True
+                    self._update_listener()
+                threading.Thread(target=self._watch_target, daemon=True).start()
                 continue
             self.connections += 1
             pair = _Pair(client, server)

@@ -29,6 +29,7 @@ from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
 from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path
+from .message import Message
 from .metadata_writer import MetadataWriter
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
@@ -137,6 +138,8 @@ class NSQD:
         self.replica_host = ReplicaHost(self)
         #: messages of this node a replica adopted that it had finished (``_replication_adopted``): delivered twice
         self.duplicates_after_takeover = 0
+        #: (topic, channel) -> ids of the copies replicas sent back after damage (put back once, whichever sends)
+        self._restored: dict[tuple[str, str], set[bytes]] = {}
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
         #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
@@ -203,7 +206,13 @@ class NSQD:
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
                          failing=self.failing_queues, active=self.active_queues, logger=log,
-                         known_files=self.files_at_start, checksums=True)
+                         known_files=self.files_at_start, checksums=True, on_damage=self._queue_damaged)
+
+    def _queue_damaged(self, queue: DiskQueue, count: int) -> None:
+        """A disk queue found records damaged or lost while reading: its replicas send back their copies
+        (``Replicator.queue_damaged``); without replication they are lost, counted in ``damaged_count``."""
+        if self.replication is not None and queue.damage_at is not None:
+            self.replication.queue_damaged(queue.name, queue.damage_at)
 
     @property
     def durable(self) -> bool:
@@ -439,7 +448,7 @@ class NSQD:
                                       ssl_context=self.replication_ssl_context(),
                                       epoch=epoch, snapshot=partial(Backfill, self),
                                       on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean,
-                                      version=self.replication_version)
+                                      version=self.replication_version, on_restore=self._replication_restored)
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
@@ -475,6 +484,26 @@ class NSQD:
                     epoch, held, kept, f"{finished} it adopted had been finished here (delivered twice)"
                     if self.replication.clean else "how many of them had been finished here is unknown (the last "
                     "run did not stop cleanly)")
+
+    def _replication_restored(self, topic_name: str, channel_name: str, messages) -> int:
+        """Copies a replica sent back for channel ``channel_name`` after this node found its files damaged: each
+        goes into that channel again (with the attempts and due time it had there), unless a replica sent it
+        already (several replicas send the same copies). The replica still holds them, waiting for this channel's
+        FINs, so they are not replicated again. Returns how many went in."""
+        topic = self.topics.get(topic_name)
+        channel = topic.channels.get(channel_name) if topic is not None else None
+        if channel is None:
+            return 0
+        sent = self._restored.setdefault((topic_name, channel_name), set())
+        now_ns = time.time_ns()
+        fresh = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
+                 for m in messages if m.id not in sent]
+        sent.update(m.id for m in fresh)
+        if fresh:
+            channel.put_many(fresh)
+            log.warning("REPLICATION: %d message(s) of %s:%s lost to damaged files put back from a replica's copies",
+                        len(fresh), topic_name, channel_name)
+        return len(fresh)
 
     def replication_ssl_context(self):
         """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``

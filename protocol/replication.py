@@ -47,6 +47,9 @@ __all__ = [
     "ReplicationDecoder",
     "Requeued",
     "Synced",
+    "Restore",
+    "Restored",
+    "encode_restore",
     "Welcome",
     "encode",
     "encode_messages",
@@ -62,7 +65,9 @@ MAGIC_R1 = b"  R1"
 #: carries the origin's range (``version``, ``min_version``), WELCOME the version the replica chose for the
 #: stream: the highest both ends speak (``negotiate``). Each side then sends only that version's frames and its
 #: decoder refuses the rest (``ReplicationDecoder.version``), so a ring is upgraded one node at a time.
-#: Version 2 adds PING/PONG (an idle stream's heartbeat that measures the round trip).
+#: Version 2 adds PING/PONG (an idle stream's heartbeat that measures the round trip), and the heal of a damaged
+#: origin: SYNCED may name the origin's queues found damaged, and the replica answers with RESTORE frames (the
+#: copies the backfill left out of them) and RESTORED.
 PROTOCOL_VERSION = 2
 PROTOCOL_VERSION_MIN = 1
 
@@ -89,10 +94,12 @@ T_MESSAGES_ROWS = 0x02
 T_WELCOME, T_ACK, T_ERROR = 0x81, 0x82, 0x83
 #: version 2: the origin's heartbeat on an idle stream carries its clock, the replica's answer gives it back
 T_PING, T_PONG = 0x0A, 0x86
+#: version 2: copies a replica sends back to an origin whose backfill named damaged queues, and the end of them
+T_RESTORE, T_RESTORED = 0x87, 0x88
 
 #: the protocol version that introduced each frame type newer than version 1: a frame type is sent only on a
 #: stream whose negotiated version has it, and a decoder of an older stream refuses it as an unknown type
-FRAME_VERSIONS = {T_PING: 2, T_PONG: 2}
+FRAME_VERSIONS = {T_PING: 2, T_PONG: 2, T_RESTORE: 2, T_RESTORED: 2}
 
 _HEAD = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
@@ -200,6 +207,21 @@ class Messages:
         return f"Messages(seq={self.seq!r}, topic={self.topic!r}, messages={self.messages!r}, channel={self.channel!r})"
 
 
+class Restore(Messages):
+    """RESTORE (version 2, replica to origin): copies of ``topic`` for ``channel`` that a backfill naming damaged
+    queues left out; the origin puts them back into that channel. Laid out as a channel's MESSAGES frame."""
+
+    __slots__ = ()
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not Restore:
+            return NotImplemented
+        return (self.topic, self.channel, self.messages) == (other.topic, other.channel, other.messages)
+
+    def __repr__(self) -> str:
+        return f"Restore(topic={self.topic!r}, channel={self.channel!r}, messages={self.messages!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class Finished:
     seq: int
@@ -227,6 +249,15 @@ class ChannelOp:
 
 @dataclass(frozen=True, slots=True)
 class Synced:
+    """The end of a backfill at ``seq``. ``damaged`` (version 2): the ``(topic, channel or "")`` queues whose
+    files the origin found damaged, whose copies the replica must send back rather than drop (PROTOCOL.md)."""
+    seq: int
+    damaged: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """Version 2: the replica sent every copy it returns for the damage the SYNCED of ``seq`` named."""
     seq: int
 
 
@@ -366,7 +397,15 @@ def encode(event) -> bytes:
     if kind is Ack:
         return _frame(T_ACK, _U64.pack(event.seq))
     if kind is Synced:
-        return _frame(T_SYNCED, _U64.pack(event.seq))
+        damaged = b""
+        if event.damaged:
+            damaged = _U32.pack(len(event.damaged)) + b"".join(_name(t) + _name(c) for t, c in event.damaged)
+        return _frame(T_SYNCED, _U64.pack(event.seq) + damaged)
+    if kind is Restored:
+        return _frame(T_RESTORED, _U64.pack(event.seq))
+    if kind is Restore:
+        return encode_restore(event.topic, event.channel,
+                              [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages])
     if kind is Heartbeat:
         return _frame(T_HEARTBEAT, b"")
     if kind is Ping:
@@ -389,6 +428,13 @@ def encode(event) -> bytes:
 
 
 HEARTBEAT_FRAME = encode(Heartbeat())
+
+
+def encode_restore(topic: str, channel: str, rows) -> bytes:
+    """The RESTORE frame of ``rows``, ``(id, timestamp, attempts, due_ns, body)``: a channel's MESSAGES frame
+    (seq 0) under its own type."""
+    frame = encode_messages(0, topic, rows, channel)
+    return frame[:4] + bytes((T_RESTORE,)) + frame[5:]
 
 
 def frame_version(frame_type: int) -> int:
@@ -530,6 +576,27 @@ def _decode_messages(payload: bytes):
                              columns + _ID_LENGTH * count)
 
 
+def _decode_synced(payload: bytes):
+    reader = _Reader(payload, "SYNCED")
+    seq = reader.unpack(_U64)[0]
+    if reader.pos == len(payload):
+        return Synced(seq)
+    damaged = []
+    for _ in range(reader.unpack(_U32)[0]):
+        topic = reader.name(E_BAD_TOPIC, "topic")
+        damaged.append((topic, reader.name(E_BAD_CHANNEL, "channel", allow_empty=True)))
+    reader.end()
+    return Synced(seq, tuple(damaged))
+
+
+def _decode_restore(payload: bytes):
+    event = _decode_messages(payload)
+    if not event.channel:
+        raise ProtocolError(E_BAD_PROTOCOL, "RESTORE frame without a channel")
+    return Restore._decoded(0, event.topic, event.channel, event.ids, event.body_bytes, payload,
+                            event._columns)
+
+
 def _decode_message_rows(payload: bytes):
     reader = _Reader(payload, "MESSAGES")
     seq = reader.unpack(_U64)[0]
@@ -622,10 +689,11 @@ def _decode_error(payload: bytes):
 
 _DECODERS = {
     T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_MESSAGES_ROWS: _decode_message_rows, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
-    T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
+    T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_synced, T_WELCOME: _decode_welcome,
     T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
     T_CONFIRM: _decode_identity(Confirm), T_CONFIRMED: _decode_identity(Confirmed), T_REQUEUED: _decode_requeued,
-    T_PING: _decode_seq(Ping), T_PONG: _decode_seq(Pong),
+    T_PING: _decode_seq(Ping), T_PONG: _decode_seq(Pong), T_RESTORE: _decode_restore,
+    T_RESTORED: _decode_seq(Restored),
 }
 
 
@@ -666,6 +734,9 @@ class ReplicationDecoder(InputBuffer):
         self._pos = end
         self._need = 0
         event = decode(buf[pos + 5:end])
+        if frame_type == T_SYNCED and event.damaged and self.version < 2:
+            raise ProtocolError(E_BAD_PROTOCOL, f"SYNCED frame naming damaged queues (protocol version "
+                                                f"{self.version})")
         self.last_frame = buf[pos:end]
         return event
 

@@ -201,7 +201,7 @@ class DiskQueue:
                  "_depth", "_read_file_num", "_read_pos", "_write_file_num", "_write_pos", "_write_fd", "_reader",
                  "_read_end", "_worker", "_sync_failed", "_ops", "_dirty", "_need_sync", "_pending_since", "_closed",
                  "_held", "_held_base", "_acked", "_oldest_file", "_bad_files", "_removed_read_file", "_meta_path",
-                 "_saved_meta", "checksums", "on_damage", "damaged", "_sum_fd", "_write_count", "_synced_at", "_suspect")
+                 "_saved_meta", "checksums", "on_damage", "damaged", "damage_at", "_sum_fd", "_write_count", "_synced_at", "_suspect")
 
     def __init__(
         self,
@@ -246,6 +246,9 @@ class DiskQueue:
         self.checksums = checksums
         self.on_damage = on_damage
         self.damaged = 0
+        #: where the last damage was found, ``(file number, byte)``, when ``on_damage`` is called: records lost past
+        #: the end of a file or with a missing one are placed at that file's end or start
+        self.damage_at: tuple[int, int] | None = None
         self._sum_fd: int | None = None  # the write file's side file (None: none, or checksums off for it)
         self._write_count = 0  # records in the write file before write_pos (the next entry's number)
         # The writer's position at the last inline sync that succeeded, and after one that failed, that position
@@ -307,6 +310,10 @@ class DiskQueue:
     def read_position(self) -> tuple[int, int]:
         """Where the reader is: ``(file number, byte position)``."""
         return self._read_file_num, self._read_pos
+
+    def committed_position(self) -> tuple[int, int]:
+        """Where a restart would resume reading: the oldest held record in hold mode, else the reader."""
+        return self._committed()[:2]
 
     def write_position(self) -> tuple[int, int]:
         """Where the next record goes: ``(file number, byte position)``."""
@@ -602,6 +609,7 @@ class DiskQueue:
         """A record whose checksum or length failed: reported, counted, never delivered; reading goes on after it."""
         self.log.error("DISKQUEUE(%s): damaged record at byte %d of %s (%s), skipped: not delivered", self.name,
                        damage.pos, self.file_name(self._read_file_num), damage.what)
+        self.damage_at = (self._read_file_num, damage.pos)
         self._read_pos = damage.skip_to
         if not self._dirty:
             self._became_dirty()
@@ -708,6 +716,7 @@ class DiskQueue:
             except PermissionError:
                 fd = os.open(path, _READ_FLAGS_PLAIN)
         except FileNotFoundError:
+            self.damage_at = (self._read_file_num, self._read_pos)  # also for the depth found short at the tail
             self._missing_file_lost(path)
             if self._read_file_num < self._write_file_num:
                 self.log.error("DISKQUEUE(%s): %s is missing, skipping to the next file", self.name, path)
@@ -752,6 +761,7 @@ class DiskQueue:
             if lost:
                 self.log.error("DISKQUEUE(%s): %s ends at %d but its checksums list %d more record(s): lost",
                                self.name, self.file_name(self._read_file_num), self._read_pos, lost)
+                self.damage_at = (self._read_file_num, self._read_pos)
                 self._lost(lost)
         if self.hold_reads:
             self._advance_read_file()
@@ -790,6 +800,7 @@ class DiskQueue:
         path = self.file_name(num)
         self.log.error("DISKQUEUE(%s): %s at %d of %s; renaming it to %s.bad and skipping to the next file",
                        self.name, problem, self._read_pos, path, path)
+        self.damage_at = (num, self._read_pos)
         reader = self._reader
         if reader is not None and reader.sums is not None:
             lost = reader.lost_at_end()
@@ -842,6 +853,8 @@ class DiskQueue:
             else:
                 self.log.error("DISKQUEUE(%s): positive depth at the tail (%d), data loss, resetting to 0",
                                self.name, self._depth)
+                if self.damage_at is None:
+                    self.damage_at = reader
                 self._lost(self._depth)
             self._depth = 0
             if not self._dirty:

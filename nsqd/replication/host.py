@@ -42,9 +42,11 @@ from protocol.replication import (
     Pong,
     ReplicationDecoder,
     Requeued,
+    Restored,
     Synced,
     Welcome,
     encode,
+    encode_restore,
     negotiate,
 )
 
@@ -366,6 +368,7 @@ class ReplicaHost:
             acked = last
             heartbeat = synced = False
             ping = None
+            restore_for = None  # the seq of a SYNCED that named damaged queues of the origin
             while (event := decoder.next_event()) is not None:
                 kind = type(event)
                 if kind in _DATA_EVENTS or kind is Synced:
@@ -378,6 +381,8 @@ class ReplicaHost:
                             backfill = False
                             last = event.seq
                             synced = True
+                            if event.damaged:
+                                restore_for = event.seq
                         elif event.seq != 0:
                             raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} inside a backfill")
                     else:
@@ -417,6 +422,8 @@ class ReplicaHost:
                 if synced:
                     log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
                              len(store.held), store.backfill_released)
+                if restore_for is not None:
+                    await self._restore(origin, stream, restore_for)
                 with trio.move_on_after(silence) as scope:
                     data = await stream.receive_some(RECEIVE_SIZE)
                 if scope.cancelled_caught:
@@ -424,6 +431,27 @@ class ReplicaHost:
                 if not data:
                     raise trio.BrokenResourceError("closed by the origin")
             decoder.receive_data(data)
+
+    async def _restore(self, origin: _Origin, stream, seq: int) -> None:
+        """The origin's backfill up to ``seq`` named queues it found damaged: send back the copies it left out of
+        them (``ReplicaStore._keep_for_restore``), read again from the store's files: one RESTORE frame per stored
+        MESSAGES frame and channel, then RESTORED(seq), after which the origin no longer asks for them."""
+        store = origin.store
+        restore = store.take_restore()
+        wanted = sum(map(len, restore.values()))
+        sent = 0
+        if restore:
+            copies = store.read_restore(restore)
+            try:
+                for topic, channel, messages in copies:
+                    rows = [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in messages]
+                    await stream.send_all(encode_restore(topic, channel, rows))
+                    sent += len(rows)
+            finally:
+                copies.close()
+        await stream.send_all(encode(Restored(seq)))
+        log.warning("REPLICATION: origin %s found its files damaged: sent back %d cop(ies) it had lost (%d "
+                    "wanted)", origin.node, sent, wanted)
 
     @staticmethod
     def _on_disk(step, *args) -> None:

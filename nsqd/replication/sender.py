@@ -54,6 +54,8 @@ from protocol.replication import (
     Pong,
     ReplicationDecoder,
     Requeued,
+    Restore,
+    Restored,
     Synced,
     Welcome,
     encode,
@@ -115,12 +117,13 @@ class ReplicatorStatistics:
     unreplicated_messages: int  # in the outbox and not yet held by enough peers
     accepted_unreplicated: int  # taken while degraded (``accept``), in all
     peers: tuple[PeerStatistics, ...]
+    restored_messages: int = 0  # copies peers sent back after this node found its files damaged, in all
 
 
 class _Peer:
     __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
                  "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail", "early", "receiving",
-                 "version", "round_trip")
+                 "version", "round_trip", "heal", "declared", "marks", "scope")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -149,6 +152,13 @@ class _Peer:
         self.receiving: trio.CancelScope | None = None  # the receive task's wait, cancelled when ``early`` fills
         self.version = 0  # the protocol version of the current stream (WELCOME): which frames it may be sent
         self.round_trip: float | None = None  # seconds, from the last PONG
+        #: this node's queues found damaged whose lost copies this peer has not sent back yet (RESTORED): each
+        #: backfill to it names them in its SYNCED, and a peer that owes some gets a backfill at every connection
+        self.heal: set[tuple[str, str]] = set()
+        self.declared: tuple[tuple[str, str], ...] = ()  # what the last SYNCED named
+        #: queue name -> its write position at the capture of this peer's last backfill (``Backfill.marks``)
+        self.marks: dict[str, tuple[int, int]] = {}
+        self.scope: trio.CancelScope | None = None  # the current connection's, cancelled for a new backfill
 
 
 class _AckReader:
@@ -190,6 +200,8 @@ class _AckReader:
                     self.replicator._on_ack(peer, event.seq)
                 elif kind is Pong:
                     _on_pong(peer, event)
+                elif kind is Restore or kind is Restored:
+                    self.replicator._on_restore(peer, event)
                 elif kind is not Heartbeat:
                     peer.early.append(event)
                     break
@@ -211,7 +223,7 @@ class Replicator:
 
     def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
                  ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False,
-                 version: int = PROTOCOL_VERSION) -> None:
+                 version: int = PROTOCOL_VERSION, on_restore=None) -> None:
         self.node = node
         #: the newest protocol version this node speaks (below ``PROTOCOL_VERSION`` only when capped for a test)
         self.version = version
@@ -247,6 +259,10 @@ class Replicator:
         self.snapshot = snapshot
         #: (peer address, epoch, ids): a peer adopted these messages of this node while it was away (``NSQD``)
         self.on_adopted = on_adopted
+        #: (topic, channel, [ReplicatedMessage]) -> how many were put back: copies a peer sent back after a backfill
+        #: that named damaged queues (``NSQD``)
+        self.on_restore = on_restore
+        self.restored_messages = 0  # copies put back into this node's channels after damage, in all
         #: True until every peer answered or failed once (start-up: the node learns its epoch before serving)
         self.starting = True
         self.started_check = trio.Event()
@@ -474,7 +490,8 @@ class Replicator:
         while True:
             peer.state = "connecting"
             try:
-                await self._session(peer)
+                with trio.CancelScope() as peer.scope:
+                    await self._session(peer)
                 delay = RETRY_MIN
             except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                      ProtocolError) as group:
@@ -535,7 +552,7 @@ class Replicator:
                     self.on_adopted(peer.address, self.epoch, ids)
             first = self._outbox[0][0] if self._outbox else self.seq + 1
             backfill = None
-            if welcome.session == self.session and welcome.seq + 1 >= first:
+            if welcome.session == self.session and welcome.seq + 1 >= first and not peer.heal:
                 peer.sent = peer.acked = max(welcome.seq, peer.acked)  # a reconnection: resume after it
                 peer.state = "connected"
                 log.info("REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node,
@@ -556,12 +573,14 @@ class Replicator:
             self._peer_changed()
             if peer.state == "backfilling":
                 if backfill is not None:
+                    peer.marks = backfill.marks
                     try:
                         await backfill.send(stream.send_all)
                     finally:
                         backfill.close()
+                    peer.heal |= backfill.damaged
                     log.info("REPLICATION: peer %s backfill sent: %d message(s)", peer.address, backfill.count)
-                await stream.send_all(encode(Synced(peer.synced)))
+                await stream.send_all(encode(Synced(peer.synced, self._declare(peer))))
             reader = None
             if self.poller is not None and type(stream) is trio.SocketStream:
                 reader = _AckReader(self, peer, decoder, stream.socket.fileno())
@@ -606,10 +625,56 @@ class Replicator:
                 self._on_ack(peer, event.seq)
             elif kind is Pong:
                 _on_pong(peer, event)
+            elif kind is Restore or kind is Restored:
+                self._on_restore(peer, event)
             elif kind is Error:
                 raise ProtocolError(event.code, event.text)
             elif kind is not Heartbeat:
                 raise ProtocolError("E_BAD_PROTOCOL", f"unexpected {kind.__name__} frame from the replica")
+
+    def _declare(self, peer: _Peer) -> tuple[tuple[str, str], ...]:
+        """The damaged queues the SYNCED to ``peer`` names (its ``heal``): a peer of version 1 cannot send copies
+        back, so it drops what the backfill left out of them (logged)."""
+        if not peer.heal:
+            peer.declared = ()
+        elif peer.version < 2:
+            log.error("REPLICATION: peer %s speaks protocol version %d, which cannot send back the copies this node "
+                      "lost from its damaged queues (%s): they are lost", peer.address, peer.version,
+                      ", ".join(f"{t}:{c}" if c else t for t, c in sorted(peer.heal)))
+            peer.heal.clear()
+            peer.declared = ()
+        else:
+            peer.declared = tuple(sorted(peer.heal))
+            log.warning("REPLICATION: asking peer %s for the copies this node lost from its damaged queues: %s",
+                        peer.address, ", ".join(f"{t}:{c}" if c else t for t, c in peer.declared))
+        return peer.declared
+
+    def _on_restore(self, peer: _Peer, event) -> None:
+        """RESTORE: copies ``peer`` sends back for a damaged queue, put back into their channel; RESTORED: it sent
+        them all for the SYNCED that named ``peer.declared``, which it no longer owes."""
+        if type(event) is Restored:
+            if event.seq == peer.synced:
+                peer.heal.difference_update(peer.declared)
+                log.info("REPLICATION: peer %s sent back everything it held of the damaged queues", peer.address)
+            return
+        if self.on_restore is not None:
+            self.restored_messages += self.on_restore(event.topic, event.channel, event.messages)
+
+    def queue_damaged(self, name: str, where: tuple[int, int]) -> None:
+        """A disk queue of this node (``name``: ``topic`` or ``topic:channel``) found a record damaged or lost at
+        ``where`` (file number, byte) while reading it. A peer whose last backfill read that queue past ``where``
+        was told already (that backfill found the same damage); any other gets a new backfill naming the queue,
+        its connection closed and made again at once: the copies it holds of what the queue lost come back."""
+        topic, _, channel = name.partition(":")
+        for peer in self.peers:
+            mark = peer.marks.get(name)
+            if mark is not None and where < mark:
+                continue
+            peer.heal.add((topic, channel))
+            if peer.scope is not None and peer.state in ("connected", "backfilling"):
+                log.warning("REPLICATION: %s found damaged at %d,%d: peer %s gets a new backfill to send back its "
+                            "copies", name, *where, peer.address)
+                peer.scope.cancel()
 
     def _on_ack(self, peer: _Peer, seq: int) -> None:
         if seq > peer.acked or peer.state == "backfilling":
@@ -687,7 +752,8 @@ class Replicator:
                                     degraded_mode=self.degraded_mode, degraded=self.degraded, seq=self.seq,
                                     acked=self.acked, peers=tuple(peers),
                                     unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
-                                    accepted_unreplicated=self.accepted_unreplicated)
+                                    accepted_unreplicated=self.accepted_unreplicated,
+                                    restored_messages=self.restored_messages)
 
 
 

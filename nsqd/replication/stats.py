@@ -57,6 +57,7 @@ def replication_json(stats: ReplicationStats) -> dict:
         "degraded_mode": "" if origin is None else origin.degraded_mode,
         "unreplicated_messages": 0 if origin is None else origin.unreplicated_messages,
         "accepted_unreplicated": 0 if origin is None else origin.accepted_unreplicated,
+        "restored_messages": 0 if origin is None else origin.restored_messages,
         "peers": [] if origin is None else [asdict(p) for p in origin.peers],
         "replicas": [asdict(r) for r in stats.replicas],
         "takeovers": stats.takeovers,
@@ -79,6 +80,8 @@ def replication_text(stats: ReplicationStats) -> list[str]:
         out.append(f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
                    f"{r['held_bytes']} bytes epoch: {r['epoch']}"
                    + (f" DAMAGED: {r['damaged_records']} record(s), backfill asked" if r["damaged_records"] else ""))
+    if doc["restored_messages"]:
+        out.append(f"   restored from replicas after damage: {doc['restored_messages']} message(s)")
     out.append(f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
                f"duplicates after takeover: {doc['duplicates_after_takeover']} "
                f"copies received twice: {doc['duplicates_received']}")
@@ -96,6 +99,9 @@ def replication_metrics(stats: ReplicationStats):
         yield CounterMetricFamily("nsqd_replication_accepted_unreplicated",
                                   "Messages accepted while degraded (--replication-degraded=accept)",
                                   value=origin.accepted_unreplicated)
+        yield CounterMetricFamily("nsqd_replication_restored_messages",
+                                  "Messages this node lost to damaged files and got back from its replicas' copies",
+                                  value=origin.restored_messages)
         connected = GaugeMetricFamily("nsqd_replication_peer_connected", "1 while the peer is connected",
                                       labels=["peer"])
         pending = GaugeMetricFamily("nsqd_replication_peer_pending_messages",

@@ -361,6 +361,7 @@ class ReplicaHost:
         silence = ORIGIN_SILENCE if version >= 2 else ORIGIN_SILENCE_V1
         last = store.seq if session == store.session else 0
         first_frame = True
+        damaged = store.damaged
         backfill = False  # a backfill is running (data frames of seq 0 until SYNCED)
         while True:
             events = []
@@ -419,6 +420,11 @@ class ReplicaHost:
             data = _read_now(stream) if not synced and store.unapplied < APPLY_LAG else None
             if data is None:
                 self._on_disk(store.apply)
+                if store.damaged != damaged:
+                    # reading back what it stored, the store found records damaged (it forgot the session):
+                    # the origin reconnects at once and sends a new backfill
+                    raise ProtocolError(E_STORE_FAILED, "records of the store found damaged: a new backfill is "
+                                                        "needed")
                 if synced:
                     log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
                              len(store.held), store.backfill_released)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import RawClient, rdy, sub
+from tests.integration.harness import RawClient, free_port, rdy, sub
 from tests.integration.http_helpers import post, stats, wait_for
 from tests.integration.persistence_helpers import channel_stats, decode
 from tests.integration.harness import FRAME_TYPE_MESSAGE, fin
@@ -141,3 +141,46 @@ def test_damaged_queue_files_heal_from_the_replica(daemons, tmp_path, damage):  
           f"{duplicates} duplicate(s)")
     assert replication["restored_messages"] >= lost_all + lost_half
     assert channel_stats(origin, "t", "all")["damaged_count"] > 0
+
+
+def test_a_replica_that_finds_its_store_damaged_gets_a_new_backfill(daemons, tmp_path):  # noqa: F811
+    replica_port = free_port()
+    replica = start(daemons, tmp_path / "b", port=replica_port)
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-acks=1",
+                   *FLAGS)
+    wait_state(origin, "replicating")
+    node = f"127.0.0.1:{origin.tcp[1]}"
+    create(origin, "all")
+    with RawClient(origin.tcp) as producer:
+        for first in range(0, 1000, 100):
+            producer.publish_many("t", [body(n) for n in range(first, first + 100)])
+    assert replica.stop(timeout=30) == 0
+
+    # one body byte of the first stored MESSAGES frame: its 100 copies are lost to the replica
+    store = tmp_path / "b" / f"replica.{node}.diskqueue.000000.dat"
+    data = store.read_bytes()
+    at = next(at for at in record_offsets(store) if data[at + 8] == 0x07)  # [length][frame size][type]...
+    size = int.from_bytes(data[at:at + 4], "big")
+    with open(store, "r+b") as f:
+        f.seek(at + 4 + size - 10)
+        byte = f.read(1)
+        f.seek(at + 4 + size - 10)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    mark = len(origin.log_text().splitlines())
+
+    replica = start(daemons, tmp_path / "b", port=replica_port)
+    replica.wait_for_log(r"REPLICA\(.*\): 1 record\(s\) of the store damaged", timeout=10)
+    entry = wait_for(lambda: [r for r in stats(replica.http())["replication"]["replicas"] if r["node"] == node],
+                     message="the origin's store in /stats")[0]
+    assert entry["damaged_records"] == 1
+    # the origin sends a new backfill, and counts the replica toward the acks once it acknowledged its end
+    origin.wait_for_log("connected, backfill up to seq", timeout=20, start=mark)
+    origin.wait_for_log("backfilled, counting toward acks", timeout=20, start=mark)
+    wait_state(origin, "replicating")
+    with RawClient(origin.tcp) as producer:
+        producer.publish_many("t", [body(n) for n in range(1000, 1100)])
+
+    origin.kill()
+    post(replica.http(), f"/replica/takeover?node={node}")
+    got = take(replica, "all", set(range(1100)))
+    assert set(got) == set(range(1100)), "an acknowledged message was lost"

@@ -17,10 +17,12 @@ is found too: the entries that go past its end are the records it lost, and they
 
 Written with the record. ``DiskQueue`` writes the entries of a put right after its records (one ``pwrite`` each,
 in the same call: a record is never readable before its entry), and cuts the side file back with the segment when
-a put fails. It is synced by the queue's background syncs and at close, not by the group commit that must end
-before an ``OK`` (one fsync per commit, not two): after a power cut, entries the disk did not keep read as zeros
-or are missing, and an entry of length 0, or none, means "no checksum" (the record is read as nsqd would, its
-length checked against the limits). A lost entry thus costs detection for that record, never a false alarm.
+a put fails. It is synced with the segment wherever the segment is: by the inline sync that must end before an
+``OK`` (the group commit, ``--sync-every=1``: a second fsync, of 8 bytes a record), by the background syncs and
+at close. So every record acknowledged after an fsync has its entry on disk. Entries of records not yet synced
+may be lost by a power cut with them: such an entry reads as zeros or is missing, and an entry of length 0, or
+none, means "no checksum" (the record is read as nsqd would, its length checked against the limits). A lost entry
+thus costs detection for that record, never a false alarm.
 
 Without a side file (a directory from real nsqd, or a queue written with checksums off) a segment is read as
 before: lengths checked, the first bad one sets the rest of the file aside (``.bad``). Real nsqd ignores the side

@@ -125,11 +125,11 @@ class Ring:
 
 
 def _flip_a_body_byte(directory: Path, rng: random.Random) -> str:
-    """One byte of one message body in the largest channel queue file of ``directory``; returns what was hit."""
-    files = sorted(directory.glob(f"{TOPIC}:*.diskqueue.*.dat"), key=lambda p: p.stat().st_size)
-    if not files or files[-1].stat().st_size < 64:
+    """One byte of one message body in a channel queue file of ``directory``; returns what was hit."""
+    files = sorted(p for p in directory.glob(f"{TOPIC}:*.diskqueue.*.dat") if p.stat().st_size >= 64)
+    if not files:
         return "nothing on disk"
-    path = files[-1]
+    path = rng.choice(files)
     data = path.read_bytes()
     offsets, pos = [], 0
     while pos + 4 <= len(data):

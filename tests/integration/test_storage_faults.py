@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import RawClient, rdy, sub
-from tests.integration.http_helpers import post
+from tests.integration.http_helpers import post, wait_for
 from tests.integration.persistence_helpers import DataDir, channel_stats, create_channel, http, receive
 
 TOPIC, CHANNEL = "orders", "ship"
@@ -155,7 +155,9 @@ def test_a_failed_fsync_fails_the_publishes_it_covered(tmp_path):
             assert frame.data.startswith(b"E_MPUB_FAILED"), frame
         reply = post(http(daemon), f"/pub?topic={TOPIC}", b"failed")
         assert (reply.status, reply.json()) == (503, {"message": "EXITING"}), reply
-        assert "failed" in daemon.log_text() and "injected" in daemon.log_text()
+        # the log reaches the test through a pipe: read it until the line is there
+        wait_for(lambda: "failed" in daemon.log_text() and "injected" in daemon.log_text(), timeout=10,
+                 message="the failed fsync logged")
         trigger.unlink()
         with RawClient(daemon.tcp) as client:
             client.publish(TOPIC, b"after")

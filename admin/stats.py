@@ -25,6 +25,14 @@ _CHANNEL_SUMS = ("depth", "memory_depth", "backend_depth", "in_flight_count", "d
 _TOPIC_SUMS = ("depth", "memory_depth", "backend_depth", "message_count")
 
 
+def _add_damaged(target: dict, sources) -> None:
+    """``damaged_count`` (messages an nsqd found damaged on disk, never delivered; trionsq's, not in nsqd's
+    schema): kept, summed, only where it is not 0, so that nsqadmin's answers stay nsqadmin's otherwise."""
+    damaged = sum(_int(s.get("damaged_count")) for s in sources)
+    if damaged:
+        target["damaged_count"] = damaged
+
+
 def _int(value) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
@@ -92,7 +100,13 @@ def _channel(raw: dict, topic: str, node: str, hostname: str, now: int) -> dict:
         "message_count": _int(raw.get("message_count")), "client_count": _int(raw.get("client_count")),
         "nodes": None, "clients": clients, "paused": bool(raw.get("paused", False)),
         "e2e_processing_latency": e2e_aggregate(raw.get("e2e_processing_latency"), topic, name, node),
-    }
+    } | _damaged(raw)
+
+
+def _damaged(raw: dict) -> dict:
+    out: dict = {}
+    _add_damaged(out, (raw,))
+    return out
 
 
 def node_topics(stats: dict, node: str, hostname: str, now: int) -> list[dict]:
@@ -109,7 +123,7 @@ def node_topics(stats: dict, node: str, hostname: str, now: int) -> list[dict]:
             "message_count": _int(raw.get("message_count")), "nodes": None, "channels": channels,
             "paused": bool(raw.get("paused", False)),
             "e2e_processing_latency": e2e_aggregate(raw.get("e2e_processing_latency"), name, "", node),
-        })
+        } | _damaged(raw))
     topics.sort(key=lambda t: t["topic_name"])
     return topics
 
@@ -126,6 +140,7 @@ def aggregate_channel(topic: str, channel: str, per_node: list[dict]) -> dict:
     total["clients"] = clients
     total["paused"] = any(c["paused"] for c in per_node)
     total["e2e_processing_latency"] = sum_e2e([c["e2e_processing_latency"] for c in per_node], topic, channel)
+    _add_damaged(total, per_node)
     return total
 
 
@@ -142,4 +157,5 @@ def aggregate_topic(topic: str, per_node: list[dict]) -> dict:
     total["channels"] = [aggregate_channel(topic, name, by_channel[name]) for name in sorted(by_channel)]
     total["paused"] = any(t["paused"] for t in per_node)
     total["e2e_processing_latency"] = sum_e2e([t["e2e_processing_latency"] for t in per_node], topic, "")
+    _add_damaged(total, per_node)
     return total

@@ -45,7 +45,8 @@ class Client:
         self.connect_ts = int(time.time())
         self.identified = False
         self.replicated_seq = 0  # replication seq of this connection's last publish (nsqd/replication/)
-        self.owes_commit = False  # a publish whose OK waits for the group commit (queues/group_commit.py)
+        #: the verbs of the publishes whose OKs wait for the group commit (queues/group_commit.py), in order
+        self.commit_verbs: list[str] = []
 
         # negotiated settings (the first IDENTIFY wins, as in nsqd)
         self.msg_timeout = msg_timeout

@@ -180,8 +180,9 @@ class _API:
             topic.publish(bodies, defer)
         except (TopicExiting, TopicFull):
             raise HTTPError(503, "EXITING") from None
-        if self.nsqd.sync_barrier:
-            self.nsqd.sync_barrier.commit()  # durable mode: nsqd.dat names a topic created for this publish
+        if self.nsqd.sync_barrier and not self.nsqd.sync_barrier.commit():
+            # durable mode: nsqd.dat names a topic created for this publish, and a sync that failed covers it
+            raise HTTPError(503, "EXITING")
         if replication is not None and not await replication.wait_acked(replication.seq):
             raise HTTPError(503, "REPLICATION_DEGRADED")
 

@@ -16,11 +16,12 @@ Series (labels in braces):
 - daemon: ``nsqd_info{version}``, ``nsqd_healthy``, ``nsqd_start_time_seconds``, ``nsqd_uptime_seconds``,
   ``nsqd_tcp_connections``, ``nsqd_http_connections``, ``nsqd_producers``, ``nsqd_topics``;
 - per topic ``{topic}``: ``nsqd_topic_depth``, ``nsqd_topic_backend_depth``, ``nsqd_topic_messages_total``,
-  ``nsqd_topic_message_bytes_total``, ``nsqd_topic_channels``, ``nsqd_topic_paused``;
+  ``nsqd_topic_message_bytes_total``, ``nsqd_topic_channels``, ``nsqd_topic_paused``,
+  ``nsqd_topic_damaged_messages_total``;
 - per channel ``{topic,channel}``: ``nsqd_channel_depth``, ``nsqd_channel_backend_depth``,
   ``nsqd_channel_in_flight``, ``nsqd_channel_deferred``, ``nsqd_channel_messages_total``,
   ``nsqd_channel_requeues_total``, ``nsqd_channel_timeouts_total``, ``nsqd_channel_clients``,
-  ``nsqd_channel_paused``;
+  ``nsqd_channel_paused``, ``nsqd_channel_damaged_messages_total``;
 - end-to-end latency, when percentiles are configured: ``nsqd_topic_e2e_processing_latency_seconds
   {topic,quantile}`` and ``nsqd_channel_e2e_processing_latency_seconds{topic,channel,quantile}`` with
   ``..._samples`` gauges counting the samples in the window;
@@ -62,6 +63,8 @@ TOPIC_SERIES = (
     ("nsqd_topic_message_bytes", "counter", "Bytes of message bodies published", attrgetter("message_bytes")),
     ("nsqd_topic_channels", "gauge", "Channels of the topic", _channel_count),
     ("nsqd_topic_paused", "gauge", "1 while the topic is paused", attrgetter("paused")),
+    ("nsqd_topic_damaged_messages", "counter", "Messages of the topic's disk queue found damaged or lost, never "
+     "delivered", attrgetter("damaged_count")),
 )
 TOPIC_E2E = ("nsqd_topic_e2e_processing_latency_seconds",
              "Publish-to-FIN latency quantiles over the window, all channels",
@@ -79,6 +82,8 @@ CHANNEL_SERIES = (
     ("nsqd_channel_timeouts", "counter", "In-flight messages that timed out", attrgetter("timeout_count")),
     ("nsqd_channel_clients", "gauge", "Consumers connected to the channel", attrgetter("client_count")),
     ("nsqd_channel_paused", "gauge", "1 while the channel is paused", attrgetter("paused")),
+    ("nsqd_channel_damaged_messages", "counter", "Messages of the channel's disk queue found damaged or lost, "
+     "never delivered", attrgetter("damaged_count")),
 )
 CHANNEL_E2E = ("nsqd_channel_e2e_processing_latency_seconds", "Publish-to-FIN latency quantiles over the window",
                "nsqd_channel_e2e_processing_latency_samples", "Publish-to-FIN latency samples in the window")

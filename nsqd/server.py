@@ -29,6 +29,7 @@ from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
 from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path
+from .message import Message
 from .metadata_writer import MetadataWriter
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
@@ -39,7 +40,7 @@ from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_replication
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
-from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
+from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 from protocol.version import version_string
 from .stats_cache import StatsCache
 from .statsd import StatsdPusher
@@ -54,6 +55,16 @@ log = logging.getLogger("nsqd")
 #: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted (a peer
 #: that refuses the connection is not waited for; one that took it and is slow to answer is, this long at most)
 REPLICATION_START_TIMEOUT = 30.0
+#: Tests only: the newest replication protocol version this node speaks, below ``PROTOCOL_VERSION`` (a node not
+#: yet upgraded, in a test of a rolling upgrade). Not a flag: an operator has no reason to speak an older version.
+REPLICATION_VERSION_ENV = "NSQD_TEST_REPLICATION_VERSION"
+
+
+def _replication_version() -> int:
+    cap = os.environ.get(REPLICATION_VERSION_ENV, "")
+    if not cap:
+        return PROTOCOL_VERSION
+    return max(PROTOCOL_VERSION_MIN, min(PROTOCOL_VERSION, int(cap)))
 
 
 class NSQD:
@@ -122,9 +133,13 @@ class NSQD:
         self.sync_barrier = SyncBarrier()
         # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
         self.replication: Replicator | None = None
+        #: the newest replication protocol version this node speaks, both as an origin and as a replica
+        self.replication_version = _replication_version()
         self.replica_host = ReplicaHost(self)
         #: messages of this node a replica adopted that it had finished (``_replication_adopted``): delivered twice
         self.duplicates_after_takeover = 0
+        #: (topic, channel) -> ids of the copies replicas sent back after damage (put back once, whichever sends)
+        self._restored: dict[tuple[str, str], set[bytes]] = {}
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
         #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
@@ -191,7 +206,13 @@ class NSQD:
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
                          failing=self.failing_queues, active=self.active_queues, logger=log,
-                         known_files=self.files_at_start)
+                         known_files=self.files_at_start, checksums=True, on_damage=self._queue_damaged)
+
+    def _queue_damaged(self, queue: DiskQueue, count: int) -> None:
+        """A disk queue found records damaged or lost while reading: its replicas send back their copies
+        (``Replicator.queue_damaged``); without replication they are lost, counted in ``damaged_count``."""
+        if self.replication is not None and queue.damage_at is not None:
+            self.replication.queue_damaged(queue.name, queue.damage_at)
 
     @property
     def durable(self) -> bool:
@@ -426,7 +447,8 @@ class NSQD:
                                       degraded=opts.replication_degraded, durable=self.durable,
                                       ssl_context=self.replication_ssl_context(),
                                       epoch=epoch, snapshot=partial(Backfill, self),
-                                      on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean)
+                                      on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean,
+                                      version=self.replication_version, on_restore=self._replication_restored)
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
         log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
                  ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
@@ -435,27 +457,53 @@ class NSQD:
                 attach_replication(self.replication, topic)
 
     def _replication_adopted(self, peer: str, epoch: int, ids: list[bytes]) -> None:
-        """Peer ``peer`` adopted these messages of this node (``ids``) while it was away. At start-up the ones held
-        here are dropped (the peer delivers them); every other message stays, those accepted unreplicated
-        meanwhile included, and goes to the peers. Later (a partition, not a death) all stay: duplicates, not
-        losses. The adopted messages this node had finished (no longer held) were delivered twice: counted."""
+        """Peer ``peer`` adopted these messages of this node (``ids``) while it was away, or cut off from it (a
+        partition longer than the peer's takeover wait, while this node ran). The ones held here are dropped (the
+        peer delivers them: one owner for each message) and every other message stays, those accepted unreplicated
+        meanwhile included, and goes to the peers (the backfill that follows). The adopted messages this node no
+        longer held were finished here: delivered twice, counted. While the node runs (a partition) its channels
+        may hold some of them in flight: those are forgotten (a FIN for them fails), and the peer delivers them
+        again; the other messages of their topics are put back in their channels (an in-flight one among them
+        comes again)."""
         save_state(self.data_path, epoch, True)
         adopted = set(ids)
-        if not self.replication.starting:
-            self.duplicates_after_takeover += len(adopted)
-            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
-                        "elsewhere: keeping them (duplicates)", peer, len(adopted), epoch)
-            return
         accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
         held, kept = drop_adopted(self, adopted)
         self.replication.accepted_unreplicated = accepted
-        if self.replication.clean:
-            self.duplicates_after_takeover += len(adopted) - held
+        finished = len(adopted) - held
+        if self.replication.clean or not self.replication.starting:
+            self.duplicates_after_takeover += finished
+        if not self.replication.starting:
+            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
+                        "elsewhere (a partition, or a start that did not wait for that peer): dropped the %d held here "
+                        "(the peer delivers them), kept %d other(s) of their topics; %d had been finished here "
+                        "(delivered twice)", peer, len(adopted), epoch, held, kept, finished)
+            return
         log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
                     "%d message(s) it adopted that were held here, kept %d other(s) of their topics; %s", peer,
-                    epoch, held, kept, f"{len(adopted) - held} it adopted had been finished here (delivered twice)"
+                    epoch, held, kept, f"{finished} it adopted had been finished here (delivered twice)"
                     if self.replication.clean else "how many of them had been finished here is unknown (the last "
                     "run did not stop cleanly)")
+
+    def _replication_restored(self, topic_name: str, channel_name: str, messages) -> int:
+        """Copies a replica sent back for channel ``channel_name`` after this node found its files damaged: each
+        goes into that channel again (with the attempts and due time it had there), unless a replica sent it
+        already (several replicas send the same copies). The replica still holds them, waiting for this channel's
+        FINs, so they are not replicated again. Returns how many went in."""
+        topic = self.topics.get(topic_name)
+        channel = topic.channels.get(channel_name) if topic is not None else None
+        if channel is None:
+            return 0
+        sent = self._restored.setdefault((topic_name, channel_name), set())
+        now_ns = time.time_ns()
+        fresh = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
+                 for m in messages if m.id not in sent]
+        sent.update(m.id for m in fresh)
+        if fresh:
+            channel.put_many(fresh)
+            log.warning("REPLICATION: %d message(s) of %s:%s lost to damaged files put back from a replica's copies",
+                        len(fresh), topic_name, channel_name)
+        return len(fresh)
 
     def replication_ssl_context(self):
         """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``

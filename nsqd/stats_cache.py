@@ -119,14 +119,15 @@ def _e2e_result(values: tuple | None) -> E2EResult:
 
 
 #: the fields of a channel's key before its latency window's state (see ``StatsCache._refresh``)
-_CHANNEL_FIGURES = 9
+_CHANNEL_FIGURES = 10
 
 
 def _channel_stats(channel, key: tuple, e2e: tuple | None) -> ChannelStats:
     """A channel's snapshot (without clients) from its key (see ``StatsCache._refresh``) and latency figures."""
-    depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused = key[:_CHANNEL_FIGURES]
+    (depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused,
+     damaged) = key[:_CHANNEL_FIGURES]
     return ChannelStats(channel.name, depth + backend_depth, backend_depth, in_flight, deferred, messages, requeues,
-                        timeouts, clients, None, paused, _e2e_result(e2e))
+                        timeouts, clients, None, paused, _e2e_result(e2e), damaged)
 
 
 class _ClientPiece:
@@ -212,9 +213,9 @@ class _Columns:
     def topic_stats(self, index: int, channels: tuple = ()) -> TopicStats:
         """Topic ``index``'s snapshot, with the given channels' (its renderings show their number only in
         /metrics)."""
-        depth, backend_depth, messages, message_bytes, paused = self.topic_keys[index][:5]
+        depth, backend_depth, messages, message_bytes, paused, damaged = self.topic_keys[index][:6]
         return TopicStats(self.topics[index].name, channels, depth + backend_depth, backend_depth, messages,
-                          message_bytes, paused, _e2e_result(self.topic_e2e[index]))
+                          message_bytes, paused, _e2e_result(self.topic_e2e[index]), damaged)
 
     def channel_stats(self, index: int, channel: str | None = None) -> list:
         """``(ChannelStats, its clients' pieces)`` of topic ``index``'s channels (only ``channel`` if given)."""
@@ -342,7 +343,8 @@ class StatsCache:
             members = channel.clients
             key = (len(channel.queue), backend._depth if backend is not None else 0,
                    len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
-                   channel.requeue_count, channel.timeout_count, len(members), channel.paused)
+                   channel.requeue_count, channel.timeout_count, len(members), channel.paused,
+                   backend.damaged if backend is not None else 0)
             if state is not None:
                 key += state
             if key != keys[at]:
@@ -358,7 +360,7 @@ class StatsCache:
         topic = columns.topics[index]
         backend = topic.backend
         key = (len(topic.queue), backend._depth if backend is not None else 0, topic.message_count,
-               topic.message_bytes, topic.paused)
+               topic.message_bytes, topic.paused, backend.damaged if backend is not None else 0)
         if states:
             key += states
         if key != columns.topic_keys[index]:

@@ -436,13 +436,19 @@ class Connection:
                 try:
                     data = client.take_output()
                     barrier = self.nsqd.sync_barrier
-                    if barrier and not barrier.commit() and client.owes_commit:
-                        # group commit: what an OK here acknowledges is on disk, or the OK does not leave
-                        log.error("[%s] - a disk sync failed before a publish was acknowledged, closing",
-                                  client.remote_address)
+                    if barrier and not barrier.commit() and client.commit_verbs:
+                        # group commit: what an OK here acknowledges is on disk, or the OK does not leave: the
+                        # publishes it covered fail as nsqd fails a publish it could not store (fatal: closed)
+                        log.error("[%s] - a disk sync failed before %d publish(es) were acknowledged: "
+                                  "E_*_FAILED, closing", client.remote_address, len(client.commit_verbs))
+                        data = fail_publish_oks(data, client.commit_verbs)
+                        client.commit_verbs = []
+                        with trio.move_on_after(1):
+                            await self.stream.send_all(data)
                         self._stop_reading()
                         return
-                    client.owes_commit = False
+                    if client.commit_verbs:
+                        client.commit_verbs = []
                     if not data:
                         continue
                     sent = self._write_now(data)
@@ -790,7 +796,8 @@ class Connection:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed replication degraded")
         try:
             topic.publish(bodies, defer, defer_sync=True)  # synced before the OK leaves (_writer)
-            self.client.owes_commit = bool(self.nsqd.sync_barrier)
+            if self.nsqd.sync_barrier:
+                self.client.commit_verbs.append(verb)
         except TopicExiting:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed exiting") from None
         except TopicFull as exc:
@@ -839,6 +846,28 @@ class Connection:
             raise ProtocolError("E_DPUB_FAILED", "DPUB failed exiting")
         delay = max(ms_to_go_duration(parse_base10(command.params[1])), 0) / 1e9
         return self._publish("DPUB", _text(command.params[0]), [command.body], delay)
+
+
+def fail_publish_oks(data: bytes, verbs: list[str]) -> bytes:
+    """``data`` (frames for the client) with the OKs of the publishes ``verbs`` (the last ``len(verbs)`` OK
+    responses in it, in order) turned into their ``E_<VERB>_FAILED`` errors: the sync that was to cover them
+    failed. Other frames (messages, other answers) are left as they are."""
+    oks = []
+    pos = 0
+    while pos + 8 <= len(data):
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        if data[pos:pos + 4 + size] == OK_FRAME:
+            oks.append(pos)
+        pos += 4 + size
+    failed = oks[len(oks) - len(verbs):] if len(verbs) <= len(oks) else oks
+    verbs = verbs[len(verbs) - len(failed):]
+    parts, last = [], 0
+    for at, verb in zip(failed, verbs):
+        parts.append(data[last:at])
+        parts.append(encode_frame(FRAME_TYPE_ERROR, f"E_{verb}_FAILED {verb} failed sync".encode()))
+        last = at + len(OK_FRAME)
+    parts.append(data[last:])
+    return b"".join(parts)
 
 
 #: each command's method, called with the connection (one table for every connection: a table of bound methods

@@ -19,6 +19,8 @@ from .names import is_ephemeral, is_valid_name_bytes
 
 __all__ = [
     "MAGIC_R1",
+    "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION_MIN",
     "OP_CREATED",
     "OP_DELETED",
     "OP_EMPTIED",
@@ -26,6 +28,7 @@ __all__ = [
     "OP_UNPAUSED",
     "E_BAD_HELLO",
     "E_BAD_SEQ",
+    "E_BAD_VERSION",
     "E_NODE_CONFLICT",
     "E_STORE_FAILED",
     "Ack",
@@ -38,23 +41,41 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "Messages",
+    "Ping",
+    "Pong",
     "ReplicatedMessage",
     "ReplicationDecoder",
     "Requeued",
     "Synced",
+    "Restore",
+    "Restored",
+    "encode_restore",
     "Welcome",
     "encode",
     "encode_messages",
     "encode_published",
+    "frame_version",
+    "negotiate",
     "split_ids",
 ]
 
 MAGIC_R1 = b"  R1"
 
+#: The newest version of the replication protocol this code speaks, and the oldest it still speaks. HELLO
+#: carries the origin's range (``version``, ``min_version``), WELCOME the version the replica chose for the
+#: stream: the highest both ends speak (``negotiate``). Each side then sends only that version's frames and its
+#: decoder refuses the rest (``ReplicationDecoder.version``), so a ring is upgraded one node at a time.
+#: Version 2 adds PING/PONG (an idle stream's heartbeat that measures the round trip), and the heal of a damaged
+#: origin: SYNCED may name the origin's queues found damaged, and the replica answers with RESTORE frames (the
+#: copies the backfill left out of them) and RESTORED.
+PROTOCOL_VERSION = 2
+PROTOCOL_VERSION_MIN = 1
+
 E_BAD_HELLO = "E_BAD_HELLO"
 E_NODE_CONFLICT = "E_NODE_CONFLICT"
 E_BAD_SEQ = "E_BAD_SEQ"
 E_STORE_FAILED = "E_STORE_FAILED"
+E_BAD_VERSION = "E_BAD_VERSION"
 
 #: the frame type of ADOPTED (replica to origin, right after WELCOME)
 T_ADOPTED = 0x84
@@ -71,6 +92,14 @@ _REQUEUED_ROW = struct.Struct(">16sHq")
 #: MESSAGES as earlier versions wrote it, one row per message: decoded still (a replica's store on disk), never sent
 T_MESSAGES_ROWS = 0x02
 T_WELCOME, T_ACK, T_ERROR = 0x81, 0x82, 0x83
+#: version 2: the origin's heartbeat on an idle stream carries its clock, the replica's answer gives it back
+T_PING, T_PONG = 0x0A, 0x86
+#: version 2: copies a replica sends back to an origin whose backfill named damaged queues, and the end of them
+T_RESTORE, T_RESTORED = 0x87, 0x88
+
+#: the protocol version that introduced each frame type newer than version 1: a frame type is sent only on a
+#: stream whose negotiated version has it, and a decoder of an older stream refuses it as an unknown type
+FRAME_VERSIONS = {T_PING: 2, T_PONG: 2, T_RESTORE: 2, T_RESTORED: 2}
 
 _HEAD = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
@@ -90,9 +119,10 @@ class Hello:
     session: str
     epoch: int = 0
     durable: bool = False
-    version: int = 1
+    version: int = 1  # the newest protocol version the origin speaks (absent: 1)
     node_id: int = 0  # the origin's --node-id: message IDs are unique across nodes only if these differ
     clean: bool = False  # the origin's data directory holds every message it acknowledged (see PROTOCOL.md)
+    min_version: int = 1  # the oldest it speaks (absent: 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +146,7 @@ class Welcome:
     seq: int = 0
     epoch: int = 0
     held: int = 0
-    version: int = 1
+    version: int = 1  # the protocol version of this stream, chosen by the replica (absent: 1)
     adopted: int = 0  # message ids of this origin adopted here that follow in ADOPTED frames
 
 
@@ -177,6 +207,21 @@ class Messages:
         return f"Messages(seq={self.seq!r}, topic={self.topic!r}, messages={self.messages!r}, channel={self.channel!r})"
 
 
+class Restore(Messages):
+    """RESTORE (version 2, replica to origin): copies of ``topic`` for ``channel`` that a backfill naming damaged
+    queues left out; the origin puts them back into that channel. Laid out as a channel's MESSAGES frame."""
+
+    __slots__ = ()
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not Restore:
+            return NotImplemented
+        return (self.topic, self.channel, self.messages) == (other.topic, other.channel, other.messages)
+
+    def __repr__(self) -> str:
+        return f"Restore(topic={self.topic!r}, channel={self.channel!r}, messages={self.messages!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class Finished:
     seq: int
@@ -204,6 +249,15 @@ class ChannelOp:
 
 @dataclass(frozen=True, slots=True)
 class Synced:
+    """The end of a backfill at ``seq``. ``damaged`` (version 2): the ``(topic, channel or "")`` queues whose
+    files the origin found damaged, whose copies the replica must send back rather than drop (PROTOCOL.md)."""
+    seq: int
+    damaged: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """Version 2: the replica sent every copy it returns for the damage the SYNCED of ``seq`` named."""
     seq: int
 
 
@@ -215,6 +269,18 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class Ack:
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Version 2: the origin's heartbeat on an idle stream; ``clock`` is its monotonic clock in ns."""
+    clock: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """Version 2: the replica's answer to a PING, with the PING's ``clock``: the origin's round trip to it."""
+    clock: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,9 +397,21 @@ def encode(event) -> bytes:
     if kind is Ack:
         return _frame(T_ACK, _U64.pack(event.seq))
     if kind is Synced:
-        return _frame(T_SYNCED, _U64.pack(event.seq))
+        damaged = b""
+        if event.damaged:
+            damaged = _U32.pack(len(event.damaged)) + b"".join(_name(t) + _name(c) for t, c in event.damaged)
+        return _frame(T_SYNCED, _U64.pack(event.seq) + damaged)
+    if kind is Restored:
+        return _frame(T_RESTORED, _U64.pack(event.seq))
+    if kind is Restore:
+        return encode_restore(event.topic, event.channel,
+                              [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages])
     if kind is Heartbeat:
         return _frame(T_HEARTBEAT, b"")
+    if kind is Ping:
+        return _frame(T_PING, _U64.pack(event.clock))
+    if kind is Pong:
+        return _frame(T_PONG, _U64.pack(event.clock))
     if kind is Hello:
         return _encode_json(T_HELLO, event)
     if kind is Welcome:
@@ -350,6 +428,28 @@ def encode(event) -> bytes:
 
 
 HEARTBEAT_FRAME = encode(Heartbeat())
+
+
+def encode_restore(topic: str, channel: str, rows) -> bytes:
+    """The RESTORE frame of ``rows``, ``(id, timestamp, attempts, due_ns, body)``: a channel's MESSAGES frame
+    (seq 0) under its own type."""
+    frame = encode_messages(0, topic, rows, channel)
+    return frame[:4] + bytes((T_RESTORE,)) + frame[5:]
+
+
+def frame_version(frame_type: int) -> int:
+    """The protocol version that introduced ``frame_type`` (1 for the first version's frames)."""
+    return FRAME_VERSIONS.get(frame_type, 1)
+
+
+def negotiate(speaks: int, speaks_min: int, peer: int, peer_min: int) -> int:
+    """The protocol version of a stream between a node speaking ``speaks_min``..``speaks`` and a peer speaking
+    ``peer_min``..``peer``: the highest both speak. ``E_BAD_VERSION`` when the ranges do not meet."""
+    version = min(speaks, peer)
+    if version < max(speaks_min, peer_min):
+        raise ProtocolError(E_BAD_VERSION, f"no protocol version in common: this node speaks {speaks_min}-{speaks}, "
+                                           f"the peer {peer_min}-{peer}")
+    return version
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------
@@ -436,7 +536,7 @@ def _decode_hello(payload: bytes):
     return Hello(node=node, session=_field(obj, "session", str, "", "HELLO"),
                  epoch=_field(obj, "epoch", int, 0, "HELLO"), durable=_field(obj, "durable", bool, False, "HELLO"),
                  version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"),
-                 clean=_field(obj, "clean", bool, False, "HELLO"))
+                 clean=_field(obj, "clean", bool, False, "HELLO"), min_version=_field(obj, "min_version", int, 1, "HELLO"))
 
 
 def _decode_identity(event_type):
@@ -474,6 +574,27 @@ def _decode_messages(payload: bytes):
     reader.end()
     return Messages._decoded(seq, topic, channel, split_ids(payload, columns, count), body_bytes, payload,
                              columns + _ID_LENGTH * count)
+
+
+def _decode_synced(payload: bytes):
+    reader = _Reader(payload, "SYNCED")
+    seq = reader.unpack(_U64)[0]
+    if reader.pos == len(payload):
+        return Synced(seq)
+    damaged = []
+    for _ in range(reader.unpack(_U32)[0]):
+        topic = reader.name(E_BAD_TOPIC, "topic")
+        damaged.append((topic, reader.name(E_BAD_CHANNEL, "channel", allow_empty=True)))
+    reader.end()
+    return Synced(seq, tuple(damaged))
+
+
+def _decode_restore(payload: bytes):
+    event = _decode_messages(payload)
+    if not event.channel:
+        raise ProtocolError(E_BAD_PROTOCOL, "RESTORE frame without a channel")
+    return Restore._decoded(0, event.topic, event.channel, event.ids, event.body_bytes, payload,
+                            event._columns)
 
 
 def _decode_message_rows(payload: bytes):
@@ -568,9 +689,11 @@ def _decode_error(payload: bytes):
 
 _DECODERS = {
     T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_MESSAGES_ROWS: _decode_message_rows, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
-    T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_seq(Synced), T_WELCOME: _decode_welcome,
+    T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_synced, T_WELCOME: _decode_welcome,
     T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
     T_CONFIRM: _decode_identity(Confirm), T_CONFIRMED: _decode_identity(Confirmed), T_REQUEUED: _decode_requeued,
+    T_PING: _decode_seq(Ping), T_PONG: _decode_seq(Pong), T_RESTORE: _decode_restore,
+    T_RESTORED: _decode_seq(Restored),
 }
 
 
@@ -579,14 +702,17 @@ class ReplicationDecoder(InputBuffer):
 
     A size of 0 or over ``max_frame_size``, an unknown frame type or a malformed payload raises
     ``ProtocolError``; names are checked as NSQ names (``E_BAD_TOPIC``, ``E_BAD_CHANNEL``). ``last_frame`` holds
-    the whole frame of the last event returned (a replica stores it as received)."""
+    the whole frame of the last event returned (a replica stores it as received). ``version``: the protocol
+    version of the stream (set once HELLO and WELCOME agreed on it); a frame type of a later version is refused
+    as unknown, as a node of that version would."""
 
-    __slots__ = ("_max_frame_size", "last_frame")
+    __slots__ = ("_max_frame_size", "last_frame", "version")
 
-    def __init__(self, max_frame_size: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_frame_size: int = 64 * 1024 * 1024, version: int = PROTOCOL_VERSION) -> None:
         super().__init__()
         self._max_frame_size = max_frame_size
         self.last_frame = b""
+        self.version = version
 
     def next_event(self):
         buf = self._buf
@@ -598,8 +724,9 @@ class ReplicationDecoder(InputBuffer):
         if size < 1 or size > self._max_frame_size:
             raise ProtocolError(E_BAD_PROTOCOL, f"invalid replication frame size {size}")
         decode = _DECODERS.get(frame_type)
-        if decode is None:
-            raise ProtocolError(E_BAD_PROTOCOL, f"unknown replication frame type {frame_type:#04x}")
+        if decode is None or (frame_type in FRAME_VERSIONS and FRAME_VERSIONS[frame_type] > self.version):
+            raise ProtocolError(E_BAD_PROTOCOL, f"unknown replication frame type {frame_type:#04x} (protocol "
+                                                f"version {self.version})")
         end = pos + 4 + size
         if end > len(buf):
             self._need = 4 + size
@@ -607,6 +734,9 @@ class ReplicationDecoder(InputBuffer):
         self._pos = end
         self._need = 0
         event = decode(buf[pos + 5:end])
+        if frame_type == T_SYNCED and event.damaged and self.version < 2:
+            raise ProtocolError(E_BAD_PROTOCOL, f"SYNCED frame naming damaged queues (protocol version "
+                                                f"{self.version})")
         self.last_frame = buf[pos:end]
         return event
 

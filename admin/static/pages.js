@@ -340,7 +340,8 @@
           {label: "Depth", value: fmtInt(t.depth)}, {label: "Memory + disk", value: fmtInt(t.memory_depth) + " + " + fmtInt(t.backend_depth)},
           {label: "Messages", value: fmtInt(t.message_count)}, {label: "Rate (msg/s)", value: fmtRate(lastRate)},
           {label: "In flight", value: fmtInt(inFlight)}, {label: "Deferred", value: fmtInt(deferred)},
-          {label: "Channels", value: fmtInt((t.channels || []).length)}]));
+          {label: "Channels", value: fmtInt((t.channels || []).length)}].concat(t.damaged_count ?
+          [{label: "Damaged on disk", value: fmtInt(t.damaged_count), warn: true}] : [])));
         page.charts[0].update(history.timestamps, [{label: "published/s", values: history.rate}]);
         page.charts[1].update(history.timestamps, [{label: "topic depth", values: history.depth},
           {label: "channels depth", values: history.channel_depth}]);
@@ -429,7 +430,8 @@
           {label: "Deferred", value: fmtInt(c.deferred_count)}, {label: "Requeued", value: fmtInt(c.requeue_count)},
           {label: "Timed out", value: fmtInt(c.timeout_count), warn: c.timeout_count > 0},
           {label: "Messages", value: fmtInt(c.message_count)}, {label: "Rate (msg/s)", value: fmtRate(lastRate)},
-          {label: "Connections", value: fmtInt(c.client_count)}]));
+          {label: "Connections", value: fmtInt(c.client_count)}].concat(c.damaged_count ?
+          [{label: "Damaged on disk", value: fmtInt(c.damaged_count), warn: true}] : [])));
         page.charts[0].update(history.timestamps, [{label: "messages/s", values: history.rate}]);
         page.charts[1].update(history.timestamps, [{label: "depth", values: history.depth},
           {label: "in flight", values: history.in_flight}, {label: "deferred", values: history.deferred}]);

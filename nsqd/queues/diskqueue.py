@@ -127,9 +127,10 @@ from functools import partial
 from typing import Container, TypeVar
 
 from .atomic_file import replace_file
+from .checksums import SideFile, entries_of, side_file_name
 from .file_worker import FileWorker, remove_in_steps
 from .group_commit import SyncBarrier
-from .segment_reader import SegmentReader, SplitRecords
+from .segment_reader import Damaged, SegmentReader, SplitRecords
 
 _Records = TypeVar("_Records", list[bytes], SplitRecords)
 
@@ -146,6 +147,27 @@ _POS_MASK = (1 << _POS_BITS) - 1
 
 _default_log = logging.getLogger("nsqd")
 
+#: Tests only: while the file this names exists, the inline sync's fsync (the group commit's, and
+#: ``--sync-every=1``'s: the one that must succeed before an OK) fails with EIO, as a failing disk's would. Set in the
+#: environment of an nsqd under test; a real failing device (device-mapper's error target) needs privileges and
+#: kernel modules a test machine may lack.
+FAIL_FSYNC_ENV = "NSQD_TEST_FAIL_FSYNC"
+
+
+def _fsync_hook():
+    trigger = os.environ.get(FAIL_FSYNC_ENV)
+    if not trigger:
+        return os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.exists(trigger):
+            raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (injected: {FAIL_FSYNC_ENV})")
+        os.fsync(fd)
+    return fsync
+
+
+_fsync = _fsync_hook()
+
 
 class DiskQueueClosed(Exception):
     """The queue was closed or deleted."""
@@ -160,6 +182,7 @@ class DiskQueueStatistics:
     write_pos: int
     last_error: str | None
     held: int = 0  # records read but not yet released by the committed position (hold mode)
+    damaged: int = 0  # records found damaged or lost (never delivered) since the queue was opened
 
 
 #: what the hold mode's sets are without hold mode
@@ -178,7 +201,7 @@ class DiskQueue:
                  "_depth", "_read_file_num", "_read_pos", "_write_file_num", "_write_pos", "_write_fd", "_reader",
                  "_read_end", "_worker", "_sync_failed", "_ops", "_dirty", "_need_sync", "_pending_since", "_closed",
                  "_held", "_held_base", "_acked", "_oldest_file", "_bad_files", "_removed_read_file", "_meta_path",
-                 "_saved_meta")
+                 "_saved_meta", "checksums", "on_damage", "damaged", "damage_at", "_sum_fd", "_write_count", "_synced_at", "_suspect")
 
     def __init__(
         self,
@@ -196,6 +219,8 @@ class DiskQueue:
         active: dict | None = None,
         logger: logging.Logger | None = None,
         known_files: Container[str] | None = None,
+        checksums: bool = False,
+        on_damage=None,
     ) -> None:
         assert 0 < max_bytes_per_file <= _POS_MASK and 0 <= min_msg_size <= max_msg_size and sync_every >= 1
         self.name = name
@@ -216,6 +241,20 @@ class DiskQueue:
         self.log = logger if logger is not None else _default_log
         self.known_files = known_files  # see "Many queues" in the module notes
         self.last_error: OSError | None = None
+        # Checksums (``checksums.py``): a side file per segment, written with the records and checked on reading.
+        # Records found damaged or lost are counted in ``damaged`` and reported to ``on_damage(queue, count)``.
+        self.checksums = checksums
+        self.on_damage = on_damage
+        self.damaged = 0
+        #: where the last damage was found, ``(file number, byte)``, when ``on_damage`` is called: records lost past
+        #: the end of a file or with a missing one are placed at that file's end or start
+        self.damage_at: tuple[int, int] | None = None
+        self._sum_fd: int | None = None  # the write file's side file (None: none, or checksums off for it)
+        self._write_count = 0  # records in the write file before write_pos (the next entry's number)
+        # The writer's position at the last inline sync that succeeded, and after one that failed, that position
+        # (what was written since may be gone from the page cache: Linux drops the dirty pages of a failed fsync)
+        self._synced_at: tuple[int, int] = (0, 0)
+        self._suspect: tuple[int, int] | None = None
 
         self._depth = 0
         self._read_file_num = 0
@@ -272,6 +311,10 @@ class DiskQueue:
         """Where the reader is: ``(file number, byte position)``."""
         return self._read_file_num, self._read_pos
 
+    def committed_position(self) -> tuple[int, int]:
+        """Where a restart would resume reading: the oldest held record in hold mode, else the reader."""
+        return self._committed()[:2]
+
     def write_position(self) -> tuple[int, int]:
         """Where the next record goes: ``(file number, byte position)``."""
         return self._write_file_num, self._write_pos
@@ -294,6 +337,7 @@ class DiskQueue:
             write_pos=self._write_pos,
             last_error=None if self.last_error is None else str(self.last_error),
             held=len(self._held),
+            damaged=self.damaged,
         )
 
     # -- writing -------------------------------------------------------------------------------
@@ -309,7 +353,7 @@ class DiskQueue:
         try:
             if self._write_pos > 0 and self._write_pos + 4 + size > self.max_bytes_per_file:
                 self._roll()
-            self._write_at_end(_LENGTH.pack(size) + data)
+            self._write_at_end(_LENGTH.pack(size) + data, [data])
             self._write_pos += 4 + size
             self._depth += 1
             if not self._dirty:
@@ -342,19 +386,21 @@ class DiskQueue:
         limit = self.max_bytes_per_file
         try:
             parts: list[bytes] = []
+            first = 0  # the first record of ``parts``
             pos = self._write_pos
-            for record in records:
+            for index, record in enumerate(records):
                 size = len(record)
                 if pos > 0 and pos + 4 + size > limit:
                     if parts:
-                        self._write_parts(parts)
+                        self._write_parts(parts, records[first:index])
                         parts = []
+                    first = index
                     self._roll()
                     pos = 0
                 parts.append(pack(size))
                 parts.append(record)
                 pos += 4 + size
-            self._write_parts(parts)
+            self._write_parts(parts, records[first:] if first else records)
             if not self._dirty:
                 self._became_dirty()
             self._ops += len(records)
@@ -392,36 +438,51 @@ class DiskQueue:
         self._depth -= len(records)
         return first
 
-    def _write_parts(self, parts: list[bytes]) -> None:
+    def _write_parts(self, parts: list[bytes], records: list[bytes]) -> None:
         data = b"".join(parts)
-        self._write_at_end(data)
+        self._write_at_end(data, records)
         self._write_pos += len(data)
         self._depth += len(parts) // 2
 
-    def _write_at_end(self, data: bytes) -> None:
+    def _write_at_end(self, data: bytes, records: list[bytes]) -> None:
+        """Write ``data`` (``records``, framed) at the writer's position, then their side file entries."""
         fd = self._write_fd
         if fd is None:
             fd = self._open_write_file()
-        pos = self._write_pos
-        done = os.pwrite(fd, data, pos)
-        if done < len(data):
-            # a short write (the disk filled up mid-way): retry the rest, which raises the real error
-            view = memoryview(data)
-            while done < len(view):
-                more = os.pwrite(fd, view[done:], pos + done)
-                if more == 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.file_name(self._write_file_num))
-                done += more
+        _write_fully(fd, data, self._write_pos, self.file_name(self._write_file_num))
+        if self._sum_fd is not None:
+            entries = entries_of(records)
+            _write_fully(self._sum_fd, entries, self._write_count * 8, self.file_name(self._write_file_num))
+        self._write_count += len(records)
 
     def _open_write_file(self) -> int:
         path = self.file_name(self._write_file_num)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._write_fd = fd
         self.log.info("DISKQUEUE(%s): writing %s", self.name, path)
+        if self.checksums:
+            self._open_side_file(path)
         if self._write_pos == 0:
             # the new file's name must survive a power cut before the meta names it: every later sync comes after
             self._submit(self._fsync_directory)
         return fd
+
+    def _open_side_file(self, path: str) -> None:
+        """The write file's side file, with the number of its next entry; none when the records already in the
+        file are not all listed in it (nsqd wrote them): the file goes on unchecked rather than misnumbered."""
+        self._write_count = 0
+        if self._write_pos > 0:
+            side = SideFile.open(path)
+            lined_up = side is not None and side.seek(self._write_pos)
+            if side is not None:
+                self._write_count = side.index
+                side.close()
+            if not lined_up:
+                self.log.info("DISKQUEUE(%s): %s has records without checksums, it goes on without them",
+                              self.name, path)
+                return
+        self._sum_fd = os.open(side_file_name(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.ftruncate(self._sum_fd, self._write_count * 8)  # entries of records cut back or never synced
 
     def _roll(self) -> None:
         """Move writing to the next file number, syncing first so the meta never lags behind a new file."""
@@ -430,24 +491,32 @@ class DiskQueue:
             os.ftruncate(fd, self._write_pos)  # no-op unless a failed write left bytes past the end
         if self._read_file_num == self._write_file_num:
             self._read_end = self._write_pos
+        sum_fd, self._sum_fd = self._sum_fd, None
+        if sum_fd is not None:
+            os.ftruncate(sum_fd, self._write_count * 8)
         self._write_file_num += 1
         self._write_pos = 0
-        self._sync_soon()  # fsyncs the finished file (still open) and records the new file number
+        self._write_count = 0
+        self._sync_soon(sum_fd)  # fsyncs the finished file (still open) and records the new file number
         if fd is not None:
             self._write_fd = None
             self._submit(partial(os.close, fd))  # after its fsync
+        if sum_fd is not None:
+            self._submit(partial(os.close, sum_fd))
 
-    def _position(self) -> tuple[int, int, int, int | None, int]:
-        return self._write_file_num, self._write_pos, self._depth, self._read_end, self._ops
+    def _position(self) -> tuple[int, int, int, int | None, int, int]:
+        return self._write_file_num, self._write_pos, self._depth, self._read_end, self._ops, self._write_count
 
-    def _undo_write(self, before: tuple[int, int, int, int | None, int]) -> None:
+    def _undo_write(self, before: tuple[int, int, int, int | None, int, int]) -> None:
         """Return to the state before a failed put: cut the file back, remove files the put began."""
-        file_num, pos, depth, read_end, ops = before
-        if self._write_file_num != file_num:
+        file_num, pos, depth, read_end, ops, count = before
+        rolled = self._write_file_num != file_num
+        if rolled:
             self._close_write_file()
             self._wait_worker()  # the roll's background sync names the files removed here: let it finish
             for num in range(file_num + 1, self._write_file_num + 1):
                 _remove_quietly(self.file_name(num))
+                _remove_quietly(side_file_name(self.file_name(num)))
             self._write_file_num = file_num
             # the meta written at the roll names the removed file and counts records cut below; refresh it
             self._need_sync = True
@@ -457,13 +526,18 @@ class DiskQueue:
         self._depth = depth
         self._read_end = read_end
         self._ops = ops
+        self._write_count = count
         if self._read_file_num == file_num and self._reader is not None:
             self._reader.forget()
         try:
             if self._write_fd is not None:
                 os.ftruncate(self._write_fd, pos)
+                if self._sum_fd is not None:
+                    os.ftruncate(self._sum_fd, count * 8)
             else:
                 os.truncate(self.file_name(file_num), pos)
+                if rolled and self.checksums and os.path.exists(side_file_name(self.file_name(file_num))):
+                    os.truncate(side_file_name(self.file_name(file_num)), count * 8)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -505,6 +579,9 @@ class DiskQueue:
                     problem = self._read_records_held(records, max_count, end)
                 else:
                     problem = self._read_records(records, max_count, end)
+                if type(problem) is Damaged:
+                    self._damaged_record(problem)
+                    continue
                 if problem is not None:
                     self._skip_bad_file(problem)
                     continue
@@ -527,6 +604,26 @@ class DiskQueue:
         assert self.hold_reads, "read_split_held needs hold_reads=True"
         first = self._held_base + len(self._held)
         return first, self.read_split(max_count)
+
+    def _damaged_record(self, damage: Damaged) -> None:
+        """A record whose checksum or length failed: reported, counted, never delivered; reading goes on after it."""
+        self.log.error("DISKQUEUE(%s): damaged record at byte %d of %s (%s), skipped: not delivered", self.name,
+                       damage.pos, self.file_name(self._read_file_num), damage.what)
+        self.damage_at = (self._read_file_num, damage.pos)
+        self._read_pos = damage.skip_to
+        if not self._dirty:
+            self._became_dirty()
+        self._lost(1)
+
+    def _lost(self, count: int) -> None:
+        """``count`` records that cannot be read (damaged, or gone with a file cut short or missing)."""
+        if count <= 0:
+            return
+        self.damaged += count
+        # records cut off past an unsynced meta were never in its depth (a crash mid-write): not below 0
+        self._depth -= min(count, max(self._depth, 0))
+        if self.on_damage is not None:
+            self.on_damage(self, count)
 
     def _read_records_held(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
         """``_read_records``, then the start of each new record joins the held window (its ops do not count)."""
@@ -619,6 +716,8 @@ class DiskQueue:
             except PermissionError:
                 fd = os.open(path, _READ_FLAGS_PLAIN)
         except FileNotFoundError:
+            self.damage_at = (self._read_file_num, self._read_pos)  # also for the depth found short at the tail
+            self._missing_file_lost(path)
             if self._read_file_num < self._write_file_num:
                 self.log.error("DISKQUEUE(%s): %s is missing, skipping to the next file", self.name, path)
                 self._advance_read_file()
@@ -628,14 +727,42 @@ class DiskQueue:
         except OSError as exc:
             self._record_error("open for reading", exc)
             return False
-        self._reader = SegmentReader(fd, path, self.name, self.log)
+        sums = SideFile.open(path) if self.checksums else None
+        if sums is not None and self._read_pos and not sums.seek(self._read_pos):
+            self.log.warning("DISKQUEUE(%s): the checksums of %s do not match its records, reading it unchecked",
+                             self.name, path)
+            sums.close()
+            sums = None
+        self._reader = SegmentReader(fd, path, self.name, self.log, sums)
         if self._read_file_num < self._write_file_num and self._read_end is None:
             self._read_end = os.fstat(fd).st_size
         return True
 
+    def _missing_file_lost(self, path: str) -> None:
+        """A segment gone (deleted, or never synced): its side file, when left, says how many records it held."""
+        sums = SideFile.open(path) if self.checksums else None
+        if sums is None:
+            return
+        try:
+            if not self._read_pos or sums.seek(self._read_pos):
+                lost = sums.count_from(sums.index)
+                if lost:
+                    self.log.error("DISKQUEUE(%s): %s is missing: %d record(s) lost", self.name, path, lost)
+                    self._lost(lost)
+        finally:
+            sums.close()
+
     def _finish_read_file(self) -> None:
         """The reader has passed the end of a complete file: delete it (in hold mode, once nothing in it is held)
-        and move on."""
+        and move on. Records its side file lists beyond its end were lost with the part of it cut off."""
+        reader = self._reader
+        if reader is not None and reader.sums is not None:
+            lost = reader.lost_at_end()
+            if lost:
+                self.log.error("DISKQUEUE(%s): %s ends at %d but its checksums list %d more record(s): lost",
+                               self.name, self.file_name(self._read_file_num), self._read_pos, lost)
+                self.damage_at = (self._read_file_num, self._read_pos)
+                self._lost(lost)
         if self.hold_reads:
             self._advance_read_file()
             self._release_files()
@@ -656,6 +783,8 @@ class DiskQueue:
             pass
         except OSError as exc:
             self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, path, exc)
+        if self.checksums:
+            _remove_quietly(side_file_name(path))
 
     def _advance_read_file(self) -> None:
         self._close_read_file()
@@ -671,6 +800,13 @@ class DiskQueue:
         path = self.file_name(num)
         self.log.error("DISKQUEUE(%s): %s at %d of %s; renaming it to %s.bad and skipping to the next file",
                        self.name, problem, self._read_pos, path, path)
+        self.damage_at = (num, self._read_pos)
+        reader = self._reader
+        if reader is not None and reader.sums is not None:
+            lost = reader.lost_at_end()
+            if lost:
+                self.log.error("DISKQUEUE(%s): %d record(s) of %s lost", self.name, lost, path)
+                self._lost(lost)
         if self._read_file_num == self._write_file_num:
             # the write file itself is damaged: nothing more goes into it
             self._close_write_file()
@@ -694,6 +830,11 @@ class DiskQueue:
             pass  # a missing file was skipped: nothing to set aside
         except OSError as exc:
             self.log.error("DISKQUEUE(%s): failed to rename %s - %s", self.name, path, exc)
+        if self.checksums:
+            try:
+                os.rename(side_file_name(path), side_file_name(path + ".bad"))
+            except OSError:
+                pass
 
     def _check_tail(self) -> None:
         """At the writer, depth must be 0; a reader beyond the writer means the positions are corrupt."""
@@ -712,6 +853,9 @@ class DiskQueue:
             else:
                 self.log.error("DISKQUEUE(%s): positive depth at the tail (%d), data loss, resetting to 0",
                                self.name, self._depth)
+                if self.damage_at is None:
+                    self.damage_at = reader
+                self._lost(self._depth)
             self._depth = 0
             if not self._dirty:
                 self._became_dirty()
@@ -734,12 +878,29 @@ class DiskQueue:
             raise
 
     def _sync(self) -> None:
-        """Sync now, on the caller's thread: on disk when it returns (after the background work before it)."""
+        """Sync now, on the caller's thread: on disk when it returns (after the background work before it).
+        After a failed fsync the bytes written since the last good one are written again first: the kernel
+        may have dropped them (marked clean, never written) when it reported the error."""
         if self._worker is not None:
             self._worker.discard_last(("sync", self._write_fd))  # superseded by this one
         self._wait_worker()
-        if self._write_fd is not None:
-            os.fsync(self._write_fd)
+        fd = self._write_fd
+        if fd is not None:
+            try:
+                if self._suspect is not None:
+                    self._rewrite_suspect(fd)
+                _fsync(fd)
+                if self._sum_fd is not None:
+                    # the checksums of what this sync makes durable: after a power cut every record acknowledged
+                    # has its entry, so none of them is read unchecked (a second fsync, of a file of 8 bytes a
+                    # record: its cost is in bench/README.md, "Record checksums")
+                    _fsync(self._sum_fd)
+            except OSError:
+                if self._suspect is None:
+                    self._suspect = self._synced_at
+                raise
+            self._suspect = None
+            self._synced_at = (self._write_file_num, self._write_pos)
         meta = self._meta_text()
         replace_file(self._meta_path, meta)
         self._saved_meta = meta
@@ -750,22 +911,39 @@ class DiskQueue:
         self._sync_failed = False
         self.last_error = None
 
-    def _sync_soon(self) -> None:
+    def _rewrite_suspect(self, fd: int) -> None:
+        """Write again what the write file holds from the last good sync on (the whole file if that was in an
+        earlier one, whose own fsync ran on the worker when writing moved on)."""
+        file_num, pos = self._suspect
+        start = pos if file_num == self._write_file_num else 0
+        if start >= self._write_pos:
+            return
+        data = os.pread(fd, self._write_pos - start, start)
+        _write_fully(fd, data, start, self.file_name(self._write_file_num))
+        self.log.warning("DISKQUEUE(%s): %d byte(s) of %s written since the last good sync written again after a "
+                         "failed sync", self.name, len(data), self.file_name(self._write_file_num))
+
+    def _sync_soon(self, sum_fd: int | None = None) -> None:
         """Sync on the worker: the meta file as the queue is now, after everything done so far. Nothing waits for
         it; what must be on disk before an acknowledgement goes through ``_sync`` (``sync_every=1``, the barrier).
-        Errors are logged and kept in ``last_error``."""
+        Errors are logged and kept in ``last_error``. The side file of checksums is synced here too (``sum_fd``:
+        that of a file just finished), as by the inline sync: see ``checksums.py``."""
         fd = self._write_fd
-        self._submit(partial(self._sync_files, fd, self._meta_text()), self._background_sync_failed,
+        if sum_fd is None:
+            sum_fd = self._sum_fd
+        self._submit(partial(self._sync_files, fd, self._meta_text(), sum_fd), self._background_sync_failed,
                             key=("sync", fd))
         self._ops = 0
         self._dirty = False
         self._need_sync = False
         self._pending_since = None
 
-    def _sync_files(self, fd: int | None, meta: bytes) -> None:
-        """Runs on the worker. ``fd`` is still open: it is closed only by a later job."""
+    def _sync_files(self, fd: int | None, meta: bytes, sum_fd: int | None = None) -> None:
+        """Runs on the worker. ``fd`` and ``sum_fd`` are still open: they are closed only by a later job."""
         if fd is not None:
             os.fsync(fd)
+        if sum_fd is not None:
+            os.fsync(sum_fd)
         replace_file(self._meta_path, meta)
         self._saved_meta = meta
         if self._sync_failed:
@@ -912,6 +1090,8 @@ class DiskQueue:
                 pass
             except OSError as exc:
                 self.log.error("DISKQUEUE(%s): failed to remove %s - %s", self.name, path, exc)
+            if self.checksums:
+                _remove_quietly(side_file_name(path))
         fresh = max(first, last) + 1
         self._read_file_num = self._write_file_num = fresh
         self._read_pos = self._write_pos = 0
@@ -929,6 +1109,9 @@ class DiskQueue:
         fd, self._write_fd = self._write_fd, None
         if fd is not None:
             self._submit(partial(os.close, fd))
+        sum_fd, self._sum_fd = self._sum_fd, None
+        if sum_fd is not None:
+            self._submit(partial(os.close, sum_fd))
 
     # -- start-up ------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -1058,6 +1241,18 @@ class DiskQueue:
                 pos += 4 + size
                 count += 1
         return count
+
+
+def _write_fully(fd: int, data: bytes, pos: int, path: str) -> None:
+    done = os.pwrite(fd, data, pos)
+    if done < len(data):
+        # a short write (the disk filled up mid-way): retry the rest, which raises the real error
+        view = memoryview(data)
+        while done < len(view):
+            more = os.pwrite(fd, view[done:], pos + done)
+            if more == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            done += more
 
 
 def _remove_quietly(path: str) -> None:

@@ -44,8 +44,8 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   comes with the ids that peer adopted (ADOPTED frames, ``adopted.py``); at start-up (V2 clients wait until
   every peer answered or refused the connection; a slow one is tried again and waited for, 30 s at most) the
   node drops those it holds (the peer delivers them) and keeps the rest, those accepted unreplicated included.
-  Later (a partition) it keeps them all: duplicates, not losses. Adopted ids it no longer held were finished
-  here: ``duplicates_after_takeover``.
+  Later (a partition longer than the peer's takeover wait) it does the same when the stream returns: one owner
+  per message. Adopted ids it no longer held were finished here: ``duplicates_after_takeover``.
 - ``replication.dat`` also says whether the node is running: a start that finds ``running`` still true (a
   kill, without durable mode) or no file at all (an empty directory) sends ``clean: false`` in HELLO, and a
   replica holding copies of it takes them over instead of trusting the backfill, which may miss acknowledged
@@ -54,6 +54,27 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   ``E_PUB_FAILED``/HTTP 503 and ``/ping`` NOK; a connection waiting for an ACK when the peers go is closed
   without its OK (its producer retries elsewhere: at-least-once). ``accept`` answers OK unreplicated, counts
   it, and sends it when the peers return.
+
+- Silence (``sender.py``: ``HEARTBEAT_INTERVAL``, ``PEER_TIMEOUT``): a stream without a write for 1 s gets a
+  heartbeat, which the replica answers at once; a peer heard from neither by ACK nor by answer for 5 s is taken
+  for gone and its connection closed. That bounds how long a publish waits on a peer that stopped answering (a
+  partition either way, SIGSTOP, a vanished host): 5 s, then it is refused or taken unreplicated as degraded
+  mode says (it was 15 s, the peer timeout before). A live peer stalled that long costs a reconnection, which
+  resumes after its last ACK.
+- Versions (``protocol/replication.py``: ``PROTOCOL_VERSION``, ``PROTOCOL_VERSION_MIN``, ``FRAME_VERSIONS``):
+  HELLO carries the range the origin speaks, the replica answers in WELCOME the newest both speak, and each
+  stream then sends only that version's frames (its decoders refuse later types, as an older node would), so a
+  ring upgrades one node at a time. Version 2 adds PING/PONG (an idle stream's heartbeat, whose round trip
+  ``/stats`` shows per peer), damaged queues named in SYNCED, RESTORE and RESTORED. A new frame type raises
+  the version and is sent only where ``peer.version`` (origin) or the stream's version (replica) has it.
+- Damage (queue files checked against their checksums, ``queues/checksums.py``): a backfill reads the disk
+  backlogs as the queues read them (``queues/span.py``), so a damaged record is never sent, and on a version 2
+  stream its SYNCED names each queue it found damaged, cut short or missing. Such a queue cannot say what it
+  lost, so the replica sends back its copies of what those channels had not finished (RESTORE frames, then
+  RESTORED); the origin puts each into its channel once and does not replicate it again (the replica still
+  holds it). A queue stays owed to a peer, named in every backfill to it, until its RESTORED came; damage found
+  later, past what a peer's last backfill read, closes that peer's stream for a new backfill. A version 1 peer
+  cannot send copies back: those records are lost, and logged.
 
 Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every node:
 
@@ -74,6 +95,17 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   queue syncs by its own rules. A batch is written with its tokens known (``DiskQueue.put_many_held``: the
   reader is at the writer, so the records are held as written, never read back) and indexed after its ACK;
   what the socket already holds by then is stored and acknowledged first (``APPLY_LAG`` batches at most).
+- A SYNCED naming damaged queues of the origin: the messages held from earlier streams that the backfill left out
+  stay held for each damaged channel that had not finished them (for every unfinished channel when the topic's
+  own queue is named) instead of being released, and are sent back as above.
+- Its own damage: the store's disk queue keeps checksums too. A record found damaged (replayed at start-up,
+  read back while a stream runs, replayed for a takeover) is logged, counted (``damaged_records`` per origin),
+  never indexed nor delivered; the store forgets the origin's session, so the origin's next connection (a
+  running stream is closed for it, ``E_STORE_FAILED``) sends a new backfill, and this replica counts toward
+  ``--replication-acks`` again only once it acknowledged that backfill's SYNCED. Found at a takeover, the
+  damaged copies are lost: the origin, the other copy, is gone.
+- An origin's stream without a frame for 5 s (15 s on version 1, whose origins heartbeat every 5 s) is taken
+  for broken; the takeover wait starts then.
 - Takeover (``ReplicaHost.takeover``): by ``POST /replica/takeover?node=`` or when the origin's stream stayed
   closed for ``--replica-takeover-timeout`` and its address refuses connections (one that accepts them lives: a
   restarted replica finds its origins silent while their reconnections back off; it waits for them, 60 s at

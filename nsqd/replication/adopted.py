@@ -4,7 +4,7 @@
 finished it) and replicates them from here: a takeover adopts an origin's copies with it, and an origin whose
 messages a replica adopted puts back with it the ones the replica did not adopt.
 
-``drop_adopted`` is the origin's side at start-up: it takes the messages a replica adopted out of this node's
+``drop_adopted`` is the origin's side at start-up (or when a partition ends): it takes the messages a replica adopted out of this node's
 topics and channels, memory and disk backlogs alike, and puts the others back with ``place``.
 
 ``AdoptedIds`` is ``replica.<node>.adopted`` in the data directory: the ids of the messages of origin ``node``
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
 
 import trio
@@ -25,14 +24,13 @@ import trio
 from protocol.replication import ReplicatedMessage
 
 from ..message import Message
+from ..queues.span import QueueSpan
 
 __all__ = ["AdoptedIds", "drop_adopted", "place"]
 
 log = logging.getLogger("nsqd")
 
 ID_SIZE = 16
-#: a disk queue record: [int32 size][int64 timestamp][uint16 attempts][16 id][body]
-_RECORD = struct.Struct(">iqH16s")
 #: ids per ADOPTED frame (1 MiB)
 FRAME_IDS = 65536
 
@@ -87,7 +85,7 @@ def _delay(due_ns: int, now_ns: int) -> float:
 
 
 def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
-    """Start-up (nothing delivered yet): take the messages in ``adopted`` out of every lasting topic of ``nsqd`` and
+    """Start-up, or a partition's end (what is in flight is forgotten too): take the messages in ``adopted`` out of every lasting topic of ``nsqd`` and
     keep the rest where it was. Returns (adopted messages found and dropped here, others kept in their topics)."""
     found = kept = 0
     for topic in list(nsqd.topics.values()):
@@ -139,30 +137,15 @@ def _replicated(message, due_ns: int = 0) -> ReplicatedMessage:
 
 
 def _backlog(queue, index) -> list[ReplicatedMessage]:
-    """The records of a disk queue between its reader and its writer, from its files."""
+    """The records of a disk queue between its reader and its writer, from its files, each checked against its
+    side file (``QueueSpan``): a damaged one is neither kept nor replicated."""
     if queue is None or not queue.has_unread():
         return []
     due = index.due if index is not None else {}
-    (read_num, read_pos), (write_num, write_pos) = queue.read_position(), queue.write_position()
     out = []
-    for num in range(read_num, write_num + 1):
-        try:
-            with open(queue.file_name(num), "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.error("REPLICATION: could not read %s - %s", queue.file_name(num), exc)
-            continue
-        pos, end = (read_pos if num == read_num else 0), (write_pos if num == write_num else len(data))
-        while pos + _RECORD.size <= end:
-            size, timestamp, attempts, msg_id = _RECORD.unpack_from(data, pos)
-            stop = pos + 4 + size
-            if size < _RECORD.size - 4 or stop > end:
-                break
-            out.append(ReplicatedMessage(msg_id, timestamp, attempts, due.get(msg_id, 0),
-                                         data[pos + _RECORD.size:stop]))
-            pos = stop
+    for batch in QueueSpan(queue, log=log).records(4096):
+        out.extend(map(ReplicatedMessage, batch.ids, batch.timestamps, batch.attempts,
+                       [due.get(msg_id, 0) for msg_id in batch.ids], batch.bodies))
     return out
 
 

@@ -24,6 +24,7 @@ from protocol.replication import (
     E_BAD_HELLO,
     E_BAD_SEQ,
     E_NODE_CONFLICT,
+    PROTOCOL_VERSION_MIN,
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
     MAGIC_R1,
@@ -37,11 +38,16 @@ from protocol.replication import (
     Heartbeat,
     Hello,
     Messages,
+    Ping,
+    Pong,
     ReplicationDecoder,
     Requeued,
+    Restored,
     Synced,
     Welcome,
     encode,
+    encode_restore,
+    negotiate,
 )
 
 from ..streams import PrefixedStream
@@ -54,8 +60,11 @@ __all__ = ["ReplicaHost", "OriginStatistics"]
 log = logging.getLogger("nsqd")
 
 HANDSHAKE_TIMEOUT = 5.0
-#: an origin silent this long (it heartbeats every 5 s) is taken for gone and its connection closed
-ORIGIN_SILENCE = 15.0
+#: an origin silent this long is taken for gone and its connection closed (the takeover wait starts then): an
+#: origin of version 2 or later heartbeats after each second without a write; one of version 1 every 5 s, so a
+#: version 1 stream gets ``ORIGIN_SILENCE_V1``
+ORIGIN_SILENCE = 5.0
+ORIGIN_SILENCE_V1 = 15.0
 #: bytes asked for per read of an origin's stream: a group commit's frames of several connections in one read,
 #: so one store and one ACK cover them
 RECEIVE_SIZE = 256 * 1024
@@ -101,6 +110,8 @@ class OriginStatistics:
     epoch: int
     seq: int
     down_since: float | None  # wall-clock seconds
+    #: records of the store found damaged or lost since start-up (a new backfill was asked for: see store.py)
+    damaged_records: int = 0
 
 
 class _Origin:
@@ -218,6 +229,9 @@ class ReplicaHost:
                 raise ProtocolError(E_BAD_HELLO, f"expected HELLO, got {type(hello).__name__}")
             if hello.node == self.node:
                 raise ProtocolError(E_NODE_CONFLICT, f"node {hello.node} is this node")
+            # the stream speaks the newest version both ends speak: an older origin gets only its own frames
+            version = decoder.version = negotiate(self.nsqd.replication_version, PROTOCOL_VERSION_MIN,
+                                                  hello.version, hello.min_version)
             await self._confirm(hello, tls)
             origin = self._claim(hello)
             generation = origin.generation
@@ -234,7 +248,7 @@ class ReplicaHost:
             adopted = AdoptedIds(self.nsqd.data_path, hello.node)
             ids = adopted.load()
             await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
-                                                 len(store.held), adopted=len(ids))))
+                                                 len(store.held), adopted=len(ids), version=version)))
             for start in range(0, len(ids), FRAME_IDS):  # what the origin must not deliver again
                 await stream.send_all(encode(Adopted(tuple(ids[start:start + FRAME_IDS]))))
             if hello.node_id == self.opts.node_id:
@@ -247,13 +261,13 @@ class ReplicaHost:
             with trio.CancelScope() as origin.cancel:
                 if ids:  # the origin reads the whole list before it sends anything: then it may go
                     data = b""
-                    with trio.move_on_after(ORIGIN_SILENCE):
+                    with trio.move_on_after(ORIGIN_SILENCE if version >= 2 else ORIGIN_SILENCE_V1):
                         data = await stream.receive_some(65536)
                     if not data:
                         raise trio.BrokenResourceError("no answer to the list of adopted messages")
                     decoder.receive_data(data)
                     adopted.clear()
-                await self._stream(origin, hello.session, stream, decoder)
+                await self._stream(origin, hello.session, stream, decoder, version)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
             await self._send_error(stream, error.code, error.description)
@@ -338,19 +352,24 @@ class ReplicaHost:
         origin.probe_at = 0.0
         return origin
 
-    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder) -> None:
+    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder,
+                      version: int) -> None:
         """Store what each receive buffer holds, then answer it: ACK of the last seq, or a heartbeat for a
         heartbeat. A session this replica knows resumes with the next seq; otherwise the stream opens with a
         backfill (data frames of seq 0, then SYNCED), after which messages not in it are released."""
         store = origin.store
+        silence = ORIGIN_SILENCE if version >= 2 else ORIGIN_SILENCE_V1
         last = store.seq if session == store.session else 0
         first_frame = True
+        damaged = store.damaged
         backfill = False  # a backfill is running (data frames of seq 0 until SYNCED)
         while True:
             events = []
             frames = []  # as received: stored without encoding them again
             acked = last
             heartbeat = synced = False
+            ping = None
+            restore_for = None  # the seq of a SYNCED that named damaged queues of the origin
             while (event := decoder.next_event()) is not None:
                 kind = type(event)
                 if kind in _DATA_EVENTS or kind is Synced:
@@ -363,6 +382,8 @@ class ReplicaHost:
                             backfill = False
                             last = event.seq
                             synced = True
+                            if event.damaged:
+                                restore_for = event.seq
                         elif event.seq != 0:
                             raise ProtocolError(E_BAD_SEQ, f"frame seq {event.seq} inside a backfill")
                     else:
@@ -377,6 +398,8 @@ class ReplicaHost:
                     frames.append(decoder.last_frame)
                 elif kind is Heartbeat:
                     heartbeat = True
+                elif kind is Ping:  # version 2 (the decoder refuses it on an older stream)
+                    ping = event
                 else:
                     raise ProtocolError(E_BAD_PROTOCOL, f"unexpected {kind.__name__} frame from an origin")
             if events:
@@ -391,20 +414,50 @@ class ReplicaHost:
                     await stream.send_all(ack[written:])
             elif heartbeat:
                 await stream.send_all(HEARTBEAT_FRAME)
+            if ping is not None:
+                await stream.send_all(encode(Pong(ping.clock)))
             # what came meanwhile is stored and acknowledged first; the index follows once the socket is idle
             data = _read_now(stream) if not synced and store.unapplied < APPLY_LAG else None
             if data is None:
                 self._on_disk(store.apply)
+                if store.damaged != damaged:
+                    # reading back what it stored, the store found records damaged (it forgot the session):
+                    # the origin reconnects at once and sends a new backfill
+                    raise ProtocolError(E_STORE_FAILED, "records of the store found damaged: a new backfill is "
+                                                        "needed")
                 if synced:
                     log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
                              len(store.held), store.backfill_released)
-                with trio.move_on_after(ORIGIN_SILENCE) as scope:
+                if restore_for is not None:
+                    await self._restore(origin, stream, restore_for)
+                with trio.move_on_after(silence) as scope:
                     data = await stream.receive_some(RECEIVE_SIZE)
                 if scope.cancelled_caught:
-                    raise trio.BrokenResourceError(f"origin silent for {ORIGIN_SILENCE:g} s")
+                    raise trio.BrokenResourceError(f"origin silent for {silence:g} s")
                 if not data:
                     raise trio.BrokenResourceError("closed by the origin")
             decoder.receive_data(data)
+
+    async def _restore(self, origin: _Origin, stream, seq: int) -> None:
+        """The origin's backfill up to ``seq`` named queues it found damaged: send back the copies it left out of
+        them (``ReplicaStore._keep_for_restore``), read again from the store's files: one RESTORE frame per stored
+        MESSAGES frame and channel, then RESTORED(seq), after which the origin no longer asks for them."""
+        store = origin.store
+        restore = store.take_restore()
+        wanted = sum(map(len, restore.values()))
+        sent = 0
+        if restore:
+            copies = store.read_restore(restore)
+            try:
+                for topic, channel, messages in copies:
+                    rows = [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in messages]
+                    await stream.send_all(encode_restore(topic, channel, rows))
+                    sent += len(rows)
+            finally:
+                copies.close()
+        await stream.send_all(encode(Restored(seq)))
+        log.warning("REPLICATION: origin %s found its files damaged: sent back %d cop(ies) it had lost (%d "
+                    "wanted)", origin.node, sent, wanted)
 
     @staticmethod
     def _on_disk(step, *args) -> None:
@@ -517,6 +570,7 @@ class ReplicaHost:
             state = "connected" if origin.connected else ("gone" if store.held else "idle")
             out.append(OriginStatistics(node=node, state=state, held_messages=len(store.held),
                                         held_bytes=store.held_bytes, topics=len(store.topics), epoch=store.epoch,
-                                        seq=store.seq, down_since=origin.down_since))
+                                        seq=store.seq, down_since=origin.down_since,
+                                        damaged_records=store.damaged))
         return out
 

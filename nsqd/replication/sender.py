@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
@@ -35,8 +36,11 @@ from protocol.errors import ProtocolError
 
 from ..queues.atomic_file import replace_file
 from protocol.replication import (
+    E_BAD_VERSION,
     HEARTBEAT_FRAME,
     MAGIC_R1,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
     Ack,
     Adopted,
     OP_CREATED,
@@ -46,8 +50,12 @@ from protocol.replication import (
     Finished,
     Heartbeat,
     Hello,
+    Ping,
+    Pong,
     ReplicationDecoder,
     Requeued,
+    Restore,
+    Restored,
     Synced,
     Welcome,
     encode,
@@ -63,9 +71,15 @@ _message_id = attrgetter("id")
 
 CONNECT_TIMEOUT = 5.0
 RETRY_MIN, RETRY_MAX = 0.1, 5.0
-HEARTBEAT_INTERVAL = 5.0
-#: a peer silent for this long (no ACK, no heartbeat) is taken for gone and its connection closed
-PEER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
+#: an idle stream's heartbeat (HEARTBEAT, or PING on version 2) goes out after this long without a write
+HEARTBEAT_INTERVAL = 1.0
+#: A peer silent for this long (no ACK, heartbeat or PONG) is taken for gone and its connection closed; it is the
+#: most a publish waits on a peer that stopped answering (a partition, a stopped process) before it is refused
+#: (``--replication-degraded=refuse``) or taken unreplicated (``accept``). Five heartbeats: a replica answers
+#: each at once, so only a peer stalled for seconds (its event loop, or a sync of its disk) is taken for gone
+#: while it lives, and that costs one reconnection (the stream resumes where it was), not data. 15 s before:
+#: publishes to an origin cut off from its peer hung that long.
+PEER_TIMEOUT = 5 * HEARTBEAT_INTERVAL
 #: message ids per FINISHED frame
 FIN_BATCH = 4096
 #: how long FINs alone wait for more FINs (or a publish) before they are sent
@@ -88,6 +102,8 @@ class PeerStatistics:
     pending_bytes: int
     pending_messages: int
     lagging: bool
+    version: int  # the protocol version of the stream (0 until a WELCOME came)
+    round_trip_ms: float | None  # the last PING's round trip (version 2 peers, idle streams), None until one came
 
 
 @dataclass(frozen=True)
@@ -101,11 +117,13 @@ class ReplicatorStatistics:
     unreplicated_messages: int  # in the outbox and not yet held by enough peers
     accepted_unreplicated: int  # taken while degraded (``accept``), in all
     peers: tuple[PeerStatistics, ...]
+    restored_messages: int = 0  # copies peers sent back after this node found its files damaged, in all
 
 
 class _Peer:
     __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
-                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail", "early", "receiving")
+                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail", "early", "receiving",
+                 "version", "round_trip", "heal", "declared", "marks", "scope")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -132,6 +150,15 @@ class _Peer:
         #: events other than ACK and heartbeat that the read poller decoded: the receive task handles them
         self.early: deque = deque()
         self.receiving: trio.CancelScope | None = None  # the receive task's wait, cancelled when ``early`` fills
+        self.version = 0  # the protocol version of the current stream (WELCOME): which frames it may be sent
+        self.round_trip: float | None = None  # seconds, from the last PONG
+        #: this node's queues found damaged whose lost copies this peer has not sent back yet (RESTORED): each
+        #: backfill to it names them in its SYNCED, and a peer that owes some gets a backfill at every connection
+        self.heal: set[tuple[str, str]] = set()
+        self.declared: tuple[tuple[str, str], ...] = ()  # what the last SYNCED named
+        #: queue name -> its write position at the capture of this peer's last backfill (``Backfill.marks``)
+        self.marks: dict[str, tuple[int, int]] = {}
+        self.scope: trio.CancelScope | None = None  # the current connection's, cancelled for a new backfill
 
 
 class _AckReader:
@@ -171,6 +198,10 @@ class _AckReader:
                 kind = type(event)
                 if kind is Ack:
                     self.replicator._on_ack(peer, event.seq)
+                elif kind is Pong:
+                    _on_pong(peer, event)
+                elif kind is Restore or kind is Restored:
+                    self.replicator._on_restore(peer, event)
                 elif kind is not Heartbeat:
                     peer.early.append(event)
                     break
@@ -191,8 +222,11 @@ class Replicator:
     """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
 
     def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
-                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False) -> None:
+                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False,
+                 version: int = PROTOCOL_VERSION, on_restore=None) -> None:
         self.node = node
+        #: the newest protocol version this node speaks (below ``PROTOCOL_VERSION`` only when capped for a test)
+        self.version = version
         self.peers = [_Peer(address) for address in peers]
         self.acks_required = acks
         self.degraded_mode = degraded
@@ -225,6 +259,10 @@ class Replicator:
         self.snapshot = snapshot
         #: (peer address, epoch, ids): a peer adopted these messages of this node while it was away (``NSQD``)
         self.on_adopted = on_adopted
+        #: (topic, channel, [ReplicatedMessage]) -> how many were put back: copies a peer sent back after a backfill
+        #: that named damaged queues (``NSQD``)
+        self.on_restore = on_restore
+        self.restored_messages = 0  # copies put back into this node's channels after damage, in all
         #: True until every peer answered or failed once (start-up: the node learns its epoch before serving)
         self.starting = True
         self.started_check = trio.Event()
@@ -452,7 +490,8 @@ class Replicator:
         while True:
             peer.state = "connecting"
             try:
-                await self._session(peer)
+                with trio.CancelScope() as peer.scope:
+                    await self._session(peer)
                 delay = RETRY_MIN
             except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                      ProtocolError) as group:
@@ -487,15 +526,22 @@ class Replicator:
                 stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
                 with trio.fail_after(CONNECT_TIMEOUT):
                     await stream.do_handshake()
-            decoder = ReplicationDecoder()
+            decoder = ReplicationDecoder(version=self.version)
             await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable,
-                                               node_id=self.node_id, clean=self.clean)))
+                                               node_id=self.node_id, clean=self.clean, version=self.version,
+                                               min_version=PROTOCOL_VERSION_MIN)))
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:
                 raise ProtocolError(welcome.code, welcome.text)
             if type(welcome) is not Welcome:
                 raise ProtocolError("E_BAD_PROTOCOL", f"expected WELCOME, got {type(welcome).__name__}")
+            if not PROTOCOL_VERSION_MIN <= welcome.version <= self.version:
+                raise ProtocolError(E_BAD_VERSION, f"the replica chose protocol version {welcome.version}, this node "
+                                                   f"speaks {PROTOCOL_VERSION_MIN}-{self.version}")
+            # from here on this stream speaks the version the replica chose: no frame of a later one either way
+            decoder.version = peer.version = welcome.version
+            peer.round_trip = None
             peer.node = welcome.node
             peer.last_heard = trio.current_time()
             ids = await receive_adopted(stream, decoder, welcome.adopted) if welcome.adopted else []
@@ -506,7 +552,7 @@ class Replicator:
                     self.on_adopted(peer.address, self.epoch, ids)
             first = self._outbox[0][0] if self._outbox else self.seq + 1
             backfill = None
-            if welcome.session == self.session and welcome.seq + 1 >= first:
+            if welcome.session == self.session and welcome.seq + 1 >= first and not peer.heal:
                 peer.sent = peer.acked = max(welcome.seq, peer.acked)  # a reconnection: resume after it
                 peer.state = "connected"
                 log.info("REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node,
@@ -527,12 +573,14 @@ class Replicator:
             self._peer_changed()
             if peer.state == "backfilling":
                 if backfill is not None:
+                    peer.marks = backfill.marks
                     try:
                         await backfill.send(stream.send_all)
                     finally:
                         backfill.close()
+                    peer.heal |= backfill.damaged
                     log.info("REPLICATION: peer %s backfill sent: %d message(s)", peer.address, backfill.count)
-                await stream.send_all(encode(Synced(peer.synced)))
+                await stream.send_all(encode(Synced(peer.synced, self._declare(peer))))
             reader = None
             if self.poller is not None and type(stream) is trio.SocketStream:
                 reader = _AckReader(self, peer, decoder, stream.socket.fileno())
@@ -575,10 +623,58 @@ class Replicator:
             kind = type(event)
             if kind is Ack:
                 self._on_ack(peer, event.seq)
+            elif kind is Pong:
+                _on_pong(peer, event)
+            elif kind is Restore or kind is Restored:
+                self._on_restore(peer, event)
             elif kind is Error:
                 raise ProtocolError(event.code, event.text)
             elif kind is not Heartbeat:
                 raise ProtocolError("E_BAD_PROTOCOL", f"unexpected {kind.__name__} frame from the replica")
+
+    def _declare(self, peer: _Peer) -> tuple[tuple[str, str], ...]:
+        """The damaged queues the SYNCED to ``peer`` names (its ``heal``): a peer of version 1 cannot send copies
+        back, so it drops what the backfill left out of them (logged)."""
+        if not peer.heal:
+            peer.declared = ()
+        elif peer.version < 2:
+            log.error("REPLICATION: peer %s speaks protocol version %d, which cannot send back the copies this node "
+                      "lost from its damaged queues (%s): they are lost", peer.address, peer.version,
+                      ", ".join(f"{t}:{c}" if c else t for t, c in sorted(peer.heal)))
+            peer.heal.clear()
+            peer.declared = ()
+        else:
+            peer.declared = tuple(sorted(peer.heal))
+            log.warning("REPLICATION: asking peer %s for the copies this node lost from its damaged queues: %s",
+                        peer.address, ", ".join(f"{t}:{c}" if c else t for t, c in peer.declared))
+        return peer.declared
+
+    def _on_restore(self, peer: _Peer, event) -> None:
+        """RESTORE: copies ``peer`` sends back for a damaged queue, put back into their channel; RESTORED: it sent
+        them all for the SYNCED that named ``peer.declared``, which it no longer owes."""
+        if type(event) is Restored:
+            if event.seq == peer.synced:
+                peer.heal.difference_update(peer.declared)
+                log.info("REPLICATION: peer %s sent back everything it held of the damaged queues", peer.address)
+            return
+        if self.on_restore is not None:
+            self.restored_messages += self.on_restore(event.topic, event.channel, event.messages)
+
+    def queue_damaged(self, name: str, where: tuple[int, int]) -> None:
+        """A disk queue of this node (``name``: ``topic`` or ``topic:channel``) found a record damaged or lost at
+        ``where`` (file number, byte) while reading it. A peer whose last backfill read that queue past ``where``
+        was told already (that backfill found the same damage); any other gets a new backfill naming the queue,
+        its connection closed and made again at once: the copies it holds of what the queue lost come back."""
+        topic, _, channel = name.partition(":")
+        for peer in self.peers:
+            mark = peer.marks.get(name)
+            if mark is not None and where < mark:
+                continue
+            peer.heal.add((topic, channel))
+            if peer.scope is not None and peer.state in ("connected", "backfilling"):
+                log.warning("REPLICATION: %s found damaged at %d,%d: peer %s gets a new backfill to send back its "
+                            "copies", name, *where, peer.address)
+                peer.scope.cancel()
 
     def _on_ack(self, peer: _Peer, seq: int) -> None:
         if seq > peer.acked or peer.state == "backfilling":
@@ -606,7 +702,10 @@ class Replicator:
             if self._fins or self._requeues:
                 self._flush_fins()
             if not outbox or outbox[-1][0] <= peer.sent:
-                await self._send(peer, stream, HEARTBEAT_FRAME)
+                # an idle stream's heartbeat: a PING to a peer that speaks version 2 (its PONG gives the round
+                # trip), the empty HEARTBEAT of version 1 to one that does not
+                await self._send(peer, stream, encode(Ping(time.monotonic_ns())) if peer.version >= 2
+                                 else HEARTBEAT_FRAME)
                 continue
             start = peer.sent + 1 - outbox[0][0]
             if start < 0:
@@ -647,13 +746,19 @@ class Replicator:
             peers.append(PeerStatistics(
                 address=peer.address, state=peer.state, node=peer.node, acked=peer.acked, sent=peer.sent,
                 pending_frames=len(pending), pending_bytes=sum(size for size, _ in pending),
-                pending_messages=sum(n for _, n in pending), lagging=peer.lagging))
+                pending_messages=sum(n for _, n in pending), lagging=peer.lagging, version=peer.version,
+                round_trip_ms=None if peer.round_trip is None else round(peer.round_trip * 1000, 3)))
         return ReplicatorStatistics(node=self.node, acks_required=self.acks_required,
                                     degraded_mode=self.degraded_mode, degraded=self.degraded, seq=self.seq,
                                     acked=self.acked, peers=tuple(peers),
                                     unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
-                                    accepted_unreplicated=self.accepted_unreplicated)
+                                    accepted_unreplicated=self.accepted_unreplicated,
+                                    restored_messages=self.restored_messages)
 
+
+
+def _on_pong(peer: _Peer, pong: Pong) -> None:
+    peer.round_trip = max(time.monotonic_ns() - pong.clock, 0) / 1e9
 
 
 def attach_replication(replicator: Replicator, topic) -> None:

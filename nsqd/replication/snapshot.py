@@ -10,19 +10,21 @@ keeps no index of what it sent, however large the backlog.
 ``Backfill(nsqd)`` captures, synchronously (no publish or FIN can fall between the capture and the outbox frames
 that follow it), where everything is: the topology, references to the messages in memory (each topic's and
 channel's memory queue, in-flight and deferred messages: no copy of a body), and for each disk backlog its
-segment files, opened, with the span between the queue's reader and its writer. ``send`` then encodes and sends
-it in bounded steps (``BATCH`` messages, ``READ_SIZE`` bytes of a file read on a worker thread) while publishes
-go on: the files stay readable through their descriptors even once the queue has read and deleted them, and
+segment files, opened, with the span between the queue's reader and its writer (``queues/span.py``). ``send`` then
+encodes and sends it in bounded steps (``BATCH`` messages) while publishes go on: the files stay readable through their descriptors even once the queue has read and deleted them, and
 records appended after the capture are not read (they are in the outbox after it). A message finished meanwhile
 is still sent; its FIN follows in the outbox. In durable mode the records between a queue's committed position
 and its reader are in memory (the channel's queue or in flight), so nothing is missed.
+
+The backlogs are read as their queues read them, each record checked against its side file of checksums: a
+damaged record is never sent as a message. A backlog found damaged (a bad record, a file cut short or missing) is
+named in ``damaged``, and SYNCED tells the replica so (PROTOCOL.md, "Damage"): what it holds of that queue and
+the backfill did not name, it sends back instead of dropping it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import struct
 import time
 from contextlib import aclosing
 
@@ -30,50 +32,30 @@ import trio
 
 from protocol.replication import OP_CREATED, OP_PAUSED, ChannelOp, Requeued, encode, encode_messages
 
-from ..queues.segment_reader import SplitRecords
+from ..queues.span import QueueSpan
 
 __all__ = ["Backfill"]
 
 log = logging.getLogger("nsqd")
 
-_LENGTH = struct.Struct(">i")
-_HEADER = SplitRecords.HEADER  # timestamp, attempts, id
 #: messages per MESSAGES frame of a backfill (and per step of encoding)
 BATCH = 512
-#: bytes read from a backlog's file per step
-READ_SIZE = 256 * 1024
 #: bytes of frames gathered before one write to the peer
 SEND_SIZE = 256 * 1024
 
 
 class _Span:
-    """The unread records of a disk queue at the capture: its files, open, each with the span to read."""
+    """The unread records of a disk queue at the capture (``QueueSpan``: its files, open, read checked), with
+    the due times of its deferred messages."""
 
-    __slots__ = ("files", "due")
+    __slots__ = ("records", "due")
 
     def __init__(self, queue, index) -> None:
-        self.files: list[tuple[int, int, int]] = []  # (descriptor, start, end)
         self.due = dict(index.due) if index is not None and index.due else {}
-        read_num, read_pos = queue.read_position()
-        write_num, write_pos = queue.write_position()
-        for num in range(read_num, write_num + 1):
-            try:
-                fd = os.open(queue.file_name(num), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.error("REPLICATION: could not open %s for a backfill - %s", queue.file_name(num), exc)
-                continue
-            try:
-                end = write_pos if num == write_num else os.fstat(fd).st_size
-            except OSError:
-                end = 0
-            self.files.append((fd, read_pos if num == read_num else 0, end))
+        self.records = QueueSpan(queue, log=log)
 
     def close(self) -> None:
-        for fd, _start, _end in self.files:
-            os.close(fd)
-        self.files = []
+        self.records.close()
 
 
 def _has_backlog(queue) -> bool:
@@ -91,6 +73,11 @@ class Backfill:
 
     def __init__(self, nsqd) -> None:
         self.count = 0
+        #: (topic, channel or "") of the disk backlogs found damaged while they were sent
+        self.damaged: set[tuple[str, str]] = set()
+        #: queue name -> its write position at the capture: damage its own reader finds later before that
+        #: position was in this backfill's span (``Replicator.queue_damaged``)
+        self.marks: dict[str, tuple[int, int]] = {}
         self.topology: list[bytes] = []
         #: (topic, holder channel or "", memory items or a disk span), in the order they are sent
         self.parts: list[tuple[str, str, list | _Span]] = []
@@ -112,6 +99,7 @@ class Backfill:
                 topology.append(encode(ChannelOp(0, name, "", OP_PAUSED)))
             if topic.queue:
                 parts.append((name, "", [(m, 0) for m in topic.queue]))
+            self._mark(topic.backend)
             if _has_backlog(topic.backend):
                 parts.append((name, "", _Span(topic.backend, topic.deferred_index)))
             for channel in list(topic.channels.values()):
@@ -126,8 +114,13 @@ class Backfill:
                 held += [(m, now_ns + int(max(due - now, 0) * 1e9)) for due, m in channel.deferred.entries()]
                 if held:
                     parts.append((name, channel.name, held))
+                self._mark(channel.backend)
                 if _has_backlog(channel.backend):
                     parts.append((name, channel.name, _Span(channel.backend, channel.deferred_index)))
+
+    def _mark(self, queue) -> None:
+        if queue is not None:
+            self.marks[queue.name] = queue.write_position()
 
     def close(self) -> None:
         for _topic, _channel, source in self.parts:
@@ -137,7 +130,7 @@ class Backfill:
 
     async def send(self, send_all) -> None:
         """Encode and send everything captured (``await send_all(bytes)`` per write of about ``SEND_SIZE``),
-        one step of ``BATCH`` messages or ``READ_SIZE`` bytes at a time; the files are closed at the end."""
+        one step of ``BATCH`` messages at a time; the files are closed at the end."""
         pending: list[bytes] = list(self.topology)
         size = sum(map(len, pending))
         try:
@@ -180,47 +173,17 @@ class Backfill:
             await trio.lowlevel.checkpoint()
 
     async def _disk_frames(self, topic: str, channel: str, span: _Span):
+        """The records of a disk backlog, read checked (``QueueSpan``): a damaged record is never sent; a backlog
+        found damaged (or missing a file) is noted in ``damaged``, which SYNCED tells the replica (PROTOCOL.md,
+        "Damage"): it sends back what it holds of that queue that the backfill left out, instead of dropping it."""
         due = span.due
-        unpack_header = _HEADER.unpack_from
-        header = _HEADER.size
-        for fd, pos, end in span.files:
-            batch: list[tuple] = []
-            while pos < end:
-                try:
-                    data = await trio.to_thread.run_sync(os.pread, fd, min(READ_SIZE, end - pos), pos)
-                except OSError as exc:
-                    log.error("REPLICATION: could not read a backlog for a backfill - %s", exc)
-                    break
-                if not data:
-                    break
-                offset, length = 0, len(data)
-                while offset + 4 <= length:
-                    size = _LENGTH.unpack_from(data, offset)[0]
-                    if size < header or pos + offset + 4 + size > end:
-                        offset = length = -1  # a corrupt record: the rest of this file cannot be trusted
-                        break
-                    if offset + 4 + size > length:
-                        if offset == 0:  # one record longer than a read: read it whole
-                            data = await trio.to_thread.run_sync(os.pread, fd, 4 + size, pos)
-                            if len(data) < 4 + size:
-                                offset = length = -1
-                                break
-                            length = len(data)
-                            continue
-                        break
-                    timestamp, attempts, msg_id = unpack_header(data, offset + 4)
-                    batch.append((msg_id, timestamp, attempts, due.get(msg_id, 0),
-                                  data[offset + 4 + header:offset + 4 + size]))
-                    offset += 4 + size
-                    if len(batch) >= BATCH:
-                        yield self._frames(topic, channel, batch)
-                        batch = []
-                if offset < 0:
-                    log.error("REPLICATION: a backlog of topic %s has a corrupt record: the backfill skips the rest "
-                              "of that file", topic)
-                    break
-                if offset == 0:
-                    break  # a record cut short at the end of the span
-                pos += offset
-            if batch:
-                yield self._frames(topic, channel, batch)
+        records = span.records
+        for batch in records.records(BATCH):
+            yield self._frames(topic, channel, [
+                (msg_id, timestamp, attempts, due.get(msg_id, 0), body) for msg_id, timestamp, attempts, body
+                in zip(batch.ids, batch.timestamps, batch.attempts, batch.bodies)])
+            await trio.lowlevel.checkpoint()
+        if records.found:
+            self.damaged.add((topic, channel))
+            log.error("REPLICATION: the backfill found %d record(s) of %s damaged or lost: the replica is asked for "
+                      "its copies", records.damaged, f"{topic}:{channel}" if channel else topic)

@@ -57,6 +57,7 @@ def replication_json(stats: ReplicationStats) -> dict:
         "degraded_mode": "" if origin is None else origin.degraded_mode,
         "unreplicated_messages": 0 if origin is None else origin.unreplicated_messages,
         "accepted_unreplicated": 0 if origin is None else origin.accepted_unreplicated,
+        "restored_messages": 0 if origin is None else origin.restored_messages,
         "peers": [] if origin is None else [asdict(p) for p in origin.peers],
         "replicas": [asdict(r) for r in stats.replicas],
         "takeovers": stats.takeovers,
@@ -72,11 +73,15 @@ def replication_text(stats: ReplicationStats) -> list[str]:
                f"degraded: {doc['degraded_mode'] or '-'}, unreplicated: {doc['unreplicated_messages']})"]
     for p in doc["peers"]:
         out.append(f"   peer [{p['address']:<21}] state: {p['state']:<10} acked: {p['acked']:<8} "
-                   f"pending: {p['pending_messages']} msgs / {p['pending_bytes']} bytes"
+                   f"pending: {p['pending_messages']} msgs / {p['pending_bytes']} bytes protocol: v{p['version']}"
+                   + (f" round trip: {p['round_trip_ms']} ms" if p["round_trip_ms"] is not None else "")
                    + (" LAGGING (needs backfill)" if p["lagging"] else ""))
     for r in doc["replicas"]:
         out.append(f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
-                   f"{r['held_bytes']} bytes epoch: {r['epoch']}")
+                   f"{r['held_bytes']} bytes epoch: {r['epoch']}"
+                   + (f" DAMAGED: {r['damaged_records']} record(s), backfill asked" if r["damaged_records"] else ""))
+    if doc["restored_messages"]:
+        out.append(f"   restored from replicas after damage: {doc['restored_messages']} message(s)")
     out.append(f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
                f"duplicates after takeover: {doc['duplicates_after_takeover']} "
                f"copies received twice: {doc['duplicates_received']}")
@@ -94,23 +99,35 @@ def replication_metrics(stats: ReplicationStats):
         yield CounterMetricFamily("nsqd_replication_accepted_unreplicated",
                                   "Messages accepted while degraded (--replication-degraded=accept)",
                                   value=origin.accepted_unreplicated)
+        yield CounterMetricFamily("nsqd_replication_restored_messages",
+                                  "Messages this node lost to damaged files and got back from its replicas' copies",
+                                  value=origin.restored_messages)
         connected = GaugeMetricFamily("nsqd_replication_peer_connected", "1 while the peer is connected",
                                       labels=["peer"])
         pending = GaugeMetricFamily("nsqd_replication_peer_pending_messages",
                                     "Messages the peer has not acknowledged", labels=["peer"])
         pending_bytes = GaugeMetricFamily("nsqd_replication_peer_pending_bytes",
                                           "Bytes of frames the peer has not acknowledged", labels=["peer"])
+        round_trip = GaugeMetricFamily("nsqd_replication_peer_round_trip_seconds",
+                                       "The last heartbeat's round trip to the peer (protocol version 2)",
+                                       labels=["peer"])
         for peer in origin.peers:
             connected.add_metric([peer.address], int(peer.state == "connected"))
             pending.add_metric([peer.address], peer.pending_messages)
             pending_bytes.add_metric([peer.address], peer.pending_bytes)
-        yield from (connected, pending, pending_bytes)
+            if peer.round_trip_ms is not None:
+                round_trip.add_metric([peer.address], peer.round_trip_ms / 1000)
+        yield from (connected, pending, pending_bytes, round_trip)
     held = GaugeMetricFamily("nsqd_replica_held_messages", "Messages held for an origin", labels=["origin"])
     held_bytes = GaugeMetricFamily("nsqd_replica_held_bytes", "Body bytes held for an origin", labels=["origin"])
+    damaged = CounterMetricFamily("nsqd_replica_damaged_records",
+                                  "Records of an origin's store found damaged or lost (a new backfill is asked for)",
+                                  labels=["origin"])
     for replica in stats.replicas:
         held.add_metric([replica.node], replica.held_messages)
         held_bytes.add_metric([replica.node], replica.held_bytes)
-    yield from (held, held_bytes)
+        damaged.add_metric([replica.node], replica.damaged_records)
+    yield from (held, held_bytes, damaged)
     yield CounterMetricFamily("nsqd_replica_takeovers", "Origins taken over by this node", value=stats.takeovers)
     yield CounterMetricFamily("nsqd_replica_adopted_messages", "Messages adopted at takeovers",
                               value=stats.adopted_messages)

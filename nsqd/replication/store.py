@@ -46,6 +46,7 @@ from protocol.replication import (
 
 from ..queues.atomic_file import replace_file
 from ..queues.diskqueue import DiskQueue
+from ..queues.span import QueueSpan
 from .held import HeldIndex
 
 __all__ = ["ReplicaStore", "TopicState", "store_nodes"]
@@ -109,7 +110,10 @@ class ReplicaStore:
         self.durable = durable
         self._queue_args = dict(max_bytes_per_file=max_bytes_per_file, min_msg_size=5,
                                 max_msg_size=max_record_size, sync_every=1 if durable else 1 << 30,
-                                sync_timeout=sync_timeout, hold_reads=True, logger=log)
+                                sync_timeout=sync_timeout, hold_reads=True, logger=log, checksums=True,
+                                on_damage=self._damaged)
+        #: records of this store found damaged or lost on reading (checksums: ``queues/checksums.py``)
+        self.damaged = 0
         self.topics: dict[str, TopicState] = {}
         #: message id -> the token of the record that holds it
         self.held = HeldIndex()
@@ -124,6 +128,8 @@ class ReplicaStore:
         #: topic, every channel), for the messages it named that were held already
         self._backfill: dict[bytes, set[str] | None] | None = None
         self.backfill_released = 0  # messages the last backfill left out (released at its SYNCED)
+        #: (topic, channel) -> ids to send back to the origin, from a backfill that named damaged queues
+        self.restore: dict[tuple[str, str], list[bytes]] = {}
         self._unapplied: list[tuple[int | None, list]] = []  # (first token, events) written, not yet indexed
         self.json_dirty = False  # topics, channels or the session changed since the JSON file was written
         self._json_path = os.path.join(data_path, f"{_PREFIX}{node}{_JSON_SUFFIX}")
@@ -149,6 +155,19 @@ class ReplicaStore:
             for channel, paused in topic.get("channels", {}).items():
                 ts.channels[channel] = [0, bool(paused)]
 
+    def _damaged(self, queue, count: int) -> None:
+        """Records of the store that cannot be read (never indexed, never delivered by a takeover): the copies
+        they held are gone here. The store forgets the origin's session, so that the origin's next connection
+        gets a WELCOME it cannot resume from and sends a backfill of everything it holds; until this replica
+        acknowledged that backfill's end the origin does not count it toward --replication-acks."""
+        self.damaged += count
+        log.error("REPLICA(%s): %d record(s) of the store damaged or lost: the origin will be asked for a new "
+                  "backfill", self.node, count)
+        if self.session:
+            self.session = ""
+            self.seq = 0
+            self.json_dirty = True
+
     def save_json(self) -> None:
         self.json_dirty = False
         state = {
@@ -169,6 +188,9 @@ class ReplicaStore:
             self._apply(token, event)
             replayed += 1
         self._stop_backfill()
+        # copies a backfill kept for a damaged origin before a restart: the origin asks again (its next backfill
+        # names the damage until it heard RESTORED), so they are not sent from here
+        self.restore = {}
         if replayed:
             log.info("REPLICA(%s): replayed %d record(s), %d message(s) held", self.node, replayed, len(self.held))
 
@@ -245,7 +267,7 @@ class ReplicaStore:
         elif kind is ChannelOp:
             self._apply_op(event)
         elif kind is Synced:
-            self.backfill_released = self._end_backfill()
+            self.backfill_released = self._end_backfill(event.damaged)
 
     def _apply_messages(self, token: int, event: Messages) -> None:
         ids = event.ids
@@ -436,13 +458,16 @@ class ReplicaStore:
         for record in self._records.values():
             record.backfill = False
 
-    def _end_backfill(self) -> int:
+    def _end_backfill(self, damaged: tuple[tuple[str, str], ...] = ()) -> int:
         """SYNCED: release the held messages the backfill did not name (the origin no longer holds them: their FINs
         were lost with a connection or a restart), and count every channel that holds none of the others as
-        having finished it. Returns how many were released."""
+        having finished it. Returns how many were released. ``damaged``: the origin's queues whose files it found
+        damaged: what they lost is kept and sent back (``_keep_for_restore``), not released."""
         seen = self._backfill
         if seen is None:
             return 0
+        if damaged:
+            self._keep_for_restore(damaged, seen)
         released = 0
         for record in list(self._records.values()):
             ts = self.topics.get(record.topic)
@@ -467,6 +492,77 @@ class ReplicaStore:
                 self._settle(record, self._required(ts, record))
         self._stop_backfill()
         return released
+
+    def _keep_for_restore(self, damaged: tuple[tuple[str, str], ...], seen: dict) -> None:
+        """A backfill that names damaged queues (``(topic, channel or "")``) left out what their files lost, not
+        only what the origin finished: each message held from before the backfill that a damaged channel did not
+        name and had not finished here (by its FINs), or that nobody named when the topic's own queue is damaged,
+        stays held for those channels, as if they had named it, and goes into ``restore`` to be sent back to the
+        origin (``read_restore``), which puts it into them again. What they had finished is never sent back; what
+        they finished without the FIN reaching this replica comes twice."""
+        lost: dict[str, set[str]] = {}
+        for topic, channel in damaged:
+            lost.setdefault(topic, set()).add(channel)
+        restore = self.restore
+        for record in self._records.values():
+            hit = lost.get(record.topic)
+            ts = self.topics.get(record.topic)
+            if hit is None or ts is None or record.backfill:
+                continue  # a message first held in this backfill: what the damaged channel did with it is unknown
+            required = self._required(ts, record)
+            fins = record.fins or {}
+            for msg_id in self._held_ids(record):
+                holders = seen.get(msg_id, _UNSEEN)
+                if holders is None:
+                    continue  # still in the topic: every channel gets it
+                unseen = holders is _UNSEEN
+                named = set() if unseen else holders
+                targets = {name for name in required if name not in named and (name in hit or (unseen and "" in hit))
+                           and msg_id not in fins.get(name, ())}
+                if targets:
+                    seen[msg_id] = named | targets
+                    for name in targets:
+                        restore.setdefault((record.topic, name), []).append(msg_id)
+
+    def take_restore(self) -> dict[tuple[str, str], list[bytes]]:
+        """The copies to send back, ``(topic, channel) -> ids``, since the last call (see ``_keep_for_restore``)."""
+        restore, self.restore = self.restore, {}
+        return restore
+
+    def read_restore(self, restore: dict[tuple[str, str], list[bytes]], batch: int = READ_BATCH):
+        """The messages of ``restore`` (``take_restore``) read from the store's files, checked, from its committed
+        position on: ``(topic, channel, [ReplicatedMessage])`` per MESSAGES record that holds some, each with the
+        attempts and due time its channel last put it back with (REQUEUED), else as published. A generator."""
+        self.apply()
+        wanted: dict[bytes, list[tuple[str, str]]] = {}
+        for key, ids in restore.items():
+            for msg_id in ids:
+                wanted.setdefault(msg_id, []).append(key)
+        decoder = ReplicationDecoder(max_frame_size=self._queue_args["max_msg_size"])
+        for records in QueueSpan(self.queue, self.queue.committed_position(), log=log).records(batch, split=False):
+            for raw in records:
+                decoder.receive_data(raw)
+                try:
+                    event = decoder.next_event()
+                except ProtocolError:
+                    event = None
+                decoder.take_unparsed()
+                if type(event) is not Messages or not any(map(wanted.__contains__, event.ids)):
+                    continue
+                out: dict[tuple[str, str], list[ReplicatedMessage]] = {}
+                for message in event.messages:
+                    keys = wanted.pop(message.id, None)
+                    if not keys:
+                        continue
+                    record = self._records.get(self.held.get(message.id))
+                    for key in keys:
+                        again = record.requeued.get(key[1], {}).get(message.id) if record and record.requeued else None
+                        out.setdefault(key, []).append(message if again is None else ReplicatedMessage(
+                            message.id, message.timestamp, again[0], again[1], message.body))
+                for (topic, channel), messages in out.items():
+                    yield topic, channel, messages
+            if not wanted:
+                return
 
     def _finished_by_others(self, record: _Record, ts: TopicState | None, ids, holders: set[str], *,
                             settle: bool = True) -> None:

@@ -341,13 +341,14 @@ class DaemonProcess:
         self._cond = threading.Condition()
         self._drainer: threading.Thread | None = None
         self._drained = False
+        self.env: dict[str, str] = {}  # added to the environment of each start
 
     @property
     def argv(self) -> list[str]:
         return [sys.executable, "-m", self.module, *self.args]
 
     def start(self):
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             self.argv,
             cwd=REPO_ROOT,

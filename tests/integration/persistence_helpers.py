@@ -15,8 +15,9 @@ from tests.integration.http_helpers import stats, wait_for
 
 #: every file name nsqd 1.3.0 itself creates in a data directory
 NSQ_FILE = re.compile(r"^(nsqd\.dat|.+\.diskqueue\.(meta|\d{6})\.dat)$")
-#: trionsq's one addition (the deferred index, see nsqd/queues/deferred_index.py)
-SIDE_FILE = re.compile(r"^.+\.deferred\.dat$")
+#: trionsq's additions, which nsqd never opens: the deferred index (nsqd/queues/deferred_index.py) and the record
+#: checksums of each segment (nsqd/queues/checksums.py)
+SIDE_FILE = re.compile(r"^(.+\.deferred\.dat|.+\.diskqueue\.\d{6}\.dat\.crc)$")
 
 
 class DataDir:

@@ -1,4 +1,4 @@
-"""A disk sync that fails before a durable publish's OK: the OK never leaves (queues/group_commit.py).
+"""A disk sync that fails before a durable publish's OK: the OK never leaves, E_PUB_FAILED does (queues/group_commit.py).
 
 The failure is real: the queue's write file descriptor is pointed at ``/dev/null`` with ``dup2``, which takes writes
 and seeks but fails ``fsync`` (EINVAL) as a failing disk would; pointing it back at the file heals it."""
@@ -71,10 +71,11 @@ def test_a_publish_whose_sync_failed_gets_no_ok(tmp_path):
                 saved = os.dup(queue._write_fd)
                 os.dup2(os.open(os.devnull, os.O_WRONLY), queue._write_fd)  # fsync now fails
                 await first.send_all(pub(b"t", b"two"))
-                assert await answer(first) is None, "an OK left although its sync failed"
+                failed = await answer(first)
+                assert failed is not None and failed.startswith(b"E_PUB_FAILED"), "an OK left although its sync failed"
                 second = await trio.open_tcp_stream(host, int(port))
                 await second.send_all(b"  V2" + pub(b"t", b"three"))
-                assert await answer(second) is None
+                assert (await answer(second)).startswith(b"E_PUB_FAILED")
                 assert nsqd.sync_barrier.failures >= 2
                 os.dup2(saved, queue._write_fd)  # the disk syncs again
                 third = await trio.open_tcp_stream(host, int(port))
@@ -88,4 +89,4 @@ def test_a_publish_whose_sync_failed_gets_no_ok(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "ok"
-    assert "a disk sync failed before a publish was acknowledged, closing" in result.stderr
+    assert "a disk sync failed before 1 publish(es) were acknowledged: E_*_FAILED, closing" in result.stderr

@@ -23,7 +23,6 @@ def _dead_address() -> str:
 
 
 async def test_a_spilled_backlog_is_sent_in_bounded_steps_from_the_files_of_the_capture(tmp_path, monkeypatch):
-    monkeypatch.setattr(snapshot, "READ_SIZE", 4096)
     monkeypatch.setattr(snapshot, "SEND_SIZE", 16384)
     monkeypatch.setattr(snapshot, "BATCH", 64)
     opts = parse_options(["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp_path}",

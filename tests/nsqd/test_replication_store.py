@@ -205,3 +205,28 @@ def test_requeues_are_kept_per_channel_the_latest_counting_and_replayed(tmp_path
     assert adopted == {_id(1): (set(), {"a": (2, 9_000), "b": (1, 0)}),
                        _id(2): ({"a"}, {"a": (1, 5_000)}),
                        _id(3): (set(), None)}
+
+
+def test_a_backfill_naming_damaged_queues_keeps_and_sends_back_what_they_lost(tmp_path):
+    store = _open(tmp_path)
+    store.store([ChannelOp(1, "t", "a", OP_CREATED), ChannelOp(2, "t", "b", OP_CREATED),
+                 _messages(3, "t", 1, 2, 3, 4), _messages(4, "u", 9), ChannelOp(5, "u", "a", OP_CREATED),
+                 Finished(6, "t", "b", (_id(1), _id(2))),
+                 Requeued(7, "t", "a", ((_id(4), 3, 0),))])
+    # channel a lost 2, 3 and 4 to damage (it names 1 only); b finished 1 and 2 and names 3 and 4; topic u is whole
+    store.begin_backfill()
+    store.store([ChannelOp(0, "t", "a", OP_CREATED), ChannelOp(0, "t", "b", OP_CREATED),
+                 ChannelOp(0, "u", "a", OP_CREATED), _messages(0, "t", 1, channel="a"),
+                 _messages(0, "t", 3, 4, channel="b"), Synced(8, (("t", "a"),))])
+    assert store.backfill_released == 1  # 9: topic u is not damaged, its backfill left it out: finished
+    assert set(store.held) == {_id(n) for n in (1, 2, 3, 4)}
+    restore = store.take_restore()
+    assert {key: sorted(ids) for key, ids in restore.items()} == {("t", "a"): [_id(2), _id(3), _id(4)]}
+    sent = {(topic, channel): {m.id: m.attempts for m in messages}
+            for topic, channel, messages in store.read_restore(restore)}
+    assert sent == {("t", "a"): {_id(2): 0, _id(3): 0, _id(4): 3}}  # 4 as a put it back
+    assert not store.take_restore()
+    store.store([Finished(9, "t", "a", (_id(1), _id(2), _id(3), _id(4)))])
+    assert set(store.held) == {_id(3), _id(4)}  # waiting for b
+    store.store([Finished(10, "t", "b", (_id(3), _id(4)))])
+    assert not store.held

@@ -21,14 +21,20 @@ from protocol.replication import (
     Heartbeat,
     Hello,
     Messages,
+    PROTOCOL_VERSION,
+    Ping,
+    Pong,
     ReplicatedMessage,
     ReplicationDecoder,
     Requeued,
+    Restore,
+    Restored,
     Synced,
     Welcome,
     encode,
     encode_messages,
     encode_published,
+    negotiate,
 )
 
 from .feeding import MODES, run
@@ -68,6 +74,14 @@ CASES = [
     pytest.param(Messages(0, "topic", (M1, M3), channel="ch"), None, id="backfill-messages-of-a-channel"),
     pytest.param(Messages(3, "topic", ()), None, id="no-message"),
     pytest.param(Hello("127.0.0.1:4150", "abc", 2, True, node_id=7), None, id="hello"),
+    pytest.param(Hello("127.0.0.1:4150", "abc", version=3, min_version=2), None, id="hello-versions"),
+    pytest.param(Ping(1 << 40), b"\x00\x00\x00\x09\x0a\x00\x00\x01" + b"\x00" * 5, id="ping"),
+    pytest.param(Pong(258), b"\x00\x00\x00\x09\x86" + b"\x00" * 6 + b"\x01\x02", id="pong"),
+    pytest.param(Synced(3, (("t", "c"), ("u", ""))),
+                 b"\x00\x00\x00\x18\x06" + b"\x00" * 7 + b"\x03" + b"\x00\x00\x00\x02"
+                 + b"\x00\x01t\x00\x01c" + b"\x00\x01u\x00\x00", id="synced-damaged"),
+    pytest.param(Restore(0, "topic", (M1, M3), channel="ch"), None, id="restore"),
+    pytest.param(Restored(4), b"\x00\x00\x00\x09\x88" + b"\x00" * 7 + b"\x04", id="restored"),
     pytest.param(Welcome("10.0.0.2:4150", "abc", 99, 2, 5), None, id="welcome"),
     pytest.param(Welcome("10.0.0.2:4150", "", 0, 3, 0, adopted=2), None, id="welcome-adopted"),
     pytest.param(Adopted((b"0123456789abcdef",)), b"\x00\x00\x00\x15\x84\x00\x00\x00\x01" + b"0123456789abcdef",
@@ -232,3 +246,46 @@ def test_frame_over_the_limit_is_refused_before_its_payload_arrives():
 def test_encode_refuses_other_objects():
     with pytest.raises(TypeError):
         encode(object())
+
+
+def test_a_hello_or_welcome_without_versions_is_version_1():
+    # what a node of the first version sends: no min_version, and a WELCOME that always said 1
+    decoder = ReplicationDecoder()
+    for frame_type, payload in ((0x01, b'{"node":"h:1","session":"s"}'), (0x81, b'{"node":"h:2"}')):
+        decoder.receive_data(struct.pack(">IB", len(payload) + 1, frame_type) + payload)
+    hello, welcome = decoder.next_event(), decoder.next_event()
+    assert (hello.version, hello.min_version, welcome.version) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("speaks, peer, agreed", [
+    ((1, 2), (1, 1), 1),  # an origin of version 1 in a ring of version 2
+    ((1, 1), (1, 2), 1),
+    ((1, 2), (1, 2), 2),
+    ((1, 2), (1, 5), 2),  # a newer peer speaks this node's newest
+    ((2, 3), (1, 3), 3),
+])
+def test_negotiation_takes_the_newest_version_both_speak(speaks, peer, agreed):
+    assert negotiate(speaks[1], speaks[0], peer[1], peer[0]) == agreed
+    assert negotiate(peer[1], peer[0], speaks[1], speaks[0]) == agreed
+
+
+def test_negotiation_without_a_common_version_is_refused():
+    with pytest.raises(ProtocolError) as caught:
+        negotiate(3, 3, 2, 1)
+    assert caught.value.code == "E_BAD_VERSION" and "3-3" in caught.value.description
+
+
+@pytest.mark.parametrize("event", [Ping(5), Pong(5), Restore(0, "t", (M1,), "c"), Restored(1),
+                                   Synced(1, (("t", "c"),))],
+                         ids=["ping", "pong", "restore", "restored", "synced-damaged"])
+def test_a_stream_of_version_1_refuses_the_frames_of_version_2(event):
+    assert PROTOCOL_VERSION >= 2
+    decoder = ReplicationDecoder(version=1)
+    decoder.receive_data(encode(event))
+    with pytest.raises(ProtocolError) as caught:
+        decoder.next_event()
+    assert caught.value.code == "E_BAD_PROTOCOL" and (
+        "unknown replication frame type" in caught.value.description or "damaged" in caught.value.description)
+    decoder = ReplicationDecoder(version=2)
+    decoder.receive_data(encode(event))
+    assert decoder.next_event() == event

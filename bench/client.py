@@ -194,6 +194,9 @@ def _child(pipe, kind: str, params: dict, cpu: int | None) -> None:
     try:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
+        import trionsq  # which code is measured: a worktree run puts its own first on PYTHONPATH
+
+        print(f"  ({kind}: trionsq from {os.path.dirname(trionsq.__file__)})", flush=True)
         pipe.send(("ready",))
         _, warm_at, end_at = pipe.recv()
         pipe.send(("result", _CLIENTS[kind](**params, window=_Window(warm_at, end_at))))

@@ -34,6 +34,7 @@ from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
+from .queues.offset_log import OffsetLog
 from .queue_scan import QueueScanner
 from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_replication
@@ -145,7 +146,8 @@ class NSQD:
         self.guid = GUIDFactory(opts.node_id)
         self._topic_hooks = {"on_channel_created": self._channel_created, "on_channel_deleted": self._channel_deleted,
                              "on_last_channel_gone": self._ephemeral_topic_idle, "make_backend": self._make_backend,
-                             "spawn": self._spawn, "owing": self.owing_topics, "changed": self.stats_changed}
+                             "spawn": self._spawn, "owing": self.owing_topics, "changed": self.stats_changed,
+                             "open_log": self._open_log}
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -192,6 +194,16 @@ class NSQD:
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
                          failing=self.failing_queues, active=self.active_queues, logger=log,
                          known_files=self.files_at_start)
+
+    def _open_log(self, name: str, create: bool) -> OffsetLog | None:
+        """The offset log of the channel ``name`` (``<topic>:<channel>``): opened when its files exist, else made
+        when ``create`` (LOG), else None. OSError from the files."""
+        if not create and not OffsetLog.exists(self.data_path, name, self.files_at_start):
+            return None
+        opts = self.opts
+        return OffsetLog(self.data_path, name, max_bytes_per_file=opts.max_bytes_per_file, durable=self.durable,
+                         retention_time=opts.log_retention_time, retention_bytes=opts.log_retention_bytes,
+                         active=self.active_queues, logger=log).open()
 
     @property
     def durable(self) -> bool:

@@ -79,7 +79,7 @@ class Topic:
                  on_last_channel_gone: Callable[["Topic"], None] | None = None,
                  make_backend: Callable[[str], object] | None = None,
                  spawn: Callable | None = None, owing: dict | None = None, guid: GUIDFactory | None = None,
-                 changed: set | None = None) -> None:
+                 changed: set | None = None, open_log: Callable | None = None) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -100,6 +100,7 @@ class Topic:
         # (a replica's index and the list of adopted IDs key by ID alone); made by the first publish without one
         self.guid: GUIDFactory | None = guid
         self._make_backend = make_backend
+        self._open_log = open_log  # opens a channel's offset log (log channels: channel.py)
         self.backend = make_backend(name) if make_backend is not None and not self.ephemeral else None
         self.durable = self.backend is not None and self.backend.hold_reads
         self.deferred_index: DeferredIndex | None = None
@@ -321,7 +322,7 @@ class Topic:
                 backend = self._make_backend(f"{self.name}:{name}")
             channel = Channel(self, name, mem_queue_size=self.mem_queue_size, max_msg_timeout=self.max_msg_timeout,
                               actors=self._actors, on_last_client_gone=_ephemeral_channel_idle,
-                              backend=backend)
+                              backend=backend, open_log=self._open_log if backend is not None else None)
             self.channels[name] = channel
             log.info("TOPIC(%s): new channel(%s)", self.name, name)
             if self._on_channel_created is not None:

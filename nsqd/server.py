@@ -495,6 +495,14 @@ class NSQD:
                             channel.store_kept_copies()
                 if not topic.owes_records() or topic.exiting:
                     self.owing_topics.pop(topic, None)
+            if self.opts.log_retention_time > 0:
+                # committed segments of log channels age out even while nothing is appended or committed
+                for channel in list(self._channel_registry):
+                    if channel.log is not None and not channel.log.closed:
+                        try:
+                            channel.log.apply_retention()
+                        except OSError as exc:
+                            log.error("LOG(%s): retention failed - %s", channel.log.name, exc)
             for queue in list(active):
                 try:
                     queue.sync_if_due(now)

@@ -119,14 +119,17 @@ def _e2e_result(values: tuple | None) -> E2EResult:
 
 
 #: the fields of a channel's key before its latency window's state (see ``StatsCache._refresh``)
-_CHANNEL_FIGURES = 9
+_CHANNEL_FIGURES = 10
 
 
 def _channel_stats(channel, key: tuple, e2e: tuple | None) -> ChannelStats:
     """A channel's snapshot (without clients) from its key (see ``StatsCache._refresh``) and latency figures."""
-    depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused = key[:_CHANNEL_FIGURES]
+    depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused, offsets = \
+        key[:_CHANNEL_FIGURES]
+    if offsets is not None:  # a log channel: its depth is what is not committed
+        backend_depth = offsets[2] - offsets[1]
     return ChannelStats(channel.name, depth + backend_depth, backend_depth, in_flight, deferred, messages, requeues,
-                        timeouts, clients, None, paused, _e2e_result(e2e))
+                        timeouts, clients, None, paused, _e2e_result(e2e), offsets)
 
 
 class _ClientPiece:
@@ -342,7 +345,8 @@ class StatsCache:
             members = channel.clients
             key = (len(channel.queue), backend._depth if backend is not None else 0,
                    len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
-                   channel.requeue_count, channel.timeout_count, len(members), channel.paused)
+                   channel.requeue_count, channel.timeout_count, len(members), channel.paused,
+                   channel.log.offsets() if channel.log is not None else None)
             if state is not None:
                 key += state
             if key != keys[at]:

@@ -218,7 +218,7 @@ class Columns:
         """The largest ``j >= i`` such that messages ``[i, j)`` take at most ``budget`` bytes (binary search)."""
         starts = self.body_starts()
         lo, hi = i, self.count
-        base = starts[i] - PER_MESSAGE * i
+        base = starts[i] + PER_MESSAGE * i
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if PER_MESSAGE * mid + starts[mid] - base <= budget:

@@ -302,13 +302,12 @@ class OffsetLog:
         try:
             for i in range(0, merged.count, CHUNK_MESSAGES):
                 part = merged.slice(i, min(i + CHUNK_MESSAGES, merged.count))
-                segment = self._segment_for_write(offset)
-                pieces = part.payload()
-                body = b"".join(pieces)
+                body = b"".join(part.payload())
                 head = struct.pack(">QI", offset, part.count)
                 crc = zlib.crc32(body, zlib.crc32(head))
                 length = CHUNK_HEADER + len(body)
                 record = struct.pack(">II", length, crc) + head + body
+                segment = self._segment_for_write(offset, length)
                 _write_fully(segment.fd, record)
                 newest = max(part.timestamp_list()) if part.count else 0
                 chunk = _Chunk(offset, part.count, segment, segment.size, length, newest)
@@ -337,9 +336,11 @@ class OffsetLog:
         self._pending_count = 0
         self._pending_bytes = 0
 
-    def _segment_for_write(self, offset: int) -> _Segment:
+    def _segment_for_write(self, offset: int, length: int) -> _Segment:
+        """The segment a chunk of ``length`` bytes goes to: the last one while it stays within
+        ``max_bytes_per_file`` (a chunk larger than that gets a segment of its own), else a new one."""
         segments = self._segments
-        if segments and segments[-1].size < self.max_bytes_per_file:
+        if segments and (segments[-1].size == 0 or segments[-1].size + length <= self.max_bytes_per_file):
             return segments[-1]
         path = f"{self._prefix}{offset:020d}.dat"
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

@@ -143,7 +143,7 @@ class LogPlanner:
             self._add(address, info)
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end
         self._next_lookup = time.monotonic() + options.lookupd_poll_interval_ms / 1000
-        log.info("nsq source: the log path: executors read %s/%s from nsqd %s by offset", options.topic,
+        log.warning("nsq source: the log path: executors read %s/%s from nsqd %s by offset", options.topic,
                  options.channel, ", ".join(sorted(known)))
 
     def _add(self, address: str, info: dict) -> None:

@@ -28,6 +28,7 @@ def main() -> int:
         .option("nsqd.tcp.addresses", address)
         .option("topic", topic)
         .option("channel", "spark")
+        .option("readMode", "driver")
         .option("walPath", str(base / wal_name))
         .option("ackMode", ack_mode)
         .option("maxMessagesPerTrigger", "200")

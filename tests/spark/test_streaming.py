@@ -37,7 +37,8 @@ pytestmark = pytest.mark.timeout(240)
 
 def start_query(spark, base: Path, options: dict[str, object], trigger: str = "300 milliseconds"):
     reader = spark.readStream.format("nsq")
-    for key, value in {"channel": "spark", "walPath": str(base / "wal"), **options}.items():
+    # the driver path: these tests are about its consumer and write-ahead log (test_log_path: the log path)
+    for key, value in {"channel": "spark", "walPath": str(base / "wal"), "readMode": "driver", **options}.items():
         reader = reader.option(key, str(value))
     return (
         reader.load()
@@ -155,9 +156,9 @@ def test_unreachable_nsqd_fails_the_query_clearly(spark, tmp_path, topic):
 
 def test_bad_options_fail_at_load(spark, tmp_path):
     with pytest.raises(Exception) as caught:
-        spark.readStream.format("nsq").option("topic", "t").load()
+        spark.readStream.format("nsq").option("topic", "t").option("readMode", "driver").load()
     assert "set nsqd.tcp.addresses or lookupd.http.addresses" in str(caught.value)
-    assert "option walPath is required" in str(caught.value)
+    assert "option walPath is required with readMode=driver" in str(caught.value)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lookupd") is None,

@@ -49,6 +49,10 @@ PENDING_MESSAGES = 4096
 PENDING_BYTES = 1 << 20
 #: a chunk holds at most this many messages (a large append is cut), so reading one offset reads little
 CHUNK_MESSAGES = 8192
+#: IDs of the log's last messages kept at opening: a message given again with one of them is not appended twice
+#: (after a kill -9 in durable mode the topic copies again the batch whose release it had not yet recorded: at
+#: most one drain batch, ``topic.DRAIN_BATCH``, since the topic records it right after a log took it)
+RECENT_IDS = 4096
 _SEGMENT = re.compile(r"\.log\.(\d{20})\.dat\Z")
 
 
@@ -112,6 +116,9 @@ class OffsetLog:
         self.owes_sync = False
         self._unsynced: set[int] = set()
         self.closed = False
+        # the IDs of the last RECENT_IDS messages at opening, checked by ``append`` until as many more came
+        self._recent: set[bytes] = set()
+        self._recent_left = 0
 
     # -- opening ---------------------------------------------------------------------------------
     @staticmethod
@@ -195,6 +202,19 @@ class OffsetLog:
             self._written = self.end = self.committed
         self._drop_empty_tail()
         self.apply_retention()
+        self._load_recent()
+
+    def _load_recent(self) -> None:
+        recent: list[bytes] = []
+        for chunk in reversed(self._chunks):
+            if len(recent) >= RECENT_IDS:
+                break
+            try:
+                recent += self._chunk_columns(chunk).id_list()
+            except OSError:
+                break
+        self._recent = set(recent)
+        self._recent_left = 2 * RECENT_IDS if recent else 0
 
     def _drop_empty_tail(self) -> None:
         # an empty last segment (created, then killed before its first chunk) is removed: the next append makes a
@@ -262,6 +282,8 @@ class OffsetLog:
         OSError: nothing was appended (the files are as they were)."""
         if self.closed:
             raise OSError(f"log {self.name} is closed")
+        if self._recent_left > 0:
+            columns = self._without_recent(columns)
         first = self.end
         if not columns.count:
             return first
@@ -286,6 +308,25 @@ class OffsetLog:
             self.owes_sync = True
             self._active[self] = None
         return first
+
+    def _without_recent(self, columns: Columns) -> Columns:
+        """``columns`` without the messages the log held at opening (see ``RECENT_IDS``)."""
+        ids = columns.id_list()
+        self._recent_left -= len(ids)
+        recent = self._recent
+        if self._recent_left <= 0:
+            self._recent = set()
+        if recent.isdisjoint(ids):
+            return columns
+        keep = [k for k, i in enumerate(ids) if i not in recent]
+        self.log.info("LOG(%s): %d message(s) given again after a restart were in the log already", self.name,
+                      len(ids) - len(keep))
+        stamps = columns.timestamp_list()
+        attempts = struct.unpack(f">{columns.count}H", columns.attempts)
+        starts = columns.body_starts()
+        bodies = columns.bodies
+        return Columns.from_messages([ids[k] for k in keep], [stamps[k] for k in keep], [attempts[k] for k in keep],
+                                     [bodies[starts[k]:starts[k + 1]] for k in keep])
 
     def _write_pending(self, sync: bool) -> None:
         """Write what was appended and not yet written, as chunks of at most ``CHUNK_MESSAGES``."""

@@ -269,3 +269,15 @@ def test_delete_removes_every_file(tmp_path):
     log.delete()
     assert os.listdir(tmp_path) == []
     assert not OffsetLog.exists(str(tmp_path), NAME)
+
+
+def test_messages_given_again_after_reopening_are_not_appended_twice(tmp_path, caplog):
+    log = open_log(tmp_path, durable=True)
+    log.append(batch(0, 10))
+    log.close()
+    log = open_log(tmp_path, durable=True)  # the topic copies its last batch again after a kill -9
+    with caplog.at_level(logging.INFO, logger="nsqd"):
+        assert log.append(batch(5, 7)) == 10
+    assert "5 message(s) given again" in caplog.text
+    assert log.end == 12
+    assert bodies(log.read(0, 12, 1 << 20)) == expected(0, 12)

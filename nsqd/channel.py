@@ -222,16 +222,21 @@ class Channel:
                     owe(token)
             self._keep_in_memory(messages)
             return False
-        if self.durable:
-            # the new copies are on disk (synced): the records they were read from are no longer needed
-            ack = backend.ack
-            for m in messages:
-                if m.disk_token >= 0:
-                    ack(m.disk_token)
-                    m.disk_token = -1
-            if self._topic_records:
-                self._release_topic_records(messages)
+        self._stored(messages)
         return True
+
+    def _stored(self, messages: list[Message]) -> None:
+        """Durable mode: new copies of ``messages`` are on disk (synced, in the disk queue or the log): the records
+        they were read from, and the topic's records kept for them, are no longer needed."""
+        if not self.durable:
+            return
+        ack = self.backend.ack
+        for m in messages:
+            if m.disk_token >= 0:
+                ack(m.disk_token)
+                m.disk_token = -1
+        if self._topic_records:
+            self._release_topic_records(messages)
 
     def store_kept_copies(self) -> None:
         """Durable mode: write the ready copies kept in memory since the disk refused them, once the disk has
@@ -428,15 +433,7 @@ class Channel:
                       self.topic_name, self.name, len(messages), exc)
             self.queue.extend(messages)  # appended by the next ``_absorb_backlog`` (a LOG, a restart)
             return False
-        backend = self.backend
-        if backend is not None and backend.hold_reads:
-            ack = backend.ack
-            for m in messages:
-                if m.disk_token >= 0:
-                    ack(m.disk_token)
-                    m.disk_token = -1
-        if self._topic_records:
-            self._release_topic_records(messages)
+        self._stored(messages)
         return True
 
     def log_commit(self, offset: int) -> bool:

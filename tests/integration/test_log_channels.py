@@ -23,8 +23,9 @@ from protocol.log import (
 from tests.integration.features import FeatureClient
 from tests.integration.harness import NsqdProcess, RawClient, command, identify, mpub, rdy, sub
 from tests.integration.http_helpers import get, stats, wait_for
-from tests.integration.persistence_helpers import DataDir, http
+from tests.integration.persistence_helpers import http
 from tests.integration.test_auth import AuthServer
+from tests.integration.test_persistence import data_dir  # noqa: F401 (the fixture, shared)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -50,6 +51,15 @@ def read_all(client, topic: str, first: int, to: int, channel: str = "c") -> lis
         got += [m[4] for m in part.messages()]
         first = part.next
     return got
+
+
+def publish_to_log(client, topic: str, *batches: list[bytes]) -> None:
+    """Make ``topic``'s channel ``c`` a log, publish the batches and wait until the log holds them all."""
+    end = offsets(client, topic)["end"] + sum(map(len, batches))
+    for batch in batches:
+        client.send(mpub(topic, batch))
+        client.expect_ok()
+    wait_for(lambda: offsets(client, topic)["end"] == end, message="all appended")
 
 
 def commit(client, topic: str, offset: int, channel: str = "c") -> dict:
@@ -175,21 +185,6 @@ def test_a_channel_with_a_backlog_and_a_consumer_becomes_a_log(nsqd_factory):
         again.expect_error(f"E_INVALID SUB channel {topic}:c is a log, read it with LREAD".encode())
 
 
-@pytest.fixture
-def data_dir(tmp_path):
-    dirs: list[DataDir] = []
-
-    def make(*args: str) -> DataDir:
-        d = DataDir(tmp_path / f"data{len(dirs)}", args)
-        d.path.mkdir()
-        dirs.append(d)
-        return d
-
-    yield make
-    for d in dirs:
-        d.cleanup()
-
-
 def test_offsets_survive_sigterm_with_old_consumers_messages(data_dir):
     d = data_dir("--mem-queue-size=10")
     daemon = d.start()
@@ -219,11 +214,7 @@ def test_offsets_survive_kill_9_in_durable_mode(data_dir):
     daemon = d.start()
     topic = fresh()
     with RawClient(daemon.tcp) as client:
-        assert offsets(client, topic)["end"] == 0
-        for k in range(5):
-            client.send(mpub(topic, bodies("k", 20, 20 * k)))
-            client.expect_ok()
-        wait_for(lambda: offsets(client, topic)["end"] == 100, message="all appended")
+        publish_to_log(client, topic, *(bodies("k", 20, 20 * k) for k in range(5)))
         commit(client, topic, 42)
     d.kill()
     daemon = d.start()
@@ -242,11 +233,8 @@ def test_retention_by_bytes_and_replay_from_the_oldest(data_dir):
     daemon = d.start()
     topic = fresh()
     with RawClient(daemon.tcp) as client:
-        offsets(client, topic)
-        for k in range(10):  # one chunk of 20 x 70 bytes + 20 per publish (1,420): one segment each
-            client.send(mpub(topic, [b"%-40d" % i for i in range(20 * k, 20 * k + 20)]))
-            client.expect_ok()
-        wait_for(lambda: offsets(client, topic)["end"] == 200, message="all appended")
+        # one chunk of 20 x 70 bytes + 20 per publish (1,420): one segment each
+        publish_to_log(client, topic, *([b"%-40d" % i for i in range(20 * k, 20 * k + 20)] for k in range(10)))
         # wholly committed: the 7 segments below 140; 4,000 bytes keep the 2 newest of them
         assert commit(client, topic, 150) == {"start": 100, "committed": 150, "end": 200}
         assert _segments(d.path, topic)[0] == f"{topic}:c.log.{100:020d}.dat"
@@ -263,10 +251,7 @@ def test_retention_by_time(data_dir):
     daemon = d.start()
     topic = fresh()
     with RawClient(daemon.tcp) as client:
-        offsets(client, topic)
-        client.send(mpub(topic, bodies("r", 100)))
-        client.expect_ok()
-        wait_for(lambda: offsets(client, topic)["end"] == 100, message="all appended")
+        publish_to_log(client, topic, bodies("r", 100))
         first = commit(client, topic, 100)
         assert first["start"] == 0  # kept for now: replayable
         assert read_all(client, topic, 0, 100) == bodies("r", 100)
@@ -279,12 +264,7 @@ def test_a_torn_log_file_at_start_up(data_dir):
     daemon = d.start()
     topic = fresh()
     with RawClient(daemon.tcp) as client:
-        offsets(client, topic)
-        client.send(mpub(topic, bodies("x", 10)))
-        client.expect_ok()
-        client.send(mpub(topic, bodies("x", 10, 10)))
-        client.expect_ok()
-        wait_for(lambda: offsets(client, topic)["end"] == 20, message="all appended")
+        publish_to_log(client, topic, bodies("x", 10), bodies("x", 10, 10))
     d.stop()
     (segment,) = _segments(d.path, topic)
     path = d.path / segment

@@ -198,7 +198,9 @@ class NSQD:
     def _open_log(self, name: str, create: bool) -> OffsetLog | None:
         """The offset log of the channel ``name`` (``<topic>:<channel>``): opened when its files exist, else made
         when ``create`` (LOG), else None. OSError from the files."""
-        if not create and not OffsetLog.exists(self.data_path, name, self.files_at_start):
+        # the directory's listing at start-up answers while loading (many channels); later, the file itself
+        known = self.files_at_start if self._loading else None
+        if not create and not OffsetLog.exists(self.data_path, name, known):
             return None
         opts = self.opts
         return OffsetLog(self.data_path, name, max_bytes_per_file=opts.max_bytes_per_file, durable=self.durable,

@@ -442,12 +442,13 @@ class Channel:
         ``LogRangeError`` past the end, OSError when the commit could not be written (then nothing changed)."""
         channel_log = self.log
         old = channel_log.committed
-        if not channel_log.commit(offset):
+        if not channel_log.commit(offset, remove=False):
             return False
         self.changed.add(self)
         hook = self.on_log_commit
         if hook is not None:
-            hook(self, old, offset)
+            hook(self, old, offset)  # before the files go: ``ids_between(old, offset)`` reads them
+        channel_log.apply_retention()
         return True
 
     # -- consumers -------------------------------------------------------------------------------

@@ -483,8 +483,10 @@ class OffsetLog:
         return ids
 
     # -- committing and retention ----------------------------------------------------------------
-    def commit(self, offset: int) -> bool:
-        """Everything below ``offset`` is finished; True if that moved ``committed``. OSError: not committed."""
+    def commit(self, offset: int, *, remove: bool = True) -> bool:
+        """Everything below ``offset`` is finished; True if that moved ``committed``. OSError: not committed.
+        ``remove=False`` leaves the files retention would remove to the caller's ``apply_retention`` (so that
+        ``ids_between`` still reads the committed span first)."""
         if offset > self.end:
             raise LogRangeError("past_end", offset, self.end)
         if offset <= self.committed:
@@ -500,7 +502,8 @@ class OffsetLog:
         except OSError:
             self.committed = previous
             raise
-        self.apply_retention()
+        if remove:
+            self.apply_retention()
         return True
 
     def _save_meta(self) -> None:

@@ -278,8 +278,9 @@ def test_cluster_backlog_and_live_messages_exactly_once_across_an_executor_kill(
     it). Batches of at most 600 messages in at least 4 tasks; an executor JVM is killed with
     SIGKILL while a batch runs, the worker starts another, Spark runs the lost tasks again."""
     a, b = nsqd_factory(), nsqd_factory()
-    urllib.request.urlopen(urllib.request.Request(
-        f"http://%s:%d/channel/create?topic={topic}&channel=spark" % a.http(), method="POST"), timeout=10).read()
+    for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=spark"):
+        urllib.request.urlopen(urllib.request.Request("http://%s:%d%s" % (*a.http(), path), method="POST"),
+                               timeout=10).read()
     backlog = bodies("a", 0, 1500)
     publish(a, topic, backlog)
     query = start_query(cluster_spark, tmp_path, {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}",

@@ -43,7 +43,7 @@ from typing import Callable
 import trio
 
 from protocol.names import is_ephemeral
-from protocol.replication import OP_EMPTIED, OP_PAUSED, OP_UNPAUSED
+from protocol.replication import OP_EMPTIED, OP_LOG, OP_PAUSED, OP_UNPAUSED
 
 from .client import Client
 from .dispatch import ChannelDispatcher
@@ -388,6 +388,8 @@ class Channel:
         log.info("CHANNEL(%s:%s): is a log channel now", self.topic_name, self.name)
         self._absorb_backlog()
         self.changed.add(self)
+        if self.replication is not None:  # a replica that takes this node over makes its channel a log too
+            self.replication.channel_op(self.topic_name, self.name, OP_LOG)
         return self.log
 
     def _absorb_backlog(self) -> None:

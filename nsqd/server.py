@@ -37,10 +37,10 @@ from .queues.group_commit import SyncBarrier
 from .queues.offset_log import OffsetLog
 from .queue_scan import QueueScanner
 from .replication.adopted import drop_adopted
-from .replication import ReplicaHost, Replicator, attach_replication
+from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
-from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED
+from protocol.replication import MAGIC_R1, OP_DELETED
 from protocol.version import version_string
 from .stats_cache import StatsCache
 from .statsd import StatsdPusher
@@ -309,8 +309,7 @@ class NSQD:
         self.scanner.invalidate()
         channel.on_timed_work = self._scanner_activate
         if channel.topic.replication is not None and not channel.ephemeral:
-            channel.replication = channel.topic.replication
-            channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)
+            attach_channel(channel.topic.replication, channel)
         self.lookup.channel_created(channel)
         percentiles = self.opts.e2e_processing_latency_percentiles
         if percentiles:

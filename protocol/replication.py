@@ -22,6 +22,7 @@ __all__ = [
     "OP_CREATED",
     "OP_DELETED",
     "OP_EMPTIED",
+    "OP_LOG",
     "OP_PAUSED",
     "OP_UNPAUSED",
     "E_BAD_HELLO",
@@ -60,7 +61,10 @@ E_STORE_FAILED = "E_STORE_FAILED"
 T_ADOPTED = 0x84
 
 OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED = 1, 2, 3, 4, 5
-_OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED))
+#: the channel is a log channel (nsqd/LOG-PROTOCOL.md); sent only to a replica whose WELCOME says
+#: ``log_channels`` (an older replica refuses an op it does not know)
+OP_LOG = 6
+_OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED, OP_LOG))
 
 T_HELLO, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED, T_MESSAGES = 0x01, 0x03, 0x04, 0x05, 0x06, 0x07
 #: a replica asks the node a HELLO named whether that HELLO was its own (a connection of its own); the answer
@@ -118,6 +122,8 @@ class Welcome:
     held: int = 0
     version: int = 1
     adopted: int = 0  # message ids of this origin adopted here that follow in ADOPTED frames
+    #: the replica takes CHANNEL op ``OP_LOG`` (absent, i.e. False, from replicas that predate log channels)
+    log_channels: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,7 +459,8 @@ def _decode_welcome(payload: bytes):
     return Welcome(node=_field(obj, "node", str, "", "WELCOME"), session=_field(obj, "session", str, "", "WELCOME"),
                    seq=_field(obj, "seq", int, 0, "WELCOME"), epoch=_field(obj, "epoch", int, 0, "WELCOME"),
                    held=_field(obj, "held", int, 0, "WELCOME"), version=_field(obj, "version", int, 1, "WELCOME"),
-                   adopted=_field(obj, "adopted", int, 0, "WELCOME"))
+                   adopted=_field(obj, "adopted", int, 0, "WELCOME"),
+                   log_channels=_field(obj, "log_channels", bool, False, "WELCOME"))
 
 
 def _decode_messages(payload: bytes):
@@ -540,7 +547,7 @@ def _decode_channel(payload: bytes):
     channel = reader.name(E_BAD_CHANNEL, "channel", allow_empty=True)
     op = reader.take(1)[0]
     reader.end()
-    if op not in _OPS or (not channel and op == OP_EMPTIED):
+    if op not in _OPS or (not channel and op in (OP_EMPTIED, OP_LOG)):
         raise ProtocolError(E_BAD_PROTOCOL, f"CHANNEL frame with unknown op {op}")
     return ChannelOp(seq, topic, channel, op)
 

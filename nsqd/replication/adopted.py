@@ -5,7 +5,8 @@ finished it) and replicates them from here: a takeover adopts an origin's copies
 messages a replica adopted puts back with it the ones the replica did not adopt.
 
 ``drop_adopted`` is the origin's side at start-up: it takes the messages a replica adopted out of this node's
-topics and channels, memory and disk backlogs alike, and puts the others back with ``place``.
+topics and channels, memory and disk backlogs and log channels' uncommitted offsets alike, and puts the others
+back with ``place`` (into a log channel: at its next offsets, the old ones committed).
 
 ``AdoptedIds`` is ``replica.<node>.adopted`` in the data directory: the ids of the messages of origin ``node``
 this replica adopted (16 bytes each, appended at each takeover). They go to that origin in ADOPTED frames the next
@@ -22,6 +23,7 @@ import time
 
 import trio
 
+from protocol.log import decode_range
 from protocol.replication import ReplicatedMessage
 
 from ..message import Message
@@ -130,6 +132,8 @@ def _holdings(topic):
         yield channel.name, [_replicated(m, now_ns + int(max(due - now, 0) * 1e9))
                              for due, m in channel.deferred.entries()]
         yield channel.name, _backlog(channel.backend, channel.deferred_index)
+        if channel.log is not None:
+            yield channel.name, _log_backlog(channel.log)
 
 
 def _replicated(message, due_ns: int = 0) -> ReplicatedMessage:
@@ -163,6 +167,22 @@ def _backlog(queue, index) -> list[ReplicatedMessage]:
             out.append(ReplicatedMessage(msg_id, timestamp, attempts, due.get(msg_id, 0),
                                          data[pos + _RECORD.size:stop]))
             pos = stop
+    return out
+
+
+def _log_backlog(channel_log) -> list[ReplicatedMessage]:
+    """A log channel's uncommitted messages (emptying the channel commits them: the kept ones go in again, at the
+    log's next offsets)."""
+    out = []
+    offset, end = channel_log.committed, channel_log.end
+    try:
+        while offset < end:
+            frame = decode_range(channel_log.read(offset, end, 1 << 22))
+            out.extend(ReplicatedMessage(msg_id, timestamp, attempts, 0, body)
+                       for _offset, msg_id, timestamp, attempts, body in frame.messages())
+            offset = frame.next
+    except OSError as exc:
+        log.error("REPLICATION: could not read the log of %s - %s", channel_log.name, exc)
     return out
 
 

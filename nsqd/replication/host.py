@@ -234,7 +234,7 @@ class ReplicaHost:
             adopted = AdoptedIds(self.nsqd.data_path, hello.node)
             ids = adopted.load()
             await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
-                                                 len(store.held), adopted=len(ids))))
+                                                 len(store.held), adopted=len(ids), log_channels=True)))
             for start in range(0, len(ids), FRAME_IDS):  # what the origin must not deliver again
                 await stream.send_all(encode(Adopted(tuple(ids[start:start + FRAME_IDS]))))
             if hello.node_id == self.opts.node_id:
@@ -488,10 +488,18 @@ class ReplicaHost:
         states = {name: (ts.paused, dict(ts.channels)) for name, ts in store.topics.items()}
         for name, (paused, channels) in states.items():
             topic = nsqd.get_topic(name)
-            for channel_name, (_order, channel_paused) in channels.items():
+            for channel_name, (_order, channel_paused, channel_log) in channels.items():
                 channel = topic.get_channel(channel_name)
                 if channel_paused and not channel.paused:
                     channel.pause()
+                if channel_log and channel.log is None:
+                    # a log channel there is one here: the adopted messages take the next offsets of this node's
+                    # log of that channel (a channel of that name that is already a log here goes on)
+                    try:
+                        channel.make_log()
+                    except OSError as exc:
+                        log.error("REPLICATION: could not make %s:%s a log channel, its adopted messages wait "
+                                  "as an ordinary backlog (LOG converts it) - %s", name, channel_name, exc)
             if paused and not topic.paused:
                 topic.pause()
         adopted: list[bytes] = []

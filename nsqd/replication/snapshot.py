@@ -28,7 +28,8 @@ from contextlib import aclosing
 
 import trio
 
-from protocol.replication import OP_CREATED, OP_PAUSED, ChannelOp, Requeued, encode, encode_messages
+from protocol.log import decode_range
+from protocol.replication import OP_CREATED, OP_LOG, OP_PAUSED, ChannelOp, Requeued, encode, encode_messages
 
 from ..queues.segment_reader import SplitRecords
 
@@ -44,6 +45,8 @@ BATCH = 512
 READ_SIZE = 256 * 1024
 #: bytes of frames gathered before one write to the peer
 SEND_SIZE = 256 * 1024
+#: bytes of a log channel's range read per step
+LOG_READ_SIZE = 256 * 1024
 
 
 class _Span:
@@ -76,6 +79,20 @@ class _Span:
         self.files = []
 
 
+class _LogSpan:
+    """A log channel's uncommitted offsets at the capture, ``[first, end)``. Read in steps while commits go on:
+    each step starts at the log's ``committed`` if that passed it (those messages are finished, and their FINs
+    follow in the outbox), so nothing is read from a file retention removed."""
+
+    __slots__ = ("channel", "log", "first", "end")
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+        self.log = channel.log
+        self.first = self.log.committed
+        self.end = self.log.end
+
+
 def _has_backlog(queue) -> bool:
     return queue is not None and queue.has_unread()
 
@@ -92,6 +109,7 @@ class Backfill:
     def __init__(self, nsqd) -> None:
         self.count = 0
         self.topology: list[bytes] = []
+        self.log_ops: list[bytes] = []  # CHANNEL op LOG frames, for peers that take them (``send``)
         #: (topic, holder channel or "", memory items or a disk span), in the order they are sent
         self.parts: list[tuple[str, str, list | _Span]] = []
         try:
@@ -120,6 +138,10 @@ class Backfill:
                 topology.append(encode(ChannelOp(0, name, channel.name, OP_CREATED)))
                 if channel.paused:
                     topology.append(encode(ChannelOp(0, name, channel.name, OP_PAUSED)))
+                if channel.log is not None:
+                    self.log_ops.append(encode(ChannelOp(0, name, channel.name, OP_LOG)))
+                    if channel.log.end > channel.log.committed:
+                        parts.append((name, channel.name, _LogSpan(channel)))
                 held = [(m, 0) for m in channel.queue]
                 in_flight = channel.in_flight
                 held += [(in_flight.get(msg_id), 0) for msg_id in in_flight]
@@ -135,15 +157,18 @@ class Backfill:
                 source.close()
         self.parts = []
 
-    async def send(self, send_all) -> None:
+    async def send(self, send_all, *, log_channels: bool = True) -> None:
         """Encode and send everything captured (``await send_all(bytes)`` per write of about ``SEND_SIZE``),
-        one step of ``BATCH`` messages or ``READ_SIZE`` bytes at a time; the files are closed at the end."""
-        pending: list[bytes] = list(self.topology)
+        one step of ``BATCH`` messages or ``READ_SIZE`` bytes at a time; the files are closed at the end.
+        ``log_channels``: the peer takes CHANNEL op LOG (else a log channel's messages go as a channel's)."""
+        pending: list[bytes] = self.topology + self.log_ops if log_channels else list(self.topology)
         size = sum(map(len, pending))
         try:
             for topic, channel, source in self.parts:
                 if type(source) is _Span:
                     steps = self._disk_frames(topic, channel, source)
+                elif type(source) is _LogSpan:
+                    steps = self._log_frames(topic, channel, source)
                 else:
                     steps = self._memory_frames(topic, channel, source)
                 async with aclosing(steps):
@@ -177,6 +202,28 @@ class Backfill:
             batch = [_message_tuple(m, due_ns) for m, due_ns in items[start:start + BATCH] if m is not None]
             if batch:
                 yield self._frames(topic, channel, batch)
+            await trio.lowlevel.checkpoint()
+
+    async def _log_frames(self, topic: str, channel: str, span: _LogSpan):
+        """A log channel's uncommitted messages as the channel's (their attempts in a REQUEUED frame)."""
+        channel_log = span.log
+        offset = span.first
+        while offset < span.end:
+            if span.channel.log is not channel_log or channel_log.closed:
+                return  # the channel was deleted meanwhile (its DELETED op follows in the outbox)
+            offset = max(offset, channel_log.committed)
+            if offset >= span.end:
+                return
+            try:
+                frame = decode_range(channel_log.read(offset, span.end, LOG_READ_SIZE))
+            except OSError as exc:
+                log.error("REPLICATION: could not read the log of %s:%s for a backfill - %s", topic, channel, exc)
+                return
+            batch = [(msg_id, timestamp, attempts, 0, body)
+                     for _offset, msg_id, timestamp, attempts, body in frame.messages()]
+            offset = frame.next
+            for start in range(0, len(batch), BATCH):
+                yield self._frames(topic, channel, batch[start:start + BATCH])
             await trio.lowlevel.checkpoint()
 
     async def _disk_frames(self, topic: str, channel: str, span: _Span):

@@ -4,7 +4,8 @@ One origin A replicating to one replica B. A log channel that existed before B c
 backfill), one made a log after the stream started, one converted from an ordinary channel with a backlog; a
 reader commits part of each. A is killed with SIGKILL; B takes it over by its timeout and serves, on each channel
 as a log channel of its own, exactly what A had not committed (the commits were streamed: nothing committed is
-adopted), after the messages B's own log of that channel already held."""
+adopted), after the messages B's own log of that channel already held. A, back on its data, drops from its logs
+what B adopted."""
 
 from __future__ import annotations
 
@@ -89,3 +90,14 @@ def test_a_replica_serves_the_uncommitted_messages_of_log_channels_after_the_ori
         assert log_of(replica, "conv", "spark") == {"start": 0, "committed": 0, "end": 8}
         assert sorted(read_all(client, "conv", 0, 8, "spark")) == sorted(bodies("c", 8, 4))
         assert commit(client, "conv", 8, "spark")["committed"] == 8  # and B's reader goes on from there
+
+    # A comes back on its data: B's WELCOME lists what it adopted, and A drops those from its logs (committed up
+    # to their end), so that no reader gets them from both nodes
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica_address}", "--replication-degraded=accept",
+                   port=int(node.rpartition(":")[2]))
+    origin.wait_for_log(r"peer .+ adopted this node's messages while it was away", timeout=40)
+    wait_state(origin, "replicating")
+    with RawClient(origin.tcp) as client:  # (without durable mode the kill may have taken the last appends)
+        for topic in ("early", "late", "conv"):
+            left = offsets(client, topic, "spark")
+            assert left["committed"] == left["end"] > 0, (topic, left)

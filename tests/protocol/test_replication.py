@@ -10,6 +10,7 @@ from protocol.replication import (
     OP_CREATED,
     OP_DELETED,
     OP_EMPTIED,
+    OP_LOG,
     OP_PAUSED,
     Ack,
     Adopted,
@@ -47,6 +48,7 @@ CASES = [
     pytest.param(ChannelOp(2, "t", "", OP_DELETED), None, id="topic-op"),
     pytest.param(ChannelOp(3, "t.x_y-z", "ch", OP_PAUSED), None, id="pause"),
     pytest.param(ChannelOp(3, "t", "ch", OP_EMPTIED), None, id="emptied"),
+    pytest.param(ChannelOp(4, "t", "ch", OP_LOG), None, id="log"),
     pytest.param(Finished(9, "t", "c", (b"0123456789abcdef",)),
                  b"\x00\x00\x00\x23\x03" + b"\x00" * 7 + b"\x09" + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x01"
                  + b"0123456789abcdef", id="finished"),
@@ -70,6 +72,7 @@ CASES = [
     pytest.param(Hello("127.0.0.1:4150", "abc", 2, True, node_id=7), None, id="hello"),
     pytest.param(Welcome("10.0.0.2:4150", "abc", 99, 2, 5), None, id="welcome"),
     pytest.param(Welcome("10.0.0.2:4150", "", 0, 3, 0, adopted=2), None, id="welcome-adopted"),
+    pytest.param(Welcome("10.0.0.2:4150", "", 0, 3, 0, log_channels=True), None, id="welcome-log-channels"),
     pytest.param(Adopted((b"0123456789abcdef",)), b"\x00\x00\x00\x15\x84\x00\x00\x00\x01" + b"0123456789abcdef",
                  id="adopted"),
     pytest.param(Adopted(()), None, id="adopted-none"),
@@ -201,6 +204,8 @@ BAD = [
                  id="unknown-op"),
     pytest.param(_frame(0x04, b"\x00" * 8 + b"\x00\x01t\x00\x00\x05"), "E_BAD_PROTOCOL", "unknown op 5",
                  id="topic-emptied"),
+    pytest.param(_frame(0x04, b"\x00" * 8 + b"\x00\x01t\x00\x00\x06"), "E_BAD_PROTOCOL", "unknown op 6",
+                 id="topic-log"),
     pytest.param(_frame(0x01, b"not json"), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-not-json"),
     pytest.param(_frame(0x01, b"[1]"), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-not-object"),
     pytest.param(_frame(0x01, b'{"node": "nohost"}'), "E_BAD_HELLO", "is not HOST:PORT", id="hello-bad-node"),
@@ -232,3 +237,9 @@ def test_frame_over_the_limit_is_refused_before_its_payload_arrives():
 def test_encode_refuses_other_objects():
     with pytest.raises(TypeError):
         encode(object())
+
+
+def test_a_welcome_without_log_channels_is_one_from_a_replica_that_predates_them():
+    decoder = ReplicationDecoder()
+    decoder.receive_data(_frame(0x81, b'{"version":1,"node":"10.0.0.2:4150","session":"","seq":0}'))
+    assert decoder.next_event().log_channels is False

@@ -32,10 +32,12 @@ After a takeover (replication): the replica's channel gets the origin's unfinish
 its own, appended to its log at new offsets (LOG-PROTOCOL.md, "Replication"); the source reads
 them there like any other message of the replica, which it reads already, or finds through
 lookupd as a new nsqd (from its ``committed``). The origin's ranges planned before it vanished
-cannot be read: their tasks fail after ``readRetryMs`` and so does the batch; when the query is
-restarted on its checkpoint, the planner finds the origin gone and plans no more on it. What the
-origin had delivered in committed batches without its ``LCOMMIT`` reaching it comes again from
-the replica: duplicates across a takeover, counted by nsqd's ``duplicates_after_takeover``.
+cannot be read: their tasks fail after ``readRetryMs`` (and Spark's task retries), and so does
+the batch, until the origin is back; with ``failOnDataLoss=false`` a task gives such a range up
+instead (logged), which after a takeover loses nothing (the replica delivers those messages) and
+without replication loses that range. What the origin had delivered in committed batches without
+its ``LCOMMIT`` reaching it comes again from the replica: duplicates across a takeover, counted
+by nsqd's ``duplicates_after_takeover``.
 """
 
 from __future__ import annotations
@@ -308,6 +310,14 @@ def read_partition(options: SourceOptions, partition: LogPartition) -> Iterator:
         while position < hi:
             try:
                 data = node.read(position, hi, options.fetch_max_bytes, retry_for=retry_for)
+            except (ConnectionClosed, TimeoutError) as exc:
+                if options.fail_on_data_loss:
+                    raise NsqSourceError(f"nsq source: nsqd {partition.nsqd} did not answer for {retry_for:.0f} s "
+                                         f"(option readRetryMs) reading offsets [{position}, {hi}): {exc}") from None
+                log.warning("nsq source: nsqd %s did not answer for %.0f s (%s): offsets [%d, %d) given up "
+                            "(failOnDataLoss=false; after a takeover the replica delivers them)", partition.nsqd,
+                            retry_for, exc, position, hi)
+                return
             except NSQError as exc:
                 if exc.code == E_LOG_BEFORE_START and not options.fail_on_data_loss:
                     start = node.offsets(retry_for=retry_for)["start"]

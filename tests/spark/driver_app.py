@@ -42,6 +42,11 @@ def main() -> int:
         .trigger(processingTime="200 milliseconds")
         .start()
     )
+    return run_until_stopped(spark, query, base)
+
+
+def run_until_stopped(spark, query, base: Path) -> int:
+    """Run ``query`` until the file BASE/stop appears (0) or the query fails (1)."""
     print("QUERY STARTED", flush=True)
     while not (base / "stop").exists():
         if query.exception() is not None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from tests.spark.conftest import build_session
+from tests.spark.driver_app import run_until_stopped
 
 
 def main() -> int:
@@ -32,15 +32,7 @@ def main() -> int:
              .option("checkpointLocation", str(base / "checkpoint"))
              .trigger(processingTime="200 milliseconds")
              .start())
-    print("QUERY STARTED", flush=True)
-    while not (base / "stop").exists():
-        if query.exception() is not None:
-            print(f"QUERY FAILED {query.exception()}", flush=True)
-            return 1
-        time.sleep(0.2)
-    query.stop()
-    spark.stop()
-    return 0
+    return run_until_stopped(spark, query, base)
 
 
 if __name__ == "__main__":

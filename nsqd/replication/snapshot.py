@@ -15,7 +15,10 @@ it in bounded steps (``BATCH`` messages, ``READ_SIZE`` bytes of a file read on a
 go on: the files stay readable through their descriptors even once the queue has read and deleted them, and
 records appended after the capture are not read (they are in the outbox after it). A message finished meanwhile
 is still sent; its FIN follows in the outbox. In durable mode the records between a queue's committed position
-and its reader are in memory (the channel's queue or in flight), so nothing is missed.
+and its reader are in memory (the channel's queue or in flight), so nothing is missed. A log channel's
+uncommitted offsets are captured as a span ``[committed, end)`` and read from the log in steps, each from the
+log's ``committed`` of that moment (``_LogSpan``): a commit meanwhile has its FINs in the outbox, and its files
+may be gone.
 """
 
 from __future__ import annotations

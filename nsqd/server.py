@@ -28,7 +28,7 @@ from .guid import GUIDFactory
 from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path
+from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
 from .metadata_writer import MetadataWriter
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
@@ -40,6 +40,7 @@ from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
+from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
 from protocol.replication import MAGIC_R1, OP_DELETED
 from protocol.version import version_string
 from .stats_cache import StatsCache
@@ -265,8 +266,29 @@ class NSQD:
                         channel.pause()
                 if entry["paused"]:
                     topic.pause()
+            self._load_unlisted_logs()
         finally:
             self._loading = False
+
+    def _load_unlisted_logs(self) -> None:
+        """Log channels whose files exist but that nsqd.dat does not list (a kill before the coalesced write of
+        nsqd.dat that follows a LOG): their files say they exist, so they are loaded as listed ones are (else their
+        messages would wait, unlisted and unreplicated, for the next LOG, and a node back after a takeover would not
+        drop from them what its replica adopted)."""
+        suffix = ".log.meta"
+        for file_name in sorted(self.files_at_start or ()):
+            if not file_name.endswith(suffix):
+                continue
+            topic_name, _, channel_name = file_name[:-len(suffix)].partition(":")
+            if not (is_valid_topic_name(topic_name) and is_valid_channel_name(channel_name)):
+                continue
+            if is_ephemeral(topic_name) or is_ephemeral(channel_name):
+                continue
+            topic = self.topics.get(topic_name)
+            if topic is not None and channel_name in topic.channels:
+                continue
+            log.info("NSQ: log channel %s:%s is not in %s, found by its files", topic_name, channel_name, FILE_NAME)
+            self.get_topic(topic_name).get_channel(channel_name)  # (nsqd.dat is written whole after loading)
 
     def health(self) -> str:
         """``OK``, or ``NOK - <error>`` while a disk queue's last write failed (only the queues that have failed

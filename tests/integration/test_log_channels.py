@@ -223,6 +223,23 @@ def test_offsets_survive_kill_9_in_durable_mode(data_dir):
         assert read_all(client, topic, 42, 100) == bodies("k", 58, 42)
 
 
+def test_a_log_channel_missing_from_nsqd_dat_is_found_by_its_files(data_dir):
+    # a kill right after LOG may come before the coalesced write of nsqd.dat: the log's files are enough
+    d = data_dir()
+    daemon = d.start()
+    topic = fresh()
+    with RawClient(daemon.tcp) as client:
+        publish_to_log(client, topic, bodies("u", 8))
+        commit(client, topic, 3)
+    d.stop()
+    listing = d.path / "nsqd.dat"
+    listing.write_text(listing.read_text().replace(f'"name":"{topic}"', '"name":"other"'))
+    daemon = d.start()
+    channel = stats(http(daemon), f"topic={topic}")["topics"][0]["channels"][0]
+    assert channel["channel_name"] == "c" and channel["log"] == {"start": 3, "committed": 3, "end": 8}
+    assert re.search(rf"log channel {topic}:c is not in nsqd.dat, found by its files", daemon.log_text())
+
+
 def _segments(path, topic: str) -> list[str]:
     return sorted(n for n in os.listdir(path) if n.startswith(f"{topic}:c.log.") and n.endswith(".dat"))
 

@@ -482,7 +482,7 @@ class NSQD:
                         "elsewhere: keeping them (duplicates)", peer, len(adopted), epoch)
             return
         accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
-        held, kept = drop_adopted(self, adopted)
+        held, kept = drop_adopted(self, adopted, peer, epoch)
         self.replication.accepted_unreplicated = accepted
         if self.replication.clean:
             self.duplicates_after_takeover += len(adopted) - held

@@ -825,7 +825,7 @@ class Connection:
                                              f"{name}")
 
     @staticmethod
-    def _offsets_frame(channel_log, **extra: int) -> bytes:
+    def _offsets_frame(channel_log, **extra) -> bytes:
         return encode_frame(FRAME_TYPE_RESPONSE, encode_offsets(*channel_log.offsets(), **extra))
 
     def LOG(self, command) -> bytes:
@@ -835,7 +835,7 @@ class Connection:
             channel_log = channel.make_log()
         except OSError as exc:
             raise ProtocolError(E_LOG_FAILED, f"LOG failed {exc}") from None
-        return self._offsets_frame(channel_log)
+        return self._offsets_frame(channel_log, **channel_log.notes)  # a takeover's notes, when there are
 
     def LSEEK(self, command) -> bytes:
         request = self._log_request(command)

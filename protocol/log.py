@@ -135,8 +135,9 @@ def parse_log_request(name: bytes, params: Sequence[bytes]) -> LogRequest:
 # -- JSON answers ----------------------------------------------------------------------------------
 
 
-def encode_offsets(start: int, committed: int, end: int, **extra: int) -> bytes:
-    """LOG's, LSEEK's and LCOMMIT's answer: ``{"start": S, "committed": C, "end": E}`` and ``extra``."""
+def encode_offsets(start: int, committed: int, end: int, **extra) -> bytes:
+    """LOG's, LSEEK's and LCOMMIT's answer: ``{"start": S, "committed": C, "end": E}`` and ``extra`` (LSEEK's
+    ``offset``; LOG's takeover notes, lists of objects)."""
     return json.dumps({**extra, "start": start, "committed": committed, "end": end},
                       separators=(",", ":")).encode()
 

@@ -3,7 +3,8 @@
 Files, in the data path, for the log named ``<topic>:<channel>``::
 
     <name>.log.00000000000000000000.dat   segments, named by their first offset (20 digits)
-    <name>.log.meta                       {"committed": C}, replaced atomically at each commit
+    <name>.log.meta                       {"committed": C}, replaced atomically at each commit, plus the
+                                          takeovers the log took part in (``notes``, below)
 
 A segment is chunks back to back, one per append: ``[uint32 length][uint32 crc32][uint64 first][uint32
 count]`` then the messages' columns as LREAD sends them (``protocol.log.Columns``: timestamps, IDs, lengths,
@@ -23,6 +24,11 @@ Offsets: ``end`` is the offset the next message gets; ``committed`` everything b
 oldest readable one: ``committed`` without retention, else the first offset of the oldest segment kept.
 Segments wholly below ``committed`` are removed at once without retention, and by ``--log-retention-time`` /
 ``--log-retention-bytes`` otherwise; a segment holding an uncommitted offset is never removed.
+
+Notes (replication, LOG-PROTOCOL.md "Replication"): ``adopted`` on a replica (the offsets at which a takeover
+appended an origin's messages) and ``handed_over`` on an origin back after one (the offsets whose messages went to
+the replica). They live in the meta file beside ``committed``, so they outlast restarts, and LOG answers them: a
+reader tells by them a takeover from a loss. Each list keeps its last ``NOTES_KEPT`` entries.
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ CHUNK_MESSAGES = 8192
 #: (after a kill -9 in durable mode the topic copies again the batch whose release it had not yet recorded: at
 #: most one drain batch, ``topic.DRAIN_BATCH``, since the topic records it right after a log took it)
 RECENT_IDS = 4096
+#: entries kept per note list (a takeover adds one; older ones describe offsets no running reader stands at)
+NOTES_KEPT = 16
+#: the notes a meta file may carry beside ``committed``
+NOTE_KEYS = ("adopted", "handed_over")
 _SEGMENT = re.compile(r"\.log\.(\d{20})\.dat\Z")
 
 
@@ -104,6 +114,7 @@ class OffsetLog:
         self._prefix = os.path.join(data_path, f"{name}.log.")
         self.meta_path = self._prefix + "meta"
         self.committed = 0
+        self.notes: dict[str, list[dict]] = {}  # NOTE_KEYS -> entries, oldest first (kept in the meta file)
         self.end = 0  # next offset to assign (pending appends included)
         self._segments: list[_Segment] = []
         self._chunks: list[_Chunk] = []
@@ -132,7 +143,9 @@ class OffsetLog:
         """Read the meta file and scan the segments (creating the meta file of a new log)."""
         try:
             with open(self.meta_path, "rb") as f:
-                self.committed = int(json.loads(f.read())["committed"])
+                meta = json.loads(f.read())
+            self.committed = int(meta["committed"])
+            self.notes = {key: meta[key] for key in NOTE_KEYS if isinstance(meta.get(key), list)}
         except FileNotFoundError:
             self._save_meta()
         except (ValueError, KeyError, TypeError) as exc:
@@ -512,7 +525,28 @@ class OffsetLog:
         return True
 
     def _save_meta(self) -> None:
-        replace_file(self.meta_path, json.dumps({"committed": self.committed}).encode())
+        replace_file(self.meta_path, json.dumps({"committed": self.committed, **self.notes}).encode())
+
+    def add_note(self, key: str, entry: dict) -> None:
+        """Append ``entry`` to the note list ``key`` (one of ``NOTE_KEYS``) and write the meta file. OSError: the
+        note is kept in memory and written with the next commit."""
+        kept = self.notes.setdefault(key, [])
+        kept.append(entry)
+        del kept[:-NOTES_KEPT]
+        self._save_meta()
+
+    def settle_adopted(self, node: str) -> bool:
+        """Origin ``node`` came back and heard which of its messages were adopted here: its ``adopted`` entries
+        are marked settled (it runs again, so a reader that finds it gone later must not take that for this
+        takeover). True if one changed (the meta file is written then)."""
+        changed = False
+        for entry in self.notes.get("adopted", ()):
+            if entry.get("node") == node and not entry.get("settled"):
+                entry["settled"] = True
+                changed = True
+        if changed:
+            self._save_meta()
+        return changed
 
     def apply_retention(self, now_ns: int | None = None) -> int:
         """Remove the segments wholly below ``committed`` that retention does not keep; returns how many."""

@@ -28,7 +28,7 @@ from protocol.replication import ReplicatedMessage
 
 from ..message import Message
 
-__all__ = ["AdoptedIds", "drop_adopted", "place"]
+__all__ = ["AdoptedIds", "drop_adopted", "note_takeover", "place"]
 
 log = logging.getLogger("nsqd")
 
@@ -88,9 +88,20 @@ def _delay(due_ns: int, now_ns: int) -> float:
     return max(due_ns - now_ns, 0) / 1e9 if due_ns else 0.0
 
 
-def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
-    """Start-up (nothing delivered yet): take the messages in ``adopted`` out of every lasting topic of ``nsqd`` and
-    keep the rest where it was. Returns (adopted messages found and dropped here, others kept in their topics)."""
+def note_takeover(channel, key: str, entry: dict) -> None:
+    """``OffsetLog.add_note`` of a log channel (``adopted`` on a replica, ``handed_over`` on an origin; LOG answers
+    them); a disk error is logged (the note goes with the log's next commit)."""
+    try:
+        channel.log.add_note(key, entry)
+    except OSError as exc:
+        log.error("REPLICATION: could not note a takeover in %s - %s", channel.log.name, exc)
+
+
+def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> tuple[int, int]:
+    """Start-up (nothing delivered yet): take the messages in ``adopted`` (by ``peer``, at ``epoch``) out of every
+    lasting topic of ``nsqd`` and keep the rest where it was. A log channel of such a topic notes the offsets it
+    handed over (``handed_over``: its uncommitted span, committed now; what it keeps is appended after it).
+    Returns (adopted messages found and dropped here, others kept in their topics)."""
     found = kept = 0
     for topic in list(nsqd.topics.values()):
         if topic.ephemeral or not adopted:
@@ -111,9 +122,17 @@ def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
         names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
         keep = [(message, None if holders[msg_id] is None else names - holders[msg_id], None)
                 for msg_id, message in messages.items() if msg_id not in drop]
+        spans = [(channel, channel.log.committed, channel.log.end) for channel in topic.channels.values()
+                 if channel.log is not None and channel.log.end > channel.log.committed]
         topic.empty()
         for channel in topic.channels.values():
             channel.empty()
+        now = int(time.time())
+        for channel, committed, end in spans:
+            # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader that stands in [from, through) goes on at
+            # ``through`` (the messages are the replica's now), not a loss
+            note_takeover(channel, "handed_over", {"by": peer, "epoch": epoch, "time": now, "from": committed,
+                                                   "through": end})
         kept += place(nsqd, topic.name, keep)
     return found, kept
 

@@ -5,7 +5,8 @@ backfill), one made a log after the stream started, one converted from an ordina
 reader commits part of each. A is killed with SIGKILL; B takes it over by its timeout and serves, on each channel
 as a log channel of its own, exactly what A had not committed (the commits were streamed: nothing committed is
 adopted), after the messages B's own log of that channel already held. A, back on its data, drops from its logs
-what B adopted."""
+what B adopted. LOG answers where the messages went: B's log notes the offsets at which it appended A's
+(``adopted``, settled once A is back), A's the span it handed over (``handed_over``), both across restarts."""
 
 from __future__ import annotations
 
@@ -90,6 +91,17 @@ def test_a_replica_serves_the_uncommitted_messages_of_log_channels_after_the_ori
         assert log_of(replica, "conv", "spark") == {"start": 0, "committed": 0, "end": 8}
         assert sorted(read_all(client, "conv", 0, 8, "spark")) == sorted(bodies("c", 8, 4))
         assert commit(client, "conv", 8, "spark")["committed"] == 8  # and B's reader goes on from there
+        # LOG tells a reader where A's messages went: B's offsets [from, to) of each channel, not yet settled
+        early = offsets(client, "early", "spark")["adopted"]
+        assert [(e["node"], e["from"], e["to"], e["settled"]) for e in early] == [(node, 0, 6, False)]
+        assert early[0]["epoch"] == 1
+        assert [(e["from"], e["to"]) for e in offsets(client, "late", "spark")["adopted"]] == [(3, 13)]
+    # the notes are in the log's meta file: a restart of B keeps them
+    replica.stop()
+    replica = start(daemons, tmp_path / "b", "--replica-takeover-timeout=1s", port=replica_port)
+    with RawClient(replica.tcp) as client:
+        assert [(e["node"], e["from"], e["to"], e["settled"]) for e in offsets(client, "conv", "spark")["adopted"]] \
+            == [(node, 0, 8, False)]
 
     # A comes back on its data: B's WELCOME lists what it adopted, and A drops those from its logs (committed up
     # to their end), so that no reader gets them from both nodes
@@ -98,6 +110,15 @@ def test_a_replica_serves_the_uncommitted_messages_of_log_channels_after_the_ori
     origin.wait_for_log(r"peer .+ adopted this node's messages while it was away", timeout=40)
     wait_state(origin, "replicating")
     with RawClient(origin.tcp) as client:  # (without durable mode the kill may have taken the last appends)
-        for topic in ("early", "late", "conv"):
+        for topic, committed in (("early", 6), ("late", 10), ("conv", 4)):
             left = offsets(client, topic, "spark")
             assert left["committed"] == left["end"] > 0, (topic, left)
+            # and LOG says that the span [committed then, end then) went to B: a reader there goes on at its end
+            assert [(e["by"], e["epoch"], e["from"], e["through"]) for e in left["handed_over"]] == [
+                (replica_address, 1, committed, left["end"])], (topic, left)
+    with RawClient(replica.tcp) as client:  # B's notes: A is back and heard of it
+        assert [e["settled"] for e in offsets(client, "early", "spark")["adopted"]] == [True]
+    replica.stop()
+    replica = start(daemons, tmp_path / "b", port=replica_port)
+    with RawClient(replica.tcp) as client:
+        assert [e["settled"] for e in offsets(client, "late", "spark")["adopted"]] == [True]

@@ -30,14 +30,27 @@ nsqd, or a time (``LSEEK``). An nsqd found later (lookupd) starts at its ``commi
 
 After a takeover (replication): the replica's channel gets the origin's unfinished messages as
 its own, appended to its log at new offsets (LOG-PROTOCOL.md, "Replication"); the source reads
-them there like any other message of the replica, which it reads already, or finds through
-lookupd as a new nsqd (from its ``committed``). The origin's ranges planned before it vanished
-cannot be read: their tasks fail after ``readRetryMs`` (and Spark's task retries), and so does
-the batch, until the origin is back; with ``failOnDataLoss=false`` a task gives such a range up
-instead (logged), which after a takeover loses nothing (the replica delivers those messages) and
-without replication loses that range. What the origin had delivered in committed batches without
-its ``LCOMMIT`` reaching it comes again from the replica: duplicates across a takeover, counted
-by nsqd's ``duplicates_after_takeover``.
+them there like any other message of the replica, from where it stands on the replica (it reads
+the replica already, or finds it through lookupd). nsqd's LOG answer tells a takeover from a loss,
+and the source carries on by it (``TakeoverNotes``):
+
+- an nsqd that does not answer and that another nsqd's LOG lists as ``adopted`` (not ``settled``)
+  was taken over: the planner plans nothing more on it and sends it no commits; a task of a range
+  planned on it before gives the range up at once, logged as adopted by that replica (not data
+  loss: the replica delivers those messages);
+- an nsqd back after a takeover answers ``handed_over``: a position of the query in
+  ``[from, through)`` moves to ``through`` (logged and counted), in the planner and in a task that
+  had planned a range there, whatever ``failOnDataLoss``.
+
+Without those notes (no replication, or an nsqd that predates them) nothing changes: a range
+whose nsqd stays away fails its task after ``readRetryMs``, or with ``failOnDataLoss=false`` is
+given up (logged). Duplicates across a takeover: the replica adopted every message the origin had
+not committed, so what the query had written in a committed batch whose ``LCOMMIT`` the origin did
+not acknowledge comes again from the replica. The planner cannot tell which of its planned ranges
+the tasks had read before the origin died, so it logs the bound: the origin's offsets it had
+planned and the origin had not acknowledged as committed (``takeover_duplicates``, at most); nsqd
+counts the rest (commits whose FINs had not reached the replica) as ``duplicates_after_takeover``
+when the origin comes back.
 """
 
 from __future__ import annotations
@@ -58,7 +71,7 @@ from .log_client import LogNode, NoLogChannels
 from .options import START_COMMITTED, START_EARLIEST, START_LATEST, SourceOptions
 from .ranges import share, split
 
-__all__ = ["LOG_OFFSET_VERSION", "LogPartition", "LogPlanner", "make_log_offset", "parse_log_offset", "range_batch",
+__all__ = ["LOG_OFFSET_VERSION", "LogPartition", "LogPlanner", "TakeoverNotes", "make_log_offset", "parse_log_offset", "range_batch",
            "read_partition"]
 
 log = logging.getLogger("spark_connector.log_source")
@@ -83,14 +96,39 @@ def parse_log_offset(offset: Mapping) -> dict[str, int]:
 
 
 class LogPartition(InputPartition):
-    """Messages ``[lo, hi)`` of the log channel on the nsqd at ``nsqd``."""
+    """Messages ``[lo, hi)`` of the log channel on the nsqd at ``nsqd``; ``others``: the query's
+    other nsqd, asked whether one adopted ``nsqd``'s messages when it does not answer."""
 
-    def __init__(self, nsqd: str, lo: int, hi: int) -> None:
-        self.nsqd, self.lo, self.hi = nsqd, lo, hi
+    def __init__(self, nsqd: str, lo: int, hi: int, others: tuple[str, ...] = ()) -> None:
+        self.nsqd, self.lo, self.hi, self.others = nsqd, lo, hi, tuple(others)
         self.value = None
 
     def __repr__(self) -> str:
         return f"LogPartition(nsqd={self.nsqd!r}, lo={self.lo}, hi={self.hi})"
+
+
+class TakeoverNotes:
+    """What LOG answers about takeovers (LOG-PROTOCOL.md, "Replication"), read from offsets dicts."""
+
+    @staticmethod
+    def adopter(node: str, infos: Mapping[str, Mapping]) -> str | None:
+        """The nsqd among ``infos`` (address -> LOG's answer) whose log adopted ``node``'s messages in
+        a takeover that ``node`` has not come back from (``adopted``, not ``settled``); None: none."""
+        for address, info in sorted(infos.items()):
+            if address != node and any(isinstance(e, Mapping) and e.get("node") == node and not e.get("settled")
+                                       for e in info.get("adopted") or ()):
+                return address
+        return None
+
+    @staticmethod
+    def handed_over(position: int, info: Mapping) -> tuple[int, str] | None:
+        """``(through, replica)`` when ``position`` lies in a span this nsqd handed over to a replica
+        at a takeover (``handed_over``: ``[from, through)``, those messages are the replica's); None
+        otherwise."""
+        for entry in reversed(info.get("handed_over") or ()):
+            if isinstance(entry, Mapping) and entry.get("from", 0) <= position < entry.get("through", 0):
+                return int(entry["through"]), str(entry.get("by", "?"))
+        return None
 
 
 def probe(options: SourceOptions, addresses: list[str]) -> tuple[dict[str, dict], list[str]]:
@@ -144,6 +182,17 @@ class LogPlanner:
         for address, info in known.items():
             self._add(address, info)
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end
+        # takeovers (TakeoverNotes): nsqd gone and adopted -> the replica; and per nsqd the last end
+        # planned and the last commit nsqd acknowledged
+        self.adopted: dict[str, str] = {}
+        self.planned: dict[str, int] = {}
+        self.acknowledged: dict[str, int] = {a: i["committed"] for a, i in known.items()}
+        self.takeover_skipped = 0  # offsets of nsqd back after a takeover that the query moved past
+        # offsets of nsqd taken over that the query had planned and the nsqd had not acknowledged as
+        # committed: each may have been written and come again from the replica (duplicates at most)
+        self.takeover_duplicates = 0
+        self._bounded: dict[str, int] = {}  # per nsqd, the offset up to which they were counted
+        self._moved: set[tuple[str, int]] = set()
         self._next_lookup = time.monotonic() + options.lookupd_poll_interval_ms / 1000
         log.warning("nsq source: the log path: executors read %s/%s from nsqd %s by offset", options.topic,
                  options.channel, ", ".join(sorted(known)))
@@ -177,15 +226,61 @@ class LogPlanner:
                 for address, info in found.items():
                     log.info("nsq source: nsqd %s joined; reading it from offset %d", address, info["committed"])
                     self._add(address, info)
+        silent = []
         for address, node in self.nodes.items():
             try:
-                self.info[address] = node.offsets(retry_for=retry_for)
+                self.info[address] = node.offsets(retry_for=0.0 if address in self.adopted else retry_for)
             except (ConnectionClosed, TimeoutError) as exc:
-                log.warning("nsq source: nsqd %s does not answer (%s); planning without it this time", address, exc)
+                silent.append(address)
+                if address not in self.adopted:
+                    log.warning("nsq source: nsqd %s does not answer (%s); planning without it this time", address,
+                                exc)
             except NoLogChannels as exc:
                 raise NsqSourceError(f"nsq source: {exc}; it did before (was it replaced by an nsqd without log "
                                      f"channels?)") from None
+            else:
+                if self.adopted.pop(address, None) is not None:
+                    log.warning("nsq source: nsqd %s, taken over, answers again", address)
+        for address in silent:
+            replica = TakeoverNotes.adopter(address, {a: i for a, i in self.info.items() if a not in silent})
+            if replica is not None and address not in self.adopted:
+                self._taken_over(address, replica)
         return self.info
+
+    def _taken_over(self, address: str, replica: str) -> None:
+        """``address`` is gone and ``replica`` adopted its messages: plan nothing more there, count."""
+        self.adopted[address] = replica
+        acked = self.acknowledged.get(address, 0)
+        planned = max(self.planned.get(address, acked), acked)
+        self._count_duplicates(address, planned)
+        log.warning("nsq source: nsqd %s was taken over by %s: its offsets from %d on are adopted by %s (not data "
+                    "loss); of them [%d, %d) were planned by the query, which may have written some in committed "
+                    "batches: those come again from %s (takeover_duplicates at most %d); reading %s on", address,
+                    replica, acked, replica, acked, planned, replica, self.takeover_duplicates, replica)
+
+    def _count_duplicates(self, address: str, planned: int) -> None:
+        """Offsets ``[acknowledged, planned)`` of a node taken over go to ``takeover_duplicates`` (once)."""
+        counted = max(self._bounded.get(address, 0), self.acknowledged.get(address, 0))
+        if planned > counted:
+            self.takeover_duplicates += planned - counted
+            self._bounded[address] = planned
+
+    def _position(self, address: str, position: int, node_info: dict) -> int:
+        """Where the query stands on ``address``: ``position``, moved past a span that nsqd handed
+        over to a replica at a takeover (logged and counted once)."""
+        moved = TakeoverNotes.handed_over(position, node_info)
+        if moved is None:
+            return position
+        through, replica = moved
+        if (address, through) not in self._moved:
+            self._moved.add((address, through))
+            self.takeover_skipped += through - position
+            self._count_duplicates(address, position)
+            log.warning("nsq source: nsqd %s handed offsets [%d, %d) over to %s at a takeover (adopted by %s, not "
+                        "data loss): going on from %d (takeover_skipped %d, takeover_duplicates at most %d)", address,
+                        position, through, replica, replica, through, self.takeover_skipped,
+                        self.takeover_duplicates)
+        return through
 
     def initial_offset(self) -> dict:
         opts = self.options
@@ -233,9 +328,11 @@ class LogPlanner:
         info = self._refresh()
         available = {}
         for address in set(begin) | set(info):
-            if address not in info:  # in the checkpoint, not read now (gone from lookupd)
-                available[address] = begin[address]
+            if address not in info or address in self.adopted:  # gone from lookupd; taken over
+                available[address] = begin.get(address, info.get(address, {}).get("committed", 0))
                 continue
+            if address in begin:
+                begin[address] = self._position(address, begin[address], info[address])
             end = info[address]["end"]
             if self._target is not None:
                 end = min(end, self._target.get(address, begin.get(address, info[address]["committed"])))
@@ -250,6 +347,8 @@ class LogPlanner:
             ends = share({a: begin.get(a, available[a]) for a in available}, available, limit.max_rows)
         else:
             ends = available
+        for address, end in ends.items():
+            self.planned[address] = max(self.planned.get(address, 0), end)
         return make_log_offset(ends)
 
     def _check_loss(self, address: str, position: int, node_info: dict) -> None:
@@ -276,12 +375,17 @@ class LogPlanner:
         for address in sorted(finish):
             lo, hi = begin.get(address, finish[address]), finish[address]
             node_info = self.info.get(address)
+            if address in self.adopted:
+                continue  # its replica delivers what it had not committed
+            if node_info is not None:
+                lo = self._position(address, lo, node_info)
             if node_info is not None and not self.options.fail_on_data_loss and not (
                     node_info["start"] <= lo <= node_info["end"]):
                 lo = node_info["start"]  # failOnDataLoss=false: what nsqd holds now
             if hi > lo:
                 ranges.append((address, lo, hi))
-        return [LogPartition(address, lo, hi) for address, lo, hi in split(ranges, self.options.min_partitions)]
+        return [LogPartition(address, lo, hi, tuple(a for a in sorted(self.nodes) if a != address))
+                for address, lo, hi in split(ranges, self.options.min_partitions)]
 
     def commit(self, end: dict) -> None:
         """Spark committed the batch ending at ``end``: finish it in nsqd. An nsqd that does not answer
@@ -289,10 +393,11 @@ class LogPlanner:
         if the query restarts before that, which the checkpoint prevents)."""
         for address, offset in parse_log_offset(end).items():
             node = self.nodes.get(address)
-            if node is None:
+            if node is None or address in self.adopted:  # taken over: what it holds is its replica's
                 continue
             try:
                 self.info[address] = node.commit(offset, retry_for=_PLAN_TIMEOUT)
+                self.acknowledged[address] = self.info[address]["committed"]
             except (ConnectionClosed, TimeoutError) as exc:
                 log.warning("nsq source: cannot commit offset %d on nsqd %s (%s); the next commit will", offset,
                             address, exc)
@@ -309,7 +414,9 @@ def read_partition(options: SourceOptions, partition: LogPartition) -> Iterator:
     try:
         while position < hi:
             try:
-                data = node.read(position, hi, options.fetch_max_bytes, retry_for=retry_for)
+                data = _read_or_adopted(node, partition, position, options)
+                if data is None:
+                    return
             except (ConnectionClosed, TimeoutError) as exc:
                 if options.fail_on_data_loss:
                     raise NsqSourceError(f"nsq source: nsqd {partition.nsqd} did not answer for {retry_for:.0f} s "
@@ -319,8 +426,17 @@ def read_partition(options: SourceOptions, partition: LogPartition) -> Iterator:
                             retry_for, exc, position, hi)
                 return
             except NSQError as exc:
+                if exc.code == E_LOG_BEFORE_START:
+                    node_info = node.offsets(retry_for=retry_for)
+                    moved = TakeoverNotes.handed_over(position, node_info)
+                    if moved is not None:
+                        log.warning("nsq source: nsqd %s handed offsets [%d, %d) over to %s at a takeover: skipped "
+                                    "(adopted by %s, not data loss)", partition.nsqd, position, min(moved[0], hi),
+                                    moved[1], moved[1])
+                        position = min(moved[0], hi)
+                        continue
                 if exc.code == E_LOG_BEFORE_START and not options.fail_on_data_loss:
-                    start = node.offsets(retry_for=retry_for)["start"]
+                    start = node_info["start"]
                     log.warning("nsq source: nsqd %s no longer holds offsets [%d, %d) (%s); skipped "
                                 "(failOnDataLoss=false)", partition.nsqd, position, start, exc)
                     position = max(position + 1, min(start, hi))
@@ -336,6 +452,43 @@ def read_partition(options: SourceOptions, partition: LogPartition) -> Iterator:
             position += count
     finally:
         node.close()
+
+
+#: a task whose nsqd does not answer asks the query's other nsqd this often whether one took it over
+_ADOPTION_CHECK = 2.0
+
+
+def _read_or_adopted(node: LogNode, partition: LogPartition, position: int, options: SourceOptions) -> bytes | None:
+    """``LREAD`` from ``position``, dialling again for ``readRetryMs``; between the tries, the
+    query's other nsqd are asked (LOG) whether one adopted this nsqd's messages: None then (the
+    range is given up to that replica, logged). Raises what the last try raised."""
+    deadline = time.monotonic() + options.read_retry_ms / 1000
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return node.read(position, partition.hi, options.fetch_max_bytes,
+                             retry_for=max(min(left, _ADOPTION_CHECK), 0.0))
+        except (ConnectionClosed, TimeoutError):
+            replica = _adopter(partition, options) if partition.others else None
+            if replica is not None:
+                log.warning("nsq source: nsqd %s was taken over by %s: offsets [%d, %d) given up (adopted by %s, "
+                            "not data loss)", partition.nsqd, replica, position, partition.hi, replica)
+                return None
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _adopter(partition: LogPartition, options: SourceOptions) -> str | None:
+    infos = {}
+    for address in partition.others:
+        other = LogNode(address, options)
+        try:
+            infos[address] = other.offsets()
+        except (ConnectionClosed, TimeoutError, NSQError, NoLogChannels):
+            continue
+        finally:
+            other.close()
+    return TakeoverNotes.adopter(partition.nsqd, infos)
 
 
 def range_batch(data: bytes, nsqd: str, topic: str, channel: str) -> tuple[int, int, object]:

@@ -3,8 +3,9 @@ it with SIGKILL and start it again on the same checkpoint.
 
     python -m tests.spark.log_driver_app CONFIG_JSON
 
-CONFIG_JSON: ``{"master": ..., "conf": {...}, "options": {...}, "base": DIR}``. Streams into
-DIR/out (Parquet) with its checkpoint in DIR/checkpoint until DIR/stop appears.
+CONFIG_JSON: ``{"master": ..., "conf": {...}, "options": {...}, "base": DIR, "trigger": ...}``. Streams
+into DIR/out (Parquet) with its checkpoint in DIR/checkpoint, a micro-batch every ``trigger``
+(default 200 milliseconds), until DIR/stop appears.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main() -> int:
     query = (reader.load().writeStream.format("parquet")
              .option("path", str(base / "out"))
              .option("checkpointLocation", str(base / "checkpoint"))
-             .trigger(processingTime="200 milliseconds")
+             .trigger(processingTime=config.get("trigger", "200 milliseconds"))
              .start())
     return run_until_stopped(spark, query, base)
 

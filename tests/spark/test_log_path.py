@@ -16,8 +16,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -30,13 +28,13 @@ from protocol.log import Columns, decode_range, encode_range
 from spark_connector.log_client import LogNode, NoLogChannels
 from spark_connector.log_source import LogPartition, LogPlanner, probe, range_batch, read_partition
 from spark_connector.options import SourceOptions
-from tests.integration.harness import REPO_ROOT
+from tests.spark import drivers
 from tests.spark.conftest import (
     bodies,
     free_port,
     publish,
     read_output,
-    spark_env,
+    session_on,
     stop_cluster_session,
     wait_until,
 )
@@ -232,7 +230,7 @@ def test_an_nsqd_without_log_channels_gets_the_driver_path(nsqd_factory, topic):
 # -- on the standalone cluster ----------------------------------------------------------------------
 
 
-def start_query(spark, base: Path, options: dict, trigger: str = "200 milliseconds"):
+def start_query(spark, base: Path, options: dict, trigger: str = "100 milliseconds"):
     reader = spark.readStream.format("nsq")
     for key, value in {"channel": "spark", **options}.items():
         reader = reader.option(key, str(value))
@@ -264,14 +262,6 @@ def wait_exactly_once(path: Path, expected: list[bytes], timeout: float, query=N
     assert set(counts) == want
 
 
-def planned_not_committed(base: Path, at_least: int = 1) -> bool:
-    offsets = base / "checkpoint" / "offsets"
-    if not offsets.exists():
-        return False
-    planned = max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1)
-    return planned >= at_least and not (base / "checkpoint" / "commits" / str(planned)).exists()
-
-
 def test_cluster_backlog_and_live_messages_exactly_once_across_an_executor_kill(
         cluster, cluster_spark, nsqd_factory, tmp_path, topic):
     """Two nsqd; one holds a backlog in an ordinary channel before the query starts (LOG converts
@@ -287,7 +277,7 @@ def test_cluster_backlog_and_live_messages_exactly_once_across_an_executor_kill(
                                                   "topic": topic, "maxOffsetsPerTrigger": 600, "minPartitions": 4})
     live = bodies("b", 0, 1500)
     try:
-        wait_until(lambda: planned_not_committed(tmp_path, 1), 120, "a second batch under way", interval=0.01)
+        wait_until(lambda: drivers.planned_not_committed(tmp_path, 1), 120, "a second batch under way", interval=0.01)
         victim = cluster.executor_pids()[0]
         os.kill(victim, signal.SIGKILL)
         publish(b, topic, live)
@@ -314,12 +304,12 @@ def test_cluster_nsqd_killed_in_durable_mode_and_stopped_exactly_once(
     query = start_query(cluster_spark, tmp_path, {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}",
                                                   "topic": topic, "maxOffsetsPerTrigger": 300})
     try:
-        wait_until(lambda: planned_not_committed(tmp_path, 1), 120, "a second batch under way", interval=0.01)
+        wait_until(lambda: drivers.planned_not_committed(tmp_path, 1), 120, "a second batch under way", interval=0.01)
         a.kill()
         a = nsqd_at(pa_, da, *DURABLE)
         more = bodies("a", 1000, 1300)
         publish(a, topic, more)
-        wait_until(lambda: planned_not_committed(tmp_path, 4), 120, "a fifth batch under way", interval=0.01)
+        wait_until(lambda: drivers.planned_not_committed(tmp_path, 4), 120, "a fifth batch under way", interval=0.01)
         assert b.stop() == 0
         b = nsqd_at(pb, db)
         late = bodies("b", 1000, 1300)
@@ -353,36 +343,29 @@ def test_an_nsqd_without_log_channels_makes_the_query_take_the_driver_path(
 
 
 def test_cluster_driver_killed_and_restarted_on_its_checkpoint(cluster, nsqd_factory, tmp_path, topic):
-    """The whole driver (Python, its JVM, the source runner) dies with SIGKILL while a batch is
-    planned but not committed; a new driver on the same checkpoint finishes the job, on the
-    cluster's executors. Runs last: the driver subprocess needs the cluster's cores."""
-    stop_cluster_session(cluster)
+    """The whole driver (a subprocess: Python, its JVM, the source runner) dies with SIGKILL while a
+    batch is planned but not committed, its executors with it; a new driver (this process's session
+    on the cluster) starts the query again on the same checkpoint: the batch that was under way is
+    run again over the same ranges, and every message is in the sink once."""
+    stop_cluster_session(cluster)  # the driver subprocess needs the cluster's cores
     a, b = nsqd_factory(), nsqd_factory()
-    expected = bodies("a", 0, 1200) + bodies("b", 0, 1200)
-    publish(a, topic, expected[:1200])
-    publish(b, topic, expected[1200:])
+    expected = bodies("a", 0, 400) + bodies("b", 0, 400)
+    publish(a, topic, expected[:400])
+    publish(b, topic, expected[400:])
+    options = {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}", "topic": topic,
+               "maxOffsetsPerTrigger": 100, "walPath": "/nonexistent"}  # a walPath given anyway is unused
     config = json.dumps({"master": cluster.master_url, "conf": cluster.session_conf(), "base": str(tmp_path),
-                         "options": {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}", "topic": topic,
-                                     "channel": "spark", "maxOffsetsPerTrigger": 300, "walPath": "/nonexistent"}})
+                         "options": {"channel": "spark", **options}, "trigger": "100 milliseconds"})
     log_path = tmp_path / "driver.log"
-
-    def launch() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "tests.spark.log_driver_app", config], cwd=REPO_ROOT,
-                                env=dict(os.environ, **spark_env()), stdin=subprocess.DEVNULL,
-                                stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-    driver = launch()
+    driver = drivers.launch("tests.spark.log_driver_app", [config], log_path)
     try:
-        wait_until(lambda: planned_not_committed(tmp_path, 2), 180, "the third batch under way", interval=0.01)
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(30)
-        assert len(read_output(None, tmp_path / "out")) < len(expected)
-        driver = launch()
-        wait_exactly_once(tmp_path / "out", expected, 240)
-        (tmp_path / "stop").touch()
-        assert driver.wait(60) == 0, log_path.read_text()[-3000:]
+        drivers.kill_mid_batch(driver, tmp_path, log_path, 1, 180)
     finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(30)
+        drivers.reap(driver)
     assert "the log path" in log_path.read_text()
+    assert len(read_output(None, tmp_path / "out")) < len(expected)
+    query = start_query(session_on(cluster.master_url, cluster.session_conf()), tmp_path, options)
+    try:
+        wait_exactly_once(tmp_path / "out", expected, 180, query)
+    finally:
+        query.stop()

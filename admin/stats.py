@@ -100,6 +100,7 @@ def _channel(raw: dict, topic: str, node: str, hostname: str, now: int) -> dict:
         "message_count": _int(raw.get("message_count")), "client_count": _int(raw.get("client_count")),
         "nodes": None, "clients": clients, "paused": bool(raw.get("paused", False)),
         "e2e_processing_latency": e2e_aggregate(raw.get("e2e_processing_latency"), topic, name, node),
+        "log": _log(raw.get("log")),
     } | _damaged(raw)
 
 
@@ -107,6 +108,14 @@ def _damaged(raw: dict) -> dict:
     out: dict = {}
     _add_damaged(out, (raw,))
     return out
+
+
+def _log(raw) -> dict | None:
+    """A log channel's offsets (nsqd/LOG-PROTOCOL.md) as nsqd gives them, None for an ordinary channel. Offsets are
+    per node: the channel page lists each node's, and they are never summed."""
+    if not isinstance(raw, dict):
+        return None
+    return {key: _int(raw.get(key)) for key in ("start", "committed", "end")}
 
 
 def node_topics(stats: dict, node: str, hostname: str, now: int) -> list[dict]:
@@ -141,6 +150,7 @@ def aggregate_channel(topic: str, channel: str, per_node: list[dict]) -> dict:
     total["paused"] = any(c["paused"] for c in per_node)
     total["e2e_processing_latency"] = sum_e2e([c["e2e_processing_latency"] for c in per_node], topic, channel)
     _add_damaged(total, per_node)
+    total["log"] = None  # per node only (``nodes``)
     return total
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from bench.common import RESULTS_DIR, format_table
 
 ORDER = ["pub", "mpub", "consume", "pubsub", "client", "latency", "http", "memory", "fairness", "isolation",
-         "persistence", "replication", "many", "many_lookupd", "spark_throughput", "spark_sink"]
+         "persistence", "replication", "many", "many_lookupd", "spark_throughput", "spark_sink",
+         "spark_cluster"]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
 

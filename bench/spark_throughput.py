@@ -59,6 +59,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--max-per-trigger", type=int, default=0, help="maxMessagesPerTrigger (0: no limit)")
     parser.add_argument("--ack-mode", choices=("durable", "commit"), default="durable")
+    parser.add_argument("--read-mode", choices=("driver", "log", "auto"), default="driver",
+                        help="the source's readMode: this scenario measures the driver path (its consumer and "
+                             "write-ahead log) by default; bench.spark_cluster compares it with the log path")
     parser.add_argument("--min-partitions", type=int, default=2,
                         help="minPartitions: Spark tasks per micro-batch (local[2] has two cores)")
     parser.add_argument("--warmup-messages", type=int, default=200_000, help="drained by a first, unmeasured query")
@@ -165,6 +168,7 @@ def run_query(spark, target: Target, topic: str, args, work: Path, channel: str 
         .option("channel", channel)
         .option("walPath", str(work / "wal"))
         .option("ackMode", args.ack_mode)
+        .option("readMode", getattr(args, "read_mode", "driver"))
     )
     if args.min_partitions:
         reader = reader.option("minPartitions", str(args.min_partitions))

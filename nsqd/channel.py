@@ -21,6 +21,13 @@ written to the queue too (not only kept in the heap) and recognised through the 
 A copy the channel's disk refuses is kept in memory; in durable mode the topic then keeps its own
 record of the message until that copy is on disk or finished (``_topic_records``; topic.py explains
 the choice).
+
+Log channels (LOG-PROTOCOL.md). A channel made a log (``make_log``, or at start-up when its log's files
+exist) keeps what it is given in its ``OffsetLog`` (``queues/offset_log.py``) instead of its queues: the
+topic's copies, and messages its former consumers put back (REQ, timeouts, a graceful stop), are appended;
+nothing is delivered to subscribers. Its disk queue stays open only for the records of messages those former
+consumers still hold (durable mode acknowledges them when they are finished or appended). ``log_commit`` is the
+one path of a commit (the hook point of its replication).
 """
 
 from __future__ import annotations
@@ -36,10 +43,12 @@ from typing import Callable
 import trio
 
 from protocol.names import is_ephemeral
-from protocol.replication import OP_EMPTIED, OP_PAUSED, OP_UNPAUSED
+from protocol.replication import OP_EMPTIED, OP_LOG, OP_PAUSED, OP_UNPAUSED
 
 from .client import Client
 from .dispatch import ChannelDispatcher
+from protocol.log import Columns
+
 from .message import Message, encode_record, split_messages
 from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
 from .queues.deferred_index import DeferredIndex
@@ -56,7 +65,8 @@ class ChannelError(Exception):
 
 class Channel:
     def __init__(self, topic, name: str, *, mem_queue_size: int, max_msg_timeout: float, actors,
-                 on_last_client_gone: Callable[["Channel"], None], backend=None) -> None:
+                 on_last_client_gone: Callable[["Channel"], None], backend=None,
+                 open_log: Callable[[str, bool], object] | None = None) -> None:
         self.topic = topic
         self.topic_name = topic.name
         self.name = name
@@ -101,6 +111,18 @@ class Channel:
         self.changed: set = changed if changed is not None else set()
         self.dispatcher = ChannelDispatcher(self)
         actors.add(self.dispatcher)
+        #: the channel's ``OffsetLog`` once it is a log channel; ``open_log(name, create)`` opens one (the
+        #: daemon's ``_open_log``; None: the channel cannot become a log, e.g. ephemeral or no data path)
+        self.log = None
+        self._open_log = open_log
+        #: called as ``hook(channel, old, new)`` after a commit moved the committed offset from ``old`` to ``new``
+        #: (replication streams it as the FINs of the messages in between: ``self.log.ids_between(old, new)``)
+        self.on_log_commit: Callable[["Channel", int, int], None] | None = None
+        if open_log is not None and backend is not None:
+            found = open_log(backend.name, False)
+            if found is not None:
+                self.log = found
+                self._absorb_backlog()
 
     # -- queue -----------------------------------------------------------------------------------
     def open_in_flight(self) -> InFlightQueue:
@@ -131,6 +153,8 @@ class Channel:
         token of the first message's record in the topic's disk queue (the others follow)."""
         self.message_count += len(messages)
         self.changed.add(self)
+        if self.log is not None:
+            return self._append(messages)
         if deferred is None:
             deferred = any(m.defer for m in messages)
         if deferred:
@@ -167,6 +191,8 @@ class Channel:
         refused them: they are then kept in memory (nsqd would lose them), and nsqd reports itself unhealthy.
         ``topic_token`` (durable mode, from the topic's drain): the topic keeps the records of what is kept in
         memory."""
+        if self.log is not None:
+            return self._append(messages)
         queue = self.queue
         room = self.mem_queue_size - len(queue)
         if self.backend is None and self.mem_queue_size == 0:
@@ -196,16 +222,21 @@ class Channel:
                     owe(token)
             self._keep_in_memory(messages)
             return False
-        if self.durable:
-            # the new copies are on disk (synced): the records they were read from are no longer needed
-            ack = backend.ack
-            for m in messages:
-                if m.disk_token >= 0:
-                    ack(m.disk_token)
-                    m.disk_token = -1
-            if self._topic_records:
-                self._release_topic_records(messages)
+        self._stored(messages)
         return True
+
+    def _stored(self, messages: list[Message]) -> None:
+        """Durable mode: new copies of ``messages`` are on disk (synced, in the disk queue or the log): the records
+        they were read from, and the topic's records kept for them, are no longer needed."""
+        if not self.durable:
+            return
+        ack = self.backend.ack
+        for m in messages:
+            if m.disk_token >= 0:
+                ack(m.disk_token)
+                m.disk_token = -1
+        if self._topic_records:
+            self._release_topic_records(messages)
 
     def store_kept_copies(self) -> None:
         """Durable mode: write the ready copies kept in memory since the disk refused them, once the disk has
@@ -321,6 +352,8 @@ class Channel:
             self._release_topic_records((message,))
 
     def has_ready(self) -> bool:
+        if self.log is not None:
+            return False  # read by offset, never delivered
         return bool(self.queue) or self._backlog_on_disk()
 
     def wake(self, preempt: bool = False) -> None:
@@ -330,12 +363,95 @@ class Channel:
             self._actors.resume(self.dispatcher, preempt)
 
     def depth(self) -> int:
+        if self.log is not None:
+            return self.log.depth()
         backend = self.backend
         return len(self.queue) + (backend.depth() if backend is not None else 0)
 
     def backend_depth(self) -> int:
+        if self.log is not None:
+            return self.log.depth()
         backend = self.backend
         return backend.depth() if backend is not None else 0
+
+    # -- the log ---------------------------------------------------------------------------------
+    def make_log(self):
+        """Make this channel a log channel (LOG): its waiting messages take the first offsets, in delivery order
+        (memory queue, disk backlog, deferred ones); in-flight ones are appended when they come back. Returns the
+        log. OSError: the log could not be made (the channel is as it was, or its backlog partly appended:
+        ``_absorb_backlog`` goes on at the next try)."""
+        if self.log is not None:
+            return self.log
+        if self._open_log is None or self.backend is None:
+            raise OSError("this channel has no data path")
+        self.log = self._open_log(self.backend.name, True)
+        log.info("CHANNEL(%s:%s): is a log channel now", self.topic_name, self.name)
+        self._absorb_backlog()
+        self.changed.add(self)
+        if self.replication is not None:  # a replica that takes this node over makes its channel a log too
+            self.replication.channel_op(self.topic_name, self.name, OP_LOG)
+        return self.log
+
+    def _absorb_backlog(self) -> None:
+        """Append what waits in the channel's queues to its log: memory, then disk (in batches), then deferred.
+        Durable mode: disk records are acknowledged once their messages are appended (synced)."""
+        waiting = list(self.queue)
+        self.queue.clear()
+        if waiting:
+            self._append(waiting)
+        backend = self.backend
+        while backend.has_unread():
+            if self.durable:
+                token, records = backend.read_split_held(1024)
+            else:
+                token, records = -1, backend.read_split(1024)
+            if not records:
+                break
+            messages = list(split_messages(records))
+            if token >= 0:
+                for k, message in enumerate(messages, token):
+                    message.disk_token = k
+            self._append(messages)
+        if self.deferred_index is not None:
+            self.deferred_index.clear()
+            self.deferred_index.remove_file()
+        deferred = [message for _due, message in self.deferred.drain()]
+        if deferred:
+            self._append(deferred)
+        log.info("CHANNEL(%s:%s): log offsets %d-%d", self.topic_name, self.name, self.log.start, self.log.end)
+
+    def _append(self, messages: list[Message]) -> bool:
+        """A log channel's ``_enqueue``: the messages take the next offsets. Their disk records (durable mode) are
+        released once appended. False when the log's disk refused them: they are kept in memory then."""
+        if not messages:
+            return True
+        self.changed.add(self)
+        columns = Columns.from_messages([m.id for m in messages], [m.timestamp for m in messages],
+                                        [m.attempts for m in messages], [m.body for m in messages])
+        try:
+            self.log.append(columns)
+        except OSError as exc:
+            log.error("CHANNEL(%s:%s): failed to append %d message(s) to the log, keeping them in memory - %s",
+                      self.topic_name, self.name, len(messages), exc)
+            self.queue.extend(messages)  # appended by the next ``_absorb_backlog`` (a LOG, a restart)
+            return False
+        self._stored(messages)
+        return True
+
+    def log_commit(self, offset: int) -> bool:
+        """LCOMMIT (and ``/channel/empty`` of a log channel): everything below ``offset`` is finished. The one path
+        of a commit: ``on_log_commit`` (replication) sees every move. True if the committed offset moved.
+        ``LogRangeError`` past the end, OSError when the commit could not be written (then nothing changed)."""
+        channel_log = self.log
+        old = channel_log.committed
+        if not channel_log.commit(offset, remove=False):
+            return False
+        self.changed.add(self)
+        hook = self.on_log_commit
+        if hook is not None:
+            hook(self, old, offset)  # before the files go: ``ids_between(old, offset)`` reads them
+        channel_log.apply_retention()
+        return True
 
     # -- consumers -------------------------------------------------------------------------------
     def add_client(self, client: Client) -> None:
@@ -486,7 +602,10 @@ class Channel:
         self.wake()
 
     def empty(self) -> None:
-        """Drop every ready and deferred message, and forget in-flight ones (nsqd's /channel/empty)."""
+        """Drop every ready and deferred message, and forget in-flight ones (nsqd's /channel/empty). A log
+        channel commits everything it holds."""
+        if self.log is not None:
+            self.log_commit(self.log.end)
         if self.replication is not None:
             self.replication.channel_op(self.topic_name, self.name, OP_EMPTIED)
         self.queue.clear()
@@ -512,6 +631,9 @@ class Channel:
         self._actors.remove(self.dispatcher)
         backend = self.backend
         if backend is None:
+            return
+        if self.log is not None:
+            self._close_log(persist)
             return
         if persist:
             now, now_ns = trio.current_time(), time.time_ns()
@@ -543,6 +665,31 @@ class Channel:
             self._release_all_topic_records()
             backend.delete()
             self.deferred_index.remove_file()
+
+    def _close_log(self, persist: bool) -> None:
+        """``close`` of a log channel: on a graceful stop what its former consumers hold and anything kept in
+        memory is appended, then the log and the disk queue are closed; a deleted channel's files all go."""
+        backend = self.backend
+        if not persist:
+            self._release_all_topic_records()
+            self.log.delete()
+            backend.delete()
+            self.deferred_index.remove_file()
+            return
+        try:
+            pending = list(self.queue)
+            self.queue.clear()
+            pending.extend(self.in_flight.drain())
+            pending.extend(message for _due, message in self.deferred.drain())
+            if pending and self._append(pending):
+                log.info("CHANNEL(%s:%s): appended %d message(s) to the log", self.topic_name, self.name,
+                         len(pending))
+            if self.queue:  # the log refused them: the disk queue keeps them, appended at the next start
+                backend.put_many([encode_record(m) for m in self.queue])
+                self.queue.clear()
+            self.log.close()
+        finally:
+            backend.close()
 
     def _release_all_topic_records(self) -> None:
         records, self._topic_records = self._topic_records, {}

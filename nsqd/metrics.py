@@ -22,6 +22,8 @@ Series (labels in braces):
   ``nsqd_channel_in_flight``, ``nsqd_channel_deferred``, ``nsqd_channel_messages_total``,
   ``nsqd_channel_requeues_total``, ``nsqd_channel_timeouts_total``, ``nsqd_channel_clients``,
   ``nsqd_channel_paused``, ``nsqd_channel_damaged_messages_total``;
+- per log channel ``{topic,channel}`` (LOG-PROTOCOL.md), written only when some channel is a log:
+  ``nsqd_channel_log_start_offset``, ``nsqd_channel_log_committed_offset``, ``nsqd_channel_log_end_offset``;
 - end-to-end latency, when percentiles are configured: ``nsqd_topic_e2e_processing_latency_seconds
   {topic,quantile}`` and ``nsqd_channel_e2e_processing_latency_seconds{topic,channel,quantile}`` with
   ``..._samples`` gauges counting the samples in the window;
@@ -85,6 +87,12 @@ CHANNEL_SERIES = (
     ("nsqd_channel_damaged_messages", "counter", "Messages of the channel's disk queue found damaged or lost, "
      "never delivered", attrgetter("damaged_count")),
 )
+#: the families of log channels' offsets (a ``ChannelStats.log`` tuple's fields), after the latency families
+LOG_SERIES = (
+    ("nsqd_channel_log_start_offset", "Oldest offset a log channel can be read from"),
+    ("nsqd_channel_log_committed_offset", "Offset below which a log channel's messages are finished"),
+    ("nsqd_channel_log_end_offset", "Offset the next message of a log channel gets"),
+)
 CHANNEL_E2E = ("nsqd_channel_e2e_processing_latency_seconds", "Publish-to-FIN latency quantiles over the window",
                "nsqd_channel_e2e_processing_latency_samples", "Publish-to-FIN latency samples in the window")
 
@@ -133,7 +141,15 @@ def topic_rows(topic) -> tuple[bytes, ...]:
 def channel_rows(channel, topic_name: str) -> tuple[bytes, ...]:
     """The same for a channel (a ``ChannelStats``) of ``CHANNEL_SERIES``."""
     before, after = f'channel="{channel.channel_name}",', f'topic="{topic_name}"'
-    return _rows_of(channel, _CHANNEL_SAMPLES, CHANNEL_SERIES, CHANNEL_E2E, "{" + before + after + "}", before, after)
+    labels = "{" + before + after + "}"
+    rows = _rows_of(channel, _CHANNEL_SAMPLES, CHANNEL_SERIES, CHANNEL_E2E, labels, before, after)
+    if channel.log is None:
+        return rows + _NO_LOG_ROWS
+    return rows + tuple(f"{name}{labels} {_value(value)}\n".encode() for (name, _), value in zip(LOG_SERIES,
+                                                                                               channel.log))
+
+
+_NO_LOG_ROWS = (b"",) * len(LOG_SERIES)
 
 
 def rows_pieces(topics: list, channels: list, *, openmetrics: bool = False) -> list[bytes]:
@@ -148,6 +164,13 @@ def rows_pieces(topics: list, channels: list, *, openmetrics: bool = False) -> l
         for column, (name, kind, documentation) in enumerate(families):
             out.append(_family(name, kind, documentation, openmetrics))
             out += map(itemgetter(column), rows)
+        if series is CHANNEL_SERIES:
+            # the log families follow, only on a node that has a log channel: others' exposition is unchanged
+            for column, (name, documentation) in enumerate(LOG_SERIES, len(families)):
+                values = [row[column] for row in rows if len(row) > column]
+                if any(values):
+                    out.append(_family(name, "gauge", documentation, openmetrics))
+                    out += values
     return out
 
 

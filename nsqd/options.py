@@ -204,6 +204,11 @@ class Options(DaemonOptions):
     replica_takeover_timeout: float = setting(
         30.0, "adopt an origin's messages once its replication stream stayed closed this long and its address refuses "
         "connections (0: only on request)")
+    # log channels read by offset (flags of this implementation; nsqd/LOG-PROTOCOL.md)
+    log_retention_time: float = setting(
+        0.0, "keep the committed messages of log channels this long (0: removed once committed)")
+    log_retention_bytes: int = setting(
+        0, "keep at most this many bytes of committed messages per log channel (0: removed once committed)")
     # fixed inside nsqd 1.3.0, not flags
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0

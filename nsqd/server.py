@@ -28,19 +28,21 @@ from .guid import GUIDFactory
 from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import Prebound, bind_addresses, load_metadata, lock_data_path
+from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
 from .message import Message
 from .metadata_writer import MetadataWriter
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
+from .queues.offset_log import OffsetLog
 from .queue_scan import QueueScanner
 from .replication.adopted import drop_adopted
-from .replication import ReplicaHost, Replicator, attach_replication
+from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
-from protocol.replication import MAGIC_R1, OP_CREATED, OP_DELETED, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
+from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
+from protocol.replication import MAGIC_R1, OP_DELETED, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 from protocol.version import version_string
 from .stats_cache import StatsCache
 from .statsd import StatsdPusher
@@ -160,7 +162,8 @@ class NSQD:
         self.guid = GUIDFactory(opts.node_id)
         self._topic_hooks = {"on_channel_created": self._channel_created, "on_channel_deleted": self._channel_deleted,
                              "on_last_channel_gone": self._ephemeral_topic_idle, "make_backend": self._make_backend,
-                             "spawn": self._spawn, "owing": self.owing_topics, "changed": self.stats_changed}
+                             "spawn": self._spawn, "owing": self.owing_topics, "changed": self.stats_changed,
+                             "open_log": self._open_log}
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -213,6 +216,18 @@ class NSQD:
         (``Replicator.queue_damaged``); without replication they are lost, counted in ``damaged_count``."""
         if self.replication is not None and queue.damage_at is not None:
             self.replication.queue_damaged(queue.name, queue.damage_at)
+
+    def _open_log(self, name: str, create: bool) -> OffsetLog | None:
+        """The offset log of the channel ``name`` (``<topic>:<channel>``): opened when its files exist, else made
+        when ``create`` (LOG), else None. OSError from the files."""
+        # the directory's listing at start-up answers while loading (many channels); later, the file itself
+        known = self.files_at_start if self._loading else None
+        if not create and not OffsetLog.exists(self.data_path, name, known):
+            return None
+        opts = self.opts
+        return OffsetLog(self.data_path, name, max_bytes_per_file=opts.max_bytes_per_file, durable=self.durable,
+                         retention_time=opts.log_retention_time, retention_bytes=opts.log_retention_bytes,
+                         active=self.active_queues, logger=log).open()
 
     @property
     def durable(self) -> bool:
@@ -272,8 +287,29 @@ class NSQD:
                         channel.pause()
                 if entry["paused"]:
                     topic.pause()
+            self._load_unlisted_logs()
         finally:
             self._loading = False
+
+    def _load_unlisted_logs(self) -> None:
+        """Log channels whose files exist but that nsqd.dat does not list (a kill before the coalesced write of
+        nsqd.dat that follows a LOG): their files say they exist, so they are loaded as listed ones are (else their
+        messages would wait, unlisted and unreplicated, for the next LOG, and a node back after a takeover would not
+        drop from them what its replica adopted)."""
+        suffix = ".log.meta"
+        for file_name in sorted(self.files_at_start or ()):
+            if not file_name.endswith(suffix):
+                continue
+            topic_name, _, channel_name = file_name[:-len(suffix)].partition(":")
+            if not (is_valid_topic_name(topic_name) and is_valid_channel_name(channel_name)):
+                continue
+            if is_ephemeral(topic_name) or is_ephemeral(channel_name):
+                continue
+            topic = self.topics.get(topic_name)
+            if topic is not None and channel_name in topic.channels:
+                continue
+            log.info("NSQ: log channel %s:%s is not in %s, found by its files", topic_name, channel_name, FILE_NAME)
+            self.get_topic(topic_name).get_channel(channel_name)  # (nsqd.dat is written whole after loading)
 
     def health(self) -> str:
         """``OK``, or ``NOK - <error>`` while a disk queue's last write failed (only the queues that have failed
@@ -316,8 +352,7 @@ class NSQD:
         self.scanner.invalidate()
         channel.on_timed_work = self._scanner_activate
         if channel.topic.replication is not None and not channel.ephemeral:
-            channel.replication = channel.topic.replication
-            channel.replication.channel_op(channel.topic_name, channel.name, OP_CREATED)
+            attach_channel(channel.topic.replication, channel)
         self.lookup.channel_created(channel)
         percentiles = self.opts.e2e_processing_latency_percentiles
         if percentiles:
@@ -468,7 +503,7 @@ class NSQD:
         save_state(self.data_path, epoch, True)
         adopted = set(ids)
         accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
-        held, kept = drop_adopted(self, adopted)
+        held, kept = drop_adopted(self, adopted, peer, epoch)
         self.replication.accepted_unreplicated = accepted
         finished = len(adopted) - held
         if self.replication.clean or not self.replication.starting:
@@ -531,6 +566,14 @@ class NSQD:
                             channel.store_kept_copies()
                 if not topic.owes_records() or topic.exiting:
                     self.owing_topics.pop(topic, None)
+            if self.opts.log_retention_time > 0:
+                # committed segments of log channels age out even while nothing is appended or committed
+                for channel in list(self._channel_registry):
+                    if channel.log is not None and not channel.log.closed:
+                        try:
+                            channel.log.apply_retention()
+                        except OSError as exc:
+                            log.error("LOG(%s): retention failed - %s", channel.log.name, exc)
             for queue in list(active):
                 try:
                     queue.sync_if_due(now)

@@ -92,6 +92,8 @@ class ChannelStats:
     #: messages of its disk queue found damaged or lost (never delivered) since start-up; not in nsqd's schema:
     #: the JSON shows ``damaged_count`` only when it is not 0, so a document from a node without damage is nsqd's
     damaged_count: int = 0
+    #: a log channel's (start, committed, end) offsets (LOG-PROTOCOL.md), None for an ordinary channel
+    log: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -203,7 +205,8 @@ def channel_stats(channel, include_clients: bool, topic_filter: str | None, now_
                         len(channel.deferred), channel.message_count, channel.requeue_count, channel.timeout_count,
                         len(clients), listed, channel.paused,
                         window.result(now_ns) if window is not None else EMPTY_E2E,
-                        backend.damaged if backend is not None else 0)
+                        backend.damaged if backend is not None else 0,
+                        channel.log.offsets() if channel.log is not None else None)
 
 
 def topic_stats(topic, channels: tuple[ChannelStats, ...], e2e: E2EResult) -> TopicStats:
@@ -348,8 +351,12 @@ def _client_json(c: ClientStats) -> dict:
     return obj
 
 
+def _log_json(offsets: tuple[int, int, int]) -> dict:
+    return dict(zip(("start", "committed", "end"), offsets))
+
+
 def _channel_json(c: ChannelStats) -> dict:
-    return {
+    obj = {
         "channel_name": c.channel_name,
         "depth": c.depth,
         "backend_depth": c.backend_depth,
@@ -364,6 +371,9 @@ def _channel_json(c: ChannelStats) -> dict:
         "e2e_processing_latency": _e2e_json(c.e2e_processing_latency),
         **({"damaged_count": c.damaged_count} if c.damaged_count else {}),
     }
+    if c.log is not None:
+        obj["log"] = _log_json(c.log)
+    return obj
 
 
 def _topic_json(t: TopicStats) -> dict:
@@ -461,7 +471,9 @@ def channel_json_parts(c: ChannelStats) -> tuple[str, str]:
              f'"message_count":{c.message_count},"requeue_count":{c.requeue_count},'
              f'"timeout_count":{c.timeout_count},"client_count":{c.client_count},"clients":'),
             f',"paused":{_BOOL[c.paused]},"e2e_processing_latency":{_e2e_body(c.e2e_processing_latency)}'
-            f'{_damaged_body(c.damaged_count)}}}')
+            f'{_damaged_body(c.damaged_count)}'
+            + ('}' if c.log is None else
+               ',"log":{"start":%d,"committed":%d,"end":%d}}' % c.log))
 
 
 def _channel_body(c: ChannelStats) -> str:
@@ -578,7 +590,8 @@ def channel_text_line(c: ChannelStats) -> str:
             f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
             f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} "
             f"e2e%: {_e2e_text(c.e2e_processing_latency)}"
-            + (f" damaged: {c.damaged_count}" if c.damaged_count else ""))
+            + (f" damaged: {c.damaged_count}" if c.damaged_count else "")
+            + ("" if c.log is None else "\n%s[log start: %d committed: %d end: %d]" % (" " * len(prefix), *c.log)))
 
 
 #: the text's line introducing its topics, without topics and with

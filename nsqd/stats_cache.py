@@ -119,15 +119,17 @@ def _e2e_result(values: tuple | None) -> E2EResult:
 
 
 #: the fields of a channel's key before its latency window's state (see ``StatsCache._refresh``)
-_CHANNEL_FIGURES = 10
+_CHANNEL_FIGURES = 11
 
 
 def _channel_stats(channel, key: tuple, e2e: tuple | None) -> ChannelStats:
     """A channel's snapshot (without clients) from its key (see ``StatsCache._refresh``) and latency figures."""
     (depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused,
-     damaged) = key[:_CHANNEL_FIGURES]
+     damaged, offsets) = key[:_CHANNEL_FIGURES]
+    if offsets is not None:  # a log channel: its depth is what is not committed
+        backend_depth = offsets[2] - offsets[1]
     return ChannelStats(channel.name, depth + backend_depth, backend_depth, in_flight, deferred, messages, requeues,
-                        timeouts, clients, None, paused, _e2e_result(e2e), damaged)
+                        timeouts, clients, None, paused, _e2e_result(e2e), damaged, offsets)
 
 
 class _ClientPiece:
@@ -344,7 +346,8 @@ class StatsCache:
             key = (len(channel.queue), backend._depth if backend is not None else 0,
                    len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
                    channel.requeue_count, channel.timeout_count, len(members), channel.paused,
-                   backend.damaged if backend is not None else 0)
+                   backend.damaged if backend is not None else 0,
+                   channel.log.offsets() if channel.log is not None else None)
             if state is not None:
                 key += state
             if key != keys[at]:

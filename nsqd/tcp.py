@@ -30,12 +30,25 @@ from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, 
 from protocol.errors import LineTooLong, ProtocolError
 from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, OK_FRAME, encode_frame
 from protocol.identify import negotiate
+from protocol.log import (
+    DEFAULT_MAX_BYTES,
+    E_LOG_BAD_RANGE,
+    E_LOG_BEFORE_START,
+    E_LOG_FAILED,
+    E_LOG_NOT_LOG,
+    E_LOG_PAST_END,
+    E_LOG_UNKNOWN,
+    MAX_MAX_BYTES,
+    encode_offsets,
+    parse_log_request,
+)
 from protocol.names import go_quote, is_valid_channel_name, is_valid_name_bytes, is_valid_topic_name
 
 from .auth import AuthError
 
 from .channel import ChannelError
 from .client import Client, ClientState
+from .queues.offset_log import LogRangeError
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
 from .topic import TopicExiting, TopicFull
@@ -55,7 +68,7 @@ READ_DEADLINE_SLACK = 0.05
 TLS_HANDSHAKE_TIMEOUT = 5.0
 
 _ASYNC_COMMANDS = frozenset((b"IDENTIFY", b"AUTH"))  # they may wait for the network (upgrade, auth server)
-_AUTH_CHECKED = frozenset((b"SUB", b"PUB", b"MPUB", b"DPUB"))
+_AUTH_CHECKED = frozenset((b"SUB", b"PUB", b"MPUB", b"DPUB", b"LOG", b"LSEEK", b"LREAD", b"LCOMMIT"))
 
 
 _INIT_ONLY_WITH_BODY = frozenset((b"IDENTIFY", b"AUTH"))
@@ -683,6 +696,8 @@ class Connection:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
         topic = self.nsqd.get_topic(topic_name)
         channel = topic.get_channel(channel_name)
+        if channel.log is not None:
+            raise ProtocolError("E_INVALID", f"SUB channel {topic_name}:{channel_name} is a log, read it with LREAD")
         limit = self.opts.max_channel_consumers
         if limit and len(channel.clients) >= limit:
             raise ProtocolError("E_SUB_FAILED", f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
@@ -780,6 +795,87 @@ class Connection:
     def NOP(self, command) -> None:
         return None
 
+    # -- log channels (LOG-PROTOCOL.md) ----------------------------------------------------------------
+    def _log_request(self, command):
+        """The checks every log command makes, in this order: state, parameters, permission, shutdown."""
+        verb = command[0].decode()
+        if self.client.state != ClientState.INIT:
+            raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
+        request = parse_log_request(command[0], command[1])
+        if self._auth_enabled:
+            self._authorize(verb, request.topic, request.channel)
+        if self.nsqd.exiting:
+            raise ProtocolError(E_LOG_FAILED, f"{verb} failed exiting")
+        return request
+
+    def _log_channel(self, request):
+        """The log channel LSEEK, LREAD and LCOMMIT name (they create nothing)."""
+        topic = self.nsqd.get_existing_topic(request.topic)
+        channel = topic.channels.get(request.channel) if topic is not None else None
+        name = f"{request.topic}:{request.channel}"
+        if channel is None:
+            raise ProtocolError(E_LOG_UNKNOWN, f"{request.verb} unknown topic or channel {name}")
+        if channel.log is None:
+            raise ProtocolError(E_LOG_NOT_LOG, f"{request.verb} channel {name} is not a log (LOG makes it one)")
+        return channel
+
+    @staticmethod
+    def _range_error(request, error: LogRangeError) -> ProtocolError:
+        name = f"{request.topic}:{request.channel}"
+        if error.kind == "bad_range":
+            return ProtocolError(E_LOG_BAD_RANGE, f"{request.verb} from {error.offset} > to {error.bound}")
+        if error.kind == "before_start":
+            return ProtocolError(E_LOG_BEFORE_START, f"{request.verb} offset {error.offset} before the oldest "
+                                                     f"retained offset {error.bound} of {name}")
+        return ProtocolError(E_LOG_PAST_END, f"{request.verb} offset {error.offset} past the end {error.bound} of "
+                                             f"{name}")
+
+    @staticmethod
+    def _offsets_frame(channel_log, **extra) -> bytes:
+        return encode_frame(FRAME_TYPE_RESPONSE, encode_offsets(*channel_log.offsets(), **extra))
+
+    def LOG(self, command) -> bytes:
+        request = self._log_request(command)
+        channel = self.nsqd.get_topic(request.topic).get_channel(request.channel)
+        try:
+            channel_log = channel.make_log()
+        except OSError as exc:
+            raise ProtocolError(E_LOG_FAILED, f"LOG failed {exc}") from None
+        return self._offsets_frame(channel_log, **channel_log.notes)  # a takeover's notes, when there are
+
+    def LSEEK(self, command) -> bytes:
+        request = self._log_request(command)
+        channel_log = self._log_channel(request).log
+        try:
+            offset = channel_log.seek(request.numbers[0])
+        except OSError as exc:
+            raise ProtocolError(E_LOG_FAILED, f"LSEEK failed {exc}") from None
+        return self._offsets_frame(channel_log, offset=offset)
+
+    def LREAD(self, command) -> bytes:
+        request = self._log_request(command)
+        channel_log = self._log_channel(request).log
+        first, to, max_bytes = request.numbers
+        max_bytes = min(max_bytes or DEFAULT_MAX_BYTES, MAX_MAX_BYTES)
+        try:
+            data = channel_log.read(first, to, max_bytes)
+        except LogRangeError as error:
+            raise self._range_error(request, error) from None
+        except OSError as exc:
+            raise ProtocolError(E_LOG_FAILED, f"LREAD failed {exc}") from None
+        return encode_frame(FRAME_TYPE_RESPONSE, data)
+
+    def LCOMMIT(self, command) -> bytes:
+        request = self._log_request(command)
+        channel = self._log_channel(request)
+        try:
+            channel.log_commit(request.numbers[0])
+        except LogRangeError as error:
+            raise self._range_error(request, error) from None
+        except OSError as exc:
+            raise ProtocolError(E_LOG_FAILED, f"LCOMMIT failed {exc}") from None
+        return self._offsets_frame(channel.log)
+
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         """PUB, MPUB, DPUB: ``_publish_stored`` of a connection that never subscribed, ``_publish_answering_first``
         of one that did (a flag, not a bound method kept per connection: one object fewer for the collector)."""
@@ -876,4 +972,5 @@ _HANDLERS = {
     b"FIN": Connection.FIN, b"RDY": Connection.RDY, b"REQ": Connection.REQ, b"PUB": Connection.PUB,
     b"MPUB": Connection.MPUB, b"DPUB": Connection.DPUB, b"NOP": Connection.NOP, b"TOUCH": Connection.TOUCH,
     b"SUB": Connection.SUB, b"CLS": Connection.CLS, b"IDENTIFY": Connection.IDENTIFY, b"AUTH": Connection.AUTH,
+    b"LOG": Connection.LOG, b"LSEEK": Connection.LSEEK, b"LREAD": Connection.LREAD, b"LCOMMIT": Connection.LCOMMIT,
 }

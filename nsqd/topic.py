@@ -79,7 +79,7 @@ class Topic:
                  on_last_channel_gone: Callable[["Topic"], None] | None = None,
                  make_backend: Callable[[str], object] | None = None,
                  spawn: Callable | None = None, owing: dict | None = None, guid: GUIDFactory | None = None,
-                 changed: set | None = None) -> None:
+                 changed: set | None = None, open_log: Callable | None = None) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -100,6 +100,7 @@ class Topic:
         # (a replica's index and the list of adopted IDs key by ID alone); made by the first publish without one
         self.guid: GUIDFactory | None = guid
         self._make_backend = make_backend
+        self._open_log = open_log  # opens a channel's offset log (log channels: channel.py)
         self.backend = make_backend(name) if make_backend is not None and not self.ephemeral else None
         self.durable = self.backend is not None and self.backend.hold_reads
         self.deferred_index: DeferredIndex | None = None
@@ -278,6 +279,13 @@ class Topic:
                     self._copy_to_channels(batch)
                 elif self._copy_to_channels(batch, None, token):
                     backend.ack_range(token, len(records))
+                    if self._has_log_channel():
+                        # recorded at once: a kill -9 then makes a log see again one batch at most, which it knows
+                        # (offset_log.RECENT_IDS); a delay of --sync-timeout would leave it seconds of messages
+                        try:
+                            backend.sync()
+                        except OSError:
+                            pass  # logged and kept by the queue; its next sync records it
                 else:  # what some channel keeps in memory waits for ``release_record``
                     owed = self._owed
                     for record in range(token, token + len(records)):
@@ -286,6 +294,9 @@ class Topic:
                 await trio.sleep(0)
         finally:
             self._draining = False
+
+    def _has_log_channel(self) -> bool:
+        return any(channel.log is not None for channel in self.channels.values())
 
     def _restore_delays(self, batch: list[Message]) -> None:
         """Messages that waited on disk get the rest of their delay back from the deferred index."""
@@ -321,7 +332,7 @@ class Topic:
                 backend = self._make_backend(f"{self.name}:{name}")
             channel = Channel(self, name, mem_queue_size=self.mem_queue_size, max_msg_timeout=self.max_msg_timeout,
                               actors=self._actors, on_last_client_gone=_ephemeral_channel_idle,
-                              backend=backend)
+                              backend=backend, open_log=self._open_log if backend is not None else None)
             self.channels[name] = channel
             log.info("TOPIC(%s): new channel(%s)", self.name, name)
             if self._on_channel_created is not None:

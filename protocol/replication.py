@@ -24,8 +24,10 @@ __all__ = [
     "OP_CREATED",
     "OP_DELETED",
     "OP_EMPTIED",
+    "OP_LOG",
     "OP_PAUSED",
     "OP_UNPAUSED",
+    "OP_VERSIONS",
     "E_BAD_HELLO",
     "E_BAD_SEQ",
     "E_BAD_VERSION",
@@ -67,7 +69,9 @@ MAGIC_R1 = b"  R1"
 #: decoder refuses the rest (``ReplicationDecoder.version``), so a ring is upgraded one node at a time.
 #: Version 2 adds PING/PONG (an idle stream's heartbeat that measures the round trip), and the heal of a damaged
 #: origin: SYNCED may name the origin's queues found damaged, and the replica answers with RESTORE frames (the
-#: copies the backfill left out of them) and RESTORED.
+#: copies the backfill left out of them) and RESTORED; and CHANNEL op ``OP_LOG`` (a channel became a log channel:
+#: a takeover makes the replica's a log too). A log channel's commits (FINISHED frames) and its uncommitted
+#: messages in a backfill go at either version: a replica of version 1 holds them as an ordinary channel's.
 PROTOCOL_VERSION = 2
 PROTOCOL_VERSION_MIN = 1
 
@@ -81,7 +85,12 @@ E_BAD_VERSION = "E_BAD_VERSION"
 T_ADOPTED = 0x84
 
 OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED = 1, 2, 3, 4, 5
-_OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED))
+#: version 2: the channel is a log channel (nsqd/LOG-PROTOCOL.md); a stream of version 1 gets op CREATED in its
+#: place (a replica of version 1 refuses an op it does not know)
+OP_LOG = 6
+#: the protocol version that introduced each CHANNEL op newer than version 1 (as ``FRAME_VERSIONS``)
+OP_VERSIONS = {OP_LOG: 2}
+_OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED, OP_LOG))
 
 T_HELLO, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED, T_MESSAGES = 0x01, 0x03, 0x04, 0x05, 0x06, 0x07
 #: a replica asks the node a HELLO named whether that HELLO was its own (a connection of its own); the answer
@@ -661,7 +670,7 @@ def _decode_channel(payload: bytes):
     channel = reader.name(E_BAD_CHANNEL, "channel", allow_empty=True)
     op = reader.take(1)[0]
     reader.end()
-    if op not in _OPS or (not channel and op == OP_EMPTIED):
+    if op not in _OPS or (not channel and op in (OP_EMPTIED, OP_LOG)):
         raise ProtocolError(E_BAD_PROTOCOL, f"CHANNEL frame with unknown op {op}")
     return ChannelOp(seq, topic, channel, op)
 
@@ -736,6 +745,9 @@ class ReplicationDecoder(InputBuffer):
         event = decode(buf[pos + 5:end])
         if frame_type == T_SYNCED and event.damaged and self.version < 2:
             raise ProtocolError(E_BAD_PROTOCOL, f"SYNCED frame naming damaged queues (protocol version "
+                                                f"{self.version})")
+        if frame_type == T_CHANNEL and OP_VERSIONS.get(event.op, 1) > self.version:
+            raise ProtocolError(E_BAD_PROTOCOL, f"CHANNEL frame with unknown op {event.op} (protocol version "
                                                 f"{self.version})")
         self.last_frame = buf[pos:end]
         return event

@@ -10,7 +10,29 @@ nsqd.tcp.addresses       --         comma-separated ``host:port`` of nsqd TCP li
 lookupd.http.addresses   --         comma-separated ``host:port`` (or URLs) of nsqlookupd HTTP APIs;
                                     one of the two address options is required
 topic, channel           required   what to consume
-walPath                  required   directory of the write-ahead log, one per query
+readMode                 auto       ``auto``: the log path when every nsqd read offers log channels
+                                    (``LOG``), else the driver path; ``log``: the log path or fail;
+                                    ``driver``: the driver path (consumer and write-ahead log)
+
+-- the log path (executors read offset ranges from nsqd; see ``spark_connector.log_source``)
+startingOffsets          committed  where a new query starts on each nsqd: ``committed`` (the
+                                    channel's unfinished messages), ``earliest`` (the oldest one
+                                    nsqd retains), ``latest`` (only what comes next), or a JSON
+                                    object ``{"host:port": offset}`` (-2 earliest, -1 latest;
+                                    nsqd not named start at ``committed``)
+startingTimestamp        none       ms since the epoch: start at the first message published at or
+                                    after it (LSEEK); takes precedence over startingOffsets
+maxOffsetsPerTrigger     none       upper bound of messages per micro-batch (maxMessagesPerTrigger
+                                    is the same option under the driver path's name)
+failOnDataLoss           true       fail when a planned offset is no longer in nsqd (committed by
+                                    another reader, gone from retention); false: skip ahead
+fetchMaxBytes            8 MiB      bytes per LREAD answer (one Arrow batch each); nsqd caps at 64 MiB
+readRetryMs              60000      how long a task or the planner dials again an nsqd that stopped
+                                    answering (a restart) before it fails
+
+-- the driver path (a consumer in the driver, a write-ahead log)
+walPath                  required   directory of the write-ahead log, one per query (accepted and
+                                    unused on the log path)
 walPathShared            false      the walPath is storage every machine that may run the driver
                                     mounts (see ``spark_connector.placement``)
 ackMode                  durable    ``durable``: FIN once the message is fsynced in the log;
@@ -18,6 +40,7 @@ ackMode                  durable    ``durable``: FIN once the message is fsynced
 maxMessagesPerTrigger    none       upper bound of messages per micro-batch (Spark ReadMaxRows)
 minPartitions            none       split a micro-batch into at least about this many partitions
                                     (Spark tasks) of consecutive messages; default one per nsqd
+                                    (both paths)
 maxInFlight              2500       RDY budget shared by the nsqd connections
 maxBacklogMessages       1000000    logged but uncommitted messages above which RDY drops to 0
 msgTimeoutMs             nsqd's     IDENTIFY msg_timeout: how long nsqd waits for FIN or TOUCH
@@ -39,15 +62,24 @@ auth.secret              --         sent with AUTH when nsqd requires it
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 
-__all__ = ["ACK_COMMIT", "ACK_DURABLE", "SinkOptions", "SourceOptions"]
+__all__ = ["ACK_COMMIT", "ACK_DURABLE", "READ_AUTO", "READ_DRIVER", "READ_LOG", "SinkOptions", "SourceOptions"]
 
 ACK_DURABLE = "durable"
 ACK_COMMIT = "commit"
+READ_AUTO = "auto"
+READ_LOG = "log"
+READ_DRIVER = "driver"
+#: startingOffsets' words, and the numbers that stand for them in its JSON form (Kafka's -2 and -1)
+START_COMMITTED = "committed"
+START_EARLIEST = "earliest"
+START_LATEST = "latest"
+_START_NUMBERS = {-2: START_EARLIEST, -1: START_LATEST}
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
@@ -166,6 +198,13 @@ class SourceOptions(_Connection):
     dedup_window: int = 200_000
     lookupd_poll_interval_ms: int = 15_000
     wal_path_shared: bool = False
+    read_mode: str = READ_AUTO
+    starting_offsets: str = START_COMMITTED
+    starting_offsets_by_nsqd: tuple[tuple[str, int | str], ...] = ()  # JSON form: (address, offset or word)
+    starting_timestamp_ms: int | None = None
+    fail_on_data_loss: bool = True
+    fetch_max_bytes: int = 8 << 20
+    read_retry_ms: int = 60_000
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> "SourceOptions":
@@ -181,9 +220,16 @@ class SourceOptions(_Connection):
             p.errors.append("option channel is required")
         elif not is_valid_channel_name(channel):
             p.errors.append(f"channel {channel!r} is not a valid NSQ channel name")
+        read_mode = (p.text("readMode") or READ_AUTO).lower()
+        if read_mode not in (READ_AUTO, READ_LOG, READ_DRIVER):
+            p.errors.append(f"option readMode={read_mode!r} must be {READ_AUTO!r}, {READ_LOG!r} or {READ_DRIVER!r}")
         wal_path = p.text("walPath") or ""
-        if not wal_path:
-            p.errors.append("option walPath is required (a directory of its own for each query)")
+        if not wal_path and read_mode == READ_DRIVER:
+            p.errors.append("option walPath is required with readMode=driver (a directory of its own for each query)")
+        starting, by_nsqd = _starting_offsets(p)
+        limit = p.integer("maxOffsetsPerTrigger", None, 1)
+        if limit is None:
+            limit = p.integer("maxMessagesPerTrigger", None, 1)
         ack_mode = (p.text("ackMode") or ACK_DURABLE).lower()
         if ack_mode not in (ACK_DURABLE, ACK_COMMIT):
             p.errors.append(f"option ackMode={ack_mode!r} must be {ACK_DURABLE!r} or {ACK_COMMIT!r}")
@@ -193,7 +239,7 @@ class SourceOptions(_Connection):
             channel=channel,
             wal_path=wal_path,
             ack_mode=ack_mode,
-            max_messages_per_trigger=p.integer("maxMessagesPerTrigger", None, 1),
+            max_messages_per_trigger=limit,
             min_partitions=p.integer("minPartitions", None, 1),
             max_in_flight=p.integer("maxInFlight", 2500, 1),
             max_backlog_messages=p.integer("maxBacklogMessages", 1_000_000, 1),
@@ -202,10 +248,40 @@ class SourceOptions(_Connection):
             dedup_window=p.integer("dedupWindow", 200_000, 0),
             lookupd_poll_interval_ms=p.integer("lookupd.pollIntervalMs", 15_000, 10),
             wal_path_shared=p.boolean("walPathShared"),
+            read_mode=read_mode,
+            starting_offsets=starting,
+            starting_offsets_by_nsqd=by_nsqd,
+            starting_timestamp_ms=p.integer("startingTimestamp", None, 0),
+            fail_on_data_loss=p.boolean("failOnDataLoss", True),
+            fetch_max_bytes=p.integer("fetchMaxBytes", 8 << 20, 1024),
+            read_retry_ms=p.integer("readRetryMs", 60_000, 0),
             **p.connection(),
         )
         p.check("source")
         return parsed
+
+
+def _starting_offsets(p: _Parser) -> tuple[str, tuple[tuple[str, int | str], ...]]:
+    """``startingOffsets``: a word, or a JSON object of nsqd ``host:port`` to an offset (or -2, -1)."""
+    value = p.text("startingOffsets") or START_COMMITTED
+    if value.lower() in (START_COMMITTED, START_EARLIEST, START_LATEST):
+        return value.lower(), ()
+    try:
+        obj = json.loads(value)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict) or not obj:
+        p.errors.append(f"option startingOffsets={value!r} must be committed, earliest, latest or a JSON object "
+                        f'{{"host:port": offset}}')
+        return START_COMMITTED, ()
+    by_nsqd = []
+    for address, offset in sorted(obj.items()):
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
+            p.errors.append(f"startingOffsets: the offset of {address!r} must be an integer >= 0, or -2 (earliest) "
+                            f"or -1 (latest); got {offset!r}")
+            continue
+        by_nsqd.append((address, _START_NUMBERS.get(offset, offset)))
+    return START_COMMITTED, tuple(by_nsqd)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,13 @@
-"""The Spark side: offsets, partitions and Arrow batches over the write-ahead log.
+"""The Spark side: which path a query takes, and the driver path's offsets, partitions and Arrow
+batches over the write-ahead log.
+
+Two paths (``readMode``): the *log path* (``log_source``: the driver plans offset ranges of nsqd's
+log channels, the executors read them from nsqd) when every nsqd the query reads answers ``LOG``;
+the *driver path* (below: a consumer in the driver writes a write-ahead log, the partitions carry
+the messages) when one does not (NSQ's own nsqd answers ``E_INVALID invalid command LOG``), or with
+``readMode=driver``. The choice is made at the first driver call and logged (``nsq source: the
+log path ...`` / ``nsq source: the driver path ...``); a query restarted on a checkpoint stays on
+the path whose offsets the checkpoint holds (version 2: log, version 1: driver).
 
 Where each method runs: Spark builds this reader in several Python processes (the planner that
 pickles ``read``, the source runner, every executor task). Only the source runner calls the
@@ -19,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -29,9 +38,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .consumer import ConsumerGroup
-from .options import SourceOptions
+import logging
+import time
+
+from .consumer import ConsumerGroup, NsqSourceError
+from .log_source import LOG_OFFSET_VERSION, LogPartition, LogPlanner, lookupd_nodes, probe, read_partition
+from .options import READ_DRIVER, READ_LOG, SourceOptions
+from .ranges import share, split
 from .wal import ID_SIZE, Columns, WalError
+
+log = logging.getLogger("spark_connector.stream_reader")
 
 __all__ = ["OFFSET_VERSION", "SCHEMA", "NsqPartition", "NsqStreamReader", "make_offset", "parse_offset"]
 
@@ -95,46 +111,70 @@ class NsqPartition(InputPartition):
         return f"NsqPartition(nsqd={self.nsqd!r}, start={self.start}, end={self.end})"
 
 
-def _share(start: dict[str, int], available: dict[str, int], budget: int) -> dict[str, int]:
-    """Spread ``budget`` messages over the logs, evenly, giving what one log cannot use to the
-    others (water filling). Returns the new end positions."""
-    end = {key: start.get(key, 0) for key in available}
-    active = sorted(key for key in available if available[key] > end[key])
-    while budget > 0 and active:
-        share = max(1, budget // len(active))
-        for key in list(active):
-            give = min(share, available[key] - end[key], budget)
-            end[key] += give
-            budget -= give
-            if end[key] == available[key]:
-                active.remove(key)
-            if budget == 0:
-                break
-    return end
-
-
-def _split(ranges: list[tuple[str, int, int]], min_partitions: int | None) -> list[tuple[str, int, int]]:
-    """Cut the logs' ranges into pieces of at most ``ceil(total / min_partitions)`` messages, so
-    that a batch makes at least about ``min_partitions`` Spark tasks (one per range without it)."""
-    total = sum(hi - lo for _, lo, hi in ranges)
-    if not min_partitions or len(ranges) >= min_partitions or total == 0:
-        return ranges
-    piece = -(-total // min_partitions)
-    out = []
-    for key, lo, hi in ranges:
-        count = -(-(hi - lo) // piece)
-        step = -(-(hi - lo) // count)
-        out.extend((key, start, min(start + step, hi)) for start in range(lo, hi, step))
-    return out
-
-
-class NsqStreamReader(DataSourceStreamReader):
+class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._group: ConsumerGroup | None = None
+        self._planner: LogPlanner | None = None
+        self._path: str | None = None  # "log" or "driver", once chosen
+        self._available_now = False
+        self._target: dict[str, int] | None = None  # the driver path's Trigger.AvailableNow end
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "_group": None}
+        return {"options": self.options, "_group": None, "_planner": None, "_path": None, "_available_now": False,
+                "_target": None}
+
+    # -- which path ------------------------------------------------------------------------
+
+    def _log_path(self, start: dict | None = None) -> LogPlanner | None:
+        """The planner when the query is on the log path, None on the driver path (chosen at the
+        first call: by the checkpoint's offsets when there is one, else by asking every nsqd)."""
+        if self._path is None:
+            self._path = self._choose(start)
+        elif self._planner is not None and isinstance(start, dict) and start.get("version") == OFFSET_VERSION:
+            # a driver-path checkpoint restarted in its first batch: Spark asked initialOffset (which
+            # probed) before it named the checkpoint's offsets
+            self._planner.stop()
+            self._planner = None
+            self._path = self._driver_path("the checkpoint was written on it")
+        return self._planner
+
+    def _choose(self, start: dict | None) -> str:
+        opts = self.options
+        version = start.get("version") if isinstance(start, dict) else None
+        if opts.read_mode == READ_DRIVER or version == OFFSET_VERSION:
+            why = "readMode=driver" if opts.read_mode == READ_DRIVER else "the checkpoint was written on it"
+            return self._driver_path(why)
+        addresses = list(opts.nsqd_addresses)
+        if opts.lookupd_addresses:
+            addresses += [a for a in lookupd_nodes(opts) if a not in addresses]
+        found, without = probe(opts, addresses)
+        if without and version == LOG_OFFSET_VERSION:
+            raise NsqSourceError(f"nsq source: the checkpoint was written on the log path, but nsqd "
+                                 f"{', '.join(without)} has no log channels")
+        if without:
+            if opts.read_mode == READ_LOG:
+                raise NsqSourceError(f"nsq source: readMode=log, but nsqd {', '.join(without)} has no log channels")
+            return self._driver_path(f"nsqd {', '.join(without)} has no log channels")
+        if not found:
+            raise NsqSourceError("nsq source: no nsqd to read (lookupd lists none for the topic yet)")
+        self._planner = LogPlanner(opts, found)
+        return READ_LOG
+
+    def _driver_path(self, why: str) -> str:
+        if not self.options.wal_path:
+            raise NsqSourceError(f"nsq source: the driver path ({why}) needs option walPath, a directory of its own "
+                                 f"for the query's write-ahead log")
+        log.warning("nsq source: the driver path (%s): a consumer in the driver reads %s/%s into the write-ahead "
+                    "log in %s", why, self.options.topic, self.options.channel, self.options.wal_path)
+        return READ_DRIVER
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        planner = self._log_path()
+        if planner is not None:
+            planner.prepare_available_now()
+        else:
+            self._available_now = True
 
     # -- driver side -----------------------------------------------------------------------
 
@@ -147,6 +187,9 @@ class NsqStreamReader(DataSourceStreamReader):
         return self._group
 
     def initialOffset(self) -> dict:
+        planner = self._log_path()
+        if planner is not None:
+            return planner.initial_offset()
         group = self._started()
         committed = group.wal.read_committed()
         return make_offset(parse_offset(committed) if committed else {})
@@ -169,23 +212,52 @@ class NsqStreamReader(DataSourceStreamReader):
         return {key: mlog.synced_end for key, mlog in logs.items()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        planner = self._log_path(start)
+        if planner is not None:
+            return planner.latest_offset(start, limit)
         begin = parse_offset(start)
         group = self._started(begin)
         available = self._available(group, begin)
+        if self._available_now:
+            available = self._available_now_target(group, begin, available)
         if isinstance(limit, ReadMaxRows):
-            end = _share(begin, available, limit.max_rows)
+            end = share(begin, available, limit.max_rows)
         else:
             end = {key: max(begin.get(key, 0), pos) for key, pos in available.items()}
         for key, position in begin.items():
             end.setdefault(key, position)
         return make_offset(end)
 
+    def _available_now_target(self, group: ConsumerGroup, begin: dict[str, int],
+                              available: dict[str, int]) -> dict[str, int]:
+        """Trigger.AvailableNow on the driver path: what the consumers log until nsqd has nothing
+        more to hand them (the logs' ends unchanged for a second), fixed at the first trigger."""
+        target = self._target
+        if target is None:
+            last, since = None, time.monotonic()
+            while time.monotonic() - since < 1.0:
+                group.raise_if_failed()
+                now = {k: m.synced_end for k, m in group.wal.snapshot().items()}
+                if now != last:
+                    last, since = now, time.monotonic()
+                time.sleep(0.1)
+            target = self._target = self._available(group, begin)
+            log.info("nsq source: Trigger.AvailableNow reads up to %s", target)
+        return {k: min(v, target.get(k, begin.get(k, 0))) for k, v in available.items()}
+
     def reportLatestOffset(self) -> dict | None:
+        if self._planner is not None:
+            return self._planner.report_latest()
         if self._group is None or self._group.wal is None:
             return None
         return make_offset({k: m.synced_end for k, m in self._group.wal.snapshot().items()})
 
-    def partitions(self, start: dict, end: dict) -> list[NsqPartition]:
+    def partitions(self, start: dict, end: dict) -> list:
+        planner = self._log_path(end)
+        if planner is not None:
+            return planner.partitions(start, end)
+        if start.get("version") != OFFSET_VERSION:
+            start = self.initialOffset()
         begin = parse_offset(start)
         finish = parse_offset(end)
         group = self._started(finish)
@@ -200,7 +272,7 @@ class NsqStreamReader(DataSourceStreamReader):
             if finish[key] > lo:
                 ranges.append((key, lo, finish[key]))
         parts = []
-        for key, lo, hi in _split(ranges, self.options.min_partitions):
+        for key, lo, hi in split(ranges, self.options.min_partitions):
             mlog = logs.get(key)
             if mlog is None:
                 raise WalError(
@@ -211,17 +283,26 @@ class NsqStreamReader(DataSourceStreamReader):
         return parts
 
     def commit(self, end: dict) -> None:
+        planner = self._log_path(end)
+        if planner is not None:
+            planner.commit(end)
+            return
         positions = parse_offset(end)
         self._started(positions).commit(positions)
 
     def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.stop()
+            self._planner = None
         if self._group is not None:
             self._group.stop()
             self._group = None
 
     # -- executor side ---------------------------------------------------------------------
 
-    def read(self, partition: NsqPartition) -> Iterator:
+    def read(self, partition) -> Iterator:
+        if isinstance(partition, LogPartition):
+            return read_partition(self.options, partition)
         return arrow_batches(partition)
 
 

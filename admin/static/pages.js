@@ -448,7 +448,20 @@
           nodeRows, {total: nodeRows.length > 1 ? ["Total", fmtInt(c.depth), fmtInt(c.memory_depth), fmtInt(c.backend_depth),
             fmtInt(c.in_flight_count), fmtInt(c.deferred_count), fmtInt(c.requeue_count), fmtInt(c.timeout_count),
             fmtInt(c.message_count), fmtInt(c.client_count), ""] : null}));
-        A.replaceChildren(page.nodes, nodes.el);
+        var logNodes = (c.nodes || []).filter(function (n) { return n.log; });
+        if (logNodes.length) {
+          // a log channel (read by offset): each node's offsets; they are per node and never summed
+          var offsets = card("Log offsets");
+          offsets.body.append(table([{label: "Node"}, {label: "Start", num: true}, {label: "Committed", num: true},
+            {label: "End", num: true}, {label: "Uncommitted", num: true}],
+            logNodes.map(function (n) {
+              return [nodeLink(n.node, n.hostname ? n.hostname + " (" + n.node + ")" : n.node), fmtInt(n.log.start),
+                fmtInt(n.log.committed), fmtInt(n.log.end), fmtInt(n.log.end - n.log.committed)];
+            })));
+          A.replaceChildren(page.nodes, nodes.el, offsets.el);
+        } else {
+          A.replaceChildren(page.nodes, nodes.el);
+        }
 
         var clients = card("Consumers (" + (c.clients || []).length + ")");
         clients.body.append(table([{label: "Client"}, {label: "User agent"}, {label: "Node"}, {label: "Address"},

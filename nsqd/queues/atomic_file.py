@@ -16,7 +16,7 @@ import time
 __all__ = ["remove_stray_temporaries", "replace_file"]
 
 #: the names ``replace_file`` gives its temporary files for the files nsqd replaces this way
-_STRAY = re.compile(r"(?:nsqd\.dat|.+\.diskqueue\.meta\.dat|.+\.deferred\.dat)\.\d+\.tmp\Z")
+_STRAY = re.compile(r"(?:nsqd\.dat|.+\.diskqueue\.meta\.dat|.+\.deferred\.dat|.+\.log\.meta)\.\d+\.tmp\Z")
 
 
 def replace_file(path: str, data: bytes | list[bytes], *, sync: bool = True, pause: float = 0.0) -> None:

@@ -20,6 +20,9 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   frames when the sender next writes (FINs alone wait up to 5 ms for more); messages a channel puts back (REQ,
   in-flight timeouts) go the same way as REQUEUED frames, with their attempts and due time; channel and topic creation,
   deletion, pause and emptying become CHANNEL frames. Frames of ephemeral topics and channels are never made.
+  A log channel's commit becomes the FINs of the messages it finishes (``log_committed``, the channel's
+  ``on_log_commit``), and a channel made a log a CHANNEL frame of op LOG (protocol version 2); a peer on a
+  version 1 stream gets op CREATED in its place, with the same seq (``_fallbacks``).
 - One sender task per peer writes everything in the outbox past what it sent, in one write, and a reader task
   takes the peer's cumulative ACKs; on a plain TCP stream the node's read poller reads them too, between the
   connections it serves and in channel slices' interludes, and an ACK taken there sends the OKs it covers at
@@ -112,7 +115,8 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   most). The store is replayed from disk, the origin's topics and channels
   are created here as they were (paused included), each unfinished message goes to each channel that had not
   finished it (into the topic if it had no channel), deferred ones with the rest of their delay, and the topics
-  register with lookupd as any topic does. The epoch of that origin goes up and is persisted, the adopted ids
+  register with lookupd as any topic does. A channel the origin made a log is made a log here first: the adopted
+  messages take this node's next offsets of it. The epoch of that origin goes up and is persisted, the adopted ids
   are kept for the origin (``replica.<node>.adopted``); the store's files are removed. Adopted messages are this node's own from then on (replicated to its own peers).
 
 Not here: ordering, exactly-once; a partition that makes both sides deliver gives duplicates (NSQ allows it).
@@ -121,4 +125,5 @@ Not here: ordering, exactly-once; a partition that makes both sides deliver give
 from .host import ReplicaHost as ReplicaHost
 from .sender import Replicator as Replicator
 from .store import ReplicaStore as ReplicaStore
+from .sender import attach_channel as attach_channel
 from .sender import attach_replication as attach_replication

@@ -4,8 +4,9 @@
 finished it) and replicates them from here: a takeover adopts an origin's copies with it, and an origin whose
 messages a replica adopted puts back with it the ones the replica did not adopt.
 
-``drop_adopted`` is the origin's side at start-up (or when a partition ends): it takes the messages a replica adopted out of this node's
-topics and channels, memory and disk backlogs alike, and puts the others back with ``place``.
+``drop_adopted`` is the origin's side at start-up (or when a partition ends): it takes the messages a replica
+adopted out of this node's topics and channels, memory and disk backlogs and log channels' uncommitted offsets
+alike, and puts the others back with ``place`` (into a log channel: at its next offsets, the old ones committed).
 
 ``AdoptedIds`` is ``replica.<node>.adopted`` in the data directory: the ids of the messages of origin ``node``
 this replica adopted (16 bytes each, appended at each takeover). They go to that origin in ADOPTED frames the next
@@ -21,12 +22,13 @@ import time
 
 import trio
 
+from protocol.log import decode_range
 from protocol.replication import ReplicatedMessage
 
 from ..message import Message
 from ..queues.span import QueueSpan
 
-__all__ = ["AdoptedIds", "drop_adopted", "place"]
+__all__ = ["AdoptedIds", "drop_adopted", "note_takeover", "place"]
 
 log = logging.getLogger("nsqd")
 
@@ -84,9 +86,20 @@ def _delay(due_ns: int, now_ns: int) -> float:
     return max(due_ns - now_ns, 0) / 1e9 if due_ns else 0.0
 
 
-def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
-    """Start-up, or a partition's end (what is in flight is forgotten too): take the messages in ``adopted`` out of every lasting topic of ``nsqd`` and
-    keep the rest where it was. Returns (adopted messages found and dropped here, others kept in their topics)."""
+def note_takeover(channel, key: str, entry: dict) -> None:
+    """``OffsetLog.add_note`` of a log channel (``adopted`` on a replica, ``handed_over`` on an origin; LOG answers
+    them); a disk error is logged (the note goes with the log's next commit)."""
+    try:
+        channel.log.add_note(key, entry)
+    except OSError as exc:
+        log.error("REPLICATION: could not note a takeover in %s - %s", channel.log.name, exc)
+
+
+def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> tuple[int, int]:
+    """Start-up, or a partition's end (what is in flight is forgotten too): take the messages in ``adopted`` (by
+    ``peer``, at ``epoch``) out of every lasting topic of ``nsqd`` and keep the rest where it was. A log channel of such a topic notes the offsets it
+    handed over (``handed_over``: its uncommitted span, committed now; what it keeps is appended after it).
+    Returns (adopted messages found and dropped here, others kept in their topics)."""
     found = kept = 0
     for topic in list(nsqd.topics.values()):
         if topic.ephemeral or not adopted:
@@ -107,9 +120,17 @@ def drop_adopted(nsqd, adopted: set[bytes]) -> tuple[int, int, int]:
         names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
         keep = [(message, None if holders[msg_id] is None else names - holders[msg_id], None)
                 for msg_id, message in messages.items() if msg_id not in drop]
+        spans = [(channel, channel.log.committed, channel.log.end) for channel in topic.channels.values()
+                 if channel.log is not None and channel.log.end > channel.log.committed]
         topic.empty()
         for channel in topic.channels.values():
             channel.empty()
+        now = int(time.time())
+        for channel, committed, end in spans:
+            # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader that stands in [from, through) goes on at
+            # ``through`` (the messages are the replica's now), not a loss
+            note_takeover(channel, "handed_over", {"by": peer, "epoch": epoch, "time": now, "from": committed,
+                                                   "through": end})
         kept += place(nsqd, topic.name, keep)
     return found, kept
 
@@ -128,6 +149,8 @@ def _holdings(topic):
         yield channel.name, [_replicated(m, now_ns + int(max(due - now, 0) * 1e9))
                              for due, m in channel.deferred.entries()]
         yield channel.name, _backlog(channel.backend, channel.deferred_index)
+        if channel.log is not None:
+            yield channel.name, _log_backlog(channel.log)
 
 
 def _replicated(message, due_ns: int = 0) -> ReplicatedMessage:
@@ -146,6 +169,22 @@ def _backlog(queue, index) -> list[ReplicatedMessage]:
     for batch in QueueSpan(queue, log=log).records(4096):
         out.extend(map(ReplicatedMessage, batch.ids, batch.timestamps, batch.attempts,
                        [due.get(msg_id, 0) for msg_id in batch.ids], batch.bodies))
+    return out
+
+
+def _log_backlog(channel_log) -> list[ReplicatedMessage]:
+    """A log channel's uncommitted messages (emptying the channel commits them: the kept ones go in again, at the
+    log's next offsets)."""
+    out = []
+    offset, end = channel_log.committed, channel_log.end
+    try:
+        while offset < end:
+            frame = decode_range(channel_log.read(offset, end, 1 << 22))
+            out.extend(ReplicatedMessage(msg_id, timestamp, attempts, 0, body)
+                       for _offset, msg_id, timestamp, attempts, body in frame.messages())
+            offset = frame.next
+    except OSError as exc:
+        log.error("REPLICATION: could not read the log of %s - %s", channel_log.name, exc)
     return out
 
 

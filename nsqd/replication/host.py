@@ -51,7 +51,7 @@ from protocol.replication import (
 )
 
 from ..streams import PrefixedStream
-from .adopted import FRAME_IDS, AdoptedIds, place
+from .adopted import FRAME_IDS, AdoptedIds, note_takeover, place
 from .sender import receive_event
 from .store import ReplicaStore, store_nodes
 
@@ -267,6 +267,7 @@ class ReplicaHost:
                         raise trio.BrokenResourceError("no answer to the list of adopted messages")
                     decoder.receive_data(data)
                     adopted.clear()
+                    self._settle(hello.node)
                 await self._stream(origin, hello.session, stream, decoder, version)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
@@ -541,18 +542,34 @@ class ReplicaHost:
         states = {name: (ts.paused, dict(ts.channels)) for name, ts in store.topics.items()}
         for name, (paused, channels) in states.items():
             topic = nsqd.get_topic(name)
-            for channel_name, (_order, channel_paused) in channels.items():
+            for channel_name, (_order, channel_paused, channel_log) in channels.items():
                 channel = topic.get_channel(channel_name)
                 if channel_paused and not channel.paused:
                     channel.pause()
+                if channel_log and channel.log is None:
+                    # a log channel there is one here: the adopted messages take the next offsets of this node's
+                    # log of that channel (a channel of that name that is already a log here goes on)
+                    try:
+                        channel.make_log()
+                    except OSError as exc:
+                        log.error("REPLICATION: could not make %s:%s a log channel, its adopted messages wait "
+                                  "as an ordinary backlog (LOG converts it) - %s", name, channel_name, exc)
             if paused and not topic.paused:
                 topic.pause()
+        # the log channels' ends before the adopted messages go in: where each one's adopted offsets begin
+        logs = [channel for name in states for channel in nsqd.topics[name].channels.values()
+                if channel.log is not None]
+        ends = [channel.log.end for channel in logs]
         adopted: list[bytes] = []
         for topic_name, batch in store.adopt():
             count += place(nsqd, topic_name, batch)
             adopted.extend(m.id for m, _finished, _requeued in batch)
         AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         store.epoch += 1
+        for channel, before in zip(logs, ends):
+            # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader of the origin finds its messages here
+            note_takeover(channel, "adopted", {"node": node, "epoch": store.epoch, "time": int(time.time()),
+                                       "from": before, "to": channel.log.end, "settled": False})
         store.remove()
         self.takeovers += 1
         self.adopted_messages += count
@@ -560,6 +577,18 @@ class ReplicaHost:
         for name in states:  # paused flags set above: nsqd.dat follows with the next write
             nsqd.metadata_changed(name)
         return count
+
+    def _settle(self, node: str) -> None:
+        """Origin ``node`` heard which of its messages were adopted here: the log channels' notes of those
+        takeovers say so from now on (``settled``)."""
+        for topic in list(self.nsqd.topics.values()):
+            for channel in list(topic.channels.values()):
+                if channel.log is not None:
+                    try:
+                        channel.log.settle_adopted(node)
+                    except OSError as exc:
+                        log.error("REPLICATION: could not note in %s that origin %s is back - %s",
+                                  channel.log.name, node, exc)
 
     # -- statistics ------------------------------------------------------------------------------------------------
     def statistics(self) -> list[OriginStatistics]:

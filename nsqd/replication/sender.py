@@ -44,7 +44,9 @@ from protocol.replication import (
     Ack,
     Adopted,
     OP_CREATED,
+    OP_LOG,
     OP_PAUSED,
+    OP_VERSIONS,
     ChannelOp,
     Error,
     Finished,
@@ -63,8 +65,8 @@ from protocol.replication import (
     encode_published,
 )
 
-__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_replication", "load_state", "receive_event",
-           "save_state"]
+__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_channel", "attach_replication", "load_state",
+           "receive_event", "save_state"]
 
 log = logging.getLogger("nsqd")
 _message_id = attrgetter("id")
@@ -160,6 +162,13 @@ class _Peer:
         self.marks: dict[str, tuple[int, int]] = {}
         self.scope: trio.CancelScope | None = None  # the current connection's, cancelled for a new backfill
 
+    @property
+    def log_channels(self) -> bool:
+        """The current stream's version has CHANNEL op LOG (``OP_VERSIONS``). Else the peer gets, in that frame's
+        place, op CREATED of the same channel and seq (a no-op there: the seqs stay dense for a replica that
+        predates log channels)."""
+        return self.version >= OP_VERSIONS[OP_LOG]
+
 
 class _AckReader:
     """A peer's plain TCP socket as a ``ReadPoller`` member while it streams (see the module notes)."""
@@ -243,6 +252,9 @@ class Replicator:
         self.degraded = True  # until enough peers are connected
         self.accepted_unreplicated = 0  # messages taken while degraded (``accept``), counted once
         self._outbox: deque[tuple[int, bytes, int]] = deque()  # (seq, frame, messages in it)
+        #: seq -> the frame sent instead to peers of version 1 (``_Peer.log_channels``): CHANNEL op LOG frames in
+        #: the outbox
+        self._fallbacks: dict[int, bytes] = {}
         self._outbox_bytes = 0
         self._outbox_messages = 0
         self._fins: dict[tuple[str, str], list[bytes]] = {}
@@ -346,9 +358,19 @@ class Replicator:
         if len(rows) >= FIN_BATCH:
             self._flush_fins()
 
+    def log_committed(self, channel, old: int, new: int) -> None:
+        """A log channel's commit moved from ``old`` to ``new`` (``Channel.on_log_commit``): the messages in between
+        are finished, sent as that channel's FINs (batched and asynchronous like FINs: a commit waits for no peer).
+        Called before retention removes the files, which ``ids_between`` reads."""
+        ids = channel.log.ids_between(old, new)
+        if ids:
+            self._gather(self._fins, (channel.topic_name, channel.name), ids)
+
     def channel_op(self, topic: str, channel: str, op: int) -> None:
         self._flush_fins()
         self.seq += 1
+        if op == OP_LOG:
+            self._fallbacks[self.seq] = encode(ChannelOp(self.seq, topic, channel, OP_CREATED))
         self._append(encode(ChannelOp(self.seq, topic, channel, op)), 0)
 
     def _append(self, frame: bytes, messages: int) -> None:
@@ -359,9 +381,10 @@ class Replicator:
         if self._outbox_bytes > OUTBOX_LIMIT:  # no ACK comes to trim it (every peer gone, ``accept``)
             self._trim_outbox()
         direct = len(frame) >= DIRECT_SIZE
+        fallback = seq in self._fallbacks
         for peer in self.peers:
             if (peer.fd < 0 or peer.sent != seq - 1 or peer.sending or peer.tail is not None
-                    or not (direct or peer.acked == peer.sent)):
+                    or not (direct or peer.acked == peer.sent) or (fallback and not peer.log_channels)):
                 peer.wake.set()
                 continue
             # the peer has everything before this frame and no write is under way, and the frame is a large batch
@@ -468,6 +491,8 @@ class Replicator:
         outbox = self._outbox
         while outbox and (outbox[0][0] <= low or self._outbox_bytes > OUTBOX_LIMIT):
             seq, frame, messages = outbox.popleft()
+            if self._fallbacks:
+                self._fallbacks.pop(seq, None)
             self._outbox_bytes -= len(frame)
             self._outbox_messages -= messages
             if seq > low:
@@ -575,7 +600,7 @@ class Replicator:
                 if backfill is not None:
                     peer.marks = backfill.marks
                     try:
-                        await backfill.send(stream.send_all)
+                        await backfill.send(stream.send_all, log_channels=peer.log_channels)
                     finally:
                         backfill.close()
                     peer.heal |= backfill.damaged
@@ -711,6 +736,9 @@ class Replicator:
             if start < 0:
                 start = 0
             frames = [outbox[i][1] for i in range(start, len(outbox))]
+            if self._fallbacks and not peer.log_channels:
+                fallbacks = self._fallbacks
+                frames = [fallbacks.get(outbox[i][0], frame) for i, frame in enumerate(frames, start)]
             last = outbox[-1][0]
             await self._send(peer, stream, b"".join(frames))
             peer.sent = max(peer.sent, last)
@@ -763,18 +791,26 @@ def _on_pong(peer: _Peer, pong: Pong) -> None:
 
 def attach_replication(replicator: Replicator, topic) -> None:
     """Replicate ``topic`` (not ephemeral) and its channels from now on: its state goes to the peers first
-    (topic created, paused; each lasting channel created, paused)."""
+    (topic created, paused; each lasting channel created, paused, a log)."""
     topic.replication = replicator
     replicator.channel_op(topic.name, "", OP_CREATED)
     if topic.paused:
         replicator.channel_op(topic.name, "", OP_PAUSED)
     for channel in topic.channels.values():
-        if channel.ephemeral:
-            continue
-        channel.replication = replicator
-        replicator.channel_op(topic.name, channel.name, OP_CREATED)
-        if channel.paused:
-            replicator.channel_op(topic.name, channel.name, OP_PAUSED)
+        if not channel.ephemeral:
+            attach_channel(replicator, channel)
+
+
+def attach_channel(replicator: Replicator, channel) -> None:
+    """Replicate ``channel`` (not ephemeral) from now on: created, paused and a log as it is; a log channel's
+    commits go as its FINs (``log_committed``), and ``Channel.make_log`` tells the peers when it becomes one."""
+    channel.replication = replicator
+    channel.on_log_commit = replicator.log_committed
+    replicator.channel_op(channel.topic_name, channel.name, OP_CREATED)
+    if channel.paused:
+        replicator.channel_op(channel.topic_name, channel.name, OP_PAUSED)
+    if channel.log is not None:
+        replicator.channel_op(channel.topic_name, channel.name, OP_LOG)
 
 
 async def receive_event(stream, decoder: ReplicationDecoder):

@@ -14,7 +14,10 @@ segment files, opened, with the span between the queue's reader and its writer (
 encodes and sends it in bounded steps (``BATCH`` messages) while publishes go on: the files stay readable through their descriptors even once the queue has read and deleted them, and
 records appended after the capture are not read (they are in the outbox after it). A message finished meanwhile
 is still sent; its FIN follows in the outbox. In durable mode the records between a queue's committed position
-and its reader are in memory (the channel's queue or in flight), so nothing is missed.
+and its reader are in memory (the channel's queue or in flight), so nothing is missed. A log channel's
+uncommitted offsets are captured as a span ``[committed, end)`` and read from the log in steps, each from the
+log's ``committed`` of that moment (``_LogSpan``): a commit meanwhile has its FINs in the outbox, and its files
+may be gone.
 
 The backlogs are read as their queues read them, each record checked against its side file of checksums: a
 damaged record is never sent as a message. A backlog found damaged (a bad record, a file cut short or missing) is
@@ -30,7 +33,8 @@ from contextlib import aclosing
 
 import trio
 
-from protocol.replication import OP_CREATED, OP_PAUSED, ChannelOp, Requeued, encode, encode_messages
+from protocol.log import decode_range
+from protocol.replication import OP_CREATED, OP_LOG, OP_PAUSED, ChannelOp, Requeued, encode, encode_messages
 
 from ..queues.span import QueueSpan
 
@@ -42,6 +46,8 @@ log = logging.getLogger("nsqd")
 BATCH = 512
 #: bytes of frames gathered before one write to the peer
 SEND_SIZE = 256 * 1024
+#: bytes of a log channel's range read per step
+LOG_READ_SIZE = 256 * 1024
 
 
 class _Span:
@@ -56,6 +62,20 @@ class _Span:
 
     def close(self) -> None:
         self.records.close()
+
+
+class _LogSpan:
+    """A log channel's uncommitted offsets at the capture, ``[first, end)``. Read in steps while commits go on:
+    each step starts at the log's ``committed`` if that passed it (those messages are finished, and their FINs
+    follow in the outbox), so nothing is read from a file retention removed."""
+
+    __slots__ = ("channel", "log", "first", "end")
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+        self.log = channel.log
+        self.first = self.log.committed
+        self.end = self.log.end
 
 
 def _has_backlog(queue) -> bool:
@@ -79,6 +99,7 @@ class Backfill:
         #: position was in this backfill's span (``Replicator.queue_damaged``)
         self.marks: dict[str, tuple[int, int]] = {}
         self.topology: list[bytes] = []
+        self.log_ops: list[bytes] = []  # CHANNEL op LOG frames, for peers that take them (``send``)
         #: (topic, holder channel or "", memory items or a disk span), in the order they are sent
         self.parts: list[tuple[str, str, list | _Span]] = []
         try:
@@ -108,6 +129,10 @@ class Backfill:
                 topology.append(encode(ChannelOp(0, name, channel.name, OP_CREATED)))
                 if channel.paused:
                     topology.append(encode(ChannelOp(0, name, channel.name, OP_PAUSED)))
+                if channel.log is not None:
+                    self.log_ops.append(encode(ChannelOp(0, name, channel.name, OP_LOG)))
+                    if channel.log.end > channel.log.committed:
+                        parts.append((name, channel.name, _LogSpan(channel)))
                 held = [(m, 0) for m in channel.queue]
                 in_flight = channel.in_flight
                 held += [(in_flight.get(msg_id), 0) for msg_id in in_flight]
@@ -128,15 +153,18 @@ class Backfill:
                 source.close()
         self.parts = []
 
-    async def send(self, send_all) -> None:
+    async def send(self, send_all, *, log_channels: bool = True) -> None:
         """Encode and send everything captured (``await send_all(bytes)`` per write of about ``SEND_SIZE``),
-        one step of ``BATCH`` messages at a time; the files are closed at the end."""
-        pending: list[bytes] = list(self.topology)
+        one step of ``BATCH`` messages at a time; the files are closed at the end. ``log_channels``: the peer's
+        protocol version has CHANNEL op LOG (else a log channel's messages go as an ordinary channel's)."""
+        pending: list[bytes] = self.topology + self.log_ops if log_channels else list(self.topology)
         size = sum(map(len, pending))
         try:
             for topic, channel, source in self.parts:
                 if type(source) is _Span:
                     steps = self._disk_frames(topic, channel, source)
+                elif type(source) is _LogSpan:
+                    steps = self._log_frames(topic, channel, source)
                 else:
                     steps = self._memory_frames(topic, channel, source)
                 async with aclosing(steps):
@@ -170,6 +198,28 @@ class Backfill:
             batch = [_message_tuple(m, due_ns) for m, due_ns in items[start:start + BATCH] if m is not None]
             if batch:
                 yield self._frames(topic, channel, batch)
+            await trio.lowlevel.checkpoint()
+
+    async def _log_frames(self, topic: str, channel: str, span: _LogSpan):
+        """A log channel's uncommitted messages as the channel's (their attempts in a REQUEUED frame)."""
+        channel_log = span.log
+        offset = span.first
+        while offset < span.end:
+            if span.channel.log is not channel_log or channel_log.closed:
+                return  # the channel was deleted meanwhile (its DELETED op follows in the outbox)
+            offset = max(offset, channel_log.committed)
+            if offset >= span.end:
+                return
+            try:
+                frame = decode_range(channel_log.read(offset, span.end, LOG_READ_SIZE))
+            except OSError as exc:
+                log.error("REPLICATION: could not read the log of %s:%s for a backfill - %s", topic, channel, exc)
+                return
+            batch = [(msg_id, timestamp, attempts, 0, body)
+                     for _offset, msg_id, timestamp, attempts, body in frame.messages()]
+            offset = frame.next
+            for start in range(0, len(batch), BATCH):
+                yield self._frames(topic, channel, batch[start:start + BATCH])
             await trio.lowlevel.checkpoint()
 
     async def _disk_frames(self, topic: str, channel: str, span: _Span):

@@ -3,7 +3,8 @@
 Files in the data directory, for origin ``node``::
 
     replica.<node>.diskqueue.*.dat / .meta.dat   received frames, one record per frame (hold mode)
-    replica.<node>.json                          {"topics": {name: {"paused": bool, "channels": {name: paused}}},
+    replica.<node>.json                          {"topics": {name: {"paused": bool, "channels": {name: paused},
+                                                                     "logs": [log channel names]}},
                                                   "epoch": adopted epoch, "session": ..., "seq": ...}
 
 Records are the frames as received (MESSAGES, FINISHED, CHANNEL, SYNCED); a message is decoded again only for
@@ -32,6 +33,7 @@ from protocol.replication import (
     OP_CREATED,
     OP_DELETED,
     OP_EMPTIED,
+    OP_LOG,
     OP_PAUSED,
     OP_UNPAUSED,
     ChannelOp,
@@ -75,7 +77,7 @@ class TopicState:
 
     def __init__(self, paused: bool = False) -> None:
         self.paused = paused
-        self.channels: dict[str, list] = {}  # name -> [creation order, paused]
+        self.channels: dict[str, list] = {}  # name -> [creation order, paused, a log channel]
 
 
 class _Record:
@@ -152,8 +154,9 @@ class ReplicaStore:
         self.seq = int(state.get("seq", 0))
         for name, topic in state.get("topics", {}).items():
             ts = self.topics[name] = TopicState(bool(topic.get("paused")))
+            logs = set(topic.get("logs", ()))
             for channel, paused in topic.get("channels", {}).items():
-                ts.channels[channel] = [0, bool(paused)]
+                ts.channels[channel] = [0, bool(paused), channel in logs]
 
     def _damaged(self, queue, count: int) -> None:
         """Records of the store that cannot be read (never indexed, never delivered by a takeover): the copies
@@ -172,7 +175,8 @@ class ReplicaStore:
         self.json_dirty = False
         state = {
             "node": self.node, "epoch": self.epoch, "session": self.session, "seq": self.seq,
-            "topics": {name: {"paused": ts.paused, "channels": {c: v[1] for c, v in ts.channels.items()}}
+            "topics": {name: {"paused": ts.paused, "channels": {c: v[1] for c, v in ts.channels.items()},
+                              "logs": [c for c, v in ts.channels.items() if v[2]]}
                        for name, ts in self.topics.items()},
         }
         replace_file(self._json_path, json.dumps(state, separators=(",", ":")).encode())
@@ -425,7 +429,7 @@ class ReplicaStore:
         if op == OP_CREATED:
             state = ts.channels.get(channel)
             if state is None:
-                ts.channels[channel] = [self._order, False]
+                ts.channels[channel] = [self._order, False, False]
             elif state[0] == 0:
                 state[0] = self._order  # known from the JSON file: created where this record stands
         elif op == OP_DELETED:
@@ -433,8 +437,10 @@ class ReplicaStore:
                 for record in self._topic_records(name):
                     self._settle(record, self._required(ts, record))
         elif op in (OP_PAUSED, OP_UNPAUSED):
-            state = ts.channels.setdefault(channel, [self._order, False])
+            state = ts.channels.setdefault(channel, [self._order, False, False])
             state[1] = op == OP_PAUSED
+        elif op == OP_LOG:  # a takeover makes it a log here too (its messages go on at this node's offsets)
+            ts.channels.setdefault(channel, [self._order, False, False])[2] = True
         elif op == OP_EMPTIED:
             for record in self._topic_records(name):
                 if record.fins is None:

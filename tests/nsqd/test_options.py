@@ -86,6 +86,8 @@ NSQ_DEFAULTS = {
     "replication-acks": ("replication_acks", 0),
     "replication-degraded": ("replication_degraded", "refuse"),
     "replica-takeover-timeout": ("replica_takeover_timeout", 30.0),
+    "log-retention-time": ("log_retention_time", 0.0),
+    "log-retention-bytes": ("log_retention_bytes", 0),
     "config": ("config", ""),
     "version": ("version", False),
 }

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import trio
 import trio.testing
 
+from nsqd.message import Message
 from nsqd.options import parse_options
 from nsqd.replication import sender
 from nsqd.server import NSQD
 from protocol.commands import MAGIC_V2, encode_mpub
-from protocol.replication import HEARTBEAT_FRAME, MAGIC_R1, Ack, Error, Finished, Heartbeat, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode
+from protocol.replication import (HEARTBEAT_FRAME, MAGIC_R1, OP_CREATED, OP_LOG, Ack, ChannelOp, Error, Finished,
+                                  Heartbeat, Hello, Messages, ReplicationDecoder, Synced, Welcome, encode)
 
 
 async def _next(stream, decoder: ReplicationDecoder):
@@ -24,7 +27,7 @@ async def _next(stream, decoder: ReplicationDecoder):
     return event
 
 
-async def _origin_with_replica(tmp_path, nursery, *flags):
+async def _origin_with_replica(tmp_path, nursery, *flags, welcome: Welcome = Welcome("replica:1", "", 0)):
     """An in-process origin replicating to the test: (nsqd, the replica's end of the stream, its decoder)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
@@ -36,7 +39,8 @@ async def _origin_with_replica(tmp_path, nursery, *flags):
     assert await stream.receive_some(4) == MAGIC_R1
     decoder = ReplicationDecoder()
     assert type(await _next(stream, decoder)) is Hello
-    await stream.send_all(encode(Welcome("replica:1", "", 0)))
+    await stream.send_all(encode(welcome))
+    decoder.version = welcome.version  # a replica of that version: it refuses what that version lacks
     while type(event := await _next(stream, decoder)) is not Synced:  # the (empty) backfill
         pass
     await stream.send_all(encode(Ack(event.seq)))
@@ -299,3 +303,43 @@ def test_the_outbox_stays_bounded_while_no_peer_acknowledges(monkeypatch):
     assert len(replicator._fins.get(("t", "c"), ())) < sender.FIN_BATCH
     assert len(replicator._requeues.get(("t", "d"), ())) < sender.FIN_BATCH
     assert replicator._outbox_bytes <= limit
+
+
+@pytest.mark.parametrize("version", [2, 1], ids=["version-2", "version-1"])
+async def test_a_log_channel_is_announced_and_its_commits_go_as_fins(tmp_path, version):
+    """LOG sends CHANNEL op LOG on a stream of protocol version 2, and op CREATED of the same channel in its
+    place (same seq: the seqs stay dense) on one of version 1, whose replica predates log channels; a commit
+    sends the FINs of the messages it finishes, without a round trip of its own."""
+    log_channels = version >= 2
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            welcome = Welcome("replica:1", "", 0, version=version)
+            nsqd, stream, decoder = await _origin_with_replica(tmp_path, nursery, welcome=welcome)
+            channel = nsqd.get_topic("t").get_channel("c")
+            ops, seqs = [], []
+            while (event := await _next(stream, decoder)).channel != "c":
+                ops.append((event.channel, event.op))
+            ops.append((event.channel, event.op))
+            seqs.append(event.seq)
+            await stream.send_all(encode(Ack(event.seq)))
+            while nsqd.replication.acked < event.seq:  # then the op LOG frame is written as soon as it is made
+                await trio.sleep(0.01)
+            channel.make_log()
+            ids = [b"%016d" % i for i in range(5)]
+            channel.put_many([Message(msg_id, b"body", 1, 0, 0.0) for msg_id in ids])
+            channel.log_commit(3)
+            while type(event := await _next(stream, decoder)) is not Finished:
+                if type(event) is ChannelOp:
+                    ops.append((event.channel, event.op))
+                if hasattr(event, "seq"):
+                    seqs.append(event.seq)
+            assert ops == [("", OP_CREATED), ("c", OP_CREATED), ("c", OP_LOG if log_channels else OP_CREATED)]
+            assert (event.topic, event.channel, list(event.ids)) == ("t", "c", ids[:3])
+            seqs.append(event.seq)
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+            channel.log_commit(3)  # nothing moved: nothing sent
+            channel.log_commit(5)
+            while type(event := await _next(stream, decoder)) is not Finished:
+                pass
+            assert list(event.ids) == ids[3:]
+            nursery.cancel_scope.cancel()

@@ -6,6 +6,7 @@ from protocol.replication import (
     OP_CREATED,
     OP_DELETED,
     OP_EMPTIED,
+    OP_LOG,
     OP_PAUSED,
     ChannelOp,
     Finished,
@@ -230,3 +231,20 @@ def test_a_backfill_naming_damaged_queues_keeps_and_sends_back_what_they_lost(tm
     assert set(store.held) == {_id(3), _id(4)}  # waiting for b
     store.store([Finished(10, "t", "b", (_id(3), _id(4)))])
     assert not store.held
+
+
+def test_a_log_channel_is_known_across_a_reopen_and_a_backfill_that_leaves_it_out_makes_it_ordinary(tmp_path):
+    store = _open(tmp_path)
+    store.store([ChannelOp(1, "t", "spark", OP_CREATED), ChannelOp(2, "t", "spark", OP_LOG),
+                 ChannelOp(3, "t", "plain", OP_CREATED)])
+    store.apply()
+    store.save_json()
+    store.close()
+    again = _open(tmp_path)
+    assert {name: state[1:] for name, state in again.topics["t"].channels.items()} == {
+        "spark": [False, True], "plain": [False, False]}
+    again.begin_backfill()
+    again.store([ChannelOp(0, "t", "spark", OP_CREATED), Synced(4)])
+    again.apply()
+    assert again.topics["t"].channels["spark"][2] is False
+    again.close()

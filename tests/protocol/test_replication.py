@@ -10,6 +10,7 @@ from protocol.replication import (
     OP_CREATED,
     OP_DELETED,
     OP_EMPTIED,
+    OP_LOG,
     OP_PAUSED,
     Ack,
     Adopted,
@@ -53,6 +54,7 @@ CASES = [
     pytest.param(ChannelOp(2, "t", "", OP_DELETED), None, id="topic-op"),
     pytest.param(ChannelOp(3, "t.x_y-z", "ch", OP_PAUSED), None, id="pause"),
     pytest.param(ChannelOp(3, "t", "ch", OP_EMPTIED), None, id="emptied"),
+    pytest.param(ChannelOp(4, "t", "ch", OP_LOG), None, id="log"),
     pytest.param(Finished(9, "t", "c", (b"0123456789abcdef",)),
                  b"\x00\x00\x00\x23\x03" + b"\x00" * 7 + b"\x09" + b"\x00\x01t\x00\x01c" + b"\x00\x00\x00\x01"
                  + b"0123456789abcdef", id="finished"),
@@ -215,6 +217,8 @@ BAD = [
                  id="unknown-op"),
     pytest.param(_frame(0x04, b"\x00" * 8 + b"\x00\x01t\x00\x00\x05"), "E_BAD_PROTOCOL", "unknown op 5",
                  id="topic-emptied"),
+    pytest.param(_frame(0x04, b"\x00" * 8 + b"\x00\x01t\x00\x00\x06"), "E_BAD_PROTOCOL", "unknown op 6",
+                 id="topic-log"),
     pytest.param(_frame(0x01, b"not json"), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-not-json"),
     pytest.param(_frame(0x01, b"[1]"), "E_BAD_HELLO", "HELLO is not a JSON object", id="hello-not-object"),
     pytest.param(_frame(0x01, b'{"node": "nohost"}'), "E_BAD_HELLO", "is not HOST:PORT", id="hello-bad-node"),
@@ -276,8 +280,8 @@ def test_negotiation_without_a_common_version_is_refused():
 
 
 @pytest.mark.parametrize("event", [Ping(5), Pong(5), Restore(0, "t", (M1,), "c"), Restored(1),
-                                   Synced(1, (("t", "c"),))],
-                         ids=["ping", "pong", "restore", "restored", "synced-damaged"])
+                                   Synced(1, (("t", "c"),)), ChannelOp(4, "t", "c", OP_LOG)],
+                         ids=["ping", "pong", "restore", "restored", "synced-damaged", "channel-op-log"])
 def test_a_stream_of_version_1_refuses_the_frames_of_version_2(event):
     assert PROTOCOL_VERSION >= 2
     decoder = ReplicationDecoder(version=1)
@@ -285,7 +289,8 @@ def test_a_stream_of_version_1_refuses_the_frames_of_version_2(event):
     with pytest.raises(ProtocolError) as caught:
         decoder.next_event()
     assert caught.value.code == "E_BAD_PROTOCOL" and (
-        "unknown replication frame type" in caught.value.description or "damaged" in caught.value.description)
+        "unknown replication frame type" in caught.value.description or "damaged" in caught.value.description
+        or "unknown op" in caught.value.description)
     decoder = ReplicationDecoder(version=2)
     decoder.receive_data(encode(event))
     assert decoder.next_event() == event

@@ -28,6 +28,7 @@ def main() -> int:
         .option("nsqd.tcp.addresses", address)
         .option("topic", topic)
         .option("channel", "spark")
+        .option("readMode", "driver")
         .option("walPath", str(base / wal_name))
         .option("ackMode", ack_mode)
         .option("maxMessagesPerTrigger", "200")
@@ -41,6 +42,11 @@ def main() -> int:
         .trigger(processingTime="200 milliseconds")
         .start()
     )
+    return run_until_stopped(spark, query, base)
+
+
+def run_until_stopped(spark, query, base: Path) -> int:
+    """Run ``query`` until the file BASE/stop appears (0) or the query fails (1)."""
     print("QUERY STARTED", flush=True)
     while not (base / "stop").exists():
         if query.exception() is not None:

@@ -8,25 +8,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import struct
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from spark_connector.wal import SEGMENT_SUFFIX, WalDirectory
-from tests.integration.harness import REPO_ROOT, http_get
+from tests.integration.harness import http_get
+from tests.spark import drivers
 from tests.spark.conftest import (
     assert_exactly_once_after_dedup,
     bodies,
     free_port,
     publish,
     read_output,
-    spark_env,
     wait_for_bodies,
     wait_until,
 )
@@ -37,7 +32,8 @@ pytestmark = pytest.mark.timeout(240)
 
 def start_query(spark, base: Path, options: dict[str, object], trigger: str = "300 milliseconds"):
     reader = spark.readStream.format("nsq")
-    for key, value in {"channel": "spark", "walPath": str(base / "wal"), **options}.items():
+    # the driver path: these tests are about its consumer and write-ahead log (test_log_path: the log path)
+    for key, value in {"channel": "spark", "walPath": str(base / "wal"), "readMode": "driver", **options}.items():
         reader = reader.option(key, str(value))
     return (
         reader.load()
@@ -155,9 +151,9 @@ def test_unreachable_nsqd_fails_the_query_clearly(spark, tmp_path, topic):
 
 def test_bad_options_fail_at_load(spark, tmp_path):
     with pytest.raises(Exception) as caught:
-        spark.readStream.format("nsq").option("topic", "t").load()
+        spark.readStream.format("nsq").option("topic", "t").option("readMode", "driver").load()
     assert "set nsqd.tcp.addresses or lookupd.http.addresses" in str(caught.value)
-    assert "option walPath is required" in str(caught.value)
+    assert "option walPath is required with readMode=driver" in str(caught.value)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lookupd") is None,
@@ -196,40 +192,22 @@ def test_two_nsqd_found_through_lookupd(spark, nsqd_at, tmp_path, topic):
 
 def run_killed_driver(tmp_path, nsqd, topic, first_wal: list[str], second_wal: list[str]) -> list:
     """Publish 1,200 messages; a driver subprocess (``driver_app`` with ``first_wal``: walPath name
-    and ackMode) dies with SIGKILL while a batch is planned but not committed; a second driver
-    (``second_wal``) on the same checkpoint finishes the job. Returns the sink's rows."""
+    and ackMode) dies with SIGKILL while its third batch or a later one is planned but not
+    committed; a second driver (``second_wal``) on the same checkpoint finishes the job. Returns
+    the sink's rows."""
     expected = bodies("k", 0, 1200)
     publish(nsqd, topic, expected)
-    env = dict(os.environ, **spark_env())
     log_path = tmp_path / "driver.log"
-
-    def launch(wal: list[str]) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "tests.spark.driver_app", nsqd.tcp_address, topic, str(tmp_path), *wal]
-        return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
-                                stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-    def in_flight_batch() -> bool:
-        offsets = tmp_path / "checkpoint" / "offsets"
-        if not offsets.exists():
-            return False
-        planned = max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1)
-        return planned >= 2 and not (tmp_path / "checkpoint" / "commits" / str(planned)).exists()
-
-    driver = launch(first_wal)
+    args = [nsqd.tcp_address, topic, str(tmp_path)]
+    driver = drivers.launch("tests.spark.driver_app", [*args, *first_wal], log_path)
     try:
-        wait_until(in_flight_batch, 150, "the driver to be in the middle of its third batch", interval=0.01)
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(30)
+        drivers.kill_mid_batch(driver, tmp_path, log_path, 2, 150)
         assert len({bytes(r.body) for r in read_output(None, tmp_path / "out")}) < len(expected)
-
-        driver = launch(second_wal)
+        driver = drivers.launch("tests.spark.driver_app", [*args, *second_wal], log_path)
         rows = wait_for_bodies(None, tmp_path / "out", set(expected), 180)
-        (tmp_path / "stop").touch()
-        assert driver.wait(60) == 0, log_path.read_text()[-3000:]
+        drivers.stop(driver, tmp_path, log_path)
     finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(30)
+        drivers.reap(driver)
     return rows
 
 

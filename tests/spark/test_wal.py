@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from spark_connector import wal_pb2
-from spark_connector.stream_reader import NsqPartition, _share, _split, arrow_batches, make_offset, parse_offset
+from spark_connector.ranges import share as _share
+from spark_connector.ranges import split as _split
+from spark_connector.stream_reader import NsqPartition, arrow_batches, make_offset, parse_offset
 from spark_connector.wal import SEGMENT_SUFFIX, MessageLog, WalCorruptError, WalDirectory, WalError, WalLockedError
 
 
@@ -241,10 +243,12 @@ def test_options_are_checked_together():
 
     with pytest.raises(ValueError) as caught:
         SourceOptions.parse({"nsqd.tcp.addresses": "nohost", "topic": "bad topic!", "ackMode": "later",
+                             "readMode": "driver",
                              "maxMessagesPerTrigger": "0", "snappy": "true", "deflate": "true"})
     text = str(caught.value)
     for fragment in ("'nohost' is not host:port", "not a valid NSQ topic name", "option channel is required",
-                     "option walPath is required", "ackMode='later'", "maxMessagesPerTrigger=0 must be at least 1",
+                     "option walPath is required with readMode=driver", "ackMode='later'",
+                     "maxMessagesPerTrigger=0 must be at least 1",
                      "snappy and deflate are exclusive"):
         assert fragment in text
     parsed = SourceOptions.parse({"NSQD.TCP.ADDRESSES": "127.0.0.1:4150, 127.0.0.2:4150", "Topic": "t",

@@ -111,6 +111,7 @@ class NSQD:
         # were let go (runtime/collector.py); hooked to the collector by the entry point (``__main__``)
         self.collector = FreezingCollector(self._kept_objects)
         self._scanner_activate = self.scanner.activate  # every channel's ``on_timed_work`` (one object for all)
+        self._on_queue_damage = self._queue_damaged  # every disk queue's ``on_damage`` (one object for all)
         self.tls_context = server_ssl_context(opts)  # None without --tls-cert/--tls-key; shared with HTTPS
         self.authenticator = Authenticator.from_options(opts)
         self.identify_limits = IdentifyLimits(
@@ -209,7 +210,7 @@ class NSQD:
                          max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
                          sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
                          failing=self.failing_queues, active=self.active_queues, logger=log,
-                         known_files=self.files_at_start, checksums=True, on_damage=self._queue_damaged)
+                         known_files=self.files_at_start, checksums=True, on_damage=self._on_queue_damage)
 
     def _queue_damaged(self, queue: DiskQueue, count: int) -> None:
         """A disk queue found records damaged or lost while reading: its replicas send back their copies

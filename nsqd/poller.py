@@ -77,6 +77,7 @@ class ReadPoller:
         self._members: dict[int, Polled] = {}
         self._again: set[int] = set()  # members a fresh look may serve again in the same step
         self._polling = False
+        self._replies: list = []  # members whose answers wait for the end of the step (``defer_reply``)
 
     def __len__(self) -> int:
         return len(self._members)
@@ -108,7 +109,22 @@ class ReadPoller:
             self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
         finally:
             self._polling = False
+            if self._replies:
+                self._send_replies()
         return len(events)
+
+    def defer_reply(self, member) -> bool:
+        """Inside a step: have ``member.send_deferred()`` called at its end, after every ready member was read,
+        and return True; outside one, False (the caller writes at once)."""
+        if not self._polling:
+            return False
+        self._replies.append(member)
+        return True
+
+    def _send_replies(self) -> None:
+        replies, self._replies = self._replies, []
+        for member in replies:
+            member.send_deferred()
 
     def poll_light(self, below: float = math.inf) -> None:
         """Serve only the ready members whose last read was small and whose rank is below ``below``; the others
@@ -124,6 +140,8 @@ class ReadPoller:
                 self._serve(light, producers, below)
         finally:
             self._polling = False
+            if self._replies:
+                self._send_replies()
 
     def _sort(self, events: list[tuple[int, int]],
               below: float = math.inf) -> tuple[list[int], list[int], int]:

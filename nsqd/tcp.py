@@ -119,6 +119,7 @@ class Connection:
         self._pending_command: tuple | None = None  # left by the poller for this task (it must await)
         self._poller_error: Exception | None = None  # raised by a command the poller ran
         self._consumes = False  # SUB: what it publishes may come back to it (``_publish``)
+        self._reply_deferred = False
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -337,6 +338,16 @@ class Connection:
         handling. Saves a task switch and a ``send_all`` per round trip of a PUB producer.
         While a disk sync is owed (durable mode), the writer sends instead: it commits the sync
         barrier first, once for all the connections whose readers ran in the meantime (group commit)."""
+        if self._reply_deferred:
+            return
+        if self._poller.defer_reply(self):
+            self._reply_deferred = True
+            return
+        if not self._flush_direct() and not self._await_ack_directly():
+            self.client.wake_writer()
+
+    def send_deferred(self) -> None:
+        self._reply_deferred = False
         if not self._flush_direct() and not self._await_ack_directly():
             self.client.wake_writer()
 

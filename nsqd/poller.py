@@ -108,9 +108,9 @@ class ReadPoller:
             light, heavy, producers = self._sort(events)
             self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
         finally:
-            self._polling = False
             if self._replies:
                 self._send_replies()
+            self._polling = False
         return len(events)
 
     def defer_reply(self, member) -> bool:
@@ -122,9 +122,12 @@ class ReadPoller:
         return True
 
     def _send_replies(self) -> None:
-        replies, self._replies = self._replies, []
-        for member in replies:
-            member.send_deferred()
+        """The step's end: every deferred answer, still inside the step (an interlude cannot start a step here),
+        including any deferred meanwhile (a publish that delivers to a consumer may answer it)."""
+        while self._replies:
+            replies, self._replies = self._replies, []
+            for member in replies:
+                member.send_deferred()
 
     def poll_light(self, below: float = math.inf) -> None:
         """Serve only the ready members whose last read was small and whose rank is below ``below``; the others
@@ -139,9 +142,9 @@ class ReadPoller:
             if light:
                 self._serve(light, producers, below)
         finally:
-            self._polling = False
             if self._replies:
                 self._send_replies()
+            self._polling = False
 
     def _sort(self, events: list[tuple[int, int]],
               below: float = math.inf) -> tuple[list[int], list[int], int]:

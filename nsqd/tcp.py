@@ -36,6 +36,7 @@ from .auth import AuthError
 
 from .channel import ChannelError
 from .client import Client, ClientState
+from .fastpath import read_pubs
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
 from .topic import TopicExiting, TopicFull
@@ -300,9 +301,22 @@ class Connection:
 
     def poll_ready(self) -> None:
         """Called by the poller when the socket is readable; never raises. Whatever this cannot finish goes
-        back to the connection's task, which the poller stops watching for at once."""
+        back to the connection's task, which the poller stops watching for at once.
+        A read of nothing but PUBs of the connection's last PUB line goes to the step's ``PublishBatch``
+        (``nsqd/fastpath.py``) when nothing else is to be checked for them (``_publishes_plainly``)."""
+        last = self._publishes_plainly()
         try:
-            data = os.read(self._poll_fd, RECEIVE_SIZE)
+            if last is not None:
+                data = read_pubs(self._poll_fd, last[0], self.parser.max_msg_size)
+                if data is None:
+                    return
+                if type(data) is tuple:
+                    self.last_read = data[0]
+                    self.nsqd.publish_batch.add(self, last[1], data[1])
+                    self._move_read_deadline()
+                    return
+            else:
+                data = os.read(self._poll_fd, RECEIVE_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -324,6 +338,39 @@ class Connection:
             self._poll_return(None)
             return
         self._move_read_deadline()
+
+    def _publishes_plainly(self) -> tuple[bytes, bytes] | None:
+        """The parser's last PUB line and topic (``CommandParser.last_pub``) when this connection's PUBs of that line
+        need nothing but the publish and an OK: no auth, no TLS requirement, never subscribed, no replication or
+        durable mode (their OKs wait), nothing unsent before them; None otherwise."""
+        if self._auth_enabled or self._tls_required or self._consumes or self.client.out:
+            return None
+        nsqd = self.nsqd
+        if nsqd.replication is not None or nsqd.sync_barrier:
+            return None
+        return self.parser.last_pub()
+
+    @property
+    def poll_fd(self) -> int:
+        return self._poll_fd
+
+    def may_answer_now(self) -> bool:
+        """Whether a ``PublishBatch`` may write this connection's OKs itself (nothing else in its output)."""
+        return not self.client.out and self._may_write_directly()
+
+    def answer_later(self, data: bytes) -> None:
+        """OKs of a ``PublishBatch`` that could not be written at once: through the output buffer, as any answer."""
+        client = self.client
+        client.out.append(data)
+        client.out_bytes += len(data)
+        client.flush_now = True
+        self._send_replies()
+
+    def fast_publish_failed(self, error: ProtocolError) -> None:
+        """A ``PublishBatch`` publish failed: the connection's task reports the fatal error and closes, as when a
+        PUB run by ``_run_commands`` raises it."""
+        self._poller_error = error
+        self._poll_return(None)
 
     def _poll_return(self, result) -> None:
         self._poller.discard(self._poll_fd)

@@ -346,8 +346,11 @@ class DaemonProcess:
     def argv(self) -> list[str]:
         return [sys.executable, "-m", self.module, *self.args]
 
+    #: extra environment variables for the daemon (e.g. TRIONSQ_NO_SPEEDUPS=1: nsqd's C accelerator off)
+    extra_env: dict[str, str] = {}
+
     def start(self):
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
         self.proc = subprocess.Popen(
             self.argv,
             cwd=REPO_ROOT,

@@ -125,11 +125,15 @@ class PublishBatch:
             topic_name = raw_topic.decode("utf-8", "surrogateescape")
             bodies = group[0][2] if len(group) == 1 else [body for entry in group for body in entry[2]]
             error = self._publish(topic_name, bodies)
+            # durable mode: a sync this made due is committed by the writers before these OKs leave
+            owes_commit = bool(self.nsqd.sync_barrier)
             for connection, _, its_bodies in group:
                 if error is not None:
                     connection.fast_publish_failed(error)
                     continue
-                connection.client.published(topic_name, len(its_bodies))
+                client = connection.client
+                client.owes_commit = owes_commit
+                client.published(topic_name, len(its_bodies))
                 data = OK_FRAME * len(its_bodies)
                 if connection.may_answer_now():
                     fds.append(connection.poll_fd)

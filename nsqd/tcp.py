@@ -341,12 +341,12 @@ class Connection:
 
     def _publishes_plainly(self) -> tuple[bytes, bytes] | None:
         """The parser's last PUB line and topic (``CommandParser.last_pub``) when this connection's PUBs of that line
-        need nothing but the publish and an OK: no auth, no TLS requirement, never subscribed, no replication or
-        durable mode (their OKs wait), nothing unsent before them; None otherwise."""
+        need nothing but the publish and an OK: no auth, no TLS requirement, never subscribed, no replication (its
+        OKs wait for the peers), nothing unsent before them; None otherwise. In durable mode an OK that a sync
+        must precede is left to the writer by ``may_answer_now``, as ``_flush_direct`` leaves it."""
         if self._auth_enabled or self._tls_required or self._consumes or self.client.out:
             return None
-        nsqd = self.nsqd
-        if nsqd.replication is not None or nsqd.sync_barrier:
+        if self.nsqd.replication is not None:
             return None
         return self.parser.last_pub()
 

@@ -42,6 +42,14 @@ looks again once at their end instead of after each (an ``epoll`` and a sort per
 scenario's time). Each member is still called at most once per step, except those added with ``again``: a
 replication peer's ACKs (``replication/sender.py``), a few bytes that the OKs of every MPUB in the step wait
 on; a cheap call costs no extra ``epoll``.
+
+Answers at the end of the light part of a step. A member that answers during a step (an OK in its output
+buffer) asks for the write with ``defer_reply``: the writes of every light member served are made after the
+last of them was read, before the first heavy member is served (or at the step's end), and the PUBs of plain
+producers are published there too, once per topic (``nsqd/fastpath.py``). Reading all the ready producers before
+waking any of them with an answer halves the context switches of a PUB round trip when nsqd and its producers
+share the cores (bench/HISTORY.md, change 23); a heavy member's answer still leaves before the next heavy
+member's work, so an MPUB producer's next batch is on its way while the others are handled.
 """
 
 from __future__ import annotations
@@ -208,6 +216,9 @@ class ReadPoller:
             member = members.get(fd)  # None: it left (or was replaced) earlier in this same step
             if member is None:
                 continue
+            if self._replies and member.last_read > self.light_read:
+                # the light members' answers leave before a heavy member's work (an MPUB batch, a burst of FINs)
+                self._send_replies()
             started = clock()
             member.poll_ready()
             if clock() - started > repoll_after:

@@ -133,9 +133,10 @@ class PublishBatch:
                     continue
                 client = connection.client
                 client.owes_commit = owes_commit
-                client.published(topic_name, len(its_bodies))
-                data = OK_FRAME * len(its_bodies)
-                if connection.may_answer_now():
+                count = len(its_bodies)
+                client.published(topic_name, count)
+                data = OK_FRAME if count == 1 else OK_FRAME * count
+                if not owes_commit and connection.may_answer_now():
                     fds.append(connection.poll_fd)
                     datas.append(data)
                     answered.append(connection)

@@ -64,6 +64,10 @@ import trio
 __all__ = ["ReadPoller"]
 
 
+def _never() -> float:
+    return math.inf
+
+
 class Polled(Protocol):
     #: bytes of its last read: the smaller, the sooner it is served (see "Small reads first")
     last_read: int
@@ -86,6 +90,10 @@ class ReadPoller:
         self._again: set[int] = set()  # members a fresh look may serve again in the same step
         self._polling = False
         self._replies: list = []  # members whose answers wait for the end of the step (``defer_reply``)
+        #: the run's clock at the start of the current step (``run`` sets the clock; before it, +inf): members
+        #: read it instead of the clock, once per step rather than once per member
+        self.step_time = math.inf
+        self._now = _never
 
     def __len__(self) -> int:
         return len(self._members)
@@ -112,6 +120,7 @@ class ReadPoller:
         """Hand every ready descriptor to its member, small reads first; returns how many were ready."""
         events = self._epoll.poll(0)
         self._polling = True
+        self.step_time = self._now()
         try:
             light, heavy, producers = self._sort(events)
             self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
@@ -145,6 +154,7 @@ class ReadPoller:
         if self._polling or self._epoll.closed:
             return
         self._polling = True
+        self.step_time = self._now()
         try:
             light, _, producers = self._sort(self._epoll.poll(0), below)
             if light:
@@ -195,6 +205,7 @@ class ReadPoller:
         served: set[int] = set()
         index = 0
         stale = False  # a call ran long since the last look
+        before = clock()  # one clock call per member: the end of a call is the start of the next
         while True:
             if stale and index >= producers:
                 stale = False
@@ -209,6 +220,7 @@ class ReadPoller:
                     moved = set(fresh)  # a set: thousands of members ready at once made this quadratic
                     fds = fresh + [fd for fd in fds[index:] if fd not in moved]
                     index = 0
+                before = clock()  # the look's own time is no member's
             if index >= len(fds):
                 return
             fd = fds[index]
@@ -219,14 +231,17 @@ class ReadPoller:
             if self._replies and member.last_read > self.light_read:
                 # the light members' answers leave before a heavy member's work (an MPUB batch, a burst of FINs)
                 self._send_replies()
-            started = clock()
+                before = clock()
             member.poll_ready()
-            if clock() - started > repoll_after:
+            after = clock()
+            if after - before > repoll_after:
                 stale = True
+            before = after
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Wait for the set to have input, then serve it, until cancelled; closes the epoll set at the end."""
         epoll_fd = self._epoll.fileno()
+        self._now = trio.lowlevel.current_clock().current_time
         task_status.started()
         try:
             while True:

@@ -121,6 +121,10 @@ class Connection:
         self._poller_error: Exception | None = None  # raised by a command the poller ran
         self._consumes = False  # SUB: what it publishes may come back to it (``_publish``)
         self._reply_deferred = False
+        #: whether its PUBs may take the fast path at all (``poll_ready``): what cannot change while it
+        #: lives (auth, a TLS requirement, replication: set up before any client comes) and SUB, which clears it
+        self._plain = not self._auth_enabled and not self._tls_required and nsqd.replication is None
+        self._publish_batch = nsqd.publish_batch
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -303,8 +307,11 @@ class Connection:
         """Called by the poller when the socket is readable; never raises. Whatever this cannot finish goes
         back to the connection's task, which the poller stops watching for at once.
         A read of nothing but PUBs of the connection's last PUB line goes to the step's ``PublishBatch``
-        (``nsqd/fastpath.py``) when nothing else is to be checked for them (``_publishes_plainly``)."""
-        last = self._publishes_plainly()
+        (``nsqd/fastpath.py``) when nothing else is to be checked for them: no auth, no TLS requirement, never
+        subscribed, no replication (its OKs wait for the peers; all four in ``_plain``), nothing unsent before them.
+        In durable mode an OK that a sync must precede is left to the writer (``PublishBatch``), as
+        ``_flush_direct`` leaves it."""
+        last = self.parser.last_pub() if self._plain and not self.client.out else None
         try:
             if last is not None:
                 data = read_pubs(self._poll_fd, last[0], self.parser.max_msg_size)
@@ -312,8 +319,9 @@ class Connection:
                     return
                 if type(data) is tuple:
                     self.last_read = data[0]
-                    self.nsqd.publish_batch.add(self, last[1], data[1])
-                    self._move_read_deadline()
+                    self._publish_batch.add(self, last[1], data[1])
+                    if self._poller.step_time > self._read_moves_at:  # the step's clock: one call per step
+                        self._set_read_deadline()
                     return
             else:
                 data = os.read(self._poll_fd, RECEIVE_SIZE)
@@ -337,26 +345,17 @@ class Connection:
             self._pending_command = command
             self._poll_return(None)
             return
-        self._move_read_deadline()
-
-    def _publishes_plainly(self) -> tuple[bytes, bytes] | None:
-        """The parser's last PUB line and topic (``CommandParser.last_pub``) when this connection's PUBs of that line
-        need nothing but the publish and an OK: no auth, no TLS requirement, never subscribed, no replication (its
-        OKs wait for the peers), nothing unsent before them; None otherwise. In durable mode an OK that a sync
-        must precede is left to the writer by ``may_answer_now``, as ``_flush_direct`` leaves it."""
-        if self._auth_enabled or self._tls_required or self._consumes or self.client.out:
-            return None
-        if self.nsqd.replication is not None:
-            return None
-        return self.parser.last_pub()
+        if self._poller.step_time > self._read_moves_at:
+            self._set_read_deadline()
 
     @property
     def poll_fd(self) -> int:
         return self._poll_fd
 
     def may_answer_now(self) -> bool:
-        """Whether a ``PublishBatch`` may write this connection's OKs itself (nothing else in its output)."""
-        return not self.client.out and self._may_write_directly()
+        """Whether a ``PublishBatch`` may write this connection's OKs itself (nothing else in its output):
+        ``_may_write_directly`` but for the disk sync, which the batch looks at once per topic."""
+        return not self.client.out and type(self.stream) is trio.SocketStream and not self._send_lock.locked()
 
     def answer_later(self, data: bytes) -> None:
         """OKs of a ``PublishBatch`` that could not be written at once: through the output buffer, as any answer."""
@@ -742,6 +741,7 @@ class Connection:
         client.channel = channel
         self.poll_actor = channel.dispatcher
         self._consumes = True  # what it publishes may come back here now
+        self._plain = False
         client.state = ClientState.SUBSCRIBED
         log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
         return OK_FRAME

@@ -610,7 +610,7 @@ def run_spread(args, target: "Target", role: str, connections: int, processes: i
     (never more processes than connections) for the measured window, and total what the workers counted."""
     from bench.load import build_roles  # the generator side; imported here so load.py stays standalone
 
-    generators = Generators(count_syscalls=breakdown)
+    generators = Generators(count_syscalls=breakdown and getattr(args, "syscalls", True))
     processes = max(1, min(processes, connections))
     for index in range(processes):
         count = connections // processes + (1 if index < connections % processes else 0)
@@ -706,6 +706,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where <scenario>.json goes")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per figure")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds run before measuring")
+    parser.add_argument("--no-syscalls", dest="syscalls", action="store_false",
+                        default=os.environ.get("BENCH_SYSCALLS", "1") != "0",
+                        help="do not count nsqd's system calls (BENCH_SYSCALLS=0): the CPU figures without the "
+                             "cost of perf's tracepoints on every call, which is about 1 us per PUB here")
     pinning = parser.add_mutually_exclusive_group()
     pinning.add_argument("--pin", dest="pin", action="store_true", default=None,
                          help="pin nsqd to the first CPU and the generators to the others (the default of every "

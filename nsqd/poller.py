@@ -43,6 +43,12 @@ scenario's time). Each member is still called at most once per step, except thos
 replication peer's ACKs (``replication/sender.py``), a few bytes that the OKs of every MPUB in the step wait
 on; a cheap call costs no extra ``epoll``.
 
+One read for the producers. The light producers ready at the start of a step (their place in the list) are
+handed to ``bulk_read`` together when the daemon set it: nsqd's ``PublishBatch.read_producers`` reads those that
+publish one message at a time with one C call over their descriptors (``nsqd/fastpath.py``) and leaves the others
+to their ``poll_ready``, first in the list. That saves the interpreter's round per connection (the call, its
+clock read, a 64 KiB buffer per read) that a step of ten PUBs paid ten times (bench/HISTORY.md, item 26).
+
 Answers at the end of the light part of a step. A member that answers during a step (an OK in its output
 buffer) asks for the write with ``defer_reply``: the writes of every light member served are made after the
 last of them was read, before the first heavy member is served (or at the step's end), and the PUBs of plain
@@ -94,6 +100,9 @@ class ReadPoller:
         #: read it instead of the clock, once per step rather than once per member
         self.step_time = math.inf
         self._now = _never
+        #: reads the light producers ready at the start of a step together (``PublishBatch.read_producers``):
+        #: ``bulk_read(fds, members)`` returns the descriptors it left to their members' ``poll_ready``
+        self.bulk_read = None
 
     def __len__(self) -> int:
         return len(self._members)
@@ -206,6 +215,17 @@ class ReadPoller:
         index = 0
         stale = False  # a call ran long since the last look
         before = clock()  # one clock call per member: the end of a call is the start of the next
+        if producers and self.bulk_read is not None:
+            # the light producers in one go (see "One read for the producers"); the fresh look skips them all
+            head = fds[:producers]
+            served.update(head)
+            rest = self.bulk_read(head, members)
+            fds = rest + fds[producers:]
+            after = clock()
+            if after - before > repoll_after * (producers - len(rest) or 1):  # longer than as many calls
+                stale = True
+            producers = len(rest)
+            before = after
         while True:
             if stale and index >= producers:
                 stale = False

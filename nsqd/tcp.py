@@ -307,21 +307,19 @@ class Connection:
         """Called by the poller when the socket is readable; never raises. Whatever this cannot finish goes
         back to the connection's task, which the poller stops watching for at once.
         A read of nothing but PUBs of the connection's last PUB line goes to the step's ``PublishBatch``
-        (``nsqd/fastpath.py``) when nothing else is to be checked for them: no auth, no TLS requirement, never
-        subscribed, no replication (its OKs wait for the peers; all four in ``_plain``), nothing unsent before them.
-        In durable mode an OK that a sync must precede is left to the writer (``PublishBatch``), as
-        ``_flush_direct`` leaves it."""
-        last = self.parser.last_pub() if self._plain and not self.client.out else None
+        (``nsqd/fastpath.py``) when nothing else is to be checked for them (``fast_pub``). In durable mode an OK
+        that a sync must precede is left to the writer (``PublishBatch``), as ``_flush_direct`` leaves it.
+        The producers ready at the start of a step are read together instead (``PublishBatch.read_producers``),
+        which calls ``fast_read`` or ``poll_data`` with what it read."""
+        last = self.fast_pub()
         try:
             if last is not None:
                 data = read_pubs(self._poll_fd, last[0], self.parser.max_msg_size)
                 if data is None:
                     return
                 if type(data) is tuple:
-                    self.last_read = data[0]
                     self._publish_batch.add(self, last[1], data[1])
-                    if self._poller.step_time > self._read_moves_at:  # the step's clock: one call per step
-                        self._set_read_deadline()
+                    self.fast_read(data[0])
                     return
             else:
                 data = os.read(self._poll_fd, RECEIVE_SIZE)
@@ -329,6 +327,32 @@ class Connection:
             return
         except OSError as exc:
             self._poll_return(exc)
+            return
+        self.poll_data(data)
+
+    def fast_pub(self) -> tuple[bytes, bytes] | None:
+        """The line and topic of the PUBs a read may hand to the step's ``PublishBatch`` without the parser
+        (``CommandParser.last_pub``), when nothing else is to be checked for them: no auth, no TLS requirement,
+        never subscribed, no replication (its OKs wait for the peers; all four in ``_plain``), nothing unsent
+        before them and no write of the writer's under way (the batch writes its OKs at the step's end). None when
+        the read goes to the parser."""
+        if self._plain and not self.client.out and not self._send_lock.locked():
+            return self.parser.last_pub()
+        return None
+
+    def fast_read(self, size: int) -> None:
+        """A read of ``size`` bytes went to the step's ``PublishBatch``."""
+        self.last_read = size
+        if self._poller.step_time > self._read_moves_at:  # the step's clock: one call per step
+            self._set_read_deadline()
+
+    def poll_data(self, data) -> None:
+        """What a read in the poller gave that is not for the ``PublishBatch``: bytes for the parser, b"" at end of
+        input, None when there was nothing to read, the ``OSError`` of a failed read. Never raises."""
+        if data is None:
+            return
+        if type(data) is not bytes:
+            self._poll_return(data)
             return
         if not data:
             self._poll_return(b"")
@@ -351,11 +375,6 @@ class Connection:
     @property
     def poll_fd(self) -> int:
         return self._poll_fd
-
-    def may_answer_now(self) -> bool:
-        """Whether a ``PublishBatch`` may write this connection's OKs itself (nothing else in its output):
-        ``_may_write_directly`` but for the disk sync, which the batch looks at once per topic."""
-        return not self.client.out and type(self.stream) is trio.SocketStream and not self._send_lock.locked()
 
     def answer_later(self, data: bytes) -> None:
         """OKs of a ``PublishBatch`` that could not be written at once: through the output buffer, as any answer."""

@@ -13,7 +13,7 @@ venv: $(STAMP)
 
 # `make run` needs only the daemons' own dependencies (seconds to install); the test clients, Playwright and
 # PySpark come with `make test` and `make bench`.
-$(RUN_STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml setup.py nsqd/_speedups.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e .
 	touch $(RUN_STAMP)

@@ -120,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--duration", help="seconds measured per figure (each scenario's default otherwise)")
     parser.add_argument("--warmup")
-    parser.add_argument("--no-pin", action="store_true")
+    pinning = parser.add_mutually_exclusive_group()
+    pinning.add_argument("--pin", dest="pin", action="store_true", default=None,
+                         help="pin in every scenario (pub, pubsub and latency run unpinned by default)")
+    pinning.add_argument("--no-pin", dest="pin", action="store_false", help="pin in no scenario")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per scenario")
     args = parser.parse_args(argv)
     if args.list:
@@ -137,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             forwarded.append(f"--{flag.replace('_', '-')}={value}")
     forwarded += [f"--nsqd-arg={value}" for value in args.nsqd_arg]
     forwarded.append(f"--results-dir={args.results_dir}")
-    if args.no_pin:
-        forwarded.append("--no-pin")
+    if args.pin is not None:
+        forwarded.append("--pin" if args.pin else "--no-pin")
     failed = []
     for name in names:
         started = time.monotonic()

@@ -41,15 +41,18 @@ from pathlib import Path
 from typing import Callable
 
 __all__ = [
+    "BREAKDOWN_NOTE",
     "Generators",
     "ProcessSampler",
     "Report",
     "RESULTS_DIR",
+    "SyscallCounter",
     "Target",
     "format_table",
     "jain_index",
     "machine_info",
     "main",
+    "per_message_breakdown",
     "percentile",
     "unique_topic",
 ]
@@ -159,6 +162,35 @@ class ProcessSampler:
             return 0.0
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
+    def snapshot(self) -> dict:
+        """The process's counters so far: ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and its
+        ``voluntary`` and ``involuntary`` context switches summed over its threads (``/proc/<pid>/task/*/status``:
+        the process's own ``status`` counts only its main thread). Empty when unavailable."""
+        if self.pid is None:
+            return {}
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return {}
+        counts = {"user": int(fields[11]) / _CLOCK_TICKS, "system": int(fields[12]) / _CLOCK_TICKS,
+                  "voluntary": 0, "involuntary": 0}
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            tasks = []
+        for task in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{task}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            counts["voluntary"] += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            counts["involuntary"] += int(line.split()[1])
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return counts
+
     def rss_bytes(self) -> int:
         if self.pid is None:
             return 0
@@ -167,6 +199,147 @@ class ProcessSampler:
                 return int(f.read().split()[1]) * _PAGE_SIZE
         except OSError:
             return 0
+
+
+#: the system calls ``SyscallCounter`` counts, by the figure they go into (``epoll``: every wait, trio's and the
+#: read poller's; ``recv`` and ``send``: every read and write of a socket, whichever call makes it)
+SYSCALL_GROUPS = {
+    "epoll": ("epoll_wait", "epoll_pwait", "epoll_pwait2"),
+    "epoll_ctl": ("epoll_ctl",),
+    "recv": ("read", "readv", "recvfrom", "recvmsg"),
+    "send": ("write", "writev", "sendto", "sendmsg"),
+}
+
+
+class SyscallCounter:
+    """How many system calls of each group (``SYSCALL_GROUPS``, plus ``all``) a process makes between ``start``
+    and ``stop``: with ``perf stat`` on the kernel's syscall tracepoints, which counts in the kernel (a cost of
+    well under a microsecond per call, measured below in bench/README.md), or, where perf cannot, with
+    ``strace -c -f`` over the first ``strace_seconds`` of the window (ptrace stops the process at every call:
+    its figures are counts per message, and the process runs several times slower meanwhile, which lets more
+    connections be ready per wake-up, so they understate the waits). ``counts()`` is None when neither works."""
+
+    def __init__(self, pid: int | None, strace_seconds: float = 1.0) -> None:
+        self.pid = pid
+        self.strace_seconds = strace_seconds
+        self.tool: str | None = None
+        self._proc: subprocess.Popen | None = None
+        self._output = ""
+
+    def start(self) -> None:
+        if self.pid is None:
+            return
+        if shutil.which("perf"):
+            events = ["raw_syscalls:sys_enter"] + [f"syscalls:sys_enter_{name}"
+                                                  for names in SYSCALL_GROUPS.values() for name in names]
+            argv = ["perf", "stat", "-x", ",", "--no-big-num", "-e", ",".join(events), "-p", str(self.pid)]
+            if self._launch(argv, "perf"):
+                return
+        if shutil.which("strace"):
+            argv = ["timeout", "-s", "INT", str(self.strace_seconds), "strace", "-c", "-f", "-q",
+                    "-p", str(self.pid)]
+            self._launch(argv, "strace")
+
+    def _launch(self, argv: list[str], tool: str) -> bool:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except OSError:
+            return False
+        time.sleep(0.05)  # attached (or failed) before the window's traffic is counted
+        if proc.poll() is not None and proc.returncode != 0 and tool == "perf":
+            proc.communicate()
+            return False
+        self._proc = proc
+        self.tool = tool
+        return True
+
+    def stop(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if self.tool == "perf":
+                proc.send_signal(signal.SIGINT)
+            else:  # strace ends by itself (``timeout``); it detaches on SIGINT
+                try:
+                    proc.wait(self.strace_seconds + 5)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        self._output = err.decode("utf-8", "replace")
+
+    def counts(self) -> dict | None:
+        """``{"all": n, "epoll": n, ...}`` over the counted span, or None; with strace, also ``seconds``: the
+        span it counted (a part of the window)."""
+        if self.tool is None or not self._output:
+            return None
+        by_name: dict[str, int] = {}
+        total = 0
+        if self.tool == "perf":
+            for line in self._output.splitlines():
+                fields = line.split(",")
+                if len(fields) < 3 or not fields[0].strip().isdigit():
+                    continue
+                event = fields[2]
+                if event == "raw_syscalls:sys_enter":
+                    total = int(fields[0])
+                elif event.startswith("syscalls:sys_enter_"):
+                    by_name[event[len("syscalls:sys_enter_"):]] = int(fields[0])
+        else:
+            for line in self._output.splitlines():
+                fields = line.split()
+                # % time, seconds, usecs/call, calls, [errors,] syscall
+                if len(fields) >= 5 and fields[3].isdigit():
+                    name = fields[-1]
+                    if name == "total":
+                        total = int(fields[3])
+                    else:
+                        by_name[name] = int(fields[3])
+        if not total and not by_name:
+            return None
+        result = {"all": total or sum(by_name.values())}
+        for group, names in SYSCALL_GROUPS.items():
+            result[group] = sum(by_name.get(name, 0) for name in names)
+        if self.tool == "strace":
+            result["seconds"] = self.strace_seconds
+        return result
+
+
+#: what the breakdown's columns are, printed under the tables that have them
+BREAKDOWN_NOTE = ("per message: user_us/sys_us nsqd's CPU in user and kernel mode, vcsw/ivcsw its voluntary and "
+                  "involuntary context switches, epoll/recv/send/all its epoll waits, socket reads, socket writes "
+                  "and system calls (counted by syscall_tool), gen_us the generators' CPU")
+
+
+def per_message_breakdown(result: dict, messages: int) -> dict:
+    """The round trip part by part, per message, from ``Generators.run``'s result: nsqd's user and system CPU
+    (us), its voluntary and involuntary context switches, its epoll waits, socket reads and writes, every
+    system call it made, and the generators' CPU (us). A figure that was not measured is None."""
+    nsqd = result.get("nsqd") or {}
+    window = result["window"]
+    if not messages:
+        return {}
+    generator = sum(worker["cpu_seconds"] for worker in result["workers"])
+    row = {
+        "user_us": nsqd["user"] * 1e6 / messages if "user" in nsqd else None,
+        "sys_us": nsqd["system"] * 1e6 / messages if "system" in nsqd else None,
+        "vcsw": nsqd["voluntary"] / messages if "voluntary" in nsqd else None,
+        "ivcsw": nsqd["involuntary"] / messages if "involuntary" in nsqd else None,
+    }
+    calls = result.get("syscalls")
+    if calls is not None:
+        # strace counts only part of the window: scale the messages to that part
+        share = messages * min(calls.get("seconds", window), window) / window
+        for group in ("epoll", "recv", "send", "all"):
+            row[f"{group}/msg"] = calls[group] / share if share else None
+        row["syscall_tool"] = result.get("syscall_tool")
+    row["gen_us"] = generator * 1e6 / messages
+    return row
 
 
 # -- the server under test ------------------------------------------------------------------------
@@ -284,6 +457,10 @@ def _collect(roles) -> list[dict]:
     return out
 
 
+#: whether scenarios pin (``--pin``/``--no-pin``, or the scenario's ``PIN`` default), set by ``main``
+_PINNING = {"on": True}
+
+
 def server_cpu() -> int:
     return sorted(os.sched_getaffinity(0))[0]
 
@@ -323,7 +500,10 @@ class Generators:
     """A set of generator processes started together. ``add`` each, then ``run``."""
 
     specs: list[tuple[Callable, dict]] = field(default_factory=list)
-    pin: bool = True
+    #: pin each process to one of the generators' CPUs; None: as the command line says (``--pin``/``--no-pin``)
+    pin: bool | None = None
+    #: count nsqd's system calls over the window (``SyscallCounter``; the scenarios that print the breakdown)
+    count_syscalls: bool = False
 
     def add(self, build: Callable, **kwargs) -> None:
         self.specs.append((build, kwargs))
@@ -341,7 +521,8 @@ class Generators:
             cpus = generator_cpus()
             for index, (build, kwargs) in enumerate(self.specs):
                 parent_end, child_end = context.Pipe()
-                cpu = cpus[index % len(cpus)] if self.pin else None
+                pin = _PINNING["on"] if self.pin is None else self.pin
+                cpu = cpus[index % len(cpus)] if pin else None
                 process = context.Process(target=_child, args=(child_end, build, kwargs, cpu), daemon=True)
                 process.start()
                 child_end.close()
@@ -359,8 +540,13 @@ class Generators:
             for _, pipe in children:
                 pipe.send(("go", start_at, warm_at, end_at, hard_end_at, until_done))
             cpu_start = cpu_end = 0.0
+            counts_start: dict = {}
+            counts_end: dict = {}
+            syscalls = SyscallCounter(sampler.pid if sampler is not None and self.count_syscalls else None)
             if sampler is not None:
                 time.sleep(max(warm_at - time.monotonic(), 0))
+                syscalls.start()
+                counts_start = sampler.snapshot()
                 cpu_start = sampler.cpu_seconds()
                 if on_window is not None:
                     on_window("start")
@@ -380,6 +566,8 @@ class Generators:
                 now = time.monotonic()
                 if sampler is not None and not cpu_end and (now >= end_at or len(messages) == len(children)):
                     cpu_end = sampler.cpu_seconds()
+                    counts_end = sampler.snapshot()
+                    syscalls.stop()
                     if on_window is not None:
                         on_window("end")
                 elif not ready and now >= hard_end_at + 30:
@@ -390,7 +578,9 @@ class Generators:
                 if message[0] != "result":
                     raise RuntimeError(f"generator failed:\n{message[1]}")
                 results.append(message[1])
-            return {"workers": results, "nsqd_cpu_seconds": cpu_end - cpu_start, "window": duration}
+            nsqd = {key: counts_end[key] - counts_start[key] for key in counts_end if key in counts_start}
+            return {"workers": results, "nsqd_cpu_seconds": cpu_end - cpu_start, "window": duration,
+                    "nsqd": nsqd, "syscalls": syscalls.counts(), "syscall_tool": syscalls.tool}
         finally:
             for process, pipe in children:
                 pipe.close()
@@ -410,23 +600,27 @@ class LoadRun:
     generator_cpu: float
     window: float
     nsqd_cpu: float
+    #: the round trip part by part (``per_message_breakdown``), when asked for
+    breakdown: dict = field(default_factory=dict)
 
 
-def run_spread(args, target: "Target", role: str, connections: int, processes: int, params: dict) -> LoadRun:
+def run_spread(args, target: "Target", role: str, connections: int, processes: int, params: dict,
+               *, breakdown: bool = False) -> LoadRun:
     """Run ``connections`` of one load ``role`` spread evenly over up to ``processes`` generator processes
     (never more processes than connections) for the measured window, and total what the workers counted."""
     from bench.load import build_roles  # the generator side; imported here so load.py stays standalone
 
-    generators = Generators()
+    generators = Generators(count_syscalls=breakdown and getattr(args, "syscalls", True))
     processes = max(1, min(processes, connections))
     for index in range(processes):
         count = connections // processes + (1 if index < connections % processes else 0)
         generators.add(build_roles, specs=[(role, count, params)])
     result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
     workers = result["workers"]
-    return LoadRun(messages=sum(sum(worker["window_counts"]) for worker in workers),
-                   generator_cpu=sum(worker["cpu_seconds"] for worker in workers),
-                   window=result["window"], nsqd_cpu=result["nsqd_cpu_seconds"])
+    messages = sum(sum(worker["window_counts"]) for worker in workers)
+    return LoadRun(messages=messages, generator_cpu=sum(worker["cpu_seconds"] for worker in workers),
+                   window=result["window"], nsqd_cpu=result["nsqd_cpu_seconds"],
+                   breakdown=per_message_breakdown(result, messages) if breakdown else {})
 
 
 @dataclass
@@ -512,8 +706,16 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where <scenario>.json goes")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per figure")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds run before measuring")
-    parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="do not pin nsqd to the first CPU and the generators to the others")
+    parser.add_argument("--no-syscalls", dest="syscalls", action="store_false",
+                        default=os.environ.get("BENCH_SYSCALLS", "1") != "0",
+                        help="do not count nsqd's system calls (BENCH_SYSCALLS=0): the CPU figures without the "
+                             "cost of perf's tracepoints on every call, which is about 1 us per PUB here")
+    pinning = parser.add_mutually_exclusive_group()
+    pinning.add_argument("--pin", dest="pin", action="store_true", default=None,
+                         help="pin nsqd to the first CPU and the generators to the others (the default of every "
+                              "scenario but pub, pubsub and latency, which run unpinned, as users run nsqd)")
+    pinning.add_argument("--no-pin", dest="pin", action="store_false",
+                         help="let every process move between CPUs")
 
 
 def main(module, argv: list[str] | None = None) -> int:
@@ -523,8 +725,13 @@ def main(module, argv: list[str] | None = None) -> int:
     if hasattr(module, "add_arguments"):
         module.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.pin is None:  # no flag: BENCH_PIN=1 or 0 for a whole ``make bench``, else the scenario's default
+        env = os.environ.get("BENCH_PIN")
+        args.pin = env == "1" if env in ("0", "1") else getattr(module, "PIN", True)
+    _PINNING["on"] = args.pin
     before = cpu_times()
     report = module.run(args)
+    report.params["pinned"] = args.pin
     steal = steal_share(before, cpu_times())
     if steal is not None:
         report.params["cpu_steal"] = round(steal, 4)

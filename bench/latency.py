@@ -12,12 +12,13 @@ its disk queue: this is the memory path's latency.
 
 from __future__ import annotations
 
-from bench.common import Generators, Report, Target, main, percentile, unique_topic
+from bench.common import BREAKDOWN_NOTE, Generators, Report, Target, main, per_message_breakdown, percentile, unique_topic
 from bench.consume import create_channel
 from bench.load import build_roles
 
 NAME = "latency"
 TITLE = "end-to-end latency at fixed publish rates"
+PIN = False  # as users run nsqd; ``--pin`` for the pinned figures
 #: a hiccup of the machine must not push the channel over to its disk queue: this measures the memory path
 MEM_QUEUE_SIZE = 1_000_000
 
@@ -29,11 +30,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--body-size", type=int, default=200)
 
 
-def measure(args, target: Target, rate: float, topic: str | None = None, extra_specs=None) -> dict:
-    """Latency percentiles of one fixed-rate run (used by the isolation scenario too)."""
+def measure(args, target: Target, rate: float, topic: str | None = None, extra_specs=None,
+            breakdown: bool = False) -> dict:
+    """Latency percentiles of one fixed-rate run (used by the isolation scenario too); with ``breakdown``, nsqd's
+    costs per delivered message (``common.per_message_breakdown``)."""
     topic = topic or unique_topic(NAME)
     create_channel(target, topic, "bench")
-    generators = Generators()
+    generators = Generators(count_syscalls=breakdown and bool(target.pid))
     generators.add(build_roles, specs=[
         ("paced", 1, dict(address=target.tcp, topic=topic, rate=rate, body_size=args.body_size)),
         ("sub", args.consumers, dict(address=target.tcp, topic=topic, channel="bench", rdy=args.rdy,
@@ -58,6 +61,8 @@ def measure(args, target: Target, rate: float, topic: str | None = None, extra_s
         "max ms": samples[-1] / 1e6 if samples else None,
         "samples": len(samples),
         "nsqd_cpu": result["nsqd_cpu_seconds"] / result["window"] if target.pid else None,
+        "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / delivered if target.pid and delivered else None,
+        **(per_message_breakdown(result, delivered) if breakdown and target.pid else {}),
         "generator_cpu": latency_worker["cpu_seconds"] / result["window"],
         "_result": result,
     }
@@ -70,11 +75,12 @@ def run(args) -> Report:
     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
         report.target = target.describe()
         for rate in rates:
-            row = measure(args, target, rate)
+            row = measure(args, target, rate, breakdown=True)
             row.pop("_result")
             report.rows.append(row)
     report.targets = {"p99 at 10k msg/s": "<= 5 ms"}
     report.notes.append("publishing is paced in 1 ms ticks: the messages of one tick leave as one MPUB")
+    report.notes.append(BREAKDOWN_NOTE + "; per message delivered")
     return report
 
 

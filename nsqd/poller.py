@@ -42,6 +42,20 @@ looks again once at their end instead of after each (an ``epoll`` and a sort per
 scenario's time). Each member is still called at most once per step, except those added with ``again``: a
 replication peer's ACKs (``replication/sender.py``), a few bytes that the OKs of every MPUB in the step wait
 on; a cheap call costs no extra ``epoll``.
+
+One read for the producers. The light producers ready at the start of a step (their place in the list) are
+handed to ``bulk_read`` together when the daemon set it: nsqd's ``PublishBatch.read_producers`` reads those that
+publish one message at a time with one C call over their descriptors (``nsqd/fastpath.py``) and leaves the others
+to their ``poll_ready``, first in the list. That saves the interpreter's round per connection (the call, its
+clock read, a 64 KiB buffer per read) that a step of ten PUBs paid ten times (bench/HISTORY.md, item 26).
+
+Answers at the end of the light part of a step. A member that answers during a step (an OK in its output
+buffer) asks for the write with ``defer_reply``: the writes of every light member served are made after the
+last of them was read, before the first heavy member is served (or at the step's end), and the PUBs of plain
+producers are published there too, once per topic (``nsqd/fastpath.py``). Reading all the ready producers before
+waking any of them with an answer halves the context switches of a PUB round trip when nsqd and its producers
+share the cores (bench/HISTORY.md, change 23); a heavy member's answer still leaves before the next heavy
+member's work, so an MPUB producer's next batch is on its way while the others are handled.
 """
 
 from __future__ import annotations
@@ -54,6 +68,10 @@ from typing import Any, Protocol
 import trio
 
 __all__ = ["ReadPoller"]
+
+
+def _never() -> float:
+    return math.inf
 
 
 class Polled(Protocol):
@@ -77,6 +95,14 @@ class ReadPoller:
         self._members: dict[int, Polled] = {}
         self._again: set[int] = set()  # members a fresh look may serve again in the same step
         self._polling = False
+        self._replies: list = []  # members whose answers wait for the end of the step (``defer_reply``)
+        #: the run's clock at the start of the current step (``run`` sets the clock; before it, +inf): members
+        #: read it instead of the clock, once per step rather than once per member
+        self.step_time = math.inf
+        self._now = _never
+        #: reads the light producers ready at the start of a step together (``PublishBatch.read_producers``):
+        #: ``bulk_read(fds, members)`` returns the descriptors it left to their members' ``poll_ready``
+        self.bulk_read = None
 
     def __len__(self) -> int:
         return len(self._members)
@@ -103,12 +129,31 @@ class ReadPoller:
         """Hand every ready descriptor to its member, small reads first; returns how many were ready."""
         events = self._epoll.poll(0)
         self._polling = True
+        self.step_time = self._now()
         try:
             light, heavy, producers = self._sort(events)
             self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
         finally:
+            if self._replies:
+                self._send_replies()
             self._polling = False
         return len(events)
+
+    def defer_reply(self, member) -> bool:
+        """Inside a step: have ``member.send_deferred()`` called at its end, after every ready member was read,
+        and return True; outside one, False (the caller writes at once)."""
+        if not self._polling:
+            return False
+        self._replies.append(member)
+        return True
+
+    def _send_replies(self) -> None:
+        """The step's end: every deferred answer, still inside the step (an interlude cannot start a step here),
+        including any deferred meanwhile (a publish that delivers to a consumer may answer it)."""
+        while self._replies:
+            replies, self._replies = self._replies, []
+            for member in replies:
+                member.send_deferred()
 
     def poll_light(self, below: float = math.inf) -> None:
         """Serve only the ready members whose last read was small and whose rank is below ``below``; the others
@@ -118,11 +163,14 @@ class ReadPoller:
         if self._polling or self._epoll.closed:
             return
         self._polling = True
+        self.step_time = self._now()
         try:
             light, _, producers = self._sort(self._epoll.poll(0), below)
             if light:
                 self._serve(light, producers, below)
         finally:
+            if self._replies:
+                self._send_replies()
             self._polling = False
 
     def _sort(self, events: list[tuple[int, int]],
@@ -166,6 +214,18 @@ class ReadPoller:
         served: set[int] = set()
         index = 0
         stale = False  # a call ran long since the last look
+        before = clock()  # one clock call per member: the end of a call is the start of the next
+        if producers and self.bulk_read is not None:
+            # the light producers in one go (see "One read for the producers"); the fresh look skips them all
+            head = fds[:producers]
+            served.update(head)
+            rest = self.bulk_read(head, members)
+            fds = rest + fds[producers:]
+            after = clock()
+            if after - before > repoll_after * (producers - len(rest) or 1):  # longer than as many calls
+                stale = True
+            producers = len(rest)
+            before = after
         while True:
             if stale and index >= producers:
                 stale = False
@@ -180,6 +240,7 @@ class ReadPoller:
                     moved = set(fresh)  # a set: thousands of members ready at once made this quadratic
                     fds = fresh + [fd for fd in fds[index:] if fd not in moved]
                     index = 0
+                before = clock()  # the look's own time is no member's
             if index >= len(fds):
                 return
             fd = fds[index]
@@ -187,14 +248,20 @@ class ReadPoller:
             member = members.get(fd)  # None: it left (or was replaced) earlier in this same step
             if member is None:
                 continue
-            started = clock()
+            if self._replies and member.last_read > self.light_read:
+                # the light members' answers leave before a heavy member's work (an MPUB batch, a burst of FINs)
+                self._send_replies()
+                before = clock()
             member.poll_ready()
-            if clock() - started > repoll_after:
+            after = clock()
+            if after - before > repoll_after:
                 stale = True
+            before = after
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Wait for the set to have input, then serve it, until cancelled; closes the epoll set at the end."""
         epoll_fd = self._epoll.fileno()
+        self._now = trio.lowlevel.current_clock().current_time
         task_status.started()
         try:
             while True:

@@ -31,6 +31,7 @@ from .lookup import Lookup
 from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
 from .message import Message
 from .metadata_writer import MetadataWriter
+from .fastpath import PublishBatch
 from .poller import ReadPoller
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
@@ -96,6 +97,8 @@ class NSQD:
         self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice,
                                   wake_slack=4 * opts.actor_slice, interlude_seconds=opts.actor_interlude)
         self.read_poller = ReadPoller()  # idle plain-TCP connections are read by one task (poller.py)
+        self.publish_batch = PublishBatch(self)  # a poller step's plain PUBs, published at its end (fastpath.py)
+        self.read_poller.bulk_read = self.publish_batch.read_producers
         self.heartbeats = HeartbeatTimer()  # and one task writes their heartbeats (heartbeats.py)
         # light connections are read between the consumers of a busy channel's slice too (actors.py)
         self.actors.interlude_hook = self.read_poller.poll_light

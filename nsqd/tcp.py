@@ -48,6 +48,7 @@ from .auth import AuthError
 
 from .channel import ChannelError
 from .client import Client, ClientState
+from .fastpath import read_pubs
 from .queues.offset_log import LogRangeError
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
@@ -132,6 +133,11 @@ class Connection:
         self._pending_command: tuple | None = None  # left by the poller for this task (it must await)
         self._poller_error: Exception | None = None  # raised by a command the poller ran
         self._consumes = False  # SUB: what it publishes may come back to it (``_publish``)
+        self._reply_deferred = False
+        #: whether its PUBs may take the fast path at all (``poll_ready``): what cannot change while it
+        #: lives (auth, a TLS requirement, replication: set up before any client comes) and SUB, which clears it
+        self._plain = not self._auth_enabled and not self._tls_required and nsqd.replication is None
+        self._publish_batch = nsqd.publish_batch
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -312,13 +318,54 @@ class Connection:
 
     def poll_ready(self) -> None:
         """Called by the poller when the socket is readable; never raises. Whatever this cannot finish goes
-        back to the connection's task, which the poller stops watching for at once."""
+        back to the connection's task, which the poller stops watching for at once.
+        A read of nothing but PUBs of the connection's last PUB line goes to the step's ``PublishBatch``
+        (``nsqd/fastpath.py``) when nothing else is to be checked for them (``fast_pub``). In durable mode an OK
+        that a sync must precede is left to the writer (``PublishBatch``), as ``_flush_direct`` leaves it.
+        The producers ready at the start of a step are read together instead (``PublishBatch.read_producers``),
+        which calls ``fast_read`` or ``poll_data`` with what it read."""
+        last = self.fast_pub()
         try:
-            data = os.read(self._poll_fd, RECEIVE_SIZE)
+            if last is not None:
+                data = read_pubs(self._poll_fd, last[0], self.parser.max_msg_size)
+                if data is None:
+                    return
+                if type(data) is tuple:
+                    self._publish_batch.add(self, last[1], data[1])
+                    self.fast_read(data[0])
+                    return
+            else:
+                data = os.read(self._poll_fd, RECEIVE_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
             self._poll_return(exc)
+            return
+        self.poll_data(data)
+
+    def fast_pub(self) -> tuple[bytes, bytes] | None:
+        """The line and topic of the PUBs a read may hand to the step's ``PublishBatch`` without the parser
+        (``CommandParser.last_pub``), when nothing else is to be checked for them: no auth, no TLS requirement,
+        never subscribed, no replication (its OKs wait for the peers; all four in ``_plain``), nothing unsent
+        before them and no write of the writer's under way (the batch writes its OKs at the step's end). None when
+        the read goes to the parser."""
+        if self._plain and not self.client.out and not self._send_lock.locked():
+            return self.parser.last_pub()
+        return None
+
+    def fast_read(self, size: int) -> None:
+        """A read of ``size`` bytes went to the step's ``PublishBatch``."""
+        self.last_read = size
+        if self._poller.step_time > self._read_moves_at:  # the step's clock: one call per step
+            self._set_read_deadline()
+
+    def poll_data(self, data) -> None:
+        """What a read in the poller gave that is not for the ``PublishBatch``: bytes for the parser, b"" at end of
+        input, None when there was nothing to read, the ``OSError`` of a failed read. Never raises."""
+        if data is None:
+            return
+        if type(data) is not bytes:
+            self._poll_return(data)
             return
         if not data:
             self._poll_return(b"")
@@ -335,7 +382,26 @@ class Connection:
             self._pending_command = command
             self._poll_return(None)
             return
-        self._move_read_deadline()
+        if self._poller.step_time > self._read_moves_at:
+            self._set_read_deadline()
+
+    @property
+    def poll_fd(self) -> int:
+        return self._poll_fd
+
+    def answer_later(self, data: bytes) -> None:
+        """OKs of a ``PublishBatch`` that could not be written at once: through the output buffer, as any answer."""
+        client = self.client
+        client.out.append(data)
+        client.out_bytes += len(data)
+        client.flush_now = True
+        self._send_replies()
+
+    def fast_publish_failed(self, error: ProtocolError) -> None:
+        """A ``PublishBatch`` publish failed: the connection's task reports the fatal error and closes, as when a
+        PUB run by ``_run_commands`` raises it."""
+        self._poller_error = error
+        self._poll_return(None)
 
     def _poll_return(self, result) -> None:
         self._poller.discard(self._poll_fd)
@@ -350,6 +416,16 @@ class Connection:
         handling. Saves a task switch and a ``send_all`` per round trip of a PUB producer.
         While a disk sync is owed (durable mode), the writer sends instead: it commits the sync
         barrier first, once for all the connections whose readers ran in the meantime (group commit)."""
+        if self._reply_deferred:
+            return
+        if self._poller.defer_reply(self):
+            self._reply_deferred = True
+            return
+        if not self._flush_direct() and not self._await_ack_directly():
+            self.client.wake_writer()
+
+    def send_deferred(self) -> None:
+        self._reply_deferred = False
         if not self._flush_direct() and not self._await_ack_directly():
             self.client.wake_writer()
 
@@ -705,6 +781,7 @@ class Connection:
         client.channel = channel
         self.poll_actor = channel.dispatcher
         self._consumes = True  # what it publishes may come back here now
+        self._plain = False
         client.state = ClientState.SUBSCRIBED
         log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
         return OK_FRAME

@@ -234,6 +234,22 @@ class CommandParser(InputBuffer):
             return total < need
         return total < self._max_line_length and b"\n" not in data
 
+    def last_pub(self) -> tuple[bytes, bytes] | None:
+        """Between commands with nothing unread: the line (newline included) of the latest PUB this parser checked
+        and its topic, as bytes; whole commands of that line, with a body size in range, are what ``next_command``
+        would return with no check to make (its fastest path). None otherwise, or when the latest was a DPUB.
+        For a reader that takes such commands without the parser (``nsqd/fastpath.py``)."""
+        if self._cur is not None or self._pos < len(self._buf) or self._chunks_len:
+            return None
+        entry = self._last_entry
+        if entry[1] != b"PUB":
+            return None
+        return self._last_line, entry[2][0]
+
+    @property
+    def max_msg_size(self) -> int:
+        return self._max_msg_size
+
     def buffered_size(self) -> int:
         """Bytes received and not yet consumed by a returned or started command."""
         return len(self._buf) - self._pos + self._chunks_len

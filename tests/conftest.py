@@ -53,3 +53,16 @@ def certs(tmp_path_factory) -> Certificates:
 def topic() -> str:
     """A topic name no other test uses."""
     return f"t_{uuid.uuid4().hex[:16]}"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--no-speedups", action="store_true",
+                     help="run nsqd without its C accelerator (TRIONSQ_NO_SPEEDUPS=1), in-process and in subprocesses; "
+                          "tests/nsqd/test_fastpath.py and tests/integration/test_fastpath.py run both modes anyway")
+
+
+def pytest_configure(config):
+    if config.getoption("--no-speedups"):
+        import os
+
+        os.environ["TRIONSQ_NO_SPEEDUPS"] = "1"

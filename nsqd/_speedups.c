@@ -1,0 +1,264 @@
+/* nsqd._speedups: the reads and the writes of PUB producers' round trips, in C.
+
+   The pure-Python twins of these functions, and what they are for, are in nsqd/fastpath.py: that module picks
+   this one at import when it was built (and TRIONSQ_NO_SPEEDUPS is unset), the Python code otherwise. Both
+   must answer the same for the same bytes: tests/nsqd/test_fastpath.py runs the same cases through both. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RECEIVE_SIZE 65536
+
+/* The number of whole commands `line` + [int32 size][size bytes] with 0 < size <= max_size that make up all of
+   buf[0:got] (line is the connection's last PUB line, newline included), or 0 when buf holds anything else. */
+static Py_ssize_t
+count_pubs(const char *buf, Py_ssize_t got, const char *line, Py_ssize_t line_len, long long max_size)
+{
+    Py_ssize_t pos = 0, count = 0;
+    while (pos < got) {
+        if (got - pos < line_len + 4 || memcmp(buf + pos, line, line_len) != 0)
+            return 0;
+        const unsigned char *field = (const unsigned char *)buf + pos + line_len;
+        long long size = (long long)(int32_t)(((uint32_t)field[0] << 24) | ((uint32_t)field[1] << 16) |
+                                              ((uint32_t)field[2] << 8) | (uint32_t)field[3]);
+        if (size <= 0 || size > max_size || size > got - pos - line_len - 4)
+            return 0;
+        pos += line_len + 4 + size;
+        count++;
+    }
+    return count;
+}
+
+/* Append the bodies of the `count` commands that count_pubs found in buf to the list `into`; -1 on error. */
+static int
+append_bodies(PyObject *into, const char *buf, Py_ssize_t count, Py_ssize_t line_len)
+{
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const unsigned char *field = (const unsigned char *)buf + pos + line_len;
+        Py_ssize_t size = (Py_ssize_t)(((uint32_t)field[0] << 24) | ((uint32_t)field[1] << 16) |
+                                       ((uint32_t)field[2] << 8) | (uint32_t)field[3]);
+        PyObject *body = PyBytes_FromStringAndSize((const char *)field + 4, size);
+        if (body == NULL)
+            return -1;
+        int failed = PyList_Append(into, body);
+        Py_DECREF(body);
+        if (failed)
+            return -1;
+        pos += line_len + 4 + size;
+    }
+    return 0;
+}
+
+/* One read buffer for every call: the lock is held throughout, and what leaves the call is copied out of it
+   (a fresh 64 KiB bytes object per read, most of it given back at once, was a malloc and a free per PUB). */
+static char receive_buffer[RECEIVE_SIZE];
+
+/* read_pubs(fd, line, max_size) -> None | bytes | (nread, [bodies])
+
+   One read(2) of up to 64 KiB from fd. None: nothing to read (EAGAIN). b"": end of input. A tuple: the read
+   held nothing but whole commands `line` + [int32 size][size bytes] with 0 < size <= max_size (line is the
+   connection's last PUB line, newline included), and these are their bodies. bytes: anything else, the data
+   as read, for the general parser. A failed read raises OSError. */
+static PyObject *
+read_pubs(PyObject *self, PyObject *args)
+{
+    int fd;
+    const char *line;
+    Py_ssize_t line_len;
+    long long max_size;
+    if (!PyArg_ParseTuple(args, "iy#L", &fd, &line, &line_len, &max_size))
+        return NULL;
+    char *buf = receive_buffer;
+    /* the socket is non-blocking: the lock is kept (releasing and taking it again costs more than the call) */
+    ssize_t got = read(fd, buf, RECEIVE_SIZE);
+    if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    /* a read that is not only whole PUBs goes to the parser untouched */
+    Py_ssize_t count = count_pubs(buf, got, line, line_len, max_size);
+    if (count == 0)
+        return PyBytes_FromStringAndSize(buf, got);
+    PyObject *bodies = PyList_New(0);
+    if (bodies == NULL)
+        return NULL;
+    if (append_bodies(bodies, buf, count, line_len) < 0) {
+        Py_DECREF(bodies);
+        return NULL;
+    }
+    return Py_BuildValue("(nN)", (Py_ssize_t)got, bodies);
+}
+
+/* The OSError (its errno's subclass) of a failed read, as a value rather than raised. */
+static PyObject *
+read_error(int error)
+{
+    return PyObject_CallFunction(PyExc_OSError, "is", error, strerror(error));
+}
+
+/* read_pubs_many(fds, lines, topics, max_size) -> (bodies by topic, results)
+
+   read_pubs for each of fds[i] with its own lines[i], in order, in one call. The bodies of every read that held
+   only whole PUBs of its line go to the dict's list for topics[i] (topics: any hashable key per descriptor), in
+   the order read; results[i] is (nread, count) for such a read, and otherwise what read_pubs returns (None,
+   bytes, b"" at end of input), or the OSError of a failed read as a value: one connection's error is its own. */
+static PyObject *
+read_pubs_many(PyObject *self, PyObject *args)
+{
+    PyObject *fds, *lines, *topics;
+    long long max_size;
+    if (!PyArg_ParseTuple(args, "O!O!O!L", &PyList_Type, &fds, &PyList_Type, &lines, &PyList_Type, &topics,
+                          &max_size))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(fds);
+    if (PyList_GET_SIZE(lines) != n || PyList_GET_SIZE(topics) != n) {
+        PyErr_SetString(PyExc_ValueError, "fds, lines and topics differ in length");
+        return NULL;
+    }
+    PyObject *by_topic = PyDict_New();
+    PyObject *results = PyList_New(n);
+    if (by_topic == NULL || results == NULL)
+        goto error;
+    char *buf = receive_buffer;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *line_object = PyList_GET_ITEM(lines, i);
+        if (!PyBytes_Check(line_object)) {
+            PyErr_SetString(PyExc_TypeError, "lines must hold bytes");
+            goto error;
+        }
+        int fd = (int)PyLong_AsLong(PyList_GET_ITEM(fds, i));
+        if (fd == -1 && PyErr_Occurred())
+            goto error;
+        PyObject *result;
+        ssize_t got = read(fd, buf, RECEIVE_SIZE);
+        if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                Py_INCREF(Py_None);
+                result = Py_None;
+            } else {
+                result = read_error(errno);
+            }
+        } else {
+            Py_ssize_t line_len = PyBytes_GET_SIZE(line_object);
+            Py_ssize_t count = count_pubs(buf, got, PyBytes_AS_STRING(line_object), line_len, max_size);
+            if (count == 0) {
+                result = PyBytes_FromStringAndSize(buf, got);
+            } else {
+                PyObject *topic = PyList_GET_ITEM(topics, i);
+                PyObject *into = PyDict_GetItemWithError(by_topic, topic);  /* borrowed */
+                if (into == NULL) {
+                    if (PyErr_Occurred())
+                        goto error;
+                    into = PyList_New(0);
+                    if (into == NULL)
+                        goto error;
+                    int failed = PyDict_SetItem(by_topic, topic, into);
+                    Py_DECREF(into);  /* the dict holds it */
+                    if (failed)
+                        goto error;
+                }
+                if (append_bodies(into, buf, count, line_len) < 0)
+                    goto error;
+                result = Py_BuildValue("(nn)", (Py_ssize_t)got, count);
+            }
+        }
+        if (result == NULL)
+            goto error;
+        PyList_SET_ITEM(results, i, result);
+    }
+    return Py_BuildValue("(NN)", by_topic, results);
+error:
+    Py_XDECREF(by_topic);
+    Py_XDECREF(results);
+    return NULL;
+}
+
+#define OK_FRAME "\0\0\0\6\0\0\0\0OK"
+#define OK_FRAME_SIZE 10
+#define OK_RUN 64 /* OK frames written from a static run: a producer rarely owes more in one step */
+
+/* write_oks(fds, counts) -> list of (index, written)
+
+   write(2) counts[i] OK frames to fds[i] for every i, in order. Returns the writes that did not take all of
+   theirs: the index and the bytes written (0 when none, -errno when the write failed, EAGAIN included); an
+   empty list when every socket took its OKs whole, which is what the caller looks at. */
+static PyObject *
+write_oks(PyObject *self, PyObject *args)
+{
+    static char run[OK_RUN * OK_FRAME_SIZE];
+    static int filled = 0;
+    PyObject *fds, *counts;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &fds, &PyList_Type, &counts))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(fds);
+    if (PyList_GET_SIZE(counts) != n) {
+        PyErr_SetString(PyExc_ValueError, "fds and counts differ in length");
+        return NULL;
+    }
+    if (!filled) {
+        for (int i = 0; i < OK_RUN; i++)
+            memcpy(run + i * OK_FRAME_SIZE, OK_FRAME, OK_FRAME_SIZE);
+        filled = 1;
+    }
+    PyObject *short_writes = PyList_New(0);
+    if (short_writes == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int fd = (int)PyLong_AsLong(PyList_GET_ITEM(fds, i));
+        Py_ssize_t count = PyLong_AsSsize_t(PyList_GET_ITEM(counts, i));
+        if ((fd == -1 || count == -1) && PyErr_Occurred())
+            goto error;
+        if (count <= 0)
+            continue;
+        Py_ssize_t want = count * OK_FRAME_SIZE;
+        char *data = run;
+        if (count > OK_RUN) {
+            data = PyMem_Malloc((size_t)want);
+            if (data == NULL) {
+                PyErr_NoMemory();
+                goto error;
+            }
+            for (Py_ssize_t k = 0; k < count; k++)
+                memcpy(data + k * OK_FRAME_SIZE, OK_FRAME, OK_FRAME_SIZE);
+        }
+        ssize_t sent = write(fd, data, (size_t)want);
+        int error = errno;
+        if (data != run)
+            PyMem_Free(data);
+        if (sent == want)
+            continue;
+        PyObject *entry = Py_BuildValue("(nn)", i, sent < 0 ? -(Py_ssize_t)error : (Py_ssize_t)sent);
+        if (entry == NULL)
+            goto error;
+        int failed = PyList_Append(short_writes, entry);
+        Py_DECREF(entry);
+        if (failed)
+            goto error;
+    }
+    return short_writes;
+error:
+    Py_DECREF(short_writes);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
+    {"read_pubs_many", read_pubs_many, METH_VARARGS, "read_pubs for several sockets, bodies grouped by topic."},
+    {"write_oks", write_oks, METH_VARARGS, "Write each socket the OK frames it is owed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "nsqd._speedups", "The C twins of nsqd.fastpath's reads and write.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

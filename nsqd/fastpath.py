@@ -1,0 +1,248 @@
+"""The PUB producer's round trip in one pass: the read, the publish and the write of a poller step, batched.
+
+Why: with the read poller (bench/HISTORY.md, change 14) a PUB round trip still cost nsqd about 17 us of CPU, half
+of it in the kernel (one ``read``, one ``write``, a share of an ``epoll_wait``) and half in the interpreter: the
+read's bytes through the general parser, the command table, the publish path and the output buffer, for each
+PUB. A producer that sends one PUB at a time sends the same line each time (``PUB <topic>\\n``), which the
+parser has already checked once. Here:
+
+- ``read_pubs_many(fds, lines, topics, max_size)`` reads several sockets in one call (the light producers ready
+  at the start of a poller step, ``PublishBatch.read_producers``) and, for each read that holds nothing but whole
+  PUB commands whose line is that connection's last checked PUB line with a body size in range, adds their bodies
+  to its topic's list; anything else (another command, a partial command, a new topic, end of input, an error)
+  comes back as what was read, for the general parser, which stays the one authority on the protocol.
+  ``read_pubs`` is the same for one socket, for a producer served later in the step;
+- such connections do not run the command: at the end of the poller step the batch publishes each topic's bodies
+  with one ``Topic.publish`` (one ID run, one timestamp, one hand-off to the channels, as an MPUB) and writes every
+  connection's OKs of that topic with one call (``write_oks``);
+- both exist in C (``nsqd/_speedups.c``, built by ``pip install -e .`` where a compiler is present) and here in
+  Python; the C ones are used when they were built, unless ``TRIONSQ_NO_SPEEDUPS=1``. Same answers for the same
+  bytes (``tests/nsqd/test_fastpath.py`` runs both).
+
+What the client sees does not change: the same OK frames, one per PUB, in order, on its connection; a failed
+publish is the same fatal ``E_PUB_FAILED`` (the general path's error, raised for each connection of the
+batch). Only connections for which a PUB has nothing else to check take this path: plain TCP, no auth, no TLS
+requirement, not subscribed (a consumer's publish may be delivered back to it and must be answered first),
+no replication (its answers wait for the peers), nothing unread or unsent; in durable mode the OKs of a publish
+that made a sync due go through the writers, which commit first.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from protocol.errors import ProtocolError
+from protocol.frames import OK_FRAME
+
+from .topic import TopicExiting, TopicFull
+
+__all__ = ["ACCELERATED", "PublishBatch", "read_pubs", "read_pubs_many", "write_oks"]
+
+RECEIVE_SIZE = 65536
+_unpack_size = struct.Struct(">i").unpack_from
+
+
+def _pub_bodies(data: bytes, line: bytes, max_size: int) -> list[bytes] | None:
+    """The bodies of ``data`` when it is nothing but whole PUBs of ``line`` with sizes in range; None otherwise."""
+    end = len(data)
+    step = len(line) + 4
+    pos = 0
+    bodies = []
+    while pos < end:
+        if end - pos < step or not data.startswith(line, pos):
+            return None
+        size = _unpack_size(data, pos + step - 4)[0]
+        start = pos + step
+        if size <= 0 or size > max_size or size > end - start:
+            return None
+        pos = start + size
+        bodies.append(data[start:pos])
+    return bodies or None
+
+
+def _read_pubs(fd: int, line: bytes, max_size: int):
+    """``read_pubs`` in Python (see the module notes and nsqd/_speedups.c)."""
+    try:
+        data = os.read(fd, RECEIVE_SIZE)
+    except BlockingIOError:
+        return None
+    bodies = _pub_bodies(data, line, max_size)
+    if bodies is None:
+        return data
+    return len(data), bodies
+
+
+def _read_pubs_many(fds: list[int], lines: list[bytes], topics: list, max_size: int):
+    """``read_pubs_many`` in Python (see nsqd/_speedups.c): ``(bodies by topic, results)``."""
+    if not len(fds) == len(lines) == len(topics):
+        raise ValueError("fds, lines and topics differ in length")
+    by_topic: dict = {}
+    results = []
+    read = os.read
+    for fd, line, topic in zip(fds, lines, topics):
+        try:
+            data = read(fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            results.append(None)
+            continue
+        except OSError as exc:
+            results.append(exc)
+            continue
+        bodies = _pub_bodies(data, line, max_size)
+        if bodies is None:
+            results.append(data)
+            continue
+        into = by_topic.get(topic)
+        if into is None:
+            by_topic[topic] = bodies
+        else:
+            into.extend(bodies)
+        results.append((len(data), len(bodies)))
+    return by_topic, results
+
+
+def _write_oks(fds: list[int], counts: list[int]) -> list[tuple[int, int]]:
+    """``write_oks`` in Python: the writes that did not take all their OKs, as (index, bytes written or -errno)."""
+    if len(fds) != len(counts):
+        raise ValueError("fds and counts differ in length")
+    short = []
+    write = os.write
+    for index, (fd, count) in enumerate(zip(fds, counts)):
+        if count <= 0:
+            continue
+        data = OK_FRAME * count
+        try:
+            sent = write(fd, data)
+        except OSError as exc:
+            sent = -(exc.errno or 1)
+        if sent != len(data):
+            short.append((index, sent))
+    return short
+
+
+ACCELERATED = False
+read_pubs = _read_pubs
+read_pubs_many = _read_pubs_many
+write_oks = _write_oks
+if os.environ.get("TRIONSQ_NO_SPEEDUPS", "") in ("", "0"):
+    try:
+        from nsqd._speedups import read_pubs, read_pubs_many, write_oks  # noqa: F811
+
+        ACCELERATED = True
+    except ImportError:  # not built (no compiler at install time): the Python twins above
+        pass
+
+
+class PublishBatch:
+    """The PUB bodies that connections read in one poller step, published and answered at its end.
+
+    Bodies come in two ways. At the start of a step the poller hands over the ready light producers
+    (``read_producers``, the poller's ``bulk_read``): the connections that may take this path (``fast_pub``) are
+    read by one ``read_pubs_many`` call, which groups their bodies by topic; what was not whole PUBs of the
+    connection's line goes back to the connection (``poll_data``), with the bytes as read. A connection served
+    later in the step (by a fresh look) reads itself with ``read_pubs`` and calls ``add``. Either way the batch
+    registers with the poller for the end of the step's light part (``ReadPoller.defer_reply``), which calls
+    ``send_deferred``: per topic, one ``Topic.publish`` of every body in the order they were read, then one
+    ``write_oks`` of every connection's OKs. A connection whose OKs the socket does not take whole gets the rest
+    through its own output buffer and writer, as any answer; so do all of a topic's OKs when a disk sync must
+    come first (durable mode).
+
+    A connection may take this path only with nothing in its output and no write of its writer under way
+    (``fast_pub``): nothing else runs for it until the step's end, so its OKs may then be written at once."""
+
+    def __init__(self, nsqd) -> None:
+        self.nsqd = nsqd
+        #: topic name (bytes) -> [bodies, connections, their descriptors, OKs owed to each], in the order read
+        self._topics: dict[bytes, list] = {}
+        self._max_size = nsqd.opts.max_msg_size
+
+    def add(self, connection, topic: bytes, bodies: list[bytes]) -> None:
+        topics = self._topics
+        if not topics:
+            self.nsqd.read_poller.defer_reply(self)
+        group = topics.get(topic)
+        if group is None:
+            topics[topic] = [bodies, [connection], [connection.poll_fd], [len(bodies)]]
+        else:
+            group[0].extend(bodies)
+            group[1].append(connection)
+            group[2].append(connection.poll_fd)
+            group[3].append(len(bodies))
+
+    def read_producers(self, fds: list[int], members: dict) -> list[int]:
+        """Read the connections of ``fds`` that may take the fast path with one ``read_pubs_many``; returns the
+        descriptors it did not read (other members, connections with something to check), in their order."""
+        rest = []
+        taken = []
+        take_fds = []
+        lines = []
+        topics = []
+        for fd in fds:
+            member = members.get(fd)
+            fast_pub = getattr(member, "fast_pub", None)  # a replication peer's ACKs are no connection
+            last = fast_pub() if fast_pub is not None else None
+            if last is None:
+                rest.append(fd)
+                continue
+            taken.append(member)
+            take_fds.append(fd)
+            lines.append(last[0])
+            topics.append(last[1])
+        if not taken:
+            return rest
+        by_topic, results = read_pubs_many(take_fds, lines, topics, self._max_size)
+        groups = self._topics
+        if by_topic:
+            if not groups:
+                self.nsqd.read_poller.defer_reply(self)
+            for topic, bodies in by_topic.items():
+                group = groups.get(topic)
+                if group is None:
+                    groups[topic] = [bodies, [], [], []]
+                else:
+                    group[0].extend(bodies)
+        for connection, fd, topic, result in zip(taken, take_fds, topics, results):
+            if type(result) is tuple:
+                group = groups[topic]
+                group[1].append(connection)
+                group[2].append(fd)
+                group[3].append(result[1])
+                connection.fast_read(result[0])
+            elif result is not None:
+                connection.poll_data(result)
+        return rest
+
+    def send_deferred(self) -> None:
+        groups, self._topics = self._topics, {}
+        for raw_topic, (bodies, connections, fds, counts) in groups.items():
+            topic_name = raw_topic.decode("utf-8", "surrogateescape")
+            error = self._publish(topic_name, bodies)
+            if error is not None:
+                for connection in connections:
+                    connection.fast_publish_failed(error)
+                continue
+            for connection, count in zip(connections, counts):
+                connection.client.published(topic_name, count)
+            if self.nsqd.sync_barrier:
+                # durable mode: the sync this publish made due is committed by the writers before these OKs leave
+                for connection, count in zip(connections, counts):
+                    connection.client.owes_commit = True
+                    connection.answer_later(OK_FRAME * count)
+                continue
+            for index, sent in write_oks(fds, counts):
+                data = OK_FRAME * counts[index]
+                connections[index].answer_later(data[sent:] if sent > 0 else data)
+
+    def _publish(self, topic_name: str, bodies: list[bytes]) -> ProtocolError | None:
+        """``Connection._publish_stored``'s publish for a batch: the error each of its connections gets, or None."""
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            return ProtocolError("E_PUB_FAILED", "PUB failed exiting")
+        try:
+            nsqd.get_topic(topic_name).publish(bodies, 0.0, defer_sync=True)
+        except TopicExiting:
+            return ProtocolError("E_PUB_FAILED", "PUB failed exiting")
+        except TopicFull as exc:
+            return ProtocolError("E_PUB_FAILED", f"PUB failed {exc}")
+        return None

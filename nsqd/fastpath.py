@@ -225,9 +225,10 @@ class PublishBatch:
             for connection, count in zip(connections, counts):
                 connection.client.published(topic_name, count)
             if self.nsqd.sync_barrier:
-                # durable mode: the sync this publish made due is committed by the writers before these OKs leave
+                # durable mode: the sync this publish made due is committed by the writers before these OKs leave,
+                # and a failed one turns each of them into E_PUB_FAILED (Connection._writer, commit_verbs)
                 for connection, count in zip(connections, counts):
-                    connection.client.owes_commit = True
+                    connection.client.commit_verbs.extend(("PUB",) * count)
                     connection.answer_later(OK_FRAME * count)
                 continue
             for index, sent in write_oks(fds, counts):

@@ -2,8 +2,9 @@
 
 ``import spark_connector`` registers the ``nsq`` format with the active SparkSession, if there is
 one; ``spark_connector.register(spark)`` (or ``spark.dataSource.register(NsqDataSource)``) does it
-for any session. The consumer, the write-ahead log and the options only need ``protocol`` and the
-standard library (plus protobuf); the Spark classes need pyspark and pyarrow.
+for any session. The consumer, the log path's reader, the write-ahead log and the options need ``protocol``,
+``trionsq.blocking`` (the project's client on plain sockets; no trio) and the standard library (plus protobuf);
+the Spark classes need pyspark and pyarrow.
 """
 
 from .options import SourceOptions as SourceOptions

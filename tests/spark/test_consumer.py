@@ -30,7 +30,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def make_reader(tmp_path, **options) -> NsqStreamReader:
-    raw = {"channel": "spark", "walPath": str(tmp_path / "wal"), **options}
+    # the driver path's consumer and write-ahead log: with auto, this project's nsqd would take the log path
+    raw = {"channel": "spark", "walPath": str(tmp_path / "wal"), "readMode": "driver", **options}
     return NsqStreamReader(SourceOptions.parse({k: str(v) for k, v in raw.items()}))
 
 

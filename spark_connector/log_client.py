@@ -74,23 +74,26 @@ class LogNode:
         self._conn = conn
         return conn
 
-    def request(self, command: bytes, timeout: float | None = None) -> bytes:
-        """One request on the current connection (dialled if needed); raises what it raised."""
+    def request(self, command: bytes, timeout: float | None = None, *, large: bool = False) -> bytes | bytearray:
+        """One request on the current connection (dialled if needed); raises what it raised.
+        ``large``: an answer of megabytes (LREAD), read into a buffer of its own size
+        (``BlockingConnection.request_into``) rather than through the client's frame buffer."""
         conn = self._connection()
         try:
-            return conn.request(command, None if timeout is None else time.monotonic() + timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            return conn.request_into(command, deadline) if large else conn.request(command, deadline)
         except BaseException:
             self.close()
             raise
 
-    def call(self, command: bytes, retry_for: float) -> bytes:
+    def call(self, command: bytes, retry_for: float, *, large: bool = False) -> bytes | bytearray:
         """``request``, dialling again after a lost or refused connection for up to ``retry_for``
         seconds; then the last ``ConnectionClosed`` (or ``TimeoutError``)."""
         deadline = time.monotonic() + retry_for
         backoff = _BACKOFF_MIN
         while True:
             try:
-                return self.request(command)
+                return self.request(command, large=large)
             except (ConnectionClosed, TimeoutError) as exc:  # ConnectError is a ConnectionClosed
                 if time.monotonic() + backoff >= deadline:
                     raise
@@ -121,8 +124,9 @@ class LogNode:
         opts = self.options
         return decode_offsets(self.call(encode_lcommit(opts.topic, opts.channel, offset), retry_for))
 
-    def read(self, first: int, to: int, max_bytes: int, retry_for: float = 0.0) -> bytes:
+    def read(self, first: int, to: int, max_bytes: int, retry_for: float = 0.0) -> bytes | bytearray:
         """``LREAD``: one range frame's data, from ``first`` on, at least one message when
-        ``first < to`` (``protocol.log``'s layout; ``log_source.range_batch`` makes columns of it)."""
+        ``first < to`` (``protocol.log``'s layout; ``log_source.range_batch`` makes columns of it,
+        whose buffers are this one's)."""
         opts = self.options
-        return self.call(encode_lread(opts.topic, opts.channel, first, to, max_bytes), retry_for)
+        return self.call(encode_lread(opts.topic, opts.channel, first, to, max_bytes), retry_for, large=True)

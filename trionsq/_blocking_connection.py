@@ -15,9 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocol.commands import NOP, encode_dpub, encode_mpub, encode_pub, encode_rdy, encode_sub
+from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 
 from ._config import Config
 from ._core import (
+    _HEARTBEAT_DATA,
+    _MAX_FRAME_SIZE,
     HEARTBEAT,
     NEED_DATA,
     START_TLS,
@@ -32,7 +35,7 @@ from ._core import (
     local_host,
     split_address,
 )
-from ._errors import ConnectError, ConnectionClosed
+from ._errors import ConnectError, ConnectionClosed, NSQError
 from ._message import Message
 
 __all__ = ["BlockingConnection", "HandshakeError", "connect"]
@@ -40,6 +43,7 @@ __all__ = ["BlockingConnection", "HandshakeError", "connect"]
 logger = logging.getLogger("trionsq.blocking")
 
 RECEIVE_SIZE = 256 * 1024
+_FRAME_HEADER = struct.Struct(">iI")  # size (of what follows it), frame type
 
 
 class HandshakeError(ConnectError):
@@ -263,6 +267,66 @@ class BlockingConnection:
             if type(event) is ErrorReply:
                 raise event.error
             raise ConnectionClosed(f"unexpected {event!r} from nsqd {self.address} awaiting a reply")
+
+    def request_into(self, data: bytes, deadline: float | None = None) -> bytes | bytearray:
+        """``request`` for a command whose answer is large (a range of messages, megabytes): the
+        answer's frame is read from the socket straight into one buffer of its size, where the core's
+        frame buffer would copy it three or four times on the way (each received piece copied out of
+        the receive buffer, appended to the core's buffer, the frame cut out of it). Used on an
+        uncompressed stream with no other reply due; otherwise this is ``request``. Heartbeats are
+        answered and non-fatal errors logged on the way, as ``request`` does. Any failure, a timeout
+        included (a frame read in part leaves the stream unusable), closes the connection."""
+        core = self._core
+        if core._decoder is not None or core._pending:
+            return self.request(data, deadline)
+        if deadline is None:
+            deadline = time.monotonic() + self.config.read_timeout
+        held = memoryview(core.take_unparsed())  # normally empty: nothing follows the last reply
+        try:
+            self.send(data)
+            while True:
+                header = bytearray(8)
+                held = self._fill(memoryview(header), held, deadline)
+                size, frame_type = _FRAME_HEADER.unpack(header)
+                if size < 4 or size > _MAX_FRAME_SIZE:
+                    raise ConnectionClosed(f"corrupt stream from nsqd {self.address}: invalid frame size {size}")
+                body = bytearray(size - 4)
+                held = self._fill(memoryview(body), held, deadline)
+                if frame_type == FRAME_TYPE_RESPONSE:
+                    if body == _HEARTBEAT_DATA:
+                        self.send(NOP)
+                        continue
+                    core.receive_data(bytes(held))  # nothing, unless nsqd sent more than it was asked
+                    return body
+                if frame_type == FRAME_TYPE_ERROR:
+                    error = NSQError.from_frame(bytes(body))
+                    if not error.fatal:
+                        logger.warning("%s: %s", self.address, error)
+                        continue
+                    raise error
+                raise ConnectionClosed(f"unexpected frame of type {frame_type} from nsqd {self.address} awaiting "
+                                       f"a reply")
+        except BaseException:
+            self.close()
+            raise
+
+    def _fill(self, view: memoryview, held: memoryview, deadline: float) -> memoryview:
+        """Fill ``view``: first from ``held`` (bytes already received), then from the socket; returns
+        what is left of ``held``. ``TimeoutError`` at ``deadline``, ``ConnectionClosed`` at EOF."""
+        taken = min(len(held), len(view))
+        view[:taken] = held[:taken]
+        filled = taken
+        while filled < len(view):
+            if not self._readable(deadline - time.monotonic()):
+                raise TimeoutError(f"no answer from nsqd {self.address} in time")
+            try:
+                size = self.sock.recv_into(view[filled:])
+            except OSError as exc:
+                raise ConnectionClosed(f"connection to nsqd {self.address} lost: {cause(exc)}") from exc
+            if not size:
+                raise ConnectionClosed(f"nsqd {self.address} closed the connection")
+            filled += size
+        return held[taken:]
 
     def _receive(self) -> bytes:
         view = self._view

@@ -13,7 +13,7 @@ standard library, ``protocol`` and the client's trio-free modules (``_config``, 
     an nsqd that requires AUTH with no ``auth_secret`` set, raise ``HandshakeError``: retrying the
     same configuration cannot succeed.
 
-    Two ways to read, for two kinds of loop:
+    Three ways to read, for three kinds of loop:
 
     - ``read_event(deadline)``: the next ``Reply`` / ``ErrorReply`` / ``Message`` (heartbeats are
       answered on the way), through the core. Requests that expect a reply are written with
@@ -25,6 +25,10 @@ standard library, ``protocol`` and the client's trio-free modules (``_config``, 
       reading what the socket already has, without waiting, up to ``coalesce`` bytes, into one
       receive buffer allocated once per connection (a fresh 1 MiB ``recv`` object per call cost
       14 us more per read), so one pass, one log record and one fsync cover all of it.
+    - ``request(data)`` / ``request_into(data)``: one command and its answer, for a connection used one
+      request at a time; ``request_into`` reads a large answer (the log channels' ``LREAD``, megabytes)
+      from the socket straight into one buffer of its size instead of through the core's frame buffer
+      (0.21 -> 0.09 us of CPU per 200-byte message received).
 
     ``send(data)`` writes commands (compressed when the connection is); it may be called from
     another thread than the reader (a lock keeps writes and the compressor's stream whole).

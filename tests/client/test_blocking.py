@@ -320,6 +320,33 @@ def test_producer_with_no_nsqd_left_raises_no_available_nsqd(nsqd, topic):
     assert all(isinstance(error, ConnectError) for error in caught.value.errors.values())
 
 
+def test_request_into_reads_a_large_answer_into_one_buffer(nsqd_factory, topic):
+    """``request_into`` (the Spark source's LREAD): the answer's frame straight into a buffer of its size, the
+    same bytes as ``request``'s; a heartbeat waiting before it is answered; an error frame is raised and closes
+    the connection; on a compressed stream it is ``request``; the core reads on after it."""
+    from protocol.log import encode_log, encode_lread
+
+    daemon = nsqd_factory()
+    with connect(daemon.tcp_address) as publisher:
+        publisher.request(encode_log(topic, "ch"))
+        for start in range(0, 3000, 500):
+            publisher.multi_publish(topic, [b"%06d" % i * 100 for i in range(start, start + 500)])
+    whole = encode_lread(topic, "ch", 0, 3000, 4 << 20)
+    with connect(daemon.tcp_address, Config(heartbeat_interval=1.0)) as conn:
+        expected = conn.request(whole)
+        assert len(expected) > 1_500_000
+        time.sleep(1.5)  # a heartbeat is waiting in the socket before the answer
+        got = conn.request_into(whole)
+        assert isinstance(got, bytearray) and got == expected
+        assert conn.request(encode_lread(topic, "ch", 2999, 3000)) == conn.request_into(
+            encode_lread(topic, "ch", 2999, 3000))
+        with pytest.raises(NSQError) as caught:
+            conn.request_into(encode_lread(topic, "ch", 5000, 6000))
+        assert caught.value.code == "E_LOG_PAST_END" and conn.closed
+    with connect(daemon.tcp_address, Config(deflate=True)) as conn:
+        assert conn.request_into(whole) == expected
+
+
 class ScriptedNsqd:
     """A listener that answers IDENTIFY as nsqd does, then answers each command with the next of ``replies``
     (an error frame's text, or None to stay silent), and records the commands it got."""

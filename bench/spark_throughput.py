@@ -82,19 +82,14 @@ def build_session(master: str = "local[2]", conf: dict[str, str] | None = None):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder
-    for key, value in (conf or {}).items():
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": "2", "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1", "spark.driver.memory": "2g",
+                **(conf or {})}  # the caller's settings win
+    builder = SparkSession.builder.master(master).appName("trionsq-spark-bench")
+    for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = (
-        builder.master(master).appName("trionsq-spark-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

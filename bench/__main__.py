@@ -43,6 +43,7 @@ HEADLINES = {
     "many_lookupd": ["nsqd", "reg/s", "lookup p99 ms", "after p99 ms"],
     "replication": ["mode", "workload", "pub msg/s", "vs off", "ok p99 ms", "p99 added ms"],
     "many": ["step", "ms", "p99 ms", "cpu ms", "cpu share", "topic KB", "channel KB", "connection KB"],
+    "spark_cluster": ["sink", "per_trigger", "query", "msg_s", "driver_us_msg", "executors_us_msg"],
 }
 
 

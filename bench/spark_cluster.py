@@ -1,37 +1,45 @@
 """Spark source on a standalone cluster: the log path against the driver path, in one run, in a
-warmed steady state.
+warmed steady state, at two batch sizes.
 
 A master and two 1-core workers (pyspark's ``spark-class`` on 127.0.0.1, executors in JVMs of
-their own) and two nsqd. Per row: a fresh application (session); a warm-up query on a topic of its
-own (``--warmup-messages``, small batches, not measured: the JIT compiles the per-batch code);
-then the measured query on a new topic holding ``--messages`` bodies of ``--body-size`` bytes in
-all, split evenly between the row's nsqd, waiting before ``start()`` (the log path's channel made
-a log first). The measured query takes ``--per-trigger`` messages per micro-batch
-(``maxOffsetsPerTrigger`` on the log path; ``maxMessagesPerTrigger`` on the driver path, whose
-consumer may run at most two batches ahead of Spark: ``maxBacklogMessages``), ``minPartitions``
-2, into the sink of the row, with a checkpoint.
+their own) and two nsqd. Per row: a fresh application (session, ``spark.driver.memory``
+``--driver-memory`` on both paths); a warm-up query on a topic of its own
+(``--warmup-messages`` in batches of ``--warmup-per-trigger``, not measured: about 60 micro-batches,
+after which the JIT has compiled most of Spark's per-batch code; with 8 it still spent half the
+driver's CPU); then the measured query on a new topic holding ``--messages`` bodies of
+``--body-size`` bytes in all, split evenly between the row's nsqd, waiting before ``start()`` (the
+log path's channel made a log first). The measured query takes at most ``--per-trigger`` messages
+per micro-batch, the same value on both paths (``maxOffsetsPerTrigger`` on the log path;
+``maxMessagesPerTrigger`` on the driver path, whose consumer may run at most two batches ahead of
+Spark: ``maxBacklogMessages``; its batches are what the consumer logged meanwhile, often less than
+the cap), ``minPartitions`` 2, into the sink of the row, with a checkpoint. One set of rows per
+``--per-trigger`` value (default 200,000 and 1,000,000, with 2,000,000 and 6,000,000 messages).
 
 Steady window: CPU of every process is read from /proc when a batch's commit file appears in the
 checkpoint; the window runs from the commit of the ``--skip``-th batch with rows to the commit of
-the ``--skip``-th from the end, so start-up, the first batches and the tail (where the driver
-path's consumer has nothing left to read) are outside it, and both paths are measured over the
-same number of messages. Columns: messages per second in the window (``msg_s``); CPU
-microseconds per message in it of the driver's JVM (``driver_jvm``), of its Python source
-runner(s) (``driver_py``), their sum (``driver``, and per batch: ``driver_ms_batch``), of the
-executors (their JVMs, ``exec_jvm``, and Python workers, ``exec_py``) and of nsqd. This process only watches the checkpoint and the query's progress
-(``bench``). Start-up, per query: seconds from ``start()`` to the first commit and the driver's
-CPU seconds over it, less the steady cost of that batch's messages (``startup_s``,
-``startup_cpu_s``).
+the ``--skip``-th from the end (``--skip`` 1 for a query of fewer than ``2 * skip + 4`` batches),
+so start-up, the first batch and the tail (where the driver path's consumer has nothing left to
+read) are outside it. Columns: messages per second in the window (``msg_s``), mean rows per batch
+(``rows_batch``); CPU microseconds per message in it of the driver's JVM (``driver_jvm``), of its
+Python source runner(s) (``driver_py``), their sum (``driver``), and per batch: ``driver_ms_batch``,
+with two parts of the JVM's share, its JIT compiler threads (``driver_jit_ms_batch``) and the
+processes it started and reaped (``driver_children_ms_batch``: Hadoop's local file system runs a
+shell command at each rename of a checkpoint file); of the executors (their JVMs, ``exec_jvm``,
+and Python workers, ``exec_py``; per batch ``exec_ms_batch``) and of nsqd. This process only
+watches the checkpoint and the query's progress (``bench``). Start-up, per query: seconds from
+``start()`` to the first commit and the driver's CPU seconds over it, less the steady cost of that
+batch's messages (``startup_s``, ``startup_cpu_s``). ``load_1min``: the 1-minute load average
+before and after the row.
 
 Rows: the driver path (``readMode=driver``: the consumer and write-ahead log in the driver, the
 messages inside the partitions) and the log path (executors read their offset ranges from nsqd),
 two nsqd and two workers, with each sink of ``--sinks`` (``noop``: Spark's sink that drops the
-rows, for the source's own throughput; ``parquet``: files, as a user's query would); and the log
-path with one nsqd and one executor (``spark.cores.max`` 1), for the shape of scaling. Goals,
-per sink: the log path's driver CPU per message at most a tenth of the driver path's, and at
-least twice its rate.
+rows, for the source's own throughput; ``parquet``: files, as a user's query would); and, at the
+last ``--per-trigger`` value, the log path with one nsqd and one executor (``spark.cores.max`` 1),
+for the shape of scaling. Goals, per sink and batch size: the log path's driver CPU per message at
+most a tenth of the driver path's, and at least twice its rate.
 
-    python -m bench.spark_cluster [--messages 2000000] [--per-trigger 200000] [--sinks noop,parquet]
+    python -m bench.spark_cluster [--per-trigger 200000,1000000] [--messages 2000000,6000000] [--sinks noop,parquet]
 """
 
 from __future__ import annotations

@@ -139,6 +139,36 @@ def test_planner_offsets_partitions_and_commits(nsqd_factory, topic):
         read_bodies(opts, LogPartition(a.tcp_address, 10, 20))
 
 
+def test_a_start_resolved_again_before_the_first_commit(nsqd_factory, topic):
+    """Spark asks a restarted query's source for its start again until the first batch is committed (README, "A
+    start that is resolved again"): ``committed``, fixed offsets and ``startingTimestamp`` give the same start,
+    ``latest`` the end nsqd holds then."""
+    a = nsqd_factory()
+    publish(a, topic, bodies("a", 0, 100))
+    addresses = [a.tcp_address]
+    time.sleep(0.01)
+    stamp = int(time.time() * 1000) + 1  # after the first 100 were published, before the next ones
+    time.sleep(0.01)
+
+    def start(**extra) -> int:
+        opts = source_options(addresses, topic, **extra)
+        planner = LogPlanner(opts, probe(opts, addresses)[0])
+        try:
+            return planner.initial_offset()["nsqd"][a.tcp_address]
+        finally:
+            planner.stop()
+
+    first = {how: start(**extra) for how, extra in [
+        ("committed", {}), ("latest", {"startingOffsets": "latest"}),
+        ("fixed", {"startingOffsets": json.dumps({a.tcp_address: 40})}), ("timestamp", {"startingTimestamp": stamp})]}
+    publish(a, topic, bodies("a", 100, 150))  # while the query is down, before its first commit
+    again = {how: start(**extra) for how, extra in [
+        ("committed", {}), ("latest", {"startingOffsets": "latest"}),
+        ("fixed", {"startingOffsets": json.dumps({a.tcp_address: 40})}), ("timestamp", {"startingTimestamp": stamp})]}
+    assert first == {"committed": 0, "latest": 100, "fixed": 40, "timestamp": 100}
+    assert again == {"committed": 0, "latest": 150, "fixed": 40, "timestamp": 100}
+
+
 def test_reader_rides_over_an_nsqd_restart(nsqd_at, tmp_path_factory, topic):
     port, data = free_port(), tmp_path_factory.mktemp("nsqd-restart")
     nsqd = nsqd_at(port, data, *DURABLE)

@@ -9,7 +9,7 @@ import types
 import pytest
 import trio
 
-from nsqd.poller import ReadPoller
+from nsqd.poller import ReadPoller, scheduler_idle
 
 
 class Member:
@@ -397,3 +397,154 @@ def test_a_run_of_producers_takes_one_fresh_look_at_its_end(pairs):
     assert calls == [first, second, third, late, heavy]
     # the step's poll, one look after the three producers (not one each), one after each call that follows
     assert counting.polls == 4
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the times trio resumed ``task`` (each resumption is one wake-up of the poller's ``run``)."""
+
+    def __init__(self) -> None:
+        self.task = None
+        self.steps = 0
+
+    def before_task_step(self, task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def relay_through_poller(pairs, poller: ReadPoller, hops: int, busy: bool = False) -> tuple[int, list]:
+    """Members A and B each forward a byte to the other's peer when called, ``hops`` calls in all: each call makes
+    the next step's input, as a producer's next PUB after its OK. Returns the poller task's resumptions from the
+    first call to the last, and the calls. ``busy``: each call also starts a task."""
+    (a, peer_a), (b, peer_b) = pairs(2)
+    calls: list = []
+    done = trio.Event()
+    instrument = TaskSteps()
+
+    def forward(member: Member) -> None:
+        if busy:
+            nursery.start_soon(trio.lowlevel.checkpoint)  # a task this step made ready, as a writer or the dispatcher
+        if len(calls) < hops:
+            (peer_b if member is member_a else peer_a).sendall(b"x")
+        else:
+            done.set()
+
+    member_a = Member(a, on_call=forward, calls=calls)
+    member_b = Member(b, on_call=forward, calls=calls)
+
+    async with trio.open_nursery() as nursery:
+        instrument.task = await nursery.start(_run_and_report, poller)
+        poller.add(a.fileno(), member_a)
+        poller.add(b.fileno(), member_b)
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            peer_a.sendall(b"x")
+            with trio.fail_after(10):
+                await done.wait()
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+        nursery.cancel_scope.cancel()
+    return instrument.steps, calls
+
+
+async def _run_and_report(poller: ReadPoller, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """``poller.run`` in a task that reports itself when started (for ``TaskSteps``)."""
+    task_status.started(trio.lowlevel.current_task())
+    await poller.run()
+
+
+async def test_one_wake_up_serves_further_steps_while_trio_has_nothing_else_to_run(pairs):
+    poller = ReadPoller(wake_budget=60.0)
+    steps, calls = await relay_through_poller(pairs, poller, hops=20)
+    assert len(calls) == 20
+    assert steps == 1  # the one wake-up served the whole relay
+
+
+async def test_a_task_a_step_woke_ends_the_wake_up(pairs):
+    poller = ReadPoller(wake_budget=60.0)
+    steps, calls = await relay_through_poller(pairs, poller, hops=20, busy=True)
+    assert len(calls) == 20 and steps == 20  # one call per resumption
+
+
+async def test_no_budget_is_one_step_per_wake_up(pairs):
+    poller = ReadPoller(wake_budget=0.0)
+    steps, calls = await relay_through_poller(pairs, poller, hops=20)
+    assert len(calls) == 20 and steps == 20  # one call per resumption
+
+
+async def test_a_deadline_ends_the_wake_up(pairs):
+    """Members that always have input keep the poller's steps coming; a sleeping task's deadline still comes."""
+    poller = ReadPoller(wake_budget=60.0)
+    (a, peer_a), (b, peer_b) = pairs(2)
+    woke = []
+
+    def keep_going(member: Member) -> None:
+        if len(member.reads) > 200_000:  # starved: bound the test instead of hanging
+            woke.append("starved")
+            return
+        if not woke:
+            (peer_b if member is member_a else peer_a).sendall(b"x")
+
+    member_a, member_b = Member(a, on_call=keep_going), Member(b, on_call=keep_going)
+
+    async def timer() -> None:
+        await trio.sleep(0.05)
+        woke.append("timer")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(poller.run)
+        poller.add(a.fileno(), member_a)
+        poller.add(b.fileno(), member_b)
+        nursery.start_soon(timer)
+        await trio.sleep(0)
+        peer_a.sendall(b"x")
+        with trio.fail_after(10):
+            while not woke:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert woke[0] == "timer"
+
+
+async def test_the_budget_ends_the_wake_up(pairs):
+    """With no task and no deadline waiting, the budget alone gives trio its turn: a relay that never ends still
+    lets a task woken by trio's own epoll (a socket trio waits on) run."""
+    poller = ReadPoller(wake_budget=0.002)
+    (a, peer_a), (b, peer_b) = pairs(2)
+    [(c, peer_c)] = pairs(1)
+    stop = []
+
+    def keep_going(member: Member) -> None:
+        if len(member.reads) > 200_000:
+            stop.append("starved")
+        if not stop:
+            (peer_b if member is member_a else peer_a).sendall(b"x")
+
+    member_a, member_b = Member(a, on_call=keep_going), Member(b, on_call=keep_going)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(poller.run)
+        poller.add(a.fileno(), member_a)
+        poller.add(b.fileno(), member_b)
+        peer_a.sendall(b"x")
+        peer_c.sendall(b"ping")
+        with trio.fail_after(10):
+            await trio.lowlevel.wait_readable(c)
+        stop.append("trio")
+        nursery.cancel_scope.cancel()
+    assert stop[0] == "trio"
+
+
+@pytest.mark.parametrize("internals", [True, False], ids=["runner", "current_statistics"])
+async def test_scheduler_idle_sees_ready_tasks_and_due_deadlines(internals, monkeypatch):
+    """Both ways of asking (trio's runner, or its public statistics where the runner's layout differs) agree."""
+    if internals:
+        idle = scheduler_idle()
+    else:
+        with monkeypatch.context() as patch:  # no await until it is undone: trio itself reads this global
+            patch.setattr(trio._core._run, "GLOBAL_RUN_CONTEXT", types.SimpleNamespace())
+            idle = scheduler_idle()
+    now = trio.current_time
+    assert idle(now())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.sleep, 0)
+        assert not idle(now())  # a task ready to run
+    with trio.CancelScope(deadline=now() + 60):
+        assert idle(now()) and not idle(now() + 61)  # a deadline, due only later

@@ -471,60 +471,81 @@ async def test_no_budget_is_one_step_per_wake_up(pairs):
     assert len(calls) == 20 and steps == 20  # one call per resumption
 
 
-async def test_a_deadline_ends_the_wake_up(pairs):
-    """Members that always have input keep the poller's steps coming; a sleeping task's deadline still comes."""
-    poller = ReadPoller(wake_budget=60.0)
+def endless_relay(pairs, poller: ReadPoller, stop: list, on_call=None, limit: int = 200_000) -> socket.socket:
+    """Two members of ``poller`` that forward a byte to each other's peer on every call, until ``stop`` has an
+    entry: the poller always has a next step. After ``limit`` calls "starved" goes in first (bounds a test that
+    would otherwise hang). ``on_call(calls)`` runs in each call. Returns the peer whose byte starts it."""
     (a, peer_a), (b, peer_b) = pairs(2)
-    woke = []
+    calls = []
 
     def keep_going(member: Member) -> None:
-        if len(member.reads) > 200_000:  # starved: bound the test instead of hanging
-            woke.append("starved")
-            return
-        if not woke:
+        calls.append(member)
+        if on_call is not None:
+            on_call(len(calls))
+        if len(calls) > limit and not stop:
+            stop.append("starved")
+        if not stop:
             (peer_b if member is member_a else peer_a).sendall(b"x")
 
     member_a, member_b = Member(a, on_call=keep_going), Member(b, on_call=keep_going)
+    poller.add(a.fileno(), member_a)
+    poller.add(b.fileno(), member_b)
+    return peer_a
+
+
+async def test_a_deadline_ends_the_wake_up(pairs):
+    """Members that always have input keep the poller's steps coming; a deadline that comes due (a sleeping task's)
+    ends the wake-up. Whether the sleeper then runs before the poller's next wake-up is trio's order within a
+    round (a task made ready in the poller's round and run after it is not visible to it; the budget bounds
+    that), so what is checked is the end of the first wake-up."""
+    poller = ReadPoller(wake_budget=60.0)
+    stop: list = []
+    ended = trio.Event()
+    instrument = TaskSteps()
+    resumption_of_call: list[int] = []
+
+    def note(calls: int) -> None:
+        resumption_of_call.append(instrument.steps)
+        if stop:
+            ended.set()
 
     async def timer() -> None:
-        await trio.sleep(0.05)
-        woke.append("timer")
+        await trio.sleep(0.02)
+        stop.append("timer")
+        ended.set()
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(poller.run)
-        poller.add(a.fileno(), member_a)
-        poller.add(b.fileno(), member_b)
-        nursery.start_soon(timer)
-        await trio.sleep(0)
-        peer_a.sendall(b"x")
-        with trio.fail_after(10):
-            while not woke:
-                await trio.sleep(0.01)
+        instrument.task = await nursery.start(_run_and_report, poller)
+        start = endless_relay(pairs, poller, stop, note, limit=20_000)
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            nursery.start_soon(timer)
+            await trio.sleep(0)
+            start.sendall(b"x")
+            with trio.fail_after(10):
+                await ended.wait()
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
         nursery.cancel_scope.cancel()
-    assert woke[0] == "timer"
+    first = resumption_of_call[0]
+    assert 0 < resumption_of_call.count(first) < 20_000  # the deadline ended it, not the relay's bound
 
 
 async def test_the_budget_ends_the_wake_up(pairs):
     """With no task and no deadline waiting, the budget alone gives trio its turn: a relay that never ends still
     lets a task woken by trio's own epoll (a socket trio waits on) run."""
     poller = ReadPoller(wake_budget=0.002)
-    (a, peer_a), (b, peer_b) = pairs(2)
     [(c, peer_c)] = pairs(1)
-    stop = []
+    stop: list = []
 
-    def keep_going(member: Member) -> None:
-        if len(member.reads) > 200_000:
-            stop.append("starved")
-        if not stop:
-            (peer_b if member is member_a else peer_a).sendall(b"x")
+    def ping_from_inside(calls: int) -> None:  # once the relay runs: only trio's epoll_wait can see it
+        if calls == 10:
+            peer_c.sendall(b"ping")
 
-    member_a, member_b = Member(a, on_call=keep_going), Member(b, on_call=keep_going)
     async with trio.open_nursery() as nursery:
         await nursery.start(poller.run)
-        poller.add(a.fileno(), member_a)
-        poller.add(b.fileno(), member_b)
-        peer_a.sendall(b"x")
-        peer_c.sendall(b"ping")
+        start = endless_relay(pairs, poller, stop, ping_from_inside)
+        start.sendall(b"x")
         with trio.fail_after(10):
             await trio.lowlevel.wait_readable(c)
         stop.append("trio")

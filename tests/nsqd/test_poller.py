@@ -435,15 +435,20 @@ async def relay_through_poller(pairs, poller: ReadPoller, hops: int, busy: bool 
         instrument.task = await nursery.start(_run_and_report, poller)
         poller.add(a.fileno(), member_a)
         poller.add(b.fileno(), member_b)
-        trio.lowlevel.add_instrument(instrument)
-        try:
-            peer_a.sendall(b"x")
-            with trio.fail_after(10):
-                await done.wait()
-        finally:
-            trio.lowlevel.remove_instrument(instrument)
+        await kick_and_wait(instrument, peer_a, done)
         nursery.cancel_scope.cancel()
     return instrument.steps, calls
+
+
+async def kick_and_wait(instrument: TaskSteps, peer: socket.socket, event: trio.Event) -> None:
+    """Count the poller task's resumptions from the byte ``peer`` sends (which starts a relay) until ``event``."""
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        peer.sendall(b"x")
+        with trio.fail_after(10):
+            await event.wait()
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
 
 
 async def _run_and_report(poller: ReadPoller, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -517,15 +522,9 @@ async def test_a_deadline_ends_the_wake_up(pairs):
     async with trio.open_nursery() as nursery:
         instrument.task = await nursery.start(_run_and_report, poller)
         start = endless_relay(pairs, poller, stop, note, limit=20_000)
-        trio.lowlevel.add_instrument(instrument)
-        try:
-            nursery.start_soon(timer)
-            await trio.sleep(0)
-            start.sendall(b"x")
-            with trio.fail_after(10):
-                await ended.wait()
-        finally:
-            trio.lowlevel.remove_instrument(instrument)
+        nursery.start_soon(timer)
+        await trio.sleep(0)
+        await kick_and_wait(instrument, start, ended)
         nursery.cancel_scope.cancel()
     first = resumption_of_call[0]
     assert 0 < resumption_of_call.count(first) < 20_000  # the deadline ended it, not the relay's bound

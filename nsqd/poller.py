@@ -61,8 +61,10 @@ Several steps per wake-up. A step ends with the answers written; by then other p
 before) have often sent their next PUB. Going back to trio to learn that costs a round per step: the re-arm of
 the poller's descriptor (an ``epoll_ctl``), trio's own ``epoll_wait``, the run queue, an ``Outcome`` and the task
 switch, about 8 us of CPU (bench/HISTORY.md, item 25), where a poll of the poller's own set costs under 1 us. So
-after a step that served something, ``run`` polls its set again and serves another step, as long as trio has
-nothing else to do: no task ready to run (a woken connection task, a writer, the dispatcher, anything a step
+after a step that served something, and only light members (producers of single messages, consumers' few FINs:
+a step with an MPUB batch or a burst of FINs is followed by trio's round, as before, so that the channels'
+deliveries keep pace with bulk publishers), ``run`` polls its set again and serves another step, as long as
+trio has nothing else to do: no task ready to run (a woken connection task, a writer, the dispatcher, anything a step
 woke) and no deadline due (timers, read deadlines), checked before each further step (``scheduler_idle``). The
 wake-up ends at the first poll that finds nothing, or once ``wake_budget`` (500 us) has passed since its first
 step: what only trio's own ``epoll_wait`` can see (a new connection, an HTTP request, a TLS connection's input,
@@ -148,6 +150,9 @@ class ReadPoller:
         #: how long one wake-up may go on serving steps while trio has nothing else to run (seconds from the
         #: start of its first step; 0: one step per wake-up); see "Several steps per wake-up"
         self.wake_budget = wake_budget
+        #: the last step served a member whose last read was big (an MPUB batch, a burst of FINs): it ends the
+        #: wake-up (see "Several steps per wake-up")
+        self.heavy_step = False
 
     def __len__(self) -> int:
         return len(self._members)
@@ -177,6 +182,7 @@ class ReadPoller:
         self.step_time = self._now()
         try:
             light, heavy, producers = self._sort(events)
+            self.heavy_step = bool(heavy)
             self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
         finally:
             if self._replies:
@@ -315,8 +321,8 @@ class ReadPoller:
                 if self.poll_once() and self.wake_budget > 0:
                     # more steps in this wake-up while nothing else waits (see "Several steps per wake-up")
                     woke = self.step_time
-                    while (idle(self.step_time) and self.step_time - woke < self.wake_budget
-                           and self.poll_once()):
+                    while (not self.heavy_step and idle(self.step_time)
+                           and self.step_time - woke < self.wake_budget and self.poll_once()):
                         pass
         finally:
             self._members.clear()

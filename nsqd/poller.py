@@ -64,14 +64,14 @@ switch, about 8 us of CPU (bench/HISTORY.md, item 25), where a poll of the polle
 after a step that served something, and only light members (producers of single messages, consumers' few FINs:
 a step with an MPUB batch or a burst of FINs is followed by trio's round, as before, so that the channels'
 deliveries keep pace with bulk publishers), ``run`` polls its set again and serves another step, as long as
-trio has nothing else to do: no task ready to run (a woken connection task, a writer, the dispatcher, anything a step
-woke) and no deadline due (timers, read deadlines), checked before each further step (``scheduler_idle``). The
-wake-up ends at the first poll that finds nothing, or once ``wake_budget`` (500 us) has passed since its first
-step: what only trio's own ``epoll_wait`` can see (a new connection, an HTTP request, a TLS connection's input,
-a thread's ``run_sync_soon``) waits at most that long behind a busy poller, and only while no task is ready.
-So does a task that was already ready when trio's round began and comes after the poller in that round: trio
-takes the round's tasks out of its run queue before running them, so no one can see it waiting. Measured with
-``bench pub`` (bench/HISTORY.md, item 27).
+trio has nothing else to do: no task ready to run (a woken connection task, a writer, the dispatcher, anything
+a step woke) and no deadline due (timers, read deadlines), checked before each further step
+(``scheduler_idle``). The wake-up ends at the first poll that finds nothing, or once ``wake_budget`` (500 us)
+has passed since its first step: what only trio's own ``epoll_wait`` can see (a new connection, an HTTP
+request, a TLS connection's input, a thread's ``run_sync_soon``) waits at most that long behind a busy poller,
+and only while no task is ready. So does a task that was already ready when trio's round began and comes after
+the poller in that round: trio takes the round's tasks out of its run queue before running them, so no one can
+see it waiting. Measured with ``bench pub`` (bench/HISTORY.md, items 27-28).
 """
 
 from __future__ import annotations

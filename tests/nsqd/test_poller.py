@@ -425,7 +425,7 @@ async def relay_through_poller(pairs, poller: ReadPoller, hops: int, busy: bool 
 
     def forward(member: Member) -> None:
         if busy:
-            nursery.start_soon(trio.lowlevel.checkpoint)  # a task this step made ready, as a writer or the dispatcher
+            nursery.start_soon(trio.lowlevel.checkpoint)  # a task the step made ready (a writer, the dispatcher)
         if len(calls) < hops:
             (peer_b if member is member_a else peer_a).sendall(b"x")
         else:

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/socket.h>
 
 #define RECEIVE_SIZE 65536
 
@@ -59,7 +60,8 @@ static char receive_buffer[RECEIVE_SIZE];
 
 /* read_pubs(fd, line, max_size) -> None | bytes | (nread, [bodies])
 
-   One read(2) of up to 64 KiB from fd. None: nothing to read (EAGAIN). b"": end of input. A tuple: the read
+   One recv(2) of up to 64 KiB from fd (a socket: recv and send go to the socket layer directly, where read and
+   write pass through the file layer's checks first). None: nothing to read (EAGAIN). b"": end of input. A tuple: the read
    held nothing but whole commands `line` + [int32 size][size bytes] with 0 < size <= max_size (line is the
    connection's last PUB line, newline included), and these are their bodies. bytes: anything else, the data
    as read, for the general parser. A failed read raises OSError. */
@@ -74,7 +76,7 @@ read_pubs(PyObject *self, PyObject *args)
         return NULL;
     char *buf = receive_buffer;
     /* the socket is non-blocking: the lock is kept (releasing and taking it again costs more than the call) */
-    ssize_t got = read(fd, buf, RECEIVE_SIZE);
+    ssize_t got = recv(fd, buf, RECEIVE_SIZE, 0);
     if (got < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             Py_RETURN_NONE;
@@ -135,7 +137,7 @@ read_pubs_many(PyObject *self, PyObject *args)
         if (fd == -1 && PyErr_Occurred())
             goto error;
         PyObject *result;
-        ssize_t got = read(fd, buf, RECEIVE_SIZE);
+        ssize_t got = recv(fd, buf, RECEIVE_SIZE, 0);
         if (got < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 Py_INCREF(Py_None);
@@ -184,7 +186,8 @@ error:
 
 /* write_oks(fds, counts) -> list of (index, written)
 
-   write(2) counts[i] OK frames to fds[i] for every i, in order. Returns the writes that did not take all of
+   send(2) counts[i] OK frames to fds[i] for every i, in order (MSG_NOSIGNAL: a closed peer is EPIPE, as
+   write gives where SIGPIPE is ignored, which Python does). Returns the writes that did not take all of
    theirs: the index and the bytes written (0 when none, -errno when the write failed, EAGAIN included); an
    empty list when every socket took its OKs whole, which is what the caller looks at. */
 static PyObject *
@@ -226,7 +229,7 @@ write_oks(PyObject *self, PyObject *args)
             for (Py_ssize_t k = 0; k < count; k++)
                 memcpy(data + k * OK_FRAME_SIZE, OK_FRAME, OK_FRAME_SIZE);
         }
-        ssize_t sent = write(fd, data, (size_t)want);
+        ssize_t sent = send(fd, data, (size_t)want, MSG_NOSIGNAL);
         int error = errno;
         if (data != run)
             PyMem_Free(data);

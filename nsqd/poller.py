@@ -56,6 +56,22 @@ producers are published there too, once per topic (``nsqd/fastpath.py``). Readin
 waking any of them with an answer halves the context switches of a PUB round trip when nsqd and its producers
 share the cores (bench/HISTORY.md, change 23); a heavy member's answer still leaves before the next heavy
 member's work, so an MPUB producer's next batch is on its way while the others are handled.
+
+Several steps per wake-up. A step ends with the answers written; by then other producers (answered in the step
+before) have often sent their next PUB. Going back to trio to learn that costs a round per step: the re-arm of
+the poller's descriptor (an ``epoll_ctl``), trio's own ``epoll_wait``, the run queue, an ``Outcome`` and the task
+switch, about 8 us of CPU (bench/HISTORY.md, item 25), where a poll of the poller's own set costs under 1 us. So
+after a step that served something, and only light members (producers of single messages, consumers' few FINs:
+a step with an MPUB batch or a burst of FINs is followed by trio's round, as before, so that the channels'
+deliveries keep pace with bulk publishers), ``run`` polls its set again and serves another step, as long as
+trio has nothing else to do: no task ready to run (a woken connection task, a writer, the dispatcher, anything
+a step woke) and no deadline due (timers, read deadlines), checked before each further step
+(``scheduler_idle``). The wake-up ends at the first poll that finds nothing, or once ``wake_budget`` (500 us)
+has passed since its first step: what only trio's own ``epoll_wait`` can see (a new connection, an HTTP
+request, a TLS connection's input, a thread's ``run_sync_soon``) waits at most that long behind a busy poller,
+and only while no task is ready. So does a task that was already ready when trio's round began and comes after
+the poller in that round: trio takes the round's tasks out of its run queue before running them, so no one can
+see it waiting. Measured with ``bench pub`` (bench/HISTORY.md, items 27-28).
 """
 
 from __future__ import annotations
@@ -74,6 +90,34 @@ def _never() -> float:
     return math.inf
 
 
+def scheduler_idle():
+    """``idle(now)``: True while trio has no task ready to run and no deadline due at ``now`` (its run clock).
+
+    Asked once per extra step of a wake-up (see "Several steps per wake-up"), so it must be cheap: it reads the
+    run queue and the deadline heap of trio's runner directly. ``trio.lowlevel.current_statistics()`` says the
+    same but counts every descriptor trio waits on each time; it is the fallback for a trio whose internals
+    differ."""
+    try:
+        runner = trio._core._run.GLOBAL_RUN_CONTEXT.runner
+        runq = runner.runq
+        next_deadline = runner.deadlines.next_deadline
+        len(runq)
+    except (AttributeError, TypeError):
+        statistics = trio.lowlevel.current_statistics
+        clock = trio.current_time
+
+        def idle(now: float) -> bool:
+            stats = statistics()
+            return not stats.tasks_runnable and clock() + stats.seconds_to_next_deadline > now
+
+        return idle
+
+    def idle(now: float) -> bool:
+        return not runq and next_deadline() > now
+
+    return idle
+
+
 class Polled(Protocol):
     #: bytes of its last read: the smaller, the sooner it is served (see "Small reads first")
     last_read: int
@@ -88,7 +132,7 @@ class Polled(Protocol):
 class ReadPoller:
     """The set of idle plain connections and the task that reads them (``run``)."""
 
-    def __init__(self, light_read: int = 2048, repoll_after: float = 20e-6) -> None:
+    def __init__(self, light_read: int = 2048, repoll_after: float = 20e-6, wake_budget: float = 500e-6) -> None:
         self.light_read = light_read
         self.repoll_after = repoll_after
         self._epoll = select.epoll()
@@ -103,6 +147,12 @@ class ReadPoller:
         #: reads the light producers ready at the start of a step together (``PublishBatch.read_producers``):
         #: ``bulk_read(fds, members)`` returns the descriptors it left to their members' ``poll_ready``
         self.bulk_read = None
+        #: how long one wake-up may go on serving steps while trio has nothing else to run (seconds from the
+        #: start of its first step; 0: one step per wake-up); see "Several steps per wake-up"
+        self.wake_budget = wake_budget
+        #: the last step served a member whose last read was big (an MPUB batch, a burst of FINs): it ends the
+        #: wake-up (see "Several steps per wake-up")
+        self.heavy_step = False
 
     def __len__(self) -> int:
         return len(self._members)
@@ -132,6 +182,7 @@ class ReadPoller:
         self.step_time = self._now()
         try:
             light, heavy, producers = self._sort(events)
+            self.heavy_step = bool(heavy)
             self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
         finally:
             if self._replies:
@@ -263,10 +314,16 @@ class ReadPoller:
         epoll_fd = self._epoll.fileno()
         self._now = trio.lowlevel.current_clock().current_time
         task_status.started()
+        idle = scheduler_idle()
         try:
             while True:
                 await trio.lowlevel.wait_readable(epoll_fd)
-                self.poll_once()
+                if self.poll_once() and self.wake_budget > 0:
+                    # more steps in this wake-up while nothing else waits (see "Several steps per wake-up")
+                    woke = self.step_time
+                    while (not self.heavy_step and idle(self.step_time)
+                           and self.step_time - woke < self.wake_budget and self.poll_once()):
+                        pass
         finally:
             self._members.clear()
             trio.lowlevel.notify_closing(epoll_fd)

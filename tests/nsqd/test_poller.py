@@ -9,7 +9,7 @@ import types
 import pytest
 import trio
 
-from nsqd.poller import ReadPoller
+from nsqd.poller import ReadPoller, scheduler_idle
 
 
 class Member:
@@ -397,3 +397,184 @@ def test_a_run_of_producers_takes_one_fresh_look_at_its_end(pairs):
     assert calls == [first, second, third, late, heavy]
     # the step's poll, one look after the three producers (not one each), one after each call that follows
     assert counting.polls == 4
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the times trio resumed ``task`` (each resumption is one wake-up of the poller's ``run``)."""
+
+    def __init__(self) -> None:
+        self.task = None
+        self.steps = 0
+
+    def before_task_step(self, task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def relay_through_poller(pairs, poller: ReadPoller, hops: int, busy: bool = False,
+                               last_read: int = 1) -> tuple[int, list]:
+    """Members A and B each forward a byte to the other's peer when called, ``hops`` calls in all: each call makes
+    the next step's input, as a producer's next PUB after its OK. Returns the poller task's resumptions from the
+    first call to the last, and the calls. ``busy``: each call also starts a task. ``last_read``: the members'
+    (light by default, as producers of single PUBs). The poller should have no fresh look (``repoll_after`` inf):
+    a call that took long would have the next member served in the same step."""
+    (a, peer_a), (b, peer_b) = pairs(2)
+    calls: list = []
+    done = trio.Event()
+    instrument = TaskSteps()
+
+    def forward(member: Member) -> None:
+        if busy:
+            nursery.start_soon(trio.lowlevel.checkpoint)  # a task the step made ready (a writer, the dispatcher)
+        if len(calls) < hops:
+            (peer_b if member is member_a else peer_a).sendall(b"x")
+        else:
+            done.set()
+
+    member_a = Member(a, on_call=forward, calls=calls, last_read=last_read)
+    member_b = Member(b, on_call=forward, calls=calls, last_read=last_read)
+
+    async with trio.open_nursery() as nursery:
+        instrument.task = await nursery.start(_run_and_report, poller)
+        poller.add(a.fileno(), member_a)
+        poller.add(b.fileno(), member_b)
+        await kick_and_wait(instrument, peer_a, done)
+        nursery.cancel_scope.cancel()
+    return instrument.steps, calls
+
+
+async def kick_and_wait(instrument: TaskSteps, peer: socket.socket, event: trio.Event) -> None:
+    """Count the poller task's resumptions from the byte ``peer`` sends (which starts a relay) until ``event``."""
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        peer.sendall(b"x")
+        with trio.fail_after(10):
+            await event.wait()
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+
+
+async def _run_and_report(poller: ReadPoller, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """``poller.run`` in a task that reports itself when started (for ``TaskSteps``)."""
+    task_status.started(trio.lowlevel.current_task())
+    await poller.run()
+
+
+async def test_one_wake_up_serves_further_steps_while_trio_has_nothing_else_to_run(pairs):
+    poller = ReadPoller(wake_budget=60.0, repoll_after=math.inf)
+    steps, calls = await relay_through_poller(pairs, poller, hops=20)
+    assert len(calls) == 20
+    assert steps == 1  # the one wake-up served the whole relay
+
+
+async def test_a_task_a_step_woke_ends_the_wake_up(pairs):
+    poller = ReadPoller(wake_budget=60.0, repoll_after=math.inf)
+    steps, calls = await relay_through_poller(pairs, poller, hops=20, busy=True)
+    assert len(calls) == 20 and steps == 20  # one call per resumption
+
+
+async def test_a_step_with_a_heavy_member_ends_the_wake_up(pairs):
+    """An MPUB batch or a burst of FINs: trio's round (the dispatcher, the writers) comes after such a step."""
+    poller = ReadPoller(wake_budget=60.0, repoll_after=math.inf)
+    steps, calls = await relay_through_poller(pairs, poller, hops=20, last_read=poller.light_read + 1)
+    assert len(calls) == 20 and steps == 20
+
+
+async def test_no_budget_is_one_step_per_wake_up(pairs):
+    poller = ReadPoller(wake_budget=0.0, repoll_after=math.inf)
+    steps, calls = await relay_through_poller(pairs, poller, hops=20)
+    assert len(calls) == 20 and steps == 20  # one call per resumption
+
+
+def endless_relay(pairs, poller: ReadPoller, stop: list, on_call=None, limit: int = 200_000) -> socket.socket:
+    """Two members of ``poller`` that forward a byte to each other's peer on every call, until ``stop`` has an
+    entry: the poller always has a next step. After ``limit`` calls "starved" goes in first (bounds a test that
+    would otherwise hang). ``on_call(calls)`` runs in each call. Returns the peer whose byte starts it."""
+    (a, peer_a), (b, peer_b) = pairs(2)
+    calls = []
+
+    def keep_going(member: Member) -> None:
+        calls.append(member)
+        if on_call is not None:
+            on_call(len(calls))
+        if len(calls) > limit and not stop:
+            stop.append("starved")
+        if not stop:
+            (peer_b if member is member_a else peer_a).sendall(b"x")
+
+    member_a, member_b = Member(a, on_call=keep_going, last_read=1), Member(b, on_call=keep_going, last_read=1)
+    poller.add(a.fileno(), member_a)
+    poller.add(b.fileno(), member_b)
+    return peer_a
+
+
+async def test_a_deadline_ends_the_wake_up(pairs):
+    """Members that always have input keep the poller's steps coming; a deadline that comes due (a sleeping task's)
+    ends the wake-up. Whether the sleeper then runs before the poller's next wake-up is trio's order within a
+    round (a task made ready in the poller's round and run after it is not visible to it; the budget bounds
+    that), so what is checked is the end of the first wake-up."""
+    poller = ReadPoller(wake_budget=60.0)
+    stop: list = []
+    ended = trio.Event()
+    instrument = TaskSteps()
+    resumption_of_call: list[int] = []
+
+    def note(calls: int) -> None:
+        resumption_of_call.append(instrument.steps)
+        if stop:
+            ended.set()
+
+    async def timer() -> None:
+        await trio.sleep(0.02)
+        stop.append("timer")
+        ended.set()
+
+    async with trio.open_nursery() as nursery:
+        instrument.task = await nursery.start(_run_and_report, poller)
+        start = endless_relay(pairs, poller, stop, note, limit=20_000)
+        nursery.start_soon(timer)
+        await trio.sleep(0)
+        await kick_and_wait(instrument, start, ended)
+        nursery.cancel_scope.cancel()
+    first = resumption_of_call[0]
+    assert 0 < resumption_of_call.count(first) < 20_000  # the deadline ended it, not the relay's bound
+
+
+async def test_the_budget_ends_the_wake_up(pairs):
+    """With no task and no deadline waiting, the budget alone gives trio its turn: a relay that never ends still
+    lets a task woken by trio's own epoll (a socket trio waits on) run."""
+    poller = ReadPoller(wake_budget=0.002)
+    [(c, peer_c)] = pairs(1)
+    stop: list = []
+
+    def ping_from_inside(calls: int) -> None:  # once the relay runs: only trio's epoll_wait can see it
+        if calls == 10:
+            peer_c.sendall(b"ping")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(poller.run)
+        start = endless_relay(pairs, poller, stop, ping_from_inside)
+        start.sendall(b"x")
+        with trio.fail_after(10):
+            await trio.lowlevel.wait_readable(c)
+        stop.append("trio")
+        nursery.cancel_scope.cancel()
+    assert stop[0] == "trio"
+
+
+@pytest.mark.parametrize("internals", [True, False], ids=["runner", "current_statistics"])
+async def test_scheduler_idle_sees_ready_tasks_and_due_deadlines(internals, monkeypatch):
+    """Both ways of asking (trio's runner, or its public statistics where the runner's layout differs) agree."""
+    if internals:
+        idle = scheduler_idle()
+    else:
+        with monkeypatch.context() as patch:  # no await until it is undone: trio itself reads this global
+            patch.setattr(trio._core._run, "GLOBAL_RUN_CONTEXT", types.SimpleNamespace())
+            idle = scheduler_idle()
+    now = trio.current_time
+    assert idle(now())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.sleep, 0)
+        assert not idle(now())  # a task ready to run
+    with trio.CancelScope(deadline=now() + 60):
+        assert idle(now()) and not idle(now() + 61)  # a deadline, due only later

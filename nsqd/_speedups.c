@@ -1,8 +1,10 @@
-/* nsqd._speedups: the reads and the writes of PUB producers' round trips, in C.
+/* nsqd._speedups: the reads and the writes of PUB producers' round trips, and the collector hints of queued
+   messages, in C.
 
-   The pure-Python twins of these functions, and what they are for, are in nsqd/fastpath.py: that module picks
-   this one at import when it was built (and TRIONSQ_NO_SPEEDUPS is unset), the Python code otherwise. Both
-   must answer the same for the same bytes: tests/nsqd/test_fastpath.py runs the same cases through both. */
+   The pure-Python twins of these functions, and what they are for, are in nsqd/fastpath.py (the reads and
+   writes) and nsqd/message.py (the collector hints): those modules pick this one at import when it was built
+   (and TRIONSQ_NO_SPEEDUPS is unset), the Python code otherwise. Both must answer the same for the same bytes:
+   tests/nsqd/test_fastpath.py runs the same cases through both. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -10,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include <structmember.h>
 
 #define RECEIVE_SIZE 65536
 
@@ -249,15 +252,163 @@ error:
     return NULL;
 }
 
+/* The cyclic collector and the messages nsqd keeps.
+
+   A message waiting in a topic's or channel's memory queue references nothing but bytes and numbers (and its
+   class), so it can never be part of a reference cycle; yet as an instance of a Python class it is tracked,
+   and each of the collector's young and middle collections walks it (for a scenario that keeps its messages
+   queued, about 0.4 us per message: bench/HISTORY.md, item 29). untrack_atomic takes such objects out of the
+   collector's lists, as CPython does for tuples and dicts of atomic values; track_all puts them back before
+   anything that may close a cycle (a delivery's client) is stored in them. nsqd/message.py says where. */
+
+/* tp_traverse visitor: 1 (stop) at the first referent the collector follows, other than the object's class. */
+static int
+visit_container(PyObject *referent, void *own_type)
+{
+    return referent != (PyObject *)own_type && PyObject_IS_GC(referent);
+}
+
+/* Untrack object if it is tracked and its referents are all atomic (no object the collector follows, its own
+   class aside). */
+static void
+untrack_if_atomic(PyObject *object)
+{
+    if (!PyObject_GC_IsTracked(object))
+        return;
+    traverseproc traverse = Py_TYPE(object)->tp_traverse;
+    if (traverse == NULL || traverse(object, visit_container, (void *)Py_TYPE(object)) == 0)
+        PyObject_GC_UnTrack(object);
+}
+
+/* untrack_atomic(objects) -> None: untrack_if_atomic for each object of the list. */
+static PyObject *
+untrack_atomic(PyObject *self, PyObject *objects)
+{
+    if (!PyList_Check(objects)) {
+        PyErr_SetString(PyExc_TypeError, "untrack_atomic takes a list");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objects); i++)
+        untrack_if_atomic(PyList_GET_ITEM(objects, i));
+    Py_RETURN_NONE;
+}
+
+/* track_all(objects) -> None: track again each object of the list that the collector can follow and does not. */
+static PyObject *
+track_all(PyObject *self, PyObject *objects)
+{
+    if (!PyList_Check(objects)) {
+        PyErr_SetString(PyExc_TypeError, "track_all takes a list");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objects); i++) {
+        PyObject *object = PyList_GET_ITEM(objects, i);
+        if (PyObject_IS_GC(object) && !PyObject_GC_IsTracked(object))
+            PyObject_GC_Track(object);
+    }
+    Py_RETURN_NONE;
+}
+
+/* new_messages(cls, ids, bodies, timestamp, defer) -> list
+
+   nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i, with every slot that
+   Message.__init__ sets (MESSAGE_SLOTS, in this order: id, body, timestamp, attempts, defer, client,
+   delivered_at, disk_token) written directly where its member descriptor says, then untracked as untrack_atomic
+   would. The Python class call runs __init__ as a Python frame per message, most of a PUB's publish;
+   tests/nsqd/test_message_collector.py compares every slot with the Python twin's. */
+#define MESSAGE_SLOTS 8
+static const char *message_slots[MESSAGE_SLOTS] = {"id", "body", "timestamp", "attempts", "defer", "client",
+                                                   "delivered_at", "disk_token"};
+static PyTypeObject *message_class = NULL;  /* the class whose offsets are cached (a strong reference) */
+static Py_ssize_t message_offsets[MESSAGE_SLOTS];
+static PyObject *zero_float = NULL, *minus_one = NULL, *zero_int = NULL;
+
+static int
+message_layout(PyTypeObject *cls)
+{
+    Py_ssize_t offsets[MESSAGE_SLOTS];
+    for (int i = 0; i < MESSAGE_SLOTS; i++) {
+        PyObject *descr = PyObject_GetAttrString((PyObject *)cls, message_slots[i]);
+        if (descr == NULL)
+            return -1;
+        int is_member = Py_IS_TYPE(descr, &PyMemberDescr_Type);
+        if (is_member) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            is_member = member->type == T_OBJECT_EX && !(member->flags & READONLY);
+            offsets[i] = member->offset;
+        }
+        Py_DECREF(descr);
+        if (!is_member) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a writable slot", cls->tp_name, message_slots[i]);
+            return -1;
+        }
+    }
+    if (zero_float == NULL && (zero_float = PyFloat_FromDouble(0.0)) == NULL)
+        return -1;
+    if (minus_one == NULL && (minus_one = PyLong_FromLong(-1)) == NULL)
+        return -1;
+    if (zero_int == NULL && (zero_int = PyLong_FromLong(0)) == NULL)
+        return -1;
+    memcpy(message_offsets, offsets, sizeof(offsets));
+    Py_INCREF(cls);
+    Py_XSETREF(message_class, cls);
+    return 0;
+}
+
+static PyObject *
+new_messages(PyObject *self, PyObject *args)
+{
+    PyTypeObject *cls;
+    PyObject *ids, *bodies, *timestamp, *defer;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO", &PyType_Type, &cls, &PyList_Type, &ids, &PyList_Type, &bodies,
+                          &timestamp, &defer))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    if (PyList_GET_SIZE(bodies) != n) {
+        PyErr_SetString(PyExc_ValueError, "ids and bodies differ in length");
+        return NULL;
+    }
+    if (cls != message_class && message_layout(cls) < 0)
+        return NULL;
+    int deferred = PyObject_IsTrue(defer);
+    if (deferred < 0)
+        return NULL;
+    if (!deferred)
+        defer = zero_float;  /* as Message's default: a falsy delay is stored as 0.0 */
+    PyObject *messages = PyList_New(n);
+    if (messages == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *message = cls->tp_alloc(cls, 0);
+        if (message == NULL) {
+            Py_DECREF(messages);
+            return NULL;
+        }
+        PyObject *values[MESSAGE_SLOTS] = {PyList_GET_ITEM(ids, i), PyList_GET_ITEM(bodies, i), timestamp,
+                                           zero_int, defer, Py_None, zero_float, minus_one};
+        for (int k = 0; k < MESSAGE_SLOTS; k++) {
+            Py_INCREF(values[k]);
+            *(PyObject **)((char *)message + message_offsets[k]) = values[k];
+        }
+        untrack_if_atomic(message);
+        PyList_SET_ITEM(messages, i, message);
+    }
+    return messages;
+}
+
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
     {"read_pubs_many", read_pubs_many, METH_VARARGS, "read_pubs for several sockets, bodies grouped by topic."},
     {"write_oks", write_oks, METH_VARARGS, "Write each socket the OK frames it is owed."},
+    {"untrack_atomic", untrack_atomic, METH_O, "Untrack the objects of a list that reference only atomic values."},
+    {"new_messages", new_messages, METH_VARARGS, "Messages of a published batch, made without __init__."},
+    {"track_all", track_all, METH_O, "Track again the objects of a list that the collector does not."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "nsqd._speedups", "The C twins of nsqd.fastpath's reads and write.", -1, methods,
+    PyModuleDef_HEAD_INIT, "nsqd._speedups",
+    "The C twins of nsqd.fastpath's reads and write, and of nsqd.message's collector hints.", -1, methods,
 };
 
 PyMODINIT_FUNC

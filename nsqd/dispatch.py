@@ -36,6 +36,7 @@ from protocol.frames import FRAME_TYPE_MESSAGE
 from protocol.message import MESSAGE_HEADER_SIZE
 
 from .actors import Actor
+from .message import track_all
 
 __all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 
@@ -138,6 +139,7 @@ class ChannelDispatcher(Actor):
             refused = push_in_flight(batch, now + client.msg_timeout)
             if refused:
                 batch = self._drop_refused(batch, refused)
+            track_all(batch)  # before the client is stored in them (nsqd/message.py: the cyclic collector)
             # The frames go to the output buffer in pieces that the flush joins: the header up to the
             # attempts, the ID, the body (so a body is copied once). The messages of one publish share
             # their timestamp and usually their size and attempts, so a header prefix is packed only

@@ -2,10 +2,21 @@
 
 The topic pump hands the first channel the topic's own object and every other channel a copy
 that shares the body bytes, so the only per-channel cost is one small slotted object.
+
+The cyclic collector. A message as published references only bytes and numbers, so it cannot be part of a
+reference cycle, and reference counting frees it; but as an instance of a Python class it is tracked, and each
+young and middle collection walks every message made since (about 0.4 us per message kept in memory, nearly
+all of the collector's time in the PUB scenario: bench/HISTORY.md, item 29). So ``new_messages`` untracks the
+batch it makes, and ``copy_messages`` the copies for further channels (``untrack_atomic``: only objects whose
+referents are all atomic), and a delivery tracks its messages again (``track_all``) before it stores the
+consumer's client in them, the one reference that can close a cycle (a client holds its channel, whose
+in-flight queue holds the message). Both are C functions of ``nsqd/_speedups.c``; Python cannot untrack an
+object, so without the accelerator both do nothing and every message stays tracked, as before.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from itertools import repeat
 
@@ -13,7 +24,22 @@ from protocol.message import Message as WireMessage
 
 from .queues.segment_reader import SplitRecords
 
-__all__ = ["Message", "new_messages", "copy_messages", "encode_record", "split_messages"]
+__all__ = ["Message", "new_messages", "copy_messages", "encode_record", "split_messages", "track_all"]
+
+
+def _leave_to_the_collector(objects: list) -> None:
+    """The Python twin of ``untrack_atomic`` and ``track_all``: Python cannot untrack an object, so each stays
+    tracked (see the module notes)."""
+
+
+untrack_atomic = track_all = _leave_to_the_collector
+_new_messages = None  # the C twin of ``new_messages``
+if os.environ.get("TRIONSQ_NO_SPEEDUPS", "") in ("", "0"):
+    try:
+        from nsqd._speedups import new_messages as _new_messages  # noqa: F811
+        from nsqd._speedups import track_all, untrack_atomic  # noqa: F811
+    except ImportError:  # not built (no compiler at install time): nothing untracked, nothing to track again
+        pass
 
 
 class Message(WireMessage):
@@ -40,18 +66,27 @@ class Message(WireMessage):
 
 
 def new_messages(ids: list[bytes], bodies: list[bytes], timestamp: int, defer: float = 0.0) -> list[Message]:
-    """A published batch's messages, one timestamp for all. ``map`` calls the class from C: about 40%
-    cheaper per message than a comprehension, and MPUB pays it on every message."""
+    """A published batch's messages, one timestamp for all, left out of the cyclic collector's walks (see the
+    module notes). In C when the accelerator is built (``nsqd/_speedups.c``: the slots written directly, no
+    ``__init__`` frame per message); here ``map`` calls the class from C: about 40% cheaper per message than a
+    comprehension, and MPUB pays it on every message."""
+    if _new_messages is not None:
+        return _new_messages(Message, ids, bodies, timestamp, defer)
     count = len(ids)
     if defer:
-        return list(map(Message, ids, bodies, repeat(timestamp, count), repeat(0, count), repeat(defer, count)))
-    return list(map(Message, ids, bodies, repeat(timestamp, count)))
+        messages = list(map(Message, ids, bodies, repeat(timestamp, count), repeat(0, count), repeat(defer, count)))
+    else:
+        messages = list(map(Message, ids, bodies, repeat(timestamp, count)))
+    untrack_atomic(messages)
+    return messages
 
 
 def copy_messages(batch: list[Message]) -> list[Message]:
     """Fresh delivery records of a batch for another channel: same IDs, bodies, timestamps and delays,
-    attempts from 0 (the body bytes are shared, not copied)."""
-    return [Message(m.id, m.body, m.timestamp, 0, m.defer) for m in batch]
+    attempts from 0 (the body bytes are shared, not copied), left out of the collector's walks as the batch's own."""
+    copies = [Message(m.id, m.body, m.timestamp, 0, m.defer) for m in batch]
+    untrack_atomic(copies)
+    return copies
 
 
 _pack_header = SplitRecords.HEADER.pack  # the record layout's one definition, shared with the disk queue's reads

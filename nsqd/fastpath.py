@@ -35,6 +35,7 @@ import struct
 from protocol.errors import ProtocolError
 from protocol.frames import OK_FRAME
 
+from .speedups import load as load_speedups
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["ACCELERATED", "PublishBatch", "read_pubs", "read_pubs_many", "write_oks"]
@@ -121,17 +122,12 @@ def _write_oks(fds: list[int], counts: list[int]) -> list[tuple[int, int]]:
     return short
 
 
-ACCELERATED = False
-read_pubs = _read_pubs
-read_pubs_many = _read_pubs_many
-write_oks = _write_oks
-if os.environ.get("TRIONSQ_NO_SPEEDUPS", "") in ("", "0"):
-    try:
-        from nsqd._speedups import read_pubs, read_pubs_many, write_oks  # noqa: F811
-
-        ACCELERATED = True
-    except ImportError:  # not built (no compiler at install time): the Python twins above
-        pass
+_speedups = load_speedups()
+ACCELERATED = _speedups is not None
+if _speedups is not None:
+    read_pubs, read_pubs_many, write_oks = _speedups.read_pubs, _speedups.read_pubs_many, _speedups.write_oks
+else:  # not built, or TRIONSQ_NO_SPEEDUPS: the Python twins above
+    read_pubs, read_pubs_many, write_oks = _read_pubs, _read_pubs_many, _write_oks
 
 
 class PublishBatch:

@@ -16,13 +16,13 @@ object, so without the accelerator both do nothing and every message stays track
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from itertools import repeat
 
 from protocol.message import Message as WireMessage
 
 from .queues.segment_reader import SplitRecords
+from .speedups import load as load_speedups
 
 __all__ = ["Message", "new_messages", "copy_messages", "encode_record", "split_messages", "track_all"]
 
@@ -32,14 +32,13 @@ def _leave_to_the_collector(objects: list) -> None:
     tracked (see the module notes)."""
 
 
-untrack_atomic = track_all = _leave_to_the_collector
-_new_messages = None  # the C twin of ``new_messages``
-if os.environ.get("TRIONSQ_NO_SPEEDUPS", "") in ("", "0"):
-    try:
-        from nsqd._speedups import new_messages as _new_messages  # noqa: F811
-        from nsqd._speedups import track_all, untrack_atomic  # noqa: F811
-    except ImportError:  # not built (no compiler at install time): nothing untracked, nothing to track again
-        pass
+_speedups = load_speedups()
+if _speedups is not None:
+    _new_messages = _speedups.new_messages  # the C twin of ``new_messages``
+    untrack_atomic, track_all = _speedups.untrack_atomic, _speedups.track_all
+else:  # not built, or TRIONSQ_NO_SPEEDUPS: nothing untracked, nothing to track again
+    _new_messages = None
+    untrack_atomic = track_all = _leave_to_the_collector
 
 
 class Message(WireMessage):

@@ -2,9 +2,9 @@
    messages, in C.
 
    The pure-Python twins of these functions, and what they are for, are in nsqd/fastpath.py (the reads and
-   writes) and nsqd/message.py (the collector hints): those modules pick this one at import when it was built
-   (and TRIONSQ_NO_SPEEDUPS is unset), the Python code otherwise. Both must answer the same for the same bytes:
-   tests/nsqd/test_fastpath.py runs the same cases through both. */
+   writes) and nsqd/message.py (the collector hints): those modules take this one at import when it was built
+   and TRIONSQ_NO_SPEEDUPS is unset (nsqd/speedups.py), the Python code otherwise. Both must answer the same for
+   the same bytes: tests/nsqd/test_fastpath.py and tests/nsqd/test_message_collector.py run both. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <structmember.h>
 
@@ -181,6 +182,308 @@ error:
     Py_XDECREF(by_topic);
     Py_XDECREF(results);
     return NULL;
+}
+
+/* Attribute names read_producers looks up, interned once. */
+static PyObject *str_fast_line, *str_client, *str_out, *str_send_lock, *str_locked, *str_last_read,
+    *str_read_moves_at, *str_pub_counts, *str_poll_actor;
+
+/* The line and topic of the PUBs that fd's member may take the fast path with, as a new reference; None (a new
+   reference too) when it may not; NULL with an exception set on error. The twin of Connection.fast_pub in
+   nsqd/tcp.py, which says why each of these is checked: its cached ``fast_line`` (a tuple, or None for a
+   member that has none, such as a replication peer's ACKs), nothing in its client's output, and no write of
+   its writer under way. */
+static PyObject *
+fast_line_of(PyObject *member)
+{
+    PyObject *line = PyObject_GetAttr(member, str_fast_line);
+    if (line == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (line == Py_None || !PyTuple_Check(line) || PyTuple_GET_SIZE(line) != 2) {
+        Py_DECREF(line);
+        Py_RETURN_NONE;
+    }
+    PyObject *client = PyObject_GetAttr(member, str_client);
+    if (client == NULL)
+        goto error;
+    PyObject *out = PyObject_GetAttr(client, str_out);
+    Py_DECREF(client);
+    if (out == NULL)
+        goto error;
+    Py_ssize_t queued = PyObject_Length(out);
+    Py_DECREF(out);
+    if (queued < 0)
+        goto error;
+    if (queued > 0)
+        goto none;
+    PyObject *lock = PyObject_GetAttr(member, str_send_lock);
+    if (lock == NULL)
+        goto error;
+    PyObject *held = PyObject_CallMethodNoArgs(lock, str_locked);
+    Py_DECREF(lock);
+    if (held == NULL)
+        goto error;
+    int busy = PyObject_IsTrue(held);
+    Py_DECREF(held);
+    if (busy < 0)
+        goto error;
+    if (busy)
+        goto none;
+    return line;
+none:
+    Py_DECREF(line);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(line);
+    return NULL;
+}
+
+/* Append `item` to `list` (a new reference, consumed); -1 on error (NULL items included). */
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+/* The group of `topic` in `groups` ([bodies, members, fds, counts], created empty when missing), borrowed. */
+static PyObject *
+group_of(PyObject *groups, PyObject *topic)
+{
+    PyObject *group = PyDict_GetItemWithError(groups, topic);
+    if (group != NULL || PyErr_Occurred())
+        return group;
+    group = Py_BuildValue("[NNNN]", PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0));
+    if (group == NULL)
+        return NULL;
+    int failed = PyDict_SetItem(groups, topic, group);
+    Py_DECREF(group);  /* the dict holds it */
+    return failed ? NULL : group;
+}
+
+/* What read_producers and poll_producers do for one producer, `member`, watched on descriptor `fd_object`:
+   -1 on error (an exception set), 0 when it may not take the fast path (fast_line_of: nothing was read, it
+   goes to its poll_ready), 1 when it was read: a read of nothing but whole PUBs of its line, each body in
+   range, adds its bodies, the member, the descriptor and the count to groups[topic] ([bodies, members, fds,
+   counts], in read order) and sets the member's last_read; the member goes to `late` when step_time is past
+   its _read_moves_at (its read deadline is to move). Anything else read (bytes, b"" at end of input, the
+   OSError of a failed read as a value) goes to `others` as (member, result), for its poll_data; nothing to
+   read (EAGAIN): nothing more. */
+static int
+read_producer(PyObject *member, PyObject *fd_object, PyObject *groups, long long max_size, double step_time,
+              PyObject *others, PyObject *late)
+{
+    PyObject *line = fast_line_of(member);
+    if (line == NULL)
+        return -1;
+    if (line == Py_None) {
+        Py_DECREF(line);
+        return 0;
+    }
+    int result = -1;
+    int fd = (int)PyLong_AsLong(fd_object);
+    PyObject *line_bytes = PyTuple_GET_ITEM(line, 0), *topic = PyTuple_GET_ITEM(line, 1);
+    if ((fd == -1 && PyErr_Occurred()) || !PyBytes_Check(line_bytes)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "fast_line must hold the line as bytes");
+        goto done;
+    }
+    char *buf = receive_buffer;
+    ssize_t got = recv(fd, buf, RECEIVE_SIZE, 0);
+    if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || append_new(others, Py_BuildValue("(ON)", member, read_error(errno))) == 0)
+            result = 1;
+        goto done;
+    }
+    Py_ssize_t line_len = PyBytes_GET_SIZE(line_bytes);
+    Py_ssize_t count = count_pubs(buf, got, PyBytes_AS_STRING(line_bytes), line_len, max_size);
+    if (count == 0) {
+        if (append_new(others, Py_BuildValue("(Oy#)", member, buf, (Py_ssize_t)got)) == 0)
+            result = 1;
+        goto done;
+    }
+    PyObject *group = group_of(groups, topic);
+    if (group == NULL || append_bodies(PyList_GET_ITEM(group, 0), buf, count, line_len) < 0 ||
+        PyList_Append(PyList_GET_ITEM(group, 1), member) < 0 ||
+        PyList_Append(PyList_GET_ITEM(group, 2), fd_object) < 0 ||
+        append_new(PyList_GET_ITEM(group, 3), PyLong_FromSsize_t(count)) < 0)
+        goto done;
+    PyObject *size = PyLong_FromSsize_t((Py_ssize_t)got);
+    if (size == NULL)
+        goto done;
+    int failed = PyObject_SetAttr(member, str_last_read, size);
+    Py_DECREF(size);
+    if (failed)
+        goto done;
+    PyObject *moves_at = PyObject_GetAttr(member, str_read_moves_at);
+    if (moves_at == NULL)
+        goto done;
+    double at = PyFloat_AsDouble(moves_at);
+    Py_DECREF(moves_at);
+    if (at == -1.0 && PyErr_Occurred())
+        goto done;
+    if (step_time > at && PyList_Append(late, member) < 0)
+        goto done;
+    result = 1;
+done:
+    Py_DECREF(line);
+    return result;
+}
+
+/* read_producers(fds, members, max_size, groups, step_time) -> (rest, others, late)
+
+   read_producer for the member of each descriptor in order (members[fd]); `rest` lists the descriptors it did
+   not read (no member, or one that may not take the fast path), in their order, for their poll_ready.
+   PublishBatch.read_producers in nsqd/fastpath.py is the twin and says what for. */
+static PyObject *
+read_producers(PyObject *self, PyObject *args)
+{
+    PyObject *fds, *members, *groups;
+    long long max_size;
+    double step_time;
+    if (!PyArg_ParseTuple(args, "O!O!LO!d", &PyList_Type, &fds, &PyDict_Type, &members, &max_size,
+                          &PyDict_Type, &groups, &step_time))
+        return NULL;
+    PyObject *rest = PyList_New(0), *others = PyList_New(0), *late = PyList_New(0);
+    if (rest == NULL || others == NULL || late == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fds); i++) {
+        PyObject *fd_object = PyList_GET_ITEM(fds, i);
+        PyObject *member = PyDict_GetItemWithError(members, fd_object);  /* borrowed */
+        int read = 0;
+        if (member != NULL) {
+            Py_INCREF(member);  /* what it calls may drop it from the dict */
+            read = read_producer(member, fd_object, groups, max_size, step_time, others, late);
+            Py_DECREF(member);
+        } else if (PyErr_Occurred()) {
+            read = -1;
+        }
+        if (read < 0 || (read == 0 && PyList_Append(rest, fd_object) < 0))
+            goto error;
+    }
+    return Py_BuildValue("(NNN)", rest, others, late);
+error:
+    Py_XDECREF(rest);
+    Py_XDECREF(others);
+    Py_XDECREF(late);
+    return NULL;
+}
+
+#define POLL_EVENTS 1023 /* as many events as select.epoll.poll gives by default */
+
+/* poll_producers(epoll, members, light_read, max_size, groups, step_time) -> (events, taken, others, late)
+
+   The start of a poller step with its light producers read in the same call: one epoll_wait(2) of `epoll`
+   (a select.epoll) with no timeout, then read_producer for each ready descriptor whose member is a producer
+   (poll_actor None) whose last read was at most light_read bytes. `events` lists the others as (fd, events),
+   as select.epoll.poll gives them, in the order they came; `taken` the descriptors read. ReadPoller.poll_once
+   (nsqd/poller.py) and PublishBatch.poll_producers (nsqd/fastpath.py, with the twin) say what for. */
+static PyObject *
+poll_producers(PyObject *self, PyObject *args)
+{
+    static struct epoll_event ready[POLL_EVENTS];
+    PyObject *epoll, *members, *groups;
+    long long light_read, max_size;
+    double step_time;
+    if (!PyArg_ParseTuple(args, "OO!LLO!d", &epoll, &PyDict_Type, &members, &light_read, &max_size,
+                          &PyDict_Type, &groups, &step_time))
+        return NULL;
+    int epfd = PyObject_AsFileDescriptor(epoll);
+    if (epfd < 0)
+        return NULL;
+    int n = epoll_wait(epfd, ready, POLL_EVENTS, 0);
+    if (n < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *events = PyList_New(0), *taken = PyList_New(0), *others = PyList_New(0), *late = PyList_New(0);
+    if (events == NULL || taken == NULL || others == NULL || late == NULL)
+        goto error;
+    for (int i = 0; i < n; i++) {
+        PyObject *fd_object = PyLong_FromLong(ready[i].data.fd);
+        if (fd_object == NULL)
+            goto error;
+        PyObject *member = PyDict_GetItemWithError(members, fd_object);  /* borrowed */
+        int read = 0;
+        if (member != NULL) {
+            Py_INCREF(member);  /* what it calls may drop it from the dict */
+            PyObject *size = PyObject_GetAttr(member, str_last_read), *actor = NULL;
+            long long last = size == NULL ? -1 : PyLong_AsLongLong(size);
+            Py_XDECREF(size);
+            if (last == -1 && PyErr_Occurred())
+                read = -1;
+            else if (last <= light_read && (actor = PyObject_GetAttr(member, str_poll_actor)) == NULL)
+                read = -1;
+            else if (actor == Py_None)
+                read = read_producer(member, fd_object, groups, max_size, step_time, others, late);
+            Py_XDECREF(actor);
+            Py_DECREF(member);
+        } else if (PyErr_Occurred()) {
+            read = -1;
+        }
+        if (read > 0)
+            read = PyList_Append(taken, fd_object) < 0 ? -1 : 1;
+        else if (read == 0)
+            read = append_new(events, Py_BuildValue("(OI)", fd_object, (unsigned int)ready[i].events)) < 0 ? -1 : 0;
+        Py_DECREF(fd_object);
+        if (read < 0)
+            goto error;
+    }
+    return Py_BuildValue("(NNNN)", events, taken, others, late);
+error:
+    Py_XDECREF(events);
+    Py_XDECREF(taken);
+    Py_XDECREF(others);
+    Py_XDECREF(late);
+    return NULL;
+}
+
+/* count_published(connections, counts, topic) -> None
+
+   Client.published(topic, counts[i]) for the client of each connections[i] (nsqd/client.py: the producer's
+   figures of /stats), without a Python call each: its pub_counts[topic] grows by counts[i]. */
+static PyObject *
+count_published(PyObject *self, PyObject *args)
+{
+    PyObject *connections, *counts, *topic;
+    if (!PyArg_ParseTuple(args, "O!O!U", &PyList_Type, &connections, &PyList_Type, &counts, &topic))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(connections);
+    if (PyList_GET_SIZE(counts) != n) {
+        PyErr_SetString(PyExc_ValueError, "connections and counts differ in length");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *client = PyObject_GetAttr(PyList_GET_ITEM(connections, i), str_client);
+        if (client == NULL)
+            return NULL;
+        PyObject *table = PyObject_GetAttr(client, str_pub_counts);
+        Py_DECREF(client);
+        if (table == NULL)
+            return NULL;
+        if (!PyDict_Check(table)) {
+            Py_DECREF(table);
+            PyErr_SetString(PyExc_TypeError, "pub_counts must be a dict");
+            return NULL;
+        }
+        PyObject *before = PyDict_GetItemWithError(table, topic);  /* borrowed */
+        PyObject *after = NULL;
+        if (before != NULL)
+            after = PyNumber_Add(before, PyList_GET_ITEM(counts, i));
+        else if (!PyErr_Occurred())
+            after = Py_NewRef(PyList_GET_ITEM(counts, i));
+        int failed = after == NULL || PyDict_SetItem(table, topic, after) < 0;
+        Py_XDECREF(after);
+        Py_DECREF(table);
+        if (failed)
+            return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 #define OK_FRAME "\0\0\0\6\0\0\0\0OK"
@@ -399,6 +702,9 @@ new_messages(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
     {"read_pubs_many", read_pubs_many, METH_VARARGS, "read_pubs for several sockets, bodies grouped by topic."},
+    {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
+    {"poll_producers", poll_producers, METH_VARARGS, "A poller step's epoll wait with its light producers read."},
+    {"count_published", count_published, METH_VARARGS, "Add a batch's counts to each producer's figures."},
     {"write_oks", write_oks, METH_VARARGS, "Write each socket the OK frames it is owed."},
     {"untrack_atomic", untrack_atomic, METH_O, "Untrack the objects of a list that reference only atomic values."},
     {"new_messages", new_messages, METH_VARARGS, "Messages of a published batch, made without __init__."},
@@ -414,5 +720,14 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
+    struct { PyObject **name; const char *text; } names[] = {
+        {&str_fast_line, "fast_line"}, {&str_client, "client"}, {&str_out, "out"}, {&str_send_lock, "_send_lock"},
+        {&str_locked, "locked"}, {&str_last_read, "last_read"}, {&str_read_moves_at, "_read_moves_at"},
+        {&str_pub_counts, "pub_counts"}, {&str_poll_actor, "poll_actor"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return NULL;
+    }
     return PyModule_Create(&module);
 }

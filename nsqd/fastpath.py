@@ -103,6 +103,78 @@ def _read_pubs_many(fds: list[int], lines: list[bytes], topics: list, max_size: 
     return by_topic, results
 
 
+def _read_producer(member, fd: int, groups: dict, max_size: int, step_time: float, others: list,
+                   late: list) -> bool:
+    """``read_producer`` of nsqd/_speedups.c in Python: False when ``member`` may not take the fast path (nothing
+    read), True when it was read (see ``PublishBatch.read_producers``)."""
+    fast_pub = getattr(member, "fast_pub", None)  # a replication peer's ACKs are no connection
+    last = fast_pub() if fast_pub is not None else None
+    if last is None:
+        return False
+    line, topic = last
+    try:
+        data = os.read(fd, RECEIVE_SIZE)
+    except BlockingIOError:
+        return True
+    except OSError as exc:
+        others.append((member, exc))
+        return True
+    bodies = _pub_bodies(data, line, max_size)
+    if bodies is None:
+        others.append((member, data))
+        return True
+    group = groups.get(topic)
+    if group is None:
+        groups[topic] = group = [[], [], [], []]
+    group[0].extend(bodies)
+    group[1].append(member)
+    group[2].append(fd)
+    group[3].append(len(bodies))
+    member.last_read = len(data)
+    if step_time > member._read_moves_at:
+        late.append(member)
+    return True
+
+
+def _read_producers(fds: list[int], members: dict, max_size: int, groups: dict, step_time: float):
+    """``read_producers`` in Python (see ``PublishBatch.read_producers`` and nsqd/_speedups.c):
+    ``(rest, others, late)``."""
+    rest = []
+    others = []
+    late = []
+    for fd in fds:
+        member = members.get(fd)
+        if member is None or not _read_producer(member, fd, groups, max_size, step_time, others, late):
+            rest.append(fd)
+    return rest, others, late
+
+
+def _poll_producers(epoll, members: dict, light_read: int, max_size: int, groups: dict, step_time: float):
+    """``poll_producers`` in Python (see ``PublishBatch.poll_producers`` and nsqd/_speedups.c):
+    ``(events, taken, others, late)``."""
+    events = []
+    taken = []
+    others = []
+    late = []
+    for event in epoll.poll(0):
+        fd = event[0]
+        member = members.get(fd)
+        if (member is not None and member.last_read <= light_read and member.poll_actor is None
+                and _read_producer(member, fd, groups, max_size, step_time, others, late)):
+            taken.append(fd)
+        else:
+            events.append(event)
+    return events, taken, others, late
+
+
+def _count_published(connections: list, counts: list[int], topic: str) -> None:
+    """``count_published`` in Python: ``Client.published`` for each connection's client."""
+    if len(connections) != len(counts):
+        raise ValueError("connections and counts differ in length")
+    for connection, count in zip(connections, counts):
+        connection.client.published(topic, count)
+
+
 def _write_oks(fds: list[int], counts: list[int]) -> list[tuple[int, int]]:
     """``write_oks`` in Python: the writes that did not take all their OKs, as (index, bytes written or -errno)."""
     if len(fds) != len(counts):
@@ -126,8 +198,12 @@ _speedups = load_speedups()
 ACCELERATED = _speedups is not None
 if _speedups is not None:
     read_pubs, read_pubs_many, write_oks = _speedups.read_pubs, _speedups.read_pubs_many, _speedups.write_oks
+    read_producers, count_published = _speedups.read_producers, _speedups.count_published
+    poll_producers = _speedups.poll_producers
 else:  # not built, or TRIONSQ_NO_SPEEDUPS: the Python twins above
     read_pubs, read_pubs_many, write_oks = _read_pubs, _read_pubs_many, _write_oks
+    read_producers, count_published = _read_producers, _count_published
+    poll_producers = _poll_producers
 
 
 class PublishBatch:
@@ -166,48 +242,41 @@ class PublishBatch:
             group[2].append(connection.poll_fd)
             group[3].append(len(bodies))
 
-    def read_producers(self, fds: list[int], members: dict) -> list[int]:
-        """Read the connections of ``fds`` that may take the fast path with one ``read_pubs_many``; returns the
-        descriptors it did not read (other members, connections with something to check), in their order."""
-        rest = []
-        taken = []
-        take_fds = []
-        lines = []
-        topics = []
-        for fd in fds:
-            member = members.get(fd)
-            fast_pub = getattr(member, "fast_pub", None)  # a replication peer's ACKs are no connection
-            last = fast_pub() if fast_pub is not None else None
-            if last is None:
-                rest.append(fd)
-                continue
-            taken.append(member)
-            take_fds.append(fd)
-            lines.append(last[0])
-            topics.append(last[1])
-        if not taken:
-            return rest
-        by_topic, results = read_pubs_many(take_fds, lines, topics, self._max_size)
+    def poll_producers(self, epoll, members: dict, light_read: int) -> tuple[list, list[int]]:
+        """The start of a poller step (the poller's ``step_poll``): one ``poll_producers`` call polls the poller's
+        epoll set and reads every ready light producer that may take the fast path, as ``read_producers`` does;
+        returns the other ready events, for the poller to sort and serve, and the descriptors read."""
         groups = self._topics
-        if by_topic:
-            if not groups:
-                self.nsqd.read_poller.defer_reply(self)
-            for topic, bodies in by_topic.items():
-                group = groups.get(topic)
-                if group is None:
-                    groups[topic] = [bodies, [], [], []]
-                else:
-                    group[0].extend(bodies)
-        for connection, fd, topic, result in zip(taken, take_fds, topics, results):
-            if type(result) is tuple:
-                group = groups[topic]
-                group[1].append(connection)
-                group[2].append(fd)
-                group[3].append(result[1])
-                connection.fast_read(result[0])
-            elif result is not None:
-                connection.poll_data(result)
+        had_groups = bool(groups)
+        poller = self.nsqd.read_poller
+        events, taken, others, late = poll_producers(epoll, members, light_read, self._max_size, groups,
+                                                     poller.step_time)
+        self._after_reads(had_groups, others, late)
+        return events, taken
+
+    def read_producers(self, fds: list[int], members: dict) -> list[int]:
+        """Read the connections of ``fds`` that may take the fast path with one ``read_producers`` call (the
+        poller's ``bulk_read``, for a fresh look or an interlude); returns the descriptors it did not read (other
+        members, connections with something to check), in their order.
+
+        Either call does each connection's part of the step: the check of ``Connection.fast_pub`` (its cached
+        ``fast_line``, an empty output, no write under way), the read, the bodies into this step's group of the
+        topic and the connection into the group's lists, ``last_read``. What comes back is what only Python
+        does: what a read gave that is not whole PUBs (for ``poll_data``), and the connections whose read
+        deadline is to move (``_set_read_deadline``, once in a while)."""
+        groups = self._topics
+        had_groups = bool(groups)
+        rest, others, late = read_producers(fds, members, self._max_size, groups, self.nsqd.read_poller.step_time)
+        self._after_reads(had_groups, others, late)
         return rest
+
+    def _after_reads(self, had_groups: bool, others: list, late: list) -> None:
+        if self._topics and not had_groups:
+            self.nsqd.read_poller.defer_reply(self)
+        for connection in late:
+            connection._set_read_deadline()
+        for connection, result in others:
+            connection.poll_data(result)
 
     def send_deferred(self) -> None:
         groups, self._topics = self._topics, {}
@@ -218,8 +287,7 @@ class PublishBatch:
                 for connection in connections:
                     connection.fast_publish_failed(error)
                 continue
-            for connection, count in zip(connections, counts):
-                connection.client.published(topic_name, count)
+            count_published(connections, counts, topic_name)
             if self.nsqd.sync_barrier:
                 # durable mode: the sync this publish made due is committed by the writers before these OKs leave,
                 # and a failed one turns each of them into E_PUB_FAILED (Connection._writer, commit_verbs)

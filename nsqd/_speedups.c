@@ -107,83 +107,6 @@ read_error(int error)
     return PyObject_CallFunction(PyExc_OSError, "is", error, strerror(error));
 }
 
-/* read_pubs_many(fds, lines, topics, max_size) -> (bodies by topic, results)
-
-   read_pubs for each of fds[i] with its own lines[i], in order, in one call. The bodies of every read that held
-   only whole PUBs of its line go to the dict's list for topics[i] (topics: any hashable key per descriptor), in
-   the order read; results[i] is (nread, count) for such a read, and otherwise what read_pubs returns (None,
-   bytes, b"" at end of input), or the OSError of a failed read as a value: one connection's error is its own. */
-static PyObject *
-read_pubs_many(PyObject *self, PyObject *args)
-{
-    PyObject *fds, *lines, *topics;
-    long long max_size;
-    if (!PyArg_ParseTuple(args, "O!O!O!L", &PyList_Type, &fds, &PyList_Type, &lines, &PyList_Type, &topics,
-                          &max_size))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(fds);
-    if (PyList_GET_SIZE(lines) != n || PyList_GET_SIZE(topics) != n) {
-        PyErr_SetString(PyExc_ValueError, "fds, lines and topics differ in length");
-        return NULL;
-    }
-    PyObject *by_topic = PyDict_New();
-    PyObject *results = PyList_New(n);
-    if (by_topic == NULL || results == NULL)
-        goto error;
-    char *buf = receive_buffer;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *line_object = PyList_GET_ITEM(lines, i);
-        if (!PyBytes_Check(line_object)) {
-            PyErr_SetString(PyExc_TypeError, "lines must hold bytes");
-            goto error;
-        }
-        int fd = (int)PyLong_AsLong(PyList_GET_ITEM(fds, i));
-        if (fd == -1 && PyErr_Occurred())
-            goto error;
-        PyObject *result;
-        ssize_t got = recv(fd, buf, RECEIVE_SIZE, 0);
-        if (got < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                Py_INCREF(Py_None);
-                result = Py_None;
-            } else {
-                result = read_error(errno);
-            }
-        } else {
-            Py_ssize_t line_len = PyBytes_GET_SIZE(line_object);
-            Py_ssize_t count = count_pubs(buf, got, PyBytes_AS_STRING(line_object), line_len, max_size);
-            if (count == 0) {
-                result = PyBytes_FromStringAndSize(buf, got);
-            } else {
-                PyObject *topic = PyList_GET_ITEM(topics, i);
-                PyObject *into = PyDict_GetItemWithError(by_topic, topic);  /* borrowed */
-                if (into == NULL) {
-                    if (PyErr_Occurred())
-                        goto error;
-                    into = PyList_New(0);
-                    if (into == NULL)
-                        goto error;
-                    int failed = PyDict_SetItem(by_topic, topic, into);
-                    Py_DECREF(into);  /* the dict holds it */
-                    if (failed)
-                        goto error;
-                }
-                if (append_bodies(into, buf, count, line_len) < 0)
-                    goto error;
-                result = Py_BuildValue("(nn)", (Py_ssize_t)got, count);
-            }
-        }
-        if (result == NULL)
-            goto error;
-        PyList_SET_ITEM(results, i, result);
-    }
-    return Py_BuildValue("(NN)", by_topic, results);
-error:
-    Py_XDECREF(by_topic);
-    Py_XDECREF(results);
-    return NULL;
-}
-
 /* Attribute names read_producers looks up, interned once. */
 static PyObject *str_fast_line, *str_client, *str_out, *str_send_lock, *str_locked, *str_last_read,
     *str_read_moves_at, *str_pub_counts, *str_poll_actor;
@@ -701,7 +624,6 @@ new_messages(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
-    {"read_pubs_many", read_pubs_many, METH_VARARGS, "read_pubs for several sockets, bodies grouped by topic."},
     {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
     {"poll_producers", poll_producers, METH_VARARGS, "A poller step's epoll wait with its light producers read."},
     {"count_published", count_published, METH_VARARGS, "Add a batch's counts to each producer's figures."},

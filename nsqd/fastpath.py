@@ -6,16 +6,20 @@ read's bytes through the general parser, the command table, the publish path and
 PUB. A producer that sends one PUB at a time sends the same line each time (``PUB <topic>\\n``), which the
 parser has already checked once. Here:
 
-- ``read_pubs_many(fds, lines, topics, max_size)`` reads several sockets in one call (the light producers ready
-  at the start of a poller step, ``PublishBatch.read_producers``) and, for each read that holds nothing but whole
-  PUB commands whose line is that connection's last checked PUB line with a body size in range, adds their bodies
-  to its topic's list; anything else (another command, a partial command, a new topic, end of input, an error)
-  comes back as what was read, for the general parser, which stays the one authority on the protocol.
-  ``read_pubs`` is the same for one socket, for a producer served later in the step;
+- ``poll_producers`` starts a poller step (the poller's ``step_poll``): one call polls the poller's epoll set
+  and reads every ready light producer whose PUBs may skip the parser (``fast_line_of``), and for each read that
+  holds nothing but whole PUB commands of that connection's last checked PUB line, with a body size in range,
+  adds the bodies, the connection and its count to its topic's group of the step, and sets ``last_read``; the
+  other ready members go back to the poller, and anything else read (another command, a partial command, a new
+  topic, end of input, an error) goes to its connection as read, for the general parser, which stays the one
+  authority on the protocol. ``read_producers`` is the same for a list of descriptors (a fresh look, an
+  interlude), ``read_pubs`` for one socket (a producer served later in the step). The per-connection part of a
+  step thus runs without the interpreter: the checks, the read, the grouping (bench/HISTORY.md, item 30);
 - such connections do not run the command: at the end of the poller step the batch publishes each topic's bodies
   with one ``Topic.publish`` (one ID run, one timestamp, one hand-off to the channels, as an MPUB) and writes every
-  connection's OKs of that topic with one call (``write_oks``);
-- both exist in C (``nsqd/_speedups.c``, built by ``pip install -e .`` where a compiler is present) and here in
+  connection's OKs of that topic with one call (``write_oks``), and adds the counts to the producers' figures
+  with one (``count_published``);
+- all exist in C (``nsqd/_speedups.c``, built by ``pip install -e .`` where a compiler is present) and here in
   Python; the C ones are used when they were built, unless ``TRIONSQ_NO_SPEEDUPS=1``. Same answers for the same
   bytes (``tests/nsqd/test_fastpath.py`` runs both).
 
@@ -38,7 +42,8 @@ from protocol.frames import OK_FRAME
 from .speedups import load as load_speedups
 from .topic import TopicExiting, TopicFull
 
-__all__ = ["ACCELERATED", "PublishBatch", "read_pubs", "read_pubs_many", "write_oks"]
+__all__ = ["ACCELERATED", "PublishBatch", "count_published", "fast_line_of", "poll_producers", "read_producers",
+           "read_pubs", "write_oks"]
 
 RECEIVE_SIZE = 65536
 _unpack_size = struct.Struct(">i").unpack_from
@@ -74,41 +79,22 @@ def _read_pubs(fd: int, line: bytes, max_size: int):
     return len(data), bodies
 
 
-def _read_pubs_many(fds: list[int], lines: list[bytes], topics: list, max_size: int):
-    """``read_pubs_many`` in Python (see nsqd/_speedups.c): ``(bodies by topic, results)``."""
-    if not len(fds) == len(lines) == len(topics):
-        raise ValueError("fds, lines and topics differ in length")
-    by_topic: dict = {}
-    results = []
-    read = os.read
-    for fd, line, topic in zip(fds, lines, topics):
-        try:
-            data = read(fd, RECEIVE_SIZE)
-        except BlockingIOError:
-            results.append(None)
-            continue
-        except OSError as exc:
-            results.append(exc)
-            continue
-        bodies = _pub_bodies(data, line, max_size)
-        if bodies is None:
-            results.append(data)
-            continue
-        into = by_topic.get(topic)
-        if into is None:
-            by_topic[topic] = bodies
-        else:
-            into.extend(bodies)
-        results.append((len(data), len(bodies)))
-    return by_topic, results
+def fast_line_of(member) -> tuple[bytes, bytes] | None:
+    """The line and topic of the PUBs that ``member`` (a poller member) may read past the parser now
+    (``Connection.fast_pub`` says why each check): its cached ``fast_line`` (None or missing for a member
+    that is no producer connection, such as a replication peer's ACKs), nothing in its client's output and no
+    write of its writer under way; None otherwise. ``fast_line_of`` in nsqd/_speedups.c is the twin."""
+    line = getattr(member, "fast_line", None)
+    if line is not None and not member.client.out and not member._send_lock.locked():
+        return line
+    return None
 
 
 def _read_producer(member, fd: int, groups: dict, max_size: int, step_time: float, others: list,
                    late: list) -> bool:
     """``read_producer`` of nsqd/_speedups.c in Python: False when ``member`` may not take the fast path (nothing
     read), True when it was read (see ``PublishBatch.read_producers``)."""
-    fast_pub = getattr(member, "fast_pub", None)  # a replication peer's ACKs are no connection
-    last = fast_pub() if fast_pub is not None else None
+    last = fast_line_of(member)
     if last is None:
         return False
     line, topic = last
@@ -197,11 +183,11 @@ def _write_oks(fds: list[int], counts: list[int]) -> list[tuple[int, int]]:
 _speedups = load_speedups()
 ACCELERATED = _speedups is not None
 if _speedups is not None:
-    read_pubs, read_pubs_many, write_oks = _speedups.read_pubs, _speedups.read_pubs_many, _speedups.write_oks
+    read_pubs, write_oks = _speedups.read_pubs, _speedups.write_oks
     read_producers, count_published = _speedups.read_producers, _speedups.count_published
     poll_producers = _speedups.poll_producers
 else:  # not built, or TRIONSQ_NO_SPEEDUPS: the Python twins above
-    read_pubs, read_pubs_many, write_oks = _read_pubs, _read_pubs_many, _write_oks
+    read_pubs, write_oks = _read_pubs, _write_oks
     read_producers, count_published = _read_producers, _count_published
     poll_producers = _poll_producers
 
@@ -209,16 +195,16 @@ else:  # not built, or TRIONSQ_NO_SPEEDUPS: the Python twins above
 class PublishBatch:
     """The PUB bodies that connections read in one poller step, published and answered at its end.
 
-    Bodies come in two ways. At the start of a step the poller hands over the ready light producers
-    (``read_producers``, the poller's ``bulk_read``): the connections that may take this path (``fast_pub``) are
-    read by one ``read_pubs_many`` call, which groups their bodies by topic; what was not whole PUBs of the
-    connection's line goes back to the connection (``poll_data``), with the bytes as read. A connection served
-    later in the step (by a fresh look) reads itself with ``read_pubs`` and calls ``add``. Either way the batch
-    registers with the poller for the end of the step's light part (``ReadPoller.defer_reply``), which calls
-    ``send_deferred``: per topic, one ``Topic.publish`` of every body in the order they were read, then one
-    ``write_oks`` of every connection's OKs. A connection whose OKs the socket does not take whole gets the rest
-    through its own output buffer and writer, as any answer; so do all of a topic's OKs when a disk sync must
-    come first (durable mode).
+    Bodies come in three ways. At the start of a step the poller polls through ``poll_producers`` and the
+    ready light producers that may take this path (``fast_line_of``) are read in that call, their bodies grouped
+    by topic; what was not whole PUBs of the connection's line goes back to the connection (``poll_data``), with
+    the bytes as read. Light producers handed over later (a fresh look, an interlude: the poller's
+    ``bulk_read``) are read the same way by ``read_producers``, and a connection served on its own reads itself
+    with ``read_pubs`` and calls ``add``. Either way the batch registers with the poller for the end of the
+    step's light part (``ReadPoller.defer_reply``), which calls ``send_deferred``: per topic, one
+    ``Topic.publish`` of every body in the order they were read, then one ``write_oks`` of every connection's
+    OKs. A connection whose OKs the socket does not take whole gets the rest through its own output buffer and
+    writer, as any answer; so do all of a topic's OKs when a disk sync must come first (durable mode).
 
     A connection may take this path only with nothing in its output and no write of its writer under way
     (``fast_pub``): nothing else runs for it until the step's end, so its OKs may then be written at once."""

@@ -48,7 +48,7 @@ from .auth import AuthError
 
 from .channel import ChannelError
 from .client import Client, ClientState
-from .fastpath import read_pubs
+from .fastpath import fast_line_of, read_pubs
 from .queues.offset_log import LogRangeError
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
@@ -353,12 +353,9 @@ class Connection:
         (``fast_line``, the parser's ``last_pub``), when nothing else is to be checked for them: no auth, no TLS
         requirement, never subscribed, no replication (its OKs wait for the peers; all four in ``_plain``),
         nothing unsent before them and no write of the writer's under way (the batch writes its OKs at the step's
-        end). None when the read goes to the parser. ``read_producers`` in nsqd/_speedups.c makes the same
-        checks for the producers it reads."""
-        line = self.fast_line
-        if line is not None and not self.client.out and not self._send_lock.locked():
-            return line
-        return None
+        end). None when the read goes to the parser. The checks are ``fastpath.fast_line_of``'s, which the reads
+        of a step's producers make too."""
+        return fast_line_of(self)
 
     def fast_read(self, size: int) -> None:
         """A read of ``size`` bytes went to the step's ``PublishBatch``."""

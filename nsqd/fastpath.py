@@ -257,12 +257,15 @@ class PublishBatch:
         return rest
 
     def _after_reads(self, had_groups: bool, others: list, late: list) -> None:
+        """What the reads leave to Python: the step's end for the batch, the read deadlines that move, the reads
+        for the parser."""
         if self._topics and not had_groups:
             self.nsqd.read_poller.defer_reply(self)
-        for connection in late:
-            connection._set_read_deadline()
-        for connection, result in others:
-            connection.poll_data(result)
+        if late or others:
+            for connection in late:
+                connection._set_read_deadline()
+            for connection, result in others:
+                connection.poll_data(result)
 
     def send_deferred(self) -> None:
         groups, self._topics = self._topics, {}

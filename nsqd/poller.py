@@ -44,10 +44,14 @@ replication peer's ACKs (``replication/sender.py``), a few bytes that the OKs of
 on; a cheap call costs no extra ``epoll``.
 
 One read for the producers. The light producers ready at the start of a step (their place in the list) are
-handed to ``bulk_read`` together when the daemon set it: nsqd's ``PublishBatch.read_producers`` reads those that
-publish one message at a time with one C call over their descriptors (``nsqd/fastpath.py``) and leaves the others
-to their ``poll_ready``, first in the list. That saves the interpreter's round per connection (the call, its
-clock read, a 64 KiB buffer per read) that a step of ten PUBs paid ten times (bench/HISTORY.md, item 26).
+read together: when the daemon set ``step_poll``, the step's poll itself is nsqd's ``PublishBatch.poll_producers``,
+one C call that polls the set and reads, among the ready members, the light producers that publish one message
+at a time (``nsqd/fastpath.py``), and hands back the other events for the order below; the producers it could
+not take (something to check first) are among them, first in the list, for their ``poll_ready``. Without
+``step_poll``, and in a fresh look or an interlude, the light producers at the head of the list go to
+``bulk_read`` (``PublishBatch.read_producers``) the same way. That saves the interpreter's round per connection
+(the call, its checks, a 64 KiB buffer per read) that a step of ten PUBs paid ten times (bench/HISTORY.md, items
+26 and 30).
 
 Answers at the end of the light part of a step. A member that answers during a step (an OK in its output
 buffer) asks for the write with ``defer_reply``: the writes of every light member served are made after the

@@ -5,6 +5,7 @@ Python ones still run), and ``test_the_accelerator_is_built`` says so unless TRI
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import math
 import os
@@ -27,7 +28,9 @@ except ImportError:  # not built here
 
 
 class Twins:
-    def __init__(self, module, prefix: str = "") -> None:
+    def __init__(self, module, prefix: str = "", uring: bool = True) -> None:
+        self.module = module
+        self.uring = uring  # the C module's reads and writes through its io_uring, or one system call each
         self.read_pubs = getattr(module, prefix + "read_pubs", None)
         self.read_producers = getattr(module, prefix + "read_producers", None)
         self.poll_producers = getattr(module, prefix + "poll_producers", None)
@@ -36,16 +39,35 @@ class Twins:
 
 
 
+NOT_BUILT = pytest.mark.skipif(_speedups is None, reason="nsqd._speedups not built")
 IMPLEMENTATIONS = [
     pytest.param(Twins(fastpath, "_"), id="python"),
-    pytest.param(Twins(_speedups), id="c", marks=pytest.mark.skipif(_speedups is None, reason="nsqd._speedups not built")),
+    pytest.param(Twins(_speedups), id="c", marks=NOT_BUILT),
+    pytest.param(Twins(_speedups, uring=False), id="c-syscalls", marks=NOT_BUILT),
 ]
 LINE = b"PUB topic\n"
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
 def impl(request):
-    return request.param
+    twins = request.param
+    if twins.module is _speedups:
+        _speedups.use_uring(twins.uring)
+    yield twins
+    if twins.module is _speedups:
+        _speedups.use_uring(True)
+
+
+def kernel_gives_a_ring() -> bool:
+    """Whether io_uring_setup(2) works for this process (a kernel with io_uring, not turned off, no seccomp
+    profile refusing it), asked without the module under test."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+    fd = libc.syscall(425, 4, params)  # __NR_io_uring_setup on x86-64 and arm64
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
 
 
 @pytest.fixture
@@ -68,6 +90,13 @@ def read(impl, pair, data: bytes, max_size: int = 1 << 20):
 def test_the_accelerator_is_built():
     if _speedups is None and os.environ.get("TRIONSQ_ALLOW_NO_SPEEDUPS") != "1":
         pytest.fail("nsqd._speedups is not built: pip install -e . needs a C compiler and Python's headers")
+
+
+@NOT_BUILT
+def test_the_ring_is_used_where_the_kernel_gives_one():
+    assert _speedups.use_uring(True) is kernel_gives_a_ring()
+    assert _speedups.use_uring(False) is False and _speedups.use_uring() is False  # given up until asked again
+    assert _speedups.use_uring(True) is kernel_gives_a_ring()
 
 
 def test_whole_pubs_of_the_line_come_back_as_bodies(impl, pair):
@@ -348,6 +377,42 @@ def test_poll_producers_reads_the_ready_light_producers_and_returns_the_rest(imp
     finally:
         epoll.close()
         for pair_ in (*more, idle):
+            for sock in pair_:
+                sock.close()
+
+
+def test_more_connections_than_one_ring_holds(impl):
+    """A step of 150 producers: the C module reads and writes them in several batches of its ring (64 each);
+    same answers, in order."""
+    made = [socket.socketpair() for _ in range(150)]
+    epoll = select.epoll()
+    try:
+        producers = []
+        for index, (left, right) in enumerate(made):
+            left.setblocking(False)
+            epoll.register(left.fileno(), select.EPOLLIN)
+            producers.append(Producer(left))
+            right.sendall(encode_pub("topic", b"%d" % index) if index % 7 else b"NOP\n")
+        members = {producer.sock.fileno(): producer for producer in producers}
+        groups: dict = {}
+        events, taken, others, late = impl.poll_producers(epoll, members, 2048, 100, groups, 0.0)
+        assert events == [] and late == [] and len(taken) == 150
+        assert others == [(producers[index], b"NOP\n") for index in range(0, 150, 7)]
+        bodies, readers, fds, counts = (list(column) for column in groups[b"topic"])
+        assert sorted(bodies, key=int) == [b"%d" % index for index in range(150) if index % 7]
+        assert [int(body) for body in bodies] == [producers.index(reader) for reader in readers]
+        for (left, right), index in zip(made, range(150)):
+            if index % 7:
+                right.sendall(encode_pub("topic", b"again"))
+        rest, others, _ = impl.read_producers([left.fileno() for left, _ in made], members, 100, groups, 0.0)
+        assert rest == [] and others == []
+        assert groups[b"topic"][0].count(b"again") == len(bodies)
+        assert impl.write_oks(fds, [index % 3 + 1 for index in range(len(fds))]) == []
+        for reader, index in zip(readers, range(len(fds))):
+            assert recv_all(made[producers.index(reader)][1], 10 * (index % 3 + 1)) == OK_FRAME * (index % 3 + 1)
+    finally:
+        epoll.close()
+        for pair_ in made:
             for sock in pair_:
                 sock.close()
 

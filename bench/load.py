@@ -226,7 +226,7 @@ class Publisher(Role):
     def on_readable(self) -> None:
         if not self._tail and not self._pending and self.sending and self.remaining is None:
             # the round trip of one PUB at a time: a read of one OK frame, answered with the next frame, with no
-            # copy of the read and no parse (half of this process's Python per round trip went there)
+            # copy of the read and no parse (about 0.5 us less of this process's CPU per round trip)
             try:
                 size = self.sock.recv_into(_receive_buffer)
             except BlockingIOError:
@@ -319,28 +319,11 @@ class PacedPublisher(Role):
         return now + self.tick
 
     def on_readable(self) -> None:
-        if not self._tail and not self._pending and self.sending and self.remaining is None:
-            # the round trip of one PUB at a time: a read of one OK frame, answered with the next frame, with no
-            # copy of the read and no parse (half of this process's Python per round trip went there)
-            try:
-                size = self.sock.recv_into(_receive_buffer)
-            except BlockingIOError:
-                return
-            except ConnectionError as exc:
-                raise LoadError(f"connection lost: {exc}") from None
-            if size == 10 and _receive_buffer.startswith(OK_FRAME):
-                self.counter += self.messages_per_frame
-                self.send(self.frame)
-                return
-            if not size:
-                raise LoadError("connection closed by the server")
-            data = bytes(_receive_view[:size])
-        else:
-            data = self.receive()
-            if not data:
-                return
-            if self._tail:
-                data = self._tail + data
+        data = self.receive()
+        if not data:
+            return
+        if self._tail:
+            data = self._tail + data
         oks, self._tail = _parse_replies(data, self)
         self.acked += oks
         if self.latency and oks:

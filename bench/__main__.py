@@ -22,8 +22,8 @@ from pathlib import Path
 
 from bench.common import RESULTS_DIR, format_table
 
-ORDER = ["pub", "mpub", "consume", "pubsub", "client", "latency", "http", "memory", "fairness", "isolation",
-         "persistence", "replication", "many", "many_lookupd", "spark_throughput", "spark_sink",
+ORDER = ["pub", "pub_against", "mpub", "consume", "pubsub", "client", "latency", "http", "memory", "fairness",
+         "isolation", "persistence", "replication", "many", "many_lookupd", "spark_throughput", "spark_sink",
          "spark_cluster"]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
@@ -31,6 +31,7 @@ HELPERS = {"common", "load", "__main__"}
 #: the figure of each scenario shown in the closing summary: (column, how to pick the row)
 HEADLINES = {
     "pub": ["msg/s"],
+    "pub_against": ["pinned", "code", "nsqd_us/msg", "vs before"],
     "mpub": ["msg/s", "MB/s"],
     "consume": ["msg/s"],
     "pubsub": ["in msg/s", "out msg/s"],

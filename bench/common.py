@@ -347,8 +347,10 @@ def per_message_breakdown(result: dict, messages: int) -> dict:
 class Target:
     """The nsqd a scenario talks to. Use as a context manager (see the module notes)."""
 
-    def __init__(self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False) -> None:
+    def __init__(self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False,
+                 root: Path = REPO_ROOT) -> None:
         self.args = args
+        self.root = root  # the source tree whose nsqd is started (``pub_against`` starts an earlier one)
         self.flags = list(flags) + list(args.nsqd_arg or [])
         self.want_http = want_http
         self.own = not args.nsqd_tcp_address
@@ -379,7 +381,7 @@ class Target:
         self.data_path = tempfile.mkdtemp(prefix="trionsq-bench-")
         argv = [sys.executable, "-m", "nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                 f"--data-path={self.data_path}", *self.flags]
-        self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(argv, cwd=self.root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.pid = self.proc.pid
         if self.args.pin:

@@ -224,11 +224,28 @@ class Publisher(Role):
         self.sending = False
 
     def on_readable(self) -> None:
-        data = self.receive()
-        if not data:
-            return
-        if self._tail:
-            data = self._tail + data
+        if not self._tail and not self._pending and self.sending and self.remaining is None:
+            # the round trip of one PUB at a time: a read of one OK frame, answered with the next frame, with no
+            # copy of the read and no parse (about 0.5 us less of this process's CPU per round trip)
+            try:
+                size = self.sock.recv_into(_receive_buffer)
+            except BlockingIOError:
+                return
+            except ConnectionError as exc:
+                raise LoadError(f"connection lost: {exc}") from None
+            if size == 10 and _receive_buffer.startswith(OK_FRAME):
+                self.counter += self.messages_per_frame
+                self.send(self.frame)
+                return
+            if not size:
+                raise LoadError("connection closed by the server")
+            data = bytes(_receive_view[:size])
+        else:
+            data = self.receive()
+            if not data:
+                return
+            if self._tail:
+                data = self._tail + data
         oks, self._tail = _parse_replies(data, self)
         if oks:
             self.in_flight -= oks

@@ -11,7 +11,11 @@
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
+#include <linux/io_uring.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <structmember.h>
 
 #define RECEIVE_SIZE 65536
@@ -106,81 +110,545 @@ read_error(int error)
     return PyObject_CallFunction(PyExc_OSError, "is", error, strerror(error));
 }
 
-/* read_pubs_many(fds, lines, topics, max_size) -> (bodies by topic, results)
+/* Attribute names read_producers looks up, interned once. */
+static PyObject *str_fast_line, *str_client, *str_out, *str_send_lock, *str_locked, *str_last_read,
+    *str_read_moves_at, *str_pub_counts, *str_poll_actor;
 
-   read_pubs for each of fds[i] with its own lines[i], in order, in one call. The bodies of every read that held
-   only whole PUBs of its line go to the dict's list for topics[i] (topics: any hashable key per descriptor), in
-   the order read; results[i] is (nread, count) for such a read, and otherwise what read_pubs returns (None,
-   bytes, b"" at end of input), or the OSError of a failed read as a value: one connection's error is its own. */
+/* The line and topic of the PUBs that fd's member may take the fast path with, as a new reference; None (a new
+   reference too) when it may not; NULL with an exception set on error. The twin of Connection.fast_pub in
+   nsqd/tcp.py, which says why each of these is checked: its cached ``fast_line`` (a tuple, or None for a
+   member that has none, such as a replication peer's ACKs), nothing in its client's output, and no write of
+   its writer under way. */
 static PyObject *
-read_pubs_many(PyObject *self, PyObject *args)
+fast_line_of(PyObject *member)
 {
-    PyObject *fds, *lines, *topics;
-    long long max_size;
-    if (!PyArg_ParseTuple(args, "O!O!O!L", &PyList_Type, &fds, &PyList_Type, &lines, &PyList_Type, &topics,
-                          &max_size))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(fds);
-    if (PyList_GET_SIZE(lines) != n || PyList_GET_SIZE(topics) != n) {
-        PyErr_SetString(PyExc_ValueError, "fds, lines and topics differ in length");
-        return NULL;
+    PyObject *line = PyObject_GetAttr(member, str_fast_line);
+    if (line == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
     }
-    PyObject *by_topic = PyDict_New();
-    PyObject *results = PyList_New(n);
-    if (by_topic == NULL || results == NULL)
+    if (line == Py_None || !PyTuple_Check(line) || PyTuple_GET_SIZE(line) != 2) {
+        Py_DECREF(line);
+        Py_RETURN_NONE;
+    }
+    PyObject *client = PyObject_GetAttr(member, str_client);
+    if (client == NULL)
         goto error;
-    char *buf = receive_buffer;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *line_object = PyList_GET_ITEM(lines, i);
-        if (!PyBytes_Check(line_object)) {
-            PyErr_SetString(PyExc_TypeError, "lines must hold bytes");
-            goto error;
-        }
-        int fd = (int)PyLong_AsLong(PyList_GET_ITEM(fds, i));
-        if (fd == -1 && PyErr_Occurred())
-            goto error;
-        PyObject *result;
-        ssize_t got = recv(fd, buf, RECEIVE_SIZE, 0);
-        if (got < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                Py_INCREF(Py_None);
-                result = Py_None;
-            } else {
-                result = read_error(errno);
-            }
-        } else {
-            Py_ssize_t line_len = PyBytes_GET_SIZE(line_object);
-            Py_ssize_t count = count_pubs(buf, got, PyBytes_AS_STRING(line_object), line_len, max_size);
-            if (count == 0) {
-                result = PyBytes_FromStringAndSize(buf, got);
-            } else {
-                PyObject *topic = PyList_GET_ITEM(topics, i);
-                PyObject *into = PyDict_GetItemWithError(by_topic, topic);  /* borrowed */
-                if (into == NULL) {
-                    if (PyErr_Occurred())
-                        goto error;
-                    into = PyList_New(0);
-                    if (into == NULL)
-                        goto error;
-                    int failed = PyDict_SetItem(by_topic, topic, into);
-                    Py_DECREF(into);  /* the dict holds it */
-                    if (failed)
-                        goto error;
-                }
-                if (append_bodies(into, buf, count, line_len) < 0)
-                    goto error;
-                result = Py_BuildValue("(nn)", (Py_ssize_t)got, count);
-            }
-        }
-        if (result == NULL)
-            goto error;
-        PyList_SET_ITEM(results, i, result);
-    }
-    return Py_BuildValue("(NN)", by_topic, results);
+    PyObject *out = PyObject_GetAttr(client, str_out);
+    Py_DECREF(client);
+    if (out == NULL)
+        goto error;
+    Py_ssize_t queued = PyObject_Length(out);
+    Py_DECREF(out);
+    if (queued < 0)
+        goto error;
+    if (queued > 0)
+        goto none;
+    PyObject *lock = PyObject_GetAttr(member, str_send_lock);
+    if (lock == NULL)
+        goto error;
+    PyObject *held = PyObject_CallMethodNoArgs(lock, str_locked);
+    Py_DECREF(lock);
+    if (held == NULL)
+        goto error;
+    int busy = PyObject_IsTrue(held);
+    Py_DECREF(held);
+    if (busy < 0)
+        goto error;
+    if (busy)
+        goto none;
+    return line;
+none:
+    Py_DECREF(line);
+    Py_RETURN_NONE;
 error:
-    Py_XDECREF(by_topic);
-    Py_XDECREF(results);
+    Py_DECREF(line);
     return NULL;
+}
+
+/* Append `item` to `list` (a new reference, consumed); -1 on error (NULL items included). */
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+/* The group of `topic` in `groups` ([bodies, members, fds, counts], created empty when missing), borrowed. */
+static PyObject *
+group_of(PyObject *groups, PyObject *topic)
+{
+    PyObject *group = PyDict_GetItemWithError(groups, topic);
+    if (group != NULL || PyErr_Occurred())
+        return group;
+    group = Py_BuildValue("[NNNN]", PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0));
+    if (group == NULL)
+        return NULL;
+    int failed = PyDict_SetItem(groups, topic, group);
+    Py_DECREF(group);  /* the dict holds it */
+    return failed ? NULL : group;
+}
+
+/* One io_uring for the reads and writes of a poller step.
+
+   A step reads its ready producers and, at its end, writes their OKs: one recv(2) and one send(2) per
+   connection, each a system call, whose entry and exit cost about 0.2 us here (retpolines, a VM). With an
+   io_uring the calls of a step are queued in its submission ring and made by one io_uring_enter(2): the
+   kernel runs each as the system call would (MSG_DONTWAIT: a socket with nothing to read or no room answers
+   -EAGAIN at once instead of waiting), the results land in the completion ring, and the step pays one entry
+   and exit for up to RING_ENTRIES calls (bench/HISTORY.md, item 30: about 0.7-1 us per PUB round trip on this
+   machine). Same results as the calls: bytes, 0 at end of input, -errno (EAGAIN, EBADF, ECONNRESET, EPIPE;
+   a partial send is returned as such).
+
+   The ring is set up at first use; where the kernel has none or refuses it (io_uring_disabled, a seccomp
+   profile: ENOSYS, EPERM), or use_uring(False) turned it off, the functions make the system calls
+   themselves, one by one, as before. Only the thread that runs the event loop uses it (nsqd's). */
+
+#define RING_ENTRIES 64
+
+static struct {
+    int fd;  /* >= 0: set up; -1: not tried yet; -2: unavailable or turned off */
+    unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+    struct io_uring_sqe *sqes;
+    struct io_uring_cqe *cqes;
+    void *sq_map, *sqe_map;
+    size_t sq_size, sqe_size;
+} ring = {.fd = -1};
+
+static int
+ring_setup(void)
+{
+    struct io_uring_params params;
+    memset(&params, 0, sizeof params);
+    params.flags = IORING_SETUP_COOP_TASKRUN;  /* no interrupt to run completion work: it all completes inline */
+    int fd = (int)syscall(__NR_io_uring_setup, RING_ENTRIES, &params);
+    if (fd < 0 && errno == EINVAL) {  /* a kernel before 5.19 */
+        memset(&params, 0, sizeof params);
+        fd = (int)syscall(__NR_io_uring_setup, RING_ENTRIES, &params);
+    }
+    if (fd < 0)
+        return -1;
+    if (!(params.features & IORING_FEAT_SINGLE_MMAP)) {  /* kernels before 5.4: not worth a second mapping */
+        close(fd);
+        return -1;
+    }
+    size_t sq_size = params.sq_off.array + params.sq_entries * sizeof(unsigned);
+    size_t cq_size = params.cq_off.cqes + params.cq_entries * sizeof(struct io_uring_cqe);
+    if (cq_size > sq_size)
+        sq_size = cq_size;
+    size_t sqe_size = params.sq_entries * sizeof(struct io_uring_sqe);
+    char *rings = mmap(NULL, sq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQ_RING);
+    if (rings == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    void *sqes = mmap(NULL, sqe_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQES);
+    if (sqes == MAP_FAILED) {
+        munmap(rings, sq_size);
+        close(fd);
+        return -1;
+    }
+    ring.sq_head = (unsigned *)(rings + params.sq_off.head);
+    ring.sq_tail = (unsigned *)(rings + params.sq_off.tail);
+    ring.sq_mask = (unsigned *)(rings + params.sq_off.ring_mask);
+    ring.sq_array = (unsigned *)(rings + params.sq_off.array);
+    ring.cq_head = (unsigned *)(rings + params.cq_off.head);
+    ring.cq_tail = (unsigned *)(rings + params.cq_off.tail);
+    ring.cq_mask = (unsigned *)(rings + params.cq_off.ring_mask);
+    ring.cqes = (struct io_uring_cqe *)(rings + params.cq_off.cqes);
+    ring.sqes = sqes;
+    ring.sq_map = rings;
+    ring.sqe_map = sqes;
+    ring.sq_size = sq_size;
+    ring.sqe_size = sqe_size;
+    ring.fd = fd;
+    return 0;
+}
+
+static void
+ring_close(void)
+{
+    if (ring.fd >= 0) {
+        munmap(ring.sqe_map, ring.sqe_size);
+        munmap(ring.sq_map, ring.sq_size);
+        close(ring.fd);
+    }
+    ring.fd = -2;
+}
+
+/* Whether the ring is there to use (set up now if it was not tried yet). */
+static int
+ring_ready(void)
+{
+    if (ring.fd == -1 && ring_setup() < 0)
+        ring.fd = -2;
+    return ring.fd >= 0;
+}
+
+/* One call of the batch: recv or send `len` bytes at `buf` on `fd`. */
+struct io_call {
+    int fd;
+    char *buf;
+    size_t len;
+    ssize_t result;  /* what the system call would return, errors as -errno */
+};
+
+/* Make the n (<= RING_ENTRIES) calls, each a recv(2) (`sending` 0) or a send(2) with MSG_NOSIGNAL, never
+   waiting (MSG_DONTWAIT); their results in calls[i].result. Through the ring when it is there, one system
+   call for all of them; else one by one. */
+static void
+make_calls(struct io_call *calls, int n, int sending)
+{
+    int flags = MSG_DONTWAIT | (sending ? MSG_NOSIGNAL : 0);
+    char reported[RING_ENTRIES] = {0};
+    if (n > 0 && ring_ready()) {
+        unsigned tail = *ring.sq_tail;
+        for (int i = 0; i < n; i++) {
+            unsigned slot = tail & *ring.sq_mask;
+            struct io_uring_sqe *sqe = &ring.sqes[slot];
+            memset(sqe, 0, sizeof *sqe);
+            sqe->opcode = sending ? IORING_OP_SEND : IORING_OP_RECV;
+            sqe->fd = calls[i].fd;
+            sqe->addr = (unsigned long)calls[i].buf;
+            sqe->len = (unsigned)calls[i].len;
+            sqe->msg_flags = (unsigned)flags;
+            sqe->user_data = (unsigned long long)i;
+            ring.sq_array[slot] = slot;
+            tail++;
+        }
+        __atomic_store_n(ring.sq_tail, tail, __ATOMIC_RELEASE);
+        int submitted = (int)syscall(__NR_io_uring_enter, ring.fd, (unsigned)n, 0U, 0U, NULL, 0);
+        int done = 0;
+        for (;;) {
+            unsigned head = *ring.cq_head, end = __atomic_load_n(ring.cq_tail, __ATOMIC_ACQUIRE);
+            for (; head != end; head++) {
+                struct io_uring_cqe *cqe = &ring.cqes[head & *ring.cq_mask];
+                if (cqe->user_data < (unsigned long long)n && !reported[cqe->user_data]) {
+                    calls[cqe->user_data].result = cqe->res;
+                    reported[cqe->user_data] = 1;
+                    done++;
+                }
+            }
+            __atomic_store_n(ring.cq_head, head, __ATOMIC_RELEASE);
+            if (done >= n)
+                return;
+            if (submitted <= done)
+                break;  /* the rest were never taken from the ring: nothing more is coming */
+            /* taken but not completed inline (MSG_DONTWAIT calls are): wait for them */
+            if (syscall(__NR_io_uring_enter, ring.fd, 0U, (unsigned)(submitted - done), IORING_ENTER_GETEVENTS,
+                        NULL, 0) < 0 && errno != EINTR)
+                break;
+        }
+        /* the ring failed under us (it should not): give it up, and make the calls it did not report directly
+           (a call it took completed before io_uring_enter returned, and was reported) */
+        ring_close();
+    }
+    for (int i = 0; i < n; i++) {
+        if (reported[i])
+            continue;
+        ssize_t got = sending ? send(calls[i].fd, calls[i].buf, calls[i].len, flags)
+                              : recv(calls[i].fd, calls[i].buf, calls[i].len, flags);
+        calls[i].result = got < 0 ? -(ssize_t)errno : got;
+    }
+}
+
+/* use_uring(on=None) -> bool: whether the reads and writes go through the ring; on=False gives it up (the
+   system calls one by one from then on, as where the kernel has none), on=True sets it up again if it can. */
+static PyObject *
+use_uring(PyObject *self, PyObject *args)
+{
+    PyObject *on = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &on))
+        return NULL;
+    if (on != Py_None) {
+        int want = PyObject_IsTrue(on);
+        if (want < 0)
+            return NULL;
+        if (!want)
+            ring_close();
+        else if (ring.fd == -2)
+            ring.fd = -1;
+    }
+    return PyBool_FromLong(ring_ready());
+}
+
+/* The reads of a step's producers, in batches of RING_ENTRIES: a producer that may take the fast path
+   (fast_line_of) is queued with its line; when the batch is full, and at the end, every queued producer is
+   read (make_calls) and its read handled in the order queued (take_read). */
+static char read_buffers[RING_ENTRIES][RECEIVE_SIZE];  /* pages are touched only as far as reads fill them */
+
+struct read_batch {
+    int n;
+    struct io_call calls[RING_ENTRIES];
+    PyObject *members[RING_ENTRIES], *fd_objects[RING_ENTRIES], *lines[RING_ENTRIES];  /* owned */
+    PyObject *groups, *others, *late;
+    long long max_size;
+    double step_time;
+};
+
+/* What a read of a producer gave (calls' result): a read of nothing but whole PUBs of its line, each body in
+   range, adds its bodies, the member, the descriptor and the count to groups[topic] ([bodies, members, fds,
+   counts], in read order) and sets the member's last_read; the member goes to `late` when step_time is past
+   its _read_moves_at (its read deadline is to move). Anything else read (bytes, b"" at end of input, the
+   OSError of a failed read as a value) goes to `others` as (member, result), for its poll_data; nothing to
+   read (EAGAIN): nothing. -1 on error. */
+static int
+take_read(struct read_batch *batch, int k)
+{
+    PyObject *member = batch->members[k], *fd_object = batch->fd_objects[k], *line = batch->lines[k];
+    ssize_t got = batch->calls[k].result;
+    const char *buf = batch->calls[k].buf;
+    if (got < 0) {
+        if (got == -EAGAIN || got == -EWOULDBLOCK)
+            return 0;
+        return append_new(batch->others, Py_BuildValue("(ON)", member, read_error((int)-got)));
+    }
+    PyObject *line_bytes = PyTuple_GET_ITEM(line, 0), *topic = PyTuple_GET_ITEM(line, 1);
+    Py_ssize_t line_len = PyBytes_GET_SIZE(line_bytes);
+    Py_ssize_t count = count_pubs(buf, got, PyBytes_AS_STRING(line_bytes), line_len, batch->max_size);
+    if (count == 0)
+        return append_new(batch->others, Py_BuildValue("(Oy#)", member, buf, (Py_ssize_t)got));
+    PyObject *group = group_of(batch->groups, topic);
+    if (group == NULL || append_bodies(PyList_GET_ITEM(group, 0), buf, count, line_len) < 0 ||
+        PyList_Append(PyList_GET_ITEM(group, 1), member) < 0 ||
+        PyList_Append(PyList_GET_ITEM(group, 2), fd_object) < 0 ||
+        append_new(PyList_GET_ITEM(group, 3), PyLong_FromSsize_t(count)) < 0)
+        return -1;
+    PyObject *size = PyLong_FromSsize_t((Py_ssize_t)got);
+    if (size == NULL)
+        return -1;
+    int failed = PyObject_SetAttr(member, str_last_read, size);
+    Py_DECREF(size);
+    if (failed)
+        return -1;
+    PyObject *moves_at = PyObject_GetAttr(member, str_read_moves_at);
+    if (moves_at == NULL)
+        return -1;
+    double at = PyFloat_AsDouble(moves_at);
+    Py_DECREF(moves_at);
+    if (at == -1.0 && PyErr_Occurred())
+        return -1;
+    if (batch->step_time > at && PyList_Append(batch->late, member) < 0)
+        return -1;
+    return 0;
+}
+
+/* Read every queued producer and handle the reads in order; the batch is empty afterwards. -1 on error. */
+static int
+flush_reads(struct read_batch *batch)
+{
+    make_calls(batch->calls, batch->n, 0);
+    int result = 0;
+    for (int k = 0; k < batch->n; k++) {
+        if (result == 0 && take_read(batch, k) < 0)
+            result = -1;
+        Py_DECREF(batch->members[k]);
+        Py_DECREF(batch->fd_objects[k]);
+        Py_DECREF(batch->lines[k]);
+    }
+    batch->n = 0;
+    return result;
+}
+
+/* Queue `member`, watched on `fd_object`, for a read if it may take the fast path: 1 when queued, 0 when it
+   may not (nothing read: it goes to its poll_ready), -1 on error. */
+static int
+queue_read(struct read_batch *batch, PyObject *member, PyObject *fd_object)
+{
+    PyObject *line = fast_line_of(member);
+    if (line == NULL)
+        return -1;
+    if (line == Py_None) {
+        Py_DECREF(line);
+        return 0;
+    }
+    int fd = (int)PyLong_AsLong(fd_object);
+    if ((fd == -1 && PyErr_Occurred()) || !PyBytes_Check(PyTuple_GET_ITEM(line, 0))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "fast_line must hold the line as bytes");
+        Py_DECREF(line);
+        return -1;
+    }
+    int k = batch->n++;
+    batch->calls[k] = (struct io_call){.fd = fd, .buf = read_buffers[k], .len = RECEIVE_SIZE};
+    batch->members[k] = Py_NewRef(member);
+    batch->fd_objects[k] = Py_NewRef(fd_object);
+    batch->lines[k] = line;
+    if (batch->n == RING_ENTRIES && flush_reads(batch) < 0)
+        return -1;
+    return 1;
+}
+
+/* Drop what a batch still holds (after an error). */
+static void
+clear_reads(struct read_batch *batch)
+{
+    for (int k = 0; k < batch->n; k++) {
+        Py_DECREF(batch->members[k]);
+        Py_DECREF(batch->fd_objects[k]);
+        Py_DECREF(batch->lines[k]);
+    }
+    batch->n = 0;
+}
+
+/* read_producers(fds, members, max_size, groups, step_time) -> (rest, others, late)
+
+   For the member of each descriptor in order (members[fd]) that may take the fast path (fast_line_of), one
+   read, handled as take_read says; `rest` lists the descriptors not read (no member, or one that may not
+   take the fast path), in their order, for their poll_ready. PublishBatch.read_producers in nsqd/fastpath.py
+   is the twin and says what for. */
+static PyObject *
+read_producers(PyObject *self, PyObject *args)
+{
+    PyObject *fds, *members;
+    struct read_batch batch = {.n = 0};
+    if (!PyArg_ParseTuple(args, "O!O!LO!d", &PyList_Type, &fds, &PyDict_Type, &members, &batch.max_size,
+                          &PyDict_Type, &batch.groups, &batch.step_time))
+        return NULL;
+    PyObject *rest = PyList_New(0);
+    batch.others = PyList_New(0);
+    batch.late = PyList_New(0);
+    if (rest == NULL || batch.others == NULL || batch.late == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fds); i++) {
+        PyObject *fd_object = PyList_GET_ITEM(fds, i);
+        PyObject *member = PyDict_GetItemWithError(members, fd_object);  /* borrowed */
+        int queued = 0;
+        if (member != NULL)
+            queued = queue_read(&batch, member, fd_object);
+        else if (PyErr_Occurred())
+            queued = -1;
+        if (queued < 0 || (queued == 0 && PyList_Append(rest, fd_object) < 0))
+            goto error;
+    }
+    if (flush_reads(&batch) < 0)
+        goto error;
+    return Py_BuildValue("(NNN)", rest, batch.others, batch.late);
+error:
+    clear_reads(&batch);
+    Py_XDECREF(rest);
+    Py_XDECREF(batch.others);
+    Py_XDECREF(batch.late);
+    return NULL;
+}
+
+#define POLL_EVENTS 1023 /* as many events as select.epoll.poll gives by default */
+
+/* poll_producers(epoll, members, light_read, max_size, groups, step_time) -> (events, taken, others, late)
+
+   The start of a poller step with its light producers read in the same call: one epoll_wait(2) of `epoll`
+   (a select.epoll) with no timeout, then, for each ready descriptor whose member is a producer (poll_actor
+   None) whose last read was at most light_read bytes and that may take the fast path (fast_line_of), one
+   read, handled as take_read says. `events` lists the other ready descriptors as (fd, events), as
+   select.epoll.poll gives them, in the order they came; `taken` the descriptors read. ReadPoller.poll_once
+   (nsqd/poller.py) and PublishBatch.poll_producers (nsqd/fastpath.py, with the twin) say what for. */
+static PyObject *
+poll_producers(PyObject *self, PyObject *args)
+{
+    static struct epoll_event ready[POLL_EVENTS];
+    PyObject *epoll, *members;
+    long long light_read;
+    struct read_batch batch = {.n = 0};
+    if (!PyArg_ParseTuple(args, "OO!LLO!d", &epoll, &PyDict_Type, &members, &light_read, &batch.max_size,
+                          &PyDict_Type, &batch.groups, &batch.step_time))
+        return NULL;
+    int epfd = PyObject_AsFileDescriptor(epoll);
+    if (epfd < 0)
+        return NULL;
+    int n = epoll_wait(epfd, ready, POLL_EVENTS, 0);
+    if (n < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *events = PyList_New(0), *taken = PyList_New(0);
+    batch.others = PyList_New(0);
+    batch.late = PyList_New(0);
+    if (events == NULL || taken == NULL || batch.others == NULL || batch.late == NULL)
+        goto error;
+    for (int i = 0; i < n; i++) {
+        PyObject *fd_object = PyLong_FromLong(ready[i].data.fd);
+        if (fd_object == NULL)
+            goto error;
+        PyObject *member = PyDict_GetItemWithError(members, fd_object);  /* borrowed */
+        int queued = 0;
+        if (member != NULL) {
+            PyObject *size = PyObject_GetAttr(member, str_last_read), *actor = NULL;
+            long long last = size == NULL ? -1 : PyLong_AsLongLong(size);
+            Py_XDECREF(size);
+            if (last == -1 && PyErr_Occurred())
+                queued = -1;
+            else if (last <= light_read && (actor = PyObject_GetAttr(member, str_poll_actor)) == NULL)
+                queued = -1;
+            else if (actor == Py_None)
+                queued = queue_read(&batch, member, fd_object);
+            Py_XDECREF(actor);
+        } else if (PyErr_Occurred()) {
+            queued = -1;
+        }
+        if (queued > 0)
+            queued = PyList_Append(taken, fd_object) < 0 ? -1 : 1;
+        else if (queued == 0)
+            queued = append_new(events, Py_BuildValue("(OI)", fd_object, (unsigned int)ready[i].events)) < 0 ? -1 : 0;
+        Py_DECREF(fd_object);
+        if (queued < 0)
+            goto error;
+    }
+    if (flush_reads(&batch) < 0)
+        goto error;
+    return Py_BuildValue("(NNNN)", events, taken, batch.others, batch.late);
+error:
+    clear_reads(&batch);
+    Py_XDECREF(events);
+    Py_XDECREF(taken);
+    Py_XDECREF(batch.others);
+    Py_XDECREF(batch.late);
+    return NULL;
+}
+
+/* count_published(connections, counts, topic) -> None
+
+   Client.published(topic, counts[i]) for the client of each connections[i] (nsqd/client.py: the producer's
+   figures of /stats), without a Python call each: its pub_counts[topic] grows by counts[i]. */
+static PyObject *
+count_published(PyObject *self, PyObject *args)
+{
+    PyObject *connections, *counts, *topic;
+    if (!PyArg_ParseTuple(args, "O!O!U", &PyList_Type, &connections, &PyList_Type, &counts, &topic))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(connections);
+    if (PyList_GET_SIZE(counts) != n) {
+        PyErr_SetString(PyExc_ValueError, "connections and counts differ in length");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *client = PyObject_GetAttr(PyList_GET_ITEM(connections, i), str_client);
+        if (client == NULL)
+            return NULL;
+        PyObject *table = PyObject_GetAttr(client, str_pub_counts);
+        Py_DECREF(client);
+        if (table == NULL)
+            return NULL;
+        if (!PyDict_Check(table)) {
+            Py_DECREF(table);
+            PyErr_SetString(PyExc_TypeError, "pub_counts must be a dict");
+            return NULL;
+        }
+        PyObject *before = PyDict_GetItemWithError(table, topic);  /* borrowed */
+        PyObject *after = NULL;
+        if (before != NULL)
+            after = PyNumber_Add(before, PyList_GET_ITEM(counts, i));
+        else if (!PyErr_Occurred())
+            after = Py_NewRef(PyList_GET_ITEM(counts, i));
+        int failed = after == NULL || PyDict_SetItem(table, topic, after) < 0;
+        Py_XDECREF(after);
+        Py_DECREF(table);
+        if (failed)
+            return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 #define OK_FRAME "\0\0\0\6\0\0\0\0OK"
@@ -190,9 +658,10 @@ error:
 /* write_oks(fds, counts) -> list of (index, written)
 
    send(2) counts[i] OK frames to fds[i] for every i, in order (MSG_NOSIGNAL: a closed peer is EPIPE, as
-   write gives where SIGPIPE is ignored, which Python does). Returns the writes that did not take all of
-   theirs: the index and the bytes written (0 when none, -errno when the write failed, EAGAIN included); an
-   empty list when every socket took its OKs whole, which is what the caller looks at. */
+   write gives where SIGPIPE is ignored, which Python does), through the ring in batches (make_calls).
+   Returns the writes that did not take all of theirs: the index and the bytes written (0 when none, -errno
+   when the write failed, EAGAIN included); an empty list when every socket took its OKs whole, which is what
+   the caller looks at. */
 static PyObject *
 write_oks(PyObject *self, PyObject *args)
 {
@@ -214,42 +683,52 @@ write_oks(PyObject *self, PyObject *args)
     PyObject *short_writes = PyList_New(0);
     if (short_writes == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int fd = (int)PyLong_AsLong(PyList_GET_ITEM(fds, i));
-        Py_ssize_t count = PyLong_AsSsize_t(PyList_GET_ITEM(counts, i));
-        if ((fd == -1 || count == -1) && PyErr_Occurred())
-            goto error;
-        if (count <= 0)
-            continue;
-        Py_ssize_t want = count * OK_FRAME_SIZE;
-        char *data = run;
-        if (count > OK_RUN) {
-            data = PyMem_Malloc((size_t)want);
-            if (data == NULL) {
-                PyErr_NoMemory();
-                goto error;
+    struct io_call calls[RING_ENTRIES];
+    Py_ssize_t indexes[RING_ENTRIES];
+    int queued = 0, failed = 0;
+    for (Py_ssize_t i = 0; i <= n && !failed; i++) {
+        if (i < n) {
+            int fd = (int)PyLong_AsLong(PyList_GET_ITEM(fds, i));
+            Py_ssize_t count = PyLong_AsSsize_t(PyList_GET_ITEM(counts, i));
+            if ((fd == -1 || count == -1) && PyErr_Occurred()) {
+                failed = 1;
+            } else if (count > 0) {
+                size_t want = (size_t)count * OK_FRAME_SIZE;
+                char *data = run;
+                if (count > OK_RUN) {
+                    data = PyMem_Malloc(want);
+                    if (data == NULL) {
+                        PyErr_NoMemory();
+                        failed = 1;
+                    } else {
+                        for (Py_ssize_t k = 0; k < count; k++)
+                            memcpy(data + k * OK_FRAME_SIZE, OK_FRAME, OK_FRAME_SIZE);
+                    }
+                }
+                if (!failed) {
+                    calls[queued] = (struct io_call){.fd = fd, .buf = data, .len = want};
+                    indexes[queued++] = i;
+                }
             }
-            for (Py_ssize_t k = 0; k < count; k++)
-                memcpy(data + k * OK_FRAME_SIZE, OK_FRAME, OK_FRAME_SIZE);
         }
-        ssize_t sent = send(fd, data, (size_t)want, MSG_NOSIGNAL);
-        int error = errno;
-        if (data != run)
-            PyMem_Free(data);
-        if (sent == want)
-            continue;
-        PyObject *entry = Py_BuildValue("(nn)", i, sent < 0 ? -(Py_ssize_t)error : (Py_ssize_t)sent);
-        if (entry == NULL)
-            goto error;
-        int failed = PyList_Append(short_writes, entry);
-        Py_DECREF(entry);
-        if (failed)
-            goto error;
+        if (queued == RING_ENTRIES || (queued > 0 && (i == n || failed))) {
+            if (!failed)
+                make_calls(calls, queued, 1);
+            for (int k = 0; k < queued; k++) {
+                if (!failed && calls[k].result != (ssize_t)calls[k].len &&
+                    append_new(short_writes, Py_BuildValue("(nn)", indexes[k], (Py_ssize_t)calls[k].result)) < 0)
+                    failed = 1;
+                if (calls[k].buf != run)
+                    PyMem_Free(calls[k].buf);
+            }
+            queued = 0;
+        }
+    }
+    if (failed) {
+        Py_DECREF(short_writes);
+        return NULL;
     }
     return short_writes;
-error:
-    Py_DECREF(short_writes);
-    return NULL;
 }
 
 /* The cyclic collector and the messages nsqd keeps.
@@ -398,7 +877,10 @@ new_messages(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
-    {"read_pubs_many", read_pubs_many, METH_VARARGS, "read_pubs for several sockets, bodies grouped by topic."},
+    {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
+    {"use_uring", use_uring, METH_VARARGS, "Whether the reads and writes go through the io_uring (on=False: not)."},
+    {"poll_producers", poll_producers, METH_VARARGS, "A poller step's epoll wait with its light producers read."},
+    {"count_published", count_published, METH_VARARGS, "Add a batch's counts to each producer's figures."},
     {"write_oks", write_oks, METH_VARARGS, "Write each socket the OK frames it is owed."},
     {"untrack_atomic", untrack_atomic, METH_O, "Untrack the objects of a list that reference only atomic values."},
     {"new_messages", new_messages, METH_VARARGS, "Messages of a published batch, made without __init__."},
@@ -414,5 +896,14 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
+    struct { PyObject **name; const char *text; } names[] = {
+        {&str_fast_line, "fast_line"}, {&str_client, "client"}, {&str_out, "out"}, {&str_send_lock, "_send_lock"},
+        {&str_locked, "locked"}, {&str_last_read, "last_read"}, {&str_read_moves_at, "_read_moves_at"},
+        {&str_pub_counts, "pub_counts"}, {&str_poll_actor, "poll_actor"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return NULL;
+    }
     return PyModule_Create(&module);
 }

@@ -155,6 +155,13 @@ class GUIDFactory:
             self._ahead = tick > now_tick
             return [self._tick_prefix(tick) + _SUFFIXES[sequence]]
         position = sequence + count - 1  # of the last ID, counted from the start of `tick`
+        if position <= _SEQUENCE_MASK:
+            # the batch fits in the tick (a poller step's PUBs, most MPUBs): one join and one split, no loop
+            prefix = self._tick_prefix(tick)
+            self._last_tick = tick
+            self._sequence = position
+            self._ahead = tick > now_tick
+            return (prefix + (b" " + prefix).join(_SUFFIXES[sequence : position + 1])).split(b" ")
         end_tick = tick + (position >> SEQUENCE_BITS)
         if end_tick - now_tick > MAX_LEAD_TICKS:
             raise GUIDUnavailable("sequence expired")

@@ -44,10 +44,14 @@ replication peer's ACKs (``replication/sender.py``), a few bytes that the OKs of
 on; a cheap call costs no extra ``epoll``.
 
 One read for the producers. The light producers ready at the start of a step (their place in the list) are
-handed to ``bulk_read`` together when the daemon set it: nsqd's ``PublishBatch.read_producers`` reads those that
-publish one message at a time with one C call over their descriptors (``nsqd/fastpath.py``) and leaves the others
-to their ``poll_ready``, first in the list. That saves the interpreter's round per connection (the call, its
-clock read, a 64 KiB buffer per read) that a step of ten PUBs paid ten times (bench/HISTORY.md, item 26).
+read together: when the daemon set ``step_poll``, the step's poll itself is nsqd's ``PublishBatch.poll_producers``,
+one C call that polls the set and reads, among the ready members, the light producers that publish one message
+at a time (``nsqd/fastpath.py``), and hands back the other events for the order below; the producers it could
+not take (something to check first) are among them, first in the list, for their ``poll_ready``. Without
+``step_poll``, and in a fresh look or an interlude, the light producers at the head of the list go to
+``bulk_read`` (``PublishBatch.read_producers``) the same way. That saves the interpreter's round per connection
+(the call, its checks, a 64 KiB buffer per read) that a step of ten PUBs paid ten times (bench/HISTORY.md, items
+26 and 30).
 
 Answers at the end of the light part of a step. A member that answers during a step (an OK in its output
 buffer) asks for the write with ``defer_reply``: the writes of every light member served are made after the
@@ -147,6 +151,10 @@ class ReadPoller:
         #: reads the light producers ready at the start of a step together (``PublishBatch.read_producers``):
         #: ``bulk_read(fds, members)`` returns the descriptors it left to their members' ``poll_ready``
         self.bulk_read = None
+        #: polls the set at the start of a step and reads the light producers it finds with the same call
+        #: (``PublishBatch.poll_producers``): ``step_poll(epoll, members, light_read)`` returns the other events
+        #: and the descriptors it read; None: ``epoll.poll`` (see "One read for the producers")
+        self.step_poll = None
         #: how long one wake-up may go on serving steps while trio has nothing else to run (seconds from the
         #: start of its first step; 0: one step per wake-up); see "Several steps per wake-up"
         self.wake_budget = wake_budget
@@ -177,18 +185,30 @@ class ReadPoller:
 
     def poll_once(self) -> int:
         """Hand every ready descriptor to its member, small reads first; returns how many were ready."""
-        events = self._epoll.poll(0)
         self._polling = True
         self.step_time = self._now()
         try:
-            light, heavy, producers = self._sort(events)
-            self.heavy_step = bool(heavy)
-            self._serve(light + heavy, producers)  # one list: a fresh look skips whatever this step has served
+            if self.step_poll is None:
+                events = self._epoll.poll(0)
+                taken = ()
+                stale = False
+            else:
+                before = time.perf_counter()
+                events, taken = self.step_poll(self._epoll, self._members, self.light_read)
+                # longer than as many calls: the producers' reads count as members' calls (see "A fresh look")
+                stale = time.perf_counter() - before > self.repoll_after * (len(taken) or 1)
+            if events:
+                light, heavy, producers = self._sort(events)
+                self.heavy_step = bool(heavy)
+                # one list: a fresh look skips whatever this step has served
+                self._serve(light + heavy, producers, served=set(taken), stale=stale)
+            else:  # the producers read were all there was
+                self.heavy_step = False
         finally:
             if self._replies:
                 self._send_replies()
             self._polling = False
-        return len(events)
+        return len(events) + len(taken)
 
     def defer_reply(self, member) -> bool:
         """Inside a step: have ``member.send_deferred()`` called at its end, after every ready member was read,
@@ -254,17 +274,19 @@ class ReadPoller:
         light.sort()
         return [entry[2] for entry in light], heavy, producers
 
-    def _serve(self, fds: list[int], producers: int, below: float = math.inf) -> None:
+    def _serve(self, fds: list[int], producers: int, below: float = math.inf, *, served: set[int] | None = None,
+               stale: bool = False) -> None:
         """Call the members of ``fds`` (its first ``producers`` light producers) in order, each once. After a
         call that took longer than ``repoll_after``, once the list reaches a member that is not a light
         producer (or its end), the light members that became ready meanwhile and were not served yet go first
-        (see "A fresh look")."""
+        (see "A fresh look"). ``served``: members read already in this step (``step_poll``), ``stale``: that read
+        ran long."""
         members = self._members
         repoll_after = self.repoll_after
         clock = time.perf_counter
-        served: set[int] = set()
+        if served is None:
+            served = set()
         index = 0
-        stale = False  # a call ran long since the last look
         before = clock()  # one clock call per member: the end of a call is the start of the next
         if producers and self.bulk_read is not None:
             # the light producers in one go (see "One read for the producers"); the fresh look skips them all

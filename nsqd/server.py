@@ -99,6 +99,7 @@ class NSQD:
         self.read_poller = ReadPoller()  # idle plain-TCP connections are read by one task (poller.py)
         self.publish_batch = PublishBatch(self)  # a poller step's plain PUBs, published at its end (fastpath.py)
         self.read_poller.bulk_read = self.publish_batch.read_producers
+        self.read_poller.step_poll = self.publish_batch.poll_producers
         self.heartbeats = HeartbeatTimer()  # and one task writes their heartbeats (heartbeats.py)
         # light connections are read between the consumers of a busy channel's slice too (actors.py)
         self.actors.interlude_hook = self.read_poller.poll_light

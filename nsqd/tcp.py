@@ -48,7 +48,7 @@ from .auth import AuthError
 
 from .channel import ChannelError
 from .client import Client, ClientState
-from .fastpath import read_pubs
+from .fastpath import fast_line_of, read_pubs
 from .queues.offset_log import LogRangeError
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
@@ -137,6 +137,10 @@ class Connection:
         #: whether its PUBs may take the fast path at all (``poll_ready``): what cannot change while it
         #: lives (auth, a TLS requirement, replication: set up before any client comes) and SUB, which clears it
         self._plain = not self._auth_enabled and not self._tls_required and nsqd.replication is None
+        #: ``parser.last_pub()`` while the connection is ``_plain``, else None: taken when the poller starts
+        #: watching the connection and after each read the parser handled there (only those change it; a fast
+        #: read leaves the parser as it was), so a step reads it instead of asking the parser (``fast_pub``)
+        self.fast_line: tuple[bytes, bytes] | None = None
         self._publish_batch = nsqd.publish_batch
 
     # -- driving ---------------------------------------------------------------------------------
@@ -306,6 +310,7 @@ class Connection:
         self._poll_fd = fd = self.stream.socket.fileno()
         self._poll_result = None
         self._poll_done = done = trio.Event()
+        self.fast_line = self.parser.last_pub() if self._plain else None
         poller.add(fd, self)
         try:
             await done.wait()
@@ -345,13 +350,12 @@ class Connection:
 
     def fast_pub(self) -> tuple[bytes, bytes] | None:
         """The line and topic of the PUBs a read may hand to the step's ``PublishBatch`` without the parser
-        (``CommandParser.last_pub``), when nothing else is to be checked for them: no auth, no TLS requirement,
-        never subscribed, no replication (its OKs wait for the peers; all four in ``_plain``), nothing unsent
-        before them and no write of the writer's under way (the batch writes its OKs at the step's end). None when
-        the read goes to the parser."""
-        if self._plain and not self.client.out and not self._send_lock.locked():
-            return self.parser.last_pub()
-        return None
+        (``fast_line``, the parser's ``last_pub``), when nothing else is to be checked for them: no auth, no TLS
+        requirement, never subscribed, no replication (its OKs wait for the peers; all four in ``_plain``),
+        nothing unsent before them and no write of the writer's under way (the batch writes its OKs at the step's
+        end). None when the read goes to the parser. The checks are ``fastpath.fast_line_of``'s, which the reads
+        of a step's producers make too."""
+        return fast_line_of(self)
 
     def fast_read(self, size: int) -> None:
         """A read of ``size`` bytes went to the step's ``PublishBatch``."""
@@ -382,6 +386,7 @@ class Connection:
             self._pending_command = command
             self._poll_return(None)
             return
+        self.fast_line = self.parser.last_pub() if self._plain else None
         if self._poller.step_time > self._read_moves_at:
             self._set_read_deadline()
 
@@ -782,6 +787,7 @@ class Connection:
         self.poll_actor = channel.dispatcher
         self._consumes = True  # what it publishes may come back here now
         self._plain = False
+        self.fast_line = None
         client.state = ClientState.SUBSCRIBED
         log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
         return OK_FRAME

@@ -321,6 +321,40 @@ def test_a_fresh_look_among_heavy_members_skips_light_ones_served_in_the_step(pa
     assert calls == [light, heavy, light] and light.reads == [b"x", b"again"]
 
 
+def test_a_step_poll_reads_its_members_and_the_step_serves_the_rest(pairs):
+    """With ``step_poll`` set, the step's poll is that call: what it read is counted and never served again in
+    the step (a fresh look skips it even when it is readable again), the events it returns are served in the
+    poller's order."""
+    poller = ReadPoller(light_read=2048, repoll_after=0.0)
+    calls: list[Member] = []
+    (taken, peer_taken), (small, peer_small), (big, peer_big) = pairs(3)
+    taken_member = Member(taken, last_read=1, calls=calls, poll_rank=-math.inf)
+    small_member = Member(small, last_read=2, calls=calls, poll_rank=-math.inf)
+    big_member = Member(big, last_read=5000, calls=calls)
+    for sock, member in ((taken, taken_member), (small, small_member), (big, big_member)):
+        poller.add(sock.fileno(), member)
+    seen: list[list] = []
+
+    def step_poll(epoll, members, light_read):
+        assert members is poller._members and light_read == 2048
+        events = epoll.poll(0)
+        seen.append(sorted(fd for fd, _ in events))
+        read = [fd for fd, _ in events if fd == taken.fileno()]
+        for fd in read:
+            members[fd].reads.append(taken.recv(100))
+        return [event for event in events if event[0] not in read], read
+
+    poller.step_poll = step_poll
+    big_member.on_call = lambda member: peer_taken.sendall(b"again")  # readable again in the same step
+    for peer in (peer_taken, peer_small, peer_big):
+        peer.sendall(b"x")
+    assert poller.poll_once() == 3
+    assert calls == [small_member, big_member]  # the light one first, and the one step_poll read not at all
+    assert taken_member.reads == [b"x"] and seen == [sorted(sock.fileno() for sock in (taken, small, big))]
+    assert poller.poll_once() == 1 and taken_member.reads == [b"x", b"again"] and len(calls) == 2
+    assert poller.poll_once() == 0
+
+
 def test_a_member_added_with_again_is_served_again_in_the_same_step(pairs):
     """A replication peer's ACKs: readable again after a heavy member's long call, it is served again in that
     step, before the heavy members that follow."""

@@ -1,0 +1,118 @@
+"""Scenario: ``pub`` against the code before the PUB round-trip work, the two alternated in one run.
+
+bench/README.md states nsqd's CPU per PUB round trip against the code it started from (``BEFORE``: the commit
+before bench/HISTORY.md's items 23-30). One ``pub`` run says little on a shared VM, where single runs of one
+build spread by 10-20% and the host's speed drifts by as much within an hour; so this scenario makes
+``--rounds`` pairs, the earlier code first in each, unpinned and then pinned, both under this tree's load
+generator, and prints each build's median and the ratio of the medians, with each pair's ratio. nsqd's system
+calls are not counted here (``--no-syscalls``): the counter costs both builds CPU on every call.
+
+The earlier code is taken from git (``git archive``) into a temporary directory and started from there with
+this venv's Python: ``python -m nsqd`` run in that directory imports its own packages first. It predates the
+C accelerator, so nothing is built for it. Without git, or without the commit (a source tarball, a shallow
+clone), the scenario says so and is skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from bench import common
+from bench.common import REPO_ROOT, Report, Target, main, unique_topic
+from bench.pub import MEM_QUEUE_SIZE, publish_rate
+from protocol.commands import encode_pub
+
+NAME = "pub_against"
+TITLE = "TCP PUB round trip, this code against the code before the round-trip work, alternated"
+#: the code before the PUB round-trip work (bench/HISTORY.md, items 23-30)
+BEFORE = "1deece5"
+PIN = False  # the unpinned half first, as users run nsqd; the pinned half follows in the same run
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--against", default=BEFORE, help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of runs per pinning")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--body-size", type=int, default=200)
+    parser.add_argument("--processes", type=int, default=1, help="generator processes (at most one per core)")
+
+
+def extract(revision: str) -> tuple[Path | None, str]:
+    """The sources of ``revision`` in a new temporary directory, and its full commit name; (None, why) when git
+    cannot give them."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"git has no commit {revision!r} here ({exc.__class__.__name__})"
+    tree = Path(tempfile.mkdtemp(prefix="trionsq-bench-before-"))
+    archive = tree / "sources.tar"
+    try:
+        subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), commit], cwd=REPO_ROOT,
+                       check=True, timeout=120, capture_output=True)
+        with tarfile.open(archive) as sources:
+            sources.extractall(tree, filter="data")
+    except (OSError, subprocess.SubprocessError, tarfile.TarError) as exc:
+        shutil.rmtree(tree, ignore_errors=True)
+        return None, f"git archive of {commit} failed ({exc.__class__.__name__})"
+    archive.unlink()
+    return tree, commit
+
+
+def summary(label: str, pinned: bool, rows: list[dict], before: list[dict] | None = None) -> dict:
+    """One build's medians over its runs; against ``before``'s, the ratio of the medians and of each pair."""
+    def median(key: str) -> float | None:
+        values = [row[key] for row in rows if row.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    row = {"pinned": "yes" if pinned else "no", "code": label, "runs": len(rows), "msg/s": median("msg/s"),
+           "nsqd_us/msg": median("nsqd_us/msg"), "user_us": median("user_us"), "sys_us": median("sys_us"),
+           "gen_us": median("gen_us"), "each run us/msg": " ".join(f"{r['nsqd_us/msg']:.2f}" for r in rows)}
+    if before is not None:
+        base = statistics.median(r["nsqd_us/msg"] for r in before)
+        row["vs before"] = row["nsqd_us/msg"] / base
+        row["each pair"] = " ".join(f"{r['nsqd_us/msg'] / b['nsqd_us/msg']:.2f}" for r, b in zip(rows, before))
+    return row
+
+
+def run(args) -> Report:
+    args.syscalls = False
+    report = Report(NAME, TITLE, params={"against": args.against, "rounds": args.rounds,
+                                         "connections": args.connections, "body_size": args.body_size,
+                                         "processes": args.processes, "duration_s": args.duration})
+    if args.nsqd_tcp_address:
+        report.skipped = "starts both builds itself: not with --nsqd-tcp-address"
+        return report
+    tree, commit = extract(args.against)
+    if tree is None:
+        report.skipped = commit
+        return report
+    report.params["against_commit"] = commit
+    frame = encode_pub(unique_topic(NAME), b"p" * args.body_size)
+    try:
+        for pinned in (False, True):
+            args.pin = common._PINNING["on"] = pinned
+            runs: dict[str, list[dict]] = {"before": [], "now": []}
+            for _ in range(args.rounds):
+                for label, root in (("before", tree), ("now", REPO_ROOT)):
+                    with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"], root=root) as target:
+                        runs[label].append(publish_rate(args, target, frame, 1, args.connections,
+                                                        args.processes, breakdown=True))
+            report.rows.append(summary(f"before ({commit[:7]})", pinned, runs["before"]))
+            report.rows.append(summary("now", pinned, runs["now"], runs["before"]))
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    report.targets = {"vs before": "<= 0.5 (half of nsqd's CPU per PUB round trip)"}
+    report.notes.append("medians of the runs of each build; nsqd_us/msg: nsqd's CPU per PUB round trip "
+                        "(user_us and sys_us its user and kernel parts), gen_us the load generator's")
+    report.notes.append("the generator and nsqd share the machine's cores; each pair runs the earlier code first")
+    return report
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(__import__(__name__)))

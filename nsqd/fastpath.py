@@ -12,9 +12,10 @@ parser has already checked once. Here:
   adds the bodies, the connection and its count to its topic's group of the step, and sets ``last_read``; the
   other ready members go back to the poller, and anything else read (another command, a partial command, a new
   topic, end of input, an error) goes to its connection as read, for the general parser, which stays the one
-  authority on the protocol. ``read_producers`` is the same for a list of descriptors (a fresh look, an
-  interlude), ``read_pubs`` for one socket (a producer served later in the step). The per-connection part of a
-  step thus runs without the interpreter: the checks, the read, the grouping (bench/HISTORY.md, item 30);
+  authority on the protocol. ``read_producers`` is the same for a list of descriptors (an interlude, or a step
+  without ``step_poll``), ``read_pubs`` for one socket (a producer served later in the step, by a fresh look).
+  The per-connection part of a step thus runs without the interpreter: the checks, the read, the grouping
+  (bench/HISTORY.md, item 30);
 - such connections do not run the command: at the end of the poller step the batch publishes each topic's bodies
   with one ``Topic.publish`` (one ID run, one timestamp, one hand-off to the channels, as an MPUB) and writes every
   connection's OKs of that topic with one call (``write_oks``), and adds the counts to the producers' figures
@@ -198,7 +199,7 @@ class PublishBatch:
     Bodies come in three ways. At the start of a step the poller polls through ``poll_producers`` and the
     ready light producers that may take this path (``fast_line_of``) are read in that call, their bodies grouped
     by topic; what was not whole PUBs of the connection's line goes back to the connection (``poll_data``), with
-    the bytes as read. Light producers handed over later (a fresh look, an interlude: the poller's
+    the bytes as read. Light producers handed over by an interlude (the poller's
     ``bulk_read``) are read the same way by ``read_producers``, and a connection served on its own reads itself
     with ``read_pubs`` and calls ``add``. Either way the batch registers with the poller for the end of the
     step's light part (``ReadPoller.defer_reply``), which calls ``send_deferred``: per topic, one
@@ -242,7 +243,7 @@ class PublishBatch:
 
     def read_producers(self, fds: list[int], members: dict) -> list[int]:
         """Read the connections of ``fds`` that may take the fast path with one ``read_producers`` call (the
-        poller's ``bulk_read``, for a fresh look or an interlude); returns the descriptors it did not read (other
+        poller's ``bulk_read``, for an interlude); returns the descriptors it did not read (other
         members, connections with something to check), in their order.
 
         Either call does each connection's part of the step: the check of ``Connection.fast_pub`` (its cached

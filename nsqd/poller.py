@@ -48,7 +48,7 @@ read together: when the daemon set ``step_poll``, the step's poll itself is nsqd
 one C call that polls the set and reads, among the ready members, the light producers that publish one message
 at a time (``nsqd/fastpath.py``), and hands back the other events for the order below; the producers it could
 not take (something to check first) are among them, first in the list, for their ``poll_ready``. Without
-``step_poll``, and in a fresh look or an interlude, the light producers at the head of the list go to
+``step_poll``, and in an interlude, the light producers at the head of the list go to
 ``bulk_read`` (``PublishBatch.read_producers``) the same way. That saves the interpreter's round per connection
 (the call, its checks, a 64 KiB buffer per read) that a step of ten PUBs paid ten times (bench/HISTORY.md, items
 26 and 30).
@@ -201,7 +201,8 @@ class ReadPoller:
                 light, heavy, producers = self._sort(events)
                 self.heavy_step = bool(heavy)
                 # one list: a fresh look skips whatever this step has served
-                self._serve(light + heavy, producers, served=set(taken), stale=stale)
+                self._serve(light + heavy, producers, served=set(taken), stale=stale,
+                            producers_offered=self.step_poll is not None)
             else:  # the producers read were all there was
                 self.heavy_step = False
         finally:
@@ -275,12 +276,13 @@ class ReadPoller:
         return [entry[2] for entry in light], heavy, producers
 
     def _serve(self, fds: list[int], producers: int, below: float = math.inf, *, served: set[int] | None = None,
-               stale: bool = False) -> None:
+               stale: bool = False, producers_offered: bool = False) -> None:
         """Call the members of ``fds`` (its first ``producers`` light producers) in order, each once. After a
         call that took longer than ``repoll_after``, once the list reaches a member that is not a light
         producer (or its end), the light members that became ready meanwhile and were not served yet go first
         (see "A fresh look"). ``served``: members read already in this step (``step_poll``), ``stale``: that read
-        ran long."""
+        ran long; ``producers_offered``: the light producers of ``fds`` are those ``step_poll`` left (something to
+        check first), so they go to their ``poll_ready`` without being offered to ``bulk_read`` again."""
         members = self._members
         repoll_after = self.repoll_after
         clock = time.perf_counter
@@ -288,7 +290,7 @@ class ReadPoller:
             served = set()
         index = 0
         before = clock()  # one clock call per member: the end of a call is the start of the next
-        if producers and self.bulk_read is not None:
+        if producers and self.bulk_read is not None and not producers_offered:
             # the light producers in one go (see "One read for the producers"); the fresh look skips them all
             head = fds[:producers]
             served.update(head)

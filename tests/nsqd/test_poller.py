@@ -324,7 +324,8 @@ def test_a_fresh_look_among_heavy_members_skips_light_ones_served_in_the_step(pa
 def test_a_step_poll_reads_its_members_and_the_step_serves_the_rest(pairs):
     """With ``step_poll`` set, the step's poll is that call: what it read is counted and never served again in
     the step (a fresh look skips it even when it is readable again), the events it returns are served in the
-    poller's order."""
+    poller's order, and the light producers among them go to their own ``poll_ready``, not to ``bulk_read``,
+    which would only check them again."""
     poller = ReadPoller(light_read=2048, repoll_after=0.0)
     calls: list[Member] = []
     (taken, peer_taken), (small, peer_small), (big, peer_big) = pairs(3)
@@ -345,12 +346,20 @@ def test_a_step_poll_reads_its_members_and_the_step_serves_the_rest(pairs):
         return [event for event in events if event[0] not in read], read
 
     poller.step_poll = step_poll
+    offered: list[list[int]] = []  # what bulk_read is handed: the producers step_poll left are not offered again
+
+    def bulk_read(fds, members):
+        offered.append(list(fds))
+        return fds
+
+    poller.bulk_read = bulk_read
     big_member.on_call = lambda member: peer_taken.sendall(b"again")  # readable again in the same step
     for peer in (peer_taken, peer_small, peer_big):
         peer.sendall(b"x")
     assert poller.poll_once() == 3
     assert calls == [small_member, big_member]  # the light one first, and the one step_poll read not at all
     assert taken_member.reads == [b"x"] and seen == [sorted(sock.fileno() for sock in (taken, small, big))]
+    assert offered == []
     assert poller.poll_once() == 1 and taken_member.reads == [b"x", b"again"] and len(calls) == 2
     assert poller.poll_once() == 0
 

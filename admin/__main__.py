@@ -27,8 +27,16 @@ async def serve(opts, prebound: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     fatal_text = functools.partial(instantiate_failure, "nsqadmin")
-    return run_daemon(argv, name="nsqadmin", parse_options=parse_options, validate=validate, serve=serve,
-                      invalid_text=fatal_text, refusal_text=fatal_text, prebind=prebind)
+    return run_daemon(
+        argv,
+        name="nsqadmin",
+        parse_options=parse_options,
+        validate=validate,
+        serve=serve,
+        invalid_text=fatal_text,
+        refusal_text=fatal_text,
+        prebind=prebind,
+    )
 
 
 if __name__ == "__main__":

@@ -76,10 +76,17 @@ class Producer:
         return _join_host(self.broadcast_address, self.http_port)
 
     def to_json(self) -> dict:
-        return {"remote_addresses": self.remote_addresses, "remote_address": self.remote_address,
-                "hostname": self.hostname, "broadcast_address": self.broadcast_address,
-                "tcp_port": self.tcp_port, "http_port": self.http_port, "version": self.version,
-                "topics": self.topics, "out_of_date": self.out_of_date}
+        return {
+            "remote_addresses": self.remote_addresses,
+            "remote_address": self.remote_address,
+            "hostname": self.hostname,
+            "broadcast_address": self.broadcast_address,
+            "tcp_port": self.tcp_port,
+            "http_port": self.http_port,
+            "version": self.version,
+            "topics": self.topics,
+            "out_of_date": self.out_of_date,
+        }
 
 
 class Cluster:
@@ -92,8 +99,7 @@ class Cluster:
         return bool(self.opts.lookupd_http_addresses)
 
     # -- fan-out ----------------------------------------------------------------------------------------------
-    async def _fan_out(self, calls: list[tuple[str, Callable[[], Awaitable]]], what: str,
-                       warnings: list[str]) -> dict:
+    async def _fan_out(self, calls: list[tuple[str, Callable[[], Awaitable]]], what: str, warnings: list[str]) -> dict:
         """Run the calls concurrently; results by key. All failed ⇒ ClusterError; some ⇒ ``warnings``."""
         results: dict = {}
         errors: list[str] = []
@@ -115,8 +121,10 @@ class Cluster:
         return results
 
     def _lookupd_calls(self, path: str):
-        return [(address, lambda url=upstream_url(address) + path: self.client.get_json(url))
-                for address in self.opts.lookupd_http_addresses]
+        return [
+            (address, lambda url=upstream_url(address) + path: self.client.get_json(url))
+            for address in self.opts.lookupd_http_addresses
+        ]
 
     # -- topics -----------------------------------------------------------------------------------------------
     async def topics(self, warnings: list[str]) -> list[str]:
@@ -125,8 +133,9 @@ class Cluster:
             for answer in (await self._fan_out(self._lookupd_calls("/topics"), "nsqlookupd", warnings)).values():
                 names.update(answer.get("topics") or ())
         else:
-            for _producer, stats in await self.raw_node_stats(await self.producers(warnings), warnings,
-                                                              include_clients=False):
+            for _producer, stats in await self.raw_node_stats(
+                await self.producers(warnings), warnings, include_clients=False
+            ):
                 names.update(t.get("topic_name", "") for t in stats.get("topics") or ())
         return sorted(names)
 
@@ -144,8 +153,13 @@ class Cluster:
         # a topic has a producer in some lookupd's /lookup exactly when one of that lookupd's /nodes lists it
         # untombstoned: one request per lookupd instead of one per topic
         answers = await self._fan_out(self._lookupd_calls("/nodes"), "nsqlookupd", warnings)
-        produced = {topic for answer in answers.values() for raw in answer.get("producers") or ()
-                    for topic, tombstoned in _node_topics(raw) if not tombstoned}
+        produced = {
+            topic
+            for answer in answers.values()
+            for raw in answer.get("producers") or ()
+            for topic, tombstoned in _node_topics(raw)
+            if not tombstoned
+        }
         result: dict[str, list[str] | None] = {}
         for topic in await self.topics(warnings):
             if topic not in produced:
@@ -193,8 +207,9 @@ class Cluster:
             producer = _producer_from_peer(info)
             producer.remote_address = address
             producer.url = url
-            producer.topics = [{"topic": t.get("topic_name", ""), "tombstoned": False}
-                               for t in stats.get("topics") or ()]
+            producer.topics = [
+                {"topic": t.get("topic_name", ""), "tombstoned": False} for t in stats.get("topics") or ()
+            ]
             return producer
 
         calls = [(address, lambda address=address: describe(address)) for address in self.opts.nsqd_http_addresses]
@@ -224,17 +239,31 @@ class Cluster:
         return None
 
     # -- stats ------------------------------------------------------------------------------------------------
-    async def node_stats(self, producers: list[Producer], warnings: list[str], *, topic: str | None = None,
-                         channel: str | None = None, include_clients: bool = True
-                         ) -> list[tuple[Producer, list[dict]]]:
+    async def node_stats(
+        self,
+        producers: list[Producer],
+        warnings: list[str],
+        *,
+        topic: str | None = None,
+        channel: str | None = None,
+        include_clients: bool = True,
+    ) -> list[tuple[Producer, list[dict]]]:
         """Each reachable producer with its topics in nsqadmin's per-node form (``stats.node_topics``)."""
-        answers = await self.raw_node_stats(producers, warnings, topic=topic, channel=channel,
-                                            include_clients=include_clients)
+        answers = await self.raw_node_stats(
+            producers, warnings, topic=topic, channel=channel, include_clients=include_clients
+        )
         now = int(time.time())  # connect_ts is a Unix time
         return [(p, node_topics(stats, p.name, p.hostname, now)) for p, stats in answers]
 
-    async def raw_node_stats(self, producers: list[Producer], warnings: list[str], *, topic: str | None = None,
-                             channel: str | None = None, include_clients: bool = True) -> list[tuple[Producer, dict]]:
+    async def raw_node_stats(
+        self,
+        producers: list[Producer],
+        warnings: list[str],
+        *,
+        topic: str | None = None,
+        channel: str | None = None,
+        include_clients: bool = True,
+    ) -> list[tuple[Producer, dict]]:
         """Each reachable producer with its ``/stats?format=json`` answer as it came."""
         query = "/stats?format=json&include_clients=" + ("true" if include_clients else "false")
         if topic is not None:
@@ -269,18 +298,21 @@ class Cluster:
             await self._post_all(self._lookupd_urls(f"/topic/create?topic={qt}"), "nsqlookupd", warnings)
             if channel:
                 qc = _q(channel)
-                await self._post_all(self._lookupd_urls(f"/channel/create?topic={qt}&channel={qc}"),
-                                     "nsqlookupd", warnings)
+                await self._post_all(
+                    self._lookupd_urls(f"/channel/create?topic={qt}&channel={qc}"), "nsqlookupd", warnings
+                )
                 producers = await self.topic_producers(topic, warnings)
-                await self._post_all([p.url + f"/channel/create?topic={qt}&channel={qc}" for p in producers],
-                                     "nsqd", warnings)
+                await self._post_all(
+                    [p.url + f"/channel/create?topic={qt}&channel={qc}" for p in producers], "nsqd", warnings
+                )
             return
         # without lookupd the nodes themselves are the registry: create on every one of them
         producers = await self.producers(warnings)
         await self._post_all([p.url + f"/topic/create?topic={qt}" for p in producers], "nsqd", warnings)
         if channel:
-            await self._post_all([p.url + f"/channel/create?topic={qt}&channel={_q(channel)}" for p in producers],
-                                 "nsqd", warnings)
+            await self._post_all(
+                [p.url + f"/channel/create?topic={qt}&channel={_q(channel)}" for p in producers], "nsqd", warnings
+            )
 
     async def delete_topic(self, topic: str, warnings: list[str]) -> None:
         producers = await self.topic_producers(topic, warnings)  # before lookupd forgets them
@@ -310,8 +342,9 @@ class Cluster:
         """Tell every lookupd to stop listing ``node`` for ``topic``, then delete the topic on that node."""
         qt = _q(topic)
         if self.uses_lookupd:
-            await self._post_all(self._lookupd_urls(f"/topic/tombstone?topic={qt}&node={_q(node)}"),
-                                 "nsqlookupd", warnings)
+            await self._post_all(
+                self._lookupd_urls(f"/topic/tombstone?topic={qt}&node={_q(node)}"), "nsqlookupd", warnings
+            )
         producer = await self.find_node(node, warnings)
         url = producer.url if producer is not None else upstream_url(node)
         await self._post_all([url + f"/topic/delete?topic={qt}"], "nsqd", warnings)
@@ -319,8 +352,13 @@ class Cluster:
 
 def _producer_from_peer(raw: dict) -> Producer:
     """A producer from a lookupd peer object (or an nsqd ``/info``, which has the same fields)."""
-    producer = Producer(hostname=str(raw.get("hostname", "")), broadcast_address=str(raw.get("broadcast_address", "")),
-                        tcp_port=int(raw.get("tcp_port") or 0), http_port=int(raw.get("http_port") or 0),
-                        version=str(raw.get("version", "")), remote_address=str(raw.get("remote_address", "")))
+    producer = Producer(
+        hostname=str(raw.get("hostname", "")),
+        broadcast_address=str(raw.get("broadcast_address", "")),
+        tcp_port=int(raw.get("tcp_port") or 0),
+        http_port=int(raw.get("http_port") or 0),
+        version=str(raw.get("version", "")),
+        remote_address=str(raw.get("remote_address", "")),
+    )
     producer.url = "http://" + producer.name
     return producer

@@ -62,10 +62,16 @@ def reduce_sample(per_node: list[tuple[str, list[dict]]]) -> dict[tuple, list[in
             name = topic.get("topic_name", "")
             in_flight = deferred = channel_depth = 0
             for channel in topic.get("channels") or ():
-                depth, flight, later = _int(channel.get("depth")), _int(channel.get("in_flight_count")), \
-                    _int(channel.get("deferred_count"))
-                _add(table, ("channel", name, channel.get("channel_name", "")),
-                     [_int(channel.get("message_count")), depth, flight, later, 0])
+                depth, flight, later = (
+                    _int(channel.get("depth")),
+                    _int(channel.get("in_flight_count")),
+                    _int(channel.get("deferred_count")),
+                )
+                _add(
+                    table,
+                    ("channel", name, channel.get("channel_name", "")),
+                    [_int(channel.get("message_count")), depth, flight, later, 0],
+                )
                 in_flight += flight
                 deferred += later
                 channel_depth += depth
@@ -100,7 +106,7 @@ COLUMNS = {
 }
 _NAMES = (("depth", DEPTH), ("in_flight", IN_FLIGHT), ("deferred", DEFERRED), ("channel_depth", CHANNEL_DEPTH))
 OLD_POINTS = 60
-ABSENT = -(2 ** 63)  # no value in this sample
+ABSENT = -(2**63)  # no value in this sample
 
 
 class _Ring:
@@ -133,7 +139,7 @@ class _Series:
     def put(self, tier: array, slot: int, values: Values | None) -> None:
         width = len(self.columns)
         if values is None:
-            tier[slot * width:(slot + 1) * width] = array("q", [ABSENT]) * width
+            tier[slot * width : (slot + 1) * width] = array("q", [ABSENT]) * width
         else:
             for i, column in enumerate(self.columns):
                 tier[slot * width + i] = values[column]
@@ -241,7 +247,7 @@ class History:
         sparkline."""
         if not self.recent.count:
             return {}
-        recent = self.recent.slots()[-(SPARK_POINTS + 1):]
+        recent = self.recent.slots()[-(SPARK_POINTS + 1) :]
         newest_time, newest = recent[-1]
         before_time, before = recent[-2] if len(recent) > 1 else (newest_time, None)
         columns = COLUMNS[kind]
@@ -257,8 +263,10 @@ class History:
                 previous = tier[before * width + messages]
                 entry["rate"] = _rate(None if previous == ABSENT else previous, count, newest_time - before_time)
             if sparklines is None or key[1] in sparklines:
-                entry["rates"] = [_rate(series.get(tier, a, MESSAGES), series.get(tier, b, MESSAGES), t1 - t0)
-                                  for (t0, a), (t1, b) in zip(recent, recent[1:])]
+                entry["rates"] = [
+                    _rate(series.get(tier, a, MESSAGES), series.get(tier, b, MESSAGES), t1 - t0)
+                    for (t0, a), (t1, b) in zip(recent, recent[1:])
+                ]
             result[key[1]] = entry
         return result
 
@@ -268,18 +276,26 @@ class History:
         if len(recent) < 2:
             return {}
         (t0, before), (t1, after) = recent[-2], recent[-1]
-        return {key[2]: _rate(series.get(series.recent, before, MESSAGES), series.get(series.recent, after, MESSAGES),
-                              t1 - t0)
-                for key, series in self.keys.items()
-                if key[0] == kind and key[1] == parent and series.last_seen == t1}
+        return {
+            key[2]: _rate(
+                series.get(series.recent, before, MESSAGES), series.get(series.recent, after, MESSAGES), t1 - t0
+            )
+            for key, series in self.keys.items()
+            if key[0] == kind and key[1] == parent and series.last_seen == t1
+        }
 
     def overview(self, sparklines=None) -> dict:
         """The cluster's graph, every node with its sparkline, and every topic (with a sparkline for the
         topics named in ``sparklines``, or for all when None)."""
         cluster = self.series(("cluster",))
-        return {"interval": self.interval, "timestamps": cluster["timestamps"], "rate": cluster["rate"],
-                "depth": cluster["depth"], "topics": self.latest_rates("topic", sparklines),
-                "nodes": self.latest_rates("node")}
+        return {
+            "interval": self.interval,
+            "timestamps": cluster["timestamps"],
+            "rate": cluster["rate"],
+            "depth": cluster["depth"],
+            "topics": self.latest_rates("topic", sparklines),
+            "nodes": self.latest_rates("node"),
+        }
 
 
 class Sampler:

@@ -18,8 +18,8 @@ it and the body is worth it.
 from __future__ import annotations
 
 import gzip
-import html
 import hashlib
+import html
 import ipaddress
 import json
 import logging
@@ -28,11 +28,10 @@ import socket
 from pathlib import Path
 from urllib.parse import quote
 
-from protocol.http import (HTTPError, Request, Response, Router, error_response, go_json, json_response,
-                           text_response)
-from runtime.logfmt import get_log_level, log_level_word, set_log_level
+from protocol.http import HTTPError, Request, Response, Router, error_response, go_json, json_response, text_response
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
+from runtime.logfmt import get_log_level, log_level_word, set_log_level
 
 from .cluster import ClusterError
 from .http_client import USER_AGENT, UpstreamError
@@ -46,17 +45,27 @@ log = logging.getLogger("nsqadmin")
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATIC_DIR = PACKAGE_DIR / "static"
 TEMPLATE = PACKAGE_DIR / "templates" / "index.html"
-PAGES = ("", "/topics", "/topics/:topic", "/topics/:topic/:channel", "/lookup", "/nodes", "/nodes/:node",
-         "/counter")
+PAGES = ("", "/topics", "/topics/:topic", "/topics/:topic/:channel", "/lookup", "/nodes", "/nodes/:node", "/counter")
 COMPRESS_MIN_BYTES = 1024
 COMPRESSIBLE = ("text/", "application/json", "application/javascript", "image/svg+xml")
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "font-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-PAGE_HEADERS = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY"),
-                ("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "same-origin")]
-CONTENT_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
-                 ".svg": "image/svg+xml", ".png": "image/png", ".txt": "text/plain; charset=utf-8",
-                 ".woff2": "font/woff2"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "font-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+PAGE_HEADERS = [
+    ("Content-Security-Policy", CSP),
+    ("X-Frame-Options", "DENY"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "same-origin"),
+]
+CONTENT_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".txt": "text/plain; charset=utf-8",
+    ".woff2": "font/woff2",
+}
 TOPIC_ACTIONS = ("pause", "unpause", "empty")
 
 
@@ -95,8 +104,9 @@ def _string_field(body: dict, name: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise HTTPError(400, f"json: cannot unmarshal {type(value).__name__} into Go struct field .{name} "
-                             "of type string")
+        raise HTTPError(
+            400, f"json: cannot unmarshal {type(value).__name__} into Go struct field .{name} of type string"
+        )
     return value
 
 
@@ -130,8 +140,9 @@ class StaticFiles:
     @staticmethod
     def _load(path: Path) -> tuple[bytes, str, str]:
         data = path.read_bytes()
-        content_type = CONTENT_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] \
-            or "application/octet-stream"
+        content_type = (
+            CONTENT_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        )
         return data, content_type, '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
 
     def get(self, name: str) -> tuple[bytes, str, str] | None:
@@ -160,12 +171,20 @@ class AdminAPI:
     def _page_config(self, request: Request) -> dict:
         opts = self.opts
         return {
-            "VERSION": NSQ_VERSION, "GRAPHITE_URL": opts.graphite_url, "GRAPH_ENABLED": True,
-            "STATSD_INTERVAL": int(opts.statsd_interval), "STATSD_COUNTER_FORMAT": opts.statsd_counter_format,
-            "STATSD_GAUGE_FORMAT": opts.statsd_gauge_format, "STATSD_PREFIX": opts.statsd_prefix,
-            "NSQLOOKUPD": list(opts.lookupd_http_addresses), "IS_ADMIN": self.guard.is_admin(request),
-            "BASE_PATH": opts.base_path, "USER_AGENT": USER_AGENT, "CSRF_TOKEN": self.guard.token(request),
-            "CSRF_HEADER": "X-CSRF-Token", "HISTORY_INTERVAL": opts.history_interval,
+            "VERSION": NSQ_VERSION,
+            "GRAPHITE_URL": opts.graphite_url,
+            "GRAPH_ENABLED": True,
+            "STATSD_INTERVAL": int(opts.statsd_interval),
+            "STATSD_COUNTER_FORMAT": opts.statsd_counter_format,
+            "STATSD_GAUGE_FORMAT": opts.statsd_gauge_format,
+            "STATSD_PREFIX": opts.statsd_prefix,
+            "NSQLOOKUPD": list(opts.lookupd_http_addresses),
+            "IS_ADMIN": self.guard.is_admin(request),
+            "BASE_PATH": opts.base_path,
+            "USER_AGENT": USER_AGENT,
+            "CSRF_TOKEN": self.guard.token(request),
+            "CSRF_HEADER": "X-CSRF-Token",
+            "HISTORY_INTERVAL": opts.history_interval,
             "USER": self.guard.user(request),
         }
 
@@ -181,8 +200,12 @@ class AdminAPI:
         if found is None:
             raise HTTPError(404, "NOT_FOUND")
         data, content_type, etag = found
-        headers = [("Content-Type", content_type), ("ETag", etag), ("Cache-Control", "no-cache"),
-                   ("X-Content-Type-Options", "nosniff")]
+        headers = [
+            ("Content-Type", content_type),
+            ("ETag", etag),
+            ("Cache-Control", "no-cache"),
+            ("X-Content-Type-Options", "nosniff"),
+        ]
         if request.headers.get("If-None-Match") == etag:
             return Response(304, headers, b"")
         return _compress(request, Response(200, headers, data))
@@ -213,8 +236,14 @@ class AdminAPI:
         warnings: list[str] = []
         producers = await self.cluster.topic_producers(topic, warnings)
         per_node = await self.cluster.node_stats(producers, warnings, topic=topic, channel=channel)
-        found = [c for _p, topics in per_node for t in topics if t["topic_name"] == topic
-                 for c in t["channels"] if c["channel_name"] == channel]
+        found = [
+            c
+            for _p, topics in per_node
+            for t in topics
+            if t["topic_name"] == topic
+            for c in t["channels"]
+            if c["channel_name"] == channel
+        ]
         body = aggregate_channel(topic, channel, found) if found else {}
         body["message"] = _message(warnings)
         return _compress(request, json_response(body))
@@ -233,8 +262,12 @@ class AdminAPI:
         per_node = await self.cluster.node_stats([producer], warnings)
         topics = per_node[0][1] if per_node else []
         total_clients = sum(len(c["clients"]) for t in topics for c in t["channels"])
-        body = {"node": node, "topics": topics, "total_messages": sum(t["message_count"] for t in topics),
-                "total_clients": total_clients}
+        body = {
+            "node": node,
+            "topics": topics,
+            "total_messages": sum(t["message_count"] for t in topics),
+            "total_clients": total_clients,
+        }
         replication = await self.cluster.node_replication(producer, warnings)
         if replication is not None:  # a trionsq node that replicates or holds copies
             body["replication"] = replication
@@ -269,8 +302,11 @@ class AdminAPI:
             for t in topics:
                 for c in t["channels"]:
                     stats[f"{c['topic_name']}:{c['channel_name']}:{c['node']}"] = {
-                        "node": c["node"], "topic_name": c["topic_name"], "channel_name": c["channel_name"],
-                        "message_count": c["message_count"]}
+                        "node": c["node"],
+                        "topic_name": c["topic_name"],
+                        "channel_name": c["channel_name"],
+                        "message_count": c["message_count"],
+                    }
         return _compress(request, json_response({"stats": stats, "message": _message(warnings)}))
 
     async def graphite(self, request: Request) -> Response:
@@ -283,8 +319,10 @@ class AdminAPI:
         if not self.opts.graphite_url:
             raise HTTPError(500, "INTERNAL_ERROR")
         interval = int(self.opts.statsd_interval)
-        url = (f"{self.opts.graphite_url.rstrip('/')}/render?target={quote(target, safe='')}"
-               f"&from=-{interval * 2}sec&format=json")
+        url = (
+            f"{self.opts.graphite_url.rstrip('/')}/render?target={quote(target, safe='')}"
+            f"&from=-{interval * 2}sec&format=json"
+        )
         try:
             series = await self.cluster.client.get_json(url)
         except UpstreamError as exc:
@@ -312,9 +350,15 @@ class AdminAPI:
         return Response(reply.status, [("Content-Type", content_type)], reply.body)
 
     async def session(self, request: Request) -> Response:
-        return json_response({"user": self.guard.user(request), "is_admin": self.guard.is_admin(request),
-                              "csrf_token": self.guard.token(request), "csrf_header": "X-CSRF-Token",
-                              "message": ""})
+        return json_response(
+            {
+                "user": self.guard.user(request),
+                "is_admin": self.guard.is_admin(request),
+                "csrf_token": self.guard.token(request),
+                "csrf_header": "X-CSRF-Token",
+                "message": "",
+            }
+        )
 
     # -- history ----------------------------------------------------------------------------------------------
     async def history_overview(self, request: Request) -> Response:
@@ -473,13 +517,22 @@ def build_router(admin) -> Router:
     add(["GET"], "/ping", api.ping)
     add(["GET"], "/static/:asset", api.static_asset, access_log=False)
     add(["GET", "POST"], "/api/topics", _by_method(get=api.topics, post=api.create_topic_channel))
-    add(["GET", "POST", "DELETE"], "/api/topics/:topic",
-        _by_method(get=api.topic, post=api.topic_action, delete=api.delete_topic))
-    add(["GET", "POST", "DELETE"], "/api/topics/:topic/:channel",
-        _by_method(get=api.channel, post=api.channel_action, delete=api.delete_channel))
+    add(
+        ["GET", "POST", "DELETE"],
+        "/api/topics/:topic",
+        _by_method(get=api.topic, post=api.topic_action, delete=api.delete_topic),
+    )
+    add(
+        ["GET", "POST", "DELETE"],
+        "/api/topics/:topic/:channel",
+        _by_method(get=api.channel, post=api.channel_action, delete=api.delete_channel),
+    )
     add(["GET"], "/api/nodes", _by_method(get=api.nodes))
-    add(["GET", "POST", "DELETE"], "/api/nodes/:node", _by_method(get=api.node, post=api.node_action,
-                                                                  delete=api.tombstone))
+    add(
+        ["GET", "POST", "DELETE"],
+        "/api/nodes/:node",
+        _by_method(get=api.node, post=api.node_action, delete=api.tombstone),
+    )
     add(["GET"], "/api/counter", _by_method(get=api.counter))
     add(["GET"], "/api/graphite", api.graphite)
     add(["GET"], "/api/session", api.session)

@@ -42,20 +42,34 @@ def client_ssl_context(opts) -> ssl.SSLContext:
 
 
 class HTTPClient:
-    def __init__(self, *, connect_timeout: float = 2.0, request_timeout: float = 5.0,
-                 ssl_context: ssl.SSLContext | None = None, user_agent: str = USER_AGENT) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 2.0,
+        request_timeout: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+        user_agent: str = USER_AGENT,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.ssl_context = ssl_context
         self.user_agent = user_agent
 
-    async def request(self, method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None,
-                      accept: str = ACCEPT_V1) -> Reply:
+    async def request(
+        self, method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None, accept: str = ACCEPT_V1
+    ) -> Reply:
         head = [("User-Agent", self.user_agent), ("Accept", accept), *(headers or {}).items()]
         try:
-            return await fetch(method, url, body=body, headers=head, ssl_context=self.ssl_context,
-                               connect_timeout=self.connect_timeout, request_timeout=self.request_timeout,
-                               max_bytes=MAX_RESPONSE_BYTES)
+            return await fetch(
+                method,
+                url,
+                body=body,
+                headers=head,
+                ssl_context=self.ssl_context,
+                connect_timeout=self.connect_timeout,
+                request_timeout=self.request_timeout,
+                max_bytes=MAX_RESPONSE_BYTES,
+            )
         except HTTPClientError as exc:
             raise UpstreamError(str(exc)) from None
 

@@ -41,8 +41,9 @@ def _basic_user(request: Request) -> str:
         return ""
 
 
-def notification(request: Request, action: str, topic: str, channel: str = "", node: str = "",
-                 via: str | None = None) -> dict:
+def notification(
+    request: Request, action: str, topic: str, channel: str = "", node: str = "", via: str | None = None
+) -> dict:
     scheme = "https" if request.tls or request.headers.get("X-Scheme", "").lower() == "https" else "http"
     body: dict = {"action": action, "topic": topic}
     if channel:
@@ -79,8 +80,9 @@ class Notifier:
         async for body in self._receive:
             data = json.dumps(body, separators=(",", ":")).encode()
             try:
-                reply = await self.client.request("POST", self.endpoint, data,
-                                                  headers={"Content-Type": "application/json"})
+                reply = await self.client.request(
+                    "POST", self.endpoint, data, headers={"Content-Type": "application/json"}
+                )
                 if reply.status >= 400:
                     log.warning("NOTIFY: %s answered %d", self.endpoint, reply.status)
             except UpstreamError as exc:

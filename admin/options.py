@@ -21,8 +21,17 @@ from urllib.parse import urlsplit
 from runtime.flags import ConfigSettings, DaemonOptions, FlagSet, OptionsError, check_log_level, setting
 from runtime.startup import resolve_port, split_host_port
 
-__all__ = ["Options", "OptionsError", "build_flagset", "config_names", "config_value", "normalize_base_path",
-           "parse_options", "upstream_url", "validate"]
+__all__ = [
+    "Options",
+    "OptionsError",
+    "build_flagset",
+    "config_names",
+    "config_value",
+    "normalize_base_path",
+    "parse_options",
+    "upstream_url",
+    "validate",
+]
 
 
 @dataclass
@@ -39,9 +48,11 @@ class Options(DaemonOptions):
     proxy_graphite: bool = setting(False, "also serve <base-path>/render as a proxy to Graphite")
     statsd_prefix: str = setting("nsq.%s", "key prefix nsqd uses for statsd (%s is the host; must match nsqd)")
     statsd_counter_format: str = setting(
-        "stats.counters.%s.count", "how statsd names counter keys (%s is the key); empty when it adds nothing")
+        "stats.counters.%s.count", "how statsd names counter keys (%s is the key); empty when it adds nothing"
+    )
     statsd_gauge_format: str = setting(
-        "stats.gauges.%s", "how statsd names gauge keys (%s is the key); empty when it adds nothing")
+        "stats.gauges.%s", "how statsd names gauge keys (%s is the key); empty when it adds nothing"
+    )
     statsd_interval: float = setting(60.0, "how often nsqd pushes to statsd (must match nsqd)")
     notification_http_endpoint: str = setting("", "URL that receives a JSON POST for every admin action")
     http_client_connect_timeout: float = setting(2.0, "connect timeout for requests to nsqd and nsqlookupd")
@@ -52,15 +63,22 @@ class Options(DaemonOptions):
     http_client_tls_key: str = setting("", "key of the client certificate")
     allow_config_from_cidr: str = setting("127.0.0.1/8", "only addresses in this CIDR may use /config")
     acl_http_header: str = setting(
-        "X-Forwarded-User", "request header naming the authenticated user (set by your proxy)")
+        "X-Forwarded-User", "request header naming the authenticated user (set by your proxy)"
+    )
     admin_users: list[str] = setting(
-        default_factory=list, help="user allowed to run actions (repeatable); when none is given every user may",
-        flag="admin-user")
+        default_factory=list,
+        help="user allowed to run actions (repeatable); when none is given every user may",
+        flag="admin-user",
+    )
     lookupd_http_addresses: list[str] = setting(
-        default_factory=list, help="nsqlookupd HTTP address (repeatable)", flag="lookupd-http-address",
-        config_key="nsqlookupd_http_addresses")
+        default_factory=list,
+        help="nsqlookupd HTTP address (repeatable)",
+        flag="lookupd-http-address",
+        config_key="nsqlookupd_http_addresses",
+    )
     nsqd_http_addresses: list[str] = setting(
-        default_factory=list, help="nsqd HTTP address (repeatable)", flag="nsqd-http-address")
+        default_factory=list, help="nsqd HTTP address (repeatable)", flag="nsqd-http-address"
+    )
     # graphs without Graphite: how often the cluster is sampled, and how much history is kept
     history_interval: float = setting(5.0, "how often the cluster is sampled for the graphs")
     history_duration: float = setting(3600.0, "how much sampled history the graphs keep")
@@ -138,8 +156,10 @@ def validate(opts: Options) -> None:
         ipaddress.ip_network(opts.allow_config_from_cidr, strict=False)
     except ValueError:
         raise OptionsError(f"failed to parse --allow-config-from-cidr ({opts.allow_config_from_cidr})") from None
-    for flag, url in (("notification-http-endpoint", opts.notification_http_endpoint),
-                      ("graphite-url", opts.graphite_url)):
+    for flag, url in (
+        ("notification-http-endpoint", opts.notification_http_endpoint),
+        ("graphite-url", opts.graphite_url),
+    ):
         if url and not _is_http_url(url):
             raise OptionsError(f"failed to parse --{flag} ({url})")
     if opts.history_interval <= 0:

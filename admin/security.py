@@ -55,8 +55,9 @@ class Guard:
         return not admins or self.user(request) in admins
 
     def token(self, request: Request) -> str:
-        return hmac.new(self.secret, b"csrf\0" + self.user(request).encode("utf-8", "replace"),
-                        hashlib.sha256).hexdigest()
+        return hmac.new(
+            self.secret, b"csrf\0" + self.user(request).encode("utf-8", "replace"), hashlib.sha256
+        ).hexdigest()
 
     def check_action(self, request: Request) -> None:
         """Raise 403 unless ``request`` may change the cluster (see the module notes)."""

@@ -31,11 +31,14 @@ log = logging.getLogger("nsqadmin")
 class NSQAdmin:
     def __init__(self, opts) -> None:
         self.opts = opts
-        needs_tls = bool(opts.http_client_tls_cert or opts.http_client_tls_root_ca_file
-                         or opts.http_client_tls_insecure_skip_verify)
-        self.client = HTTPClient(connect_timeout=opts.http_client_connect_timeout,
-                                 request_timeout=opts.http_client_request_timeout,
-                                 ssl_context=client_ssl_context(opts) if needs_tls else None)
+        needs_tls = bool(
+            opts.http_client_tls_cert or opts.http_client_tls_root_ca_file or opts.http_client_tls_insecure_skip_verify
+        )
+        self.client = HTTPClient(
+            connect_timeout=opts.http_client_connect_timeout,
+            request_timeout=opts.http_client_request_timeout,
+            ssl_context=client_ssl_context(opts) if needs_tls else None,
+        )
         self.cluster = Cluster(opts, self.client)
         self.history = History(opts.history_interval, opts.history_duration)
         self.sampler = Sampler(self.cluster, self.history)

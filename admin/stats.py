@@ -15,13 +15,26 @@ from __future__ import annotations
 __all__ = ["aggregate_channel", "aggregate_topic", "e2e_aggregate", "node_topics", "sum_e2e"]
 
 _CLIENT_KEYS = ("remote_address", "version", "client_id", "hostname", "user_agent", "connect_ts")
-_CLIENT_COUNTS = ("in_flight_count", "ready_count", "finish_count", "requeue_count", "message_count",
-                  "sample_rate")
+_CLIENT_COUNTS = ("in_flight_count", "ready_count", "finish_count", "requeue_count", "message_count", "sample_rate")
 _CLIENT_FLAGS = ("deflate", "snappy", "authed")
-_TLS_KEYS = (("tls", False), ("tls_cipher_suite", ""), ("tls_version", ""), ("tls_negotiated_protocol", ""),
-             ("tls_negotiated_protocol_is_mutual", False))
-_CHANNEL_SUMS = ("depth", "memory_depth", "backend_depth", "in_flight_count", "deferred_count", "requeue_count",
-                 "timeout_count", "message_count", "client_count")
+_TLS_KEYS = (
+    ("tls", False),
+    ("tls_cipher_suite", ""),
+    ("tls_version", ""),
+    ("tls_negotiated_protocol", ""),
+    ("tls_negotiated_protocol_is_mutual", False),
+)
+_CHANNEL_SUMS = (
+    "depth",
+    "memory_depth",
+    "backend_depth",
+    "in_flight_count",
+    "deferred_count",
+    "requeue_count",
+    "timeout_count",
+    "message_count",
+    "client_count",
+)
 _TOPIC_SUMS = ("depth", "memory_depth", "backend_depth", "message_count")
 
 
@@ -44,8 +57,16 @@ def e2e_aggregate(raw, topic: str, channel: str, host: str) -> dict:
     percentiles = []
     for item in raw.get("percentiles") or ():
         value = float(item.get("value", 0))
-        percentiles.append({"average": value, "count": count, "max": value, "min": value,
-                            "quantile": float(item.get("quantile", 0)), "value": value})
+        percentiles.append(
+            {
+                "average": value,
+                "count": count,
+                "max": value,
+                "min": value,
+                "quantile": float(item.get("quantile", 0)),
+                "value": value,
+            }
+        )
     return {"count": count, "percentiles": percentiles, "topic": topic, "channel": channel, "host": host}
 
 
@@ -93,12 +114,22 @@ def _channel(raw: dict, topic: str, node: str, hostname: str, now: int) -> dict:
     clients = [_client(c, node, now) for c in raw.get("clients") or ()]
     clients.sort(key=lambda c: (c["hostname"], c["client_id"], c["remote_address"]))
     return {
-        "node": node, "hostname": hostname, "topic_name": topic, "channel_name": name,
-        "depth": depth, "memory_depth": depth - backend, "backend_depth": backend,
-        "in_flight_count": _int(raw.get("in_flight_count")), "deferred_count": _int(raw.get("deferred_count")),
-        "requeue_count": _int(raw.get("requeue_count")), "timeout_count": _int(raw.get("timeout_count")),
-        "message_count": _int(raw.get("message_count")), "client_count": _int(raw.get("client_count")),
-        "nodes": None, "clients": clients, "paused": bool(raw.get("paused", False)),
+        "node": node,
+        "hostname": hostname,
+        "topic_name": topic,
+        "channel_name": name,
+        "depth": depth,
+        "memory_depth": depth - backend,
+        "backend_depth": backend,
+        "in_flight_count": _int(raw.get("in_flight_count")),
+        "deferred_count": _int(raw.get("deferred_count")),
+        "requeue_count": _int(raw.get("requeue_count")),
+        "timeout_count": _int(raw.get("timeout_count")),
+        "message_count": _int(raw.get("message_count")),
+        "client_count": _int(raw.get("client_count")),
+        "nodes": None,
+        "clients": clients,
+        "paused": bool(raw.get("paused", False)),
         "e2e_processing_latency": e2e_aggregate(raw.get("e2e_processing_latency"), topic, name, node),
         "log": _log(raw.get("log")),
     } | _damaged(raw)
@@ -126,13 +157,22 @@ def node_topics(stats: dict, node: str, hostname: str, now: int) -> list[dict]:
         depth, backend = _int(raw.get("depth")), _int(raw.get("backend_depth"))
         channels = [_channel(c, name, node, hostname, now) for c in raw.get("channels") or ()]
         channels.sort(key=lambda c: c["channel_name"])
-        topics.append({
-            "node": node, "hostname": hostname, "topic_name": name,
-            "depth": depth, "memory_depth": depth - backend, "backend_depth": backend,
-            "message_count": _int(raw.get("message_count")), "nodes": None, "channels": channels,
-            "paused": bool(raw.get("paused", False)),
-            "e2e_processing_latency": e2e_aggregate(raw.get("e2e_processing_latency"), name, "", node),
-        } | _damaged(raw))
+        topics.append(
+            {
+                "node": node,
+                "hostname": hostname,
+                "topic_name": name,
+                "depth": depth,
+                "memory_depth": depth - backend,
+                "backend_depth": backend,
+                "message_count": _int(raw.get("message_count")),
+                "nodes": None,
+                "channels": channels,
+                "paused": bool(raw.get("paused", False)),
+                "e2e_processing_latency": e2e_aggregate(raw.get("e2e_processing_latency"), name, "", node),
+            }
+            | _damaged(raw)
+        )
     topics.sort(key=lambda t: t["topic_name"])
     return topics
 

@@ -22,9 +22,26 @@ from pathlib import Path
 
 from bench.common import RESULTS_DIR, format_table
 
-ORDER = ["pub", "pub_against", "mpub", "consume", "pubsub", "client", "latency", "http", "memory", "fairness",
-         "isolation", "persistence", "replication", "many", "many_lookupd", "spark_throughput", "spark_sink",
-         "spark_cluster"]
+ORDER = [
+    "pub",
+    "pub_against",
+    "mpub",
+    "consume",
+    "pubsub",
+    "client",
+    "latency",
+    "http",
+    "memory",
+    "fairness",
+    "isolation",
+    "persistence",
+    "replication",
+    "many",
+    "many_lookupd",
+    "spark_throughput",
+    "spark_sink",
+    "spark_cluster",
+]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
 
@@ -112,8 +129,9 @@ def _run_scenario(name: str, forwarded: list[str], timeout: float):
 def main(argv: list[str] | None = None) -> int:
     available = discover()
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
-                        help=f"scenarios to run (default: all): {', '.join(available)}")
+    parser.add_argument(
+        "scenarios", nargs="*", metavar="SCENARIO", help=f"scenarios to run (default: all): {', '.join(available)}"
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--nsqd-tcp-address")
     parser.add_argument("--nsqd-http-address")
@@ -123,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", help="seconds measured per figure (each scenario's default otherwise)")
     parser.add_argument("--warmup")
     pinning = parser.add_mutually_exclusive_group()
-    pinning.add_argument("--pin", dest="pin", action="store_true", default=None,
-                         help="pin in every scenario (pub, pubsub and latency run unpinned by default)")
+    pinning.add_argument(
+        "--pin",
+        dest="pin",
+        action="store_true",
+        default=None,
+        help="pin in every scenario (pub, pubsub and latency run unpinned by default)",
+    )
     pinning.add_argument("--no-pin", dest="pin", action="store_false", help="pin in no scenario")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per scenario")
     args = parser.parse_args(argv)
@@ -149,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         print(f"\n### {name}", flush=True)
         code = _run_scenario(name, forwarded, args.timeout)
-        print(f"### {name}: {'ok' if code == 0 else f'FAILED ({code})'} in {time.monotonic() - started:.0f} s",
-              flush=True)
+        print(
+            f"### {name}: {'ok' if code == 0 else f'FAILED ({code})'} in {time.monotonic() - started:.0f} s", flush=True
+        )
         if code != 0:
             failed.append(name)
     print("\n== summary")

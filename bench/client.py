@@ -50,6 +50,7 @@ def add_arguments(parser) -> None:
 
 # -- the client processes --------------------------------------------------------------------------------------------
 
+
 def _cpu() -> float:
     times = os.times()
     return times.user + times.system
@@ -75,8 +76,11 @@ class _Window:
 
     def result(self) -> dict:
         assert self.start is not None and self.end is not None
-        return {"messages": self.end[0] - self.start[0], "cpu": self.end[1] - self.start[1],
-                "seconds": self.end_at - self.warm_at}
+        return {
+            "messages": self.end[0] - self.start[0],
+            "cpu": self.end[1] - self.start[1],
+            "seconds": self.end_at - self.warm_at,
+        }
 
 
 def _trio_publish(address: str, topic: str, body: bytes, batch: int, tasks: int, window: _Window) -> dict:
@@ -182,12 +186,19 @@ def _blocking_consume(address: str, topic: str, channel: str, rdy: int, expected
 
 
 def _drained(state: dict, cpu_end: float) -> dict:
-    return {"messages": state["count"], "cpu": cpu_end - state["cpu_first"],
-            "seconds": max(state["last"] - state["first"], 1e-9)}
+    return {
+        "messages": state["count"],
+        "cpu": cpu_end - state["cpu_first"],
+        "seconds": max(state["last"] - state["first"], 1e-9),
+    }
 
 
-_CLIENTS = {"trio publish": _trio_publish, "blocking publish": _blocking_publish, "trio consume": _trio_consume,
-            "blocking consume": _blocking_consume}
+_CLIENTS = {
+    "trio publish": _trio_publish,
+    "blocking publish": _blocking_publish,
+    "trio consume": _trio_consume,
+    "blocking consume": _blocking_consume,
+}
 
 
 def _child(pipe, kind: str, params: dict, cpu: int | None) -> None:
@@ -211,8 +222,9 @@ def run_client(args, target: Target, kind: str, params: dict, *, limit: float | 
     (``limit`` seconds at most); its counts, its CPU and nsqd's CPU over the same time."""
     context = multiprocessing.get_context("spawn")
     pipe, child_end = context.Pipe()
-    process = context.Process(target=_child, args=(child_end, kind, params, generator_cpus()[0] if args.pin else None),
-                              daemon=True)
+    process = context.Process(
+        target=_child, args=(child_end, kind, params, generator_cpus()[0] if args.pin else None), daemon=True
+    )
     process.start()
     child_end.close()
     try:
@@ -242,8 +254,10 @@ def run_client(args, target: Target, kind: str, params: dict, *, limit: float | 
 
 # -- the scenario -----------------------------------------------------------------------------------------------------
 
-def _row(client: str, workload: str, messages: int, seconds: float, client_cpu: float, nsqd_cpu: float,
-         target: Target) -> dict:
+
+def _row(
+    client: str, workload: str, messages: int, seconds: float, client_cpu: float, nsqd_cpu: float, target: Target
+) -> dict:
     return {
         "client": client,
         "workload": workload,
@@ -272,24 +286,34 @@ def _relative(rows: list[dict]) -> None:
 def publish_rows(args, target: Target) -> list[dict]:
     body = b"c" * args.body_size
     rows = []
-    workloads = [(f"MPUB x{args.batch}, {args.mpub_in_flight} in flight", args.batch, args.mpub_in_flight),
-                 (f"PUB, {args.tasks} in flight", 1, args.tasks),
-                 ("PUB, one at a time", 1, 1)]
+    workloads = [
+        (f"MPUB x{args.batch}, {args.mpub_in_flight} in flight", args.batch, args.mpub_in_flight),
+        (f"PUB, {args.tasks} in flight", 1, args.tasks),
+        ("PUB, one at a time", 1, 1),
+    ]
     for workload, batch, in_flight in workloads:
         topic = unique_topic(NAME)
         frame = encode_mpub(topic, [body] * batch) if batch > 1 else encode_pub(topic, body)
-        raw = run_spread(args, target, "pub", 1, 1, dict(address=target.tcp, frame=frame, messages_per_frame=batch,
-                                                          outstanding=in_flight))
+        raw = run_spread(
+            args,
+            target,
+            "pub",
+            1,
+            1,
+            dict(address=target.tcp, frame=frame, messages_per_frame=batch, outstanding=in_flight),
+        )
         rows.append(_row("raw generator", workload, raw.messages, raw.window, raw.generator_cpu, raw.nsqd_cpu, target))
         print(f"  {workload}: raw {rows[-1]['msg/s']:,.0f} msg/s", flush=True)
         params = dict(address="%s:%d" % target.tcp, topic=topic, body=body, batch=batch, tasks=in_flight)
         _delete_topic(target, topic)
-        for client, kind, extra in (("trio Producer", "trio publish", {}),
-                                    ("blocking Producer", "blocking publish",
-                                     {"tasks": 0} if workload == "PUB, one at a time" else {})):
+        for client, kind, extra in (
+            ("trio Producer", "trio publish", {}),
+            ("blocking Producer", "blocking publish", {"tasks": 0} if workload == "PUB, one at a time" else {}),
+        ):
             result = run_client(args, target, kind, {**params, **extra})
-            rows.append(_row(client, workload, result["messages"], result["seconds"], result["cpu"],
-                             result["nsqd_cpu"], target))
+            rows.append(
+                _row(client, workload, result["messages"], result["seconds"], result["cpu"], result["nsqd_cpu"], target)
+            )
             print(f"  {workload}: {client} {rows[-1]['msg/s']:,.0f} msg/s", flush=True)
             _delete_topic(target, topic)
     return rows
@@ -307,29 +331,52 @@ def consume_rows(args, target: Target) -> tuple[list[dict], list[str]]:
     before = sampler.cpu_seconds()
     raw = drain(target, topic, "raw", 1, args.rdy, 1)
     nsqd_cpu = sampler.cpu_seconds() - before
-    rows.append(_row("raw generator", workload, raw["delivered"], raw["seconds"], raw["generator_cpu_seconds"],
-                     nsqd_cpu, target))
+    rows.append(
+        _row(
+            "raw generator", workload, raw["delivered"], raw["seconds"], raw["generator_cpu_seconds"], nsqd_cpu, target
+        )
+    )
     print(f"  {workload}: raw {rows[-1]['msg/s']:,.0f} msg/s", flush=True)
-    for client, kind, channel in (("trio Consumer", "trio consume", "trio"),
-                                  ("blocking read_event", "blocking consume", "blocking")):
-        result = run_client(args, target, kind, dict(address="%s:%d" % target.tcp, topic=topic, channel=channel,
-                                                      rdy=args.rdy, expected=published), limit=300.0)
-        rows.append(_row(client, workload, result["messages"], result["seconds"], result["cpu"], result["nsqd_cpu"],
-                         target))
+    for client, kind, channel in (
+        ("trio Consumer", "trio consume", "trio"),
+        ("blocking read_event", "blocking consume", "blocking"),
+    ):
+        result = run_client(
+            args,
+            target,
+            kind,
+            dict(address="%s:%d" % target.tcp, topic=topic, channel=channel, rdy=args.rdy, expected=published),
+            limit=300.0,
+        )
+        rows.append(
+            _row(client, workload, result["messages"], result["seconds"], result["cpu"], result["nsqd_cpu"], target)
+        )
         print(f"  {workload}: {client} {rows[-1]['msg/s']:,.0f} msg/s", flush=True)
         if result["messages"] < published:
             notes.append(f"{client} received {result['messages']} of {published} messages")
     if raw["delivered"] < published:
         notes.append(f"the raw consumer received {raw['delivered']} of {published} messages")
-    notes.append("consume rows: the raw generator's CPU is over the whole drain (its idle second at the end "
-                 "included); nsqd us/msg of the client rows covers the drain and the client's start")
+    notes.append(
+        "consume rows: the raw generator's CPU is over the whole drain (its idle second at the end "
+        "included); nsqd us/msg of the client rows covers the drain and the client's start"
+    )
     return rows, notes
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={"body_size": args.body_size, "batch": args.batch,
-                                         "mpub_in_flight": args.mpub_in_flight, "tasks": args.tasks,
-                                         "messages": args.messages, "rdy": args.rdy, "duration_s": args.duration})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "body_size": args.body_size,
+            "batch": args.batch,
+            "mpub_in_flight": args.mpub_in_flight,
+            "tasks": args.tasks,
+            "messages": args.messages,
+            "rdy": args.rdy,
+            "duration_s": args.duration,
+        },
+    )
     with Target(args, [f"--mem-queue-size={max(3 * args.messages + 100_000, 20_000_000)}"], want_http=True) as target:
         report.target = target.describe()
         rows = publish_rows(args, target)
@@ -338,8 +385,10 @@ def run(args) -> Report:
     _relative(rows)
     report.rows = rows
     report.notes += notes
-    report.notes.append("client us/msg: CPU (user + system) of the client's process per message; every client runs "
-                        "in its own process on a CPU other than nsqd's (unless --no-pin)")
+    report.notes.append(
+        "client us/msg: CPU (user + system) of the client's process per message; every client runs "
+        "in its own process on a CPU other than nsqd's (unless --no-pin)"
+    )
     report.targets = {"client us/msg": "a few microseconds per message pipelined: small beside nsqd's own cost"}
     return report
 

@@ -36,9 +36,9 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 __all__ = [
     "BREAKDOWN_NOTE",
@@ -65,6 +65,7 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 # -- small helpers ------------------------------------------------------------------------------
+
 
 def unique_topic(prefix: str) -> str:
     return f"bench_{prefix}_{uuid.uuid4().hex[:8]}"
@@ -120,7 +121,7 @@ def machine_info() -> dict:
         "implementation": platform.python_implementation(),
         "trio": trio_version,
         "platform": platform.platform(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "load_average": os.getloadavg(),
     }
 
@@ -173,8 +174,12 @@ class ProcessSampler:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             return {}
-        counts = {"user": int(fields[11]) / _CLOCK_TICKS, "system": int(fields[12]) / _CLOCK_TICKS,
-                  "voluntary": 0, "involuntary": 0}
+        counts = {
+            "user": int(fields[11]) / _CLOCK_TICKS,
+            "system": int(fields[12]) / _CLOCK_TICKS,
+            "voluntary": 0,
+            "involuntary": 0,
+        }
         try:
             tasks = os.listdir(f"/proc/{self.pid}/task")
         except OSError:
@@ -230,20 +235,25 @@ class SyscallCounter:
         if self.pid is None:
             return
         if shutil.which("perf"):
-            events = ["raw_syscalls:sys_enter"] + [f"syscalls:sys_enter_{name}"
-                                                  for names in SYSCALL_GROUPS.values() for name in names]
+            events = ["raw_syscalls:sys_enter"] + [
+                f"syscalls:sys_enter_{name}" for names in SYSCALL_GROUPS.values() for name in names
+            ]
             argv = ["perf", "stat", "-x", ",", "--no-big-num", "-e", ",".join(events), "-p", str(self.pid)]
             if self._launch(argv, "perf"):
                 return
         if shutil.which("strace"):
-            argv = ["timeout", "-s", "INT", str(self.strace_seconds), "strace", "-c", "-f", "-q",
-                    "-p", str(self.pid)]
+            argv = ["timeout", "-s", "INT", str(self.strace_seconds), "strace", "-c", "-f", "-q", "-p", str(self.pid)]
             self._launch(argv, "strace")
 
     def _launch(self, argv: list[str], tool: str) -> bool:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError:
             return False
         time.sleep(0.05)  # attached (or failed) before the window's traffic is counted
@@ -289,7 +299,7 @@ class SyscallCounter:
                 if event == "raw_syscalls:sys_enter":
                     total = int(fields[0])
                 elif event.startswith("syscalls:sys_enter_"):
-                    by_name[event[len("syscalls:sys_enter_"):]] = int(fields[0])
+                    by_name[event[len("syscalls:sys_enter_") :]] = int(fields[0])
         else:
             for line in self._output.splitlines():
                 fields = line.split()
@@ -311,9 +321,11 @@ class SyscallCounter:
 
 
 #: what the breakdown's columns are, printed under the tables that have them
-BREAKDOWN_NOTE = ("per message: user_us/sys_us nsqd's CPU in user and kernel mode, vcsw/ivcsw its voluntary and "
-                  "involuntary context switches, epoll/recv/send/all its epoll waits, socket reads, socket writes "
-                  "and system calls (counted by syscall_tool), gen_us the generators' CPU")
+BREAKDOWN_NOTE = (
+    "per message: user_us/sys_us nsqd's CPU in user and kernel mode, vcsw/ivcsw its voluntary and "
+    "involuntary context switches, epoll/recv/send/all its epoll waits, socket reads, socket writes "
+    "and system calls (counted by syscall_tool), gen_us the generators' CPU"
+)
 
 
 def per_message_breakdown(result: dict, messages: int) -> dict:
@@ -344,11 +356,13 @@ def per_message_breakdown(result: dict, messages: int) -> dict:
 
 # -- the server under test ------------------------------------------------------------------------
 
+
 class Target:
     """The nsqd a scenario talks to. Use as a context manager (see the module notes)."""
 
-    def __init__(self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False,
-                 root: Path = REPO_ROOT) -> None:
+    def __init__(
+        self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False, root: Path = REPO_ROOT
+    ) -> None:
         self.args = args
         self.root = root  # the source tree whose nsqd is started (``pub_against`` starts an earlier one)
         self.flags = list(flags) + list(args.nsqd_arg or [])
@@ -371,7 +385,7 @@ class Target:
             "nsqd_flags": self.flags if self.own else None,
         }
 
-    def __enter__(self) -> "Target":
+    def __enter__(self) -> Target:
         if not self.own:
             self.tcp = parse_address(self.args.nsqd_tcp_address)
             if self.args.nsqd_http_address:
@@ -379,10 +393,23 @@ class Target:
             self.pid = self.args.nsqd_pid
             return self
         self.data_path = tempfile.mkdtemp(prefix="trionsq-bench-")
-        argv = [sys.executable, "-m", "nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                f"--data-path={self.data_path}", *self.flags]
-        self.proc = subprocess.Popen(argv, cwd=self.root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        argv = [
+            sys.executable,
+            "-m",
+            "nsqd",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={self.data_path}",
+            *self.flags,
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=self.root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
         self.pid = self.proc.pid
         if self.args.pin:
             try:
@@ -446,6 +473,7 @@ class Target:
 
 # -- generator processes ---------------------------------------------------------------------------
 
+
 def _collect(roles) -> list[dict]:
     out = []
     for role in roles:
@@ -486,8 +514,9 @@ def _child(conn, build: Callable, kwargs: dict, cpu: int | None) -> None:
         if message[0] != "go":
             return
         _, start_at, warm_at, end_at, hard_end_at, until_done = message
-        result = run_roles(roles, start_at=start_at, warm_at=warm_at, end_at=end_at, hard_end_at=hard_end_at,
-                           until_done=until_done)
+        result = run_roles(
+            roles, start_at=start_at, warm_at=warm_at, end_at=end_at, hard_end_at=hard_end_at, until_done=until_done
+        )
         result["roles"] = _collect(roles)
         close_all(roles)
         conn.send(("result", result))
@@ -510,8 +539,16 @@ class Generators:
     def add(self, build: Callable, **kwargs) -> None:
         self.specs.append((build, kwargs))
 
-    def run(self, *, warmup: float, duration: float, until_done: bool = False, hard_limit: float | None = None,
-            sampler: ProcessSampler | None = None, on_window: Callable[[str], None] | None = None) -> dict:
+    def run(
+        self,
+        *,
+        warmup: float,
+        duration: float,
+        until_done: bool = False,
+        hard_limit: float | None = None,
+        sampler: ProcessSampler | None = None,
+        on_window: Callable[[str], None] | None = None,
+    ) -> dict:
         """Start every process, wait for all to be ready, run the window, gather the results.
 
         Returns ``{"workers": [...], "nsqd_cpu_seconds": x, "window": duration}``; raises
@@ -558,7 +595,8 @@ class Generators:
                 now = time.monotonic()
                 limit = (end_at if sampler is not None and not cpu_end else hard_end_at + 30) - now
                 ready = multiprocessing.connection.wait(
-                    [pipe for index, (_, pipe) in enumerate(children) if index not in messages], max(limit, 0))
+                    [pipe for index, (_, pipe) in enumerate(children) if index not in messages], max(limit, 0)
+                )
                 for pipe in ready:
                     index = next(i for i, (_, p) in enumerate(children) if p is pipe)
                     try:
@@ -581,8 +619,14 @@ class Generators:
                     raise RuntimeError(f"generator failed:\n{message[1]}")
                 results.append(message[1])
             nsqd = {key: counts_end[key] - counts_start[key] for key in counts_end if key in counts_start}
-            return {"workers": results, "nsqd_cpu_seconds": cpu_end - cpu_start, "window": duration,
-                    "nsqd": nsqd, "syscalls": syscalls.counts(), "syscall_tool": syscalls.tool}
+            return {
+                "workers": results,
+                "nsqd_cpu_seconds": cpu_end - cpu_start,
+                "window": duration,
+                "nsqd": nsqd,
+                "syscalls": syscalls.counts(),
+                "syscall_tool": syscalls.tool,
+            }
         finally:
             for process, pipe in children:
                 pipe.close()
@@ -593,6 +637,7 @@ class Generators:
 
 
 # -- reports -----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LoadRun:
@@ -606,8 +651,9 @@ class LoadRun:
     breakdown: dict = field(default_factory=dict)
 
 
-def run_spread(args, target: "Target", role: str, connections: int, processes: int, params: dict,
-               *, breakdown: bool = False) -> LoadRun:
+def run_spread(
+    args, target: Target, role: str, connections: int, processes: int, params: dict, *, breakdown: bool = False
+) -> LoadRun:
     """Run ``connections`` of one load ``role`` spread evenly over up to ``processes`` generator processes
     (never more processes than connections) for the measured window, and total what the workers counted."""
     from bench.load import build_roles  # the generator side; imported here so load.py stays standalone
@@ -620,9 +666,13 @@ def run_spread(args, target: "Target", role: str, connections: int, processes: i
     result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
     workers = result["workers"]
     messages = sum(sum(worker["window_counts"]) for worker in workers)
-    return LoadRun(messages=messages, generator_cpu=sum(worker["cpu_seconds"] for worker in workers),
-                   window=result["window"], nsqd_cpu=result["nsqd_cpu_seconds"],
-                   breakdown=per_message_breakdown(result, messages) if breakdown else {})
+    return LoadRun(
+        messages=messages,
+        generator_cpu=sum(worker["cpu_seconds"] for worker in workers),
+        window=result["window"],
+        nsqd_cpu=result["nsqd_cpu_seconds"],
+        breakdown=per_message_breakdown(result, messages) if breakdown else {},
+    )
 
 
 @dataclass
@@ -659,8 +709,10 @@ def format_table(rows: list[dict]) -> str:
         columns += [key for key in row if key not in columns]
     cells = [[_fmt(row.get(column)) for column in columns] for row in rows]
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
-    lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths)),
-             "  ".join("-" * width for width in widths)]
+    lines = [
+        "  ".join(column.ljust(width) for column, width in zip(columns, widths)),
+        "  ".join("-" * width for width in widths),
+    ]
     for line in cells:
         lines.append("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
     return "\n".join(lines)
@@ -698,26 +750,36 @@ def print_report(report: Report) -> None:
 
 # -- command line ------------------------------------------------------------------------------------
 
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server under test")
     group.add_argument("--nsqd-tcp-address", help="use this running server instead of starting nsqd")
     group.add_argument("--nsqd-http-address", help="its HTTP address (HTTP scenarios)")
     group.add_argument("--nsqd-pid", type=int, help="its process id, to read CPU time and memory")
-    group.add_argument("--nsqd-arg", action="append", default=[],
-                       help="extra flag for the nsqd started here (repeatable)")
+    group.add_argument(
+        "--nsqd-arg", action="append", default=[], help="extra flag for the nsqd started here (repeatable)"
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where <scenario>.json goes")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per figure")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds run before measuring")
-    parser.add_argument("--no-syscalls", dest="syscalls", action="store_false",
-                        default=os.environ.get("BENCH_SYSCALLS", "1") != "0",
-                        help="do not count nsqd's system calls (BENCH_SYSCALLS=0): the CPU figures without the "
-                             "cost of perf's tracepoints on every call, which is about 1 us per PUB here")
+    parser.add_argument(
+        "--no-syscalls",
+        dest="syscalls",
+        action="store_false",
+        default=os.environ.get("BENCH_SYSCALLS", "1") != "0",
+        help="do not count nsqd's system calls (BENCH_SYSCALLS=0): the CPU figures without the "
+        "cost of perf's tracepoints on every call, which is about 1 us per PUB here",
+    )
     pinning = parser.add_mutually_exclusive_group()
-    pinning.add_argument("--pin", dest="pin", action="store_true", default=None,
-                         help="pin nsqd to the first CPU and the generators to the others (the default of every "
-                              "scenario but pub, pubsub and latency, which run unpinned, as users run nsqd)")
-    pinning.add_argument("--no-pin", dest="pin", action="store_false",
-                         help="let every process move between CPUs")
+    pinning.add_argument(
+        "--pin",
+        dest="pin",
+        action="store_true",
+        default=None,
+        help="pin nsqd to the first CPU and the generators to the others (the default of every "
+        "scenario but pub, pubsub and latency, which run unpinned, as users run nsqd)",
+    )
+    pinning.add_argument("--no-pin", dest="pin", action="store_false", help="let every process move between CPUs")
 
 
 def main(module, argv: list[str] | None = None) -> int:
@@ -738,8 +800,10 @@ def main(module, argv: list[str] | None = None) -> int:
     if steal is not None:
         report.params["cpu_steal"] = round(steal, 4)
         if steal >= STEAL_NOTICE:
-            report.notes.append(f"the hypervisor took {steal:.1%} of this machine's CPU time during the run "
-                                "(steal): the figures are noisy")
+            report.notes.append(
+                f"the hypervisor took {steal:.1%} of this machine's CPU time during the run "
+                "(steal): the figures are noisy"
+            )
     path = write_report(report, args.results_dir)
     print_report(report)
     print(f"wrote {path}")

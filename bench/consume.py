@@ -32,8 +32,15 @@ def create_channel(target: Target, topic: str, channel: str) -> None:
     Consumer(target.tcp, topic, channel, 0).sock.close()
 
 
-def prefill(target: Target, topic: str, messages: int, body_size: int, batch: int = 200,
-            connections: int = 2, limit: float = 300.0) -> int:
+def prefill(
+    target: Target,
+    topic: str,
+    messages: int,
+    body_size: int,
+    batch: int = 200,
+    connections: int = 2,
+    limit: float = 300.0,
+) -> int:
     """Publish ``messages`` bodies with pipelined MPUBs as fast as nsqd takes them; returns how many."""
     frame = encode_mpub(topic, [b"c" * body_size] * batch)
     frames = -(-messages // batch)
@@ -43,35 +50,53 @@ def prefill(target: Target, topic: str, messages: int, body_size: int, batch: in
     for index in range(connections):
         count = min(per, frames - index * per)
         if count > 0:
-            specs.append(("pub", 1, dict(address=target.tcp, frame=frame, messages_per_frame=batch, outstanding=4,
-                                         frames=count)))
+            specs.append(
+                ("pub", 1, dict(address=target.tcp, frame=frame, messages_per_frame=batch, outstanding=4, frames=count))
+            )
     generators.add(build_roles, specs=specs)
     result = generators.run(warmup=0.0, duration=limit)
     return sum(role["counter"] for worker in result["workers"] for role in worker["roles"])
 
 
-def drain(target: Target, topic: str, channel: str, consumers: int, rdy: int, processes: int,
-          limit: float = 300.0) -> dict:
+def drain(
+    target: Target, topic: str, channel: str, consumers: int, rdy: int, processes: int, limit: float = 300.0
+) -> dict:
     """Consume until nothing arrives for a second; the delivery rate over the whole drain."""
     generators = Generators()
     processes = max(1, min(processes, consumers))
     for index in range(processes):
         count = consumers // processes + (1 if index < consumers % processes else 0)
-        generators.add(build_roles, specs=[("sub", count, dict(address=target.tcp, topic=topic, channel=channel,
-                                                               rdy=rdy, idle_stop=1.0))])
+        generators.add(
+            build_roles,
+            specs=[("sub", count, dict(address=target.tcp, topic=topic, channel=channel, rdy=rdy, idle_stop=1.0))],
+        )
     result = generators.run(warmup=0.0, duration=limit, sampler=target.sampler())
     roles = [role for worker in result["workers"] for role in worker["roles"]]
     delivered = sum(role["counter"] for role in roles)
     active = [role for role in roles if role["counter"]]
     span = max(r["last_at"] for r in active) - min(r["first_at"] for r in active) if active else 0.0
     cpu = sum(worker["cpu_seconds"] for worker in result["workers"])
-    return {"delivered": delivered, "seconds": span, "msg/s": delivered / span if span else 0.0,
-            "per_consumer": [role["counter"] for role in roles], "generator_cpu_seconds": cpu}
+    return {
+        "delivered": delivered,
+        "seconds": span,
+        "msg/s": delivered / span if span else 0.0,
+        "per_consumer": [role["counter"] for role in roles],
+        "generator_cpu_seconds": cpu,
+    }
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={"messages": args.messages, "consumers": args.consumers, "rdy": args.rdy,
-                                         "body_size": args.body_size, "on_disk": args.on_disk})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "messages": args.messages,
+            "consumers": args.consumers,
+            "rdy": args.rdy,
+            "body_size": args.body_size,
+            "on_disk": args.on_disk,
+        },
+    )
     flags = [] if args.on_disk else [f"--mem-queue-size={args.messages + 100_000}"]
     with Target(args, flags) as target:
         report.target = target.describe()
@@ -83,18 +108,20 @@ def run(args) -> Report:
         result = drain(target, topic, "bench", args.consumers, args.rdy, args.processes)
         nsqd_cpu = sampler.cpu_seconds() - cpu_before
         seconds = result["seconds"]
-        report.rows.append({
-            "backlog": published,
-            "where": "disk" if args.on_disk else "memory",
-            "consumers": args.consumers,
-            "rdy": args.rdy,
-            "delivered": result["delivered"],
-            "seconds": seconds,
-            "msg/s": result["msg/s"],
-            "nsqd_cpu": nsqd_cpu / seconds if seconds and target.pid else None,
-            "nsqd_us/msg": nsqd_cpu * 1e6 / result["delivered"] if target.pid and result["delivered"] else None,
-            "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
-        })
+        report.rows.append(
+            {
+                "backlog": published,
+                "where": "disk" if args.on_disk else "memory",
+                "consumers": args.consumers,
+                "rdy": args.rdy,
+                "delivered": result["delivered"],
+                "seconds": seconds,
+                "msg/s": result["msg/s"],
+                "nsqd_cpu": nsqd_cpu / seconds if seconds and target.pid else None,
+                "nsqd_us/msg": nsqd_cpu * 1e6 / result["delivered"] if target.pid and result["delivered"] else None,
+                "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
+            }
+        )
         if result["delivered"] < published:
             report.notes.append(f"only {result['delivered']} of {published} messages were delivered")
     report.targets = {"msg/s": ">= 200,000 (real nsqd 1.3.0: ~350,000)"}

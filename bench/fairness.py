@@ -28,8 +28,13 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={k: getattr(args, k) for k in (
-        "backlog", "many", "many_rdy", "few", "few_rdy", "body_size", "duration")})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            k: getattr(args, k) for k in ("backlog", "many", "many_rdy", "few", "few_rdy", "body_size", "duration")
+        },
+    )
     with Target(args, [f"--mem-queue-size={args.backlog + 100_000}"]) as target:
         report.target = target.describe()
         topic = unique_topic(NAME)
@@ -37,25 +42,30 @@ def run(args) -> Report:
         create_channel(target, topic, "few")
         published = prefill(target, topic, args.backlog, args.body_size)
         generators = Generators()
-        generators.add(build_roles, specs=[
-            ("sub", args.few, dict(address=target.tcp, topic=topic, channel="few", rdy=args.few_rdy)),
-            ("sub", args.many, dict(address=target.tcp, topic=topic, channel="many", rdy=args.many_rdy)),
-        ])
+        generators.add(
+            build_roles,
+            specs=[
+                ("sub", args.few, dict(address=target.tcp, topic=topic, channel="few", rdy=args.few_rdy)),
+                ("sub", args.many, dict(address=target.tcp, topic=topic, channel="many", rdy=args.many_rdy)),
+            ],
+        )
         result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
         window = result["window"]
         worker = result["workers"][0]
         few = sum(worker["window_counts"][: args.few]) / window
-        many = sum(worker["window_counts"][args.few:]) / window
+        many = sum(worker["window_counts"][args.few :]) / window
         finals = worker["final_counts"]
-        exhausted = sum(finals[: args.few]) >= published or sum(finals[args.few:]) >= published
-        report.rows.append({
-            "backlog": published,
-            f"many ({args.many} consumers) msg/s": many,
-            f"few ({args.few} consumers) msg/s": few,
-            "few/many": few / many if many else None,
-            "jain": jain_index([many, few]),
-            "nsqd_cpu": result["nsqd_cpu_seconds"] / window if target.pid else None,
-        })
+        exhausted = sum(finals[: args.few]) >= published or sum(finals[args.few :]) >= published
+        report.rows.append(
+            {
+                "backlog": published,
+                f"many ({args.many} consumers) msg/s": many,
+                f"few ({args.few} consumers) msg/s": few,
+                "few/many": few / many if many else None,
+                "jain": jain_index([many, few]),
+                "nsqd_cpu": result["nsqd_cpu_seconds"] / window if target.pid else None,
+            }
+        )
         if exhausted:
             report.notes.append("a channel ran out of backlog before the window ended: raise --backlog")
     report.targets = {"jain": ">= 0.95"}

@@ -38,11 +38,15 @@ def encode_request(path: str, body: bytes) -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: nsqd\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def _rate(args, target: Target, request: bytes, messages_per_request: int, connections: int,
-          depth: int) -> dict:
-    run = run_spread(args, target, "http", connections, args.processes,
-                     dict(address=target.http, request=request, messages_per_request=messages_per_request,
-                          outstanding=depth))
+def _rate(args, target: Target, request: bytes, messages_per_request: int, connections: int, depth: int) -> dict:
+    run = run_spread(
+        args,
+        target,
+        "http",
+        connections,
+        args.processes,
+        dict(address=target.http, request=request, messages_per_request=messages_per_request, outstanding=depth),
+    )
     return {
         "requests/s": run.messages / messages_per_request / run.window,
         "msg/s": run.messages / run.window,
@@ -51,8 +55,7 @@ def _rate(args, target: Target, request: bytes, messages_per_request: int, conne
     }
 
 
-def _row(args, report: Report, label: str, path_of, body: bytes, messages: int, connections: int,
-         depth: int) -> None:
+def _row(args, report: Report, label: str, path_of, body: bytes, messages: int, connections: int, depth: int) -> None:
     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"], want_http=True) as target:
         if target.http is None:
             # nsqd logged no "HTTP: listening on" line (or no --nsqd-http-address was given)
@@ -61,26 +64,44 @@ def _row(args, report: Report, label: str, path_of, body: bytes, messages: int, 
         report.target = target.describe()
         request = encode_request(path_of(unique_topic(NAME)), body)
         figures = _rate(args, target, request, messages, connections, depth)
-    report.rows.append({"endpoint": label, "connections": connections, "in_flight": depth,
-                        "msgs/request": messages, **figures})
+    report.rows.append(
+        {"endpoint": label, "connections": connections, "in_flight": depth, "msgs/request": messages, **figures}
+    )
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={
-        "connections": args.connections, "depth": args.depth, "body_size": args.body_size,
-        "mpub_connections": args.mpub_connections, "mpub_depth": args.mpub_depth, "batch": args.batch,
-        "processes": args.processes, "duration_s": args.duration})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "connections": args.connections,
+            "depth": args.depth,
+            "body_size": args.body_size,
+            "mpub_connections": args.mpub_connections,
+            "mpub_depth": args.mpub_depth,
+            "batch": args.batch,
+            "processes": args.processes,
+            "duration_s": args.duration,
+        },
+    )
     body = b"h" * args.body_size
     _row(args, report, "/pub", lambda t: f"/pub?topic={t}", body, 1, args.connections, args.depth)
     if report.skipped:
         return report
     _row(args, report, "/pub", lambda t: f"/pub?topic={t}", body, 1, args.connections, 1)
     text = b"\n".join([body] * args.batch)
-    _row(args, report, "/mpub", lambda t: f"/mpub?topic={t}", text, args.batch, args.mpub_connections,
-         args.mpub_depth)
+    _row(args, report, "/mpub", lambda t: f"/mpub?topic={t}", text, args.batch, args.mpub_connections, args.mpub_depth)
     binary = struct.pack(">i", args.batch) + (struct.pack(">i", len(body)) + body) * args.batch
-    _row(args, report, "/mpub binary", lambda t: f"/mpub?topic={t}&binary=true", binary, args.batch,
-         args.mpub_connections, args.mpub_depth)
+    _row(
+        args,
+        report,
+        "/mpub binary",
+        lambda t: f"/mpub?topic={t}&binary=true",
+        binary,
+        args.batch,
+        args.mpub_connections,
+        args.mpub_depth,
+    )
     report.targets = {"/pub requests/s": "real nsqd 1.3.0 serves tens of thousands per core (Go net/http)"}
     report.notes.append("cpu columns are cores used (1.0 = one core busy); load and nsqd share the machine")
     report.notes.append("/pub and /mpub write no access-log line, as in nsqd")

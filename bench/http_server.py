@@ -36,9 +36,11 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PUB_BODY = b"x" * 200
 REQUESTS = {
     "GET /ping": b"GET /ping HTTP/1.1\r\nHost: bench\r\nUser-Agent: bench/1.0\r\nAccept: */*\r\n\r\n",
-    "POST /pub": (b"POST /pub?topic=bench HTTP/1.1\r\nHost: bench\r\nUser-Agent: bench/1.0\r\n"
-                  b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(PUB_BODY))
-                 + PUB_BODY,
+    "POST /pub": (
+        b"POST /pub?topic=bench HTTP/1.1\r\nHost: bench\r\nUser-Agent: bench/1.0\r\n"
+        b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(PUB_BODY)
+    )
+    + PUB_BODY,
 }
 
 
@@ -92,8 +94,9 @@ def _read_first_answer(sock: socket.socket) -> int:
     head, _, body = data.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200 "):
         raise RuntimeError(f"unexpected answer {head!r}")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     size = len(head) + 4 + length
     while len(data) < size:
         chunk = sock.recv(65536)
@@ -156,12 +159,14 @@ def _generate(conn, port: int, request: bytes, connections: int, depth: int) -> 
 
 
 # -- the parent -----------------------------------------------------------------------------------------------
-def run_case(port: int, server_pid: int, name: str, mode: str, *, connections: int, depth: int,
-             warmup: float, duration: float) -> dict:
+def run_case(
+    port: int, server_pid: int, name: str, mode: str, *, connections: int, depth: int, warmup: float, duration: float
+) -> dict:
     context = multiprocessing.get_context("spawn")
     parent_end, child_end = context.Pipe()
-    generator = context.Process(target=_generate, args=(child_end, port, REQUESTS[name], connections, depth),
-                                daemon=True)
+    generator = context.Process(
+        target=_generate, args=(child_end, port, REQUESTS[name], connections, depth), daemon=True
+    )
     generator.start()
     try:
         if not parent_end.poll(30):
@@ -203,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds measured per case")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring")
     parser.add_argument("--requests", nargs="+", choices=sorted(REQUESTS), default=sorted(REQUESTS))
-    parser.add_argument("--modes", nargs="+", choices=["pipelined", "one-at-a-time"],
-                        default=["pipelined", "one-at-a-time"])
+    parser.add_argument(
+        "--modes", nargs="+", choices=["pipelined", "one-at-a-time"], default=["pipelined", "one-at-a-time"]
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
@@ -220,8 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.requests:
             for mode in args.modes:
                 depth = args.depth if mode == "pipelined" else 1
-                row = run_case(port, server.pid, name, mode, connections=args.connections, depth=depth,
-                               warmup=args.warmup, duration=args.duration)
+                row = run_case(
+                    port,
+                    server.pid,
+                    name,
+                    mode,
+                    connections=args.connections,
+                    depth=depth,
+                    warmup=args.warmup,
+                    duration=args.duration,
+                )
                 rows.append(row)
                 print(f"{name:10} {mode:14} {row['req/s']:10,.0f} req/s", file=sys.stderr)
     finally:
@@ -232,12 +246,18 @@ def main(argv: list[str] | None = None) -> int:
         "scenario": "http_server",
         "title": "runtime.http_server alone: trivial routes, raw-socket load from a separate process",
         "machine": machine_info(),
-        "params": {"connections": args.connections, "pipeline_depth": args.depth, "duration_s": args.duration,
-                   "pub_body_bytes": len(PUB_BODY)},
+        "params": {
+            "connections": args.connections,
+            "pipeline_depth": args.depth,
+            "duration_s": args.duration,
+            "pub_body_bytes": len(PUB_BODY),
+        },
         "results": rows,
         "targets": {"nsqd /pub": ">= 20,000 req/s with 32 keep-alive connections"},
-        "notes": ["server_cpu and generator_cpu are cores used by each process (1.0 = one core busy)",
-                  "server µs/req is server CPU time per answer counted"],
+        "notes": [
+            "server_cpu and generator_cpu are cores used by each process (1.0 = one core busy)",
+            "server µs/req is server CPU time per answer counted",
+        ],
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / "http_server.json"

@@ -41,9 +41,25 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={k: getattr(args, k) for k in (
-        "backlog_mb", "disk_body_size", "rate", "drain_consumers", "drain_rdy", "consumers", "rdy", "body_size",
-        "mem_queue_size", "duration")})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            k: getattr(args, k)
+            for k in (
+                "backlog_mb",
+                "disk_body_size",
+                "rate",
+                "drain_consumers",
+                "drain_rdy",
+                "consumers",
+                "rdy",
+                "body_size",
+                "mem_queue_size",
+                "duration",
+            )
+        },
+    )
     with Target(args, [f"--mem-queue-size={args.mem_queue_size}"]) as target:
         report.target = target.describe()
         disk = unique_topic("isolation_disk")
@@ -54,26 +70,31 @@ def run(args) -> Report:
         os.sync()
         alone = measure(args, target, args.rate)
         alone.pop("_result")
-        drain_spec = [("sub", args.drain_consumers, dict(address=target.tcp, topic=disk, channel="drain",
-                                                          rdy=args.drain_rdy))]
+        drain_spec = [
+            ("sub", args.drain_consumers, dict(address=target.tcp, topic=disk, channel="drain", rdy=args.drain_rdy))
+        ]
         loaded = measure(args, target, args.rate, extra_specs=[drain_spec])
         result = loaded.pop("_result")
         drainer = result["workers"][1]
         drained = sum(drainer["window_counts"]) / result["window"]
         drain_cpu = drainer["cpu_seconds"] / result["window"]
         for label, row, drain_rate in (("alone", alone, None), ("with disk drain", loaded, drained)):
-            report.rows.append({
-                "live channel": label,
-                "rate": row["rate"],
-                "delivered msg/s": row["delivered msg/s"],
-                "p50 ms": row["p50 ms"], "p99 ms": row["p99 ms"], "p99.9 ms": row["p99.9 ms"],
-                "drain msg/s": drain_rate,
-                "drain MB/s": drain_rate * args.disk_body_size / 1e6 if drain_rate else None,
-                # nsqd saturated by the drain is what is left of the latency rise once no file work runs on its
-                # loop; the generators share the other CPU, so their load shows too
-                "nsqd_cpu": row["nsqd_cpu"],
-                "generator_cpu": row["generator_cpu"] + (drain_cpu if drain_rate else 0.0),
-            })
+            report.rows.append(
+                {
+                    "live channel": label,
+                    "rate": row["rate"],
+                    "delivered msg/s": row["delivered msg/s"],
+                    "p50 ms": row["p50 ms"],
+                    "p99 ms": row["p99 ms"],
+                    "p99.9 ms": row["p99.9 ms"],
+                    "drain msg/s": drain_rate,
+                    "drain MB/s": drain_rate * args.disk_body_size / 1e6 if drain_rate else None,
+                    # nsqd saturated by the drain is what is left of the latency rise once no file work runs on its
+                    # loop; the generators share the other CPU, so their load shows too
+                    "nsqd_cpu": row["nsqd_cpu"],
+                    "generator_cpu": row["generator_cpu"] + (drain_cpu if drain_rate else 0.0),
+                }
+            )
         if alone["p99 ms"] and loaded["p99 ms"]:
             report.targets["p99 with / alone"] = f"{loaded['p99 ms'] / alone['p99 ms']:.2f} (target < 2)"
         if sum(drainer["final_counts"]) >= published:

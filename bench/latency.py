@@ -12,7 +12,16 @@ its disk queue: this is the memory path's latency.
 
 from __future__ import annotations
 
-from bench.common import BREAKDOWN_NOTE, Generators, Report, Target, main, per_message_breakdown, percentile, unique_topic
+from bench.common import (
+    BREAKDOWN_NOTE,
+    Generators,
+    Report,
+    Target,
+    main,
+    per_message_breakdown,
+    percentile,
+    unique_topic,
+)
 from bench.consume import create_channel
 from bench.load import build_roles
 
@@ -30,25 +39,29 @@ def add_arguments(parser) -> None:
     parser.add_argument("--body-size", type=int, default=200)
 
 
-def measure(args, target: Target, rate: float, topic: str | None = None, extra_specs=None,
-            breakdown: bool = False) -> dict:
+def measure(
+    args, target: Target, rate: float, topic: str | None = None, extra_specs=None, breakdown: bool = False
+) -> dict:
     """Latency percentiles of one fixed-rate run (used by the isolation scenario too); with ``breakdown``, nsqd's
     costs per delivered message (``common.per_message_breakdown``)."""
     topic = topic or unique_topic(NAME)
     create_channel(target, topic, "bench")
     generators = Generators(count_syscalls=breakdown and bool(target.pid))
-    generators.add(build_roles, specs=[
-        ("paced", 1, dict(address=target.tcp, topic=topic, rate=rate, body_size=args.body_size)),
-        ("sub", args.consumers, dict(address=target.tcp, topic=topic, channel="bench", rdy=args.rdy,
-                                     latency=True)),
-    ])
+    generators.add(
+        build_roles,
+        specs=[
+            ("paced", 1, dict(address=target.tcp, topic=topic, rate=rate, body_size=args.body_size)),
+            ("sub", args.consumers, dict(address=target.tcp, topic=topic, channel="bench", rdy=args.rdy, latency=True)),
+        ],
+    )
     for specs in extra_specs or ():
         generators.add(build_roles, specs=specs)
     result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
     latency_worker = result["workers"][0]
     samples = sorted(v for role in latency_worker["roles"] for v in role.get("latencies", ()))
-    delivered = sum(c for role, c in zip(latency_worker["roles"], latency_worker["window_counts"])
-                    if role["kind"] == "Consumer")
+    delivered = sum(
+        c for role, c in zip(latency_worker["roles"], latency_worker["window_counts"]) if role["kind"] == "Consumer"
+    )
 
     def ms(fraction):
         value = percentile(samples, fraction)
@@ -57,7 +70,9 @@ def measure(args, target: Target, rate: float, topic: str | None = None, extra_s
     return {
         "rate": rate,
         "delivered msg/s": delivered / result["window"],
-        "p50 ms": ms(0.50), "p99 ms": ms(0.99), "p99.9 ms": ms(0.999),
+        "p50 ms": ms(0.50),
+        "p99 ms": ms(0.99),
+        "p99.9 ms": ms(0.999),
         "max ms": samples[-1] / 1e6 if samples else None,
         "samples": len(samples),
         "nsqd_cpu": result["nsqd_cpu_seconds"] / result["window"] if target.pid else None,
@@ -70,8 +85,17 @@ def measure(args, target: Target, rate: float, topic: str | None = None, extra_s
 
 def run(args) -> Report:
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    report = Report(NAME, TITLE, params={"rates": rates, "consumers": args.consumers, "rdy": args.rdy,
-                                         "body_size": args.body_size, "duration_s": args.duration})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "rates": rates,
+            "consumers": args.consumers,
+            "rdy": args.rdy,
+            "body_size": args.body_size,
+            "duration_s": args.duration,
+        },
+    )
     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
         report.target = target.describe()
         for rate in rates:

@@ -200,8 +200,9 @@ class Publisher(Role):
     (``messages_per_frame`` per OK). ``frames`` bounds the number of frames sent (None: until the
     window ends)."""
 
-    def __init__(self, address, frame: bytes, messages_per_frame: int = 1, outstanding: int = 1,
-                 frames: int | None = None) -> None:
+    def __init__(
+        self, address, frame: bytes, messages_per_frame: int = 1, outstanding: int = 1, frames: int | None = None
+    ) -> None:
         super().__init__()
         self.sock = connect(address)
         self.sock.sendall(MAGIC_V2)
@@ -269,8 +270,9 @@ class PacedPublisher(Role):
     only counted (publishing is pipelined, never waits for them). With ``ok_latency``, the time from each
     frame's send to its OK is recorded (``latencies``, ns, while ``recording`` is on): publish-to-OK latency."""
 
-    def __init__(self, address, topic: str, rate: float, body_size: int = 200, tick: float = 0.001,
-                 ok_latency: bool = False) -> None:
+    def __init__(
+        self, address, topic: str, rate: float, body_size: int = 200, tick: float = 0.001, ok_latency: bool = False
+    ) -> None:
         super().__init__()
         self.latency = ok_latency
         self.latencies: list[int] = []
@@ -345,8 +347,18 @@ class Consumer(Role):
     (in ``latencies``, nanoseconds) while ``recording`` is on. ``idle_stop`` ends the role when no
     message arrived for that many seconds after the first one (draining a backlog)."""
 
-    def __init__(self, address, topic: str, channel: str, rdy: int, *, identify: dict | None = None,
-                 latency: bool = False, idle_stop: float | None = None, fin: bool = True) -> None:
+    def __init__(
+        self,
+        address,
+        topic: str,
+        channel: str,
+        rdy: int,
+        *,
+        identify: dict | None = None,
+        latency: bool = False,
+        idle_stop: float | None = None,
+        fin: bool = True,
+    ) -> None:
         super().__init__()
         self.sock = connect(address)
         self.topic = topic
@@ -464,7 +476,7 @@ class HttpPublisher(Role):
             if head_end < 0:
                 break
             if not buf.startswith(b"HTTP/1.1 200", pos):
-                raise LoadError(f"HTTP error: {buf[pos:pos + 300]!r}")
+                raise LoadError(f"HTTP error: {buf[pos : pos + 300]!r}")
             start = buf.find(b"\r\ncontent-length:", pos, head_end)
             if start < 0:
                 start = buf.find(b"\r\nContent-Length:", pos, head_end)
@@ -502,8 +514,15 @@ class _Loop:
         self.epoll.modify(role.fileno(), mask)
 
 
-def run_roles(roles: list[Role], *, start_at: float, warm_at: float, end_at: float,
-              hard_end_at: float | None = None, until_done: bool = False) -> dict:
+def run_roles(
+    roles: list[Role],
+    *,
+    start_at: float,
+    warm_at: float,
+    end_at: float,
+    hard_end_at: float | None = None,
+    until_done: bool = False,
+) -> dict:
     """Drive ``roles`` from ``start_at`` (sleeping until then) and return the counters.
 
     The window is [warm_at, end_at] (``time.monotonic``): ``window_counts`` are the counters'

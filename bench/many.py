@@ -68,22 +68,38 @@ _header = struct.Struct(">ii")
 
 def add_arguments(parser) -> None:
     parser.add_argument("--topics", type=int, default=10_000)
-    parser.add_argument("--checkpoints", default="100,1000,10000",
-                        help="topic counts at which the create time is reported (comma-separated)")
+    parser.add_argument(
+        "--checkpoints",
+        default="100,1000,10000",
+        help="topic counts at which the create time is reported (comma-separated)",
+    )
     parser.add_argument("--channels-per-topic", type=int, default=2)
     parser.add_argument("--consumers", type=int, default=5_000)
-    parser.add_argument("--idle", type=float, default=30.0,
-                        help="seconds of idle CPU measured (default: nsqd's heartbeat interval, so that every "
-                             "connection's heartbeat falls in the window once)")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=30.0,
+        help="seconds of idle CPU measured (default: nsqd's heartbeat interval, so that every "
+        "connection's heartbeat falls in the window once)",
+    )
     parser.add_argument("--stats-repeats", type=int, default=5)
-    parser.add_argument("--changed-topics", type=int, default=1000,
-                        help="topics published to before each request of the 'topics changed' rows")
+    parser.add_argument(
+        "--changed-topics",
+        type=int,
+        default=1000,
+        help="topics published to before each request of the 'topics changed' rows",
+    )
     parser.add_argument("--settle", type=float, default=1.0, help="seconds waited before each memory reading")
-    parser.add_argument("--quiet-probe", type=float, default=3.0,
-                        help="seconds of PUB round trips measured before any topic is created (the noise floor)")
+    parser.add_argument(
+        "--quiet-probe",
+        type=float,
+        default=3.0,
+        help="seconds of PUB round trips measured before any topic is created (the noise floor)",
+    )
 
 
 # -- a keep-alive HTTP client ------------------------------------------------------------------------
+
 
 class HttpClient:
     """One keep-alive HTTP/1.1 connection with blocking round trips (the server must answer with Content-Length)."""
@@ -95,8 +111,9 @@ class HttpClient:
         self.buffer = b""
 
     def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        self.sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                          + body)
+        self.sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
         while b"\r\n\r\n" not in self.buffer:
             self._fill()
         head, _, rest = self.buffer.partition(b"\r\n\r\n")
@@ -135,6 +152,7 @@ class HttpClient:
 
 # -- the PUB probe (its own process, so that the client side's GIL never shows in the round trips) -----------
 
+
 def _probe(address: tuple[str, int], topic: str, stop, pipe) -> None:
     sock = socket.create_connection(address, timeout=60)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -152,7 +170,7 @@ def _probe(address: tuple[str, int], topic: str, stop, pipe) -> None:
                 raise RuntimeError("nsqd closed the probe connection")
             buffer += chunk
         size = _header.unpack_from(buffer)[0]
-        buffer = buffer[4 + size:]
+        buffer = buffer[4 + size :]
         latencies.append(time.perf_counter() - started)
         time.sleep(0.001)
     sock.close()
@@ -201,20 +219,29 @@ def grow_topics(http: HttpClient, names: list[str], checkpoints: list[int]) -> l
         if pending and index == pending[0]:
             pending.pop(0)
             window = max(10, min(WINDOW, index // 2))
-            recent = creates[index - window:index]
+            recent = creates[index - window : index]
             recent_pings = [rt for at, rt in pings if at > index - window] or [pings[-1][1]]
-            rows.append({"step": f"create topic @{index:,}", "count": index,
-                         "ms": statistics.fmean(recent) * 1e3, "ping ms": statistics.fmean(recent_pings) * 1e3,
-                         "median ms": statistics.median(recent) * 1e3,
-                         "ping median ms": statistics.median(recent_pings) * 1e3})
+            rows.append(
+                {
+                    "step": f"create topic @{index:,}",
+                    "count": index,
+                    "ms": statistics.fmean(recent) * 1e3,
+                    "ping ms": statistics.fmean(recent_pings) * 1e3,
+                    "median ms": statistics.median(recent) * 1e3,
+                    "ping median ms": statistics.median(recent_pings) * 1e3,
+                }
+            )
             print(f"  {rows[-1]['step']}: {rows[-1]['ms']:.3f} ms (ping {rows[-1]['ping ms']:.3f} ms)", flush=True)
     return rows
 
 
 def grow_channels(http: HttpClient, topics: list[str], per_topic: int) -> float:
     """Create ``per_topic`` channels on each topic; the mean round trip in milliseconds."""
-    times = [http.timed("POST", f"/channel/create?topic={topic}&channel=c{index}")
-             for topic in topics for index in range(per_topic)]
+    times = [
+        http.timed("POST", f"/channel/create?topic={topic}&channel=c{index}")
+        for topic in topics
+        for index in range(per_topic)
+    ]
     return statistics.fmean(times) * 1e3 if times else 0.0
 
 
@@ -227,7 +254,7 @@ class IdleConsumers:
         self.heartbeats = 0
         for start in range(0, len(subscriptions), batch):
             group = []
-            for topic, channel in subscriptions[start:start + batch]:
+            for topic, channel in subscriptions[start : start + batch]:
                 sock = socket.create_connection(address, timeout=60)
                 sock.sendall(MAGIC_V2 + encode_sub(topic, channel) + encode_rdy(1))
                 group.append(sock)
@@ -294,14 +321,19 @@ def measure_stats(http: HttpClient, sampler, paths: list[str], repeats: int) -> 
         times = [http.timed("GET", path) for _ in range(repeats)]
         cpu = (sampler.cpu_seconds() - cpu_before) / repeats
         size = len(http.request("GET", path)[1])
-        rows.append({"step": f"GET {path}", "ms": statistics.median(times) * 1e3,
-                     "cpu ms": cpu * 1e3 if sampler.pid else None, "KB": size / 1e3,
-                     "admin poll": cpu / ADMIN_POLL_INTERVAL if sampler.pid else None})
+        rows.append(
+            {
+                "step": f"GET {path}",
+                "ms": statistics.median(times) * 1e3,
+                "cpu ms": cpu * 1e3 if sampler.pid else None,
+                "KB": size / 1e3,
+                "admin poll": cpu / ADMIN_POLL_INTERVAL if sampler.pid else None,
+            }
+        )
     return rows
 
 
-def measure_stats_changing(http: HttpClient, sampler, paths: list[str], topics: list[str], repeats: int) \
-        -> list[dict]:
+def measure_stats_changing(http: HttpClient, sampler, paths: list[str], topics: list[str], repeats: int) -> list[dict]:
     """Per path: the same figures while the node is not idle: before each request one message is published to each
     of ``topics`` (so that they and their channels have changed since the last request, as on a node in use); only
     the requests' CPU is counted, not the publishes'."""
@@ -317,9 +349,14 @@ def measure_stats_changing(http: HttpClient, sampler, paths: list[str], topics: 
             cpu_before = sampler.cpu_seconds()
             times.append(http.timed("GET", path))
             cpu += sampler.cpu_seconds() - cpu_before
-        rows.append({"step": f"GET {path}, {len(topics):,} topics changed", "ms": statistics.median(times) * 1e3,
-                     "cpu ms": cpu / repeats * 1e3 if sampler.pid else None,
-                     "admin poll": cpu / repeats / ADMIN_POLL_INTERVAL if sampler.pid else None})
+        rows.append(
+            {
+                "step": f"GET {path}, {len(topics):,} topics changed",
+                "ms": statistics.median(times) * 1e3,
+                "cpu ms": cpu / repeats * 1e3 if sampler.pid else None,
+                "admin poll": cpu / repeats / ADMIN_POLL_INTERVAL if sampler.pid else None,
+            }
+        )
     return rows
 
 
@@ -342,8 +379,14 @@ def full_collection(http: HttpClient, sampler, repeats: int) -> list[dict]:
         for _ in range(count):
             times.append(http.timed("POST", "/debug/freememory"))
         cpu = (sampler.cpu_seconds() - cpu_before) / count
-        rows.append({"step": f"full collection (POST /debug/freememory), {step}", "count": count,
-                     "ms": statistics.median(times) * 1e3, "cpu ms": cpu * 1e3 if sampler.pid else None})
+        rows.append(
+            {
+                "step": f"full collection (POST /debug/freememory), {step}",
+                "count": count,
+                "ms": statistics.median(times) * 1e3,
+                "cpu ms": cpu * 1e3 if sampler.pid else None,
+            }
+        )
     return rows
 
 
@@ -354,8 +397,16 @@ def _rss(sampler, settle: float) -> int:
 
 def run(args) -> Report:
     checkpoints = sorted({int(value) for value in args.checkpoints.split(",") if int(value) <= args.topics})
-    report = Report(NAME, TITLE, params={"topics": args.topics, "channels_per_topic": args.channels_per_topic,
-                                         "consumers": args.consumers, "idle_s": args.idle})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "topics": args.topics,
+            "channels_per_topic": args.channels_per_topic,
+            "consumers": args.consumers,
+            "idle_s": args.idle,
+        },
+    )
     with Target(args, [], want_http=True) as target:
         if target.http is None:
             report.skipped = "the server has no HTTP listener"
@@ -373,10 +424,15 @@ def run(args) -> Report:
             probe = PubProbe(target.tcp, f"{prefix}_probe")
             time.sleep(args.quiet_probe)
             quiet = probe.finish()
-            report.rows.append({"step": "PUB, nothing else", "count": len(quiet),
-                                "ms": percentile(quiet, 0.5) * 1e3 if quiet else None,
-                                "p99 ms": percentile(quiet, 0.99) * 1e3 if quiet else None,
-                                "max ms": quiet[-1] * 1e3 if quiet else None})
+            report.rows.append(
+                {
+                    "step": "PUB, nothing else",
+                    "count": len(quiet),
+                    "ms": percentile(quiet, 0.5) * 1e3 if quiet else None,
+                    "p99 ms": percentile(quiet, 0.99) * 1e3 if quiet else None,
+                    "max ms": quiet[-1] * 1e3 if quiet else None,
+                }
+            )
             probe = PubProbe(target.tcp, f"{prefix}_probe")
             started = time.monotonic()
             cpu_before = sampler.cpu_seconds()
@@ -390,10 +446,15 @@ def run(args) -> Report:
             if rows:
                 rows[-1]["cpu ms"] = create_cpu * 1e3 if sampler.pid else None
             report.rows += rows
-            report.rows.append({"step": "PUB while creating", "count": len(latencies),
-                                "ms": percentile(latencies, 0.5) * 1e3 if latencies else None,
-                                "p99 ms": percentile(latencies, 0.99) * 1e3 if latencies else None,
-                                "max ms": latencies[-1] * 1e3 if latencies else None})
+            report.rows.append(
+                {
+                    "step": "PUB while creating",
+                    "count": len(latencies),
+                    "ms": percentile(latencies, 0.5) * 1e3 if latencies else None,
+                    "p99 ms": percentile(latencies, 0.99) * 1e3 if latencies else None,
+                    "max ms": latencies[-1] * 1e3 if latencies else None,
+                }
+            )
             report.notes.append(f"{len(topics):,} topics created in {elapsed:.1f} s")
             rss_topics = _rss(sampler, args.settle)
 
@@ -403,52 +464,88 @@ def run(args) -> Report:
             print(f"  {channels:,} channels: {channel_ms:.3f} ms each", flush=True)
             rss_channels = _rss(sampler, args.settle)
 
-            consumers = IdleConsumers(target.tcp, [(topics[index % len(topics)], "c0")
-                                                   for index in range(min(args.consumers, len(topics)))])
+            consumers = IdleConsumers(
+                target.tcp, [(topics[index % len(topics)], "c0") for index in range(min(args.consumers, len(topics)))]
+            )
             print(f"  {len(consumers.sockets):,} idle consumers connected", flush=True)
             try:
                 rss_consumers = _rss(sampler, args.settle)
                 topic = topics[0]
-                report.rows += measure_stats(http, sampler, [
-                    "/stats?format=json", "/stats", "/stats?format=json&include_clients=false",
-                    f"/stats?format=json&topic={topic}", f"/stats?format=json&topic={topic}&channel=c0",
-                    f"/stats?topic={topic}", "/metrics"], args.stats_repeats)
+                report.rows += measure_stats(
+                    http,
+                    sampler,
+                    [
+                        "/stats?format=json",
+                        "/stats",
+                        "/stats?format=json&include_clients=false",
+                        f"/stats?format=json&topic={topic}",
+                        f"/stats?format=json&topic={topic}&channel=c0",
+                        f"/stats?topic={topic}",
+                        "/metrics",
+                    ],
+                    args.stats_repeats,
+                )
                 report.rows += measure_stats_changing(
-                    http, sampler, ["/stats?format=json", "/stats?format=json&include_clients=false", "/metrics"],
-                    topics[::max(len(topics) // max(args.changed_topics, 1), 1)][:args.changed_topics],
-                    args.stats_repeats)
+                    http,
+                    sampler,
+                    ["/stats?format=json", "/stats?format=json&include_clients=false", "/metrics"],
+                    topics[:: max(len(topics) // max(args.changed_topics, 1), 1)][: args.changed_topics],
+                    args.stats_repeats,
+                )
                 if args.idle > 0:  # --idle 0: no idle window
                     time.sleep(args.settle)
                     share = idle_cpu(sampler, args.idle)
-                    report.rows.append({"step": "idle", "count": len(consumers.sockets),
-                                        "cpu share": share if sampler.pid else None,
-                                        "heartbeats": consumers.heartbeats})
+                    report.rows.append(
+                        {
+                            "step": "idle",
+                            "count": len(consumers.sockets),
+                            "cpu share": share if sampler.pid else None,
+                            "heartbeats": consumers.heartbeats,
+                        }
+                    )
                 report.rows += full_collection(http, sampler, args.stats_repeats)
             finally:
                 consumers.close()
         finally:
             http.close()
     if sampler.pid:
-        report.rows.append({"step": "memory", "count": len(topics), "topic KB": (rss_topics - rss_start) / len(topics) / 1e3,
-                            "channel KB": (rss_channels - rss_topics) / max(channels, 1) / 1e3,
-                            "connection KB": (rss_consumers - rss_channels) / max(len(consumers.sockets), 1) / 1e3,
-                            "rss MB": rss_consumers / 1e6})
+        report.rows.append(
+            {
+                "step": "memory",
+                "count": len(topics),
+                "topic KB": (rss_topics - rss_start) / len(topics) / 1e3,
+                "channel KB": (rss_channels - rss_topics) / max(channels, 1) / 1e3,
+                "connection KB": (rss_consumers - rss_channels) / max(len(consumers.sockets), 1) / 1e3,
+                "rss MB": rss_consumers / 1e6,
+            }
+        )
     report.targets = {
         "create topic": "flat: within 1.2x from @100 to @10,000, and no more than a /ping round trip",
         "PUB while creating": "p99 under 2 ms",
         "GET /stats?format=json": "at least as fast as nsqd 1.3.0 (29 ms for 4,000 topics on this kind of machine); "
-                                  "under 70 ms (nsqd's time scaled to 10,000 topics) at the least",
+        "under 70 ms (nsqd's time scaled to 10,000 topics) at the least",
         "GET /stats (text), /metrics": "in the range of /stats?format=json",
         "idle": "cpu share under 0.02 (2% of a core)",
     }
-    report.notes.append("ms = mean round trip (median for GETs); 'cpu ms' = nsqd CPU per request; 'admin poll' = "
-                        f"share of a core for one such request every {ADMIN_POLL_INTERVAL:.0f} s")
+    report.notes.append(
+        "ms = mean round trip (median for GETs); 'cpu ms' = nsqd CPU per request; 'admin poll' = "
+        f"share of a core for one such request every {ADMIN_POLL_INTERVAL:.0f} s"
+    )
     return report
 
 
-__all__ = ["HttpClient", "IdleConsumers", "PubProbe", "full_collection", "grow_channels", "grow_topics", "idle_cpu",
-           "measure_stats",
-           "measure_stats_changing", "run"]
+__all__ = [
+    "HttpClient",
+    "IdleConsumers",
+    "PubProbe",
+    "full_collection",
+    "grow_channels",
+    "grow_topics",
+    "idle_cpu",
+    "measure_stats",
+    "measure_stats_changing",
+    "run",
+]
 
 if __name__ == "__main__":
     raise SystemExit(main(__import__(__name__)))

@@ -52,10 +52,16 @@ def add_arguments(parser) -> None:
 class Lookupd:
     """A fresh ``python -m lookupd`` on 127.0.0.1 with ports picked by the kernel; its log is drained."""
 
-    def __enter__(self) -> "Lookupd":
+    def __enter__(self) -> Lookupd:
         argv = [sys.executable, "-m", "lookupd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
-        self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
         self.addresses: dict[str, tuple[str, int]] = {}
         ready = threading.Event()
 
@@ -90,14 +96,20 @@ def node_topics(node: int, count: int) -> list[str]:
     return [f"tenant_{(node * STRIDE + k) % POOL:05d}" for k in range(count)]
 
 
-async def _node(address: tuple[str, int], node: int, commands: list[bytes], stats: dict, done: trio.Event,
-                release: trio.Event) -> None:
+async def _node(
+    address: tuple[str, int], node: int, commands: list[bytes], stats: dict, done: trio.Event, release: trio.Event
+) -> None:
     stream = await trio.open_tcp_stream(*address)
     decoder = ResponseDecoder()
     async with stream:
         await stream.send_all(MAGIC_V1)
-        identify = encode_identify(broadcast_address=f"sim-{node}.example", hostname=f"sim-{node}",
-                                   http_port=20000 + node, tcp_port=30000 + node, version="1.3.0")
+        identify = encode_identify(
+            broadcast_address=f"sim-{node}.example",
+            hostname=f"sim-{node}",
+            http_port=20000 + node,
+            tcp_port=30000 + node,
+            version="1.3.0",
+        )
         for command in [identify, *commands]:
             started = trio.current_time()
             await stream.send_all(command)
@@ -115,7 +127,7 @@ async def _node(address: tuple[str, int], node: int, commands: list[bytes], stat
         await release.wait()  # the peers stay connected (and registered) while /lookup is measured
 
 
-async def _storm(lookupd: "Lookupd", nodes: int, topics: int, channels: int, after: float, stats: dict) -> None:
+async def _storm(lookupd: Lookupd, nodes: int, topics: int, channels: int, after: float, stats: dict) -> None:
     plans = []
     for node in range(nodes):
         commands = []
@@ -191,13 +203,20 @@ def measure(args, nodes: int) -> dict:
     after = sorted(latency for at, latency, _ in samples if end < at <= stats["after_end"])
     seconds = end - start
     return {
-        "nsqd": nodes, "topics each": args.topics, "registrations": registrations,
-        "register s": seconds, "reg/s": registrations / seconds,
+        "nsqd": nodes,
+        "topics each": args.topics,
+        "registrations": registrations,
+        "register s": seconds,
+        "reg/s": registrations / seconds,
         "cpu us/reg": stats["cpu"] * 1e6 / registrations,
         "over 1s": stats["slow"],
-        "lookup p50 ms": _ms(during, 0.5), "lookup p99 ms": _ms(during, 0.99), "lookups": len(during),
-        "after p50 ms": _ms(after, 0.5), "after p99 ms": _ms(after, 0.99),
-        "/nodes ms": stats["/nodes"][0] * 1000, "/nodes KB": len(stats["/nodes"][1]) / 1000,
+        "lookup p50 ms": _ms(during, 0.5),
+        "lookup p99 ms": _ms(during, 0.99),
+        "lookups": len(during),
+        "after p50 ms": _ms(after, 0.5),
+        "after p99 ms": _ms(after, 0.99),
+        "/nodes ms": stats["/nodes"][0] * 1000,
+        "/nodes KB": len(stats["/nodes"][1]) / 1000,
         "/topics ms": stats["/topics"][0] * 1000,
         "rss MB": rss / 1e6,
     }
@@ -205,12 +224,23 @@ def measure(args, nodes: int) -> dict:
 
 def run(args) -> Report:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    report = Report(NAME, TITLE, params={"sizes": sizes, "topics_each": args.topics, "channels": args.channels,
-                                         "after_s": args.after, "topic_pool": POOL})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "sizes": sizes,
+            "topics_each": args.topics,
+            "channels": args.channels,
+            "after_s": args.after,
+            "topic_pool": POOL,
+        },
+    )
     for nodes in sizes:
         report.rows.append(measure(args, nodes))
-    report.notes.append("reg/s and cpu us/reg should stay flat as the node count grows; 'over 1s' counts commands "
-                        "slower than nsqd's 1 s deadline")
+    report.notes.append(
+        "reg/s and cpu us/reg should stay flat as the node count grows; 'over 1s' counts commands "
+        "slower than nsqd's 1 s deadline"
+    )
     report.notes.append("lookupd, the simulated nsqd and the /lookup prober share this machine")
     return report
 

@@ -44,21 +44,25 @@ def run(args) -> Report:
         time.sleep(args.settle)
         after = sampler.rss_bytes()
         per_message = (queued - before) / published if published else 0.0
-        report.rows.append({
-            "messages": published,
-            "rss_before_MB": before / 1e6,
-            "rss_queued_MB": queued / 1e6,
-            "rss_drained_MB": after / 1e6,
-            "bytes/msg": per_message,
-            "overhead/msg": per_message - args.body_size,
-            "MB per million": per_message,
-        })
+        report.rows.append(
+            {
+                "messages": published,
+                "rss_before_MB": before / 1e6,
+                "rss_queued_MB": queued / 1e6,
+                "rss_drained_MB": after / 1e6,
+                "bytes/msg": per_message,
+                "overhead/msg": per_message - args.body_size,
+                "MB per million": per_message,
+            }
+        )
         if result["delivered"] < published:
             report.notes.append(f"only {result['delivered']} of {published} messages drained")
     report.targets = {"overhead/msg": "<= 600 bytes"}
     report.notes.append("'MB per million' = bytes/msg: the resident growth for 1,000,000 queued messages, in MB")
-    report.notes.append("after the drain, CPython keeps freed memory in its allocator's arenas unless whole "
-                        "arenas empty, so the drained figure shows what the process holds, not what it uses")
+    report.notes.append(
+        "after the drain, CPython keeps freed memory in its allocator's arenas unless whole "
+        "arenas empty, so the drained figure shows what the process holds, not what it uses"
+    )
     return report
 
 

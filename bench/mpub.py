@@ -24,9 +24,18 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={"connections": args.connections, "batch": args.batch,
-                                         "body_size": args.body_size, "outstanding": args.outstanding,
-                                         "processes": args.processes, "duration_s": args.duration})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "connections": args.connections,
+            "batch": args.batch,
+            "body_size": args.body_size,
+            "outstanding": args.outstanding,
+            "processes": args.processes,
+            "duration_s": args.duration,
+        },
+    )
     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
         report.target = target.describe()
         frame = encode_mpub(unique_topic(NAME), [b"m" * args.body_size] * args.batch)

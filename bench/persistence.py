@@ -39,8 +39,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pub-connections", type=int, default=16)
     parser.add_argument("--mpub-connections", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="measure each figure this many times and report the run with the median rate")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure each figure this many times and report the run with the median rate",
+    )
 
 
 def measure(args, target: Target, frame: bytes, per_frame: int, connections: int, sampler=None) -> dict:
@@ -48,10 +52,13 @@ def measure(args, target: Target, frame: bytes, per_frame: int, connections: int
     frame = frame.replace(b"TOPIC", topic.encode(), 1)
     Consumer(target.tcp, topic, "bench", 0).sock.close()  # the channel exists before the first publish
     generators = Generators()
-    generators.add(build_roles, specs=[("pub", connections, dict(address=target.tcp, frame=frame,
-                                                                 messages_per_frame=per_frame, outstanding=1))])
-    generators.add(build_roles, specs=[("sub", 1, dict(address=target.tcp, topic=topic, channel="bench",
-                                                       rdy=200))])
+    generators.add(
+        build_roles,
+        specs=[
+            ("pub", connections, dict(address=target.tcp, frame=frame, messages_per_frame=per_frame, outstanding=1))
+        ],
+    )
+    generators.add(build_roles, specs=[("sub", 1, dict(address=target.tcp, topic=topic, channel="bench", rdy=200))])
     result = generators.run(warmup=args.warmup, duration=args.duration, sampler=sampler or target.sampler())
     window = result["window"]
     published, delivered = (sum(worker["window_counts"]) for worker in result["workers"])
@@ -78,25 +85,39 @@ def run(args) -> Report:
     if unknown:
         raise SystemExit(f"unknown mode(s): {', '.join(unknown)}")
     workloads = publish_workloads(args)
-    report = Report(NAME, TITLE, params={"body_size": args.body_size, "pub_connections": args.pub_connections,
-                                         "mpub_connections": args.mpub_connections, "batch": args.batch,
-                                         "duration_s": args.duration, "repeat": args.repeat,
-                                         "modes": {m: MODES[m] for m in modes}})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "body_size": args.body_size,
+            "pub_connections": args.pub_connections,
+            "mpub_connections": args.mpub_connections,
+            "batch": args.batch,
+            "duration_s": args.duration,
+            "repeat": args.repeat,
+            "modes": {m: MODES[m] for m in modes},
+        },
+    )
     baseline: dict[str, float] = {}
     for mode in modes:
         with Target(args, MODES[mode]) as target:
             report.target = target.describe()
             for workload, frame, per_frame, connections in workloads:
-                runs = sorted((measure(args, target, frame, per_frame, connections)
-                               for _ in range(max(args.repeat, 1))), key=lambda r: r["pub msg/s"])
+                runs = sorted(
+                    (measure(args, target, frame, per_frame, connections) for _ in range(max(args.repeat, 1))),
+                    key=lambda r: r["pub msg/s"],
+                )
                 row = runs[len(runs) // 2]
                 if mode == "default":
                     baseline[workload] = row["pub msg/s"]
                 ratio = row["pub msg/s"] / baseline[workload] if baseline.get(workload) else None
-                report.rows.append({"mode": mode, "workload": workload, "connections": connections, **row,
-                                    "vs default": ratio})
-    report.notes.append("durable = --mem-queue-size=0 --sync-every=1: an OK means the message is fsynced, and "
-                        "messages in flight at a crash are delivered again")
+                report.rows.append(
+                    {"mode": mode, "workload": workload, "connections": connections, **row, "vs default": ratio}
+                )
+    report.notes.append(
+        "durable = --mem-queue-size=0 --sync-every=1: an OK means the message is fsynced, and "
+        "messages in flight at a crash are delivered again"
+    )
     report.notes.append("cpu column: cores used by nsqd (1.0 = one core); load and nsqd share the machine")
     return report
 

@@ -25,13 +25,28 @@ def add_arguments(parser) -> None:
     parser.add_argument("--processes", type=int, default=1, help="generator processes (at most one per core)")
 
 
-def publish_rate(args, target: Target, frame: bytes, messages_per_frame: int, connections: int,
-                 processes: int, outstanding: int = 1, *, breakdown: bool = False) -> dict:
+def publish_rate(
+    args,
+    target: Target,
+    frame: bytes,
+    messages_per_frame: int,
+    connections: int,
+    processes: int,
+    outstanding: int = 1,
+    *,
+    breakdown: bool = False,
+) -> dict:
     """Run ``connections`` publishers of ``frame`` for the window; the measured figures as a row (with
     ``breakdown``, the round trip part by part: ``common.per_message_breakdown``)."""
-    run = run_spread(args, target, "pub", connections, processes,
-                     dict(address=target.tcp, frame=frame, messages_per_frame=messages_per_frame,
-                          outstanding=outstanding), breakdown=breakdown and bool(target.pid))
+    run = run_spread(
+        args,
+        target,
+        "pub",
+        connections,
+        processes,
+        dict(address=target.tcp, frame=frame, messages_per_frame=messages_per_frame, outstanding=outstanding),
+        breakdown=breakdown and bool(target.pid),
+    )
     return {
         "msg/s": run.messages / run.window,
         "nsqd_cpu": run.nsqd_cpu / run.window if target.pid else None,
@@ -42,8 +57,16 @@ def publish_rate(args, target: Target, frame: bytes, messages_per_frame: int, co
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={"connections": args.connections, "body_size": args.body_size,
-                                         "processes": args.processes, "duration_s": args.duration})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "connections": args.connections,
+            "body_size": args.body_size,
+            "processes": args.processes,
+            "duration_s": args.duration,
+        },
+    )
     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
         report.target = target.describe()
         frame = encode_pub(unique_topic(NAME), b"p" * args.body_size)

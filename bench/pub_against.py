@@ -36,8 +36,12 @@ PIN = False  # the unpinned half first, as users run nsqd; the pinned half follo
 
 def add_arguments(parser) -> None:
     parser.add_argument("--against", default=BEFORE, help="the git revision to compare with")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="pairs of runs per pinning (single sets of 5 scatter by about 0.07 around the pooled ratio)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="pairs of runs per pinning (single sets of 5 scatter by about 0.07 around the pooled ratio)",
+    )
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--body-size", type=int, default=200)
     parser.add_argument("--processes", type=int, default=1, help="generator processes (at most one per core)")
@@ -47,15 +51,26 @@ def extract(revision: str) -> tuple[Path | None, str]:
     """The sources of ``revision`` in a new temporary directory, and its full commit name; (None, why) when git
     cannot give them."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"git has no commit {revision!r} here ({exc.__class__.__name__})"
     tree = Path(tempfile.mkdtemp(prefix="trionsq-bench-before-"))
     archive = tree / "sources.tar"
     try:
-        subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), commit], cwd=REPO_ROOT,
-                       check=True, timeout=120, capture_output=True)
+        subprocess.run(
+            ["git", "archive", "--format=tar", "-o", str(archive), commit],
+            cwd=REPO_ROOT,
+            check=True,
+            timeout=120,
+            capture_output=True,
+        )
         with tarfile.open(archive) as sources:
             sources.extractall(tree, filter="data")
     except (OSError, subprocess.SubprocessError, tarfile.TarError) as exc:
@@ -67,13 +82,22 @@ def extract(revision: str) -> tuple[Path | None, str]:
 
 def summary(label: str, pinned: bool, rows: list[dict], before: list[dict] | None = None) -> dict:
     """One build's medians over its runs; against ``before``'s, the ratio of the medians and of each pair."""
+
     def median(key: str) -> float | None:
         values = [row[key] for row in rows if row.get(key) is not None]
         return statistics.median(values) if values else None
 
-    row = {"pinned": "yes" if pinned else "no", "code": label, "runs": len(rows), "msg/s": median("msg/s"),
-           "nsqd_us/msg": median("nsqd_us/msg"), "user_us": median("user_us"), "sys_us": median("sys_us"),
-           "gen_us": median("gen_us"), "each run us/msg": " ".join(f"{r['nsqd_us/msg']:.2f}" for r in rows)}
+    row = {
+        "pinned": "yes" if pinned else "no",
+        "code": label,
+        "runs": len(rows),
+        "msg/s": median("msg/s"),
+        "nsqd_us/msg": median("nsqd_us/msg"),
+        "user_us": median("user_us"),
+        "sys_us": median("sys_us"),
+        "gen_us": median("gen_us"),
+        "each run us/msg": " ".join(f"{r['nsqd_us/msg']:.2f}" for r in rows),
+    }
     if before is not None:
         base = statistics.median(r["nsqd_us/msg"] for r in before)
         row["vs before"] = row["nsqd_us/msg"] / base
@@ -83,9 +107,18 @@ def summary(label: str, pinned: bool, rows: list[dict], before: list[dict] | Non
 
 def run(args) -> Report:
     args.syscalls = False
-    report = Report(NAME, TITLE, params={"against": args.against, "rounds": args.rounds,
-                                         "connections": args.connections, "body_size": args.body_size,
-                                         "processes": args.processes, "duration_s": args.duration})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "against": args.against,
+            "rounds": args.rounds,
+            "connections": args.connections,
+            "body_size": args.body_size,
+            "processes": args.processes,
+            "duration_s": args.duration,
+        },
+    )
     if args.nsqd_tcp_address:
         report.skipped = "starts both builds itself: not with --nsqd-tcp-address"
         return report
@@ -102,15 +135,18 @@ def run(args) -> Report:
             for _ in range(args.rounds):
                 for label, root in (("before", tree), ("now", REPO_ROOT)):
                     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"], root=root) as target:
-                        runs[label].append(publish_rate(args, target, frame, 1, args.connections,
-                                                        args.processes, breakdown=True))
+                        runs[label].append(
+                            publish_rate(args, target, frame, 1, args.connections, args.processes, breakdown=True)
+                        )
             report.rows.append(summary(f"before ({commit[:7]})", pinned, runs["before"]))
             report.rows.append(summary("now", pinned, runs["now"], runs["before"]))
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     report.targets = {"vs before": "<= 0.5 (half of nsqd's CPU per PUB round trip)"}
-    report.notes.append("medians of the runs of each build; nsqd_us/msg: nsqd's CPU per PUB round trip "
-                        "(user_us and sys_us its user and kernel parts), gen_us the load generator's")
+    report.notes.append(
+        "medians of the runs of each build; nsqd_us/msg: nsqd's CPU per PUB round trip "
+        "(user_us and sys_us its user and kernel parts), gen_us the load generator's"
+    )
     report.notes.append("the generator and nsqd share the machine's cores; each pair runs the earlier code first")
     return report
 

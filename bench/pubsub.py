@@ -27,20 +27,34 @@ def add_arguments(parser) -> None:
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--rdy", type=int, default=200)
     parser.add_argument("--body-size", type=int, default=200)
-    parser.add_argument("--processes", type=int, default=1, choices=(1, 2),
-                        help="1: one process for both sides; 2: publishers and consumers apart")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="1: one process for both sides; 2: publishers and consumers apart",
+    )
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={k: getattr(args, k) for k in (
-        "publishers", "batch", "outstanding", "consumers", "rdy", "body_size", "processes", "duration")})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            k: getattr(args, k)
+            for k in ("publishers", "batch", "outstanding", "consumers", "rdy", "body_size", "processes", "duration")
+        },
+    )
     with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
         report.target = target.describe()
         topic = unique_topic(NAME)
         create_channel(target, topic, "bench")
         frame = encode_mpub(topic, [b"s" * args.body_size] * args.batch)
-        pubs = ("pub", args.publishers, dict(address=target.tcp, frame=frame, messages_per_frame=args.batch,
-                                             outstanding=args.outstanding))
+        pubs = (
+            "pub",
+            args.publishers,
+            dict(address=target.tcp, frame=frame, messages_per_frame=args.batch, outstanding=args.outstanding),
+        )
         subs = ("sub", args.consumers, dict(address=target.tcp, topic=topic, channel="bench", rdy=args.rdy))
         generators = Generators(count_syscalls=bool(target.pid))
         if args.processes == 1:
@@ -57,16 +71,23 @@ def run(args) -> Report:
                     published += count
                 else:
                     delivered += count
-        report.rows.append({
-            "publishers": args.publishers, "consumers": args.consumers,
-            "in msg/s": published / window, "out msg/s": delivered / window,
-            "nsqd_cpu": result["nsqd_cpu_seconds"] / window if target.pid else None,
-            "nsqd_us/msg": (result["nsqd_cpu_seconds"] * 1e6 / (published + delivered) * 2
-                            if target.pid and published + delivered else None),
-            # per message in + out, as nsqd_us/msg
-            **(per_message_breakdown(result, (published + delivered) / 2) if target.pid else {}),
-            "generator_cpu": sum(w["cpu_seconds"] for w in result["workers"]) / window,
-        })
+        report.rows.append(
+            {
+                "publishers": args.publishers,
+                "consumers": args.consumers,
+                "in msg/s": published / window,
+                "out msg/s": delivered / window,
+                "nsqd_cpu": result["nsqd_cpu_seconds"] / window if target.pid else None,
+                "nsqd_us/msg": (
+                    result["nsqd_cpu_seconds"] * 1e6 / (published + delivered) * 2
+                    if target.pid and published + delivered
+                    else None
+                ),
+                # per message in + out, as nsqd_us/msg
+                **(per_message_breakdown(result, (published + delivered) / 2) if target.pid else {}),
+                "generator_cpu": sum(w["cpu_seconds"] for w in result["workers"]) / window,
+            }
+        )
     report.targets = {"in and out msg/s": ">= 150,000 each"}
     report.notes.append("nsqd_us/msg: nsqd CPU per message published and delivered (one in + one out)")
     report.notes.append(BREAKDOWN_NOTE + "; per message in + out")

@@ -53,31 +53,54 @@ def throughput(args, target: Target, peer: Target, frame: bytes, per_frame: int,
     readings = sampler.peer_readings
     peer_cpu = (readings[-1] - readings[0]) / (args.duration or 1) if len(readings) >= 2 and peer.pid else None
     both = cpu + peer_cpu if cpu is not None and peer_cpu is not None else None
-    return {**row, "cpu us/msg": cpu / rate * 1e6 if cpu and rate else None, "peer_cpu": peer_cpu,
-            "both us/msg": both / rate * 1e6 if both and rate else None}
+    return {
+        **row,
+        "cpu us/msg": cpu / rate * 1e6 if cpu and rate else None,
+        "peer_cpu": peer_cpu,
+        "both us/msg": both / rate * 1e6 if both and rate else None,
+    }
 
 
 def ok_latency(args, target: Target) -> dict:
     topic = unique_topic(NAME)
     create_channel(target, topic, "bench")
     generators = Generators()
-    generators.add(build_roles, specs=[
-        ("paced", 1, dict(address=target.tcp, topic=topic, rate=args.latency_rate, body_size=args.body_size,
-                          ok_latency=True)),
-        ("sub", 1, dict(address=target.tcp, topic=topic, channel="bench", rdy=500)),
-    ])
+    generators.add(
+        build_roles,
+        specs=[
+            (
+                "paced",
+                1,
+                dict(
+                    address=target.tcp, topic=topic, rate=args.latency_rate, body_size=args.body_size, ok_latency=True
+                ),
+            ),
+            ("sub", 1, dict(address=target.tcp, topic=topic, channel="bench", rdy=500)),
+        ],
+    )
     result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
     samples = sorted(v for role in result["workers"][0]["roles"] for v in role.get("latencies", ()))
-    return {"pub msg/s": sum(result["workers"][0]["window_counts"]) / result["window"],
-            "ok p50 ms": percentile(samples, 0.50) / 1e6 if samples else None,
-            "ok p99 ms": percentile(samples, 0.99) / 1e6 if samples else None}
+    return {
+        "pub msg/s": sum(result["workers"][0]["window_counts"]) / result["window"],
+        "ok p50 ms": percentile(samples, 0.50) / 1e6 if samples else None,
+        "ok p99 ms": percentile(samples, 0.99) / 1e6 if samples else None,
+    }
 
 
 def run(args) -> Report:
     workloads = publish_workloads(args)
-    report = Report(NAME, TITLE, params={"body_size": args.body_size, "pub_connections": args.pub_connections,
-                                         "mpub_connections": args.mpub_connections, "batch": args.batch,
-                                         "latency_rate": args.latency_rate, "duration_s": args.duration})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "body_size": args.body_size,
+            "pub_connections": args.pub_connections,
+            "mpub_connections": args.mpub_connections,
+            "batch": args.batch,
+            "latency_rate": args.latency_rate,
+            "duration_s": args.duration,
+        },
+    )
     baseline: dict[str, float] = {}
     with Target(args) as peer:
         if peer.proc is not None:
@@ -98,11 +121,14 @@ def run(args) -> Report:
                 if mode == "off":
                     baseline["latency"] = row["ok p99 ms"] or 0.0
                 added = row["ok p99 ms"] - baseline["latency"] if row["ok p99 ms"] is not None else None
-                report.rows.append({"mode": mode, "workload": f"paced {args.latency_rate:g}/s", **row,
-                                    "p99 added ms": added})
+                report.rows.append(
+                    {"mode": mode, "workload": f"paced {args.latency_rate:g}/s", **row, "p99 added ms": added}
+                )
     report.notes.append("the peer runs on the same machine: the figures include its CPU competing with nsqd's")
-    report.notes.append("nsqd_cpu / peer_cpu: cores used by the node under test / its peer (1.0 = one core); "
-                        "both us/msg: their CPU together per message published")
+    report.notes.append(
+        "nsqd_cpu / peer_cpu: cores used by the node under test / its peer (1.0 = one core); "
+        "both us/msg: their CPU together per message published"
+    )
     return report
 
 

@@ -61,26 +61,48 @@ _ROLES = ("driver_jvm", "driver_py", "executors_jvm", "executors_py", "nsqd", "b
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--per-trigger", type=_counts, default=[200_000, 1_000_000],
-                        help="messages per micro-batch, the same on both paths; comma-separated, one set of rows "
-                             "each")
-    parser.add_argument("--messages", type=_counts, default=[2_000_000, 6_000_000],
-                        help="messages waiting before the measured query, in all (split between the row's nsqd); "
-                             "comma-separated, one per --per-trigger value (the last one repeats)")
+    parser.add_argument(
+        "--per-trigger",
+        type=_counts,
+        default=[200_000, 1_000_000],
+        help="messages per micro-batch, the same on both paths; comma-separated, one set of rows each",
+    )
+    parser.add_argument(
+        "--messages",
+        type=_counts,
+        default=[2_000_000, 6_000_000],
+        help="messages waiting before the measured query, in all (split between the row's nsqd); "
+        "comma-separated, one per --per-trigger value (the last one repeats)",
+    )
     parser.add_argument("--body-size", type=int, default=200)
-    parser.add_argument("--skip", type=int, default=2,
-                        help="batches with rows left out of the window at its start and at its end (1 for a query "
-                             "of fewer than 2 * skip + 4 batches)")
+    parser.add_argument(
+        "--skip",
+        type=int,
+        default=2,
+        help="batches with rows left out of the window at its start and at its end (1 for a query "
+        "of fewer than 2 * skip + 4 batches)",
+    )
     parser.add_argument("--sinks", default="noop,parquet", help="comma-separated: noop, parquet")
     parser.add_argument("--warmup-messages", type=int, default=1_200_000, help="in all, before each measured query")
-    parser.add_argument("--warmup-per-trigger", type=int, default=20_000,
-                        help="messages per micro-batch of the warm-up query: many batches, so that the JIT has "
-                             "compiled Spark's per-batch code before the measured query")
-    parser.add_argument("--driver-memory", default="4g",
-                        help="spark.driver.memory of both paths (the driver path carries a batch's bodies)")
+    parser.add_argument(
+        "--warmup-per-trigger",
+        type=int,
+        default=20_000,
+        help="messages per micro-batch of the warm-up query: many batches, so that the JIT has "
+        "compiled Spark's per-batch code before the measured query",
+    )
+    parser.add_argument(
+        "--driver-memory",
+        default="4g",
+        help="spark.driver.memory of both paths (the driver path carries a batch's bodies)",
+    )
     parser.add_argument("--query-timeout", type=float, default=300.0, help="give up on a query after this long")
-    parser.add_argument("--no-single", dest="single", action="store_false",
-                        help="skip the one nsqd, one worker rows (run with the last --per-trigger value)")
+    parser.add_argument(
+        "--no-single",
+        dest="single",
+        action="store_false",
+        help="skip the one nsqd, one worker rows (run with the last --per-trigger value)",
+    )
 
 
 def _counts(text: str) -> list[int]:
@@ -134,8 +156,9 @@ def _cpu_by_role(nsqd_pids: set[int]) -> dict[str, float]:
         if kind is not None:
             totals[kind] = totals.get(kind, 0.0) + sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS
         if kind == "driver_jvm":
-            totals["driver_children"] = totals.get("driver_children", 0.0) + (
-                int(fields[13]) + int(fields[14])) / _CLOCK_TICKS
+            totals["driver_children"] = (
+                totals.get("driver_children", 0.0) + (int(fields[13]) + int(fields[14])) / _CLOCK_TICKS
+            )
             totals["driver_jit"] = totals.get("driver_jit", 0.0) + _jit_seconds(pid)
     return totals
 
@@ -170,8 +193,10 @@ def _publish(nsqds, topic: str, count: int, body_size: int, log_channel: bool) -
     each = count // len(nsqds)
     for nsqd in nsqds:
         if log_channel:  # the channel is a log before the messages come
-            LogNode(nsqd.tcp_address, SourceOptions.parse({"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
-                                                           "channel": "spark"})).offsets()
+            LogNode(
+                nsqd.tcp_address,
+                SourceOptions.parse({"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "channel": "spark"}),
+            ).offsets()
         else:
             _create_channel(nsqd, topic)
         with RawClient(nsqd.tcp) as client:
@@ -183,8 +208,9 @@ def _create_channel(nsqd, topic: str) -> None:
     import urllib.request
 
     for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=spark"):
-        urllib.request.urlopen(urllib.request.Request("http://%s:%d%s" % (*nsqd.http(), path), method="POST"),
-                               timeout=10).read()
+        urllib.request.urlopen(
+            urllib.request.Request("http://%s:%d%s" % (*nsqd.http(), path), method="POST"), timeout=10
+        ).read()
 
 
 def _commits(checkpoint: Path) -> set[int]:
@@ -194,17 +220,34 @@ def _commits(checkpoint: Path) -> set[int]:
         return set()
 
 
-def _query(spark, nsqds, topic: str, work: Path, driver_path: bool, sink: str, per_trigger: int, total: int,
-           timeout: float, nsqd_pids: set[int]) -> dict:
+def _query(
+    spark,
+    nsqds,
+    topic: str,
+    work: Path,
+    driver_path: bool,
+    sink: str,
+    per_trigger: int,
+    total: int,
+    timeout: float,
+    nsqd_pids: set[int],
+) -> dict:
     """Run one query until ``total`` rows are in; return its batches: id, rows, commit time and
     the CPU by role read at that commit."""
-    reader = (spark.readStream.format("nsq")
-              .option("nsqd.tcp.addresses", ",".join(n.tcp_address for n in nsqds))
-              .option("topic", topic).option("channel", "spark").option("minPartitions", "2"))
+    reader = (
+        spark.readStream.format("nsq")
+        .option("nsqd.tcp.addresses", ",".join(n.tcp_address for n in nsqds))
+        .option("topic", topic)
+        .option("channel", "spark")
+        .option("minPartitions", "2")
+    )
     if driver_path:
-        reader = (reader.option("readMode", "driver").option("walPath", str(work / "wal"))
-                  .option("maxMessagesPerTrigger", str(per_trigger))
-                  .option("maxBacklogMessages", str(2 * per_trigger)))
+        reader = (
+            reader.option("readMode", "driver")
+            .option("walPath", str(work / "wal"))
+            .option("maxMessagesPerTrigger", str(per_trigger))
+            .option("maxBacklogMessages", str(2 * per_trigger))
+        )
     else:
         reader = reader.option("maxOffsetsPerTrigger", str(per_trigger))
     writer = reader.load().writeStream.format(sink).option("checkpointLocation", str(work / "checkpoint"))
@@ -229,8 +272,13 @@ def _query(spark, nsqds, topic: str, work: Path, driver_path: bool, sink: str, p
             time.sleep(0.005)
     finally:
         query.stop()
-    return {"started": started, "before": before, "committed": committed, "rows": rows,
-            "timed_out": sum(rows.values()) < total}
+    return {
+        "started": started,
+        "before": before,
+        "committed": committed,
+        "rows": rows,
+        "timed_out": sum(rows.values()) < total,
+    }
 
 
 def _figures(run: dict, skip: int) -> dict:
@@ -253,19 +301,40 @@ def _figures(run: dict, skip: int) -> dict:
     driver_cpu = lambda cpu: cpu.get("driver_jvm", 0.0) + cpu.get("driver_py", 0.0)  # noqa: E731
     startup_cpu = driver_cpu(first_cpu) - driver_cpu(run["before"]) - us["driver"] * run["rows"][loaded[0]] / 1e6
     per_batch = messages / len(window) / 1e3  # us per message -> ms per batch
-    return {"window_msgs": messages, "batches": len(window), "rows_batch": messages / len(window),
-            "msg_s": messages / seconds if seconds else 0.0,
-            "driver_us_msg": us["driver"], "driver_jvm": us["driver_jvm"], "driver_py": us["driver_py"],
-            "driver_ms_batch": us["driver"] * per_batch, "driver_jit_ms_batch": us["driver_jit"] * per_batch,
-            "driver_children_ms_batch": us["driver_children"] * per_batch,
-            "executors_us_msg": us["executors"], "exec_jvm": us["executors_jvm"], "exec_py": us["executors_py"],
-            "exec_ms_batch": us["executors"] * per_batch,
-            "nsqd_us_msg": us["nsqd"], "bench_us_msg": us["bench"],
-            "startup_s": first_commit_t - run["started"], "startup_cpu_s": startup_cpu}
+    return {
+        "window_msgs": messages,
+        "batches": len(window),
+        "rows_batch": messages / len(window),
+        "msg_s": messages / seconds if seconds else 0.0,
+        "driver_us_msg": us["driver"],
+        "driver_jvm": us["driver_jvm"],
+        "driver_py": us["driver_py"],
+        "driver_ms_batch": us["driver"] * per_batch,
+        "driver_jit_ms_batch": us["driver_jit"] * per_batch,
+        "driver_children_ms_batch": us["driver_children"] * per_batch,
+        "executors_us_msg": us["executors"],
+        "exec_jvm": us["executors_jvm"],
+        "exec_py": us["executors_py"],
+        "exec_ms_batch": us["executors"] * per_batch,
+        "nsqd_us_msg": us["nsqd"],
+        "bench_us_msg": us["bench"],
+        "startup_s": first_commit_t - run["started"],
+        "startup_cpu_s": startup_cpu,
+    }
 
 
-def _measure(cluster, nsqds, args, work: Path, driver_path: bool, sink: str, cores: int, per_trigger: int,
-             messages: int, nsqd_pids: set[int]) -> dict:
+def _measure(
+    cluster,
+    nsqds,
+    args,
+    work: Path,
+    driver_path: bool,
+    sink: str,
+    cores: int,
+    per_trigger: int,
+    messages: int,
+    nsqd_pids: set[int],
+) -> dict:
     from bench.spark_throughput import build_session
 
     conf = {**cluster.session_conf(), "spark.cores.max": str(cores), "spark.driver.memory": args.driver_memory}
@@ -277,13 +346,32 @@ def _measure(cluster, nsqds, args, work: Path, driver_path: bool, sink: str, cor
         if args.warmup_messages:
             topic = unique_topic("spark_warm")
             _publish(nsqds, topic, args.warmup_messages, args.body_size, not driver_path)
-            _query(spark, nsqds, topic, work / f"warm-{topic}", driver_path, sink,
-                   min(args.warmup_per_trigger, args.warmup_messages), args.warmup_messages, args.query_timeout,
-                   nsqd_pids)
+            _query(
+                spark,
+                nsqds,
+                topic,
+                work / f"warm-{topic}",
+                driver_path,
+                sink,
+                min(args.warmup_per_trigger, args.warmup_messages),
+                args.warmup_messages,
+                args.query_timeout,
+                nsqd_pids,
+            )
         topic = unique_topic("spark_run")
         _publish(nsqds, topic, messages, args.body_size, not driver_path)
-        run = _query(spark, nsqds, topic, work / f"run-{topic}", driver_path, sink, per_trigger,
-                     messages // len(nsqds) * len(nsqds), args.query_timeout, nsqd_pids)
+        run = _query(
+            spark,
+            nsqds,
+            topic,
+            work / f"run-{topic}",
+            driver_path,
+            sink,
+            per_trigger,
+            messages // len(nsqds) * len(nsqds),
+            args.query_timeout,
+            nsqd_pids,
+        )
         if run["timed_out"]:
             raise RuntimeError(f"the query timed out with {sum(run['rows'].values())} messages")
         return _figures(run, args.skip)
@@ -299,10 +387,19 @@ def run(args) -> Report:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     sinks = [s.strip() for s in args.sinks.split(",") if s.strip()]
     sizes = [(per, args.messages[min(i, len(args.messages) - 1)]) for i, per in enumerate(args.per_trigger)]
-    report = Report(NAME, TITLE, params={"messages": args.messages, "body_size": args.body_size,
-                                         "per_trigger": args.per_trigger, "skip": args.skip, "sinks": sinks,
-                                         "warmup": f"{args.warmup_messages} in batches of {args.warmup_per_trigger}",
-                                         "driver_memory": args.driver_memory})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "messages": args.messages,
+            "body_size": args.body_size,
+            "per_trigger": args.per_trigger,
+            "skip": args.skip,
+            "sinks": sinks,
+            "warmup": f"{args.warmup_messages} in batches of {args.warmup_per_trigger}",
+            "driver_memory": args.driver_memory,
+        },
+    )
     report.notes.append("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
     work = Path(tempfile.mkdtemp(prefix="trionsq-spark-cluster-"))
     nsqds = []
@@ -313,31 +410,45 @@ def run(args) -> Report:
         cluster = StandaloneCluster(work / "standalone").start()
         for sink in sinks:
             for n, (per_trigger, messages) in enumerate(sizes):
-                runs = [("driver path, 2 nsqd, 2 workers", True, nsqds, 2),
-                        ("log path, 2 nsqd, 2 workers", False, nsqds, 2)]
+                runs = [
+                    ("driver path, 2 nsqd, 2 workers", True, nsqds, 2),
+                    ("log path, 2 nsqd, 2 workers", False, nsqds, 2),
+                ]
                 if args.single and n == len(sizes) - 1:
                     runs.append(("log path, 1 nsqd, 1 worker", False, nsqds[:1], 1))
                 results = {}
                 for label, driver_path, targets, cores in runs:
                     name = f"{sink}-{per_trigger}-{label}".replace(" ", "_").replace(",", "")
                     load = "%.1f" % os.getloadavg()[0]
-                    row = _measure(cluster, targets, args, work / name, driver_path, sink, cores, per_trigger,
-                                   messages, pids)
+                    row = _measure(
+                        cluster, targets, args, work / name, driver_path, sink, cores, per_trigger, messages, pids
+                    )
                     results[label] = row
-                    report.rows.append({"sink": sink, "per_trigger": per_trigger, "query": label, **row,
-                                        "load_1min": f"{load}-{os.getloadavg()[0]:.1f}"})
+                    report.rows.append(
+                        {
+                            "sink": sink,
+                            "per_trigger": per_trigger,
+                            "query": label,
+                            **row,
+                            "load_1min": f"{load}-{os.getloadavg()[0]:.1f}",
+                        }
+                    )
                 driver, logp = results[runs[0][0]], results[runs[1][0]]
                 ratio_cpu = logp["driver_us_msg"] / driver["driver_us_msg"] if driver["driver_us_msg"] else 0.0
                 ratio_rate = logp["msg_s"] / driver["msg_s"] if driver["msg_s"] else 0.0
                 key = f"{sink}, {per_trigger:,} per trigger"
                 report.targets[f"{key}: driver CPU per message, log path <= 1/10 of the driver path's"] = (
-                    f"{'met' if ratio_cpu <= 0.1 else 'missed'} ({ratio_cpu:.3f})")
+                    f"{'met' if ratio_cpu <= 0.1 else 'missed'} ({ratio_cpu:.3f})"
+                )
                 report.targets[f"{key}: end to end, log path >= 2x the driver path's"] = (
-                    f"{'met' if ratio_rate >= 2 else 'missed'} ({ratio_rate:.2f}x)")
+                    f"{'met' if ratio_rate >= 2 else 'missed'} ({ratio_rate:.2f}x)"
+                )
                 if len(runs) > 2:
                     one = results[runs[2][0]]
-                    report.notes.append(f"{key}: scaling, 2 nsqd + 2 workers / 1 nsqd + 1 worker = "
-                                        f"{logp['msg_s'] / one['msg_s']:.2f}x on {os.cpu_count()} cores")
+                    report.notes.append(
+                        f"{key}: scaling, 2 nsqd + 2 workers / 1 nsqd + 1 worker = "
+                        f"{logp['msg_s'] / one['msg_s']:.2f}x on {os.cpu_count()} cores"
+                    )
     finally:
         if cluster is not None:
             cluster.stop()

@@ -58,12 +58,15 @@ def rows(spark, count: int, body_size: int, partitions: int):
 
 
 def write(frame, target: Target, topic: str, args) -> None:
-    (frame.write.format("nsq").mode("append")
-     .option("nsqd.tcp.addresses", "%s:%d" % target.tcp)
-     .option("topic", topic)
-     .option("batchMessages", str(args.batch_messages))
-     .option("maxInFlight", str(args.max_in_flight))
-     .save())
+    (
+        frame.write.format("nsq")
+        .mode("append")
+        .option("nsqd.tcp.addresses", "%s:%d" % target.tcp)
+        .option("topic", topic)
+        .option("batchMessages", str(args.batch_messages))
+        .option("maxInFlight", str(args.max_in_flight))
+        .save()
+    )
 
 
 def measure(spark, frame, target: Target, args, stage: str) -> dict:
@@ -83,19 +86,30 @@ def measure(spark, frame, target: Target, args, stage: str) -> dict:
         "msg_s": n / elapsed,
         "MB_s": n * args.body_size / elapsed / 1e6,
         "nsqd_count": landed,
-        "cpu_us_msg": {role: round((cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) * 1e6 / n, 2)
-                       for role in sorted(set(cpu_after) | set(cpu_before))},
+        "cpu_us_msg": {
+            role: round((cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) * 1e6 / n, 2)
+            for role in sorted(set(cpu_after) | set(cpu_before))
+        },
     }
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={"messages": args.messages, "body_size": args.body_size,
-                                         "partitions": args.partitions, "batch_messages": args.batch_messages,
-                                         "max_in_flight": args.max_in_flight})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "messages": args.messages,
+            "body_size": args.body_size,
+            "partitions": args.partitions,
+            "batch_messages": args.batch_messages,
+            "max_in_flight": args.max_in_flight,
+        },
+    )
     report.notes.append("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
     # nsqd keeps what it is given in memory (no channel: the topic only counts the messages)
-    with Target(args, [f"--mem-queue-size={2 * args.messages + args.warmup_messages + 10_000}"],
-                want_http=True) as target:
+    with Target(
+        args, [f"--mem-queue-size={2 * args.messages + args.warmup_messages + 10_000}"], want_http=True
+    ) as target:
         report.target = target.describe()
         spark = build_session()
         try:
@@ -103,14 +117,25 @@ def run(args) -> Report:
 
             spark_connector.register(spark)
             if args.warmup_messages:
-                write(rows(spark, args.warmup_messages, args.body_size, args.partitions), target,
-                      unique_topic("sink_warmup"), args)
+                write(
+                    rows(spark, args.warmup_messages, args.body_size, args.partitions),
+                    target,
+                    unique_topic("sink_warmup"),
+                    args,
+                )
             cached = rows(spark, args.messages, args.body_size, args.partitions).cache()
             cached.count()
             measured = [measure(spark, cached, target, args, "cached rows -> nsqd")]
             cached.unpersist()
-            measured.append(measure(spark, rows(spark, args.messages, args.body_size, args.partitions), target,
-                                    args, "rows made in the job -> nsqd"))
+            measured.append(
+                measure(
+                    spark,
+                    rows(spark, args.messages, args.body_size, args.partitions),
+                    target,
+                    args,
+                    "rows made in the job -> nsqd",
+                )
+            )
         finally:
             spark.stop()
     for row in measured:

@@ -53,27 +53,52 @@ TARGET_MSG_S = 100_000
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--messages", type=int, default=2_000_000,
-                        help="backlog drained by the measured query (long enough that its start-up, a few "
-                             "seconds, does not decide the figure)")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=2_000_000,
+        help="backlog drained by the measured query (long enough that its start-up, a few "
+        "seconds, does not decide the figure)",
+    )
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--max-per-trigger", type=int, default=0, help="maxMessagesPerTrigger (0: no limit)")
     parser.add_argument("--ack-mode", choices=("durable", "commit"), default="durable")
-    parser.add_argument("--read-mode", choices=("driver", "log", "auto"), default="driver",
-                        help="the source's readMode: this scenario measures the driver path (its consumer and "
-                             "write-ahead log) by default; bench.spark_cluster compares it with the log path")
-    parser.add_argument("--min-partitions", type=int, default=2,
-                        help="minPartitions: Spark tasks per micro-batch (local[2] has two cores)")
+    parser.add_argument(
+        "--read-mode",
+        choices=("driver", "log", "auto"),
+        default="driver",
+        help="the source's readMode: this scenario measures the driver path (its consumer and "
+        "write-ahead log) by default; bench.spark_cluster compares it with the log path",
+    )
+    parser.add_argument(
+        "--min-partitions",
+        type=int,
+        default=2,
+        help="minPartitions: Spark tasks per micro-batch (local[2] has two cores)",
+    )
     parser.add_argument("--warmup-messages", type=int, default=200_000, help="drained by a first, unmeasured query")
-    parser.add_argument("--warmup-per-trigger", type=int, default=10_000,
-                        help="maxMessagesPerTrigger of the first query: many small batches warm the JVM's "
-                             "per-batch code paths (the JIT compiles them after enough batches)")
+    parser.add_argument(
+        "--warmup-per-trigger",
+        type=int,
+        default=10_000,
+        help="maxMessagesPerTrigger of the first query: many small batches warm the JVM's "
+        "per-batch code paths (the JIT compiles them after enough batches)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
-    parser.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an option of the Parquet sink (repeatable), e.g. parquet.enable.dictionary=false")
+    parser.add_argument(
+        "--sink-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the Parquet sink (repeatable), e.g. parquet.enable.dictionary=false",
+    )
     parser.add_argument("--consumer-only", action="store_true", help="measure the consumer alone, without Spark")
-    parser.add_argument("--no-cluster", dest="cluster", action="store_false",
-                        help="skip the run on a standalone cluster (a master and two 1-core workers on 127.0.0.1)")
+    parser.add_argument(
+        "--no-cluster",
+        dest="cluster",
+        action="store_false",
+        help="skip the run on a standalone cluster (a master and two 1-core workers on 127.0.0.1)",
+    )
 
 
 def build_session(master: str = "local[2]", conf: dict[str, str] | None = None):
@@ -82,10 +107,15 @@ def build_session(master: str = "local[2]", conf: dict[str, str] | None = None):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                "spark.sql.shuffle.partitions": "2", "spark.driver.host": "127.0.0.1",
-                "spark.driver.bindAddress": "127.0.0.1", "spark.driver.memory": "2g",
-                **(conf or {})}  # the caller's settings win
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.memory": "2g",
+        **(conf or {}),
+    }  # the caller's settings win
     builder = SparkSession.builder.master(master).appName("trionsq-spark-bench")
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -177,8 +207,7 @@ def run_query(spark, target: Target, topic: str, args, work: Path, channel: str 
         key, _, value = option.partition("=")
         writer = writer.option(key, value)
     query = (
-        writer
-        .option("path", str(work / "out"))
+        writer.option("path", str(work / "out"))
         .option("checkpointLocation", str(work / "checkpoint"))
         .trigger(processingTime="0 seconds")
         .start()
@@ -206,8 +235,10 @@ def run_query(spark, target: Target, topic: str, args, work: Path, channel: str 
     for p in loaded:
         for phase, ms in p["durationMs"].items():
             phases[phase] = phases.get(phase, 0) + ms
-    cpu_us = {role: (cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) * 1e6 / max(total, 1)
-              for role in sorted(set(cpu_after) | set(cpu_before))}
+    cpu_us = {
+        role: (cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) * 1e6 / max(total, 1)
+        for role in sorted(set(cpu_after) | set(cpu_before))
+    }
     busy_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in loaded)
     elapsed = (finished or time.monotonic()) - started
     return {
@@ -233,9 +264,16 @@ def run_intake(target: Target, topic: str, args, work: Path) -> dict:
     from spark_connector.consumer import ConsumerGroup
     from spark_connector.options import SourceOptions
 
-    options = SourceOptions.parse({"nsqd.tcp.addresses": "%s:%d" % target.tcp, "topic": topic,
-                                   "channel": "intake", "walPath": str(work / "intake-wal"),
-                                   "ackMode": args.ack_mode, "maxBacklogMessages": str(args.messages + 1)})
+    options = SourceOptions.parse(
+        {
+            "nsqd.tcp.addresses": "%s:%d" % target.tcp,
+            "topic": topic,
+            "channel": "intake",
+            "walPath": str(work / "intake-wal"),
+            "ackMode": args.ack_mode,
+            "maxBacklogMessages": str(args.messages + 1),
+        }
+    )
     group = ConsumerGroup(options)
     nsqd = target.sampler()
     nsqd_cpu = nsqd.cpu_seconds()
@@ -250,11 +288,19 @@ def run_intake(target: Target, topic: str, args, work: Path) -> dict:
         logged = mlog.synced_end
     finally:
         group.stop()
-    return {"stage": "nsqd -> log (consumer only)", "ack_mode": args.ack_mode, "messages": logged,
-            "body_bytes": args.body_size, "batches": None, "mean_batch": None, "seconds": elapsed,
-            "msg_s": logged / elapsed, "batches_msg_s": None,
-            "consumer_us_msg": (time.process_time() - cpu) * 1e6 / max(logged, 1),
-            "nsqd_us/msg": (nsqd.cpu_seconds() - nsqd_cpu) * 1e6 / max(logged, 1)}
+    return {
+        "stage": "nsqd -> log (consumer only)",
+        "ack_mode": args.ack_mode,
+        "messages": logged,
+        "body_bytes": args.body_size,
+        "batches": None,
+        "mean_batch": None,
+        "seconds": elapsed,
+        "msg_s": logged / elapsed,
+        "batches_msg_s": None,
+        "consumer_us_msg": (time.process_time() - cpu) * 1e6 / max(logged, 1),
+        "nsqd_us/msg": (nsqd.cpu_seconds() - nsqd_cpu) * 1e6 / max(logged, 1),
+    }
 
 
 def measure_spark(spark, target: Target, topic: str, args, work: Path, channel: str) -> dict:
@@ -265,19 +311,31 @@ def measure_spark(spark, target: Target, topic: str, args, work: Path, channel: 
             # A first query warms the JVM and Spark's Python workers; its figures are dropped.
             warm = unique_topic("spark_warmup")
             prefill(target, warm, args.warmup_messages, args.body_size)
-            run_query(spark, target, warm,
-                      argparse.Namespace(**{**vars(args), "messages": args.warmup_messages,
-                                            "max_per_trigger": args.warmup_per_trigger}),
-                      work / "warmup")
+            run_query(
+                spark,
+                target,
+                warm,
+                argparse.Namespace(
+                    **{**vars(args), "messages": args.warmup_messages, "max_per_trigger": args.warmup_per_trigger}
+                ),
+                work / "warmup",
+            )
         return run_query(spark, target, topic, args, work, channel)
     finally:
         spark.stop()
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={"messages": args.messages, "body_size": args.body_size,
-                                         "max_per_trigger": args.max_per_trigger or None,
-                                         "ack_mode": args.ack_mode})
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "messages": args.messages,
+            "body_size": args.body_size,
+            "max_per_trigger": args.max_per_trigger or None,
+            "ack_mode": args.ack_mode,
+        },
+    )
     work = Path(tempfile.mkdtemp(prefix="trionsq-spark-bench-"))
     report.notes.append("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
     try:
@@ -306,15 +364,19 @@ def run(args) -> Report:
                 cluster = StandaloneCluster(work / "standalone").start()
                 try:
                     session = build_session(cluster.master_url, cluster.session_conf())
-                    rows.append(("standalone", measure_spark(session, target, topic, args, work / "cluster",
-                                                             "spark_cluster")))
+                    rows.append(
+                        ("standalone", measure_spark(session, target, topic, args, work / "cluster", "spark_cluster"))
+                    )
                 finally:
                     cluster.stop()
         for mode, row in rows:
-            report.notes.append(f"{mode}: Spark batch durations (ms): {row.pop('batch_ms')}; the first batch "
-                                f"started {row.pop('start_s') or 0:.1f} s after start()")
-            report.notes.append(f"{mode}: mean ms per batch by phase (query progress durationMs): "
-                                f"{row.pop('phase_ms')}")
+            report.notes.append(
+                f"{mode}: Spark batch durations (ms): {row.pop('batch_ms')}; the first batch "
+                f"started {row.pop('start_s') or 0:.1f} s after start()"
+            )
+            report.notes.append(
+                f"{mode}: mean ms per batch by phase (query progress durationMs): {row.pop('phase_ms')}"
+            )
             report.notes.append(f"{mode}: CPU us per message by process during the query: {row.pop('cpu_us_msg')}")
             row["stage"] = f"{row['stage']} ({mode})"
             report.rows.append(row)

@@ -27,8 +27,15 @@ async def serve(opts, prebound: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     # the startup checks' messages already read "failed to instantiate nsqlookupd - ..." where NSQ's do
-    return run_daemon(argv, name="nsqlookupd", parse_options=parse_options, validate=validate, serve=serve,
-                      refusal_text=functools.partial(instantiate_failure, "nsqlookupd"), prebind=prebind)
+    return run_daemon(
+        argv,
+        name="nsqlookupd",
+        parse_options=parse_options,
+        validate=validate,
+        serve=serve,
+        refusal_text=functools.partial(instantiate_failure, "nsqlookupd"),
+        prebind=prebind,
+    )
 
 
 if __name__ == "__main__":

@@ -83,8 +83,12 @@ class LookupdAPI:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         channels = [r.subkey for r in db.find_registrations("channel", topic, "*")]
         lookupd = self.lookupd
-        producers = filter_active(db.find_producers("topic", topic, ""), lookupd.inactive_producer_timeout_ns,
-                                  lookupd.tombstone_lifetime_ns, time.time_ns())
+        producers = filter_active(
+            db.find_producers("topic", topic, ""),
+            lookupd.inactive_producer_timeout_ns,
+            lookupd.tombstone_lifetime_ns,
+            time.time_ns(),
+        )
         return json_response({"channels": channels, "producers": [p.peer.as_json() for p in producers]})
 
     async def nodes(self, request: Request) -> Response:
@@ -109,12 +113,19 @@ class LookupdAPI:
         for registration, producers in self.db.items():
             for producer in producers.values():
                 peer = producer.peer
-                data.setdefault(f"{registration.category}:{registration.key}:{registration.subkey}", []).append({
-                    "broadcast_address": peer.broadcast_address, "hostname": peer.hostname,
-                    "http_port": peer.http_port, "id": peer.id, "last_update": peer.last_update,
-                    "tcp_port": peer.tcp_port, "tombstoned": producer.tombstoned,
-                    "tombstoned_at": producer.tombstoned_at, "version": peer.version,
-                })
+                data.setdefault(f"{registration.category}:{registration.key}:{registration.subkey}", []).append(
+                    {
+                        "broadcast_address": peer.broadcast_address,
+                        "hostname": peer.hostname,
+                        "http_port": peer.http_port,
+                        "id": peer.id,
+                        "last_update": peer.last_update,
+                        "tcp_port": peer.tcp_port,
+                        "tombstoned": producer.tombstoned,
+                        "tombstoned_at": producer.tombstoned_at,
+                        "version": peer.version,
+                    }
+                )
         return json_response(dict(sorted(data.items())))
 
     # -- administration ------------------------------------------------------------------------------
@@ -222,11 +233,14 @@ class LookupdCollector:
         channel_count.add_metric([], len(channels))
         yield channel_count
 
-        producers = GaugeMetricFamily("nsqlookupd_topic_producers",
-                                      "Producers of a topic that /lookup returns (active, not tombstoned)",
-                                      labels=["topic"])
-        tombstoned = GaugeMetricFamily("nsqlookupd_topic_tombstoned_producers",
-                                       "Producers of a topic hidden by a tombstone", labels=["topic"])
+        producers = GaugeMetricFamily(
+            "nsqlookupd_topic_producers",
+            "Producers of a topic that /lookup returns (active, not tombstoned)",
+            labels=["topic"],
+        )
+        tombstoned = GaugeMetricFamily(
+            "nsqlookupd_topic_tombstoned_producers", "Producers of a topic hidden by a tombstone", labels=["topic"]
+        )
         for registration in topics:
             found = db.find_producers(*registration)
             producers.add_metric([registration.key], len(filter_active(found, inactive, lifetime, now)))
@@ -234,10 +248,12 @@ class LookupdCollector:
         yield producers
         yield tombstoned
 
-        channel_producers = GaugeMetricFamily("nsqlookupd_channel_producers", "Producers registered for a channel",
-                                              labels=["topic", "channel"])
+        channel_producers = GaugeMetricFamily(
+            "nsqlookupd_channel_producers", "Producers registered for a channel", labels=["topic", "channel"]
+        )
         for registration in channels:
             found = db.find_producers(*registration)
-            channel_producers.add_metric([registration.key, registration.subkey],
-                                         len(filter_active(found, inactive, 0, now)))
+            channel_producers.add_metric(
+                [registration.key, registration.subkey], len(filter_active(found, inactive, 0, now))
+            )
         yield channel_producers

@@ -24,12 +24,15 @@ class Options(DaemonOptions):
     log_prefix: str = setting("[nsqlookupd] ", "log message prefix")
     tcp_address: str = setting("0.0.0.0:4160", "<addr>:<port> to listen on for TCP clients")
     http_address: str = setting("0.0.0.0:4161", "<addr>:<port> to listen on for HTTP clients")
-    broadcast_address: str = setting(default_factory=socket.gethostname,
-                                     help="address of this lookupd node, (default to the OS hostname)")
+    broadcast_address: str = setting(
+        default_factory=socket.gethostname, help="address of this lookupd node, (default to the OS hostname)"
+    )
     inactive_producer_timeout: float = setting(
-        300.0, "duration of time a producer will remain in the active list since its last ping")
+        300.0, "duration of time a producer will remain in the active list since its last ping"
+    )
     tombstone_lifetime: float = setting(
-        45.0, "duration of time a producer will remain tombstoned if registration remains")
+        45.0, "duration of time a producer will remain tombstoned if registration remains"
+    )
 
 
 def build_flagset(defaults: Options | None = None) -> FlagSet:

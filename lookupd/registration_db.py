@@ -19,8 +19,9 @@ passed in by the caller so that the database itself never reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 __all__ = ["CLIENT", "GO_ZERO_TIME_NS", "PeerInfo", "Producer", "Registration", "RegistrationDB", "filter_active"]
 
@@ -50,9 +51,14 @@ class PeerInfo:
 
     def as_json(self) -> dict:
         """The peer object of ``/lookup``, in lookupd's key order."""
-        return {"remote_address": self.remote_address, "hostname": self.hostname,
-                "broadcast_address": self.broadcast_address, "tcp_port": self.tcp_port,
-                "http_port": self.http_port, "version": self.version}
+        return {
+            "remote_address": self.remote_address,
+            "hostname": self.hostname,
+            "broadcast_address": self.broadcast_address,
+            "tcp_port": self.tcp_port,
+            "http_port": self.http_port,
+            "version": self.version,
+        }
 
     def __str__(self) -> str:
         return f"{self.broadcast_address} [{self.tcp_port}, {self.http_port}]"
@@ -72,17 +78,23 @@ class Producer:
         return self.tombstoned and now_ns - self.tombstoned_at < lifetime_ns
 
 
-def filter_active(producers: Iterable[Producer], inactive_timeout_ns: int, tombstone_lifetime_ns: int,
-                  now_ns: int) -> list[Producer]:
+def filter_active(
+    producers: Iterable[Producer], inactive_timeout_ns: int, tombstone_lifetime_ns: int, now_ns: int
+) -> list[Producer]:
     """Producers seen within ``inactive_timeout_ns`` and not tombstoned within ``tombstone_lifetime_ns``."""
-    return [p for p in producers
-            if now_ns - p.peer.last_update <= inactive_timeout_ns
-            and not p.is_tombstoned(tombstone_lifetime_ns, now_ns)]
+    return [
+        p
+        for p in producers
+        if now_ns - p.peer.last_update <= inactive_timeout_ns and not p.is_tombstoned(tombstone_lifetime_ns, now_ns)
+    ]
 
 
 def _matches(registration: Registration, category: str, key: str, subkey: str) -> bool:
-    return (registration.category == category and (key == "*" or registration.key == key)
-            and (subkey == "*" or registration.subkey == subkey))
+    return (
+        registration.category == category
+        and (key == "*" or registration.key == key)
+        and (subkey == "*" or registration.subkey == subkey)
+    )
 
 
 class RegistrationDB:

@@ -18,7 +18,6 @@ import time
 import trio
 
 from protocol.errors import E_BAD_PROTOCOL, LineTooLong, ProtocolError
-from runtime.http_server import go_duration
 from protocol.lookup_v1 import (
     CLOSED,
     MAGIC_V1,
@@ -34,6 +33,7 @@ from protocol.lookup_v1 import (
 )
 from protocol.names import is_ephemeral
 from protocol.version import NSQ_VERSION
+from runtime.http_server import go_duration
 
 from .registration_db import CLIENT, PeerInfo, Producer, Registration
 
@@ -125,18 +125,35 @@ class LookupConnection:
 
     def IDENTIFY(self, event: Identify) -> bytes:
         fields = event.peer
-        peer = PeerInfo(id=self.remote, remote_address=self.remote, hostname=fields.hostname,
-                        broadcast_address=fields.broadcast_address, tcp_port=fields.tcp_port,
-                        http_port=fields.http_port, version=fields.version, last_update=time.time_ns())
-        log.info("CLIENT(%s): IDENTIFY Address:%s TCP:%d HTTP:%d Version:%s", self.remote,
-                 peer.broadcast_address, peer.tcp_port, peer.http_port, peer.version)
+        peer = PeerInfo(
+            id=self.remote,
+            remote_address=self.remote,
+            hostname=fields.hostname,
+            broadcast_address=fields.broadcast_address,
+            tcp_port=fields.tcp_port,
+            http_port=fields.http_port,
+            version=fields.version,
+            last_update=time.time_ns(),
+        )
+        log.info(
+            "CLIENT(%s): IDENTIFY Address:%s TCP:%d HTTP:%d Version:%s",
+            self.remote,
+            peer.broadcast_address,
+            peer.tcp_port,
+            peer.http_port,
+            peer.version,
+        )
         self.peer = peer
         if self.db.add_producer(CLIENT, Producer(peer)):
             self._log_db("REGISTER", CLIENT)
         lookupd = self.lookupd
-        return encode_identify_response(broadcast_address=lookupd.opts.broadcast_address,
-                                        hostname=lookupd.hostname, http_port=lookupd.http_port or 0,
-                                        tcp_port=lookupd.tcp_port or 0, version=NSQ_VERSION)
+        return encode_identify_response(
+            broadcast_address=lookupd.opts.broadcast_address,
+            hostname=lookupd.hostname,
+            http_port=lookupd.http_port or 0,
+            tcp_port=lookupd.tcp_port or 0,
+            version=NSQ_VERSION,
+        )
 
     def REGISTER(self, topic: str, channel: str) -> bytes:
         peer = self.peer
@@ -167,8 +184,13 @@ class LookupConnection:
         for key in db.find_registrations("channel", topic, "*"):
             removed, _ = db.remove_producer(key, peer.id)
             if removed:
-                log.warning("client(%s) unexpected UNREGISTER category:%s key:%s subkey:%s",
-                            self.remote, key.category, key.key, key.subkey)
+                log.warning(
+                    "client(%s) unexpected UNREGISTER category:%s key:%s subkey:%s",
+                    self.remote,
+                    key.category,
+                    key.key,
+                    key.subkey,
+                )
         key = Registration("topic", topic, "")
         removed, left = db.remove_producer(key, peer.id)
         if removed:
@@ -178,8 +200,9 @@ class LookupConnection:
         return OK
 
     def _log_db(self, action: str, key: Registration) -> None:
-        log.info("DB: client(%s) %s category:%s key:%s subkey:%s", self.remote, action, key.category, key.key,
-                 key.subkey)
+        log.info(
+            "DB: client(%s) %s category:%s key:%s subkey:%s", self.remote, action, key.category, key.key, key.subkey
+        )
 
     def _leave(self) -> None:
         if self.peer is None:

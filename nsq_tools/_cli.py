@@ -25,13 +25,23 @@ import logging
 import signal
 import sys
 import time
-from typing import Any, Awaitable, Callable, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
 
 from protocol.version import version_string
 from runtime.flags import FlagError, FlagSet
 
-__all__ = ["ToolFlags", "consumer_config", "fatal", "fatal_if", "log_line", "producer_config", "run",
-           "setup_logging", "write_stdout"]
+__all__ = [
+    "ToolFlags",
+    "consumer_config",
+    "fatal",
+    "fatal_if",
+    "log_line",
+    "producer_config",
+    "run",
+    "setup_logging",
+    "write_stdout",
+]
 
 
 def log_line(text: str) -> str:
@@ -102,27 +112,52 @@ class ToolFlags(FlagSet):
         """``-channel``, ``-consumer-opt``, ``-lookupd-http-address``, ``-nsqd-tcp-address``, ``-max-in-flight``
         and (``topics``) a repeatable ``-topic``: the flags of every consuming tool."""
         self.add("channel", "str", channel, "the channel to consume", in_config=False)
-        self.add("consumer-opt", "str_list", [], "an option for the consumer, as name,value (repeatable; "
-                 "go-nsq's option names)", in_config=False, convert=_option_checker())
-        self.add("lookupd-http-address", "str_list", [], "an nsqlookupd HTTP address to discover nsqd from "
-                 "(repeatable)", in_config=False)
-        self.add("nsqd-tcp-address", "str_list", [], "an nsqd TCP address to consume from (repeatable)",
-                 in_config=False)
+        self.add(
+            "consumer-opt",
+            "str_list",
+            [],
+            "an option for the consumer, as name,value (repeatable; go-nsq's option names)",
+            in_config=False,
+            convert=_option_checker(),
+        )
+        self.add(
+            "lookupd-http-address",
+            "str_list",
+            [],
+            "an nsqlookupd HTTP address to discover nsqd from (repeatable)",
+            in_config=False,
+        )
+        self.add(
+            "nsqd-tcp-address", "str_list", [], "an nsqd TCP address to consume from (repeatable)", in_config=False
+        )
         if max_in_flight is not None:
-            self.add("max-in-flight", "int", max_in_flight, "how many messages may be in flight at once",
-                     in_config=False)
+            self.add(
+                "max-in-flight", "int", max_in_flight, "how many messages may be in flight at once", in_config=False
+            )
         if topics:
             self.add("topic", "str_list", [], "a topic to consume (repeatable)", in_config=False)
 
     def add_producer_opt(self) -> None:
-        self.add("producer-opt", "str_list", [], "an option for the producer, as name,value (repeatable; "
-                 "go-nsq's option names)", in_config=False, convert=_option_checker())
+        self.add(
+            "producer-opt",
+            "str_list",
+            [],
+            "an option for the producer, as name,value (repeatable; go-nsq's option names)",
+            in_config=False,
+            convert=_option_checker(),
+        )
 
     def add_http_client_timeouts(self, request_timeout: float = 5.0) -> None:
-        self.add("http-client-connect-timeout", "duration", 2.0, "timeout for connecting to an HTTP endpoint",
-                 in_config=False)
-        self.add("http-client-request-timeout", "duration", request_timeout,
-                 "timeout for an HTTP request", in_config=False)
+        self.add(
+            "http-client-connect-timeout",
+            "duration",
+            2.0,
+            "timeout for connecting to an HTTP endpoint",
+            in_config=False,
+        )
+        self.add(
+            "http-client-request-timeout", "duration", request_timeout, "timeout for an HTTP request", in_config=False
+        )
 
     def parse_or_exit(self, argv: list[str] | None) -> dict[str, Any]:
         """The flags' values by attribute, or the process ends as Go's ``flag.Parse`` and ``-version`` end it."""
@@ -192,6 +227,7 @@ def run(main: Callable[..., Awaitable[int | None]], *args: Any, on_hup: Callable
         stop = trio.Event()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
+
                 async def watch() -> None:
                     async for signum in signals:
                         if signum == signal.SIGHUP and on_hup is not None:

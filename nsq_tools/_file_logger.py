@@ -37,8 +37,9 @@ import os
 import socket
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from runtime.flags import format_duration
 
@@ -90,8 +91,20 @@ class FileOptions:
 
 # --- <DATETIME> -----------------------------------------------------------------------------------------------------
 
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December")
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 _DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 
@@ -150,8 +163,10 @@ def strftime(format: str, t: time.struct_time) -> str:
 
 # --- the name of a topic's files -------------------------------------------------------------------------------------
 
-def compute_filename_format(opts: FileOptions, topic: str, *, hostname: str | None = None,
-                            pid: int | None = None) -> str:
+
+def compute_filename_format(
+    opts: FileOptions, topic: str, *, hostname: str | None = None, pid: int | None = None
+) -> str:
     """The topic's file name with everything but ``<DATETIME>`` and ``<REV>`` replaced; ``ValueError`` when the
     format lacks the ``<REV>`` that gzip, rotation or a work dir need."""
     if hostname is None:
@@ -191,6 +206,7 @@ def _exclusive_rename(src: str, dst: str) -> None:
 
 # --- one topic's current file ---------------------------------------------------------------------------------------
 
+
 class FileLogger:
     """The file one topic is writing, and its rotation (see the module notes).
 
@@ -198,8 +214,16 @@ class FileLogger:
     gets NSQ's lines, already prefixed with ``[topic/channel]``. Failures raise ``FileError``.
     """
 
-    def __init__(self, opts: FileOptions, topic: str, name_format: str, log: LogFunc, *,
-                 wall_clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        opts: FileOptions,
+        topic: str,
+        name_format: str,
+        log: LogFunc,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.opts = opts
         self.topic = topic
         self.name_format = name_format
@@ -366,8 +390,7 @@ class FileLogger:
         except OSError as exc:
             raise self._fatal(f"unable to move file from {src} to {dst}: {exc}") from None
         # someone made a file of that name meanwhile: the next free revision of the same name
-        template = os.path.join(self.opts.output_dir, os.path.dirname(relative),
-                                os.path.basename(self.filename))
+        template = os.path.join(self.opts.output_dir, os.path.dirname(relative), os.path.basename(self.filename))
         number = self.rev + 1
         while True:
             self._log(WARN, f"destination file already exists: {dst}")
@@ -384,6 +407,7 @@ class FileLogger:
 
 
 # --- messages: written, synced, then FIN'd --------------------------------------------------------------------------
+
 
 class Finishable(Protocol):
     body: bytes

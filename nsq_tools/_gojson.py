@@ -43,8 +43,9 @@ def _no_constant(name: str) -> Any:
 
 def decode_object(body: bytes) -> dict[str, Any]:
     """The object in ``body``; ``ValueError`` when the body is not one (Go's ``json.Unmarshal`` error)."""
-    value = json.loads(body.decode("utf-8", errors="replace"), parse_float=_finite, parse_int=_finite,
-                       parse_constant=_no_constant)
+    value = json.loads(
+        body.decode("utf-8", errors="replace"), parse_float=_finite, parse_int=_finite, parse_constant=_no_constant
+    )
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -76,8 +77,13 @@ def _float(value: float) -> str:
 
 def _string(text: str) -> str:
     encoded = json.dumps(text, ensure_ascii=False)
-    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
-                         ("\u2029", "\\u2029")):
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         if char in encoded:
             encoded = encoded.replace(char, escape)
     return encoded

@@ -30,7 +30,7 @@ import logging
 import math
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from runtime.flags import go_quote
 
@@ -81,8 +81,14 @@ class Destinations:
     ``pick()`` returns an address; the caller reports the outcome with ``mark(address, ok, seconds)``
     (ignored in round-robin mode). ``clock`` and ``rng`` are injectable for tests."""
 
-    def __init__(self, addresses: list[str], mode: str, *, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        mode: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         assert addresses and mode in MODES
         self.addresses = list(addresses)
         self.mode = mode
@@ -219,8 +225,14 @@ class TimerMetrics:
         ordered = sorted(self._durations)
         self._durations.clear()
         avg_ms = sum(ordered) * 1000 / len(ordered)
-        log.info("%s finished %d - 99th: %.02fms - 95th: %.02fms - avg: %.02fms", self.prefix, len(ordered),
-                 _percentile(99.0, ordered) * 1000, _percentile(95.0, ordered) * 1000, avg_ms)
+        log.info(
+            "%s finished %d - 99th: %.02fms - 95th: %.02fms - avg: %.02fms",
+            self.prefix,
+            len(ordered),
+            _percentile(99.0, ordered) * 1000,
+            _percentile(95.0, ordered) * 1000,
+            avg_ms,
+        )
 
 
 def destination_metrics(addresses: list[str], status_every: int) -> tuple[TimerMetrics, dict[str, TimerMetrics]]:
@@ -228,4 +240,3 @@ def destination_metrics(addresses: list[str], status_every: int) -> tuple[TimerM
     every = status_every if len(addresses) > 1 else 0
     per_address = {address: TimerMetrics(every, f"[{address}]:") for address in addresses}
     return TimerMetrics(status_every, "[aggregate]:"), per_address
-

@@ -51,11 +51,22 @@ def build_flags() -> ToolFlags:
     flags.add("channel", "str", "", "the channel to watch", in_config=False)
     flags.add("interval", "duration", 2.0, "time between two polls (and two printed lines)", in_config=False)
     flags.add_http_client_timeouts()
-    flags.add("count", "int", None, "how many lines to print before exiting (unset: until stopped)",
-              convert=_parse_count, in_config=False)
+    flags.add(
+        "count",
+        "int",
+        None,
+        "how many lines to print before exiting (unset: until stopped)",
+        convert=_parse_count,
+        in_config=False,
+    )
     flags.add("nsqd-http-address", "str_list", [], "an nsqd HTTP address to poll (repeatable)", in_config=False)
-    flags.add("lookupd-http-address", "str_list", [], "an nsqlookupd HTTP address to find the topic's nsqd "
-              "from (repeatable)", in_config=False)
+    flags.add(
+        "lookupd-http-address",
+        "str_list",
+        [],
+        "an nsqlookupd HTTP address to find the topic's nsqd from (repeatable)",
+        in_config=False,
+    )
     return flags
 
 
@@ -108,17 +119,21 @@ class ChannelFigures:
 
 
 def format_header() -> str:
-    return ("------rate------+----------------depth----------------+--------------metadata---------------\n"
-            f"{'ingress':>7} {'egress':>7} | {'total':>7} {'mem':>7} {'disk':>7} {'inflt':>5} {'def':>5} | "
-            f"{'req':>7} {'t-o':>7} {'msgs':>12} {'clients':>7}\n")
+    return (
+        "------rate------+----------------depth----------------+--------------metadata---------------\n"
+        f"{'ingress':>7} {'egress':>7} | {'total':>7} {'mem':>7} {'disk':>7} {'inflt':>5} {'def':>5} | "
+        f"{'req':>7} {'t-o':>7} {'msgs':>12} {'clients':>7}\n"
+    )
 
 
 def format_line(now: ChannelFigures, before: ChannelFigures, interval: float) -> str:
     ingress = int((now.message_count - before.message_count) / interval)
     egress = int((now.message_count - before.message_count - (now.depth - before.depth)) / interval)
-    return (f"{ingress:7d} {egress:7d} | {now.depth:7d} {now.memory_depth:7d} {now.backend_depth:7d} "
-            f"{now.in_flight_count:5d} {now.deferred_count:5d} | {now.requeue_count:7d} {now.timeout_count:7d} "
-            f"{now.message_count:12d} {now.client_count:7d}\n")
+    return (
+        f"{ingress:7d} {egress:7d} | {now.depth:7d} {now.memory_depth:7d} {now.backend_depth:7d} "
+        f"{now.in_flight_count:5d} {now.deferred_count:5d} | {now.requeue_count:7d} {now.timeout_count:7d} "
+        f"{now.message_count:12d} {now.client_count:7d}\n"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -143,8 +158,14 @@ class _Poller:
         from runtime.http_client import HTTPClientError, fetch  # noqa: PLC0415 (keeps -h free of trio)
 
         try:
-            reply = await fetch("GET", url, headers=[_ACCEPT_V1], connect_timeout=self.connect_timeout,
-                                request_timeout=self.request_timeout, max_bytes=_MAX_BODY)
+            reply = await fetch(
+                "GET",
+                url,
+                headers=[_ACCEPT_V1],
+                connect_timeout=self.connect_timeout,
+                request_timeout=self.request_timeout,
+                max_bytes=_MAX_BODY,
+            )
         except HTTPClientError as exc:
             raise QueryError(str(exc)) from None
         if reply.status != 200:
@@ -185,16 +206,19 @@ class _Poller:
         """The HTTP addresses (broadcast address and HTTP port) of the nsqd that have the topic."""
         topic = quote(self.topic, safe="")
         if self.lookupds:
+
             async def from_lookupd(address: str) -> list[str]:
                 answer = await self.get_json(f"http://{address}/lookup?topic={topic}")
-                return [_join(p.get("broadcast_address", ""), p.get("http_port", 0))
-                        for p in (answer or {}).get("producers") or []]
+                return [
+                    _join(p.get("broadcast_address", ""), p.get("http_port", 0))
+                    for p in (answer or {}).get("producers") or []
+                ]
 
             found = await self._gather("nsqlookupd", self.lookupds, from_lookupd)
         else:
+
             async def from_nsqd(address: str) -> list[str]:
-                answer = await self.get_json(f"http://{address}/stats?format=json&topic={topic}"
-                                             "&include_clients=false")
+                answer = await self.get_json(f"http://{address}/stats?format=json&topic={topic}&include_clients=false")
                 if not any(t.get("topic_name") == self.topic for t in (answer or {}).get("topics") or []):
                     return []
                 info = await self.get_json(f"http://{address}/info") or {}
@@ -207,13 +231,17 @@ class _Poller:
 
     async def figures(self, producers: list[str]) -> ChannelFigures | None:
         """The channel's sums over the producers; None when no producer has the channel."""
-        query = (f"topic={quote(self.topic, safe='')}&channel={quote(self.channel, safe='')}"
-                 "&include_clients=false")
+        query = f"topic={quote(self.topic, safe='')}&channel={quote(self.channel, safe='')}&include_clients=false"
 
         async def from_nsqd(address: str) -> list[dict]:
             answer = await self.get_json(f"http://{address}/stats?format=json&{query}") or {}
-            return [channel for topic in answer.get("topics") or [] if topic.get("topic_name") == self.topic
-                    for channel in topic.get("channels") or [] if channel.get("channel_name") == self.channel]
+            return [
+                channel
+                for topic in answer.get("topics") or []
+                if topic.get("topic_name") == self.topic
+                for channel in topic.get("channels") or []
+                if channel.get("channel_name") == self.channel
+            ]
 
         entries = await self._gather("nsqd", producers, from_nsqd)
         if not entries:
@@ -263,6 +291,7 @@ async def _main(stop, values: dict[str, Any]) -> int:
     import trio  # noqa: PLC0415
 
     async with trio.open_nursery() as nursery:
+
         async def stop_on_signal() -> None:
             await stop.wait()
             nursery.cancel_scope.cancel()

@@ -96,10 +96,12 @@ async def _main(stop, values: dict[str, Any]) -> int:
     max_in_flight = values["max_in_flight"]
     if 0 < total < max_in_flight:
         max_in_flight = total
-    config = consumer_config(dict(values, max_in_flight=max_in_flight),
-                             user_agent=f"nsq_tail/{NSQ_VERSION} trionsq/{__version__}")
+    config = consumer_config(
+        dict(values, max_in_flight=max_in_flight), user_agent=f"nsq_tail/{NSQ_VERSION} trionsq/{__version__}"
+    )
     quit = trio.Event()
     async with trio.open_nursery() as nursery:
+
         async def quit_on_stop(task_status) -> None:
             with trio.CancelScope() as scope:
                 task_status.started(scope)
@@ -109,9 +111,14 @@ async def _main(stop, values: dict[str, Any]) -> int:
         watcher = await nursery.start(quit_on_stop)
         for topic in values["topic"]:
             log.info("Adding consumer for topic: %s", topic)
-            consumer = Consumer(topic, values["channel"], _TailHandler(topic, total, values["print_topic"], quit),
-                                config=config, nsqd_tcp_addresses=values["nsqd_tcp_address"],
-                                lookupd_http_addresses=values["lookupd_http_address"])
+            consumer = Consumer(
+                topic,
+                values["channel"],
+                _TailHandler(topic, total, values["print_topic"], quit),
+                config=config,
+                nsqd_tcp_addresses=values["nsqd_tcp_address"],
+                lookupd_http_addresses=values["lookupd_http_address"],
+            )
             try:
                 await nursery.start(_consume, consumer, quit)
             except (ConnectError, NSQError, OSError) as exc:
@@ -120,8 +127,10 @@ async def _main(stop, values: dict[str, Any]) -> int:
             # client logged the reason just above); nsqd found through lookupd may come and go
             wanted = len(set(values["nsqd_tcp_address"]))
             if consumer.stats().connections < wanted:
-                fatal(f"failed to connect to {wanted - consumer.stats().connections} of the "
-                      f"{wanted} --nsqd-tcp-address for topic {topic}")
+                fatal(
+                    f"failed to connect to {wanted - consumer.stats().connections} of the "
+                    f"{wanted} --nsqd-tcp-address for topic {topic}"
+                )
         await quit.wait()
         watcher.cancel()
         # the nursery now waits for every consumer to stop cleanly

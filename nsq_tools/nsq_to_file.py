@@ -60,25 +60,51 @@ def flag_set() -> ToolFlags:
     flags.add("log-prefix", "str", "[nsq_to_file] ", "prefix of every log line", in_config=False)
     flags.add_consumer(channel="nsq_to_file")
     flags.add("output-dir", "str", "/tmp", "directory the finished files are written to", in_config=False)
-    flags.add("work-dir", "str", "", "directory for the files being written, moved to -output-dir when closed "
-              "(-output-dir when empty)", in_config=False)
-    flags.add("datetime-format", "str", DEFAULT_DATETIME_FORMAT, "strftime format of <DATETIME> in the file name",
-              in_config=False)
-    flags.add("filename-format", "str", DEFAULT_FILENAME_FORMAT, "file name format; <TOPIC>, <HOST>, <PID>, "
-              "<DATETIME> and <REV> are replaced (<REV> grows when a file of that name already exists)",
-              in_config=False)
-    flags.add("host-identifier", "str", "", "<HOST> in file names instead of the short hostname (<SHORT_HOST> "
-              "and <HOSTNAME> are replaced in it)", in_config=False)
+    flags.add(
+        "work-dir",
+        "str",
+        "",
+        "directory for the files being written, moved to -output-dir when closed (-output-dir when empty)",
+        in_config=False,
+    )
+    flags.add(
+        "datetime-format",
+        "str",
+        DEFAULT_DATETIME_FORMAT,
+        "strftime format of <DATETIME> in the file name",
+        in_config=False,
+    )
+    flags.add(
+        "filename-format",
+        "str",
+        DEFAULT_FILENAME_FORMAT,
+        "file name format; <TOPIC>, <HOST>, <PID>, "
+        "<DATETIME> and <REV> are replaced (<REV> grows when a file of that name already exists)",
+        in_config=False,
+    )
+    flags.add(
+        "host-identifier",
+        "str",
+        "",
+        "<HOST> in file names instead of the short hostname (<SHORT_HOST> and <HOSTNAME> are replaced in it)",
+        in_config=False,
+    )
     flags.add("gzip-level", "int", 6, "gzip compression level, 1 (fastest) to 9 (smallest)", in_config=False)
     flags.add("gzip", "bool", False, "gzip the files", in_config=False)
     flags.add("skip-empty-files", "bool", False, "do not create files no message was written to", in_config=False)
-    flags.add("topic-refresh", "duration", 60.0, "how often the topic list is asked again from lookupd",
-              in_config=False)
+    flags.add(
+        "topic-refresh", "duration", 60.0, "how often the topic list is asked again from lookupd", in_config=False
+    )
     flags.add("topic-pattern", "str", "", "log only the topics this regular expression matches", in_config=False)
     flags.add("rotate-size", "int", 0, "rotate a file once it grows past `rotate-size` bytes", in_config=False)
     flags.add("rotate-interval", "duration", 0.0, "rotate a file once it is this old", in_config=False)
-    flags.add("sync-interval", "duration", 30.0, "how often the files are synced to disk (and their messages "
-              "FIN'd)", in_config=False)
+    flags.add(
+        "sync-interval",
+        "duration",
+        30.0,
+        "how often the files are synced to disk (and their messages FIN'd)",
+        in_config=False,
+    )
     flags.add_http_client_timeouts()
     return flags
 
@@ -114,11 +140,19 @@ def check(flags: ToolFlags, values: dict[str, Any]) -> None:
 
 def file_options(values: dict[str, Any]) -> FileOptions:
     return FileOptions(
-        output_dir=values["output_dir"], work_dir=values["work_dir"], datetime_format=values["datetime_format"],
-        filename_format=values["filename_format"], host_identifier=values["host_identifier"],
-        gzip=values["gzip"], gzip_level=values["gzip_level"], skip_empty_files=values["skip_empty_files"],
-        rotate_size=values["rotate_size"], rotate_interval=values["rotate_interval"],
-        max_in_flight=values["max_in_flight"], channel=values["channel"])
+        output_dir=values["output_dir"],
+        work_dir=values["work_dir"],
+        datetime_format=values["datetime_format"],
+        filename_format=values["filename_format"],
+        host_identifier=values["host_identifier"],
+        gzip=values["gzip"],
+        gzip_level=values["gzip_level"],
+        skip_empty_files=values["skip_empty_files"],
+        rotate_size=values["rotate_size"],
+        rotate_interval=values["rotate_interval"],
+        max_in_flight=values["max_in_flight"],
+        channel=values["channel"],
+    )
 
 
 def _log(level: int, text: str) -> None:
@@ -126,6 +160,7 @@ def _log(level: int, text: str) -> None:
 
 
 # --- one topic -------------------------------------------------------------------------------------------------------
+
 
 class _Control:
     """A request to the router, sent through the messages' channel so that it keeps its place among them."""
@@ -183,9 +218,14 @@ class TopicLogger:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:
-                    consumer = Consumer(self.topic, values["channel"], self._handle, self.config,
-                                        nsqd_tcp_addresses=values["nsqd_tcp_address"],
-                                        lookupd_http_addresses=values["lookupd_http_address"])
+                    consumer = Consumer(
+                        self.topic,
+                        values["channel"],
+                        self._handle,
+                        self.config,
+                        nsqd_tcp_addresses=values["nsqd_tcp_address"],
+                        lookupd_http_addresses=values["lookupd_http_address"],
+                    )
                     await stack.enter_async_context(consumer)
                 except Exception as exc:  # go-nsq's NewConsumer or first ConnectToNSQD failing
                     log.error("couldn't create logger for new topic %s: %s", self.topic, exc)
@@ -249,6 +289,7 @@ class TopicLogger:
 
 
 # --- the topics -------------------------------------------------------------------------------------------------------
+
 
 class TopicDiscoverer:
     """The topics being logged: the ``--topic`` list, or lookupd's topics matching ``--topic-pattern``."""
@@ -316,9 +357,11 @@ class TopicDiscoverer:
                     break
                 next_poll = max(next_poll + refresh, trio.current_time())
                 try:
-                    topics = await lookupd_topics(values["lookupd_http_address"],
-                                                  values["http_client_connect_timeout"],
-                                                  values["http_client_request_timeout"])
+                    topics = await lookupd_topics(
+                        values["lookupd_http_address"],
+                        values["http_client_connect_timeout"],
+                        values["http_client_request_timeout"],
+                    )
                 except LookupError as exc:
                     log.error("could not retrieve topic list: %s", exc)
                     continue
@@ -341,8 +384,14 @@ async def lookupd_topics(addresses: list[str], connect_timeout: float, request_t
     async def query(address: str) -> None:
         url = lookup_url(address, "/topics")
         try:
-            reply = await fetch("GET", url, headers=[ACCEPT_V1], connect_timeout=connect_timeout,
-                                request_timeout=request_timeout, max_bytes=MAX_BODY)
+            reply = await fetch(
+                "GET",
+                url,
+                headers=[ACCEPT_V1],
+                connect_timeout=connect_timeout,
+                request_timeout=request_timeout,
+                max_bytes=MAX_BODY,
+            )
             found.update(parse_topics(url, reply.status, reply.body))
         except (HTTPClientError, LookupdError, ValueError) as exc:
             errors.append(str(exc))
@@ -358,6 +407,7 @@ async def lookupd_topics(addresses: list[str], connect_timeout: float, request_t
 
 
 # --- main -------------------------------------------------------------------------------------------------------------
+
 
 async def _run(stop: Any, discoverer: TopicDiscoverer) -> int:
     await discoverer.run(stop)

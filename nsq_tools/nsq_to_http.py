@@ -55,19 +55,34 @@ def flag_set() -> ToolFlags:
     flags.add_consumer(channel="nsq_to_http", topics=False)
     flags.add("topic", "str", "", "the topic to consume", in_config=False)
     flags.add("content-type", "str", DEFAULT_CONTENT_TYPE, "the Content-Type of POST requests", in_config=False)
-    flags.add("get", "str_list", [], "a URL to GET for each message, with one '%s' that is replaced by the "
-              "query-escaped body (repeatable)", in_config=False)
-    flags.add("post", "str_list", [], "a URL to POST each message to, the body as the request body (repeatable)",
-              in_config=False)
-    flags.add("header", "str_list", [], "a header for every request, as 'Name: value' (repeatable)",
-              in_config=False)
+    flags.add(
+        "get",
+        "str_list",
+        [],
+        "a URL to GET for each message, with one '%s' that is replaced by the query-escaped body (repeatable)",
+        in_config=False,
+    )
+    flags.add(
+        "post",
+        "str_list",
+        [],
+        "a URL to POST each message to, the body as the request body (repeatable)",
+        in_config=False,
+    )
+    flags.add("header", "str_list", [], "a header for every request, as 'Name: value' (repeatable)", in_config=False)
     flags.add_http_client_timeouts(request_timeout=20.0)
-    flags.add("mode", "str", "hostpool", "how a URL is picked per message: round-robin, hostpool or "
-              "epsilon-greedy", in_config=False)
+    flags.add(
+        "mode",
+        "str",
+        "hostpool",
+        "how a URL is picked per message: round-robin, hostpool or epsilon-greedy",
+        in_config=False,
+    )
     flags.add("n", "int", 100, "the number of concurrent HTTP requests", in_config=False)
     flags.add("sample", "float", 1.0, "the fraction of messages to send, between 0 and 1", in_config=False)
-    flags.add("status-every", "int", 250, "log timing percentiles every this many requests (0 disables)",
-              in_config=False)
+    flags.add(
+        "status-every", "int", 250, "log timing percentiles every this many requests (0 disables)", in_config=False
+    )
     flags.add_version()
     return flags
 
@@ -151,9 +166,15 @@ class Sender:
         else:
             method, target = "GET", url.replace("%s", quote_plus(body), 1)
         try:
-            reply = await fetch(method, target, body=body if self.post else b"", headers=self.headers,
-                                connect_timeout=self.connect_timeout, request_timeout=self.request_timeout,
-                                max_bytes=_MAX_REPLY_BYTES)
+            reply = await fetch(
+                method,
+                target,
+                body=body if self.post else b"",
+                headers=self.headers,
+                connect_timeout=self.connect_timeout,
+                request_timeout=self.request_timeout,
+                max_bytes=_MAX_REPLY_BYTES,
+            )
         except HTTPClientError as exc:
             raise RequestFailed(str(exc)) from None
         ok = 200 <= reply.status < 300 if self.post else reply.status == 200
@@ -196,19 +217,25 @@ async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> 
     # a stop waits for the requests under way (each bounded by the request timeout), never cutting one short
     stop_timeout = max(30.0, values["http_client_request_timeout"] + 1.0)
     try:
-        consumer = trionsq.Consumer(values["topic"], values["channel"], make_handler(values, headers),
-                                    config=config, nsqd_tcp_addresses=values["nsqd_tcp_address"],
-                                    lookupd_http_addresses=values["lookupd_http_address"], concurrency=values["n"],
-                                    stop_timeout=stop_timeout)
-        async with consumer:
-            async with trio.open_nursery() as nursery:
-                async def stop_on_signal() -> None:
-                    await stop.wait()
-                    nursery.cancel_scope.cancel()
+        consumer = trionsq.Consumer(
+            values["topic"],
+            values["channel"],
+            make_handler(values, headers),
+            config=config,
+            nsqd_tcp_addresses=values["nsqd_tcp_address"],
+            lookupd_http_addresses=values["lookupd_http_address"],
+            concurrency=values["n"],
+            stop_timeout=stop_timeout,
+        )
+        async with consumer, trio.open_nursery() as nursery:
 
-                nursery.start_soon(stop_on_signal)
-                await consumer.wait_closed()
+            async def stop_on_signal() -> None:
+                await stop.wait()
                 nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            await consumer.wait_closed()
+            nursery.cancel_scope.cancel()
             # leaving the block stops the consumer: requests under way finish and are answered, the messages no
             # request has started for go back to nsqd at once
     except Exception as exc:

@@ -55,20 +55,46 @@ def flag_set() -> ToolFlags:
     flags = ToolFlags(PROGRAM)
     flags.add_consumer(channel="nsq_to_nsq")
     flags.add_producer_opt()
-    flags.add("destination-nsqd-tcp-address", "str_list", [], "an nsqd TCP address to publish to (repeatable)",
-              in_config=False)
-    flags.add("destination-topic", "str", "", "the topic to publish every consumed topic to",
-              in_config=False, default_text="is consumed topic name")
-    flags.add("mode", "str", "hostpool", "how a destination is picked per message: round-robin, hostpool or "
-              "epsilon-greedy", in_config=False)
-    flags.add("require-json-field", "str", "", "publish only JSON messages that have this field",
-              in_config=False)
-    flags.add("require-json-value", "str", "", "with --require-json-field: publish only JSON messages whose "
-              "field has this value", in_config=False)
-    flags.add("status-every", "int", 250, "log timing percentiles every this many publishes (0 disables)",
-              in_config=False)
-    flags.add("whitelist-json-field", "str_list", [], "publish JSON messages with only this field "
-              "(repeatable)", in_config=False)
+    flags.add(
+        "destination-nsqd-tcp-address",
+        "str_list",
+        [],
+        "an nsqd TCP address to publish to (repeatable)",
+        in_config=False,
+    )
+    flags.add(
+        "destination-topic",
+        "str",
+        "",
+        "the topic to publish every consumed topic to",
+        in_config=False,
+        default_text="is consumed topic name",
+    )
+    flags.add(
+        "mode",
+        "str",
+        "hostpool",
+        "how a destination is picked per message: round-robin, hostpool or epsilon-greedy",
+        in_config=False,
+    )
+    flags.add("require-json-field", "str", "", "publish only JSON messages that have this field", in_config=False)
+    flags.add(
+        "require-json-value",
+        "str",
+        "",
+        "with --require-json-field: publish only JSON messages whose field has this value",
+        in_config=False,
+    )
+    flags.add(
+        "status-every", "int", 250, "log timing percentiles every this many publishes (0 disables)", in_config=False
+    )
+    flags.add(
+        "whitelist-json-field",
+        "str_list",
+        [],
+        "publish JSON messages with only this field (repeatable)",
+        in_config=False,
+    )
     flags.add_version()
     return flags
 
@@ -156,12 +182,22 @@ class JsonRules:
         return encode(kept)
 
 
-def make_handler(rules: JsonRules, destinations: Destinations, producers: dict[str, Any], topic: str,
-                 metrics: tuple[Any, dict[str, Any]]):
+def make_handler(
+    rules: JsonRules,
+    destinations: Destinations,
+    producers: dict[str, Any],
+    topic: str,
+    metrics: tuple[Any, dict[str, Any]],
+):
     import trionsq  # noqa: PLC0415
 
-    publish_errors = (trionsq.NSQError, trionsq.NoAvailableNsqd, trionsq.ConnectionClosed, trionsq.ConnectError,
-                      OSError)
+    publish_errors = (
+        trionsq.NSQError,
+        trionsq.NoAvailableNsqd,
+        trionsq.ConnectionClosed,
+        trionsq.ConnectError,
+        OSError,
+    )
     aggregate, per_address = metrics
 
     async def handle(message) -> None:
@@ -207,14 +243,19 @@ async def _run(stop, values: dict[str, Any]) -> int:
                 producers[address] = await stack.enter_async_context(trionsq.Producer([address], config=pconfig))
             consumers = []
             for topic in values["topic"]:
-                handler = make_handler(rules, destinations, producers, values["destination_topic"] or topic,
-                                       metrics)
-                consumer = trionsq.Consumer(topic, values["channel"], handler, config=cconfig,
-                                            nsqd_tcp_addresses=values["nsqd_tcp_address"],
-                                            lookupd_http_addresses=values["lookupd_http_address"],
-                                            concurrency=max(1, cconfig.max_in_flight))
+                handler = make_handler(rules, destinations, producers, values["destination_topic"] or topic, metrics)
+                consumer = trionsq.Consumer(
+                    topic,
+                    values["channel"],
+                    handler,
+                    config=cconfig,
+                    nsqd_tcp_addresses=values["nsqd_tcp_address"],
+                    lookupd_http_addresses=values["lookupd_http_address"],
+                    concurrency=max(1, cconfig.max_in_flight),
+                )
                 consumers.append(await stack.enter_async_context(consumer))
             async with trio.open_nursery() as nursery:
+
                 async def all_closed() -> None:
                     for consumer in consumers:
                         await consumer.wait_closed()

@@ -40,8 +40,13 @@ def build_flags() -> ToolFlags:
     flags = ToolFlags("to_nsq")
     flags.add("topic", "str", "", "the topic to publish to", in_config=False)
     flags.add("delimiter", "str", "\n", "the one byte that ends each message read from stdin", in_config=False)
-    flags.add("nsqd-tcp-address", "str_list", [], "an nsqd TCP address to publish to; each gets every message "
-              "(repeatable)", in_config=False)
+    flags.add(
+        "nsqd-tcp-address",
+        "str_list",
+        [],
+        "an nsqd TCP address to publish to; each gets every message (repeatable)",
+        in_config=False,
+    )
     flags.add_producer_opt()
     flags.add("rate", "int", 0, "at most this many messages a second (0: no limit)", in_config=False)
     return flags
@@ -66,7 +71,7 @@ def split_pieces(buffer: bytearray, delimiter: bytes) -> list[bytes]:
     if end < 0:
         return []
     pieces = [piece for piece in bytes(buffer[:end]).split(delimiter) if piece]
-    del buffer[:end + 1]
+    del buffer[: end + 1]
     return pieces
 
 
@@ -153,6 +158,7 @@ async def _read_or_stop(stdin: int, stop) -> bytes | None:
 
     block = None
     async with trio.open_nursery() as nursery:
+
         async def read() -> None:
             nonlocal block
             # abandoned on cancel: a read blocked on a quiet pipe must not hold up a signal's stop

@@ -15,7 +15,6 @@ from .metadata import DataDirLocked, Prebound, prebind
 from .options import parse_options, validate
 from .tls import TLSConfigError
 
-
 #: CPython's cyclic GC looks at young objects every 700 allocations, and at the whole heap each time it
 #: has grown by a quarter: with messages queued in memory that cost about 1 us per message kept (as much
 #: as creating it; measured in bench/HISTORY.md). Messages never form garbage cycles (reference counting
@@ -37,9 +36,16 @@ async def serve(opts, prebound: Prebound) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_daemon(argv, name="nsqd", parse_options=parse_options, validate=validate, serve=serve,
-                      refusals=(DataDirLocked, TLSConfigError, OSError),
-                      refusal_text=functools.partial(instantiate_failure, "nsqd"), prebind=prebind)
+    return run_daemon(
+        argv,
+        name="nsqd",
+        parse_options=parse_options,
+        validate=validate,
+        serve=serve,
+        refusals=(DataDirLocked, TLSConfigError, OSError),
+        refusal_text=functools.partial(instantiate_failure, "nsqd"),
+        prebind=prebind,
+    )
 
 
 if __name__ == "__main__":

@@ -146,8 +146,9 @@ class ActorSystemStatistics:
 class ActorSystem:
     """Runs actors on ``workers`` tasks, fairly by run time. See the module docstring for the algorithm."""
 
-    def __init__(self, workers: int = 1, slice_seconds: float = 0.005, wake_slack: float = 0.005,
-                 interlude_seconds: float = 0.0) -> None:
+    def __init__(
+        self, workers: int = 1, slice_seconds: float = 0.005, wake_slack: float = 0.005, interlude_seconds: float = 0.0
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         if not slice_seconds > 0:
@@ -258,8 +259,13 @@ class ActorSystem:
             actor._actor_resumed = True
             return
         if state is _SUSPENDED and actor._actor_system is self:
-            self._wake(actor, preempt and actor.run_slice_now is not None and self._started
-                       and (not self._running or self._in_interlude))
+            self._wake(
+                actor,
+                preempt
+                and actor.run_slice_now is not None
+                and self._started
+                and (not self._running or self._in_interlude),
+            )
 
     def interlude(self) -> None:
         """Run ``interlude_hook`` now, from inside the one slice in progress, at a safe point of its choosing

@@ -70,9 +70,19 @@ class AuthError(Exception):
 # -- permissions -------------------------------------------------------------------------------------
 
 _POSIX_CLASSES = {
-    "alnum": "0-9A-Za-z", "alpha": "A-Za-z", "ascii": "\\x00-\\x7f", "blank": "\\t ",
-    "cntrl": "\\x00-\\x1f\\x7f", "digit": "0-9", "graph": "!-~", "lower": "a-z", "print": " -~",
-    "punct": "!-/:-@\\[-`{-~", "space": "\\t\\n\\v\\f\\r ", "upper": "A-Z", "word": "0-9A-Za-z_",
+    "alnum": "0-9A-Za-z",
+    "alpha": "A-Za-z",
+    "ascii": "\\x00-\\x7f",
+    "blank": "\\t ",
+    "cntrl": "\\x00-\\x1f\\x7f",
+    "digit": "0-9",
+    "graph": "!-~",
+    "lower": "a-z",
+    "print": " -~",
+    "punct": "!-/:-@\\[-`{-~",
+    "space": "\\t\\n\\v\\f\\r ",
+    "upper": "A-Z",
+    "word": "0-9A-Za-z_",
     "xdigit": "0-9A-Fa-f",
 }
 _POSIX_CLASS = re.compile(r"\[:(\^?)([a-z]+):\]")
@@ -109,7 +119,7 @@ def compile_go_regex(pattern: str) -> re.Pattern:
             if ch == "[" and pattern.startswith("[:", i):
                 match = _POSIX_CLASS.match(pattern, i)
                 if match is None or match.group(2) not in _POSIX_CLASSES:
-                    raise re.error(f"invalid character class range: {pattern[i:i + 12]}")
+                    raise re.error(f"invalid character class range: {pattern[i : i + 12]}")
                 if match.group(1):
                     raise re.error("negated POSIX classes inside a class are not supported")
                 out.append(_POSIX_CLASSES[match.group(2)])
@@ -137,7 +147,7 @@ def compile_go_regex(pattern: str) -> re.Pattern:
             out.append("")  # marks the class start for _class_just_opened
             continue
         if ch == "(" and pattern.startswith(_UNSUPPORTED_GROUPS, i):
-            raise re.error(f"invalid or unsupported Perl syntax: {pattern[i:i + 3]}")
+            raise re.error(f"invalid or unsupported Perl syntax: {pattern[i : i + 3]}")
         out.append(ch)
         i += 1
     if in_class:
@@ -186,7 +196,7 @@ class AuthState:
             f'{{"identity":{_go_json_string(self.identity)},'
             f'"identity_url":{_go_json_string(self.identity_url)},'
             f'"permission_count":{len(self.authorizations)}}}'
-        ).encode("utf-8")
+        ).encode()
 
 
 def _fields(obj, names: dict[str, str], what: str) -> dict:
@@ -221,8 +231,11 @@ def parse_auth_response(body: bytes, now: float) -> AuthState:
         doc = json.loads(body.decode("utf-8", "replace"), parse_constant=_reject_constant)
     except ValueError as exc:
         raise AuthError(f"invalid JSON: {exc}") from None
-    top = _fields(doc, {"ttl": "ttl", "identity": "identity", "identity_url": "identity_url",
-                        "authorizations": "authorizations"}, "response")
+    top = _fields(
+        doc,
+        {"ttl": "ttl", "identity": "identity", "identity_url": "identity_url", "authorizations": "authorizations"},
+        "response",
+    )
     ttl = top.get("ttl", 0)
     if type(ttl) is not int or not _INT64[0] <= ttl <= _INT64[1]:
         raise AuthError(f"ttl {ttl!r} is not an integer")
@@ -233,8 +246,7 @@ def parse_auth_response(body: bytes, now: float) -> AuthState:
         raise AuthError("authorizations is not an array")
     authorizations = []
     for raw in raw_authorizations:
-        entry = _fields(raw, {"topic": "topic", "channels": "channels", "permissions": "permissions"},
-                        "authorization")
+        entry = _fields(raw, {"topic": "topic", "channels": "channels", "permissions": "permissions"}, "authorization")
         topic = _string(entry.get("topic", ""), "topic")
         channels = _strings(entry.get("channels", []), "channels")
         permissions = _strings(entry.get("permissions", []), "permissions")
@@ -266,20 +278,38 @@ def _reject_constant(name: str):
 
 def auth_url(address: str, *, remote_ip: str, tls: bool, common_name: str, secret: bytes) -> str:
     """The URL nsqd queries for one configured ``--auth-http-address``."""
-    query = urlencode([("common_name", common_name), ("remote_ip", remote_ip), ("secret", secret),
-                       ("tls", "true" if tls else "false")])
+    query = urlencode(
+        [
+            ("common_name", common_name),
+            ("remote_ip", remote_ip),
+            ("secret", secret),
+            ("tls", "true" if tls else "false"),
+        ]
+    )
     base = address if "://" in address else f"http://{address}/auth"
     return f"{base}?{query}"
 
 
-async def http_get(url: str, *, headers: list[tuple[str, str]], ssl_context: ssl.SSLContext | None,
-                   connect_timeout: float, request_timeout: float) -> tuple[int, bytes]:
+async def http_get(
+    url: str,
+    *,
+    headers: list[tuple[str, str]],
+    ssl_context: ssl.SSLContext | None,
+    connect_timeout: float,
+    request_timeout: float,
+) -> tuple[int, bytes]:
     """GET ``url`` as nsqd's Go client does; returns (status, body). ``AuthError`` for anything that is not a
     whole response (``runtime.http_client``)."""
     try:
-        reply = await fetch("GET", url, headers=[("User-Agent", USER_AGENT), *headers], ssl_context=ssl_context,
-                            connect_timeout=connect_timeout, request_timeout=request_timeout,
-                            max_bytes=MAX_RESPONSE_BYTES)
+        reply = await fetch(
+            "GET",
+            url,
+            headers=[("User-Agent", USER_AGENT), *headers],
+            ssl_context=ssl_context,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+            max_bytes=MAX_RESPONSE_BYTES,
+        )
     except HTTPClientError as exc:
         raise AuthError(str(exc)) from None
     return reply.status, reply.body
@@ -306,21 +336,31 @@ def _https_retry_url(url: str, body: bytes) -> str:
 class Authenticator:
     """Queries the configured auth servers for a connection (one instance per nsqd)."""
 
-    def __init__(self, addresses: list[str], *, connect_timeout: float, request_timeout: float,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        *,
+        connect_timeout: float,
+        request_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.addresses = list(addresses)
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self._ssl_context = ssl_context  # for https:// auth servers; the system roots when None
 
     @classmethod
-    def from_options(cls, opts) -> "Authenticator":
+    def from_options(cls, opts) -> Authenticator:
         """Built at startup, so an unreadable ``--tls-root-ca-file`` stops nsqd (``TLSConfigError``)."""
         from .tls import client_ssl_context
 
         context = client_ssl_context(opts) if opts.auth_http_addresses else None
-        return cls(opts.auth_http_addresses, connect_timeout=opts.http_client_connect_timeout,
-                   request_timeout=opts.http_client_request_timeout, ssl_context=context)
+        return cls(
+            opts.auth_http_addresses,
+            connect_timeout=opts.http_client_connect_timeout,
+            request_timeout=opts.http_client_request_timeout,
+            ssl_context=context,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -346,13 +386,22 @@ class Authenticator:
 
     async def _query_one(self, url: str) -> AuthState:
         headers = [("Accept", ACCEPT_V1)]
-        status, body = await http_get(url, headers=headers, ssl_context=self._context_for(url),
-                                      connect_timeout=self.connect_timeout, request_timeout=self.request_timeout)
+        status, body = await http_get(
+            url,
+            headers=headers,
+            ssl_context=self._context_for(url),
+            connect_timeout=self.connect_timeout,
+            request_timeout=self.request_timeout,
+        )
         if status == 403 and not url.startswith("https"):
             url = _https_retry_url(url, body)
-            status, body = await http_get(url, headers=headers, ssl_context=self._context_for(url),
-                                          connect_timeout=self.connect_timeout,
-                                          request_timeout=self.request_timeout)
+            status, body = await http_get(
+                url,
+                headers=headers,
+                ssl_context=self._context_for(url),
+                connect_timeout=self.connect_timeout,
+                request_timeout=self.request_timeout,
+            )
         if status != 200:
             raise AuthError(f"got response {status} {body[:200]!r}")
         return parse_auth_response(body, trio.current_time())

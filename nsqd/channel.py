@@ -36,19 +36,17 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Callable
 
 import trio
 
+from protocol.log import Columns
 from protocol.names import is_ephemeral
 from protocol.replication import OP_EMPTIED, OP_LOG, OP_PAUSED, OP_UNPAUSED
 
 from .client import Client
 from .dispatch import ChannelDispatcher
-from protocol.log import Columns
-
 from .message import Message, encode_record, split_messages
 from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
 from .queues.deferred_index import DeferredIndex
@@ -64,9 +62,18 @@ class ChannelError(Exception):
 
 
 class Channel:
-    def __init__(self, topic, name: str, *, mem_queue_size: int, max_msg_timeout: float, actors,
-                 on_last_client_gone: Callable[["Channel"], None], backend=None,
-                 open_log: Callable[[str, bool], object] | None = None) -> None:
+    def __init__(
+        self,
+        topic,
+        name: str,
+        *,
+        mem_queue_size: int,
+        max_msg_timeout: float,
+        actors,
+        on_last_client_gone: Callable[[Channel], None],
+        backend=None,
+        open_log: Callable[[str, bool], object] | None = None,
+    ) -> None:
         self.topic = topic
         self.topic_name = topic.name
         self.name = name
@@ -91,7 +98,7 @@ class Channel:
         self.deferred: DeferredQueue = EMPTY_DEFERRED
         #: called with the channel when its in-flight or deferred queue goes from empty to holding something (the
         #: daemon's queue scanner: ``QueueScanner.activate``, one bound method for every channel)
-        self.on_timed_work: Callable[["Channel"], None] | None = None
+        self.on_timed_work: Callable[[Channel], None] | None = None
         # durable mode: ID -> topic record token of each message kept only in memory after the disk refused it
         self._topic_records: dict[bytes, int] = {}
         self.clients: dict[int, Client] = {}
@@ -117,7 +124,7 @@ class Channel:
         self._open_log = open_log
         #: called as ``hook(channel, old, new)`` after a commit moved the committed offset from ``old`` to ``new``
         #: (replication streams it as the FINs of the messages in between: ``self.log.ids_between(old, new)``)
-        self.on_log_commit: Callable[["Channel", int, int], None] | None = None
+        self.on_log_commit: Callable[[Channel, int, int], None] | None = None
         if open_log is not None and backend is not None:
             found = open_log(backend.name, False)
             if found is not None:
@@ -212,8 +219,13 @@ class Channel:
         try:
             backend.put_many([encode_record(m) for m in messages])
         except OSError as exc:
-            log.error("CHANNEL(%s:%s): failed to write %d message(s) to disk, keeping them in memory - %s",
-                      self.topic_name, self.name, len(messages), exc)
+            log.error(
+                "CHANNEL(%s:%s): failed to write %d message(s) to disk, keeping them in memory - %s",
+                self.topic_name,
+                self.name,
+                len(messages),
+                exc,
+            )
             if topic_token >= 0:
                 records = self._topic_records
                 owe = self.topic.owe_record
@@ -255,8 +267,7 @@ class Channel:
             backend.put_many([encode_record(m) for m in kept])
         except OSError:
             return  # logged by the queue; tried again once a write succeeds
-        log.info("CHANNEL(%s:%s): wrote %d message(s) kept in memory to disk", self.topic_name, self.name,
-                 len(kept))
+        log.info("CHANNEL(%s:%s): wrote %d message(s) kept in memory to disk", self.topic_name, self.name, len(kept))
         queue = self.queue
         rest = [m for m in queue if m.id not in records]
         queue.clear()
@@ -426,13 +437,22 @@ class Channel:
         if not messages:
             return True
         self.changed.add(self)
-        columns = Columns.from_messages([m.id for m in messages], [m.timestamp for m in messages],
-                                        [m.attempts for m in messages], [m.body for m in messages])
+        columns = Columns.from_messages(
+            [m.id for m in messages],
+            [m.timestamp for m in messages],
+            [m.attempts for m in messages],
+            [m.body for m in messages],
+        )
         try:
             self.log.append(columns)
         except OSError as exc:
-            log.error("CHANNEL(%s:%s): failed to append %d message(s) to the log, keeping them in memory - %s",
-                      self.topic_name, self.name, len(messages), exc)
+            log.error(
+                "CHANNEL(%s:%s): failed to append %d message(s) to the log, keeping them in memory - %s",
+                self.topic_name,
+                self.name,
+                len(messages),
+                exc,
+            )
             self.queue.extend(messages)  # appended by the next ``_absorb_backlog`` (a LOG, a restart)
             return False
         self._stored(messages)
@@ -648,8 +668,7 @@ class Channel:
             try:
                 if pending:
                     backend.put_many([encode_record(m) for m in pending])
-                    log.info("CHANNEL(%s:%s): wrote %d message(s) to disk", self.topic_name, self.name,
-                             len(pending))
+                    log.info("CHANNEL(%s:%s): wrote %d message(s) to disk", self.topic_name, self.name, len(pending))
                     if self.durable:
                         for m in pending:
                             if m.disk_token >= 0:
@@ -657,8 +676,12 @@ class Channel:
                         self._release_all_topic_records()  # all written: the topic closes after its channels
                 self.deferred_index.save(backend.write_position(), delays)
                 if self.deferred_index or delays:
-                    log.info("CHANNEL(%s:%s): saved the due time of %d deferred message(s)", self.topic_name,
-                             self.name, len(self.deferred_index) + len(delays))
+                    log.info(
+                        "CHANNEL(%s:%s): saved the due time of %d deferred message(s)",
+                        self.topic_name,
+                        self.name,
+                        len(self.deferred_index) + len(delays),
+                    )
             finally:
                 backend.close()
         else:
@@ -682,8 +705,7 @@ class Channel:
             pending.extend(self.in_flight.drain())
             pending.extend(message for _due, message in self.deferred.drain())
             if pending and self._append(pending):
-                log.info("CHANNEL(%s:%s): appended %d message(s) to the log", self.topic_name, self.name,
-                         len(pending))
+                log.info("CHANNEL(%s:%s): appended %d message(s) to the log", self.topic_name, self.name, len(pending))
             if self.queue:  # the log refused them: the disk queue keeps them, appended at the next start
                 backend.put_many([encode_record(m) for m in self.queue])
                 self.queue.clear()

@@ -8,8 +8,8 @@ and then tells the writer whether to flush now or to let the flush timer batch m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from enum import IntEnum
-from typing import Callable
 
 import trio
 
@@ -33,8 +33,16 @@ class Client:
     ``in_flight < rdy``, and its channel is not paused (the channel checks that last part).
     """
 
-    def __init__(self, client_id: int, remote_address: str, *, msg_timeout: float, heartbeat_interval: float,
-                 output_buffer_size: int, output_buffer_timeout: float) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        remote_address: str,
+        *,
+        msg_timeout: float,
+        heartbeat_interval: float,
+        output_buffer_size: int,
+        output_buffer_timeout: float,
+    ) -> None:
         host = remote_address.rsplit(":", 1)[0].strip("[]")
         self.id = client_id
         self.remote_address = remote_address

@@ -58,11 +58,21 @@ def quantile_values(sorted_samples: list[int], quantiles) -> tuple[tuple[float, 
 class E2ELatency:
     """The two-bucket window of one channel. ``add(publish_ts_ns)`` is called at every FIN."""
 
-    __slots__ = ("quantiles", "half_window_ns", "max_samples", "_current", "_previous", "_current_count",
-                 "_previous_count", "_rotate_at", "_next")
+    __slots__ = (
+        "quantiles",
+        "half_window_ns",
+        "max_samples",
+        "_current",
+        "_previous",
+        "_current_count",
+        "_previous_count",
+        "_rotate_at",
+        "_next",
+    )
 
-    def __init__(self, quantiles, window_seconds: float, *, max_samples: int = DEFAULT_MAX_SAMPLES,
-                 now_ns: int | None = None) -> None:
+    def __init__(
+        self, quantiles, window_seconds: float, *, max_samples: int = DEFAULT_MAX_SAMPLES, now_ns: int | None = None
+    ) -> None:
         assert max_samples > 0
         self.quantiles = tuple(quantiles)
         self.half_window_ns = max(int(window_seconds * 1e9) // 2, 1)

@@ -43,8 +43,16 @@ from protocol.frames import OK_FRAME
 from .speedups import load as load_speedups
 from .topic import TopicExiting, TopicFull
 
-__all__ = ["ACCELERATED", "PublishBatch", "count_published", "fast_line_of", "poll_producers", "read_producers",
-           "read_pubs", "write_oks"]
+__all__ = [
+    "ACCELERATED",
+    "PublishBatch",
+    "count_published",
+    "fast_line_of",
+    "poll_producers",
+    "read_producers",
+    "read_pubs",
+    "write_oks",
+]
 
 RECEIVE_SIZE = 65536
 _unpack_size = struct.Struct(">i").unpack_from
@@ -91,8 +99,7 @@ def fast_line_of(member) -> tuple[bytes, bytes] | None:
     return None
 
 
-def _read_producer(member, fd: int, groups: dict, max_size: int, step_time: float, others: list,
-                   late: list) -> bool:
+def _read_producer(member, fd: int, groups: dict, max_size: int, step_time: float, others: list, late: list) -> bool:
     """``read_producer`` of nsqd/_speedups.c in Python: False when ``member`` may not take the fast path (nothing
     read), True when it was read (see ``PublishBatch.read_producers``)."""
     last = fast_line_of(member)
@@ -146,8 +153,12 @@ def _poll_producers(epoll, members: dict, light_read: int, max_size: int, groups
     for event in epoll.poll(0):
         fd = event[0]
         member = members.get(fd)
-        if (member is not None and member.last_read <= light_read and member.poll_actor is None
-                and _read_producer(member, fd, groups, max_size, step_time, others, late)):
+        if (
+            member is not None
+            and member.last_read <= light_read
+            and member.poll_actor is None
+            and _read_producer(member, fd, groups, max_size, step_time, others, late)
+        ):
             taken.append(fd)
         else:
             events.append(event)
@@ -236,8 +247,9 @@ class PublishBatch:
         groups = self._topics
         had_groups = bool(groups)
         poller = self.nsqd.read_poller
-        events, taken, others, late = poll_producers(epoll, members, light_read, self._max_size, groups,
-                                                     poller.step_time)
+        events, taken, others, late = poll_producers(
+            epoll, members, light_read, self._max_size, groups, poller.step_time
+        )
         self._after_reads(had_groups, others, late)
         return events, taken
 

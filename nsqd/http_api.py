@@ -52,11 +52,11 @@ from protocol.http import (
     json_response,
     text_response,
 )
-from runtime.http_server import HTTPServer
-from runtime.startup import address_port
-from runtime.logfmt import log_level_word, set_log_level
 from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
+from runtime.http_server import HTTPServer
+from runtime.logfmt import log_level_word, set_log_level
+from runtime.startup import address_port
 
 from .options import config_value
 from .stats import collect, format_text, gc_paused, json_body
@@ -93,8 +93,11 @@ class NSQDRouter(Router):
     async def call(self, match, request: Request) -> Response:
         if not request.tls and self.tls_required:
             body = f'{{"message": "TLS_REQUIRED", "https_port": {self.nsqd_https_port()}}}'.encode()
-            return Response(403, [("Content-Type", "application/json; charset=utf-8"),
-                                  ("X-Nsq-Content-Type", "nsq; version=1.0")], body)
+            return Response(
+                403,
+                [("Content-Type", "application/json; charset=utf-8"), ("X-Nsq-Content-Type", "nsq; version=1.0")],
+                body,
+            )
         return await super().call(match, request)
 
     def nsqd_https_port(self) -> int:
@@ -200,19 +203,21 @@ class _API:
             hostname = socket.gethostname()
         except OSError as exc:
             raise HTTPError(500, str(exc)) from None
-        return json_response({
-            "version": NSQ_VERSION,
-            "broadcast_address": opts.broadcast_address,
-            "hostname": hostname,
-            # -1 on a unix socket; 0 without HTTP (nsqd reports its empty TCP address then)
-            "http_port": address_port(nsqd.http_address) if nsqd.http_address else 0,
-            "tcp_port": address_port(nsqd.tcp_address),
-            "start_time": nsqd.start_time,
-            "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
-            "max_output_buffer_size": opts.max_output_buffer_size,
-            "max_output_buffer_timeout": round(opts.max_output_buffer_timeout * 1e9),
-            "max_deflate_level": opts.max_deflate_level,
-        })
+        return json_response(
+            {
+                "version": NSQ_VERSION,
+                "broadcast_address": opts.broadcast_address,
+                "hostname": hostname,
+                # -1 on a unix socket; 0 without HTTP (nsqd reports its empty TCP address then)
+                "http_port": address_port(nsqd.http_address) if nsqd.http_address else 0,
+                "tcp_port": address_port(nsqd.tcp_address),
+                "start_time": nsqd.start_time,
+                "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
+                "max_output_buffer_size": opts.max_output_buffer_size,
+                "max_output_buffer_timeout": round(opts.max_output_buffer_timeout * 1e9),
+                "max_deflate_level": opts.max_deflate_level,
+            }
+        )
 
     async def pub(self, request: Request) -> Response:
         body = request.body  # the route's limit already answered 413 MSG_TOO_BIG
@@ -257,8 +262,9 @@ class _API:
                 render = self.stats_cache.json if fmt == "json" else self.stats_cache.text
                 body = render(channel=channel, include_clients=include_clients, include_mem=include_mem)
             else:
-                stats = collect(self.nsqd, topic=topic, channel=channel, include_clients=include_clients,
-                                include_mem=include_mem)
+                stats = collect(
+                    self.nsqd, topic=topic, channel=channel, include_clients=include_clients, include_mem=include_mem
+                )
                 body = json_body(stats) if fmt == "json" else format_text(stats).encode("utf-8", "replace")
                 del stats
         if fmt == "json":
@@ -418,8 +424,10 @@ class _API:
 
     # Go runtime hooks
     async def pprof_index(self, request: Request) -> Response:
-        page = ("<html><head><title>/debug/pprof/</title></head><body>/debug/pprof/<br><br>"
-                "No profiles: this nsqd does not run on the Go runtime.</body></html>\n")
+        page = (
+            "<html><head><title>/debug/pprof/</title></head><body>/debug/pprof/<br><br>"
+            "No profiles: this nsqd does not run on the Go runtime.</body></html>\n"
+        )
         return Response(200, [("Content-Type", "text/html; charset=utf-8")], page.encode())
 
     async def set_block_rate(self, request: Request) -> Response:
@@ -428,7 +436,8 @@ class _API:
             return text_response(f"invalid block rate : strconv.Atoi: parsing {go_quote(text)}: invalid syntax", 400)
         if not _INT64_MIN <= int(text) <= _INT64_MAX:
             return text_response(
-                f"invalid block rate : strconv.Atoi: parsing {go_quote(text)}: value out of range", 400)
+                f"invalid block rate : strconv.Atoi: parsing {go_quote(text)}: value out of range", 400
+            )
         return Response(200, [], b"")
 
     async def free_memory(self, request: Request) -> Response:
@@ -467,7 +476,7 @@ def _binary_bodies(body: bytes, max_msg_size: int, max_body_size: int) -> list[b
         pos += 4
         if size <= 0 or size > max_msg_size or pos + size > end:
             raise HTTPError(413, "BAD_MESSAGE")
-        bodies.append(body[pos:pos + size])
+        bodies.append(body[pos : pos + size])
         pos += size
     return bodies
 
@@ -479,10 +488,22 @@ def build_router(nsqd) -> NSQDRouter:
     router = NSQDRouter(nsqd, logger=log)
     router.add(["GET"], "/ping", api.ping)
     router.add(["GET"], "/info", api.info)
-    router.add(["POST"], "/pub", api.pub, access_log=False, max_body_bytes=lambda: opts_of().max_msg_size,
-               body_too_big=error_response(413, "MSG_TOO_BIG"))
-    router.add(["POST"], "/mpub", api.mpub, access_log=False, max_body_bytes=lambda: opts_of().max_body_size,
-               body_too_big=error_response(413, "BODY_TOO_BIG"))
+    router.add(
+        ["POST"],
+        "/pub",
+        api.pub,
+        access_log=False,
+        max_body_bytes=lambda: opts_of().max_msg_size,
+        body_too_big=error_response(413, "MSG_TOO_BIG"),
+    )
+    router.add(
+        ["POST"],
+        "/mpub",
+        api.mpub,
+        access_log=False,
+        max_body_bytes=lambda: opts_of().max_body_size,
+        body_too_big=error_response(413, "BODY_TOO_BIG"),
+    )
     router.add(["GET"], "/stats", api.stats)
     router.add(["GET"], "/metrics", api.metrics)
     router.add(["POST"], "/topic/create", api.topic_create)
@@ -495,8 +516,13 @@ def build_router(nsqd) -> NSQDRouter:
     router.add(["POST"], "/channel/empty", api.channel_empty)
     router.add(["POST"], "/channel/pause", api.channel_pause)
     router.add(["POST"], "/channel/unpause", api.channel_unpause)
-    router.add(["GET", "PUT"], "/config/:opt", api.config, max_body_bytes=lambda: opts_of().max_msg_size,
-               body_too_big=error_response(413, "INVALID_VALUE"))
+    router.add(
+        ["GET", "PUT"],
+        "/config/:opt",
+        api.config,
+        max_body_bytes=lambda: opts_of().max_msg_size,
+        body_too_big=error_response(413, "INVALID_VALUE"),
+    )
     router.add(["POST"], "/replica/takeover", api.replica_takeover)
     router.add(["GET"], "/debug/pprof/", api.pprof_index)
     router.add(["PUT"], "/debug/setblockrate", api.set_block_rate)
@@ -506,5 +532,11 @@ def build_router(nsqd) -> NSQDRouter:
 
 def make_http_server(nsqd, listeners: list, *, name: str = "HTTP", ssl_context=None) -> HTTPServer:
     """The HTTP (or, with ``ssl_context``, HTTPS) server of ``nsqd`` on already bound ``listeners``."""
-    return HTTPServer(build_router(nsqd), logger=log, listeners=listeners, name=name, ssl_context=ssl_context,
-                      max_body_bytes=lambda: nsqd.opts.max_body_size)
+    return HTTPServer(
+        build_router(nsqd),
+        logger=log,
+        listeners=listeners,
+        name=name,
+        ssl_context=ssl_context,
+        max_body_bytes=lambda: nsqd.opts.max_body_size,
+    )

@@ -36,6 +36,7 @@ from urllib.parse import quote
 
 import trio
 
+from protocol.errors import ProtocolError
 from protocol.lookup_v1 import (
     MAGIC_V1,
     PING,
@@ -46,7 +47,6 @@ from protocol.lookup_v1 import (
     encode_unregister,
     parse_lookupd_info,
 )
-from protocol.errors import ProtocolError
 from protocol.names import is_ephemeral
 from protocol.version import NSQ_VERSION
 from runtime.startup import address_port, resolve_port, split_host_port
@@ -81,7 +81,7 @@ def join_host_port(host: str, port: int) -> str:
 class LookupPeer:
     """One lookupd: its connection task, its queue of notifications and what it said about itself."""
 
-    def __init__(self, lookup: "Lookup", address: str) -> None:
+    def __init__(self, lookup: Lookup, address: str) -> None:
         self.lookup = lookup
         self.address = address
         self.info: LookupdInfo | None = None  # kept across reconnects, like nsqd
@@ -116,8 +116,14 @@ class LookupPeer:
             while True:
                 try:
                     await self._connect_and_serve()
-                except* (PeerLost, OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
-                         ProtocolError) as group:
+                except* (
+                    PeerLost,
+                    OSError,
+                    trio.BrokenResourceError,
+                    trio.ClosedResourceError,
+                    trio.TooSlowError,
+                    ProtocolError,
+                ) as group:
                     log.error("LOOKUPD(%s): %s", self, _reason(group))
                     if self.connected:
                         delay = RECONNECT_MIN  # it worked until now: retry soon
@@ -180,9 +186,13 @@ class LookupPeer:
 
     async def _handshake(self, stream) -> None:
         nsqd = self.lookup.nsqd
-        identify = encode_identify(broadcast_address=nsqd.opts.broadcast_address, hostname=self.lookup.hostname,
-                                   http_port=self.lookup.broadcast_http_port(),
-                                   tcp_port=self.lookup.broadcast_tcp_port(), version=NSQ_VERSION)
+        identify = encode_identify(
+            broadcast_address=nsqd.opts.broadcast_address,
+            hostname=self.lookup.hostname,
+            http_port=self.lookup.broadcast_http_port(),
+            tcp_port=self.lookup.broadcast_tcp_port(),
+            version=NSQ_VERSION,
+        )
         response = await self._command(stream, identify)
         if response == b"E_INVALID":
             log.info("LOOKUPD(%s): lookupd returned %s", self, response.decode())
@@ -192,8 +202,14 @@ class LookupPeer:
         except ValueError:
             raise PeerLost(f"parsing response - {response.decode('utf-8', 'replace')}") from None
         self.info = info
-        log.info("LOOKUPD(%s): peer info {TCPPort:%d HTTPPort:%d Version:%s BroadcastAddress:%s}", self,
-                 info.tcp_port, info.http_port, info.version, info.broadcast_address)
+        log.info(
+            "LOOKUPD(%s): peer info {TCPPort:%d HTTPPort:%d Version:%s BroadcastAddress:%s}",
+            self,
+            info.tcp_port,
+            info.http_port,
+            info.version,
+            info.broadcast_address,
+        )
         if not info.broadcast_address:
             log.error("LOOKUPD(%s): no broadcast address", self)
         # From here on notifications queue up; the announcement below covers everything before.
@@ -317,8 +333,11 @@ class Lookup:
     # -- channel pre-creation --------------------------------------------------------------------
     def http_addresses(self) -> list[str]:
         """``host:port`` of the lookupds identified with so far (their broadcast address and HTTP port)."""
-        return [join_host_port(peer.info.broadcast_address, peer.info.http_port)
-                for peer in list(self.peers.values()) if peer.info is not None and peer.info.broadcast_address]
+        return [
+            join_host_port(peer.info.broadcast_address, peer.info.http_port)
+            for peer in list(self.peers.values())
+            if peer.info is not None and peer.info.broadcast_address
+        ]
 
     def prepare_topic(self, topic) -> None:
         """Called for a topic created at run time: hold it while lookupd says which channels to create."""
@@ -355,9 +374,13 @@ class Lookup:
             url = f"http://{address}/channels?topic={quote(topic_name, safe='')}"
             log.info("CI: querying nsqlookupd %s", url)
             try:
-                status, body = await http_get(url, headers=[ACCEPT_V1], ssl_context=None,
-                                              connect_timeout=opts.http_client_connect_timeout,
-                                              request_timeout=opts.http_client_request_timeout)
+                status, body = await http_get(
+                    url,
+                    headers=[ACCEPT_V1],
+                    ssl_context=None,
+                    connect_timeout=opts.http_client_connect_timeout,
+                    request_timeout=opts.http_client_request_timeout,
+                )
                 if status != 200:
                     raise AuthError(f"got response {status} {body[:200]!r}")
                 channels = json.loads(body).get("channels") or []
@@ -371,8 +394,7 @@ class Lookup:
             for address in addresses:
                 nursery.start_soon(query, address)
         if errors:
-            log.warning("failed to query nsqlookupd for channels to pre-create for topic %s - %s", topic_name,
-                        "; ".join(errors))
+            log.warning(
+                "failed to query nsqlookupd for channels to pre-create for topic %s - %s", topic_name, "; ".join(errors)
+            )
         return sorted(found)
-
-

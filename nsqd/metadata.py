@@ -19,8 +19,16 @@ import os
 from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 
-__all__ = ["FILE_NAME", "DataDirLocked", "Prebound", "bind_addresses", "lock_data_path", "prebind", "load_metadata",
-           "snapshot"]
+__all__ = [
+    "FILE_NAME",
+    "DataDirLocked",
+    "Prebound",
+    "bind_addresses",
+    "lock_data_path",
+    "prebind",
+    "load_metadata",
+    "snapshot",
+]
 
 FILE_NAME = "nsqd.dat"
 log = logging.getLogger("nsqd")
@@ -74,8 +82,10 @@ def lock_data_path(path: str) -> int:
     except OSError as exc:
         os.close(fd)
         reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # Go's wording of EWOULDBLOCK
-        raise DataDirLocked(f"failed to lock data-path: cannot flock directory {path} - {reason} "
-                            "(possibly in use by another instance of nsqd)") from exc
+        raise DataDirLocked(
+            f"failed to lock data-path: cannot flock directory {path} - {reason} "
+            "(possibly in use by another instance of nsqd)"
+        ) from exc
     return fd
 
 

@@ -25,10 +25,10 @@ covers it (``flush``), and asks for it without the coalescing delay. Start-up an
 
 from __future__ import annotations
 
-from json.encoder import encode_basestring_ascii
 import logging
 import os
 import time
+from json.encoder import encode_basestring_ascii
 
 import trio
 
@@ -44,8 +44,11 @@ __all__ = ["MetadataWriter", "document_parts", "encode_topic"]
 def encode_topic(topic) -> bytes:
     """One topic's entry of the ``topics`` list, as in ``json.dumps(snapshot(...), separators=(",", ":"))``, written
     directly (``json.dumps`` cost 8 us a topic: a storm of creates re-encodes every new one)."""
-    channels = [f'{{"name":{_quote(c.name)},"paused":{_BOOLEAN[bool(c.paused)]}}}'
-                for c in topic.channels.values() if not c.ephemeral]
+    channels = [
+        f'{{"name":{_quote(c.name)},"paused":{_BOOLEAN[bool(c.paused)]}}}'
+        for c in topic.channels.values()
+        if not c.ephemeral
+    ]
     listed = f"[{','.join(channels)}]" if channels else "null"
     return f'{{"name":{_quote(topic.name)},"paused":{_BOOLEAN[bool(topic.paused)]},"channels":{listed}}}'.encode()
 
@@ -91,8 +94,9 @@ class MetadataWriter:
     #: seconds between two ``writev`` of a write in the background (``replace_file``'s ``pause``); none inline
     WRITE_PAUSE = 0.0002
 
-    def __init__(self, data_path: str, topics: dict, *, interval: float = INTERVAL,
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self, data_path: str, topics: dict, *, interval: float = INTERVAL, logger: logging.Logger | None = None
+    ) -> None:
         self.path = os.path.join(data_path, FILE_NAME)
         self.topics = topics
         self.interval = interval
@@ -185,8 +189,9 @@ class MetadataWriter:
         with trio.CancelScope(shield=True):  # a write already handed over finishes before the task ends
             await done.wait()
         self._last_duration = trio.current_time() - started
-        self._next_start = started + max(self.interval, self.BUSY_FACTOR * self._last_duration,
-                                         self.CPU_FACTOR * self._last_cpu)
+        self._next_start = started + max(
+            self.interval, self.BUSY_FACTOR * self._last_duration, self.CPU_FACTOR * self._last_cpu
+        )
         self.written = generation
         self._written.set()
         self._written = trio.Event()

@@ -45,8 +45,16 @@ from prometheus_client.utils import floatToGoString
 from .replication.stats import replication_metrics
 from .stats import gc_paused, node_stats
 
-__all__ = ["CHANNEL_SERIES", "TOPIC_SERIES", "MetricsEndpoint", "NSQDCollector", "channel_rows", "rows_pieces",
-           "series_text", "topic_rows"]
+__all__ = [
+    "CHANNEL_SERIES",
+    "TOPIC_SERIES",
+    "MetricsEndpoint",
+    "NSQDCollector",
+    "channel_rows",
+    "rows_pieces",
+    "series_text",
+    "topic_rows",
+]
 
 
 def _quantile_label(q: float) -> str:
@@ -65,18 +73,23 @@ TOPIC_SERIES = (
     ("nsqd_topic_message_bytes", "counter", "Bytes of message bodies published", attrgetter("message_bytes")),
     ("nsqd_topic_channels", "gauge", "Channels of the topic", _channel_count),
     ("nsqd_topic_paused", "gauge", "1 while the topic is paused", attrgetter("paused")),
-    ("nsqd_topic_damaged_messages", "counter", "Messages of the topic's disk queue found damaged or lost, never "
-     "delivered", attrgetter("damaged_count")),
+    (
+        "nsqd_topic_damaged_messages",
+        "counter",
+        "Messages of the topic's disk queue found damaged or lost, never delivered",
+        attrgetter("damaged_count"),
+    ),
 )
-TOPIC_E2E = ("nsqd_topic_e2e_processing_latency_seconds",
-             "Publish-to-FIN latency quantiles over the window, all channels",
-             "nsqd_topic_e2e_processing_latency_samples",
-             "Publish-to-FIN latency samples in the window, all channels")
+TOPIC_E2E = (
+    "nsqd_topic_e2e_processing_latency_seconds",
+    "Publish-to-FIN latency quantiles over the window, all channels",
+    "nsqd_topic_e2e_processing_latency_samples",
+    "Publish-to-FIN latency samples in the window, all channels",
+)
 #: the same for channels (``ChannelStats``)
 CHANNEL_SERIES = (
     ("nsqd_channel_depth", "gauge", "Messages ready in the channel (memory and disk)", attrgetter("depth")),
-    ("nsqd_channel_backend_depth", "gauge", "Messages ready in the channel's disk queue",
-     attrgetter("backend_depth")),
+    ("nsqd_channel_backend_depth", "gauge", "Messages ready in the channel's disk queue", attrgetter("backend_depth")),
     ("nsqd_channel_in_flight", "gauge", "Messages delivered and not yet finished", attrgetter("in_flight_count")),
     ("nsqd_channel_deferred", "gauge", "Deferred messages waiting for their time", attrgetter("deferred_count")),
     ("nsqd_channel_messages", "counter", "Messages put into the channel", attrgetter("message_count")),
@@ -84,8 +97,12 @@ CHANNEL_SERIES = (
     ("nsqd_channel_timeouts", "counter", "In-flight messages that timed out", attrgetter("timeout_count")),
     ("nsqd_channel_clients", "gauge", "Consumers connected to the channel", attrgetter("client_count")),
     ("nsqd_channel_paused", "gauge", "1 while the channel is paused", attrgetter("paused")),
-    ("nsqd_channel_damaged_messages", "counter", "Messages of the channel's disk queue found damaged or lost, "
-     "never delivered", attrgetter("damaged_count")),
+    (
+        "nsqd_channel_damaged_messages",
+        "counter",
+        "Messages of the channel's disk queue found damaged or lost, never delivered",
+        attrgetter("damaged_count"),
+    ),
 )
 #: the families of log channels' offsets (a ``ChannelStats.log`` tuple's fields), after the latency families
 LOG_SERIES = (
@@ -93,8 +110,12 @@ LOG_SERIES = (
     ("nsqd_channel_log_committed_offset", "Offset below which a log channel's messages are finished"),
     ("nsqd_channel_log_end_offset", "Offset the next message of a log channel gets"),
 )
-CHANNEL_E2E = ("nsqd_channel_e2e_processing_latency_seconds", "Publish-to-FIN latency quantiles over the window",
-               "nsqd_channel_e2e_processing_latency_samples", "Publish-to-FIN latency samples in the window")
+CHANNEL_E2E = (
+    "nsqd_channel_e2e_processing_latency_seconds",
+    "Publish-to-FIN latency quantiles over the window",
+    "nsqd_channel_e2e_processing_latency_samples",
+    "Publish-to-FIN latency samples in the window",
+)
 
 
 def _family(name: str, kind: str, documentation: str, openmetrics: bool) -> bytes:
@@ -117,16 +138,23 @@ def _value(value) -> str:
     return repr(float(value)) if value < 1_000_000 else floatToGoString(value)
 
 
-def _rows_of(item, samples: tuple[str, ...], series, latency: tuple, labels: str, before: str, after: str) \
-        -> tuple[bytes, ...]:
+def _rows_of(
+    item, samples: tuple[str, ...], series, latency: tuple, labels: str, before: str, after: str
+) -> tuple[bytes, ...]:
     lines = [f"{sample}{labels} {_value(spec[3](item))}\n" for sample, spec in zip(samples, series)]
     e2e = item.e2e_processing_latency
     if e2e.percentiles is None:
         lines += ("", "")
     else:
         seconds, _, count, _ = latency
-        lines.append("".join([f'{seconds}{{{before}quantile="{_quantile_label(q)}",{after}}} '
-                              f"{floatToGoString(value / 1e9)}\n" for q, value in e2e.percentiles]))
+        lines.append(
+            "".join(
+                [
+                    f'{seconds}{{{before}quantile="{_quantile_label(q)}",{after}}} {floatToGoString(value / 1e9)}\n'
+                    for q, value in e2e.percentiles
+                ]
+            )
+        )
         lines.append(f"{count}{labels} {floatToGoString(e2e.count)}\n")
     return tuple(line.encode() for line in lines)
 
@@ -145,8 +173,9 @@ def channel_rows(channel, topic_name: str) -> tuple[bytes, ...]:
     rows = _rows_of(channel, _CHANNEL_SAMPLES, CHANNEL_SERIES, CHANNEL_E2E, labels, before, after)
     if channel.log is None:
         return rows + _NO_LOG_ROWS
-    return rows + tuple(f"{name}{labels} {_value(value)}\n".encode() for (name, _), value in zip(LOG_SERIES,
-                                                                                               channel.log))
+    return rows + tuple(
+        f"{name}{labels} {_value(value)}\n".encode() for (name, _), value in zip(LOG_SERIES, channel.log)
+    )
 
 
 _NO_LOG_ROWS = (b"",) * len(LOG_SERIES)
@@ -178,9 +207,13 @@ def series_text(stats, *, openmetrics: bool = False) -> str:
     """The per-topic and per-channel families of a snapshot, as ``prometheus_client`` writes them in the Prometheus
     text format, or in OpenMetrics."""
     topics = stats.topics or ()
-    return b"".join(rows_pieces([topic_rows(t) for t in topics],
-                                [channel_rows(c, t.topic_name) for t in topics for c in t.channels],
-                                openmetrics=openmetrics)).decode()
+    return b"".join(
+        rows_pieces(
+            [topic_rows(t) for t in topics],
+            [channel_rows(c, t.topic_name) for t in topics for c in t.channels],
+            openmetrics=openmetrics,
+        )
+    ).decode()
 
 
 class NSQDCollector:
@@ -200,15 +233,20 @@ class NSQDCollector:
         info = GaugeMetricFamily("nsqd_info", "nsqd version (always 1)", labels=["version"])
         info.add_metric([stats.version], 1)
         yield info
-        yield GaugeMetricFamily("nsqd_healthy", "1 while nsqd is healthy (no failing disk queue), else 0",
-                                value=1 if stats.healthy else 0)
+        yield GaugeMetricFamily(
+            "nsqd_healthy", "1 while nsqd is healthy (no failing disk queue), else 0", value=1 if stats.healthy else 0
+        )
         yield GaugeMetricFamily("nsqd_start_time_seconds", "Unix time nsqd started", value=stats.start_time)
         yield GaugeMetricFamily("nsqd_uptime_seconds", "Seconds since nsqd started", value=stats.uptime_ns / 1e9)
-        yield GaugeMetricFamily("nsqd_tcp_connections", "Open TCP (V2 protocol) connections",
-                                value=stats.tcp_connections)
+        yield GaugeMetricFamily(
+            "nsqd_tcp_connections", "Open TCP (V2 protocol) connections", value=stats.tcp_connections
+        )
         yield GaugeMetricFamily("nsqd_http_connections", "Open HTTP connections", value=stats.http_connections)
-        yield GaugeMetricFamily("nsqd_producers", "TCP connections that have published",
-                                value=sum(1 for c in self.nsqd.clients.values() if c.pub_counts))
+        yield GaugeMetricFamily(
+            "nsqd_producers",
+            "TCP connections that have published",
+            value=sum(1 for c in self.nsqd.clients.values() if c.pub_counts),
+        )
         yield GaugeMetricFamily("nsqd_topics", "Topics", value=len(self.nsqd.topics))
         if stats.replication is not None:
             yield from replication_metrics(stats.replication)

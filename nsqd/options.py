@@ -27,6 +27,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.version import NSQ_VERSION, version_string
 from runtime.flags import (
     ConfigSettings,
     DaemonOptions,
@@ -39,7 +40,6 @@ from runtime.flags import (
     parse_go_bool,
     setting,
 )
-from protocol.version import NSQ_VERSION, version_string
 
 __all__ = [
     "GO_ONLY_FLAGS",
@@ -106,7 +106,9 @@ class Options(DaemonOptions):
     # identity and logging
     node_id: int = setting(
         default_factory=lambda: default_node_id(_hostname()),
-        help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)", config_key="id")
+        help="unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
+        config_key="id",
+    )
     log_prefix: str = setting("[nsqd] ", "log message prefix")
     worker_id: bool = setting(False, "[deprecated] use --node-id", in_config=False)
     # listeners and registration
@@ -114,17 +116,25 @@ class Options(DaemonOptions):
     http_address: str = setting("0.0.0.0:4151", "<addr>:<port> to listen on for HTTP clients")
     https_address: str = setting("0.0.0.0:4152", "<addr>:<port> to listen on for HTTPS clients")
     broadcast_address: str = setting(
-        default_factory=_hostname, help="address that will be registered with lookupd (defaults to the OS hostname)")
+        default_factory=_hostname, help="address that will be registered with lookupd (defaults to the OS hostname)"
+    )
     broadcast_tcp_port: int = setting(
-        0, "TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)")
+        0, "TCP port that will be registered with lookupd (defaults to the TCP port that this nsqd is listening on)"
+    )
     broadcast_http_port: int = setting(
-        0, "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)")
+        0, "HTTP port that will be registered with lookupd (defaults to the HTTP port that this nsqd is listening on)"
+    )
     lookupd_tcp_addresses: list[str] = setting(
-        default_factory=list, help="lookupd TCP address (may be given multiple times)", flag="lookupd-tcp-address",
-        config_key="nsqlookupd_tcp_addresses")
+        default_factory=list,
+        help="lookupd TCP address (may be given multiple times)",
+        flag="lookupd-tcp-address",
+        config_key="nsqlookupd_tcp_addresses",
+    )
     auth_http_addresses: list[str] = setting(
-        default_factory=list, help="<addr>:<port> or a full url to query auth server (may be given multiple times)",
-        flag="auth-http-address")
+        default_factory=list,
+        help="<addr>:<port> or a full url to query auth server (may be given multiple times)",
+        flag="auth-http-address",
+    )
     http_client_connect_timeout: float = setting(2.0, "timeout for HTTP connect")
     http_client_request_timeout: float = setting(5.0, "timeout for HTTP request")
     # disk queues
@@ -135,7 +145,8 @@ class Options(DaemonOptions):
     sync_timeout: float = setting(2.0, "duration of time per diskqueue fsync")
     queue_scan_worker_pool_max: int = setting(4, "max concurrency for checking in-flight and deferred message timeouts")
     queue_scan_selection_count: int = setting(
-        20, "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts")
+        20, "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts"
+    )
     # messages and commands
     msg_timeout: float = setting(60.0, "default duration to wait before auto-requeing a message")
     max_msg_timeout: float = setting(900.0, "maximum duration before a message will timeout")
@@ -144,17 +155,22 @@ class Options(DaemonOptions):
     max_req_timeout: float = setting(3600.0, "maximum requeuing timeout for a message")
     # limits on what clients may negotiate
     max_heartbeat_interval: float = setting(
-        60.0, "maximum client configurable duration of time between client heartbeats")
+        60.0, "maximum client configurable duration of time between client heartbeats"
+    )
     max_rdy_count: int = setting(2500, "maximum RDY count for a client")
     max_output_buffer_size: int = setting(
-        65536, "maximum client configurable size (in bytes) for a client output buffer")
+        65536, "maximum client configurable size (in bytes) for a client output buffer"
+    )
     max_output_buffer_timeout: float = setting(
-        30.0, "maximum client configurable duration of time between flushing to a client")
+        30.0, "maximum client configurable duration of time between flushing to a client"
+    )
     min_output_buffer_timeout: float = setting(
-        0.025, "minimum client configurable duration of time between flushing to a client")
+        0.025, "minimum client configurable duration of time between flushing to a client"
+    )
     output_buffer_timeout: float = setting(0.25, "default duration of time between flushing data to clients")
     max_channel_consumers: int = setting(
-        0, "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)")
+        0, "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)"
+    )
     # statsd
     statsd_address: str = setting("", "UDP <addr>:<port> of a statsd daemon for pushing stats")
     statsd_prefix: str = setting("nsq.%s", "prefix used for keys sent to statsd (%s for host replacement)")
@@ -166,49 +182,66 @@ class Options(DaemonOptions):
     e2e_processing_latency_percentiles: list[float] = setting(
         default_factory=list,
         help="message processing time percentiles (as float (0, 1.0]) to track (can be specified multiple times or "
-             "comma separated '1.0,0.99,0.95', default none)",
-        flag="e2e-processing-latency-percentile")
+        "comma separated '1.0,0.99,0.95', default none)",
+        flag="e2e-processing-latency-percentile",
+    )
     e2e_processing_latency_window_time: float = setting(
         600.0,
         "calculate end to end latency quantiles for this duration of time (ie: 60s would only show quantile "
-        "calculations from the past 60 seconds)")
+        "calculations from the past 60 seconds)",
+    )
     # TLS
     tls_cert: str = setting("", "path to certificate file")
     tls_key: str = setting("", "path to key file")
     tls_client_auth_policy: str = setting("", "client certificate auth policy ('require' or 'require-verify')")
     tls_root_ca_file: str = setting("", "path to certificate authority file")
     tls_required: str = setting(
-        "false", "require TLS for client connections (true, false, tcp-https)", convert=_parse_tls_required,
-        bool_like=True)
+        "false",
+        "require TLS for client connections (true, false, tcp-https)",
+        convert=_parse_tls_required,
+        bool_like=True,
+    )
     tls_min_version: str = setting(
-        "tls1.0", "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
-        convert=_parse_tls_min_version, default_text=lambda word: str(TLS_MIN_VERSIONS[word]))
+        "tls1.0",
+        "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
+        convert=_parse_tls_min_version,
+        default_text=lambda word: str(TLS_MIN_VERSIONS[word]),
+    )
     # compression
     deflate: bool = setting(True, "enable deflate feature negotiation (client compression)")
     max_deflate_level: int = setting(
-        6, "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)")
+        6, "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)"
+    )
     snappy: bool = setting(True, "enable snappy feature negotiation (client compression)")
     # the channel actor scheduler (flags of this implementation)
     actor_workers: int = setting(1, "number of worker tasks running channel actors")
     actor_slice: float = setting(0.0003, "time a channel actor may deliver before yielding to the others")
     actor_interlude: float = setting(
-        0.00001, "how often a channel actor's slice pauses to read connections that send little (0 to disable)")
+        0.00001, "how often a channel actor's slice pauses to read connections that send little (0 to disable)"
+    )
     # replication between trionsq nodes (flags of this implementation; nsqd/replication/)
     replicate_to: list[str] = setting(
         default_factory=list,
-        help="<addr>:<port> of a trionsq node that keeps copies of this node's messages (may be given multiple times)")
+        help="<addr>:<port> of a trionsq node that keeps copies of this node's messages (may be given multiple times)",
+    )
     replication_acks: int = setting(
-        0, "how many --replicate-to peers must hold a message before it is acknowledged (default: all of them)")
+        0, "how many --replicate-to peers must hold a message before it is acknowledged (default: all of them)"
+    )
     replication_degraded: str = setting(
-        "refuse", "with fewer peers reachable than --replication-acks: 'refuse' publishes or 'accept' them unreplicated")
+        "refuse", "with fewer peers reachable than --replication-acks: 'refuse' publishes or 'accept' them unreplicated"
+    )
     replica_takeover_timeout: float = setting(
-        30.0, "adopt an origin's messages once its replication stream stayed closed this long and its address refuses "
-        "connections (0: only on request)")
+        30.0,
+        "adopt an origin's messages once its replication stream stayed closed this long and its address refuses "
+        "connections (0: only on request)",
+    )
     # log channels read by offset (flags of this implementation; nsqd/LOG-PROTOCOL.md)
     log_retention_time: float = setting(
-        0.0, "keep the committed messages of log channels this long (0: removed once committed)")
+        0.0, "keep the committed messages of log channels this long (0: removed once committed)"
+    )
     log_retention_bytes: int = setting(
-        0, "keep at most this many bytes of committed messages per log channel (0: removed once committed)")
+        0, "keep at most this many bytes of committed messages per log channel (0: removed once committed)"
+    )
     # fixed inside nsqd 1.3.0, not flags
     queue_scan_interval: float = 0.1
     queue_scan_refresh_interval: float = 5.0
@@ -291,8 +324,10 @@ def validate(opts: Options) -> None:
         if not 0 < percentile <= 1:
             raise OptionsError(f"invalid E2E processing latency percentile: {go_format_float(percentile)}")
     # nsqd 1.3.0 takes these and then stalls its queue scan (or panics once there are channels)
-    for flag, value in (("queue-scan-worker-pool-max", opts.queue_scan_worker_pool_max),
-                        ("queue-scan-selection-count", opts.queue_scan_selection_count)):
+    for flag, value in (
+        ("queue-scan-worker-pool-max", opts.queue_scan_worker_pool_max),
+        ("queue-scan-selection-count", opts.queue_scan_selection_count),
+    ):
         if value < 1:
             raise OptionsError(f"--{flag} must be at least 1")
     if opts.actor_workers < 1:

@@ -201,8 +201,13 @@ class ReadPoller:
                 light, heavy, producers = self._sort(events)
                 self.heavy_step = bool(heavy)
                 # one list: a fresh look skips whatever this step has served
-                self._serve(light + heavy, producers, served=set(taken), stale=stale,
-                            producers_offered=self.step_poll is not None)
+                self._serve(
+                    light + heavy,
+                    producers,
+                    served=set(taken),
+                    stale=stale,
+                    producers_offered=self.step_poll is not None,
+                )
             else:  # the producers read were all there was
                 self.heavy_step = False
         finally:
@@ -245,8 +250,7 @@ class ReadPoller:
                 self._send_replies()
             self._polling = False
 
-    def _sort(self, events: list[tuple[int, int]],
-              below: float = math.inf) -> tuple[list[int], list[int], int]:
+    def _sort(self, events: list[tuple[int, int]], below: float = math.inf) -> tuple[list[int], list[int], int]:
         """The ready descriptors whose last read was at most ``light_read`` bytes and whose rank is below
         ``below``, by rank and then smallest first; the heavy ones in the order they came; and how many of the
         light ones are producers (they come first). Light members ranked at or above ``below`` are left out:
@@ -275,8 +279,16 @@ class ReadPoller:
         light.sort()
         return [entry[2] for entry in light], heavy, producers
 
-    def _serve(self, fds: list[int], producers: int, below: float = math.inf, *, served: set[int] | None = None,
-               stale: bool = False, producers_offered: bool = False) -> None:
+    def _serve(
+        self,
+        fds: list[int],
+        producers: int,
+        below: float = math.inf,
+        *,
+        served: set[int] | None = None,
+        stale: bool = False,
+        producers_offered: bool = False,
+    ) -> None:
         """Call the members of ``fds`` (its first ``producers`` light producers) in order, each once. After a
         call that took longer than ``repoll_after``, once the list reaches a member that is not a light
         producer (or its end), the light members that became ready meanwhile and were not served yet go first
@@ -345,8 +357,12 @@ class ReadPoller:
                 if self.poll_once() and self.wake_budget > 0:
                     # more steps in this wake-up while nothing else waits (see "Several steps per wake-up")
                     woke = self.step_time
-                    while (not self.heavy_step and idle(self.step_time)
-                           and self.step_time - woke < self.wake_budget and self.poll_once()):
+                    while (
+                        not self.heavy_step
+                        and idle(self.step_time)
+                        and self.step_time - woke < self.wake_budget
+                        and self.poll_once()
+                    ):
                         pass
         finally:
             self._members.clear()

@@ -137,8 +137,9 @@ class QueueScanner:
             # others were looked at by an earlier refresh and have told since (looking at all 20,000 every few
             # seconds was most of what an idle node did)
             known = set(self._channels)
-            active.update(dict.fromkeys([channel for channel in channels
-                                         if channel not in known and channel.has_timed_work()]))
+            active.update(
+                dict.fromkeys([channel for channel in channels if channel not in known and channel.has_timed_work()])
+            )
         self._channels = channels
         self._refreshes += 1
         self.resize_pool(self.ideal_pool_size(len(self._channels)))

@@ -8,43 +8,43 @@ Connections are served by ``tcp.Connection``; this module only accepts them and 
 from __future__ import annotations
 
 import itertools
-from functools import partial
 import logging
 import os
 import time
+from functools import partial
 
 import trio
 
-from runtime.collector import FreezingCollector
-from runtime.daemon import accept_connections, adopt_listeners, format_address
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.identify import IdentifyLimits
+from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
+from protocol.replication import MAGIC_R1, OP_DELETED, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
+from protocol.version import version_string
+from runtime.collector import FreezingCollector
+from runtime.daemon import accept_connections, adopt_listeners, format_address
 
 from .actors import ActorSystem
 from .auth import Authenticator
 from .client import Client
 from .e2e import E2ELatency
+from .fastpath import PublishBatch
 from .guid import GUIDFactory
 from .heartbeats import HeartbeatTimer
 from .http_api import make_http_server
 from .lookup import Lookup
-from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
 from .message import Message
+from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
 from .metadata_writer import MetadataWriter
-from .fastpath import PublishBatch
 from .poller import ReadPoller
+from .queue_scan import QueueScanner
 from .queues.atomic_file import remove_stray_temporaries
 from .queues.diskqueue import DiskQueue
 from .queues.group_commit import SyncBarrier
 from .queues.offset_log import OffsetLog
-from .queue_scan import QueueScanner
-from .replication.adopted import drop_adopted
 from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
+from .replication.adopted import drop_adopted
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
-from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
-from protocol.replication import MAGIC_R1, OP_DELETED, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
-from protocol.version import version_string
 from .stats_cache import StatsCache
 from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
@@ -94,8 +94,12 @@ class NSQD:
         # whenever all of them are momentarily full; with a wake slack of one slice it would forfeit
         # that time to channels with deep windows. Four slices let it catch up, still bounded (measured:
         # 50 consumers against 2 got 0.17 s against 0.21 s of dispatch time with one slice, equal with four).
-        self.actors = ActorSystem(workers=opts.actor_workers, slice_seconds=opts.actor_slice,
-                                  wake_slack=4 * opts.actor_slice, interlude_seconds=opts.actor_interlude)
+        self.actors = ActorSystem(
+            workers=opts.actor_workers,
+            slice_seconds=opts.actor_slice,
+            wake_slack=4 * opts.actor_slice,
+            interlude_seconds=opts.actor_interlude,
+        )
         self.read_poller = ReadPoller()  # idle plain-TCP connections are read by one task (poller.py)
         self.publish_batch = PublishBatch(self)  # a poller step's plain PUBs, published at its end (fastpath.py)
         self.read_poller.bulk_read = self.publish_batch.read_producers
@@ -165,10 +169,16 @@ class NSQD:
         # what every topic is given (made once: a bound method per topic would be five more objects each)
         #: message IDs of every topic: unique on the node, not only per topic as nsqd's (a replica keys by ID)
         self.guid = GUIDFactory(opts.node_id)
-        self._topic_hooks = {"on_channel_created": self._channel_created, "on_channel_deleted": self._channel_deleted,
-                             "on_last_channel_gone": self._ephemeral_topic_idle, "make_backend": self._make_backend,
-                             "spawn": self._spawn, "owing": self.owing_topics, "changed": self.stats_changed,
-                             "open_log": self._open_log}
+        self._topic_hooks = {
+            "on_channel_created": self._channel_created,
+            "on_channel_deleted": self._channel_deleted,
+            "on_last_channel_gone": self._ephemeral_topic_idle,
+            "make_backend": self._make_backend,
+            "spawn": self._spawn,
+            "owing": self.owing_topics,
+            "changed": self.stats_changed,
+            "open_log": self._open_log,
+        }
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -187,9 +197,15 @@ class NSQD:
         topic = self.topics.get(name)
         if topic is None:
             opts = self.opts
-            topic = Topic(name, node_id=opts.node_id, mem_queue_size=opts.mem_queue_size,
-                          max_msg_timeout=opts.max_msg_timeout, actors=self.actors, guid=self.guid,
-                          **self._topic_hooks)
+            topic = Topic(
+                name,
+                node_id=opts.node_id,
+                mem_queue_size=opts.mem_queue_size,
+                max_msg_timeout=opts.max_msg_timeout,
+                actors=self.actors,
+                guid=self.guid,
+                **self._topic_hooks,
+            )
             self.topics[name] = topic
             self.topology_version += 1
             if self.replication is not None and not topic.ephemeral:
@@ -210,11 +226,23 @@ class NSQD:
 
     def _make_backend(self, name: str) -> DiskQueue:
         opts = self.opts
-        return DiskQueue(name, self.data_path, max_bytes_per_file=opts.max_bytes_per_file, min_msg_size=26,
-                         max_msg_size=opts.max_msg_size + 26, sync_every=opts.sync_every,
-                         sync_timeout=opts.sync_timeout, hold_reads=self.durable, barrier=self.sync_barrier,
-                         failing=self.failing_queues, active=self.active_queues, logger=log,
-                         known_files=self.files_at_start, checksums=True, on_damage=self._on_queue_damage)
+        return DiskQueue(
+            name,
+            self.data_path,
+            max_bytes_per_file=opts.max_bytes_per_file,
+            min_msg_size=26,
+            max_msg_size=opts.max_msg_size + 26,
+            sync_every=opts.sync_every,
+            sync_timeout=opts.sync_timeout,
+            hold_reads=self.durable,
+            barrier=self.sync_barrier,
+            failing=self.failing_queues,
+            active=self.active_queues,
+            logger=log,
+            known_files=self.files_at_start,
+            checksums=True,
+            on_damage=self._on_queue_damage,
+        )
 
     def _queue_damaged(self, queue: DiskQueue, count: int) -> None:
         """A disk queue found records damaged or lost while reading: its replicas send back their copies
@@ -230,9 +258,16 @@ class NSQD:
         if not create and not OffsetLog.exists(self.data_path, name, known):
             return None
         opts = self.opts
-        return OffsetLog(self.data_path, name, max_bytes_per_file=opts.max_bytes_per_file, durable=self.durable,
-                         retention_time=opts.log_retention_time, retention_bytes=opts.log_retention_bytes,
-                         active=self.active_queues, logger=log).open()
+        return OffsetLog(
+            self.data_path,
+            name,
+            max_bytes_per_file=opts.max_bytes_per_file,
+            durable=self.durable,
+            retention_time=opts.log_retention_time,
+            retention_bytes=opts.log_retention_bytes,
+            active=self.active_queues,
+            logger=log,
+        ).open()
 
     @property
     def durable(self) -> bool:
@@ -305,7 +340,7 @@ class NSQD:
         for file_name in sorted(self.files_at_start or ()):
             if not file_name.endswith(suffix):
                 continue
-            topic_name, _, channel_name = file_name[:-len(suffix)].partition(":")
+            topic_name, _, channel_name = file_name[: -len(suffix)].partition(":")
             if not (is_valid_topic_name(topic_name) and is_valid_channel_name(channel_name)):
                 continue
             if is_ephemeral(topic_name) or is_ephemeral(channel_name):
@@ -439,8 +474,9 @@ class NSQD:
                     self.http_address = await nursery.start(self.http_server.run)
                 if https_listeners:
                     # nsqd serves HTTPS only with a certificate; the TCP upgrade shares the context
-                    self.https_server = make_http_server(self, https_listeners, name="HTTPS",
-                                                         ssl_context=self.tls_context)
+                    self.https_server = make_http_server(
+                        self, https_listeners, name="HTTPS", ssl_context=self.tls_context
+                    )
                     self.https_address = await nursery.start(self.https_server.run)
                 if opts.statsd_address:
                     await nursery.start(StatsdPusher(self).run)
@@ -482,16 +518,29 @@ class NSQD:
         if state is not None and not clean:
             log.warning("REPLICATION: the last run did not stop cleanly: the peers adopt what they hold")
         save_state(self.data_path, epoch, True)
-        self.replication = Replicator(self.node_name, opts.replicate_to,
-                                      acks=opts.replication_acks or len(opts.replicate_to),
-                                      degraded=opts.replication_degraded, durable=self.durable,
-                                      ssl_context=self.replication_ssl_context(),
-                                      epoch=epoch, snapshot=partial(Backfill, self),
-                                      on_adopted=self._replication_adopted, node_id=opts.node_id, clean=clean,
-                                      version=self.replication_version, on_restore=self._replication_restored)
+        self.replication = Replicator(
+            self.node_name,
+            opts.replicate_to,
+            acks=opts.replication_acks or len(opts.replicate_to),
+            degraded=opts.replication_degraded,
+            durable=self.durable,
+            ssl_context=self.replication_ssl_context(),
+            epoch=epoch,
+            snapshot=partial(Backfill, self),
+            on_adopted=self._replication_adopted,
+            node_id=opts.node_id,
+            clean=clean,
+            version=self.replication_version,
+            on_restore=self._replication_restored,
+        )
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
-        log.info("REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)", self.node_name,
-                 ", ".join(opts.replicate_to), self.replication.acks_required, opts.replication_degraded)
+        log.info(
+            "REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)",
+            self.node_name,
+            ", ".join(opts.replicate_to),
+            self.replication.acks_required,
+            opts.replication_degraded,
+        )
         for topic in self.topics.values():
             if not topic.ephemeral:
                 attach_replication(self.replication, topic)
@@ -514,16 +563,30 @@ class NSQD:
         if self.replication.clean or not self.replication.starting:
             self.duplicates_after_takeover += finished
         if not self.replication.starting:
-            log.warning("REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
-                        "elsewhere (a partition, or a start that did not wait for that peer): dropped the %d held here "
-                        "(the peer delivers them), kept %d other(s) of their topics; %d had been finished here "
-                        "(delivered twice)", peer, len(adopted), epoch, held, kept, finished)
+            log.warning(
+                "REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
+                "elsewhere (a partition, or a start that did not wait for that peer): dropped the %d held here "
+                "(the peer delivers them), kept %d other(s) of their topics; %d had been finished here "
+                "(delivered twice)",
+                peer,
+                len(adopted),
+                epoch,
+                held,
+                kept,
+                finished,
+            )
             return
-        log.warning("REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
-                    "%d message(s) it adopted that were held here, kept %d other(s) of their topics; %s", peer,
-                    epoch, held, kept, f"{finished} it adopted had been finished here (delivered twice)"
-                    if self.replication.clean else "how many of them had been finished here is unknown (the last "
-                    "run did not stop cleanly)")
+        log.warning(
+            "REPLICATION: peer %s adopted this node's messages while it was away (epoch %d): dropped the "
+            "%d message(s) it adopted that were held here, kept %d other(s) of their topics; %s",
+            peer,
+            epoch,
+            held,
+            kept,
+            f"{finished} it adopted had been finished here (delivered twice)"
+            if self.replication.clean
+            else "how many of them had been finished here is unknown (the last run did not stop cleanly)",
+        )
 
     def _replication_restored(self, topic_name: str, channel_name: str, messages) -> int:
         """Copies a replica sent back for channel ``channel_name`` after this node found its files damaged: each
@@ -536,13 +599,20 @@ class NSQD:
             return 0
         sent = self._restored.setdefault((topic_name, channel_name), set())
         now_ns = time.time_ns()
-        fresh = [Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
-                 for m in messages if m.id not in sent]
+        fresh = [
+            Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
+            for m in messages
+            if m.id not in sent
+        ]
         sent.update(m.id for m in fresh)
         if fresh:
             channel.put_many(fresh)
-            log.warning("REPLICATION: %d message(s) of %s:%s lost to damaged files put back from a replica's copies",
-                        len(fresh), topic_name, channel_name)
+            log.warning(
+                "REPLICATION: %d message(s) of %s:%s lost to damaged files put back from a replica's copies",
+                len(fresh),
+                topic_name,
+                channel_name,
+            )
         return len(fresh)
 
     def replication_ssl_context(self):
@@ -648,9 +718,14 @@ class NSQD:
             if self.replication is not None and self.replication.starting:
                 await self.replication.ready.wait()  # clients wait until the peers said what is still ours
             opts = self.opts
-            client = Client(next(self._client_ids), remote, msg_timeout=opts.msg_timeout,
-                            heartbeat_interval=opts.client_timeout / 2, output_buffer_size=16384,
-                            output_buffer_timeout=opts.output_buffer_timeout)
+            client = Client(
+                next(self._client_ids),
+                remote,
+                msg_timeout=opts.msg_timeout,
+                heartbeat_interval=opts.client_timeout / 2,
+                output_buffer_size=16384,
+                output_buffer_timeout=opts.output_buffer_timeout,
+            )
             self.clients[client.id] = client
             await Connection(self, stream, client).run(magic[4:])
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
@@ -677,8 +752,12 @@ class NSQD:
         self.exiting = True
         log.info("NSQ: exiting")
         actors = self.actors.statistics()
-        log.info("NSQ: channel scheduler ran %d slices (%d at once for a publish) and %d interludes", actors.slices,
-                 actors.preempted, actors.interludes)
+        log.info(
+            "NSQ: channel scheduler ran %d slices (%d at once for a publish) and %d interludes",
+            actors.slices,
+            actors.preempted,
+            actors.interludes,
+        )
         self._accept_scope.cancel()
         self._connections_scope.cancel()
         self._stopped.set()

@@ -30,20 +30,46 @@ import sys
 import time
 from dataclasses import dataclass
 
-from runtime.http_server import go_duration
 from protocol.http import go_json_text, go_string
 from protocol.version import NSQ_VERSION, version_string
+from runtime.http_server import go_duration
 
 from .e2e import EMPTY as EMPTY_E2E
 from .e2e import E2EResult, merge_results
 from .replication.stats import collect_replication, replication_json, replication_text
 
 __all__ = [
-    "PRODUCERS_TEXT", "TOPICS_TEXT", "ChannelStats", "ClientStats", "E2EResult", "MemoryStats", "NodeStats",
-    "TopicStats", "channel_json_parts", "channel_stats", "channel_text_line", "client_body", "client_stats",
-    "client_text_parts", "collect", "connected_text", "format_text", "gc_paused", "json_body", "json_end",
-    "json_head", "json_middle", "memory_stats", "node_stats", "text_end", "text_head", "to_json", "topic_json_head",
-    "topic_json_tail", "topic_stats", "topic_text_line",
+    "PRODUCERS_TEXT",
+    "TOPICS_TEXT",
+    "ChannelStats",
+    "ClientStats",
+    "E2EResult",
+    "MemoryStats",
+    "NodeStats",
+    "TopicStats",
+    "channel_json_parts",
+    "channel_stats",
+    "channel_text_line",
+    "client_body",
+    "client_stats",
+    "client_text_parts",
+    "collect",
+    "connected_text",
+    "format_text",
+    "gc_paused",
+    "json_body",
+    "json_end",
+    "json_head",
+    "json_middle",
+    "memory_stats",
+    "node_stats",
+    "text_end",
+    "text_head",
+    "to_json",
+    "topic_json_head",
+    "topic_json_tail",
+    "topic_stats",
+    "topic_text_line",
 ]
 
 
@@ -183,7 +209,8 @@ def client_stats(client, topic_filter: str | None) -> ClientStats:
         tls_version=client.tls_version if tls else "",
         tls_negotiated_protocol=(getattr(client, "tls_negotiated_protocol", "") or "") if tls else "",
         tls_negotiated_protocol_is_mutual=bool(getattr(client, "tls_negotiated_protocol_is_mutual", False))
-        if tls else False,
+        if tls
+        else False,
     )
 
 
@@ -201,19 +228,38 @@ def channel_stats(channel, include_clients: bool, topic_filter: str | None, now_
     backend_depth = channel.backend_depth()
     window = channel.e2e
     backend = channel.backend
-    return ChannelStats(channel.name, len(channel.queue) + backend_depth, backend_depth, len(channel.in_flight),
-                        len(channel.deferred), channel.message_count, channel.requeue_count, channel.timeout_count,
-                        len(clients), listed, channel.paused,
-                        window.result(now_ns) if window is not None else EMPTY_E2E,
-                        backend.damaged if backend is not None else 0,
-                        channel.log.offsets() if channel.log is not None else None)
+    return ChannelStats(
+        channel.name,
+        len(channel.queue) + backend_depth,
+        backend_depth,
+        len(channel.in_flight),
+        len(channel.deferred),
+        channel.message_count,
+        channel.requeue_count,
+        channel.timeout_count,
+        len(clients),
+        listed,
+        channel.paused,
+        window.result(now_ns) if window is not None else EMPTY_E2E,
+        backend.damaged if backend is not None else 0,
+        channel.log.offsets() if channel.log is not None else None,
+    )
 
 
 def topic_stats(topic, channels: tuple[ChannelStats, ...], e2e: E2EResult) -> TopicStats:
     backend_depth = topic.backend_depth()
     backend = topic.backend
-    return TopicStats(topic.name, channels, len(topic.queue) + backend_depth, backend_depth, topic.message_count,
-                      topic.message_bytes, topic.paused, e2e, backend.damaged if backend is not None else 0)
+    return TopicStats(
+        topic.name,
+        channels,
+        len(topic.queue) + backend_depth,
+        backend_depth,
+        topic.message_count,
+        topic.message_bytes,
+        topic.paused,
+        e2e,
+        backend.damaged if backend is not None else 0,
+    )
 
 
 @contextlib.contextmanager
@@ -254,8 +300,14 @@ def memory_stats() -> MemoryStats:
     )
 
 
-def collect(nsqd, *, topic: str | None = None, channel: str | None = None, include_clients: bool = True,
-            include_mem: bool = True) -> NodeStats:
+def collect(
+    nsqd,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+    include_clients: bool = True,
+    include_mem: bool = True,
+) -> NodeStats:
     """The snapshot ``/stats`` reports, with nsqd's filters (see the module notes)."""
     now_ns = time.time_ns()
     quantiles = tuple(nsqd.opts.e2e_processing_latency_percentiles)
@@ -444,18 +496,23 @@ def client_body(c: ClientStats) -> str:
     if c.auth_identity_url:
         optional += f',"auth_identity_url":{go_string(c.auth_identity_url)}'
     if c.pub_counts:
-        optional += ',"pub_counts":[' + ",".join(f'{{"topic":"{topic}","count":{count}}}'
-                                                  for topic, count in c.pub_counts) + "]"
-    return (f'{{"client_id":{go_string(c.client_id)},"hostname":{go_string(c.hostname)},'
-            f'"version":"{c.version}","remote_address":{go_string(c.remote_address)},"state":{c.state},'
-            f'"ready_count":{c.ready_count},"in_flight_count":{c.in_flight_count},'
-            f'"message_count":{c.message_count},"finish_count":{c.finish_count},'
-            f'"requeue_count":{c.requeue_count},"connect_ts":{c.connect_ts},"sample_rate":{c.sample_rate},'
-            f'"deflate":{_BOOL[c.deflate]},"snappy":{_BOOL[c.snappy]},"user_agent":{go_string(c.user_agent)}'
-            f'{optional},"tls":{_BOOL[c.tls]},"tls_cipher_suite":{go_string(c.tls_cipher_suite)},'
-            f'"tls_version":{go_string(c.tls_version)},'
-            f'"tls_negotiated_protocol":{go_string(c.tls_negotiated_protocol)},'
-            f'"tls_negotiated_protocol_is_mutual":{_BOOL[c.tls_negotiated_protocol_is_mutual]}}}')
+        optional += (
+            ',"pub_counts":['
+            + ",".join(f'{{"topic":"{topic}","count":{count}}}' for topic, count in c.pub_counts)
+            + "]"
+        )
+    return (
+        f'{{"client_id":{go_string(c.client_id)},"hostname":{go_string(c.hostname)},'
+        f'"version":"{c.version}","remote_address":{go_string(c.remote_address)},"state":{c.state},'
+        f'"ready_count":{c.ready_count},"in_flight_count":{c.in_flight_count},'
+        f'"message_count":{c.message_count},"finish_count":{c.finish_count},'
+        f'"requeue_count":{c.requeue_count},"connect_ts":{c.connect_ts},"sample_rate":{c.sample_rate},'
+        f'"deflate":{_BOOL[c.deflate]},"snappy":{_BOOL[c.snappy]},"user_agent":{go_string(c.user_agent)}'
+        f'{optional},"tls":{_BOOL[c.tls]},"tls_cipher_suite":{go_string(c.tls_cipher_suite)},'
+        f'"tls_version":{go_string(c.tls_version)},'
+        f'"tls_negotiated_protocol":{go_string(c.tls_negotiated_protocol)},'
+        f'"tls_negotiated_protocol_is_mutual":{_BOOL[c.tls_negotiated_protocol_is_mutual]}}}'
+    )
 
 
 def _clients_body(clients) -> str:
@@ -466,14 +523,17 @@ def _clients_body(clients) -> str:
 
 def channel_json_parts(c: ChannelStats) -> tuple[str, str]:
     """A channel's JSON object around its ``clients`` value: what comes before it and what after."""
-    return ((f'{{"channel_name":"{c.channel_name}","depth":{c.depth},"backend_depth":{c.backend_depth},'
-             f'"in_flight_count":{c.in_flight_count},"deferred_count":{c.deferred_count},'
-             f'"message_count":{c.message_count},"requeue_count":{c.requeue_count},'
-             f'"timeout_count":{c.timeout_count},"client_count":{c.client_count},"clients":'),
-            f',"paused":{_BOOL[c.paused]},"e2e_processing_latency":{_e2e_body(c.e2e_processing_latency)}'
-            f'{_damaged_body(c.damaged_count)}'
-            + ('}' if c.log is None else
-               ',"log":{"start":%d,"committed":%d,"end":%d}}' % c.log))
+    return (
+        (
+            f'{{"channel_name":"{c.channel_name}","depth":{c.depth},"backend_depth":{c.backend_depth},'
+            f'"in_flight_count":{c.in_flight_count},"deferred_count":{c.deferred_count},'
+            f'"message_count":{c.message_count},"requeue_count":{c.requeue_count},'
+            f'"timeout_count":{c.timeout_count},"client_count":{c.client_count},"clients":'
+        ),
+        f',"paused":{_BOOL[c.paused]},"e2e_processing_latency":{_e2e_body(c.e2e_processing_latency)}'
+        f"{_damaged_body(c.damaged_count)}"
+        + ("}" if c.log is None else ',"log":{"start":%d,"committed":%d,"end":%d}}' % c.log),
+    )
 
 
 def _channel_body(c: ChannelStats) -> str:
@@ -488,9 +548,11 @@ def topic_json_head(name: str) -> str:
 
 def topic_json_tail(t: TopicStats) -> str:
     """A topic's JSON object after its channels."""
-    return (f'],"depth":{t.depth},"backend_depth":{t.backend_depth},"message_count":{t.message_count},'
-            f'"message_bytes":{t.message_bytes},"paused":{_BOOL[t.paused]},'
-            f'"e2e_processing_latency":{_e2e_body(t.e2e_processing_latency)}{_damaged_body(t.damaged_count)}}}')
+    return (
+        f'],"depth":{t.depth},"backend_depth":{t.backend_depth},"message_count":{t.message_count},'
+        f'"message_bytes":{t.message_bytes},"paused":{_BOOL[t.paused]},'
+        f'"e2e_processing_latency":{_e2e_body(t.e2e_processing_latency)}{_damaged_body(t.damaged_count)}}}'
+    )
 
 
 def _damaged_body(count: int) -> str:
@@ -503,8 +565,10 @@ def _topic_body(t: TopicStats) -> str:
 
 def json_head(stats: NodeStats) -> str:
     """The document up to its topics' value."""
-    return (f'{{"version":{go_string(stats.version)},"health":{go_string(stats.health)},'
-            f'"start_time":{stats.start_time},"topics":')
+    return (
+        f'{{"version":{go_string(stats.version)},"health":{go_string(stats.health)},'
+        f'"start_time":{stats.start_time},"topics":'
+    )
 
 
 def json_middle(stats: NodeStats) -> str:
@@ -515,16 +579,18 @@ def json_middle(stats: NodeStats) -> str:
 
 def json_end(stats: NodeStats) -> str:
     """The document after its producers."""
-    replication = ("" if stats.replication is None
-                   else ',"replication":' + go_json_text(replication_json(stats.replication)))
+    replication = (
+        "" if stats.replication is None else ',"replication":' + go_json_text(replication_json(stats.replication))
+    )
     return replication + "}"
 
 
 def json_body(stats: NodeStats) -> bytes:
     """``/stats?format=json``: ``go_json(to_json(stats))``, written directly (see above)."""
     topics = "null" if stats.topics is None else "[" + ",".join([_topic_body(t) for t in stats.topics]) + "]"
-    return (json_head(stats) + topics + json_middle(stats) + _clients_body(stats.producers)
-            + json_end(stats)).encode("utf-8", "replace")
+    return (json_head(stats) + topics + json_middle(stats) + _clients_body(stats.producers) + json_end(stats)).encode(
+        "utf-8", "replace"
+    )
 
 
 # -- text ------------------------------------------------------------------------------------------------------
@@ -537,9 +603,11 @@ def _e2e_text(result: E2EResult) -> str:
 def client_text_parts(c: ClientStats) -> tuple[str, str]:
     """A client's text line around its connection's age (which changes every second)."""
     identity = f"{c.client_id}/{c.hostname}" if c.client_id != c.hostname else c.client_id
-    before = (f"[{c.version} {c.remote_address:<21}] state: {c.state} inflt: {c.in_flight_count:<4} "
-              f"rdy: {c.ready_count:<4} fin: {c.finish_count:<8} re-q: {c.requeue_count:<8} "
-              f"msgs: {c.message_count:<8} connected: ")
+    before = (
+        f"[{c.version} {c.remote_address:<21}] state: {c.state} inflt: {c.in_flight_count:<4} "
+        f"rdy: {c.ready_count:<4} fin: {c.finish_count:<8} re-q: {c.requeue_count:<8} "
+        f"msgs: {c.message_count:<8} connected: "
+    )
     after = f" ({identity})"
     if c.user_agent:
         after += f" {c.user_agent}"
@@ -579,19 +647,23 @@ def text_head(stats: NodeStats) -> list[str]:
 
 def topic_text_line(t: TopicStats) -> str:
     prefix = "*P " if t.paused else "   "
-    return (f"{prefix}[{t.topic_name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
-            f"msgs: {t.message_count:<8} e2e%: {_e2e_text(t.e2e_processing_latency)}"
-            + (f" damaged: {t.damaged_count}" if t.damaged_count else ""))
+    return (
+        f"{prefix}[{t.topic_name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
+        f"msgs: {t.message_count:<8} e2e%: {_e2e_text(t.e2e_processing_latency)}"
+        + (f" damaged: {t.damaged_count}" if t.damaged_count else "")
+    )
 
 
 def channel_text_line(c: ChannelStats) -> str:
     prefix = "   *P " if c.paused else "      "
-    return (f"{prefix}[{c.channel_name:<25}] depth: {c.depth:<5} be-depth: {c.backend_depth:<5} "
-            f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
-            f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} "
-            f"e2e%: {_e2e_text(c.e2e_processing_latency)}"
-            + (f" damaged: {c.damaged_count}" if c.damaged_count else "")
-            + ("" if c.log is None else "\n%s[log start: %d committed: %d end: %d]" % (" " * len(prefix), *c.log)))
+    return (
+        f"{prefix}[{c.channel_name:<25}] depth: {c.depth:<5} be-depth: {c.backend_depth:<5} "
+        f"inflt: {c.in_flight_count:<4} def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
+        f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} "
+        f"e2e%: {_e2e_text(c.e2e_processing_latency)}"
+        + (f" damaged: {c.damaged_count}" if c.damaged_count else "")
+        + ("" if c.log is None else "\n%s[log start: %d committed: %d end: %d]" % (" " * len(prefix), *c.log))
+    )
 
 
 #: the text's line introducing its topics, without topics and with

@@ -62,10 +62,29 @@ from .client import ClientState
 from .e2e import EMPTY as EMPTY_E2E
 from .e2e import merge_results
 from .metrics import TOPIC_SERIES, channel_rows, rows_pieces, topic_rows
-from .stats import (PRODUCERS_TEXT, TOPICS_TEXT, ChannelStats, ClientStats, E2EResult, TopicStats,
-                    channel_json_parts, channel_text_line, client_body, client_stats, client_text_parts,
-                    connected_text, json_end, json_head, json_middle, node_stats, text_end, text_head,
-                    topic_json_head, topic_json_tail, topic_text_line)
+from .stats import (
+    PRODUCERS_TEXT,
+    TOPICS_TEXT,
+    ChannelStats,
+    ClientStats,
+    E2EResult,
+    TopicStats,
+    channel_json_parts,
+    channel_text_line,
+    client_body,
+    client_stats,
+    client_text_parts,
+    connected_text,
+    json_end,
+    json_head,
+    json_middle,
+    node_stats,
+    text_end,
+    text_head,
+    topic_json_head,
+    topic_json_tail,
+    topic_text_line,
+)
 
 __all__ = ["StatsCache"]
 
@@ -101,6 +120,7 @@ def _fold(parts: list) -> tuple:
 # tuple at its first collection, where a tuple holding tuples is let go one level per collection, so that a
 # nested one may live on in the oldest generation (see the module notes).
 
+
 def _e2e_values(result: E2EResult) -> tuple | None:
     """A latency result's figures as one flat tuple (None: ``EMPTY``)."""
     if result is EMPTY_E2E:
@@ -124,12 +144,27 @@ _CHANNEL_FIGURES = 11
 
 def _channel_stats(channel, key: tuple, e2e: tuple | None) -> ChannelStats:
     """A channel's snapshot (without clients) from its key (see ``StatsCache._refresh``) and latency figures."""
-    (depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused,
-     damaged, offsets) = key[:_CHANNEL_FIGURES]
+    (depth, backend_depth, in_flight, deferred, messages, requeues, timeouts, clients, paused, damaged, offsets) = key[
+        :_CHANNEL_FIGURES
+    ]
     if offsets is not None:  # a log channel: its depth is what is not committed
         backend_depth = offsets[2] - offsets[1]
-    return ChannelStats(channel.name, depth + backend_depth, backend_depth, in_flight, deferred, messages, requeues,
-                        timeouts, clients, None, paused, _e2e_result(e2e), damaged, offsets)
+    return ChannelStats(
+        channel.name,
+        depth + backend_depth,
+        backend_depth,
+        in_flight,
+        deferred,
+        messages,
+        requeues,
+        timeouts,
+        clients,
+        None,
+        paused,
+        _e2e_result(e2e),
+        damaged,
+        offsets,
+    )
 
 
 class _ClientPiece:
@@ -156,8 +191,24 @@ class _Columns:
     therefore no object of the cache's: its entries are plain values or bytes, and the lists the only containers
     (the cyclic collector walks those few lists, not tens of thousands of pieces: see the module notes)."""
 
-    __slots__ = ("topics", "topic_keys", "topic_e2e", "bounds", "has_clients", "json", "json_clients", "text",
-                 "text_clients", "metrics", "channels", "keys", "e2e", "clients", "with_clients", "where")
+    __slots__ = (
+        "topics",
+        "topic_keys",
+        "topic_e2e",
+        "bounds",
+        "has_clients",
+        "json",
+        "json_clients",
+        "text",
+        "text_clients",
+        "metrics",
+        "channels",
+        "keys",
+        "e2e",
+        "clients",
+        "with_clients",
+        "where",
+    )
 
     def __init__(self) -> None:
         self.topics: list = []
@@ -178,7 +229,7 @@ class _Columns:
         self.with_clients: dict[int, None] = {}  # the channels whose key counts clients
         self.where: dict = {}  # each topic and channel -> its topic's index (``StatsCache._marked``)
 
-    def add(self, topic, channels: list, kept: "_Columns | None" = None, index: int = 0) -> None:
+    def add(self, topic, channels: list, kept: _Columns | None = None, index: int = 0) -> None:
         """Append a topic: with what ``kept`` holds for it at ``index``, or nothing yet."""
         self.topics.append(topic)
         count = len(channels)
@@ -188,8 +239,7 @@ class _Columns:
             self.where[channel] = at
         self.channels += channels
         self.bounds.append(len(self.channels))
-        columns = ("topic_keys", "topic_e2e", "has_clients", "json", "json_clients", "text", "text_clients",
-                   "metrics")
+        columns = ("topic_keys", "topic_e2e", "has_clients", "json", "json_clients", "text", "text_clients", "metrics")
         if kept is None:
             for name in columns:
                 getattr(self, name).append(None)
@@ -216,8 +266,17 @@ class _Columns:
         """Topic ``index``'s snapshot, with the given channels' (its renderings show their number only in
         /metrics)."""
         depth, backend_depth, messages, message_bytes, paused, damaged = self.topic_keys[index][:6]
-        return TopicStats(self.topics[index].name, channels, depth + backend_depth, backend_depth, messages,
-                          message_bytes, paused, _e2e_result(self.topic_e2e[index]), damaged)
+        return TopicStats(
+            self.topics[index].name,
+            channels,
+            depth + backend_depth,
+            backend_depth,
+            messages,
+            message_bytes,
+            paused,
+            _e2e_result(self.topic_e2e[index]),
+            damaged,
+        )
 
     def channel_stats(self, index: int, channel: str | None = None) -> list:
         """``(ChannelStats, its clients' pieces)`` of topic ``index``'s channels (only ``channel`` if given)."""
@@ -231,12 +290,23 @@ class _Columns:
 
 #: the values of a client that its renderings show and that change after IDENTIFY: its counters, its state and
 #: the auth answer (a new object per query; a refresh can come at any PUB or SUB)
-_client_counters = attrgetter("state", "rdy", "in_flight", "message_count", "finish_count", "requeue_count",
-                              "auth_state")
+_client_counters = attrgetter(
+    "state", "rdy", "in_flight", "message_count", "finish_count", "requeue_count", "auth_state"
+)
 #: the values that IDENTIFY (allowed only in the first state, INIT) sets: fixed once the client leaves INIT
-_client_identity = attrgetter("client_id", "hostname", "user_agent", "sample_rate", "deflate", "snappy", "tls",
-                              "tls_version", "tls_cipher_suite", "tls_negotiated_protocol",
-                              "tls_negotiated_protocol_is_mutual")
+_client_identity = attrgetter(
+    "client_id",
+    "hostname",
+    "user_agent",
+    "sample_rate",
+    "deflate",
+    "snappy",
+    "tls",
+    "tls_version",
+    "tls_cipher_suite",
+    "tls_negotiated_protocol",
+    "tls_negotiated_protocol_is_mutual",
+)
 
 
 def _client_key(client) -> tuple:
@@ -273,8 +343,11 @@ class StatsCache:
         for _, topic in sorted(nsqd.topics.items()):
             channels = [channel for _, channel in sorted(topic.channels.items())]
             index = where.get(id(topic))
-            if (index is not None and kept.topics[index] is topic
-                    and kept.channels[kept.bounds[index]:kept.bounds[index + 1]] == channels):
+            if (
+                index is not None
+                and kept.topics[index] is topic
+                and kept.channels[kept.bounds[index] : kept.bounds[index + 1]] == channels
+            ):
                 columns.add(topic, channels, kept, index)
             else:
                 columns.add(topic, channels)
@@ -312,8 +385,9 @@ class StatsCache:
                     changed.add(owner)
             columns.has_clients = has_clients
             previous = {piece.client.id: piece for piece in self._producers}
-            self._producers = [self._producer_piece(c, previous) for c in list(self.nsqd.clients.values())
-                               if c.pub_counts]
+            self._producers = [
+                self._producer_piece(c, previous) for c in list(self.nsqd.clients.values()) if c.pub_counts
+            ]
         for index in changed:
             columns.drop(index)
         return columns
@@ -327,8 +401,14 @@ class StatsCache:
 
     def _refresh_topic(self, columns: _Columns, index: int, tracked: bool, now_ns: int) -> bool:
         """Topic ``index``'s key and its channels': True if one changed (their figures renewed)."""
-        channels, keys, e2e, clients, bounds, with_clients = (columns.channels, columns.keys, columns.e2e,
-                                                              columns.clients, columns.bounds, columns.with_clients)
+        channels, keys, e2e, clients, bounds, with_clients = (
+            columns.channels,
+            columns.keys,
+            columns.e2e,
+            columns.clients,
+            columns.bounds,
+            columns.with_clients,
+        )
         changed = False
         state = None
         states = ()  # its channels' window states one after the other (each is 3 ints)
@@ -343,11 +423,19 @@ class StatsCache:
             # in Python, a third of a request at 20,000 channels); the tests compare the result with the snapshot
             backend = channel.backend
             members = channel.clients
-            key = (len(channel.queue), backend._depth if backend is not None else 0,
-                   len(channel.in_flight._entries), len(channel.deferred._heap), channel.message_count,
-                   channel.requeue_count, channel.timeout_count, len(members), channel.paused,
-                   backend.damaged if backend is not None else 0,
-                   channel.log.offsets() if channel.log is not None else None)
+            key = (
+                len(channel.queue),
+                backend._depth if backend is not None else 0,
+                len(channel.in_flight._entries),
+                len(channel.deferred._heap),
+                channel.message_count,
+                channel.requeue_count,
+                channel.timeout_count,
+                len(members),
+                channel.paused,
+                backend.damaged if backend is not None else 0,
+                channel.log.offsets() if channel.log is not None else None,
+            )
             if state is not None:
                 key += state
             if key != keys[at]:
@@ -362,16 +450,26 @@ class StatsCache:
                 changed = True
         topic = columns.topics[index]
         backend = topic.backend
-        key = (len(topic.queue), backend._depth if backend is not None else 0, topic.message_count,
-               topic.message_bytes, topic.paused, backend.damaged if backend is not None else 0)
+        key = (
+            len(topic.queue),
+            backend._depth if backend is not None else 0,
+            topic.message_count,
+            topic.message_bytes,
+            topic.paused,
+            backend.damaged if backend is not None else 0,
+        )
         if states:
             key += states
         if key != columns.topic_keys[index]:
             columns.topic_keys[index] = key
-            results = ([c.e2e.result(now_ns) for c in channels[bounds[index]:bounds[index + 1]]
-                        if c.e2e is not None] if states else ())
+            results = (
+                [c.e2e.result(now_ns) for c in channels[bounds[index] : bounds[index + 1]] if c.e2e is not None]
+                if states
+                else ()
+            )
             columns.topic_e2e[index] = _e2e_values(
-                merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles)))
+                merge_results(results, tuple(self.nsqd.opts.e2e_processing_latency_percentiles))
+            )
             changed = True
         return changed
 
@@ -390,8 +488,11 @@ class StatsCache:
                 client_piece = _ClientPiece(client)
             counters = client_counters(client)
             counts = client.pub_counts
-            key = (counters if not counts and counters[0] != INIT else
-                   (counters, tuple(counts.items()), client_identity(client)))
+            key = (
+                counters
+                if not counts and counters[0] != INIT
+                else (counters, tuple(counts.items()), client_identity(client))
+            )
             if key != client_piece.key:
                 client_piece.renew(key)
                 changed = True
@@ -424,8 +525,9 @@ class StatsCache:
             kept = columns.json_clients if include_clients else columns.json
             for index, rendered in enumerate(kept):
                 if rendered is None:
-                    rendered = kept[index] = self._topic_json(columns, index, columns.channel_stats(index),
-                                                              include_clients)
+                    rendered = kept[index] = self._topic_json(
+                        columns, index, columns.channel_stats(index), include_clients
+                    )
                 topics.append(rendered)
         else:
             for index in range(len(columns.topics)):
@@ -452,8 +554,11 @@ class StatsCache:
         for stats, clients in channels:
             head, tail = map(_encode, channel_json_parts(stats))
             rendered.append(head + (self._json_clients(clients) if include_clients else b"null") + tail)
-        return (_encode(topic_json_head(columns.topics[index].name)) + b",".join(rendered)
-                + _encode(topic_json_tail(columns.topic_stats(index))))
+        return (
+            _encode(topic_json_head(columns.topics[index].name))
+            + b",".join(rendered)
+            + _encode(topic_json_tail(columns.topic_stats(index)))
+        )
 
     @staticmethod
     def _json_clients(pieces) -> bytes:
@@ -477,8 +582,9 @@ class StatsCache:
                 kept = columns.text_clients if with_clients else columns.text
                 rendered = kept[index]
                 if rendered is None:
-                    rendered = kept[index] = self._topic_text(columns, index, columns.channel_stats(index),
-                                                              with_clients)
+                    rendered = kept[index] = self._topic_text(
+                        columns, index, columns.channel_stats(index), with_clients
+                    )
             else:
                 listed = columns.channel_stats(index, channel)
                 if not listed:
@@ -544,7 +650,7 @@ class StatsCache:
                 rows[index] = topic_rows(columns.topic_stats(index, channels)) + joined
         blocks = []
         for start in range(0, len(rows), METRICS_BLOCK):
-            run = rows[start:start + METRICS_BLOCK]
+            run = rows[start : start + METRICS_BLOCK]
             kept = self._metrics_blocks.get(start)
             if kept is None or kept[0] != run:  # the same row objects: no change (compared by identity first)
                 topic_columns = tuple(map(b"".join, zip(*[rendered[:_TOPIC_ROWS] for rendered in run])))
@@ -554,6 +660,8 @@ class StatsCache:
             blocks.append(kept)
         for start in [start for start in self._metrics_blocks if start >= len(rows)]:
             del self._metrics_blocks[start]
-        return rows_pieces([topic_columns for _, topic_columns, _ in blocks],
-                           [channel_columns for _, _, channel_columns in blocks if channel_columns is not None],
-                           openmetrics=openmetrics)
+        return rows_pieces(
+            [topic_columns for _, topic_columns, _ in blocks],
+            [channel_columns for _, _, channel_columns in blocks if channel_columns is not None],
+            openmetrics=openmetrics,
+        )

@@ -54,8 +54,15 @@ def _pct(quantile: float) -> str:
     return "%.0f" % (quantile * 100.0)
 
 
-def statsd_lines(stats: NodeStats, last: NodeStats | None, prefix: str, *, exclude_ephemeral: bool = False,
-                 memory: MemoryStats | None = None, last_memory: MemoryStats | None = None) -> list[bytes]:
+def statsd_lines(
+    stats: NodeStats,
+    last: NodeStats | None,
+    prefix: str,
+    *,
+    exclude_ephemeral: bool = False,
+    memory: MemoryStats | None = None,
+    last_memory: MemoryStats | None = None,
+) -> list[bytes]:
     """Every line of one push (each with its newline); counters are differences from ``last``."""
     lines: list[str] = []
     counter = lambda name, value: lines.append(f"{prefix}{name}:{value}|c\n")  # noqa: E731
@@ -140,8 +147,14 @@ class StatsdPusher:
         opts = self.nsqd.opts
         stats = collect(self.nsqd, include_clients=False, include_mem=False)
         memory = memory_stats() if opts.statsd_mem_stats else None
-        lines = statsd_lines(stats, self._last, self.prefix(), exclude_ephemeral=opts.statsd_exclude_ephemeral,
-                             memory=memory, last_memory=self._last_memory)
+        lines = statsd_lines(
+            stats,
+            self._last,
+            self.prefix(),
+            exclude_ephemeral=opts.statsd_exclude_ephemeral,
+            memory=memory,
+            last_memory=self._last_memory,
+        )
         self._last = stats
         if memory is not None:
             self._last_memory = memory

@@ -45,7 +45,6 @@ from protocol.log import (
 from protocol.names import go_quote, is_valid_channel_name, is_valid_name_bytes, is_valid_topic_name
 
 from .auth import AuthError
-
 from .channel import ChannelError
 from .client import Client, ClientState
 from .fastpath import fast_line_of, read_pubs
@@ -106,9 +105,12 @@ class Connection:
         self.opts = nsqd.opts
         self.stream = stream
         self.client = client
-        self.parser = CommandParser(max_msg_size=self.opts.max_msg_size, max_body_size=self.opts.max_body_size,
-                                    max_req_timeout_ms=int(self.opts.max_req_timeout * 1000),
-                                    line_check=self._line_check)
+        self.parser = CommandParser(
+            max_msg_size=self.opts.max_msg_size,
+            max_body_size=self.opts.max_body_size,
+            max_req_timeout_ms=int(self.opts.max_req_timeout * 1000),
+            line_check=self._line_check,
+        )
         self._read_scope: trio.CancelScope | None = None
         self._now = trio.lowlevel.current_clock().current_time  # the run's clock, one call
         self._read_moves_at = math.inf  # when the read deadline is moved next (``_move_read_deadline``)
@@ -516,8 +518,10 @@ class Connection:
                     # nothing leaves before the peers hold what an OK in it acknowledges (nsqd/replication/);
                     # a publish read while this waited raised replicated_seq: its OK waits too
                     if not await replication.wait_acked(client.replicated_seq, self._flush_direct):
-                        log.error("[%s] - replication degraded before a publish was acknowledged, closing",
-                                  client.remote_address)
+                        log.error(
+                            "[%s] - replication degraded before a publish was acknowledged, closing",
+                            client.remote_address,
+                        )
                         client.out.clear()
                         self._stop_reading()
                         return
@@ -533,8 +537,11 @@ class Connection:
                     if barrier and not barrier.commit() and client.commit_verbs:
                         # group commit: what an OK here acknowledges is on disk, or the OK does not leave: the
                         # publishes it covered fail as nsqd fails a publish it could not store (fatal: closed)
-                        log.error("[%s] - a disk sync failed before %d publish(es) were acknowledged: "
-                                  "E_*_FAILED, closing", client.remote_address, len(client.commit_verbs))
+                        log.error(
+                            "[%s] - a disk sync failed before %d publish(es) were acknowledged: E_*_FAILED, closing",
+                            client.remote_address,
+                            len(client.commit_verbs),
+                        )
                         data = fail_publish_oks(data, client.commit_verbs)
                         client.commit_verbs = []
                         with trio.move_on_after(1):
@@ -620,8 +627,13 @@ class Connection:
             self._heartbeat_timer.schedule(client, client.heartbeat_interval)
             if self._read_scope is not None:
                 self._set_read_deadline()
-        log.info("[%s] IDENTIFY: client_id=%r hostname=%r user_agent=%r", client.remote_address, client.client_id,
-                 client.hostname, client.user_agent)
+        log.info(
+            "[%s] IDENTIFY: client_id=%r hostname=%r user_agent=%r",
+            client.remote_address,
+            client.client_id,
+            client.hostname,
+            client.user_agent,
+        )
         if not first:
             # a repeated IDENTIFY is accepted with a plain OK: no negotiation, no upgrade (nsqd does so)
             return OK_FRAME
@@ -647,8 +659,9 @@ class Connection:
                 stream = self.stream
                 if result.tls:
                     log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", client.remote_address)
-                    ssl_stream = trio.SSLStream(PrefixedStream(stream, leftover), self.nsqd.tls_context,
-                                                server_side=True, https_compatible=True)
+                    ssl_stream = trio.SSLStream(
+                        PrefixedStream(stream, leftover), self.nsqd.tls_context, server_side=True, https_compatible=True
+                    )
                     leftover = b""
                     with trio.move_on_after(TLS_HANDSHAKE_TIMEOUT) as scope:
                         try:
@@ -672,8 +685,11 @@ class Connection:
                         codec = SnappyEncoder(), SnappyDecoder()
                         client.snappy = True
                     else:
-                        log.info("PROTOCOL(V2): [%s] upgrading connection to deflate (level %d)",
-                                 client.remote_address, result.deflate_level)
+                        log.info(
+                            "PROTOCOL(V2): [%s] upgrading connection to deflate (level %d)",
+                            client.remote_address,
+                            result.deflate_level,
+                        )
                         codec = DeflateEncoder(result.deflate_level), DeflateDecoder()
                         client.deflate = True
                         client.deflate_level = result.deflate_level
@@ -705,15 +721,22 @@ class Connection:
             raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
         if not client.authed:
             raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
-        log.info("PROTOCOL(V2): [%s] AUTH identity=%r permissions=%d", client.remote_address,
-                 client.auth_identity, len(client.auth_state.authorizations))
+        log.info(
+            "PROTOCOL(V2): [%s] AUTH identity=%r permissions=%d",
+            client.remote_address,
+            client.auth_identity,
+            len(client.auth_state.authorizations),
+        )
         return encode_frame(FRAME_TYPE_RESPONSE, client.auth_state.response())
 
     async def _query_auth(self):
         client = self.client
         return await self.nsqd.authenticator.query(
-            remote_ip=_remote_ip(client.remote_address), tls=client.tls, common_name=client.tls_common_name,
-            secret=client.auth_secret)
+            remote_ip=_remote_ip(client.remote_address),
+            tls=client.tls,
+            common_name=client.tls_common_name,
+            secret=client.auth_secret,
+        )
 
     def _auth_refresh_due(self) -> bool:
         """Before SUB/PUB/MPUB/DPUB (auth enabled): forget the last refresh's outcome; True when the cached
@@ -781,7 +804,9 @@ class Connection:
             raise ProtocolError("E_INVALID", f"SUB channel {topic_name}:{channel_name} is a log, read it with LREAD")
         limit = self.opts.max_channel_consumers
         if limit and len(channel.clients) >= limit:
-            raise ProtocolError("E_SUB_FAILED", f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
+            raise ProtocolError(
+                "E_SUB_FAILED", f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}"
+            )
         channel.add_client(client)
         client.channel = channel
         self.poll_actor = channel.dispatcher
@@ -908,10 +933,13 @@ class Connection:
         if error.kind == "bad_range":
             return ProtocolError(E_LOG_BAD_RANGE, f"{request.verb} from {error.offset} > to {error.bound}")
         if error.kind == "before_start":
-            return ProtocolError(E_LOG_BEFORE_START, f"{request.verb} offset {error.offset} before the oldest "
-                                                     f"retained offset {error.bound} of {name}")
-        return ProtocolError(E_LOG_PAST_END, f"{request.verb} offset {error.offset} past the end {error.bound} of "
-                                             f"{name}")
+            return ProtocolError(
+                E_LOG_BEFORE_START,
+                f"{request.verb} offset {error.offset} before the oldest retained offset {error.bound} of {name}",
+            )
+        return ProtocolError(
+            E_LOG_PAST_END, f"{request.verb} offset {error.offset} past the end {error.bound} of {name}"
+        )
 
     @staticmethod
     def _offsets_frame(channel_log, **extra) -> bytes:
@@ -986,8 +1014,7 @@ class Connection:
         self.client.published(topic_name, len(bodies))
         return OK_FRAME
 
-    def _publish_answering_first(self, verb: str, topic_name: str, bodies: list[bytes],
-                                 defer: float = 0.0) -> bytes:
+    def _publish_answering_first(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         """``_publish`` of a connection that consumes: the hand-off to the channels may deliver to this very
         connection inside the publish (a quiet channel's slice runs at once, appends message frames to the output
         buffer and may write them), so the OK goes into the buffer first. A publish that fails raises before it
@@ -1034,12 +1061,12 @@ def fail_publish_oks(data: bytes, verbs: list[str]) -> bytes:
     oks = []
     pos = 0
     while pos + 8 <= len(data):
-        size = int.from_bytes(data[pos:pos + 4], "big")
-        if data[pos:pos + 4 + size] == OK_FRAME:
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        if data[pos : pos + 4 + size] == OK_FRAME:
             oks.append(pos)
         pos += 4 + size
-    failed = oks[len(oks) - len(verbs):] if len(verbs) <= len(oks) else oks
-    verbs = verbs[len(verbs) - len(failed):]
+    failed = oks[len(oks) - len(verbs) :] if len(verbs) <= len(oks) else oks
+    verbs = verbs[len(verbs) - len(failed) :]
     parts, last = [], 0
     for at, verb in zip(failed, verbs):
         parts.append(data[last:at])
@@ -1052,8 +1079,20 @@ def fail_publish_oks(data: bytes, verbs: list[str]) -> bytes:
 #: each command's method, called with the connection (one table for every connection: a table of bound methods
 #: made per connection was a dozen more objects each for the cyclic collector to visit)
 _HANDLERS = {
-    b"FIN": Connection.FIN, b"RDY": Connection.RDY, b"REQ": Connection.REQ, b"PUB": Connection.PUB,
-    b"MPUB": Connection.MPUB, b"DPUB": Connection.DPUB, b"NOP": Connection.NOP, b"TOUCH": Connection.TOUCH,
-    b"SUB": Connection.SUB, b"CLS": Connection.CLS, b"IDENTIFY": Connection.IDENTIFY, b"AUTH": Connection.AUTH,
-    b"LOG": Connection.LOG, b"LSEEK": Connection.LSEEK, b"LREAD": Connection.LREAD, b"LCOMMIT": Connection.LCOMMIT,
+    b"FIN": Connection.FIN,
+    b"RDY": Connection.RDY,
+    b"REQ": Connection.REQ,
+    b"PUB": Connection.PUB,
+    b"MPUB": Connection.MPUB,
+    b"DPUB": Connection.DPUB,
+    b"NOP": Connection.NOP,
+    b"TOUCH": Connection.TOUCH,
+    b"SUB": Connection.SUB,
+    b"CLS": Connection.CLS,
+    b"IDENTIFY": Connection.IDENTIFY,
+    b"AUTH": Connection.AUTH,
+    b"LOG": Connection.LOG,
+    b"LSEEK": Connection.LSEEK,
+    b"LREAD": Connection.LREAD,
+    b"LCOMMIT": Connection.LCOMMIT,
 }

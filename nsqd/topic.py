@@ -37,8 +37,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from itertools import compress
-from typing import Callable
 
 import trio
 
@@ -73,13 +73,24 @@ class TopicExiting(Exception):
 
 
 class Topic:
-    def __init__(self, name: str, *, node_id: int, mem_queue_size: int, max_msg_timeout: float, actors,
-                 on_channel_created: Callable[[Channel], None] | None = None,
-                 on_channel_deleted: Callable[[Channel], None] | None = None,
-                 on_last_channel_gone: Callable[["Topic"], None] | None = None,
-                 make_backend: Callable[[str], object] | None = None,
-                 spawn: Callable | None = None, owing: dict | None = None, guid: GUIDFactory | None = None,
-                 changed: set | None = None, open_log: Callable | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        node_id: int,
+        mem_queue_size: int,
+        max_msg_timeout: float,
+        actors,
+        on_channel_created: Callable[[Channel], None] | None = None,
+        on_channel_deleted: Callable[[Channel], None] | None = None,
+        on_last_channel_gone: Callable[[Topic], None] | None = None,
+        make_backend: Callable[[str], object] | None = None,
+        spawn: Callable | None = None,
+        owing: dict | None = None,
+        guid: GUIDFactory | None = None,
+        changed: set | None = None,
+        open_log: Callable | None = None,
+    ) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -180,7 +191,7 @@ class Topic:
         backend = self.backend
         if backend is None:
             # nsqd hands a message over when its pump is waiting for one (it always is here)
-            return messages if pump_ready else messages[:max(room, 0)]
+            return messages if pump_ready else messages[: max(room, 0)]
         kept: list[Message] = []
         deferred = [bool(m.defer) for m in messages]
         if pump_ready and not self.durable and any(deferred):
@@ -330,9 +341,16 @@ class Topic:
             backend = None
             if self._make_backend is not None and not is_ephemeral(name):
                 backend = self._make_backend(f"{self.name}:{name}")
-            channel = Channel(self, name, mem_queue_size=self.mem_queue_size, max_msg_timeout=self.max_msg_timeout,
-                              actors=self._actors, on_last_client_gone=_ephemeral_channel_idle,
-                              backend=backend, open_log=self._open_log if backend is not None else None)
+            channel = Channel(
+                self,
+                name,
+                mem_queue_size=self.mem_queue_size,
+                max_msg_timeout=self.max_msg_timeout,
+                actors=self._actors,
+                on_last_client_gone=_ephemeral_channel_idle,
+                backend=backend,
+                open_log=self._open_log if backend is not None else None,
+            )
             self.channels[name] = channel
             log.info("TOPIC(%s): new channel(%s)", self.name, name)
             if self._on_channel_created is not None:

@@ -340,9 +340,7 @@ class CommandParser(InputBuffer):
         if self._stage == 1:
             return ProtocolError(E_BAD_BODY, "MPUB failed to read message count")
         if self._size < 0:
-            return ProtocolError(
-                E_BAD_MESSAGE, f"MPUB failed to read message({len(self._bodies)}) body size"
-            )
+            return ProtocolError(E_BAD_MESSAGE, f"MPUB failed to read message({len(self._bodies)}) body size")
         return ProtocolError(E_BAD_MESSAGE, "MPUB failed to read message body")
 
     # -- internals -------------------------------------------------------------------------
@@ -419,9 +417,7 @@ class CommandParser(InputBuffer):
 
     def _check_topic(self, topic: bytes, label: str, quirk: str) -> None:
         if not is_valid_name_bytes(topic):
-            raise self._error(
-                E_BAD_TOPIC, f"{quirk}{label} topic name {go_quote(decode_name(topic))} is not valid"
-            )
+            raise self._error(E_BAD_TOPIC, f"{quirk}{label} topic name {go_quote(decode_name(topic))} is not valid")
 
     def _check_dpub_timeout(self, raw: bytes) -> None:
         try:
@@ -430,9 +426,7 @@ class CommandParser(InputBuffer):
             raise self._error(E_INVALID, f"DPUB could not parse timeout {_raw_text(raw)}") from None
         duration = ms_to_go_duration(ms)
         if duration < 0 or duration > self._max_req_timeout_ms * _NS_PER_MS:
-            raise self._error(
-                E_INVALID, f"DPUB timeout {ms} out of range 0-{self._max_req_timeout_ms}"
-            )
+            raise self._error(E_INVALID, f"DPUB timeout {ms} out of range 0-{self._max_req_timeout_ms}")
 
     def _continue_body(self) -> Command | None:
         cur = self._cur
@@ -455,9 +449,7 @@ class CommandParser(InputBuffer):
                 if size <= 0:
                     raise self._error(E_BAD_MESSAGE, f"{label} invalid message body size {size}")
                 if size > self._max_msg_size:
-                    raise self._error(
-                        E_BAD_MESSAGE, f"{label} message too big {size} > {self._max_msg_size}"
-                    )
+                    raise self._error(E_BAD_MESSAGE, f"{label} message too big {size} > {self._max_msg_size}")
             else:  # NSQ checks "too big" first for IDENTIFY and AUTH
                 if size > self._max_body_size:
                     raise self._error(E_BAD_BODY, f"{label} body too big {size} > {self._max_body_size}")
@@ -518,10 +510,13 @@ class CommandParser(InputBuffer):
                 stride = first + 4
                 here = min(count - len(bodies), (n - pos) // stride)
                 end = pos + here * stride
-                if here > 1 and buf[pos:end:stride] == buf[pos : pos + 1] * here \
-                        and buf[pos + 1 : end : stride] == buf[pos + 1 : pos + 2] * here \
-                        and buf[pos + 2 : end : stride] == buf[pos + 2 : pos + 3] * here \
-                        and buf[pos + 3 : end : stride] == buf[pos + 3 : pos + 4] * here:
+                if (
+                    here > 1
+                    and buf[pos:end:stride] == buf[pos : pos + 1] * here
+                    and buf[pos + 1 : end : stride] == buf[pos + 1 : pos + 2] * here
+                    and buf[pos + 2 : end : stride] == buf[pos + 2 : pos + 3] * here
+                    and buf[pos + 3 : end : stride] == buf[pos + 3 : pos + 4] * here
+                ):
                     bodies.extend(_cut_bodies(buf, pos, first, here))
                     pos = end
         while len(bodies) < count:
@@ -536,9 +531,7 @@ class CommandParser(InputBuffer):
                 if size <= 0 or size > max_size:
                     self._pos = pos
                     if size <= 0:
-                        raise self._error(
-                            E_BAD_MESSAGE, f"MPUB invalid message({len(bodies)}) body size {size}"
-                        )
+                        raise self._error(E_BAD_MESSAGE, f"MPUB invalid message({len(bodies)}) body size {size}")
                     raise self._error(E_BAD_MESSAGE, f"MPUB message too big {size} > {max_size}")
             end = pos + size
             if end > n:

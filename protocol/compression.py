@@ -176,7 +176,9 @@ class SnappyDecoder:
             chunk_type = buf[pos]
             length = buf[pos + 1] | (buf[pos + 2] << 8) | (buf[pos + 3] << 16)
             if not self._identified and chunk_type != _CHUNK_IDENTIFIER:
-                raise CompressionError(f"snappy stream does not start with a stream identifier (chunk 0x{chunk_type:02x})")
+                raise CompressionError(
+                    f"snappy stream does not start with a stream identifier (chunk 0x{chunk_type:02x})"
+                )
             if chunk_type <= _CHUNK_UNCOMPRESSED:
                 limit = _MAX_COMPRESSED_CHUNK if chunk_type == _CHUNK_COMPRESSED else _MAX_BLOCK_SIZE + 4
                 if length < 4 or length > limit:

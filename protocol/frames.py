@@ -72,7 +72,6 @@ class FrameDecoder(InputBuffer):
         super().__init__()  # _need: bytes after _pos the pending frame needs; 0 = unknown
         self._max_frame_size = max_frame_size
 
-
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None when more data is needed."""
         buf = self._buf

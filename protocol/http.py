@@ -31,10 +31,31 @@ from urllib.parse import quote, unquote_to_bytes
 import httptools
 
 __all__ = [
-    "CONNECTION_CLOSED", "END_OF_BODY", "NEED_DATA", "BadRequest", "Headers", "HTTPError", "Match", "Request",
-    "RequestHead", "RequestParser", "Response", "Route", "Router", "empty_response", "encode_response",
+    "CONNECTION_CLOSED",
+    "END_OF_BODY",
+    "NEED_DATA",
+    "BadRequest",
+    "Headers",
+    "HTTPError",
+    "Match",
+    "Request",
+    "RequestHead",
+    "RequestParser",
+    "Response",
+    "Route",
+    "Router",
+    "empty_response",
+    "encode_response",
     "encoded_json_response",
-    "error_response", "go_json", "go_json_text", "go_string", "json_response", "parse_query", "refusal_bytes", "run_deferred", "text_response",
+    "error_response",
+    "go_json",
+    "go_json_text",
+    "go_string",
+    "json_response",
+    "parse_query",
+    "refusal_bytes",
+    "run_deferred",
+    "text_response",
 ]
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
@@ -70,14 +91,15 @@ class HTTPError(Exception):
         self.message = message
 
 
-_HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-                               "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_HTML_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
 _HTML_CHARS = re.compile("[<>&\u2028\u2029]")
 _encode_string = json.encoder.encode_basestring  # the C encoder of one string, UTF-8 kept (ensure_ascii=False)
 # A JSON string (skipped as is) or a number; only numbers with a fraction or an exponent (floats) change.
 _JSON_NUMBER = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?')
 # A value starting like a float: finding none (the usual case) skips the slower rewrite.
-_FLOAT_HINT = re.compile(r'[:,\[]-?\d+[.eE]')
+_FLOAT_HINT = re.compile(r"[:,\[]-?\d+[.eE]")
 
 
 def _go_float(text: str) -> str:
@@ -182,8 +204,9 @@ _STATUS_LINES: dict[int, bytes] = {}
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
-def encode_response(response: Response, *, date: str, head_only: bool = False, close: bool = False,
-                    keep_alive_header: bool = False) -> bytes:
+def encode_response(
+    response: Response, *, date: str, head_only: bool = False, close: bool = False, keep_alive_header: bool = False
+) -> bytes:
     """Serialise ``response`` with ``Content-Length`` and ``Date``; ``close`` adds ``Connection: close`` and
     ``keep_alive_header`` the ``Connection: keep-alive`` an HTTP/1.0 client needs to keep its connection.
     Raises ``ValueError`` for a header that would break the head (a line break, or a character beyond latin-1)."""
@@ -295,12 +318,33 @@ class Request:
     parameters reject a bad query string). ``after_answer(fn)``: ``fn()`` runs once the answer is written (see
     ``after_answer``)."""
 
-    __slots__ = ("method", "target", "path", "raw_query", "headers", "body", "remote_address", "tls",
-                 "http_version", "_query", "deferred")
+    __slots__ = (
+        "method",
+        "target",
+        "path",
+        "raw_query",
+        "headers",
+        "body",
+        "remote_address",
+        "tls",
+        "http_version",
+        "_query",
+        "deferred",
+    )
 
-    def __init__(self, method: str, path: str, raw_query: bytes = b"", headers: Headers | None = None,
-                 body: bytes = b"", remote_address: str = "", tls: bool = False, *, target: str | None = None,
-                 http_version: str = "1.1") -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        raw_query: bytes = b"",
+        headers: Headers | None = None,
+        body: bytes = b"",
+        remote_address: str = "",
+        tls: bool = False,
+        *,
+        target: str | None = None,
+        http_version: str = "1.1",
+    ) -> None:
         self.method = method
         self.path = path
         self.raw_query = raw_query
@@ -399,8 +443,16 @@ class Router:
         self._static: dict[str, dict[str, Route]] = {}
         self._dynamic: dict[tuple[str, ...], dict[str, Route]] = {}
 
-    def add(self, methods: list[str] | tuple[str, ...], path: str, handler: Handler, *, access_log: bool = True,
-            max_body_bytes: int | Callable[[], int] | None = None, body_too_big: Response | None = None) -> Route:
+    def add(
+        self,
+        methods: list[str] | tuple[str, ...],
+        path: str,
+        handler: Handler,
+        *,
+        access_log: bool = True,
+        max_body_bytes: int | Callable[[], int] | None = None,
+        body_too_big: Response | None = None,
+    ) -> Route:
         if not path.startswith("/"):
             raise ValueError(f"route path must start with '/': {path!r}")
         segments = _split(path)
@@ -512,8 +564,7 @@ class Router:
         except HTTPError as exc:
             return error_response(exc.status, exc.message)
         except Exception as exc:
-            self.logger.error("panic in HTTP handler - %r (%s %s)", exc, request.method, request.target,
-                              exc_info=True)
+            self.logger.error("panic in HTTP handler - %r (%s %s)", exc, request.method, request.target, exc_info=True)
             return error_response(500, "INTERNAL_ERROR")
 
     async def handle(self, request: Request) -> Response:
@@ -662,8 +713,18 @@ def _make_head(method: bytes, url: bytes, version: str, headers: list, keep_aliv
     name = _METHODS.get(method)
     if name is None:
         name = _METHODS[method] = method.decode("ascii")
-    return RequestHead(name, url.decode("ascii"), _decode_path(path_bytes), raw_query, version, headers,
-                       content_length, chunked, keep_alive, expect_continue)
+    return RequestHead(
+        name,
+        url.decode("ascii"),
+        _decode_path(path_bytes),
+        raw_query,
+        version,
+        headers,
+        content_length,
+        chunked,
+        keep_alive,
+        expect_continue,
+    )
 
 
 class RequestParser:
@@ -702,10 +763,16 @@ class RequestParser:
         self._unreported = 0  # of receive_data calls that ended inside a request and reported nothing
         self._url = b""
         self._headers: list = []  # of the current head, then a list that takes its trailers
-        self._parser = httptools.HttpRequestParser(types.SimpleNamespace(
-            on_message_begin=self._on_message_begin, on_url=self._on_url, on_header=self._on_header,
-            on_headers_complete=self._on_headers_complete, on_body=self._events.append,
-            on_message_complete=self._on_message_complete))
+        self._parser = httptools.HttpRequestParser(
+            types.SimpleNamespace(
+                on_message_begin=self._on_message_begin,
+                on_url=self._on_url,
+                on_header=self._on_header,
+                on_headers_complete=self._on_headers_complete,
+                on_body=self._events.append,
+                on_message_complete=self._on_message_complete,
+            )
+        )
         # llhttp refuses the versions it does not know as malformed; Go parses any HTTP/<digit>.<digit> and
         # answers 505 to those it does not serve, so the version is checked here (``_make_head``)
         self._parser.set_dangerous_leniencies(lenient_version=True)

@@ -99,7 +99,7 @@ class IdentifyResult:
             f'"auth_required":{b(limits.auth_required)},'
             f'"output_buffer_size":{self.output_buffer_size},'
             f'"output_buffer_timeout":{self.output_buffer_timeout_ms}}}'
-        ).encode("utf-8")
+        ).encode()
 
 
 def _json_bool(v: bool) -> str:
@@ -178,9 +178,7 @@ def _decode(body: bytes) -> dict[str, Any]:
     # Go replaces invalid UTF-8 in strings with U+FFFD; elsewhere it is a syntax error either way.
     text = body.decode("utf-8", "replace")
     try:
-        doc = json.loads(
-            text, object_pairs_hook=_Object, parse_float=_Number, parse_constant=_reject_constant
-        )
+        doc = json.loads(text, object_pairs_hook=_Object, parse_float=_Number, parse_constant=_reject_constant)
     except (ValueError, RecursionError, _DecodeError) as exc:
         raise _DecodeError(str(exc)) from exc
     fields: dict[str, Any] = {}

@@ -138,8 +138,7 @@ def parse_log_request(name: bytes, params: Sequence[bytes]) -> LogRequest:
 def encode_offsets(start: int, committed: int, end: int, **extra) -> bytes:
     """LOG's, LSEEK's and LCOMMIT's answer: ``{"start": S, "committed": C, "end": E}`` and ``extra`` (LSEEK's
     ``offset``; LOG's takeover notes, lists of objects)."""
-    return json.dumps({**extra, "start": start, "committed": committed, "end": end},
-                      separators=(",", ":")).encode()
+    return json.dumps({**extra, "start": start, "committed": committed, "end": end}, separators=(",", ":")).encode()
 
 
 def decode_offsets(data: bytes) -> dict[str, int]:
@@ -150,7 +149,8 @@ def decode_offsets(data: bytes) -> dict[str, int]:
     except ValueError:
         obj = None
     if not isinstance(obj, dict) or not all(
-            isinstance(obj.get(key), int) and obj[key] >= 0 for key in ("start", "committed", "end")):
+        isinstance(obj.get(key), int) and obj[key] >= 0 for key in ("start", "committed", "end")
+    ):
         raise ProtocolError(E_BAD_PROTOCOL, f"not a log offsets answer: {bytes(data[:80])!r}")
     return obj
 
@@ -165,8 +165,9 @@ class Columns:
 
     __slots__ = ("count", "timestamps", "ids", "lengths", "attempts", "bodies", "_starts")
 
-    def __init__(self, count: int, timestamps: bytes, ids: bytes, lengths: bytes, attempts: bytes,
-                 bodies: bytes) -> None:
+    def __init__(
+        self, count: int, timestamps: bytes, ids: bytes, lengths: bytes, attempts: bytes, bodies: bytes
+    ) -> None:
         self.count = count
         self.timestamps = timestamps
         self.ids = ids
@@ -176,15 +177,21 @@ class Columns:
         self._starts: list[int] | None = None
 
     @classmethod
-    def from_messages(cls, ids: Sequence[bytes], timestamps: Sequence[int], attempts: Sequence[int],
-                      bodies: Sequence[bytes]) -> Columns:
+    def from_messages(
+        cls, ids: Sequence[bytes], timestamps: Sequence[int], attempts: Sequence[int], bodies: Sequence[bytes]
+    ) -> Columns:
         """The columns of messages given as parallel sequences (one pack per column)."""
         count = len(ids)
         if any(len(i) != 16 for i in ids):
             raise ValueError("message IDs are 16 bytes")
-        return cls(count, struct.pack(f">{count}q", *timestamps), b"".join(ids),
-                   struct.pack(f">{count}I", *map(len, bodies)), struct.pack(f">{count}H", *attempts),
-                   b"".join(bodies))
+        return cls(
+            count,
+            struct.pack(f">{count}q", *timestamps),
+            b"".join(ids),
+            struct.pack(f">{count}I", *map(len, bodies)),
+            struct.pack(f">{count}H", *attempts),
+            b"".join(bodies),
+        )
 
     @classmethod
     def from_payload(cls, data, count: int) -> Columns:
@@ -198,8 +205,9 @@ class Columns:
             raise ValueError(f"{len(data)} bytes cannot hold the columns of {count} messages")
         columns = cls(count, data[:p], data[p:q], data[q:r], data[r:s], data[s:])
         if columns.body_starts()[-1] != len(columns.bodies):
-            raise ValueError(f"body lengths add up to {columns.body_starts()[-1]}, "
-                             f"{len(columns.bodies)} bytes of bodies follow")
+            raise ValueError(
+                f"body lengths add up to {columns.body_starts()[-1]}, {len(columns.bodies)} bytes of bodies follow"
+            )
         return columns
 
     def body_starts(self) -> list[int]:
@@ -232,15 +240,21 @@ class Columns:
         if i == 0 and j == self.count:
             return self
         starts = self.body_starts()
-        return Columns(j - i, self.timestamps[8 * i:8 * j], self.ids[16 * i:16 * j], self.lengths[4 * i:4 * j],
-                       self.attempts[2 * i:2 * j], self.bodies[starts[i]:starts[j]])
+        return Columns(
+            j - i,
+            self.timestamps[8 * i : 8 * j],
+            self.ids[16 * i : 16 * j],
+            self.lengths[4 * i : 4 * j],
+            self.attempts[2 * i : 2 * j],
+            self.bodies[starts[i] : starts[j]],
+        )
 
     def timestamp_list(self) -> tuple[int, ...]:
         return struct.unpack(f">{self.count}q", self.timestamps)
 
     def id_list(self) -> list[bytes]:
         ids = self.ids
-        return [ids[k:k + 16] for k in range(0, 16 * self.count, 16)]
+        return [ids[k : k + 16] for k in range(0, 16 * self.count, 16)]
 
     def payload(self) -> list[bytes]:
         """The columns back to back, as pieces for one write or join."""
@@ -249,9 +263,13 @@ class Columns:
     @staticmethod
     def join_payload(runs: Sequence[Columns]) -> list[bytes]:
         """The payload of several runs as one run (column by column), as pieces."""
-        return [b"".join(r.timestamps for r in runs), b"".join(r.ids for r in runs),
-                b"".join(r.lengths for r in runs), b"".join(r.attempts for r in runs),
-                b"".join(r.bodies for r in runs)]
+        return [
+            b"".join(r.timestamps for r in runs),
+            b"".join(r.ids for r in runs),
+            b"".join(r.lengths for r in runs),
+            b"".join(r.attempts for r in runs),
+            b"".join(r.bodies for r in runs),
+        ]
 
 
 def encode_range(first: int, end: int, runs: Sequence[Columns]) -> bytes:
@@ -289,9 +307,13 @@ class LogRange(NamedTuple):
         ids = bytes(self.ids)
         bodies = bytes(self.bodies)
         starts = [0, *accumulate(struct.unpack(f">{count}I", self.lengths))]
-        return zip(range(self.first, self.first + count), (ids[k:k + 16] for k in range(0, 16 * count, 16)),
-                   struct.unpack(f">{count}q", self.timestamps), struct.unpack(f">{count}H", self.attempts),
-                   (bodies[a:b] for a, b in zip(starts, starts[1:])))
+        return zip(
+            range(self.first, self.first + count),
+            (ids[k : k + 16] for k in range(0, 16 * count, 16)),
+            struct.unpack(f">{count}q", self.timestamps),
+            struct.unpack(f">{count}H", self.attempts),
+            (bodies[a:b] for a, b in zip(starts, starts[1:])),
+        )
 
 
 def decode_range(data) -> LogRange:
@@ -310,6 +332,6 @@ def decode_range(data) -> LogRange:
         columns = Columns.from_payload(view[RANGE_HEADER_SIZE:], count)
     except (ValueError, struct.error) as exc:
         raise ProtocolError(E_BAD_PROTOCOL, f"bad log range: {exc}") from None
-    return LogRange(first, end, count, columns.timestamps, columns.ids, columns.lengths, columns.attempts,
-                    columns.bodies)
-
+    return LogRange(
+        first, end, count, columns.timestamps, columns.ids, columns.lengths, columns.attempts, columns.bodies
+    )

@@ -74,8 +74,10 @@ DEFAULT_MAX_IDENTIFY_BODY = 1024 * 1024
 _int32 = struct.Struct(">i")
 
 # Go's unicode.IsSpace: the Latin-1 spaces and the Unicode White_Space characters.
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
-            "\u2028\u2029\u202f\u205f\u3000"
+_GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 def go_trim_space(text: str) -> str:
@@ -204,11 +206,25 @@ class ServerProtocol:
     bytes the client opened with, once received. After an error every call raises it again.
     """
 
-    __slots__ = ("_buf", "_eof", "_state", "_size", "_error", "identified", "magic", "max_line_length",
-                 "max_identify_body")
+    __slots__ = (
+        "_buf",
+        "_eof",
+        "_state",
+        "_size",
+        "_error",
+        "identified",
+        "magic",
+        "max_line_length",
+        "max_identify_body",
+    )
 
-    def __init__(self, *, max_line_length: int = DEFAULT_MAX_LINE_LENGTH,
-                 max_identify_body: int = DEFAULT_MAX_IDENTIFY_BODY, expect_magic: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        max_line_length: int = DEFAULT_MAX_LINE_LENGTH,
+        max_identify_body: int = DEFAULT_MAX_IDENTIFY_BODY,
+        expect_magic: bool = True,
+    ) -> None:
         self._buf = bytearray()
         self._eof = False
         self._state = _MAGIC if expect_magic else _LINE
@@ -260,7 +276,7 @@ class ServerProtocol:
             if end + 1 > self.max_line_length:
                 raise LineTooLong(self.max_line_length)
             line = decode_name(bytes(buf[:end]))
-            del buf[:end + 1]
+            del buf[: end + 1]
             params = go_trim_space(line).split(" ")
             name = params[0]
             if name == "PING":
@@ -302,8 +318,13 @@ class ServerProtocol:
                 fields = decode_peer_info(body)
             except ValueError:
                 raise ProtocolError(E_BAD_BODY, "IDENTIFY failed to decode JSON body") from None
-            peer = PeerFields(fields.get("broadcast_address", ""), fields.get("hostname", ""),
-                              fields.get("tcp_port", 0), fields.get("http_port", 0), fields.get("version", ""))
+            peer = PeerFields(
+                fields.get("broadcast_address", ""),
+                fields.get("hostname", ""),
+                fields.get("tcp_port", 0),
+                fields.get("http_port", 0),
+                fields.get("version", ""),
+            )
             if not peer.broadcast_address or not peer.tcp_port or not peer.http_port or not peer.version:
                 raise ProtocolError(E_BAD_BODY, "IDENTIFY missing fields")
             self.identified = True
@@ -328,18 +349,33 @@ def encode_response(data: bytes) -> bytes:
     return _int32.pack(len(data)) + data
 
 
-def encode_identify_response(*, broadcast_address: str, hostname: str, http_port: int, tcp_port: int,
-                             version: str) -> bytes:
+def encode_identify_response(
+    *, broadcast_address: str, hostname: str, http_port: int, tcp_port: int, version: str
+) -> bytes:
     """The JSON lookupd answers IDENTIFY with (keys sorted, as Go marshals a map), without the size."""
-    return go_json({"broadcast_address": broadcast_address, "hostname": hostname, "http_port": http_port,
-                    "tcp_port": tcp_port, "version": version})
+    return go_json(
+        {
+            "broadcast_address": broadcast_address,
+            "hostname": hostname,
+            "http_port": http_port,
+            "tcp_port": tcp_port,
+            "version": version,
+        }
+    )
 
 
 # -- nsqd's side -----------------------------------------------------------------------------------------------
 def encode_identify(*, broadcast_address: str, hostname: str, http_port: int, tcp_port: int, version: str) -> bytes:
     """IDENTIFY with nsqd's peer info (keys sorted, as Go marshals a map)."""
-    body = go_json({"broadcast_address": broadcast_address, "hostname": hostname, "http_port": http_port,
-                    "tcp_port": tcp_port, "version": version})
+    body = go_json(
+        {
+            "broadcast_address": broadcast_address,
+            "hostname": hostname,
+            "http_port": http_port,
+            "tcp_port": tcp_port,
+            "version": version,
+        }
+    )
     return b"IDENTIFY\n" + _int32.pack(len(body)) + body
 
 
@@ -380,12 +416,11 @@ class ResponseDecoder:
             return None
         size = _int32.unpack_from(buf)[0]
         if size < 0 or size > self.max_size:
-            raise ProtocolError(E_BAD_PROTOCOL, f"response body size ({size}) is greater than limit "
-                                                f"({self.max_size})")
+            raise ProtocolError(E_BAD_PROTOCOL, f"response body size ({size}) is greater than limit ({self.max_size})")
         if len(buf) < 4 + size:
             return None
-        data = bytes(buf[4:4 + size])
-        del buf[:4 + size]
+        data = bytes(buf[4 : 4 + size])
+        del buf[: 4 + size]
         return data
 
     def buffered_size(self) -> int:
@@ -417,5 +452,6 @@ def parse_lookupd_info(data: bytes) -> LookupdInfo:
             raise ValueError(f"{name} has the wrong type")
         return item
 
-    return LookupdInfo(get("tcp_port", int, 0), get("http_port", int, 0), get("version", str, ""),
-                       get("broadcast_address", str, ""))
+    return LookupdInfo(
+        get("tcp_port", int, 0), get("http_port", int, 0), get("version", str, ""), get("broadcast_address", str, "")
+    )

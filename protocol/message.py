@@ -74,9 +74,9 @@ def decode_message(data: bytes) -> Message:
 def encode_message_frame(msg: Message) -> bytes:
     """The whole frame of one delivery (the hot path: one pack, one concatenation)."""
     body = msg.body
-    return _pack_frame_header(
-        len(body) + _FRAME_OVERHEAD, _FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts, msg.id
-    ) + body
+    return (
+        _pack_frame_header(len(body) + _FRAME_OVERHEAD, _FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts, msg.id) + body
+    )
 
 
 def message_id_from_int(n: int) -> bytes:

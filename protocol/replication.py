@@ -137,6 +137,7 @@ class Hello:
 @dataclass(frozen=True, slots=True)
 class Confirm:
     """Asked of the node at ``node``: is ``session`` your replication session?"""
+
     node: str
     session: str
 
@@ -144,6 +145,7 @@ class Confirm:
 @dataclass(frozen=True, slots=True)
 class Confirmed:
     """The answer of the node that has that session (any other answers ERROR)."""
+
     node: str
     session: str
 
@@ -187,8 +189,9 @@ class Messages:
         self._columns = 0
 
     @classmethod
-    def _decoded(cls, seq: int, topic: str, channel: str, ids: tuple[bytes, ...], body_bytes: int, payload: bytes,
-                 columns: int) -> "Messages":
+    def _decoded(
+        cls, seq: int, topic: str, channel: str, ids: tuple[bytes, ...], body_bytes: int, payload: bytes, columns: int
+    ) -> Messages:
         event = cls.__new__(cls)
         event.seq, event.topic, event.channel, event.ids, event.body_bytes = seq, topic, channel, ids, body_bytes
         event._messages, event._payload, event._columns = None, payload, columns
@@ -207,8 +210,12 @@ class Messages:
     def __eq__(self, other) -> bool:
         if type(other) is not Messages:
             return NotImplemented
-        return ((self.seq, self.topic, self.channel, self.messages)
-                == (other.seq, other.topic, other.channel, other.messages))
+        return (self.seq, self.topic, self.channel, self.messages) == (
+            other.seq,
+            other.topic,
+            other.channel,
+            other.messages,
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -242,6 +249,7 @@ class Finished:
 @dataclass(frozen=True, slots=True)
 class Requeued:
     """Messages ``channel`` put back: ``entries`` are ``(id, attempts, due_ns)`` (due 0: ready at once)."""
+
     seq: int
     topic: str
     channel: str
@@ -260,6 +268,7 @@ class ChannelOp:
 class Synced:
     """The end of a backfill at ``seq``. ``damaged`` (version 2): the ``(topic, channel or "")`` queues whose
     files the origin found damaged, whose copies the replica must send back rather than drop (PROTOCOL.md)."""
+
     seq: int
     damaged: tuple[tuple[str, str], ...] = ()
 
@@ -267,6 +276,7 @@ class Synced:
 @dataclass(frozen=True, slots=True)
 class Restored:
     """Version 2: the replica sent every copy it returns for the damage the SYNCED of ``seq`` named."""
+
     seq: int
 
 
@@ -283,12 +293,14 @@ class Ack:
 @dataclass(frozen=True, slots=True)
 class Ping:
     """Version 2: the origin's heartbeat on an idle stream; ``clock`` is its monotonic clock in ns."""
+
     clock: int
 
 
 @dataclass(frozen=True, slots=True)
 class Pong:
     """Version 2: the replica's answer to a PING, with the PING's ``clock``: the origin's round trip to it."""
+
     clock: int
 
 
@@ -320,17 +332,36 @@ def encode_messages(seq: int, topic: str, messages, channel: str = "") -> bytes:
     if not count:
         return _messages_frame(seq, topic, channel, 0, b"", b"", b"", b"", ())
     ids, timestamps, attempts, dues, bodies = zip(*messages)
-    return _messages_frame(seq, topic, channel, count, b"".join(ids), _pack_column("q", timestamps),
-                           _pack_column("H", attempts), _pack_column("q", dues), bodies)
+    return _messages_frame(
+        seq,
+        topic,
+        channel,
+        count,
+        b"".join(ids),
+        _pack_column("q", timestamps),
+        _pack_column("H", attempts),
+        _pack_column("q", dues),
+        bodies,
+    )
 
 
-def encode_published(seq: int, topic: str, ids: list[bytes], bodies: list[bytes], timestamp: int,
-                     due_ns: int = 0) -> bytes:
+def encode_published(
+    seq: int, topic: str, ids: list[bytes], bodies: list[bytes], timestamp: int, due_ns: int = 0
+) -> bytes:
     """The MESSAGES frame of a published batch (one timestamp and due time for all, no attempt yet): the
     origin's hot path, no Python step per message (the columns are joined, repeated and packed in C)."""
     count = len(ids)
-    return _messages_frame(seq, topic, "", count, b"".join(ids), _I64.pack(timestamp) * count, b"\0\0" * count,
-                           _I64.pack(due_ns) * count, bodies)
+    return _messages_frame(
+        seq,
+        topic,
+        "",
+        count,
+        b"".join(ids),
+        _I64.pack(timestamp) * count,
+        b"\0\0" * count,
+        _I64.pack(due_ns) * count,
+        bodies,
+    )
 
 
 def _pack_column(code: str, values) -> bytes:
@@ -350,15 +381,40 @@ def _cached_name(name: str) -> bytes:
     return raw
 
 
-def _messages_frame(seq: int, topic: str, channel: str, count: int, ids: bytes, timestamps: bytes,
-                    attempts: bytes, dues: bytes, bodies) -> bytes:
+def _messages_frame(
+    seq: int, topic: str, channel: str, count: int, ids: bytes, timestamps: bytes, attempts: bytes, dues: bytes, bodies
+) -> bytes:
     lengths = struct.pack(">%dI" % count, *map(len, bodies))
     data = b"".join(bodies)
     topic_raw, channel_raw = _cached_name(topic), _cached_name(channel)
-    size = (1 + 8 + len(topic_raw) + len(channel_raw) + 4 + len(ids) + len(timestamps) + len(attempts) + len(dues)
-            + len(lengths) + len(data))
-    return b"".join((_HEAD.pack(size, T_MESSAGES), _U64.pack(seq), topic_raw, channel_raw, _U32.pack(count), ids,
-                     timestamps, attempts, dues, lengths, data))
+    size = (
+        1
+        + 8
+        + len(topic_raw)
+        + len(channel_raw)
+        + 4
+        + len(ids)
+        + len(timestamps)
+        + len(attempts)
+        + len(dues)
+        + len(lengths)
+        + len(data)
+    )
+    return b"".join(
+        (
+            _HEAD.pack(size, T_MESSAGES),
+            _U64.pack(seq),
+            topic_raw,
+            channel_raw,
+            _U32.pack(count),
+            ids,
+            timestamps,
+            attempts,
+            dues,
+            lengths,
+            data,
+        )
+    )
 
 
 def _read_columns(payload: bytes, pos: int, ids: tuple[bytes, ...]) -> tuple[ReplicatedMessage, ...]:
@@ -377,7 +433,7 @@ def _read_columns(payload: bytes, pos: int, ids: tuple[bytes, ...]) -> tuple[Rep
     pos += 4 * count
     bodies = []
     for length in lengths:
-        bodies.append(payload[pos:pos + length])
+        bodies.append(payload[pos : pos + length])
         pos += length
     return tuple(map(ReplicatedMessage, ids, timestamps, attempts, dues, bodies))
 
@@ -391,18 +447,32 @@ def encode(event) -> bytes:
     """The frame of one event."""
     kind = type(event)
     if kind is Messages:
-        return encode_messages(event.seq, event.topic,
-                               [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages],
-                               event.channel)
+        return encode_messages(
+            event.seq,
+            event.topic,
+            [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages],
+            event.channel,
+        )
     if kind is Finished:
-        return _frame(T_FINISHED, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
-                      + _U32.pack(len(event.ids)) + b"".join(event.ids))
+        return _frame(
+            T_FINISHED,
+            _U64.pack(event.seq)
+            + _name(event.topic)
+            + _name(event.channel)
+            + _U32.pack(len(event.ids))
+            + b"".join(event.ids),
+        )
     if kind is Requeued:
-        return _frame(T_REQUEUED, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
-                      + _U32.pack(len(event.entries)) + b"".join(_REQUEUED_ROW.pack(*row) for row in event.entries))
+        return _frame(
+            T_REQUEUED,
+            _U64.pack(event.seq)
+            + _name(event.topic)
+            + _name(event.channel)
+            + _U32.pack(len(event.entries))
+            + b"".join(_REQUEUED_ROW.pack(*row) for row in event.entries),
+        )
     if kind is ChannelOp:
-        return _frame(T_CHANNEL, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel)
-                      + bytes((event.op,)))
+        return _frame(T_CHANNEL, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel) + bytes((event.op,)))
     if kind is Ack:
         return _frame(T_ACK, _U64.pack(event.seq))
     if kind is Synced:
@@ -413,8 +483,9 @@ def encode(event) -> bytes:
     if kind is Restored:
         return _frame(T_RESTORED, _U64.pack(event.seq))
     if kind is Restore:
-        return encode_restore(event.topic, event.channel,
-                              [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages])
+        return encode_restore(
+            event.topic, event.channel, [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages]
+        )
     if kind is Heartbeat:
         return _frame(T_HEARTBEAT, b"")
     if kind is Ping:
@@ -456,8 +527,10 @@ def negotiate(speaks: int, speaks_min: int, peer: int, peer_min: int) -> int:
     ``peer_min``..``peer``: the highest both speak. ``E_BAD_VERSION`` when the ranges do not meet."""
     version = min(speaks, peer)
     if version < max(speaks_min, peer_min):
-        raise ProtocolError(E_BAD_VERSION, f"no protocol version in common: this node speaks {speaks_min}-{speaks}, "
-                                           f"the peer {peer_min}-{peer}")
+        raise ProtocolError(
+            E_BAD_VERSION,
+            f"no protocol version in common: this node speaks {speaks_min}-{speaks}, the peer {peer_min}-{peer}",
+        )
     return version
 
 
@@ -491,7 +564,7 @@ class _Reader:
         end = self.pos + size
         if end > len(self.data):
             raise self._short()
-        value = self.data[self.pos:end]
+        value = self.data[self.pos : end]
         self.pos = end
         return value
 
@@ -542,10 +615,16 @@ def _decode_hello(payload: bytes):
     host, _, port = node.rpartition(":")
     if not host or not port.isdigit():
         raise ProtocolError(E_BAD_HELLO, f"HELLO node {node!r} is not HOST:PORT")
-    return Hello(node=node, session=_field(obj, "session", str, "", "HELLO"),
-                 epoch=_field(obj, "epoch", int, 0, "HELLO"), durable=_field(obj, "durable", bool, False, "HELLO"),
-                 version=_field(obj, "version", int, 1, "HELLO"), node_id=_field(obj, "node_id", int, 0, "HELLO"),
-                 clean=_field(obj, "clean", bool, False, "HELLO"), min_version=_field(obj, "min_version", int, 1, "HELLO"))
+    return Hello(
+        node=node,
+        session=_field(obj, "session", str, "", "HELLO"),
+        epoch=_field(obj, "epoch", int, 0, "HELLO"),
+        durable=_field(obj, "durable", bool, False, "HELLO"),
+        version=_field(obj, "version", int, 1, "HELLO"),
+        node_id=_field(obj, "node_id", int, 0, "HELLO"),
+        clean=_field(obj, "clean", bool, False, "HELLO"),
+        min_version=_field(obj, "min_version", int, 1, "HELLO"),
+    )
 
 
 def _decode_identity(event_type):
@@ -554,15 +633,21 @@ def _decode_identity(event_type):
     def decode(payload: bytes):
         obj = _json_object(payload, what)
         return event_type(node=_field(obj, "node", str, "", what), session=_field(obj, "session", str, "", what))
+
     return decode
 
 
 def _decode_welcome(payload: bytes):
     obj = _json_object(payload, "WELCOME")
-    return Welcome(node=_field(obj, "node", str, "", "WELCOME"), session=_field(obj, "session", str, "", "WELCOME"),
-                   seq=_field(obj, "seq", int, 0, "WELCOME"), epoch=_field(obj, "epoch", int, 0, "WELCOME"),
-                   held=_field(obj, "held", int, 0, "WELCOME"), version=_field(obj, "version", int, 1, "WELCOME"),
-                   adopted=_field(obj, "adopted", int, 0, "WELCOME"))
+    return Welcome(
+        node=_field(obj, "node", str, "", "WELCOME"),
+        session=_field(obj, "session", str, "", "WELCOME"),
+        seq=_field(obj, "seq", int, 0, "WELCOME"),
+        epoch=_field(obj, "epoch", int, 0, "WELCOME"),
+        held=_field(obj, "held", int, 0, "WELCOME"),
+        version=_field(obj, "version", int, 1, "WELCOME"),
+        adopted=_field(obj, "adopted", int, 0, "WELCOME"),
+    )
 
 
 def _decode_messages(payload: bytes):
@@ -581,8 +666,9 @@ def _decode_messages(payload: bytes):
         raise reader._short()
     reader.pos = bodies_at + body_bytes
     reader.end()
-    return Messages._decoded(seq, topic, channel, split_ids(payload, columns, count), body_bytes, payload,
-                             columns + _ID_LENGTH * count)
+    return Messages._decoded(
+        seq, topic, channel, split_ids(payload, columns, count), body_bytes, payload, columns + _ID_LENGTH * count
+    )
 
 
 def _decode_synced(payload: bytes):
@@ -602,8 +688,7 @@ def _decode_restore(payload: bytes):
     event = _decode_messages(payload)
     if not event.channel:
         raise ProtocolError(E_BAD_PROTOCOL, "RESTORE frame without a channel")
-    return Restore._decoded(0, event.topic, event.channel, event.ids, event.body_bytes, payload,
-                            event._columns)
+    return Restore._decoded(0, event.topic, event.channel, event.ids, event.body_bytes, payload, event._columns)
 
 
 def _decode_message_rows(payload: bytes):
@@ -660,7 +745,7 @@ def _decode_adopted(payload: bytes):
     reader = _Reader(payload, "ADOPTED")
     raw = reader.take(reader.unpack(_U32)[0] * _ID_LENGTH)
     reader.end()
-    return Adopted(tuple(raw[i:i + _ID_LENGTH] for i in range(0, len(raw), _ID_LENGTH)))
+    return Adopted(tuple(raw[i : i + _ID_LENGTH] for i in range(0, len(raw), _ID_LENGTH)))
 
 
 def _decode_channel(payload: bytes):
@@ -681,6 +766,7 @@ def _decode_seq(event_type):
         seq = reader.unpack(_U64)[0]
         reader.end()
         return event_type(seq)
+
     return decode
 
 
@@ -693,15 +779,27 @@ def _decode_heartbeat(payload: bytes):
 def _decode_error(payload: bytes):
     reader = _Reader(payload, "ERROR")
     code = reader.take(reader.unpack(_U16)[0]).decode("utf-8", "replace")
-    return Error(code, payload[reader.pos:].decode("utf-8", "replace"))
+    return Error(code, payload[reader.pos :].decode("utf-8", "replace"))
 
 
 _DECODERS = {
-    T_HELLO: _decode_hello, T_MESSAGES: _decode_messages, T_MESSAGES_ROWS: _decode_message_rows, T_FINISHED: _decode_finished, T_CHANNEL: _decode_channel,
-    T_HEARTBEAT: _decode_heartbeat, T_SYNCED: _decode_synced, T_WELCOME: _decode_welcome,
-    T_ACK: _decode_seq(Ack), T_ERROR: _decode_error, T_ADOPTED: _decode_adopted,
-    T_CONFIRM: _decode_identity(Confirm), T_CONFIRMED: _decode_identity(Confirmed), T_REQUEUED: _decode_requeued,
-    T_PING: _decode_seq(Ping), T_PONG: _decode_seq(Pong), T_RESTORE: _decode_restore,
+    T_HELLO: _decode_hello,
+    T_MESSAGES: _decode_messages,
+    T_MESSAGES_ROWS: _decode_message_rows,
+    T_FINISHED: _decode_finished,
+    T_CHANNEL: _decode_channel,
+    T_HEARTBEAT: _decode_heartbeat,
+    T_SYNCED: _decode_synced,
+    T_WELCOME: _decode_welcome,
+    T_ACK: _decode_seq(Ack),
+    T_ERROR: _decode_error,
+    T_ADOPTED: _decode_adopted,
+    T_CONFIRM: _decode_identity(Confirm),
+    T_CONFIRMED: _decode_identity(Confirmed),
+    T_REQUEUED: _decode_requeued,
+    T_PING: _decode_seq(Ping),
+    T_PONG: _decode_seq(Pong),
+    T_RESTORE: _decode_restore,
     T_RESTORED: _decode_seq(Restored),
 }
 
@@ -734,21 +832,22 @@ class ReplicationDecoder(InputBuffer):
             raise ProtocolError(E_BAD_PROTOCOL, f"invalid replication frame size {size}")
         decode = _DECODERS.get(frame_type)
         if decode is None or (frame_type in FRAME_VERSIONS and FRAME_VERSIONS[frame_type] > self.version):
-            raise ProtocolError(E_BAD_PROTOCOL, f"unknown replication frame type {frame_type:#04x} (protocol "
-                                                f"version {self.version})")
+            raise ProtocolError(
+                E_BAD_PROTOCOL, f"unknown replication frame type {frame_type:#04x} (protocol version {self.version})"
+            )
         end = pos + 4 + size
         if end > len(buf):
             self._need = 4 + size
             return None
         self._pos = end
         self._need = 0
-        event = decode(buf[pos + 5:end])
+        event = decode(buf[pos + 5 : end])
         if frame_type == T_SYNCED and event.damaged and self.version < 2:
-            raise ProtocolError(E_BAD_PROTOCOL, f"SYNCED frame naming damaged queues (protocol version "
-                                                f"{self.version})")
+            raise ProtocolError(E_BAD_PROTOCOL, f"SYNCED frame naming damaged queues (protocol version {self.version})")
         if frame_type == T_CHANNEL and OP_VERSIONS.get(event.op, 1) > self.version:
-            raise ProtocolError(E_BAD_PROTOCOL, f"CHANNEL frame with unknown op {event.op} (protocol version "
-                                                f"{self.version})")
+            raise ProtocolError(
+                E_BAD_PROTOCOL, f"CHANNEL frame with unknown op {event.op} (protocol version {self.version})"
+            )
         self.last_frame = buf[pos:end]
         return event
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any, Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
 
@@ -81,8 +82,9 @@ async def listen(address: str) -> list[trio.SocketListener]:
     return adopt_listeners(bind_address(address))
 
 
-async def accept_connections(listener, nursery: trio.Nursery, handle: Callable[[trio.SocketStream], Awaitable[Any]],
-                             log: logging.Logger) -> None:
+async def accept_connections(
+    listener, nursery: trio.Nursery, handle: Callable[[trio.SocketStream], Awaitable[Any]], log: logging.Logger
+) -> None:
     """Accept on ``listener`` until cancelled, serving each connection with ``handle(stream)`` in ``nursery``.
 
     An accept error (EMFILE and friends) is logged and retried 50 ms later: backing off instead of spinning."""
@@ -114,4 +116,3 @@ async def serve_until_signalled(daemon: Daemon) -> None:
             nursery.start_soon(exit_on_signal)
             await daemon.run()
             nursery.cancel_scope.cancel()
-

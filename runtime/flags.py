@@ -43,12 +43,14 @@ import math
 import re
 import sys
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from decimal import Decimal
-from typing import Any, Callable, ClassVar, Mapping, NoReturn, TextIO, TypeVar
+from typing import Any, ClassVar, NoReturn, TextIO, TypeVar
+
+from protocol.version import version_string
 
 from .logfmt import log_level_word, parse_log_level
-from protocol.version import version_string
 
 __all__ = [
     "ConfigSettings",
@@ -250,8 +252,15 @@ def parse_go_int(text: str) -> int:
 
 _DECIMAL_FLOAT = re.compile(r"[+-]?(?:[0-9_]+\.?[0-9_]*|\.[0-9_]+)(?:[eE][+-]?[0-9_]+)?")
 _HEX_FLOAT = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F_]+\.?[0-9a-fA-F_]*|\.[0-9a-fA-F_]+)[pP][+-]?[0-9_]+")
-_SPECIAL_FLOATS = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
-                   "+infinity": math.inf, "-infinity": -math.inf, "nan": math.nan}
+_SPECIAL_FLOATS = {
+    "inf": math.inf,
+    "+inf": math.inf,
+    "-inf": -math.inf,
+    "infinity": math.inf,
+    "+infinity": math.inf,
+    "-infinity": -math.inf,
+    "nan": math.nan,
+}
 
 
 def parse_go_float(text: str) -> float:
@@ -530,7 +539,7 @@ def _coerce_scalar(kind: str, raw: Any) -> Any:
             return raw / 1000
         if isinstance(raw, str):
             return parse_duration(raw)
-        raise ValueError(f"expected a duration such as \"2s\" or integer milliseconds, got {_type_name(raw)}")
+        raise ValueError(f'expected a duration such as "2s" or integer milliseconds, got {_type_name(raw)}')
     raise AssertionError(kind)
 
 
@@ -597,8 +606,8 @@ class Flag:
         if first >= 0:
             second = self.help.find("`", first + 1)
             if second >= 0:
-                name = self.help[first + 1:second]
-                return name, self.help[:first] + name + self.help[second + 1:]
+                name = self.help[first + 1 : second]
+                return name, self.help[:first] + name + self.help[second + 1 :]
         if self.is_bool:
             return "", self.help
         if self.repeatable or self.convert is not None:
@@ -656,10 +665,22 @@ class FlagSet:
         self.given: dict[str, Any] = {}
         self.args: list[str] = []
 
-    def add(self, name: str, kind: Any, default: Any, help: str, *, config_key: str | None = None,
-            repeatable: bool = False, attr: str | None = None, comma_separated: bool | None = None,
-            convert: Callable[[str], Any] | None = None, bool_like: bool = False, in_config: bool = True,
-            default_text: str | Callable[[Any], str] | None = None) -> Flag:
+    def add(
+        self,
+        name: str,
+        kind: Any,
+        default: Any,
+        help: str,
+        *,
+        config_key: str | None = None,
+        repeatable: bool = False,
+        attr: str | None = None,
+        comma_separated: bool | None = None,
+        convert: Callable[[str], Any] | None = None,
+        bool_like: bool = False,
+        in_config: bool = True,
+        default_text: str | Callable[[Any], str] | None = None,
+    ) -> Flag:
         """Define a flag.
 
         ``kind``: str, int, float, bool, duration (float seconds), str_list (repeatable strings,
@@ -700,10 +721,20 @@ class FlagSet:
             default = list(default or [])
         elif kind == "duration" and convert is None:
             default = float(default)
-        flag = Flag(name=name, kind=kind, default=default, help=help, attr=attr, config_key=key,
-                    repeatable=repeatable, comma_separated=bool(comma_separated),
-                    sort_descending=sort_descending, convert=convert, bool_like=bool_like,
-                    default_text=default_text)
+        flag = Flag(
+            name=name,
+            kind=kind,
+            default=default,
+            help=help,
+            attr=attr,
+            config_key=key,
+            repeatable=repeatable,
+            comma_separated=bool(comma_separated),
+            sort_descending=sort_descending,
+            convert=convert,
+            bool_like=bool_like,
+            default_text=default_text,
+        )
         self._flags[name] = flag
         self._attrs.add(attr)
         if key is not None:
@@ -765,7 +796,7 @@ class FlagSet:
             has_value, value = False, ""
             equals = name.find("=", 1)
             if equals > 0:
-                name, value, has_value = name[:equals], name[equals + 1:], True
+                name, value, has_value = name[:equals], name[equals + 1 :], True
             flag = self._flags.get(name)
             if flag is None:
                 if name in ("help", "h"):
@@ -812,8 +843,9 @@ class FlagSet:
             try:
                 values[flag.attr] = flag.coerce_config_value(raw)
             except ValueError as exc:
-                raise FlagError(f"failed parsing {flag.config_key} {_go_v(raw)!r} in config file - {exc}",
-                                exit_code=1) from None
+                raise FlagError(
+                    f"failed parsing {flag.config_key} {_go_v(raw)!r} in config file - {exc}", exit_code=1
+                ) from None
         return values
 
     def resolve(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -829,8 +861,9 @@ def load_config(path: str) -> dict[str, Any]:
             return tomllib.load(file)
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise FlagError(f"failed to load config file {path} - open {path}: {reason[:1].lower()}{reason[1:]}",
-                        exit_code=1) from None
+        raise FlagError(
+            f"failed to load config file {path} - open {path}: {reason[:1].lower()}{reason[1:]}", exit_code=1
+        ) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise FlagError(f"failed to load config file {path} - {exc}", exit_code=1) from None
 
@@ -853,12 +886,25 @@ class OptionsError(FlagError, ValueError):
 #: the metadata key under which ``setting`` keeps a field's flag
 _FLAG_METADATA = "nsq_flag"
 #: a field's flag kind, from its type, unless ``setting`` names another
-_KINDS_BY_TYPE = {"str": "str", "int": "int", "bool": "bool", "float": "duration", "list[str]": "str_list",
-                  "list[float]": "float_list"}
+_KINDS_BY_TYPE = {
+    "str": "str",
+    "int": "int",
+    "bool": "bool",
+    "float": "duration",
+    "list[str]": "str_list",
+    "list[float]": "float_list",
+}
 
 
-def setting(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, kind: str | None = None,
-            flag: str | None = None, **extra: Any) -> Any:
+def setting(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    default_factory: Any = MISSING,
+    kind: str | None = None,
+    flag: str | None = None,
+    **extra: Any,
+) -> Any:
     """A field of a daemon's options dataclass that is also a command-line flag and a config-file key.
 
     The flag is named after the field (``_`` → ``-``) unless ``flag`` names it, and so is its config-file key
@@ -866,8 +912,7 @@ def setting(default: Any = MISSING, help: str = "", *, default_factory: Any = MI
     durations, lists are repeatable) unless ``kind`` names another; ``extra`` goes to
     ``FlagSet.add`` (``config_key``, ``in_config``, ``convert``, ``default_text``, ``bool_like``). Fields made
     otherwise are settings that no flag sets."""
-    return field(default=default, default_factory=default_factory,
-                 metadata={_FLAG_METADATA: (flag, kind, help, extra)})
+    return field(default=default, default_factory=default_factory, metadata={_FLAG_METADATA: (flag, kind, help, extra)})
 
 
 @dataclass
@@ -881,8 +926,9 @@ class DaemonOptions:
     #: NSQ flags that are accepted and ignored, and logged when given (``ignored_flags``)
     logged_ignored_flags: ClassVar[frozenset[str]] = frozenset()
 
-    log_level: str = setting("info", "set log verbosity: debug, info, warn, error, or fatal", convert=log_level_word,
-                             default_text="INFO")
+    log_level: str = setting(
+        "info", "set log verbosity: debug, info, warn, error, or fatal", convert=log_level_word, default_text="INFO"
+    )
     log_prefix: str = setting("", "log message prefix")
     config: str = setting("", "path to config file", in_config=False)
     version: bool = setting(False, "print version string", in_config=False)
@@ -891,7 +937,7 @@ class DaemonOptions:
     ignored_flags: tuple[str, ...] = ()
 
     @classmethod
-    def flagset(cls, defaults: Any = None) -> "FlagSet":
+    def flagset(cls, defaults: Any = None) -> FlagSet:
         """The daemon's flags, with defaults taken from ``defaults`` (``cls()`` when omitted)."""
         return flagset_from_options(cls.program, cls, defaults if defaults is not None else cls())
 
@@ -915,8 +961,14 @@ def flagset_from_options(program: str, options_type: type, defaults: Any) -> Fla
         if spec is None:
             continue
         name, kind, help_text, extra = spec
-        flagset.add(name or item.name.replace("_", "-"), kind or _KINDS_BY_TYPE[item.type],
-                    getattr(defaults, item.name), help_text, attr=item.name, **{"config_key": item.name, **extra})
+        flagset.add(
+            name or item.name.replace("_", "-"),
+            kind or _KINDS_BY_TYPE[item.type],
+            getattr(defaults, item.name),
+            help_text,
+            attr=item.name,
+            **{"config_key": item.name, **extra},
+        )
     return flagset
 
 
@@ -968,8 +1020,11 @@ class ConfigSettings:
 
     def __init__(self, flagset: FlagSet, options_type: type) -> None:
         names = {field.name for field in fields(options_type)}
-        self._settings = {flag.config_key: (flag.attr, flag.kind) for flag in flagset.flags
-                          if flag.config_key is not None and flag.attr in names}
+        self._settings = {
+            flag.config_key: (flag.attr, flag.kind)
+            for flag in flagset.flags
+            if flag.config_key is not None and flag.attr in names
+        }
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._settings)

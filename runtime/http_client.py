@@ -35,9 +35,17 @@ class Reply:
     body: bytes
 
 
-async def fetch(method: str, url: str, *, body: bytes = b"", headers: list[tuple[str, str]] | tuple = (),
-                ssl_context: ssl.SSLContext | None = None, connect_timeout: float, request_timeout: float,
-                max_bytes: int) -> Reply:
+async def fetch(
+    method: str,
+    url: str,
+    *,
+    body: bytes = b"",
+    headers: list[tuple[str, str]] | tuple = (),
+    ssl_context: ssl.SSLContext | None = None,
+    connect_timeout: float,
+    request_timeout: float,
+    max_bytes: int,
+) -> Reply:
     """Send one request to ``url`` and return the whole answer; ``HTTPClientError`` for anything else."""
     try:
         parts = urlsplit(url)
@@ -59,8 +67,7 @@ async def fetch(method: str, url: str, *, body: bytes = b"", headers: list[tuple
             if connecting.cancelled_caught:
                 raise HTTPClientError(f"{method} {url}: dial tcp {parts.hostname}:{port}: i/o timeout")
             async with stream:
-                return await _exchange(stream, h11.Request(method=method, target=target, headers=head), body,
-                                       max_bytes)
+                return await _exchange(stream, h11.Request(method=method, target=target, headers=head), body, max_bytes)
     except trio.TooSlowError:
         raise HTTPClientError(f"{method} {url}: request timeout after {request_timeout}s") from None
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError, ValueError) as exc:
@@ -77,8 +84,9 @@ async def _connect(host: str, port: int, ssl_context: ssl.SSLContext | None, tls
         reason = os.strerror(errno) if errno else str(causes[0])
         raise OSError(f"dial tcp {host}:{port}: connect: {reason[:1].lower()}{reason[1:]}") from None
     if tls:
-        stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host,
-                                https_compatible=True)
+        stream = trio.SSLStream(
+            stream, ssl_context or ssl.create_default_context(), server_hostname=host, https_compatible=True
+        )
         try:
             await stream.do_handshake()
         except BaseException:

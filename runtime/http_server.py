@@ -42,7 +42,6 @@ import time
 
 import trio
 
-from .startup import format_address
 from protocol.http import (
     CONNECTION_CLOSED,
     END_OF_BODY,
@@ -57,6 +56,8 @@ from protocol.http import (
     refusal_bytes,
     run_deferred,
 )
+
+from .startup import format_address
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTPServer", "format_address", "go_duration", "serve_http"]
 
@@ -121,10 +122,21 @@ class HTTPServer:
     ``requests`` count open connections and requests served.
     """
 
-    def __init__(self, router: Router, *, logger: logging.Logger, address: str | None = None, listeners=None,
-                 ssl_context=None, name: str = "HTTP", max_header_bytes: int = 64 * 1024,
-                 max_body_bytes=DEFAULT_MAX_BODY_BYTES, idle_timeout: float = 60.0, header_timeout: float = 10.0,
-                 body_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        logger: logging.Logger,
+        address: str | None = None,
+        listeners=None,
+        ssl_context=None,
+        name: str = "HTTP",
+        max_header_bytes: int = 64 * 1024,
+        max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+        idle_timeout: float = 60.0,
+        header_timeout: float = 10.0,
+        body_timeout: float = 60.0,
+    ) -> None:
         if (address is None) == (listeners is None):
             raise ValueError("give either address or listeners")
         self.router = router
@@ -152,8 +164,7 @@ class HTTPServer:
                 raise ValueError(f"invalid address {self._address!r}")
             listeners = await trio.open_tcp_listeners(int(port), host=host.strip("[]") or None)
         if self.ssl_context is not None:
-            listeners = [trio.SSLListener(listener, self.ssl_context, https_compatible=True)
-                         for listener in listeners]
+            listeners = [trio.SSLListener(listener, self.ssl_context, https_compatible=True) for listener in listeners]
         return listeners
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -186,21 +197,49 @@ class HTTPServer:
             await trio.aclose_forcefully(stream)
 
 
-async def serve_http(listeners, router: Router, *, logger: logging.Logger, max_header_bytes: int = 64 * 1024,
-                     max_body_bytes=DEFAULT_MAX_BODY_BYTES, idle_timeout: float = 60.0,
-                     header_timeout: float = 10.0, body_timeout: float = 60.0, name: str = "HTTP",
-                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_http(
+    listeners,
+    router: Router,
+    *,
+    logger: logging.Logger,
+    max_header_bytes: int = 64 * 1024,
+    max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+    idle_timeout: float = 60.0,
+    header_timeout: float = 10.0,
+    body_timeout: float = 60.0,
+    name: str = "HTTP",
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """Serve ``router`` on open listeners (plain or ``trio.SSLListener``) until cancelled, closing them then.
     With ``nursery.start`` it returns the listeners. The options are ``HTTPServer``'s."""
-    server = HTTPServer(router, logger=logger, listeners=listeners, name=name, max_header_bytes=max_header_bytes,
-                        max_body_bytes=max_body_bytes, idle_timeout=idle_timeout, header_timeout=header_timeout,
-                        body_timeout=body_timeout)
+    server = HTTPServer(
+        router,
+        logger=logger,
+        listeners=listeners,
+        name=name,
+        max_header_bytes=max_header_bytes,
+        max_body_bytes=max_body_bytes,
+        idle_timeout=idle_timeout,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+    )
     await server.serve(listeners, task_status=task_status)
 
 
 class _Connection:
-    __slots__ = ("server", "stream", "scope", "out", "out_bytes", "remote", "tls", "parser", "socket", "fd",
-                 "pipelining")
+    __slots__ = (
+        "server",
+        "stream",
+        "scope",
+        "out",
+        "out_bytes",
+        "remote",
+        "tls",
+        "parser",
+        "socket",
+        "fd",
+        "pipelining",
+    )
 
     def __init__(self, server: HTTPServer, stream) -> None:
         self.server = server
@@ -380,8 +419,17 @@ class _Connection:
                 parts.append(item)
             body = (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)) if parts else b""
 
-            request = Request(head.method, head.path, head.raw_query, Headers(head.headers), body, self.remote,
-                              self.tls, target=head.target, http_version=head.http_version)
+            request = Request(
+                head.method,
+                head.path,
+                head.raw_query,
+                Headers(head.headers),
+                body,
+                self.remote,
+                self.tls,
+                target=head.target,
+                http_version=head.http_version,
+            )
             if scope.deadline != math.inf:
                 scope.deadline = math.inf
             log_it = match.access_log and logger.isEnabledFor(logging.INFO)
@@ -389,9 +437,13 @@ class _Connection:
             response = await router.call(match, request)
             keep_alive = head.keep_alive
             try:
-                data = encode_response(response, date=_http_date(), head_only=head.method == "HEAD",
-                                       close=not keep_alive,
-                                       keep_alive_header=keep_alive and head.http_version == "1.0")
+                data = encode_response(
+                    response,
+                    date=_http_date(),
+                    head_only=head.method == "HEAD",
+                    close=not keep_alive,
+                    keep_alive_header=keep_alive and head.http_version == "1.0",
+                )
             except ValueError as exc:
                 server.logger.error("%s: bad response to %s %s: %s", server.name, head.method, head.target, exc)
                 response = error_response(500, "INTERNAL_ERROR")

@@ -30,7 +30,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 __all__ = [
     "DEBUG",
@@ -155,8 +156,9 @@ class NSQFormatter(logging.Formatter):
 class NSQHandler(logging.Handler):
     """Writes each record as one line to ``stream`` (``sys.stderr`` looked up at write time when None)."""
 
-    def __init__(self, prefix: str = "[nsqd] ", stream: TextIO | None = None,
-                 *, tracebacks: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, prefix: str = "[nsqd] ", stream: TextIO | None = None, *, tracebacks: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__()
         self.stream = stream
         self.setFormatter(NSQFormatter(prefix, tracebacks=tracebacks))
@@ -246,8 +248,9 @@ def log_flusher(logger: logging.Logger) -> LogFlusher | None:
     return None
 
 
-def setup_logging(prefix: str = "[nsqd] ", level: str | int = "info", stream: TextIO | None = None,
-                  *, name: str = "nsqd") -> logging.Logger:
+def setup_logging(
+    prefix: str = "[nsqd] ", level: str | int = "info", stream: TextIO | None = None, *, name: str = "nsqd"
+) -> logging.Logger:
     """Configure ``logging.getLogger(name)`` to print NSQ lines at ``level`` and return it.
 
     Calling it again replaces the handler it installed before (tests and restarts do this).

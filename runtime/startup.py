@@ -12,7 +12,8 @@ import logging
 import os
 import socket
 import sys
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .logfmt import log_flusher, setup_logging
 
@@ -64,8 +65,9 @@ def split_host_port(address: str) -> tuple[str, str]:
         if end < 0:
             raise refuse("missing ']' in address")
         if end + 1 != colon:
-            raise refuse("too many colons in address" if address[end + 1:end + 2] == ":" else
-                         "missing port in address")
+            raise refuse(
+                "too many colons in address" if address[end + 1 : end + 2] == ":" else "missing port in address"
+            )
         host, rest_from = address[1:end], end + 1
         if "[" in address[1:]:
             raise refuse("unexpected '[' in address")
@@ -77,7 +79,7 @@ def split_host_port(address: str) -> tuple[str, str]:
             raise refuse("unexpected '[' in address")
     if "]" in address[rest_from:]:
         raise refuse("unexpected ']' in address")
-    return host, address[colon + 1:]
+    return host, address[colon + 1 :]
 
 
 def is_unix_address(address: str) -> bool:
@@ -240,12 +242,18 @@ def startup_failure(exc: BaseException, refusals: tuple[type[BaseException], ...
     return None
 
 
-def run_daemon(argv: list[str] | None, *, name: str, parse_options: Callable[[list[str]], Any],
-               validate: Callable[[Any], None], serve: Callable[[Any], Awaitable[None]],
-               refusals: tuple[type[BaseException], ...] = (OSError,),
-               invalid_text: Callable[[ValueError], str] = str,
-               refusal_text: Callable[[BaseException], str] = str,
-               prebind: Callable[[Any], Any] | None = None) -> int:
+def run_daemon(
+    argv: list[str] | None,
+    *,
+    name: str,
+    parse_options: Callable[[list[str]], Any],
+    validate: Callable[[Any], None],
+    serve: Callable[[Any], Awaitable[None]],
+    refusals: tuple[type[BaseException], ...] = (OSError,),
+    invalid_text: Callable[[ValueError], str] = str,
+    refusal_text: Callable[[BaseException], str] = str,
+    prebind: Callable[[Any], Any] | None = None,
+) -> int:
     """A daemon's ``main``; returns the exit code (0 after a graceful stop, 1 after a FATAL line).
 
     ``argv`` excludes the program name (``sys.argv[1:]`` when None). ``parse_options`` exits the process itself

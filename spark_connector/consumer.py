@@ -59,8 +59,7 @@ from .options import ACK_DURABLE, SourceOptions
 from .placement import check_placement
 from .wal import MessageLog, WalDirectory
 
-__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "client_config",
-           "open_connection"]
+__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "client_config", "open_connection"]
 
 log = logging.getLogger("spark_connector.consumer")
 
@@ -90,8 +89,16 @@ class NsqConnectionError(NsqSourceError):
 
 
 # Errors that no retry can fix: the query is misconfigured for this nsqd.
-_CONFIG_ERRORS = {"E_BAD_TOPIC", "E_BAD_CHANNEL", "E_AUTH_FAILED", "E_UNAUTHORIZED", "E_AUTH_FIRST",
-                  "E_IDENTIFY_FAILED", "E_BAD_BODY", "E_INVALID"}
+_CONFIG_ERRORS = {
+    "E_BAD_TOPIC",
+    "E_BAD_CHANNEL",
+    "E_AUTH_FAILED",
+    "E_UNAUTHORIZED",
+    "E_AUTH_FIRST",
+    "E_IDENTIFY_FAILED",
+    "E_BAD_BODY",
+    "E_INVALID",
+}
 
 
 def client_config(opts, **changes) -> Config:
@@ -142,7 +149,7 @@ class ConsumerStats:
 class NsqdConsumer:
     """Consumes one nsqd into its log. ``start()`` runs the loop on a daemon thread."""
 
-    def __init__(self, group: "ConsumerGroup", address: str, mlog: MessageLog) -> None:
+    def __init__(self, group: ConsumerGroup, address: str, mlog: MessageLog) -> None:
         self.group = group
         self.address = address
         self.log = mlog
@@ -361,8 +368,7 @@ class NsqdConsumer:
         want = 0 if backlog >= self.options.max_backlog_messages else min(self.group.rdy_share(), self._max_rdy)
         if want != self._rdy_sent:
             if want == 0:
-                log.info("nsqd %s: %d messages await Spark's commit; pausing delivery (RDY 0)",
-                         self.address, backlog)
+                log.info("nsqd %s: %d messages await Spark's commit; pausing delivery (RDY 0)", self.address, backlog)
             conn.send(encode_rdy(want))
             self._rdy_sent = want
 
@@ -387,8 +393,11 @@ class NsqdConsumer:
                 conn.send(b"FIN " + b"\nFIN ".join(acks) + b"\n")
             self._update_rdy(conn)
         except ConnectionClosed as exc:
-            log.warning("nsqd %s: could not send FIN (%s); nsqd will redeliver and the copies "
-                        "will be dropped", self.address, exc)
+            log.warning(
+                "nsqd %s: could not send FIN (%s); nsqd will redeliver and the copies will be dropped",
+                self.address,
+                exc,
+            )
 
     def pending_count(self) -> int:
         with self._pending_lock:
@@ -419,9 +428,13 @@ class ConsumerGroup:
         ack mode, and is refused in durable mode (see ``_continue_from``)."""
         opts = self.options
         check_placement(opts)
-        self.wal = WalDirectory(opts.wal_path, opts.topic, opts.channel,
-                                segment_bytes=opts.wal_segment_bytes,
-                                dedup_window=opts.dedup_window).open()
+        self.wal = WalDirectory(
+            opts.wal_path,
+            opts.topic,
+            opts.channel,
+            segment_bytes=opts.wal_segment_bytes,
+            dedup_window=opts.dedup_window,
+        ).open()
         committed = self.wal.read_committed()
         if committed:
             self._committed = dict(committed.get("positions", {}))
@@ -477,8 +490,12 @@ class ConsumerGroup:
                 self.wal.log_for(address).start_at(position)
                 self._committed[address] = position
                 self.rebased.add(address)
-        log.warning("nsq source: walPath %s is empty but the checkpoint is at %s; continuing from there "
-                    "(ackMode=commit: nsqd delivers again what was not committed)", opts.wal_path, floor)
+        log.warning(
+            "nsq source: walPath %s is empty but the checkpoint is at %s; continuing from there "
+            "(ackMode=commit: nsqd delivers again what was not committed)",
+            opts.wal_path,
+            floor,
+        )
 
     def stop(self) -> None:
         self.stopping.set()

@@ -33,14 +33,12 @@ class NsqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in SCHEMA.fields]:
-            raise ValueError(
-                f"nsq source: the schema is fixed ({SCHEMA.simpleString()}); got {schema.simpleString()}"
-            )
+            raise ValueError(f"nsq source: the schema is fixed ({SCHEMA.simpleString()}); got {schema.simpleString()}")
         return NsqStreamReader(SourceOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
-            raise ValueError("nsq sink: a topic cannot be overwritten; use mode(\"append\")")
+            raise ValueError('nsq sink: a topic cannot be overwritten; use mode("append")')
         options = SinkOptions.parse(self.options)
         return NsqWriter(options, check_schema(schema, options))
 

@@ -71,8 +71,16 @@ from .log_client import LogNode, NoLogChannels
 from .options import START_COMMITTED, START_EARLIEST, START_LATEST, SourceOptions
 from .ranges import share, split
 
-__all__ = ["LOG_OFFSET_VERSION", "LogPartition", "LogPlanner", "TakeoverNotes", "make_log_offset", "parse_log_offset", "range_batch",
-           "read_partition"]
+__all__ = [
+    "LOG_OFFSET_VERSION",
+    "LogPartition",
+    "LogPlanner",
+    "TakeoverNotes",
+    "make_log_offset",
+    "parse_log_offset",
+    "range_batch",
+    "read_partition",
+]
 
 log = logging.getLogger("spark_connector.log_source")
 
@@ -89,9 +97,12 @@ def make_log_offset(offsets: Mapping[str, int]) -> dict:
 def parse_log_offset(offset: Mapping) -> dict[str, int]:
     nodes = offset.get("nsqd") if isinstance(offset, Mapping) and offset.get("version") == LOG_OFFSET_VERSION else None
     if not isinstance(nodes, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in nodes.items()):
-        raise NsqSourceError(f"nsq source: offset {offset!r} is not of the log path's format "
-                             f'{{"version": {LOG_OFFSET_VERSION}, "nsqd": {{...}}}}')
+        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in nodes.items()
+    ):
+        raise NsqSourceError(
+            f"nsq source: offset {offset!r} is not of the log path's format "
+            f'{{"version": {LOG_OFFSET_VERSION}, "nsqd": {{...}}}}'
+        )
     return dict(nodes)
 
 
@@ -115,8 +126,10 @@ class TakeoverNotes:
         """The nsqd among ``infos`` (address -> LOG's answer) whose log adopted ``node``'s messages in
         a takeover that ``node`` has not come back from (``adopted``, not ``settled``); None: none."""
         for address, info in sorted(infos.items()):
-            if address != node and any(isinstance(e, Mapping) and e.get("node") == node and not e.get("settled")
-                                       for e in info.get("adopted") or ()):
+            if address != node and any(
+                isinstance(e, Mapping) and e.get("node") == node and not e.get("settled")
+                for e in info.get("adopted") or ()
+            ):
                 return address
         return None
 
@@ -146,10 +159,12 @@ def probe(options: SourceOptions, addresses: list[str]) -> tuple[dict[str, dict]
         except (ConnectionClosed, TimeoutError) as exc:
             raise NsqConnectionError(
                 f"cannot reach nsqd {address} (topic {options.topic!r}, channel {options.channel!r}): {exc} "
-                f"within {options.connect_timeout_ms} ms (option connectTimeoutMs)") from None
+                f"within {options.connect_timeout_ms} ms (option connectTimeoutMs)"
+            ) from None
         except NSQError as exc:
-            raise NsqConnectionError(f"nsqd {address} refused the log channel {options.topic}/{options.channel}: "
-                                     f"{exc}") from None
+            raise NsqConnectionError(
+                f"nsqd {address} refused the log channel {options.topic}/{options.channel}: {exc}"
+            ) from None
         finally:
             node.close()
     return found, without
@@ -194,8 +209,12 @@ class LogPlanner:
         self._bounded: dict[str, int] = {}  # per nsqd, the offset up to which they were counted
         self._moved: set[tuple[str, int]] = set()
         self._next_lookup = time.monotonic() + options.lookupd_poll_interval_ms / 1000
-        log.warning("nsq source: the log path: executors read %s/%s from nsqd %s by offset", options.topic,
-                 options.channel, ", ".join(sorted(known)))
+        log.warning(
+            "nsq source: the log path: executors read %s/%s from nsqd %s by offset",
+            options.topic,
+            options.channel,
+            ", ".join(sorted(known)),
+        )
 
     def _add(self, address: str, info: dict) -> None:
         self.nodes[address] = LogNode(address, self.options)
@@ -220,9 +239,11 @@ class LogPlanner:
             if new:
                 found, without = probe(self.options, new)
                 if without:
-                    raise NsqSourceError(f"nsq source: nsqd {', '.join(without)} joined the topic but has no log "
-                                         f"channels; this query reads on the log path (restart it with "
-                                         f"readMode=driver to read every nsqd through the driver)")
+                    raise NsqSourceError(
+                        f"nsq source: nsqd {', '.join(without)} joined the topic but has no log "
+                        f"channels; this query reads on the log path (restart it with "
+                        f"readMode=driver to read every nsqd through the driver)"
+                    )
                 for address, info in found.items():
                     log.info("nsq source: nsqd %s joined; reading it from offset %d", address, info["committed"])
                     self._add(address, info)
@@ -233,11 +254,11 @@ class LogPlanner:
             except (ConnectionClosed, TimeoutError) as exc:
                 silent.append(address)
                 if address not in self.adopted:
-                    log.warning("nsq source: nsqd %s does not answer (%s); planning without it this time", address,
-                                exc)
+                    log.warning("nsq source: nsqd %s does not answer (%s); planning without it this time", address, exc)
             except NoLogChannels as exc:
-                raise NsqSourceError(f"nsq source: {exc}; it did before (was it replaced by an nsqd without log "
-                                     f"channels?)") from None
+                raise NsqSourceError(
+                    f"nsq source: {exc}; it did before (was it replaced by an nsqd without log channels?)"
+                ) from None
             else:
                 if self.adopted.pop(address, None) is not None:
                     log.warning("nsq source: nsqd %s, taken over, answers again", address)
@@ -253,10 +274,20 @@ class LogPlanner:
         acked = self.acknowledged.get(address, 0)
         planned = max(self.planned.get(address, acked), acked)
         self._count_duplicates(address, planned)
-        log.warning("nsq source: nsqd %s was taken over by %s: its offsets from %d on are adopted by %s (not data "
-                    "loss); of them [%d, %d) were planned by the query, which may have written some in committed "
-                    "batches: those come again from %s (takeover_duplicates at most %d); reading %s on", address,
-                    replica, acked, replica, acked, planned, replica, self.takeover_duplicates, replica)
+        log.warning(
+            "nsq source: nsqd %s was taken over by %s: its offsets from %d on are adopted by %s (not data "
+            "loss); of them [%d, %d) were planned by the query, which may have written some in committed "
+            "batches: those come again from %s (takeover_duplicates at most %d); reading %s on",
+            address,
+            replica,
+            acked,
+            replica,
+            acked,
+            planned,
+            replica,
+            self.takeover_duplicates,
+            replica,
+        )
 
     def _count_duplicates(self, address: str, planned: int) -> None:
         """Offsets ``[acknowledged, planned)`` of a node taken over go to ``takeover_duplicates`` (once)."""
@@ -276,10 +307,18 @@ class LogPlanner:
             self._moved.add((address, through))
             self.takeover_skipped += through - position
             self._count_duplicates(address, position)
-            log.warning("nsq source: nsqd %s handed offsets [%d, %d) over to %s at a takeover (adopted by %s, not "
-                        "data loss): going on from %d (takeover_skipped %d, takeover_duplicates at most %d)", address,
-                        position, through, replica, replica, through, self.takeover_skipped,
-                        self.takeover_duplicates)
+            log.warning(
+                "nsq source: nsqd %s handed offsets [%d, %d) over to %s at a takeover (adopted by %s, not "
+                "data loss): going on from %d (takeover_skipped %d, takeover_duplicates at most %d)",
+                address,
+                position,
+                through,
+                replica,
+                replica,
+                through,
+                self.takeover_skipped,
+                self.takeover_duplicates,
+            )
         return through
 
     def initial_offset(self) -> dict:
@@ -289,8 +328,9 @@ class LogPlanner:
         offsets = {}
         for address, node_info in info.items():
             if opts.starting_timestamp_ms is not None:
-                offsets[address] = self.nodes[address].seek(opts.starting_timestamp_ms * 1_000_000,
-                                                           retry_for=opts.connect_timeout_ms / 1000)
+                offsets[address] = self.nodes[address].seek(
+                    opts.starting_timestamp_ms * 1_000_000, retry_for=opts.connect_timeout_ms / 1000
+                )
                 continue
             how = named.get(address, opts.starting_offsets)
             if how == START_EARLIEST:
@@ -313,14 +353,17 @@ class LogPlanner:
         if offset > node_info["end"] or self.options.fail_on_data_loss:
             raise NsqSourceError(
                 f"nsq source: startingOffsets asks offset {offset} of nsqd {address}, whose log holds "
-                f"[{node_info['start']}, {node_info['end']})" +
-                ("" if offset > node_info["end"] else " (set failOnDataLoss=false to start at the oldest retained)"))
+                f"[{node_info['start']}, {node_info['end']})"
+                + ("" if offset > node_info["end"] else " (set failOnDataLoss=false to start at the oldest retained)")
+            )
         return node_info["start"]
 
     def prepare_available_now(self) -> None:
         """Trigger.AvailableNow: the query ends at the offsets nsqd holds now."""
-        self._target = {address: info["end"] for address, info in self._refresh(
-            retry_for=self.options.connect_timeout_ms / 1000).items()}
+        self._target = {
+            address: info["end"]
+            for address, info in self._refresh(retry_for=self.options.connect_timeout_ms / 1000).items()
+        }
         log.info("nsq source: Trigger.AvailableNow reads up to %s", self._target)
 
     def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
@@ -356,11 +399,15 @@ class LogPlanner:
         of the channel, removed by retention, or a log that started over (nsqd's data lost)."""
         if node_info["start"] <= position <= node_info["end"]:
             return
-        what = (f"nsqd {address}'s log holds [{node_info['start']}, {node_info['end']}) but the query is at offset "
-                f"{position}")
+        what = (
+            f"nsqd {address}'s log holds [{node_info['start']}, {node_info['end']}) but the query is at offset "
+            f"{position}"
+        )
         if self.options.fail_on_data_loss:
-            raise NsqSourceError(f"nsq source: {what}: messages were lost or read by another query of the channel "
-                                 f"(set failOnDataLoss=false to go on from what nsqd holds)")
+            raise NsqSourceError(
+                f"nsq source: {what}: messages were lost or read by another query of the channel "
+                f"(set failOnDataLoss=false to go on from what nsqd holds)"
+            )
         log.warning("nsq source: %s; going on from what it holds (failOnDataLoss=false)", what)
 
     def report_latest(self) -> dict | None:
@@ -379,13 +426,18 @@ class LogPlanner:
                 continue  # its replica delivers what it had not committed
             if node_info is not None:
                 lo = self._position(address, lo, node_info)
-            if node_info is not None and not self.options.fail_on_data_loss and not (
-                    node_info["start"] <= lo <= node_info["end"]):
+            if (
+                node_info is not None
+                and not self.options.fail_on_data_loss
+                and not (node_info["start"] <= lo <= node_info["end"])
+            ):
                 lo = node_info["start"]  # failOnDataLoss=false: what nsqd holds now
             if hi > lo:
                 ranges.append((address, lo, hi))
-        return [LogPartition(address, lo, hi, tuple(a for a in sorted(self.nodes) if a != address))
-                for address, lo, hi in split(ranges, self.options.min_partitions)]
+        return [
+            LogPartition(address, lo, hi, tuple(a for a in sorted(self.nodes) if a != address))
+            for address, lo, hi in split(ranges, self.options.min_partitions)
+        ]
 
     def commit(self, end: dict) -> None:
         """Spark committed the batch ending at ``end``: finish it in nsqd. An nsqd that does not answer
@@ -399,8 +451,9 @@ class LogPlanner:
                 self.info[address] = node.commit(offset, retry_for=_PLAN_TIMEOUT)
                 self.acknowledged[address] = self.info[address]["committed"]
             except (ConnectionClosed, TimeoutError) as exc:
-                log.warning("nsq source: cannot commit offset %d on nsqd %s (%s); the next commit will", offset,
-                            address, exc)
+                log.warning(
+                    "nsq source: cannot commit offset %d on nsqd %s (%s); the next commit will", offset, address, exc
+                )
 
 
 # -- the executor's side ---------------------------------------------------------------------------
@@ -419,34 +472,56 @@ def read_partition(options: SourceOptions, partition: LogPartition) -> Iterator:
                     return
             except (ConnectionClosed, TimeoutError) as exc:
                 if options.fail_on_data_loss:
-                    raise NsqSourceError(f"nsq source: nsqd {partition.nsqd} did not answer for {retry_for:.0f} s "
-                                         f"(option readRetryMs) reading offsets [{position}, {hi}): {exc}") from None
-                log.warning("nsq source: nsqd %s did not answer for %.0f s (%s): offsets [%d, %d) given up "
-                            "(failOnDataLoss=false; after a takeover the replica delivers them)", partition.nsqd,
-                            retry_for, exc, position, hi)
+                    raise NsqSourceError(
+                        f"nsq source: nsqd {partition.nsqd} did not answer for {retry_for:.0f} s "
+                        f"(option readRetryMs) reading offsets [{position}, {hi}): {exc}"
+                    ) from None
+                log.warning(
+                    "nsq source: nsqd %s did not answer for %.0f s (%s): offsets [%d, %d) given up "
+                    "(failOnDataLoss=false; after a takeover the replica delivers them)",
+                    partition.nsqd,
+                    retry_for,
+                    exc,
+                    position,
+                    hi,
+                )
                 return
             except NSQError as exc:
                 if exc.code == E_LOG_BEFORE_START:
                     node_info = node.offsets(retry_for=retry_for)
                     moved = TakeoverNotes.handed_over(position, node_info)
                     if moved is not None:
-                        log.warning("nsq source: nsqd %s handed offsets [%d, %d) over to %s at a takeover: skipped "
-                                    "(adopted by %s, not data loss)", partition.nsqd, position, min(moved[0], hi),
-                                    moved[1], moved[1])
+                        log.warning(
+                            "nsq source: nsqd %s handed offsets [%d, %d) over to %s at a takeover: skipped "
+                            "(adopted by %s, not data loss)",
+                            partition.nsqd,
+                            position,
+                            min(moved[0], hi),
+                            moved[1],
+                            moved[1],
+                        )
                         position = min(moved[0], hi)
                         continue
                 if exc.code == E_LOG_BEFORE_START and not options.fail_on_data_loss:
                     start = node_info["start"]
-                    log.warning("nsq source: nsqd %s no longer holds offsets [%d, %d) (%s); skipped "
-                                "(failOnDataLoss=false)", partition.nsqd, position, start, exc)
+                    log.warning(
+                        "nsq source: nsqd %s no longer holds offsets [%d, %d) (%s); skipped (failOnDataLoss=false)",
+                        partition.nsqd,
+                        position,
+                        start,
+                        exc,
+                    )
                     position = max(position + 1, min(start, hi))
                     continue
-                raise NsqSourceError(f"nsq source: reading offsets [{position}, {hi}) of nsqd {partition.nsqd}: {exc}"
-                                     ) from None
+                raise NsqSourceError(
+                    f"nsq source: reading offsets [{position}, {hi}) of nsqd {partition.nsqd}: {exc}"
+                ) from None
             first, count, batch = range_batch(data, partition.nsqd, options.topic, options.channel)
             if first != position or count == 0:
-                raise NsqSourceError(f"nsq source: nsqd {partition.nsqd} answered LREAD from {position} with "
-                                     f"{count} messages from {first}")
+                raise NsqSourceError(
+                    f"nsq source: nsqd {partition.nsqd} answered LREAD from {position} with "
+                    f"{count} messages from {first}"
+                )
             count = min(count, hi - position)
             yield batch if count == batch.num_rows else batch.slice(0, count)
             position += count
@@ -466,13 +541,21 @@ def _read_or_adopted(node: LogNode, partition: LogPartition, position: int, opti
     while True:
         left = deadline - time.monotonic()
         try:
-            return node.read(position, partition.hi, options.fetch_max_bytes,
-                             retry_for=max(min(left, _ADOPTION_CHECK), 0.0))
+            return node.read(
+                position, partition.hi, options.fetch_max_bytes, retry_for=max(min(left, _ADOPTION_CHECK), 0.0)
+            )
         except (ConnectionClosed, TimeoutError):
             replica = _adopter(partition, options) if partition.others else None
             if replica is not None:
-                log.warning("nsq source: nsqd %s was taken over by %s: offsets [%d, %d) given up (adopted by %s, "
-                            "not data loss)", partition.nsqd, replica, position, partition.hi, replica)
+                log.warning(
+                    "nsq source: nsqd %s was taken over by %s: offsets [%d, %d) given up (adopted by %s, "
+                    "not data loss)",
+                    partition.nsqd,
+                    replica,
+                    position,
+                    partition.hi,
+                    replica,
+                )
                 return None
             if time.monotonic() >= deadline:
                 raise
@@ -507,15 +590,19 @@ def range_batch(data: bytes, nsqd: str, topic: str, channel: str) -> tuple[int, 
     magic, n, first, end = _RANGE_HEADER.unpack_from(data)
     fixed = RANGE_HEADER_SIZE + 30 * n
     if magic != RANGE_MAGIC or size < fixed or first + n > end:
-        raise NsqSourceError(f"nsq source: nsqd {nsqd} answered LREAD with a malformed range ({magic!r}, {n} "
-                             f"messages from {first}, end {end}, {size} bytes)")
+        raise NsqSourceError(
+            f"nsq source: nsqd {nsqd} answered LREAD with a malformed range ({magic!r}, {n} "
+            f"messages from {first}, end {end}, {size} bytes)"
+        )
     base = RANGE_HEADER_SIZE
     lengths = np.frombuffer(data, ">u4", n, base + 24 * n)
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] != size - fixed or offsets[-1] >= 1 << 31:
-        raise NsqSourceError(f"nsq source: nsqd {nsqd} answered LREAD with body lengths adding up to "
-                             f"{int(offsets[-1])} and {size - fixed} bytes of bodies")
+        raise NsqSourceError(
+            f"nsq source: nsqd {nsqd} answered LREAD with body lengths adding up to "
+            f"{int(offsets[-1])} and {size - fixed} bytes of bodies"
+        )
     frame = pa.py_buffer(data)
     body = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), frame.slice(fixed)])
     id_offsets = np.arange(0, 16 * n + 1, 16, dtype=np.int32)
@@ -526,8 +613,9 @@ def range_batch(data: bytes, nsqd: str, topic: str, channel: str) -> tuple[int, 
         raise NsqSourceError(f"nsq source: nsqd {nsqd} answered LREAD with message IDs that are not text") from None
     micros = np.frombuffer(data, ">i8", n, base) // 1000
     timestamps = pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(micros.astype(np.int64))])
-    attempts = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(
-        np.frombuffer(data, ">u2", n, base + 28 * n).astype(np.int32))])
+    attempts = pa.Array.from_buffers(
+        pa.int32(), n, [None, pa.py_buffer(np.frombuffer(data, ">u2", n, base + 28 * n).astype(np.int32))]
+    )
     constants = [pa.repeat(pa.scalar(value, pa.string()), n) for value in (nsqd, topic, channel)]
     batch = pa.RecordBatch.from_arrays([ids, body, timestamps, attempts, *constants], schema=_arrow_schema())
     return first, n, batch
@@ -536,6 +624,14 @@ def range_batch(data: bytes, nsqd: str, topic: str, channel: str) -> tuple[int, 
 def _arrow_schema():
     import pyarrow as pa
 
-    return pa.schema([("id", pa.string()), ("body", pa.binary()), ("timestamp", pa.timestamp("us", tz="UTC")),
-                      ("attempts", pa.int32()), ("nsqd", pa.string()), ("topic", pa.string()),
-                      ("channel", pa.string())])
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("body", pa.binary()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("attempts", pa.int32()),
+            ("nsqd", pa.string()),
+            ("topic", pa.string()),
+            ("channel", pa.string()),
+        ]
+    )

@@ -207,7 +207,7 @@ class SourceOptions(_Connection):
     read_retry_ms: int = 60_000
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> "SourceOptions":
+    def parse(cls, raw: Mapping[str, str]) -> SourceOptions:
         p = _Parser(raw)
         destinations = p.destinations()
         topic = p.text("topic") or ""
@@ -271,14 +271,18 @@ def _starting_offsets(p: _Parser) -> tuple[str, tuple[tuple[str, int | str], ...
     except ValueError:
         obj = None
     if not isinstance(obj, dict) or not obj:
-        p.errors.append(f"option startingOffsets={value!r} must be committed, earliest, latest or a JSON object "
-                        f'{{"host:port": offset}}')
+        p.errors.append(
+            f"option startingOffsets={value!r} must be committed, earliest, latest or a JSON object "
+            f'{{"host:port": offset}}'
+        )
         return START_COMMITTED, ()
     by_nsqd = []
     for address, offset in sorted(obj.items()):
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
-            p.errors.append(f"startingOffsets: the offset of {address!r} must be an integer >= 0, or -2 (earliest) "
-                            f"or -1 (latest); got {offset!r}")
+            p.errors.append(
+                f"startingOffsets: the offset of {address!r} must be an integer >= 0, or -2 (earliest) "
+                f"or -1 (latest); got {offset!r}"
+            )
             continue
         by_nsqd.append((address, _START_NUMBERS.get(offset, offset)))
     return START_COMMITTED, tuple(by_nsqd)
@@ -301,7 +305,7 @@ class SinkOptions(_Connection):
     msg_timeout_ms: int | None = None  # IDENTIFY's field; a publisher never sets it
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> "SinkOptions":
+    def parse(cls, raw: Mapping[str, str]) -> SinkOptions:
         p = _Parser(raw)
         destinations = p.destinations()
         topic = p.text("topic") or None

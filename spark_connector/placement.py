@@ -30,10 +30,30 @@ __all__ = ["SHARED_FILESYSTEMS", "UnsafePlacementError", "check_placement", "clu
 
 log = logging.getLogger("spark_connector.placement")
 
-SHARED_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "fuse.glusterfs", "lustre", "gpfs", "beegfs",
-    "fuse.cephfs", "fuse.juicefs", "fuse.mfs", "ocfs2", "gfs2", "9p", "virtiofs", "afs", "fuse.sshfs",
-})
+SHARED_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "fuse.cephfs",
+        "fuse.juicefs",
+        "fuse.mfs",
+        "ocfs2",
+        "gfs2",
+        "9p",
+        "virtiofs",
+        "afs",
+        "fuse.sshfs",
+    }
+)
 _MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 # The main classes of a driver JVM that Spark starts in cluster deploy mode.
@@ -111,9 +131,16 @@ def check_placement(options: SourceOptions) -> None:
             f"if this path is such storage (a volume that follows the driver)"
         )
     if kind in _MEMORY_FILESYSTEMS:
-        log.warning("nsq source: ackMode=durable with %s in memory (%s): a reboot empties it and loses the "
-                    "messages Spark has not committed; use ackMode=commit or a walPath on disk", where, kind)
+        log.warning(
+            "nsq source: ackMode=durable with %s in memory (%s): a reboot empties it and loses the "
+            "messages Spark has not committed; use ackMode=commit or a walPath on disk",
+            where,
+            kind,
+        )
         return
-    log.warning("nsq source: ackMode=durable with %s: safe only if the driver always restarts on this "
-                "machine; if it may restart elsewhere (cluster deploy mode), use ackMode=commit or a walPath on "
-                "shared storage (walPathShared=true)", where)
+    log.warning(
+        "nsq source: ackMode=durable with %s: safe only if the driver always restarts on this "
+        "machine; if it may restart elsewhere (cluster deploy mode), use ackMode=commit or a walPath on "
+        "shared storage (walPathShared=true)",
+        where,
+    )

@@ -103,7 +103,7 @@ class Publisher:
         self._refused_at_connect: dict[str, str] = {}
         self._timeout = options.response_timeout_ms / 1000
 
-    def open(self) -> "Publisher":
+    def open(self) -> Publisher:
         # replies are read only when a link has maxInFlight commands waiting, and a task may spend a
         # while on its next rows: no heartbeats to miss (nsqd drops a connection that misses two)
         config = client_config(self.options, heartbeat_interval=-1)
@@ -116,8 +116,10 @@ class Publisher:
                 continue
             self._links.append(_Link(conn))
         if not self._links:
-            raise NsqPublishError("nsq sink: no nsqd accepted a connection: " + "; ".join(
-                f"nsqd {a}: {why}" for a, why in self._refused_at_connect.items()))
+            raise NsqPublishError(
+                "nsq sink: no nsqd accepted a connection: "
+                + "; ".join(f"nsqd {a}: {why}" for a, why in self._refused_at_connect.items())
+            )
         return self
 
     def close(self) -> None:
@@ -171,7 +173,8 @@ class Publisher:
         refusals = {**self._refused_at_connect, **command.refusals}
         raise NsqPublishError(
             f"nsq sink: no nsqd took {command.count} messages from row {command.first_row}: "
-            + "; ".join(f"nsqd {a}: {why}" for a, why in refusals.items()))
+            + "; ".join(f"nsqd {a}: {why}" for a, why in refusals.items())
+        )
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -191,8 +194,9 @@ class Publisher:
                 command = link.waiting.popleft()
                 error = event.error
                 command.refusals[link.address] = str(error)
-                log.warning("nsqd %s refused %d messages from row %d: %s", link.address, command.count,
-                            command.first_row, error)
+                log.warning(
+                    "nsqd %s refused %d messages from row %d: %s", link.address, command.count, command.first_row, error
+                )
                 self._retry.append(command)
                 if error.fatal:
                     self._lost(link, None)  # nsqd closes the connection after it

@@ -236,8 +236,9 @@ class _PartitionWriter:
         if least.as_py() == 0:
             raise self.bad(row(pc.index(filled, 0).as_py()), "its body is empty (nsqd refuses empty messages)")
         k = pc.index(pc.greater(filled, limit), True).as_py()
-        raise self.bad(row(k), f"its body is {filled[k].as_py()} bytes, over maxMessageBytes={limit} "
-                               f"(nsqd's --max-msg-size)")
+        raise self.bad(
+            row(k), f"its body is {filled[k].as_py()} bytes, over maxMessageBytes={limit} (nsqd's --max-msg-size)"
+        )
 
     def _mpub(self, topic: str, body, base: int, indices) -> None:
         import pyarrow as pa

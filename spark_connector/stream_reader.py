@@ -25,6 +25,8 @@ carrying the messages themselves (so executors need neither the log nor the netw
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -37,9 +39,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-
-import logging
-import time
 
 from .consumer import ConsumerGroup, NsqSourceError
 from .log_source import LOG_OFFSET_VERSION, LogPartition, LogPlanner, lookupd_nodes, probe, read_partition
@@ -121,8 +120,14 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None  # the driver path's Trigger.AvailableNow end
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "_group": None, "_planner": None, "_path": None, "_available_now": False,
-                "_target": None}
+        return {
+            "options": self.options,
+            "_group": None,
+            "_planner": None,
+            "_path": None,
+            "_available_now": False,
+            "_target": None,
+        }
 
     # -- which path ------------------------------------------------------------------------
 
@@ -150,8 +155,10 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             addresses += [a for a in lookupd_nodes(opts) if a not in addresses]
         found, without = probe(opts, addresses)
         if without and version == LOG_OFFSET_VERSION:
-            raise NsqSourceError(f"nsq source: the checkpoint was written on the log path, but nsqd "
-                                 f"{', '.join(without)} has no log channels")
+            raise NsqSourceError(
+                f"nsq source: the checkpoint was written on the log path, but nsqd "
+                f"{', '.join(without)} has no log channels"
+            )
         if without:
             if opts.read_mode == READ_LOG:
                 raise NsqSourceError(f"nsq source: readMode=log, but nsqd {', '.join(without)} has no log channels")
@@ -163,10 +170,17 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _driver_path(self, why: str) -> str:
         if not self.options.wal_path:
-            raise NsqSourceError(f"nsq source: the driver path ({why}) needs option walPath, a directory of its own "
-                                 f"for the query's write-ahead log")
-        log.warning("nsq source: the driver path (%s): a consumer in the driver reads %s/%s into the write-ahead "
-                    "log in %s", why, self.options.topic, self.options.channel, self.options.wal_path)
+            raise NsqSourceError(
+                f"nsq source: the driver path ({why}) needs option walPath, a directory of its own "
+                f"for the query's write-ahead log"
+            )
+        log.warning(
+            "nsq source: the driver path (%s): a consumer in the driver reads %s/%s into the write-ahead log in %s",
+            why,
+            self.options.topic,
+            self.options.channel,
+            self.options.wal_path,
+        )
         return READ_DRIVER
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -228,8 +242,9 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end.setdefault(key, position)
         return make_offset(end)
 
-    def _available_now_target(self, group: ConsumerGroup, begin: dict[str, int],
-                              available: dict[str, int]) -> dict[str, int]:
+    def _available_now_target(
+        self, group: ConsumerGroup, begin: dict[str, int], available: dict[str, int]
+    ) -> dict[str, int]:
         """Trigger.AvailableNow on the driver path: what the consumers log until nsqd has nothing
         more to hand them (the logs' ends unchanged for a second), fixed at the first trigger."""
         target = self._target
@@ -346,8 +361,13 @@ def arrow_batches(p: NsqPartition) -> Iterator:
         m = hi - lo
         body = pa.Array.from_buffers(pa.large_binary(), m, [None, offsets_buf, bodies_buf], offset=lo).cast(pa.binary())
         yield pa.RecordBatch.from_arrays(
-            [ids.slice(lo, m), body, timestamps.slice(lo, m), attempts.slice(lo, m),
-             *(pa.repeat(value, m) for value in constants)],
+            [
+                ids.slice(lo, m),
+                body,
+                timestamps.slice(lo, m),
+                attempts.slice(lo, m),
+                *(pa.repeat(value, m) for value in constants),
+            ],
             schema=schema,
         )
         lo = hi

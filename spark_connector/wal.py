@@ -131,22 +131,37 @@ class Columns:
         return len(self.timestamps)
 
     @classmethod
-    def from_batch(cls, batch: wal_pb2.Batch) -> "Columns":
+    def from_batch(cls, batch: wal_pb2.Batch) -> Columns:
         """The columns of a record of either layout; ValueError when they disagree in length."""
         ids = batch.ids
         count = len(ids) // ID_SIZE
         if batch.timestamps_le or batch.attempts_le or batch.body_sizes_le or not batch.timestamps:
-            columns = cls(ids, _le_array("q", batch.timestamps_le), _le_array("H", batch.attempts_le),
-                          _le_array("I", batch.body_sizes_le), batch.bodies)
+            columns = cls(
+                ids,
+                _le_array("q", batch.timestamps_le),
+                _le_array("H", batch.attempts_le),
+                _le_array("I", batch.body_sizes_le),
+                batch.bodies,
+            )
         else:  # the repeated layout of older logs
-            columns = cls(ids, array("q", batch.timestamps), array("H", batch.attempts),
-                          array("I", batch.body_sizes), batch.bodies)
-        if (len(ids) % ID_SIZE or len(columns.timestamps) != count or len(columns.attempts) != count
-                or len(columns.body_sizes) != count or sum(columns.body_sizes) != len(columns.bodies)):
+            columns = cls(
+                ids,
+                array("q", batch.timestamps),
+                array("H", batch.attempts),
+                array("I", batch.body_sizes),
+                batch.bodies,
+            )
+        if (
+            len(ids) % ID_SIZE
+            or len(columns.timestamps) != count
+            or len(columns.attempts) != count
+            or len(columns.body_sizes) != count
+            or sum(columns.body_sizes) != len(columns.bodies)
+        ):
             raise ValueError("columns of different lengths")
         return columns
 
-    def slice(self, start: int, stop: int) -> "Columns":
+    def slice(self, start: int, stop: int) -> Columns:
         """Messages [start, stop) of this chunk (indexes within the chunk)."""
         if start == 0 and stop >= len(self):
             return self
@@ -162,7 +177,7 @@ class Columns:
         )
 
     @classmethod
-    def concat(cls, parts: list["Columns"]) -> "Columns":
+    def concat(cls, parts: list[Columns]) -> Columns:
         if len(parts) == 1:
             return parts[0]
         out = cls()
@@ -199,8 +214,9 @@ class MessageLog:
     """One nsqd's log. The consumer thread appends and syncs; Spark's driver calls read and
     delete from another thread, so the index is guarded by a lock (file I/O happens outside it)."""
 
-    def __init__(self, directory: Path, nsqd: str, topic: str, channel: str, *,
-                 segment_bytes: int, dedup_window: int) -> None:
+    def __init__(
+        self, directory: Path, nsqd: str, topic: str, channel: str, *, segment_bytes: int, dedup_window: int
+    ) -> None:
         self.directory = directory
         self.nsqd = nsqd
         self.topic = topic
@@ -227,13 +243,16 @@ class MessageLog:
         # The fields every record of this log repeats, encoded once.
         self._record_names = b"".join(
             key + _varint(len(text)) + text
-            for key, text in ((_KEY_NSQD, nsqd.encode()), (_KEY_TOPIC, topic.encode()),
-                              (_KEY_CHANNEL, channel.encode()))
+            for key, text in (
+                (_KEY_NSQD, nsqd.encode()),
+                (_KEY_TOPIC, topic.encode()),
+                (_KEY_CHANNEL, channel.encode()),
+            )
         )
 
     # -- recovery --------------------------------------------------------------------------
 
-    def open(self) -> "MessageLog":
+    def open(self) -> MessageLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         paths = sorted(p for p in self.directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
         expected = None
@@ -306,7 +325,10 @@ class MessageLog:
                 log.warning(
                     "write-ahead log %s: cut a torn tail of %d bytes (%s at byte %d); it was never "
                     "synced, so nsqd still owns those messages and delivers them again",
-                    path, len(data) - pos, problem, pos,
+                    path,
+                    len(data) - pos,
+                    problem,
+                    pos,
                 )
                 with open(path, "r+b") as f:
                     f.truncate(pos)
@@ -380,25 +402,43 @@ class MessageLog:
 
     # -- appending (consumer thread) -------------------------------------------------------
 
-    def append(self, ids: list[bytes], timestamps: list[int], attempts: list[int],
-               bodies: list[bytes]) -> int:
+    def append(self, ids: list[bytes], timestamps: list[int], attempts: list[int], bodies: list[bytes]) -> int:
         """Append one record of messages (not yet durable: call ``sync``). Returns its first position."""
-        return self.append_columns(ids, _le_bytes(array("q", timestamps)), _le_bytes(array("H", attempts)),
-                                   _le_bytes(array("I", map(len, bodies))), b"".join(bodies))
+        return self.append_columns(
+            ids,
+            _le_bytes(array("q", timestamps)),
+            _le_bytes(array("H", attempts)),
+            _le_bytes(array("I", map(len, bodies))),
+            b"".join(bodies),
+        )
 
-    def append_columns(self, ids: list[bytes], timestamps: bytes, attempts: bytes, body_sizes: bytes,
-                       bodies: bytes) -> int:
+    def append_columns(
+        self, ids: list[bytes], timestamps: bytes, attempts: bytes, body_sizes: bytes, bodies: bytes
+    ) -> int:
         """``append`` with the numeric columns already packed (little-endian int64, uint16, uint32)."""
         first = self.end
         count = len(ids)
         joined_ids = b"".join(ids)
         parts = [
-            b"", _KEY_FIRST_POSITION, _varint(first), self._record_names,
-            _KEY_IDS, _varint(len(joined_ids)), joined_ids,
-            _KEY_BODIES, _varint(len(bodies)), bodies,
-            _KEY_TIMESTAMPS, _varint(len(timestamps)), timestamps,
-            _KEY_ATTEMPTS, _varint(len(attempts)), attempts,
-            _KEY_BODY_SIZES, _varint(len(body_sizes)), body_sizes,
+            b"",
+            _KEY_FIRST_POSITION,
+            _varint(first),
+            self._record_names,
+            _KEY_IDS,
+            _varint(len(joined_ids)),
+            joined_ids,
+            _KEY_BODIES,
+            _varint(len(bodies)),
+            bodies,
+            _KEY_TIMESTAMPS,
+            _varint(len(timestamps)),
+            timestamps,
+            _KEY_ATTEMPTS,
+            _varint(len(attempts)),
+            attempts,
+            _KEY_BODY_SIZES,
+            _varint(len(body_sizes)),
+            body_sizes,
         ]
         length = 0
         crc = 0
@@ -543,8 +583,16 @@ def log_dirname(nsqd: str) -> str:
 class WalDirectory:
     """The walPath: its lock, the logs of every nsqd, and the committed offset."""
 
-    def __init__(self, path: str | Path, topic: str, channel: str, *, segment_bytes: int,
-                 dedup_window: int, lock_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        topic: str,
+        channel: str,
+        *,
+        segment_bytes: int,
+        dedup_window: int,
+        lock_timeout: float = 30.0,
+    ) -> None:
         self.path = Path(path)
         self.topic = topic
         self.channel = channel
@@ -555,7 +603,7 @@ class WalDirectory:
         self._logs_lock = threading.Lock()
         self._lock_fd: int | None = None
 
-    def open(self) -> "WalDirectory":
+    def open(self) -> WalDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         self._acquire_lock()
         try:
@@ -606,8 +654,14 @@ class WalDirectory:
             _atomic_write(ident, json.dumps(mine).encode())
 
     def _new_log(self, nsqd: str) -> MessageLog:
-        return MessageLog(self.path / log_dirname(nsqd), nsqd, self.topic, self.channel,
-                          segment_bytes=self.segment_bytes, dedup_window=self.dedup_window)
+        return MessageLog(
+            self.path / log_dirname(nsqd),
+            nsqd,
+            self.topic,
+            self.channel,
+            segment_bytes=self.segment_bytes,
+            dedup_window=self.dedup_window,
+        )
 
     def log_for(self, nsqd: str) -> MessageLog:
         with self._logs_lock:

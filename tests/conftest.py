@@ -56,9 +56,12 @@ def topic() -> str:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--no-speedups", action="store_true",
-                     help="run nsqd without its C accelerator (TRIONSQ_NO_SPEEDUPS=1), in-process and in subprocesses; "
-                          "tests/nsqd/test_fastpath.py and tests/integration/test_fastpath.py run both modes anyway")
+    parser.addoption(
+        "--no-speedups",
+        action="store_true",
+        help="run nsqd without its C accelerator (TRIONSQ_NO_SPEEDUPS=1), in-process and in subprocesses; "
+        "tests/nsqd/test_fastpath.py and tests/integration/test_fastpath.py run both modes anyway",
+    )
 
 
 def pytest_configure(config):

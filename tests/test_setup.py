@@ -8,16 +8,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def dry_run(target: str, venv: Path) -> str:
     # -n prints the recipe without running it, -B as if nothing were installed yet.
-    out = subprocess.run(["make", "-n", "-B", f"VENV={venv}", target], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        ["make", "-n", "-B", f"VENV={venv}", target], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
 def pip_installs(recipe: str) -> list[str]:
     # What follows `pip install` on each line (the venv's path before it is the test's temporary directory).
-    return [line.split("pip install", 1)[1] for line in recipe.splitlines()
-            if "pip install" in line and "--upgrade pip" not in line]
+    return [
+        line.split("pip install", 1)[1]
+        for line in recipe.splitlines()
+        if "pip install" in line and "--upgrade pip" not in line
+    ]
 
 
 def test_run_installs_only_the_daemons(tmp_path):

@@ -69,8 +69,14 @@ def cause(exc: BaseException) -> str:
 # -- one connection ----------------------------------------------------------------------------------
 
 
-def connect(address: str, config: Config | None = None, *, deadline: float | None = None,
-            server_hostname: str | None = None, receive_size: int = RECEIVE_SIZE) -> BlockingConnection:
+def connect(
+    address: str,
+    config: Config | None = None,
+    *,
+    deadline: float | None = None,
+    server_hostname: str | None = None,
+    receive_size: int = RECEIVE_SIZE,
+) -> BlockingConnection:
     """A connection to the nsqd at ``address``, through its handshake (see the module notes).
 
     ``deadline`` (``time.monotonic()``) bounds the dial and the handshake; ``server_hostname`` is
@@ -84,8 +90,11 @@ def connect(address: str, config: Config | None = None, *, deadline: float | Non
         deadline = started + config.dial_timeout + config.read_timeout
     source = local_host(config.local_addr)
     try:
-        sock = socket.create_connection((host, port), timeout=max(min(config.dial_timeout, deadline - started), 0.001),
-                                        source_address=None if source is None else (source, 0))
+        sock = socket.create_connection(
+            (host, port),
+            timeout=max(min(config.dial_timeout, deadline - started), 0.001),
+            source_address=None if source is None else (source, 0),
+        )
     except OSError as exc:
         raise ConnectError(f"cannot connect to nsqd {address}: {cause(exc)}") from exc
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -129,8 +138,9 @@ class BlockingConnection:
                 except ConnectError:
                     features = core.features
                     if features is not None and features.auth_required and not self.config.auth_secret:
-                        raise HandshakeError(f"nsqd {address} requires AUTH and no auth_secret is set",
-                                             features) from None
+                        raise HandshakeError(
+                            f"nsqd {address} requires AUTH and no auth_secret is set", features
+                        ) from None
                     raise
                 if event is NEED_DATA:
                     self._set_timeout(deadline)
@@ -151,17 +161,23 @@ class BlockingConnection:
                     break
                 else:
                     raise ConnectError(f"unexpected {event!r} from nsqd {address} during the handshake")
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise ConnectError(f"handshake with nsqd {address} timed out") from None
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; ValueError: a bad TLS setting
             raise ConnectError(f"handshake with nsqd {address} failed: {cause(exc)}") from exc
         if self.config.tls_v1 and not tls:
-            raise HandshakeError(f"nsqd {address} does not offer TLS (start it with --tls-cert and --tls-key)",
-                                 self.features)
+            raise HandshakeError(
+                f"nsqd {address} does not offer TLS (start it with --tls-cert and --tls-key)", self.features
+            )
         self._blocking_mode()
-        logger.debug("%s: connected (nsqd %s%s%s%s)", address, self.features.version or "without negotiation",
-                     ", TLS" if tls else "", ", snappy" if self.features.snappy else "",
-                     ", deflate" if self.features.deflate else "")
+        logger.debug(
+            "%s: connected (nsqd %s%s%s%s)",
+            address,
+            self.features.version or "without negotiation",
+            ", TLS" if tls else "",
+            ", snappy" if self.features.snappy else "",
+            ", deflate" if self.features.deflate else "",
+        )
 
     def _set_timeout(self, deadline: float | None) -> None:
         timeout = None if deadline is None else deadline - time.monotonic()
@@ -182,8 +198,10 @@ class BlockingConnection:
         and a read of a TLS record cut short by ``read_timeout`` (SO_RCVTIMEO)."""
         sock = self.sock
         sock.settimeout(None)
-        for option, seconds in ((socket.SO_SNDTIMEO, self.config.write_timeout),
-                                (socket.SO_RCVTIMEO, self.config.read_timeout)):
+        for option, seconds in (
+            (socket.SO_SNDTIMEO, self.config.write_timeout),
+            (socket.SO_RCVTIMEO, self.config.read_timeout),
+        ):
             whole = int(seconds)
             sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
         self._poll = select.poll()
@@ -304,8 +322,9 @@ class BlockingConnection:
                         logger.warning("%s: %s", self.address, error)
                         continue
                     raise error
-                raise ConnectionClosed(f"unexpected frame of type {frame_type} from nsqd {self.address} awaiting "
-                                       f"a reply")
+                raise ConnectionClosed(
+                    f"unexpected frame of type {frame_type} from nsqd {self.address} awaiting a reply"
+                )
         except BaseException:
             self.close()
             raise

@@ -60,8 +60,14 @@ class Producer:
     IDENTIFY with heartbeats off; before writing on a connection that had nothing to wait for, it
     checks without blocking that nsqd did not close it meanwhile, and reconnects if it did."""
 
-    def __init__(self, addresses: str | Sequence[str], config: Config | None = None, *, max_in_flight: int = 16,
-                 response_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        config: Config | None = None,
+        *,
+        max_in_flight: int = 16,
+        response_timeout: float | None = None,
+    ) -> None:
         addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not addresses:
             raise ValueError("a Producer needs at least one nsqd address")
@@ -114,8 +120,9 @@ class Producer:
             self._pump()
 
     def stats(self) -> ProducerStats:
-        return ProducerStats(self._messages, self._commands, self._retried, self._resent, self._connects,
-                             dict(self._per_nsqd))
+        return ProducerStats(
+            self._messages, self._commands, self._retried, self._resent, self._connects, dict(self._per_nsqd)
+        )
 
     def close(self) -> None:
         """Close the connection; replies not read are abandoned (call ``flush`` first)."""

@@ -53,7 +53,14 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 # kind, min, max (None: unbounded), as go-nsq's struct tags declare them
 _DURATION, _INT, _UINT, _FLOAT, _BOOL, _STR, _OPT_DURATION = (
-    "duration", "int", "uint", "float", "bool", "str", "optduration")
+    "duration",
+    "int",
+    "uint",
+    "float",
+    "bool",
+    "str",
+    "optduration",
+)
 _ADDR, _STRATEGY, _TLS_VERSION = "addr", "strategy", "tlsversion"
 _OPTIONS: dict[str, tuple[str, float | None, float | None]] = {
     "client_id": (_STR, None, None),
@@ -230,9 +237,7 @@ class Config:
         if parsed is not None and high is not None and parsed > high:
             raise ValueError(f"invalid {option} ! {_show(kind, parsed)} > {_show(kind, high)}")
         if option == "tls_root_ca_file" and not os.path.isfile(parsed):
-            raise ValueError(
-                f"ERROR: failed to read custom Certificate Authority file open {parsed}: no such file"
-            )
+            raise ValueError(f"ERROR: failed to read custom Certificate Authority file open {parsed}: no such file")
         if option.startswith("tls_"):
             self._built_context = None
         setattr(self, option, parsed)
@@ -311,8 +316,7 @@ class Config:
             version = _TLS_VERSIONS.get(self.tls_min_version.lower())
             if version is None:
                 raise ValueError(
-                    f"invalid tls_min_version {self.tls_min_version!r} "
-                    f"(one of {', '.join(_TLS_VERSIONS)})"
+                    f"invalid tls_min_version {self.tls_min_version!r} (one of {', '.join(_TLS_VERSIONS)})"
                 )
             context.minimum_version = version
         return context

@@ -93,6 +93,7 @@ _checkpoint = trio.lowlevel.checkpoint
 _Value = outcome.Value
 _Error = outcome.Error
 
+
 class _Waiter:
     """A caller parked until its reply; ``task`` None once it gave up (cancelled)."""
 
@@ -305,8 +306,9 @@ class Connection:
         config = self.config
         try:
             with trio.fail_after(config.dial_timeout):
-                self._stream = await trio.open_tcp_stream(self.host, self.port,
-                                                          local_address=local_host(config.local_addr))
+                self._stream = await trio.open_tcp_stream(
+                    self.host, self.port, local_address=local_host(config.local_addr)
+                )
         except (OSError, trio.TooSlowError) as exc:
             cause = "timed out" if isinstance(exc, trio.TooSlowError) else _dial_cause(exc)
             raise ConnectError(f"cannot connect to nsqd {self.address}: {cause}") from exc
@@ -345,9 +347,7 @@ class Connection:
                     raise ConnectError(f"nsqd {self.address} closed the connection during the handshake")
                 core.receive_data(data)
             elif event is START_TLS:
-                stream = self._stream = trio.SSLStream(
-                    stream, self.config.ssl_context(), server_hostname=self.host
-                )
+                stream = self._stream = trio.SSLStream(stream, self.config.ssl_context(), server_hostname=self.host)
                 await stream.do_handshake()
                 core.tls_started()
             elif type(event) is Send:

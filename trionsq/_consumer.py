@@ -116,8 +116,9 @@ class _Link:
     def __init__(self, consumer: Consumer, address: str) -> None:
         self.consumer = consumer
         self.address = address
-        self.conn = Connection(address, consumer.config, on_message=self.on_message, on_response=self.on_response,
-                               on_close=self.on_close)
+        self.conn = Connection(
+            address, consumer.config, on_message=self.on_message, on_response=self.on_response, on_close=self.on_close
+        )
         self.unanswered: dict[bytes, Message] = {}
         self.closed = trio.Event()
         self.drained: trio.Event | None = None
@@ -179,10 +180,20 @@ class Consumer:
     Use as ``async with Consumer(...) as consumer:``; see the module docstring for the behaviour.
     """
 
-    def __init__(self, topic: str, channel: str, handler: Handler, config: Config | None = None, *,
-                 nsqd_tcp_addresses: Iterable[str] | str = (), lookupd_http_addresses: Iterable[str] | str = (),
-                 concurrency: int = 1, on_give_up: GiveUpHook | None = None,
-                 stop_timeout: float = DRAIN_TIMEOUT, fail_fast: bool = True) -> None:
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        config: Config | None = None,
+        *,
+        nsqd_tcp_addresses: Iterable[str] | str = (),
+        lookupd_http_addresses: Iterable[str] | str = (),
+        concurrency: int = 1,
+        on_give_up: GiveUpHook | None = None,
+        stop_timeout: float = DRAIN_TIMEOUT,
+        fail_fast: bool = True,
+    ) -> None:
         if not is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")
         if not is_valid_channel_name(channel):
@@ -211,10 +222,15 @@ class Consumer:
 
         self._rng = random.Random()
         self._rdy: ReadyController[str] = ReadyController(
-            max_in_flight=self.config.max_in_flight, backoff_multiplier=self.config.backoff_multiplier,
-            max_backoff_duration=self.config.max_backoff_duration, backoff_strategy=self.config.backoff_strategy,
-            low_rdy_idle_timeout=self.config.low_rdy_idle_timeout, low_rdy_timeout=self.config.low_rdy_timeout,
-            redistribute_interval=self.config.rdy_redistribute_interval, rng=self._rng)
+            max_in_flight=self.config.max_in_flight,
+            backoff_multiplier=self.config.backoff_multiplier,
+            max_backoff_duration=self.config.max_backoff_duration,
+            backoff_strategy=self.config.backoff_strategy,
+            low_rdy_idle_timeout=self.config.low_rdy_idle_timeout,
+            low_rdy_timeout=self.config.low_rdy_timeout,
+            redistribute_interval=self.config.rdy_redistribute_interval,
+            rng=self._rng,
+        )
         self._links: dict[str, _Link] = {}  # subscribed connections
         self._tasks: dict[str, trio.CancelScope] = {}  # one per nsqd being connected or connected
         self._discovered: set[str] = set()
@@ -321,8 +337,9 @@ class Consumer:
         for link in links:
             left = list(link.unanswered.values())
             if left:
-                log.warning("(%s) %d messages unanswered after %.1fs: requeued", link.address, len(left),
-                            self.stop_timeout)
+                log.warning(
+                    "(%s) %d messages unanswered after %.1fs: requeued", link.address, len(left), self.stop_timeout
+                )
             for message in left:
                 message.requeue(0, backoff=False)
         async with trio.open_nursery() as nursery:
@@ -336,9 +353,15 @@ class Consumer:
     def stats(self) -> ConsumerStats:
         rdy = self._rdy.stats()
         return ConsumerStats(
-            received=self._received, finished=self._finished, requeued=self._requeued, given_up=self._given_up,
-            connections=len(self._links), in_flight=sum(len(link.unanswered) for link in self._links.values()),
-            backoff_level=rdy.backoff_level, total_rdy=rdy.total_rdy)
+            received=self._received,
+            finished=self._finished,
+            requeued=self._requeued,
+            given_up=self._given_up,
+            connections=len(self._links),
+            in_flight=sum(len(link.unanswered) for link in self._links.values()),
+            backoff_level=rdy.backoff_level,
+            total_rdy=rdy.total_rdy,
+        )
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change ``max_in_flight`` while running (0 pauses delivery)."""
@@ -421,8 +444,14 @@ class Consumer:
                 try:
                     await handler(message)
                 except Exception as exc:
-                    log.error("handler failed (%s: %s) for message %s (attempt %d)", type(exc).__name__, exc,
-                              message.id.decode(), message.attempts, exc_info=log.isEnabledFor(logging.DEBUG))
+                    log.error(
+                        "handler failed (%s: %s) for message %s (attempt %d)",
+                        type(exc).__name__,
+                        exc,
+                        message.id.decode(),
+                        message.attempts,
+                        exc_info=log.isEnabledFor(logging.DEBUG),
+                    )
                     if not message._auto_response_disabled:
                         message.requeue()
                 else:
@@ -468,8 +497,9 @@ class Consumer:
                         if address in self._discovered:  # lost, not retired: is it still there? (as go-nsq asks)
                             self._recheck.set()
                         return
-                    delay = min(RECONNECT_MIN_DELAY * 2 ** attempt,
-                                max(self.config.lookupd_poll_interval, RECONNECT_MIN_DELAY))
+                    delay = min(
+                        RECONNECT_MIN_DELAY * 2**attempt, max(self.config.lookupd_poll_interval, RECONNECT_MIN_DELAY)
+                    )
                     attempt += 1
                     log.info("(%s) re-connecting in %.2fs", address, delay)
                     await trio.sleep(delay)
@@ -495,8 +525,12 @@ class Consumer:
             assert conn.features is not None
             max_rdy = conn.features.max_rdy_count
             if max_rdy < self.config.max_in_flight:
-                log.warning("(%s) max RDY count %d < consumer max in flight %d, truncation possible", address,
-                            max_rdy, self.config.max_in_flight)
+                log.warning(
+                    "(%s) max RDY count %d < consumer max in flight %d, truncation possible",
+                    address,
+                    max_rdy,
+                    self.config.max_in_flight,
+                )
             self._links[address] = link
             log.info("(%s) subscribed to %s/%s", address, self.topic, self.channel)
             self._apply(self._rdy.add(address, max_rdy, trio.current_time()))
@@ -509,8 +543,9 @@ class Consumer:
                 if address in self._rdy:
                     self._apply(self._rdy.remove(address, trio.current_time()))
                 if not self._stopping:
-                    log.warning("(%s) connection closed (%s); %d connections left", address, conn.close_reason,
-                                len(self._links))
+                    log.warning(
+                        "(%s) connection closed (%s); %d connections left", address, conn.close_reason, len(self._links)
+                    )
                 with trio.CancelScope(shield=True):
                     await conn.close()
         return True

@@ -276,9 +276,7 @@ def identify_body(config: Config) -> dict[str, Any]:
         "deflate_level": config.deflate_level,
         "heartbeat_interval": _ms(config.heartbeat_interval) if config.heartbeat_interval > 0 else -1,
         "output_buffer_size": config.output_buffer_size,
-        "output_buffer_timeout": (
-            -1 if config.output_buffer_timeout < 0 else _ms(config.output_buffer_timeout)
-        ),
+        "output_buffer_timeout": (-1 if config.output_buffer_timeout < 0 else _ms(config.output_buffer_timeout)),
         "sample_rate": config.sample_rate,
         "msg_timeout": 0 if config.msg_timeout is None else _ms(config.msg_timeout),
     }
@@ -416,8 +414,9 @@ class ClientCore:
                 break
             if frame_type == FRAME_TYPE_MESSAGE and size >= _MESSAGE_FRAME_MIN:
                 timestamp, attempts, msg_id = _unpack_message_header(data, pos + 8)
-                append(Message(msg_id, data[pos + 8 + MESSAGE_HEADER_SIZE : stop], timestamp, attempts, address,
-                               responder))
+                append(
+                    Message(msg_id, data[pos + 8 + MESSAGE_HEADER_SIZE : stop], timestamp, attempts, address, responder)
+                )
             elif frame_type == FRAME_TYPE_RESPONSE and size >= 4:
                 body = data[pos + 8 : stop]
                 if body == _HEARTBEAT_DATA:

@@ -27,8 +27,17 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 __all__ = [
-    "ACCEPT_V1", "LookupdError", "Peer", "lookup", "lookup_producers", "lookup_url", "nodes", "parse_lookup",
-    "parse_nodes", "parse_topics", "topics",
+    "ACCEPT_V1",
+    "LookupdError",
+    "Peer",
+    "lookup",
+    "lookup_producers",
+    "lookup_url",
+    "nodes",
+    "parse_lookup",
+    "parse_nodes",
+    "parse_topics",
+    "topics",
 ]
 
 ACCEPT_V1 = ("Accept", "application/vnd.nsq; version=1.0")
@@ -69,6 +78,7 @@ def _join(host: str, port: int) -> str:
 
 
 # --- sans-IO: URLs and answers -------------------------------------------------------------------------------------
+
 
 def lookup_url(lookupd_http_address: str, path: str, **query: str) -> str:
     """The URL of ``path`` on a lookupd given as ``host:port`` or as an ``http(s)://`` URL.
@@ -113,8 +123,11 @@ def _unwrap(url: str, status: int, body: bytes) -> Any | None:
     if status == 404 or (isinstance(doc, dict) and doc.get("message") == "TOPIC_NOT_FOUND"):
         return None
     if status != 200:
-        reason = doc.get("message") if isinstance(doc, dict) and doc.get("message") else body[:200].decode(
-            "utf-8", "replace")
+        reason = (
+            doc.get("message")
+            if isinstance(doc, dict) and doc.get("message")
+            else body[:200].decode("utf-8", "replace")
+        )
         raise LookupdError(f"GET {url}: HTTP {status} {reason}".rstrip())
     if not isinstance(doc, dict):
         raise LookupdError(f"GET {url}: not a JSON object: {body[:200]!r}")
@@ -130,10 +143,16 @@ def _peer(url: str, item: Any) -> Peer:
         raise LookupdError(f"GET {url}: a producer lacks broadcast_address or tcp_port: {item!r}")
     topics = item.get("topics") or ()
     tombstones = item.get("tombstones") or ()
-    return Peer(broadcast_address=address, tcp_port=tcp_port, http_port=_int(item.get("http_port")),
-                hostname=str(item.get("hostname") or ""), remote_address=str(item.get("remote_address") or ""),
-                version=str(item.get("version") or ""), topics=tuple(str(t) for t in topics),
-                tombstones=tuple(bool(t) for t in tombstones))
+    return Peer(
+        broadcast_address=address,
+        tcp_port=tcp_port,
+        http_port=_int(item.get("http_port")),
+        hostname=str(item.get("hostname") or ""),
+        remote_address=str(item.get("remote_address") or ""),
+        version=str(item.get("version") or ""),
+        topics=tuple(str(t) for t in topics),
+        tombstones=tuple(bool(t) for t in tombstones),
+    )
 
 
 def _int(value: Any) -> int:
@@ -170,6 +189,7 @@ def parse_topics(url: str, status: int, body: bytes) -> list[str]:
 
 # --- trio: one GET per call ----------------------------------------------------------------------------------------
 
+
 async def _get(url: str, timeout: float, authorization: str | None = None) -> tuple[int, bytes]:
     # imported here so that the parsers above stay importable without trio (the blocking driver uses them)
     from runtime.http_client import HTTPClientError, fetch
@@ -178,23 +198,26 @@ async def _get(url: str, timeout: float, authorization: str | None = None) -> tu
     if authorization:  # go-nsq sends the consumer's auth_secret as a bearer token
         headers.append(("Authorization", f"Bearer {authorization}"))
     try:
-        reply = await fetch("GET", url, headers=headers, connect_timeout=timeout, request_timeout=timeout,
-                            max_bytes=MAX_BODY)
+        reply = await fetch(
+            "GET", url, headers=headers, connect_timeout=timeout, request_timeout=timeout, max_bytes=MAX_BODY
+        )
     except HTTPClientError as exc:
         raise LookupdError(str(exc)) from None
     return reply.status, reply.body
 
 
-async def lookup_producers(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT,
-                           authorization: str | None = None) -> list[Peer]:
+async def lookup_producers(
+    lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT, authorization: str | None = None
+) -> list[Peer]:
     """The nsqd that a lookupd lists for ``topic`` (``[]`` when it knows no such topic); ``authorization``, a
     secret sent as ``Authorization: Bearer <secret>``."""
     url = lookup_url(lookupd_http_address, "/lookup", topic=topic)
     return parse_lookup(url, *await _get(url, timeout, authorization))
 
 
-async def lookup(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT,
-                 authorization: str | None = None) -> list[str]:
+async def lookup(
+    lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT, authorization: str | None = None
+) -> list[str]:
     """The ``broadcast_address:tcp_port`` of each nsqd that a lookupd lists for ``topic``, in its order."""
     peers = await lookup_producers(lookupd_http_address, topic, timeout=timeout, authorization=authorization)
     return [peer.tcp_address for peer in peers]

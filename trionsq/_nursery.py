@@ -31,8 +31,9 @@ async def leave_nursery(
     else:
         abandon()
     try:
-        suppressed = bool(await manager.__aexit__(type(error) if error else None, error,
-                                                  error.__traceback__ if error else None))
+        suppressed = bool(
+            await manager.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
+        )
     except BaseExceptionGroup as group:
         if error is None or len(group.exceptions) != 1 or group.exceptions[0] is not error:
             raise

@@ -35,8 +35,9 @@ Backoff
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Generic, Hashable, TypeVar
+from typing import Generic, TypeVar
 
 __all__ = ["ReadyController", "ReadyStats"]
 
@@ -69,15 +70,25 @@ class ReadyStats:
 class ReadyController(Generic[K]):
     """RDY counts and backoff for one consumer's connections (see the module's notes)."""
 
-    def __init__(self, *, max_in_flight: int, backoff_multiplier: float = 1.0, max_backoff_duration: float = 120.0,
-                 low_rdy_idle_timeout: float = 10.0, low_rdy_timeout: float = LOW_RDY_TIMEOUT,
-                 redistribute_interval: float = REDISTRIBUTE_INTERVAL, backoff_strategy: str = "exponential",
-                 now: float = 0.0, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_in_flight: int,
+        backoff_multiplier: float = 1.0,
+        max_backoff_duration: float = 120.0,
+        low_rdy_idle_timeout: float = 10.0,
+        low_rdy_timeout: float = LOW_RDY_TIMEOUT,
+        redistribute_interval: float = REDISTRIBUTE_INTERVAL,
+        backoff_strategy: str = "exponential",
+        now: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
         if max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0, not {max_in_flight}")
         if backoff_strategy not in BACKOFF_STRATEGIES:
-            raise ValueError(f"backoff_strategy must be one of {', '.join(BACKOFF_STRATEGIES)}, "
-                             f"not {backoff_strategy!r}")
+            raise ValueError(
+                f"backoff_strategy must be one of {', '.join(BACKOFF_STRATEGIES)}, not {backoff_strategy!r}"
+            )
         self.backoff_strategy = backoff_strategy
         self.max_in_flight = max_in_flight
         self.backoff_multiplier = backoff_multiplier
@@ -221,7 +232,7 @@ class ReadyController(Generic[K]):
     def _duration(self, level: int) -> float:
         """The backoff time of ``level``: exponential, or uniform below it with full jitter (drawn anew at
         each call, as go-nsq's strategy is asked both to decide the level and to time the RDY-0 period)."""
-        duration = self.backoff_multiplier * 2 ** level
+        duration = self.backoff_multiplier * 2**level
         if self.backoff_strategy == "full_jitter":
             return self._rng.random() * duration
         return duration
@@ -259,8 +270,9 @@ class ReadyController(Generic[K]):
         waiting = [key for key, conn in self._conns.items() if conn.rdy == 0]
         released = []
         for key, conn in self._conns.items():
-            if conn.rdy and (now - conn.last_message_at > self.low_rdy_idle_timeout
-                             or now - conn.last_rdy_at > self.low_rdy_timeout):
+            if conn.rdy and (
+                now - conn.last_message_at > self.low_rdy_idle_timeout or now - conn.last_rdy_at > self.low_rdy_timeout
+            ):
                 self._set(key, 0, now, updates)
                 released.append(key)
         # those that waited longest come first (ties at random), then the ones just released: a released RDY
@@ -269,7 +281,7 @@ class ReadyController(Generic[K]):
         waiting.sort(key=lambda key: self._conns[key].last_rdy_at)
         self._rng.shuffle(released)
         available = (1 if self.backoff_level else self.max_in_flight) - self._total
-        for key in (waiting + released)[:max(0, available)]:
+        for key in (waiting + released)[: max(0, available)]:
             self._set(key, 1, now, updates)
 
     def _set(self, key: K, count: int, now: float, updates: Updates) -> None:

@@ -114,8 +114,9 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
         with exc:
             return exc.code, exc.read(MAX_BODY)
     except urllib.error.URLError as exc:
-        raise LookupdError(f"GET {url}: {cause(exc.reason) if isinstance(exc.reason, BaseException) else exc.reason}"
-                           ) from None
+        raise LookupdError(
+            f"GET {url}: {cause(exc.reason) if isinstance(exc.reason, BaseException) else exc.reason}"
+        ) from None
     except (OSError, ValueError) as exc:
         raise LookupdError(f"GET {url}: {cause(exc)}") from None
 

@@ -54,14 +54,14 @@ _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _write_pieces(fd: int, pieces: list[bytes], pause: float = 0.0) -> None:
     for start in range(0, len(pieces), _IOV_MAX):
         if start and pause:
             time.sleep(pause)
-        chunk = pieces[start:start + _IOV_MAX]
+        chunk = pieces[start : start + _IOV_MAX]
         done = os.writev(fd, chunk)
         if done < sum(map(len, chunk)):  # a short write (a full disk): the rest, plainly, raises the real error
             _write_all(fd, b"".join(chunk)[done:])

@@ -10,7 +10,8 @@ The queue does no I/O and reads no clock: due times are plain floats on the call
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 __all__ = ["EMPTY_DEFERRED", "DeferredQueue"]
 

@@ -43,7 +43,7 @@ import logging
 import os
 import struct
 import zlib
-from typing import Container
+from collections.abc import Container
 
 from .atomic_file import replace_file
 
@@ -96,8 +96,12 @@ class DeferredIndex:
         due = self.due
         stale = sum(1 for msg_id in self._loaded if due.pop(msg_id, None) is not None)
         if stale:
-            self.log.warning("DEFERRED(%s): %d deferred entr%s matched no message in the queue, dropped",
-                             os.path.basename(self.path), stale, "y" if stale == 1 else "ies")
+            self.log.warning(
+                "DEFERRED(%s): %d deferred entr%s matched no message in the queue, dropped",
+                os.path.basename(self.path),
+                stale,
+                "y" if stale == 1 else "ies",
+            )
         self._loaded = ()
         self._loaded_end = None
 
@@ -120,13 +124,13 @@ class DeferredIndex:
         except FileNotFoundError:
             return 0
         except OSError as exc:
-            self.log.error("DEFERRED(%s): cannot read - %s; deferred messages will be delivered at once",
-                           self.path, exc)
+            self.log.error(
+                "DEFERRED(%s): cannot read - %s; deferred messages will be delivered at once", self.path, exc
+            )
             return 0
         entries = decode(data)
         if entries is None:
-            self.log.error("DEFERRED(%s): damaged file ignored; deferred messages will be delivered at once",
-                           self.path)
+            self.log.error("DEFERRED(%s): damaged file ignored; deferred messages will be delivered at once", self.path)
             return 0
         end, pairs = entries
         if read_position >= end:
@@ -171,7 +175,7 @@ def decode(data: bytes) -> tuple[tuple[int, int], list[tuple[bytes, int]]] | Non
     if magic != MAGIC or len(data) != _HEAD.size + count * _ENTRY.size + _CRC.size:
         return None
     (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
-    if crc != zlib.crc32(data[:-_CRC.size]):
+    if crc != zlib.crc32(data[: -_CRC.size]):
         return None
     pairs = [_ENTRY.unpack_from(data, _HEAD.size + i * _ENTRY.size) for i in range(count)]
     return (end_file, end_pos), pairs

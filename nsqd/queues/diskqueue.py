@@ -122,9 +122,10 @@ import logging
 import os
 import struct
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass
 from functools import partial
-from typing import Container, TypeVar
+from typing import TypeVar
 
 from .atomic_file import replace_file
 from .checksums import SideFile, entries_of, side_file_name
@@ -163,6 +164,7 @@ def _fsync_hook():
         if os.path.exists(trigger):
             raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (injected: {FAIL_FSYNC_ENV})")
         os.fsync(fd)
+
     return fsync
 
 
@@ -196,12 +198,53 @@ class DiskQueue:
     """A disk-backed FIFO of records, in go-diskqueue's file format. See the module notes."""
 
     # slots: more attributes than CPython keeps without a dictionary of their own, one more object per queue
-    __slots__ = ("name", "data_path", "max_bytes_per_file", "min_msg_size", "max_msg_size", "sync_every",
-                 "sync_timeout", "hold_reads", "barrier", "failing", "active", "log", "known_files", "last_error",
-                 "_depth", "_read_file_num", "_read_pos", "_write_file_num", "_write_pos", "_write_fd", "_reader",
-                 "_read_end", "_worker", "_sync_failed", "_ops", "_dirty", "_need_sync", "_pending_since", "_closed",
-                 "_held", "_held_base", "_acked", "_oldest_file", "_bad_files", "_removed_read_file", "_meta_path",
-                 "_saved_meta", "checksums", "on_damage", "damaged", "damage_at", "_sum_fd", "_write_count", "_synced_at", "_suspect")
+    __slots__ = (
+        "name",
+        "data_path",
+        "max_bytes_per_file",
+        "min_msg_size",
+        "max_msg_size",
+        "sync_every",
+        "sync_timeout",
+        "hold_reads",
+        "barrier",
+        "failing",
+        "active",
+        "log",
+        "known_files",
+        "last_error",
+        "_depth",
+        "_read_file_num",
+        "_read_pos",
+        "_write_file_num",
+        "_write_pos",
+        "_write_fd",
+        "_reader",
+        "_read_end",
+        "_worker",
+        "_sync_failed",
+        "_ops",
+        "_dirty",
+        "_need_sync",
+        "_pending_since",
+        "_closed",
+        "_held",
+        "_held_base",
+        "_acked",
+        "_oldest_file",
+        "_bad_files",
+        "_removed_read_file",
+        "_meta_path",
+        "_saved_meta",
+        "checksums",
+        "on_damage",
+        "damaged",
+        "damage_at",
+        "_sum_fd",
+        "_write_count",
+        "_synced_at",
+        "_suspect",
+    )
 
     def __init__(
         self,
@@ -478,8 +521,9 @@ class DiskQueue:
                 self._write_count = side.index
                 side.close()
             if not lined_up:
-                self.log.info("DISKQUEUE(%s): %s has records without checksums, it goes on without them",
-                              self.name, path)
+                self.log.info(
+                    "DISKQUEUE(%s): %s has records without checksums, it goes on without them", self.name, path
+                )
                 return
         self._sum_fd = os.open(side_file_name(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         os.ftruncate(self._sum_fd, self._write_count * 8)  # entries of records cut back or never synced
@@ -541,8 +585,9 @@ class DiskQueue:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            self.log.warning("DISKQUEUE(%s): could not cut %s back to %d - %s",
-                             self.name, self.file_name(file_num), pos, exc)
+            self.log.warning(
+                "DISKQUEUE(%s): could not cut %s back to %d - %s", self.name, self.file_name(file_num), pos, exc
+            )
 
     # -- reading -------------------------------------------------------------------------------
     def read_many(self, max_count: int) -> list[bytes]:
@@ -607,8 +652,13 @@ class DiskQueue:
 
     def _damaged_record(self, damage: Damaged) -> None:
         """A record whose checksum or length failed: reported, counted, never delivered; reading goes on after it."""
-        self.log.error("DISKQUEUE(%s): damaged record at byte %d of %s (%s), skipped: not delivered", self.name,
-                       damage.pos, self.file_name(self._read_file_num), damage.what)
+        self.log.error(
+            "DISKQUEUE(%s): damaged record at byte %d of %s (%s), skipped: not delivered",
+            self.name,
+            damage.pos,
+            self.file_name(self._read_file_num),
+            damage.what,
+        )
         self.damage_at = (self._read_file_num, damage.pos)
         self._read_pos = damage.skip_to
         if not self._dirty:
@@ -697,8 +747,9 @@ class DiskQueue:
         """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
         description of the corruption that stopped it, or None."""
         before = len(records)
-        self._read_pos, problem = self._reader.take(records, self._read_pos, max_count, end, self.min_msg_size,
-                                                    self.max_msg_size)
+        self._read_pos, problem = self._reader.take(
+            records, self._read_pos, max_count, end, self.min_msg_size, self.max_msg_size
+        )
         taken = len(records) - before
         self._depth -= taken
         self._ops += taken
@@ -729,8 +780,9 @@ class DiskQueue:
             return False
         sums = SideFile.open(path) if self.checksums else None
         if sums is not None and self._read_pos and not sums.seek(self._read_pos):
-            self.log.warning("DISKQUEUE(%s): the checksums of %s do not match its records, reading it unchecked",
-                             self.name, path)
+            self.log.warning(
+                "DISKQUEUE(%s): the checksums of %s do not match its records, reading it unchecked", self.name, path
+            )
             sums.close()
             sums = None
         self._reader = SegmentReader(fd, path, self.name, self.log, sums)
@@ -759,8 +811,13 @@ class DiskQueue:
         if reader is not None and reader.sums is not None:
             lost = reader.lost_at_end()
             if lost:
-                self.log.error("DISKQUEUE(%s): %s ends at %d but its checksums list %d more record(s): lost",
-                               self.name, self.file_name(self._read_file_num), self._read_pos, lost)
+                self.log.error(
+                    "DISKQUEUE(%s): %s ends at %d but its checksums list %d more record(s): lost",
+                    self.name,
+                    self.file_name(self._read_file_num),
+                    self._read_pos,
+                    lost,
+                )
                 self.damage_at = (self._read_file_num, self._read_pos)
                 self._lost(lost)
         if self.hold_reads:
@@ -798,8 +855,14 @@ class DiskQueue:
     def _skip_bad_file(self, problem: str) -> None:
         num = self._read_file_num
         path = self.file_name(num)
-        self.log.error("DISKQUEUE(%s): %s at %d of %s; renaming it to %s.bad and skipping to the next file",
-                       self.name, problem, self._read_pos, path, path)
+        self.log.error(
+            "DISKQUEUE(%s): %s at %d of %s; renaming it to %s.bad and skipping to the next file",
+            self.name,
+            problem,
+            self._read_pos,
+            path,
+            path,
+        )
         self.damage_at = (num, self._read_pos)
         reader = self._reader
         if reader is not None and reader.sums is not None:
@@ -845,14 +908,23 @@ class DiskQueue:
         removed, self._removed_read_file = self._removed_read_file, None
         if self._depth != 0:
             if self._depth > 0 and removed is not None:
-                self.log.warning("DISKQUEUE(%s): %d record(s) counted at the tail were in %s, read and removed "
-                                 "before the last stop; resetting the depth to 0", self.name, self._depth, removed)
+                self.log.warning(
+                    "DISKQUEUE(%s): %d record(s) counted at the tail were in %s, read and removed "
+                    "before the last stop; resetting the depth to 0",
+                    self.name,
+                    self._depth,
+                    removed,
+                )
             elif self._depth < 0:
-                self.log.error("DISKQUEUE(%s): negative depth at the tail (%d), metadata corruption, "
-                               "resetting to 0", self.name, self._depth)
+                self.log.error(
+                    "DISKQUEUE(%s): negative depth at the tail (%d), metadata corruption, resetting to 0",
+                    self.name,
+                    self._depth,
+                )
             else:
-                self.log.error("DISKQUEUE(%s): positive depth at the tail (%d), data loss, resetting to 0",
-                               self.name, self._depth)
+                self.log.error(
+                    "DISKQUEUE(%s): positive depth at the tail (%d), data loss, resetting to 0", self.name, self._depth
+                )
                 if self.damage_at is None:
                     self.damage_at = reader
                 self._lost(self._depth)
@@ -861,8 +933,13 @@ class DiskQueue:
                 self._became_dirty()
             self._need_sync = True
         if reader != writer:
-            self.log.error("DISKQUEUE(%s): read position %d,%d is beyond write position %d,%d, corruption, "
-                           "skipping both to a new file", self.name, *reader, *writer)
+            self.log.error(
+                "DISKQUEUE(%s): read position %d,%d is beyond write position %d,%d, corruption, "
+                "skipping both to a new file",
+                self.name,
+                *reader,
+                *writer,
+            )
             self._remove_data_files()
             if not self._dirty:
                 self._became_dirty()
@@ -920,8 +997,12 @@ class DiskQueue:
             return
         data = os.pread(fd, self._write_pos - start, start)
         _write_fully(fd, data, start, self.file_name(self._write_file_num))
-        self.log.warning("DISKQUEUE(%s): %d byte(s) of %s written since the last good sync written again after a "
-                         "failed sync", self.name, len(data), self.file_name(self._write_file_num))
+        self.log.warning(
+            "DISKQUEUE(%s): %d byte(s) of %s written since the last good sync written again after a failed sync",
+            self.name,
+            len(data),
+            self.file_name(self._write_file_num),
+        )
 
     def _sync_soon(self, sum_fd: int | None = None) -> None:
         """Sync on the worker: the meta file as the queue is now, after everything done so far. Nothing waits for
@@ -931,8 +1012,9 @@ class DiskQueue:
         fd = self._write_fd
         if sum_fd is None:
             sum_fd = self._sum_fd
-        self._submit(partial(self._sync_files, fd, self._meta_text(), sum_fd), self._background_sync_failed,
-                            key=("sync", fd))
+        self._submit(
+            partial(self._sync_files, fd, self._meta_text(), sum_fd), self._background_sync_failed, key=("sync", fd)
+        )
         self._ops = 0
         self._dirty = False
         self._need_sync = False
@@ -985,8 +1067,7 @@ class DiskQueue:
 
     def _meta_text(self) -> bytes:
         read_num, read_pos, depth = self._committed()
-        return (f"{depth}\n{read_num},{read_pos}\n"
-                f"{self._write_file_num},{self._write_pos}\n").encode("ascii")
+        return (f"{depth}\n{read_num},{read_pos}\n{self._write_file_num},{self._write_pos}\n").encode("ascii")
 
     def wait_idle(self) -> None:
         """Block until the file work handed to the worker so far (syncs, removals) has run."""
@@ -1046,8 +1127,12 @@ class DiskQueue:
         self.log.info("DISKQUEUE(%s): closing", self.name)
         try:
             meta = self._meta_text()
-            if self._dirty or self._sync_failed or (self._worker is not None and self._worker.busy) or (
-                    meta != self._saved_meta and meta != _EMPTY_META):
+            if (
+                self._dirty
+                or self._sync_failed
+                or (self._worker is not None and self._worker.busy)
+                or (meta != self._saved_meta and meta != _EMPTY_META)
+            ):
                 self.sync()
             elif meta != self._saved_meta:
                 try:
@@ -1132,8 +1217,9 @@ class DiskQueue:
             if min(read_num, read_pos, write_num, write_pos) < 0:
                 raise ValueError("negative position")
         except ValueError as exc:
-            self.log.error("DISKQUEUE(%s): cannot parse %s (%r) - %s; starting empty",
-                           self.name, self._meta_path, text[:80], exc)
+            self.log.error(
+                "DISKQUEUE(%s): cannot parse %s (%r) - %s; starting empty", self.name, self._meta_path, text[:80], exc
+            )
             return
         self._depth = depth
         self._read_file_num, self._read_pos = read_num, read_pos
@@ -1151,15 +1237,27 @@ class DiskQueue:
             size = 0
         if size > write_pos:
             salvaged = self._count_records(path, write_pos, size)
-            self.log.warning("DISKQUEUE(%s): %s is %d bytes but the metadata says %d; %d unsynced record(s) "
-                             "kept, writing continues in a new file", self.name, path, size, write_pos, salvaged)
+            self.log.warning(
+                "DISKQUEUE(%s): %s is %d bytes but the metadata says %d; %d unsynced record(s) "
+                "kept, writing continues in a new file",
+                self.name,
+                path,
+                size,
+                write_pos,
+                salvaged,
+            )
             self._depth += salvaged
             self._write_file_num += 1
             self._write_pos = 0
             self._need_sync = True
         elif size < write_pos:
-            self.log.error("DISKQUEUE(%s): %s is %d bytes but the metadata says %d; writing continues in a "
-                           "new file", self.name, path, size, write_pos)
+            self.log.error(
+                "DISKQUEUE(%s): %s is %d bytes but the metadata says %d; writing continues in a new file",
+                self.name,
+                path,
+                size,
+                write_pos,
+            )
             self._write_file_num += 1
             self._write_pos = 0
             self._need_sync = True
@@ -1168,8 +1266,14 @@ class DiskQueue:
         later = self._later_files(write_num)
         if later:
             salvaged = sum(self._count_records(self.file_name(num), 0, end) for num, end in later)
-            self.log.warning("DISKQUEUE(%s): %d file(s) after %s are not in the metadata yet; %d unsynced record(s) "
-                             "kept, writing continues in a new file", self.name, len(later), path, salvaged)
+            self.log.warning(
+                "DISKQUEUE(%s): %d file(s) after %s are not in the metadata yet; %d unsynced record(s) "
+                "kept, writing continues in a new file",
+                self.name,
+                len(later),
+                path,
+                salvaged,
+            )
             self._depth += salvaged
             self._write_file_num = later[-1][0] + 1
             self._write_pos = 0
@@ -1190,8 +1294,7 @@ class DiskQueue:
             path = self.file_name(num)
             if not os.path.exists(path):
                 return
-            self.log.info("DISKQUEUE(%s): removing %s, read before the last stop but not yet removed",
-                          self.name, path)
+            self.log.info("DISKQUEUE(%s): removing %s, read before the last stop but not yet removed", self.name, path)
             self._submit(partial(self._remove_data_file, path))
 
     def _skip_removed_read_files(self) -> None:
@@ -1208,9 +1311,14 @@ class DiskQueue:
                 size = None
             if size is not None and size >= self._read_pos:
                 return
-            self.log.warning("DISKQUEUE(%s): %s is %s, before the read position %d of the metadata: it was "
-                             "removed after being read; reading goes on with the next file", self.name, path,
-                             "missing" if size is None else f"{size} bytes", self._read_pos)
+            self.log.warning(
+                "DISKQUEUE(%s): %s is %s, before the read position %d of the metadata: it was "
+                "removed after being read; reading goes on with the next file",
+                self.name,
+                path,
+                "missing" if size is None else f"{size} bytes",
+                self._read_pos,
+            )
             if size is not None:
                 self._submit(partial(self._remove_data_file, path))
             self._read_file_num += 1

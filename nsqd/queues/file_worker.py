@@ -41,8 +41,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from trio.lowlevel import start_thread_soon
 
@@ -95,8 +95,9 @@ class FileWorker:
         """True while a submitted job has not finished."""
         return self._running
 
-    def submit(self, job: Callable[[], object], on_error: Callable[[OSError], None] | None = None, *,
-               key: object = None) -> None:
+    def submit(
+        self, job: Callable[[], object], on_error: Callable[[OSError], None] | None = None, *, key: object = None
+    ) -> None:
         """Queue ``job``; it runs after every job submitted before it. Never blocks. With a ``key``, a job that
         is the last one queued, has not started and was submitted with the same key is replaced instead: a
         newer meta file supersedes an older one that nobody has written yet, so a slow disk does not pile up

@@ -37,8 +37,8 @@ behind, a rebuild of the whole heap every few thousand FINs.) The queue does no 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 __all__ = ["EMPTY_IN_FLIGHT", "InFlightQueue"]
 

@@ -100,9 +100,18 @@ class _Chunk:
 
 
 class OffsetLog:
-    def __init__(self, data_path: str, name: str, *, max_bytes_per_file: int = 100 << 20, durable: bool = False,
-                 retention_time: float = 0.0, retention_bytes: int = 0, active: dict | None = None,
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        data_path: str,
+        name: str,
+        *,
+        max_bytes_per_file: int = 100 << 20,
+        durable: bool = False,
+        retention_time: float = 0.0,
+        retention_bytes: int = 0,
+        active: dict | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self.data_path = data_path
         self.name = name
         self.max_bytes_per_file = max_bytes_per_file
@@ -149,8 +158,9 @@ class OffsetLog:
         except FileNotFoundError:
             self._save_meta()
         except (ValueError, KeyError, TypeError) as exc:
-            self.log.error("LOG(%s): %s is unreadable (%s), committed offset taken as 0", self.name,
-                           self.meta_path, exc)
+            self.log.error(
+                "LOG(%s): %s is unreadable (%s), committed offset taken as 0", self.name, self.meta_path, exc
+            )
         self._load()
         return self
 
@@ -173,8 +183,9 @@ class OffsetLog:
         expected = None
         for index, (first, path) in enumerate(files):
             if expected is not None and first != expected:
-                self._damaged(files[index:], path, 0, f"segment starts at offset {first}, {expected} expected",
-                              expected)
+                self._damaged(
+                    files[index:], path, 0, f"segment starts at offset {first}, {expected} expected", expected
+                )
                 break
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
             segment = _Segment(first, path, fd)
@@ -195,21 +206,30 @@ class OffsetLog:
             segment.size = pos
             expected = offset
             if bad is not None:
-                self._damaged(files[index + 1:], path, pos, bad, offset)
+                self._damaged(files[index + 1 :], path, pos, bad, offset)
                 os.ftruncate(fd, pos)
                 break
         self._written = self.end = expected if expected is not None else self.committed
         if self._chunks and self._chunks[0].first > self.committed:
-            self.log.error("LOG(%s): the files start at offset %d above the committed offset %d; the offsets "
-                           "between are lost", self.name, self._chunks[0].first, self.committed)
+            self.log.error(
+                "LOG(%s): the files start at offset %d above the committed offset %d; the offsets between are lost",
+                self.name,
+                self._chunks[0].first,
+                self.committed,
+            )
             self.committed = self._chunks[0].first
             self._save_meta()
         if self.committed > self.end:
             # what the files held was lost up to the committed offset (a crash before the data reached the disk
             # outside durable mode, or damage): everything kept is committed; the log goes on from there
             if self._chunks:
-                self.log.warning("LOG(%s): the files end at offset %d below the committed offset %d; "
-                                 "the log goes on from %d", self.name, self.end, self.committed, self.committed)
+                self.log.warning(
+                    "LOG(%s): the files end at offset %d below the committed offset %d; the log goes on from %d",
+                    self.name,
+                    self.end,
+                    self.committed,
+                    self.committed,
+                )
             for segment in list(self._segments):
                 self._remove_segment(segment)
             self._written = self.end = self.committed
@@ -243,20 +263,21 @@ class OffsetLog:
         length, crc, first, count = _CHUNK.unpack_from(data, pos)
         if length < CHUNK_HEADER or pos + length > len(data):
             return f"chunk length {length} with {len(data) - pos} bytes left in the file"
-        if zlib.crc32(data[pos + 8:pos + length]) != crc:
+        if zlib.crc32(data[pos + 8 : pos + length]) != crc:
             return "checksum mismatch"
         if first != offset:
             return f"chunk of offset {first}, {offset} expected"
         try:
-            columns = Columns.from_payload(data[pos + CHUNK_HEADER:pos + length], count)
+            columns = Columns.from_payload(data[pos + CHUNK_HEADER : pos + length], count)
         except (ValueError, struct.error) as exc:
             return str(exc)
         newest = max(columns.timestamp_list()) if count else 0
         return count, length, newest
 
     def _damaged(self, rest: list[tuple[int, str]], path: str, pos: int, why: str, offset: int) -> None:
-        self.log.error("LOG(%s): %s: bad chunk at byte %d (%s), the log ends at offset %d", self.name, path, pos,
-                       why, offset)
+        self.log.error(
+            "LOG(%s): %s: bad chunk at byte %d (%s), the log ends at offset %d", self.name, path, pos, why, offset
+        )
         for _, later in rest:
             try:
                 os.replace(later, later + ".bad")
@@ -332,14 +353,21 @@ class OffsetLog:
         if recent.isdisjoint(ids):
             return columns
         keep = [k for k, i in enumerate(ids) if i not in recent]
-        self.log.info("LOG(%s): %d message(s) given again after a restart were in the log already", self.name,
-                      len(ids) - len(keep))
+        self.log.info(
+            "LOG(%s): %d message(s) given again after a restart were in the log already",
+            self.name,
+            len(ids) - len(keep),
+        )
         stamps = columns.timestamp_list()
         attempts = struct.unpack(f">{columns.count}H", columns.attempts)
         starts = columns.body_starts()
         bodies = columns.bodies
-        return Columns.from_messages([ids[k] for k in keep], [stamps[k] for k in keep], [attempts[k] for k in keep],
-                                     [bodies[starts[k]:starts[k + 1]] for k in keep])
+        return Columns.from_messages(
+            [ids[k] for k in keep],
+            [stamps[k] for k in keep],
+            [attempts[k] for k in keep],
+            [bodies[starts[k] : starts[k + 1]] for k in keep],
+        )
 
     def _write_pending(self, sync: bool) -> None:
         """Write what was appended and not yet written, as chunks of at most ``CHUNK_MESSAGES``."""
@@ -348,8 +376,11 @@ class OffsetLog:
             if sync:
                 self._sync()
             return
-        merged = Columns.from_payload(b"".join(Columns.join_payload(pending)), self._pending_count) \
-            if len(pending) > 1 else pending[0]
+        merged = (
+            Columns.from_payload(b"".join(Columns.join_payload(pending)), self._pending_count)
+            if len(pending) > 1
+            else pending[0]
+        )
         offset = self._written
         written = []
         segment = None
@@ -496,7 +527,7 @@ class OffsetLog:
                 data = os.pread(chunk.segment.fd, 16 * (j - i), start)
                 if len(data) != 16 * (j - i):
                     raise OSError(f"{chunk.segment.path}: short read at byte {start}")
-                ids.extend(data[k:k + 16] for k in range(0, len(data), 16))
+                ids.extend(data[k : k + 16] for k in range(0, len(data), 16))
             index += 1
         return ids
 
@@ -575,7 +606,7 @@ class OffsetLog:
                     total -= removable[by_bytes].size
                     by_bytes += 1
                 if self.retention_time > 0:
-                    removable = removable[:max(by_bytes, keep_from)]
+                    removable = removable[: max(by_bytes, keep_from)]
                 else:
                     removable = removable[:by_bytes]
         for segment in removable:
@@ -633,7 +664,7 @@ def _read_all(fd: int) -> bytes:
 def _write_fully(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _sync_directory(path: str) -> None:

@@ -85,8 +85,9 @@ class SegmentReader:
         self._ahead: tuple[int, bytes] | None = None  # bytes it brought that are not used yet: (offset, bytes)
         self._from_disk = False  # an inline read missed the page cache: read the rest ahead on a thread
 
-    def take(self, records: list[bytes] | SplitRecords, pos: int, max_count: int, end: int, low: int,
-             high: int) -> tuple[int, str | Damaged | None]:
+    def take(
+        self, records: list[bytes] | SplitRecords, pos: int, max_count: int, end: int, low: int, high: int
+    ) -> tuple[int, str | Damaged | None]:
         """Append the records from ``pos`` to ``records`` until ``end`` or ``max_count`` records; lengths must lie
         in ``[low, high]`` (``low`` at least a header when ``records`` are split). Returns the position after the
         last record taken and a description of the corruption or read error that stopped it, or None; with a
@@ -133,15 +134,16 @@ class SegmentReader:
                 add_timestamp(timestamp)
                 add_attempts(attempts)
                 add_id(msg_id)
-            append(buf[off + header_end:stop])
+            append(buf[off + header_end : stop])
             pos += 4 + size
             count += 1
         self._buf = buf
         self._base = base
         return pos, problem
 
-    def _take_checked(self, records: list[bytes] | SplitRecords, pos: int, max_count: int, end: int, low: int,
-                      high: int) -> tuple[int, str | Damaged | None]:
+    def _take_checked(
+        self, records: list[bytes] | SplitRecords, pos: int, max_count: int, end: int, low: int, high: int
+    ) -> tuple[int, str | Damaged | None]:
         """``take`` with every record checked against its side file entry: a length field or bytes that do not
         match their entry's are a ``Damaged`` record (its entry gives where the next one starts); a record with
         no entry is taken as ``take`` would, its length alone checked."""
@@ -202,9 +204,9 @@ class SegmentReader:
                 records.timestamps.append(timestamp)
                 records.attempts.append(attempts)
                 records.ids.append(msg_id)
-                records.bodies.append(buf[off + header_end:stop])
+                records.bodies.append(buf[off + header_end : stop])
             else:
-                records.append(buf[off + header_end:stop])
+                records.append(buf[off + header_end : stop])
             pos += 4 + length
             index += 1
             count += 1
@@ -239,7 +241,7 @@ class SegmentReader:
                 if held == 0:
                     data_at, data = at, chunk
                 else:
-                    data_at, data = pos, buf[pos - base:] + chunk[:need - held]
+                    data_at, data = pos, buf[pos - base :] + chunk[: need - held]
                     self._ahead = (at, chunk)
         if data is None:
             self.forget()
@@ -252,8 +254,9 @@ class SegmentReader:
                 return b"", pos, f"read error: {exc}"
             if not self._from_disk and self._served_by_disk(started, switches):
                 self._from_disk = True
-                self.log.info("DISKQUEUE(%s): %s is read from the disk, reading ahead on a thread", self.name,
-                              self.path)
+                self.log.info(
+                    "DISKQUEUE(%s): %s is read from the disk, reading ahead on a thread", self.name, self.path
+                )
             if len(data) < need:
                 return data, pos, f"short read: wanted {need} bytes, {len(data)} available"
             data_at = pos
@@ -268,8 +271,10 @@ class SegmentReader:
     def _served_by_disk(started: float, switches: int) -> bool:
         """Whether the inline read begun at ``started`` (``perf_counter``) waited for the disk: it was slow, and
         the thread slept meanwhile (a read preempted by another process is slow too, but does not sleep)."""
-        return (time.perf_counter() - started > _SLOW_READ
-                and resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw != switches)
+        return (
+            time.perf_counter() - started > _SLOW_READ
+            and resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw != switches
+        )
 
     def forget(self) -> None:
         """Drop what was read (the bytes may change: a failed write was cut back), after any read ahead ends."""

@@ -81,8 +81,12 @@ class QueueSpan:
                     lost = sums.count_from(sums.index)
             finally:
                 sums.close()
-        self.log.error("DISKQUEUE(%s): %s is missing: %s record(s) lost", self.name, path,
-                       lost if sums is not None else "an unknown number of")
+        self.log.error(
+            "DISKQUEUE(%s): %s is missing: %s record(s) lost",
+            self.name,
+            path,
+            lost if sums is not None else "an unknown number of",
+        )
         self._lost(lost)
 
     def records(self, batch: int, *, split: bool = True):
@@ -101,22 +105,37 @@ class QueueSpan:
                     if out:
                         yield out
                     if type(problem) is Damaged:
-                        self.log.error("DISKQUEUE(%s): damaged record at byte %d of %s (%s), skipped", self.name,
-                                       problem.pos, path, problem.what)
+                        self.log.error(
+                            "DISKQUEUE(%s): damaged record at byte %d of %s (%s), skipped",
+                            self.name,
+                            problem.pos,
+                            path,
+                            problem.what,
+                        )
                         self._lost(1)
                         pos = problem.skip_to
                     elif problem is not None:
-                        self.log.error("DISKQUEUE(%s): %s at %d of %s: the rest of that file cannot be read",
-                                       self.name, problem, pos, path)
+                        self.log.error(
+                            "DISKQUEUE(%s): %s at %d of %s: the rest of that file cannot be read",
+                            self.name,
+                            problem,
+                            pos,
+                            path,
+                        )
                         self._lost(0)
                         break
                 lost = reader.lost_at_end()
                 if lost:
-                    self.log.error("DISKQUEUE(%s): %s ends at %d but its checksums list %d more record(s): lost",
-                                   self.name, path, pos, lost)
+                    self.log.error(
+                        "DISKQUEUE(%s): %s ends at %d but its checksums list %d more record(s): lost",
+                        self.name,
+                        path,
+                        pos,
+                        lost,
+                    )
                     self._lost(lost)
                 reader.close()
-                self.files = files[index + 1:]
+                self.files = files[index + 1 :]
         finally:
             self.close()
 

@@ -124,6 +124,6 @@ Not here: ordering, exactly-once; a partition that makes both sides deliver give
 
 from .host import ReplicaHost as ReplicaHost
 from .sender import Replicator as Replicator
-from .store import ReplicaStore as ReplicaStore
 from .sender import attach_channel as attach_channel
 from .sender import attach_replication as attach_replication
+from .store import ReplicaStore as ReplicaStore

@@ -70,12 +70,16 @@ def place(nsqd, topic_name: str, batch: list) -> int:
         for channel in channels:
             if channel.ephemeral:
                 continue
-            done = [m for m, (_, finished, _r) in zip(messages, batch)
-                    if finished is not None and channel.name in finished]
+            done = [
+                m for m, (_, finished, _r) in zip(messages, batch) if finished is not None and channel.name in finished
+            ]
             if done:
                 replication.finished(topic_name, channel.name, done)
-            again = [(m.id, *requeued[channel.name]) for m, (_, finished, requeued) in zip(messages, batch)
-                     if requeued and channel.name in requeued and (finished is None or channel.name not in finished)]
+            again = [
+                (m.id, *requeued[channel.name])
+                for m, (_, finished, requeued) in zip(messages, batch)
+                if requeued and channel.name in requeued and (finished is None or channel.name not in finished)
+            ]
             if again:
                 replication.requeued(topic_name, channel.name, again)
     return len(messages)
@@ -118,10 +122,16 @@ def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> t
             continue
         found += len(drop)
         names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
-        keep = [(message, None if holders[msg_id] is None else names - holders[msg_id], None)
-                for msg_id, message in messages.items() if msg_id not in drop]
-        spans = [(channel, channel.log.committed, channel.log.end) for channel in topic.channels.values()
-                 if channel.log is not None and channel.log.end > channel.log.committed]
+        keep = [
+            (message, None if holders[msg_id] is None else names - holders[msg_id], None)
+            for msg_id, message in messages.items()
+            if msg_id not in drop
+        ]
+        spans = [
+            (channel, channel.log.committed, channel.log.end)
+            for channel in topic.channels.values()
+            if channel.log is not None and channel.log.end > channel.log.committed
+        ]
         topic.empty()
         for channel in topic.channels.values():
             channel.empty()
@@ -129,8 +139,9 @@ def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> t
         for channel, committed, end in spans:
             # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader that stands in [from, through) goes on at
             # ``through`` (the messages are the replica's now), not a loss
-            note_takeover(channel, "handed_over", {"by": peer, "epoch": epoch, "time": now, "from": committed,
-                                                   "through": end})
+            note_takeover(
+                channel, "handed_over", {"by": peer, "epoch": epoch, "time": now, "from": committed, "through": end}
+            )
         kept += place(nsqd, topic.name, keep)
     return found, kept
 
@@ -146,8 +157,10 @@ def _holdings(topic):
             continue
         in_flight = [channel.in_flight.get(msg_id) for msg_id in channel.in_flight]
         yield channel.name, [_replicated(m) for m in [*channel.queue, *in_flight] if m is not None]
-        yield channel.name, [_replicated(m, now_ns + int(max(due - now, 0) * 1e9))
-                             for due, m in channel.deferred.entries()]
+        yield (
+            channel.name,
+            [_replicated(m, now_ns + int(max(due - now, 0) * 1e9)) for due, m in channel.deferred.entries()],
+        )
         yield channel.name, _backlog(channel.backend, channel.deferred_index)
         if channel.log is not None:
             yield channel.name, _log_backlog(channel.log)
@@ -167,8 +180,16 @@ def _backlog(queue, index) -> list[ReplicatedMessage]:
     due = index.due if index is not None else {}
     out = []
     for batch in QueueSpan(queue, log=log).records(4096):
-        out.extend(map(ReplicatedMessage, batch.ids, batch.timestamps, batch.attempts,
-                       [due.get(msg_id, 0) for msg_id in batch.ids], batch.bodies))
+        out.extend(
+            map(
+                ReplicatedMessage,
+                batch.ids,
+                batch.timestamps,
+                batch.attempts,
+                [due.get(msg_id, 0) for msg_id in batch.ids],
+                batch.bodies,
+            )
+        )
     return out
 
 
@@ -180,8 +201,10 @@ def _log_backlog(channel_log) -> list[ReplicatedMessage]:
     try:
         while offset < end:
             frame = decode_range(channel_log.read(offset, end, 1 << 22))
-            out.extend(ReplicatedMessage(msg_id, timestamp, attempts, 0, body)
-                       for _offset, msg_id, timestamp, attempts, body in frame.messages())
+            out.extend(
+                ReplicatedMessage(msg_id, timestamp, attempts, 0, body)
+                for _offset, msg_id, timestamp, attempts, body in frame.messages()
+            )
             offset = frame.next
     except OSError as exc:
         log.error("REPLICATION: could not read the log of %s - %s", channel_log.name, exc)
@@ -210,7 +233,7 @@ class AdoptedIds:
         except FileNotFoundError:
             return []
         size = len(raw) - len(raw) % ID_SIZE  # a write cut short by a crash leaves a partial id: ignored
-        return [raw[i:i + ID_SIZE] for i in range(0, size, ID_SIZE)]
+        return [raw[i : i + ID_SIZE] for i in range(0, size, ID_SIZE)]
 
     def clear(self) -> None:
         try:

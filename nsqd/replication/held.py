@@ -53,7 +53,7 @@ class _Span:
         """Those of ``run`` (sorted, within ``lo``..``hi``) this span holds."""
         ids = self.ids
         start = bisect_left(ids, run[0])
-        if ids[start:start + len(run)] != tuple(run):  # not a contiguous part of the span: look at each ID
+        if ids[start : start + len(run)] != tuple(run):  # not a contiguous part of the span: look at each ID
             members = self.members
             if members is None:
                 members = self.members = frozenset(ids)
@@ -119,8 +119,11 @@ class HeldIndex:
             return ()
         loose = self._loose
         lo, hi = ids[0], ids[-1]
-        if ((len(ids) == 1 or all(map(lt, ids, islice(ids, 1, None)))) and not self._overlaps(lo, hi)
-                and (not loose or loose.keys().isdisjoint(ids))):
+        if (
+            (len(ids) == 1 or all(map(lt, ids, islice(ids, 1, None))))
+            and not self._overlaps(lo, hi)
+            and (not loose or loose.keys().isdisjoint(ids))
+        ):
             span = _Span(token, ids)
             at = bisect_right(self._los, lo)
             self._los.insert(at, lo)

@@ -24,10 +24,10 @@ from protocol.replication import (
     E_BAD_HELLO,
     E_BAD_SEQ,
     E_NODE_CONFLICT,
-    PROTOCOL_VERSION_MIN,
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
     MAGIC_R1,
+    PROTOCOL_VERSION_MIN,
     Ack,
     Adopted,
     ChannelOp,
@@ -115,8 +115,18 @@ class OriginStatistics:
 
 
 class _Origin:
-    __slots__ = ("node", "store", "connected", "down_since", "down_at", "cancel", "session", "generation", "probe_at",
-                 "probing")
+    __slots__ = (
+        "node",
+        "store",
+        "connected",
+        "down_since",
+        "down_at",
+        "cancel",
+        "session",
+        "generation",
+        "probe_at",
+        "probing",
+    )
 
     def __init__(self, node: str, store: ReplicaStore) -> None:
         self.node = node
@@ -172,9 +182,14 @@ class ReplicaHost:
 
     def _open_store(self, node: str) -> ReplicaStore:
         opts = self.opts
-        return ReplicaStore(node, self.nsqd.data_path, durable=self.nsqd.durable,
-                            max_record_size=opts.max_body_size + (1 << 20),
-                            max_bytes_per_file=opts.max_bytes_per_file, sync_timeout=opts.sync_timeout)
+        return ReplicaStore(
+            node,
+            self.nsqd.data_path,
+            durable=self.nsqd.durable,
+            max_record_size=opts.max_body_size + (1 << 20),
+            max_bytes_per_file=opts.max_bytes_per_file,
+            sync_timeout=opts.sync_timeout,
+        )
 
     def load(self) -> None:
         """Open the stores left in the data directory (start-up)."""
@@ -230,8 +245,9 @@ class ReplicaHost:
             if hello.node == self.node:
                 raise ProtocolError(E_NODE_CONFLICT, f"node {hello.node} is this node")
             # the stream speaks the newest version both ends speak: an older origin gets only its own frames
-            version = decoder.version = negotiate(self.nsqd.replication_version, PROTOCOL_VERSION_MIN,
-                                                  hello.version, hello.min_version)
+            version = decoder.version = negotiate(
+                self.nsqd.replication_version, PROTOCOL_VERSION_MIN, hello.version, hello.min_version
+            )
             await self._confirm(hello, tls)
             origin = self._claim(hello)
             generation = origin.generation
@@ -240,24 +256,49 @@ class ReplicaHost:
             if not hello.clean and store.held and hello.session != store.session:
                 # the origin may have lost acknowledged messages (killed without durable mode, or back with an
                 # empty directory): what is held here is delivered here; the epoch tells the origin to drop its own
-                log.warning("REPLICATION: origin %s is back without all of its messages: taking over what is "
-                            "held here", hello.node)
+                log.warning(
+                    "REPLICATION: origin %s is back without all of its messages: taking over what is held here",
+                    hello.node,
+                )
                 self.takeover(hello.node)
-            log.info("REPLICATION: [%s] origin %s connected (session %s, epoch %d)", remote, hello.node,
-                     hello.session, hello.epoch)
+            log.info(
+                "REPLICATION: [%s] origin %s connected (session %s, epoch %d)",
+                remote,
+                hello.node,
+                hello.session,
+                hello.epoch,
+            )
             adopted = AdoptedIds(self.nsqd.data_path, hello.node)
             ids = adopted.load()
-            await stream.send_all(encode(Welcome(self.node, store.session, store.seq, store.epoch,
-                                                 len(store.held), adopted=len(ids), version=version)))
+            await stream.send_all(
+                encode(
+                    Welcome(
+                        self.node,
+                        store.session,
+                        store.seq,
+                        store.epoch,
+                        len(store.held),
+                        adopted=len(ids),
+                        version=version,
+                    )
+                )
+            )
             for start in range(0, len(ids), FRAME_IDS):  # what the origin must not deliver again
-                await stream.send_all(encode(Adopted(tuple(ids[start:start + FRAME_IDS]))))
+                await stream.send_all(encode(Adopted(tuple(ids[start : start + FRAME_IDS]))))
             if hello.node_id == self.opts.node_id:
-                log.warning("REPLICATION: origin %s has this node's --node-id %d: the message IDs of adopted "
-                            "messages may collide with this node's own; give every node its own --node-id",
-                            hello.node, hello.node_id)
+                log.warning(
+                    "REPLICATION: origin %s has this node's --node-id %d: the message IDs of adopted "
+                    "messages may collide with this node's own; give every node its own --node-id",
+                    hello.node,
+                    hello.node_id,
+                )
             if hello.epoch < store.epoch:
-                log.warning("REPLICATION: origin %s returns with epoch %d: its messages were adopted here "
-                            "(epoch %d)", hello.node, hello.epoch, store.epoch)
+                log.warning(
+                    "REPLICATION: origin %s returns with epoch %d: its messages were adopted here (epoch %d)",
+                    hello.node,
+                    hello.epoch,
+                    store.epoch,
+                )
             with trio.CancelScope() as origin.cancel:
                 if ids:  # the origin reads the whole list before it sends anything: then it may go
                     data = b""
@@ -289,8 +330,7 @@ class ReplicaHost:
                 origin.down_at = trio.current_time()
                 self._wake.set()
                 if origin.store.held:
-                    log.info("REPLICATION: origin %s gone, holding %d message(s)", origin.node,
-                             len(origin.store.held))
+                    log.info("REPLICATION: origin %s gone, holding %d message(s)", origin.node, len(origin.store.held))
 
     async def _confirm(self, hello: Hello, tls: bool) -> None:
         """Whether the node a HELLO names sent it: the replica asks that address, on a connection of its own
@@ -353,8 +393,7 @@ class ReplicaHost:
         origin.probe_at = 0.0
         return origin
 
-    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder,
-                      version: int) -> None:
+    async def _stream(self, origin: _Origin, session: str, stream, decoder: ReplicationDecoder, version: int) -> None:
         """Store what each receive buffer holds, then answer it: ACK of the last seq, or a heartbeat for a
         heartbeat. A session this replica knows resumes with the next seq; otherwise the stream opens with a
         backfill (data frames of seq 0, then SYNCED), after which messages not in it are released."""
@@ -424,11 +463,14 @@ class ReplicaHost:
                 if store.damaged != damaged:
                     # reading back what it stored, the store found records damaged (it forgot the session):
                     # the origin reconnects at once and sends a new backfill
-                    raise ProtocolError(E_STORE_FAILED, "records of the store found damaged: a new backfill is "
-                                                        "needed")
+                    raise ProtocolError(E_STORE_FAILED, "records of the store found damaged: a new backfill is needed")
                 if synced:
-                    log.info("REPLICATION: origin %s backfilled: %d message(s) held, %d released", origin.node,
-                             len(store.held), store.backfill_released)
+                    log.info(
+                        "REPLICATION: origin %s backfilled: %d message(s) held, %d released",
+                        origin.node,
+                        len(store.held),
+                        store.backfill_released,
+                    )
                 if restore_for is not None:
                     await self._restore(origin, stream, restore_for)
                 with trio.move_on_after(silence) as scope:
@@ -457,8 +499,12 @@ class ReplicaHost:
             finally:
                 copies.close()
         await stream.send_all(encode(Restored(seq)))
-        log.warning("REPLICATION: origin %s found its files damaged: sent back %d cop(ies) it had lost (%d "
-                    "wanted)", origin.node, sent, wanted)
+        log.warning(
+            "REPLICATION: origin %s found its files damaged: sent back %d cop(ies) it had lost (%d wanted)",
+            origin.node,
+            sent,
+            wanted,
+        )
 
     @staticmethod
     def _on_disk(step, *args) -> None:
@@ -518,15 +564,25 @@ class ReplicaHost:
         if unreachable is None:
             if silent < REACHABLE_GRACE:
                 if not origin.probe_at:
-                    log.info("REPLICATION: origin %s silent for %g s but accepting connections: waiting for its "
-                             "stream", origin.node, timeout)
+                    log.info(
+                        "REPLICATION: origin %s silent for %g s but accepting connections: waiting for its stream",
+                        origin.node,
+                        timeout,
+                    )
                 origin.probe_at = now + max(timeout, 0.5)
                 return
-            log.warning("REPLICATION: origin %s silent for %g s though it accepts connections, taking over",
-                        origin.node, REACHABLE_GRACE)
+            log.warning(
+                "REPLICATION: origin %s silent for %g s though it accepts connections, taking over",
+                origin.node,
+                REACHABLE_GRACE,
+            )
         else:
-            log.warning("REPLICATION: origin %s silent for %g s and unreachable (%s), taking over", origin.node,
-                        timeout, unreachable)
+            log.warning(
+                "REPLICATION: origin %s silent for %g s and unreachable (%s), taking over",
+                origin.node,
+                timeout,
+                unreachable,
+            )
         self.takeover(origin.node)
 
     def takeover(self, node: str) -> int:
@@ -552,13 +608,19 @@ class ReplicaHost:
                     try:
                         channel.make_log()
                     except OSError as exc:
-                        log.error("REPLICATION: could not make %s:%s a log channel, its adopted messages wait "
-                                  "as an ordinary backlog (LOG converts it) - %s", name, channel_name, exc)
+                        log.error(
+                            "REPLICATION: could not make %s:%s a log channel, its adopted messages wait "
+                            "as an ordinary backlog (LOG converts it) - %s",
+                            name,
+                            channel_name,
+                            exc,
+                        )
             if paused and not topic.paused:
                 topic.pause()
         # the log channels' ends before the adopted messages go in: where each one's adopted offsets begin
-        logs = [channel for name in states for channel in nsqd.topics[name].channels.values()
-                if channel.log is not None]
+        logs = [
+            channel for name in states for channel in nsqd.topics[name].channels.values() if channel.log is not None
+        ]
         ends = [channel.log.end for channel in logs]
         adopted: list[bytes] = []
         for topic_name, batch in store.adopt():
@@ -568,8 +630,18 @@ class ReplicaHost:
         store.epoch += 1
         for channel, before in zip(logs, ends):
             # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader of the origin finds its messages here
-            note_takeover(channel, "adopted", {"node": node, "epoch": store.epoch, "time": int(time.time()),
-                                       "from": before, "to": channel.log.end, "settled": False})
+            note_takeover(
+                channel,
+                "adopted",
+                {
+                    "node": node,
+                    "epoch": store.epoch,
+                    "time": int(time.time()),
+                    "from": before,
+                    "to": channel.log.end,
+                    "settled": False,
+                },
+            )
         store.remove()
         self.takeovers += 1
         self.adopted_messages += count
@@ -587,8 +659,9 @@ class ReplicaHost:
                     try:
                         channel.log.settle_adopted(node)
                     except OSError as exc:
-                        log.error("REPLICATION: could not note in %s that origin %s is back - %s",
-                                  channel.log.name, node, exc)
+                        log.error(
+                            "REPLICATION: could not note in %s that origin %s is back - %s", channel.log.name, node, exc
+                        )
 
     # -- statistics ------------------------------------------------------------------------------------------------
     def statistics(self) -> list[OriginStatistics]:
@@ -597,9 +670,17 @@ class ReplicaHost:
             store = origin.store
             store.apply()
             state = "connected" if origin.connected else ("gone" if store.held else "idle")
-            out.append(OriginStatistics(node=node, state=state, held_messages=len(store.held),
-                                        held_bytes=store.held_bytes, topics=len(store.topics), epoch=store.epoch,
-                                        seq=store.seq, down_since=origin.down_since,
-                                        damaged_records=store.damaged))
+            out.append(
+                OriginStatistics(
+                    node=node,
+                    state=state,
+                    held_messages=len(store.held),
+                    held_bytes=store.held_bytes,
+                    topics=len(store.topics),
+                    epoch=store.epoch,
+                    seq=store.seq,
+                    down_since=origin.down_since,
+                    damaged_records=store.damaged,
+                )
+            )
         return out
-

@@ -33,20 +33,18 @@ from operator import attrgetter
 import trio
 
 from protocol.errors import ProtocolError
-
-from ..queues.atomic_file import replace_file
 from protocol.replication import (
     E_BAD_VERSION,
     HEARTBEAT_FRAME,
     MAGIC_R1,
-    PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
-    Ack,
-    Adopted,
     OP_CREATED,
     OP_LOG,
     OP_PAUSED,
     OP_VERSIONS,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
+    Ack,
+    Adopted,
     ChannelOp,
     Error,
     Finished,
@@ -65,8 +63,18 @@ from protocol.replication import (
     encode_published,
 )
 
-__all__ = ["Replicator", "PeerStatistics", "ReplicatorStatistics", "attach_channel", "attach_replication", "load_state",
-           "receive_event", "save_state"]
+from ..queues.atomic_file import replace_file
+
+__all__ = [
+    "Replicator",
+    "PeerStatistics",
+    "ReplicatorStatistics",
+    "attach_channel",
+    "attach_replication",
+    "load_state",
+    "receive_event",
+    "save_state",
+]
 
 log = logging.getLogger("nsqd")
 _message_id = attrgetter("id")
@@ -123,9 +131,33 @@ class ReplicatorStatistics:
 
 
 class _Peer:
-    __slots__ = ("address", "host", "port", "state", "node", "acked", "sent", "wake", "lagging", "last_heard",
-                 "synced", "welcomed", "unreachable", "failure", "fd", "sending", "tail", "early", "receiving",
-                 "version", "round_trip", "heal", "declared", "marks", "scope")
+    __slots__ = (
+        "address",
+        "host",
+        "port",
+        "state",
+        "node",
+        "acked",
+        "sent",
+        "wake",
+        "lagging",
+        "last_heard",
+        "synced",
+        "welcomed",
+        "unreachable",
+        "failure",
+        "fd",
+        "sending",
+        "tail",
+        "early",
+        "receiving",
+        "version",
+        "round_trip",
+        "heal",
+        "declared",
+        "marks",
+        "scope",
+    )
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -230,9 +262,23 @@ class _AckReader:
 class Replicator:
     """The origin's replication (``NSQD.replication`` when ``--replicate-to`` is given)."""
 
-    def __init__(self, node: str, peers: list[str], *, acks: int, degraded: str, durable: bool, epoch: int = 0,
-                 ssl_context=None, snapshot=None, on_adopted=None, node_id: int = 0, clean: bool = False,
-                 version: int = PROTOCOL_VERSION, on_restore=None) -> None:
+    def __init__(
+        self,
+        node: str,
+        peers: list[str],
+        *,
+        acks: int,
+        degraded: str,
+        durable: bool,
+        epoch: int = 0,
+        ssl_context=None,
+        snapshot=None,
+        on_adopted=None,
+        node_id: int = 0,
+        clean: bool = False,
+        version: int = PROTOCOL_VERSION,
+        on_restore=None,
+    ) -> None:
         self.node = node
         #: the newest protocol version this node speaks (below ``PROTOCOL_VERSION`` only when capped for a test)
         self.version = version
@@ -299,14 +345,22 @@ class Replicator:
         if not silent:
             return
         if len(silent) == len(self.peers) and all(peer.unreachable is not None for peer in silent):
-            log.warning("REPLICATION: no peer reachable at start-up: delivering the messages this node holds "
-                        "(at-least-once)")
+            log.warning(
+                "REPLICATION: no peer reachable at start-up: delivering the messages this node holds (at-least-once)"
+            )
             return
         for peer in silent:
-            why = (f"unreachable ({peer.unreachable})" if peer.unreachable is not None
-                   else f"did not answer within {timeout:g} s ({peer.failure or 'no WELCOME yet'})")
-            log.warning("REPLICATION: peer %s %s at start-up: delivering the messages this node holds, any it "
-                        "adopted included (at-least-once)", peer.address, why)
+            why = (
+                f"unreachable ({peer.unreachable})"
+                if peer.unreachable is not None
+                else f"did not answer within {timeout:g} s ({peer.failure or 'no WELCOME yet'})"
+            )
+            log.warning(
+                "REPLICATION: peer %s %s at start-up: delivering the messages this node holds, any it "
+                "adopted included (at-least-once)",
+                peer.address,
+                why,
+            )
 
     def _check_started(self) -> None:
         if all(peer.welcomed or peer.unreachable is not None for peer in self.peers):
@@ -314,12 +368,15 @@ class Replicator:
 
     def offer(self, topic: str, messages) -> int:
         """A published batch of ``nsqd.message.Message``: one MESSAGES frame; returns its seq."""
-        records = [(m.id, m.timestamp, m.attempts, m.timestamp + int(m.defer * 1e9) if m.defer else 0, m.body)
-                   for m in messages]
+        records = [
+            (m.id, m.timestamp, m.attempts, m.timestamp + int(m.defer * 1e9) if m.defer else 0, m.body)
+            for m in messages
+        ]
         return self.offer_records(topic, records)
 
-    def offer_published(self, topic: str, ids: list[bytes], bodies: list[bytes], timestamp: int,
-                        defer: float = 0.0) -> int:
+    def offer_published(
+        self, topic: str, ids: list[bytes], bodies: list[bytes], timestamp: int, defer: float = 0.0
+    ) -> int:
         """A published batch (``Topic.publish``: one timestamp and delay for all): one MESSAGES frame built from
         the IDs and bodies as they are, without a step per message; returns its seq."""
         self.seq += 1
@@ -383,8 +440,14 @@ class Replicator:
         direct = len(frame) >= DIRECT_SIZE
         fallback = seq in self._fallbacks
         for peer in self.peers:
-            if (peer.fd < 0 or peer.sent != seq - 1 or peer.sending or peer.tail is not None
-                    or not (direct or peer.acked == peer.sent) or (fallback and not peer.log_channels)):
+            if (
+                peer.fd < 0
+                or peer.sent != seq - 1
+                or peer.sending
+                or peer.tail is not None
+                or not (direct or peer.acked == peer.sent)
+                or (fallback and not peer.log_channels)
+            ):
                 peer.wake.set()
                 continue
             # the peer has everything before this frame and no write is under way, and the frame is a large batch
@@ -415,7 +478,7 @@ class Replicator:
             for (topic, channel), rows in buffer.items():
                 for start in range(0, len(rows), FIN_BATCH):
                     self.seq += 1
-                    frame = encode(event(self.seq, topic, channel, tuple(rows[start:start + FIN_BATCH])))
+                    frame = encode(event(self.seq, topic, channel, tuple(rows[start : start + FIN_BATCH])))
                     self._outbox.append((self.seq, frame, 0))
                     self._outbox_bytes += len(frame)
         if self._outbox_bytes > OUTBOX_LIMIT:
@@ -470,9 +533,12 @@ class Replicator:
         degraded = connected < self.acks_required
         if degraded != self.degraded:
             if degraded:
-                log.warning("REPLICATION: degraded: %d of %d required peer(s) connected (%s)", connected,
-                            self.acks_required, "refusing publishes" if self.degraded_mode == "refuse"
-                            else "accepting publishes unreplicated")
+                log.warning(
+                    "REPLICATION: degraded: %d of %d required peer(s) connected (%s)",
+                    connected,
+                    self.acks_required,
+                    "refusing publishes" if self.degraded_mode == "refuse" else "accepting publishes unreplicated",
+                )
             else:
                 log.info("REPLICATION: %d peer(s) connected, publishes are replicated", connected)
         degraded_changed = degraded != self.degraded
@@ -499,8 +565,11 @@ class Replicator:
                 for peer in peers:
                     if peer.acked < seq and not peer.lagging:
                         peer.lagging = True
-                        log.error("REPLICATION: peer %s fell %d bytes behind: frames dropped, it needs a backfill",
-                                  peer.address, OUTBOX_LIMIT)
+                        log.error(
+                            "REPLICATION: peer %s fell %d bytes behind: frames dropped, it needs a backfill",
+                            peer.address,
+                            OUTBOX_LIMIT,
+                        )
 
     # -- running ------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -518,8 +587,13 @@ class Replicator:
                 with trio.CancelScope() as peer.scope:
                     await self._session(peer)
                 delay = RETRY_MIN
-            except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
-                     ProtocolError) as group:
+            except* (
+                OSError,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+                trio.TooSlowError,
+                ProtocolError,
+            ) as group:
                 exc = group.exceptions[0]
                 while isinstance(exc, BaseExceptionGroup):
                     exc = exc.exceptions[0]
@@ -552,9 +626,20 @@ class Replicator:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     await stream.do_handshake()
             decoder = ReplicationDecoder(version=self.version)
-            await stream.send_all(encode(Hello(self.node, self.session, self.epoch, self.durable,
-                                               node_id=self.node_id, clean=self.clean, version=self.version,
-                                               min_version=PROTOCOL_VERSION_MIN)))
+            await stream.send_all(
+                encode(
+                    Hello(
+                        self.node,
+                        self.session,
+                        self.epoch,
+                        self.durable,
+                        node_id=self.node_id,
+                        clean=self.clean,
+                        version=self.version,
+                        min_version=PROTOCOL_VERSION_MIN,
+                    )
+                )
+            )
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:
@@ -562,8 +647,11 @@ class Replicator:
             if type(welcome) is not Welcome:
                 raise ProtocolError("E_BAD_PROTOCOL", f"expected WELCOME, got {type(welcome).__name__}")
             if not PROTOCOL_VERSION_MIN <= welcome.version <= self.version:
-                raise ProtocolError(E_BAD_VERSION, f"the replica chose protocol version {welcome.version}, this node "
-                                                   f"speaks {PROTOCOL_VERSION_MIN}-{self.version}")
+                raise ProtocolError(
+                    E_BAD_VERSION,
+                    f"the replica chose protocol version {welcome.version}, this node "
+                    f"speaks {PROTOCOL_VERSION_MIN}-{self.version}",
+                )
             # from here on this stream speaks the version the replica chose: no frame of a later one either way
             decoder.version = peer.version = welcome.version
             peer.round_trip = None
@@ -580,8 +668,9 @@ class Replicator:
             if welcome.session == self.session and welcome.seq + 1 >= first and not peer.heal:
                 peer.sent = peer.acked = max(welcome.seq, peer.acked)  # a reconnection: resume after it
                 peer.state = "connected"
-                log.info("REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node,
-                         peer.sent)
+                log.info(
+                    "REPLICATION: peer %s (%s) connected, resuming after seq %d", peer.address, welcome.node, peer.sent
+                )
             else:
                 # the peer does not hold this session's stream: it gets everything this node holds unfinished
                 # first, and counts toward the acks once it acknowledged the end of that (SYNCED)
@@ -591,8 +680,12 @@ class Replicator:
                 peer.acked = 0
                 peer.lagging = False
                 peer.state = "backfilling"
-                log.info("REPLICATION: peer %s (%s) connected, backfill up to seq %d", peer.address, welcome.node,
-                         peer.synced)
+                log.info(
+                    "REPLICATION: peer %s (%s) connected, backfill up to seq %d",
+                    peer.address,
+                    welcome.node,
+                    peer.synced,
+                )
             peer.welcomed = True
             self._check_started()
             self._peer_changed()
@@ -663,15 +756,22 @@ class Replicator:
         if not peer.heal:
             peer.declared = ()
         elif peer.version < 2:
-            log.error("REPLICATION: peer %s speaks protocol version %d, which cannot send back the copies this node "
-                      "lost from its damaged queues (%s): they are lost", peer.address, peer.version,
-                      ", ".join(f"{t}:{c}" if c else t for t, c in sorted(peer.heal)))
+            log.error(
+                "REPLICATION: peer %s speaks protocol version %d, which cannot send back the copies this node "
+                "lost from its damaged queues (%s): they are lost",
+                peer.address,
+                peer.version,
+                ", ".join(f"{t}:{c}" if c else t for t, c in sorted(peer.heal)),
+            )
             peer.heal.clear()
             peer.declared = ()
         else:
             peer.declared = tuple(sorted(peer.heal))
-            log.warning("REPLICATION: asking peer %s for the copies this node lost from its damaged queues: %s",
-                        peer.address, ", ".join(f"{t}:{c}" if c else t for t, c in peer.declared))
+            log.warning(
+                "REPLICATION: asking peer %s for the copies this node lost from its damaged queues: %s",
+                peer.address,
+                ", ".join(f"{t}:{c}" if c else t for t, c in peer.declared),
+            )
         return peer.declared
 
     def _on_restore(self, peer: _Peer, event) -> None:
@@ -697,8 +797,12 @@ class Replicator:
                 continue
             peer.heal.add((topic, channel))
             if peer.scope is not None and peer.state in ("connected", "backfilling"):
-                log.warning("REPLICATION: %s found damaged at %d,%d: peer %s gets a new backfill to send back its "
-                            "copies", name, *where, peer.address)
+                log.warning(
+                    "REPLICATION: %s found damaged at %d,%d: peer %s gets a new backfill to send back its copies",
+                    name,
+                    *where,
+                    peer.address,
+                )
                 peer.scope.cancel()
 
     def _on_ack(self, peer: _Peer, seq: int) -> None:
@@ -729,8 +833,9 @@ class Replicator:
             if not outbox or outbox[-1][0] <= peer.sent:
                 # an idle stream's heartbeat: a PING to a peer that speaks version 2 (its PONG gives the round
                 # trip), the empty HEARTBEAT of version 1 to one that does not
-                await self._send(peer, stream, encode(Ping(time.monotonic_ns())) if peer.version >= 2
-                                 else HEARTBEAT_FRAME)
+                await self._send(
+                    peer, stream, encode(Ping(time.monotonic_ns())) if peer.version >= 2 else HEARTBEAT_FRAME
+                )
                 continue
             start = peer.sent + 1 - outbox[0][0]
             if start < 0:
@@ -771,18 +876,33 @@ class Replicator:
         peers = []
         for peer in self.peers:
             pending = [(len(frame), n) for seq, frame, n in outbox if seq > peer.acked]
-            peers.append(PeerStatistics(
-                address=peer.address, state=peer.state, node=peer.node, acked=peer.acked, sent=peer.sent,
-                pending_frames=len(pending), pending_bytes=sum(size for size, _ in pending),
-                pending_messages=sum(n for _, n in pending), lagging=peer.lagging, version=peer.version,
-                round_trip_ms=None if peer.round_trip is None else round(peer.round_trip * 1000, 3)))
-        return ReplicatorStatistics(node=self.node, acks_required=self.acks_required,
-                                    degraded_mode=self.degraded_mode, degraded=self.degraded, seq=self.seq,
-                                    acked=self.acked, peers=tuple(peers),
-                                    unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
-                                    accepted_unreplicated=self.accepted_unreplicated,
-                                    restored_messages=self.restored_messages)
-
+            peers.append(
+                PeerStatistics(
+                    address=peer.address,
+                    state=peer.state,
+                    node=peer.node,
+                    acked=peer.acked,
+                    sent=peer.sent,
+                    pending_frames=len(pending),
+                    pending_bytes=sum(size for size, _ in pending),
+                    pending_messages=sum(n for _, n in pending),
+                    lagging=peer.lagging,
+                    version=peer.version,
+                    round_trip_ms=None if peer.round_trip is None else round(peer.round_trip * 1000, 3),
+                )
+            )
+        return ReplicatorStatistics(
+            node=self.node,
+            acks_required=self.acks_required,
+            degraded_mode=self.degraded_mode,
+            degraded=self.degraded,
+            seq=self.seq,
+            acked=self.acked,
+            peers=tuple(peers),
+            unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
+            accepted_unreplicated=self.accepted_unreplicated,
+            restored_messages=self.restored_messages,
+        )
 
 
 def _on_pong(peer: _Peer, pong: Pong) -> None:

@@ -186,8 +186,7 @@ class Backfill:
         self.count += len(batch)
         if not channel:
             return encode_messages(0, topic, batch)
-        rows = tuple((msg_id, attempts, due_ns) for msg_id, _ts, attempts, due_ns, _body in batch
-                     if attempts or due_ns)
+        rows = tuple((msg_id, attempts, due_ns) for msg_id, _ts, attempts, due_ns, _body in batch if attempts or due_ns)
         if not rows:
             return encode_messages(0, topic, batch, channel)
         plain = [(msg_id, timestamp, 0, 0, body) for msg_id, timestamp, _a, _d, body in batch]
@@ -195,7 +194,7 @@ class Backfill:
 
     async def _memory_frames(self, topic: str, channel: str, items: list):
         for start in range(0, len(items), BATCH):
-            batch = [_message_tuple(m, due_ns) for m, due_ns in items[start:start + BATCH] if m is not None]
+            batch = [_message_tuple(m, due_ns) for m, due_ns in items[start : start + BATCH] if m is not None]
             if batch:
                 yield self._frames(topic, channel, batch)
             await trio.lowlevel.checkpoint()
@@ -215,11 +214,13 @@ class Backfill:
             except OSError as exc:
                 log.error("REPLICATION: could not read the log of %s:%s for a backfill - %s", topic, channel, exc)
                 return
-            batch = [(msg_id, timestamp, attempts, 0, body)
-                     for _offset, msg_id, timestamp, attempts, body in frame.messages()]
+            batch = [
+                (msg_id, timestamp, attempts, 0, body)
+                for _offset, msg_id, timestamp, attempts, body in frame.messages()
+            ]
             offset = frame.next
             for start in range(0, len(batch), BATCH):
-                yield self._frames(topic, channel, batch[start:start + BATCH])
+                yield self._frames(topic, channel, batch[start : start + BATCH])
             await trio.lowlevel.checkpoint()
 
     async def _disk_frames(self, topic: str, channel: str, span: _Span):
@@ -229,11 +230,22 @@ class Backfill:
         due = span.due
         records = span.records
         for batch in records.records(BATCH):
-            yield self._frames(topic, channel, [
-                (msg_id, timestamp, attempts, due.get(msg_id, 0), body) for msg_id, timestamp, attempts, body
-                in zip(batch.ids, batch.timestamps, batch.attempts, batch.bodies)])
+            yield self._frames(
+                topic,
+                channel,
+                [
+                    (msg_id, timestamp, attempts, due.get(msg_id, 0), body)
+                    for msg_id, timestamp, attempts, body in zip(
+                        batch.ids, batch.timestamps, batch.attempts, batch.bodies
+                    )
+                ],
+            )
             await trio.lowlevel.checkpoint()
         if records.found:
             self.damaged.add((topic, channel))
-            log.error("REPLICATION: the backfill found %d record(s) of %s damaged or lost: the replica is asked for "
-                      "its copies", records.damaged, f"{topic}:{channel}" if channel else topic)
+            log.error(
+                "REPLICATION: the backfill found %d record(s) of %s damaged or lost: the replica is asked for "
+                "its copies",
+                records.damaged,
+                f"{topic}:{channel}" if channel else topic,
+            )

@@ -15,7 +15,11 @@ from .host import OriginStatistics
 from .sender import ReplicatorStatistics
 
 __all__ = [
-    "ReplicationStats", "collect_replication", "replication_json", "replication_metrics", "replication_text",
+    "ReplicationStats",
+    "collect_replication",
+    "replication_json",
+    "replication_metrics",
+    "replication_text",
 ]
 
 
@@ -69,22 +73,31 @@ def replication_json(stats: ReplicationStats) -> dict:
 
 def replication_text(stats: ReplicationStats) -> list[str]:
     doc = replication_json(stats)
-    out = ["", f"Replication: {doc['state']} (node {doc['node']}, acks {doc['acks_required']}, "
-               f"degraded: {doc['degraded_mode'] or '-'}, unreplicated: {doc['unreplicated_messages']})"]
+    out = [
+        "",
+        f"Replication: {doc['state']} (node {doc['node']}, acks {doc['acks_required']}, "
+        f"degraded: {doc['degraded_mode'] or '-'}, unreplicated: {doc['unreplicated_messages']})",
+    ]
     for p in doc["peers"]:
-        out.append(f"   peer [{p['address']:<21}] state: {p['state']:<10} acked: {p['acked']:<8} "
-                   f"pending: {p['pending_messages']} msgs / {p['pending_bytes']} bytes protocol: v{p['version']}"
-                   + (f" round trip: {p['round_trip_ms']} ms" if p["round_trip_ms"] is not None else "")
-                   + (" LAGGING (needs backfill)" if p["lagging"] else ""))
+        out.append(
+            f"   peer [{p['address']:<21}] state: {p['state']:<10} acked: {p['acked']:<8} "
+            f"pending: {p['pending_messages']} msgs / {p['pending_bytes']} bytes protocol: v{p['version']}"
+            + (f" round trip: {p['round_trip_ms']} ms" if p["round_trip_ms"] is not None else "")
+            + (" LAGGING (needs backfill)" if p["lagging"] else "")
+        )
     for r in doc["replicas"]:
-        out.append(f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
-                   f"{r['held_bytes']} bytes epoch: {r['epoch']}"
-                   + (f" DAMAGED: {r['damaged_records']} record(s), backfill asked" if r["damaged_records"] else ""))
+        out.append(
+            f"   replica of [{r['node']:<21}] state: {r['state']:<10} held: {r['held_messages']} msgs / "
+            f"{r['held_bytes']} bytes epoch: {r['epoch']}"
+            + (f" DAMAGED: {r['damaged_records']} record(s), backfill asked" if r["damaged_records"] else "")
+        )
     if doc["restored_messages"]:
         out.append(f"   restored from replicas after damage: {doc['restored_messages']} message(s)")
-    out.append(f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
-               f"duplicates after takeover: {doc['duplicates_after_takeover']} "
-               f"copies received twice: {doc['duplicates_received']}")
+    out.append(
+        f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
+        f"duplicates after takeover: {doc['duplicates_after_takeover']} "
+        f"copies received twice: {doc['duplicates_received']}"
+    )
     return out
 
 
@@ -92,25 +105,38 @@ def replication_metrics(stats: ReplicationStats):
     """The ``nsqd_replication_*`` families (``metrics.py`` yields them when the section exists)."""
     origin = stats.origin
     if origin is not None:
-        yield GaugeMetricFamily("nsqd_replication_degraded", "1 while fewer peers are connected than required",
-                                value=int(origin.degraded))
-        yield GaugeMetricFamily("nsqd_replication_unreplicated_messages",
-                                "Messages not yet held by enough peers", value=origin.unreplicated_messages)
-        yield CounterMetricFamily("nsqd_replication_accepted_unreplicated",
-                                  "Messages accepted while degraded (--replication-degraded=accept)",
-                                  value=origin.accepted_unreplicated)
-        yield CounterMetricFamily("nsqd_replication_restored_messages",
-                                  "Messages this node lost to damaged files and got back from its replicas' copies",
-                                  value=origin.restored_messages)
-        connected = GaugeMetricFamily("nsqd_replication_peer_connected", "1 while the peer is connected",
-                                      labels=["peer"])
-        pending = GaugeMetricFamily("nsqd_replication_peer_pending_messages",
-                                    "Messages the peer has not acknowledged", labels=["peer"])
-        pending_bytes = GaugeMetricFamily("nsqd_replication_peer_pending_bytes",
-                                          "Bytes of frames the peer has not acknowledged", labels=["peer"])
-        round_trip = GaugeMetricFamily("nsqd_replication_peer_round_trip_seconds",
-                                       "The last heartbeat's round trip to the peer (protocol version 2)",
-                                       labels=["peer"])
+        yield GaugeMetricFamily(
+            "nsqd_replication_degraded", "1 while fewer peers are connected than required", value=int(origin.degraded)
+        )
+        yield GaugeMetricFamily(
+            "nsqd_replication_unreplicated_messages",
+            "Messages not yet held by enough peers",
+            value=origin.unreplicated_messages,
+        )
+        yield CounterMetricFamily(
+            "nsqd_replication_accepted_unreplicated",
+            "Messages accepted while degraded (--replication-degraded=accept)",
+            value=origin.accepted_unreplicated,
+        )
+        yield CounterMetricFamily(
+            "nsqd_replication_restored_messages",
+            "Messages this node lost to damaged files and got back from its replicas' copies",
+            value=origin.restored_messages,
+        )
+        connected = GaugeMetricFamily(
+            "nsqd_replication_peer_connected", "1 while the peer is connected", labels=["peer"]
+        )
+        pending = GaugeMetricFamily(
+            "nsqd_replication_peer_pending_messages", "Messages the peer has not acknowledged", labels=["peer"]
+        )
+        pending_bytes = GaugeMetricFamily(
+            "nsqd_replication_peer_pending_bytes", "Bytes of frames the peer has not acknowledged", labels=["peer"]
+        )
+        round_trip = GaugeMetricFamily(
+            "nsqd_replication_peer_round_trip_seconds",
+            "The last heartbeat's round trip to the peer (protocol version 2)",
+            labels=["peer"],
+        )
         for peer in origin.peers:
             connected.add_metric([peer.address], int(peer.state == "connected"))
             pending.add_metric([peer.address], peer.pending_messages)
@@ -120,17 +146,22 @@ def replication_metrics(stats: ReplicationStats):
         yield from (connected, pending, pending_bytes, round_trip)
     held = GaugeMetricFamily("nsqd_replica_held_messages", "Messages held for an origin", labels=["origin"])
     held_bytes = GaugeMetricFamily("nsqd_replica_held_bytes", "Body bytes held for an origin", labels=["origin"])
-    damaged = CounterMetricFamily("nsqd_replica_damaged_records",
-                                  "Records of an origin's store found damaged or lost (a new backfill is asked for)",
-                                  labels=["origin"])
+    damaged = CounterMetricFamily(
+        "nsqd_replica_damaged_records",
+        "Records of an origin's store found damaged or lost (a new backfill is asked for)",
+        labels=["origin"],
+    )
     for replica in stats.replicas:
         held.add_metric([replica.node], replica.held_messages)
         held_bytes.add_metric([replica.node], replica.held_bytes)
         damaged.add_metric([replica.node], replica.damaged_records)
     yield from (held, held_bytes, damaged)
     yield CounterMetricFamily("nsqd_replica_takeovers", "Origins taken over by this node", value=stats.takeovers)
-    yield CounterMetricFamily("nsqd_replica_adopted_messages", "Messages adopted at takeovers",
-                              value=stats.adopted_messages)
-    yield CounterMetricFamily("nsqd_replication_duplicates_after_takeover",
-                              "Messages of this node a replica adopted after this node had finished them",
-                              value=stats.duplicates_after_takeover)
+    yield CounterMetricFamily(
+        "nsqd_replica_adopted_messages", "Messages adopted at takeovers", value=stats.adopted_messages
+    )
+    yield CounterMetricFamily(
+        "nsqd_replication_duplicates_after_takeover",
+        "Messages of this node a replica adopted after this node had finished them",
+        value=stats.duplicates_after_takeover,
+    )

@@ -68,8 +68,11 @@ def store_nodes(data_path: str) -> list[str]:
         names = os.listdir(data_path)
     except FileNotFoundError:
         return []
-    return sorted(name[len(_PREFIX):-len(_JSON_SUFFIX)] for name in names
-                  if name.startswith(_PREFIX) and name.endswith(_JSON_SUFFIX))
+    return sorted(
+        name[len(_PREFIX) : -len(_JSON_SUFFIX)]
+        for name in names
+        if name.startswith(_PREFIX) and name.endswith(_JSON_SUFFIX)
+    )
 
 
 class TopicState:
@@ -105,15 +108,30 @@ class _Record:
 class ReplicaStore:
     """The copies of one origin's messages; see the module notes. Synchronous (the host calls it from the loop)."""
 
-    def __init__(self, node: str, data_path: str, *, durable: bool, max_record_size: int,
-                 max_bytes_per_file: int = 104857600, sync_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        node: str,
+        data_path: str,
+        *,
+        durable: bool,
+        max_record_size: int,
+        max_bytes_per_file: int = 104857600,
+        sync_timeout: float = 2.0,
+    ) -> None:
         self.node = node
         self.data_path = data_path
         self.durable = durable
-        self._queue_args = dict(max_bytes_per_file=max_bytes_per_file, min_msg_size=5,
-                                max_msg_size=max_record_size, sync_every=1 if durable else 1 << 30,
-                                sync_timeout=sync_timeout, hold_reads=True, logger=log, checksums=True,
-                                on_damage=self._damaged)
+        self._queue_args = dict(
+            max_bytes_per_file=max_bytes_per_file,
+            min_msg_size=5,
+            max_msg_size=max_record_size,
+            sync_every=1 if durable else 1 << 30,
+            sync_timeout=sync_timeout,
+            hold_reads=True,
+            logger=log,
+            checksums=True,
+            on_damage=self._damaged,
+        )
         #: records of this store found damaged or lost on reading (checksums: ``queues/checksums.py``)
         self.damaged = 0
         self.topics: dict[str, TopicState] = {}
@@ -164,8 +182,11 @@ class ReplicaStore:
         gets a WELCOME it cannot resume from and sends a backfill of everything it holds; until this replica
         acknowledged that backfill's end the origin does not count it toward --replication-acks."""
         self.damaged += count
-        log.error("REPLICA(%s): %d record(s) of the store damaged or lost: the origin will be asked for a new "
-                  "backfill", self.node, count)
+        log.error(
+            "REPLICA(%s): %d record(s) of the store damaged or lost: the origin will be asked for a new backfill",
+            self.node,
+            count,
+        )
         if self.session:
             self.session = ""
             self.seq = 0
@@ -174,10 +195,18 @@ class ReplicaStore:
     def save_json(self) -> None:
         self.json_dirty = False
         state = {
-            "node": self.node, "epoch": self.epoch, "session": self.session, "seq": self.seq,
-            "topics": {name: {"paused": ts.paused, "channels": {c: v[1] for c, v in ts.channels.items()},
-                              "logs": [c for c, v in ts.channels.items() if v[2]]}
-                       for name, ts in self.topics.items()},
+            "node": self.node,
+            "epoch": self.epoch,
+            "session": self.session,
+            "seq": self.seq,
+            "topics": {
+                name: {
+                    "paused": ts.paused,
+                    "channels": {c: v[1] for c, v in ts.channels.items()},
+                    "logs": [c for c, v in ts.channels.items() if v[2]],
+                }
+                for name, ts in self.topics.items()
+            },
         }
         replace_file(self._json_path, json.dumps(state, separators=(",", ":")).encode())
 
@@ -523,8 +552,13 @@ class ReplicaStore:
                     continue  # still in the topic: every channel gets it
                 unseen = holders is _UNSEEN
                 named = set() if unseen else holders
-                targets = {name for name in required if name not in named and (name in hit or (unseen and "" in hit))
-                           and msg_id not in fins.get(name, ())}
+                targets = {
+                    name
+                    for name in required
+                    if name not in named
+                    and (name in hit or (unseen and "" in hit))
+                    and msg_id not in fins.get(name, ())
+                }
                 if targets:
                     seen[msg_id] = named | targets
                     for name in targets:
@@ -563,15 +597,19 @@ class ReplicaStore:
                     record = self._records.get(self.held.get(message.id))
                     for key in keys:
                         again = record.requeued.get(key[1], {}).get(message.id) if record and record.requeued else None
-                        out.setdefault(key, []).append(message if again is None else ReplicatedMessage(
-                            message.id, message.timestamp, again[0], again[1], message.body))
+                        out.setdefault(key, []).append(
+                            message
+                            if again is None
+                            else ReplicatedMessage(message.id, message.timestamp, again[0], again[1], message.body)
+                        )
                 for (topic, channel), messages in out.items():
                     yield topic, channel, messages
             if not wanted:
                 return
 
-    def _finished_by_others(self, record: _Record, ts: TopicState | None, ids, holders: set[str], *,
-                            settle: bool = True) -> None:
+    def _finished_by_others(
+        self, record: _Record, ts: TopicState | None, ids, holders: set[str], *, settle: bool = True
+    ) -> None:
         """Backfilled messages of ``record``: the channels of the topic not among ``holders`` finished them."""
         if ts is None or record.left <= 0:
             return
@@ -616,10 +654,16 @@ class ReplicaStore:
                     fins = record.fins if record is not None else None
                     requeued = record.requeued if record is not None else None
                     if requeued:
-                        requeued = {name: rows[message.id] for name, rows in requeued.items()
-                                    if message.id in rows} or None
-                    batch.append((message, {name for name, ids in fins.items() if message.id in ids}
-                                  if fins else set(), requeued))
+                        requeued = {
+                            name: rows[message.id] for name, rows in requeued.items() if message.id in rows
+                        } or None
+                    batch.append(
+                        (
+                            message,
+                            {name for name, ids in fins.items() if message.id in ids} if fins else set(),
+                            requeued,
+                        )
+                    )
             if batch:
                 yield event.topic, batch
 

@@ -64,14 +64,14 @@ class Reply:
         return f"<Reply {self.status} {self.body[:300]!r}>"
 
 
-def http(method: str, url: str, body: bytes | str | dict | None = None, headers: dict | None = None,
-         timeout: float = 10.0) -> Reply:
+def http(
+    method: str, url: str, body: bytes | str | dict | None = None, headers: dict | None = None, timeout: float = 10.0
+) -> Reply:
     if isinstance(body, dict):
         body = json.dumps(body)
     if isinstance(body, str):
         body = body.encode()
-    request = urllib.request.Request(url, data=body if body is not None else None, method=method,
-                                     headers=headers or {})
+    request = urllib.request.Request(url, data=body if body is not None else None, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return Reply(response.status, {k.lower(): v for k, v in response.headers.items()}, response.read())
@@ -98,8 +98,16 @@ class Cluster:
     """lookupd + ``nodes`` nsqd (two by default) + nsqadmin. ``admin_args`` are extra nsqadmin flags;
     ``topics(index)``, when given, names the topics nsqd ``index`` starts with (written to its ``nsqd.dat``)."""
 
-    def __init__(self, data_root: Path, admin_args: list[str] = (), *, nodes: int = 2, topics=None,
-                 history_interval: str = "1s", stop_timeout: float = 15.0) -> None:
+    def __init__(
+        self,
+        data_root: Path,
+        admin_args: list[str] = (),
+        *,
+        nodes: int = 2,
+        topics=None,
+        history_interval: str = "1s",
+        stop_timeout: float = 15.0,
+    ) -> None:
         self.data_root = Path(data_root)
         self.admin_args = list(admin_args)
         self.nodes = nodes
@@ -111,28 +119,45 @@ class Cluster:
         self.admin: Daemon | None = None
         self.mode = ""
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         try:
-            self.lookupd = Daemon("lookupd", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                                              "--broadcast-address=127.0.0.1"]).start()
+            self.lookupd = Daemon(
+                "lookupd", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--broadcast-address=127.0.0.1"]
+            ).start()
             for number in range(self.nodes):
                 data = self.data_root / f"nsqd{number}"
                 data.mkdir(parents=True, exist_ok=True)
                 if self.topics is not None:
                     entries = [{"name": name, "paused": False, "channels": None} for name in self.topics(number)]
                     (data / "nsqd.dat").write_text(json.dumps({"topics": entries, "version": "1.3.0"}))
-                self.nsqds.append(Daemon("nsqd", [
-                    "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--broadcast-address=127.0.0.1",
-                    f"--lookupd-tcp-address={self.lookupd.tcp_address}", f"--data-path={data}",
-                    "--e2e-processing-latency-percentile=0.99,0.5"]).start())
+                self.nsqds.append(
+                    Daemon(
+                        "nsqd",
+                        [
+                            "--tcp-address=127.0.0.1:0",
+                            "--http-address=127.0.0.1:0",
+                            "--broadcast-address=127.0.0.1",
+                            f"--lookupd-tcp-address={self.lookupd.tcp_address}",
+                            f"--data-path={data}",
+                            "--e2e-processing-latency-percentile=0.99,0.5",
+                        ],
+                    ).start()
+                )
             if self._registered():
                 self.mode = "lookupd"
                 upstream = [f"--lookupd-http-address={self.lookupd.http}"]
             else:
                 self.mode = "nsqd"
                 upstream = [f"--nsqd-http-address={n.http}" for n in self.nsqds]
-            self.admin = Daemon("admin", ["--http-address=127.0.0.1:0", f"--history-interval={self.history_interval}",
-                                          *upstream, *self.admin_args]).start()
+            self.admin = Daemon(
+                "admin",
+                [
+                    "--http-address=127.0.0.1:0",
+                    f"--history-interval={self.history_interval}",
+                    *upstream,
+                    *self.admin_args,
+                ],
+            ).start()
         except BaseException:
             self.stop(check=False)
             raise

@@ -64,8 +64,9 @@ def sink():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, sink):
-    cluster = Cluster(tmp_path_factory.mktemp("admin-api"),
-                      ["--admin-user=alice", f"--notification-http-endpoint={sink.url}"]).start()
+    cluster = Cluster(
+        tmp_path_factory.mktemp("admin-api"), ["--admin-user=alice", f"--notification-http-endpoint={sink.url}"]
+    ).start()
     yield cluster
     cluster.stop()
 
@@ -95,8 +96,10 @@ def spread_topic(cluster, topic: str, channel: str = "work") -> None:
     for index in (0, 1):
         cluster.publish(index, topic)
         cluster.create_channel(index, topic, channel)
-    wait_until(lambda: len(api(cluster, "GET", f"/api/topics/{topic}").json().get("nodes") or []) == 2,
-               message=f"both nodes listed for {topic}")
+    wait_until(
+        lambda: len(api(cluster, "GET", f"/api/topics/{topic}").json().get("nodes") or []) == 2,
+        message=f"both nodes listed for {topic}",
+    )
 
 
 def test_ping_shell_and_static(cluster):
@@ -118,24 +121,54 @@ def test_topic_and_channel_shapes(cluster, topic):
     spread_topic(cluster, topic)
     assert topic in api(cluster, "GET", "/api/topics").json()["topics"]
     body = api(cluster, "GET", f"/api/topics/{topic}").json()
-    assert list(body) == ["node", "hostname", "topic_name", "depth", "memory_depth", "backend_depth",
-                          "message_count", "nodes", "channels", "paused", "e2e_processing_latency", "message"]
+    assert list(body) == [
+        "node",
+        "hostname",
+        "topic_name",
+        "depth",
+        "memory_depth",
+        "backend_depth",
+        "message_count",
+        "nodes",
+        "channels",
+        "paused",
+        "e2e_processing_latency",
+        "message",
+    ]
     assert (body["node"], body["topic_name"], body["message_count"], body["message"]) == ("*", topic, 2, "")
     assert sorted(n["node"] for n in body["nodes"]) == sorted([cluster.node_name(0), cluster.node_name(1)])
     (channel,) = body["channels"]
     assert channel["channel_name"] == "work" and len(channel["nodes"]) == 2
     assert channel["depth"] == sum(n["depth"] for n in channel["nodes"])
 
-    client = consumer(cluster.nsqds[0].tcp, topic, "work", ready=1,
-                      identify_fields={"client_id": "reader-1", "hostname": "reader.local", "user_agent": "api-test/1.0"})
+    client = consumer(
+        cluster.nsqds[0].tcp,
+        topic,
+        "work",
+        ready=1,
+        identify_fields={"client_id": "reader-1", "hostname": "reader.local", "user_agent": "api-test/1.0"},
+    )
     try:
-        found = wait_until(lambda: api(cluster, "GET", f"/api/topics/{topic}/work").json().get("clients"),
-                           message="client listed")
+        found = wait_until(
+            lambda: api(cluster, "GET", f"/api/topics/{topic}/work").json().get("clients"), message="client listed"
+        )
         (row,) = found
-        assert list(row)[:8] == ["node", "remote_address", "version", "client_id", "hostname", "user_agent",
-                                 "connect_ts", "connected"]
+        assert list(row)[:8] == [
+            "node",
+            "remote_address",
+            "version",
+            "client_id",
+            "hostname",
+            "user_agent",
+            "connect_ts",
+            "connected",
+        ]
         assert (row["client_id"], row["hostname"], row["user_agent"], row["node"]) == (
-            "reader-1", "reader.local", "api-test/1.0", cluster.node_name(0))
+            "reader-1",
+            "reader.local",
+            "api-test/1.0",
+            cluster.node_name(0),
+        )
         assert row["connected"] % 1_000_000_000 == 0
     finally:
         client.close()
@@ -149,8 +182,17 @@ def test_nodes_node_and_counter(cluster, topic):
     by_name = {f"{n['broadcast_address']}:{n['http_port']}": n for n in nodes["nodes"]}
     assert set(by_name) == {cluster.node_name(0), cluster.node_name(1)}
     first = by_name[cluster.node_name(0)]
-    assert list(first) == ["remote_addresses", "remote_address", "hostname", "broadcast_address", "tcp_port",
-                           "http_port", "version", "topics", "out_of_date"]
+    assert list(first) == [
+        "remote_addresses",
+        "remote_address",
+        "hostname",
+        "broadcast_address",
+        "tcp_port",
+        "http_port",
+        "version",
+        "topics",
+        "out_of_date",
+    ]
     assert {"topic": topic, "tombstoned": False} in first["topics"]
 
     node = api(cluster, "GET", f"/api/nodes/{cluster.node_name(1)}").json()
@@ -162,18 +204,19 @@ def test_nodes_node_and_counter(cluster, topic):
 
     stats = api(cluster, "GET", "/api/counter").json()["stats"]
     key = f"{topic}:work:{cluster.node_name(0)}"
-    assert stats[key] == {"node": cluster.node_name(0), "topic_name": topic, "channel_name": "work",
-                          "message_count": 1}
+    assert stats[key] == {"node": cluster.node_name(0), "topic_name": topic, "channel_name": "work", "message_count": 1}
 
 
 def test_action_without_admin_header_is_refused(cluster, topic):
     spread_topic(cluster, topic)
     headers = {"X-CSRF-Token": token(cluster), "Content-Type": "application/json"}  # a valid token, no user
-    for method, path, body in [("POST", f"/api/topics/{topic}", {"action": "pause"}),
-                               ("DELETE", f"/api/topics/{topic}", None),
-                               ("POST", f"/api/topics/{topic}/work", {"action": "empty"}),
-                               ("POST", "/api/topics", {"topic": topic + "_new"}),
-                               ("DELETE", f"/api/nodes/{cluster.node_name(0)}", {"topic": topic})]:
+    for method, path, body in [
+        ("POST", f"/api/topics/{topic}", {"action": "pause"}),
+        ("DELETE", f"/api/topics/{topic}", None),
+        ("POST", f"/api/topics/{topic}/work", {"action": "empty"}),
+        ("POST", "/api/topics", {"topic": topic + "_new"}),
+        ("DELETE", f"/api/nodes/{cluster.node_name(0)}", {"topic": topic}),
+    ]:
         reply = api(cluster, method, path, body, headers)
         assert (reply.status, reply.json()) == (403, {"message": "FORBIDDEN"}), (method, path)
     for index in (0, 1):
@@ -188,14 +231,15 @@ def test_browser_action_without_csrf_token_is_refused(cluster, topic):
     spread_topic(cluster, topic)
     good = token(cluster)
     own = {**ADMIN, "Origin": cluster.url}
-    for headers, code in [(own, "INVALID_CSRF_TOKEN"),
-                          ({**ADMIN, "Cookie": "session=1"}, "INVALID_CSRF_TOKEN"),
-                          ({**ADMIN, "Referer": cluster.url + f"/topics/{topic}"}, "INVALID_CSRF_TOKEN"),
-                          ({**own, "X-CSRF-Token": "f" * 64}, "INVALID_CSRF_TOKEN"),
-                          ({"X-Forwarded-User": "bob", "X-CSRF-Token": good}, "FORBIDDEN"),
-                          ({**ADMIN, "X-CSRF-Token": good, "Origin": "http://attacker.example"},
-                           "CROSS_ORIGIN_REQUEST"),
-                          ({**ADMIN, "Referer": "http://attacker.example/"}, "CROSS_ORIGIN_REQUEST")]:
+    for headers, code in [
+        (own, "INVALID_CSRF_TOKEN"),
+        ({**ADMIN, "Cookie": "session=1"}, "INVALID_CSRF_TOKEN"),
+        ({**ADMIN, "Referer": cluster.url + f"/topics/{topic}"}, "INVALID_CSRF_TOKEN"),
+        ({**own, "X-CSRF-Token": "f" * 64}, "INVALID_CSRF_TOKEN"),
+        ({"X-Forwarded-User": "bob", "X-CSRF-Token": good}, "FORBIDDEN"),
+        ({**ADMIN, "X-CSRF-Token": good, "Origin": "http://attacker.example"}, "CROSS_ORIGIN_REQUEST"),
+        ({**ADMIN, "Referer": "http://attacker.example/"}, "CROSS_ORIGIN_REQUEST"),
+    ]:
         reply = api(cluster, "POST", f"/api/topics/{topic}", {"action": "pause"}, headers)
         assert (reply.status, reply.json()) == (403, {"message": code}), headers
         reply = api(cluster, "DELETE", f"/api/topics/{topic}/work", None, headers)
@@ -211,11 +255,13 @@ def test_scripts_written_for_nsqadmin_work_unchanged(cluster, topic):
     spread_topic(cluster, topic, "work")
     spread_topic(cluster, topic, "gone")
     curl = {**ADMIN, "User-Agent": "curl/8.5.0", "Accept": "*/*", "Content-Type": "application/x-www-form-urlencoded"}
-    steps = [("POST", f"/api/topics/{topic}", {"action": "pause"}),
-             ("POST", f"/api/topics/{topic}/work", {"action": "pause"}),
-             ("POST", f"/api/topics/{topic}/work", {"action": "empty"}),
-             ("DELETE", f"/api/topics/{topic}/gone", None),
-             ("POST", "/api/topics", {"topic": topic, "channel": "made"})]
+    steps = [
+        ("POST", f"/api/topics/{topic}", {"action": "pause"}),
+        ("POST", f"/api/topics/{topic}/work", {"action": "pause"}),
+        ("POST", f"/api/topics/{topic}/work", {"action": "empty"}),
+        ("DELETE", f"/api/topics/{topic}/gone", None),
+        ("POST", "/api/topics", {"topic": topic, "channel": "made"}),
+    ]
     for method, path, body in steps:
         reply = api(cluster, method, path, body, curl)
         assert (reply.status, reply.json()) == (200, {"message": ""}), (method, path, reply.body)
@@ -234,8 +280,13 @@ def test_pause_with_token_changes_nodes_and_notifies(cluster, sink, topic):
     spread_topic(cluster, topic)
     while not sink.received.empty():
         sink.received.get_nowait()
-    reply = api(cluster, "POST", f"/api/topics/{topic}", {"action": "pause"},
-                {**action_headers(cluster), "User-Agent": "pause-script/2"})
+    reply = api(
+        cluster,
+        "POST",
+        f"/api/topics/{topic}",
+        {"action": "pause"},
+        {**action_headers(cluster), "User-Agent": "pause-script/2"},
+    )
     assert (reply.status, reply.json()) == (200, {"message": ""})
     assert all(cluster.topic_stats(i, topic)["paused"] for i in (0, 1))
     content_type, note = sink.next()
@@ -328,8 +379,9 @@ def test_history_samples_the_cluster(cluster, topic):
 
 
 def test_base_path_mounts_everything(cluster):
-    admin = Daemon("admin", ["--http-address=127.0.0.1:0", "--base-path=nsq/",
-                             f"--nsqd-http-address={cluster.nsqds[0].http}"]).start()
+    admin = Daemon(
+        "admin", ["--http-address=127.0.0.1:0", "--base-path=nsq/", f"--nsqd-http-address={cluster.nsqds[0].http}"]
+    ).start()
     try:
         base = f"http://{admin.http}"
         assert http("GET", base + "/nsq/ping").body == b"OK"
@@ -337,7 +389,8 @@ def test_base_path_mounts_everything(cluster):
         assert 'src="/nsq/static/app.js"' in page and '"BASE_PATH":"/nsq"' in page
         assert http("GET", base + "/nsq/static/pages.js").status == 200
         assert http("GET", base + "/nsq/api/nodes").json()["nodes"][0]["http_port"] == int(
-            cluster.nsqds[0].http.rpartition(":")[2])
+            cluster.nsqds[0].http.rpartition(":")[2]
+        )
         assert http("GET", base + "/ping").status == 404
         # without lookupd the topics are read from the nodes' /stats
         names = {t["topic_name"] for t in cluster.stats(0).get("topics") or ()}
@@ -347,11 +400,13 @@ def test_base_path_mounts_everything(cluster):
 
 
 def test_version_and_startup_errors():
-    version = subprocess.run([sys.executable, "-m", "admin", "--version"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=30)
+    version = subprocess.run(
+        [sys.executable, "-m", "admin", "--version"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
+    )
     assert version.returncode == 0 and version.stdout.startswith("nsqadmin v1.3.0 (built w/python")
-    missing = subprocess.run([sys.executable, "-m", "admin"], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=30)
+    missing = subprocess.run([sys.executable, "-m", "admin"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert missing.returncode == 1
-    assert "FATAL: failed to instantiate nsqadmin - --nsqd-http-address or --lookupd-http-address required" \
+    assert (
+        "FATAL: failed to instantiate nsqadmin - --nsqd-http-address or --lookupd-http-address required"
         in missing.stderr
+    )

@@ -3,14 +3,12 @@ B) and a real nsqadmin in nsqd mode."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.admin.cluster import Daemon, http, wait_until
 from tests.integration.harness import RawClient, free_port
 
 ADMIN = {"X-Forwarded-User": "alice"}
-
 
 
 @pytest.fixture
@@ -27,10 +25,24 @@ def nodes(tmp_path):
     (tmp_path / "b").mkdir()
     common = ["--http-address=127.0.0.1:0", "--broadcast-address=127.0.0.1"]
     replica = start("nsqd", [f"--tcp-address=127.0.0.1:{replica_port}", *common, f"--data-path={tmp_path / 'b'}"])
-    origin = start("nsqd", [f"--tcp-address=127.0.0.1:{origin_port}", *common, f"--data-path={tmp_path / 'a'}",
-                            f"--replicate-to=127.0.0.1:{replica_port}"])
-    admin = start("admin", ["--http-address=127.0.0.1:0", "--admin-user=alice", f"--nsqd-http-address={replica.http}",
-                            f"--nsqd-http-address={origin.http}"])
+    origin = start(
+        "nsqd",
+        [
+            f"--tcp-address=127.0.0.1:{origin_port}",
+            *common,
+            f"--data-path={tmp_path / 'a'}",
+            f"--replicate-to=127.0.0.1:{replica_port}",
+        ],
+    )
+    admin = start(
+        "admin",
+        [
+            "--http-address=127.0.0.1:0",
+            "--admin-user=alice",
+            f"--nsqd-http-address={replica.http}",
+            f"--nsqd-http-address={origin.http}",
+        ],
+    )
     yield origin, replica, admin, f"127.0.0.1:{origin_port}"
     for daemon in reversed(started):
         if daemon.is_running():
@@ -44,8 +56,10 @@ def _node_name(daemon: Daemon) -> str:
 def test_node_page_shows_replication_and_takes_over(nodes):
     origin, replica, admin, origin_node = nodes
     url = f"http://{admin.http}"
-    wait_until(lambda: http("GET", f"{url}/api/nodes/{_node_name(origin)}").json()["replication"]["state"]
-               == "replicating", message="replicating")
+    wait_until(
+        lambda: http("GET", f"{url}/api/nodes/{_node_name(origin)}").json()["replication"]["state"] == "replicating",
+        message="replicating",
+    )
     with RawClient(("127.0.0.1", int(origin_node.rpartition(":")[2]))) as producer:
         producer.publish_many("t", [b"a", b"b", b"c"])
     page = http("GET", f"{url}/api/nodes/{_node_name(replica)}").json()
@@ -57,13 +71,25 @@ def test_node_page_shows_replication_and_takes_over(nodes):
 
     session = http("GET", f"{url}/api/session", headers=ADMIN).json()
     headers = {**ADMIN, "X-CSRF-Token": session["csrf_token"], "Content-Type": "application/json"}
-    assert http("POST", f"{url}/api/nodes/{_node_name(replica)}", {"action": "takeover", "origin": origin_node},
-                headers={"Content-Type": "application/json"}).status == 403  # not an admin
-    assert http("POST", f"{url}/api/nodes/{_node_name(replica)}", {"action": "nap", "origin": origin_node},
-                headers=headers).status == 400
+    assert (
+        http(
+            "POST",
+            f"{url}/api/nodes/{_node_name(replica)}",
+            {"action": "takeover", "origin": origin_node},
+            headers={"Content-Type": "application/json"},
+        ).status
+        == 403
+    )  # not an admin
+    assert (
+        http(
+            "POST", f"{url}/api/nodes/{_node_name(replica)}", {"action": "nap", "origin": origin_node}, headers=headers
+        ).status
+        == 400
+    )
     origin.kill()
-    reply = http("POST", f"{url}/api/nodes/{_node_name(replica)}", {"action": "takeover", "origin": origin_node},
-                 headers=headers)
+    reply = http(
+        "POST", f"{url}/api/nodes/{_node_name(replica)}", {"action": "takeover", "origin": origin_node}, headers=headers
+    )
     assert reply.status == 200  # its message warns of the dead origin, which the admin could not reach
     assert origin.http.rpartition(":")[2] in reply.json()["message"]
     stats = http("GET", f"http://{replica.http}/stats?format=json&topic=t").json()

@@ -7,12 +7,19 @@ from pathlib import Path
 import pytest
 
 from admin.history import OLD_POINTS, SPARK_POINTS, History, reduce_sample
-from admin.options import (Options, OptionsError, config_value, normalize_base_path, parse_options, upstream_url,
-                           validate)
+from admin.options import (
+    Options,
+    OptionsError,
+    config_value,
+    normalize_base_path,
+    parse_options,
+    upstream_url,
+    validate,
+)
 from admin.security import CSRF_HEADER, Guard
 from admin.stats import aggregate_topic, node_topics
-from runtime.flags import FlagError
 from protocol.http import Headers, HTTPError, Request
+from runtime.flags import FlagError
 
 
 def test_admin_package_is_this_checkout():
@@ -37,8 +44,10 @@ def test_defaults_are_nsqadmins():
 
 def test_repeated_flags_and_config_keys(tmp_path):
     config = tmp_path / "admin.toml"
-    config.write_text('nsqlookupd_http_addresses = ["10.0.0.1:4161", "10.0.0.2:4161"]\n'
-                      'admin_users = ["alice"]\nbase_path = "admin/"\n')
+    config.write_text(
+        'nsqlookupd_http_addresses = ["10.0.0.1:4161", "10.0.0.2:4161"]\n'
+        'admin_users = ["alice"]\nbase_path = "admin/"\n'
+    )
     opts = parse_options([f"--config={config}", "--admin-user=bob", "--admin-user", "carol"], exit_on_error=False)
     assert opts.lookupd_http_addresses == ["10.0.0.1:4161", "10.0.0.2:4161"]
     assert opts.admin_users == ["bob", "carol"]  # the command line wins over the file
@@ -49,20 +58,24 @@ def test_repeated_flags_and_config_keys(tmp_path):
         config_value(opts, "no_such_option")
 
 
-@pytest.mark.parametrize("raw, cleaned", [("/", "/"), ("", "/"), ("admin", "/admin"), ("/admin/", "/admin"),
-                                          ("//a/./b/../c", "/a/c")])
+@pytest.mark.parametrize(
+    "raw, cleaned", [("/", "/"), ("", "/"), ("admin", "/admin"), ("/admin/", "/admin"), ("//a/./b/../c", "/a/c")]
+)
 def test_base_path_is_normalised(raw, cleaned):
     assert normalize_base_path(raw) == cleaned
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "--nsqd-http-address or --lookupd-http-address required"),
-    (["--lookupd-http-address=a:1", "--nsqd-http-address=b:2"], "not both"),
-    (["--nsqd-http-address=nohost"], "failed to resolve --nsqd-http-address"),
-    (["--nsqd-http-address=a:1", "--http-client-tls-cert=x.pem"], "must be specified together"),
-    (["--nsqd-http-address=a:1", "--allow-config-from-cidr=nonsense"], "--allow-config-from-cidr"),
-    (["--nsqd-http-address=a:1", "--notification-http-endpoint=ftp:x"], "--notification-http-endpoint"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "--nsqd-http-address or --lookupd-http-address required"),
+        (["--lookupd-http-address=a:1", "--nsqd-http-address=b:2"], "not both"),
+        (["--nsqd-http-address=nohost"], "failed to resolve --nsqd-http-address"),
+        (["--nsqd-http-address=a:1", "--http-client-tls-cert=x.pem"], "must be specified together"),
+        (["--nsqd-http-address=a:1", "--allow-config-from-cidr=nonsense"], "--allow-config-from-cidr"),
+        (["--nsqd-http-address=a:1", "--notification-http-endpoint=ftp:x"], "--notification-http-endpoint"),
+    ],
+)
 def test_validation_failures(argv, message):
     opts = parse_options(argv, exit_on_error=False)
     with pytest.raises(OptionsError, match=message.replace("-", r"\-")):
@@ -82,33 +95,92 @@ def test_upstream_url():
 
 # -- stats --------------------------------------------------------------------------------------------------------
 def _nsqd_stats(depth, backend, channel_depth, clients=(), p99=None):
-    e2e = {"count": 10, "percentiles": [{"quantile": 0.99, "value": p99}]} if p99 is not None else \
-        {"count": 0, "percentiles": None}
-    return {"topics": [{
-        "topic_name": "orders", "depth": depth, "backend_depth": backend, "message_count": 100, "paused": False,
-        "e2e_processing_latency": e2e,
-        "channels": [{"channel_name": "billing", "depth": channel_depth, "backend_depth": 0, "in_flight_count": 2,
-                      "deferred_count": 1, "message_count": 100, "requeue_count": 3, "timeout_count": 4,
-                      "client_count": len(clients), "clients": list(clients), "paused": True,
-                      "e2e_processing_latency": e2e}]}]}
+    e2e = (
+        {"count": 10, "percentiles": [{"quantile": 0.99, "value": p99}]}
+        if p99 is not None
+        else {"count": 0, "percentiles": None}
+    )
+    return {
+        "topics": [
+            {
+                "topic_name": "orders",
+                "depth": depth,
+                "backend_depth": backend,
+                "message_count": 100,
+                "paused": False,
+                "e2e_processing_latency": e2e,
+                "channels": [
+                    {
+                        "channel_name": "billing",
+                        "depth": channel_depth,
+                        "backend_depth": 0,
+                        "in_flight_count": 2,
+                        "deferred_count": 1,
+                        "message_count": 100,
+                        "requeue_count": 3,
+                        "timeout_count": 4,
+                        "client_count": len(clients),
+                        "clients": list(clients),
+                        "paused": True,
+                        "e2e_processing_latency": e2e,
+                    }
+                ],
+            }
+        ]
+    }
 
 
 def test_node_topics_and_aggregation():
-    client = {"client_id": "c1", "hostname": "h1", "version": "V2", "remote_address": "1.2.3.4:5", "state": 3,
-              "ready_count": 7, "in_flight_count": 2, "message_count": 9, "finish_count": 6, "requeue_count": 1,
-              "connect_ts": 1000, "sample_rate": 0, "deflate": False, "snappy": True, "user_agent": "ua",
-              "tls": False, "tls_cipher_suite": "", "tls_version": "", "tls_negotiated_protocol": "",
-              "tls_negotiated_protocol_is_mutual": False}
+    client = {
+        "client_id": "c1",
+        "hostname": "h1",
+        "version": "V2",
+        "remote_address": "1.2.3.4:5",
+        "state": 3,
+        "ready_count": 7,
+        "in_flight_count": 2,
+        "message_count": 9,
+        "finish_count": 6,
+        "requeue_count": 1,
+        "connect_ts": 1000,
+        "sample_rate": 0,
+        "deflate": False,
+        "snappy": True,
+        "user_agent": "ua",
+        "tls": False,
+        "tls_cipher_suite": "",
+        "tls_version": "",
+        "tls_negotiated_protocol": "",
+        "tls_negotiated_protocol_is_mutual": False,
+    }
     a = node_topics(_nsqd_stats(10, 4, 5, [client], p99=2000.0), "10.0.0.1:4151", "a", now=1060)
     b = node_topics(_nsqd_stats(1, 0, 2, p99=4000.0), "10.0.0.2:4151", "b", now=1060)
     assert a[0]["memory_depth"] == 6
     first_client = a[0]["channels"][0]["clients"][0]
-    assert list(first_client)[:8] == ["node", "remote_address", "version", "client_id", "hostname", "user_agent",
-                                      "connect_ts", "connected"]
+    assert list(first_client)[:8] == [
+        "node",
+        "remote_address",
+        "version",
+        "client_id",
+        "hostname",
+        "user_agent",
+        "connect_ts",
+        "connected",
+    ]
     assert first_client["connected"] == 60_000_000_000
     total = aggregate_topic("orders", a + b)
-    assert list(total)[:10] == ["node", "hostname", "topic_name", "depth", "memory_depth", "backend_depth",
-                                "message_count", "nodes", "channels", "paused"]
+    assert list(total)[:10] == [
+        "node",
+        "hostname",
+        "topic_name",
+        "depth",
+        "memory_depth",
+        "backend_depth",
+        "message_count",
+        "nodes",
+        "channels",
+        "paused",
+    ]
     assert (total["node"], total["depth"], total["backend_depth"], total["message_count"]) == ("*", 11, 4, 200)
     channel = total["channels"][0]
     assert (channel["depth"], channel["in_flight_count"], channel["timeout_count"]) == (7, 4, 8)
@@ -121,8 +193,14 @@ def test_node_topics_and_aggregation():
 
 # -- history ------------------------------------------------------------------------------------------------------
 def _sample(count, depth):
-    topic = {"topic_name": "t", "message_count": count, "depth": depth, "channels": [
-        {"channel_name": "c", "message_count": count, "depth": 1, "in_flight_count": 2, "deferred_count": 0}]}
+    topic = {
+        "topic_name": "t",
+        "message_count": count,
+        "depth": depth,
+        "channels": [
+            {"channel_name": "c", "message_count": count, "depth": 1, "in_flight_count": 2, "deferred_count": 0}
+        ],
+    }
     return reduce_sample([("n1", [topic])])
 
 
@@ -156,8 +234,10 @@ def test_history_overview_sparklines():
 
 
 def test_reduce_sample_reads_nsqd_stats_as_they_come():
-    topics = [{"topic_name": "t", "message_count": 7, "depth": 2, "channels": None},
-              {"topic_name": "u", "message_count": "x", "channels": [{"channel_name": "c", "depth": 3}]}]
+    topics = [
+        {"topic_name": "t", "message_count": 7, "depth": 2, "channels": None},
+        {"topic_name": "u", "message_count": "x", "channels": [{"channel_name": "c", "depth": 3}]},
+    ]
     table = reduce_sample([("n1", topics), ("n2", topics[:1])])
     assert list(table[("topic", "t")]) == [14, 4, 0, 0, 0]
     assert list(table[("topic_node", "t", "n2")]) == [7, 2, 0, 0, 0]
@@ -177,7 +257,7 @@ def test_history_memory_is_per_series_whatever_the_samples():
     times = series["timestamps"]
     assert len(times) <= SPARK_POINTS + 1 + OLD_POINTS + 1
     assert times[-1] == 3995.0 and times[-1] - times[0] >= 3600.0 - 5 * history.stride
-    assert times[-SPARK_POINTS - 1:] == [5.0 * n for n in range(800 - SPARK_POINTS - 1, 800)]  # full resolution
+    assert times[-SPARK_POINTS - 1 :] == [5.0 * n for n in range(800 - SPARK_POINTS - 1, 800)]  # full resolution
     assert set(series["rate"][1:]) == {2.0}  # 10 messages per 5 s, also across thinned samples
     assert ("topic", "gone") not in history.keys  # absent from every kept sample
     assert history.bytes_per_series("topic") == 8 * 3 * (SPARK_POINTS + 1 + history.old.size)
@@ -211,8 +291,17 @@ def test_guard_admin_users_and_tokens():
     guard.check_action(_request(alice))  # no browser signal: a program, which no page can have forged
     same_origin = {**alice, "Origin": "http://admin:4171"}
     guard.check_action(_request({**same_origin, CSRF_HEADER: token}))
-    guard.check_action(_request({**alice, "Referer": "http://admin:4171/topics/t", "Cookie": "s=1",
-                                 "Sec-Fetch-Site": "same-origin", CSRF_HEADER: token}))
+    guard.check_action(
+        _request(
+            {
+                **alice,
+                "Referer": "http://admin:4171/topics/t",
+                "Cookie": "s=1",
+                "Sec-Fetch-Site": "same-origin",
+                CSRF_HEADER: token,
+            }
+        )
+    )
     cases = [
         ({"Host": "admin:4171", CSRF_HEADER: token}, "FORBIDDEN"),
         ({"Host": "admin:4171"}, "FORBIDDEN"),

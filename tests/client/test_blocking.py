@@ -86,7 +86,10 @@ def test_connection_publishes_and_consumes(nsqd, topic):
         conn.deferred_publish(topic, 0.2, b"four")
         with pytest.raises(NSQError) as caught:
             conn.publish("bad topic", b"x")  # refused before it is written: the connection stays usable
-        assert caught.value.code == "E_BAD_TOPIC" and str(caught.value) == 'E_BAD_TOPIC PUB topic name "bad topic" is not valid'
+        assert (
+            caught.value.code == "E_BAD_TOPIC"
+            and str(caught.value) == 'E_BAD_TOPIC PUB topic name "bad topic" is not valid'
+        )
         conn.publish(topic, b"five")
     assert sorted(receive(nsqd.tcp_address, topic, 5)) == [b"five", b"four", b"one", b"three", b"two"]
 
@@ -154,13 +157,17 @@ def tls_nsqd(nsqd_factory, certs):
     return nsqd_factory(*certs.daemon_args())
 
 
-@pytest.mark.parametrize(("options", "expected"), [
-    ({"snappy": True}, {"snappy": True, "deflate": False, "tls": False}),
-    ({"deflate": True, "deflate_level": 3}, {"snappy": False, "deflate": True, "tls": False}),
-    ({"tls_v1": True}, {"snappy": False, "deflate": False, "tls": True}),
-    ({"tls_v1": True, "snappy": True}, {"snappy": True, "deflate": False, "tls": True}),
-    ({"tls_v1": True, "deflate": True}, {"snappy": False, "deflate": True, "tls": True}),
-], ids=["snappy", "deflate", "tls", "tls+snappy", "tls+deflate"])
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"snappy": True}, {"snappy": True, "deflate": False, "tls": False}),
+        ({"deflate": True, "deflate_level": 3}, {"snappy": False, "deflate": True, "tls": False}),
+        ({"tls_v1": True}, {"snappy": False, "deflate": False, "tls": True}),
+        ({"tls_v1": True, "snappy": True}, {"snappy": True, "deflate": False, "tls": True}),
+        ({"tls_v1": True, "deflate": True}, {"snappy": False, "deflate": True, "tls": True}),
+    ],
+    ids=["snappy", "deflate", "tls", "tls+snappy", "tls+deflate"],
+)
 def test_upgrades(tls_nsqd, certs, topic, options, expected):
     config = Config(tls_root_ca_file=str(certs.ca_file), **options)
     bodies = [b"%05d" % i + b"z" * 300 for i in range(500)]  # compressible
@@ -170,7 +177,10 @@ def test_upgrades(tls_nsqd, certs, topic, options, expected):
             producer.send(encode_pub(topic, body))
     with connect(tls_nsqd.tcp_address, config) as conn:
         assert (conn.features.snappy, conn.features.deflate, conn.features.tls_v1) == (
-            expected["snappy"], expected["deflate"], expected["tls"])
+            expected["snappy"],
+            expected["deflate"],
+            expected["tls"],
+        )
         conn.subscribe(topic, "ch")
         conn.ready(500)
         found = []
@@ -313,9 +323,8 @@ def test_producer_reconnects_to_a_restarted_nsqd(nsqd_factory, topic):
 
 def test_producer_with_no_nsqd_left_raises_no_available_nsqd(nsqd, topic):
     dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    with Producer(dead) as producer:
-        with pytest.raises(NoAvailableNsqd) as caught:
-            producer.publish(topic, b"x")
+    with Producer(dead) as producer, pytest.raises(NoAvailableNsqd) as caught:
+        producer.publish(topic, b"x")
     assert list(caught.value.errors) == dead
     assert all(isinstance(error, ConnectError) for error in caught.value.errors.values())
 
@@ -339,7 +348,8 @@ def test_request_into_reads_a_large_answer_into_one_buffer(nsqd_factory, topic):
         got = conn.request_into(whole)
         assert isinstance(got, bytearray) and got == expected
         assert conn.request(encode_lread(topic, "ch", 2999, 3000)) == conn.request_into(
-            encode_lread(topic, "ch", 2999, 3000))
+            encode_lread(topic, "ch", 2999, 3000)
+        )
         with pytest.raises(NSQError) as caught:
             conn.request_into(encode_lread(topic, "ch", 5000, 6000))
         assert caught.value.code == "E_LOG_PAST_END" and conn.closed
@@ -366,7 +376,7 @@ class ScriptedNsqd:
             data = conn.recv(65536)
             while len(data) < 4 + 9 + 4 or len(data) < 17 + struct.unpack_from(">i", data, 13)[0]:
                 data += conn.recv(65536)
-            data = data[17 + struct.unpack_from(">i", data, 13)[0]:]
+            data = data[17 + struct.unpack_from(">i", data, 13)[0] :]
             conn.sendall(encode_frame(FRAME_TYPE_RESPONSE, json.dumps({"max_rdy_count": 2500}).encode()))
             for reply in self.replies:
                 while b"\n" not in data or len(data) < data.index(b"\n") + 5:
@@ -376,7 +386,7 @@ class ScriptedNsqd:
                 while len(data) < line_end + 5 + size:
                     data += conn.recv(65536)
                 self.commands.append(data[:line_end])
-                data = data[line_end + 5 + size:]
+                data = data[line_end + 5 + size :]
                 if reply is None:
                     self.done.wait(20)
                     return
@@ -411,16 +421,17 @@ def test_producer_resends_after_a_reply_timeout(nsqd, topic):
 
 
 def test_lookupd_helpers(tmp_path, topic):
-    from tests.integration.lookupd_harness import LookupdProcess, wait_for_producers
     from tests.integration.harness import NsqdProcess, stop_all
+    from tests.integration.lookupd_harness import LookupdProcess, wait_for_producers
 
     lookupd = LookupdProcess(tmp_path / "lookupd").start()
     daemon = None
     try:
         address = "%s:%d" % lookupd.http_address
         assert lookup(address, topic) == []  # unknown topic: no error
-        daemon = NsqdProcess(tmp_path / "nsqd", ["--lookupd-tcp-address=%s:%d" % lookupd.tcp,
-                                                 "--broadcast-address=127.0.0.1"]).start()
+        daemon = NsqdProcess(
+            tmp_path / "nsqd", ["--lookupd-tcp-address=%s:%d" % lookupd.tcp, "--broadcast-address=127.0.0.1"]
+        ).start()
         with Producer(daemon.tcp_address) as producer:
             producer.publish(topic, b"x")
         wait_for_producers(lookupd, topic, {daemon.tcp[1]})
@@ -443,8 +454,10 @@ def test_lookupd_helpers(tmp_path, topic):
 def test_blocking_driver_and_spark_connector_import_no_trio():
     """Spark's Python workers must not need trio: the blocking driver, and the connector's consumer and publisher
     built on it, load without it."""
-    code = ("import sys, trionsq.blocking, spark_connector.consumer, spark_connector.publisher; "
-            "print(sorted(m for m in sys.modules if m == 'trio' or m.startswith('trio.')))")
+    code = (
+        "import sys, trionsq.blocking, spark_connector.consumer, spark_connector.publisher; "
+        "print(sorted(m for m in sys.modules if m == 'trio' or m.startswith('trio.')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -46,7 +46,8 @@ async def test_publish_subscribe_round_trip(module_nsqd, topic):
         await producer.deferred_publish(topic, 0.05, b"four")
     assert producer.closed and producer.close_reason == "closed by the client"
     async with trionsq.Connection(
-        module_nsqd.tcp_address, on_message=collecting(inbox),
+        module_nsqd.tcp_address,
+        on_message=collecting(inbox),
         on_response=lambda m, finished, backoff: responses.append((m.body, finished)),
     ) as consumer:
         await receive(consumer, topic, 4, inbox)
@@ -106,7 +107,10 @@ async def test_bad_names_are_refused_with_nsqds_texts(module_nsqd, topic):
     async with trionsq.Connection(module_nsqd.tcp_address) as conn:
         with pytest.raises(trionsq.NSQError) as info:
             await conn.publish("bad topic", b"x")
-        assert (info.value.code, str(info.value)) == ("E_BAD_TOPIC", 'E_BAD_TOPIC PUB topic name "bad topic" is not valid')
+        assert (info.value.code, str(info.value)) == (
+            "E_BAD_TOPIC",
+            'E_BAD_TOPIC PUB topic name "bad topic" is not valid',
+        )
         with pytest.raises(trionsq.NSQError, match="E_BAD_CHANNEL SUB channel name"):
             await conn.subscribe(topic, "a/b")
         with pytest.raises(ValueError, match="at least one"):
@@ -143,9 +147,16 @@ async def test_open_connection_in_a_nursery(module_nsqd, topic):
 
 
 async def test_identify_settings_reach_nsqd(module_nsqd, topic):
-    config = trionsq.Config(client_id="probe", hostname="probe.example", user_agent="tests/1",
-                            sample_rate=40, msg_timeout=12.0, output_buffer_size=8192,
-                            output_buffer_timeout=0.05, heartbeat_interval=5.0)
+    config = trionsq.Config(
+        client_id="probe",
+        hostname="probe.example",
+        user_agent="tests/1",
+        sample_rate=40,
+        msg_timeout=12.0,
+        output_buffer_size=8192,
+        output_buffer_timeout=0.05,
+        heartbeat_interval=5.0,
+    )
     async with trionsq.Connection(module_nsqd.tcp_address, config) as conn:
         features = conn.features
         assert (features.msg_timeout, features.sample_rate) == (12.0, 40)
@@ -171,8 +182,9 @@ async def test_read_timeout_closes(fake_nsqd):
         await trio.sleep_forever()
 
     closed = trio.Event()
-    conn = trionsq.Connection(await fake_nsqd(silent), trionsq.Config(read_timeout=0.3),
-                              on_close=lambda c: closed.set())
+    conn = trionsq.Connection(
+        await fake_nsqd(silent), trionsq.Config(read_timeout=0.3), on_close=lambda c: closed.set()
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(conn.run)
         assert not conn.features.feature_negotiation
@@ -311,7 +323,6 @@ async def test_auth_refused(auth_nsqd, topic):
         with pytest.raises(trionsq.NSQError) as info:
             await conn.publish(topic, b"x")
         assert info.value.code == "E_UNAUTHORIZED"
-
 
 
 async def test_tls_asked_of_an_nsqd_without_tls(module_nsqd, topic):

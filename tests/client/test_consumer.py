@@ -15,9 +15,9 @@ from collections.abc import Callable
 import pytest
 import trio
 
+from tests.client.test_lookupd import cluster  # noqa: F401 - the fixture: one nsqlookupd, one nsqd registered
 from tests.integration.harness import NsqdProcess, free_port
 from tests.integration.http_helpers import post, stats
-from tests.client.test_lookupd import cluster  # noqa: F401 - the fixture: one nsqlookupd, one nsqd registered
 from tests.integration.lookupd_harness import wait_for_producers
 from trionsq import Config, ConnectError, Message, NSQError
 from trionsq._consumer import Consumer
@@ -108,24 +108,27 @@ async def test_consume_from_nsqd_addresses(nsqd, topic):
     await blocking(publish, nsqd, topic, sent)
     handler = Recorder()
     config = Config(max_in_flight=25)
-    async with Consumer(topic, CHANNEL, handler, config, nsqd_tcp_addresses=[nsqd.tcp_address],
-                        concurrency=4) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, config, nsqd_tcp_addresses=[nsqd.tcp_address], concurrency=4
+    ) as consumer:
         await eventually(lambda: len(handler.done) >= len(sent), message="200 messages")
         assert consumer.stats().connections == 1
         assert await blocking(ready_counts, nsqd, topic) == [25]
     assert sorted(handler.done) == sorted(sent)
     stats_ = consumer.stats()
     assert (stats_.received, stats_.finished, stats_.requeued, stats_.in_flight) == (200, 200, 0, 0)
-    channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c,
-                                        message="the consumer gone from nsqd")
+    channel = await eventually_threaded(
+        lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c, message="the consumer gone from nsqd"
+    )
     assert (channel["depth"], channel["in_flight_count"], channel["requeue_count"]) == (0, 0, 0)
 
 
 async def test_max_in_flight_spread_over_connections(nsqd_factory, topic):
     daemons = await nsqds_with_a_message(nsqd_factory, topic, 2)
     handler = Recorder()
-    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=11),
-                        nsqd_tcp_addresses=[d.tcp_address for d in daemons]) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, Config(max_in_flight=11), nsqd_tcp_addresses=[d.tcp_address for d in daemons]
+    ) as consumer:
         assert consumer.stats().connections == 2
         for daemon in daemons:
             await eventually_threaded(lambda: ready_counts(daemon, topic) == [5], message="RDY 5 on each nsqd")
@@ -151,8 +154,11 @@ async def test_more_connections_than_max_in_flight_rotate(nsqd_factory, topic):
         counts = [await blocking(ready_counts, daemon, topic) for daemon in daemons]
         assert sorted(sum(counts, [])) == [0, 0, 1]
         # RDY 1 moves off the idle ones (every 0.3 s) until each nsqd delivered its message
-        await eventually(lambda: sorted(handler.done) == [b"from0", b"from1", b"from2"], timeout=8,
-                         message="a message from each of three nsqd")
+        await eventually(
+            lambda: sorted(handler.done) == [b"from0", b"from1", b"from2"],
+            timeout=8,
+            message="a message from each of three nsqd",
+        )
         counts = [await blocking(ready_counts, daemon, topic) for daemon in daemons]
         assert sum(sum(counts, [])) <= 1
 
@@ -187,8 +193,9 @@ async def test_requeue_without_backoff_keeps_rdy(nsqd, topic):
         if message.attempts == 1:
             message.requeue(0, backoff=False)
 
-    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=4),
-                        nsqd_tcp_addresses=[nsqd.tcp_address]) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, Config(max_in_flight=4), nsqd_tcp_addresses=[nsqd.tcp_address]
+    ) as consumer:
         await eventually(lambda: consumer.stats().finished == 1, message="the second delivery finished")
         stats_ = consumer.stats()
         assert (stats_.requeued, stats_.backoff_level, stats_.total_rdy) == (1, 0, 4)
@@ -200,8 +207,9 @@ async def test_max_attempts_gives_up(nsqd, topic, caplog):
     handler = Recorder(fail=lambda body, attempts: body == b"poison")
     config = Config(max_in_flight=5, max_attempts=3, default_requeue_delay=0.0, max_backoff_duration=0.0)
     with caplog.at_level(logging.WARNING, logger="trionsq.consumer"):
-        async with Consumer(topic, CHANNEL, handler, config, nsqd_tcp_addresses=[nsqd.tcp_address],
-                            on_give_up=given_up.append) as consumer:
+        async with Consumer(
+            topic, CHANNEL, handler, config, nsqd_tcp_addresses=[nsqd.tcp_address], on_give_up=given_up.append
+        ) as consumer:
             await eventually(lambda: given_up, message="the give-up hook")
             await eventually(lambda: consumer.stats().finished == 2, message="both messages finished")
     assert [m.attempts for m in given_up] == [4] and given_up[0].body == b"poison"
@@ -222,8 +230,9 @@ async def test_manual_responses(nsqd, topic):
         message.touch()
         held.append(message)
 
-    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=3),
-                        nsqd_tcp_addresses=[nsqd.tcp_address]) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, Config(max_in_flight=3), nsqd_tcp_addresses=[nsqd.tcp_address]
+    ) as consumer:
         await eventually(lambda: len(held) == 3, message="three held messages")
         assert consumer.stats().in_flight == 3 and consumer.stats().finished == 0
         channel = await blocking(channel_stats, nsqd, topic)
@@ -231,8 +240,9 @@ async def test_manual_responses(nsqd, topic):
         for message in held:
             message.finish()
         assert consumer.stats().in_flight == 0 and consumer.stats().finished == 3
-        await eventually_threaded(lambda: channel_stats(nsqd, topic)["clients"][0]["finish_count"] == 3,
-                                  message="three FINs at nsqd")
+        await eventually_threaded(
+            lambda: channel_stats(nsqd, topic)["clients"][0]["finish_count"] == 3, message="three FINs at nsqd"
+        )
 
 
 async def test_stop_with_messages_in_flight_loses_nothing(nsqd, topic):
@@ -240,15 +250,17 @@ async def test_stop_with_messages_in_flight_loses_nothing(nsqd, topic):
     await blocking(publish, nsqd, topic, sent)
     first = Recorder(delay=0.05)
     config = Config(max_in_flight=20)
-    async with Consumer(topic, CHANNEL, first, config, nsqd_tcp_addresses=[nsqd.tcp_address], concurrency=2,
-                        stop_timeout=0.3) as consumer:
+    async with Consumer(
+        topic, CHANNEL, first, config, nsqd_tcp_addresses=[nsqd.tcp_address], concurrency=2, stop_timeout=0.3
+    ) as consumer:
         await eventually(lambda: len(first.done) >= 10, message="ten handled")
     stopped = consumer.stats()
     assert stopped.connections == 0 and stopped.in_flight == 0
     assert stopped.received == stopped.finished + stopped.requeued
     assert stopped.requeued > 0  # more were delivered than handled in 0.3 s: those went back
-    channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c,
-                                        message="the consumer gone from nsqd")
+    channel = await eventually_threaded(
+        lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c, message="the consumer gone from nsqd"
+    )
     assert channel["in_flight_count"] == 0
     assert channel["depth"] == len(sent) - len(first.done)
 
@@ -272,8 +284,9 @@ async def test_stop_lets_running_handlers_finish_and_puts_the_rest_back_at_once(
         busy.set()
         await trio.sleep(0.2)
 
-    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=20), nsqd_tcp_addresses=[nsqd.tcp_address],
-                        stop_timeout=0.5) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, Config(max_in_flight=20), nsqd_tcp_addresses=[nsqd.tcp_address], stop_timeout=0.5
+    ) as consumer:
         await eventually(lambda: consumer.stats().received == len(sent), message="all delivered")
         await busy.wait()
         started = trio.current_time()
@@ -282,8 +295,9 @@ async def test_stop_lets_running_handlers_finish_and_puts_the_rest_back_at_once(
     assert len(effects) == 1  # the one handler running when the stop began, and no other
     assert (stopped.finished, stopped.requeued, stopped.in_flight) == (1, len(sent) - 1, 0)
     assert took < 0.45  # the handler's 0.2 s, not the stop_timeout
-    channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c,
-                                        message="the consumer gone from nsqd")
+    channel = await eventually_threaded(
+        lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c, message="the consumer gone from nsqd"
+    )
     assert (channel["depth"], channel["in_flight_count"], channel["deferred_count"]) == (len(sent) - 1, 0, 0)
 
     async def quick(message: Message) -> None:
@@ -305,14 +319,16 @@ async def test_stop_cancels_a_handler_that_outlives_stop_timeout(nsqd, topic):
             cancelled.set()
             raise
 
-    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=5), nsqd_tcp_addresses=[nsqd.tcp_address],
-                        stop_timeout=0.3) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, Config(max_in_flight=5), nsqd_tcp_addresses=[nsqd.tcp_address], stop_timeout=0.3
+    ) as consumer:
         await eventually(lambda: consumer.stats().received == 1, message="the delivery")
         started = trio.current_time()
     assert trio.current_time() - started < 5 and cancelled.is_set()
     assert (consumer.stats().requeued, consumer.stats().in_flight) == (1, 0)
-    channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c,
-                                        message="the consumer gone from nsqd")
+    channel = await eventually_threaded(
+        lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c, message="the consumer gone from nsqd"
+    )
     assert (channel["depth"], channel["requeue_count"]) == (1, 1)
 
 
@@ -324,8 +340,9 @@ async def test_is_starved_as_go_nsq(nsqd, topic):
         message.disable_auto_response()
         held.append(message)
 
-    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=10),
-                        nsqd_tcp_addresses=[nsqd.tcp_address]) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, Config(max_in_flight=10), nsqd_tcp_addresses=[nsqd.tcp_address]
+    ) as consumer:
         assert not consumer.is_starved()  # nothing in flight
         await blocking(publish, nsqd, topic, bodies(7))
         await eventually(lambda: len(held) == 7, message="seven held")
@@ -345,14 +362,16 @@ async def test_is_starved_as_go_nsq(nsqd, topic):
 async def test_set_max_in_flight_changes_rdy_at_nsqd(nsqd_factory, topic):
     daemons = await nsqds_with_a_message(nsqd_factory, topic, 2)
     handler = Recorder()
-    async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=10),
-                        nsqd_tcp_addresses=[d.tcp_address for d in daemons]) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, Config(max_in_flight=10), nsqd_tcp_addresses=[d.tcp_address for d in daemons]
+    ) as consumer:
         for max_in_flight, expected in ((None, 5), (4, 2), (0, 0), (15, 7)):  # max(1, n // 2) each
             if max_in_flight is not None:
                 consumer.set_max_in_flight(max_in_flight)
             for daemon in daemons:
-                await eventually_threaded(lambda: ready_counts(daemon, topic) == [expected],
-                                          message=f"RDY {expected} on each nsqd")
+                await eventually_threaded(
+                    lambda: ready_counts(daemon, topic) == [expected], message=f"RDY {expected} on each nsqd"
+                )
             assert consumer.stats().total_rdy == 2 * expected
         await eventually(lambda: len(handler.done) == 2, message="both messages")
         # paused: nothing is delivered until the window opens again
@@ -376,10 +395,12 @@ async def test_async_give_up_hook(nsqd, topic):
 
     handler = Recorder(fail=lambda body, attempts: True)
     config = Config(max_in_flight=1, max_attempts=2, default_requeue_delay=0.0, max_backoff_duration=0.0)
-    async with Consumer(topic, CHANNEL, handler, config, nsqd_tcp_addresses=[nsqd.tcp_address],
-                        on_give_up=on_give_up) as consumer:
-        await eventually(lambda: consumer.stats().given_up == 1 and consumer.stats().finished == 1,
-                         message="given up and FIN'd")
+    async with Consumer(
+        topic, CHANNEL, handler, config, nsqd_tcp_addresses=[nsqd.tcp_address], on_give_up=on_give_up
+    ) as consumer:
+        await eventually(
+            lambda: consumer.stats().given_up == 1 and consumer.stats().finished == 1, message="given up and FIN'd"
+        )
     assert seen == [(b"poison", 3, False)]
     assert [attempts for _, attempts in handler.attempts] == [1, 2]
     channel = await blocking(channel_stats, nsqd, topic)
@@ -391,8 +412,9 @@ async def test_local_addr_binds_the_connection(nsqd, topic):
     config = Config()
     config.set("local_addr", "127.0.0.2:0")
     async with Consumer(topic, CHANNEL, Recorder(), config, nsqd_tcp_addresses=[nsqd.tcp_address]):
-        channel = await eventually_threaded(lambda: (c := channel_stats(nsqd, topic)) and c["clients"] and c,
-                                            message="the client at nsqd")
+        channel = await eventually_threaded(
+            lambda: (c := channel_stats(nsqd, topic)) and c["clients"] and c, message="the client at nsqd"
+        )
     assert channel["clients"][0]["remote_address"].startswith("127.0.0.2:")
 
 
@@ -409,8 +431,12 @@ async def test_lookupd_queries_carry_the_auth_secret(topic):
             data += chunk
         heads.append(data.lower())
         body = b'{"channels": [], "producers": []}'
-        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\nConnection: close\r\n\r\n"
+            + body
+        )
         await stream.aclose()
 
     async with trio.open_nursery() as nursery:
@@ -437,8 +463,13 @@ async def test_reconnects_after_nsqd_restart(tmp_path, topic):
     try:
         await blocking(publish, nsqd, topic, [b"before"])
         handler = Recorder()
-        async with Consumer(topic, CHANNEL, handler, Config(max_in_flight=5, lookupd_poll_interval=2.0),
-                            nsqd_tcp_addresses=[f"127.0.0.1:{port}"]) as consumer:
+        async with Consumer(
+            topic,
+            CHANNEL,
+            handler,
+            Config(max_in_flight=5, lookupd_poll_interval=2.0),
+            nsqd_tcp_addresses=[f"127.0.0.1:{port}"],
+        ) as consumer:
             await eventually(lambda: handler.done == [b"before"], message="the first message")
             assert await blocking(nsqd.stop) == 0
             await eventually(lambda: consumer.stats().connections == 0, message="the connection lost")
@@ -500,8 +531,9 @@ async def test_lookupd_tombstone_drops_a_live_nsqd(cluster, topic):
     await blocking(wait_for_producers, lookupd, topic, {d.tcp[1] for d in nsqds})
     config = Config(max_in_flight=4, lookupd_poll_interval=0.5)
     handler = Recorder()
-    async with Consumer(topic, CHANNEL, handler, config,
-                        lookupd_http_addresses=["%s:%d" % lookupd.http_address]) as consumer:
+    async with Consumer(
+        topic, CHANNEL, handler, config, lookupd_http_addresses=["%s:%d" % lookupd.http_address]
+    ) as consumer:
         assert consumer.stats().connections == 2
         gone = nsqds[1]
         node = f"127.0.0.1:{gone.listening['HTTP'][1]}"
@@ -539,8 +571,14 @@ async def test_unreachable_nsqd_fails_fast_or_is_retried(topic):
             async with Consumer(topic, CHANNEL, handler, nsqd_tcp_addresses=[f"127.0.0.1:{port}"]):
                 raise AssertionError("not reached")
 
-        async with Consumer(topic, CHANNEL, handler, Config(lookupd_poll_interval=1.0),
-                            nsqd_tcp_addresses=[f"127.0.0.1:{port}"], fail_fast=False) as consumer:
+        async with Consumer(
+            topic,
+            CHANNEL,
+            handler,
+            Config(lookupd_poll_interval=1.0),
+            nsqd_tcp_addresses=[f"127.0.0.1:{port}"],
+            fail_fast=False,
+        ) as consumer:
             assert consumer.stats().connections == 0
             await trio.sleep(0.6)  # a few redials (0.25 s, 0.5 s) without an error escaping
         assert consumer.stats().connections == 0

@@ -15,6 +15,7 @@ import types
 
 import pytest
 
+import trionsq
 from protocol.commands import CommandParser, encode_pub
 from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from protocol.frames import (
@@ -28,7 +29,6 @@ from protocol.identify import IdentifyLimits, negotiate
 from protocol.message import Message as WireMessage
 from protocol.message import encode_message_frame
 from tests.protocol.feeding import MODES, pieces
-import trionsq
 from trionsq import Config, ConnectError, ConnectionClosed, Message, NSQError
 from trionsq._core import (
     HEARTBEAT,
@@ -49,9 +49,18 @@ ADDRESS = "127.0.0.1:4150"
 
 def identify_response(**fields) -> bytes:
     base = {
-        "max_rdy_count": 2500, "version": "1.3.0", "max_msg_timeout": 900000, "msg_timeout": 60000,
-        "tls_v1": False, "deflate": False, "deflate_level": 6, "max_deflate_level": 6,
-        "snappy": False, "sample_rate": 0, "auth_required": False, "output_buffer_size": 16384,
+        "max_rdy_count": 2500,
+        "version": "1.3.0",
+        "max_msg_timeout": 900000,
+        "msg_timeout": 60000,
+        "tls_v1": False,
+        "deflate": False,
+        "deflate_level": 6,
+        "max_deflate_level": 6,
+        "snappy": False,
+        "sample_rate": 0,
+        "auth_required": False,
+        "output_buffer_size": 16384,
         "output_buffer_timeout": 250,
     }
     base.update(fields)
@@ -100,8 +109,16 @@ def new_core(**config) -> ClientCore:
 
 
 def test_handshake_bytes_are_magic_and_a_valid_identify():
-    config = Config(client_id="c1", hostname="h.example", heartbeat_interval=5, msg_timeout=12.5,
-                    output_buffer_timeout=0.1, output_buffer_size=4096, sample_rate=7, snappy=True)
+    config = Config(
+        client_id="c1",
+        hostname="h.example",
+        heartbeat_interval=5,
+        msg_timeout=12.5,
+        output_buffer_timeout=0.1,
+        output_buffer_size=4096,
+        sample_rate=7,
+        snappy=True,
+    )
     data = ClientCore(config, ADDRESS).handshake_bytes()
     assert data.startswith(b"  V2")
     parser = CommandParser()
@@ -423,7 +440,11 @@ def test_config_set_go_values():
     "name, value, message",
     [
         ("no_such_option", "1", "invalid option no_such_option"),
-        ("max_in_flight", "x", 'failed to coerce option max_in_flight (x) - strconv.ParseInt: parsing "x": invalid syntax'),
+        (
+            "max_in_flight",
+            "x",
+            'failed to coerce option max_in_flight (x) - strconv.ParseInt: parsing "x": invalid syntax',
+        ),
         ("snappy", "yes", 'failed to coerce option snappy (yes) - strconv.ParseBool: parsing "yes": invalid syntax'),
         ("read_timeout", "30", 'failed to coerce option read_timeout (30) - time: missing unit in duration "30"'),
         ("read_timeout", "50ms", "invalid read_timeout ! 50ms < 100ms"),
@@ -444,15 +465,41 @@ def test_config_set_refuses(name, value, message):
 # go-nsq v1.1.0's Config options (opt tags) with the default each has there, as text; "" = Go's zero value or a
 # default computed at run time (client_id, hostname, user_agent). tls_config is a *tls.Config, not text.
 GO_NSQ_OPTIONS = {
-    "dial_timeout": "1s", "read_timeout": "1m0s", "write_timeout": "1s", "local_addr": "",
-    "lookupd_poll_interval": "1m0s", "lookupd_poll_jitter": "0.3", "lookupd_poll_timeout": "1m0s",
-    "max_requeue_delay": "15m0s", "default_requeue_delay": "1m30s", "backoff_strategy": "exponential",
-    "max_backoff_duration": "2m0s", "backoff_multiplier": "1s", "max_attempts": "5", "low_rdy_idle_timeout": "10s",
-    "low_rdy_timeout": "30s", "rdy_redistribute_interval": "5s", "client_id": "", "hostname": "", "user_agent": "",
-    "heartbeat_interval": "30s", "sample_rate": "0", "tls_v1": "false", "deflate": "false", "deflate_level": "6",
-    "snappy": "false", "output_buffer_size": "16384", "output_buffer_timeout": "250ms", "max_in_flight": "1",
-    "msg_timeout": "", "auth_secret": "", "skip_lookupd_authorization": "true",
-    "tls_insecure_skip_verify": "false", "tls_cert": "", "tls_key": "", "tls_min_version": "tls1.0",
+    "dial_timeout": "1s",
+    "read_timeout": "1m0s",
+    "write_timeout": "1s",
+    "local_addr": "",
+    "lookupd_poll_interval": "1m0s",
+    "lookupd_poll_jitter": "0.3",
+    "lookupd_poll_timeout": "1m0s",
+    "max_requeue_delay": "15m0s",
+    "default_requeue_delay": "1m30s",
+    "backoff_strategy": "exponential",
+    "max_backoff_duration": "2m0s",
+    "backoff_multiplier": "1s",
+    "max_attempts": "5",
+    "low_rdy_idle_timeout": "10s",
+    "low_rdy_timeout": "30s",
+    "rdy_redistribute_interval": "5s",
+    "client_id": "",
+    "hostname": "",
+    "user_agent": "",
+    "heartbeat_interval": "30s",
+    "sample_rate": "0",
+    "tls_v1": "false",
+    "deflate": "false",
+    "deflate_level": "6",
+    "snappy": "false",
+    "output_buffer_size": "16384",
+    "output_buffer_timeout": "250ms",
+    "max_in_flight": "1",
+    "msg_timeout": "",
+    "auth_secret": "",
+    "skip_lookupd_authorization": "true",
+    "tls_insecure_skip_verify": "false",
+    "tls_cert": "",
+    "tls_key": "",
+    "tls_min_version": "tls1.0",
 }
 
 
@@ -475,10 +522,16 @@ def test_config_takes_every_go_nsq_option_with_its_default():
         ("low_rdy_timeout", "500ms", "invalid low_rdy_timeout ! 500ms < 1s"),
         ("low_rdy_timeout", "6m", "invalid low_rdy_timeout ! 6m0s > 5m0s"),
         ("backoff_strategy", "linear", "failed to coerce option backoff_strategy (linear) - invalid value type"),
-        ("max_attempts", "-1", 'failed to coerce option max_attempts (-1) - strconv.ParseUint: parsing "-1": '
-                               "invalid syntax"),
-        ("local_addr", "127.0.0.1", "failed to coerce option local_addr (127.0.0.1) - address 127.0.0.1: "
-                                    "missing port in address"),
+        (
+            "max_attempts",
+            "-1",
+            'failed to coerce option max_attempts (-1) - strconv.ParseUint: parsing "-1": invalid syntax',
+        ),
+        (
+            "local_addr",
+            "127.0.0.1",
+            "failed to coerce option local_addr (127.0.0.1) - address 127.0.0.1: missing port in address",
+        ),
         ("tls_min_version", "tls2", "ERROR: tls2 is not a tls version"),
     ],
 )
@@ -491,13 +544,25 @@ def test_config_set_refuses_go_nsq_ranges(name, value, message):
 
 def test_config_new_options_values():
     config = Config()
-    for text in ("backoff_strategy,full_jitter", "rdy_redistribute_interval,250ms", "low_rdy_timeout,2s",
-                 "lookupd_poll_timeout,3s", "local_addr,127.0.0.1:0", "skip_lookupd_authorization,false"):
+    for text in (
+        "backoff_strategy,full_jitter",
+        "rdy_redistribute_interval,250ms",
+        "low_rdy_timeout,2s",
+        "lookupd_poll_timeout,3s",
+        "local_addr,127.0.0.1:0",
+        "skip_lookupd_authorization,false",
+    ):
         config.set_option_text(text)
     assert (config.backoff_strategy, config.rdy_redistribute_interval, config.low_rdy_timeout) == (
-        "full_jitter", 0.25, 2.0)
+        "full_jitter",
+        0.25,
+        2.0,
+    )
     assert (config.lookupd_poll_timeout, config.local_addr, config.skip_lookupd_authorization) == (
-        3.0, "127.0.0.1:0", False)
+        3.0,
+        "127.0.0.1:0",
+        False,
+    )
     config.set("backoff_strategy", "")  # go-nsq: empty means exponential
     assert config.backoff_strategy == "exponential"
 
@@ -565,12 +630,28 @@ def test_split_address_refuses(address):
 
 def test_public_api():
     # submodules imported elsewhere (trionsq.blocking by its tests) show up as attributes: not re-exports
-    public = {name for name in dir(trionsq)
-              if not name.startswith("_") and not isinstance(getattr(trionsq, name), types.ModuleType)}
+    public = {
+        name
+        for name in dir(trionsq)
+        if not name.startswith("_") and not isinstance(getattr(trionsq, name), types.ModuleType)
+    }
     assert public == {
-        "AuthResult", "Config", "ConnectError", "Connection", "ConnectionClosed", "Consumer", "ConsumerStats",
-        "Features", "LookupdError", "Message", "NSQError", "NoAvailableNsqd", "Producer", "ProducerStats",
-        "lookup", "open_connection",
+        "AuthResult",
+        "Config",
+        "ConnectError",
+        "Connection",
+        "ConnectionClosed",
+        "Consumer",
+        "ConsumerStats",
+        "Features",
+        "LookupdError",
+        "Message",
+        "NSQError",
+        "NoAvailableNsqd",
+        "Producer",
+        "ProducerStats",
+        "lookup",
+        "open_connection",
     }
     for name in public:
         assert getattr(trionsq, name).__module__.startswith("trionsq.") or name == "lookup"

@@ -26,42 +26,62 @@ from trionsq._lookupd import (
 pytestmark = pytest.mark.timeout(60)
 
 URL = "http://lookupd/lookup?topic=t"
-PEER = {"remote_address": "127.0.0.1:50000", "hostname": "h", "broadcast_address": "10.0.0.1", "tcp_port": 4150,
-        "http_port": 4151, "version": "1.3.0"}
+PEER = {
+    "remote_address": "127.0.0.1:50000",
+    "hostname": "h",
+    "broadcast_address": "10.0.0.1",
+    "tcp_port": 4150,
+    "http_port": 4151,
+    "version": "1.3.0",
+}
 
 
 def body(doc) -> bytes:
     return json.dumps(doc).encode()
 
 
-@pytest.mark.parametrize(("status", "raw", "expected"), [
-    (200, body({"channels": ["c"], "producers": [PEER]}), ["10.0.0.1:4150"]),
-    (200, body({"channels": [], "producers": []}), []),
-    (200, body({"channels": [], "producers": None}), []),
-    # NSQ 0.x's envelope, with the old "address" key of peers before 0.2.28
-    (200, body({"status_code": 200, "status_txt": "OK", "data": {"producers": [PEER]}}), ["10.0.0.1:4150"]),
-    (200, body({"status_code": 200, "status_txt": "OK",
-                "data": {"producers": [{"address": "old-host", "tcp_port": 4150, "http_port": 4151}]}}),
-     ["old-host:4150"]),
-    (200, body({"channels": [], "producers": [dict(PEER, broadcast_address="::1")]}), ["[::1]:4150"]),
-    # an unknown topic is no producer, in both shapes
-    (404, body({"message": "TOPIC_NOT_FOUND"}), []),
-    (500, body({"status_code": 500, "status_txt": "TOPIC_NOT_FOUND", "data": None}), []),
-])
+@pytest.mark.parametrize(
+    ("status", "raw", "expected"),
+    [
+        (200, body({"channels": ["c"], "producers": [PEER]}), ["10.0.0.1:4150"]),
+        (200, body({"channels": [], "producers": []}), []),
+        (200, body({"channels": [], "producers": None}), []),
+        # NSQ 0.x's envelope, with the old "address" key of peers before 0.2.28
+        (200, body({"status_code": 200, "status_txt": "OK", "data": {"producers": [PEER]}}), ["10.0.0.1:4150"]),
+        (
+            200,
+            body(
+                {
+                    "status_code": 200,
+                    "status_txt": "OK",
+                    "data": {"producers": [{"address": "old-host", "tcp_port": 4150, "http_port": 4151}]},
+                }
+            ),
+            ["old-host:4150"],
+        ),
+        (200, body({"channels": [], "producers": [dict(PEER, broadcast_address="::1")]}), ["[::1]:4150"]),
+        # an unknown topic is no producer, in both shapes
+        (404, body({"message": "TOPIC_NOT_FOUND"}), []),
+        (500, body({"status_code": 500, "status_txt": "TOPIC_NOT_FOUND", "data": None}), []),
+    ],
+)
 def test_parse_lookup(status, raw, expected):
     assert [peer.tcp_address for peer in parse_lookup(URL, status, raw)] == expected
 
 
-@pytest.mark.parametrize(("status", "raw", "error"), [
-    (400, body({"message": "MISSING_ARG_TOPIC"}), "HTTP 400 MISSING_ARG_TOPIC"),
-    (500, body({"status_code": 500, "status_txt": "INTERNAL_ERROR", "data": None}), "HTTP 500 INTERNAL_ERROR"),
-    (502, b"<html>bad gateway</html>", "HTTP 502 <html>bad gateway</html>"),
-    (200, b"not json", "not a JSON object"),
-    (200, body(["a"]), "not a JSON object"),
-    (200, body({"producers": {"a": 1}}), "producers is not a list"),
-    (200, body({"producers": [{"hostname": "h"}]}), "lacks broadcast_address or tcp_port"),
-    (200, body({"producers": [dict(PEER, tcp_port="4150")]}), "lacks broadcast_address or tcp_port"),
-])
+@pytest.mark.parametrize(
+    ("status", "raw", "error"),
+    [
+        (400, body({"message": "MISSING_ARG_TOPIC"}), "HTTP 400 MISSING_ARG_TOPIC"),
+        (500, body({"status_code": 500, "status_txt": "INTERNAL_ERROR", "data": None}), "HTTP 500 INTERNAL_ERROR"),
+        (502, b"<html>bad gateway</html>", "HTTP 502 <html>bad gateway</html>"),
+        (200, b"not json", "not a JSON object"),
+        (200, body(["a"]), "not a JSON object"),
+        (200, body({"producers": {"a": 1}}), "producers is not a list"),
+        (200, body({"producers": [{"hostname": "h"}]}), "lacks broadcast_address or tcp_port"),
+        (200, body({"producers": [dict(PEER, tcp_port="4150")]}), "lacks broadcast_address or tcp_port"),
+    ],
+)
 def test_parse_lookup_errors(status, raw, error):
     with pytest.raises(LookupdError, match="GET http://lookupd/lookup\\?topic=t: ") as caught:
         parse_lookup(URL, status, raw)
@@ -79,15 +99,18 @@ def test_parse_nodes_and_topics():
         parse_topics("u", 200, body({"topics": [1]}))
 
 
-@pytest.mark.parametrize(("address", "path", "expected"), [
-    ("127.0.0.1:4161", "/lookup", "http://127.0.0.1:4161/lookup?topic=a%20b%2Fc"),
-    ("http://h:4161", "/lookup", "http://h:4161/lookup?topic=a%20b%2Fc"),
-    ("https://h/", "/lookup", "https://h/lookup?topic=a%20b%2Fc"),
-    # a proxy path stands for /lookup and prefixes the other endpoints; a query of its own stays
-    ("http://proxy/nsq/lookup?x=1", "/lookup", "http://proxy/nsq/lookup?x=1&topic=a%20b%2Fc"),
-    ("http://proxy/nsq/lookup", "/nodes", "http://proxy/nsq/nodes"),
-    ("[::1]:4161", "/nodes", "http://[::1]:4161/nodes"),
-])
+@pytest.mark.parametrize(
+    ("address", "path", "expected"),
+    [
+        ("127.0.0.1:4161", "/lookup", "http://127.0.0.1:4161/lookup?topic=a%20b%2Fc"),
+        ("http://h:4161", "/lookup", "http://h:4161/lookup?topic=a%20b%2Fc"),
+        ("https://h/", "/lookup", "https://h/lookup?topic=a%20b%2Fc"),
+        # a proxy path stands for /lookup and prefixes the other endpoints; a query of its own stays
+        ("http://proxy/nsq/lookup?x=1", "/lookup", "http://proxy/nsq/lookup?x=1&topic=a%20b%2Fc"),
+        ("http://proxy/nsq/lookup", "/nodes", "http://proxy/nsq/nodes"),
+        ("[::1]:4161", "/nodes", "http://[::1]:4161/nodes"),
+    ],
+)
 def test_lookup_url(address, path, expected):
     query = {"topic": "a b/c"} if path == "/lookup" else {}
     assert lookup_url(address, path, **query) == expected

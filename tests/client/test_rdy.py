@@ -115,7 +115,7 @@ def test_backoff_level_stops_where_the_next_duration_passes_the_max():
     for expected_level in (1, 2, 3, 3, 3):  # 2, 4, 8 s; 16 s would pass 10 s
         ctl.failed(now)
         assert ctl.backoff_level == expected_level
-        assert ctl.backoff_until == now + 2 ** expected_level
+        assert ctl.backoff_until == now + 2**expected_level
         now = ctl.backoff_until
         assert ctl.tick(now) == [("a", 1)]
 
@@ -129,8 +129,8 @@ def test_full_jitter_backoff_is_random_below_the_exponential_duration():
         ctl.failed(now)
         assert ctl.backoff_level == level
         period = ctl.backoff_until - now
-        assert 0 <= period < 2 ** level
-        periods.append(period / 2 ** level)
+        assert 0 <= period < 2**level
+        periods.append(period / 2**level)
         now = ctl.backoff_until
         assert ctl.tick(now) == [("a", 1)]
     assert len(set(periods)) == len(periods)  # drawn each time, not a fixed share of the exponential time

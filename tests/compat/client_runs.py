@@ -12,17 +12,25 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
 from tests.integration.features import ScriptedAuthServer, grant
 from tests.integration.harness import NsqdProcess, stop_all
 
-__all__ = ["NODE", "NODE_DIR", "nsqjs_missing", "python_client", "run_client", "running_nsqd", "scripted_auth",
-           "unique_topic"]
+__all__ = [
+    "NODE",
+    "NODE_DIR",
+    "nsqjs_missing",
+    "python_client",
+    "run_client",
+    "running_nsqd",
+    "scripted_auth",
+    "unique_topic",
+]
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 NODE = shutil.which("node")
@@ -47,8 +55,9 @@ def python_client(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"tests.compat.{module}", *args]
 
 
-def run_client(argv: list[str], *, cwd: Path, what: str, logs: Callable[[], str], logs_name: str = "nsqd log",
-               timeout: float = 90) -> dict:
+def run_client(
+    argv: list[str], *, cwd: Path, what: str, logs: Callable[[], str], logs_name: str = "nsqd log", timeout: float = 90
+) -> dict:
     """Run a client script and return the JSON object it printed last. ``what`` names the run in a failure,
     which also shows ``logs()`` (the daemons' logs) under ``logs_name``."""
     try:

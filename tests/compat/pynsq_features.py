@@ -56,8 +56,14 @@ async def run(options: dict, address: str, topic: str, captured: Captured) -> di
 
     received: asyncio.Queue = asyncio.Queue()
     reader_seen: dict = {}
-    reader = nsq.Reader(topic=topic, channel="features", message_handler=lambda m: received.put_nowait(m.body) or True,
-                        nsqd_tcp_addresses=[address], max_in_flight=20, **kwargs)
+    reader = nsq.Reader(
+        topic=topic,
+        channel="features",
+        message_handler=lambda m: received.put_nowait(m.body) or True,
+        nsqd_tcp_addresses=[address],
+        max_in_flight=20,
+        **kwargs,
+    )
     watch(reader, reader_seen)
     got = [await asyncio.wait_for(received.get(), WAIT) for _ in range(len(bodies) + len(batch))]
     reader_layers = [layers(conn) for conn in reader.conns.values()]

@@ -24,9 +24,14 @@ async def consume(lookupds: list[str], topic: str, count: int) -> dict:
         received.put_nowait(message.body.decode())
         return True  # Reader sends FIN
 
-    reader = nsq.Reader(topic=topic, channel="pynsq_lookupd", message_handler=handler,
-                        lookupd_http_addresses=[f"http://{address}" for address in lookupds],
-                        lookupd_poll_interval=1, max_in_flight=20)
+    reader = nsq.Reader(
+        topic=topic,
+        channel="pynsq_lookupd",
+        message_handler=handler,
+        lookupd_http_addresses=[f"http://{address}" for address in lookupds],
+        lookupd_poll_interval=1,
+        max_in_flight=20,
+    )
     bodies = [await asyncio.wait_for(received.get(), WAIT) for _ in range(count)]
     connected = sorted(reader.conns)
     reader.close()

@@ -42,8 +42,12 @@ async def publish(writer: nsq.Writer, method: str, *args) -> str:
 
 
 def describe(message: nsq.Message) -> dict:
-    return {"id": message.id if isinstance(message.id, str) else message.id.decode(),
-            "body": message.body.decode(), "attempts": message.attempts, "timestamp": message.timestamp}
+    return {
+        "id": message.id if isinstance(message.id, str) else message.id.decode(),
+        "body": message.body.decode(),
+        "attempts": message.attempts,
+        "timestamp": message.timestamp,
+    }
 
 
 async def quiet(queue: asyncio.Queue, seconds: float) -> list:
@@ -52,7 +56,7 @@ async def quiet(queue: asyncio.Queue, seconds: float) -> list:
     try:
         while True:
             extra.append(await asyncio.wait_for(queue.get(), seconds))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return extra
 
 
@@ -65,8 +69,14 @@ async def scenario_publish_consume_finish(address: str, topic: str) -> dict:
         received.put_nowait(describe(message))
         return True  # Reader sends FIN
 
-    reader = nsq.Reader(topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address],
-                        max_in_flight=1, msg_timeout=1)
+    reader = nsq.Reader(
+        topic=topic,
+        channel="pynsq",
+        message_handler=handler,
+        nsqd_tcp_addresses=[address],
+        max_in_flight=1,
+        msg_timeout=1,
+    )
     first = await asyncio.wait_for(received.get(), WAIT)
     again = await quiet(received, 2.5)  # msg_timeout is 1 s: an unfinished message would be back by now
     reader.close()
@@ -86,8 +96,9 @@ async def scenario_requeue_with_delay(address: str, topic: str) -> dict:
         else:
             message.finish()
 
-    reader = nsq.Reader(topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address],
-                        max_in_flight=1)
+    reader = nsq.Reader(
+        topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address], max_in_flight=1
+    )
     first = await asyncio.wait_for(received.get(), WAIT)
     second = await asyncio.wait_for(received.get(), WAIT)
     reader.close()
@@ -105,8 +116,14 @@ async def scenario_touch(address: str, topic: str) -> dict:
         message.enable_async()
         held.append(message)
 
-    reader = nsq.Reader(topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address],
-                        max_in_flight=2, msg_timeout=1)
+    reader = nsq.Reader(
+        topic=topic,
+        channel="pynsq",
+        message_handler=handler,
+        nsqd_tcp_addresses=[address],
+        max_in_flight=2,
+        msg_timeout=1,
+    )
     first = await asyncio.wait_for(received.get(), WAIT)
     during = []
     for _ in range(8):  # 3.2 s of work against a 1 s msg_timeout, touching every 0.4 s
@@ -139,8 +156,9 @@ async def scenario_max_in_flight(address: str, topic: str) -> dict:
         if len(bodies) == 50 and not all_seen.done():
             all_seen.set_result(None)
 
-    reader = nsq.Reader(topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address],
-                        max_in_flight=10)
+    reader = nsq.Reader(
+        topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address], max_in_flight=10
+    )
     await asyncio.wait_for(all_seen, WAIT)
     reader.close()
     return {"pub": pub_answer, "peak_in_flight": peak, "bodies": sorted(bodies)}
@@ -156,14 +174,15 @@ async def scenario_mpub_and_dpub(address: str, topic: str) -> dict:
         received.put_nowait(message.body.decode())
         return True
 
-    reader = nsq.Reader(topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address],
-                        max_in_flight=25)
+    reader = nsq.Reader(
+        topic=topic, channel="pynsq", message_handler=handler, nsqd_tcp_addresses=[address], max_in_flight=25
+    )
     bodies = [await asyncio.wait_for(received.get(), WAIT) for _ in range(101)]
     reader.close()
     return {"dpub": dpub_answer, "mpub": mpub_answer, "bodies": bodies}
 
 
-SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+SCENARIOS = {name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
 def main() -> None:

@@ -21,8 +21,14 @@ async def consume(lookupd: str, topic: str, channel: str) -> None:
         return True  # Reader sends FIN
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    nsq.Reader(topic=topic, channel=channel, message_handler=handler, lookupd_http_addresses=[f"http://{lookupd}"],
-               lookupd_poll_interval=1, max_in_flight=20)
+    nsq.Reader(
+        topic=topic,
+        channel=channel,
+        message_handler=handler,
+        lookupd_http_addresses=[f"http://{lookupd}"],
+        lookupd_poll_interval=1,
+        max_in_flight=20,
+    )
     await asyncio.Event().wait()
 
 

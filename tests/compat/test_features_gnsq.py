@@ -26,8 +26,12 @@ def nsqd(certs, tmp_path_factory):
 
 
 def run(nsqd, options: dict) -> dict:
-    result = run_client(python_client("gnsq_features", json.dumps(options), nsqd.tcp_address, unique_topic("gnsq")),
-                        cwd=REPO_ROOT, what=f"gnsq with {options}", logs=nsqd.log_text)
+    result = run_client(
+        python_client("gnsq_features", json.dumps(options), nsqd.tcp_address, unique_topic("gnsq")),
+        cwd=REPO_ROOT,
+        what=f"gnsq with {options}",
+        logs=nsqd.log_text,
+    )
     assert result["warnings"] == [], f"gnsq logged problems: {result['warnings']}"
     assert result["answers"] == ["OK"] * 6
     assert result["own"] == "to myself"  # answered, then delivered back on the publishing connection
@@ -61,9 +65,13 @@ def test_tls_and_snappy(nsqd, certs):
 
 
 def test_auth_secret(certs, auth_server, tmp_path_factory):
-    with running_nsqd(tmp_path_factory.mktemp("nsqd-gnsq-auth"),
-                      certs.daemon_args(f"--auth-http-address={auth_server.address}")) as daemon:
+    with running_nsqd(
+        tmp_path_factory.mktemp("nsqd-gnsq-auth"), certs.daemon_args(f"--auth-http-address={auth_server.address}")
+    ) as daemon:
         result = run(daemon, {"auth_secret": "gnsq-secret", "tls": str(certs.ca_file)})
     assert result["identify"]["auth_required"] is True
-    assert result["auth"] == {"identity": "gnsq-user", "identity_url": "https://example.invalid/ivy",
-                              "permission_count": 1}
+    assert result["auth"] == {
+        "identity": "gnsq-user",
+        "identity_url": "https://example.invalid/ivy",
+        "permission_count": 1,
+    }

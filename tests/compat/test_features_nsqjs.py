@@ -19,14 +19,19 @@ def auth_server():
 
 @pytest.fixture(scope="module")
 def nsqd(certs, tmp_path_factory):
-    with running_nsqd(tmp_path_factory.mktemp("nsqd-nsqjs"),
-                      certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}")) as daemon:
+    with running_nsqd(
+        tmp_path_factory.mktemp("nsqd-nsqjs"), certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}")
+    ) as daemon:
         yield daemon
 
 
 def run(nsqd, options: dict) -> dict:
-    result = run_client([NODE, "features.js", json.dumps(options), nsqd.tcp_address, unique_topic("nsqjs")],
-                        cwd=NODE_DIR, what=f"nsqjs with {options}", logs=nsqd.log_text)
+    result = run_client(
+        [NODE, "features.js", json.dumps(options), nsqd.tcp_address, unique_topic("nsqjs")],
+        cwd=NODE_DIR,
+        what=f"nsqjs with {options}",
+        logs=nsqd.log_text,
+    )
     assert result["errors"] == [], f"nsqjs reported errors: {result['errors']}"
     assert result["answers"] == ["OK"] * 6
     assert result["complete"], f"nsqjs got {result['received']} messages, not all it published"
@@ -64,9 +69,13 @@ def test_tls_and_deflate(nsqd, certs):
 
 
 def test_auth_secret(certs, auth_server, tmp_path_factory):
-    with running_nsqd(tmp_path_factory.mktemp("nsqd-nsqjs-auth"),
-                      certs.daemon_args(f"--auth-http-address={auth_server.address}")) as daemon:
+    with running_nsqd(
+        tmp_path_factory.mktemp("nsqd-nsqjs-auth"), certs.daemon_args(f"--auth-http-address={auth_server.address}")
+    ) as daemon:
         result = run(daemon, {"authSecret": "nsqjs-secret", "deflate": 6})
     assert result["identify"]["auth_required"] is True
-    assert result["auth"] == {"identity": "nsqjs-user", "identity_url": "https://example.invalid/ivy",
-                              "permission_count": 1}
+    assert result["auth"] == {
+        "identity": "nsqjs-user",
+        "identity_url": "https://example.invalid/ivy",
+        "permission_count": 1,
+    }

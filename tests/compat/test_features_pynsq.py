@@ -26,14 +26,19 @@ def tls_nsqd(certs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def auth_nsqd(certs, auth_server, tmp_path_factory):
-    with running_nsqd(tmp_path_factory.mktemp("nsqd-pynsq-auth"),
-                      certs.daemon_args(f"--auth-http-address={auth_server.address}")) as daemon:
+    with running_nsqd(
+        tmp_path_factory.mktemp("nsqd-pynsq-auth"), certs.daemon_args(f"--auth-http-address={auth_server.address}")
+    ) as daemon:
         yield daemon
 
 
 def run(nsqd, options: dict) -> dict:
-    result = run_client(python_client("pynsq_features", json.dumps(options), nsqd.tcp_address, unique_topic("pynsq")),
-                        cwd=REPO_ROOT, what=f"pynsq with {options}", logs=nsqd.log_text)
+    result = run_client(
+        python_client("pynsq_features", json.dumps(options), nsqd.tcp_address, unique_topic("pynsq")),
+        cwd=REPO_ROOT,
+        what=f"pynsq with {options}",
+        logs=nsqd.log_text,
+    )
     problems = [w for w in result["warnings"] if "E_" in w or "rror" in w]
     assert not problems, f"pynsq reported problems: {problems}"
     assert result["answers"] == ["OK"] * 6
@@ -75,8 +80,11 @@ def test_tls_and_deflate(tls_nsqd, certs):
 def test_auth_secret(auth_nsqd, auth_server, certs):
     result = run(auth_nsqd, {"auth_secret": "pynsq-secret", "tls": str(certs.ca_file), "snappy": True})
     assert result["writer_identify"]["auth_required"] is True
-    assert result["writer_auth"] == {"identity": "pynsq-user", "identity_url": "https://example.invalid/ivy",
-                                     "permission_count": 1}
+    assert result["writer_auth"] == {
+        "identity": "pynsq-user",
+        "identity_url": "https://example.invalid/ivy",
+        "permission_count": 1,
+    }
     secrets = [query["secret"] for _, query in auth_server.requests]
     assert secrets.count(["pynsq-secret"]) >= 2  # the Writer's connection and the Reader's
     assert all(query["tls"] == ["true"] for _, query in auth_server.requests)

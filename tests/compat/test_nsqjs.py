@@ -10,8 +10,13 @@ pytestmark = [pytest.mark.compat, pytest.mark.timeout(90), pytest.mark.usefixtur
 
 
 def run_scenario(nsqd, scenario: str) -> dict:
-    result = run_client([NODE, "scenarios.js", scenario, nsqd.tcp_address, unique_topic("nsqjs")], cwd=NODE_DIR,
-                        what=f"nsqjs scenario {scenario}", logs=nsqd.log_text, timeout=75)
+    result = run_client(
+        [NODE, "scenarios.js", scenario, nsqd.tcp_address, unique_topic("nsqjs")],
+        cwd=NODE_DIR,
+        what=f"nsqjs scenario {scenario}",
+        logs=nsqd.log_text,
+        timeout=75,
+    )
     assert result["errors"] == [], f"nsqjs reported errors: {result['errors']}"
     return result
 

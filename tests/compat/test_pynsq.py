@@ -11,8 +11,13 @@ pytestmark = [pytest.mark.compat, pytest.mark.timeout(90)]
 
 
 def run_scenario(nsqd, scenario: str) -> dict:
-    result = run_client(python_client("pynsq_scenarios", scenario, nsqd.tcp_address, unique_topic("pynsq")),
-                        cwd=REPO_ROOT, what=f"pynsq scenario {scenario}", logs=nsqd.log_text, timeout=75)
+    result = run_client(
+        python_client("pynsq_scenarios", scenario, nsqd.tcp_address, unique_topic("pynsq")),
+        cwd=REPO_ROOT,
+        what=f"pynsq scenario {scenario}",
+        logs=nsqd.log_text,
+        timeout=75,
+    )
     server_errors = [w for w in result["warnings"] if "E_" in w]
     assert not server_errors, f"nsqd sent error frames to pynsq: {server_errors}"
     return result

@@ -35,7 +35,6 @@ TOPIC = "ring"
 CHANNELS = ("py", "js")
 
 
-
 class Ring:
     def __init__(self, tmp_path: Path, lookupd: LookupdProcess, extra: tuple[str, ...]) -> None:
         self.tmp_path = tmp_path
@@ -57,10 +56,19 @@ class Ring:
 
     def start(self, index: int) -> NsqdProcess:
         tcp, http = self.ports[index]
-        node = NsqdProcess(self.data_path(index), [
-            "--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",
-            f"--replicate-to={self.address((index + 1) % 3)}", f"--lookupd-tcp-address={self.lookupd.tcp_address}",
-            "--replica-takeover-timeout=1s", f"--node-id={index + 1}", *self.extra])
+        node = NsqdProcess(
+            self.data_path(index),
+            [
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{tcp}",
+                f"--http-address=127.0.0.1:{http}",
+                f"--replicate-to={self.address((index + 1) % 3)}",
+                f"--lookupd-tcp-address={self.lookupd.tcp_address}",
+                "--replica-takeover-timeout=1s",
+                f"--node-id={index + 1}",
+                *self.extra,
+            ],
+        )
         node.start()
         with self.lock:
             self.nodes[index] = node
@@ -191,9 +199,18 @@ def _channel_states(ring: Ring) -> list:
     for index in range(3):
         for topic in stats(ring.http(index))["topics"] or ():
             for channel in topic["channels"]:
-                states.append((index, topic["topic_name"], channel["channel_name"], channel["depth"],
-                               channel["in_flight_count"], channel["deferred_count"], len(channel["clients"]),
-                               channel["paused"]))
+                states.append(
+                    (
+                        index,
+                        topic["topic_name"],
+                        channel["channel_name"],
+                        channel["depth"],
+                        channel["in_flight_count"],
+                        channel["deferred_count"],
+                        len(channel["clients"]),
+                        channel["paused"],
+                    )
+                )
     return states
 
 
@@ -203,13 +220,18 @@ def _write_logs(tmp_path: Path, ring: Ring) -> list[str]:
     for number, (index, node) in enumerate(ring.started):
         text = node.log_text()
         (tmp_path / f"node{index}-{number}.log").write_text(text)
-        warnings += [f"node{index}-{number}: {line}" for line in text.splitlines()
-                     if "WARNING: REPLICATION" in line or "ERROR: REPLICATION" in line]
+        warnings += [
+            f"node{index}-{number}: {line}"
+            for line in text.splitlines()
+            if "WARNING: REPLICATION" in line or "ERROR: REPLICATION" in line
+        ]
     return warnings
 
 
-ADOPTED_FROM_LIVING = re.compile(r"peer \S+ adopted (\d+) message\(s\) of this node .* while it was connected "
-                                 r"elsewhere")
+ADOPTED_FROM_LIVING = re.compile(
+    r"peer \S+ adopted (\d+) message\(s\) of this node .* while it was connected "
+    r"elsewhere"
+)
 GAVE_UP_AT_START = "at start-up: delivering the messages this node holds"
 
 
@@ -231,8 +253,9 @@ def _adopted_from_living(ring: Ring) -> tuple[int, list[str]]:
     return allowed, unexplained
 
 
-def _run_ring(tmp_path: Path, *, keep_data: bool, extra: tuple[str, ...] = (), max_duplicates: int | None = None) \
-        -> dict:
+def _run_ring(
+    tmp_path: Path, *, keep_data: bool, extra: tuple[str, ...] = (), max_duplicates: int | None = None
+) -> dict:
     reason = nsqjs_missing()
     if reason:
         pytest.skip(reason)
@@ -275,15 +298,18 @@ def _run_ring(tmp_path: Path, *, keep_data: bool, extra: tuple[str, ...] = (), m
         try:
             wait_for(delivered, timeout=120, interval=0.2, message="every acknowledged message delivered")
         except AssertionError:
-            missing = {channel: sorted(acked - consumer.received.keys())[:10]
-                       for channel, consumer in zip(CHANNELS, consumers)}
+            missing = {
+                channel: sorted(acked - consumer.received.keys())[:10] for channel, consumer in zip(CHANNELS, consumers)
+            }
             _write_logs(tmp_path, ring)
             for channel, consumer in zip(CHANNELS, consumers):
                 (tmp_path / f"missing-{channel}.txt").write_text("\n".join(sorted(acked - consumer.received.keys())))
             (tmp_path / "acked.txt").write_text("\n".join(f"{k} {v}" for k, v in producers.where.items()))
             giving_up = [line for line in consumers[0].log_path.read_text().splitlines() if "giving up" in line]
-            raise AssertionError(f"missing per channel (first ten) {missing} of {len(acked)}; "
-                                 f"channels: {_channel_states(ring)}; pynsq gave up: {giving_up[:5]}") from None
+            raise AssertionError(
+                f"missing per channel (first ten) {missing} of {len(acked)}; "
+                f"channels: {_channel_states(ring)}; pynsq gave up: {giving_up[:5]}"
+            ) from None
         report = {"acknowledged": len(acked), "publish_failures_retried": producers.failures}
         for channel, consumer in zip(CHANNELS, consumers):
             report[f"duplicates_{channel}"] = sum(n - 1 for body, n in consumer.received.items() if body in acked)
@@ -293,9 +319,11 @@ def _run_ring(tmp_path: Path, *, keep_data: bool, extra: tuple[str, ...] = (), m
             report["adopted_after_a_start_without_a_peer"] = allowed
             if unexplained or any(report[f"duplicates_{channel}"] > max_duplicates + allowed for channel in CHANNELS):
                 warnings = _write_logs(tmp_path, ring)  # what the nodes said of their peers and takeovers
-                raise AssertionError(f"more than {max_duplicates} duplicates on a channel, or a living node's messages "
-                                     f"adopted: {report}; {unexplained[:5]}; logs in {tmp_path}; replication warnings "
-                                     f"(last 20): {warnings[-20:]}")
+                raise AssertionError(
+                    f"more than {max_duplicates} duplicates on a channel, or a living node's messages "
+                    f"adopted: {report}; {unexplained[:5]}; logs in {tmp_path}; replication warnings "
+                    f"(last 20): {warnings[-20:]}"
+                )
         return report
     finally:
         producers.stopping.set()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import trio
 
@@ -52,7 +52,7 @@ class FastConsumer:
     address: tuple[str, int]
     topic: str
     channel: str
-    on_message: Callable[["FastConsumer", bytes], None]
+    on_message: Callable[[FastConsumer, bytes], None]
     identify_fields: dict | None = None
     received: int = 0
     errors: list[bytes] = field(default_factory=list)
@@ -151,9 +151,7 @@ async def stats_json(http_address, topic: str) -> dict | None:
         return None
     stream = await trio.open_tcp_stream(*http_address)
     async with stream:
-        request = (
-            f"GET /stats?format=json&topic={topic} HTTP/1.1\r\nHost: nsqd\r\nConnection: close\r\n\r\n"
-        ).encode()
+        request = (f"GET /stats?format=json&topic={topic} HTTP/1.1\r\nHost: nsqd\r\nConnection: close\r\n\r\n").encode()
         await stream.send_all(request)
         chunks = []
         with trio.fail_after(20):

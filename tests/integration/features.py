@@ -44,11 +44,11 @@ class Certificates:
 
     def daemon_args(self, *extra: str) -> list[str]:
         """nsqd's TLS flags; HTTPS on a port picked at run time (the default 4152 may be taken)."""
-        return [f"--tls-cert={self.server_cert}", f"--tls-key={self.server_key}", "--https-address=127.0.0.1:0",
-                *extra]
+        return [f"--tls-cert={self.server_cert}", f"--tls-key={self.server_key}", "--https-address=127.0.0.1:0", *extra]
 
-    def client_context(self, *, with_cert: bool = False, foreign: bool = False,
-                       maximum: ssl.TLSVersion | None = None) -> ssl.SSLContext:
+    def client_context(
+        self, *, with_cert: bool = False, foreign: bool = False, maximum: ssl.TLSVersion | None = None
+    ) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.ca_file))
         if with_cert:
             context.load_cert_chain(str(self.foreign_client_pem if foreign else self.client_pem))
@@ -119,8 +119,9 @@ def snappy_io(inner) -> _CompressedIO:
 def deflate_io(inner, level: int) -> _CompressedIO:
     compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
     decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
-    return _CompressedIO(inner, lambda data: compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH),
-                         decompressor.decompress)
+    return _CompressedIO(
+        inner, lambda data: compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH), decompressor.decompress
+    )
 
 
 class FeatureClient(FrameClient):
@@ -158,7 +159,7 @@ class FeatureClient(FrameClient):
             self.io.settimeout(remaining)
             try:
                 chunk = self.io.recv(n - len(self._buf))  # never past this frame: the next layer may follow
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 raise TimeoutError("no frame before the deadline") from None
             except (ConnectionResetError, BrokenPipeError, ssl.SSLError) as exc:
                 raise ConnectionClosed(f"connection reset: {exc}") from None
@@ -204,10 +205,20 @@ class FeatureClient(FrameClient):
         self.expect_ok()
 
 
-def grant(ttl=3600, identity="ivy", identity_url="https://example.invalid/ivy", topic=".*", channels=(".*",),
-          permissions=("subscribe", "publish")) -> dict:
-    return {"ttl": ttl, "identity": identity, "identity_url": identity_url,
-            "authorizations": [{"topic": topic, "channels": list(channels), "permissions": list(permissions)}]}
+def grant(
+    ttl=3600,
+    identity="ivy",
+    identity_url="https://example.invalid/ivy",
+    topic=".*",
+    channels=(".*",),
+    permissions=("subscribe", "publish"),
+) -> dict:
+    return {
+        "ttl": ttl,
+        "identity": identity,
+        "identity_url": identity_url,
+        "authorizations": [{"topic": topic, "channels": list(channels), "permissions": list(permissions)}],
+    }
 
 
 class ScriptedAuthServer:
@@ -257,7 +268,8 @@ class ScriptedAuthServer:
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list:
         with self._cond:
             assert self._cond.wait_for(lambda: len(self.requests) >= count, timeout), (
-                f"auth server saw {len(self.requests)} requests, expected {count}")
+                f"auth server saw {len(self.requests)} requests, expected {count}"
+            )
             return list(self.requests)
 
     def close(self) -> None:

@@ -24,30 +24,64 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from protocol.commands import (  # shared client-side encoders, re-exported for the tests
     CLS,
     MAGIC_V2,
     NOP,
+)
+from protocol.commands import (
     encode_dpub as dpub,
+)
+from protocol.commands import (
     encode_fin as fin,
+)
+from protocol.commands import (
     encode_identify as identify,
+)
+from protocol.commands import (
     encode_mpub as mpub,
+)
+from protocol.commands import (
     encode_pub as pub,
+)
+from protocol.commands import (
     encode_rdy as rdy,
+)
+from protocol.commands import (
     encode_req as req,
+)
+from protocol.commands import (
     encode_sub as sub,
+)
+from protocol.commands import (
     encode_touch as touch,
 )
 from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, FrameDecoder
 from protocol.message import decode_message
 
-__all__ = ["CLS", "MAGIC_V2", "NOP", "FRAME_TYPE_ERROR", "FRAME_TYPE_MESSAGE", "FRAME_TYPE_RESPONSE",
-           "decode_message", "dpub", "fin", "identify", "mpub", "pub", "rdy", "req", "sub", "touch"]
+__all__ = [
+    "CLS",
+    "MAGIC_V2",
+    "NOP",
+    "FRAME_TYPE_ERROR",
+    "FRAME_TYPE_MESSAGE",
+    "FRAME_TYPE_RESPONSE",
+    "decode_message",
+    "dpub",
+    "fin",
+    "identify",
+    "mpub",
+    "pub",
+    "rdy",
+    "req",
+    "sub",
+    "touch",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT = b"_heartbeat_"
@@ -231,7 +265,7 @@ class RawClient(FrameClient):
         self.sock.settimeout(remaining)
         try:
             chunk = self.sock.recv(1 << 20)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError("no frame before the deadline") from None
         except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as exc:
             self.eof = True
@@ -473,7 +507,7 @@ class NsqdProcess(DaemonProcess):
         ]
         return base + self.args
 
-    def start(self) -> "NsqdProcess":
+    def start(self) -> NsqdProcess:
         self.data_path.mkdir(parents=True, exist_ok=True)
         return super().start()
 
@@ -523,8 +557,9 @@ _PROGRAMS = {"nsqd": "nsqd", "lookupd": "nsqlookupd", "admin": "nsqadmin"}
 def assert_refused_start(module: str, args: list[str], fatal: str, timeout: float = 30.0) -> None:
     """``python -m <module> <args>`` refuses to start: exit code 1, and its last line on stderr is the daemon's
     one FATAL log line, ``[<program>] <date> <time> FATAL: <fatal>`` (no traceback)."""
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 1, f"{module} exited with {done.returncode}:\n{done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.splitlines()

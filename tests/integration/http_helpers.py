@@ -37,8 +37,9 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def request(address, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None,
-            timeout: float = 10.0) -> Reply:
+def request(
+    address, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None, timeout: float = 10.0
+) -> Reply:
     """One request to ``(host, port)``, or to a unix socket's path."""
     if isinstance(body, str):
         body = body.encode()
@@ -88,7 +89,7 @@ def read_until_closed(sock: socket.socket, timeout: float) -> bytes:
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except ConnectionResetError:
             break
@@ -115,12 +116,12 @@ def read_responses(sock: socket.socket, count: int, timeout: float = 10.0) -> li
                 headers[name.strip().lower()] = value.strip()
             if status < 200:  # 100 Continue: no body
                 responses.append((status, headers, b""))
-                buffer = buffer[head_end + 4:]
+                buffer = buffer[head_end + 4 :]
                 continue
             length = int(headers.get("content-length", "0"))
             if len(buffer) >= head_end + 4 + length:
-                responses.append((status, headers, buffer[head_end + 4: head_end + 4 + length]))
-                buffer = buffer[head_end + 4 + length:]
+                responses.append((status, headers, buffer[head_end + 4 : head_end + 4 + length]))
+                buffer = buffer[head_end + 4 + length :]
                 continue
         remaining = deadline - time.monotonic()
         if remaining <= 0:

@@ -9,7 +9,6 @@ nsqd would, and returns every response (size-prefixed) to the test.
 from __future__ import annotations
 
 import json
-import socket
 import struct
 import sys
 import time
@@ -25,18 +24,32 @@ __all__ = ["Cluster", "LookupdProcess", "RawPeer", "lookup_producers", "wait_for
 class LookupdProcess(NsqdProcess):
     """One nsqlookupd subprocess; ``tcp``/``http`` are its addresses once started."""
 
-    def __init__(self, work_dir: Path, args: list[str] | tuple[str, ...] = (), *, tcp_port: int = 0,
-                 http_port: int = 0, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        args: list[str] | tuple[str, ...] = (),
+        *,
+        tcp_port: int = 0,
+        http_port: int = 0,
+        startup_timeout: float = 20.0,
+    ) -> None:
         super().__init__(work_dir, args, startup_timeout)
         self.tcp_port = tcp_port
         self.http_port = http_port
 
     @property
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "lookupd", f"--tcp-address=127.0.0.1:{self.tcp_port}",
-                f"--http-address=127.0.0.1:{self.http_port}", "--broadcast-address=127.0.0.1", *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "lookupd",
+            f"--tcp-address=127.0.0.1:{self.tcp_port}",
+            f"--http-address=127.0.0.1:{self.http_port}",
+            "--broadcast-address=127.0.0.1",
+            *self.args,
+        ]
 
-    def start(self) -> "LookupdProcess":
+    def start(self) -> LookupdProcess:
         super().start()
         try:
             self.wait_for_log(r"HTTP: listening on ", self.startup_timeout)
@@ -49,7 +62,7 @@ class LookupdProcess(NsqdProcess):
     def http_address(self) -> tuple[str, int]:
         return self.listening["HTTP"]
 
-    def restarted(self) -> "LookupdProcess":
+    def restarted(self) -> LookupdProcess:
         """A new process on the same two ports (this one must be stopped first)."""
         return LookupdProcess(self.data_path, self.args, tcp_port=self.tcp[1], http_port=self.http_address[1])
 
@@ -65,6 +78,7 @@ def lookup_producers(lookupd: LookupdProcess, topic: str) -> list[dict]:
 
 def wait_for_producers(lookupd: LookupdProcess, topic: str, tcp_ports: set[int], timeout: float = 20.0) -> list:
     """Wait until ``/lookup`` lists exactly the producers with these TCP ports; returns them."""
+
     def check():
         found = lookup_producers(lookupd, topic)
         return (found,) if {p["tcp_port"] for p in found} == set(tcp_ports) else None
@@ -91,7 +105,7 @@ class RawPeer:
         except OSError:
             pass
 
-    def __enter__(self) -> "RawPeer":
+    def __enter__(self) -> RawPeer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -109,7 +123,7 @@ class RawPeer:
         self.sock.settimeout(remaining)
         try:
             chunk = self.sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError("no response before the deadline") from None
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise ConnectionClosed(f"connection reset: {exc}") from None
@@ -124,17 +138,31 @@ class RawPeer:
         size = struct.unpack(">i", self._buffer[:4])[0]
         while len(self._buffer) < 4 + size:
             self._fill(deadline)
-        data, self._buffer = self._buffer[4:4 + size], self._buffer[4 + size:]
+        data, self._buffer = self._buffer[4 : 4 + size], self._buffer[4 + size :]
         return data
 
     def command(self, data: bytes) -> bytes:
         self.send(data)
         return self.read_response()
 
-    def identify(self, *, tcp_port: int = 4150, http_port: int = 4151, broadcast_address: str = "127.0.0.1",
-                 hostname: str = "raw-peer", version: str = "1.3.0") -> dict:
-        response = self.command(encode_identify(broadcast_address=broadcast_address, hostname=hostname,
-                                                http_port=http_port, tcp_port=tcp_port, version=version))
+    def identify(
+        self,
+        *,
+        tcp_port: int = 4150,
+        http_port: int = 4151,
+        broadcast_address: str = "127.0.0.1",
+        hostname: str = "raw-peer",
+        version: str = "1.3.0",
+    ) -> dict:
+        response = self.command(
+            encode_identify(
+                broadcast_address=broadcast_address,
+                hostname=hostname,
+                http_port=http_port,
+                tcp_port=tcp_port,
+                version=version,
+            )
+        )
         return json.loads(response)
 
     def assert_closed(self, timeout: float = 5.0) -> None:
@@ -153,8 +181,15 @@ class RawPeer:
 class Cluster:
     """Some nsqlookupd and some nsqd registered with every one of them (``--broadcast-address=127.0.0.1``)."""
 
-    def __init__(self, make_dir, *, lookupds: int = 2, nsqds: int = 2, lookupd_args: tuple[str, ...] = (),
-                 nsqd_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        make_dir,
+        *,
+        lookupds: int = 2,
+        nsqds: int = 2,
+        lookupd_args: tuple[str, ...] = (),
+        nsqd_args: tuple[str, ...] = (),
+    ) -> None:
         self.make_dir = make_dir
         self.lookupd_args = lookupd_args
         self.nsqd_args = nsqd_args
@@ -167,8 +202,11 @@ class Cluster:
         return daemon.start()
 
     def nsqd_argv(self) -> list[str]:
-        return ["--broadcast-address=127.0.0.1", *(f"--lookupd-tcp-address={lookupd.tcp_address}"
-                                                    for lookupd in self.lookupds), *self.nsqd_args]
+        return [
+            "--broadcast-address=127.0.0.1",
+            *(f"--lookupd-tcp-address={lookupd.tcp_address}" for lookupd in self.lookupds),
+            *self.nsqd_args,
+        ]
 
     def start_nsqd(self, data_path: Path | None = None) -> NsqdProcess:
         return self.add(NsqdProcess(data_path or self.make_dir("nsqd"), self.nsqd_argv()))

@@ -124,7 +124,7 @@ class Proxy:
     def _held(self, outbound: bool) -> bool:
         return self.outbound_held if outbound else self.inbound_held
 
-    def _pump(self, pair: "_Pair", source: socket.socket, sink: socket.socket, outbound: bool) -> None:
+    def _pump(self, pair: _Pair, source: socket.socket, sink: socket.socket, outbound: bool) -> None:
         try:
             while True:
                 with self.lock:

@@ -130,7 +130,7 @@ def read_queue(path: Path, name: str) -> list[bytes]:
         end = write_pos if num == write_num else len(blob)
         while pos < end:
             (size,) = struct.unpack_from(">i", blob, pos)
-            records.append(blob[pos + 4:pos + 4 + size])
+            records.append(blob[pos + 4 : pos + 4 + size])
             pos += 4 + size
         assert pos == end, f"{file}: records end at {pos}, expected {end}"
     assert len(records) == int(depth), f"{name}: meta depth {depth}, {len(records)} records"
@@ -159,6 +159,7 @@ def metadata(path: Path) -> dict:
 def wait_for_metadata(path: Path, condition, timeout: float = 10.0) -> dict:
     """nsqd.dat once ``condition(document)`` holds: creates and deletes are written shortly after they are
     answered, as in nsqd (its goroutine), not before."""
+
     def ready() -> dict | None:
         document = metadata(path)
         return document if condition(document) else None
@@ -174,15 +175,31 @@ def limited_process_class(max_file_size: int):
         @property
         def argv(self) -> list[str]:
             flags = super().argv[3:]  # after [python, -m, nsqd]
-            boot = ("import resource, runpy, sys; "
-                    f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file_size}, "
-                    "resource.getrlimit(resource.RLIMIT_FSIZE)[1])); "
-                    "runpy.run_module('nsqd', run_name='__main__', alter_sys=True)")
+            boot = (
+                "import resource, runpy, sys; "
+                f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file_size}, "
+                "resource.getrlimit(resource.RLIMIT_FSIZE)[1])); "
+                "runpy.run_module('nsqd', run_name='__main__', alter_sys=True)"
+            )
             return [sys.executable, "-c", boot, *flags]
 
     return LimitedNsqd
 
 
-__all__ = ["ConnectionClosed", "DataDir", "NSQ_FILE", "SIDE_FILE", "channel_stats", "consume_exactly",
-           "create_channel", "framed", "http", "limited_process_class", "make_record", "metadata", "parse_record",
-           "read_queue", "receive"]
+__all__ = [
+    "ConnectionClosed",
+    "DataDir",
+    "NSQ_FILE",
+    "SIDE_FILE",
+    "channel_stats",
+    "consume_exactly",
+    "create_channel",
+    "framed",
+    "http",
+    "limited_process_class",
+    "make_record",
+    "metadata",
+    "parse_record",
+    "read_queue",
+    "receive",
+]

@@ -44,8 +44,18 @@ class Publisher:
     """One producer thread (see the module notes). ``addresses(index)``: that node's (tcp, http) addresses, None
     while the test knows it is down; ``choose()``: the node to try first."""
 
-    def __init__(self, name: str, topic: str, addresses, choose, *, nodes: int = 1, retry: bool = False,
-                 timeout: float = 30.0, pause: float = 0.005) -> None:
+    def __init__(
+        self,
+        name: str,
+        topic: str,
+        addresses,
+        choose,
+        *,
+        nodes: int = 1,
+        retry: bool = False,
+        timeout: float = 30.0,
+        pause: float = 0.005,
+    ) -> None:
         self.name = name
         self.topic = topic
         self.addresses = addresses
@@ -60,7 +70,7 @@ class Publisher:
         self.thread = threading.Thread(target=self._run, name=f"publisher-{name}", daemon=True)
         self._clients: dict[int, RawClient] = {}
 
-    def start(self) -> "Publisher":
+    def start(self) -> Publisher:
         self.thread.start()
         return self
 
@@ -107,8 +117,11 @@ class Publisher:
                 try:
                     self._publish(kind, index, bodies)
                 except Exception as exc:  # refused, failed, closed, timed out: recorded
-                    self.outcomes.append(Outcome(kind, index, bodies, started, time.monotonic(), False,
-                                                 f"{type(exc).__name__}: {exc}"[:200]))
+                    self.outcomes.append(
+                        Outcome(
+                            kind, index, bodies, started, time.monotonic(), False, f"{type(exc).__name__}: {exc}"[:200]
+                        )
+                    )
                     if self.stopping.is_set():
                         break
                     time.sleep(0.05)
@@ -133,10 +146,13 @@ class Readers:
         self.received: dict[str, Counter] = {channel: Counter() for channel in channels}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(index, channel), daemon=True)
-                        for index in range(nodes) for channel in channels]
+        self.threads = [
+            threading.Thread(target=self._run, args=(index, channel), daemon=True)
+            for index in range(nodes)
+            for channel in channels
+        ]
 
-    def start(self) -> "Readers":
+    def start(self) -> Readers:
         for thread in self.threads:
             thread.start()
         return self
@@ -153,8 +169,10 @@ class Readers:
     def duplicates(self, acked) -> dict[str, int]:
         acked = set(acked)
         with self.lock:
-            return {channel: sum(n - 1 for body, n in counts.items() if body in acked)
-                    for channel, counts in self.received.items()}
+            return {
+                channel: sum(n - 1 for body, n in counts.items() if body in acked)
+                for channel, counts in self.received.items()
+            }
 
     def _run(self, index: int, channel: str) -> None:
         while not self.stopping.is_set():

@@ -34,8 +34,11 @@ NSQD_REFUSALS = [
 @pytest.mark.parametrize(("flag", "value", "reason"), NSQD_REFUSALS)
 def test_nsqd_listen_addresses(tmp_path, flag, value, reason):
     args = {"--tcp-address": "127.0.0.1:0", "--http-address": "127.0.0.1:0", flag: value}
-    assert_refused_start("nsqd", [f"{name}={text}" for name, text in args.items()] + [f"--data-path={tmp_path}"],
-                         f"failed to instantiate nsqd - listen ({value}) failed - {reason}")
+    assert_refused_start(
+        "nsqd",
+        [f"{name}={text}" for name, text in args.items()] + [f"--data-path={tmp_path}"],
+        f"failed to instantiate nsqd - listen ({value}) failed - {reason}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,65 +46,106 @@ def certs(tmp_path_factory):
     return make_certificates(tmp_path_factory.mktemp("certs"))
 
 
-@pytest.mark.parametrize(("value", "reason"), [
-    ("/tmp/https.sock", "listen tcp: address /tmp/https.sock: missing port in address"),  # HTTPS is TCP only
-    ("127.0.0.1:abc", "listen tcp: lookup tcp/abc: unknown port"),
-])
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("/tmp/https.sock", "listen tcp: address /tmp/https.sock: missing port in address"),  # HTTPS is TCP only
+        ("127.0.0.1:abc", "listen tcp: lookup tcp/abc: unknown port"),
+    ],
+)
 def test_nsqd_https_address(tmp_path, certs, value, reason):
-    assert_refused_start("nsqd", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={tmp_path}",
-                                  *certs.daemon_args(), f"--https-address={value}"],
-                         f"failed to instantiate nsqd - listen ({value}) failed - {reason}")
+    assert_refused_start(
+        "nsqd",
+        [
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={tmp_path}",
+            *certs.daemon_args(),
+            f"--https-address={value}",
+        ],
+        f"failed to instantiate nsqd - listen ({value}) failed - {reason}",
+    )
 
 
-@pytest.mark.parametrize(("module", "flag", "value"), [
-    ("nsqd", "--broadcast-tcp-port", "abc"),
-    ("nsqd", "--broadcast-http-port", "4151.5"),
-])
+@pytest.mark.parametrize(
+    ("module", "flag", "value"),
+    [
+        ("nsqd", "--broadcast-tcp-port", "abc"),
+        ("nsqd", "--broadcast-http-port", "4151.5"),
+    ],
+)
 def test_port_flags_that_are_not_numbers_are_usage_errors(module, flag, value):
-    done = subprocess.run([sys.executable, "-m", module, f"{flag}={value}"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", module, f"{flag}={value}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2, done.stderr
     assert f'invalid value "{value}" for flag -{flag[2:]}: parse error' in done.stderr
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize(("flag", "value", "reason"), [
-    ("--tcp-address", "127.0.0.1:abc", "listen tcp: lookup tcp/abc: unknown port"),
-    ("--tcp-address", "/nonexistent/lookupd.sock",
-     "listen unix /nonexistent/lookupd.sock: bind: no such file or directory"),
-    ("--http-address", "127.0.0.1:99999", "listen tcp: address 99999: invalid port"),
-    # not host:port (Go's SplitHostPort refuses it), so a unix socket's path
-    ("--http-address", "/nonexistent/[::1", "listen unix /nonexistent/[::1: bind: no such file or directory"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "reason"),
+    [
+        ("--tcp-address", "127.0.0.1:abc", "listen tcp: lookup tcp/abc: unknown port"),
+        (
+            "--tcp-address",
+            "/nonexistent/lookupd.sock",
+            "listen unix /nonexistent/lookupd.sock: bind: no such file or directory",
+        ),
+        ("--http-address", "127.0.0.1:99999", "listen tcp: address 99999: invalid port"),
+        # not host:port (Go's SplitHostPort refuses it), so a unix socket's path
+        ("--http-address", "/nonexistent/[::1", "listen unix /nonexistent/[::1: bind: no such file or directory"),
+    ],
+)
 def test_nsqlookupd_listen_addresses(tmp_path, flag, value, reason):
     args = {"--tcp-address": "127.0.0.1:0", "--http-address": "127.0.0.1:0", flag: value}
-    assert_refused_start("lookupd", [f"{name}={text}" for name, text in args.items()],
-                         f"failed to instantiate nsqlookupd - listen ({value}) failed - {reason}")
+    assert_refused_start(
+        "lookupd",
+        [f"{name}={text}" for name, text in args.items()],
+        f"failed to instantiate nsqlookupd - listen ({value}) failed - {reason}",
+    )
 
 
 ADMIN_REFUSALS = [
     # nsqadmin listens on TCP only
-    (["--http-address=/tmp/admin.sock"],
-     "failed to instantiate nsqadmin - listen (/tmp/admin.sock) failed - listen tcp: address /tmp/admin.sock: "
-     "missing port in address"),
-    (["--http-address=127.0.0.1:99999"],
-     "failed to instantiate nsqadmin - listen (127.0.0.1:99999) failed - listen tcp: address 99999: invalid port"),
-    (["--nsqd-http-address=127.0.0.1:abc"],
-     "failed to instantiate nsqadmin - failed to resolve --nsqd-http-address (127.0.0.1:abc) - "
-     "lookup tcp/abc: unknown port"),
-    (["--nsqd-http-address=nsqd"],
-     "failed to instantiate nsqadmin - failed to resolve --nsqd-http-address (nsqd) - address nsqd: "
-     "missing port in address"),
-    (["--lookupd-http-address=[::1]:4161:1"],
-     "failed to instantiate nsqadmin - failed to resolve --lookupd-http-address ([::1]:4161:1) - "
-     "address [::1]:4161:1: too many colons in address"),
-    (["--lookupd-http-address=http://[::1"],
-     "failed to instantiate nsqadmin - failed to resolve --lookupd-http-address (http://[::1) - "
-     "address http://[::1: missing port in address"),
-    (["--graphite-url=graphite:8080"], "failed to instantiate nsqadmin - failed to parse --graphite-url (graphite:8080)"),
+    (
+        ["--http-address=/tmp/admin.sock"],
+        "failed to instantiate nsqadmin - listen (/tmp/admin.sock) failed - listen tcp: address /tmp/admin.sock: "
+        "missing port in address",
+    ),
+    (
+        ["--http-address=127.0.0.1:99999"],
+        "failed to instantiate nsqadmin - listen (127.0.0.1:99999) failed - listen tcp: address 99999: invalid port",
+    ),
+    (
+        ["--nsqd-http-address=127.0.0.1:abc"],
+        "failed to instantiate nsqadmin - failed to resolve --nsqd-http-address (127.0.0.1:abc) - "
+        "lookup tcp/abc: unknown port",
+    ),
+    (
+        ["--nsqd-http-address=nsqd"],
+        "failed to instantiate nsqadmin - failed to resolve --nsqd-http-address (nsqd) - address nsqd: "
+        "missing port in address",
+    ),
+    (
+        ["--lookupd-http-address=[::1]:4161:1"],
+        "failed to instantiate nsqadmin - failed to resolve --lookupd-http-address ([::1]:4161:1) - "
+        "address [::1]:4161:1: too many colons in address",
+    ),
+    (
+        ["--lookupd-http-address=http://[::1"],
+        "failed to instantiate nsqadmin - failed to resolve --lookupd-http-address (http://[::1) - "
+        "address http://[::1: missing port in address",
+    ),
+    (
+        ["--graphite-url=graphite:8080"],
+        "failed to instantiate nsqadmin - failed to parse --graphite-url (graphite:8080)",
+    ),
     (["--graphite-url=http://[::1"], "failed to instantiate nsqadmin - failed to parse --graphite-url (http://[::1)"),
-    (["--notification-http-endpoint=http://"],
-     "failed to instantiate nsqadmin - failed to parse --notification-http-endpoint (http://)"),
+    (
+        ["--notification-http-endpoint=http://"],
+        "failed to instantiate nsqadmin - failed to parse --notification-http-endpoint (http://)",
+    ),
 ]
 
 
@@ -116,9 +160,17 @@ def test_nsqadmin_addresses(args, fatal):
 
 def test_nsqd_keeps_running_with_addresses_it_dials_later(tmp_path):
     """A lookupd, auth server or statsd address NSQ cannot use is an ERROR line at each attempt, not a stop."""
-    daemon = NsqdProcess(tmp_path, ["--lookupd-tcp-address=lookupd", "--lookupd-tcp-address=127.0.0.1:abc",
-                                    "--statsd-address=statsd", "--statsd-interval=200ms",
-                                    "--auth-http-address=http://[::1", "--broadcast-address=[not an address"]).start()
+    daemon = NsqdProcess(
+        tmp_path,
+        [
+            "--lookupd-tcp-address=lookupd",
+            "--lookupd-tcp-address=127.0.0.1:abc",
+            "--statsd-address=statsd",
+            "--statsd-interval=200ms",
+            "--auth-http-address=http://[::1",
+            "--broadcast-address=[not an address",
+        ],
+    ).start()
     try:
         daemon.wait_for_log(r"ERROR: LOOKUPD\(lookupd\): dial tcp: address lookupd: missing port in address", 10)
         daemon.wait_for_log(r"ERROR: LOOKUPD\(127\.0\.0\.1:abc\): dial tcp: lookup tcp/abc: unknown port", 10)

@@ -16,27 +16,37 @@ pytestmark = pytest.mark.timeout(60)
 
 GRANTS = {
     "everything": {
-        "ttl": 3600, "identity": "alice", "identity_url": "https://example.invalid/alice",
+        "ttl": 3600,
+        "identity": "alice",
+        "identity_url": "https://example.invalid/alice",
         "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}],
     },
     "publish-orders": {
-        "ttl": 3600, "identity": "bob", "identity_url": "",
+        "ttl": 3600,
+        "identity": "bob",
+        "identity_url": "",
         "authorizations": [
             {"topic": "^orders$", "channels": [".*"], "permissions": ["publish"]},
             {"topic": "^orders$", "channels": ["^billing$"], "permissions": ["subscribe"]},
         ],
     },
     "publish-no-channels": {
-        "ttl": 3600, "identity": "carol", "identity_url": "",
+        "ttl": 3600,
+        "identity": "carol",
+        "identity_url": "",
         "authorizations": [{"topic": ".*", "channels": [], "permissions": ["publish"]}],
     },
     "nothing": {"ttl": 3600, "identity": "dave", "identity_url": "", "authorizations": []},
     "bad-permission": {
-        "ttl": 3600, "identity": "eve", "identity_url": "",
+        "ttl": 3600,
+        "identity": "eve",
+        "identity_url": "",
         "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["admin"]}],
     },
     "zero-ttl": {
-        "ttl": 0, "identity": "frank", "identity_url": "",
+        "ttl": 0,
+        "identity": "frank",
+        "identity_url": "",
         "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["publish"]}],
     },
 }
@@ -196,8 +206,15 @@ def test_auth_with_a_parameter_is_refused(daemon):
         ("publish-orders", sub("orders", "shipping"), b'E_UNAUTHORIZED AUTH failed for SUB on "orders" "shipping"'),
         ("publish-no-channels", pub("orders", b"no"), b'E_UNAUTHORIZED AUTH failed for PUB on "orders" ""'),
     ],
-    ids=["pub-allowed", "pub-unanchored-name-denied", "mpub-denied", "dpub-denied", "sub-allowed", "sub-denied",
-         "publish-with-empty-channel-list-denied"],
+    ids=[
+        "pub-allowed",
+        "pub-unanchored-name-denied",
+        "mpub-denied",
+        "dpub-denied",
+        "sub-allowed",
+        "sub-denied",
+        "publish-with-empty-channel-list-denied",
+    ],
 )
 def test_authorization_rules(daemon, secret, payload, expected):
     with authed(daemon, secret) as client:

@@ -28,8 +28,10 @@ def auth_server():
 @pytest.fixture(scope="module")
 def daemon(auth_server, certs, tmp_path_factory):
     """Auth through ``auth_server``; TLS offered; the test CA trusted for client certificates and HTTPS."""
-    process = NsqdProcess(tmp_path_factory.mktemp("nsqd-auth-lifecycle"), certs.daemon_args(
-        f"--tls-root-ca-file={certs.ca_file}", f"--auth-http-address={auth_server.address}"))
+    process = NsqdProcess(
+        tmp_path_factory.mktemp("nsqd-auth-lifecycle"),
+        certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}", f"--auth-http-address={auth_server.address}"),
+    )
     process.start()
     yield process
     stop_all([process])
@@ -154,7 +156,10 @@ def test_stats_show_the_identity(daemon, auth_server):
         assert status == 200
         [entry] = json.loads(body)["topics"][0]["channels"][0]["clients"]
         assert (entry["authed"], entry["auth_identity"], entry["auth_identity_url"]) == (
-            True, "vic", "https://id.example/vic")
+            True,
+            "vic",
+            "https://id.example/vic",
+        )
 
 
 # -- with TLS: the query tells, and an HTTPS auth server -------------------------------------------------
@@ -177,7 +182,10 @@ def test_forbidden_answer_points_to_https(daemon, auth_server, certs):
     secure = ScriptedAuthServer(server_context)
     try:
         secure.answers["tls-only"] = (200, grant(identity="secure"))
-        auth_server.answers["tls-only"] = (403, {"message": "TLS_REQUIRED", "https_port": secure.httpd.server_address[1]})
+        auth_server.answers["tls-only"] = (
+            403,
+            {"message": "TLS_REQUIRED", "https_port": secure.httpd.server_address[1]},
+        )
         with RawClient(daemon.tcp) as client:
             assert json.loads(auth(client, "tls-only"))["identity"] == "secure"
         assert secure.requests[0][1]["secret"] == ["tls-only"]

@@ -20,8 +20,7 @@ from .harness import RawClient, fin, mpub, pub, rdy, sub
 
 pytestmark = pytest.mark.timeout(60)
 
-SNAPPY_OK = (b"\xff\x06\x00\x00sNaPpY" + b"\x01\x0e\x00\x00" + struct.pack("<I", masked_crc32c(OK_FRAME))
-             + OK_FRAME)
+SNAPPY_OK = b"\xff\x06\x00\x00sNaPpY" + b"\x01\x0e\x00\x00" + struct.pack("<I", masked_crc32c(OK_FRAME)) + OK_FRAME
 
 
 def fresh() -> str:
@@ -57,7 +56,7 @@ def raw_upgrade(address, fields: dict) -> tuple[socket.socket, bytes]:
         chunk = sock.recv(65536)
         assert chunk, "closed during IDENTIFY"
         data += chunk
-    return sock, data[4 + int.from_bytes(data[:4], "big"):]
+    return sock, data[4 + int.from_bytes(data[:4], "big") :]
 
 
 def recv_at_least(sock: socket.socket, data: bytes, n: int) -> bytes:
@@ -96,7 +95,7 @@ def test_snappy_commands_pipelined_with_identify(module_nsqd):
         sock.sendall(b"  V2" + encode_identify({"feature_negotiation": True, "snappy": True}) + compressed)
         data = recv_at_least(sock, b"", 4)
         size = int.from_bytes(data[:4], "big")
-        data = recv_at_least(sock, data, 4 + size)[4 + size:]
+        data = recv_at_least(sock, data, 4 + size)[4 + size :]
         decoder = snappy.StreamDecompressor()
         plain = b""
         while len(plain) < 2 * len(OK_FRAME):
@@ -151,7 +150,7 @@ def test_deflate_level_shows_in_the_output(module_nsqd):
                 assert chunk
                 wire += len(chunk)
                 plain += inflater.decompress(chunk)
-            assert plain[-len(body):] == body
+            assert plain[-len(body) :] == body
             sizes[level] = wire
         finally:
             sock.close()
@@ -198,14 +197,22 @@ def test_compression_disabled_by_flags(nsqd_factory):
 
 def _bad_snappy_crc() -> bytes:
     data = pub("t", b"x")
-    return (b"\xff\x06\x00\x00sNaPpY" + b"\x01" + (len(data) + 4).to_bytes(3, "little")
-            + struct.pack("<I", masked_crc32c(data) ^ 1) + data)
+    return (
+        b"\xff\x06\x00\x00sNaPpY"
+        + b"\x01"
+        + (len(data) + 4).to_bytes(3, "little")
+        + struct.pack("<I", masked_crc32c(data) ^ 1)
+        + data
+    )
 
 
 BAD_STREAMS = [
     pytest.param({"snappy": True}, _bad_snappy_crc(), id="snappy-bad-crc"),
-    pytest.param({"snappy": True}, b"\xff\x06\x00\x00sNaPpY" + b"\x00\x08\x00\x00\x00\x00\x00\x00\x0a\x01\x00\x00",
-                 id="snappy-corrupt-block"),
+    pytest.param(
+        {"snappy": True},
+        b"\xff\x06\x00\x00sNaPpY" + b"\x00\x08\x00\x00\x00\x00\x00\x00\x0a\x01\x00\x00",
+        id="snappy-corrupt-block",
+    ),
     pytest.param({"snappy": True}, b"\xff\x06\x00\x00sNaPpY" + b"\x05\x01\x00\x00z", id="snappy-unknown-chunk"),
     pytest.param({"snappy": True}, b"NOP\n", id="snappy-expected-but-clear-text"),
     pytest.param({"deflate": True}, b"\xff" * 32, id="deflate-garbage"),

@@ -63,9 +63,11 @@ def test_a_restart_after_a_kill_during_a_catch_up_reads_on_without_false_errors(
     daemon = d.start()
     # file 1 from its start (three records there come again: the meta had not recorded them), then file 2
     assert sorted(m.body for m in consume_exactly(daemon, topics["removed"], "c", 20)) == [
-        body(n) for n in range(10, 30)]
+        body(n) for n in range(10, 30)
+    ]
     assert sorted(m.body for m in consume_exactly(daemon, topics["behind"], "c", 17)) == [
-        body(n) for n in range(13, 30)]
+        body(n) for n in range(13, 30)
+    ]
     assert errors(daemon) == []
     log = daemon.log_text()
     assert f"{removed}.diskqueue.000000.dat is missing, before the read position {3 * RECORD}" in log

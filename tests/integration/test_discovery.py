@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from protocol.lookup_v1 import PING, encode_register
 from tests.integration.harness import RawClient, consumer
 from tests.integration.http_helpers import get, post, request, stats
 from tests.integration.lookupd_harness import (
@@ -21,7 +22,6 @@ from tests.integration.lookupd_harness import (
     wait_for,
     wait_for_producers,
 )
-from protocol.lookup_v1 import PING, encode_register
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -75,7 +75,10 @@ def test_every_nsqd_registers_with_every_lookupd(cluster, topic):
         for nsqd in cluster.nsqds:
             peer = by_port[nsqd.tcp[1]]
             assert (peer["broadcast_address"], peer["http_port"], peer["version"]) == (
-                "127.0.0.1", nsqd.http()[1], "1.3.0")
+                "127.0.0.1",
+                nsqd.http()[1],
+                "1.3.0",
+            )
         nodes = get(lookupd.http_address, "/nodes").json()["producers"]
         assert {n["tcp_port"] for n in nodes if topic in n["topics"]} == tcp_ports(cluster)
         for node in nodes:
@@ -93,8 +96,10 @@ def test_channels_and_deletions_follow_nsqd(cluster, topic):
     # the last consumer of an ephemeral channel leaves: nsqd deletes it and lookupd forgets the key
     ephemeral.close()
     for lookupd in cluster.lookupds:
-        wait_for(lambda: "tail#ephemeral" not in get(lookupd.http_address, f"/channels?topic={topic}").json()[
-            "channels"], message="ephemeral channel gone")
+        wait_for(
+            lambda: "tail#ephemeral" not in get(lookupd.http_address, f"/channels?topic={topic}").json()["channels"],
+            message="ephemeral channel gone",
+        )
     sub.close()
     # deleting the channel on nsqd unregisters it; the key itself stays in lookupd
     assert post(nsqd.http(), f"/channel/delete?topic={topic}&channel=workers").status == 200
@@ -114,6 +119,7 @@ def test_channels_are_pre_created_from_lookupd(cluster, topic):
         assert post(lookupd.http_address, f"/channel/create?topic={topic}&channel={channel}").status == 200
     nsqd = cluster.nsqds[0]
     publish(nsqd, topic, b"first message")
+
     # nsqd asked lookupd before its topic started: the first message is in both channels
     def channels():
         found = stats(nsqd.http(), f"topic={topic}")["topics"]
@@ -135,12 +141,15 @@ def test_lookupd_addresses_change_at_run_time(cluster, topic):
     assert reply.status == 200, reply
     wait_for_producers(first, topic, set())  # the connection to the first lookupd is closed
     assert {p["tcp_port"] for p in lookup_producers(second, topic)} == {nsqd.tcp[1]}
-    reply = request(nsqd.http(), "PUT", "/config/nsqlookupd_tcp_addresses",
-                    json.dumps([first.tcp_address, second.tcp_address]))
+    reply = request(
+        nsqd.http(), "PUT", "/config/nsqlookupd_tcp_addresses", json.dumps([first.tcp_address, second.tcp_address])
+    )
     assert reply.status == 200, reply
     wait_for_producers(first, topic, {nsqd.tcp[1]})  # a new peer announces everything
     assert json.loads(get(nsqd.http(), "/config/nsqlookupd_tcp_addresses").body) == [
-        first.tcp_address, second.tcp_address]
+        first.tcp_address,
+        second.tcp_address,
+    ]
 
 
 def test_nsqd_reregisters_after_lookupd_restarts(make_cluster, topic):
@@ -153,6 +162,7 @@ def test_nsqd_reregisters_after_lookupd_restarts(make_cluster, topic):
     # a restarted lookupd starts empty (nsqd may already have registered again by now, so no 404 is asserted):
     # what it knows next comes from the nsqds' new registrations
     wait_for_producers(lookupd, topic, tcp_ports(cluster))
+
     # the second nsqd may hold "ch" too: its topic asks lookupd for channels to pre-create without blocking the
     # PUB, so that query can see the consumer's "ch" registered meanwhile; lookupd must list exactly the nsqds
     # that hold the channel, the consumer's among them
@@ -164,9 +174,12 @@ def test_nsqd_reregisters_after_lookupd_restarts(make_cluster, topic):
 
 
 def nsqds_with_channel(cluster: Cluster, topic: str, channel: str) -> set[int]:
-    return {nsqd.tcp[1] for nsqd in cluster.nsqds
-            for found in stats(nsqd.http(), f"topic={topic}")["topics"]
-            if any(c["channel_name"] == channel for c in found["channels"])}
+    return {
+        nsqd.tcp[1]
+        for nsqd in cluster.nsqds
+        for found in stats(nsqd.http(), f"topic={topic}")["topics"]
+        if any(c["channel_name"] == channel for c in found["channels"])
+    }
 
 
 def test_lookupd_sees_nsqd_leave_and_come_back(make_cluster, topic):
@@ -197,8 +210,9 @@ def test_tombstone_hides_a_producer_for_its_lifetime(make_cluster, topic):
     node = f"127.0.0.1:{hidden.http()[1]}"
     assert post(lookupd.http_address, f"/topic/tombstone?topic={topic}&node={node}").status == 200
     assert {p["tcp_port"] for p in lookup_producers(lookupd, topic)} == {kept.tcp[1]}
-    node_entry = next(n for n in get(lookupd.http_address, "/nodes").json()["producers"]
-                      if n["tcp_port"] == hidden.tcp[1])
+    node_entry = next(
+        n for n in get(lookupd.http_address, "/nodes").json()["producers"] if n["tcp_port"] == hidden.tcp[1]
+    )
     assert dict(zip(node_entry["topics"], node_entry["tombstones"]))[topic] is True
     # once the lifetime has passed the producer is listed again
     wait_for_producers(lookupd, topic, tcp_ports(cluster), timeout=30)

@@ -31,8 +31,12 @@ def tmpfs(tmp_path):
         pytest.skip("mounting a tmpfs needs root")
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount)],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
     try:
@@ -131,8 +135,12 @@ def publish_until_a_channel_keeps_its_copy_in_memory(daemon, topic: str, filler:
         producer.send(pub(topic, message))
         assert producer.read_reply().data == b"OK"
     for channel in CHANNELS:
-        daemon.wait_for_log(rf"CHANNEL\({topic}:{channel}\): failed to write 1 message\(s\) to disk, keeping them "
-                            "in memory", 10, start)
+        daemon.wait_for_log(
+            rf"CHANNEL\({topic}:{channel}\): failed to write 1 message\(s\) to disk, keeping them "
+            "in memory",
+            10,
+            start,
+        )
     return message
 
 
@@ -202,8 +210,7 @@ def test_copies_kept_in_memory_go_to_disk_once_it_has_room_even_with_no_consumer
     with RawClient(daemon.tcp) as producer:
         producer.publish(topic, body(1))  # the channels' disks take this copy: they have room again
     for channel in CHANNELS:
-        daemon.wait_for_log(rf"CHANNEL\({topic}:{channel}\): wrote 1 message\(s\) kept in memory to disk", 10,
-                            start)
+        daemon.wait_for_log(rf"CHANNEL\({topic}:{channel}\): wrote 1 message\(s\) kept in memory to disk", 10, start)
     topic_file = d.path / f"{topic}.diskqueue.000000.dat"
     deadline = time.monotonic() + 10
     while topic_file.exists():

@@ -110,12 +110,24 @@ ERROR_CASES = [
     ("init", b"IDENTIFY\n\x00\x00", b"E_BAD_BODY IDENTIFY failed to read body size", True),
     ("init", b"IDENTIFY\n" + size(100) + b'{"client_id":', b"E_BAD_BODY IDENTIFY failed to read body", True),
     ("init", command("IDENTIFY", body=b"not json"), b"E_BAD_BODY IDENTIFY failed to decode JSON body", False),
-    ("init", command("IDENTIFY", body=b'{"heartbeat_interval":"1000"}'),
-     b"E_BAD_BODY IDENTIFY failed to decode JSON body", False),
-    ("init", command("IDENTIFY", body=b'{"feature_negotiation":"yes"}'),
-     b"E_BAD_BODY IDENTIFY failed to decode JSON body", False),
-    ("init", identify({"feature_negotiation": True, "snappy": True, "deflate": True}),
-     b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression", False),
+    (
+        "init",
+        command("IDENTIFY", body=b'{"heartbeat_interval":"1000"}'),
+        b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        False,
+    ),
+    (
+        "init",
+        command("IDENTIFY", body=b'{"feature_negotiation":"yes"}'),
+        b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        False,
+    ),
+    (
+        "init",
+        identify({"feature_negotiation": True, "snappy": True, "deflate": True}),
+        b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression",
+        False,
+    ),
     ("subscribed", identify({}), b"E_INVALID cannot IDENTIFY in current state", False),
     ("closing", identify({}), b"E_INVALID cannot IDENTIFY in current state", False),
     # -- AUTH (no --auth-http-address on this daemon)
@@ -134,8 +146,12 @@ ERROR_CASES = [
     ("init", b"SUB " + b"x" * 65 + b" ch\n", b'E_BAD_TOPIC SUB topic name "' + b"x" * 65 + b'" is not valid', False),
     ("init", b"SUB {T} bad!\n", b'E_BAD_CHANNEL SUB channel name "bad!" is not valid', False),
     ("init", b"SUB {T}  ch\n", b'E_BAD_CHANNEL SUB channel name "" is not valid', False),
-    ("init", b"SUB {T} ch#ephemeral#ephemeral\n",
-     b'E_BAD_CHANNEL SUB channel name "ch#ephemeral#ephemeral" is not valid', False),
+    (
+        "init",
+        b"SUB {T} ch#ephemeral#ephemeral\n",
+        b'E_BAD_CHANNEL SUB channel name "ch#ephemeral#ephemeral" is not valid',
+        False,
+    ),
     ("subscribed", b"SUB {T} other\n", b"E_INVALID cannot SUB in current state", False),
     ("closing", b"SUB {T} other\n", b"E_INVALID cannot SUB in current state", False),
     # -- RDY
@@ -172,8 +188,12 @@ ERROR_CASES = [
     # -- PUB
     ("init", b"PUB\n", b"E_INVALID PUB insufficient number of parameters", False),
     ("init", b"PUB bad!\n", b'E_BAD_TOPIC PUB topic name "bad!" is not valid', False),
-    ("init", b"PUB " + LONG_TOPIC.encode() + b"\n",
-     b'E_BAD_TOPIC PUB topic name "' + LONG_TOPIC.encode() + b'" is not valid', False),
+    (
+        "init",
+        b"PUB " + LONG_TOPIC.encode() + b"\n",
+        b'E_BAD_TOPIC PUB topic name "' + LONG_TOPIC.encode() + b'" is not valid',
+        False,
+    ),
     ("init", b"PUB {T}\n\x00\x00", b"E_BAD_MESSAGE PUB failed to read message body size", True),
     ("init", b"PUB {T}\n" + size(0), b"E_BAD_MESSAGE PUB invalid message body size 0", False),
     ("init", b"PUB {T}\n" + size(-5), b"E_BAD_MESSAGE PUB invalid message body size -5", False),
@@ -192,15 +212,36 @@ ERROR_CASES = [
     ("init", b"MPUB {T}\n" + size(100) + size(0), b"E_BAD_BODY MPUB invalid message count 0", False),
     ("init", b"MPUB {T}\n" + size(100) + size(-3), b"E_BAD_BODY MPUB invalid message count -3", False),
     ("init", b"MPUB {T}\n" + size(100) + size(1048576), b"E_BAD_BODY MPUB invalid message count 1048576", False),
-    ("init", b"MPUB {T}\n" + size(100) + size(2) + b"\x00",
-     b"E_BAD_MESSAGE MPUB failed to read message(0) body size", True),
-    ("init", b"MPUB {T}\n" + size(100) + size(2) + size(0), b"E_BAD_MESSAGE MPUB invalid message(0) body size 0", False),
-    ("init", b"MPUB {T}\n" + size(100) + size(2) + size(1) + b"a" + size(-1),
-     b"E_BAD_MESSAGE MPUB invalid message(1) body size -1", False),
-    ("init", b"MPUB {T}\n" + size(100) + size(2) + size(MAX_MSG_SIZE + 1),
-     b"E_BAD_MESSAGE MPUB message too big 1048577 > 1048576", False),
-    ("init", b"MPUB {T}\n" + size(100) + size(1) + size(10) + b"abc",
-     b"E_BAD_MESSAGE MPUB failed to read message body", True),
+    (
+        "init",
+        b"MPUB {T}\n" + size(100) + size(2) + b"\x00",
+        b"E_BAD_MESSAGE MPUB failed to read message(0) body size",
+        True,
+    ),
+    (
+        "init",
+        b"MPUB {T}\n" + size(100) + size(2) + size(0),
+        b"E_BAD_MESSAGE MPUB invalid message(0) body size 0",
+        False,
+    ),
+    (
+        "init",
+        b"MPUB {T}\n" + size(100) + size(2) + size(1) + b"a" + size(-1),
+        b"E_BAD_MESSAGE MPUB invalid message(1) body size -1",
+        False,
+    ),
+    (
+        "init",
+        b"MPUB {T}\n" + size(100) + size(2) + size(MAX_MSG_SIZE + 1),
+        b"E_BAD_MESSAGE MPUB message too big 1048577 > 1048576",
+        False,
+    ),
+    (
+        "init",
+        b"MPUB {T}\n" + size(100) + size(1) + size(10) + b"abc",
+        b"E_BAD_MESSAGE MPUB failed to read message body",
+        True,
+    ),
     # -- DPUB
     ("init", b"DPUB {T}\n", b"E_INVALID DPUB insufficient number of parameters", False),
     ("init", b"DPUB bad! 10\n", b'E_BAD_TOPIC DPUB topic name "bad!" is not valid', False),
@@ -307,7 +348,9 @@ def test_fin_req_touch_of_message_owned_by_another_connection(daemon):
         message = owner.read_message()
         for cmd, code in ((touch(message.id), "TOUCH"), (req(message.id, 0), "REQ"), (fin(message.id), "FIN")):
             other.send(cmd)
-            other.expect_error(f"E_{code}_FAILED {code} ".encode() + message.id + b" failed client does not own message")
+            other.expect_error(
+                f"E_{code}_FAILED {code} ".encode() + message.id + b" failed client does not own message"
+            )
         other.assert_open()
         owner.send(fin(message.id))
         owner.assert_open()
@@ -354,28 +397,68 @@ SILENT = "silent"  # no frame at all: a following PUB is answered first
 def _matrix_cases():
     topic_ok = b"OK"
     cases = {
-        "IDENTIFY": (identify({}), (("response", b"OK"), ("fatal", b"E_INVALID cannot IDENTIFY in current state"),
-                                    ("fatal", b"E_INVALID cannot IDENTIFY in current state"))),
-        "AUTH": (command("AUTH", body=b"s3cret"), (("fatal", b"E_AUTH_DISABLED AUTH disabled"),
-                                                    ("fatal", b"E_INVALID cannot AUTH in current state"),
-                                                    ("fatal", b"E_INVALID cannot AUTH in current state"))),
-        "SUB": (b"SUB {T} second\n", (("response", topic_ok), ("fatal", b"E_INVALID cannot SUB in current state"),
-                                       ("fatal", b"E_INVALID cannot SUB in current state"))),
+        "IDENTIFY": (
+            identify({}),
+            (
+                ("response", b"OK"),
+                ("fatal", b"E_INVALID cannot IDENTIFY in current state"),
+                ("fatal", b"E_INVALID cannot IDENTIFY in current state"),
+            ),
+        ),
+        "AUTH": (
+            command("AUTH", body=b"s3cret"),
+            (
+                ("fatal", b"E_AUTH_DISABLED AUTH disabled"),
+                ("fatal", b"E_INVALID cannot AUTH in current state"),
+                ("fatal", b"E_INVALID cannot AUTH in current state"),
+            ),
+        ),
+        "SUB": (
+            b"SUB {T} second\n",
+            (
+                ("response", topic_ok),
+                ("fatal", b"E_INVALID cannot SUB in current state"),
+                ("fatal", b"E_INVALID cannot SUB in current state"),
+            ),
+        ),
         "RDY": (rdy(1), (("fatal", b"E_INVALID cannot RDY in current state"), (SILENT, None), (SILENT, None))),
-        "FIN": (fin(UNKNOWN_ID), (("fatal", b"E_INVALID cannot FIN in current state"),
-                                  ("error", b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight"),
-                                  ("error", b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight"))),
-        "REQ": (req(UNKNOWN_ID, 0), (("fatal", b"E_INVALID cannot REQ in current state"),
-                                     ("error", b"E_REQ_FAILED REQ 0123456789abcdef failed ID not in flight"),
-                                     ("error", b"E_REQ_FAILED REQ 0123456789abcdef failed ID not in flight"))),
-        "TOUCH": (touch(UNKNOWN_ID), (("fatal", b"E_INVALID cannot TOUCH in current state"),
-                                      ("error", b"E_TOUCH_FAILED TOUCH 0123456789abcdef failed ID not in flight"),
-                                      ("error", b"E_TOUCH_FAILED TOUCH 0123456789abcdef failed ID not in flight"))),
-        "CLS": (CLS, (("fatal", b"E_INVALID cannot CLS in current state"), ("response", b"CLOSE_WAIT"),
-                      ("fatal", b"E_INVALID cannot CLS in current state"))),
+        "FIN": (
+            fin(UNKNOWN_ID),
+            (
+                ("fatal", b"E_INVALID cannot FIN in current state"),
+                ("error", b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight"),
+                ("error", b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight"),
+            ),
+        ),
+        "REQ": (
+            req(UNKNOWN_ID, 0),
+            (
+                ("fatal", b"E_INVALID cannot REQ in current state"),
+                ("error", b"E_REQ_FAILED REQ 0123456789abcdef failed ID not in flight"),
+                ("error", b"E_REQ_FAILED REQ 0123456789abcdef failed ID not in flight"),
+            ),
+        ),
+        "TOUCH": (
+            touch(UNKNOWN_ID),
+            (
+                ("fatal", b"E_INVALID cannot TOUCH in current state"),
+                ("error", b"E_TOUCH_FAILED TOUCH 0123456789abcdef failed ID not in flight"),
+                ("error", b"E_TOUCH_FAILED TOUCH 0123456789abcdef failed ID not in flight"),
+            ),
+        ),
+        "CLS": (
+            CLS,
+            (
+                ("fatal", b"E_INVALID cannot CLS in current state"),
+                ("response", b"CLOSE_WAIT"),
+                ("fatal", b"E_INVALID cannot CLS in current state"),
+            ),
+        ),
         "PUB": (b"PUB {T}\n" + size(5) + b"hello", (("response", topic_ok),) * 3),
-        "MPUB": (b"MPUB {T}\n" + size(len(mpub_body([b"a", b"b"]))) + mpub_body([b"a", b"b"]),
-                 (("response", topic_ok),) * 3),
+        "MPUB": (
+            b"MPUB {T}\n" + size(len(mpub_body([b"a", b"b"]))) + mpub_body([b"a", b"b"]),
+            (("response", topic_ok),) * 3,
+        ),
         "DPUB": (b"DPUB {T} 100\n" + size(5) + b"later", (("response", topic_ok),) * 3),
         "NOP": (NOP, ((SILENT, None),) * 3),
     }
@@ -439,8 +522,9 @@ def test_client_closing_before_or_inside_the_magic(daemon):
         pytest.param(lambda t: b"PUB " + t + b"\n" + size(100) + b"x" * 50, id="half-pub-body"),
         pytest.param(lambda t: b"PUB " + t + b"\n\x00\x00", id="half-pub-size"),
         pytest.param(lambda t: b"PUB " + t, id="half-command-line"),
-        pytest.param(lambda t: b"MPUB " + t + b"\n" + size(40) + size(2) + size(4) + b"full" + size(9) + b"half",
-                     id="half-mpub"),
+        pytest.param(
+            lambda t: b"MPUB " + t + b"\n" + size(40) + size(2) + size(4) + b"full" + size(9) + b"half", id="half-mpub"
+        ),
         pytest.param(lambda t: b"DPUB " + t + b" 0\n" + size(20) + b"0123456789", id="half-dpub"),
     ],
 )

@@ -50,7 +50,7 @@ async def test_backlogged_channels_get_equal_delivery_whatever_their_consumer_co
         for a, b in zip(few, many):  # interleave so neither channel gets a head start
             await a.set_ready(READY_FEW)
             await b.set_ready(READY_MANY)
-        for consumer in many[len(few):]:
+        for consumer in many[len(few) :]:
             await consumer.set_ready(READY_MANY)
 
         with trio.move_on_after(240) as waiting:
@@ -65,6 +65,5 @@ async def test_backlogged_channels_get_equal_delivery_whatever_their_consumer_co
     assert a and b, f"one channel was starved: {frozen}"
     difference = abs(a - b) / max(a, b)
     assert difference < 0.20, (
-        f"channel with {MANY} consumers got {a}, channel with {FEW} got {b} "
-        f"({difference:.0%} apart, limit 20%)"
+        f"channel with {MANY} consumers got {a}, channel with {FEW} got {b} ({difference:.0%} apart, limit 20%)"
     )

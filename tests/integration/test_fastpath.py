@@ -105,10 +105,13 @@ def test_pipelined_pubs_mixed_reads_and_a_dpub_on_the_same_line(daemon):
     assert channel["deferred_count"] == 1
 
 
-@pytest.mark.parametrize("size, error", [
-    (0, b"E_BAD_MESSAGE PUB invalid message body size 0"),
-    (1048577, b"E_BAD_MESSAGE PUB message too big 1048577 > 1048576"),
-])
+@pytest.mark.parametrize(
+    "size, error",
+    [
+        (0, b"E_BAD_MESSAGE PUB invalid message body size 0"),
+        (1048577, b"E_BAD_MESSAGE PUB message too big 1048577 > 1048576"),
+    ],
+)
 def test_a_bad_size_after_the_checked_line_is_the_general_paths_error(daemon, size, error):
     name = fresh()
     with RawClient(daemon.tcp) as client:

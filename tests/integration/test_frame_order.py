@@ -52,8 +52,9 @@ def tls_nsqd(certs, tmp_path_factory):
     stop_all([daemon])
 
 
-def exchange(client: FrameClient, commands: list[tuple[bytes, list[bytes]]], before: bytes = b"",
-             answers_before: int = 0) -> list[Frame]:
+def exchange(
+    client: FrameClient, commands: list[tuple[bytes, list[bytes]]], before: bytes = b"", answers_before: int = 0
+) -> list[Frame]:
     """Send ``commands`` (each with the bodies it publishes to the connection's own channel) in one write, behind
     ``before``, and read every frame they bring, in the order they came, after the ``answers_before`` OKs that
     answer ``before``."""
@@ -67,8 +68,11 @@ def assert_answered_first(frames: list[Frame], commands: list[tuple[bytes, list[
     """The n-th OK answers the n-th command: it comes before every message that command published."""
     answers = [index for index, frame in enumerate(frames) if frame.frame_type != FRAME_TYPE_MESSAGE]
     assert [frames[index] for index in answers] == [OK] * len(commands), frames
-    arrived = {decode_message(frame.data).body: index for index, frame in enumerate(frames)
-               if frame.frame_type == FRAME_TYPE_MESSAGE}
+    arrived = {
+        decode_message(frame.data).body: index
+        for index, frame in enumerate(frames)
+        if frame.frame_type == FRAME_TYPE_MESSAGE
+    }
     assert sorted(arrived) == sorted(body for _, bodies in commands for body in bodies)
     for answer, (data, bodies) in zip(answers, commands):
         for body in bodies:
@@ -87,8 +91,12 @@ def check_publishing_consumer(client: FrameClient, topic: str) -> None:
         [(mpub(topic, [b"m1", b"m2", b"m3"]), [b"m1", b"m2", b"m3"])],
         [(dpub(topic, 0, b"deferred by 0"), [b"deferred by 0"])],
         [(pub(topic, b"p%d" % i), [b"p%d" % i]) for i in range(4)],
-        [(pub(topic, b"a"), [b"a"]), (mpub(topic, [b"b1", b"b2"]), [b"b1", b"b2"]), (dpub(topic, 0, b"c"), [b"c"]),
-         (pub(fresh(), b"elsewhere"), [])],
+        [
+            (pub(topic, b"a"), [b"a"]),
+            (mpub(topic, [b"b1", b"b2"]), [b"b1", b"b2"]),
+            (dpub(topic, 0, b"c"), [b"c"]),
+            (pub(fresh(), b"elsewhere"), []),
+        ],
     ]
     for commands in cases:
         assert_answered_first(exchange(client, commands), commands)
@@ -103,14 +111,21 @@ def test_plain_connection_read_by_its_own_task(module_nsqd):
     """Commands behind an IDENTIFY in the same write are run by the connection's task, which awaited IDENTIFY.
     The channel exists and is quiet before (a new channel's first turn would come after the commands)."""
     topic = fresh()
-    commands = [(pub(topic, b"first"), [b"first"]), (mpub(topic, [b"x", b"y"]), [b"x", b"y"]),
-                (dpub(topic, 0, b"z"), [b"z"])]
+    commands = [
+        (pub(topic, b"first"), [b"first"]),
+        (mpub(topic, [b"x", b"y"]), [b"x", b"y"]),
+        (dpub(topic, 0, b"z"), [b"z"]),
+    ]
     with RawClient(module_nsqd.tcp) as idle, RawClient(module_nsqd.tcp, magic=False) as client:
         idle.subscribe(topic, "ch")  # no RDY: the channel exists and has nothing to do
         idle.assert_open()
         # IDENTIFY without feature negotiation and SUB: two OKs
-        frames = exchange(client, commands, MAGIC_V2 + identify({"client_id": "own-task"}) + sub(topic, "ch") + rdy(10),
-                          answers_before=2)
+        frames = exchange(
+            client,
+            commands,
+            MAGIC_V2 + identify({"client_id": "own-task"}) + sub(topic, "ch") + rdy(10),
+            answers_before=2,
+        )
     assert frames[0] == OK
     assert_answered_first(frames, commands)
 

@@ -39,8 +39,10 @@ def web(daemon):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """An nsqd with tiny size limits, for the 413 paths."""
-    process = NsqdProcess(tmp_path_factory.mktemp("nsqd-small"),
-                          [f"--max-msg-size={MAX_MSG}", f"--max-body-size={MAX_BODY}", "--max-req-timeout=10s"])
+    process = NsqdProcess(
+        tmp_path_factory.mktemp("nsqd-small"),
+        [f"--max-msg-size={MAX_MSG}", f"--max-body-size={MAX_BODY}", "--max-req-timeout=10s"],
+    )
     process.start()
     yield process
     stop_all([process])
@@ -93,9 +95,18 @@ def test_info_reports_the_real_ports_in_nsqd_key_order(daemon, web):
     assert reply.status == 200 and reply.headers["content-type"] == JSON_TYPE
     assert reply.headers["x-nsq-content-type"] == NSQ_HEADER
     info = reply.json()
-    assert list(info) == ["version", "broadcast_address", "hostname", "http_port", "tcp_port", "start_time",
-                          "max_heartbeat_interval", "max_output_buffer_size", "max_output_buffer_timeout",
-                          "max_deflate_level"]
+    assert list(info) == [
+        "version",
+        "broadcast_address",
+        "hostname",
+        "http_port",
+        "tcp_port",
+        "start_time",
+        "max_heartbeat_interval",
+        "max_output_buffer_size",
+        "max_output_buffer_timeout",
+        "max_deflate_level",
+    ]
     assert info["version"] == "1.3.0"
     assert info["http_port"] == web[1] != 0
     assert info["tcp_port"] == daemon.tcp[1] != 0
@@ -129,18 +140,21 @@ def test_pub_with_defer_holds_the_message(web):
     assert (channel["deferred_count"], channel["depth"], channel["message_count"]) == (1, 0, 1)
 
 
-@pytest.mark.parametrize("path, body, status, code", [
-    ("/pub?topic=x", b"", 400, "MSG_EMPTY"),
-    ("/pub", b"", 400, "MSG_EMPTY"),  # the body is checked before the topic
-    ("/pub?topic=%zz", b"m", 400, "INVALID_REQUEST"),
-    ("/pub?a=1;b=2", b"m", 400, "INVALID_REQUEST"),
-    ("/pub", b"m", 400, "MISSING_ARG_TOPIC"),
-    ("/pub?channel=x", b"m", 400, "MISSING_ARG_TOPIC"),
-    ("/pub?topic=", b"m", 400, "INVALID_TOPIC"),
-    ("/pub?topic=bad!name", b"m", 400, "INVALID_TOPIC"),
-    ("/pub?topic=" + "x" * 65, b"m", 400, "INVALID_TOPIC"),
-    ("/pub?topic=%C3%A9t%C3%A9", b"m", 400, "INVALID_TOPIC"),
-])
+@pytest.mark.parametrize(
+    "path, body, status, code",
+    [
+        ("/pub?topic=x", b"", 400, "MSG_EMPTY"),
+        ("/pub", b"", 400, "MSG_EMPTY"),  # the body is checked before the topic
+        ("/pub?topic=%zz", b"m", 400, "INVALID_REQUEST"),
+        ("/pub?a=1;b=2", b"m", 400, "INVALID_REQUEST"),
+        ("/pub", b"m", 400, "MISSING_ARG_TOPIC"),
+        ("/pub?channel=x", b"m", 400, "MISSING_ARG_TOPIC"),
+        ("/pub?topic=", b"m", 400, "INVALID_TOPIC"),
+        ("/pub?topic=bad!name", b"m", 400, "INVALID_TOPIC"),
+        ("/pub?topic=" + "x" * 65, b"m", 400, "INVALID_TOPIC"),
+        ("/pub?topic=%C3%A9t%C3%A9", b"m", 400, "INVALID_TOPIC"),
+    ],
+)
 def test_pub_errors(web, path, body, status, code):
     expect_error(post(web, path, body), status, code)
 
@@ -218,24 +232,27 @@ def test_mpub_defer_extension(web):
     expect_error(post(web, f"/mpub?topic={topic}&defer=-5", b"a"), 400, "INVALID_DEFER")
 
 
-@pytest.mark.parametrize("query, body, status, code", [
-    ("", b"a", 400, "MISSING_ARG_TOPIC"),
-    ("topic=bad!", b"a", 400, "INVALID_TOPIC"),
-    ("topic=%zz", b"a", 400, "INVALID_REQUEST"),
-    ("binary=true&topic={t}", b"", 413, "BAD_BODY"),
-    ("binary=true&topic={t}", b"\x00\x00", 413, "BAD_BODY"),
-    ("binary=true&topic={t}", struct.pack(">i", 0), 413, "BAD_BODY"),
-    ("binary=true&topic={t}", struct.pack(">i", -1), 413, "BAD_BODY"),
-    ("binary=true&topic={t}", struct.pack(">i", (MAX_BODY - 4) // 5 + 1), 413, "BAD_BODY"),
-    ("binary=true&topic={t}", binary_mpub([b""]), 413, "BAD_MESSAGE"),
-    ("binary=true&topic={t}", binary_mpub([b"x" * (MAX_MSG + 1)]), 413, "BAD_MESSAGE"),
-    ("binary=true&topic={t}", binary_mpub([b"abc"])[:-1], 413, "BAD_MESSAGE"),
-    ("binary=true&topic={t}", binary_mpub([b"abc"], count=2), 413, "BAD_MESSAGE"),
-    ("binary=true&topic={t}", binary_mpub([b"abc"])[:6], 413, "BAD_MESSAGE"),
-    ("topic={t}", b"ok\n" + b"x" * (MAX_MSG + 1), 413, "MSG_TOO_BIG"),
-    ("topic={t}", b"x" * (MAX_BODY + 1), 413, "BODY_TOO_BIG"),
-    ("binary=true&topic={t}", b"x" * (MAX_BODY + 1), 413, "BODY_TOO_BIG"),
-])
+@pytest.mark.parametrize(
+    "query, body, status, code",
+    [
+        ("", b"a", 400, "MISSING_ARG_TOPIC"),
+        ("topic=bad!", b"a", 400, "INVALID_TOPIC"),
+        ("topic=%zz", b"a", 400, "INVALID_REQUEST"),
+        ("binary=true&topic={t}", b"", 413, "BAD_BODY"),
+        ("binary=true&topic={t}", b"\x00\x00", 413, "BAD_BODY"),
+        ("binary=true&topic={t}", struct.pack(">i", 0), 413, "BAD_BODY"),
+        ("binary=true&topic={t}", struct.pack(">i", -1), 413, "BAD_BODY"),
+        ("binary=true&topic={t}", struct.pack(">i", (MAX_BODY - 4) // 5 + 1), 413, "BAD_BODY"),
+        ("binary=true&topic={t}", binary_mpub([b""]), 413, "BAD_MESSAGE"),
+        ("binary=true&topic={t}", binary_mpub([b"x" * (MAX_MSG + 1)]), 413, "BAD_MESSAGE"),
+        ("binary=true&topic={t}", binary_mpub([b"abc"])[:-1], 413, "BAD_MESSAGE"),
+        ("binary=true&topic={t}", binary_mpub([b"abc"], count=2), 413, "BAD_MESSAGE"),
+        ("binary=true&topic={t}", binary_mpub([b"abc"])[:6], 413, "BAD_MESSAGE"),
+        ("topic={t}", b"ok\n" + b"x" * (MAX_MSG + 1), 413, "MSG_TOO_BIG"),
+        ("topic={t}", b"x" * (MAX_BODY + 1), 413, "BODY_TOO_BIG"),
+        ("binary=true&topic={t}", b"x" * (MAX_BODY + 1), 413, "BODY_TOO_BIG"),
+    ],
+)
 def test_mpub_errors_publish_nothing_and_create_no_topic(small, query, body, status, code):
     web = small.http()
     topic = name()
@@ -266,23 +283,26 @@ def test_topic_lifecycle(daemon, web):
     expect_error(post(web, f"/topic/delete?topic={topic}"), 404, "TOPIC_NOT_FOUND")
 
 
-@pytest.mark.parametrize("path, status, code", [
-    ("/topic/create", 400, "MISSING_ARG_TOPIC"),
-    ("/topic/create?topic=a%zz", 400, "INVALID_REQUEST"),
-    ("/topic/create?topic=bad!", 400, "INVALID_TOPIC"),
-    ("/topic/create?topic=", 400, "INVALID_TOPIC"),
-    ("/topic/delete", 400, "MISSING_ARG_TOPIC"),
-    ("/topic/delete?topic=%zz", 400, "INVALID_REQUEST"),
-    ("/topic/delete?topic=bad!", 404, "TOPIC_NOT_FOUND"),  # not validated
-    ("/topic/delete?topic=nope_never", 404, "TOPIC_NOT_FOUND"),
-    ("/topic/empty", 400, "MISSING_ARG_TOPIC"),
-    ("/topic/empty?topic=bad!", 400, "INVALID_TOPIC"),
-    ("/topic/empty?topic=nope_never", 404, "TOPIC_NOT_FOUND"),
-    ("/topic/pause", 400, "MISSING_ARG_TOPIC"),
-    ("/topic/pause?topic=bad!", 404, "TOPIC_NOT_FOUND"),
-    ("/topic/unpause?topic=nope_never", 404, "TOPIC_NOT_FOUND"),
-    ("/topic/unpause", 400, "MISSING_ARG_TOPIC"),
-])
+@pytest.mark.parametrize(
+    "path, status, code",
+    [
+        ("/topic/create", 400, "MISSING_ARG_TOPIC"),
+        ("/topic/create?topic=a%zz", 400, "INVALID_REQUEST"),
+        ("/topic/create?topic=bad!", 400, "INVALID_TOPIC"),
+        ("/topic/create?topic=", 400, "INVALID_TOPIC"),
+        ("/topic/delete", 400, "MISSING_ARG_TOPIC"),
+        ("/topic/delete?topic=%zz", 400, "INVALID_REQUEST"),
+        ("/topic/delete?topic=bad!", 404, "TOPIC_NOT_FOUND"),  # not validated
+        ("/topic/delete?topic=nope_never", 404, "TOPIC_NOT_FOUND"),
+        ("/topic/empty", 400, "MISSING_ARG_TOPIC"),
+        ("/topic/empty?topic=bad!", 400, "INVALID_TOPIC"),
+        ("/topic/empty?topic=nope_never", 404, "TOPIC_NOT_FOUND"),
+        ("/topic/pause", 400, "MISSING_ARG_TOPIC"),
+        ("/topic/pause?topic=bad!", 404, "TOPIC_NOT_FOUND"),
+        ("/topic/unpause?topic=nope_never", 404, "TOPIC_NOT_FOUND"),
+        ("/topic/unpause", 400, "MISSING_ARG_TOPIC"),
+    ],
+)
 def test_topic_errors(web, path, status, code):
     expect_error(post(web, path), status, code)
 
@@ -294,7 +314,8 @@ def test_topic_pause_holds_messages_and_is_persisted(daemon, web):
         assert topic_stats(web, topic)["paused"] is True
         metadata = json.loads((daemon.data_path / "nsqd.dat").read_bytes())
         assert {"name": topic, "paused": True} in [
-            {"name": t["name"], "paused": t["paused"]} for t in metadata["topics"]]
+            {"name": t["name"], "paused": t["paused"]} for t in metadata["topics"]
+        ]
         expect_ok_text(post(web, f"/pub?topic={topic}", b"held"))
         assert sub.poll_frame(0.3) is None
         assert topic_stats(web, topic)["depth"] == 1
@@ -308,15 +329,18 @@ def test_topic_pause_holds_messages_and_is_persisted(daemon, web):
 
 # -- channels ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("action", ["create", "delete", "empty", "pause", "unpause"])
-@pytest.mark.parametrize("query, status, code", [
-    ("", 400, "MISSING_ARG_TOPIC"),
-    ("topic=%zz", 400, "INVALID_REQUEST"),
-    ("topic=bad!&channel=c", 400, "INVALID_ARG_TOPIC"),
-    ("topic=ok", 400, "MISSING_ARG_CHANNEL"),
-    ("topic=ok&channel=bad!", 400, "INVALID_ARG_CHANNEL"),
-    ("topic=ok&channel=", 400, "INVALID_ARG_CHANNEL"),
-    ("topic=nope_never&channel=c", 404, "TOPIC_NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    "query, status, code",
+    [
+        ("", 400, "MISSING_ARG_TOPIC"),
+        ("topic=%zz", 400, "INVALID_REQUEST"),
+        ("topic=bad!&channel=c", 400, "INVALID_ARG_TOPIC"),
+        ("topic=ok", 400, "MISSING_ARG_CHANNEL"),
+        ("topic=ok&channel=bad!", 400, "INVALID_ARG_CHANNEL"),
+        ("topic=ok&channel=", 400, "INVALID_ARG_CHANNEL"),
+        ("topic=nope_never&channel=c", 404, "TOPIC_NOT_FOUND"),
+    ],
+)
 def test_channel_argument_errors(web, action, query, status, code):
     expect_error(post(web, f"/channel/{action}?{query}"), status, code)
 
@@ -361,11 +385,24 @@ def test_channel_create_needs_the_topic(web):
 
 # -- router behaviour --------------------------------------------------------------------------------------------
 ROUTES = {
-    "/ping": "GET", "/info": "GET", "/stats": "GET", "/pub": "POST", "/mpub": "POST",
-    "/topic/create": "POST", "/topic/delete": "POST", "/topic/empty": "POST", "/topic/pause": "POST",
-    "/topic/unpause": "POST", "/channel/create": "POST", "/channel/delete": "POST", "/channel/empty": "POST",
-    "/channel/pause": "POST", "/channel/unpause": "POST", "/config/log_level": "GET, PUT",
-    "/debug/setblockrate": "PUT", "/debug/freememory": "POST",
+    "/ping": "GET",
+    "/info": "GET",
+    "/stats": "GET",
+    "/pub": "POST",
+    "/mpub": "POST",
+    "/topic/create": "POST",
+    "/topic/delete": "POST",
+    "/topic/empty": "POST",
+    "/topic/pause": "POST",
+    "/topic/unpause": "POST",
+    "/channel/create": "POST",
+    "/channel/delete": "POST",
+    "/channel/empty": "POST",
+    "/channel/pause": "POST",
+    "/channel/unpause": "POST",
+    "/config/log_level": "GET, PUT",
+    "/debug/setblockrate": "PUT",
+    "/debug/freememory": "POST",
 }
 
 

@@ -26,27 +26,30 @@ def expect_error(reply, status: int, code: str) -> None:
     assert (reply.status, reply.body) == (status, b'{"message":"%s"}' % code.encode()), reply
 
 
-@pytest.mark.parametrize("option, expected", [
-    ("msg_timeout", 60_000_000_000),
-    ("max_msg_timeout", 900_000_000_000),
-    ("max_req_timeout", 3_600_000_000_000),
-    ("log_level", 2),
-    ("mem_queue_size", 10000),
-    ("max_msg_size", 1048576),
-    ("max_body_size", 5242880),
-    ("max_rdy_count", 2500),
-    ("nsqlookupd_tcp_addresses", []),
-    ("auth_http_addresses", []),
-    ("e2e_processing_latency_percentiles", []),
-    ("e2e_processing_latency_window_time", 600_000_000_000),
-    ("statsd_mem_stats", True),
-    ("statsd_udp_packet_size", 508),
-    ("tls_required", 0),
-    ("tls_min_version", 769),
-    ("deflate", True),
-    ("max_deflate_level", 6),
-    ("sync_every", 2500),
-])
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        ("msg_timeout", 60_000_000_000),
+        ("max_msg_timeout", 900_000_000_000),
+        ("max_req_timeout", 3_600_000_000_000),
+        ("log_level", 2),
+        ("mem_queue_size", 10000),
+        ("max_msg_size", 1048576),
+        ("max_body_size", 5242880),
+        ("max_rdy_count", 2500),
+        ("nsqlookupd_tcp_addresses", []),
+        ("auth_http_addresses", []),
+        ("e2e_processing_latency_percentiles", []),
+        ("e2e_processing_latency_window_time", 600_000_000_000),
+        ("statsd_mem_stats", True),
+        ("statsd_udp_packet_size", 508),
+        ("tls_required", 0),
+        ("tls_min_version", 769),
+        ("deflate", True),
+        ("max_deflate_level", 6),
+        ("sync_every", 2500),
+    ],
+)
 def test_get_config_values_as_json(module_nsqd, option, expected):
     reply = get(module_nsqd.http(), f"/config/{option}")
     assert reply.status == 200 and reply.headers["content-type"] == "application/json; charset=utf-8"
@@ -54,12 +57,15 @@ def test_get_config_values_as_json(module_nsqd, option, expected):
     assert reply.json() == expected
 
 
-@pytest.mark.parametrize("option, expected", [
-    ("statsd_prefix", b"nsq.%s"),
-    ("log_prefix", b"[nsqd] "),
-    ("tcp_address", b"127.0.0.1:0"),
-    ("statsd_address", b""),
-])
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        ("statsd_prefix", b"nsq.%s"),
+        ("log_prefix", b"[nsqd] "),
+        ("tcp_address", b"127.0.0.1:0"),
+        ("statsd_address", b""),
+    ],
+)
 def test_get_config_string_values_are_bare_text(module_nsqd, option, expected):
     reply = get(module_nsqd.http(), f"/config/{option}")
     assert (reply.status, reply.body) == (200, expected)
@@ -108,7 +114,7 @@ def test_put_lookupd_addresses(nsqd_factory):
     reply = put(web, "/config/nsqlookupd_tcp_addresses", '["127.0.0.1:1"]')
     assert (reply.status, reply.json()) == (200, ["127.0.0.1:1"])
     assert get(web, "/config/nsqlookupd_tcp_addresses").json() == ["127.0.0.1:1"]
-    for bad in ['"127.0.0.1:1"', "[1]", "{}", "not json", "[\"a\""]:
+    for bad in ['"127.0.0.1:1"', "[1]", "{}", "not json", '["a"']:
         expect_error(put(web, "/config/nsqlookupd_tcp_addresses", bad), 400, "INVALID_VALUE")
     assert get(web, "/config/nsqlookupd_tcp_addresses").json() == ["127.0.0.1:1"]
     assert put(web, "/config/nsqlookupd_tcp_addresses", "null").json() == []
@@ -119,11 +125,11 @@ def test_put_lookupd_addresses(nsqd_factory):
 def test_config_file_with_flag_precedence(nsqd_factory, tmp_path):
     config = tmp_path / "nsqd.toml"
     config.write_text(
-        'mem_queue_size = 7\n'
+        "mem_queue_size = 7\n"
         'msg_timeout = "5s"\n'
-        'max_req_timeout = 30000\n'  # a bare integer duration is milliseconds
-        'e2e_processing_latency_percentiles = [0.9, 0.5]\n'
-        'max_rdy_count = 100\n'
+        "max_req_timeout = 30000\n"  # a bare integer duration is milliseconds
+        "e2e_processing_latency_percentiles = [0.9, 0.5]\n"
+        "max_rdy_count = 100\n"
         'statsd_prefix = "custom.%s"\n'
     )
     daemon = nsqd_factory(f"--config={config}", "--max-rdy-count=200")
@@ -137,8 +143,7 @@ def test_config_file_with_flag_precedence(nsqd_factory, tmp_path):
 
 
 def test_version_flag():
-    result = subprocess.run([sys.executable, "-m", "nsqd", "--version"], cwd=REPO_ROOT, capture_output=True,
-                            timeout=30)
+    result = subprocess.run([sys.executable, "-m", "nsqd", "--version"], cwd=REPO_ROOT, capture_output=True, timeout=30)
     assert result.returncode == 0
     assert re.fullmatch(rb"nsqd v1\.3\.0 \(built w/python3\.\d+\.\d+\S*\)\n", result.stdout), result.stdout
 
@@ -174,10 +179,30 @@ def test_empty_http_address_disables_http(nsqd_factory):
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a certificate")
 def test_tls_required_refuses_plain_http(nsqd_factory, tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True, timeout=60)
-    daemon = nsqd_factory(f"--tls-cert={cert}", f"--tls-key={key}", "--tls-required=true",
-                          "--https-address=127.0.0.1:0")
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    daemon = nsqd_factory(
+        f"--tls-cert={cert}", f"--tls-key={key}", "--tls-required=true", "--https-address=127.0.0.1:0"
+    )
     web = daemon.http()
     https_port = int(daemon.wait_for_log(r"HTTPS: listening on \S+:(\d+)", 10).group(1))
     for method, path in [("GET", "/ping"), ("POST", "/pub?topic=t"), ("GET", "/nope")]:

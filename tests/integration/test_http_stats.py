@@ -17,17 +17,64 @@ from tests.integration.http_helpers import get, post, stats, wait_for
 pytestmark = pytest.mark.timeout(60)
 
 TOP_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
-TOPIC_KEYS = ["topic_name", "channels", "depth", "backend_depth", "message_count", "message_bytes", "paused",
-              "e2e_processing_latency"]
-CHANNEL_KEYS = ["channel_name", "depth", "backend_depth", "in_flight_count", "deferred_count", "message_count",
-                "requeue_count", "timeout_count", "client_count", "clients", "paused", "e2e_processing_latency"]
-CLIENT_KEYS = ["client_id", "hostname", "version", "remote_address", "state", "ready_count", "in_flight_count",
-               "message_count", "finish_count", "requeue_count", "connect_ts", "sample_rate", "deflate", "snappy",
-               "user_agent", "tls", "tls_cipher_suite", "tls_version", "tls_negotiated_protocol",
-               "tls_negotiated_protocol_is_mutual"]
+TOPIC_KEYS = [
+    "topic_name",
+    "channels",
+    "depth",
+    "backend_depth",
+    "message_count",
+    "message_bytes",
+    "paused",
+    "e2e_processing_latency",
+]
+CHANNEL_KEYS = [
+    "channel_name",
+    "depth",
+    "backend_depth",
+    "in_flight_count",
+    "deferred_count",
+    "message_count",
+    "requeue_count",
+    "timeout_count",
+    "client_count",
+    "clients",
+    "paused",
+    "e2e_processing_latency",
+]
+CLIENT_KEYS = [
+    "client_id",
+    "hostname",
+    "version",
+    "remote_address",
+    "state",
+    "ready_count",
+    "in_flight_count",
+    "message_count",
+    "finish_count",
+    "requeue_count",
+    "connect_ts",
+    "sample_rate",
+    "deflate",
+    "snappy",
+    "user_agent",
+    "tls",
+    "tls_cipher_suite",
+    "tls_version",
+    "tls_negotiated_protocol",
+    "tls_negotiated_protocol_is_mutual",
+]
 PRODUCER_KEYS = CLIENT_KEYS[:15] + ["pub_counts"] + CLIENT_KEYS[15:]
-MEMORY_KEYS = ["heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes", "gc_pause_usec_100",
-               "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs"]
+MEMORY_KEYS = [
+    "heap_objects",
+    "heap_idle_bytes",
+    "heap_in_use_bytes",
+    "heap_released_bytes",
+    "gc_pause_usec_100",
+    "gc_pause_usec_99",
+    "gc_pause_usec_95",
+    "next_gc_bytes",
+    "gc_total_runs",
+]
 E2E_KEYS = ["count", "percentiles"]
 
 
@@ -39,8 +86,10 @@ def name(prefix: str = "s") -> str:
 def e2e_nsqd(tmp_path_factory):
     from tests.integration.harness import NsqdProcess, stop_all
 
-    process = NsqdProcess(tmp_path_factory.mktemp("nsqd-e2e"),
-                          ["--e2e-processing-latency-percentile=0.5,1.0", "--broadcast-address=stats.test"])
+    process = NsqdProcess(
+        tmp_path_factory.mktemp("nsqd-e2e"),
+        ["--e2e-processing-latency-percentile=0.5,1.0", "--broadcast-address=stats.test"],
+    )
     process.start()
     yield process
     stop_all([process])
@@ -51,10 +100,16 @@ def test_stats_json_schema_field_by_field(e2e_nsqd):
     web = daemon.http()
     topic = name()
     bodies = [b"first", b"second!", b"third..."]
-    with RawClient(daemon.tcp) as producer, consumer(daemon.tcp, topic, "work", ready=0,
-                                                    identify_fields={"client_id": "worker-1",
-                                                                     "hostname": "box.example",
-                                                                     "user_agent": "stats-test/1.0"}) as sub:
+    with (
+        RawClient(daemon.tcp) as producer,
+        consumer(
+            daemon.tcp,
+            topic,
+            "work",
+            ready=0,
+            identify_fields={"client_id": "worker-1", "hostname": "box.example", "user_agent": "stats-test/1.0"},
+        ) as sub,
+    ):
         producer.publish_many(topic, bodies)
         producer.publish(f"{topic}_other", b"elsewhere")
         sub.send(b"RDY 2\n")
@@ -64,8 +119,12 @@ def test_stats_json_schema_field_by_field(e2e_nsqd):
         sub.send(req(second.id, 600000))
         third = sub.read_message()  # the FIN made room for it
         assert third.body == bodies[2]
-        document = wait_for(lambda: (lambda d: d if d["topics"][0]["channels"][0]["deferred_count"] == 1 else None)(
-            stats(web, f"topic={topic}")), message="REQ reflected in /stats")
+        document = wait_for(
+            lambda: (lambda d: d if d["topics"][0]["channels"][0]["deferred_count"] == 1 else None)(
+                stats(web, f"topic={topic}")
+            ),
+            message="REQ reflected in /stats",
+        )
         # the unfiltered document lists every topic a producer published to
         everything = stats(web)
 
@@ -201,8 +260,11 @@ def test_metrics_parse_and_match_stats(e2e_nsqd):
     families = {f.name: f for f in text_string_to_metric_families(reply.body.decode())}
 
     def value(family: str, **labels) -> float:
-        matches = [s.value for s in families[family].samples if all(s.labels.get(k) == v for k, v in labels.items())
-                   and not s.name.endswith("_created")]
+        matches = [
+            s.value
+            for s in families[family].samples
+            if all(s.labels.get(k) == v for k, v in labels.items()) and not s.name.endswith("_created")
+        ]
         assert len(matches) == 1, (family, labels, families[family].samples)
         return matches[0]
 
@@ -228,9 +290,13 @@ def test_metrics_parse_and_match_stats(e2e_nsqd):
     def latency_recorded():
         text = get(web, "/metrics").body.decode()
         fams = {f.name: f for f in text_string_to_metric_families(text)}
-        samples = [s for s in fams["nsqd_channel_e2e_processing_latency_samples"].samples
-                   if s.labels == {"topic": topic, "channel": "m"}]
+        samples = [
+            s
+            for s in fams["nsqd_channel_e2e_processing_latency_samples"].samples
+            if s.labels == {"topic": topic, "channel": "m"}
+        ]
         return samples and samples[0].value == 1
+
     wait_for(latency_recorded, message="FIN recorded in the e2e window")
 
 
@@ -245,9 +311,14 @@ def test_statsd_lines_reach_a_udp_socket(nsqd_factory):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.bind(("127.0.0.1", 0))
         port = udp.getsockname()[1]
-        daemon = nsqd_factory(f"--statsd-address=127.0.0.1:{port}", "--statsd-interval=300ms",
-                              "--statsd-udp-packet-size=200", "--broadcast-address=node.test",
-                              "--statsd-exclude-ephemeral", "--e2e-processing-latency-percentile=0.99")
+        daemon = nsqd_factory(
+            f"--statsd-address=127.0.0.1:{port}",
+            "--statsd-interval=300ms",
+            "--statsd-udp-packet-size=200",
+            "--broadcast-address=node.test",
+            "--statsd-exclude-ephemeral",
+            "--e2e-processing-latency-percentile=0.99",
+        )
         web = daemon.http()
         http_port = web[1]
         topic = name()
@@ -273,17 +344,31 @@ def test_statsd_lines_reach_a_udp_socket(nsqd_factory):
     lines = [line for d in datagrams for line in d.decode().splitlines()]
     assert all(len(d) <= 200 and d.endswith(b"\n") for d in datagrams)
     assert all(re.fullmatch(rf"{re.escape(prefix)}[^:]+:-?\d+\|[cg]", line) for line in lines), lines[:10]
-    names = {line[len(prefix):].split(":")[0] + "|" + line.rsplit("|", 1)[1] for line in lines}
+    names = {line[len(prefix) :].split(":")[0] + "|" + line.rsplit("|", 1)[1] for line in lines}
     base = f"topic.{topic}"
     expected = {
-        f"{base}.message_count|c", f"{base}.message_bytes|c", f"{base}.depth|g", f"{base}.backend_depth|g",
+        f"{base}.message_count|c",
+        f"{base}.message_bytes|c",
+        f"{base}.depth|g",
+        f"{base}.backend_depth|g",
         f"{base}.e2e_processing_latency_99|g",
-        f"{base}.channel.c.message_count|c", f"{base}.channel.c.depth|g", f"{base}.channel.c.backend_depth|g",
-        f"{base}.channel.c.in_flight_count|g", f"{base}.channel.c.deferred_count|g",
-        f"{base}.channel.c.requeue_count|c", f"{base}.channel.c.timeout_count|c", f"{base}.channel.c.clients|g",
+        f"{base}.channel.c.message_count|c",
+        f"{base}.channel.c.depth|g",
+        f"{base}.channel.c.backend_depth|g",
+        f"{base}.channel.c.in_flight_count|g",
+        f"{base}.channel.c.deferred_count|g",
+        f"{base}.channel.c.requeue_count|c",
+        f"{base}.channel.c.timeout_count|c",
+        f"{base}.channel.c.clients|g",
         f"{base}.channel.c.e2e_processing_latency_99|g",
-        "mem.heap_objects|g", "mem.heap_idle_bytes|g", "mem.heap_in_use_bytes|g", "mem.heap_released_bytes|g",
-        "mem.gc_pause_usec_100|g", "mem.gc_pause_usec_99|g", "mem.gc_pause_usec_95|g", "mem.next_gc_bytes|g",
+        "mem.heap_objects|g",
+        "mem.heap_idle_bytes|g",
+        "mem.heap_in_use_bytes|g",
+        "mem.heap_released_bytes|g",
+        "mem.gc_pause_usec_100|g",
+        "mem.gc_pause_usec_99|g",
+        "mem.gc_pause_usec_95|g",
+        "mem.next_gc_bytes|g",
         "mem.gc_runs|c",
     }
     assert expected <= names, expected - names

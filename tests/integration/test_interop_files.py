@@ -44,7 +44,8 @@ def test_trionsq_reads_a_data_directory_written_by_nsqd(tmp_path):
     path.mkdir()
     (path / "nsqd.dat").write_bytes(
         b'{"topics":[{"name":"events","paused":false,"channels":[{"name":"archive","paused":false},'
-        b'{"name":"audit","paused":true}]},{"name":"idle","paused":true,"channels":null}],"version":"1.3.0"}')
+        b'{"name":"audit","paused":true}]},{"name":"idle","paused":true,"channels":null}],"version":"1.3.0"}'
+    )
     # the topic's own backlog (written at nsqd's shutdown): goes to every channel once trionsq starts
     topic_records = [make_record(T0 + n, 0, message_id(n), b"topic-%d" % n) for n in range(3)]
     topic_file = framed(topic_records)
@@ -109,13 +110,13 @@ def test_nsqd_can_read_a_data_directory_written_by_trionsq(tmp_path):
     assert all(NSQ_FILE.match(f) or SIDE_FILE.match(f) for f in files), files
     sides = [f for f in files if SIDE_FILE.match(f)]
     assert "orders:ship.deferred.dat" in sides
-    assert all(f[:-len(".crc")] in files for f in sides if f.endswith(".crc"))  # one per segment
+    assert all(f[: -len(".crc")] in files for f in sides if f.endswith(".crc"))  # one per segment
     assert len([f for f in files if re.match(r"orders:ship\.diskqueue\.\d{6}\.dat$", f)]) > 1  # it rolled
     for f in files:
         assert stat.S_IMODE((path / f).stat().st_mode) == 0o600, f
     assert (path / "nsqd.dat").read_bytes() == (
-        b'{"topics":[{"name":"orders","paused":false,"channels":[{"name":"ship","paused":false}]}],'
-        b'"version":"1.3.0"}')
+        b'{"topics":[{"name":"orders","paused":false,"channels":[{"name":"ship","paused":false}]}],"version":"1.3.0"}'
+    )
     assert metadata(path)["version"] == "1.3.0"
     assert read_queue(path, "orders") == []
     records = [parse_record(r) for r in read_queue(path, "orders:ship")]

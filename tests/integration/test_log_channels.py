@@ -106,23 +106,41 @@ def test_read_commit_and_the_byte_cap(module_nsqd):
         assert f'nsqd_channel_log_committed_offset{{channel="c",topic="{topic}"}} 120.0' in metrics
 
 
-@pytest.mark.parametrize("request_line,error", [
-    (b"LREAD {t} c 5 4\n", b"E_LOG_BAD_RANGE LREAD from 5 > to 4"),
-    (b"LREAD {t} c 0 11\n", b"E_LOG_PAST_END LREAD offset 11 past the end 10 of {t}:c"),
-    (b"LCOMMIT {t} c 11\n", b"E_LOG_PAST_END LCOMMIT offset 11 past the end 10 of {t}:c"),
-    (b"LREAD {t} c 2 5\n", b"E_LOG_BEFORE_START LREAD offset 2 before the oldest retained offset 3 of {t}:c"),
-    (b"LREAD {t} nolog 0 0\n", b"E_LOG_UNKNOWN LREAD unknown topic or channel {t}:nolog"),
-    (b"LSEEK nosuch_topic c 0\n", b"E_LOG_UNKNOWN LSEEK unknown topic or channel nosuch_topic:c"),
-    (b"LCOMMIT {t} plain 0\n", b"E_LOG_NOT_LOG LCOMMIT channel {t}:plain is not a log (LOG makes it one)"),
-    (b"LREAD {t} c 0\n", b"E_INVALID LREAD insufficient number of parameters"),
-    (b"LREAD {t} c x 1\n", b"E_INVALID LREAD could not parse from x"),
-    (b"LOG {t} c extra\n", b"E_INVALID LOG too many parameters"),
-    (b"LOG bad/topic c\n", b'E_BAD_TOPIC LOG topic name "bad/topic" is not valid'),
-    (b"LOG {t} bad/channel\n", b'E_BAD_CHANNEL LOG channel name "bad/channel" is not valid'),
-    (b"LOG {t} c#ephemeral\n", b"E_INVALID LOG ephemeral topic or channel {t}:c#ephemeral cannot be a log"),
-    (b"SUB {t} c\n", b"E_INVALID SUB channel {t}:c is a log, read it with LREAD"),
-], ids=["from>to", "past-end", "commit-past-end", "before-start", "unknown-channel", "unknown-topic", "not-a-log",
-        "too-few", "not-a-number", "too-many", "bad-topic", "bad-channel", "ephemeral", "sub-refused"])
+@pytest.mark.parametrize(
+    "request_line,error",
+    [
+        (b"LREAD {t} c 5 4\n", b"E_LOG_BAD_RANGE LREAD from 5 > to 4"),
+        (b"LREAD {t} c 0 11\n", b"E_LOG_PAST_END LREAD offset 11 past the end 10 of {t}:c"),
+        (b"LCOMMIT {t} c 11\n", b"E_LOG_PAST_END LCOMMIT offset 11 past the end 10 of {t}:c"),
+        (b"LREAD {t} c 2 5\n", b"E_LOG_BEFORE_START LREAD offset 2 before the oldest retained offset 3 of {t}:c"),
+        (b"LREAD {t} nolog 0 0\n", b"E_LOG_UNKNOWN LREAD unknown topic or channel {t}:nolog"),
+        (b"LSEEK nosuch_topic c 0\n", b"E_LOG_UNKNOWN LSEEK unknown topic or channel nosuch_topic:c"),
+        (b"LCOMMIT {t} plain 0\n", b"E_LOG_NOT_LOG LCOMMIT channel {t}:plain is not a log (LOG makes it one)"),
+        (b"LREAD {t} c 0\n", b"E_INVALID LREAD insufficient number of parameters"),
+        (b"LREAD {t} c x 1\n", b"E_INVALID LREAD could not parse from x"),
+        (b"LOG {t} c extra\n", b"E_INVALID LOG too many parameters"),
+        (b"LOG bad/topic c\n", b'E_BAD_TOPIC LOG topic name "bad/topic" is not valid'),
+        (b"LOG {t} bad/channel\n", b'E_BAD_CHANNEL LOG channel name "bad/channel" is not valid'),
+        (b"LOG {t} c#ephemeral\n", b"E_INVALID LOG ephemeral topic or channel {t}:c#ephemeral cannot be a log"),
+        (b"SUB {t} c\n", b"E_INVALID SUB channel {t}:c is a log, read it with LREAD"),
+    ],
+    ids=[
+        "from>to",
+        "past-end",
+        "commit-past-end",
+        "before-start",
+        "unknown-channel",
+        "unknown-topic",
+        "not-a-log",
+        "too-few",
+        "not-a-number",
+        "too-many",
+        "bad-topic",
+        "bad-channel",
+        "ephemeral",
+        "sub-refused",
+    ],
+)
 def test_errors(module_nsqd, request_line, error):
     topic = fresh()
     with RawClient(module_nsqd.tcp) as setup:
@@ -245,8 +263,7 @@ def _segments(path, topic: str) -> list[str]:
 
 
 def test_retention_by_bytes_and_replay_from_the_oldest(data_dir):
-    d = data_dir("--max-bytes-per-file=2000", "--log-retention-bytes=4000", "--mem-queue-size=0",
-                 "--sync-every=1")
+    d = data_dir("--max-bytes-per-file=2000", "--log-retention-bytes=4000", "--mem-queue-size=0", "--sync-every=1")
     daemon = d.start()
     topic = fresh()
     with RawClient(daemon.tcp) as client:
@@ -289,8 +306,7 @@ def test_a_torn_log_file_at_start_up(data_dir):
     with open(path, "r+b") as f:
         f.truncate(size - 5)
     daemon = d.start()
-    match = daemon.wait_for_log(r"LOG\(.*\): (\S+): bad chunk at byte (\d+) \((.*)\), the log ends at offset (\d+)",
-                                10)
+    match = daemon.wait_for_log(r"LOG\(.*\): (\S+): bad chunk at byte (\d+) \((.*)\), the log ends at offset (\d+)", 10)
     assert match.group(1) == str(path) and match.group(4) == "10"
     assert 0 < int(match.group(2)) < size
     with RawClient(daemon.tcp) as client:
@@ -345,6 +361,7 @@ def test_log_over_tls_and_snappy(certs, nsqd_factory):
 def test_channel_page_data_in_admin_form(module_nsqd):
     """nsqadmin's per-node channel objects carry the offsets (admin/stats.py)."""
     from admin.stats import node_topics
+
     topic = fresh()
     with RawClient(module_nsqd.tcp) as client:
         client.send(mpub(topic, [b"a", b"b"]))
@@ -356,5 +373,6 @@ def test_channel_page_data_in_admin_form(module_nsqd):
     (channel,) = entry["channels"]
     assert channel["log"] == {"start": 1, "committed": 1, "end": 2}
     assert channel["depth"] == 1
-    assert re.search(r"Log offsets", open(os.path.join(os.path.dirname(__file__), "..", "..", "admin", "static",
-                                                       "pages.js")).read())
+    assert re.search(
+        r"Log offsets", open(os.path.join(os.path.dirname(__file__), "..", "..", "admin", "static", "pages.js")).read()
+    )

@@ -63,8 +63,10 @@ def test_a_replica_serves_the_uncommitted_messages_of_log_channels_after_the_ori
         post(origin.http(), "/topic/create?topic=conv")
         post(origin.http(), "/channel/create?topic=conv&channel=spark")
         publish(client, "conv", bodies("c", 12))
-        wait_for(lambda: stats(origin.http(), "topic=conv")["topics"][0]["channels"][0]["depth"] == 12,
-                 message="the backlog reached the channel")
+        wait_for(
+            lambda: stats(origin.http(), "topic=conv")["topics"][0]["channels"][0]["depth"] == 12,
+            message="the backlog reached the channel",
+        )
         assert offsets(client, "conv", "spark") == {"start": 0, "committed": 0, "end": 12}
         wait_for(lambda: offsets(client, "late", "spark")["end"] == 20, message="appended")
         assert read_all(client, "late", 0, 20, "spark") == bodies("l", 20)
@@ -100,13 +102,19 @@ def test_a_replica_serves_the_uncommitted_messages_of_log_channels_after_the_ori
     replica.stop()
     replica = start(daemons, tmp_path / "b", "--replica-takeover-timeout=1s", port=replica_port)
     with RawClient(replica.tcp) as client:
-        assert [(e["node"], e["from"], e["to"], e["settled"]) for e in offsets(client, "conv", "spark")["adopted"]] \
-            == [(node, 0, 8, False)]
+        assert [(e["node"], e["from"], e["to"], e["settled"]) for e in offsets(client, "conv", "spark")["adopted"]] == [
+            (node, 0, 8, False)
+        ]
 
     # A comes back on its data: B's WELCOME lists what it adopted, and A drops those from its logs (committed up
     # to their end), so that no reader gets them from both nodes
-    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica_address}", "--replication-degraded=accept",
-                   port=int(node.rpartition(":")[2]))
+    origin = start(
+        daemons,
+        tmp_path / "a",
+        f"--replicate-to={replica_address}",
+        "--replication-degraded=accept",
+        port=int(node.rpartition(":")[2]),
+    )
     origin.wait_for_log(r"peer .+ adopted this node's messages while it was away", timeout=40)
     wait_state(origin, "replicating")
     with RawClient(origin.tcp) as client:  # (without durable mode the kill may have taken the last appends)
@@ -115,7 +123,8 @@ def test_a_replica_serves_the_uncommitted_messages_of_log_channels_after_the_ori
             assert left["committed"] == left["end"] > 0, (topic, left)
             # and LOG says that the span [committed then, end then) went to B: a reader there goes on at its end
             assert [(e["by"], e["epoch"], e["from"], e["through"]) for e in left["handed_over"]] == [
-                (replica_address, 1, committed, left["end"])], (topic, left)
+                (replica_address, 1, committed, left["end"])
+            ], (topic, left)
     with RawClient(replica.tcp) as client:  # B's notes: A is back and heard of it
         assert [e["settled"] for e in offsets(client, "early", "spark")["adopted"]] == [True]
     replica.stop()

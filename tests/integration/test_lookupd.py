@@ -48,8 +48,13 @@ def test_identify_answers_with_the_lookupds_own_info(lookupd):
         body = json.dumps({"broadcast_address": "127.0.0.1", "tcp_port": 1, "http_port": 2, "version": "1.3.0"})
         peer.send(struct.pack(">i", len(body)) + body.encode())
         raw = peer.read_response()
-    assert json.loads(raw) == {"broadcast_address": "127.0.0.1", "hostname": socket.gethostname(),
-                               "http_port": lookupd.http_address[1], "tcp_port": lookupd.tcp[1], "version": "1.3.0"}
+    assert json.loads(raw) == {
+        "broadcast_address": "127.0.0.1",
+        "hostname": socket.gethostname(),
+        "http_port": lookupd.http_address[1],
+        "tcp_port": lookupd.tcp[1],
+        "version": "1.3.0",
+    }
     assert list(json.loads(raw)) == sorted(json.loads(raw)), "keys are sorted, as Go marshals a map"
 
 
@@ -58,9 +63,11 @@ def test_register_lookup_and_leave_on_disconnect(lookupd, topic):
     reply = get(lookupd.http_address, f"/lookup?topic={topic}")
     assert reply.status == 200
     assert reply.body == (
-        b'{"channels":["archive"],"producers":[{"remote_address":"' + peer.local_address.encode()
+        b'{"channels":["archive"],"producers":[{"remote_address":"'
+        + peer.local_address.encode()
         + b'","hostname":"node-a","broadcast_address":"127.0.0.1","tcp_port":5150,"http_port":5151,'
-        b'"version":"1.3.0"}]}')
+        b'"version":"1.3.0"}]}'
+    )
     assert reply.headers["content-type"] == JSON_TYPE and reply.headers["x-nsq-content-type"] == NSQ_HEADER
     assert peer.command(PING) == b"OK"
     peer.close()
@@ -100,15 +107,23 @@ def test_unregister_semantics(lookupd, topic):
 BAD_INPUT = [
     pytest.param(b"", b"  V2", b"E_BAD_PROTOCOL", id="wrong-magic"),
     pytest.param(b"", b"GET / HTTP/1.1\r\n\r\n", b"E_BAD_PROTOCOL", id="http-on-tcp-port"),
-    pytest.param(b"  V1", b"\x00\x01garbage\xfe\n", b"E_INVALID invalid command \x00\x01garbage\xfe",
-                 id="garbage"),
+    pytest.param(b"  V1", b"\x00\x01garbage\xfe\n", b"E_INVALID invalid command \x00\x01garbage\xfe", id="garbage"),
     pytest.param(b"  V1", b"REGISTER t\n", b"E_INVALID client must IDENTIFY", id="REGISTER-before-IDENTIFY"),
-    pytest.param(b"  V1", b"IDENTIFY\n\x7f\xff\xff\xff" + b"{" * 1000, b"E_BAD_BODY IDENTIFY failed to read body",
-                 id="huge-IDENTIFY-body"),
-    pytest.param(b"  V1", b"IDENTIFY\n\x00\x00\x00\x05{bad}", b"E_BAD_BODY IDENTIFY failed to decode JSON body",
-                 id="bad-IDENTIFY-json"),
-    pytest.param(b"  V1", b"IDENTIFY\n\x00\x00\x00\x02{}", b"E_BAD_BODY IDENTIFY missing fields",
-                 id="IDENTIFY-missing-fields"),
+    pytest.param(
+        b"  V1",
+        b"IDENTIFY\n\x7f\xff\xff\xff" + b"{" * 1000,
+        b"E_BAD_BODY IDENTIFY failed to read body",
+        id="huge-IDENTIFY-body",
+    ),
+    pytest.param(
+        b"  V1",
+        b"IDENTIFY\n\x00\x00\x00\x05{bad}",
+        b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        id="bad-IDENTIFY-json",
+    ),
+    pytest.param(
+        b"  V1", b"IDENTIFY\n\x00\x00\x00\x02{}", b"E_BAD_BODY IDENTIFY missing fields", id="IDENTIFY-missing-fields"
+    ),
 ]
 
 
@@ -135,11 +150,14 @@ def test_fatal_error_removes_the_peers_registrations(lookupd, topic):
     peer.close()
 
 
-@pytest.mark.parametrize("line,error", [
-    (b"REGISTER bad!name\n", b"E_BAD_TOPIC REGISTER topic name 'bad!name' is not valid"),
-    (b"UNREGISTER t bad/channel\n", b"E_BAD_CHANNEL UNREGISTER channel name 'bad/channel' is not valid"),
-    (b"REGISTER\n", b"E_INVALID REGISTER insufficient number of params"),
-])
+@pytest.mark.parametrize(
+    "line,error",
+    [
+        (b"REGISTER bad!name\n", b"E_BAD_TOPIC REGISTER topic name 'bad!name' is not valid"),
+        (b"UNREGISTER t bad/channel\n", b"E_BAD_CHANNEL UNREGISTER channel name 'bad/channel' is not valid"),
+        (b"REGISTER\n", b"E_INVALID REGISTER insufficient number of params"),
+    ],
+)
 def test_name_errors_after_identify(lookupd, line, error):
     with RawPeer(lookupd.tcp) as peer:
         peer.identify()
@@ -175,27 +193,30 @@ def test_ping_and_info(lookupd):
     assert info.body == b'{"version":"1.3.0"}' and info.headers["x-nsq-content-type"] == NSQ_HEADER
 
 
-@pytest.mark.parametrize("method,path,status,body", [
-    ("GET", "/channels", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
-    ("GET", "/lookup", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
-    ("GET", "/lookup?topic=never_registered_anywhere", 404, b'{"message":"TOPIC_NOT_FOUND"}'),
-    ("GET", "/lookup?topic=%zz", 400, b'{"message":"INVALID_REQUEST"}'),
-    ("GET", "/channels?topic=never_registered_anywhere", 200, b'{"channels":[]}'),
-    ("POST", "/topic/create", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
-    ("POST", "/topic/create?topic=bad!", 400, b'{"message":"INVALID_ARG_TOPIC"}'),
-    ("POST", "/topic/delete", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
-    ("POST", "/topic/delete?topic=bad!never", 200, b""),
-    ("POST", "/channel/create?topic=t", 400, b'{"message":"MISSING_ARG_CHANNEL"}'),
-    ("POST", "/channel/create?topic=bad!&channel=c", 400, b'{"message":"INVALID_ARG_TOPIC"}'),
-    ("POST", "/channel/create?topic=t&channel=bad!", 400, b'{"message":"INVALID_ARG_CHANNEL"}'),
-    ("POST", "/channel/delete?channel=c", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
-    ("POST", "/channel/delete?topic=never_x&channel=c", 404, b'{"message":"CHANNEL_NOT_FOUND"}'),
-    ("POST", "/topic/tombstone?node=a:1", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
-    ("POST", "/topic/tombstone?topic=t", 400, b'{"message":"MISSING_ARG_NODE"}'),
-    ("POST", "/topic/tombstone?topic=nobody&node=a:1", 200, b""),
-    ("GET", "/nope", 404, b'{"message":"NOT_FOUND"}'),
-    ("GET", "/topic/create", 405, b'{"message":"METHOD_NOT_ALLOWED"}'),
-])
+@pytest.mark.parametrize(
+    "method,path,status,body",
+    [
+        ("GET", "/channels", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+        ("GET", "/lookup", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+        ("GET", "/lookup?topic=never_registered_anywhere", 404, b'{"message":"TOPIC_NOT_FOUND"}'),
+        ("GET", "/lookup?topic=%zz", 400, b'{"message":"INVALID_REQUEST"}'),
+        ("GET", "/channels?topic=never_registered_anywhere", 200, b'{"channels":[]}'),
+        ("POST", "/topic/create", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+        ("POST", "/topic/create?topic=bad!", 400, b'{"message":"INVALID_ARG_TOPIC"}'),
+        ("POST", "/topic/delete", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+        ("POST", "/topic/delete?topic=bad!never", 200, b""),
+        ("POST", "/channel/create?topic=t", 400, b'{"message":"MISSING_ARG_CHANNEL"}'),
+        ("POST", "/channel/create?topic=bad!&channel=c", 400, b'{"message":"INVALID_ARG_TOPIC"}'),
+        ("POST", "/channel/create?topic=t&channel=bad!", 400, b'{"message":"INVALID_ARG_CHANNEL"}'),
+        ("POST", "/channel/delete?channel=c", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+        ("POST", "/channel/delete?topic=never_x&channel=c", 404, b'{"message":"CHANNEL_NOT_FOUND"}'),
+        ("POST", "/topic/tombstone?node=a:1", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+        ("POST", "/topic/tombstone?topic=t", 400, b'{"message":"MISSING_ARG_NODE"}'),
+        ("POST", "/topic/tombstone?topic=nobody&node=a:1", 200, b""),
+        ("GET", "/nope", 404, b'{"message":"NOT_FOUND"}'),
+        ("GET", "/topic/create", 405, b'{"message":"METHOD_NOT_ALLOWED"}'),
+    ],
+)
 def test_http_answers(lookupd, method, path, status, body):
     reply = request(lookupd.http_address, method, path)
     assert (reply.status, reply.body) == (status, body)
@@ -229,8 +250,16 @@ def test_tombstone_nodes_and_debug(lookupd, topic):
     assert lookup_producers(lookupd, topic) == []
     assert len(lookup_producers(lookupd, f"{topic}_other")) == 1
     node = next(n for n in get(http, "/nodes").json()["producers"] if n["remote_address"] == peer.local_address)
-    assert list(node) == ["remote_address", "hostname", "broadcast_address", "tcp_port", "http_port", "version",
-                          "tombstones", "topics"]
+    assert list(node) == [
+        "remote_address",
+        "hostname",
+        "broadcast_address",
+        "tcp_port",
+        "http_port",
+        "version",
+        "tombstones",
+        "topics",
+    ]
     assert len(node["tombstones"]) == len(node["topics"])
     assert dict(zip(node["topics"], node["tombstones"])) == {topic: True, f"{topic}_other": False}
     # re-registering does not clear the tombstone
@@ -238,8 +267,17 @@ def test_tombstone_nodes_and_debug(lookupd, topic):
     assert lookup_producers(lookupd, topic) == []
     debug = get(http, "/debug").json()
     entry = next(e for e in debug[f"topic:{topic}:"] if e["id"] == peer.local_address)
-    assert list(entry) == ["broadcast_address", "hostname", "http_port", "id", "last_update", "tcp_port",
-                           "tombstoned", "tombstoned_at", "version"]
+    assert list(entry) == [
+        "broadcast_address",
+        "hostname",
+        "http_port",
+        "id",
+        "last_update",
+        "tcp_port",
+        "tombstoned",
+        "tombstoned_at",
+        "version",
+    ]
     assert entry["tombstoned"] is True and entry["tombstoned_at"] > 0
     other = next(e for e in debug[f"topic:{topic}_other:"] if e["id"] == peer.local_address)
     assert other["tombstoned"] is False and other["tombstoned_at"] == -6795364578871345152
@@ -260,22 +298,33 @@ def test_metrics_read_the_database_at_scrape_time(lookupd, topic):
     assert f'nsqlookupd_channel_producers{{channel="c",topic="{topic}"}} 1.0' in text
     assert 'nsqlookupd_info{version="1.3.0"} 1.0' in text
     peer.close()
-    wait_for(lambda: f'nsqlookupd_topic_producers{{topic="{topic}"}} 0.0'
-             in get(lookupd.http_address, "/metrics").body.decode(), message="metrics follow the database")
+    wait_for(
+        lambda: (
+            f'nsqlookupd_topic_producers{{topic="{topic}"}} 0.0' in get(lookupd.http_address, "/metrics").body.decode()
+        ),
+        message="metrics follow the database",
+    )
 
 
 def test_version_and_bad_flags():
-    version = subprocess.run([sys.executable, "-m", "lookupd", "--version"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=30)
+    version = subprocess.run(
+        [sys.executable, "-m", "lookupd", "--version"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
+    )
     assert version.returncode == 0 and version.stdout.startswith("nsqlookupd v1.3.0 (built w/python")
-    bad = subprocess.run([sys.executable, "-m", "lookupd", "--no-such-flag"], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lookupd", "--no-such-flag"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
+    )
     assert bad.returncode == 2 and "flag provided but not defined: -no-such-flag" in bad.stderr
 
 
 def test_listen_failure_is_fatal(lookupd):
     taken = f"127.0.0.1:{lookupd.tcp[1]}"
-    done = subprocess.run([sys.executable, "-m", "lookupd", f"--tcp-address={taken}", "--http-address=127.0.0.1:0"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "lookupd", f"--tcp-address={taken}", "--http-address=127.0.0.1:0"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 1
     assert f"FATAL: failed to instantiate nsqlookupd - listen ({taken}) failed" in done.stderr

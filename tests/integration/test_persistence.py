@@ -16,10 +16,8 @@ from tests.integration.harness import RawClient, dpub, mpub, pub, rdy, req, sub
 from tests.integration.http_helpers import get, post, raw_exchange, stats
 from tests.integration.persistence_helpers import (
     NSQ_FILE,
-    SIDE_FILE,
     ConnectionClosed,
     DataDir,
-    channel_stats,
     consume_exactly,
     create_channel,
     http,
@@ -151,13 +149,18 @@ def test_empty_queues_leave_meta_files_and_metadata_follows_changes(data_dir):
     create_channel(daemon, topic, "idle#ephemeral")
     create_channel(daemon, name("gone") + "#ephemeral", "c#ephemeral")
     # written shortly after the channel was created, not only at shutdown
-    wait_for_metadata(d.path, lambda document: document["topics"] == [
-        {"name": topic, "paused": False, "channels": [{"name": "idle", "paused": False}]}])
+    wait_for_metadata(
+        d.path,
+        lambda document: (
+            document["topics"] == [{"name": topic, "paused": False, "channels": [{"name": "idle", "paused": False}]}]
+        ),
+    )
     address = http(daemon)
     assert post(address, f"/channel/pause?topic={topic}&channel=idle").status == 200
     assert post(address, f"/topic/pause?topic={topic}").status == 200
-    assert metadata(d.path)["topics"] == [{"name": topic, "paused": True,
-                                           "channels": [{"name": "idle", "paused": True}]}]
+    assert metadata(d.path)["topics"] == [
+        {"name": topic, "paused": True, "channels": [{"name": "idle", "paused": True}]}
+    ]
     assert f"INFO: NSQ: persisting topic/channel metadata to {d.path / 'nsqd.dat'}\n" in daemon.log_text()
     daemon = d.restart()
     for queue in (topic, f"{topic}:idle"):
@@ -200,14 +203,25 @@ def metadata_storm(daemon, rng) -> None:
 
 def known_state(daemon) -> dict:
     """What a daemon knows of its durable topics and channels, from /stats: name -> (paused, {channel: paused})."""
-    return {t["topic_name"]: (t["paused"], {c["channel_name"]: c["paused"] for c in t["channels"] or []
-                                            if not c["channel_name"].endswith("#ephemeral")})
-            for t in stats(http(daemon))["topics"] or [] if not t["topic_name"].endswith("#ephemeral")}
+    return {
+        t["topic_name"]: (
+            t["paused"],
+            {
+                c["channel_name"]: c["paused"]
+                for c in t["channels"] or []
+                if not c["channel_name"].endswith("#ephemeral")
+            },
+        )
+        for t in stats(http(daemon))["topics"] or []
+        if not t["topic_name"].endswith("#ephemeral")
+    }
 
 
 def file_state(document: dict) -> dict:
-    return {t["name"]: (t["paused"], {c["name"]: c["paused"] for c in t["channels"] or []})
-            for t in document["topics"] or []}
+    return {
+        t["name"]: (t["paused"], {c["name"]: c["paused"] for c in t["channels"] or []})
+        for t in document["topics"] or []
+    }
 
 
 @pytest.mark.timeout(120)
@@ -277,9 +291,12 @@ def test_a_created_topic_is_there_for_what_follows_its_answer_and_through_a_kill
             publisher.publish(topic, topic.encode())  # acknowledged: durable mode has it on disk, nsqd.dat too
         # pipelined behind the create on its connection, and the create's own lines logged before its access line
         last = name("pipelined")
-        replies = raw_exchange(address, f"POST /topic/create?topic={last} HTTP/1.1\r\nHost: t\r\n\r\n"
-                                        f"GET /stats?format=json&topic={last} HTTP/1.1\r\nHost: t\r\n"
-                                        "Connection: close\r\n\r\n".encode())
+        replies = raw_exchange(
+            address,
+            f"POST /topic/create?topic={last} HTTP/1.1\r\nHost: t\r\n\r\n"
+            f"GET /stats?format=json&topic={last} HTTP/1.1\r\nHost: t\r\n"
+            "Connection: close\r\n\r\n".encode(),
+        )
         assert replies.startswith(b"HTTP/1.1 200 OK\r\n") and f'"topic_name":"{last}"'.encode() in replies
         publisher.publish(last, last.encode())
     log = daemon.log_text()
@@ -325,8 +342,12 @@ def test_temporary_files_left_by_a_kill_are_removed_at_the_next_start(data_dir):
     wait_for_metadata(d.path, lambda document: document["topics"] and document["topics"][0]["channels"])
     d.kill()
     # what a kill between writing a replacement and renaming it leaves behind, for each file nsqd replaces
-    strays = ["nsqd.dat.8127361.tmp", f"{topic}.diskqueue.meta.dat.5577006791947779410.tmp",
-              f"{topic}:c.diskqueue.meta.dat.42.tmp", f"{topic}:c.deferred.dat.7.tmp"]
+    strays = [
+        "nsqd.dat.8127361.tmp",
+        f"{topic}.diskqueue.meta.dat.5577006791947779410.tmp",
+        f"{topic}:c.diskqueue.meta.dat.42.tmp",
+        f"{topic}:c.deferred.dat.7.tmp",
+    ]
     others = ["notes.tmp", "nsqd.dat.x.tmp", f"{topic}.diskqueue.000000.dat.9.tmp"]
     for f in strays + others:
         (d.path / f).write_bytes(b"0\n0,0\n0,0\n")
@@ -366,8 +387,11 @@ def test_delete_leaves_no_files(data_dir):
 def test_ephemeral_topics_and_channels_work_without_a_memory_queue(data_dir):
     d = data_dir("--mem-queue-size=0")
     daemon = d.start()
-    cases = [(name("eph") + "#ephemeral", "c#ephemeral"), (name("durable_topic"), "c#ephemeral"),
-             (name("eph") + "#ephemeral", "plain")]
+    cases = [
+        (name("eph") + "#ephemeral", "c#ephemeral"),
+        (name("durable_topic"), "c#ephemeral"),
+        (name("eph") + "#ephemeral", "plain"),
+    ]
     consumers = []
     try:
         for topic, channel in cases:
@@ -461,8 +485,9 @@ def test_durable_mode_loses_no_acknowledged_message_across_kill_9_loops(data_dir
     for _ in range(rounds):
         daemon = d.start()
         stop = threading.Event()
-        threads = [threading.Thread(target=f, args=(daemon.tcp, stop), daemon=True)
-                   for f in (publish, publish, consume)]  # two publishers: their OKs share fsyncs
+        threads = [
+            threading.Thread(target=f, args=(daemon.tcp, stop), daemon=True) for f in (publish, publish, consume)
+        ]  # two publishers: their OKs share fsyncs
         for t in threads:
             t.start()
         target = len(acked) + per_round
@@ -488,8 +513,10 @@ def test_durable_mode_loses_no_acknowledged_message_across_kill_9_loops(data_dir
     duplicates = sum(n - 1 for n in received.values() if n > 1)
     record_property("acknowledged", len(acked))
     record_property("duplicates", duplicates)
-    print(f"durable kill -9 loop: {len(acked)} acknowledged, {len(received)} distinct received, "
-          f"{duplicates} duplicate deliveries, 0 missing")
+    print(
+        f"durable kill -9 loop: {len(acked)} acknowledged, {len(received)} distinct received, "
+        f"{duplicates} duplicate deliveries, 0 missing"
+    )
     assert len(acked) >= rounds * per_round
 
 

@@ -35,8 +35,19 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.timeout(60)
 
 IDENTIFY_KEYS = [
-    "max_rdy_count", "version", "max_msg_timeout", "msg_timeout", "tls_v1", "deflate", "deflate_level",
-    "max_deflate_level", "snappy", "sample_rate", "auth_required", "output_buffer_size", "output_buffer_timeout",
+    "max_rdy_count",
+    "version",
+    "max_msg_timeout",
+    "msg_timeout",
+    "tls_v1",
+    "deflate",
+    "deflate_level",
+    "max_deflate_level",
+    "snappy",
+    "sample_rate",
+    "auth_required",
+    "output_buffer_size",
+    "output_buffer_timeout",
 ]
 
 
@@ -85,8 +96,10 @@ def test_identify_keys_match_case_insensitively(daemon):
         ({"msg_timeout": 5000}, {"msg_timeout": 5000}),
         ({"msg_timeout": 900000}, {"msg_timeout": 900000}),
         ({"sample_rate": 42}, {"sample_rate": 42}),
-        ({"output_buffer_size": 1024, "output_buffer_timeout": 100},
-         {"output_buffer_size": 1024, "output_buffer_timeout": 100}),
+        (
+            {"output_buffer_size": 1024, "output_buffer_timeout": 100},
+            {"output_buffer_size": 1024, "output_buffer_timeout": 100},
+        ),
         ({"output_buffer_size": -1}, {"output_buffer_size": 1, "output_buffer_timeout": 0}),
         ({"output_buffer_timeout": -1}, {"output_buffer_timeout": 0}),
         ({"heartbeat_interval": 2000, "client_id": "c", "hostname": "h", "user_agent": "ua/1.0"}, {}),
@@ -108,9 +121,15 @@ def test_second_identify_is_accepted(daemon):
         client.assert_open()
 
 
-@pytest.mark.parametrize("fields", [{"output_buffer_size": 1024, "output_buffer_timeout": 50},
-                                    {"output_buffer_size": -1}, {"output_buffer_timeout": -1},
-                                    {"output_buffer_size": 64, "output_buffer_timeout": 25}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"output_buffer_size": 1024, "output_buffer_timeout": 50},
+        {"output_buffer_size": -1},
+        {"output_buffer_timeout": -1},
+        {"output_buffer_size": 64, "output_buffer_timeout": 25},
+    ],
+)
 def test_output_buffer_settings_still_deliver(daemon, fields):
     name = fresh_name()
     with consumer(daemon.tcp, name, "ch", ready=100, identify_fields=fields) as reader:
@@ -360,8 +379,10 @@ def test_msg_timeout_redelivers_with_attempts_incremented(daemon):
 
 def test_fin_after_timeout_fails_without_closing(daemon):
     name = fresh_name()
-    with consumer(daemon.tcp, name, "ch", ready=1, identify_fields={"msg_timeout": 1000}) as client, \
-            consumer(daemon.tcp, name, "ch", ready=0) as other:
+    with (
+        consumer(daemon.tcp, name, "ch", ready=1, identify_fields={"msg_timeout": 1000}) as client,
+        consumer(daemon.tcp, name, "ch", ready=0) as other,
+    ):
         client.publish(name, b"expired")
         first = client.read_message()
         client.send(rdy(0))
@@ -469,8 +490,9 @@ def test_sample_rate_drops_most_messages(daemon):
 
 def test_sampled_out_messages_are_not_redelivered(daemon):
     name = fresh_name()
-    with consumer(daemon.tcp, name, "ch", ready=1000,
-                  identify_fields={"sample_rate": 1, "msg_timeout": 1000}) as client:
+    with consumer(
+        daemon.tcp, name, "ch", ready=1000, identify_fields={"sample_rate": 1, "msg_timeout": 1000}
+    ) as client:
         client.publish_many(name, [b"%d" % i for i in range(200)])
         seen = []
         while True:
@@ -504,8 +526,9 @@ def test_ephemeral_channel_is_deleted_when_its_last_consumer_leaves(daemon):
         deadline = time.monotonic() + 15
         for attempt in range(1000):
             time.sleep(min(0.05 * 2**attempt, 1.0))
-            first = _first_body_for_new_consumer(daemon, name, "gone#ephemeral", b"probe%d" % attempt,
-                                                 b"marker%d" % attempt)
+            first = _first_body_for_new_consumer(
+                daemon, name, "gone#ephemeral", b"probe%d" % attempt, b"marker%d" % attempt
+            )
             if first == b"marker%d" % attempt:
                 return
             assert time.monotonic() < deadline, "ephemeral channel kept messages after its last consumer left"
@@ -535,5 +558,3 @@ def test_mpub_then_dpub_then_pub_on_one_connection(daemon):
                 bodies.add(message.body)
                 client.send(fin(message.id))
         assert (oks, bodies) == (3, {b"a", b"b", b"c", b"d"})
-
-

@@ -55,8 +55,15 @@ def test_pipelined_commands_around_an_identify_keep_their_order(module_nsqd):
     name = fresh()
     with RawClient(module_nsqd.tcp) as client:
         client.publish(name, b"idle now")
-        client.send(pub(name, b"a") + identify({"feature_negotiation": True}) + pub(name, b"b") + NOP
-                    + mpub(name, [b"c", b"d"]) + sub(name, "ch") + rdy(10))
+        client.send(
+            pub(name, b"a")
+            + identify({"feature_negotiation": True})
+            + pub(name, b"b")
+            + NOP
+            + mpub(name, [b"c", b"d"])
+            + sub(name, "ch")
+            + rdy(10)
+        )
         client.expect_ok()
         assert json.loads(client.read_response())["version"]
         client.expect_ok()
@@ -157,8 +164,12 @@ def test_consumer_that_stops_reading_is_closed_by_its_write_deadline(nsqd):
                 producer.publish_many(name, [b"x" * 1_000_000] * 4)
             deadline = time.monotonic() + 20
             while True:
-                channel = next(c for t in stats(nsqd.http(), f"topic={name}")["topics"] if t["topic_name"] == name
-                               for c in t["channels"])
+                channel = next(
+                    c
+                    for t in stats(nsqd.http(), f"topic={name}")["topics"]
+                    if t["topic_name"] == name
+                    for c in t["channels"]
+                )
                 if not channel["clients"]:
                     break
                 assert time.monotonic() < deadline, "a consumer that stopped reading was not closed"
@@ -233,6 +244,7 @@ def test_single_messages_and_fins_read_inside_a_draining_channels_slices_lose_no
     assert [c["message_count"] for c in channels] == [total, 300]
     daemon.assert_running()
     assert daemon.stop() == 0
-    found = re.search(r"channel scheduler ran (\d+) slices \((\d+) at once for a publish\) and (\d+) interludes",
-                      daemon.log_text())
+    found = re.search(
+        r"channel scheduler ran (\d+) slices \((\d+) at once for a publish\) and (\d+) interludes", daemon.log_text()
+    )
     assert found and int(found[3]) > 0, daemon.log_text()[-2000:]

@@ -35,7 +35,6 @@ from tests.integration.harness import NsqdProcess, RawClient, command, consumer,
 from tests.integration.http_helpers import get, post, stats, wait_for
 
 
-
 @pytest.fixture
 def daemons():
     started: list[NsqdProcess] = []
@@ -77,9 +76,11 @@ def pair(daemons, tmp_path, *origin_args: str, replica_args: tuple[str, ...] = (
 
 def fins_acked(origin: NsqdProcess, before: int) -> None:
     """Wait until the origin's peer acknowledged frames after ``before`` and nothing more is pending (the FINs)."""
+
     def done() -> bool:
         peer = stats(origin.http())["replication"]["peers"][0]
         return peer["acked"] > before and peer["pending_frames"] == 0
+
     wait_for(done, message="FINs acknowledged by the replica")
 
 
@@ -154,8 +155,9 @@ def test_publishes_to_many_topics_in_the_same_millisecond_are_each_held_and_adop
     topics = [f"t{n}" for n in range(8)]
     with RawClient(origin.tcp) as producer:
         for _ in range(5):  # one write: the publishes of all topics are read and handled together
-            producer.send(b"".join(encode_mpub(topic, [b"%s-%d" % (topic.encode(), i) for i in range(3)])
-                                   for topic in topics))
+            producer.send(
+                b"".join(encode_mpub(topic, [b"%s-%d" % (topic.encode(), i) for i in range(3)]) for topic in topics)
+            )
             for _ in topics:
                 producer.expect_ok()
     assert held(replica, node) == 5 * 3 * len(topics)
@@ -249,7 +251,7 @@ class StandIn:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def __enter__(self) -> "StandIn":
+    def __enter__(self) -> StandIn:
         self._thread.start()
         return self
 
@@ -271,8 +273,11 @@ class StandIn:
                     continue
                 self.asked.append(event)
                 confirmed = type(event) is Confirm and event.node == self.node and event.session in self.sessions
-                conn.sendall(encode(Confirmed(event.node, event.session) if confirmed
-                                    else Error("E_NODE_CONFLICT", "not this node")))
+                conn.sendall(
+                    encode(
+                        Confirmed(event.node, event.session) if confirmed else Error("E_NODE_CONFLICT", "not this node")
+                    )
+                )
 
     @staticmethod
     def _read_ask(conn: socket.socket):
@@ -311,12 +316,14 @@ def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons,
         bystander.publish("t", b"before")
         assert _exchange(replica.tcp, b"GET / HTTP/1.1\r\n\r\n")[-1].code == "E_BAD_PROTOCOL"
         hello = encode(Hello(f"127.0.0.1:{replica.tcp[1]}", "s"))
-        assert _exchange(replica.tcp, hello)[-1] == Error("E_NODE_CONFLICT",
-                                                          f"node 127.0.0.1:{replica.tcp[1]} is this node")
+        assert _exchange(replica.tcp, hello)[-1] == Error(
+            "E_NODE_CONFLICT", f"node 127.0.0.1:{replica.tcp[1]} is this node"
+        )
         # a node claiming another node's identity: the node at that address does not confirm the session
         events = _exchange(replica.tcp, encode(Hello(origin.node, "stolen", clean=True)) + encode(Synced(0)))
-        assert events[-1] == Error("E_NODE_CONFLICT", f"node {origin.node} did not confirm session stolen - "
-                                                      "E_NODE_CONFLICT not this node")
+        assert events[-1] == Error(
+            "E_NODE_CONFLICT", f"node {origin.node} did not confirm session stolen - E_NODE_CONFLICT not this node"
+        )
         assert origin.asked == [Confirm(origin.node, "stolen")]
         gone = f"127.0.0.1:{free_port()}"  # nothing listens there: a dead node's name
         events = _exchange(replica.tcp, encode(Hello(gone, "s")))
@@ -326,15 +333,20 @@ def test_bad_input_on_the_replication_magic_closes_that_connection_only(daemons,
         events = _exchange(replica.tcp, encode(Hello(origin.node, "s")) + bad_topic)
         assert events[-1] == Error("E_BAD_TOPIC", "replicated topic name 'a/b' is not valid")
         message = ReplicatedMessage(b"0" * 16, 1, 0, 0, b"x")
-        events = _exchange(replica.tcp, encode(Hello(origin.node, "s")) + encode(Messages(1, "t", (message,)))
-                           + encode(Messages(5, "t", (message,))))
+        events = _exchange(
+            replica.tcp,
+            encode(Hello(origin.node, "s"))
+            + encode(Messages(1, "t", (message,)))
+            + encode(Messages(5, "t", (message,))),
+        )
         assert events[-1] == Error("E_BAD_SEQ", "frame seq 5 after 1")
         events = _exchange(replica.tcp, encode(Hello(origin.node, "s")) + encode(Messages(1, "t", (message,), "c")))
         assert events[-1] == Error("E_BAD_PROTOCOL", "MESSAGES frame of a channel outside a backfill")
         assert _exchange(replica.tcp, b"\x00\x00\x00\x02\x01{")[-1].code == "E_BAD_HELLO"
         # a CONFIRM asked of a node that replicates nothing
         assert _exchange(replica.tcp, encode(Confirm(f"127.0.0.1:{replica.tcp[1]}", "s")))[-1] == Error(
-            "E_NODE_CONFLICT", f"node 127.0.0.1:{replica.tcp[1]} with session s is not this node")
+            "E_NODE_CONFLICT", f"node 127.0.0.1:{replica.tcp[1]} with session s is not this node"
+        )
         bystander.publish("t", b"after")
     assert held(replica, gone) == 0 and not replica_of(replica, gone)
     assert replica.is_running()
@@ -354,8 +366,9 @@ def test_replication_over_tls(daemons, tmp_path):
         producer.publish_many("t", [b"secret%d" % i for i in range(5)])
     assert held(replica, node) == 5
     replica.wait_for_log(r"origin .* connected", timeout=10)
-    assert _exchange(replica.tcp, encode(Hello(node, "plain")))[-1] == Error("E_BAD_PROTOCOL",
-                                                                           "TLS is required on this node")
+    assert _exchange(replica.tcp, encode(Hello(node, "plain")))[-1] == Error(
+        "E_BAD_PROTOCOL", "TLS is required on this node"
+    )
     plain = start(daemons, tmp_path / "c")
     with socket.create_connection(plain.tcp, timeout=10) as sock:  # a node without a certificate refuses TLS
         sock.sendall(MAGIC_R1 + b"\x16\x03\x01\x00\x05hello")
@@ -429,6 +442,7 @@ def test_duplicates_after_takeover_are_the_adopted_messages_the_origin_had_finis
         def settled() -> bool:
             channel = stats(origin.http(), "topic=t")["topics"][0]["channels"][0]
             return channel["in_flight_count"] == 0 and channel["depth"] == 6
+
         wait_for(settled, message="FINs taken by the origin")
     assert origin.stop() == 0  # its data directory keeps the 6 it had not finished
     replica = start(daemons, tmp_path / "b", port=replica_port)
@@ -436,8 +450,11 @@ def test_duplicates_after_takeover_are_the_adopted_messages_the_origin_had_finis
     adopted_file = tmp_path / "b" / f"replica.{node}.adopted"
     assert adopted_file.stat().st_size == 10 * 16
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", port=origin_port)
-    origin.wait_for_log(r"dropped the 6 message\(s\) it adopted that were held here, kept 0 other\(s\) of their "
-                        r"topics; 4 it adopted had been finished here \(delivered twice\)", timeout=20)
+    origin.wait_for_log(
+        r"dropped the 6 message\(s\) it adopted that were held here, kept 0 other\(s\) of their "
+        r"topics; 4 it adopted had been finished here \(delivered twice\)",
+        timeout=20,
+    )
     wait_state(origin, "replicating")
     doc = stats(origin.http())["replication"]
     assert doc["duplicates_after_takeover"] == 4
@@ -452,8 +469,9 @@ def test_duplicates_after_takeover_are_the_adopted_messages_the_origin_had_finis
     assert set(finished) <= set(again)  # the 4 come twice
 
 
-@pytest.mark.parametrize("args", [(), ("--mem-queue-size=0",), ("--mem-queue-size=0", "--sync-every=1")],
-                         ids=["memory", "disk", "durable"])
+@pytest.mark.parametrize(
+    "args", [(), ("--mem-queue-size=0",), ("--mem-queue-size=0", "--sync-every=1")], ids=["memory", "disk", "durable"]
+)
 def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopted(daemons, tmp_path, args):
     origin, replica = pair(daemons, tmp_path, "--replication-degraded=accept", *args)
     node = f"127.0.0.1:{origin.tcp[1]}"
@@ -469,8 +487,14 @@ def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopt
     assert origin.stop() == 0
     replica = start(daemons, tmp_path / "b", port=replica_port)
     assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 5
-    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-degraded=accept",
-                   *args, port=origin_port)
+    origin = start(
+        daemons,
+        tmp_path / "a",
+        f"--replicate-to={replica.tcp_address}",
+        "--replication-degraded=accept",
+        *args,
+        port=origin_port,
+    )
     origin.wait_for_log(r"dropped the 5 message\(s\) it adopted that were held here, kept 2", timeout=20)
     wait_state(origin, "replicating")
     assert held(replica, node) == 2  # replicated now that the peer is back
@@ -481,7 +505,6 @@ def test_accept_mode_keeps_what_it_took_alone_when_its_other_messages_were_adopt
         wait_for(lambda: held(replica, node) == 0, message="released")
     with consumer(replica.tcp, "t", "c", ready=10) as client:
         assert sorted(receive(client, 5)) == sorted(b"m%d" % i for i in range(5))
-
 
 
 def test_what_a_paused_topic_held_stays_in_the_topic_when_its_other_messages_were_adopted(daemons, tmp_path):
@@ -499,14 +522,20 @@ def test_what_a_paused_topic_held_stays_in_the_topic_when_its_other_messages_wer
     assert origin.stop() == 0
     replica = start(daemons, tmp_path / "b", port=replica_port)
     assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 2
-    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-degraded=accept",
-                   port=origin_port)
+    origin = start(
+        daemons,
+        tmp_path / "a",
+        f"--replicate-to={replica.tcp_address}",
+        "--replication-degraded=accept",
+        port=origin_port,
+    )
     origin.wait_for_log(r"dropped the 2 message\(s\) it adopted that were held here, kept 1", timeout=20)
     topic = stats(origin.http(), "topic=t")["topics"][0]
     assert topic["paused"] and topic["depth"] == 1 and topic["channels"][0]["depth"] == 0
     post(origin.http(), "/topic/unpause?topic=t")
     with consumer(origin.tcp, "t", "c", ready=10) as client:
         assert receive(client, 1) == [b"alone"]
+
 
 def test_a_takeover_while_the_origin_lives_leaves_each_message_one_owner(daemons, tmp_path):
     # what a partition longer than the takeover wait does: the origin learns of it when its stream comes back, and
@@ -517,8 +546,11 @@ def test_a_takeover_while_the_origin_lives_leaves_each_message_one_owner(daemons
     with RawClient(origin.tcp) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(3)])
     assert post(replica.http(), f"/replica/takeover?node={node}").json()["messages"] == 3
-    origin.wait_for_log(r"peer .* adopted 3 message\(s\) of this node \(epoch 1\) while it was connected elsewhere "
-                        r".*: dropped the 3 held here", timeout=20)
+    origin.wait_for_log(
+        r"peer .* adopted 3 message\(s\) of this node \(epoch 1\) while it was connected elsewhere "
+        r".*: dropped the 3 held here",
+        timeout=20,
+    )
     assert stats(origin.http())["replication"]["duplicates_after_takeover"] == 0  # none had been finished here
     wait_state(origin, "replicating")
     assert stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["depth"] == 0
@@ -602,14 +634,20 @@ def test_a_backlog_spilled_to_disk_is_backfilled_whole_while_publishing_goes_on(
     import threading
 
     port = free_port()
-    origin = start(daemons, tmp_path / "a", f"--replicate-to=127.0.0.1:{port}", "--replication-degraded=accept",
-                   "--mem-queue-size=100", "--max-bytes-per-file=262144")
+    origin = start(
+        daemons,
+        tmp_path / "a",
+        f"--replicate-to=127.0.0.1:{port}",
+        "--replication-degraded=accept",
+        "--mem-queue-size=100",
+        "--max-bytes-per-file=262144",
+    )
     node = f"127.0.0.1:{origin.tcp[1]}"
     create(origin, "c", "d")
     published = [b"old%06d." % i + b"x" * 200 for i in range(20000)]
     with RawClient(origin.tcp) as producer:  # no replica yet: taken unreplicated, mostly onto disk
         for first in range(0, len(published), 500):
-            producer.publish_many("t", published[first:first + 500])
+            producer.publish_many("t", published[first : first + 500])
     channels = {c["channel_name"]: c for c in stats(origin.http(), "topic=t")["topics"][0]["channels"]}
     assert channels["c"]["backend_depth"] > 10000 and channels["d"]["backend_depth"] > 10000
 
@@ -635,9 +673,11 @@ def test_a_backlog_spilled_to_disk_is_backfilled_whole_while_publishing_goes_on(
         finished_on_c = set(receive(client, 3000))
 
         def finished_by_c() -> int:
-            channel = next(c for c in stats(origin.http(), "topic=t")["topics"][0]["channels"]
-                           if c["channel_name"] == "c")
+            channel = next(
+                c for c in stats(origin.http(), "topic=t")["topics"][0]["channels"] if c["channel_name"] == "c"
+            )
             return sum(client["finish_count"] for client in channel["clients"])
+
         wait_for(lambda: finished_by_c() == len(finished_on_c), message="c's FINs taken")
     wait_state(origin, "replicating", timeout=60, message="backfilled")
     # FINs go to the peer asynchronously: a channel op sends those gathered before it, and its ACK says they are held
@@ -672,8 +712,11 @@ def test_a_replica_restarted_on_its_data_waits_for_an_origin_that_lives(daemons,
         producer.publish_many("t", [b"m%d" % i for i in range(5)])
     replica.kill()
     # lost, then unreachable after 0.1, 0.2, 0.4, 0.8, 1.6 and 3.2 s: the next attempt is 5 s away
-    wait_for(lambda: origin.log_text().count(f"peer {replica.tcp_address} unreachable") >= 6, timeout=30,
-             message="the origin's reconnections backing off")
+    wait_for(
+        lambda: origin.log_text().count(f"peer {replica.tcp_address} unreachable") >= 6,
+        timeout=30,
+        message="the origin's reconnections backing off",
+    )
     replica = start(daemons, tmp_path / "b", "--replica-takeover-timeout=1s", *durable, port=port)
     assert held(replica, node) == 5
     wait_for(lambda: replica_of(replica, node).get("state") == "connected", timeout=30, message="origin back")
@@ -693,8 +736,7 @@ def test_a_replica_takes_over_an_origin_whose_address_refuses_connections(daemon
     with RawClient(origin.tcp) as producer:
         producer.publish("t", b"survivor")
     origin.kill()
-    replica.wait_for_log(rf"REPLICATION: origin {node} silent for 1 s and unreachable \(.+\), taking over",
-                         timeout=20)
+    replica.wait_for_log(rf"REPLICATION: origin {node} silent for 1 s and unreachable \(.+\), taking over", timeout=20)
     with consumer(replica.tcp, "t", "c", ready=1) as client:
         assert receive(client, 1) == [b"survivor"]
 
@@ -744,8 +786,9 @@ class SlowReplica:
         try:
             self._accept()  # silent: the origin's HELLO gets no answer
             connection, decoder = self._accept()
-            connection.sendall(encode(Welcome("127.0.0.1:1", epoch=1, adopted=len(self.adopted)))
-                               + encode(Adopted(self.adopted)))
+            connection.sendall(
+                encode(Welcome("127.0.0.1:1", epoch=1, adopted=len(self.adopted))) + encode(Adopted(self.adopted))
+            )
             while True:
                 event = next_event(connection, decoder)
                 if type(event) is Heartbeat:
@@ -775,19 +818,25 @@ def test_an_origin_restarted_on_its_data_waits_for_a_peer_that_took_its_connecti
         client.send(command("RDY", 0))
         for message_id in ids.values():
             client.send(command("REQ", message_id, 0))
-    wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
-             message="requeued")
+    wait_for(
+        lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0, message="requeued"
+    )
     origin.kill()
     replica = SlowReplica((ids[b"m0"], ids[b"m1"]))
     try:
         origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.address}", *durable)
-        origin.wait_for_log(rf"peer {replica.address} adopted this node's messages while it was away \(epoch 1\): "
-                            r"dropped the 2 message\(s\) it adopted that were held here", timeout=40)
+        origin.wait_for_log(
+            rf"peer {replica.address} adopted this node's messages while it was away \(epoch 1\): "
+            r"dropped the 2 message\(s\) it adopted that were held here",
+            timeout=40,
+        )
         assert "delivering the messages this node holds" not in origin.log_text()
         with consumer(origin.tcp, "t", "c", ready=4) as client:
             assert sorted(receive(client, 2)) == [b"m2", b"m3"]
-            wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
-                     message="FINs")
+            wait_for(
+                lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
+                message="FINs",
+            )
         channel = stats(origin.http(), "topic=t")["topics"][0]["channels"][0]
         assert channel["depth"] == 0 and channel["in_flight_count"] == 0
     finally:
@@ -864,8 +913,11 @@ def test_degraded_refuse_answers_dpub_and_http_mpub_and_stores_nothing(daemons, 
         client.send(command("DPUB", "t", 60000, body=b"x"))
         client.expect_error(b"E_DPUB_FAILED DPUB failed replication degraded")  # the OK taken back, not sent
         client.assert_closed()  # fatal, as in nsqd
-    for path, body in (("/mpub?topic=t", b"x\ny"), ("/mpub?topic=t&binary=true", mpub_body([b"x"])),
-                       ("/pub?topic=t&defer=60000", b"x")):
+    for path, body in (
+        ("/mpub?topic=t", b"x\ny"),
+        ("/mpub?topic=t&binary=true", mpub_body([b"x"])),
+        ("/pub?topic=t&defer=60000", b"x"),
+    ):
         reply = post(origin.http(), path, body)
         assert (reply.status, reply.message) == (503, "REPLICATION_DEGRADED"), (path, reply)
     topic = stats(origin.http(), "topic=t")["topics"][0]
@@ -937,8 +989,10 @@ def put_back_on_c(origin: NsqdProcess) -> None:
         assert (again.body, again.attempts) == (b"again", 2)
         client.send(command("RDY", 0))
         client.send(command("REQ", again.id, 0))
-        wait_for(lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
-                 message="put back")
+        wait_for(
+            lambda: stats(origin.http(), "topic=t")["topics"][0]["channels"][0]["in_flight_count"] == 0,
+            message="put back",
+        )
 
 
 def test_a_backfill_carries_what_a_channel_put_back(daemons, tmp_path):
@@ -972,8 +1026,9 @@ class GatedReplica:
     it holds back its ACK until ``gate`` MESSAGES frames came, and answers them all with one ACK. ``oks_before``
     is how many publishers had their OK when the gate opened (``published``: one event per publisher)."""
 
-    def __init__(self, gate: int, published: list[threading.Event], *,
-                 hold_synced: threading.Event | None = None) -> None:
+    def __init__(
+        self, gate: int, published: list[threading.Event], *, hold_synced: threading.Event | None = None
+    ) -> None:
         self.gate = gate
         self.hold_synced = hold_synced  # set: the end of the backfill (SYNCED) is acknowledged only once it is set
         self.published = published
@@ -1048,7 +1103,8 @@ def test_publishes_of_many_connections_share_one_replication_round_trip(daemons,
             thread.join(timeout=30)
         assert not failures and all(done.is_set() for done in published)
         assert sorted(m.body for frame in replica.frames for m in frame.messages) == sorted(
-            b"m%d" % n for n in range(publishers))
+            b"m%d" % n for n in range(publishers)
+        )
         assert replica.oks_before == 0  # every frame reached the replica before any of them was acknowledged
         assert replica.acks_after_gate == [replica.frames[-1].seq]  # and one ACK released all 16 OKs
         for client in clients:
@@ -1063,8 +1119,9 @@ def test_a_peer_counts_toward_acks_only_once_its_backfill_is_acknowledged(daemon
     replica = GatedReplica(1, [], hold_synced=backfilled)
     try:
         origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.address}")
-        wait_for(lambda: stats(origin.http())["replication"]["peers"][0]["state"] == "backfilling",
-                 message="backfilling")
+        wait_for(
+            lambda: stats(origin.http())["replication"]["peers"][0]["state"] == "backfilling", message="backfilling"
+        )
         assert stats(origin.http())["replication"]["state"] == "degraded"  # connected, but not counted yet
         with RawClient(origin.tcp) as producer:
             producer.send(command("PUB", "t", body=b"early"))

@@ -20,13 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import RawClient, free_port, rdy, sub
+from tests.integration.harness import FRAME_TYPE_MESSAGE, RawClient, fin, free_port, rdy, sub
 from tests.integration.http_helpers import post, stats, wait_for
 from tests.integration.persistence_helpers import channel_stats, decode
-from tests.integration.harness import FRAME_TYPE_MESSAGE, fin
 from tests.integration.test_replication import create, daemons, fins_acked, start, wait_state  # noqa: F401
 from tests.integration.test_storage_faults import (
-    PER_FILE,
     SEGMENT,
     body,
     cut_to_40,
@@ -50,8 +48,13 @@ def set_aside(path: Path) -> int:
     return lost
 
 
-DAMAGE = {"cut to 40%": cut_to_40, "size field": damage_size_field, "body byte": flip_body_byte,
-          "segment deleted": delete, ".bad file": set_aside}
+DAMAGE = {
+    "cut to 40%": cut_to_40,
+    "size field": damage_size_field,
+    "body byte": flip_body_byte,
+    "segment deleted": delete,
+    ".bad file": set_aside,
+}
 
 
 def segment(data: Path, channel: str, num: int) -> Path:
@@ -75,8 +78,10 @@ def take(daemon, channel: str, want: set[int], *, timeout: float = 60) -> list[i
             assert intact(message.body), f"a damaged body was delivered: {message.body!r}"
             got.append(int(message.body[:6]))
             client.send(fin(message.id))
-        wait_for(lambda: (lambda c: (c["depth"], c["in_flight_count"]) == (0, 0))(
-            channel_stats(daemon, "t", channel)), message=f"{channel} drained")
+        wait_for(
+            lambda: (lambda c: (c["depth"], c["in_flight_count"]) == (0, 0))(channel_stats(daemon, "t", channel)),
+            message=f"{channel} drained",
+        )
     return got
 
 
@@ -137,8 +142,10 @@ def test_damaged_queue_files_heal_from_the_replica(daemons, tmp_path, damage):  
     assert not set(got_half) & set(range(FINISHED)), "a message the channel had finished came back"
     duplicates = len(got_all) - COUNT + len(got_half) - (COUNT - FINISHED)
     replication = stats(origin.http())["replication"]
-    print(f"{damage}: lost {lost_all} + {lost_half} to damage, restored {replication['restored_messages']}, "
-          f"{duplicates} duplicate(s)")
+    print(
+        f"{damage}: lost {lost_all} + {lost_half} to damage, restored {replication['restored_messages']}, "
+        f"{duplicates} duplicate(s)"
+    )
     assert replication["restored_messages"] >= lost_all + lost_half
     assert channel_stats(origin, "t", "all")["damaged_count"] > 0
 
@@ -146,8 +153,7 @@ def test_damaged_queue_files_heal_from_the_replica(daemons, tmp_path, damage):  
 def test_a_replica_that_finds_its_store_damaged_gets_a_new_backfill(daemons, tmp_path):  # noqa: F811
     replica_port = free_port()
     replica = start(daemons, tmp_path / "b", port=replica_port)
-    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-acks=1",
-                   *FLAGS)
+    origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-acks=1", *FLAGS)
     wait_state(origin, "replicating")
     node = f"127.0.0.1:{origin.tcp[1]}"
     create(origin, "all")
@@ -160,7 +166,7 @@ def test_a_replica_that_finds_its_store_damaged_gets_a_new_backfill(daemons, tmp
     store = tmp_path / "b" / f"replica.{node}.diskqueue.000000.dat"
     data = store.read_bytes()
     at = next(at for at in record_offsets(store) if data[at + 8] == 0x07)  # [length][frame size][type]...
-    size = int.from_bytes(data[at:at + 4], "big")
+    size = int.from_bytes(data[at : at + 4], "big")
     with open(store, "r+b") as f:
         f.seek(at + 4 + size - 10)
         byte = f.read(1)
@@ -170,8 +176,10 @@ def test_a_replica_that_finds_its_store_damaged_gets_a_new_backfill(daemons, tmp
 
     replica = start(daemons, tmp_path / "b", port=replica_port)
     replica.wait_for_log(r"REPLICA\(.*\): 1 record\(s\) of the store damaged", timeout=10)
-    entry = wait_for(lambda: [r for r in stats(replica.http())["replication"]["replicas"] if r["node"] == node],
-                     message="the origin's store in /stats")[0]
+    entry = wait_for(
+        lambda: [r for r in stats(replica.http())["replication"]["replicas"] if r["node"] == node],
+        message="the origin's store in /stats",
+    )[0]
     assert entry["damaged_records"] == 1
     # the origin sends a new backfill, and counts the replica toward the acks once it acknowledged its end
     origin.wait_for_log("connected, backfill up to seq", timeout=20, start=mark)

@@ -70,11 +70,19 @@ class Ring:
 
     def start(self, index: int) -> None:
         link = self.links[index]
-        node = NsqdProcess(self.data_path(index), [
-            "--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{self.tcp[index]}",
-            f"--http-address=127.0.0.1:{self.http[index]}", f"--broadcast-tcp-port={link.to_a.port}",
-            f"--replicate-to={link.to_b.address}", "--replica-takeover-timeout=1s", f"--node-id={index + 1}",
-            "--msg-timeout=5s"])
+        node = NsqdProcess(
+            self.data_path(index),
+            [
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{self.tcp[index]}",
+                f"--http-address=127.0.0.1:{self.http[index]}",
+                f"--broadcast-tcp-port={link.to_a.port}",
+                f"--replicate-to={link.to_b.address}",
+                "--replica-takeover-timeout=1s",
+                f"--node-id={index + 1}",
+                "--msg-timeout=5s",
+            ],
+        )
         node.start()
         self.nodes[index] = node
         self.started.append((index, node))
@@ -134,7 +142,7 @@ def _flip_a_body_byte(directory: Path, rng: random.Random) -> str:
     offsets, pos = [], 0
     while pos + 4 <= len(data):
         offsets.append(pos)
-        pos += 4 + int.from_bytes(data[pos:pos + 4], "big")
+        pos += 4 + int.from_bytes(data[pos : pos + 4], "big")
     at = rng.choice(offsets) + 4 + 26  # size, timestamp, attempts, id: the body's first byte
     with open(path, "r+b") as f:
         f.seek(at)
@@ -175,8 +183,11 @@ def _fault(ring: Ring, kind: str, rng: random.Random) -> str:
     address = ("127.0.0.1", ring.http[victim])
     for channel in CHANNELS:
         post(address, f"/channel/pause?topic={TOPIC}&channel={channel}")
-    wait_for(lambda: all(c["depth"] >= 20 for t in ring.stats(victim)["topics"] for c in t["channels"]),
-             timeout=20, message="a backlog to damage")
+    wait_for(
+        lambda: all(c["depth"] >= 20 for t in ring.stats(victim)["topics"] for c in t["channels"]),
+        timeout=20,
+        message="a backlog to damage",
+    )
     ring.available[victim] = False
     assert node.stop() == 0
     hit = _flip_a_body_byte(ring.data_path(victim), rng)
@@ -198,8 +209,12 @@ def test_a_ring_under_load_through_random_faults_delivers_every_acknowledged_mes
             ring.start(index)
         wait_for(ring.healthy, timeout=60, message="ring replicating")
         readers = Readers(TOPIC, CHANNELS, ring.addresses, 3).start()
-        publishers = [Publisher(f"n{home}", TOPIC, ring.addresses, lambda home=home: home, nodes=3, retry=True,
-                                timeout=10, pause=0.01).start() for home in range(3)]
+        publishers = [
+            Publisher(
+                f"n{home}", TOPIC, ring.addresses, lambda home=home: home, nodes=3, retry=True, timeout=10, pause=0.01
+            ).start()
+            for home in range(3)
+        ]
         kinds = list(KINDS)
         rng.shuffle(kinds)
         done = []
@@ -218,22 +233,32 @@ def test_a_ring_under_load_through_random_faults_delivers_every_acknowledged_mes
             acked.update(publisher.acked)
         damaged = ring.note_damage()
         try:
-            wait_for(lambda: not any(readers.missing(acked).values()), timeout=60, interval=0.2,
-                     message="every acknowledged message delivered")
+            wait_for(
+                lambda: not any(readers.missing(acked).values()),
+                timeout=60,
+                interval=0.2,
+                message="every acknowledged message delivered",
+            )
         except AssertionError:
             missing = readers.missing(acked)
             _write_logs(tmp_path, ring)
-            raise AssertionError(f"seed {seed}, faults {done}: missing per channel "
-                                 f"{ {c: (len(m), sorted(m)[:10]) for c, m in missing.items()} } of {len(acked)}, "
-                                 f"{damaged} damaged record(s) counted; logs in {tmp_path}") from None
+            raise AssertionError(
+                f"seed {seed}, faults {done}: missing per channel "
+                f"{ {c: (len(m), sorted(m)[:10]) for c, m in missing.items()} } of {len(acked)}, "
+                f"{damaged} damaged record(s) counted; logs in {tmp_path}"
+            ) from None
         published = {body for publisher in publishers for outcome in publisher.outcomes for body in outcome.bodies}
         with readers.lock:
             garbage = {body for counts in readers.received.values() for body in counts if body not in published}
         assert not garbage, f"seed {seed}: delivered but never published: {sorted(garbage)[:10]}"
-        report = {"faults": done, "acknowledged": len(acked), "damaged_records": damaged,
-                  "publish_failures_retried": sum(not o.ok for p in publishers for o in p.outcomes),
-                  "slowest_publish_s": round(max(o.duration for p in publishers for o in p.outcomes), 2),
-                  "duplicates": readers.duplicates(acked)}
+        report = {
+            "faults": done,
+            "acknowledged": len(acked),
+            "damaged_records": damaged,
+            "publish_failures_retried": sum(not o.ok for p in publishers for o in p.outcomes),
+            "slowest_publish_s": round(max(o.duration for p in publishers for o in p.outcomes), 2),
+            "duplicates": readers.duplicates(acked),
+        }
         print(f"nemesis (seed {seed}): {report}")
     finally:
         for publisher in publishers:

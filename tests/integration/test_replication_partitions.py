@@ -38,12 +38,26 @@ class Pair:
     def __init__(self, tmp_path, mode: str, takeover: str) -> None:
         self.a_port, self.b_port = free_port(), free_port()
         self.link = Link(self.a_port, self.b_port)
-        self.b = NsqdProcess(tmp_path / "b", ["--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{self.b_port}",
-                                              f"--replica-takeover-timeout={takeover}", "--node-id=2"]).start()
-        self.a = NsqdProcess(tmp_path / "a", [
-            "--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{self.a_port}", "--node-id=1",
-            f"--broadcast-tcp-port={self.link.to_a.port}", f"--replicate-to={self.link.to_b.address}",
-            f"--replication-degraded={mode}"]).start()
+        self.b = NsqdProcess(
+            tmp_path / "b",
+            [
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{self.b_port}",
+                f"--replica-takeover-timeout={takeover}",
+                "--node-id=2",
+            ],
+        ).start()
+        self.a = NsqdProcess(
+            tmp_path / "a",
+            [
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{self.a_port}",
+                "--node-id=1",
+                f"--broadcast-tcp-port={self.link.to_a.port}",
+                f"--replicate-to={self.link.to_b.address}",
+                f"--replication-degraded={mode}",
+            ],
+        ).start()
         self.node = f"127.0.0.1:{self.link.to_a.port}"  # A as B knows it: its node address crosses the link
 
     def state(self) -> str:
@@ -96,8 +110,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("direction, mode, longer", CASES)
-def test_a_partition_loses_nothing_acknowledged_and_bounds_how_long_publishes_wait(tmp_path, direction, mode,
-                                                                                  longer):
+def test_a_partition_loses_nothing_acknowledged_and_bounds_how_long_publishes_wait(tmp_path, direction, mode, longer):
     pair = Pair(tmp_path, mode, "1s" if longer else "60s")
     publisher = None
     try:
@@ -109,8 +122,12 @@ def test_a_partition_loses_nothing_acknowledged_and_bounds_how_long_publishes_wa
             producer.publish_many("t", [body.encode() for body in before])
         acked_seq = stats(pair.a.http())["replication"]["peers"][0]["acked"]
         received = _consume(pair.a.tcp, 5)
-        wait_for(lambda: (lambda p: p["acked"] > acked_seq and p["pending_frames"] == 0)(
-            stats(pair.a.http())["replication"]["peers"][0]), message="the FINs reached B")
+        wait_for(
+            lambda: (lambda p: p["acked"] > acked_seq and p["pending_frames"] == 0)(
+                stats(pair.a.http())["replication"]["peers"][0]
+            ),
+            message="the FINs reached B",
+        )
 
         publisher = Publisher("p", "t", lambda _index: (pair.a.tcp, pair.a.http()), lambda: 0).start()
         wait_for(lambda: len(publisher.acked) >= 20, timeout=20, message="publishing")
@@ -118,8 +135,11 @@ def test_a_partition_loses_nothing_acknowledged_and_bounds_how_long_publishes_wa
         pair.link.cut(a_to_b=direction != "b_to_a", b_to_a=direction != "a_to_b")
         wait_for(lambda: pair.state() == "degraded", timeout=PEER_TIMEOUT + MARGIN + 5, message="A degraded")
         degraded_at = time.monotonic()
-        wait_for(lambda: len(publisher.outcomes_after(degraded_at)) >= 6, timeout=20,
-                 message="publishes answered while degraded")
+        wait_for(
+            lambda: len(publisher.outcomes_after(degraded_at)) >= 6,
+            timeout=20,
+            message="publishes answered while degraded",
+        )
         during = []
         if longer:
             wait_for(lambda: pair.takeovers() == 1, timeout=30, message="B took A over during the partition")
@@ -155,9 +175,11 @@ def test_a_partition_loses_nothing_acknowledged_and_bounds_how_long_publishes_wa
             assert stats(pair.a.http())["replication"]["duplicates_after_takeover"] == len(during)
         else:
             assert twice == [] and pair.takeovers() == 0
-        print(f"\npartition {direction} {'longer' if longer else 'shorter'} ({mode}): {len(acked)} acknowledged, "
-              f"{len(twice)} twice, slowest publish {slowest.duration:.2f} s, "
-              f"{sum(not o.ok for o in outcomes)} refused or failed")
+        print(
+            f"\npartition {direction} {'longer' if longer else 'shorter'} ({mode}): {len(acked)} acknowledged, "
+            f"{len(twice)} twice, slowest publish {slowest.duration:.2f} s, "
+            f"{sum(not o.ok for o in outcomes)} refused or failed"
+        )
     finally:
         if publisher is not None:
             publisher.stopping.set()

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from nsqd.server import REPLICATION_VERSION_ENV
 from protocol.replication import PROTOCOL_VERSION
 from tests.integration.harness import NsqdProcess, RawClient, free_port
 from tests.integration.http_helpers import stats, wait_for
-
-from nsqd.server import REPLICATION_VERSION_ENV
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,9 +31,15 @@ class _Ring:
         return f"127.0.0.1:{self.ports[index]}"
 
     def start(self, index: int, *, capped: bool) -> NsqdProcess:
-        node = NsqdProcess(self.tmp_path / f"n{index}", [
-            "--broadcast-address=127.0.0.1", f"--tcp-address={self.address(index)}", f"--node-id={index + 1}",
-            f"--replicate-to={self.address((index + 1) % 3)}"])
+        node = NsqdProcess(
+            self.tmp_path / f"n{index}",
+            [
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address={self.address(index)}",
+                f"--node-id={index + 1}",
+                f"--replicate-to={self.address((index + 1) % 3)}",
+            ],
+        )
         if capped:
             node.env[REPLICATION_VERSION_ENV] = "1"
         node.start()
@@ -87,8 +92,11 @@ def test_a_ring_upgrades_one_node_at_a_time(ring):
 
     # idle now: each origin heartbeats; the newer link with PING (its PONG gives the round trip), the links of the
     # older node with version 1's HEARTBEAT, which its decoder takes (it would refuse a PING and close the stream)
-    wait_for(lambda: ring.peer(newer_link)["round_trip_ms"] is not None, timeout=20,
-             message="a PING answered on the version 2 link")
+    wait_for(
+        lambda: ring.peer(newer_link)["round_trip_ms"] is not None,
+        timeout=20,
+        message="a PING answered on the version 2 link",
+    )
     for index in range(3):
         if index != newer_link:
             assert ring.peer(index)["round_trip_ms"] is None
@@ -101,9 +109,13 @@ def test_a_ring_upgrades_one_node_at_a_time(ring):
     # the upgrade: the older node restarts on its data, without the cap
     assert ring.nodes[ring.older].stop() == 0
     ring.start(ring.older, capped=False)
-    wait_for(lambda: ring.replicating() and all(ring.peer(i)["version"] == 2 for i in range(3)), timeout=30,
-             message="every link on version 2 after the upgrade")
+    wait_for(
+        lambda: ring.replicating() and all(ring.peer(i)["version"] == 2 for i in range(3)),
+        timeout=30,
+        message="every link on version 2 after the upgrade",
+    )
     _publish(ring, "after")
     assert [ring.held((index + 1) % 3, index) for index in range(3)] == [15, 15, 15]
-    wait_for(lambda: all(ring.peer(i)["round_trip_ms"] is not None for i in range(3)), timeout=20,
-             message="every link pings")
+    wait_for(
+        lambda: all(ring.peer(i)["round_trip_ms"] is not None for i in range(3)), timeout=20, message="every link pings"
+    )

@@ -28,7 +28,7 @@ PER_FILE = SEGMENT // 94
 
 def body(n: int) -> bytes:
     head = b"%06d:" % n
-    return head + hashlib.sha256(head).hexdigest()[:64 - len(head)].encode()
+    return head + hashlib.sha256(head).hexdigest()[: 64 - len(head)].encode()
 
 
 def intact(data: bytes) -> bool:
@@ -85,8 +85,12 @@ def cut_to_40(path: Path) -> int:
     return lost
 
 
-DAMAGE = {"cut to 40%": cut_to_40, "size field": damage_size_field, "body byte": flip_body_byte,
-          "segment deleted": delete}
+DAMAGE = {
+    "cut to 40%": cut_to_40,
+    "size field": damage_size_field,
+    "body byte": flip_body_byte,
+    "segment deleted": delete,
+}
 
 
 def drain(daemon, expected: int) -> list[bytes]:
@@ -156,8 +160,11 @@ def test_a_failed_fsync_fails_the_publishes_it_covered(tmp_path):
         reply = post(http(daemon), f"/pub?topic={TOPIC}", b"failed")
         assert (reply.status, reply.json()) == (503, {"message": "EXITING"}), reply
         # the log reaches the test through a pipe: read it until the line is there
-        wait_for(lambda: "failed" in daemon.log_text() and "injected" in daemon.log_text(), timeout=10,
-                 message="the failed fsync logged")
+        wait_for(
+            lambda: "failed" in daemon.log_text() and "injected" in daemon.log_text(),
+            timeout=10,
+            message="the failed fsync logged",
+        )
         trigger.unlink()
         with RawClient(daemon.tcp) as client:
             client.publish(TOPIC, b"after")

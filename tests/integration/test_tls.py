@@ -30,8 +30,7 @@ def _daemon(tmp_path_factory, name, args):
 @pytest.fixture(scope="module")
 def tls_nsqd(certs, tmp_path_factory):
     """TLS offered, client certificates optional and checked against the test CA."""
-    daemon = _daemon(tmp_path_factory, "nsqd-tls",
-                     certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}"))
+    daemon = _daemon(tmp_path_factory, "nsqd-tls", certs.daemon_args(f"--tls-root-ca-file={certs.ca_file}"))
     yield daemon
     stop_all([daemon])
 
@@ -166,8 +165,9 @@ def test_tls_then_snappy(tls_nsqd, certs):
 @pytest.mark.parametrize("level", [1, 6])
 def test_tls_then_deflate(tls_nsqd, certs, level):
     with FeatureClient(tls_nsqd.tcp) as client:
-        response = client.identify({"feature_negotiation": True, "tls_v1": True, "deflate": True,
-                                    "deflate_level": level})
+        response = client.identify(
+            {"feature_negotiation": True, "tls_v1": True, "deflate": True, "deflate_level": level}
+        )
         assert (response["tls_v1"], response["deflate"], response["deflate_level"]) == (True, True, level)
         client.start_tls(certs.client_context())
         client.start_deflate(level)
@@ -191,16 +191,20 @@ def test_https_listener_serves_the_api(tls_nsqd, certs):
 
 @pytest.fixture(scope="module")
 def required_nsqd(certs, tmp_path_factory):
-    daemon = _daemon(tmp_path_factory, "nsqd-tls-required",
-                     certs.daemon_args("--tls-required=true"))
+    daemon = _daemon(tmp_path_factory, "nsqd-tls-required", certs.daemon_args("--tls-required=true"))
     yield daemon
     stop_all([daemon])
 
 
 @pytest.mark.parametrize(
     "payload,verb",
-    [(pub("t", b"x"), b"PUB"), (NOP, b"NOP"), (sub("t", "c"), b"SUB"), (b"AUTH\n\x00\x00\x00\x01s", b"AUTH"),
-     (b"BOGUS\n", b"BOGUS")],
+    [
+        (pub("t", b"x"), b"PUB"),
+        (NOP, b"NOP"),
+        (sub("t", "c"), b"SUB"),
+        (b"AUTH\n\x00\x00\x00\x01s", b"AUTH"),
+        (b"BOGUS\n", b"BOGUS"),
+    ],
     ids=["PUB", "NOP", "SUB", "AUTH", "unknown"],
 )
 def test_tls_required_refuses_commands_in_clear(required_nsqd, payload, verb):
@@ -245,9 +249,11 @@ def test_tls_required_refuses_plain_http(required_nsqd):
 
 @pytest.fixture(scope="module", params=["require", "require-verify"])
 def policy_nsqd(request, certs, tmp_path_factory):
-    daemon = _daemon(tmp_path_factory, f"nsqd-{request.param}",
-                     certs.daemon_args(f"--tls-client-auth-policy={request.param}",
-                                       f"--tls-root-ca-file={certs.ca_file}"))
+    daemon = _daemon(
+        tmp_path_factory,
+        f"nsqd-{request.param}",
+        certs.daemon_args(f"--tls-client-auth-policy={request.param}", f"--tls-root-ca-file={certs.ca_file}"),
+    )
     yield daemon
     stop_all([daemon])
 
@@ -283,10 +289,14 @@ def test_tls_min_version_refuses_older_clients(certs, nsqd_factory):
         assert client.io.version() == "TLSv1.3"
 
 
-@pytest.mark.parametrize("flags", [
-    ["--tls-cert={d}/missing.pem", "--tls-key={d}/missing.key"],
-    ["--auth-http-address=127.0.0.1:1", "--tls-root-ca-file={d}/missing-ca.pem"],
-], ids=["certificate", "auth-root-ca"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--tls-cert={d}/missing.pem", "--tls-key={d}/missing.key"],
+        ["--auth-http-address=127.0.0.1:1", "--tls-root-ca-file={d}/missing-ca.pem"],
+    ],
+    ids=["certificate", "auth-root-ca"],
+)
 def test_unreadable_tls_files_stop_startup(tmp_path, flags):
     daemon = NsqdProcess(tmp_path / "data", [flag.format(d=tmp_path) for flag in flags])
     with pytest.raises(AssertionError):
@@ -307,8 +317,9 @@ def test_heartbeats_flow_through_tls(certs, nsqd_factory):
 
 def test_info_over_https_without_http_reports_http_port_0(certs, tmp_path_factory):
     """nsqd with --http-address="" reports the port of its empty HTTP address, 0 (-1 is a unix socket's)."""
-    daemon = _daemon(tmp_path_factory, "nsqd-https-only", certs.daemon_args("--http-address=",
-                                                                            "--https-address=127.0.0.1:0"))
+    daemon = _daemon(
+        tmp_path_factory, "nsqd-https-only", certs.daemon_args("--http-address=", "--https-address=127.0.0.1:0")
+    )
     try:
         port = int(daemon.wait_for_log(r"HTTPS: listening on \S+:(\d+)", 10).group(1))
         conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=certs.client_context())

@@ -59,9 +59,11 @@ def test_nsqd_serves_tcp_and_http_on_unix_sockets(tmp_path, sock_dir):
 def test_nsqd_refuses_a_socket_path_that_exists(tmp_path, sock_dir):
     taken = os.path.join(sock_dir, "taken.sock")
     open(taken, "w").close()
-    assert_refused_start("nsqd", [f"--tcp-address={taken}", "--http-address=127.0.0.1:0", f"--data-path={tmp_path}"],
-                         f"failed to instantiate nsqd - listen ({taken}) failed - listen unix {taken}: "
-                         "bind: address already in use")
+    assert_refused_start(
+        "nsqd",
+        [f"--tcp-address={taken}", "--http-address=127.0.0.1:0", f"--data-path={tmp_path}"],
+        f"failed to instantiate nsqd - listen ({taken}) failed - listen unix {taken}: bind: address already in use",
+    )
     assert os.path.exists(taken)  # not its file: left alone
 
 
@@ -76,7 +78,8 @@ def test_nsqlookupd_serves_tcp_and_http_on_unix_sockets(tmp_path, sock_dir):
             assert peer.command(b"REGISTER ux c\n") == b"OK"
             producers = get(http, "/lookup?topic=ux").json()["producers"]
             assert [(p["broadcast_address"], p["tcp_port"], p["remote_address"]) for p in producers] == [
-                ("127.0.0.1", 4150, "@")]
+                ("127.0.0.1", 4150, "@")
+            ]
     finally:
         assert lookupd.stop() == 0
     assert not os.path.exists(tcp) and not os.path.exists(http)
@@ -88,18 +91,26 @@ def test_nsqd_on_unix_sockets_registers_with_the_ports_it_is_told(tmp_path, sock
     lookupd = LookupdProcess(tmp_path / "lookupd").start()
 
     def on_unix_sockets(name: str, *extra: str) -> NsqdProcess:
-        return NsqdProcess(tmp_path / name, [f"--tcp-address={os.path.join(sock_dir, name + '.tcp')}",
-                                             f"--http-address={os.path.join(sock_dir, name + '.http')}",
-                                             f"--lookupd-tcp-address={lookupd.tcp_address}",
-                                             "--broadcast-address=127.0.0.1", *extra]).start()
+        return NsqdProcess(
+            tmp_path / name,
+            [
+                f"--tcp-address={os.path.join(sock_dir, name + '.tcp')}",
+                f"--http-address={os.path.join(sock_dir, name + '.http')}",
+                f"--lookupd-tcp-address={lookupd.tcp_address}",
+                "--broadcast-address=127.0.0.1",
+                *extra,
+            ],
+        ).start()
 
     refused = on_unix_sockets("n1")
     told = on_unix_sockets("n2", "--broadcast-tcp-port=14150", "--broadcast-http-port=14151")
     try:
         refused.wait_for_log(r"ERROR: LOOKUPD\(.*IDENTIFY missing fields", 10)
         post(told.http(), "/topic/create?topic=ux")
-        producers = wait_for(lambda: get(lookupd.http_address, "/lookup?topic=ux").json().get("producers"),
-                             message="the nsqd with broadcast ports registered")
+        producers = wait_for(
+            lambda: get(lookupd.http_address, "/lookup?topic=ux").json().get("producers"),
+            message="the nsqd with broadcast ports registered",
+        )
         assert [(p["tcp_port"], p["http_port"]) for p in producers] == [(14150, 14151)]
         refused.assert_running()
     finally:

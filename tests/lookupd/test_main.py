@@ -16,6 +16,9 @@ IN_USE = os.strerror(errno.EADDRINUSE)
 def test_taken_port_is_fatal(listener):
     with taken_address() as taken:
         addresses = {"tcp": "127.0.0.1:0", "http": "127.0.0.1:0", listener: taken}
-        assert_refused_start("lookupd", [f"--tcp-address={addresses['tcp']}", f"--http-address={addresses['http']}"],
-                             f"failed to instantiate nsqlookupd - listen ({taken}) failed - listen tcp {taken}: "
-                             f"bind: {IN_USE[:1].lower()}{IN_USE[1:]}")
+        assert_refused_start(
+            "lookupd",
+            [f"--tcp-address={addresses['tcp']}", f"--http-address={addresses['http']}"],
+            f"failed to instantiate nsqlookupd - listen ({taken}) failed - listen tcp {taken}: "
+            f"bind: {IN_USE[:1].lower()}{IN_USE[1:]}",
+        )

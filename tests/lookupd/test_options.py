@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 import lookupd
-
 from lookupd.options import Options, build_flagset, parse_options, validate
 from runtime.flags import FlagError, HelpRequested
 
@@ -25,13 +24,31 @@ def test_defaults_are_nsqs():
 
 def test_every_flag_of_nsqlookupd():
     names = {flag.name for flag in build_flagset().flags}
-    assert names == {"config", "version", "log-level", "log-prefix", "verbose", "tcp-address", "http-address",
-                     "broadcast-address", "inactive-producer-timeout", "tombstone-lifetime"}
+    assert names == {
+        "config",
+        "version",
+        "log-level",
+        "log-prefix",
+        "verbose",
+        "tcp-address",
+        "http-address",
+        "broadcast-address",
+        "inactive-producer-timeout",
+        "tombstone-lifetime",
+    }
 
 
 def test_go_flag_syntax_and_durations():
-    opts = parse("-tcp-address=127.0.0.1:0", "--http-address", "127.0.0.1:1", "--inactive-producer-timeout=1m30s",
-                 "-tombstone-lifetime", "250ms", "--log-level=WARN", "-verbose")
+    opts = parse(
+        "-tcp-address=127.0.0.1:0",
+        "--http-address",
+        "127.0.0.1:1",
+        "--inactive-producer-timeout=1m30s",
+        "-tombstone-lifetime",
+        "250ms",
+        "--log-level=WARN",
+        "-verbose",
+    )
     assert (opts.tcp_address, opts.http_address) == ("127.0.0.1:0", "127.0.0.1:1")
     assert (opts.inactive_producer_timeout, opts.tombstone_lifetime) == (90.0, 0.25)
     assert opts.log_level == "warn"
@@ -55,8 +72,10 @@ def test_usage_text_shows_nsqs_defaults():
 
 def test_config_file_and_precedence(tmp_path):
     config = tmp_path / "lookupd.cfg"
-    config.write_text('tcp_address = "127.0.0.1:5000"\nhttp_address = "127.0.0.1:5001"\n'
-                      'tombstone_lifetime = "10s"\ninactive_producer_timeout = 2000\nlog_prefix = "[x] "\n')
+    config.write_text(
+        'tcp_address = "127.0.0.1:5000"\nhttp_address = "127.0.0.1:5001"\n'
+        'tombstone_lifetime = "10s"\ninactive_producer_timeout = 2000\nlog_prefix = "[x] "\n'
+    )
     opts = parse(f"--config={config}", "--http-address=127.0.0.1:6001")
     assert (opts.tcp_address, opts.http_address) == ("127.0.0.1:5000", "127.0.0.1:6001")
     assert (opts.tombstone_lifetime, opts.inactive_producer_timeout, opts.log_prefix) == (10.0, 2.0, "[x] ")

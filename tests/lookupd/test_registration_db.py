@@ -14,8 +14,16 @@ S = 1_000_000_000
 
 
 def peer(peer_id: str, last_update: int = 0) -> PeerInfo:
-    return PeerInfo(id=peer_id, remote_address=peer_id, hostname="h", broadcast_address="b", tcp_port=4150,
-                    http_port=4151, version="1.3.0", last_update=last_update)
+    return PeerInfo(
+        id=peer_id,
+        remote_address=peer_id,
+        hostname="h",
+        broadcast_address="b",
+        tcp_port=4150,
+        http_port=4151,
+        version="1.3.0",
+        last_update=last_update,
+    )
 
 
 def topic(name: str) -> Registration:

@@ -267,7 +267,9 @@ async def test_woken_actor_does_not_monopolise_the_workers(autojump_clock):
         assert sleeper.vruntime == 0.0  # it has run nothing: without the clamp it would be owed 10 s
         sleeper.awake = True
         system.resume(sleeper)
-        assert sleeper.vruntime >= busy.vruntime - 0.005 - 0.005  # clamped to min_vruntime - slack (busy may be mid-slice)
+        assert (
+            sleeper.vruntime >= busy.vruntime - 0.005 - 0.005
+        )  # clamped to min_vruntime - slack (busy may be mid-slice)
 
     await run_system_for(system, 12.0, wake_later)
     woken_at = log.index("sleeper")
@@ -577,7 +579,6 @@ async def test_statistics(autojump_clock):
         nursery.cancel_scope.cancel()
 
 
-
 # ---- wake-up preemption ---------------------------------------------------------------------------------------
 
 
@@ -687,7 +688,6 @@ async def test_preemption_only_while_the_system_runs():
     assert actor.done == [] and actor.actor_state is ActorState.SCHEDULED
 
 
-
 # ---- interludes ----------------------------------------------------------------------------------------------------
 
 
@@ -755,8 +755,16 @@ async def test_an_interlude_delivers_for_a_quiet_actor_inside_a_busy_slice(autoj
     system.interlude_hook = hook
     await run_quiet_then_busy(system, quiet, busy)
     # the quiet actor's message went out in busy's first interlude, between busy's steps, not after its slice
-    assert log == [("busy", 0), ("hook", 7.0), ("publish", 1), ("delivered", ["message"]), ("busy", 1),
-                   ("hook", 7.0), ("busy", 2), ("hook", 7.0)]
+    assert log == [
+        ("busy", 0),
+        ("hook", 7.0),
+        ("publish", 1),
+        ("delivered", ["message"]),
+        ("busy", 1),
+        ("hook", 7.0),
+        ("busy", 2),
+        ("hook", 7.0),
+    ]
     stats = system.statistics()
     assert stats.interludes == 3 and stats.preempted == 1
     # each is charged its own work only: busy 3 x 0.5 ms (not the 3 x 2 ms of the hook, nor quiet's 3 ms)

@@ -11,16 +11,19 @@ from nsqd.auth import AuthError, auth_url, compile_go_regex, parse_auth_response
 
 
 def answer(**overrides) -> bytes:
-    doc = {"ttl": 60, "identity": "id", "identity_url": "u",
-           "authorizations": [{"topic": "^t$", "channels": [".*"], "permissions": ["publish"]}]}
+    doc = {
+        "ttl": 60,
+        "identity": "id",
+        "identity_url": "u",
+        "authorizations": [{"topic": "^t$", "channels": [".*"], "permissions": ["publish"]}],
+    }
     doc.update(overrides)
     return json.dumps(doc).encode()
 
 
 def test_query_url_keys_in_order():
     url = auth_url("127.0.0.1:4181", remote_ip="10.0.0.7", tls=True, common_name="c n", secret=b"s&=+/\xff")
-    assert url == ("http://127.0.0.1:4181/auth?common_name=c+n&remote_ip=10.0.0.7&secret=s%26%3D%2B%2F%FF"
-                   "&tls=true")
+    assert url == ("http://127.0.0.1:4181/auth?common_name=c+n&remote_ip=10.0.0.7&secret=s%26%3D%2B%2F%FF&tls=true")
 
 
 def test_query_url_full_address():
@@ -93,8 +96,9 @@ def test_go_regex_semantics(pattern, text, matches):
     assert (compile_go_regex(pattern).search(text) is not None) is matches
 
 
-@pytest.mark.parametrize("pattern", ["(?=a)", "(?!a)", "(?<=a)b", "(?<!a)b", "(a)\\1", "(?P<n>a)(?P=n)", "[[:nope:]]",
-                                     "a\\", "[a"])
+@pytest.mark.parametrize(
+    "pattern", ["(?=a)", "(?!a)", "(?<=a)b", "(?<!a)b", "(a)\\1", "(?P<n>a)(?P=n)", "[[:nope:]]", "a\\", "[a"]
+)
 def test_go_regex_refuses_what_re2_cannot_compile(pattern):
     with pytest.raises(re.error):
         compile_go_regex(pattern)
@@ -113,8 +117,15 @@ def _state(*authorizations):
         ([{"topic": ".*", "channels": [], "permissions": ["publish"]}], "t", "", False),  # no channel pattern
         ([{"topic": ".*", "channels": ["^c$"], "permissions": ["publish"]}], "t", "", False),  # "" must match
         ([{"topic": "^a$", "channels": [".*"], "permissions": ["subscribe", "publish"]}], "b", "c", False),
-        ([{"topic": "^a$", "channels": ["^x$"], "permissions": ["subscribe"]},
-          {"topic": "^a$", "channels": ["^c$"], "permissions": ["subscribe"]}], "a", "c", True),  # any entry
+        (
+            [
+                {"topic": "^a$", "channels": ["^x$"], "permissions": ["subscribe"]},
+                {"topic": "^a$", "channels": ["^c$"], "permissions": ["subscribe"]},
+            ],
+            "a",
+            "c",
+            True,
+        ),  # any entry
         ([], "t", "c", False),
     ],
 )

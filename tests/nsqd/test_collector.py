@@ -8,8 +8,6 @@ import contextlib
 import gc
 import weakref
 
-from runtime.collector import FreezingCollector
-
 from .test_topic_setup import started_nsqd
 
 

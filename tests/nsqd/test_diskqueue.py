@@ -66,7 +66,7 @@ def independent_read(path: Path, name: str = NAME) -> list[bytes]:
         end = write_pos if num == write_num else len(blob)
         while pos < end:
             (size,) = struct.unpack_from(">i", blob, pos)
-            records.append(blob[pos + 4:pos + 4 + size])
+            records.append(blob[pos + 4 : pos + 4 + size])
             pos += 4 + size
         assert pos == end
     assert len(records) == int(depth_line)

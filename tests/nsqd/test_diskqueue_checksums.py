@@ -22,8 +22,7 @@ class Queue(DiskQueue):
 
     def __init__(self, path, **kwargs) -> None:
         self.damage_calls: list[int] = []
-        super().__init__(NAME, str(path), checksums=True, on_damage=lambda q, n: self.damage_calls.append(n),
-                         **kwargs)
+        super().__init__(NAME, str(path), checksums=True, on_damage=lambda q, n: self.damage_calls.append(n), **kwargs)
 
 
 queue = Queue
@@ -58,7 +57,7 @@ def test_side_file_lists_every_record(tmp_path):
     for i, pos in enumerate(offsets(records)):
         length, crc = ENTRY.unpack_from(side, i * 8)
         assert length == len(records[i])
-        assert crc == crc_of(data[pos:pos + 4 + length])
+        assert crc == crc_of(data[pos : pos + 4 + length])
     q = queue(tmp_path)
     assert read_all(q) == records and q.damaged == 0
     q.close()
@@ -88,7 +87,7 @@ def test_an_overwritten_size_field_costs_one_record_not_the_file(tmp_path, caplo
     path = data_file(tmp_path, 0)
     data = bytearray(path.read_bytes())
     at = offsets(records)[3]
-    data[at:at + 4] = struct.pack(">i", 0x7FFF0000)
+    data[at : at + 4] = struct.pack(">i", 0x7FFF0000)
     path.write_bytes(bytes(data))
     q = queue(tmp_path)
     assert read_all(q) == records[:3] + records[4:]

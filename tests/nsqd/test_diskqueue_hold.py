@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 from nsqd.queues.diskqueue import DiskQueue
-
 from tests.nsqd.test_diskqueue import data_file, independent_read, message, meta_file, read_all
 
 REPO = Path(__file__).resolve().parents[2]

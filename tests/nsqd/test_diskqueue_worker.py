@@ -23,7 +23,6 @@ from nsqd.queues import file_worker, segment_reader
 from nsqd.queues.diskqueue import DiskQueue
 from nsqd.queues.group_commit import SyncBarrier
 from nsqd.queues.segment_reader import SegmentReader, SplitRecords
-
 from tests.nsqd.test_diskqueue import NAME, data_file, independent_read, message, meta_file, queue_files, read_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -311,8 +310,10 @@ def test_a_removed_segment_loses_its_name_then_is_cut_down_in_steps(tmp_path, mo
 def joined(split: SplitRecords) -> list[bytes]:
     """Split records put back together: header fields, then the body."""
     pack = SplitRecords.HEADER.pack
-    return [pack(*fields) + body
-            for *fields, body in zip(split.timestamps, split.attempts, split.ids, split.bodies, strict=True)]
+    return [
+        pack(*fields) + body
+        for *fields, body in zip(split.timestamps, split.attempts, split.ids, split.bodies, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("from_disk", [False, True], ids=["page cache", "disk"])
@@ -327,8 +328,11 @@ def test_split_reads_give_back_every_record_field_by_field(tmp_path, monkeypatch
     for n in range(300):
         step = rnd.random()
         if step < 0.5:
-            batch = [SplitRecords.HEADER.pack(rnd.getrandbits(63), rnd.getrandbits(16), rnd.randbytes(16))
-                     + bytes([65 + n % 26]) * rnd.randint(0, 400) for _ in range(rnd.randint(1, 10))]
+            batch = [
+                SplitRecords.HEADER.pack(rnd.getrandbits(63), rnd.getrandbits(16), rnd.randbytes(16))
+                + bytes([65 + n % 26]) * rnd.randint(0, 400)
+                for _ in range(rnd.randint(1, 10))
+            ]
             q.put_many(batch)
             sent.extend(batch)
         elif step < 0.8:
@@ -377,6 +381,7 @@ def crash_states(q: DiskQueue, path: Path, operate) -> list[Path]:
                 job()
             finally:
                 snapshot()
+
         return run
 
     snapshot()
@@ -414,7 +419,7 @@ def test_a_kill_while_read_files_are_removed_restarts_cleanly(tmp_path, caplog, 
     assert len(states) >= 3
     for state in states:
         expected = independent_read(state)
-        assert expected == records[-len(expected):] and len(expected) >= 2, state.name
+        assert expected == records[-len(expected) :] and len(expected) >= 2, state.name
         caplog.clear()
         caplog.set_level(logging.INFO)
         restarted = DiskQueue(NAME, str(state), max_bytes_per_file=1000)

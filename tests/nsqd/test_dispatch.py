@@ -21,13 +21,25 @@ class _Topic:
 
 
 def _channel() -> Channel:
-    return Channel(_Topic(), "c", mem_queue_size=10_000, max_msg_timeout=900.0, actors=ActorSystem(),
-                   on_last_client_gone=lambda channel: None)
+    return Channel(
+        _Topic(),
+        "c",
+        mem_queue_size=10_000,
+        max_msg_timeout=900.0,
+        actors=ActorSystem(),
+        on_last_client_gone=lambda channel: None,
+    )
 
 
 def _consumer(channel: Channel, client_id: int, rdy: int, msg_timeout: float = 60.0) -> Client:
-    client = Client(client_id, f"127.0.0.1:{40000 + client_id}", msg_timeout=msg_timeout, heartbeat_interval=30.0,
-                    output_buffer_size=16384, output_buffer_timeout=0.25)
+    client = Client(
+        client_id,
+        f"127.0.0.1:{40000 + client_id}",
+        msg_timeout=msg_timeout,
+        heartbeat_interval=30.0,
+        output_buffer_size=16384,
+        output_buffer_timeout=0.25,
+    )
     client.state = ClientState.SUBSCRIBED
     client.channel = channel
     channel.add_client(client)
@@ -40,8 +52,10 @@ def _messages() -> list[Message]:
     # runs of one size, timestamp and attempts, and changes of each, as a frame header prefix is reused
     # only while all three stay the same
     specs = [(200, 1000, 0)] * 3 + [(5, 1000, 0), (200, 1000, 0), (200, 2000, 0), (200, 2000, 3), (200, 2000, 0)]
-    return [Message(b"%016x" % n, bytes([97 + n]) * size, timestamp, attempts)
-            for n, (size, timestamp, attempts) in enumerate(specs)]
+    return [
+        Message(b"%016x" % n, bytes([97 + n]) * size, timestamp, attempts)
+        for n, (size, timestamp, attempts) in enumerate(specs)
+    ]
 
 
 async def test_a_batch_goes_out_as_nsq_message_frames():
@@ -119,8 +133,11 @@ async def test_finish_many_finishes_each_in_turn_and_reports_the_refused():
     theirs = next(m.id for m in messages if m.client is other)
     unknown = b"zzzzzzzzzzzzzzzz"
     refused = channel.finish_many(client, [mine[0], unknown, mine[1], mine[1], theirs, mine[2]])
-    assert refused == [(unknown, "ID not in flight"), (mine[1], "ID not in flight"),
-                       (theirs, "client does not own message")]
+    assert refused == [
+        (unknown, "ID not in flight"),
+        (mine[1], "ID not in flight"),
+        (theirs, "client does not own message"),
+    ]
     assert (client.in_flight, client.finish_count) == (1, 3)
     assert channel.in_flight.get(theirs) is not None and mine[3] in channel.in_flight
     assert client.in_mailbox and client in channel.mailbox  # the credit it got back puts it in the mailbox
@@ -144,8 +161,14 @@ async def test_finish_many_feeds_the_end_to_end_latency_window():
 
 
 def _channel_on(actors: ActorSystem) -> Channel:
-    return Channel(_Topic(), "c", mem_queue_size=10_000, max_msg_timeout=900.0, actors=actors,
-                   on_last_client_gone=lambda channel: None)
+    return Channel(
+        _Topic(),
+        "c",
+        mem_queue_size=10_000,
+        max_msg_timeout=900.0,
+        actors=actors,
+        on_last_client_gone=lambda channel: None,
+    )
 
 
 async def test_a_publish_to_a_quiet_channel_delivers_in_the_publishers_step():
@@ -164,7 +187,6 @@ async def test_a_publish_to_a_quiet_channel_delivers_in_the_publishers_step():
         nursery.cancel_scope.cancel()
 
 
-
 @pytest.mark.parametrize("on_disk", [False, True], ids=["memory backlog", "disk backlog"])
 async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_delivers_meanwhile(tmp_path, on_disk):
     """With interludes due at every safe point, a long slice of a busy channel calls the system's hook between two
@@ -173,8 +195,15 @@ async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_deliver
     records at a time, with an interlude after each read, and still goes out in batches of BATCH."""
     actors = ActorSystem(slice_seconds=60.0, interlude_seconds=1e-9)
     backend = DiskQueue("busy", str(tmp_path)) if on_disk else None
-    busy = Channel(_Topic(), "busy", mem_queue_size=0 if on_disk else 10_000, max_msg_timeout=900.0,
-                   actors=actors, on_last_client_gone=lambda channel: None, backend=backend)
+    busy = Channel(
+        _Topic(),
+        "busy",
+        mem_queue_size=0 if on_disk else 10_000,
+        max_msg_timeout=900.0,
+        actors=actors,
+        on_last_client_gone=lambda channel: None,
+        backend=backend,
+    )
     quiet = _channel_on(actors)
     total = 20 * BATCH + 5
     seen = []

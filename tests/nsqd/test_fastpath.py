@@ -38,7 +38,6 @@ class Twins:
         self.write_oks = getattr(module, prefix + "write_oks", None)
 
 
-
 NOT_BUILT = pytest.mark.skipif(_speedups is None, reason="nsqd._speedups not built")
 IMPLEMENTATIONS = [
     pytest.param(Twins(fastpath, "_"), id="python"),
@@ -104,17 +103,20 @@ def test_whole_pubs_of_the_line_come_back_as_bodies(impl, pair):
     assert read(impl, pair, data) == (len(data), [b"one", b"two" * 100, b"3"])
 
 
-@pytest.mark.parametrize("data", [
-    encode_pub("topic", b"one") + b"NOP\n",  # another command after
-    encode_pub("topic", b"one")[:-1],  # a body cut short
-    encode_pub("topic", b"one") + b"PUB top",  # a line cut short
-    encode_pub("other", b"one"),  # another topic
-    encode_command(b"DPUB", b"topic", b"10", body=b"x"),
-    b"PUB topic\n" + struct.pack(">i", 0),  # sizes the parser refuses
-    b"PUB topic\n" + struct.pack(">i", -1) + b"x",
-    b"PUB topic\n" + struct.pack(">i", 11) + b"x" * 11,  # over max_size (10)
-    b"PUB topic\r\n" + struct.pack(">i", 1) + b"x",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        encode_pub("topic", b"one") + b"NOP\n",  # another command after
+        encode_pub("topic", b"one")[:-1],  # a body cut short
+        encode_pub("topic", b"one") + b"PUB top",  # a line cut short
+        encode_pub("other", b"one"),  # another topic
+        encode_command(b"DPUB", b"topic", b"10", body=b"x"),
+        b"PUB topic\n" + struct.pack(">i", 0),  # sizes the parser refuses
+        b"PUB topic\n" + struct.pack(">i", -1) + b"x",
+        b"PUB topic\n" + struct.pack(">i", 11) + b"x" * 11,  # over max_size (10)
+        b"PUB topic\r\n" + struct.pack(">i", 1) + b"x",
+    ],
+)
 def test_anything_else_comes_back_as_read(impl, pair, data):
     assert read(impl, pair, data, max_size=10) == data
 
@@ -160,6 +162,7 @@ def recv_all(sock, size: int) -> bytes:
 
 # -- a step's producers: read_producers and poll_producers ---------------------------------------------
 
+
 class Producer:
     """What the step's reads look at and set on a connection (``Connection`` in nsqd/tcp.py has these names):
     the cached line of its PUBs, its client (the output, the published counts), the writer's lock, the size of
@@ -168,8 +171,14 @@ class Producer:
     def __init__(self, sock, line: bytes | None = LINE, topic: bytes = b"topic") -> None:
         self.sock = sock
         self.fast_line = (line, topic) if line is not None else None
-        self.client = Client(1, "127.0.0.1:1", msg_timeout=60.0, heartbeat_interval=30.0,
-                             output_buffer_size=16384, output_buffer_timeout=0.25)
+        self.client = Client(
+            1,
+            "127.0.0.1:1",
+            msg_timeout=60.0,
+            heartbeat_interval=30.0,
+            output_buffer_size=16384,
+            output_buffer_timeout=0.25,
+        )
         self._send_lock = trio.Lock()
         self.last_read = 0
         self._read_moves_at = math.inf
@@ -205,16 +214,18 @@ def read_many(impl, pairs, datas, producers=None, max_size=1 << 20, step_time=0.
             right.sendall(data)
     members = {producer.sock.fileno(): producer for producer in producers}
     groups: dict = {}
-    rest, others, late = impl.read_producers([left.fileno() for left, _ in pairs], members, max_size, groups,
-                                             step_time)
+    rest, others, late = impl.read_producers([left.fileno() for left, _ in pairs], members, max_size, groups, step_time)
     return groups, rest, others, late
 
 
 def test_whole_pubs_of_several_connections_grouped_by_topic_in_read_order(impl, pairs):
     other = b"PUB other\n"
     producers = producers_of(pairs, lines=[LINE, other, LINE], topics=[b"topic", b"other", b"topic"])
-    datas = [encode_pub("topic", b"a1") + encode_pub("topic", b"a2"), encode_pub("other", b"b1"),
-             encode_pub("topic", b"c1")]
+    datas = [
+        encode_pub("topic", b"a1") + encode_pub("topic", b"a2"),
+        encode_pub("other", b"b1"),
+        encode_pub("topic", b"c1"),
+    ]
     groups, rest, others, late = read_many(impl, pairs, datas, producers)
     fds = [left.fileno() for left, _ in pairs]
     assert groups == {
@@ -230,18 +241,20 @@ def test_a_step_adds_to_the_groups_it_is_given(impl, pairs):
     groups = {b"topic": [[b"before"], ["someone"], [99], [1]]}
     pairs[0][1].sendall(encode_pub("topic", b"after"))
     impl.read_producers([pairs[0][0].fileno()], {pairs[0][0].fileno(): producers[0]}, 100, groups, 0.0)
-    assert groups == {b"topic": [[b"before", b"after"], ["someone", producers[0]], [99, pairs[0][0].fileno()],
-                                 [1, 1]]}
+    assert groups == {b"topic": [[b"before", b"after"], ["someone", producers[0]], [99, pairs[0][0].fileno()], [1, 1]]}
 
 
-@pytest.mark.parametrize("data", [
-    encode_pub("topic", b"one") + b"NOP\n" + encode_pub("topic", b"two"),  # another command mid-stream
-    encode_pub("topic", b"one") + encode_pub("topic", b"two")[:-1],  # trailing bytes: a PUB cut short
-    encode_pub("topic", b"one") + b"PUB top",  # a line cut short
-    encode_pub("other", b"one"),  # another topic
-    b"PUB topic\n" + struct.pack(">i", 0),  # sizes the parser refuses (E_BAD_MESSAGE there)
-    b"PUB topic\n" + struct.pack(">i", 11) + b"x" * 11,  # over max_size (10)
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        encode_pub("topic", b"one") + b"NOP\n" + encode_pub("topic", b"two"),  # another command mid-stream
+        encode_pub("topic", b"one") + encode_pub("topic", b"two")[:-1],  # trailing bytes: a PUB cut short
+        encode_pub("topic", b"one") + b"PUB top",  # a line cut short
+        encode_pub("other", b"one"),  # another topic
+        b"PUB topic\n" + struct.pack(">i", 0),  # sizes the parser refuses (E_BAD_MESSAGE there)
+        b"PUB topic\n" + struct.pack(">i", 11) + b"x" * 11,  # over max_size (10)
+    ],
+)
 def test_anything_else_comes_back_intact_and_alone(impl, pairs, data):
     whole = encode_pub("topic", b"ok")
     producers = producers_of(pairs)
@@ -298,8 +311,9 @@ def test_a_reset_connection_is_its_own_error(impl):
         healthy[1].sendall(encode_pub("topic", b"fine"))
         reset, fine = Producer(server), Producer(healthy[0])
         groups: dict = {}
-        rest, others, _ = impl.read_producers([server.fileno(), healthy[0].fileno()],
-                                              {server.fileno(): reset, healthy[0].fileno(): fine}, 10, groups, 0.0)
+        rest, others, _ = impl.read_producers(
+            [server.fileno(), healthy[0].fileno()], {server.fileno(): reset, healthy[0].fileno(): fine}, 10, groups, 0.0
+        )
         [(who, error)] = others
         assert who is reset and isinstance(error, ConnectionResetError) and error.errno == errno.ECONNRESET
         assert groups[b"topic"][:2] == [[b"fine"], [fine]] and rest == []

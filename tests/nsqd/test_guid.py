@@ -119,8 +119,9 @@ def test_every_batch_id_matches_the_formula(node_id):
     factory.next_ids(4000, NOW)  # start the next batch near the end of a tick
     batch = factory.next_ids(3 * 4096 + 7, NOW)
     start = 4000
-    assert batch == [expected_id(NOW + ((start + i) >> 12) * TICK_NS, node_id, (start + i) & 4095)
-                     for i in range(len(batch))]
+    assert batch == [
+        expected_id(NOW + ((start + i) >> 12) * TICK_NS, node_id, (start + i) & 4095) for i in range(len(batch))
+    ]
     assert all(type(i) is bytes and len(i) == 16 for i in batch)
 
 

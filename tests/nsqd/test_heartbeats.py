@@ -62,8 +62,14 @@ async def test_reschedule_and_cancel(autojump_clock):
 async def test_a_heartbeat_leaves_at_once_when_the_connection_can():
     """The timer writes through the connection's direct flush (plain TCP, no write under way): the connection's
     writer task is not woken; when the connection cannot (TLS, a write under way), its writer sends it."""
-    client = Client(1, "127.0.0.1:1", msg_timeout=60.0, heartbeat_interval=30.0, output_buffer_size=16384,
-                    output_buffer_timeout=0.25)
+    client = Client(
+        1,
+        "127.0.0.1:1",
+        msg_timeout=60.0,
+        heartbeat_interval=30.0,
+        output_buffer_size=16384,
+        output_buffer_timeout=0.25,
+    )
     sent = []
 
     def direct_flush() -> bool:

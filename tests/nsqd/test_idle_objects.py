@@ -66,8 +66,9 @@ async def test_an_idle_connection_holds_no_table_of_its_own(tmp_path):
 
 
 async def _running(nursery, tmp_path, *flags: str) -> NSQD:
-    opts = parse_options(["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp_path}",
-                          *flags], exit_on_error=False)
+    opts = parse_options(
+        ["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp_path}", *flags], exit_on_error=False
+    )
     nsqd = NSQD(opts)
     await nursery.start(nsqd.run)
     return nsqd
@@ -84,7 +85,7 @@ class _Client:
         self.decoder = FrameDecoder()
 
     @classmethod
-    async def open(cls, nsqd: NSQD) -> "_Client":
+    async def open(cls, nsqd: NSQD) -> _Client:
         host, port = nsqd.tcp_address.rsplit(":", 1)
         stream = await trio.open_tcp_stream(host, int(port))
         await stream.send_all(MAGIC_V2)
@@ -187,4 +188,3 @@ async def _first_use_and_restart(tmp_path):
         assert channel.deferred.entries()[0][1].body == b"much later"
         _assert_stats(nsqd, StatsCache(nsqd))
         nsqd.exit()
-

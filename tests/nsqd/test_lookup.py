@@ -63,8 +63,9 @@ class RecordingLookupd:
                     self.changed.notify_all()
                 if isinstance(event, Identify):
                     # no broadcast address: nsqd then has no HTTP API to ask for channels to pre-create
-                    answer = encode_identify_response(broadcast_address="", hostname="rec",
-                                                      http_port=self.port, tcp_port=self.port, version="1.3.0")
+                    answer = encode_identify_response(
+                        broadcast_address="", hostname="rec", http_port=self.port, tcp_port=self.port, version="1.3.0"
+                    )
                 else:
                     answer = OK
                 await stream.send_all(encode_response(answer))
@@ -82,9 +83,16 @@ def registrations(events) -> list:
 
 
 async def start_nsqd(nursery, tmp_path, lookupd: RecordingLookupd, *, ping_interval: float = math.inf) -> NSQD:
-    opts = parse_options(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={tmp_path}",
-                          "--broadcast-address=127.0.0.1", f"--lookupd-tcp-address=127.0.0.1:{lookupd.port}"],
-                         exit_on_error=False)
+    opts = parse_options(
+        [
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={tmp_path}",
+            "--broadcast-address=127.0.0.1",
+            f"--lookupd-tcp-address=127.0.0.1:{lookupd.port}",
+        ],
+        exit_on_error=False,
+    )
     nsqd = NSQD(opts)
     nsqd.lookup.ping_interval = ping_interval
     await nursery.start(nsqd.run)
@@ -115,9 +123,14 @@ async def test_identify_register_and_notifications(tmp_path):
             topic.get_channel("audit#ephemeral")
             topic.delete_channel("audit#ephemeral")
             nsqd.delete_topic("orders")
-            expected = [Register("orders", ""), Register("orders", "billing"), Register("orders", "audit#ephemeral"),
-                        Unregister("orders", "audit#ephemeral"), Unregister("orders", ""),
-                        Unregister("orders", "billing")]
+            expected = [
+                Register("orders", ""),
+                Register("orders", "billing"),
+                Register("orders", "audit#ephemeral"),
+                Unregister("orders", "audit#ephemeral"),
+                Unregister("orders", ""),
+                Unregister("orders", "billing"),
+            ]
             await lookupd.wait_until(lambda: len(registrations(lookupd.connections[0])) >= len(expected))
             assert registrations(lookupd.connections[0]) == expected
             stop(nsqd, nursery)
@@ -140,7 +153,8 @@ async def test_reconnect_announces_everything(tmp_path):
             second = lookupd.connections[1]
             assert isinstance(second[0], Identify)
             assert sorted(second[1:], key=repr) == sorted(
-                [Register("quiet", ""), Register("busy", "c1"), Register("busy", "c2")], key=repr)
+                [Register("quiet", ""), Register("busy", "c1"), Register("busy", "c2")], key=repr
+            )
             peer = nsqd.lookup.peers[f"127.0.0.1:{lookupd.port}"]
             await peer.wait_connected()
             assert peer.connects == 2
@@ -153,8 +167,9 @@ async def test_ping_period(tmp_path):
         async with trio.open_nursery() as nursery:
             await nursery.start(lookupd.serve)
             nsqd = await start_nsqd(nursery, tmp_path, lookupd, ping_interval=0.05)
-            await lookupd.wait_until(lambda: lookupd.connections and
-                                     sum(isinstance(e, Ping) for e in lookupd.connections[0]) >= 3)
+            await lookupd.wait_until(
+                lambda: lookupd.connections and sum(isinstance(e, Ping) for e in lookupd.connections[0]) >= 3
+            )
             assert len(lookupd.connections) == 1  # PINGs answered: the same connection throughout
             stop(nsqd, nursery)
 

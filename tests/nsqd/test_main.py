@@ -12,7 +12,6 @@ import pytest
 
 from nsqd.metadata import prebind
 from nsqd.options import parse_options
-
 from tests.integration.harness import assert_refused_start, taken_address
 
 
@@ -20,9 +19,11 @@ from tests.integration.harness import assert_refused_start, taken_address
 def test_taken_port_is_fatal_and_named(tmp_path, flag):
     with taken_address() as taken:
         args = {"--tcp-address": "127.0.0.1:0", "--http-address": "127.0.0.1:0", flag: taken}
-        assert_refused_start("nsqd", [f"{name}={value}" for name, value in args.items()] + [f"--data-path={tmp_path}"],
-                             f"failed to instantiate nsqd - listen ({taken}) failed - listen tcp {taken}: "
-                             "bind: address already in use")
+        assert_refused_start(
+            "nsqd",
+            [f"{name}={value}" for name, value in args.items()] + [f"--data-path={tmp_path}"],
+            f"failed to instantiate nsqd - listen ({taken}) failed - listen tcp {taken}: bind: address already in use",
+        )
 
 
 @pytest.mark.parametrize("port_taken", [False, True])
@@ -33,11 +34,13 @@ def test_locked_data_path_is_fatal_before_ports_are_tried(tmp_path, port_taken):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a running nsqd holds
         with taken_address() as taken:
             tcp = taken if port_taken else "127.0.0.1:0"
-            assert_refused_start("nsqd", [f"--tcp-address={tcp}", "--http-address=127.0.0.1:0",
-                                          f"--data-path={tmp_path}"],
-                                 f"failed to instantiate nsqd - failed to lock data-path: cannot flock directory "
-                                 f"{tmp_path} - resource temporarily unavailable "
-                                 "(possibly in use by another instance of nsqd)")
+            assert_refused_start(
+                "nsqd",
+                [f"--tcp-address={tcp}", "--http-address=127.0.0.1:0", f"--data-path={tmp_path}"],
+                f"failed to instantiate nsqd - failed to lock data-path: cannot flock directory "
+                f"{tmp_path} - resource temporarily unavailable "
+                "(possibly in use by another instance of nsqd)",
+            )
     finally:
         os.close(fd)
 

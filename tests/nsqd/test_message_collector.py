@@ -64,8 +64,11 @@ def test_messages_made_in_c_hold_what_the_python_twin_makes(defer):
     bodies = [b"one", b"two" * 100, memoryview(b"three"), b""]
     made = new_messages(ids, bodies, 1234, defer)
     count = len(ids)
-    expected = [Message(i, b, 1234, 0, defer) for i, b in zip(ids, bodies)] if defer else \
-        [Message(i, b, 1234) for i, b in zip(ids, bodies)]
+    expected = (
+        [Message(i, b, 1234, 0, defer) for i, b in zip(ids, bodies)]
+        if defer
+        else [Message(i, b, 1234) for i, b in zip(ids, bodies)]
+    )
     assert len(made) == count and all(type(m) is Message for m in made)
     for got, want in zip(made, expected):
         assert [getattr(got, slot) for slot in SLOTS] == [getattr(want, slot) for slot in SLOTS]
@@ -101,10 +104,13 @@ def test_without_the_accelerator_every_message_stays_tracked():
     messages = [Message(b"%016d" % n, b"body", 1000) for n in range(3)]
     message_module._leave_to_the_collector(messages)
     assert all(gc.is_tracked(m) for m in messages)
-    script = ("import gc; from nsqd import message as m; "
-              "b = m.new_messages([b'0' * 16], [b'x'], 1); m.track_all(b); "
-              "print(m.untrack_atomic is m._leave_to_the_collector, gc.is_tracked(b[0]))")
+    script = (
+        "import gc; from nsqd import message as m; "
+        "b = m.new_messages([b'0' * 16], [b'x'], 1); m.track_all(b); "
+        "print(m.untrack_atomic is m._leave_to_the_collector, gc.is_tracked(b[0]))"
+    )
     env = dict(os.environ, TRIONSQ_NO_SPEEDUPS="1")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.split() == ["True", "True"]

@@ -36,8 +36,9 @@ def state(nsqd: NSQD) -> dict:
 
 
 async def running_nsqd(nursery, tmp_path) -> NSQD:
-    opts = parse_options(["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp_path}"],
-                         exit_on_error=False)
+    opts = parse_options(
+        ["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp_path}"], exit_on_error=False
+    )
     nsqd = NSQD(opts)
     await nursery.start(nsqd.run)
     return nsqd
@@ -117,8 +118,10 @@ async def test_a_change_encodes_only_its_own_topic(tmp_path):
             await nsqd.persist_metadata()
             after = nsqd.metadata.entries
             assert "t7" not in after
-            assert json.loads(after["t5"])["channels"] == [{"name": "c", "paused": False},
-                                                            {"name": "d", "paused": False}]
+            assert json.loads(after["t5"])["channels"] == [
+                {"name": "c", "paused": False},
+                {"name": "d", "paused": False},
+            ]
             unchanged = [name for name in after if name != "t5"]
             assert len(unchanged) == 98
             assert all(after[name] is entries[name] for name in unchanged)  # the same bytes, not re-encoded

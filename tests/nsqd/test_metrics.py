@@ -42,8 +42,9 @@ def reference(stats) -> CollectorRegistry:
 
     def build(specs, items, label_names, labels_of):
         for name, kind, documentation, value in specs:
-            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, documentation,
-                                                                                      labels=label_names)
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                name, documentation, labels=label_names
+            )
             for item in items:
                 family.add_metric(labels_of(item), value(item))
             families.append(family)

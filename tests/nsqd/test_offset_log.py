@@ -18,9 +18,12 @@ NAME = "t:c"
 
 
 def batch(start: int, count: int, *, stamp: int = 1000, size: int = 8) -> Columns:
-    return Columns.from_messages([b"%016d" % i for i in range(start, start + count)],
-                                 [stamp + i for i in range(start, start + count)], [i % 3 for i in range(count)],
-                                 [(b"%d-" % i).ljust(size, b"x") for i in range(start, start + count)])
+    return Columns.from_messages(
+        [b"%016d" % i for i in range(start, start + count)],
+        [stamp + i for i in range(start, start + count)],
+        [i % 3 for i in range(count)],
+        [(b"%d-" % i).ljust(size, b"x") for i in range(start, start + count)],
+    )
 
 
 def bodies(data: bytes) -> list[bytes]:
@@ -68,7 +71,13 @@ def test_buffered_appends_reach_the_files_at_the_periodic_sync(tmp_path):
     active = {}
     log = open_log(tmp_path, active=active)
     log.append(batch(0, 3))
-    assert log in active and open_log(tmp_path / "..", ) is not None
+    assert (
+        log in active
+        and open_log(
+            tmp_path / "..",
+        )
+        is not None
+    )
     assert OffsetLog(str(tmp_path), NAME).open().end == 0
     log.sync_if_due(0.0)
     assert OffsetLog(str(tmp_path), NAME).open().end == 3
@@ -88,8 +97,11 @@ def test_range_errors(tmp_path):
     log = open_log(tmp_path)
     log.append(batch(0, 10))
     log.commit(4)
-    for args, kind, offset, bound in [((5, 4), "bad_range", 5, 4), ((5, 11), "past_end", 11, 10),
-                                      ((3, 5), "before_start", 3, 4)]:
+    for args, kind, offset, bound in [
+        ((5, 4), "bad_range", 5, 4),
+        ((5, 11), "past_end", 11, 10),
+        ((3, 5), "before_start", 3, 4),
+    ]:
         with pytest.raises(LogRangeError) as info:
             log.read(*args, 1000)
         assert (info.value.kind, info.value.offset, info.value.bound) == (kind, offset, bound)

@@ -22,8 +22,8 @@ from nsqd.options import (
     validate,
     version_string,
 )
-from runtime.flags import FlagError, HelpRequested
 from protocol.version import NSQ_VERSION
+from runtime.flags import FlagError, HelpRequested
 
 
 def parse(*argv: str) -> Options:
@@ -106,8 +106,12 @@ def test_every_nsq_flag_exists_with_its_default():
 
 def test_fixed_internal_values():
     opts = Options()
-    assert (opts.queue_scan_interval, opts.queue_scan_refresh_interval, opts.queue_scan_dirty_percent,
-            opts.client_timeout) == (0.1, 5.0, 0.25, 60.0)
+    assert (
+        opts.queue_scan_interval,
+        opts.queue_scan_refresh_interval,
+        opts.queue_scan_dirty_percent,
+        opts.client_timeout,
+    ) == (0.1, 5.0, 0.25, 60.0)
     assert build_flagset().lookup("queue-scan-interval") is None
 
 
@@ -127,8 +131,12 @@ def test_default_node_id_is_crc32_of_md5(hostname):
 def test_a_replicating_node_defaults_its_node_id_to_the_hash_of_its_address(tmp_path):
     # nodes sharing a host share the hostname's default, and adopted messages keep their IDs
     hostname = socket.gethostname()
-    ids = {port: parse("--broadcast-address=10.0.0.1", f"--tcp-address=0.0.0.0:{port}",
-                       "--replicate-to=10.0.0.2:4150").node_id for port in (4150, 4250, 4350)}
+    ids = {
+        port: parse(
+            "--broadcast-address=10.0.0.1", f"--tcp-address=0.0.0.0:{port}", "--replicate-to=10.0.0.2:4150"
+        ).node_id
+        for port in (4150, 4250, 4350)
+    }
     assert ids == {port: default_node_id(f"10.0.0.1:{port}") for port in ids}
     assert len(set(ids.values())) == 3
     assert parse("--broadcast-address=10.0.0.1", "--tcp-address=0.0.0.0:4150").node_id == default_node_id(hostname)
@@ -149,11 +157,25 @@ def test_default_node_id_known_value():
 
 
 def test_command_line_values():
-    opts = parse("--node-id=12", "-mem-queue-size", "0", "--msg-timeout=90s", "-lookupd-tcp-address=a:4160",
-                 "--lookupd-tcp-address", "b:4160", "--auth-http-address=http://auth/x?a,b", "--deflate=false",
-                 "-snappy=0", "--e2e-processing-latency-percentile=0.5,0.99", "-e2e-processing-latency-percentile=1",
-                 "--log-level=DEBUG", "--actor-workers=2", "--actor-slice=1ms", "--actor-interlude=0",
-                 "--max-req-timeout=1.5h")
+    opts = parse(
+        "--node-id=12",
+        "-mem-queue-size",
+        "0",
+        "--msg-timeout=90s",
+        "-lookupd-tcp-address=a:4160",
+        "--lookupd-tcp-address",
+        "b:4160",
+        "--auth-http-address=http://auth/x?a,b",
+        "--deflate=false",
+        "-snappy=0",
+        "--e2e-processing-latency-percentile=0.5,0.99",
+        "-e2e-processing-latency-percentile=1",
+        "--log-level=DEBUG",
+        "--actor-workers=2",
+        "--actor-slice=1ms",
+        "--actor-interlude=0",
+        "--max-req-timeout=1.5h",
+    )
     assert opts.node_id == 12
     assert opts.mem_queue_size == 0
     assert opts.msg_timeout == 90.0
@@ -166,15 +188,18 @@ def test_command_line_values():
     assert opts.max_req_timeout == 5400.0
 
 
-@pytest.mark.parametrize("argv, tls_required, tcp_address", [
-    (["--tls-required"], "true", "0.0.0.0:4150"),
-    (["--tls-required=true"], "true", "0.0.0.0:4150"),
-    (["--tls-required=TCP-HTTPS"], "tcp-https", "0.0.0.0:4150"),
-    (["--tls-required=false", "--tcp-address=:1"], "false", ":1"),
-    (["--tls-required=0"], "false", "0.0.0.0:4150"),
-    # a bool-style flag: the next argument is positional and parsing stops there, as in Go
-    (["--tls-required", "tcp-https", "--tcp-address=:1"], "true", "0.0.0.0:4150"),
-])
+@pytest.mark.parametrize(
+    "argv, tls_required, tcp_address",
+    [
+        (["--tls-required"], "true", "0.0.0.0:4150"),
+        (["--tls-required=true"], "true", "0.0.0.0:4150"),
+        (["--tls-required=TCP-HTTPS"], "tcp-https", "0.0.0.0:4150"),
+        (["--tls-required=false", "--tcp-address=:1"], "false", ":1"),
+        (["--tls-required=0"], "false", "0.0.0.0:4150"),
+        # a bool-style flag: the next argument is positional and parsing stops there, as in Go
+        (["--tls-required", "tcp-https", "--tcp-address=:1"], "true", "0.0.0.0:4150"),
+    ],
+)
 def test_tls_required_forms(argv, tls_required, tcp_address):
     opts = parse(*argv)
     assert (opts.tls_required, opts.tcp_address) == (tls_required, tcp_address)
@@ -212,8 +237,9 @@ def test_tls_min_version():
 def test_invalid_log_level_flag():
     with pytest.raises(FlagError) as info:
         parse("--log-level=loud")
-    assert info.value.message == ("invalid value \"loud\" for flag -log-level: "
-                                  "invalid log level 'loud' (debug, info, warn, error, fatal)")
+    assert info.value.message == (
+        "invalid value \"loud\" for flag -log-level: invalid log level 'loud' (debug, info, warn, error, fatal)"
+    )
 
 
 def test_go_only_flags_are_accepted_and_reported():
@@ -275,24 +301,35 @@ def test_config_file(tmp_path):
     validate(opts)
 
 
-@pytest.mark.parametrize("line, attr, value", [
-    ("tls_required = true", "tls_required", "true"),
-    ("tls_required = false", "tls_required", "false"),
-    ("tls_required = 1", "tls_required", "true"),
-    ('tls_required = "TRUE"', "tls_required", "true"),
-    ("log_level = \"DEBUG\"", "log_level", "debug"),
-    ("statsd_mem_stats = \"false\"", "statsd_mem_stats", False),
-    ("max_heartbeat_interval = 30000", "max_heartbeat_interval", 30.0),
-])
+@pytest.mark.parametrize(
+    "line, attr, value",
+    [
+        ("tls_required = true", "tls_required", "true"),
+        ("tls_required = false", "tls_required", "false"),
+        ("tls_required = 1", "tls_required", "true"),
+        ('tls_required = "TRUE"', "tls_required", "true"),
+        ('log_level = "DEBUG"', "log_level", "debug"),
+        ('statsd_mem_stats = "false"', "statsd_mem_stats", False),
+        ("max_heartbeat_interval = 30000", "max_heartbeat_interval", 30.0),
+    ],
+)
 def test_config_special_values(tmp_path, line, attr, value):
     path = tmp_path / "nsqd.toml"
     path.write_text(line + "\n")
     assert getattr(parse(f"--config={path}"), attr) == value
 
 
-@pytest.mark.parametrize("line", ['tls_required = "sometimes"', 'tls_min_version = "tls0.9"',
-                                  'log_level = "loud"', 'msg_timeout = "60"', "mem_queue_size = 1.5",
-                                  'nsqlookupd_tcp_addresses = 4160'])
+@pytest.mark.parametrize(
+    "line",
+    [
+        'tls_required = "sometimes"',
+        'tls_min_version = "tls0.9"',
+        'log_level = "loud"',
+        'msg_timeout = "60"',
+        "mem_queue_size = 1.5",
+        "nsqlookupd_tcp_addresses = 4160",
+    ],
+)
 def test_config_bad_values(tmp_path, line):
     path = tmp_path / "nsqd.toml"
     path.write_text(line + "\n")
@@ -348,8 +385,7 @@ def test_config_error_exits_1_with_fatal_line(capsys, tmp_path):
     assert exited.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith("[nsqd] ")
-    assert err.endswith(f" FATAL: failed to load config file {missing} - open {missing}: "
-                        "no such file or directory\n")
+    assert err.endswith(f" FATAL: failed to load config file {missing} - open {missing}: no such file or directory\n")
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,8 +397,10 @@ VALIDATION_CASES = [
     ({"node_id": -1}, "--node-id must be [0,1024)"),
     ({"node_id": 1024}, "--node-id must be [0,1024)"),
     ({"tls_required": "true"}, "cannot require TLS client connections without TLS key and cert"),
-    ({"tls_required": "tcp-https", "tls_cert": "c"},
-     "failed to build TLS config - --tls-cert and --tls-key must be given together"),
+    (
+        {"tls_required": "tcp-https", "tls_cert": "c"},
+        "failed to build TLS config - --tls-cert and --tls-key must be given together",
+    ),
     ({"tls_client_auth_policy": "require"}, "cannot require TLS client connections without TLS key and cert"),
     ({"e2e_processing_latency_percentiles": [0.5, 0.0]}, "invalid E2E processing latency percentile: 0"),
     ({"e2e_processing_latency_percentiles": [1.5]}, "invalid E2E processing latency percentile: 1.5"),
@@ -375,8 +413,10 @@ VALIDATION_CASES = [
     ({"actor_slice": 0.0}, "--actor-slice must be positive"),
     ({"actor_interlude": -0.001}, "--actor-interlude must not be negative"),
     ({"replicate_to": ["nohost"]}, "--replicate-to 'nohost' is not HOST:PORT"),
-    ({"replicate_to": ["h:1"], "replication_acks": 2},
-     "--replication-acks must be [0,1] (the number of --replicate-to)"),
+    (
+        {"replicate_to": ["h:1"], "replication_acks": 2},
+        "--replication-acks must be [0,1] (the number of --replicate-to)",
+    ),
     ({"replication_degraded": "maybe"}, "--replication-degraded must be 'refuse' or 'accept'"),
     ({"replica_takeover_timeout": -1.0}, "--replica-takeover-timeout must not be negative"),
 ]
@@ -391,10 +431,18 @@ def test_validation_errors(changes, message):
     assert isinstance(info.value, ValueError) and info.value.exit_code == 1
 
 
-@pytest.mark.parametrize("changes", [
-    {}, {"max_deflate_level": 1}, {"max_deflate_level": 9}, {"node_id": 0}, {"node_id": 1023},
-    {"e2e_processing_latency_percentiles": [1.0, 0.001]}, {"tls_required": "true", "tls_cert": "c", "tls_key": "k"},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"max_deflate_level": 1},
+        {"max_deflate_level": 9},
+        {"node_id": 0},
+        {"node_id": 1023},
+        {"e2e_processing_latency_percentiles": [1.0, 0.001]},
+        {"tls_required": "true", "tls_cert": "c", "tls_key": "k"},
+    ],
+)
 def test_validation_accepts(changes):
     validate(dataclasses.replace(Options(node_id=1), **changes))
 
@@ -404,8 +452,14 @@ def test_validation_accepts(changes):
 
 
 def test_config_values():
-    opts = parse("--node-id=42", "--lookupd-tcp-address=l:4160", "--log-level=warn", "--min-output-buffer-timeout=25ms",
-                 "--tls-required=tcp-https", "--tls-min-version=tls1.2")
+    opts = parse(
+        "--node-id=42",
+        "--lookupd-tcp-address=l:4160",
+        "--log-level=warn",
+        "--min-output-buffer-timeout=25ms",
+        "--tls-required=tcp-https",
+        "--tls-min-version=tls1.2",
+    )
     assert config_value(opts, "id") == 42
     assert config_value(opts, "nsqlookupd_tcp_addresses") == ["l:4160"]
     assert config_value(opts, "auth_http_addresses") == []
@@ -426,20 +480,37 @@ def test_config_values():
     assert config_value(opts, "nsqlookupd_tcp_addresses") == ["l:4160", "other"]
 
 
-@pytest.mark.parametrize("name", ["node_id", "lookupd_tcp_addresses", "queue_scan_interval", "client_timeout",
-                                  "verbose", "version", "config", "nope"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "node_id",
+        "lookupd_tcp_addresses",
+        "queue_scan_interval",
+        "client_timeout",
+        "verbose",
+        "version",
+        "config",
+        "nope",
+    ],
+)
 def test_config_value_unknown_names(name):
     with pytest.raises(KeyError):
         config_value(Options(), name)
 
 
-NSQ_CONFIG_RENAMES = {"lookupd-tcp-address": "nsqlookupd_tcp_addresses", "auth-http-address": "auth_http_addresses",
-                      "e2e-processing-latency-percentile": "e2e_processing_latency_percentiles"}
+NSQ_CONFIG_RENAMES = {
+    "lookupd-tcp-address": "nsqlookupd_tcp_addresses",
+    "auth-http-address": "auth_http_addresses",
+    "e2e-processing-latency-percentile": "e2e_processing_latency_percentiles",
+}
 
 
 def test_config_names_cover_every_configurable_flag():
-    expected = {NSQ_CONFIG_RENAMES.get(flag, flag.replace("-", "_"))
-                for flag in NSQ_DEFAULTS if flag not in ("config", "version")}
+    expected = {
+        NSQ_CONFIG_RENAMES.get(flag, flag.replace("-", "_"))
+        for flag in NSQ_DEFAULTS
+        if flag not in ("config", "version")
+    }
     assert set(config_names()) == expected | {"id", "broadcast_address"}
     for name in config_names():
         config_value(Options(), name)

@@ -17,8 +17,15 @@ class Member:
     ``poll_actor`` (here an actor of vruntime ``poll_rank``, or None for -inf) and ``last_read`` are what the
     poller orders by (the default: a big read, served after the small ones)."""
 
-    def __init__(self, sock: socket.socket, read_size: int = 65536, on_call=None, last_read: int = 65536,
-                 calls: list | None = None, poll_rank: float = 0.0) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        read_size: int = 65536,
+        on_call=None,
+        last_read: int = 65536,
+        calls: list | None = None,
+        poll_rank: float = 0.0,
+    ) -> None:
         self.sock = sock
         self.read_size = read_size
         self.on_call = on_call
@@ -172,7 +179,13 @@ def test_light_members_go_by_rank_then_size(pairs):
         peer.sendall(b"x")
     assert poller.poll_once() == len(made)
     assert [(member.poll_rank, member.last_read) for member in calls] == [
-        (-math.inf, 40), (-math.inf, 300), (1.0, 2), (1.0, 5), (2.0, 10), (-5.0, 70_000)]
+        (-math.inf, 40),
+        (-math.inf, 300),
+        (1.0, 2),
+        (1.0, 5),
+        (2.0, 10),
+        (-5.0, 70_000),
+    ]
 
 
 @pytest.mark.parametrize("repoll_after", [0.0, 60.0], ids=["fresh-look", "one-look"])
@@ -276,8 +289,7 @@ def test_a_small_read_that_came_during_a_long_call_goes_next(pairs, repoll_after
     the step serves what its one poll found and the late one waits for the next step."""
     poller = ReadPoller(light_read=2048, repoll_after=repoll_after)
     calls: list[Member] = []
-    (first, peer_first), (heavy, peer_heavy), (late, peer_late) = _ordered_members(pairs, poller, [10, 5000, 20],
-                                                                                   calls)
+    (first, peer_first), (heavy, peer_heavy), (late, peer_late) = _ordered_members(pairs, poller, [10, 5000, 20], calls)
     first.on_call = lambda member: peer_late.sendall(b"late")
     peer_first.sendall(b"a")
     peer_heavy.sendall(b"b")
@@ -293,8 +305,7 @@ def test_a_fresh_look_serves_each_member_once_per_step(pairs):
     the same step by a later poll; nor is one that left."""
     poller = ReadPoller(light_read=2048, repoll_after=0.0)
     calls: list[Member] = []
-    (chatty, peer_chatty), (gone, peer_gone), (other, peer_other) = _ordered_members(pairs, poller, [1, 2, 3],
-                                                                                     calls)
+    (chatty, peer_chatty), (gone, peer_gone), (other, peer_other) = _ordered_members(pairs, poller, [1, 2, 3], calls)
     chatty.on_call = lambda member: peer_chatty.sendall(b"more")
     gone.on_call = lambda member: poller.discard(member.sock.fileno())
     for peer in (peer_chatty, peer_gone, peer_other):
@@ -388,8 +399,7 @@ def test_a_member_added_with_again_is_served_again_in_the_same_step(pairs):
 def test_an_interlude_takes_a_fresh_look_for_light_members_only(pairs):
     poller = ReadPoller(light_read=2048, repoll_after=0.0)
     calls: list[Member] = []
-    (first, peer_first), (heavy, peer_heavy), (late, peer_late) = _ordered_members(pairs, poller, [10, 5000, 20],
-                                                                                   calls)
+    (first, peer_first), (heavy, peer_heavy), (late, peer_late) = _ordered_members(pairs, poller, [10, 5000, 20], calls)
 
     def both_arrive(member: Member) -> None:
         peer_heavy.sendall(b"batch")
@@ -454,8 +464,9 @@ class TaskSteps(trio.abc.Instrument):
             self.steps += 1
 
 
-async def relay_through_poller(pairs, poller: ReadPoller, hops: int, busy: bool = False,
-                               last_read: int = 1) -> tuple[int, list]:
+async def relay_through_poller(
+    pairs, poller: ReadPoller, hops: int, busy: bool = False, last_read: int = 1
+) -> tuple[int, list]:
     """Members A and B each forward a byte to the other's peer when called, ``hops`` calls in all: each call makes
     the next step's input, as a producer's next PUB after its OK. Returns the poller task's resumptions from the
     first call to the last, and the calls. ``busy``: each call also starts a task. ``last_read``: the members'

@@ -372,7 +372,11 @@ async def test_only_channels_with_timed_work_are_scanned_and_each_tick_reaches_t
         assert scanner.statistics().active == 4
         await trio.sleep(0.1)
         assert sorted(item for channel in channels for _, item in channel.moved) == [
-            ("deferred", 7), ("deferred", 1234), ("deferred", 1999), ("timed out", 500)]
+            ("deferred", 7),
+            ("deferred", 1234),
+            ("deferred", 1999),
+            ("timed out", 500),
+        ]
         assert sum(len(channel.calls) for channel in channels) == 4  # nobody else was looked at
         assert scanner.statistics().active == 0  # each left once it had nothing timed
         channels[7].deferred.push(("again", 7), trio.current_time() + 0.3)

@@ -25,9 +25,18 @@ def _dead_address() -> str:
 async def test_a_spilled_backlog_is_sent_in_bounded_steps_from_the_files_of_the_capture(tmp_path, monkeypatch):
     monkeypatch.setattr(snapshot, "SEND_SIZE", 16384)
     monkeypatch.setattr(snapshot, "BATCH", 64)
-    opts = parse_options(["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp_path}",
-                          "--mem-queue-size=10", "--max-bytes-per-file=32768", f"--replicate-to={_dead_address()}",
-                          "--replication-degraded=accept"], exit_on_error=False)
+    opts = parse_options(
+        [
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=",
+            f"--data-path={tmp_path}",
+            "--mem-queue-size=10",
+            "--max-bytes-per-file=32768",
+            f"--replicate-to={_dead_address()}",
+            "--replication-degraded=accept",
+        ],
+        exit_on_error=False,
+    )
     nsqd = NSQD(opts)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -38,7 +47,7 @@ async def test_a_spilled_backlog_is_sent_in_bounded_steps_from_the_files_of_the_
             topic.get_channel("other#ephemeral")
             before = [b"before%05d" % n + b"." * 100 for n in range(2000)]
             for first in range(0, len(before), 100):
-                topic.publish(before[first:first + 100])
+                topic.publish(before[first : first + 100])
             backend = channel.backend
             while topic.depth():  # the topic's drain passes its own backlog on to the channel, onto its disk
                 await trio.sleep(0)

@@ -49,12 +49,26 @@ def test_out_of_order_and_overlapping_frames_are_held_by_id():
     index.add(4, _ids(1, 2))  # sorted, before everything: a span
     assert index.spans == 2 and index.loose == 5
     assert {n: index.get(_id(n)) for n in (1, 2, 3, 5, 7, 10, 15, 20, 25, 30)} == {
-        1: 4, 2: 4, 3: 2, 5: 2, 7: 2, 10: 1, 15: 3, 20: 1, 25: 3, 30: 1}
+        1: 4,
+        2: 4,
+        3: 2,
+        5: 2,
+        7: 2,
+        10: 1,
+        15: 3,
+        20: 1,
+        25: 3,
+        30: 1,
+    }
     merged: dict[int, list[bytes]] = {}
     for token, ids in index.runs(_ids(30, 25, 3, 10, 15, 2)):  # a loose record comes once per run of its IDs
         merged.setdefault(token, []).extend(ids)
     assert sorted((token, sorted(ids)) for token, ids in merged.items()) == [
-        (1, list(_ids(10, 30))), (2, [_id(3)]), (3, list(_ids(15, 25))), (4, [_id(2)])]
+        (1, list(_ids(10, 30))),
+        (2, [_id(3)]),
+        (3, list(_ids(15, 25))),
+        (4, [_id(2)]),
+    ]
 
 
 def test_an_id_held_already_is_not_taken_again():
@@ -111,8 +125,15 @@ def _messages(seq: int, *numbers: int) -> Messages:
 
 def test_a_reopened_store_holds_what_it_held_across_spans_and_loose_records(tmp_path):
     store = ReplicaStore("127.0.0.1:4150", str(tmp_path), durable=False, max_record_size=1 << 20)
-    store.store([ChannelOp(1, "t", "a", OP_CREATED), _messages(2, *range(100, 110)), _messages(3, 105, 3, 200),
-                 _messages(4, *range(110, 120)), Finished(5, "t", "a", _ids(101, 115, 3, 105, 119))])
+    store.store(
+        [
+            ChannelOp(1, "t", "a", OP_CREATED),
+            _messages(2, *range(100, 110)),
+            _messages(3, 105, 3, 200),
+            _messages(4, *range(110, 120)),
+            Finished(5, "t", "a", _ids(101, 115, 3, 105, 119)),
+        ]
+    )
     expected = {_id(n) for n in [*range(100, 120), 3, 200]} - set(_ids(101, 115, 3, 105, 119))
     assert set(store.held) == expected
     store.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .test_replication_store import NODE, _id, _messages, _open
+from .test_replication_store import _id, _messages, _open
 
 
 def test_a_damaged_record_is_not_held_and_the_session_is_forgotten(tmp_path, caplog):

@@ -8,10 +8,19 @@ import pytest
 from nsqd.e2e import E2ELatency, E2EResult, merge_results, quantile_values
 from nsqd.options import Options
 from nsqd.server import NSQD
-from protocol.http import go_json
-from nsqd.stats import (ChannelStats, ClientStats, NodeStats, TopicStats, collect, format_text, json_body,
-                        memory_stats, to_json)
+from nsqd.stats import (
+    ChannelStats,
+    ClientStats,
+    NodeStats,
+    TopicStats,
+    collect,
+    format_text,
+    json_body,
+    memory_stats,
+    to_json,
+)
 from nsqd.statsd import host_key, pack_datagrams, statsd_lines, statsd_prefix
+from protocol.http import go_json
 
 SECOND = 1_000_000_000
 
@@ -19,8 +28,7 @@ SECOND = 1_000_000_000
 # -- e2e window ----------------------------------------------------------------------------------------------------
 def test_quantiles_are_nearest_rank():
     samples = list(range(1, 101))
-    assert quantile_values(samples, (1.0, 0.99, 0.5, 0.01)) == ((1.0, 100.0), (0.99, 99.0), (0.5, 50.0),
-                                                                   (0.01, 1.0))
+    assert quantile_values(samples, (1.0, 0.99, 0.5, 0.01)) == ((1.0, 100.0), (0.99, 99.0), (0.5, 50.0), (0.01, 1.0))
     assert quantile_values([], (0.5,)) == ((0.5, 0.0),)
     assert quantile_values([7], (0.001, 1.0)) == ((0.001, 7.0), (1.0, 7.0))
 
@@ -110,11 +118,32 @@ def test_json_and_text_render_the_same_snapshot(nsqd):
 
 
 def _client(**fields) -> ClientStats:
-    base = dict(client_id="c1", hostname="h", version="V2", remote_address="127.0.0.1:5", state=3, ready_count=1,
-                in_flight_count=0, message_count=7, finish_count=6, requeue_count=1, connect_ts=1700000000,
-                sample_rate=0, deflate=False, snappy=True, user_agent="", authed=False, auth_identity="",
-                auth_identity_url="", pub_counts=(), tls=False, tls_cipher_suite="", tls_version="",
-                tls_negotiated_protocol="", tls_negotiated_protocol_is_mutual=False)
+    base = dict(
+        client_id="c1",
+        hostname="h",
+        version="V2",
+        remote_address="127.0.0.1:5",
+        state=3,
+        ready_count=1,
+        in_flight_count=0,
+        message_count=7,
+        finish_count=6,
+        requeue_count=1,
+        connect_ts=1700000000,
+        sample_rate=0,
+        deflate=False,
+        snappy=True,
+        user_agent="",
+        authed=False,
+        auth_identity="",
+        auth_identity_url="",
+        pub_counts=(),
+        tls=False,
+        tls_cipher_suite="",
+        tls_version="",
+        tls_negotiated_protocol="",
+        tls_negotiated_protocol_is_mutual=False,
+    )
     return ClientStats(**{**base, **fields})
 
 
@@ -122,16 +151,33 @@ def test_the_json_body_is_go_json_of_the_document(nsqd):
     nsqd.get_topic("alpha").get_channel("c").pause()
     nsqd.get_topic("beta").pause()
     nsqd.get_topic("beta#ephemeral").get_channel("x#ephemeral")
-    for options in ({}, {"include_clients": False}, {"topic": "alpha"}, {"topic": "none"}, {"channel": "c"},
-                    {"include_mem": False}):
+    for options in (
+        {},
+        {"include_clients": False},
+        {"topic": "alpha"},
+        {"topic": "none"},
+        {"channel": "c"},
+        {"include_mem": False},
+    ):
         snapshot = collect(nsqd, **options)
         assert json_body(snapshot) == go_json(to_json(snapshot))
-    odd = _client(client_id="a<b>&c\u2028", hostname='q"uote\\ \x01 é', user_agent="pynsq/0.9 <x>",
-                  authed=True, auth_identity="id&", auth_identity_url="http://a/?b=<c>",
-                  pub_counts=(("alpha", 3), ("beta", 0)), tls=True, tls_cipher_suite="TLS_AES",
-                  tls_version="TLS1.3", tls_negotiated_protocol="h2", tls_negotiated_protocol_is_mutual=True)
-    channel = ChannelStats("c", 1, 0, 2, 3, 4, 5, 6, 2, (odd, _client()), True,
-                           E2EResult(3, ((0.99, 1.5e-7), (0.5, 1234.0)), (1, 2, 3)))
+    odd = _client(
+        client_id="a<b>&c\u2028",
+        hostname='q"uote\\ \x01 é',
+        user_agent="pynsq/0.9 <x>",
+        authed=True,
+        auth_identity="id&",
+        auth_identity_url="http://a/?b=<c>",
+        pub_counts=(("alpha", 3), ("beta", 0)),
+        tls=True,
+        tls_cipher_suite="TLS_AES",
+        tls_version="TLS1.3",
+        tls_negotiated_protocol="h2",
+        tls_negotiated_protocol_is_mutual=True,
+    )
+    channel = ChannelStats(
+        "c", 1, 0, 2, 3, 4, 5, 6, 2, (odd, _client()), True, E2EResult(3, ((0.99, 1.5e-7), (0.5, 1234.0)), (1, 2, 3))
+    )
     topic = TopicStats("alpha", (channel,), 1, 0, 9, 900, False, E2EResult(3, ((0.99, 2.5),), ()))
     stats = NodeStats("1.3.0", "NOK - disk <full>", 1700000000, 5, (topic,), memory_stats(), (odd,))
     assert json_body(stats) == go_json(to_json(stats))

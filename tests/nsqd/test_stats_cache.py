@@ -36,9 +36,15 @@ def any_nsqd(request, tmp_path):
     for topic in list(daemon.topics.values()):
         topic.close(persist=False)
 
+
 #: the variants of a whole-node request (``topic=`` goes through the snapshot)
-VARIANTS = ({}, {"include_clients": False}, {"channel": "c"}, {"channel": "c", "include_clients": False},
-            {"channel": "missing"})
+VARIANTS = (
+    {},
+    {"include_clients": False},
+    {"channel": "c"},
+    {"channel": "c", "include_clients": False},
+    {"channel": "missing"},
+)
 
 
 def _ageless(text: bytes) -> str:
@@ -55,14 +61,22 @@ def assert_current(nsqd, cache: StatsCache) -> dict:
         assert _ageless(cache.text(**options)) == _ageless(format_text(collect(nsqd, **options)).encode()), options
     snapshot = collect(nsqd, include_clients=False, include_mem=False)
     for openmetrics in (False, True):
-        assert b"".join(cache.metrics_pieces(openmetrics=openmetrics)) == series_text(snapshot,
-                                                                                      openmetrics=openmetrics).encode()
+        assert (
+            b"".join(cache.metrics_pieces(openmetrics=openmetrics))
+            == series_text(snapshot, openmetrics=openmetrics).encode()
+        )
     return json.loads(cache.json(include_mem=False))
 
 
 def _connect(nsqd, channel=None, *, port: int) -> Client:
-    client = Client(next(nsqd._client_ids), f"127.0.0.1:{port}", msg_timeout=60.0, heartbeat_interval=30.0,
-                    output_buffer_size=16384, output_buffer_timeout=0.25)
+    client = Client(
+        next(nsqd._client_ids),
+        f"127.0.0.1:{port}",
+        msg_timeout=60.0,
+        heartbeat_interval=30.0,
+        output_buffer_size=16384,
+        output_buffer_timeout=0.25,
+    )
     nsqd.clients[client.id] = client
     if channel is not None:
         client.state = ClientState.SUBSCRIBED

@@ -40,12 +40,15 @@ async def test_unhealthy_ping_and_stats(nsqd):
     assert b"Health: NOK - [Errno 28]" in (await call(router, "GET", "/stats")).body
 
 
-@pytest.mark.parametrize("path, query, body", [
-    ("/pub", b"topic=t", b"m"),
-    ("/pub", b"topic=new_one", b"m"),
-    ("/mpub", b"topic=t", b"a\nb"),
-    ("/topic/create", b"topic=new_two", b""),
-])
+@pytest.mark.parametrize(
+    "path, query, body",
+    [
+        ("/pub", b"topic=t", b"m"),
+        ("/pub", b"topic=new_one", b"m"),
+        ("/mpub", b"topic=t", b"a\nb"),
+        ("/topic/create", b"topic=new_two", b""),
+    ],
+)
 async def test_publishing_while_exiting_is_503(nsqd, path, query, body):
     router = build_router(nsqd)
     nsqd.get_topic("t")

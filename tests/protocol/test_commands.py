@@ -114,7 +114,7 @@ ENCODED = [
         id="IDENTIFY",
     ),
     pytest.param(
-        b'IDENTIFY\n' + size(45) + b'{"client_id":"c1","feature_negotiation":true}',
+        b"IDENTIFY\n" + size(45) + b'{"client_id":"c1","feature_negotiation":true}',
         Command(b"IDENTIFY", (), b'{"client_id":"c1","feature_negotiation":true}'),
         lambda: encode_identify({"client_id": "c1", "feature_negotiation": True}),
         id="IDENTIFY-json",
@@ -138,9 +138,7 @@ NOT_ENCODED = [
     pytest.param(b"nop\n", Command(b"nop", (), None), None, id="lowercase-is-another-name"),
     pytest.param(b"pub t\n", Command(b"pub", (b"t",), None), None, id="lowercase-pub-has-no-body"),
     pytest.param(b"NOP\tx\n", Command(b"NOP\tx", (), None), None, id="tab-is-not-a-separator"),
-    pytest.param(
-        b"PUB t\r\n" + size(1) + b"x", Command(b"PUB", (b"t",), b"x"), None, id="PUB-CRLF"
-    ),
+    pytest.param(b"PUB t\r\n" + size(1) + b"x", Command(b"PUB", (b"t",), b"x"), None, id="PUB-CRLF"),
     pytest.param(
         b"PUB t extra\n" + size(1) + b"x", Command(b"PUB", (b"t", b"extra"), b"x"), None, id="PUB-extra-param"
     ),
@@ -180,9 +178,7 @@ NOT_ENCODED = [
         None,
         id="IDENTIFY-params-kept",
     ),
-    pytest.param(
-        b"X" * 16383 + b"\n", Command(b"X" * 16383, (), None), None, id="line-at-the-16KiB-limit"
-    ),
+    pytest.param(b"X" * 16383 + b"\n", Command(b"X" * 16383, (), None), None, id="line-at-the-16KiB-limit"),
 ]
 
 VALID = ENCODED + NOT_ENCODED
@@ -337,11 +333,18 @@ ERRORS = [
     # PUB
     pytest.param(b"PUB\n", size(1) + b"x", b"E_INVALID PUB insufficient number of parameters", {}, id="PUB-no-topic"),
     pytest.param(
-        b"PUB bad!topic\n", size(1) + b"x", b'E_BAD_TOPIC PUB topic name "bad!topic" is not valid', {}, id="PUB-bad-topic"
+        b"PUB bad!topic\n",
+        size(1) + b"x",
+        b'E_BAD_TOPIC PUB topic name "bad!topic" is not valid',
+        {},
+        id="PUB-bad-topic",
     ),
     pytest.param(b"PUB \n", b"", b'E_BAD_TOPIC PUB topic name "" is not valid', {}, id="PUB-empty-topic"),
     pytest.param(
-        b"PUB " + b"t" * 65 + b"\n", b"", b'E_BAD_TOPIC PUB topic name "' + b"t" * 65 + b'" is not valid', {},
+        b"PUB " + b"t" * 65 + b"\n",
+        b"",
+        b'E_BAD_TOPIC PUB topic name "' + b"t" * 65 + b'" is not valid',
+        {},
         id="PUB-topic-too-long",
     ),
     pytest.param(b"PUB t\xff\n", b"", b'E_BAD_TOPIC PUB topic name "t\\xff" is not valid', {}, id="PUB-odd-byte"),
@@ -349,15 +352,24 @@ ERRORS = [
     pytest.param(b"PUB t\n" + size(0), b"", b"E_BAD_MESSAGE PUB invalid message body size 0", {}, id="PUB-size-0"),
     pytest.param(b"PUB t\n" + size(-1), b"x", b"E_BAD_MESSAGE PUB invalid message body size -1", {}, id="PUB-size-neg"),
     pytest.param(
-        b"PUB t\n" + size(M + 1), b"x" * 10, b"E_BAD_MESSAGE PUB message too big 1048577 > 1048576", {},
+        b"PUB t\n" + size(M + 1),
+        b"x" * 10,
+        b"E_BAD_MESSAGE PUB message too big 1048577 > 1048576",
+        {},
         id="PUB-too-big",
     ),
     pytest.param(
-        b"PUB t\n" + size(100 * 1024 * 1024), b"x" * 10, b"E_BAD_MESSAGE PUB message too big 104857600 > 1048576", {},
+        b"PUB t\n" + size(100 * 1024 * 1024),
+        b"x" * 10,
+        b"E_BAD_MESSAGE PUB message too big 104857600 > 1048576",
+        {},
         id="PUB-100MB-decided-by-its-size-field",
     ),
     pytest.param(
-        b"PUB t\n" + size(11), b"x" * 11, b"E_BAD_MESSAGE PUB message too big 11 > 10", {"max_msg_size": 10},
+        b"PUB t\n" + size(11),
+        b"x" * 11,
+        b"E_BAD_MESSAGE PUB message too big 11 > 10",
+        {"max_msg_size": 10},
         id="PUB-custom-max",
     ),
     # DPUB
@@ -372,31 +384,48 @@ ERRORS = [
     pytest.param(b"DPUB t +1\n", b"", b"E_INVALID DPUB could not parse timeout +1", {}, id="DPUB-plus"),
     pytest.param(b"DPUB t 1\xff\n", b"", b"E_INVALID DPUB could not parse timeout 1\xff", {}, id="DPUB-raw-bytes"),
     pytest.param(
-        b"DPUB t 3600001\n", size(1) + b"x", b"E_INVALID DPUB timeout 3600001 out of range 0-3600000", {},
+        b"DPUB t 3600001\n",
+        size(1) + b"x",
+        b"E_INVALID DPUB timeout 3600001 out of range 0-3600000",
+        {},
         id="DPUB-out-of-range",
     ),
     pytest.param(
-        b"DPUB t 1001\n", b"", b"E_INVALID DPUB timeout 1001 out of range 0-1000", {"max_req_timeout_ms": 1000},
+        b"DPUB t 1001\n",
+        b"",
+        b"E_INVALID DPUB timeout 1001 out of range 0-1000",
+        {"max_req_timeout_ms": 1000},
         id="DPUB-custom-max",
     ),
     pytest.param(
-        b"DPUB t 18446744073709551615\n", b"",
-        b"E_INVALID DPUB timeout 18446744073709551615 out of range 0-3600000", {},
+        b"DPUB t 18446744073709551615\n",
+        b"",
+        b"E_INVALID DPUB timeout 18446744073709551615 out of range 0-3600000",
+        {},
         id="DPUB-uint64-max-is-negative-duration",
     ),
     pytest.param(
-        b"DPUB t 9223372036855\n", b"", b"E_INVALID DPUB timeout 9223372036855 out of range 0-3600000", {},
+        b"DPUB t 9223372036855\n",
+        b"",
+        b"E_INVALID DPUB timeout 9223372036855 out of range 0-3600000",
+        {},
         id="DPUB-duration-overflow",
     ),
     pytest.param(b"DPUB t 1\n" + size(0), b"", b"E_BAD_MESSAGE DPUB invalid message body size 0", {}, id="DPUB-size-0"),
     pytest.param(
-        b"DPUB t 1\n" + size(M + 1), b"", b"E_BAD_MESSAGE DPUB message too big 1048577 > 1048576", {},
+        b"DPUB t 1\n" + size(M + 1),
+        b"",
+        b"E_BAD_MESSAGE DPUB message too big 1048577 > 1048576",
+        {},
         id="DPUB-too-big",
     ),
     # MPUB
     pytest.param(b"MPUB\n", b"", b"E_INVALID MPUB insufficient number of parameters", {}, id="MPUB-no-topic"),
     pytest.param(
-        b"MPUB x#y\n", size(9), b'E_BAD_TOPIC E_BAD_TOPIC MPUB topic name "x#y" is not valid', {},
+        b"MPUB x#y\n",
+        size(9),
+        b'E_BAD_TOPIC E_BAD_TOPIC MPUB topic name "x#y" is not valid',
+        {},
         id="MPUB-bad-topic-quirk",
     ),
     pytest.param(b"MPUB t\n" + size(0), b"", b"E_BAD_BODY MPUB invalid body size 0", {}, id="MPUB-body-0"),
@@ -404,33 +433,55 @@ ERRORS = [
     pytest.param(
         b"MPUB t\n" + size(B + 1), size(1), b"E_BAD_BODY MPUB body too big 5242881 > 5242880", {}, id="MPUB-body-big"
     ),
-    pytest.param(b"MPUB t\n" + size(9) + size(0), b"", b"E_BAD_BODY MPUB invalid message count 0", {}, id="MPUB-count-0"),
-    pytest.param(b"MPUB t\n" + size(9) + size(-1), b"", b"E_BAD_BODY MPUB invalid message count -1", {}, id="MPUB-count-neg"),
     pytest.param(
-        b"MPUB t\n" + size(9) + size(1048576), b"", b"E_BAD_BODY MPUB invalid message count 1048576", {},
+        b"MPUB t\n" + size(9) + size(0), b"", b"E_BAD_BODY MPUB invalid message count 0", {}, id="MPUB-count-0"
+    ),
+    pytest.param(
+        b"MPUB t\n" + size(9) + size(-1), b"", b"E_BAD_BODY MPUB invalid message count -1", {}, id="MPUB-count-neg"
+    ),
+    pytest.param(
+        b"MPUB t\n" + size(9) + size(1048576),
+        b"",
+        b"E_BAD_BODY MPUB invalid message count 1048576",
+        {},
         id="MPUB-count-over-(max_body-4)/5",
     ),
     pytest.param(
-        b"MPUB t\n" + size(9) + size(20), b"", b"E_BAD_BODY MPUB invalid message count 20", {"max_body_size": 103},
+        b"MPUB t\n" + size(9) + size(20),
+        b"",
+        b"E_BAD_BODY MPUB invalid message count 20",
+        {"max_body_size": 103},
         id="MPUB-count-custom-max",
     ),
     pytest.param(
-        b"MPUB t\n" + size(9) + size(1) + size(0), b"", b"E_BAD_MESSAGE MPUB invalid message(0) body size 0", {},
+        b"MPUB t\n" + size(9) + size(1) + size(0),
+        b"",
+        b"E_BAD_MESSAGE MPUB invalid message(0) body size 0",
+        {},
         id="MPUB-message-0-size-0",
     ),
     pytest.param(
-        b"MPUB t\n" + size(20) + size(3) + size(1) + b"a" + size(-2), b"",
-        b"E_BAD_MESSAGE MPUB invalid message(1) body size -2", {}, id="MPUB-message-1-negative",
+        b"MPUB t\n" + size(20) + size(3) + size(1) + b"a" + size(-2),
+        b"",
+        b"E_BAD_MESSAGE MPUB invalid message(1) body size -2",
+        {},
+        id="MPUB-message-1-negative",
     ),
     pytest.param(
-        b"MPUB t\n" + size(20) + size(3) + size(1) + b"a" + size(M + 1), b"",
-        b"E_BAD_MESSAGE MPUB message too big 1048577 > 1048576", {}, id="MPUB-message-too-big",
+        b"MPUB t\n" + size(20) + size(3) + size(1) + b"a" + size(M + 1),
+        b"",
+        b"E_BAD_MESSAGE MPUB message too big 1048577 > 1048576",
+        {},
+        id="MPUB-message-too-big",
     ),
     # IDENTIFY
     pytest.param(b"IDENTIFY\n" + size(0), b"", b"E_BAD_BODY IDENTIFY invalid body size 0", {}, id="IDENTIFY-0"),
     pytest.param(b"IDENTIFY\n" + size(-1), b"", b"E_BAD_BODY IDENTIFY invalid body size -1", {}, id="IDENTIFY-neg"),
     pytest.param(
-        b"IDENTIFY\n" + size(B + 1), b"{}", b"E_BAD_BODY IDENTIFY body too big 5242881 > 5242880", {},
+        b"IDENTIFY\n" + size(B + 1),
+        b"{}",
+        b"E_BAD_BODY IDENTIFY body too big 5242881 > 5242880",
+        {},
         id="IDENTIFY-too-big",
     ),
     # AUTH
@@ -441,7 +492,10 @@ ERRORS = [
         b"AUTH\n" + size(B + 1), b"", b"E_BAD_BODY AUTH body too big 5242881 > 5242880", {}, id="AUTH-too-big"
     ),
     pytest.param(
-        b"AUTH\n" + size(101), b"", b"E_BAD_BODY AUTH body too big 101 > 100", {"max_body_size": 100},
+        b"AUTH\n" + size(101),
+        b"",
+        b"E_BAD_BODY AUTH body too big 101 > 100",
+        {"max_body_size": 100},
         id="AUTH-custom-max",
     ),
 ]
@@ -573,7 +627,8 @@ EOF_CASES = [
         id="MPUB-size-1",
     ),
     pytest.param(
-        b"MPUB t\n" + size(9) + size(2) + size(3) + b"a", b"E_BAD_MESSAGE MPUB failed to read message body",
+        b"MPUB t\n" + size(9) + size(2) + size(3) + b"a",
+        b"E_BAD_MESSAGE MPUB failed to read message body",
         id="MPUB-mid-message",
     ),
 ]
@@ -637,20 +692,31 @@ def test_fin_lines_read_together_come_as_one_command(mode):
         assert got[0] == Command(b"FIN", (FIN_IDS[0],), FIN_IDS)
         assert got[1:] == [Command(b"NOP", (), None), Command(b"FIN", (ID,), None), Command(b"NOP", (), None)]
     assert _one_per_fin(got) == [Command(b"FIN", (msg_id,), None) for msg_id in FIN_IDS] + [
-        Command(b"NOP", (), None), Command(b"FIN", (ID,), None), Command(b"NOP", (), None)]
+        Command(b"NOP", (), None),
+        Command(b"FIN", (ID,), None),
+        Command(b"NOP", (), None),
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_fin_run_stops_at_a_line_of_another_form(mode):
     odd = [b"FIN 0123456789abcde-\n", b"FIN 0123456789abcdef\r\n", b"FIN 0123456789abcdef extra\n", b"FIN short\n"]
-    expected = [(b"FIN", (b"0123456789abcde-",)), (b"FIN", (b"0123456789abcdef",)),
-                (b"FIN", (b"0123456789abcdef", b"extra")), (b"FIN", (b"short",))]
+    expected = [
+        (b"FIN", (b"0123456789abcde-",)),
+        (b"FIN", (b"0123456789abcdef",)),
+        (b"FIN", (b"0123456789abcdef", b"extra")),
+        (b"FIN", (b"short",)),
+    ]
     for line, (name, params) in zip(odd, expected):
         wire = encode_fin(FIN_IDS[0]) + encode_fin(FIN_IDS[1]) + line + encode_fin(FIN_IDS[2]) + encode_fin(FIN_IDS[3])
         got = parse(wire, mode)
-        assert _one_per_fin(got) == [Command(b"FIN", (FIN_IDS[0],), None), Command(b"FIN", (FIN_IDS[1],), None),
-                                     Command(name, params, None), Command(b"FIN", (FIN_IDS[2],), None),
-                                     Command(b"FIN", (FIN_IDS[3],), None)]
+        assert _one_per_fin(got) == [
+            Command(b"FIN", (FIN_IDS[0],), None),
+            Command(b"FIN", (FIN_IDS[1],), None),
+            Command(name, params, None),
+            Command(b"FIN", (FIN_IDS[2],), None),
+            Command(b"FIN", (FIN_IDS[3],), None),
+        ]
         if mode == WHOLE:
             assert [c.body for c in got] == [FIN_IDS[:2], None, FIN_IDS[2:4]]
 

@@ -158,10 +158,16 @@ def _uncompressed(data: bytes, crc: int | None = None) -> bytes:
 
 BAD_SNAPPY = [
     pytest.param(IDENTIFIER + _uncompressed(b"hello", crc=1), "checksum", id="bad-crc"),
-    pytest.param(IDENTIFIER + _chunk(0x00, struct.pack("<I", masked_crc32c(b"hi")) + b"\x0a\x01\x00"),
-                 "does not decode", id="corrupt-block"),
-    pytest.param(IDENTIFIER + _chunk(0x00, struct.pack("<I", 0) + bytes(cramjam.snappy.compress_raw(b"x" * 100))),
-                 "checksum", id="compressed-bad-crc"),
+    pytest.param(
+        IDENTIFIER + _chunk(0x00, struct.pack("<I", masked_crc32c(b"hi")) + b"\x0a\x01\x00"),
+        "does not decode",
+        id="corrupt-block",
+    ),
+    pytest.param(
+        IDENTIFIER + _chunk(0x00, struct.pack("<I", 0) + bytes(cramjam.snappy.compress_raw(b"x" * 100))),
+        "checksum",
+        id="compressed-bad-crc",
+    ),
     pytest.param(IDENTIFIER + _chunk(0x02, b"xx"), "unskippable", id="reserved-unskippable"),
     pytest.param(IDENTIFIER + _chunk(0x7F, b""), "unskippable", id="reserved-unskippable-7f"),
     pytest.param(_uncompressed(b"no identifier first"), "stream identifier", id="no-identifier"),
@@ -234,8 +240,11 @@ def test_deflate_output_is_bounded_per_call():
     assert total == 5_000_000
 
 
-@pytest.mark.parametrize("garbage", [b"\xff" * 64, b"\x07\x00\x00", b"\x00\x05\x00\x05\x00"],
-                         ids=["ones", "reserved-block-type", "bad-stored-length"])
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xff" * 64, b"\x07\x00\x00", b"\x00\x05\x00\x05\x00"],
+    ids=["ones", "reserved-block-type", "bad-stored-length"],
+)
 def test_deflate_garbage(garbage):
     decoder = DeflateDecoder()
     with pytest.raises(CompressionError, match="does not inflate"):

@@ -7,9 +7,22 @@ from protocol.errors import LineTooLong, ProtocolError
 
 # NSQ's list (the only non-fatal ones are the three "failed" answers to FIN, REQ and TOUCH).
 FATAL = [
-    "E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_CHANNEL", "E_BAD_MESSAGE", "E_PUB_FAILED",
-    "E_MPUB_FAILED", "E_DPUB_FAILED", "E_SUB_FAILED", "E_IDENTIFY_FAILED", "E_AUTH_FAILED",
-    "E_AUTH_FIRST", "E_AUTH_DISABLED", "E_AUTH_ERROR", "E_UNAUTHORIZED", "E_BAD_PROTOCOL",
+    "E_INVALID",
+    "E_BAD_BODY",
+    "E_BAD_TOPIC",
+    "E_BAD_CHANNEL",
+    "E_BAD_MESSAGE",
+    "E_PUB_FAILED",
+    "E_MPUB_FAILED",
+    "E_DPUB_FAILED",
+    "E_SUB_FAILED",
+    "E_IDENTIFY_FAILED",
+    "E_AUTH_FAILED",
+    "E_AUTH_FIRST",
+    "E_AUTH_DISABLED",
+    "E_AUTH_ERROR",
+    "E_UNAUTHORIZED",
+    "E_BAD_PROTOCOL",
 ]
 NON_FATAL = ["E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"]
 
@@ -30,7 +43,7 @@ def test_non_fatal_by_default(code):
 
 
 def test_non_fatal_set():
-    assert errors.NON_FATAL_CODES == frozenset(NON_FATAL)
+    assert frozenset(NON_FATAL) == errors.NON_FATAL_CODES
 
 
 def test_explicit_fatal_flag_wins():
@@ -44,7 +57,11 @@ def test_explicit_fatal_flag_wins():
         ("E_BAD_PROTOCOL", "", b"E_BAD_PROTOCOL"),
         ("E_INVALID", "invalid command ", b"E_INVALID invalid command "),
         ("E_INVALID", "invalid command NOPE", b"E_INVALID invalid command NOPE"),
-        ("E_BAD_TOPIC", 'PUB topic name "t\u00e9" is not valid', b'E_BAD_TOPIC PUB topic name "t\xc3\xa9" is not valid'),
+        (
+            "E_BAD_TOPIC",
+            'PUB topic name "t\u00e9" is not valid',
+            b'E_BAD_TOPIC PUB topic name "t\xc3\xa9" is not valid',
+        ),
         # raw wire bytes decoded with surrogateescape come back unchanged
         ("E_INVALID", "RDY could not parse count \udcff", b"E_INVALID RDY could not parse count \xff"),
     ],

@@ -38,18 +38,21 @@ DATE = re.compile(rb"Date: [A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\
 
 
 # -- pure parts ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("value", "expected"), [
-    ({"message": "NOT_FOUND"}, b'{"message":"NOT_FOUND"}'),
-    ({"b": 1, "a": [True, None, "x"]}, b'{"b":1,"a":[true,null,"x"]}'),
-    ({"s": "<a&b>"}, b'{"s":"\\u003ca\\u0026b\\u003e"}'),
-    ({"s": "caf\u00e9 \u2028"}, '{"s":"caf\u00e9 \\u2028"}'.encode()),
-    ({"f": 1.0, "g": 0.5, "h": -0.0}, b'{"f":1,"g":0.5,"h":-0}'),
-    ([1e16, 1e20, 1e21, 1.5e21], b"[10000000000000000,100000000000000000000,1e+21,1.5e+21]"),
-    ([0.0001, 0.00001, 0.0000015, 1e-7, 1.5e-10], b"[0.0001,0.00001,0.0000015,1e-7,1.5e-10]"),
-    ([1234567.0, 1234567.25, 99.99], b"[1234567,1234567.25,99.99]"),
-    # number-like text inside strings stays as it is
-    ({"addr": "h:1.0,x", "v": "1.3.0", "k": [2.0]}, b'{"addr":"h:1.0,x","v":"1.3.0","k":[2]}'),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"message": "NOT_FOUND"}, b'{"message":"NOT_FOUND"}'),
+        ({"b": 1, "a": [True, None, "x"]}, b'{"b":1,"a":[true,null,"x"]}'),
+        ({"s": "<a&b>"}, b'{"s":"\\u003ca\\u0026b\\u003e"}'),
+        ({"s": "caf\u00e9 \u2028"}, '{"s":"caf\u00e9 \\u2028"}'.encode()),
+        ({"f": 1.0, "g": 0.5, "h": -0.0}, b'{"f":1,"g":0.5,"h":-0}'),
+        ([1e16, 1e20, 1e21, 1.5e21], b"[10000000000000000,100000000000000000000,1e+21,1.5e+21]"),
+        ([0.0001, 0.00001, 0.0000015, 1e-7, 1.5e-10], b"[0.0001,0.00001,0.0000015,1e-7,1.5e-10]"),
+        ([1234567.0, 1234567.25, 99.99], b"[1234567,1234567.25,99.99]"),
+        # number-like text inside strings stays as it is
+        ({"addr": "h:1.0,x", "v": "1.3.0", "k": [2.0]}, b'{"addr":"h:1.0,x","v":"1.3.0","k":[2]}'),
+    ],
+)
 def test_go_json(value, expected):
     assert go_json(value) == expected
 
@@ -61,21 +64,26 @@ def test_response_helpers():
     assert empty_response() == Response(200, [("X-Nsq-Content-Type", "nsq; version=1.0")], b"")
     assert empty_response().header("Content-Type") is None
     assert error_response(400, "MISSING_ARG_TOPIC") == Response(
-        400, [("Content-Type", "application/json; charset=utf-8"), ("X-Nsq-Content-Type", "nsq; version=1.0")],
-        b'{"message":"MISSING_ARG_TOPIC"}')
+        400,
+        [("Content-Type", "application/json; charset=utf-8"), ("X-Nsq-Content-Type", "nsq; version=1.0")],
+        b'{"message":"MISSING_ARG_TOPIC"}',
+    )
     assert json_response([1], 201).status == 201
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    (b"", {}),
-    (b"topic=t&channel=c", {"topic": ["t"], "channel": ["c"]}),
-    (b"a=1&a=2&b=&a=3", {"a": ["1", "2", "3"], "b": [""]}),
-    (b"flag&&x=1&", {"flag": [""], "x": ["1"]}),
-    (b"=v", {"": ["v"]}),
-    (b"q=a+b%20c%2B%26", {"q": ["a b c+&"]}),
-    (b"k%C3%A9=%E2%9C%93", {"k\u00e9": ["\u2713"]}),
-    (b"a=b=c", {"a": ["b=c"]}),
-])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"", {}),
+        (b"topic=t&channel=c", {"topic": ["t"], "channel": ["c"]}),
+        (b"a=1&a=2&b=&a=3", {"a": ["1", "2", "3"], "b": [""]}),
+        (b"flag&&x=1&", {"flag": [""], "x": ["1"]}),
+        (b"=v", {"": ["v"]}),
+        (b"q=a+b%20c%2B%26", {"q": ["a b c+&"]}),
+        (b"k%C3%A9=%E2%9C%93", {"k\u00e9": ["\u2713"]}),
+        (b"a=b=c", {"a": ["b=c"]}),
+    ],
+)
 def test_parse_query(raw, expected):
     assert parse_query(raw) == expected
 
@@ -104,10 +112,20 @@ def test_request_and_headers():
         headers["nope"]
 
 
-@pytest.mark.parametrize(("ns", "text"), [
-    (0, "0s"), (999, "999ns"), (1500, "1.5µs"), (523100, "523.1µs"), (1234567, "1.234567ms"),
-    (2_000_000_000, "2s"), (62_500_000_000, "1m2.5s"), (3_600_000_000_000, "1h0m0s"), (-1500, "-1.5µs"),
-])
+@pytest.mark.parametrize(
+    ("ns", "text"),
+    [
+        (0, "0s"),
+        (999, "999ns"),
+        (1500, "1.5µs"),
+        (523100, "523.1µs"),
+        (1234567, "1.234567ms"),
+        (2_000_000_000, "2s"),
+        (62_500_000_000, "1m2.5s"),
+        (3_600_000_000_000, "1h0m0s"),
+        (-1500, "-1.5µs"),
+    ],
+)
 def test_go_duration(ns, text):
     assert go_duration(ns) == text
 
@@ -150,19 +168,27 @@ async def test_router_without_sockets(caplog):
 # -- the request parser, fed whole, byte by byte and with trailing bytes ------------------------------------------
 PARSER_CASES = [
     (b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n", ("GET", "/ping", b"", None, False, True), b""),
-    (b"GET /a%20b/c?x=1&y=%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-     ("GET", "/a b/c", b"x=1&y=%zz", None, False, False), b""),
-    (b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
-     ("POST", "/pub", b"topic=t", 5, False, True), b"hello"),
-    (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\n\r\n",
-     ("PUT", "/c", b"", None, True, True), b"abcdefg"),
+    (
+        b"GET /a%20b/c?x=1&y=%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        ("GET", "/a b/c", b"x=1&y=%zz", None, False, False),
+        b"",
+    ),
+    (
+        b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        ("POST", "/pub", b"topic=t", 5, False, True),
+        b"hello",
+    ),
+    (
+        b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\n\r\n",
+        ("PUT", "/c", b"", None, True, True),
+        b"abcdefg",
+    ),
     (b"GET /old HTTP/1.0\r\n\r\n", ("GET", "/old", b"", None, False, False), b""),
     (b"GET /old HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", ("GET", "/old", b"", None, False, True), b""),
     (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", ("OPTIONS", "*", b"", None, False, True), b""),
     # Go serves every HTTP/1.x
     (b"GET /next HTTP/1.2\r\nHost: x\r\n\r\n", ("GET", "/next", b"", None, False, True), b""),
-    (b"GET http://example.com/ping?a=1 HTTP/1.1\r\nHost: x\r\n\r\n", ("GET", "/ping", b"a=1", None, False, True),
-     b""),
+    (b"GET http://example.com/ping?a=1 HTTP/1.1\r\nHost: x\r\n\r\n", ("GET", "/ping", b"a=1", None, False, True), b""),
 ]
 
 
@@ -180,8 +206,9 @@ def _summarise(events: list) -> list:
     out: list = []
     for event in events:
         if isinstance(event, RequestHead):
-            out.append((event.method, event.path, event.raw_query, event.content_length, event.chunked,
-                        event.keep_alive))
+            out.append(
+                (event.method, event.path, event.raw_query, event.content_length, event.chunked, event.keep_alive)
+            )
         elif event is END_OF_BODY:
             out.append(event)
         elif out and isinstance(out[-1], bytes):
@@ -202,7 +229,7 @@ def test_request_parser(raw, head, body, mode):
     events: list = []
     if mode == "bytewise":
         for i in range(len(raw)):
-            parser.receive_data(raw[i:i + 1])
+            parser.receive_data(raw[i : i + 1])
             events += _drain(parser)
     else:
         parser.receive_data(raw + (b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n" if mode == "trailing" else b""))
@@ -211,7 +238,7 @@ def test_request_parser(raw, head, body, mode):
     if mode == "trailing" and head[-1]:
         expected += _expected(("GET", "/next", b"", None, False, True), b"")
     if not head[-1]:
-        events = events[:len(expected)]  # after a closing request the caller stops reading
+        events = events[: len(expected)]  # after a closing request the caller stops reading
     assert _summarise(events) == expected
     parser.receive_data(b"")
     assert parser.next_event() is CONNECTION_CLOSED or not head[-1]
@@ -231,10 +258,14 @@ def test_request_parser_pipeline_and_eof():
         parser.next_event()
 
 
-@pytest.mark.parametrize("closing", [case[0] for case in PARSER_CASES if not case[1][-1]] + [
-    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
-    b"CONNECT /x HTTP/1.1\r\nHost: x\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "closing",
+    [case[0] for case in PARSER_CASES if not case[1][-1]]
+    + [
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        b"CONNECT /x HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+)
 @pytest.mark.parametrize("split", [False, True])
 def test_request_parser_stops_after_a_closing_request(closing, split):
     """What follows a request that closes the connection is never parsed, whether it arrives with it or later."""
@@ -253,41 +284,43 @@ def test_request_parser_stops_after_a_closing_request(closing, split):
     assert parser.next_event() is CONNECTION_CLOSED and not parser.has_partial_request
 
 
-@pytest.mark.parametrize(("raw", "status"), [
-    (b"\x00\x01\x02garbage\r\n\r\n", 400),
-    (b"GET /ping\r\n\r\n", 400),
-    (b"GET /ping HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
-    (b"GET /a%zz HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-    (b"GET ping HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-    (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
-    (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
-    (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 5000 + b"\r\n\r\n", 431),
-    (b"GET / HTTP/1.1\r\nHost: x\r\nX-" + b"a" * 5000 + b": 1\r\n\r\n", 431),
-    (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: 1\r\n" * 1000 + b"\r\n", 431),
-    (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 431),
-    (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"T: 1\r\n" * 1000 + b"\r\n",
-     431),
-    (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: " + b"1" * 5000 + b"\r\n\r\n", 431),
-    (b"GET /\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-    (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505),
-    (b"GET / HTTP/9.9\r\nHost: x\r\n\r\n", 505),
-    (b"GET / HTTP/3.1\r\nHost: x\r\n\r\n", 505),
-    (b"GET / HTTP/10.0\r\nHost: x\r\n\r\n", 400),
-    (b"GET / HTTP/1.10\r\nHost: x\r\n\r\n", 400),
-    (b"GET / HTTP/x.1\r\nHost: x\r\n\r\n", 400),
-    (b"GET / HTTP/1.1\nHost: x\n\n", 400),
-    (b"get / HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-    (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
-    (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
-    (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na", 400),
-    (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
-    (b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400),
-])
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"\x00\x01\x02garbage\r\n\r\n", 400),
+        (b"GET /ping\r\n\r\n", 400),
+        (b"GET /ping HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
+        (b"GET /a%zz HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"GET ping HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 5000 + b"\r\n\r\n", 431),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX-" + b"a" * 5000 + b": 1\r\n\r\n", 431),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: 1\r\n" * 1000 + b"\r\n", 431),
+        (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 431),
+        (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"T: 1\r\n" * 1000 + b"\r\n", 431),
+        (b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: " + b"1" * 5000 + b"\r\n\r\n", 431),
+        (b"GET /\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+        (b"GET / HTTP/9.9\r\nHost: x\r\n\r\n", 505),
+        (b"GET / HTTP/3.1\r\nHost: x\r\n\r\n", 505),
+        (b"GET / HTTP/10.0\r\nHost: x\r\n\r\n", 400),
+        (b"GET / HTTP/1.10\r\nHost: x\r\n\r\n", 400),
+        (b"GET / HTTP/x.1\r\nHost: x\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\nHost: x\n\n", 400),
+        (b"get / HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+        (b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
+        (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na", 400),
+        (b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400),
+    ],
+)
 @pytest.mark.parametrize("bytewise", [False, True])
 def test_request_parser_rejects(raw, status, bytewise):
     parser = RequestParser(max_header_bytes=4096)
     with pytest.raises(BadRequest) as info:
-        for piece in ([raw[i:i + 1] for i in range(len(raw))] if bytewise else [raw]):
+        for piece in [raw[i : i + 1] for i in range(len(raw))] if bytewise else [raw]:
             parser.receive_data(piece)
             _drain(parser)
     assert info.value.status == status
@@ -296,8 +329,14 @@ def test_request_parser_rejects(raw, status, bytewise):
         _drain(parser)
 
 
-@pytest.mark.parametrize("raw", [b"GET /ping HTT", b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab",
-                                 b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /ping HTT",
+        b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab",
+        b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+    ],
+)
 def test_request_parser_input_ending_inside_a_request(raw):
     parser = RequestParser()
     parser.receive_data(raw)
@@ -309,9 +348,15 @@ def test_request_parser_input_ending_inside_a_request(raw):
     assert info.value.status == 400
 
 
-@pytest.mark.parametrize("start", [b"GET / HTTP/1.1\r\nHost: x\r\nX: ", b"GET / HTTP/1.1\r\nHost: x\r\nX-",
-                                   b"GET /",
-                                   b"PUT / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: "])
+@pytest.mark.parametrize(
+    "start",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\nX: ",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-",
+        b"GET /",
+        b"PUT / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: ",
+    ],
+)
 def test_request_parser_refuses_an_unfinished_head_in_time(start):
     """A head that never ends is refused once it passes the limit, not when (if ever) it ends."""
     parser = RequestParser(max_header_bytes=4096)
@@ -332,7 +377,7 @@ def test_request_parser_head_limit_counts_each_request_alone():
         parser = RequestParser(max_header_bytes=len(one) + 16)
         heads = 0
         for start in range(0, len(data), size):
-            parser.receive_data(data[start:start + size])
+            parser.receive_data(data[start : start + size])
             heads += sum(isinstance(event, RequestHead) for event in _drain(parser))
         assert heads == 200
 
@@ -367,8 +412,14 @@ async def missing_arg(request):
 
 
 async def who(request):
-    return json_response({"remote": request.remote_address, "tls": request.tls, "x": request.headers.get("X-Test"),
-                          "version": request.http_version})
+    return json_response(
+        {
+            "remote": request.remote_address,
+            "tls": request.tls,
+            "x": request.headers.get("X-Test"),
+            "version": request.http_version,
+        }
+    )
 
 
 async def big(request):
@@ -386,6 +437,7 @@ LATER: list = []
 
 async def later(request):
     """Answers at once; after the answer, records what the client (``LATER[0]``, a socket) has already received."""
+
     def after() -> None:
         client = LATER[0]
         try:
@@ -394,6 +446,7 @@ async def later(request):
             received = b""
         LATER.append(received)
         logging.getLogger(LOGGER).info("later: done")
+
     request.after_answer(after)
     return text_response("answered")
 
@@ -419,8 +472,9 @@ def make_router() -> Router:
     router.add(["GET", "PUT"], "/config/:opt", config)
     router.add(["GET"], "/topics/:topic/:channel", echo_params)
     router.add(["GET"], "/query", query)
-    router.add(["POST"], "/pub", pub, access_log=False, max_body_bytes=10,
-               body_too_big=error_response(413, "MSG_TOO_BIG"))
+    router.add(
+        ["POST"], "/pub", pub, access_log=False, max_body_bytes=10, body_too_big=error_response(413, "MSG_TOO_BIG")
+    )
     router.add(["GET"], "/boom", boom)
     router.add(["GET"], "/missing", missing_arg)
     router.add(["GET"], "/who", who)
@@ -439,9 +493,16 @@ async def _empty():
 
 @pytest.fixture
 async def server(nursery):
-    http = HTTPServer(make_router(), logger=logging.getLogger(LOGGER), address="127.0.0.1:0",
-                      max_header_bytes=8192, max_body_bytes=lambda: 1000, idle_timeout=0.5, header_timeout=0.5,
-                      body_timeout=0.5)
+    http = HTTPServer(
+        make_router(),
+        logger=logging.getLogger(LOGGER),
+        address="127.0.0.1:0",
+        max_header_bytes=8192,
+        max_body_bytes=lambda: 1000,
+        idle_timeout=0.5,
+        header_timeout=0.5,
+        body_timeout=0.5,
+    )
     address = await nursery.start(http.run)
     assert address == f"127.0.0.1:{http.port}"
     return http
@@ -527,24 +588,30 @@ def without_date(raw: bytes) -> bytes:
 
 async def test_conventions_byte_exact(server):
     client = await Client.connect(server)
-    await client.send(get("/ping") + get("/json") + b"POST /topic/create HTTP/1.1\r\nHost: t\r\n\r\n"
-                      + get("/missing") + get("/nope"))
+    await client.send(
+        get("/ping") + get("/json") + b"POST /topic/create HTTP/1.1\r\nHost: t\r\n\r\n" + get("/missing") + get("/nope")
+    )
     assert without_date(await client.raw_response()) == (
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 2\r\n\r\nOK")
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 2\r\n\r\nOK"
+    )
     assert without_date(await client.raw_response()) == (
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
         b"X-Nsq-Content-Type: nsq; version=1.0\r\nContent-Length: 51\r\n\r\n"
-        b'{"topics":["a","b"],"n":1,"s":"\\u003c\\u0026\\u003e"}')
+        b'{"topics":["a","b"],"n":1,"s":"\\u003c\\u0026\\u003e"}'
+    )
     assert without_date(await client.raw_response()) == (
-        b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nContent-Length: 0\r\n\r\n")
+        b"HTTP/1.1 200 OK\r\nX-Nsq-Content-Type: nsq; version=1.0\r\nContent-Length: 0\r\n\r\n"
+    )
     assert without_date(await client.raw_response()) == (
         b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json; charset=utf-8\r\n"
         b"X-Nsq-Content-Type: nsq; version=1.0\r\nContent-Length: 31\r\n\r\n"
-        b'{"message":"MISSING_ARG_TOPIC"}')
+        b'{"message":"MISSING_ARG_TOPIC"}'
+    )
     assert without_date(await client.raw_response()) == (
         b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json; charset=utf-8\r\n"
         b"X-Nsq-Content-Type: nsq; version=1.0\r\nContent-Length: 23\r\n\r\n"
-        b'{"message":"NOT_FOUND"}')
+        b'{"message":"NOT_FOUND"}'
+    )
     await client.aclose()
 
 
@@ -557,9 +624,11 @@ async def test_routing(server):
     assert (status, body) == (200, b'{"opt":"log_level","method":"GET","body":""}')
 
     # wrong method: 405 with Allow listing the route's methods plus OPTIONS, sorted
-    await client.send(b"POST /ping HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n"
-                      + b"DELETE /config/x HTTP/1.1\r\nHost: t\r\n\r\n"
-                      + b"GET /topic/create HTTP/1.1\r\nHost: t\r\n\r\n")
+    await client.send(
+        b"POST /ping HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n"
+        + b"DELETE /config/x HTTP/1.1\r\nHost: t\r\n\r\n"
+        + b"GET /topic/create HTTP/1.1\r\nHost: t\r\n\r\n"
+    )
     for allow in ("GET, OPTIONS", "GET, OPTIONS, PUT", "OPTIONS, POST"):
         status, headers, body = await client.response()
         assert (status, headers["allow"], body) == (405, allow, b'{"message":"METHOD_NOT_ALLOWED"}')
@@ -583,12 +652,17 @@ async def test_head_and_redirects(server):
     await client.send(b"HEAD /json HTTP/1.1\r\nHost: t\r\n\r\n" + get("/ping"))
     status, headers, body = await client.response(head_only=True)
     assert (status, headers["content-length"], headers["content-type"], body) == (
-        200, "51", "application/json; charset=utf-8", b"")
+        200,
+        "51",
+        "application/json; charset=utf-8",
+        b"",
+    )
     assert (await client.response())[2] == b"OK"  # the HEAD answer carried no body
 
     # a trailing-slash mismatch or a mis-cased path redirects as httprouter does: 301 for GET, 307 otherwise
-    await client.send(get("/ping/?a=1") + get("/PING") + get("/config/x/")
-                      + b"POST /topic/create/ HTTP/1.1\r\nHost: t\r\n\r\n")
+    await client.send(
+        get("/ping/?a=1") + get("/PING") + get("/config/x/") + b"POST /topic/create/ HTTP/1.1\r\nHost: t\r\n\r\n"
+    )
     status, headers, body = await client.response()
     assert (status, headers["location"], body) == (301, "/ping?a=1", b'<a href="/ping?a=1">Moved Permanently</a>.\n\n')
     assert headers["content-type"] == "text/html; charset=utf-8"
@@ -603,8 +677,13 @@ async def test_head_and_redirects(server):
 
 async def test_query_strictness(server):
     client = await Client.connect(server)
-    await client.send(get("/query?topic=a&topic=b+c&ch=%23x&empty=") + get("/query?topic=%zz")
-                      + get("/query?topic=%ff") + get("/query?a=1;b=2") + get("/ping?topic=%zz"))
+    await client.send(
+        get("/query?topic=a&topic=b+c&ch=%23x&empty=")
+        + get("/query?topic=%zz")
+        + get("/query?topic=%ff")
+        + get("/query?a=1;b=2")
+        + get("/ping?topic=%zz")
+    )
     assert (await client.response())[2] == b'{"topic":["a","b c"],"ch":["#x"],"empty":[""]}'
     for _ in range(3):
         status, headers, body = await client.response()
@@ -723,7 +802,8 @@ async def test_request_fields(server):
     await client.send(get("/who", "X-Test: hello"))
     local = client.stream.socket.getsockname()
     assert (await client.response())[2] == (
-        f'{{"remote":"127.0.0.1:{local[1]}","tls":false,"x":"hello","version":"1.1"}}'.encode())
+        f'{{"remote":"127.0.0.1:{local[1]}","tls":false,"x":"hello","version":"1.1"}}'.encode()
+    )
     await client.aclose()
 
 
@@ -753,8 +833,10 @@ async def test_expect_100_continue(server):
 
 async def test_chunked_bodies(server):
     client = await Client.connect(server)
-    await client.send(b"PUT /config/x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      b"5\r\nhello\r\n1;name=v\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n" + get("/ping"))
+    await client.send(
+        b"PUT /config/x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n1;name=v\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n" + get("/ping")
+    )
     assert (await client.response())[2] == b'{"opt":"x","method":"PUT","body":"hello world"}'
     assert (await client.response())[2] == b"OK"
     # over the route's limit: cut off as soon as it passes it
@@ -776,8 +858,11 @@ async def test_body_limits(server):
         assert await client.is_closed()
     # at the limit is fine; the server-wide limit (a callable here) applies to routes without their own
     client = await Client.connect(server)
-    await client.send(b"POST /pub HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n0123456789"
-                      + b"PUT /config/x HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n" + b"a" * 1000)
+    await client.send(
+        b"POST /pub HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n0123456789"
+        + b"PUT /config/x HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n"
+        + b"a" * 1000
+    )
     assert (await client.response())[2] == b"OK"
     assert (await client.response())[0] == 200
     # a body sent at once with a too-big Content-Length: the answer still reaches the client
@@ -809,13 +894,16 @@ async def test_header_flood(server):
     assert await client.is_closed()
 
 
-@pytest.mark.parametrize("garbage", [
-    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)) + b"\r\n\r\n",  # a TLS hello
-    b"GET /ping\r\n\r\n",
-    b"GET /a b HTTP/1.1\r\nHost: t\r\n\r\n",
-    b"GET /%zz HTTP/1.1\r\nHost: t\r\n\r\n",
-    b"HELLO\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)) + b"\r\n\r\n",  # a TLS hello
+        b"GET /ping\r\n\r\n",
+        b"GET /a b HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET /%zz HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"HELLO\r\n\r\n",
+    ],
+)
 async def test_garbage_gets_400(server, garbage):
     client = await Client.connect(server)
     await client.send(get("/ping") + garbage)
@@ -828,21 +916,49 @@ async def test_garbage_gets_400(server, garbage):
 _REFUSAL_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
 
-@pytest.mark.parametrize(("request_bytes", "answer"), [
-    (b"GET /ping HTTP/1.1\r\nHost: t\r\nX: \x01\r\n\r\n", b"HTTP/1.1 400 Bad Request" + _REFUSAL_HEADERS + b"400 Bad Request"),
-    (b"GET /ping HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Bad Request: missing required Host header" + _REFUSAL_HEADERS
-     + b"400 Bad Request: missing required Host header"),
-    (b"GET /ping HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", b"HTTP/1.1 400 Bad Request: too many Host headers"
-     + _REFUSAL_HEADERS + b"400 Bad Request: too many Host headers"),
-    (b"GET /ping HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", b"HTTP/1.1 400 Bad Request: too many Host headers"
-     + _REFUSAL_HEADERS + b"400 Bad Request: too many Host headers"),
-    (b"GET /ping HTTP/2.0\r\nHost: t\r\n\r\n", b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version"
-     + _REFUSAL_HEADERS + b"505 HTTP Version Not Supported: unsupported protocol version"),
-    (b"GET /ping HTTP/9.9\r\nHost: t\r\n\r\n", b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version"
-     + _REFUSAL_HEADERS + b"505 HTTP Version Not Supported: unsupported protocol version"),
-    (b"POST /pub HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
-     b"HTTP/1.1 501 Not Implemented" + _REFUSAL_HEADERS + b"Unsupported transfer encoding"),
-])
+@pytest.mark.parametrize(
+    ("request_bytes", "answer"),
+    [
+        (
+            b"GET /ping HTTP/1.1\r\nHost: t\r\nX: \x01\r\n\r\n",
+            b"HTTP/1.1 400 Bad Request" + _REFUSAL_HEADERS + b"400 Bad Request",
+        ),
+        (
+            b"GET /ping HTTP/1.1\r\n\r\n",
+            b"HTTP/1.1 400 Bad Request: missing required Host header"
+            + _REFUSAL_HEADERS
+            + b"400 Bad Request: missing required Host header",
+        ),
+        (
+            b"GET /ping HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"HTTP/1.1 400 Bad Request: too many Host headers"
+            + _REFUSAL_HEADERS
+            + b"400 Bad Request: too many Host headers",
+        ),
+        (
+            b"GET /ping HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"HTTP/1.1 400 Bad Request: too many Host headers"
+            + _REFUSAL_HEADERS
+            + b"400 Bad Request: too many Host headers",
+        ),
+        (
+            b"GET /ping HTTP/2.0\r\nHost: t\r\n\r\n",
+            b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version"
+            + _REFUSAL_HEADERS
+            + b"505 HTTP Version Not Supported: unsupported protocol version",
+        ),
+        (
+            b"GET /ping HTTP/9.9\r\nHost: t\r\n\r\n",
+            b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version"
+            + _REFUSAL_HEADERS
+            + b"505 HTTP Version Not Supported: unsupported protocol version",
+        ),
+        (
+            b"POST /pub HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+            b"HTTP/1.1 501 Not Implemented" + _REFUSAL_HEADERS + b"Unsupported transfer encoding",
+        ),
+    ],
+)
 async def test_refusals_are_go_net_https_bytes_then_close(server, request_bytes, answer):
     # Go's net/http writes these itself: no Content-Length and no Date, the text runs to the close
     client = await Client.connect(server)
@@ -858,8 +974,9 @@ async def test_refusals_are_go_net_https_bytes_then_close(server, request_bytes,
 
 async def test_an_upgrade_is_answered_as_any_request_then_closed(server):
     client = await Client.connect(server)
-    await client.send(b"GET /ping HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
-                      + get("/ping"))
+    await client.send(
+        b"GET /ping HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" + get("/ping")
+    )
     answer_status, headers, answer_body = await client.response()
     assert (answer_status, headers["connection"], answer_body) == (200, "close", b"OK")
     assert await client.is_closed()
@@ -912,8 +1029,9 @@ async def test_handler_errors(server, caplog):
 async def test_access_log(server, caplog):
     caplog.set_level(logging.INFO, LOGGER)
     client = await Client.connect(server)
-    await client.send(get("/ping?x=1") + b"POST /pub?topic=t HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
-                      + get("/nope"))
+    await client.send(
+        get("/ping?x=1") + b"POST /pub?topic=t HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi" + get("/nope")
+    )
     for _ in range(3):
         await client.response()
     port = client.stream.socket.getsockname()[1]
@@ -957,8 +1075,11 @@ async def test_serve_http_on_given_listeners(nursery):
     port = listeners[0].socket.getsockname()[1]
     router = Router()
     router.add(["GET"], "/ping", ping)
-    started = await nursery.start(lambda task_status: serve_http(listeners, router, logger=logging.getLogger(LOGGER),
-                                                                 idle_timeout=1, task_status=task_status))
+    started = await nursery.start(
+        lambda task_status: serve_http(
+            listeners, router, logger=logging.getLogger(LOGGER), idle_timeout=1, task_status=task_status
+        )
+    )
     assert started == listeners
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     client = Client(stream)
@@ -979,12 +1100,17 @@ async def test_handlers_are_not_timed_out(server):
 async def test_tls(nursery, certs):
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_context.load_cert_chain(certs.server_cert, certs.server_key)
-    http = HTTPServer(make_router(), logger=logging.getLogger(LOGGER), address="127.0.0.1:0",
-                      ssl_context=server_context, name="HTTPS")
+    http = HTTPServer(
+        make_router(), logger=logging.getLogger(LOGGER), address="127.0.0.1:0", ssl_context=server_context, name="HTTPS"
+    )
     await nursery.start(http.run)
     client_context = certs.client_context()
-    stream = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", http.port), client_context,
-                            server_hostname="127.0.0.1", https_compatible=True)
+    stream = trio.SSLStream(
+        await trio.open_tcp_stream("127.0.0.1", http.port),
+        client_context,
+        server_hostname="127.0.0.1",
+        https_compatible=True,
+    )
     client = Client(stream)
     await client.send(get("/who") + get("/ping"))
     assert b'"tls":true' in (await client.response())[2]

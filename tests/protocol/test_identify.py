@@ -27,12 +27,26 @@ def error_of(obj, limits=LIMITS) -> bytes:
 
 
 def test_limits_defaults_are_nsqds():
-    assert LIMITS == IdentifyLimits(
-        max_rdy_count=2500, max_msg_timeout_ms=900000, msg_timeout_ms=60000, max_heartbeat_interval_ms=60000,
-        heartbeat_interval_ms=30000, output_buffer_size=16384, output_buffer_timeout_ms=250,
-        min_output_buffer_timeout_ms=25, max_output_buffer_timeout_ms=30000, max_output_buffer_size=65536,
-        tls_available=False, snappy_enabled=True, deflate_enabled=True, max_deflate_level=6, auth_required=False,
-        version="1.3.0",
+    assert (
+        IdentifyLimits(
+            max_rdy_count=2500,
+            max_msg_timeout_ms=900000,
+            msg_timeout_ms=60000,
+            max_heartbeat_interval_ms=60000,
+            heartbeat_interval_ms=30000,
+            output_buffer_size=16384,
+            output_buffer_timeout_ms=250,
+            min_output_buffer_timeout_ms=25,
+            max_output_buffer_timeout_ms=30000,
+            max_output_buffer_size=65536,
+            tls_available=False,
+            snappy_enabled=True,
+            deflate_enabled=True,
+            max_deflate_level=6,
+            auth_required=False,
+            version="1.3.0",
+        )
+        == LIMITS
     )
 
 
@@ -47,9 +61,19 @@ def test_without_feature_negotiation_the_answer_is_OK(obj):
 
 def test_defaults():
     assert identify({}) == IdentifyResult(
-        client_id=None, hostname=None, user_agent=None, feature_negotiation=False, heartbeat_interval_ms=30000,
-        output_buffer_size=16384, output_buffer_timeout_ms=250, tls=False, snappy=False, deflate=False,
-        deflate_level=6, sample_rate=0, msg_timeout_ms=60000,
+        client_id=None,
+        hostname=None,
+        user_agent=None,
+        feature_negotiation=False,
+        heartbeat_interval_ms=30000,
+        output_buffer_size=16384,
+        output_buffer_timeout_ms=250,
+        tls=False,
+        snappy=False,
+        deflate=False,
+        deflate_level=6,
+        sample_rate=0,
+        msg_timeout_ms=60000,
     )
 
 
@@ -109,13 +133,22 @@ def test_bounds(field, value, attribute, expected):
 
 def test_bounds_follow_the_limits():
     limits = IdentifyLimits(
-        max_heartbeat_interval_ms=2000, min_output_buffer_timeout_ms=1, max_output_buffer_timeout_ms=50,
-        max_output_buffer_size=100, max_msg_timeout_ms=5000, heartbeat_interval_ms=1500,
-        output_buffer_size=80, output_buffer_timeout_ms=10, msg_timeout_ms=3000,
+        max_heartbeat_interval_ms=2000,
+        min_output_buffer_timeout_ms=1,
+        max_output_buffer_timeout_ms=50,
+        max_output_buffer_size=100,
+        max_msg_timeout_ms=5000,
+        heartbeat_interval_ms=1500,
+        output_buffer_size=80,
+        output_buffer_timeout_ms=10,
+        msg_timeout_ms=3000,
     )
     r = identify({"output_buffer_timeout": 1}, limits)
     assert (r.heartbeat_interval_ms, r.output_buffer_size, r.output_buffer_timeout_ms, r.msg_timeout_ms) == (
-        1500, 80, 1, 3000
+        1500,
+        80,
+        1,
+        3000,
     )
     assert error_of({"heartbeat_interval": 2001}, limits) == b"E_BAD_BODY IDENTIFY heartbeat interval (2001) is invalid"
     assert error_of({"output_buffer_timeout": 51}, limits).endswith(b"(51) is invalid")
@@ -132,8 +165,13 @@ def test_unbuffered_output_also_disables_the_flush_timer():
     "obj, first",
     [
         (
-            {"msg_timeout": 1, "sample_rate": 100, "output_buffer_size": 1, "output_buffer_timeout": 1,
-             "heartbeat_interval": 1},
+            {
+                "msg_timeout": 1,
+                "sample_rate": 100,
+                "output_buffer_size": 1,
+                "output_buffer_timeout": 1,
+                "heartbeat_interval": 1,
+            },
             "heartbeat interval (1)",
         ),
         (
@@ -228,7 +266,7 @@ def test_keys_match_case_insensitively_like_go(key, attribute, value, expected):
 def test_strings_with_invalid_utf8_or_lone_surrogates_get_replacement_characters():
     assert identify(b'{"client_id":"a\xffb"}').client_id == "a\ufffdb"
     assert identify(b'{"client_id":"a\\ud800b"}').client_id == "a\ufffdb"
-    assert identify(b'{"client_id":"\\ud83d\\ude00"}').client_id == "\U0001F600"
+    assert identify(b'{"client_id":"\\ud83d\\ude00"}').client_id == "\U0001f600"
 
 
 def test_int_range_edges_decode():
@@ -296,8 +334,15 @@ def test_response_reports_effective_values_in_order():
         tls_available=True, auth_required=True, max_deflate_level=9, max_rdy_count=100, version="1.3.0-x&y"
     )
     r = nego(
-        limits, tls_v1=True, deflate=True, deflate_level=8, sample_rate=10, msg_timeout=5000,
-        output_buffer_size=-1, output_buffer_timeout=100, heartbeat_interval=-1,
+        limits,
+        tls_v1=True,
+        deflate=True,
+        deflate_level=8,
+        sample_rate=10,
+        msg_timeout=5000,
+        output_buffer_size=-1,
+        output_buffer_timeout=100,
+        heartbeat_interval=-1,
     )
     assert r.response(limits) == (
         b'{"max_rdy_count":100,"version":"1.3.0-x\\u0026y","max_msg_timeout":900000,"msg_timeout":5000,'

@@ -41,7 +41,7 @@ def test_layout_bytes_are_the_documented_ones():
     pos = RANGE_HEADER_SIZE
     assert struct.unpack_from(">5q", data, pos) == tuple(STAMPS)
     pos += 40
-    assert data[pos:pos + 80] == b"".join(IDS)
+    assert data[pos : pos + 80] == b"".join(IDS)
     pos += 80
     assert struct.unpack_from(">5I", data, pos) == tuple(map(len, BODIES))
     pos += 20
@@ -115,30 +115,40 @@ def test_command_lines():
     assert encode_lcommit("t", "c", 9) == b"LCOMMIT t c 9\n"
 
 
-@pytest.mark.parametrize("name,params,expected", [
-    (b"LOG", [b"t", b"c"], ("LOG", "t", "c", ())),
-    (b"LSEEK", [b"t", b"c", b"17"], ("LSEEK", "t", "c", (17,))),
-    (b"LREAD", [b"t", b"c", b"1", b"2"], ("LREAD", "t", "c", (1, 2, None))),
-    (b"LREAD", [b"t", b"c", b"1", b"2", b"3"], ("LREAD", "t", "c", (1, 2, 3))),
-    (b"LCOMMIT", [b"t", b"c", b"0"], ("LCOMMIT", "t", "c", (0,))),
-])
+@pytest.mark.parametrize(
+    "name,params,expected",
+    [
+        (b"LOG", [b"t", b"c"], ("LOG", "t", "c", ())),
+        (b"LSEEK", [b"t", b"c", b"17"], ("LSEEK", "t", "c", (17,))),
+        (b"LREAD", [b"t", b"c", b"1", b"2"], ("LREAD", "t", "c", (1, 2, None))),
+        (b"LREAD", [b"t", b"c", b"1", b"2", b"3"], ("LREAD", "t", "c", (1, 2, 3))),
+        (b"LCOMMIT", [b"t", b"c", b"0"], ("LCOMMIT", "t", "c", (0,))),
+    ],
+)
 def test_requests_parse(name, params, expected):
     assert tuple(parse_log_request(name, params)) == expected
 
 
-@pytest.mark.parametrize("name,params,code,text", [
-    (b"LOG", [b"t"], "E_INVALID", "LOG insufficient number of parameters"),
-    (b"LREAD", [b"t", b"c", b"1"], "E_INVALID", "LREAD insufficient number of parameters"),
-    (b"LOG", [b"t", b"c", b"x"], "E_INVALID", "LOG too many parameters"),
-    (b"LREAD", [b"t", b"c", b"-1", b"2"], "E_INVALID", "LREAD could not parse from -1"),
-    (b"LREAD", [b"t", b"c", b"1", b"9223372036854775808"], "E_INVALID",
-     "LREAD could not parse to 9223372036854775808"),
-    (b"LCOMMIT", [b"t", b"c", b""], "E_INVALID", "LCOMMIT could not parse offset "),
-    (b"LSEEK", [b"t", b"c", b"1e3"], "E_INVALID", "LSEEK could not parse timestamp 1e3"),
-    (b"LOG", [b"t!", b"c"], "E_BAD_TOPIC", 'LOG topic name "t!" is not valid'),
-    (b"LOG", [b"t", b"c c"], "E_BAD_CHANNEL", 'LOG channel name "c c" is not valid'),
-    (b"LOG", [b"t", b"c#ephemeral"], "E_INVALID", "LOG ephemeral topic or channel t:c#ephemeral cannot be a log"),
-])
+@pytest.mark.parametrize(
+    "name,params,code,text",
+    [
+        (b"LOG", [b"t"], "E_INVALID", "LOG insufficient number of parameters"),
+        (b"LREAD", [b"t", b"c", b"1"], "E_INVALID", "LREAD insufficient number of parameters"),
+        (b"LOG", [b"t", b"c", b"x"], "E_INVALID", "LOG too many parameters"),
+        (b"LREAD", [b"t", b"c", b"-1", b"2"], "E_INVALID", "LREAD could not parse from -1"),
+        (
+            b"LREAD",
+            [b"t", b"c", b"1", b"9223372036854775808"],
+            "E_INVALID",
+            "LREAD could not parse to 9223372036854775808",
+        ),
+        (b"LCOMMIT", [b"t", b"c", b""], "E_INVALID", "LCOMMIT could not parse offset "),
+        (b"LSEEK", [b"t", b"c", b"1e3"], "E_INVALID", "LSEEK could not parse timestamp 1e3"),
+        (b"LOG", [b"t!", b"c"], "E_BAD_TOPIC", 'LOG topic name "t!" is not valid'),
+        (b"LOG", [b"t", b"c c"], "E_BAD_CHANNEL", 'LOG channel name "c c" is not valid'),
+        (b"LOG", [b"t", b"c#ephemeral"], "E_INVALID", "LOG ephemeral topic or channel t:c#ephemeral cannot be a log"),
+    ],
+)
 def test_bad_requests(name, params, code, text):
     with pytest.raises(ProtocolError) as info:
         parse_log_request(name, params)

@@ -34,11 +34,11 @@ from protocol.lookup_v1 import (
 
 from .feeding import BYTEWISE, MODES, WHOLE, pieces
 
-PEER = {"broadcast_address": "10.0.0.5", "hostname": "host-a", "http_port": 4151, "tcp_port": 4150,
-        "version": "1.3.0"}
+PEER = {"broadcast_address": "10.0.0.5", "hostname": "host-a", "http_port": 4151, "tcp_port": 4150, "version": "1.3.0"}
 PEER_FIELDS = PeerFields("10.0.0.5", "host-a", 4150, 4151, "1.3.0")
-IDENTIFY_BODY = (b'{"broadcast_address":"10.0.0.5","hostname":"host-a","http_port":4151,"tcp_port":4150,'
-                 b'"version":"1.3.0"}')
+IDENTIFY_BODY = (
+    b'{"broadcast_address":"10.0.0.5","hostname":"host-a","http_port":4151,"tcp_port":4150,"version":"1.3.0"}'
+)
 IDENTIFY = b"IDENTIFY\n" + len(IDENTIFY_BODY).to_bytes(4, "big") + IDENTIFY_BODY
 
 
@@ -81,30 +81,57 @@ class Run:
 VALID = [
     pytest.param(b"PING\n", [Ping()], lambda: PING, id="PING"),
     pytest.param(IDENTIFY, [Identify(PEER_FIELDS)], lambda: encode_identify(**PEER), id="IDENTIFY"),
-    pytest.param(IDENTIFY + b"REGISTER events\n", [Identify(PEER_FIELDS), Register("events", "")],
-                 lambda: encode_identify(**PEER) + encode_register("events"), id="REGISTER-topic"),
-    pytest.param(IDENTIFY + b"REGISTER events archive#ephemeral\n",
-                 [Identify(PEER_FIELDS), Register("events", "archive#ephemeral")],
-                 lambda: encode_identify(**PEER) + encode_register("events", "archive#ephemeral"),
-                 id="REGISTER-channel"),
-    pytest.param(IDENTIFY + b"UNREGISTER events\nUNREGISTER events c\n",
-                 [Identify(PEER_FIELDS), Unregister("events", ""), Unregister("events", "c")],
-                 lambda: encode_identify(**PEER) + encode_unregister("events") + encode_unregister("events", "c"),
-                 id="UNREGISTER"),
-    pytest.param(b"PING\nPING\n" + IDENTIFY + b"PING\n", [Ping(), Ping(), Identify(PEER_FIELDS), Ping()],
-                 lambda: PING + PING + encode_identify(**PEER) + PING, id="PING-any-time"),
+    pytest.param(
+        IDENTIFY + b"REGISTER events\n",
+        [Identify(PEER_FIELDS), Register("events", "")],
+        lambda: encode_identify(**PEER) + encode_register("events"),
+        id="REGISTER-topic",
+    ),
+    pytest.param(
+        IDENTIFY + b"REGISTER events archive#ephemeral\n",
+        [Identify(PEER_FIELDS), Register("events", "archive#ephemeral")],
+        lambda: encode_identify(**PEER) + encode_register("events", "archive#ephemeral"),
+        id="REGISTER-channel",
+    ),
+    pytest.param(
+        IDENTIFY + b"UNREGISTER events\nUNREGISTER events c\n",
+        [Identify(PEER_FIELDS), Unregister("events", ""), Unregister("events", "c")],
+        lambda: encode_identify(**PEER) + encode_unregister("events") + encode_unregister("events", "c"),
+        id="UNREGISTER",
+    ),
+    pytest.param(
+        b"PING\nPING\n" + IDENTIFY + b"PING\n",
+        [Ping(), Ping(), Identify(PEER_FIELDS), Ping()],
+        lambda: PING + PING + encode_identify(**PEER) + PING,
+        id="PING-any-time",
+    ),
     # the line is trimmed (Go's TrimSpace) before it is split on single spaces
     pytest.param(b"  PING \r\n", [Ping()], None, id="trimmed"),
     pytest.param(b"PING extra words\n", [Ping()], None, id="PING-ignores-params"),
-    pytest.param(IDENTIFY + b"REGISTER t c extra\n", [Identify(PEER_FIELDS), Register("t", "c")], None,
-                 id="extra-params-ignored"),
-    pytest.param(b"IDENTIFY ignored\n" + size(len(IDENTIFY_BODY)) + IDENTIFY_BODY, [Identify(PEER_FIELDS)], None,
-                 id="IDENTIFY-params-ignored"),
-    pytest.param(identify_with(b'{"BROADCAST_ADDRESS":"h","Tcp_Port":1,"http_port":2,"version":"v","x":[1,{}]}'),
-                 [Identify(PeerFields("h", "", 1, 2, "v"))], None, id="IDENTIFY-keys-any-case-unknown-ignored"),
-    pytest.param(identify_with(b'{"broadcast_address":"a","broadcast_address":"b","tcp_port":1,"http_port":2,'
-                               b'"version":"v","hostname":null}'),
-                 [Identify(PeerFields("b", "", 1, 2, "v"))], None, id="IDENTIFY-last-key-wins-null-ignored"),
+    pytest.param(
+        IDENTIFY + b"REGISTER t c extra\n", [Identify(PEER_FIELDS), Register("t", "c")], None, id="extra-params-ignored"
+    ),
+    pytest.param(
+        b"IDENTIFY ignored\n" + size(len(IDENTIFY_BODY)) + IDENTIFY_BODY,
+        [Identify(PEER_FIELDS)],
+        None,
+        id="IDENTIFY-params-ignored",
+    ),
+    pytest.param(
+        identify_with(b'{"BROADCAST_ADDRESS":"h","Tcp_Port":1,"http_port":2,"version":"v","x":[1,{}]}'),
+        [Identify(PeerFields("h", "", 1, 2, "v"))],
+        None,
+        id="IDENTIFY-keys-any-case-unknown-ignored",
+    ),
+    pytest.param(
+        identify_with(
+            b'{"broadcast_address":"a","broadcast_address":"b","tcp_port":1,"http_port":2,'
+            b'"version":"v","hostname":null}'
+        ),
+        [Identify(PeerFields("b", "", 1, 2, "v"))],
+        None,
+        id="IDENTIFY-last-key-wins-null-ignored",
+    ),
 ]
 
 
@@ -144,38 +171,58 @@ ERRORS = [
     pytest.param(b"UNREGISTER t\n", b"E_INVALID client must IDENTIFY", id="UNREGISTER-before-IDENTIFY"),
     pytest.param(b"REGISTER bad!\n", b"E_INVALID client must IDENTIFY", id="IDENTIFY-checked-before-names"),
     pytest.param(IDENTIFY + b"REGISTER\n", b"E_INVALID REGISTER insufficient number of params", id="no-topic"),
-    pytest.param(IDENTIFY + b"UNREGISTER\n", b"E_INVALID UNREGISTER insufficient number of params",
-                 id="UNREGISTER-no-topic"),
-    pytest.param(IDENTIFY + b"REGISTER bad!topic\n", b"E_BAD_TOPIC REGISTER topic name 'bad!topic' is not valid",
-                 id="bad-topic"),
-    pytest.param(IDENTIFY + b"REGISTER  t\n", b"E_BAD_TOPIC REGISTER topic name '' is not valid",
-                 id="double-space-empty-topic"),
-    pytest.param(IDENTIFY + b"UNREGISTER t " + b"c" * 65 + b"\n",
-                 b"E_BAD_CHANNEL UNREGISTER channel name '" + b"c" * 65 + b"' is not valid", id="bad-channel"),
-    pytest.param(IDENTIFY + b"REGISTER t\xff c\n", b"E_BAD_TOPIC REGISTER topic name 't\xff' is not valid",
-                 id="raw-bytes-kept-in-error"),
+    pytest.param(
+        IDENTIFY + b"UNREGISTER\n", b"E_INVALID UNREGISTER insufficient number of params", id="UNREGISTER-no-topic"
+    ),
+    pytest.param(
+        IDENTIFY + b"REGISTER bad!topic\n", b"E_BAD_TOPIC REGISTER topic name 'bad!topic' is not valid", id="bad-topic"
+    ),
+    pytest.param(
+        IDENTIFY + b"REGISTER  t\n", b"E_BAD_TOPIC REGISTER topic name '' is not valid", id="double-space-empty-topic"
+    ),
+    pytest.param(
+        IDENTIFY + b"UNREGISTER t " + b"c" * 65 + b"\n",
+        b"E_BAD_CHANNEL UNREGISTER channel name '" + b"c" * 65 + b"' is not valid",
+        id="bad-channel",
+    ),
+    pytest.param(
+        IDENTIFY + b"REGISTER t\xff c\n",
+        b"E_BAD_TOPIC REGISTER topic name 't\xff' is not valid",
+        id="raw-bytes-kept-in-error",
+    ),
     pytest.param(IDENTIFY + IDENTIFY, b"E_INVALID cannot IDENTIFY again", id="IDENTIFY-twice"),
     pytest.param(IDENTIFY + b"IDENTIFY\n", b"E_INVALID cannot IDENTIFY again", id="IDENTIFY-twice-before-body"),
     pytest.param(identify_with(b"{not json"), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="bad-json"),
     pytest.param(identify_with(b""), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="empty-body"),
     pytest.param(identify_with(b"[1,2]"), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="json-array"),
-    pytest.param(identify_with(b'{"tcp_port":"4150"}'), b"E_BAD_BODY IDENTIFY failed to decode JSON body",
-                 id="port-as-string"),
-    pytest.param(identify_with(b'{"tcp_port":4150.5}'), b"E_BAD_BODY IDENTIFY failed to decode JSON body",
-                 id="port-as-float"),
-    pytest.param(identify_with(b'{"tcp_port":99999999999999999999999}'),
-                 b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="port-beyond-int64"),
-    pytest.param(identify_with(b'{"version":1}'), b"E_BAD_BODY IDENTIFY failed to decode JSON body",
-                 id="version-as-number"),
+    pytest.param(
+        identify_with(b'{"tcp_port":"4150"}'), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="port-as-string"
+    ),
+    pytest.param(
+        identify_with(b'{"tcp_port":4150.5}'), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="port-as-float"
+    ),
+    pytest.param(
+        identify_with(b'{"tcp_port":99999999999999999999999}'),
+        b"E_BAD_BODY IDENTIFY failed to decode JSON body",
+        id="port-beyond-int64",
+    ),
+    pytest.param(
+        identify_with(b'{"version":1}'), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="version-as-number"
+    ),
     pytest.param(identify_with(b'{"x":NaN}'), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="NaN"),
-    pytest.param(identify_with(b"[" * 100000), b"E_BAD_BODY IDENTIFY failed to decode JSON body",
-                 id="deep-nesting"),
+    pytest.param(identify_with(b"[" * 100000), b"E_BAD_BODY IDENTIFY failed to decode JSON body", id="deep-nesting"),
     pytest.param(identify_with(b"null"), b"E_BAD_BODY IDENTIFY missing fields", id="null"),
     pytest.param(identify_with(b"{}"), b"E_BAD_BODY IDENTIFY missing fields", id="empty-object"),
-    pytest.param(identify_with(json.dumps({**PEER, "http_port": 0}).encode()), b"E_BAD_BODY IDENTIFY missing fields",
-                 id="zero-http-port"),
-    pytest.param(identify_with(json.dumps({**PEER, "version": ""}).encode()), b"E_BAD_BODY IDENTIFY missing fields",
-                 id="empty-version"),
+    pytest.param(
+        identify_with(json.dumps({**PEER, "http_port": 0}).encode()),
+        b"E_BAD_BODY IDENTIFY missing fields",
+        id="zero-http-port",
+    ),
+    pytest.param(
+        identify_with(json.dumps({**PEER, "version": ""}).encode()),
+        b"E_BAD_BODY IDENTIFY missing fields",
+        id="empty-version",
+    ),
     pytest.param(b"IDENTIFY\n" + size(-1), b"E_BAD_BODY IDENTIFY failed to read body size", id="negative-size"),
     pytest.param(b"IDENTIFY\n" + size(0x7FFFFFFF), b"E_BAD_BODY IDENTIFY failed to read body", id="huge-size"),
 ]
@@ -212,11 +259,14 @@ def test_magic_alone_then_eof_closes():
     assert partial.end is CLOSED and partial.protocol.magic_pending
 
 
-@pytest.mark.parametrize("cut,text", [
-    (b"IDENTIFY\n", b"E_BAD_BODY IDENTIFY failed to read body size"),
-    (b"IDENTIFY\n\x00\x00", b"E_BAD_BODY IDENTIFY failed to read body size"),
-    (b"IDENTIFY\n" + size(10) + b"{}", b"E_BAD_BODY IDENTIFY failed to read body"),
-])
+@pytest.mark.parametrize(
+    "cut,text",
+    [
+        (b"IDENTIFY\n", b"E_BAD_BODY IDENTIFY failed to read body size"),
+        (b"IDENTIFY\n\x00\x00", b"E_BAD_BODY IDENTIFY failed to read body size"),
+        (b"IDENTIFY\n" + size(10) + b"{}", b"E_BAD_BODY IDENTIFY failed to read body"),
+    ],
+)
 def test_end_of_input_inside_identify(cut, text):
     result = Run(MAGIC_V1 + cut, WHOLE, eof=True)
     assert isinstance(result.error, ProtocolError)
@@ -260,8 +310,14 @@ def test_decode_peer_info_types():
     assert decode_peer_info(b'{"other":123456789012345678901234567890}') == {}
     assert decode_peer_info(b'{"hostname":"\xff"}') == {"hostname": "\ufffd"}
     assert decode_peer_info(b'{"TCP_PORT":1, "\xc5\xbftcp":2}') == {"tcp_port": 1}
-    for bad in (b'{"tcp_port":1e3}', b'{"tcp_port":true}', b'{"hostname":["x"]}', b'"text"', b'{"a":Infinity}',
-                b'{"a":1} x'):
+    for bad in (
+        b'{"tcp_port":1e3}',
+        b'{"tcp_port":true}',
+        b'{"hostname":["x"]}',
+        b'"text"',
+        b'{"a":Infinity}',
+        b'{"a":1} x',
+    ):
         with pytest.raises(ValueError):
             decode_peer_info(bad)
 
@@ -273,10 +329,12 @@ def test_encode_response():
 
 
 def test_identify_response_has_sorted_keys():
-    data = encode_identify_response(broadcast_address="lookup-1", hostname="h", http_port=4161, tcp_port=4160,
-                                    version="1.3.0")
-    assert data == (b'{"broadcast_address":"lookup-1","hostname":"h","http_port":4161,"tcp_port":4160,'
-                    b'"version":"1.3.0"}')
+    data = encode_identify_response(
+        broadcast_address="lookup-1", hostname="h", http_port=4161, tcp_port=4160, version="1.3.0"
+    )
+    assert data == (
+        b'{"broadcast_address":"lookup-1","hostname":"h","http_port":4161,"tcp_port":4160,"version":"1.3.0"}'
+    )
     assert parse_lookupd_info(data) == LookupdInfo(4160, 4161, "1.3.0", "lookup-1")
 
 

@@ -19,12 +19,20 @@ ID = b"0123456789abcdef"
 # (timestamp, attempts, id, body, encoding written out from the layout: ts(8) attempts(2) id(16) body)
 CASES = [
     pytest.param(
-        0x0102030405060708, 0x090A, ID, b"xyz",
-        bytes.fromhex("0102030405060708" "090a") + ID + b"xyz", id="fields-in-order",
+        0x0102030405060708,
+        0x090A,
+        ID,
+        b"xyz",
+        bytes.fromhex("0102030405060708090a") + ID + b"xyz",
+        id="fields-in-order",
     ),
     pytest.param(
-        1700000000123456789, 1, b"18a398c44e669000", b"hello",
-        bytes.fromhex("17979cfe3d85cd15" "0001") + b"18a398c44e669000hello", id="typical",
+        1700000000123456789,
+        1,
+        b"18a398c44e669000",
+        b"hello",
+        bytes.fromhex("17979cfe3d85cd150001") + b"18a398c44e669000hello",
+        id="typical",
     ),
     pytest.param(0, 0, ID, b"", bytes(10) + ID, id="zero-and-empty-body"),
     pytest.param(-1, 65535, ID, b"\x00\n", b"\xff" * 10 + ID + b"\x00\n", id="negative-ts-max-attempts"),
@@ -81,7 +89,7 @@ def test_default_attempts_and_subclass_with_more_slots():
 
     m = Delivery(ID, b"b", 5)
     assert m.attempts == 0
-    assert encode_message(m) == bytes.fromhex("0000000000000005" "0000") + ID + b"b"
+    assert encode_message(m) == bytes.fromhex("00000000000000050000") + ID + b"b"
     with pytest.raises(AttributeError):
         Message(ID, b"", 0).extra = 1  # slotted: no per-message dict
 

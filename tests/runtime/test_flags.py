@@ -98,8 +98,20 @@ def test_given_tracks_only_explicit_flags():
 
 def test_repeatable_lists():
     fs = make_flagset()
-    values = fs.parse(["--address", "a:1,b:2", "-address=c:3", "--peer=x:1, y:2", "-peer", "z:3",
-                       "-pct=0.5,0.99", "--pct", "0.75", "-pct=1.0"])
+    values = fs.parse(
+        [
+            "--address",
+            "a:1,b:2",
+            "-address=c:3",
+            "--peer=x:1, y:2",
+            "-peer",
+            "z:3",
+            "-pct=0.5,0.99",
+            "--pct",
+            "0.75",
+            "-pct=1.0",
+        ]
+    )
     assert values["addresses"] == ["a:1,b:2", "c:3"]  # Go's StringArray does not split
     assert values["peers"] == ["x:1", "y:2", "z:3"]
     assert values["pcts"] == [1.0, 0.99, 0.75, 0.5]  # FloatArray keeps them sorted descending
@@ -233,7 +245,7 @@ def test_usage_matches_go_layout():
     fs.add("file", "str", "", "read from `path`\nsecond line")
     assert fs.usage() == (
         "Usage of demo:\n"
-        "  -alpha string\n    \tquoted default (default \"a b\")\n"
+        '  -alpha string\n    \tquoted default (default "a b")\n'
         "  -beta duration\n    \ta duration (default 1m30s)\n"
         "  -delta\n    \ttrue default (default true)\n"
         "  -eps value\n    \ta list\n"
@@ -247,31 +259,78 @@ def test_usage_matches_go_layout():
 # --------------------------------------------------------------------------------------------
 # Go value syntax
 
-@pytest.mark.parametrize("text, value", [
-    ("0", 0), ("-0", 0), ("+7", 7), ("1_000", 1000), ("0x1F", 31), ("0X_1f", 31), ("0o17", 15), ("017", 15),
-    ("0b101", 5), ("0_7", 7), ("-9223372036854775808", -(1 << 63)), ("9223372036854775807", (1 << 63) - 1),
-])
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("0", 0),
+        ("-0", 0),
+        ("+7", 7),
+        ("1_000", 1000),
+        ("0x1F", 31),
+        ("0X_1f", 31),
+        ("0o17", 15),
+        ("017", 15),
+        ("0b101", 5),
+        ("0_7", 7),
+        ("-9223372036854775808", -(1 << 63)),
+        ("9223372036854775807", (1 << 63) - 1),
+    ],
+)
 def test_go_int(text, value):
     assert parse_go_int(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "+", "-", "08", "0x", "0b", "1__0", "_1", "1_", "0x_", " 1", "1 ", "1.0",
-                                  "٣", "9223372036854775808", "-9223372036854775809"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "+",
+        "-",
+        "08",
+        "0x",
+        "0b",
+        "1__0",
+        "_1",
+        "1_",
+        "0x_",
+        " 1",
+        "1 ",
+        "1.0",
+        "٣",
+        "9223372036854775808",
+        "-9223372036854775809",
+    ],
+)
 def test_go_int_rejects(text):
     with pytest.raises(ValueError):
         parse_go_int(text)
 
 
-@pytest.mark.parametrize("text, value", [
-    ("1", 1.0), ("-1.5", -1.5), (".5", 0.5), ("5.", 5.0), ("1e3", 1000.0), ("1E-2", 0.01), ("1_000.5", 1000.5),
-    ("0x1p-2", 0.25), ("0x1.8p1", 3.0), ("inf", math.inf), ("-Infinity", -math.inf), ("+INF", math.inf),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("1", 1.0),
+        ("-1.5", -1.5),
+        (".5", 0.5),
+        ("5.", 5.0),
+        ("1e3", 1000.0),
+        ("1E-2", 0.01),
+        ("1_000.5", 1000.5),
+        ("0x1p-2", 0.25),
+        ("0x1.8p1", 3.0),
+        ("inf", math.inf),
+        ("-Infinity", -math.inf),
+        ("+INF", math.inf),
+    ],
+)
 def test_go_float(text, value):
     assert parse_go_float(text) == value
 
 
-@pytest.mark.parametrize("text", ["", ".", "e5", "1e", "abc", " 1", "1 ", "0x1.8", "+nan", "infin", "1__0",
-                                  "1_.5", "1e400", "٣"])
+@pytest.mark.parametrize(
+    "text", ["", ".", "e5", "1e", "abc", " 1", "1 ", "0x1.8", "+nan", "infin", "1__0", "1_.5", "1e400", "٣"]
+)
 def test_go_float_rejects(text):
     with pytest.raises(ValueError):
         parse_go_float(text)
@@ -281,9 +340,23 @@ def test_go_float_nan():
     assert math.isnan(parse_go_float("NaN"))
 
 
-@pytest.mark.parametrize("text, value", [("1", True), ("t", True), ("T", True), ("TRUE", True), ("true", True),
-                                         ("True", True), ("0", False), ("f", False), ("F", False),
-                                         ("FALSE", False), ("false", False), ("False", False)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("1", True),
+        ("t", True),
+        ("T", True),
+        ("TRUE", True),
+        ("true", True),
+        ("True", True),
+        ("0", False),
+        ("f", False),
+        ("F", False),
+        ("FALSE", False),
+        ("false", False),
+        ("False", False),
+    ],
+)
 def test_go_bool(text, value):
     assert parse_go_bool(text) is value
 
@@ -294,9 +367,21 @@ def test_go_bool_rejects(text):
         parse_go_bool(text)
 
 
-@pytest.mark.parametrize("value, text", [(1.0, "1"), (0.99, "0.99"), (0.0, "0"), (1e-05, "1e-05"),
-                                         (0.0001, "0.0001"), (123456.0, "123456"), (1234567.0, "1.234567e+06"),
-                                         (1e21, "1e+21"), (-2.5, "-2.5"), (math.inf, "+Inf")])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (1.0, "1"),
+        (0.99, "0.99"),
+        (0.0, "0"),
+        (1e-05, "1e-05"),
+        (0.0001, "0.0001"),
+        (123456.0, "123456"),
+        (1234567.0, "1.234567e+06"),
+        (1e21, "1e+21"),
+        (-2.5, "-2.5"),
+        (math.inf, "+Inf"),
+    ],
+)
 def test_go_format_float(value, text):
     assert go_format_float(value) == text
 
@@ -311,12 +396,29 @@ def test_go_quote():
 # durations
 
 DURATION_CASES = [
-    ("0", 0), ("+0", 0), ("-0", 0), ("0s", 0), ("1ns", 1), ("1us", 1_000), ("1µs", 1_000), ("1μs", 1_000),
-    ("300ms", 300_000_000), ("1.5h", 5_400_000_000_000), ("2h45m", 9_900_000_000_000), ("-1.5s", -1_500_000_000),
-    ("+5s", 5_000_000_000), (".5s", 500_000_000), ("5.s", 5_000_000_000), ("1h2m3.5s", 3_723_500_000_000),
-    ("1.000000001s", 1_000_000_001), ("3m0.000000001s", 180_000_000_001), ("1.1ms1us", 1_101_000),
-    ("9223372036854775807ns", (1 << 63) - 1), ("-9223372036854775808ns", -(1 << 63)),
-    ("2562047h47m16.854775807s", (1 << 63) - 1), ("0.3333333333333333333h", 1_200_000_000_000),
+    ("0", 0),
+    ("+0", 0),
+    ("-0", 0),
+    ("0s", 0),
+    ("1ns", 1),
+    ("1us", 1_000),
+    ("1µs", 1_000),
+    ("1μs", 1_000),
+    ("300ms", 300_000_000),
+    ("1.5h", 5_400_000_000_000),
+    ("2h45m", 9_900_000_000_000),
+    ("-1.5s", -1_500_000_000),
+    ("+5s", 5_000_000_000),
+    (".5s", 500_000_000),
+    ("5.s", 5_000_000_000),
+    ("1h2m3.5s", 3_723_500_000_000),
+    ("1.000000001s", 1_000_000_001),
+    ("3m0.000000001s", 180_000_000_001),
+    ("1.1ms1us", 1_101_000),
+    ("9223372036854775807ns", (1 << 63) - 1),
+    ("-9223372036854775808ns", -(1 << 63)),
+    ("2562047h47m16.854775807s", (1 << 63) - 1),
+    ("0.3333333333333333333h", 1_200_000_000_000),
 ]
 
 
@@ -326,39 +428,60 @@ def test_parse_duration(text, ns):
     assert parse_duration(text) == ns / 1e9
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", 'time: invalid duration ""'),
-    ("-", 'time: invalid duration "-"'),
-    ("1", 'time: missing unit in duration "1"'),
-    ("1.5", 'time: missing unit in duration "1.5"'),
-    ("s", 'time: invalid duration "s"'),
-    (".s", 'time: invalid duration ".s"'),
-    ("1x", 'time: unknown unit "x" in duration "1x"'),
-    ("1 s", 'time: unknown unit " s" in duration "1 s"'),
-    ("1S", 'time: unknown unit "S" in duration "1S"'),
-    ("1h-5m", 'time: unknown unit "h-" in duration "1h-5m"'),
-    ("9223372036854775808ns", 'time: invalid duration "9223372036854775808ns"'),
-    ("3000000h", 'time: invalid duration "3000000h"'),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", 'time: invalid duration ""'),
+        ("-", 'time: invalid duration "-"'),
+        ("1", 'time: missing unit in duration "1"'),
+        ("1.5", 'time: missing unit in duration "1.5"'),
+        ("s", 'time: invalid duration "s"'),
+        (".s", 'time: invalid duration ".s"'),
+        ("1x", 'time: unknown unit "x" in duration "1x"'),
+        ("1 s", 'time: unknown unit " s" in duration "1 s"'),
+        ("1S", 'time: unknown unit "S" in duration "1S"'),
+        ("1h-5m", 'time: unknown unit "h-" in duration "1h-5m"'),
+        ("9223372036854775808ns", 'time: invalid duration "9223372036854775808ns"'),
+        ("3000000h", 'time: invalid duration "3000000h"'),
+    ],
+)
 def test_parse_duration_rejects(text, message):
     with pytest.raises(ValueError) as info:
         parse_duration_ns(text)
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize("ns, text", [
-    (0, "0s"), (1, "1ns"), (999, "999ns"), (1_000, "1µs"), (1_500, "1.5µs"), (25_000_000, "25ms"),
-    (250_000_000, "250ms"), (1_000_000_000, "1s"), (1_500_000_000, "1.5s"), (60_000_000_000, "1m0s"),
-    (90_000_000_000, "1m30s"), (3_600_000_000_000, "1h0m0s"), (9_900_000_000_000, "2h45m0s"),
-    (90_061_500_000_000, "25h1m1.5s"), (-1_500_000_000, "-1.5s"), (1_000_000_001, "1.000000001s"),
-    ((1 << 63) - 1, "2562047h47m16.854775807s"), (-(1 << 63), "-2562047h47m16.854775808s"),
-])
+@pytest.mark.parametrize(
+    "ns, text",
+    [
+        (0, "0s"),
+        (1, "1ns"),
+        (999, "999ns"),
+        (1_000, "1µs"),
+        (1_500, "1.5µs"),
+        (25_000_000, "25ms"),
+        (250_000_000, "250ms"),
+        (1_000_000_000, "1s"),
+        (1_500_000_000, "1.5s"),
+        (60_000_000_000, "1m0s"),
+        (90_000_000_000, "1m30s"),
+        (3_600_000_000_000, "1h0m0s"),
+        (9_900_000_000_000, "2h45m0s"),
+        (90_061_500_000_000, "25h1m1.5s"),
+        (-1_500_000_000, "-1.5s"),
+        (1_000_000_001, "1.000000001s"),
+        ((1 << 63) - 1, "2562047h47m16.854775807s"),
+        (-(1 << 63), "-2562047h47m16.854775808s"),
+    ],
+)
 def test_format_duration_ns(ns, text):
     assert format_duration_ns(ns) == text
 
 
-@pytest.mark.parametrize("seconds, text", [(60.0, "1m0s"), (0.25, "250ms"), (0.025, "25ms"), (900.0, "15m0s"),
-                                           (0.005, "5ms"), (2.0, "2s"), (0.1, "100ms")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(60.0, "1m0s"), (0.25, "250ms"), (0.025, "25ms"), (900.0, "15m0s"), (0.005, "5ms"), (2.0, "2s"), (0.1, "100ms")],
+)
 def test_format_duration_seconds(seconds, text):
     assert format_duration(seconds) == text
     assert parse_duration(text) == seconds
@@ -425,20 +548,23 @@ def test_config_coercion(key, raw, attr, value):
     assert fs.parse([], {key: raw})[attr] == value
 
 
-@pytest.mark.parametrize("key, raw", [
-    ("timeout", "1500"),  # a numeric string is not milliseconds: Go's ParseDuration needs a unit
-    ("timeout", 1.5),
-    ("timeout", True),
-    ("count", "0x10"),
-    ("count", 1.0),
-    ("count", True),
-    ("count", 1 << 64),
-    ("enabled", 1),
-    ("enabled", "yes"),
-    ("name", 5),
-    ("addresses", 5),
-    ("pct", "abc"),
-])
+@pytest.mark.parametrize(
+    "key, raw",
+    [
+        ("timeout", "1500"),  # a numeric string is not milliseconds: Go's ParseDuration needs a unit
+        ("timeout", 1.5),
+        ("timeout", True),
+        ("count", "0x10"),
+        ("count", 1.0),
+        ("count", True),
+        ("count", 1 << 64),
+        ("enabled", 1),
+        ("enabled", "yes"),
+        ("name", 5),
+        ("addresses", 5),
+        ("pct", "abc"),
+    ],
+)
 def test_config_coercion_errors(key, raw):
     fs = make_flagset()
     with pytest.raises(FlagError) as info:
@@ -454,8 +580,13 @@ def test_load_config(tmp_path):
     fs = make_flagset()
     values = fs.parse(["--config", str(path), "--count=5"])
     values = fs.resolve(load_config(values["config"]))
-    assert (values["name"], values["count"], values["timeout"], values["addresses"], values["node_id"]) == \
-        ("n", 5, 0.25, ["a:1"], 3)
+    assert (values["name"], values["count"], values["timeout"], values["addresses"], values["node_id"]) == (
+        "n",
+        5,
+        0.25,
+        ["a:1"],
+        3,
+    )
 
 
 def test_load_config_errors(tmp_path):

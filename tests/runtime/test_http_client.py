@@ -30,8 +30,9 @@ async def serve_once(nursery, answer: bytes) -> int:
 
 async def test_a_whole_answer():
     async with trio.open_nursery() as nursery:
-        port, seen = await serve_once(nursery, b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
-                                               b"Content-Length: 4\r\n\r\nnope")
+        port, seen = await serve_once(
+            nursery, b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nnope"
+        )
         reply = await fetch("GET", f"http://127.0.0.1:{port}/a?b=1", headers=[("Accept", "x/y")], **LIMITS)
         assert (reply.status, reply.headers["content-type"], reply.body) == (404, "text/plain", b"nope")
         head = seen[0].decode()
@@ -40,13 +41,18 @@ async def test_a_whole_answer():
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize(("answer", "reason"), [
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "peer closed connection without sending complete "
-                                                              "message body"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000, "response body over 1000 bytes"),
-    (b"garbage\r\n\r\n", "illegal status line"),
-    (b"", ": EOF"),
-])
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+            "peer closed connection without sending complete message body",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000, "response body over 1000 bytes"),
+        (b"garbage\r\n\r\n", "illegal status line"),
+        (b"", ": EOF"),
+    ],
+)
 async def test_answers_that_fail(answer, reason):
     async with trio.open_nursery() as nursery:
         port, _ = await serve_once(nursery, answer)
@@ -57,12 +63,15 @@ async def test_answers_that_fail(answer, reason):
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize(("url", "reason"), [
-    ("http://[::1/x", "Invalid IPv6 URL"),
-    ("http://127.0.0.1:99999/x", "Port out of range"),
-    ("ftp://127.0.0.1/x", "unsupported URL"),
-    ("127.0.0.1:4151", "unsupported URL"),
-])
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://[::1/x", "Invalid IPv6 URL"),
+        ("http://127.0.0.1:99999/x", "Port out of range"),
+        ("ftp://127.0.0.1/x", "unsupported URL"),
+        ("127.0.0.1:4151", "unsupported URL"),
+    ],
+)
 async def test_urls_that_cannot_be_used(url, reason):
     with pytest.raises(HTTPClientError) as info:
         await fetch("GET", url, **LIMITS)
@@ -73,8 +82,9 @@ async def test_refused_and_slow():
     with trio.socket.socket() as placeholder:
         await placeholder.bind(("127.0.0.1", 0))
         port = placeholder.getsockname()[1]
-    with pytest.raises(HTTPClientError, match=f"GET http://127.0.0.1:{port}/: dial tcp 127.0.0.1:{port}: connect: "
-                                              "connection refused"):
+    with pytest.raises(
+        HTTPClientError, match=f"GET http://127.0.0.1:{port}/: dial tcp 127.0.0.1:{port}: connect: connection refused"
+    ):
         await fetch("GET", f"http://127.0.0.1:{port}/", **LIMITS)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")  # accepted by the kernel, never answered
     url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/"

@@ -54,11 +54,15 @@ def logger_and_stream():
 
 def test_format_line_exact(utc):
     created = 1795262400.123456  # 2026-11-21 12:00:00.123456 UTC
-    assert format_line("[nsqd] ", "INFO", "TCP: listening on 127.0.0.1:4150", created) == \
-        "[nsqd] 2026/11/21 12:00:00.123456 INFO: TCP: listening on 127.0.0.1:4150"
+    assert (
+        format_line("[nsqd] ", "INFO", "TCP: listening on 127.0.0.1:4150", created)
+        == "[nsqd] 2026/11/21 12:00:00.123456 INFO: TCP: listening on 127.0.0.1:4150"
+    )
     assert format_line("", "FATAL", "x", 0.0000009) == "1970/01/01 00:00:00.000001 FATAL: x"
-    assert format_line("[nsqlookupd] ", "WARNING", "y", 86399.9999994) == \
-        "[nsqlookupd] 1970/01/01 23:59:59.999999 WARNING: y"
+    assert (
+        format_line("[nsqlookupd] ", "WARNING", "y", 86399.9999994)
+        == "[nsqlookupd] 1970/01/01 23:59:59.999999 WARNING: y"
+    )
 
 
 def test_lines_and_labels(logger_and_stream):
@@ -83,10 +87,20 @@ def test_child_loggers_use_the_same_handler(logger_and_stream):
     assert stream.getvalue().endswith(" INFO: from a child\n")
 
 
-@pytest.mark.parametrize("value, level", [
-    ("debug", DEBUG), ("INFO", INFO), ("Warn", WARN), ("error", ERROR), ("FATAL", FATAL), (" info\n", INFO),
-    (1, DEBUG), (5, FATAL), ("3", WARN),
-])
+@pytest.mark.parametrize(
+    "value, level",
+    [
+        ("debug", DEBUG),
+        ("INFO", INFO),
+        ("Warn", WARN),
+        ("error", ERROR),
+        ("FATAL", FATAL),
+        (" info\n", INFO),
+        (1, DEBUG),
+        (5, FATAL),
+        ("3", WARN),
+    ],
+)
 def test_parse_log_level(value, level):
     assert parse_log_level(value) == level
 
@@ -100,8 +114,13 @@ def test_parse_log_level_rejects(value):
 
 def test_level_conversions():
     assert [log_level_word(n) for n in range(1, 6)] == ["debug", "info", "warn", "error", "fatal"]
-    assert [to_logging_level(n) for n in range(1, 6)] == [logging.DEBUG, logging.INFO, logging.WARNING,
-                                                          logging.ERROR, logging.CRITICAL]
+    assert [to_logging_level(n) for n in range(1, 6)] == [
+        logging.DEBUG,
+        logging.INFO,
+        logging.WARNING,
+        logging.ERROR,
+        logging.CRITICAL,
+    ]
 
 
 def test_level_changes_at_run_time(logger_and_stream):

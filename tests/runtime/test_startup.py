@@ -56,19 +56,25 @@ def test_what_split_host_port_refuses_is_a_unix_socket(address, reason):
     assert is_unix_address(address)
 
 
-@pytest.mark.parametrize(("service", "port"), [("4150", 4150), ("", 0), ("0", 0), ("+80", 80), ("65535", 65535),
-                                                ("http", 80), ("00080", 80)])
+@pytest.mark.parametrize(
+    ("service", "port"), [("4150", 4150), ("", 0), ("0", 0), ("+80", 80), ("65535", 65535), ("http", 80), ("00080", 80)]
+)
 def test_resolve_port(service, port):
     assert resolve_port(service) == port
 
 
-@pytest.mark.parametrize(("service", "reason"), [("65536", "address 65536: invalid port"),
-                                                 ("-1", "address -1: invalid port"),
-                                                 ("99999999999999999999", "address 99999999999999999999: invalid port"),
-                                                 ("abc", "lookup tcp/abc: unknown port"),
-                                                 ("4150x", "lookup tcp/4150x: unknown port"),
-                                                 ("١٢", "lookup tcp/١٢: unknown port"),  # digits, not ASCII ones
-                                                 ("a\0b", "lookup tcp/a\0b: unknown port")])
+@pytest.mark.parametrize(
+    ("service", "reason"),
+    [
+        ("65536", "address 65536: invalid port"),
+        ("-1", "address -1: invalid port"),
+        ("99999999999999999999", "address 99999999999999999999: invalid port"),
+        ("abc", "lookup tcp/abc: unknown port"),
+        ("4150x", "lookup tcp/4150x: unknown port"),
+        ("١٢", "lookup tcp/١٢: unknown port"),  # digits, not ASCII ones
+        ("a\0b", "lookup tcp/a\0b: unknown port"),
+    ],
+)
 def test_resolve_port_refusals(service, reason):
     with pytest.raises(ValueError) as info:
         resolve_port(service)
@@ -109,13 +115,16 @@ def test_abstract_unix_socket_has_no_file():
         sock.close()
 
 
-@pytest.mark.parametrize(("address", "unix", "text"), [
-    ("127.0.0.1:99999", True, "listen tcp: address 99999: invalid port"),
-    ("/tmp/x.sock", False, "listen tcp: address /tmp/x.sock: missing port in address"),
-    ("/nonexistent/x.sock", True, "listen unix /nonexistent/x.sock: bind: no such file or directory"),
-    ("/tmp/" + "x" * 120, True, f"listen unix /tmp/{'x' * 120}: bind: invalid argument"),
-    ("/tmp/a\0b", True, "listen unix /tmp/a\0b: bind: invalid argument"),
-])
+@pytest.mark.parametrize(
+    ("address", "unix", "text"),
+    [
+        ("127.0.0.1:99999", True, "listen tcp: address 99999: invalid port"),
+        ("/tmp/x.sock", False, "listen tcp: address /tmp/x.sock: missing port in address"),
+        ("/nonexistent/x.sock", True, "listen unix /nonexistent/x.sock: bind: no such file or directory"),
+        ("/tmp/" + "x" * 120, True, f"listen unix /tmp/{'x' * 120}: bind: invalid argument"),
+        ("/tmp/a\0b", True, "listen unix /tmp/a\0b: bind: invalid argument"),
+    ],
+)
 def test_listen_errors_in_gos_words(address, unix, text):
     with pytest.raises(ListenError) as info:
         bind_address(address, unix=unix)
@@ -126,9 +135,8 @@ def test_bind_all_closes_what_it_bound_when_one_fails(tmp_path):
     path = str(tmp_path / "first.sock")
     with pytest.raises(ListenError):
         bind_all((path, True), ("127.0.0.1:99999", True))
-    with socket.socket(socket.AF_UNIX) as client:
-        with pytest.raises(ConnectionRefusedError):
-            client.connect(path)  # closed (the file goes when the daemon exits)
+    with socket.socket(socket.AF_UNIX) as client, pytest.raises(ConnectionRefusedError):
+        client.connect(path)  # closed (the file goes when the daemon exits)
     startup.remove_unix_sockets()
     off, any_port = bind_all((None, True), ("127.0.0.1:", False))
     assert off == [] and any_port[0].getsockname()[1] > 0  # None: a listener turned off; no port: any, as Go's

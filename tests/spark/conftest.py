@@ -13,13 +13,12 @@ import subprocess
 import sys
 import time
 import urllib.parse
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import NsqdProcess, RawClient, free_port
+from tests.integration.harness import NsqdProcess, RawClient
 
 
 def java_missing_reason() -> str | None:
@@ -53,8 +52,12 @@ SPARK_CONF = {
 def spark_env() -> dict[str, str]:
     """Environment for a Spark driver: its Python workers must be this interpreter (the one
     with spark_connector and pyarrow), and nothing may reach beyond loopback."""
-    return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost"}
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_HOSTNAME": "localhost",
+    }
 
 
 def build_session(master: str = "local[2]", conf: dict[str, str] | None = None):
@@ -73,7 +76,6 @@ def session_on(master: str, conf: dict[str, str] | None = None):
     """The SparkSession of this process on ``master``: one Spark context per process, so the
     session of another master (local mode, the test cluster) is stopped first."""
     from pyspark import SparkContext
-
     from pyspark.sql import SparkSession
 
     active = SparkContext._active_spark_context
@@ -135,7 +137,6 @@ def stop_cluster_session(cluster) -> None:
 def cluster_spark(cluster):
     """A session whose executors are the cluster's (their own JVMs and Python workers)."""
     return session_on(cluster.master_url, cluster.session_conf())
-
 
 
 @pytest.fixture
@@ -217,8 +218,9 @@ def wait_for_bodies(spark, path: Path, expected: set[bytes], timeout: float, que
             raise AssertionError(f"query failed: {query.exception()}")
         if time.monotonic() >= deadline:
             missing = sorted(expected - have)
-            raise AssertionError(f"{len(missing)} of {len(expected)} messages missing after {timeout}s, "
-                                 f"e.g. {missing[:5]}")
+            raise AssertionError(
+                f"{len(missing)} of {len(expected)} messages missing after {timeout}s, e.g. {missing[:5]}"
+            )
         time.sleep(0.5)
 
 
@@ -255,19 +257,29 @@ def topic_message_count(nsqd: NsqdProcess, topic: str) -> int:
     return sum(t["message_count"] for t in json.loads(body)["topics"] or [] if t["topic_name"] == topic)
 
 
-def consume_bodies(addresses: list[str], topic: str, wal: Path, count: int, timeout: float,
-                   expected: set[bytes] | None = None) -> list[bytes]:
+def consume_bodies(
+    addresses: list[str], topic: str, wal: Path, count: int, timeout: float, expected: set[bytes] | None = None
+) -> list[bytes]:
     """Consume ``topic`` from every nsqd (channel ``check``) with the connector's own consumer
     until ``count`` distinct messages (by nsqd and id) are in its log, and every body of
     ``expected`` if given; return their bodies."""
     from spark_connector.consumer import ConsumerGroup
     from spark_connector.options import SourceOptions
 
-    options = SourceOptions.parse({"nsqd.tcp.addresses": ",".join(addresses), "topic": topic, "channel": "check",
-                                   "walPath": str(wal), "maxInFlight": "5000", "dedupWindow": str(2 * count)})
+    options = SourceOptions.parse(
+        {
+            "nsqd.tcp.addresses": ",".join(addresses),
+            "topic": topic,
+            "channel": "check",
+            "walPath": str(wal),
+            "maxInFlight": "5000",
+            "dedupWindow": str(2 * count),
+        }
+    )
     group = ConsumerGroup(options)
     group.start()
     try:
+
         def logged() -> list[bytes] | None:
             if sum(m.synced_end for m in group.wal.snapshot().values()) < count:
                 return None

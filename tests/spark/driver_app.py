@@ -18,7 +18,7 @@ from tests.spark.conftest import build_session
 
 def main() -> int:
     address, topic, base = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    wal_name, ack_mode = (sys.argv[4:] + ["wal", "durable"][len(sys.argv[4:]):])[:2]
+    wal_name, ack_mode = (sys.argv[4:] + ["wal", "durable"][len(sys.argv[4:]) :])[:2]
     spark = build_session()
     import spark_connector
 

@@ -33,13 +33,20 @@ def launch(module: str, args: list[str], log_path: Path) -> subprocess.Popen:
     """``python -m MODULE ARGS`` in a process group of its own (so that SIGKILL takes its JVM and
     Python workers along), its output appended to ``log_path``."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
-                                env=dict(os.environ, **spark_env()), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=REPO_ROOT,
+            env=dict(os.environ, **spark_env()),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def kill_mid_batch(driver: subprocess.Popen, base: Path, log_path: Path, at_least: int, timeout: float) -> None:
     """Wait until batch ``at_least`` or a later one is under way, then SIGKILL the driver's group."""
+
     def under_way() -> bool:
         if driver.poll() is not None:
             raise AssertionError(f"the driver exited with {driver.returncode}: {log_path.read_text()[-3000:]}")

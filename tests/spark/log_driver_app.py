@@ -28,11 +28,14 @@ def main() -> int:
     reader = spark.readStream.format("nsq")
     for key, value in config["options"].items():
         reader = reader.option(key, str(value))
-    query = (reader.load().writeStream.format("parquet")
-             .option("path", str(base / "out"))
-             .option("checkpointLocation", str(base / "checkpoint"))
-             .trigger(processingTime=config.get("trigger", "200 milliseconds"))
-             .start())
+    query = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(base / "out"))
+        .option("checkpointLocation", str(base / "checkpoint"))
+        .trigger(processingTime=config.get("trigger", "200 milliseconds"))
+        .start()
+    )
     return run_until_stopped(spark, query, base)
 
 

@@ -17,8 +17,14 @@ class LookupdProcess(NsqdProcess):
 
     @property
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "lookupd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                "--broadcast-address=127.0.0.1"]
+        return [
+            sys.executable,
+            "-m",
+            "lookupd",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            "--broadcast-address=127.0.0.1",
+        ]
 
     @property
     def http_address(self) -> str:
@@ -46,8 +52,12 @@ def register_producer(lookupd: LookupdProcess, nsqd: NsqdProcess, topic: str, ch
     sock = socket.create_connection(lookupd.tcp, timeout=10)
     host, tcp_port = nsqd.tcp
     _, http_port = nsqd.http()
-    sock.sendall(b"  V1" + encode_identify(broadcast_address=host, hostname="localhost", http_port=http_port,
-                                           tcp_port=tcp_port, version="1.3.0"))
+    sock.sendall(
+        b"  V1"
+        + encode_identify(
+            broadcast_address=host, hostname="localhost", http_port=http_port, tcp_port=tcp_port, version="1.3.0"
+        )
+    )
     _read_response(sock)
     sock.sendall(encode_register(topic, channel))
     answer = _read_response(sock)

@@ -31,13 +31,19 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-
 def daemon_env() -> dict[str, str]:
     python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, SPARK_HOME=str(spark_home()), PYSPARK_PYTHON=sys.executable,
-                PYSPARK_DRIVER_PYTHON=sys.executable, PYTHONPATH=python_path, SPARK_LOCAL_IP="127.0.0.1",
-                SPARK_LOCAL_HOSTNAME="localhost", SPARK_NO_DAEMONIZE="1",
-                SPARK_DAEMON_MEMORY="256m")
+    return dict(
+        os.environ,
+        SPARK_HOME=str(spark_home()),
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYTHONPATH=python_path,
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOCAL_HOSTNAME="localhost",
+        SPARK_NO_DAEMONIZE="1",
+        SPARK_DAEMON_MEMORY="256m",
+    )
 
 
 class StandaloneCluster:
@@ -55,25 +61,55 @@ class StandaloneCluster:
 
     def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.base / f"{name}.log", "ab")
-        process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env or daemon_env(), stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            env=env or daemon_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.processes.append(process)
         return process
 
     def _spark_class(self, *args: str) -> list[str]:
         return [str(spark_home() / "bin" / "spark-class"), *args]
 
-    def start(self, timeout: float = 120) -> "StandaloneCluster":
+    def start(self, timeout: float = 120) -> StandaloneCluster:
         self.base.mkdir(parents=True, exist_ok=True)
-        self._launch("master", self._spark_class("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                                  "--port", str(self.port), "--webui-port", str(self.ui_port)))
+        self._launch(
+            "master",
+            self._spark_class(
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+            ),
+        )
         for n in range(self.workers):
             work = self.base / f"worker{n}"
             work.mkdir(exist_ok=True)
-            self._launch(f"worker{n}", self._spark_class(
-                "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                "--memory", WORKER_MEMORY, "--webui-port", str(free_port()), "--work-dir", str(work),
-                self.master_url))
+            self._launch(
+                f"worker{n}",
+                self._spark_class(
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    WORKER_MEMORY,
+                    "--webui-port",
+                    str(free_port()),
+                    "--work-dir",
+                    str(work),
+                    self.master_url,
+                ),
+            )
         deadline = time.monotonic() + timeout
         while self.alive_workers() < self.workers:
             for process in self.processes:
@@ -122,12 +158,26 @@ class StandaloneCluster:
     def start_connect_server(self, timeout: float = 180) -> str:
         """The Spark Connect server, an application of this cluster; returns its ``sc://`` URL."""
         self.connect_port = free_port()
-        conf = {**self.session_conf(), "spark.connect.grpc.binding.port": str(self.connect_port),
-                "spark.connect.grpc.binding.address": "127.0.0.1", "spark.driver.host": "127.0.0.1",
-                "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false", "spark.driver.memory": "768m"}
-        argv = self._spark_class("org.apache.spark.deploy.SparkSubmit", "--master", self.master_url,
-                                 "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-                                 "--name", "trionsq-connect", "--driver-memory", "768m")
+        conf = {
+            **self.session_conf(),
+            "spark.connect.grpc.binding.port": str(self.connect_port),
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.driver.memory": "768m",
+        }
+        argv = self._spark_class(
+            "org.apache.spark.deploy.SparkSubmit",
+            "--master",
+            self.master_url,
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--name",
+            "trionsq-connect",
+            "--driver-memory",
+            "768m",
+        )
         for key, value in conf.items():
             argv += ["--conf", f"{key}={value}"]
         argv.append("spark-internal")
@@ -154,7 +204,9 @@ class StandaloneCluster:
             _terminate([process])
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.base.glob("*.log")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.base.glob("*.log"))
+        )
 
     def stop(self) -> None:
         _terminate(list(reversed(self.processes)))

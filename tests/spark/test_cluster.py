@@ -49,7 +49,8 @@ def test_sink_fails_with_nsqd_error(cluster_spark, nsqd_at, topic):
 
 def test_sink_bad_row(cluster_spark, nsqd_at, topic):
     test_sink.test_bad_body_fails_with_position_and_reason(
-        cluster_spark, nsqd_at, topic, "CASE WHEN id = 7 THEN NULL ELSE 'b' END", "its body is null")
+        cluster_spark, nsqd_at, topic, "CASE WHEN id = 7 THEN NULL ELSE 'b' END", "its body is null"
+    )
 
 
 def test_sink_streaming_pipeline_restarted(cluster_spark, nsqd_at, tmp_path, topic):
@@ -75,8 +76,7 @@ def test_retried_task_counts_what_it_published_again(cluster_spark, nsqd_at, tmp
     metrics = tmp_path / "metrics.jsonl"
     cluster_spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
     try:
-        test_sink.write(frame, topic=topic, batchMessages=100, metricsPath=metrics,
-                        nsqd_tcp_addresses=nsqd.tcp_address)
+        test_sink.write(frame, topic=topic, batchMessages=100, metricsPath=metrics, nsqd_tcp_addresses=nsqd.tcp_address)
     finally:
         cluster_spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     [summary] = [json.loads(line) for line in metrics.read_text().splitlines()]

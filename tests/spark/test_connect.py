@@ -60,11 +60,11 @@ def remote(request):
         cluster.stop_connect_server()
 
 
-
 def test_batch_write_through_connect(remote, nsqd_at, tmp_path, topic):
     daemons = [nsqd_at(), nsqd_at()]
-    test_sink.write(test_sink.numbered(remote, 20_000, 2), topic=topic,
-                    nsqd_tcp_addresses=",".join(d.tcp_address for d in daemons))
+    test_sink.write(
+        test_sink.numbered(remote, 20_000, 2), topic=topic, nsqd_tcp_addresses=",".join(d.tcp_address for d in daemons)
+    )
     assert sum(topic_message_count(d, topic) for d in daemons) == 20_000
     found = consume_bodies([d.tcp_address for d in daemons], topic, tmp_path / "check", 20_000, 60)
     assert set(found) == {f"row-{i:07d}".encode() for i in range(20_000)}
@@ -76,8 +76,7 @@ def test_streaming_pipeline_through_connect(remote, nsqd_at, tmp_path, topic):
     out_topic = f"{topic}_out"
     first, second = bodies("c", 0, 1000), bodies("c", 1000, 2000)
     publish(nsqd, topic, first)
-    source = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxMessagesPerTrigger": 500,
-              "ackMode": "commit"}
+    source = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxMessagesPerTrigger": 500, "ackMode": "commit"}
     sink = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": out_topic}
     query = test_sink.start_pipeline(remote, tmp_path, source, sink)
     try:

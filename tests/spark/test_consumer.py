@@ -84,8 +84,11 @@ def test_durable_mode_fins_once_logged(tmp_path, nsqd, topic):
         assert [(p.nsqd, p.start, p.end) for p in parts] == [(nsqd.tcp_address, 0, 300)]
         assert partition_bodies(parts) == expected
         # Everything logged was FIN'd: nothing in flight, nothing queued.
-        wait_until(lambda: (s := channel_stats(nsqd, topic)) and s["in_flight_count"] == 0 and s["depth"] == 0,
-                   10, "nsqd to see every FIN")
+        wait_until(
+            lambda: (s := channel_stats(nsqd, topic)) and s["in_flight_count"] == 0 and s["depth"] == 0,
+            10,
+            "nsqd to see every FIN",
+        )
         limited = reader.latestOffset(start, ReadMaxRows(120))
         assert limited == {"version": 1, "positions": {nsqd.tcp_address: 120}}
     finally:
@@ -119,8 +122,11 @@ def test_commit_mode_touches_then_fins_at_commit_and_drops_redeliveries(tmp_path
         assert reader.latestOffset(start2, ReadAllAvailable()) == end
         assert consumer.stats.logged == 0
         reader.commit(end)
-        wait_until(lambda: (s := channel_stats(nsqd, topic)) and s["in_flight_count"] == 0 and s["depth"] == 0,
-                   10, "the FINs sent at commit")
+        wait_until(
+            lambda: (s := channel_stats(nsqd, topic)) and s["in_flight_count"] == 0 and s["depth"] == 0,
+            10,
+            "the FINs sent at commit",
+        )
         assert partition_bodies(reader.partitions(start2, end)) == expected
     finally:
         reader.stop()
@@ -128,8 +134,10 @@ def test_commit_mode_touches_then_fins_at_commit_and_drops_redeliveries(tmp_path
 
 def test_backlog_bound_pauses_delivery_until_commit(tmp_path, nsqd, topic):
     publish(nsqd, topic, bodies("b", 0, 400))
-    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
-                                      "maxBacklogMessages": 100, "maxInFlight": 10})
+    reader = make_reader(
+        tmp_path,
+        **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxBacklogMessages": 100, "maxInFlight": 10},
+    )
     try:
         start = reader.initialOffset()
         wait_for_total(reader, start, 100)
@@ -152,8 +160,9 @@ def test_backlog_bound_pauses_delivery_until_commit(tmp_path, nsqd, topic):
 
 def test_commit_deletes_covered_segments(tmp_path, nsqd, topic):
     publish(nsqd, topic, bodies("s", 0, 600))
-    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
-                                      "walSegmentBytes": 2000, "maxInFlight": 20})
+    reader = make_reader(
+        tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "walSegmentBytes": 2000, "maxInFlight": 20}
+    )
     try:
         start = reader.initialOffset()
         end = wait_for_total(reader, start, 600)
@@ -197,15 +206,18 @@ def test_checkpoint_ahead_of_the_log_is_a_clear_error(tmp_path, nsqd, topic):
         reader.stop()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lookupd") is None,
-                    reason="nsqlookupd (python -m lookupd) is not importable in this checkout yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("lookupd") is None,
+    reason="nsqlookupd (python -m lookupd) is not importable in this checkout yet",
+)
 def test_lookupd_discovery_gives_one_partition_per_nsqd(tmp_path, nsqd_factory, topic):
     from tests.spark.lookupd_helpers import LookupdProcess, register_producer
 
     lookupd = LookupdProcess(tmp_path / "lookupd").start()
     registrations = []
-    reader = make_reader(tmp_path, **{"lookupd.http.addresses": lookupd.http_address, "topic": topic,
-                                      "lookupd.pollIntervalMs": 100})
+    reader = make_reader(
+        tmp_path, **{"lookupd.http.addresses": lookupd.http_address, "topic": topic, "lookupd.pollIntervalMs": 100}
+    )
     try:
         start = reader.initialOffset()  # lookupd does not know the topic yet: no error, no partition
         assert reader.latestOffset(start, ReadAllAvailable()) == start
@@ -253,8 +265,12 @@ def test_connection_upgrades(tmp_path, nsqd_factory, topic, options, flags):
         reader.stop()
 
 
-AUTHORIZED = {"ttl": 3600, "identity": "spark-reader", "identity_url": "",
-              "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}]}
+AUTHORIZED = {
+    "ttl": 3600,
+    "identity": "spark-reader",
+    "identity_url": "",
+    "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}],
+}
 
 
 @pytest.fixture
@@ -278,8 +294,9 @@ def test_auth_secret_is_sent_when_nsqd_requires_it(tmp_path, auth_nsqd, topic):
         client.send(encode_auth(b"s3cret"))
         client.read_response()
         client.publish_many(topic, expected)
-    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": auth_nsqd.tcp_address, "topic": topic,
-                                      "auth.secret": "s3cret"})
+    reader = make_reader(
+        tmp_path, **{"nsqd.tcp.addresses": auth_nsqd.tcp_address, "topic": topic, "auth.secret": "s3cret"}
+    )
     try:
         start = reader.initialOffset()
         end = wait_for_total(reader, start, 100)
@@ -349,15 +366,29 @@ def test_frames_split_anywhere_are_parsed(tmp_path, topic, chunk):
     """Messages, a heartbeat and a non-fatal error, cut into writes of any size: every message is
     logged once with its fields, the heartbeat is answered, the copy of a message is dropped,
     and every message is FIN'd."""
-    messages = [(1_700_000_000_000_000_001, 1, b"0000000000000001", b"first"),
-                (1_700_000_000_000_000_002, 3, b"0000000000000002", b"x" * 70_000),
-                (1_700_000_000_000_000_003, 1, b"0000000000000003", b"")]
-    frames = [encode_frame(FRAME_TYPE_MESSAGE, struct.pack(">qH16s", ts, att, mid) + body)
-              for ts, att, mid, body in messages]
+    messages = [
+        (1_700_000_000_000_000_001, 1, b"0000000000000001", b"first"),
+        (1_700_000_000_000_000_002, 3, b"0000000000000002", b"x" * 70_000),
+        (1_700_000_000_000_000_003, 1, b"0000000000000003", b""),
+    ]
+    frames = [
+        encode_frame(FRAME_TYPE_MESSAGE, struct.pack(">qH16s", ts, att, mid) + body) for ts, att, mid, body in messages
+    ]
     # The copy of the first message comes once the first is FIN'd (logged), as nsqd's would.
-    script = [(b"RDY ", b"".join([frames[0], HEARTBEAT_FRAME, frames[1],
-                                  encode_frame(FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN 0000000000000009 failed")])),
-              (b"FIN 0000000000000002\n", frames[0] + frames[2])]
+    script = [
+        (
+            b"RDY ",
+            b"".join(
+                [
+                    frames[0],
+                    HEARTBEAT_FRAME,
+                    frames[1],
+                    encode_frame(FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN 0000000000000009 failed"),
+                ]
+            ),
+        ),
+        (b"FIN 0000000000000002\n", frames[0] + frames[2]),
+    ]
     received: list[bytes] = []
     done = threading.Event()
     address = _scripted_nsqd(script, chunk, received, done)
@@ -377,7 +408,8 @@ def test_frames_split_anywhere_are_parsed(tmp_path, topic, chunk):
         sent = received[0]
         assert b"NOP\n" in sent
         assert sorted(line for line in sent.split(b"\n") if line.startswith(b"FIN ")) == sorted(
-            [b"FIN " + mid for _, _, mid, _ in messages] + [b"FIN 0000000000000001"])
+            [b"FIN " + mid for _, _, mid, _ in messages] + [b"FIN 0000000000000001"]
+        )
     finally:
         done.set()
         reader.stop()

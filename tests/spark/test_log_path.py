@@ -45,8 +45,14 @@ DURABLE = ("--mem-queue-size=0", "--sync-every=1")
 
 
 def source_options(addresses, topic: str, **extra) -> SourceOptions:
-    return SourceOptions.parse({"nsqd.tcp.addresses": ",".join(addresses), "topic": topic, "channel": "spark",
-                                **{k: str(v) for k, v in extra.items()}})
+    return SourceOptions.parse(
+        {
+            "nsqd.tcp.addresses": ",".join(addresses),
+            "topic": topic,
+            "channel": "spark",
+            **{k: str(v) for k, v in extra.items()},
+        }
+    )
 
 
 def log_offsets(nsqd, topic: str, channel: str = "spark") -> dict:
@@ -68,8 +74,12 @@ def read_bodies(options: SourceOptions, partition: LogPartition) -> list[bytes]:
 
 def test_range_batch_matches_the_protocol_decoder_and_refuses_bad_frames():
     ids = [b"%016x" % i for i in range(6)]
-    columns = Columns.from_messages(ids, [1_700_000_000_000_000_000 + 1000 * i for i in range(6)], [0, 1, 2, 3, 4, 65535],
-                                    [b"a", b"", b"ccc", b"d" * 300, b"e", b"\x00\xff"])
+    columns = Columns.from_messages(
+        ids,
+        [1_700_000_000_000_000_000 + 1000 * i for i in range(6)],
+        [0, 1, 2, 3, 4, 65535],
+        [b"a", b"", b"ccc", b"d" * 300, b"e", b"\x00\xff"],
+    )
     data = encode_range(40, 50, [columns])
     first, count, batch = range_batch(data, "h:1", "t", "c")
     expected = list(decode_range(data).messages())
@@ -81,8 +91,13 @@ def test_range_batch_matches_the_protocol_decoder_and_refuses_bad_frames():
     assert set(batch.column("nsqd").to_pylist()) == {"h:1"}
     assert range_batch(encode_range(7, 7, []), "h:1", "t", "c")[2].num_rows == 0
     bad_id = data.replace(b"0000000000000002", b"\xff" * 16)
-    for broken, why in [(data[:-1], "adding up"), (data + b"x", "adding up"), (b"NLR2" + data[4:], "malformed"),
-                        (data[:20], "20 bytes"), (bad_id, "not text")]:
+    for broken, why in [
+        (data[:-1], "adding up"),
+        (data + b"x", "adding up"),
+        (b"NLR2" + data[4:], "malformed"),
+        (data[:20], "20 bytes"),
+        (bad_id, "not text"),
+    ]:
         with pytest.raises(Exception, match=why):
             range_batch(broken, "h:1", "t", "c")
 
@@ -121,8 +136,10 @@ def test_planner_offsets_partitions_and_commits(nsqd_factory, topic):
         planner.stop()
 
     def initial(**extra) -> dict:
-        p = LogPlanner(source_options([a.tcp_address, b.tcp_address], topic, **extra),
-                       probe(opts, [a.tcp_address, b.tcp_address])[0])
+        p = LogPlanner(
+            source_options([a.tcp_address, b.tcp_address], topic, **extra),
+            probe(opts, [a.tcp_address, b.tcp_address])[0],
+        )
         try:
             return p.initial_offset()["nsqd"]
         finally:
@@ -131,7 +148,9 @@ def test_planner_offsets_partitions_and_commits(nsqd_factory, topic):
     assert initial() == {a.tcp_address: 250, b.tcp_address: 100}  # committed
     assert initial(startingOffsets="latest") == {a.tcp_address: 450, b.tcp_address: 100}
     assert initial(startingOffsets=json.dumps({a.tcp_address: 260, b.tcp_address: -1})) == {
-        a.tcp_address: 260, b.tcp_address: 100}
+        a.tcp_address: 260,
+        b.tcp_address: 100,
+    }
     assert initial(startingTimestamp=int(time.time() * 1000) + 60_000) == {a.tcp_address: 450, b.tcp_address: 100}
     with pytest.raises(Exception, match=r"asks offset 9999 of nsqd .* whose log holds \[250, 450\)"):
         initial(startingOffsets=json.dumps({a.tcp_address: 9999}))
@@ -158,13 +177,25 @@ def test_a_start_resolved_again_before_the_first_commit(nsqd_factory, topic):
         finally:
             planner.stop()
 
-    first = {how: start(**extra) for how, extra in [
-        ("committed", {}), ("latest", {"startingOffsets": "latest"}),
-        ("fixed", {"startingOffsets": json.dumps({a.tcp_address: 40})}), ("timestamp", {"startingTimestamp": stamp})]}
+    first = {
+        how: start(**extra)
+        for how, extra in [
+            ("committed", {}),
+            ("latest", {"startingOffsets": "latest"}),
+            ("fixed", {"startingOffsets": json.dumps({a.tcp_address: 40})}),
+            ("timestamp", {"startingTimestamp": stamp}),
+        ]
+    }
     publish(a, topic, bodies("a", 100, 150))  # while the query is down, before its first commit
-    again = {how: start(**extra) for how, extra in [
-        ("committed", {}), ("latest", {"startingOffsets": "latest"}),
-        ("fixed", {"startingOffsets": json.dumps({a.tcp_address: 40})}), ("timestamp", {"startingTimestamp": stamp})]}
+    again = {
+        how: start(**extra)
+        for how, extra in [
+            ("committed", {}),
+            ("latest", {"startingOffsets": "latest"}),
+            ("fixed", {"startingOffsets": json.dumps({a.tcp_address: 40})}),
+            ("timestamp", {"startingTimestamp": stamp}),
+        ]
+    }
     assert first == {"committed": 0, "latest": 100, "fixed": 40, "timestamp": 100}
     assert again == {"committed": 0, "latest": 150, "fixed": 40, "timestamp": 100}
 
@@ -250,8 +281,9 @@ def test_an_nsqd_without_log_channels_gets_the_driver_path(nsqd_factory, topic):
         opts = source_options([proxy.address], topic)
         with pytest.raises(NoLogChannels, match="invalid command LOG"):
             LogNode(proxy.address, opts).offsets()
-        found, without = probe(source_options([nsqd.tcp_address, proxy.address], topic),
-                               [nsqd.tcp_address, proxy.address])
+        found, without = probe(
+            source_options([nsqd.tcp_address, proxy.address], topic), [nsqd.tcp_address, proxy.address]
+        )
         assert list(found) == [nsqd.tcp_address] and without == [proxy.address]
     finally:
         proxy.close()
@@ -264,11 +296,14 @@ def start_query(spark, base: Path, options: dict, trigger: str = "100 millisecon
     reader = spark.readStream.format("nsq")
     for key, value in {"channel": "spark", **options}.items():
         reader = reader.option(key, str(value))
-    return (reader.load().writeStream.format("parquet")
-            .option("path", str(base / "out"))
-            .option("checkpointLocation", str(base / "checkpoint"))
-            .trigger(processingTime=trigger)
-            .start())
+    return (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(base / "out"))
+        .option("checkpointLocation", str(base / "checkpoint"))
+        .trigger(processingTime=trigger)
+        .start()
+    )
 
 
 def wait_exactly_once(path: Path, expected: list[bytes], timeout: float, query=None) -> None:
@@ -293,18 +328,28 @@ def wait_exactly_once(path: Path, expected: list[bytes], timeout: float, query=N
 
 
 def test_cluster_backlog_and_live_messages_exactly_once_across_an_executor_kill(
-        cluster, cluster_spark, nsqd_factory, tmp_path, topic):
+    cluster, cluster_spark, nsqd_factory, tmp_path, topic
+):
     """Two nsqd; one holds a backlog in an ordinary channel before the query starts (LOG converts
     it). Batches of at most 600 messages in at least 4 tasks; an executor JVM is killed with
     SIGKILL while a batch runs, the worker starts another, Spark runs the lost tasks again."""
     a, b = nsqd_factory(), nsqd_factory()
     for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=spark"):
-        urllib.request.urlopen(urllib.request.Request("http://%s:%d%s" % (*a.http(), path), method="POST"),
-                               timeout=10).read()
+        urllib.request.urlopen(
+            urllib.request.Request("http://%s:%d%s" % (*a.http(), path), method="POST"), timeout=10
+        ).read()
     backlog = bodies("a", 0, 1500)
     publish(a, topic, backlog)
-    query = start_query(cluster_spark, tmp_path, {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}",
-                                                  "topic": topic, "maxOffsetsPerTrigger": 600, "minPartitions": 4})
+    query = start_query(
+        cluster_spark,
+        tmp_path,
+        {
+            "nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}",
+            "topic": topic,
+            "maxOffsetsPerTrigger": 600,
+            "minPartitions": 4,
+        },
+    )
     live = bodies("b", 0, 1500)
     try:
         wait_until(lambda: drivers.planned_not_committed(tmp_path, 1), 120, "a second batch under way", interval=0.01)
@@ -321,7 +366,8 @@ def test_cluster_backlog_and_live_messages_exactly_once_across_an_executor_kill(
 
 
 def test_cluster_nsqd_killed_in_durable_mode_and_stopped_exactly_once(
-        cluster_spark, nsqd_at, tmp_path, tmp_path_factory, topic):
+    cluster_spark, nsqd_at, tmp_path, tmp_path_factory, topic
+):
     """nsqd a (durable mode) dies with SIGKILL mid-stream and comes back on its data; then nsqd b is
     stopped (SIGTERM) and restarted. Tasks reading them dial again; the planner plans without the one
     that is away."""
@@ -331,8 +377,11 @@ def test_cluster_nsqd_killed_in_durable_mode_and_stopped_exactly_once(
     first = bodies("a", 0, 1000) + bodies("b", 0, 1000)
     publish(a, topic, first[:1000])
     publish(b, topic, first[1000:])
-    query = start_query(cluster_spark, tmp_path, {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}",
-                                                  "topic": topic, "maxOffsetsPerTrigger": 300})
+    query = start_query(
+        cluster_spark,
+        tmp_path,
+        {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}", "topic": topic, "maxOffsetsPerTrigger": 300},
+    )
     try:
         wait_until(lambda: drivers.planned_not_committed(tmp_path, 1), 120, "a second batch under way", interval=0.01)
         a.kill()
@@ -350,18 +399,23 @@ def test_cluster_nsqd_killed_in_durable_mode_and_stopped_exactly_once(
 
 
 def test_an_nsqd_without_log_channels_makes_the_query_take_the_driver_path(
-        cluster_spark, nsqd_factory, tmp_path, topic):
+    cluster_spark, nsqd_factory, tmp_path, topic
+):
     nsqd = nsqd_factory()
     proxy = NoLogProxy(nsqd.tcp)
     expected = bodies("d", 0, 600)
     publish(nsqd, topic, expected)
     try:
         with pytest.raises(Exception, match="readMode=log, but nsqd .* has no log channels"):
-            query = start_query(cluster_spark, tmp_path / "refused", {"nsqd.tcp.addresses": proxy.address,
-                                                                      "topic": topic, "readMode": "log"})
+            query = start_query(
+                cluster_spark,
+                tmp_path / "refused",
+                {"nsqd.tcp.addresses": proxy.address, "topic": topic, "readMode": "log"},
+            )
             query.awaitTermination(120)
-        query = start_query(cluster_spark, tmp_path, {"nsqd.tcp.addresses": proxy.address, "topic": topic,
-                                                      "walPath": tmp_path / "wal"})
+        query = start_query(
+            cluster_spark, tmp_path, {"nsqd.tcp.addresses": proxy.address, "topic": topic, "walPath": tmp_path / "wal"}
+        )
         try:
             wait_exactly_once(tmp_path / "out", expected, 120, query)
             assert json.loads(query.lastProgress["sources"][0]["endOffset"])["version"] == 1  # the driver path
@@ -382,10 +436,21 @@ def test_cluster_driver_killed_and_restarted_on_its_checkpoint(cluster, nsqd_fac
     expected = bodies("a", 0, 400) + bodies("b", 0, 400)
     publish(a, topic, expected[:400])
     publish(b, topic, expected[400:])
-    options = {"nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}", "topic": topic,
-               "maxOffsetsPerTrigger": 100, "walPath": "/nonexistent"}  # a walPath given anyway is unused
-    config = json.dumps({"master": cluster.master_url, "conf": cluster.session_conf(), "base": str(tmp_path),
-                         "options": {"channel": "spark", **options}, "trigger": "100 milliseconds"})
+    options = {
+        "nsqd.tcp.addresses": f"{a.tcp_address},{b.tcp_address}",
+        "topic": topic,
+        "maxOffsetsPerTrigger": 100,
+        "walPath": "/nonexistent",
+    }  # a walPath given anyway is unused
+    config = json.dumps(
+        {
+            "master": cluster.master_url,
+            "conf": cluster.session_conf(),
+            "base": str(tmp_path),
+            "options": {"channel": "spark", **options},
+            "trigger": "100 milliseconds",
+        }
+    )
     log_path = tmp_path / "driver.log"
     driver = drivers.launch("tests.spark.log_driver_app", [config], log_path)
     try:

@@ -62,8 +62,7 @@ def test_the_planner_and_a_task_skip_what_a_replica_adopted_and_count_it(nsqd_at
     try:
         start = planner.initial_offset()
         end = planner.latest_offset(start, None)
-        planner.commit(planner.latest_offset(start, None) | {"nsqd": {origin.tcp_address: 20,
-                                                                      replica.tcp_address: 0}})
+        planner.commit(planner.latest_offset(start, None) | {"nsqd": {origin.tcp_address: 20, replica.tcp_address: 0}})
         (part,) = [p for p in planner.partitions(start, end) if p.nsqd == origin.tcp_address]
         assert (part.lo, part.hi, part.others) == (0, 50, (replica.tcp_address,))
         origin.kill()
@@ -77,9 +76,19 @@ def test_the_planner_and_a_task_skip_what_a_replica_adopted_and_count_it(nsqd_at
         assert {p.nsqd for p in planner.partitions(end, following)} == {replica.tcp_address}
         # without the note (another query's view: no replica among its nsqd) the range is not given up
         with pytest.raises(Exception, match="did not answer"):
-            list(read_partition(SourceOptions.parse({"nsqd.tcp.addresses": origin.tcp_address, "topic": topic,
-                                                     "channel": "spark", "readRetryMs": 500}),
-                                LogPartition(origin.tcp_address, 20, 50)))
+            list(
+                read_partition(
+                    SourceOptions.parse(
+                        {
+                            "nsqd.tcp.addresses": origin.tcp_address,
+                            "topic": topic,
+                            "channel": "spark",
+                            "readRetryMs": 500,
+                        }
+                    ),
+                    LogPartition(origin.tcp_address, 20, 50),
+                )
+            )
         origin = restart()
         wait_until(lambda: replicating(origin), 40, "the origin back")
         # the returned origin handed [20, 50) over: the planner moves past it, counted, and fails on nothing
@@ -101,19 +110,29 @@ def parse(offset: dict) -> dict:
 
 
 def test_the_query_carries_on_across_a_takeover_and_the_origins_return(
-        cluster_spark, nsqd_at, tmp_path, tmp_path_factory, topic):
+    cluster_spark, nsqd_at, tmp_path, tmp_path_factory, topic
+):
     origin, replica, restart = pair(nsqd_at, tmp_path_factory, topic)
     first = bodies("o", 0, 600)
     publish(origin, topic, first)
     publish(replica, topic, bodies("r", 0, 200))
     reader = cluster_spark.readStream.format("nsq")
-    for key, value in {"nsqd.tcp.addresses": f"{origin.tcp_address},{replica.tcp_address}", "topic": topic,
-                       "channel": "spark", "maxOffsetsPerTrigger": PER_TRIGGER}.items():
+    for key, value in {
+        "nsqd.tcp.addresses": f"{origin.tcp_address},{replica.tcp_address}",
+        "topic": topic,
+        "channel": "spark",
+        "maxOffsetsPerTrigger": PER_TRIGGER,
+    }.items():
         reader = reader.option(key, str(value))
     out = tmp_path / "out"
-    query = (reader.load().writeStream.format("parquet").option("path", str(out))
-             .option("checkpointLocation", str(tmp_path / "checkpoint"))
-             .trigger(processingTime="100 milliseconds").start())
+    query = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
 
     def output(want: set[bytes]):
         if query.exception() is not None:
@@ -122,20 +141,32 @@ def test_the_query_carries_on_across_a_takeover_and_the_origins_return(
         return rows if want <= {bytes(r.body) for r in rows} else None
 
     try:
-        wait_until(lambda: sum(r.nsqd == origin.tcp_address for r in read_output(None, out)) >= PER_TRIGGER // 2,
-                   120, "batches read from the origin", interval=0.05)
+        wait_until(
+            lambda: sum(r.nsqd == origin.tcp_address for r in read_output(None, out)) >= PER_TRIGGER // 2,
+            120,
+            "batches read from the origin",
+            interval=0.05,
+        )
         origin.kill()  # SIGKILL, mid-stream
         replica.wait_for_log(r"REPLICATION: took over origin", timeout=30)
         publish(replica, topic, bodies("r", 200, 300))
-        wait_until(lambda: output(set(first) | set(bodies("r", 0, 300))), 90, "the origin's messages from the replica",
-                   interval=0.5)
+        wait_until(
+            lambda: output(set(first) | set(bodies("r", 0, 300))),
+            90,
+            "the origin's messages from the replica",
+            interval=0.5,
+        )
 
         origin = restart()  # back on its data: it drops what the replica adopted
         wait_until(lambda: replicating(origin), 40, "the origin replicating again")
         late = bodies("o", 600, 700)
         publish(origin, topic, late)
-        rows = wait_until(lambda: output(set(first) | set(bodies("r", 0, 300)) | set(late)), 90,
-                          "the returned origin's new messages", interval=0.5)
+        rows = wait_until(
+            lambda: output(set(first) | set(bodies("r", 0, 300)) | set(late)),
+            90,
+            "the returned origin's new messages",
+            interval=0.5,
+        )
     finally:
         query.stop()
     by_id = Counter(r.id for r in rows)
@@ -144,6 +175,7 @@ def test_the_query_carries_on_across_a_takeover_and_the_origins_return(
     # a duplicate was read from the origin and again, adopted, from the replica; at most what the query had
     # planned on the origin and not yet committed there when it died
     assert {frozenset(r.nsqd for r in rows if r.id == i) for i in twice} <= {
-        frozenset({origin.tcp_address, replica.tcp_address})}
+        frozenset({origin.tcp_address, replica.tcp_address})
+    }
     assert len(twice) <= 2 * PER_TRIGGER, len(twice)
     print(f"takeover: {len(rows)} rows, {len(by_id)} messages, {len(twice)} duplicates")

@@ -31,7 +31,9 @@ try:
 except ValueError as exc:
     print("REFUSED", exc)
 """
-_PARENT = "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]]).returncode)"
+_PARENT = (
+    "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]]).returncode)"
+)
 
 
 def placement_under_cluster_driver(options: dict) -> str:
@@ -42,8 +44,13 @@ def placement_under_cluster_driver(options: dict) -> str:
 
 
 def source_options(tmp_path, **extra) -> dict:
-    return {"nsqd.tcp.addresses": "127.0.0.1:4150", "topic": "t", "channel": "c", "walPath": str(tmp_path / "wal"),
-            **extra}
+    return {
+        "nsqd.tcp.addresses": "127.0.0.1:4150",
+        "topic": "t",
+        "channel": "c",
+        "walPath": str(tmp_path / "wal"),
+        **extra,
+    }
 
 
 def test_durable_mode_on_a_local_disk_is_refused_for_a_cluster_mode_driver(tmp_path):
@@ -77,8 +84,7 @@ def test_filesystem_of_a_path_that_does_not_exist_yet(tmp_path):
 
 def test_empty_wal_path_continues_from_the_checkpoint_in_commit_mode(tmp_path, nsqd_at, topic):
     nsqd = nsqd_at()
-    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
-                                      "ackMode": "commit"})
+    reader = make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "ackMode": "commit"})
     try:
         # Spark re-runs a batch [400, 500) the lost log held: nothing of it is here any more
         assert reader.partitions(make_offset({nsqd.tcp_address: 400}), make_offset({nsqd.tcp_address: 500})) == []

@@ -21,7 +21,6 @@ from tests.spark.conftest import (
 pytestmark = pytest.mark.timeout(300)
 
 
-
 def write(frame, **options):
     writer = frame.write.format("nsq").mode("append")
     for key, value in options.items():
@@ -32,8 +31,7 @@ def write(frame, **options):
 def numbered(spark, count: int, partitions: int, prefix: str = "row"):
     from pyspark.sql import functions as F
 
-    return spark.range(0, count, numPartitions=partitions).select(
-        F.format_string(f"{prefix}-%07d", "id").alias("body"))
+    return spark.range(0, count, numPartitions=partitions).select(F.format_string(f"{prefix}-%07d", "id").alias("body"))
 
 
 def metrics(path) -> list[dict]:
@@ -43,8 +41,12 @@ def metrics(path) -> list[dict]:
 def test_million_rows_land_exactly_once_across_two_nsqd(spark, nsqd_at, tmp_path, topic):
     daemons = [nsqd_at(), nsqd_at()]
     count = 1_000_000
-    write(numbered(spark, count, 4), topic=topic, metricsPath=tmp_path / "metrics.jsonl",
-          **{"nsqd_tcp_addresses": ",".join(d.tcp_address for d in daemons)})
+    write(
+        numbered(spark, count, 4),
+        topic=topic,
+        metricsPath=tmp_path / "metrics.jsonl",
+        **{"nsqd_tcp_addresses": ",".join(d.tcp_address for d in daemons)},
+    )
     per_nsqd = [topic_message_count(d, topic) for d in daemons]
     assert sum(per_nsqd) == count
     assert min(per_nsqd) >= count * 0.4, per_nsqd  # spread evenly
@@ -63,8 +65,7 @@ def test_rows_routed_by_their_topic_column(spark, nsqd_at, tmp_path, topic):
     names = [f"{topic}_a", f"{topic}_b", f"{topic}_c"]
     frame = spark.range(0, 3000, numPartitions=2).select(
         # every third row has no topic: the option's default (names[2]) applies
-        F.when(F.col("id") % 3 == 0, F.lit(names[0])).when(F.col("id") % 3 == 1, F.lit(names[1]))
-        .alias("topic"),
+        F.when(F.col("id") % 3 == 0, F.lit(names[0])).when(F.col("id") % 3 == 1, F.lit(names[1])).alias("topic"),
         F.format_string("r-%05d", "id").cast("binary").alias("body"),
         F.col("id"),  # ignored
     )
@@ -103,14 +104,19 @@ def test_deferred_rows_arrive_after_their_delay(spark, nsqd_at, topic):
             assert arrivals[body] >= delay_ms / 1000, (body, arrivals[body])
     # The immediate rows came before any deferred one.
     assert max(arrivals[f"d-{i:02d}".encode()] for i in range(1, 20, 2)) < min(
-        arrivals[f"d-{i:02d}".encode()] for i in range(0, 20, 2))
+        arrivals[f"d-{i:02d}".encode()] for i in range(0, 20, 2)
+    )
 
 
 def test_stopped_nsqd_is_skipped(spark, nsqd_at, tmp_path, topic):
     up, down = nsqd_at(), nsqd_at()
     down.stop()
-    write(numbered(spark, 5000, 2), topic=topic, connectTimeoutMs=2000,
-          nsqd_tcp_addresses=f"{down.tcp_address},{up.tcp_address}")
+    write(
+        numbered(spark, 5000, 2),
+        topic=topic,
+        connectTimeoutMs=2000,
+        nsqd_tcp_addresses=f"{down.tcp_address},{up.tcp_address}",
+    )
     assert topic_message_count(up, topic) == 5000
 
 
@@ -120,8 +126,13 @@ def test_refused_batch_is_retried_on_another_nsqd(spark, nsqd_at, tmp_path, topi
     small = nsqd_at(None, None, "--max-msg-size=100")
     large = nsqd_at()
     frame = numbered(spark, 4000, 2, prefix="x" * 150)
-    write(frame, topic=topic, batchMessages=100, metricsPath=tmp_path / "metrics.jsonl",
-          nsqd_tcp_addresses=f"{small.tcp_address},{large.tcp_address}")
+    write(
+        frame,
+        topic=topic,
+        batchMessages=100,
+        metricsPath=tmp_path / "metrics.jsonl",
+        nsqd_tcp_addresses=f"{small.tcp_address},{large.tcp_address}",
+    )
     assert topic_message_count(large, topic) == 4000
     assert topic_message_count(small, topic) == 0
     [summary] = metrics(tmp_path / "metrics.jsonl")
@@ -131,8 +142,11 @@ def test_refused_batch_is_retried_on_another_nsqd(spark, nsqd_at, tmp_path, topi
 def test_task_fails_with_nsqd_error_when_no_nsqd_takes_a_batch(spark, nsqd_at, topic):
     daemons = [nsqd_at(None, None, "--max-msg-size=100"), nsqd_at(None, None, "--max-msg-size=100")]
     with pytest.raises(Exception) as caught:
-        write(numbered(spark, 100, 1, prefix="x" * 150), topic=topic,
-              nsqd_tcp_addresses=",".join(d.tcp_address for d in daemons))
+        write(
+            numbered(spark, 100, 1, prefix="x" * 150),
+            topic=topic,
+            nsqd_tcp_addresses=",".join(d.tcp_address for d in daemons),
+        )
     message = str(caught.value)
     assert "no nsqd took 100 messages from row 0" in message
     for daemon in daemons:
@@ -166,13 +180,15 @@ def test_bad_body_fails_with_position_and_reason(spark, nsqd_at, topic, column, 
 def test_bad_topic_and_defer_fail_with_position_and_reason(spark, nsqd_at, topic):
     nsqd = nsqd_at()
     bad_topic = spark.range(0, 10, numPartitions=1).selectExpr(
-        "'b' AS body", f"CASE WHEN id = 4 THEN 'no/slash' ELSE '{topic}' END AS topic")
+        "'b' AS body", f"CASE WHEN id = 4 THEN 'no/slash' ELSE '{topic}' END AS topic"
+    )
     with pytest.raises(Exception) as caught:
         write(bad_topic, nsqd_tcp_addresses=nsqd.tcp_address)
     assert "row 4 of partition 0: topic 'no/slash' is not a valid NSQ topic name" in str(caught.value)
 
     no_topic = spark.range(0, 10, numPartitions=1).selectExpr(
-        "'b' AS body", f"CASE WHEN id = 5 THEN NULL ELSE '{topic}' END AS topic")
+        "'b' AS body", f"CASE WHEN id = 5 THEN NULL ELSE '{topic}' END AS topic"
+    )
     with pytest.raises(Exception) as caught:
         write(no_topic, nsqd_tcp_addresses=nsqd.tcp_address)
     assert "row 5 of partition 0: its topic is null and the topic option is not set" in str(caught.value)
@@ -193,8 +209,9 @@ def test_bad_schema_and_mode_fail_before_any_task(spark, nsqd_at, topic):
     assert "set the topic option or give the rows a topic column" in str(caught.value)
     with pytest.raises(Exception) as caught:
         frame.selectExpr("'b' AS body").write.format("nsq").mode("overwrite").option("topic", topic).option(
-            "nsqd.tcp.addresses", "127.0.0.1:1").save()
-    assert "use mode(\"append\")" in str(caught.value)
+            "nsqd.tcp.addresses", "127.0.0.1:1"
+        ).save()
+    assert 'use mode("append")' in str(caught.value)
 
 
 def start_pipeline(spark, base, source: dict, sink: dict):
@@ -222,8 +239,7 @@ def test_streaming_pipeline_restarted_mid_stream(spark, nsqd_at, tmp_path, topic
     sink = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": out_topic}
     query = start_pipeline(spark, tmp_path, source, sink)
     try:
-        wait_until(lambda: topic_message_count(nsqd, out_topic) >= 750, 120, "a batch published",
-                   interval=0.2)
+        wait_until(lambda: topic_message_count(nsqd, out_topic) >= 750, 120, "a batch published", interval=0.2)
         assert query.exception() is None
     finally:
         query.stop()
@@ -250,23 +266,32 @@ def test_nsqd_stopped_in_the_middle_of_a_write(spark, nsqd_at, tmp_path, tmp_pat
     stopped: list[int] = []
 
     def stop_after_first_batches():
-        wait_until(lambda: topic_message_count(stopping, topic) > 0, 120, "the first batches on the nsqd to stop",
-                   interval=0.01)
+        wait_until(
+            lambda: topic_message_count(stopping, topic) > 0,
+            120,
+            "the first batches on the nsqd to stop",
+            interval=0.01,
+        )
         stopped.append(stopping.stop())
 
     # Spark jobs run from the test's thread (a data source registered with the session is found there)
     stopper = threading.Thread(target=stop_after_first_batches, daemon=True)
     stopper.start()
-    write(numbered(spark, count, 2), topic=topic, metricsPath=tmp_path / "metrics.jsonl",
-          nsqd_tcp_addresses=f"{stopping.tcp_address},{staying.tcp_address}")
+    write(
+        numbered(spark, count, 2),
+        topic=topic,
+        metricsPath=tmp_path / "metrics.jsonl",
+        nsqd_tcp_addresses=f"{stopping.tcp_address},{staying.tcp_address}",
+    )
     stopper.join(130)
     assert stopped == [0]
     [summary] = metrics(tmp_path / "metrics.jsonl")
     assert summary["rows"] == count and summary["retried_commands"] >= 1
     restarted = nsqd_at(port, data)
     addresses = [restarted.tcp_address, staying.tcp_address]
-    found = consume_bodies(addresses, topic, tmp_path / "check", count, 120,
-                           {f"row-{i:07d}".encode() for i in range(count)})
+    found = consume_bodies(
+        addresses, topic, tmp_path / "check", count, 120, {f"row-{i:07d}".encode() for i in range(count)}
+    )
     assert len(found) >= count
 
 
@@ -309,11 +334,13 @@ def test_connection_upgrades_of_the_publisher(tmp_path, nsqd_at, topic, options)
     nsqd = nsqd_at(None, None, *certs.daemon_args())
     if options.get("tls"):
         options = {**options, "tls.caFile": str(certs.ca_file)}
-    sink = SinkOptions.parse({"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "batchMessages": "100",
-                              **options})
+    sink = SinkOptions.parse(
+        {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "batchMessages": "100", **options}
+    )
     expected = bodies("u", 0, 3000)
-    batches = [pa.record_batch([pa.array(expected[i : i + 1000], pa.binary())], names=["body"])
-               for i in range(0, 3000, 1000)]
+    batches = [
+        pa.record_batch([pa.array(expected[i : i + 1000], pa.binary())], names=["body"]) for i in range(0, 3000, 1000)
+    ]
     message = write_partition(sink, {"body": "body"}, iter(batches))
     assert (message.rows, message.messages, message.commands) == (3000, 3000, 30)
     assert topic_message_count(nsqd, topic) == 3000

@@ -29,7 +29,6 @@ from tests.spark.conftest import (
 pytestmark = pytest.mark.timeout(240)
 
 
-
 def start_query(spark, base: Path, options: dict[str, object], trigger: str = "300 milliseconds"):
     reader = spark.readStream.format("nsq")
     # the driver path: these tests are about its consumer and write-ahead log (test_log_path: the log path)
@@ -67,8 +66,14 @@ def test_query_stopped_and_restarted_mid_stream(spark, nsqd_at, tmp_path, topic)
     nsqd = nsqd_at()
     first, second = bodies("q", 0, 1000), bodies("q", 1000, 1500)
     publish(nsqd, topic, first)
-    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "ackMode": "commit",
-               "msgTimeoutMs": 2000, "maxMessagesPerTrigger": 250, "minPartitions": 3}
+    options = {
+        "nsqd.tcp.addresses": nsqd.tcp_address,
+        "topic": topic,
+        "ackMode": "commit",
+        "msgTimeoutMs": 2000,
+        "maxMessagesPerTrigger": 250,
+        "minPartitions": 3,
+    }
     query = start_query(spark, tmp_path, options)
     try:
         wait_until(lambda: committed_batches(tmp_path) >= 2, 120, "two committed batches")
@@ -102,8 +107,11 @@ def test_nsqd_restarted_mid_stream(spark, nsqd_at, tmp_path, tmp_path_factory, t
     nsqd = nsqd_at(port, data)
     first, second = bodies("r", 0, 600), bodies("r", 600, 1200)
     publish(nsqd, topic, first)
-    query = start_query(spark, tmp_path, {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic,
-                                          "maxMessagesPerTrigger": 200, "msgTimeoutMs": 2000})
+    query = start_query(
+        spark,
+        tmp_path,
+        {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxMessagesPerTrigger": 200, "msgTimeoutMs": 2000},
+    )
     try:
         wait_until(lambda: committed_batches(tmp_path) >= 1, 120, "a committed batch")
         assert nsqd.stop() == 0
@@ -137,8 +145,7 @@ def test_unreachable_nsqd_fails_the_query_clearly(spark, tmp_path, topic):
     from pyspark.errors import StreamingQueryException
 
     address = f"127.0.0.1:{free_port()}"
-    query = start_query(spark, tmp_path, {"nsqd.tcp.addresses": address, "topic": topic,
-                                          "connectTimeoutMs": 1000})
+    query = start_query(spark, tmp_path, {"nsqd.tcp.addresses": address, "topic": topic, "connectTimeoutMs": 1000})
     try:
         with pytest.raises(StreamingQueryException) as caught:
             query.awaitTermination(120)
@@ -156,8 +163,10 @@ def test_bad_options_fail_at_load(spark, tmp_path):
     assert "option walPath is required with readMode=driver" in str(caught.value)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lookupd") is None,
-                    reason="nsqlookupd (python -m lookupd) is not importable in this checkout yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("lookupd") is None,
+    reason="nsqlookupd (python -m lookupd) is not importable in this checkout yet",
+)
 def test_two_nsqd_found_through_lookupd(spark, nsqd_at, tmp_path, topic):
     """Both nsqd register with lookupd themselves (--lookupd-tcp-address) when the topic is created."""
     from tests.spark.lookupd_helpers import LookupdProcess
@@ -178,8 +187,11 @@ def test_two_nsqd_found_through_lookupd(spark, nsqd_at, tmp_path, topic):
             return status == 200 and len(json.loads(body)["producers"]) == 2
 
         wait_until(both_registered, 30, "both nsqd to register the topic with lookupd", interval=0.2)
-        query = start_query(spark, tmp_path, {"lookupd.http.addresses": lookupd.http_address, "topic": topic,
-                                              "lookupd.pollIntervalMs": 500})
+        query = start_query(
+            spark,
+            tmp_path,
+            {"lookupd.http.addresses": lookupd.http_address, "topic": topic, "lookupd.pollIntervalMs": 500},
+        )
         try:
             rows = wait_for_bodies(spark, tmp_path / "out", expected, 150, query)
         finally:

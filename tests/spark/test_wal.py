@@ -24,8 +24,12 @@ def make_log(path: Path, segment_bytes: int = 1 << 20, dedup_window: int = 1000)
 
 def append(mlog: MessageLog, start: int, count: int) -> None:
     ids = [b"%016x" % i for i in range(start, start + count)]
-    mlog.append(ids, [1_700_000_000_000_000_000 + i for i in range(start, start + count)],
-                [1] * count, [b"body-%d" % i for i in range(start, start + count)])
+    mlog.append(
+        ids,
+        [1_700_000_000_000_000_000 + i for i in range(start, start + count)],
+        [1] * count,
+        [b"body-%d" % i for i in range(start, start + count)],
+    )
     mlog.sync()
 
 
@@ -66,7 +70,9 @@ def test_unsynced_appends_are_not_readable(tmp_path):
     assert bodies_of(mlog.read(0, 1)) == [b"x"]
 
 
-@pytest.mark.parametrize("tail", [b"\x00\x00", struct.pack(">II", 500, 7) + b"\x0a\x03abc", struct.pack(">II", 3, 0) + b"abc"])
+@pytest.mark.parametrize(
+    "tail", [b"\x00\x00", struct.pack(">II", 500, 7) + b"\x0a\x03abc", struct.pack(">II", 3, 0) + b"abc"]
+)
 def test_torn_tail_is_cut_and_appends_continue(tmp_path, tail):
     mlog = make_log(tmp_path)
     append(mlog, 0, 4)
@@ -225,7 +231,9 @@ def test_partition_becomes_arrow_batches(tmp_path):
 def test_generated_module_matches_wal_proto():
     """wal_pb2.py is committed; it must describe the fields wal.proto declares (`make spark-proto`)."""
     proto = (Path(importlib.import_module("spark_connector").__file__).parent / "wal.proto").read_text()
-    declared = {name: int(number) for name, number in re.findall(r"^\s*(?:repeated\s+)?\w+\s+(\w+)\s*=\s*(\d+);", proto, re.M)}
+    declared = {
+        name: int(number) for name, number in re.findall(r"^\s*(?:repeated\s+)?\w+\s+(\w+)\s*=\s*(\d+);", proto, re.M)
+    }
     generated = {f.name: f.number for f in wal_pb2.Batch.DESCRIPTOR.fields}
     assert generated == declared
 
@@ -242,17 +250,37 @@ def test_options_are_checked_together():
     from spark_connector.options import SourceOptions
 
     with pytest.raises(ValueError) as caught:
-        SourceOptions.parse({"nsqd.tcp.addresses": "nohost", "topic": "bad topic!", "ackMode": "later",
-                             "readMode": "driver",
-                             "maxMessagesPerTrigger": "0", "snappy": "true", "deflate": "true"})
+        SourceOptions.parse(
+            {
+                "nsqd.tcp.addresses": "nohost",
+                "topic": "bad topic!",
+                "ackMode": "later",
+                "readMode": "driver",
+                "maxMessagesPerTrigger": "0",
+                "snappy": "true",
+                "deflate": "true",
+            }
+        )
     text = str(caught.value)
-    for fragment in ("'nohost' is not host:port", "not a valid NSQ topic name", "option channel is required",
-                     "option walPath is required with readMode=driver", "ackMode='later'",
-                     "maxMessagesPerTrigger=0 must be at least 1",
-                     "snappy and deflate are exclusive"):
+    for fragment in (
+        "'nohost' is not host:port",
+        "not a valid NSQ topic name",
+        "option channel is required",
+        "option walPath is required with readMode=driver",
+        "ackMode='later'",
+        "maxMessagesPerTrigger=0 must be at least 1",
+        "snappy and deflate are exclusive",
+    ):
         assert fragment in text
-    parsed = SourceOptions.parse({"NSQD.TCP.ADDRESSES": "127.0.0.1:4150, 127.0.0.2:4150", "Topic": "t",
-                                  "channel": "c#ephemeral", "walpath": "/tmp/w", "maxInFlight": "10"})
+    parsed = SourceOptions.parse(
+        {
+            "NSQD.TCP.ADDRESSES": "127.0.0.1:4150, 127.0.0.2:4150",
+            "Topic": "t",
+            "channel": "c#ephemeral",
+            "walpath": "/tmp/w",
+            "maxInFlight": "10",
+        }
+    )
     assert parsed.nsqd_addresses == ("127.0.0.1:4150", "127.0.0.2:4150")
     assert (parsed.ack_mode, parsed.max_in_flight, parsed.max_messages_per_trigger) == ("durable", 10, None)
 
@@ -277,11 +305,20 @@ def test_logs_of_the_repeated_layout_are_replayed(tmp_path):
     """A log written with one varint per message and field is read back, and appends continue
     after it in the packed layout."""
     tmp_path.mkdir(exist_ok=True)
-    payload = wal_pb2.Batch(first_position=0, nsqd="127.0.0.1:4150", topic="t", channel="c",
-                            ids=b"".join(b"%016x" % i for i in range(3)), timestamps=[10, 11, 12],
-                            attempts=[1, 2, 3], body_sizes=[1, 2, 3], bodies=b"abbccc").SerializeToString()
+    payload = wal_pb2.Batch(
+        first_position=0,
+        nsqd="127.0.0.1:4150",
+        topic="t",
+        channel="c",
+        ids=b"".join(b"%016x" % i for i in range(3)),
+        timestamps=[10, 11, 12],
+        attempts=[1, 2, 3],
+        body_sizes=[1, 2, 3],
+        bodies=b"abbccc",
+    ).SerializeToString()
     (tmp_path / f"{0:020d}{SEGMENT_SUFFIX}").write_bytes(
-        b"TNSQWAL1" + struct.pack(">II", len(payload), zlib.crc32(payload)) + payload)
+        b"TNSQWAL1" + struct.pack(">II", len(payload), zlib.crc32(payload)) + payload
+    )
     mlog = make_log(tmp_path)
     assert (mlog.end, mlog.truncated_bytes) == (3, 0)
     assert mlog.position_of(b"%016x" % 2) == 2
@@ -296,9 +333,17 @@ def test_record_with_columns_of_different_lengths_is_undecodable(tmp_path):
     mlog = make_log(tmp_path)
     append(mlog, 0, 2)
     mlog.close()
-    payload = wal_pb2.Batch(first_position=2, nsqd="127.0.0.1:4150", topic="t", channel="c",
-                            ids=b"%016x" % 2, timestamps_le=struct.pack("<2q", 1, 2), attempts_le=b"\x01\x00",
-                            body_sizes_le=b"\x01\x00\x00\x00", bodies=b"x").SerializeToString()
+    payload = wal_pb2.Batch(
+        first_position=2,
+        nsqd="127.0.0.1:4150",
+        topic="t",
+        channel="c",
+        ids=b"%016x" % 2,
+        timestamps_le=struct.pack("<2q", 1, 2),
+        attempts_le=b"\x01\x00",
+        body_sizes_le=b"\x01\x00\x00\x00",
+        bodies=b"x",
+    ).SerializeToString()
     segment = next(tmp_path.glob(f"*{SEGMENT_SUFFIX}"))
     with open(segment, "ab") as f:
         f.write(struct.pack(">II", len(payload), zlib.crc32(payload)) + payload)

@@ -38,8 +38,18 @@ from tests.integration.harness import REPO_ROOT, NsqdProcess, stop_all
 from tests.integration.http_helpers import stats, wait_for
 from tests.integration.lookupd_harness import LookupdProcess
 
-__all__ = ["ToolProcess", "assert_fatal", "assert_unknown_flag", "assert_usage", "channel_depth", "run_tool",
-           "tool_argv", "topic_depth", "usage_flags", "wait_for"]
+__all__ = [
+    "ToolProcess",
+    "assert_fatal",
+    "assert_unknown_flag",
+    "assert_usage",
+    "channel_depth",
+    "run_tool",
+    "tool_argv",
+    "topic_depth",
+    "usage_flags",
+    "wait_for",
+]
 
 
 def tool_argv(tool: str, *args: str) -> list[str]:
@@ -52,21 +62,30 @@ def _env() -> dict[str, str]:
 
 def run_tool(tool: str, *args: str, input: bytes = b"", timeout: float = 30.0) -> subprocess.CompletedProcess:
     """Run the tool to its end (bounded by ``timeout``); stdout and stderr as bytes."""
-    return subprocess.run(tool_argv(tool, *args), cwd=REPO_ROOT, env=_env(), input=input, capture_output=True,
-                          timeout=timeout)
+    return subprocess.run(
+        tool_argv(tool, *args), cwd=REPO_ROOT, env=_env(), input=input, capture_output=True, timeout=timeout
+    )
 
 
 class ToolProcess:
     """A tool running in the background; its output collected by two threads."""
 
     def __init__(self, tool: str, *args: str, stdin: int | None = subprocess.DEVNULL) -> None:
-        self.proc = subprocess.Popen(tool_argv(tool, *args), cwd=REPO_ROOT, env=_env(), stdin=stdin,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            tool_argv(tool, *args),
+            cwd=REPO_ROOT,
+            env=_env(),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         self._cond = threading.Condition()
         self._out = {"stdout": bytearray(), "stderr": bytearray()}
         self._open = 2
-        self._threads = [threading.Thread(target=self._drain, args=(name, stream), daemon=True)
-                         for name, stream in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr))]
+        self._threads = [
+            threading.Thread(target=self._drain, args=(name, stream), daemon=True)
+            for name, stream in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr))
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -99,9 +118,11 @@ class ToolProcess:
                     return match
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (self._open == 0 and self.proc.poll() is not None):
-                    raise AssertionError(f"{name} of the tool did not match {pattern!r} within {timeout}s "
-                                         f"(exit code {self.proc.poll()});\nstdout: {bytes(self._out['stdout'])!r}"
-                                         f"\nstderr: {bytes(self._out['stderr']).decode(errors='replace')}")
+                    raise AssertionError(
+                        f"{name} of the tool did not match {pattern!r} within {timeout}s "
+                        f"(exit code {self.proc.poll()});\nstdout: {bytes(self._out['stdout'])!r}"
+                        f"\nstderr: {bytes(self._out['stderr']).decode(errors='replace')}"
+                    )
                 self._cond.wait(min(remaining, 0.5))
 
     def wait_for_stdout(self, pattern: bytes, timeout: float = 20.0) -> re.Match:
@@ -116,8 +137,9 @@ class ToolProcess:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"the tool did not exit within {timeout}s; stderr:\n"
-                                 f"{self.stderr.decode(errors='replace')}") from None
+            raise AssertionError(
+                f"the tool did not exit within {timeout}s; stderr:\n{self.stderr.decode(errors='replace')}"
+            ) from None
         for thread in self._threads:
             thread.join(5)
         return code
@@ -132,7 +154,7 @@ class ToolProcess:
             self.proc.kill()
             self.proc.wait(10)
 
-    def __enter__(self) -> "ToolProcess":
+    def __enter__(self) -> ToolProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -153,7 +175,7 @@ def usage_flags(text: str) -> dict[str, tuple[str, str | None]]:
         if not match:
             continue
         help_lines = [inline_help] if inline_help else []
-        for follow in lines[index + 1:]:
+        for follow in lines[index + 1 :]:
             if not follow.startswith("    \t"):
                 break
             help_lines.append(follow[5:])

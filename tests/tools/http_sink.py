@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ class HttpSink:
                     count = sink._seen.get(key, 0) + 1
                     sink._seen[key] = count
                     status = 500 if count <= sink.fail_first else sink.status
-                    sink.requests.append(Request(self.command, self.path,
-                                                 {k.lower(): v for k, v in self.headers.items()}, body, status))
+                    sink.requests.append(
+                        Request(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body, status)
+                    )
                     sink._cond.notify_all()
                 reply = b"OK" if status < 400 else b"FAIL"
                 self.send_response(status)
@@ -66,15 +67,14 @@ class HttpSink:
 
         self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "HttpSink":
+    def __enter__(self) -> HttpSink:
         self._thread.start()
         return self
 
@@ -93,7 +93,8 @@ class HttpSink:
             while not predicate(self.requests):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"the HTTP sink's {len(self.requests)} requests did not meet the "
-                                         f"condition within {timeout}s")
+                    raise AssertionError(
+                        f"the HTTP sink's {len(self.requests)} requests did not meet the condition within {timeout}s"
+                    )
                 self._cond.wait(min(remaining, 0.5))
             return list(self.requests)

@@ -36,11 +36,13 @@ def published_count(nsqd, topic: str) -> int:
 
 def wait_drained(nsqd, topic: str, channel: str, timeout: float = 30.0) -> dict:
     """The channel's stats once nothing is left in it: no depth, nothing in flight or deferred."""
+
     def drained():
         chan = channel_stats(nsqd, topic, channel)
         if chan and chan["depth"] == 0 and chan["in_flight_count"] == 0 and chan["deferred_count"] == 0:
             return chan
         return None
+
     return wait_for(drained, timeout, 0.1, f"channel {topic}/{channel} drained")
 
 

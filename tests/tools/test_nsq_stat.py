@@ -78,23 +78,36 @@ def test_unknown_flag_exits_2():
     assert_unknown_flag("nsq_stat")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "--topic and --channel are required"),
-    (["--topic=t"], "--topic and --channel are required"),
-    (["--topic=t", "--channel=c", "--interval=0s"], "--interval should be positive"),
-    (["--topic=t", "--channel=c", "--http-client-connect-timeout=-1s"],
-     "--http-client-connect-timeout should be positive"),
-    (["--topic=t", "--channel=c", "--http-client-request-timeout=0"],
-     "--http-client-request-timeout should be positive"),
-    (["--topic=t", "--channel=c", "--count=0"], "--count should be positive"),
-    (["--topic=t", "--channel=c"], "--nsqd-http-address or --lookupd-http-address required"),
-    (["--topic=t", "--channel=c", "--nsqd-http-address=a:1", "--lookupd-http-address=b:2"],
-     "use --nsqd-http-address or --lookupd-http-address not both"),
-    (["--topic=t", "--channel=c", "--nsqd-http-address=http://a:1"],
-     "--nsqd-http-address error - address should not contain scheme"),
-    (["--topic=t", "--channel=c", "--lookupd-http-address=https://b:2"],
-     "--lookupd-http-address error - address should not contain scheme"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--topic and --channel are required"),
+        (["--topic=t"], "--topic and --channel are required"),
+        (["--topic=t", "--channel=c", "--interval=0s"], "--interval should be positive"),
+        (
+            ["--topic=t", "--channel=c", "--http-client-connect-timeout=-1s"],
+            "--http-client-connect-timeout should be positive",
+        ),
+        (
+            ["--topic=t", "--channel=c", "--http-client-request-timeout=0"],
+            "--http-client-request-timeout should be positive",
+        ),
+        (["--topic=t", "--channel=c", "--count=0"], "--count should be positive"),
+        (["--topic=t", "--channel=c"], "--nsqd-http-address or --lookupd-http-address required"),
+        (
+            ["--topic=t", "--channel=c", "--nsqd-http-address=a:1", "--lookupd-http-address=b:2"],
+            "use --nsqd-http-address or --lookupd-http-address not both",
+        ),
+        (
+            ["--topic=t", "--channel=c", "--nsqd-http-address=http://a:1"],
+            "--nsqd-http-address error - address should not contain scheme",
+        ),
+        (
+            ["--topic=t", "--channel=c", "--lookupd-http-address=https://b:2"],
+            "--lookupd-http-address error - address should not contain scheme",
+        ),
+    ],
+)
 def test_bad_flags_end_as_log_fatal(args, message):
     assert_fatal(run_tool("nsq_stat", *args), message)
 
@@ -103,13 +116,20 @@ def test_count_takes_a_32_bit_integer():
     result = run_tool("nsq_stat", "--count=4294967296")
     assert result.returncode == 2
     assert result.stderr.decode().startswith(
-        'invalid value "4294967296" for flag -count: strconv.ParseInt: parsing "4294967296": value out of range\n')
+        'invalid value "4294967296" for flag -count: strconv.ParseInt: parsing "4294967296": value out of range\n'
+    )
 
 
 def test_known_depth_prints_the_header_and_count_lines(node, topic):
     fill(node, topic, "ch", 50)
-    result = run_tool("nsq_stat", f"--topic={topic}", "--channel=ch", "--count=3", "--interval=100ms",
-                      f"--nsqd-http-address={http_address(node)}")
+    result = run_tool(
+        "nsq_stat",
+        f"--topic={topic}",
+        "--channel=ch",
+        "--count=3",
+        "--interval=100ms",
+        f"--nsqd-http-address={http_address(node)}",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode().splitlines() == HEADER + [line(0, 0, 50, 50, 0, 0, 0, 0, 0, 50, 0)] * 3
     assert result.stderr == b""
@@ -117,8 +137,15 @@ def test_known_depth_prints_the_header_and_count_lines(node, topic):
 
 def test_header_repeats_every_25_polls(node, topic):
     fill(node, topic, "ch", 2)
-    result = run_tool("nsq_stat", f"--topic={topic}", "--channel=ch", "--count=30", "--interval=1ms",
-                      f"--nsqd-http-address={http_address(node)}", timeout=60)
+    result = run_tool(
+        "nsq_stat",
+        f"--topic={topic}",
+        "--channel=ch",
+        "--count=30",
+        "--interval=1ms",
+        f"--nsqd-http-address={http_address(node)}",
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     data = line(0, 0, 2, 2, 0, 0, 0, 0, 0, 2, 0)
     # the first poll only takes a reference; the 25th poll prints the header again before its line
@@ -133,8 +160,14 @@ def test_rates_and_sums_over_the_producers_found_through_lookupd(lookupd, nsqd_f
     fill(second, topic, "ch", 7)
     wait_for_producers(lookupd, topic, {first.tcp[1], second.tcp[1]})
     lookupd_http = "%s:%d" % lookupd.http_address
-    with ToolProcess("nsq_stat", f"--topic={topic}", "--channel=ch", "--count=2", "--interval=2s",
-                     f"--lookupd-http-address={lookupd_http}") as tool:
+    with ToolProcess(
+        "nsq_stat",
+        f"--topic={topic}",
+        "--channel=ch",
+        "--count=2",
+        "--interval=2s",
+        f"--lookupd-http-address={lookupd_http}",
+    ) as tool:
         tool.wait_for_stdout(re.escape(HEADER[1].encode()) + b"\n")  # the reference poll is done
         fill(first, topic, "ch", 20)
         fill(second, topic, "ch", 10)
@@ -174,17 +207,26 @@ def test_topic_on_no_nsqd_is_fatal(node, topic):
 
 
 def test_unknown_topic_at_lookupd_is_fatal(lookupd, topic):
-    result = run_tool("nsq_stat", f"--topic={topic}", "--channel=ch",
-                      "--lookupd-http-address=%s:%d" % lookupd.http_address)
-    assert_fatal(result, "ERROR: failed to get topic producers - failed to query any nsqlookupd: "
-                         'got response 404 Not Found "{\\"message\\":\\"TOPIC_NOT_FOUND\\"}"')
+    result = run_tool(
+        "nsq_stat", f"--topic={topic}", "--channel=ch", "--lookupd-http-address=%s:%d" % lookupd.http_address
+    )
+    assert_fatal(
+        result,
+        "ERROR: failed to get topic producers - failed to query any nsqlookupd: "
+        'got response 404 Not Found "{\\"message\\":\\"TOPIC_NOT_FOUND\\"}"',
+    )
 
 
 def test_unreachable_nsqd_is_fatal_within_the_connect_timeout():
     from tests.integration.harness import free_port
 
-    result = run_tool("nsq_stat", "--topic=t", "--channel=c", f"--nsqd-http-address=127.0.0.1:{free_port()}",
-                      "--http-client-connect-timeout=500ms")
+    result = run_tool(
+        "nsq_stat",
+        "--topic=t",
+        "--channel=c",
+        f"--nsqd-http-address=127.0.0.1:{free_port()}",
+        "--http-client-connect-timeout=500ms",
+    )
     assert result.returncode == 1
     assert b"ERROR: failed to get topic producers - failed to query any nsqd: " in result.stderr
     assert b"connection refused" in result.stderr and b"Traceback" not in result.stderr
@@ -193,8 +235,9 @@ def test_unreachable_nsqd_is_fatal_within_the_connect_timeout():
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_it_with_exit_0(node, topic, sig):
     fill(node, topic, "ch", 1)
-    with ToolProcess("nsq_stat", f"--topic={topic}", "--channel=ch", "--interval=50ms",
-                     f"--nsqd-http-address={http_address(node)}") as tool:
+    with ToolProcess(
+        "nsq_stat", f"--topic={topic}", "--channel=ch", "--interval=50ms", f"--nsqd-http-address={http_address(node)}"
+    ) as tool:
         tool.wait_for_stdout(re.escape(line(0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0).encode()))
         assert tool.stop(sig) == 0
     assert b"Traceback" not in tool.stderr

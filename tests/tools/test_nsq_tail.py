@@ -50,6 +50,7 @@ def channels(nsqd, topic: str) -> dict[str, dict]:
 
 def wait_subscribed(nsqd, topic: str, clients: int = 1) -> str:
     """The tail channel's name once it has ``clients`` consumers."""
+
     def check():
         for name, channel in channels(nsqd, topic).items():
             if CHANNEL.fullmatch(name) and channel["client_count"] == clients:
@@ -74,30 +75,42 @@ def test_unknown_flag_exits_2():
     assert_unknown_flag("nsq_tail")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "--nsqd-tcp-address or --lookupd-http-address required"),
-    (["--topic=t"], "--nsqd-tcp-address or --lookupd-http-address required"),
-    (["--nsqd-tcp-address=a:1", "--lookupd-http-address=b:2", "--topic=t"],
-     "use --nsqd-tcp-address or --lookupd-http-address not both"),
-    (["--nsqd-tcp-address=a:1"], "--topic required"),
-    (["--nsqd-tcp-address=a:1", "--topic=bad topic"], "invalid topic name"),
-    (["--nsqd-tcp-address=a:1", "--topic=t", "--channel=bad channel"], "invalid channel name"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--nsqd-tcp-address or --lookupd-http-address required"),
+        (["--topic=t"], "--nsqd-tcp-address or --lookupd-http-address required"),
+        (
+            ["--nsqd-tcp-address=a:1", "--lookupd-http-address=b:2", "--topic=t"],
+            "use --nsqd-tcp-address or --lookupd-http-address not both",
+        ),
+        (["--nsqd-tcp-address=a:1"], "--topic required"),
+        (["--nsqd-tcp-address=a:1", "--topic=bad topic"], "invalid topic name"),
+        (["--nsqd-tcp-address=a:1", "--topic=t", "--channel=bad channel"], "invalid channel name"),
+    ],
+)
 def test_bad_flags_end_as_log_fatal(args, message):
     assert_fatal(run_tool("nsq_tail", *args), message)
 
 
 def test_bad_consumer_opt_is_a_flag_error(nsqd):
-    assert_bad_option("nsq_tail", f"--nsqd-tcp-address={nsqd.tcp_address}", "--topic=t", flag="consumer-opt",
-                      value="no_such_option,1", reason="invalid option no_such_option")
+    assert_bad_option(
+        "nsq_tail",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        "--topic=t",
+        flag="consumer-opt",
+        value="no_such_option,1",
+        reason="invalid option no_such_option",
+    )
 
 
 def test_n_messages_then_exit_0(nsqd, topic):
     with ToolProcess("nsq_tail", f"--nsqd-tcp-address={nsqd.tcp_address}", f"--topic={topic}", "-n", "3") as tool:
         channel = wait_subscribed(nsqd, topic)
         # -n 3 lowers max-in-flight (200) to 3: the consumer's RDY
-        wait_for(lambda: [c["ready_count"] for c in channels(nsqd, topic)[channel]["clients"]] == [3], 10,
-                 message="RDY 3")
+        wait_for(
+            lambda: [c["ready_count"] for c in channels(nsqd, topic)[channel]["clients"]] == [3], 10, message="RDY 3"
+        )
         publish(nsqd, topic, *[b"m%d" % i for i in range(5)])
         assert tool.wait() == 0, tool.stderr
     assert tool.stdout == b"m0\nm1\nm2\n"
@@ -116,8 +129,15 @@ def test_bodies_are_written_as_they_are(nsqd, topic):
 def test_print_topic_with_two_topics_counts_each_topic(nsqd, topic):
     """One consumer per topic, as upstream; its -n counts per topic (the tool ends when one topic reaches it)."""
     other = topic + "_b"
-    with ToolProcess("nsq_tail", f"--nsqd-tcp-address={nsqd.tcp_address}", f"--topic={topic}", f"--topic={other}",
-                     "--print-topic", "-n", "2") as tool:
+    with ToolProcess(
+        "nsq_tail",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--topic={topic}",
+        f"--topic={other}",
+        "--print-topic",
+        "-n",
+        "2",
+    ) as tool:
         channel = wait_subscribed(nsqd, topic)
         assert wait_subscribed(nsqd, other) == channel  # one channel name for every topic
         publish(nsqd, topic, b"first")
@@ -132,10 +152,19 @@ def test_print_topic_with_two_topics_counts_each_topic(nsqd, topic):
 def test_given_channel_and_lookupd_discovery(lookupd, lookupd_nsqd, topic):
     assert post(lookupd_nsqd.http(), f"/topic/create?topic={topic}").status == 200
     wait_for_producers(lookupd, topic, {lookupd_nsqd.tcp[1]})
-    with ToolProcess("nsq_tail", "--lookupd-http-address=%s:%d" % lookupd.http_address, f"--topic={topic}",
-                     "--channel=watch", "-n", "2") as tool:
-        wait_for(lambda: channels(lookupd_nsqd, topic).get("watch", {}).get("client_count") == 1, 20,
-                 message="subscribed through lookupd")
+    with ToolProcess(
+        "nsq_tail",
+        "--lookupd-http-address=%s:%d" % lookupd.http_address,
+        f"--topic={topic}",
+        "--channel=watch",
+        "-n",
+        "2",
+    ) as tool:
+        wait_for(
+            lambda: channels(lookupd_nsqd, topic).get("watch", {}).get("client_count") == 1,
+            20,
+            message="subscribed through lookupd",
+        )
         publish(lookupd_nsqd, topic, b"a", b"b")
         assert tool.wait() == 0, tool.stderr
     assert tool.stdout == b"a\nb\n"
@@ -163,5 +192,6 @@ def test_unreachable_nsqd_is_fatal(topic):
     address = f"127.0.0.1:{free_port()}"
     result = run_tool("nsq_tail", f"--nsqd-tcp-address={address}", f"--topic={topic}")
     assert result.returncode == 1 and b"Traceback" not in result.stderr, result.stderr
-    assert re.fullmatch(rb"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d .*" + re.escape(address.encode()) + rb".*",
-                        result.stderr.splitlines()[-1]), result.stderr
+    assert re.fullmatch(
+        rb"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d .*" + re.escape(address.encode()) + rb".*", result.stderr.splitlines()[-1]
+    ), result.stderr

@@ -59,8 +59,14 @@ def make_writer(tmp_path: Path, clock: Clock, topic: str = "tt", **fields) -> tu
     opts = FileOptions(**fields)
     lines: list[str] = []
     name = compute_filename_format(opts, topic, hostname="vm.example.com", pid=4242)
-    logger = FileLogger(opts, topic, name, lambda level, text: lines.append(text),
-                        wall_clock=lambda: clock.wall, monotonic=lambda: clock.mono)
+    logger = FileLogger(
+        opts,
+        topic,
+        name,
+        lambda level, text: lines.append(text),
+        wall_clock=lambda: clock.wall,
+        monotonic=lambda: clock.mono,
+    )
     return TopicWriter(logger), lines
 
 
@@ -84,10 +90,16 @@ def test_filename_format_replacements():
     assert compute_filename_format(opts, "tt", hostname="vm.example.com", pid=7) == "tt/vm-vm.example.com.7.log"
     gz = FileOptions(gzip=True)
     assert compute_filename_format(gz, "tt", hostname="vm", pid=7) == "tt.vm<REV>.<DATETIME>.log.gz"
-    assert compute_filename_format(FileOptions(gzip=True, filename_format="<TOPIC><REV>.gz"), "tt",
-                                   hostname="vm") == "tt<REV>.gz"
-    for needs_rev in (dict(gzip=True), dict(rotate_size=10), dict(rotate_interval=1.0),
-                      dict(work_dir="/w", output_dir="/o")):
+    assert (
+        compute_filename_format(FileOptions(gzip=True, filename_format="<TOPIC><REV>.gz"), "tt", hostname="vm")
+        == "tt<REV>.gz"
+    )
+    for needs_rev in (
+        dict(gzip=True),
+        dict(rotate_size=10),
+        dict(rotate_interval=1.0),
+        dict(work_dir="/w", output_dir="/o"),
+    ):
         with pytest.raises(ValueError, match=r"missing <REV> in --filename-format when gzip, rotation, or work dir"):
             compute_filename_format(FileOptions(filename_format="<TOPIC>.log", **needs_rev), "tt", hostname="vm")
 
@@ -141,8 +153,11 @@ def test_rotate_size_after_the_message_that_crosses_it(tmp_path):
     done += writer.close()
     assert done == messages  # every rotation synced what it closed
     out = tmp_path / "out"
-    assert sorted(os.listdir(out)) == ["tt.vm-000000.2026-11-27_12.log", "tt.vm-000001.2026-11-27_12.log",
-                                       "tt.vm-000002.2026-11-27_12.log"]
+    assert sorted(os.listdir(out)) == [
+        "tt.vm-000000.2026-11-27_12.log",
+        "tt.vm-000001.2026-11-27_12.log",
+        "tt.vm-000002.2026-11-27_12.log",
+    ]
     assert (out / "tt.vm-000000.2026-11-27_12.log").read_bytes() == b"aaa\nbbb\nccc\n"  # 12 bytes > 10
     assert (out / "tt.vm-000001.2026-11-27_12.log").read_bytes() == b"ddd\neee\nfff\n"
     assert (out / "tt.vm-000002.2026-11-27_12.log").read_bytes() == b"ggg\n"
@@ -179,8 +194,10 @@ def test_tick_rotation_makes_empty_files_unless_skipped(tmp_path):
     clock.advance(11)
     writer.tick()
     writer.close()
-    assert sorted(os.listdir(tmp_path / "a" / "out")) == ["tt.vm-000000.2026-11-27_12.log",
-                                                          "tt.vm-000001.2026-11-27_12.log"]
+    assert sorted(os.listdir(tmp_path / "a" / "out")) == [
+        "tt.vm-000000.2026-11-27_12.log",
+        "tt.vm-000001.2026-11-27_12.log",
+    ]
     clock = Clock()
     writer, _ = make_writer(tmp_path / "b", clock, rotate_interval=10.0, skip_empty_files=True)
     writer.tick()
@@ -197,7 +214,9 @@ def test_tick_rotation_makes_empty_files_unless_skipped(tmp_path):
     writer.close()
     out = tmp_path / "b" / "out"
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == {
-        "tt.vm-000000.2026-11-27_12.log": b"x\nx2\n", "tt.vm-000001.2026-11-27_12.log": b"y\n"}
+        "tt.vm-000000.2026-11-27_12.log": b"x\nx2\n",
+        "tt.vm-000001.2026-11-27_12.log": b"y\n",
+    }
 
 
 def test_pending_limit_syncs_at_max_in_flight(tmp_path):
@@ -282,22 +301,33 @@ def test_bad_flag_exits_2_and_version():
     assert result.returncode == 0 and re.match(rb"nsq_to_file v1\.3\.0", result.stdout)
 
 
-@pytest.mark.parametrize("args, text", [
-    (["--topic=t"], "--nsqd-tcp-address or --lookupd-http-address required."),
-    (["--topic=t", "--nsqd-tcp-address=a:1", "--lookupd-http-address=b:2"],
-     "use --nsqd-tcp-address or --lookupd-http-address not both"),
-    (["--nsqd-tcp-address=a:1"], "--topic or --topic-pattern required"),
-    (["--nsqd-tcp-address=a:1", "--topic-pattern=x"],
-     "--lookupd-http-address must be specified when no --topic specified"),
-    (["--topic=t", "--nsqd-tcp-address=a:1", "--gzip-level=10"], "invalid --gzip-level value (10), should be 1-9"),
-    (["--topic=t", "--nsqd-tcp-address=a:1", "--channel="], "--channel is required"),
-    (["--topic=t", "--nsqd-tcp-address=a:1", "--http-client-connect-timeout=0"],
-     "--http-client-connect-timeout should be positive"),
-    (["--topic=t", "--nsqd-tcp-address=a:1", "--http-client-request-timeout=-1s"],
-     "--http-client-request-timeout should be positive"),
-    (["--topic=t", "--nsqd-tcp-address=a:1", "--log-level=loud"], "--log-level is invalid"),
-    (["--topic=t", "--nsqd-tcp-address=a:1", "extra"], "unknown arguments: [extra]"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["--topic=t"], "--nsqd-tcp-address or --lookupd-http-address required."),
+        (
+            ["--topic=t", "--nsqd-tcp-address=a:1", "--lookupd-http-address=b:2"],
+            "use --nsqd-tcp-address or --lookupd-http-address not both",
+        ),
+        (["--nsqd-tcp-address=a:1"], "--topic or --topic-pattern required"),
+        (
+            ["--nsqd-tcp-address=a:1", "--topic-pattern=x"],
+            "--lookupd-http-address must be specified when no --topic specified",
+        ),
+        (["--topic=t", "--nsqd-tcp-address=a:1", "--gzip-level=10"], "invalid --gzip-level value (10), should be 1-9"),
+        (["--topic=t", "--nsqd-tcp-address=a:1", "--channel="], "--channel is required"),
+        (
+            ["--topic=t", "--nsqd-tcp-address=a:1", "--http-client-connect-timeout=0"],
+            "--http-client-connect-timeout should be positive",
+        ),
+        (
+            ["--topic=t", "--nsqd-tcp-address=a:1", "--http-client-request-timeout=-1s"],
+            "--http-client-request-timeout should be positive",
+        ),
+        (["--topic=t", "--nsqd-tcp-address=a:1", "--log-level=loud"], "--log-level is invalid"),
+        (["--topic=t", "--nsqd-tcp-address=a:1", "extra"], "unknown arguments: [extra]"),
+    ],
+)
 def test_validation_is_fatal(args, text):
     result = run_tool("nsq_to_file", *args)
     assert result.returncode == 1, result.stderr
@@ -314,8 +344,9 @@ def publish(nsqd, topic: str, body: bytes) -> None:
 
 def publish_many(nsqd, topic: str, messages: list[bytes]) -> None:
     host, port = nsqd.http()
-    request = urllib.request.Request(f"http://{host}:{port}/mpub?topic={topic}", data=b"\n".join(messages),
-                                     method="POST")
+    request = urllib.request.Request(
+        f"http://{host}:{port}/mpub?topic={topic}", data=b"\n".join(messages), method="POST"
+    )
     with urllib.request.urlopen(request, timeout=10) as reply:
         assert reply.status == 200
 
@@ -339,8 +370,13 @@ def channel_left(nsqd, topic: str) -> int:
     host, port = nsqd.http()
     with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json&topic={topic}", timeout=10) as reply:
         doc = json.loads(reply.read())
-    chan = next(c for t in doc["topics"] if t["topic_name"] == topic for c in t["channels"]
-                if c["channel_name"] == "nsq_to_file")
+    chan = next(
+        c
+        for t in doc["topics"]
+        if t["topic_name"] == topic
+        for c in t["channels"]
+        if c["channel_name"] == "nsq_to_file"
+    )
     return chan["depth"] + chan["in_flight_count"] + chan["deferred_count"]
 
 
@@ -351,25 +387,40 @@ def stop_ok(tool: ToolProcess) -> None:
 
 def test_default_name_and_content(nsqd, topic, tmp_path):
     publish_many(nsqd, topic, [b"first", b"second message", b"third"])
-    with ToolProcess("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
-                     f"--output-dir={tmp_path}", "--sync-interval=200ms") as tool:
-        wait_for(lambda: channel_depth(nsqd, topic, "nsq_to_file") == 0 and len(all_lines(tmp_path)) == 3,
-                 timeout=20)
+    with ToolProcess(
+        "nsq_to_file",
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--output-dir={tmp_path}",
+        "--sync-interval=200ms",
+    ) as tool:
+        wait_for(lambda: channel_depth(nsqd, topic, "nsq_to_file") == 0 and len(all_lines(tmp_path)) == 3, timeout=20)
         stop_ok(tool)
     [(name, lines)] = read_lines(tmp_path).items()
     assert lines == [b"first", b"second message", b"third"]
     assert re.fullmatch(rf"{topic}\.{SHORT_HOST}\.{HOUR_STAMP}\.log", name), name
-    assert re.search(rb"\[nsq_to_file\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: \[" + topic.encode()
-                     + rb"/nsq_to_file\] opening ", tool.stderr)
+    assert re.search(
+        rb"\[nsq_to_file\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: \["
+        + topic.encode()
+        + rb"/nsq_to_file\] opening ",
+        tool.stderr,
+    )
 
 
 def test_gzip_output_reads_with_gzip_command(nsqd, topic, tmp_path):
     messages = [f"gz {i}".encode() for i in range(500)]
-    with ToolProcess("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
-                     f"--output-dir={tmp_path}", "--gzip", "--gzip-level=1", "--sync-interval=100ms",
-                     "--max-in-flight=50") as tool:
+    with ToolProcess(
+        "nsq_to_file",
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--output-dir={tmp_path}",
+        "--gzip",
+        "--gzip-level=1",
+        "--sync-interval=100ms",
+        "--max-in-flight=50",
+    ) as tool:
         for start in range(0, 500, 100):
-            publish_many(nsqd, topic, messages[start:start + 100])
+            publish_many(nsqd, topic, messages[start : start + 100])
         wait_for(lambda: channel_depth(nsqd, topic, "nsq_to_file") == 0, timeout=30)
         tool.wait_for_stderr(rb"syncing \d+ records", timeout=10)
         stop_ok(tool)
@@ -384,11 +435,16 @@ def test_gzip_output_reads_with_gzip_command(nsqd, topic, tmp_path):
 def test_rotate_size_keeps_every_message_once_in_order(nsqd, topic, tmp_path):
     messages = [f"message number {i:04d}".encode() for i in range(300)]  # 20 bytes a line
     publish_many(nsqd, topic, messages)
-    with ToolProcess("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
-                     f"--output-dir={tmp_path}", "--rotate-size=1000", "--sync-interval=100ms",
-                     "--max-in-flight=1") as tool:
-        wait_for(lambda: channel_depth(nsqd, topic, "nsq_to_file") == 0 and len(all_lines(tmp_path)) == 300,
-                 timeout=60)
+    with ToolProcess(
+        "nsq_to_file",
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--output-dir={tmp_path}",
+        "--rotate-size=1000",
+        "--sync-interval=100ms",
+        "--max-in-flight=1",
+    ) as tool:
+        wait_for(lambda: channel_depth(nsqd, topic, "nsq_to_file") == 0 and len(all_lines(tmp_path)) == 300, timeout=60)
         stop_ok(tool)
     files = read_lines(tmp_path)
     assert len(files) == 6  # 51 lines (1020 bytes) a file: the line that passes 1000 bytes stays in the file
@@ -399,9 +455,16 @@ def test_rotate_size_keeps_every_message_once_in_order(nsqd, topic, tmp_path):
 
 def test_rotate_interval_and_work_dir(nsqd, topic, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
-    with ToolProcess("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
-                     f"--output-dir={out}", f"--work-dir={work}", "--rotate-interval=500ms",
-                     "--sync-interval=100ms", "--skip-empty-files") as tool:
+    with ToolProcess(
+        "nsq_to_file",
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--output-dir={out}",
+        f"--work-dir={work}",
+        "--rotate-interval=500ms",
+        "--sync-interval=100ms",
+        "--skip-empty-files",
+    ) as tool:
         publish(nsqd, topic, b"early")
         wait_for(lambda: out.exists() and all_lines(out) == [b"early"], timeout=20)  # moved once rotated
         publish(nsqd, topic, b"late")
@@ -414,8 +477,14 @@ def test_rotate_interval_and_work_dir(nsqd, topic, tmp_path):
 
 def test_sighup_closes_the_file_and_the_next_message_opens_another(nsqd, topic, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
-    with ToolProcess("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
-                     f"--output-dir={out}", f"--work-dir={work}", "--sync-interval=100ms") as tool:
+    with ToolProcess(
+        "nsq_to_file",
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--output-dir={out}",
+        f"--work-dir={work}",
+        "--sync-interval=100ms",
+    ) as tool:
         publish(nsqd, topic, b"before")
         wait_for(lambda: work.exists() and all_lines(work) == [b"before"], timeout=20)
         assert not out.exists() or not os.listdir(out)
@@ -426,8 +495,9 @@ def test_sighup_closes_the_file_and_the_next_message_opens_another(nsqd, topic, 
         stop_ok(tool)
     files = read_lines(out)
     assert list(files.values()) == [[b"before"], [b"after"]]
-    assert [re.fullmatch(rf"{topic}\.{SHORT_HOST}-00000([01])\.{HOUR_STAMP}\.log", name).group(1)
-            for name in files] == ["0", "1"]
+    assert [
+        re.fullmatch(rf"{topic}\.{SHORT_HOST}-00000([01])\.{HOUR_STAMP}\.log", name).group(1) for name in files
+    ] == ["0", "1"]
 
 
 def test_topic_pattern_picks_up_new_topics(lookupd, lookupd_nsqd, tmp_path):
@@ -435,9 +505,15 @@ def test_topic_pattern_picks_up_new_topics(lookupd, lookupd_nsqd, tmp_path):
     lookupd_address = "{}:{}".format(*lookupd.http_address)
     publish(nsqd, "match_one", b"first topic")
     publish(nsqd, "other", b"not for us")
-    with ToolProcess("nsq_to_file", "--topic-pattern=^match_", f"--lookupd-http-address={lookupd_address}",
-                     f"--output-dir={tmp_path}", "--topic-refresh=200ms", "--sync-interval=100ms",
-                     "--consumer-opt=lookupd_poll_interval,200ms") as tool:
+    with ToolProcess(
+        "nsq_to_file",
+        "--topic-pattern=^match_",
+        f"--lookupd-http-address={lookupd_address}",
+        f"--output-dir={tmp_path}",
+        "--topic-refresh=200ms",
+        "--sync-interval=100ms",
+        "--consumer-opt=lookupd_poll_interval,200ms",
+    ) as tool:
         wait_for(lambda: all_lines(tmp_path) == [b"first topic"], timeout=20)
         publish(nsqd, "match_two", b"second topic")  # created after the start
         wait_for(lambda: sorted(all_lines(tmp_path)) == [b"first topic", b"second topic"], timeout=20)
@@ -450,12 +526,17 @@ def test_sigterm_mid_stream_loses_nothing(nsqd, topic, tmp_path):
     total = 6000
     messages = [f"stream {i:05d}".encode() for i in range(total)]
     publish_many(nsqd, topic, messages[:1000])
-    args = (f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}", f"--output-dir={tmp_path}",
-            "--sync-interval=50ms", "--max-in-flight=20")
+    args = (
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--output-dir={tmp_path}",
+        "--sync-interval=50ms",
+        "--max-in-flight=20",
+    )
     with ToolProcess("nsq_to_file", *args) as tool:
         tool.wait_for_stderr(rb"syncing \d+ records")
         for start in range(1000, total, 2500):
-            publish_many(nsqd, topic, messages[start:start + 2500])
+            publish_many(nsqd, topic, messages[start : start + 2500])
         stop_ok(tool)  # in the middle of the stream
     written = all_lines(tmp_path)
     assert len(written) == len(set(written)) and set(written) <= set(messages)
@@ -475,8 +556,9 @@ def test_unwritable_output_dir_is_fatal(nsqd, topic, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_bytes(b"")
     publish(nsqd, topic, b"x")
-    result = run_tool("nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
-                      f"--output-dir={blocker}/out")
+    result = run_tool(
+        "nsq_to_file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}", f"--output-dir={blocker}/out"
+    )
     assert result.returncode == 1
     assert re.search(rb"FATAL: \[" + topic.encode() + rb"/nsq_to_file\] unable to create dir: ", result.stderr)
     assert b"Traceback" not in result.stderr
@@ -486,8 +568,9 @@ def test_unwritable_output_dir_is_fatal(nsqd, topic, tmp_path):
 def test_unreachable_nsqd_skips_the_topic_as_nsq_does(tmp_path):
     from tests.integration.harness import free_port
 
-    with ToolProcess("nsq_to_file", "--topic=tt", f"--nsqd-tcp-address=127.0.0.1:{free_port()}",
-                     f"--output-dir={tmp_path}") as tool:
+    with ToolProcess(
+        "nsq_to_file", "--topic=tt", f"--nsqd-tcp-address=127.0.0.1:{free_port()}", f"--output-dir={tmp_path}"
+    ) as tool:
         tool.wait_for_stderr(rb"ERROR: couldn't create logger for new topic tt: ")
         stop_ok(tool)
     assert b"Traceback" not in tool.stderr

@@ -103,7 +103,8 @@ def test_timer_metrics_logs_percentiles_every_n(caplog):
             metrics.record(ms / 1000)
     # sorted [1, 2, 3, 10] ms: index ceil(0.99*4+0.5)=5 and ceil(0.95*4+0.5)=5, capped at 3 -> 10ms; mean 4ms
     assert [r.getMessage() for r in caplog.records] == [
-        "[aggregate]: finished 4 - 99th: 10.00ms - 95th: 10.00ms - avg: 4.00ms"]
+        "[aggregate]: finished 4 - 99th: 10.00ms - 95th: 10.00ms - avg: 4.00ms"
+    ]
 
 
 def test_timer_metrics_disabled_and_per_destination():
@@ -117,10 +118,14 @@ def test_timer_metrics_disabled_and_per_destination():
 
 
 def test_go_json_encoding():
-    value = decode_object(b'{"b": [1, 2.5, 1e-7, 1e21, 1e20, 0.1], "a": "<&>\\u2028 \xc3\xa9", "c": null, '
-                          b'"d": true, "e": {"z": 1.0}, "f": "\\n\\u0001"}')
-    assert encode(value) == (b'{"a":"\\u003c\\u0026\\u003e\\u2028 \xc3\xa9","b":[1,2.5,1e-7,1e+21,'
-                             b'100000000000000000000,0.1],"c":null,"d":true,"e":{"z":1},"f":"\\n\\u0001"}')
+    value = decode_object(
+        b'{"b": [1, 2.5, 1e-7, 1e21, 1e20, 0.1], "a": "<&>\\u2028 \xc3\xa9", "c": null, '
+        b'"d": true, "e": {"z": 1.0}, "f": "\\n\\u0001"}'
+    )
+    assert encode(value) == (
+        b'{"a":"\\u003c\\u0026\\u003e\\u2028 \xc3\xa9","b":[1,2.5,1e-7,1e+21,'
+        b'100000000000000000000,0.1],"c":null,"d":true,"e":{"z":1},"f":"\\n\\u0001"}'
+    )
 
 
 @pytest.mark.parametrize("body", [b"[1]", b"1", b'"x"', b'{"a": NaN}', b'{"a": 1e400}', b"{", b""])
@@ -177,4 +182,3 @@ def test_json_rules_drop_bodies_that_are_not_objects(caplog):
     assert not skip.value.requeue
     assert caplog.records[0].getMessage() == "ERROR: Unable to decode json: not json"
     assert JsonRules("", "", []).apply(b"not json") == b"not json"  # no JSON option: copied as is
-

@@ -63,20 +63,29 @@ def test_unknown_flag_exits_2():
     assert_unknown_flag("to_nsq")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "--topic required"),
-    (["--topic=t", "--delimiter=ab"], "--delimiter must be a single byte"),
-    (["--topic=t", "--delimiter=é"], "--delimiter must be a single byte"),  # two bytes in UTF-8
-    (["--topic=t", "--delimiter="], "--delimiter must be a single byte"),
-    (["--topic=t"], "--nsqd-tcp-address required"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--topic required"),
+        (["--topic=t", "--delimiter=ab"], "--delimiter must be a single byte"),
+        (["--topic=t", "--delimiter=é"], "--delimiter must be a single byte"),  # two bytes in UTF-8
+        (["--topic=t", "--delimiter="], "--delimiter must be a single byte"),
+        (["--topic=t"], "--nsqd-tcp-address required"),
+    ],
+)
 def test_bad_flags_end_as_log_fatal(args, message):
     assert_fatal(to_nsq(*args, stdin=b""), message)
 
 
 def test_bad_producer_opt_is_a_flag_error(nsqd):
-    assert_bad_option("to_nsq", "--topic=t", f"--nsqd-tcp-address={nsqd.tcp_address}", flag="producer-opt",
-                      value="no_such_option,1", reason="invalid option no_such_option")
+    assert_bad_option(
+        "to_nsq",
+        "--topic=t",
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        flag="producer-opt",
+        value="no_such_option,1",
+        reason="invalid option no_such_option",
+    )
 
 
 def test_lines_arrive_in_order_and_empty_ones_are_skipped(nsqd, topic):
@@ -96,8 +105,12 @@ def test_delimiter_splits_binary_input_and_the_last_piece_is_whole(nsqd, topic):
 def test_every_address_gets_every_message(nsqd_factory, topic):
     first, second = nsqd_factory(), nsqd_factory()
     stdin = b"".join(b"m%d\n" % i for i in range(100))
-    result = to_nsq(f"--topic={topic}", f"--nsqd-tcp-address={first.tcp_address}",
-                    f"--nsqd-tcp-address={second.tcp_address}", stdin=stdin)
+    result = to_nsq(
+        f"--topic={topic}",
+        f"--nsqd-tcp-address={first.tcp_address}",
+        f"--nsqd-tcp-address={second.tcp_address}",
+        stdin=stdin,
+    )
     assert result.returncode == 0, result.stderr
     expected = [b"m%d" % i for i in range(100)]
     assert read_all(first, topic, 100) == expected
@@ -139,8 +152,9 @@ def test_unreachable_nsqd_is_fatal():
     result = to_nsq("--topic=t", f"--nsqd-tcp-address={address}", stdin=b"x\n")
     assert result.returncode == 1 and b"Traceback" not in result.stderr, result.stderr
     # the last line is the fatal one, naming the address (the reason's words are the client's)
-    assert re.fullmatch(rb"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d .*" + re.escape(address.encode()) + rb".*",
-                        result.stderr.splitlines()[-1]), result.stderr
+    assert re.fullmatch(
+        rb"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d .*" + re.escape(address.encode()) + rb".*", result.stderr.splitlines()[-1]
+    ), result.stderr
 
 
 def test_empty_input_exits_0(nsqd, topic):
@@ -151,8 +165,9 @@ def test_empty_input_exits_0(nsqd, topic):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_it_after_what_was_read(nsqd, topic, sig):
-    with ToolProcess("to_nsq", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
-                     stdin=subprocess.PIPE) as tool:
+    with ToolProcess(
+        "to_nsq", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}", stdin=subprocess.PIPE
+    ) as tool:
         tool.proc.stdin.write(b"a\nb\n")
         tool.proc.stdin.flush()
         wait_for(lambda: topic_depth(nsqd, topic) == 2, 20, message="two messages published")

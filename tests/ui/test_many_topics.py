@@ -25,13 +25,22 @@ def topic_name(node: int, number: int) -> str:
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     # each nsqd starts with its 1,000 topics in nsqd.dat and registers them with lookupd as it connects
-    cluster = Cluster(tmp_path_factory.mktemp("admin-many"), ["--admin-user=alice"], nodes=NODES,
-                      topics=lambda node: [topic_name(node, n) for n in range(TOPICS_PER_NODE)],
-                      history_interval="2s", stop_timeout=60.0).start()
+    cluster = Cluster(
+        tmp_path_factory.mktemp("admin-many"),
+        ["--admin-user=alice"],
+        nodes=NODES,
+        topics=lambda node: [topic_name(node, n) for n in range(TOPICS_PER_NODE)],
+        history_interval="2s",
+        stop_timeout=60.0,
+    ).start()
     try:
         total = NODES * TOPICS_PER_NODE
-        wait_until(lambda: len(_get(cluster.url + "/api/topics")["topics"]) == total, timeout=60, interval=0.5,
-                   message=f"{total} topics in the admin")
+        wait_until(
+            lambda: len(_get(cluster.url + "/api/topics")["topics"]) == total,
+            timeout=60,
+            interval=0.5,
+            message=f"{total} topics in the admin",
+        )
         yield cluster
     finally:
         cluster.stop()
@@ -56,9 +65,11 @@ def test_topics_page_with_10000_topics_pages_and_filters(tab, big):
     expect(page.locator(".pager-count")).to_have_text("1–50 of 10,000")
     expect(rows.first.get_by_role("link")).to_have_text(topic_name(0, 0))
     # the sparklines of the rows shown arrive with the rates, once two samples exist
-    page.wait_for_function("() => { const lines = [...document.querySelectorAll('tr.topic-row svg.sparkline')];"
-                           " return lines.length === 50 && lines.every(s => Number(s.dataset.points) >= 2); }",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => { const lines = [...document.querySelectorAll('tr.topic-row svg.sparkline')];"
+        " return lines.length === 50 && lines.every(s => Number(s.dataset.points) >= 2); }",
+        timeout=30_000,
+    )
     tab.screenshot("many-topics")
 
     # a refresh redraws the 50 rows of the page, not the 10,000

@@ -24,8 +24,16 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "ui"
 ADMIN_HEADERS = {"X-Forwarded-User": "alice"}
 EVIL = "<img src=x onerror=alert(1)>"
@@ -86,7 +94,9 @@ class Tab:
         self.page.wait_for_function(
             "min => { const charts = [...document.querySelectorAll('svg.chart')];"
             " return charts.length > 0 && charts.every(c => Number(c.dataset.points) >= min); }",
-            arg=minimum, timeout=30_000)
+            arg=minimum,
+            timeout=30_000,
+        )
 
     def screenshot(self, name: str) -> None:
         self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -114,8 +124,10 @@ def spread(cluster, topic: str, channel: str = "work", messages: int = 1) -> Non
         for _ in range(messages):
             cluster.publish(index, topic)
         cluster.create_channel(index, topic, channel)
-    wait_until(lambda: len(http("GET", f"{cluster.url}/api/topics/{topic}").json().get("nodes") or []) == 2,
-               message=f"{topic} on both nodes in the admin")
+    wait_until(
+        lambda: len(http("GET", f"{cluster.url}/api/topics/{topic}").json().get("nodes") or []) == 2,
+        message=f"{topic} on both nodes in the admin",
+    )
 
 
 # -- every page --------------------------------------------------------------------------------------------------
@@ -124,11 +136,20 @@ def showcase(cluster):
     """A topic with a channel on both nodes and a consumer, for the page tour."""
     name = f"orders_{uuid.uuid4().hex[:6]}"
     spread(cluster, name, "billing", messages=3)
-    reader = consumer(cluster.nsqds[0].tcp, name, "billing", ready=2,
-                      identify_fields={"client_id": "billing-worker-1", "hostname": "worker.example",
-                                       "user_agent": "billing-service/3.2 pynsq/0.9.1"})
-    wait_until(lambda: http("GET", f"{cluster.url}/api/topics/{name}/billing").json().get("clients"),
-               message="consumer listed")
+    reader = consumer(
+        cluster.nsqds[0].tcp,
+        name,
+        "billing",
+        ready=2,
+        identify_fields={
+            "client_id": "billing-worker-1",
+            "hostname": "worker.example",
+            "user_agent": "billing-service/3.2 pynsq/0.9.1",
+        },
+    )
+    wait_until(
+        lambda: http("GET", f"{cluster.url}/api/topics/{name}/billing").json().get("clients"), message="consumer listed"
+    )
     yield name
     reader.close()
 
@@ -286,9 +307,17 @@ def test_lookup_page_lists_topics_without_producers(tab, cluster, topic):
 # -- safety ------------------------------------------------------------------------------------------------------
 def test_client_strings_are_shown_as_text(tab, cluster, topic):
     spread(cluster, topic)
-    evil = consumer(cluster.nsqds[0].tcp, topic, "work", ready=1,
-                    identify_fields={"user_agent": EVIL, "hostname": "<b id=injected>bold</b>",
-                                     "client_id": "<script>alert(2)</script>"})
+    evil = consumer(
+        cluster.nsqds[0].tcp,
+        topic,
+        "work",
+        ready=1,
+        identify_fields={
+            "user_agent": EVIL,
+            "hostname": "<b id=injected>bold</b>",
+            "client_id": "<script>alert(2)</script>",
+        },
+    )
     try:
         page = tab.open(f"/topics/{topic}/work")
         expect(page.get_by_text(EVIL, exact=True)).to_be_visible()
@@ -309,13 +338,16 @@ def test_read_only_user_sees_no_actions_and_is_refused(browser, cluster, topic):
         page = viewer.open(f"/topics/{topic}")
         expect(page.get_by_text("Read-only view", exact=False)).to_be_visible()
         assert page.get_by_role("button", name="Pause topic").count() == 0
-        status = page.evaluate("""async topic => {
+        status = page.evaluate(
+            """async topic => {
             const config = JSON.parse(document.getElementById('nsqadmin-config').textContent);
             const response = await fetch('/api/topics/' + topic, {method: 'POST',
                 headers: {'Content-Type': 'application/json', 'X-CSRF-Token': config.CSRF_TOKEN},
                 body: JSON.stringify({action: 'pause'})});
             return [response.status, await response.json()];
-        }""", topic)
+        }""",
+            topic,
+        )
         assert status == [403, {"message": "FORBIDDEN"}]
         assert not any(cluster.topic_stats(i, topic)["paused"] for i in (0, 1))
         viewer.screenshot("topic-read-only")
@@ -326,11 +358,14 @@ def test_read_only_user_sees_no_actions_and_is_refused(browser, cluster, topic):
 def test_action_without_csrf_token_is_refused_in_browser(tab, cluster, topic):
     spread(cluster, topic)
     page = tab.open(f"/topics/{topic}")
-    status = page.evaluate("""async topic => {
+    status = page.evaluate(
+        """async topic => {
         const response = await fetch('/api/topics/' + topic, {method: 'POST',
             headers: {'Content-Type': 'application/json'}, body: JSON.stringify({action: 'pause'})});
         return [response.status, await response.json()];
-    }""", topic)
+    }""",
+        topic,
+    )
     assert status == [403, {"message": "INVALID_CSRF_TOKEN"}]
     assert not any(cluster.topic_stats(i, topic)["paused"] for i in (0, 1))
 
@@ -338,14 +373,16 @@ def test_action_without_csrf_token_is_refused_in_browser(tab, cluster, topic):
 def attacker_page(admin_url: str, topic: str) -> StaticPage:
     """A page on another origin (another port of 127.0.0.1) that posts to the admin as soon as it loads: a form
     whose text/plain body reads as the JSON of an action (no CORS preflight for a form), and a no-cors fetch."""
-    return StaticPage(f"""<!doctype html><body>
+    return StaticPage(
+        f"""<!doctype html><body>
         <form id=f method=POST action="{admin_url}/api/topics/{topic}" enctype="text/plain">
           <input name='{{"action":"pause","x":"' value='"}}'></form>
         <script>
           fetch("{admin_url}/api/topics/{topic}/work", {{method: "POST", mode: "no-cors",
                 headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{action: "empty"}})}})
             .finally(() => document.getElementById("f").submit());
-        </script></body>""".encode())
+        </script></body>""".encode()
+    )
 
 
 def test_cross_origin_page_cannot_act_but_a_plain_client_can(tab, cluster, topic):

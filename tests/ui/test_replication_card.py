@@ -17,7 +17,6 @@ from tests.integration.harness import RawClient, free_port
 from tests.ui.test_pages import ADMIN_HEADERS, Tab, browser, expect  # noqa: F401 (browser is a fixture)
 
 
-
 @pytest.fixture
 def ring(tmp_path):
     """Nodes A (origin), B and C (its replicas) and an admin that knows all three."""
@@ -32,17 +31,39 @@ def ring(tmp_path):
 
     def nsqd(name: str, *args: str) -> Daemon:
         (tmp_path / name).mkdir()
-        return start("nsqd", [f"--tcp-address=127.0.0.1:{ports[name]}", "--http-address=127.0.0.1:0",
-                              "--broadcast-address=127.0.0.1", f"--data-path={tmp_path / name}", *args])
+        return start(
+            "nsqd",
+            [
+                f"--tcp-address=127.0.0.1:{ports[name]}",
+                "--http-address=127.0.0.1:0",
+                "--broadcast-address=127.0.0.1",
+                f"--data-path={tmp_path / name}",
+                *args,
+            ],
+        )
 
     b, c = nsqd("b"), nsqd("c")
-    a = nsqd("a", f"--replicate-to=127.0.0.1:{ports['b']}", f"--replicate-to=127.0.0.1:{ports['c']}",
-             "--replication-acks=1")
-    admin = start("admin", ["--http-address=127.0.0.1:0", "--admin-user=alice", "--history-interval=1s",
-                            *(f"--nsqd-http-address={d.http}" for d in (a, b, c))])
+    a = nsqd(
+        "a", f"--replicate-to=127.0.0.1:{ports['b']}", f"--replicate-to=127.0.0.1:{ports['c']}", "--replication-acks=1"
+    )
+    admin = start(
+        "admin",
+        [
+            "--http-address=127.0.0.1:0",
+            "--admin-user=alice",
+            "--history-interval=1s",
+            *(f"--nsqd-http-address={d.http}" for d in (a, b, c)),
+        ],
+    )
     try:
-        yield SimpleNamespace(a=a, b=b, c=c, admin=admin, url=f"http://{admin.http}",
-                              nodes={name: f"127.0.0.1:{port}" for name, port in ports.items()})
+        yield SimpleNamespace(
+            a=a,
+            b=b,
+            c=c,
+            admin=admin,
+            url=f"http://{admin.http}",
+            nodes={name: f"127.0.0.1:{port}" for name, port in ports.items()},
+        )
     finally:
         for daemon in reversed(started):
             if daemon.is_running():
@@ -66,13 +87,16 @@ def _replication(daemon: Daemon) -> dict:
 
 
 def test_replication_card_shows_peers_and_takes_over_after_confirmation(tab, ring):
-    wait_until(lambda: [p["state"] for p in _replication(ring.a)["peers"]] == ["connected", "connected"],
-               message="A replicating to B and C")
+    wait_until(
+        lambda: [p["state"] for p in _replication(ring.a)["peers"]] == ["connected", "connected"],
+        message="A replicating to B and C",
+    )
     origin = ring.nodes["a"]
     with RawClient(("127.0.0.1", int(origin.rpartition(":")[2]))) as producer:
         producer.publish_many("t", [b"m%d" % i for i in range(3)])
-    wait_until(lambda: [p["pending_messages"] for p in _replication(ring.a)["peers"]] == [0, 0],
-               message="held by B and C")
+    wait_until(
+        lambda: [p["pending_messages"] for p in _replication(ring.a)["peers"]] == [0, 0], message="held by B and C"
+    )
     ring.c.kill()  # C falls behind: what A publishes now is held by B only
     wait_until(lambda: _replication(ring.a)["peers"][1]["state"] != "connected", message="C gone")
     with RawClient(("127.0.0.1", int(origin.rpartition(":")[2]))) as producer:

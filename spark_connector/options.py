@@ -38,7 +38,7 @@ walPathShared            false      the walPath is storage every machine that ma
 ackMode                  durable    ``durable``: FIN once the message is fsynced in the log;
                                     ``commit``: FIN when Spark commits the batch holding it
 maxMessagesPerTrigger    none       upper bound of messages per micro-batch (Spark ReadMaxRows)
-maxBytesPerTrigger       64 MiB     upper bound of the log's bytes a micro-batch carries through the
+maxBytesPerTrigger       32 MiB     upper bound of the log's bytes a micro-batch carries through the
                                     driver (its messages are pickled into the partitions there); the
                                     default applies only without maxOffsetsPerTrigger
 minPartitions            none       split a micro-batch into at least about this many partitions
@@ -92,10 +92,13 @@ START_COMMITTED = "committed"
 START_EARLIEST = "earliest"
 START_LATEST = "latest"
 _START_NUMBERS = {-2: START_EARLIEST, -1: START_LATEST}
-#: what a driver-path micro-batch carries through the driver without maxOffsetsPerTrigger: its
-#: messages are pickled into the partitions in the source runner, held by the driver's JVM and
-#: copied into each task (a task is one RPC message, at most spark.rpc.message.maxSize, 128 MiB)
-DEFAULT_MAX_BYTES_PER_TRIGGER = 64 << 20
+#: what a driver-path micro-batch carries through the driver without maxOffsetsPerTrigger. Its
+#: messages are pickled into the partitions by the source runner and held by the driver's JVM,
+#: which serializes each task with its partition and then the task's RPC message, each into a
+#: buffer that grows by doubling: at its peak the JVM holds a batch's bytes five to seven times
+#: over. 32 MiB holds for the smallest driver Spark starts (512 MiB) and the default 1 GiB one;
+#: 64 MiB took a 512 MiB driver out (OutOfMemoryError in the scheduler's launchTasks).
+DEFAULT_MAX_BYTES_PER_TRIGGER = 32 << 20
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}

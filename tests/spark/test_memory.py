@@ -22,8 +22,8 @@ from tests.spark.conftest import committed_files, publish, stop_cluster_session
 pytestmark = pytest.mark.timeout(600)
 
 DRIVER_MEMORY = "512m"
-BODY_SIZE = 4096
-MESSAGES = 144 * 1024  # 576 MiB of bodies
+BODY_SIZE = 16384
+MESSAGES = 36 * 1024  # 576 MiB of bodies
 CHANNELS = ("driver", "log")
 
 
@@ -52,8 +52,8 @@ def test_backlog_larger_than_the_heaps_is_read_on_both_paths(cluster, nsqd_facto
     host, port = nsqd.http()
     for path in (f"/topic/create?topic={topic}", *(f"/channel/create?topic={topic}&channel={c}" for c in CHANNELS)):
         urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}{path}", method="POST"), timeout=10).read()
-    for start in range(0, MESSAGES, 4096):
-        publish(nsqd, topic, [body(i) for i in range(start, start + 4096)], chunk=256)
+    for start in range(0, MESSAGES, 1024):
+        publish(nsqd, topic, [body(i) for i in range(start, start + 1024)], chunk=128)
     common = {"nsqd.tcp.addresses": address, "topic": topic}
     config = {
         "master": cluster.master_url,

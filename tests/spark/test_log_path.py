@@ -152,7 +152,7 @@ def test_planner_offsets_partitions_and_commits(nsqd_factory, topic):
 
 
 def test_a_start_resolved_again_before_the_first_commit(nsqd_factory, topic):
-    """Spark asks a restarted query's source for its start again until the first batch is committed (README, "A
+    """Spark asks a restarted query's source for its start again until the first batch is committed (docs/spark.md, "A
     start that is resolved again"): ``committed``, fixed offsets and ``startingTimestamp`` give the same start,
     ``latest`` the end nsqd holds then."""
     a = nsqd_factory()

@@ -126,6 +126,12 @@ def machine_info() -> dict:
     }
 
 
+def load_average_note(when: str) -> str:
+    """The load average over 1, 5 and 15 minutes, for a report's notes ``when`` ("start", "end")."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average at the {when}: {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
 def cpu_times() -> tuple[int, int] | None:
     """(steal, total) clock ticks of all CPUs so far, from /proc/stat; None where there is none."""
     try:
@@ -380,8 +386,8 @@ class Target:
     def describe(self) -> dict:
         return {
             "own_nsqd": self.own,
-            "tcp": "%s:%d" % self.tcp if self.tcp else None,
-            "http": "%s:%d" % self.http if self.http else None,
+            "tcp": "{}:{}".format(*self.tcp) if self.tcp else None,
+            "http": "{}:{}".format(*self.http) if self.http else None,
             "nsqd_flags": self.flags if self.own else None,
         }
 

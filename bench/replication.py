@@ -108,7 +108,10 @@ def run(args) -> Report:
                 os.sched_setaffinity(peer.pid, os.sched_getaffinity(0))
             except OSError:
                 pass
-        for mode, flags in (("off", []), ("acks=1", ["--replicate-to=%s:%d" % peer.tcp, "--replication-acks=1"])):
+        for mode, flags in (
+            ("off", []),
+            ("acks=1", ["--replicate-to={}:{}".format(*peer.tcp), "--replication-acks=1"]),
+        ):
             with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
                 report.target = target.describe()
                 for workload, frame, per_frame, connections in workloads:

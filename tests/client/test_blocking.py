@@ -365,7 +365,7 @@ class ScriptedNsqd:
         self.replies = list(replies)
         self.commands: list[bytes] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.done = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -427,10 +427,10 @@ def test_lookupd_helpers(tmp_path, topic):
     lookupd = LookupdProcess(tmp_path / "lookupd").start()
     daemon = None
     try:
-        address = "%s:%d" % lookupd.http_address
+        address = "{}:{}".format(*lookupd.http_address)
         assert lookup(address, topic) == []  # unknown topic: no error
         daemon = NsqdProcess(
-            tmp_path / "nsqd", ["--lookupd-tcp-address=%s:%d" % lookupd.tcp, "--broadcast-address=127.0.0.1"]
+            tmp_path / "nsqd", ["--lookupd-tcp-address={}:{}".format(*lookupd.tcp), "--broadcast-address=127.0.0.1"]
         ).start()
         with Producer(daemon.tcp_address) as producer:
             producer.publish(topic, b"x")

@@ -504,7 +504,7 @@ async def test_discovery_joins_new_nsqd_and_drops_gone_ones(cluster, topic):
     await blocking(wait_for_producers, lookupd, topic, {first.tcp[1]})
     handler = Recorder()
     config = Config(max_in_flight=10, lookupd_poll_interval=0.5)
-    lookupd_address = "%s:%d" % lookupd.http_address
+    lookupd_address = "{}:{}".format(*lookupd.http_address)
     async with Consumer(topic, CHANNEL, handler, config, lookupd_http_addresses=[lookupd_address]) as consumer:
         assert consumer.stats().connections == 1  # lookupd's first answer was joined before the block
         await eventually(lambda: handler.done == [b"one"], message="the first nsqd's message")
@@ -532,7 +532,7 @@ async def test_lookupd_tombstone_drops_a_live_nsqd(cluster, topic):
     config = Config(max_in_flight=4, lookupd_poll_interval=0.5)
     handler = Recorder()
     async with Consumer(
-        topic, CHANNEL, handler, config, lookupd_http_addresses=["%s:%d" % lookupd.http_address]
+        topic, CHANNEL, handler, config, lookupd_http_addresses=["{}:{}".format(*lookupd.http_address)]
     ) as consumer:
         assert consumer.stats().connections == 2
         gone = nsqds[1]

@@ -132,7 +132,7 @@ def cluster(tmp_path_factory):
 
 async def test_queries_against_a_real_lookupd(cluster, topic):
     (lookupd,), (nsqd,) = cluster.lookupds, cluster.nsqds
-    address = "%s:%d" % lookupd.http_address
+    address = "{}:{}".format(*lookupd.http_address)
     assert await lookup(address, topic) == []  # the topic does not exist yet: no error
     with RawClient(nsqd.tcp) as client:
         client.publish(topic, b"x")

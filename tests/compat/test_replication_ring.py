@@ -270,7 +270,7 @@ def _run_ring(
         for index in range(3):
             ring.prepare(index)
         wait_for(ring.healthy, timeout=60, message="ring replicating")
-        lookupd_http = "%s:%d" % lookupd.http_address
+        lookupd_http = "{}:{}".format(*lookupd.http_address)
         consumers = [
             Consumer(python_client("pynsq_stream", lookupd_http, TOPIC, "py"), REPO_ROOT, tmp_path / "py.log"),
             Consumer([NODE, "stream_reader.js", lookupd_http, TOPIC, "js"], NODE_DIR, tmp_path / "js.log"),

@@ -263,7 +263,7 @@ class ScriptedAuthServer:
 
     @property
     def address(self) -> str:
-        return "127.0.0.1:%d" % self.httpd.server_address[1]
+        return f"127.0.0.1:{self.httpd.server_address[1]}"
 
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list:
         with self._cond:

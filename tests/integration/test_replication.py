@@ -772,7 +772,7 @@ class SlowReplica:
         self.adopted = adopted
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(60)
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.connections: list[socket.socket] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -1037,7 +1037,7 @@ class GatedReplica:
         self.oks_before: int | None = None
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(60)
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.connection: socket.socket | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

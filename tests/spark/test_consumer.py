@@ -358,7 +358,7 @@ def _scripted_nsqd(parts: list[tuple[bytes, bytes]], chunk: int, received: list[
             done.wait(30)
 
     threading.Thread(target=serve, daemon=True).start()
-    return "127.0.0.1:%d" % listener.getsockname()[1]
+    return f"127.0.0.1:{listener.getsockname()[1]}"
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 33, 1 << 20])

@@ -227,7 +227,7 @@ class NoLogProxy:
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.refused = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -336,7 +336,7 @@ def test_cluster_backlog_and_live_messages_exactly_once_across_an_executor_kill(
     a, b = nsqd_factory(), nsqd_factory()
     for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=spark"):
         urllib.request.urlopen(
-            urllib.request.Request("http://%s:%d%s" % (*a.http(), path), method="POST"), timeout=10
+            urllib.request.Request("http://{}:{}{}".format(*a.http(), path), method="POST"), timeout=10
         ).read()
     backlog = bodies("a", 0, 1500)
     publish(a, topic, backlog)

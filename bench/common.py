@@ -716,11 +716,11 @@ def format_table(rows: list[dict]) -> str:
     cells = [[_fmt(row.get(column)) for column in columns] for row in rows]
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
     lines = [
-        "  ".join(column.ljust(width) for column, width in zip(columns, widths)),
+        "  ".join(column.ljust(width) for column, width in zip(columns, widths, strict=True)),
         "  ".join("-" * width for width in widths),
     ]
     for line in cells:
-        lines.append("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
     return "\n".join(lines)
 
 

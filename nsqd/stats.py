@@ -404,7 +404,7 @@ def _client_json(c: ClientStats) -> dict:
 
 
 def _log_json(offsets: tuple[int, int, int]) -> dict:
-    return dict(zip(("start", "committed", "end"), offsets))
+    return dict(zip(("start", "committed", "end"), offsets, strict=True))
 
 
 def _channel_json(c: ChannelStats) -> dict:

@@ -331,7 +331,7 @@ def encode_messages(seq: int, topic: str, messages, channel: str = "") -> bytes:
     count = len(messages)
     if not count:
         return _messages_frame(seq, topic, channel, 0, b"", b"", b"", b"", ())
-    ids, timestamps, attempts, dues, bodies = zip(*messages)
+    ids, timestamps, attempts, dues, bodies = zip(*messages, strict=True)
     return _messages_frame(
         seq,
         topic,

@@ -344,7 +344,7 @@ class NsqdConsumer:
                 acks.extend(ids)
             else:
                 with self._pending_lock:
-                    self._pending.update(zip(ids, range(first, first + len(ids))))
+                    self._pending.update(zip(ids, range(first, first + len(ids)), strict=True))
         if pending_dups:
             with self._pending_lock:
                 self._pending.update(pending_dups)

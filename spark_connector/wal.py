@@ -396,7 +396,7 @@ class MessageLog:
                 index.clear()
                 unindexed = len(recent)
             for first, ids in itertools.islice(recent, len(recent) - unindexed, None):
-                index.update(zip(ids, range(first, first + len(ids))))
+                index.update(zip(ids, range(first, first + len(ids)), strict=True))
             self._indexed_total = self._recent_total
         return index.get(msg_id)
 

@@ -48,13 +48,17 @@ def place(nsqd, topic_name: str, batch: list) -> int:
     now_ns = time.time_ns()
     messages = [Message(m.id, m.body, m.timestamp, m.attempts, _delay(m.due_ns, now_ns)) for m, _f, _r in batch]
     channels = list(topic.channels.values())
-    to_topic = messages if not channels else [m for m, (_, finished, _r) in zip(messages, batch) if finished is None]
+    to_topic = (
+        messages
+        if not channels
+        else [m for m, (_, finished, _r) in zip(messages, batch, strict=True) if finished is None]
+    )
     if to_topic:
         topic.put_many(to_topic)
     for channel in channels:
         name = channel.name
         pending = []
-        for m, (_, finished, requeued) in zip(messages, batch):
+        for m, (_, finished, requeued) in zip(messages, batch, strict=True):
             if finished is None or name in finished:
                 continue
             again = requeued.get(name) if requeued else None
@@ -71,13 +75,15 @@ def place(nsqd, topic_name: str, batch: list) -> int:
             if channel.ephemeral:
                 continue
             done = [
-                m for m, (_, finished, _r) in zip(messages, batch) if finished is not None and channel.name in finished
+                m
+                for m, (_, finished, _r) in zip(messages, batch, strict=True)
+                if finished is not None and channel.name in finished
             ]
             if done:
                 replication.finished(topic_name, channel.name, done)
             again = [
                 (m.id, *requeued[channel.name])
-                for m, (_, finished, requeued) in zip(messages, batch)
+                for m, (_, finished, requeued) in zip(messages, batch, strict=True)
                 if requeued and channel.name in requeued and (finished is None or channel.name not in finished)
             ]
             if again:

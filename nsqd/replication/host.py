@@ -628,7 +628,7 @@ class ReplicaHost:
             adopted.extend(m.id for m, _finished, _requeued in batch)
         AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         store.epoch += 1
-        for channel, before in zip(logs, ends):
+        for channel, before in zip(logs, ends, strict=True):
             # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader of the origin finds its messages here
             note_takeover(
                 channel,

@@ -236,7 +236,7 @@ class Backfill:
                 [
                     (msg_id, timestamp, attempts, due.get(msg_id, 0), body)
                     for msg_id, timestamp, attempts, body in zip(
-                        batch.ids, batch.timestamps, batch.attempts, batch.bodies
+                        batch.ids, batch.timestamps, batch.attempts, batch.bodies, strict=True
                     )
                 ],
             )

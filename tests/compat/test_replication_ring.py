@@ -299,10 +299,11 @@ def _run_ring(
             wait_for(delivered, timeout=120, interval=0.2, message="every acknowledged message delivered")
         except AssertionError:
             missing = {
-                channel: sorted(acked - consumer.received.keys())[:10] for channel, consumer in zip(CHANNELS, consumers)
+                channel: sorted(acked - consumer.received.keys())[:10]
+                for channel, consumer in zip(CHANNELS, consumers, strict=True)
             }
             _write_logs(tmp_path, ring)
-            for channel, consumer in zip(CHANNELS, consumers):
+            for channel, consumer in zip(CHANNELS, consumers, strict=True):
                 (tmp_path / f"missing-{channel}.txt").write_text("\n".join(sorted(acked - consumer.received.keys())))
             (tmp_path / "acked.txt").write_text("\n".join(f"{k} {v}" for k, v in producers.where.items()))
             giving_up = [line for line in consumers[0].log_path.read_text().splitlines() if "giving up" in line]
@@ -311,7 +312,7 @@ def _run_ring(
                 f"channels: {_channel_states(ring)}; pynsq gave up: {giving_up[:5]}"
             ) from None
         report = {"acknowledged": len(acked), "publish_failures_retried": producers.failures}
-        for channel, consumer in zip(CHANNELS, consumers):
+        for channel, consumer in zip(CHANNELS, consumers, strict=True):
             report[f"duplicates_{channel}"] = sum(n - 1 for body, n in consumer.received.items() if body in acked)
         print(f"\nreplication ring, {CYCLES} kills, data {'kept' if keep_data else 'deleted'}: {report}")
         if max_duplicates is not None:

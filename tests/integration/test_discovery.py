@@ -213,7 +213,7 @@ def test_tombstone_hides_a_producer_for_its_lifetime(make_cluster, topic):
     node_entry = next(
         n for n in get(lookupd.http_address, "/nodes").json()["producers"] if n["tcp_port"] == hidden.tcp[1]
     )
-    assert dict(zip(node_entry["topics"], node_entry["tombstones"]))[topic] is True
+    assert dict(zip(node_entry["topics"], node_entry["tombstones"], strict=True))[topic] is True
     # once the lifetime has passed the producer is listed again
     wait_for_producers(lookupd, topic, tcp_ports(cluster), timeout=30)
 

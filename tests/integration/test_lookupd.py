@@ -261,7 +261,7 @@ def test_tombstone_nodes_and_debug(lookupd, topic):
         "topics",
     ]
     assert len(node["tombstones"]) == len(node["topics"])
-    assert dict(zip(node["topics"], node["tombstones"])) == {topic: True, f"{topic}_other": False}
+    assert dict(zip(node["topics"], node["tombstones"], strict=True)) == {topic: True, f"{topic}_other": False}
     # re-registering does not clear the tombstone
     assert peer.command(encode_register(topic)) == b"OK"
     assert lookup_producers(lookupd, topic) == []

@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import time
+from functools import partial
 
 import trio
 
@@ -454,7 +455,7 @@ class _Connection:
             if request.deferred is not None:  # answered now, then its deferred work (and its line after that)
                 if log_it:
                     elapsed_ns = time.perf_counter_ns() - started
-                    request.after_answer(lambda: self._log(True, response.status, head, elapsed_ns))
+                    request.after_answer(partial(self._log, True, response.status, head, elapsed_ns))
                 scope.deadline = trio.current_time() + server.idle_timeout
                 await self._flush(request)
                 if not keep_alive:

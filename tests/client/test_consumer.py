@@ -131,13 +131,13 @@ async def test_max_in_flight_spread_over_connections(nsqd_factory, topic):
     ) as consumer:
         assert consumer.stats().connections == 2
         for daemon in daemons:
-            await eventually_threaded(lambda: ready_counts(daemon, topic) == [5], message="RDY 5 on each nsqd")
+            await eventually_threaded(lambda d=daemon: ready_counts(d, topic) == [5], message="RDY 5 on each nsqd")
         # a third connection lowers the others first: 11 // 3 = 3 each
         third = nsqd_factory()
         await blocking(publish, third, topic, [b"x"])
         await consumer._start_nsqd(third.tcp_address)
         for daemon in [*daemons, third]:
-            await eventually_threaded(lambda: ready_counts(daemon, topic) == [3], message="RDY 3 on each nsqd")
+            await eventually_threaded(lambda d=daemon: ready_counts(d, topic) == [3], message="RDY 3 on each nsqd")
         await eventually(lambda: len(handler.done) == 3, message="one message from each")
         assert consumer.stats().total_rdy == 9
 
@@ -370,14 +370,14 @@ async def test_set_max_in_flight_changes_rdy_at_nsqd(nsqd_factory, topic):
                 consumer.set_max_in_flight(max_in_flight)
             for daemon in daemons:
                 await eventually_threaded(
-                    lambda: ready_counts(daemon, topic) == [expected], message=f"RDY {expected} on each nsqd"
+                    lambda d=daemon, n=expected: ready_counts(d, topic) == [n], message=f"RDY {expected} on each nsqd"
                 )
             assert consumer.stats().total_rdy == 2 * expected
         await eventually(lambda: len(handler.done) == 2, message="both messages")
         # paused: nothing is delivered until the window opens again
         consumer.set_max_in_flight(0)
         for daemon in daemons:
-            await eventually_threaded(lambda: ready_counts(daemon, topic) == [0], message="RDY 0")
+            await eventually_threaded(lambda d=daemon: ready_counts(d, topic) == [0], message="RDY 0")
         await blocking(publish, daemons[0], topic, [b"later"])
         await trio.sleep(0.3)
         assert len(handler.done) == 2
@@ -514,7 +514,7 @@ async def test_discovery_joins_new_nsqd_and_drops_gone_ones(cluster, topic):
         await eventually(lambda: consumer.stats().connections == 2, message="the second nsqd joined")
         await eventually(lambda: sorted(handler.done) == [b"one", b"two"], message="the second nsqd's message")
         for daemon in (first, second):
-            await eventually_threaded(lambda: ready_counts(daemon, topic) == [5], message="RDY 5 on each")
+            await eventually_threaded(lambda d=daemon: ready_counts(d, topic) == [5], message="RDY 5 on each")
 
         # the second goes away: it is dropped and the first gets the whole max_in_flight back
         assert await blocking(second.stop) == 0

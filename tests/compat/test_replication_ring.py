@@ -284,7 +284,7 @@ def _run_ring(
             if not keep_data:
                 shutil.rmtree(ring.data_path(victim))
             successor = (victim + 1) % 3
-            wait_for(lambda: _replica_held(ring, successor, victim) == 0, timeout=30, message="takeover")
+            wait_for(lambda s=successor, v=victim: _replica_held(ring, s, v) == 0, timeout=30, message="takeover")
             ring.start(victim)
             ring.prepare(victim)
         wait_for(ring.healthy, timeout=90, message="ring replicating at the end")

@@ -20,6 +20,7 @@ timeout, then terminates what is left.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import multiprocessing
@@ -418,10 +419,8 @@ class Target:
         )
         self.pid = self.proc.pid
         if self.args.pin:
-            try:
+            with contextlib.suppress(OSError):
                 os.sched_setaffinity(self.pid, {server_cpu()})
-            except OSError:
-                pass
         threading.Thread(target=self._drain_log, daemon=True).start()
         try:
             self.tcp = self._wait_for("TCP", 30.0)

@@ -25,6 +25,7 @@ covers it (``flush``), and asks for it without the coalescing delay. Start-up an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -180,10 +181,8 @@ class MetadataWriter:
                 self._replace(entries, self.WRITE_PAUSE)
             finally:
                 self._last_cpu = time.thread_time() - cpu
-                try:
+                with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(done.set)
-                except trio.RunFinishedError:
-                    pass
 
         self.worker.submit(job)
         with trio.CancelScope(shield=True):  # a write already handed over finishes before the task ends

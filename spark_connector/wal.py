@@ -37,6 +37,7 @@ a first delivery from an nsqd whose ids increase costs one comparison.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -547,10 +548,8 @@ class MessageLog:
             while len(self._segments) > 1 and self._segments[0].end <= position:
                 doomed.append(self._segments.pop(0))
         for segment in doomed:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 segment.path.unlink()
-            except FileNotFoundError:
-                pass
         if doomed:
             _fsync_dir(self.directory)
         return len(doomed)

@@ -117,6 +117,7 @@ do inline is plain system calls on page-cache files (``pwrite``, ``pread`` when 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -894,10 +895,8 @@ class DiskQueue:
         except OSError as exc:
             self.log.error("DISKQUEUE(%s): failed to rename %s - %s", self.name, path, exc)
         if self.checksums:
-            try:
+            with contextlib.suppress(OSError):
                 os.rename(side_file_name(path), side_file_name(path + ".bad"))
-            except OSError:
-                pass
 
     def _check_tail(self) -> None:
         """At the writer, depth must be 0; a reader beyond the writer means the positions are corrupt."""
@@ -1364,7 +1363,5 @@ def _write_fully(fd: int, data: bytes, pos: int, path: str) -> None:
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass

@@ -34,6 +34,7 @@ reader tells by them a takeover from a loss. Each list keeps its last ``NOTES_KE
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -411,10 +412,8 @@ class OffsetLog:
                 self._newest_prefix.pop()
                 chunk.segment.size = chunk.pos
             if segment is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.ftruncate(segment.fd, segment.size)
-                except OSError:
-                    pass
             raise
         self._written = offset
         pending.clear()

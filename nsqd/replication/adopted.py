@@ -16,6 +16,7 @@ it had finished (delivered twice: its FINs had not reached the replica). The fil
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -242,7 +243,5 @@ class AdoptedIds:
         return [raw[i : i + ID_SIZE] for i in range(0, size, ID_SIZE)]
 
     def clear(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass

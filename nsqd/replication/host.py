@@ -12,6 +12,7 @@ back off, up to 5 s; it is waited for, ``REACHABLE_GRACE`` at most); ``takeover`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -517,10 +518,8 @@ class ReplicaHost:
     @staticmethod
     async def _send_error(stream, code: str, text: str) -> None:
         with trio.move_on_after(1):
-            try:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 await stream.send_all(encode(Error(code, text)))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
 
     # -- takeover --------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -13,6 +13,7 @@ certificates signed by that CA, and a second CA nsqd does not trust.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
@@ -138,14 +139,10 @@ class FeatureClient(FrameClient):
             self.send(MAGIC_V2)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.io.close()
-        except OSError:
-            pass
-        try:
+        with contextlib.suppress(OSError):
             self.raw.close()
-        except OSError:
-            pass
 
     # -- bytes
     def send(self, data: bytes) -> None:

@@ -28,8 +28,9 @@ the client reads the answer before the kernel resets the connection.
 
 Errors: a malformed request gets the bytes Go's net/http writes itself (``protocol.http.refusal_bytes``: a plain-text
 ``400 Bad Request``, with Go's words for a missing or repeated Host, ``431`` for an oversized head, ``501`` for a
-transfer coding other than chunked, ``505`` for a well-formed version other than HTTP/1.x) and the connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
-listener's nursery (``except*`` below), so one client never disturbs another.
+transfer coding other than chunked, ``505`` for a well-formed version other than HTTP/1.x) and the connection is closed;
+a handler's exception is the router's 500. Nothing a connection raises reaches the listener's nursery (``except*``
+below), so one client never disturbs another.
 """
 
 from __future__ import annotations

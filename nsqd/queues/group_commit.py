@@ -38,7 +38,8 @@ class SyncBarrier:
         return bool(self._owing)
 
     def owe(self, queue: DiskQueue) -> None:
-        """``queue`` (a disk queue, or anything with ``closed`` and ``sync()``: nsqd.dat's writer) syncs at the next commit."""
+        """``queue`` (a disk queue, or anything with ``closed`` and ``sync()``: nsqd.dat's writer) syncs at the next
+        commit."""
         self._owing[queue] = None
 
     def commit(self) -> bool:

@@ -108,9 +108,9 @@ def note_takeover(channel, key: str, entry: dict) -> None:
 
 def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> tuple[int, int]:
     """Start-up, or a partition's end (what is in flight is forgotten too): take the messages in ``adopted`` (by
-    ``peer``, at ``epoch``) out of every lasting topic of ``nsqd`` and keep the rest where it was. A log channel of such a topic notes the offsets it
-    handed over (``handed_over``: its uncommitted span, committed now; what it keeps is appended after it).
-    Returns (adopted messages found and dropped here, others kept in their topics)."""
+    ``peer``, at ``epoch``) out of every lasting topic of ``nsqd`` and keep the rest where it was. A log channel of such
+    a topic notes the offsets it handed over (``handed_over``: its uncommitted span, committed now; what it keeps is
+    appended after it). Returns (adopted messages found and dropped here, others kept in their topics)."""
     found = kept = 0
     for topic in list(nsqd.topics.values()):
         if topic.ephemeral or not adopted:

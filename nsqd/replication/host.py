@@ -3,11 +3,11 @@
 A connection is served by ``serve`` (called by the TCP listener after the magic): HELLO, WELCOME, then every
 receive buffer's data frames are written in one ``ReplicaStore.write`` (one write, one sync in durable mode),
 answered by one ACK, and only then indexed (``ReplicaStore.apply``: the ACK waits for the disk, not for the
-index); when more has arrived meanwhile it is stored and acknowledged before the index catches up. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
-origins whose stream closed and takes them over after ``--replica-takeover-timeout`` once their address refuses
-connections (an origin that still accepts them is alive: this replica restarted, or the origin's reconnections
-back off, up to 5 s; it is waited for, ``REACHABLE_GRACE`` at most); ``takeover`` does it at once
-(``POST /replica/takeover``).
+index); when more has arrived meanwhile it is stored and acknowledged before the index catches up. A bad frame gets an
+ERROR frame and closes that connection only. ``run`` watches the origins whose stream closed and takes them over after
+``--replica-takeover-timeout`` once their address refuses connections (an origin that still accepts them is alive: this
+replica restarted, or the origin's reconnections back off, up to 5 s; it is waited for, ``REACHABLE_GRACE`` at most);
+``takeover`` does it at once (``POST /replica/takeover``).
 """
 
 from __future__ import annotations

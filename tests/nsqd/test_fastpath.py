@@ -1,4 +1,5 @@
-"""nsqd/fastpath.py's reads, writes and counts, in C (nsqd/_speedups.c) and in Python: the same answers for the same bytes.
+"""nsqd/fastpath.py's reads, writes and counts, in C (nsqd/_speedups.c) and in Python: the same answers for the same
+bytes.
 
 The C module is built by ``pip install -e .`` where a compiler is present; without it its cases are skipped (the
 Python ones still run), and ``test_the_accelerator_is_built`` says so unless TRIONSQ_ALLOW_NO_SPEEDUPS=1."""

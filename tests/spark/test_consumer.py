@@ -23,8 +23,8 @@ from protocol.frames import (
 from spark_connector.consumer import NsqConnectionError
 from spark_connector.options import SourceOptions
 from spark_connector.stream_reader import NsqStreamReader, parse_offset
-from tests.integration.harness import http_get
-from tests.spark.conftest import bodies, free_port, publish, wait_until
+from tests.integration.harness import free_port, http_get
+from tests.spark.conftest import bodies, publish, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

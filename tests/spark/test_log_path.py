@@ -28,10 +28,10 @@ from protocol.log import Columns, decode_range, encode_range
 from spark_connector.log_client import LogNode, NoLogChannels
 from spark_connector.log_source import LogPartition, LogPlanner, probe, range_batch, read_partition
 from spark_connector.options import SourceOptions
+from tests.integration.harness import free_port
 from tests.spark import drivers
 from tests.spark.conftest import (
     bodies,
-    free_port,
     publish,
     read_output,
     session_on,

@@ -8,11 +8,10 @@ import time
 
 import pytest
 
-from tests.integration.harness import RawClient, http_get
+from tests.integration.harness import RawClient, free_port, http_get
 from tests.spark.conftest import (
     bodies,
     consume_bodies,
-    free_port,
     publish,
     topic_message_count,
     wait_until,

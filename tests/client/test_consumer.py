@@ -15,7 +15,6 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from tests.client.test_lookupd import cluster  # noqa: F401 - the fixture: one nsqlookupd, one nsqd registered
 from tests.integration.harness import NsqdProcess, free_port
 from tests.integration.http_helpers import post, stats
 from tests.integration.lookupd_harness import wait_for_producers

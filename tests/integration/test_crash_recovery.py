@@ -13,7 +13,6 @@ import pytest
 
 from tests.integration.harness import ConnectionClosed, RawClient, rdy, sub
 from tests.integration.persistence_helpers import DataDir, consume_exactly, create_channel, receive
-from tests.integration.test_persistence import data_dir  # noqa: F401 - the fixture
 
 #: 100-byte records (4-byte length, 26-byte header, 70-byte body): 10 per 1000-byte file
 FLAGS = ("--mem-queue-size=0", "--max-bytes-per-file=1000")

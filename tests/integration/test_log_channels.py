@@ -25,7 +25,6 @@ from tests.integration.harness import NsqdProcess, RawClient, command, identify,
 from tests.integration.http_helpers import get, stats, wait_for
 from tests.integration.persistence_helpers import http
 from tests.integration.test_auth import AuthServer
-from tests.integration.test_persistence import data_dir  # noqa: F401 (the fixture, shared)
 
 pytestmark = pytest.mark.timeout(90)
 

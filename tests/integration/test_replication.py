@@ -35,15 +35,6 @@ from tests.integration.harness import NsqdProcess, RawClient, command, consumer,
 from tests.integration.http_helpers import get, post, stats, wait_for
 
 
-@pytest.fixture
-def daemons():
-    started: list[NsqdProcess] = []
-    yield started
-    for daemon in started:
-        if daemon.is_running():
-            daemon.kill()
-
-
 def start(daemons, data_path, *args: str, port: int | None = None) -> NsqdProcess:
     port = port or free_port()
     daemon = NsqdProcess(data_path, ["--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{port}", *args])

@@ -21,7 +21,6 @@ from nsqd.server import NSQD
 from nsqd.stats import collect, format_text, json_body
 from nsqd.stats_cache import StatsCache
 from protocol.http import Request
-from tests.nsqd.test_metrics import nsqd  # noqa: F401 (the fixture: a daemon with two percentiles)
 
 
 @pytest.fixture(params=["percentiles", "plain"])

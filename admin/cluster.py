@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from urllib.parse import quote
 
 import trio
@@ -122,7 +123,7 @@ class Cluster:
 
     def _lookupd_calls(self, path: str):
         return [
-            (address, lambda url=upstream_url(address) + path: self.client.get_json(url))
+            (address, partial(self.client.get_json, upstream_url(address) + path))
             for address in self.opts.lookupd_http_addresses
         ]
 

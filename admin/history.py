@@ -181,7 +181,7 @@ class History:
         old_slot = old.count % old.size if thin else 0
         if thin:
             old.times[old_slot] = when
-        for key, values in table.items():
+        for key in table:
             if key not in self.keys:
                 self.keys[key] = _Series(COLUMNS[key[0]], recent.size, old.size)
         oldest = self._times()[0][0] if self.__len__() else when

@@ -571,7 +571,7 @@ class Generators:
                 process.start()
                 child_end.close()
                 children.append((process, parent_end))
-            for process, pipe in children:
+            for _, pipe in children:
                 if not pipe.poll(60):
                     raise RuntimeError("a generator process did not get ready within 60 s")
                 message = pipe.recv()

@@ -754,9 +754,8 @@ class DiskQueue:
         taken = len(records) - before
         self._depth -= taken
         self._ops += taken
-        if taken:
-            if not self._dirty:
-                self._became_dirty()
+        if taken and not self._dirty:
+            self._became_dirty()
         return problem
 
     def _open_read_file(self) -> bool:
@@ -1051,9 +1050,8 @@ class DiskQueue:
         """Sync when changes have been pending for ``sync_timeout`` on the caller's clock; call it periodically
         (say every second). The sync runs on the worker; its errors are logged and kept in ``last_error``, not
         raised. True when it started one."""
-        if self._sync_failed and not self._closed:
-            if not self._dirty:  # try again after another sync_timeout
-                self._became_dirty()
+        if self._sync_failed and not self._closed and not self._dirty:  # try again after another sync_timeout
+            self._became_dirty()
         if self._closed or not self._dirty:
             self._pending_since = None
             return False

@@ -604,10 +604,7 @@ class OffsetLog:
                 while by_bytes < len(removable) and total > self.retention_bytes:
                     total -= removable[by_bytes].size
                     by_bytes += 1
-                if self.retention_time > 0:
-                    removable = removable[: max(by_bytes, keep_from)]
-                else:
-                    removable = removable[:by_bytes]
+                removable = removable[: max(by_bytes, keep_from) if self.retention_time > 0 else by_bytes]
         for segment in removable:
             self._remove_segment(segment)
         return len(removable)

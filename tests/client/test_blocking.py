@@ -203,9 +203,11 @@ def test_tls_verifies_the_certificate(tls_nsqd, certs):
 def test_tls_asked_of_nsqd_without_tls_is_refused(nsqd):
     with pytest.raises(HandshakeError, match="does not offer TLS"):
         connect(nsqd.tcp_address, Config(tls_v1=True))
-    with pytest.raises(NoAvailableNsqd, match="does not offer TLS"):
-        with Producer([nsqd.tcp_address], Config(tls_v1=True)) as producer:
-            producer.publish("refused", b"never in the clear")
+    with (
+        pytest.raises(NoAvailableNsqd, match="does not offer TLS"),
+        Producer([nsqd.tcp_address], Config(tls_v1=True)) as producer,
+    ):
+        producer.publish("refused", b"never in the clear")
 
 
 def test_local_addr_binds_the_source_address(nsqd, topic):

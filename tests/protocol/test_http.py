@@ -95,7 +95,7 @@ def test_parse_query_rejects(raw):
         parse_query(raw)
     request = Request("GET", "/stats", raw)
     with pytest.raises(HTTPError) as info:
-        request.query
+        _ = request.query
     assert (info.value.status, info.value.message) == (400, "INVALID_REQUEST")
 
 

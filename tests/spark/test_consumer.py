@@ -20,7 +20,7 @@ from protocol.frames import (
     HEARTBEAT_FRAME,
     encode_frame,
 )
-from spark_connector.consumer import NsqConnectionError
+from spark_connector.connection import NsqConnectionError
 from spark_connector.options import SourceOptions
 from spark_connector.stream_reader import NsqStreamReader, parse_offset
 from tests.integration.harness import free_port, http_get

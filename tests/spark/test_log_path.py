@@ -30,14 +30,7 @@ from spark_connector.log_source import LogPartition, LogPlanner, probe, range_ba
 from spark_connector.options import SourceOptions
 from tests.integration.harness import free_port
 from tests.spark import drivers
-from tests.spark.conftest import (
-    bodies,
-    publish,
-    read_output,
-    session_on,
-    stop_cluster_session,
-    wait_until,
-)
+from tests.spark.conftest import bodies, publish, read_output, session_on, stop_cluster_session, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -159,7 +152,7 @@ def test_planner_offsets_partitions_and_commits(nsqd_factory, topic):
 
 
 def test_a_start_resolved_again_before_the_first_commit(nsqd_factory, topic):
-    """Spark asks a restarted query's source for its start again until the first batch is committed (README, "A
+    """Spark asks a restarted query's source for its start again until the first batch is committed (docs/spark.md, "A
     start that is resolved again"): ``committed``, fixed offsets and ``startingTimestamp`` give the same start,
     ``latest`` the end nsqd holds then."""
     a = nsqd_factory()

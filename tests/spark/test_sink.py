@@ -9,13 +9,7 @@ import time
 import pytest
 
 from tests.integration.harness import RawClient, free_port, http_get
-from tests.spark.conftest import (
-    bodies,
-    consume_bodies,
-    publish,
-    topic_message_count,
-    wait_until,
-)
+from tests.spark.conftest import bodies, consume_bodies, publish, topic_message_count, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from urllib.parse import quote
 
 import trio
@@ -49,7 +50,7 @@ def _node_topics(raw: dict) -> list[tuple[str, bool]]:
     """(topic, tombstoned) of one producer of lookupd's ``/nodes``."""
     topics = raw.get("topics") or []
     flags = raw.get("tombstones") or [False] * len(topics)
-    return [(topic, bool(tombstoned)) for topic, tombstoned in zip(topics, flags)]
+    return [(topic, bool(tombstoned)) for topic, tombstoned in zip(topics, flags, strict=True)]
 
 
 def _join_host(host: str, port: int) -> str:
@@ -122,7 +123,7 @@ class Cluster:
 
     def _lookupd_calls(self, path: str):
         return [
-            (address, lambda url=upstream_url(address) + path: self.client.get_json(url))
+            (address, partial(self.client.get_json, upstream_url(address) + path))
             for address in self.opts.lookupd_http_addresses
         ]
 

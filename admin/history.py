@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from array import array
+from itertools import pairwise
 
 import trio
 
@@ -180,7 +181,7 @@ class History:
         old_slot = old.count % old.size if thin else 0
         if thin:
             old.times[old_slot] = when
-        for key, values in table.items():
+        for key in table:
             if key not in self.keys:
                 self.keys[key] = _Series(COLUMNS[key[0]], recent.size, old.size)
         oldest = self._times()[0][0] if self.__len__() else when
@@ -265,7 +266,7 @@ class History:
             if sparklines is None or key[1] in sparklines:
                 entry["rates"] = [
                     _rate(series.get(tier, a, MESSAGES), series.get(tier, b, MESSAGES), t1 - t0)
-                    for (t0, a), (t1, b) in zip(recent, recent[1:])
+                    for (t0, a), (t1, b) in pairwise(recent)
                 ]
             result[key[1]] = entry
         return result

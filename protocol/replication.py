@@ -331,7 +331,7 @@ def encode_messages(seq: int, topic: str, messages, channel: str = "") -> bytes:
     count = len(messages)
     if not count:
         return _messages_frame(seq, topic, channel, 0, b"", b"", b"", b"", ())
-    ids, timestamps, attempts, dues, bodies = zip(*messages)
+    ids, timestamps, attempts, dues, bodies = zip(*messages, strict=True)
     return _messages_frame(
         seq,
         topic,
@@ -384,7 +384,7 @@ def _cached_name(name: str) -> bytes:
 def _messages_frame(
     seq: int, topic: str, channel: str, count: int, ids: bytes, timestamps: bytes, attempts: bytes, dues: bytes, bodies
 ) -> bytes:
-    lengths = struct.pack(">%dI" % count, *map(len, bodies))
+    lengths = struct.pack(f">{count}I", *map(len, bodies))
     data = b"".join(bodies)
     topic_raw, channel_raw = _cached_name(topic), _cached_name(channel)
     size = (

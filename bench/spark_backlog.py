@@ -79,8 +79,8 @@ def _peak_rss(pid: int) -> int:
 
 
 def _roles() -> dict[str, list[int]]:
-    """The driver's JVM and source runners (this process's descendants), the executors' JVMs and
-    their Python workers."""
+    """Of this process's descendants: the driver's JVM (SparkSubmit) and its Python source runner,
+    the executors' JVMs and their Python workers."""
     procs = _processes()
 
     def under(pid: int, ancestor) -> bool:
@@ -91,18 +91,19 @@ def _roles() -> dict[str, list[int]]:
         return False
 
     me = os.getpid()
-    executors = {p for p, (_, cmd) in procs.items() if b"CoarseGrainedExecutorBackend" in cmd}
-    roles: dict[str, list[int]] = {"driver_jvm": [], "driver_py": [], "executors_jvm": [], "executors_py": []}
+    executors = {
+        p for p, (parent, cmd) in procs.items() if b"CoarseGrainedExecutorBackend" in cmd and under(parent, me.__eq__)
+    }
+    drivers = {p for p, (parent, cmd) in procs.items() if b"SparkSubmit" in cmd and under(parent, me.__eq__)}
+    roles: dict[str, list[int]] = {"driver_jvm": sorted(drivers), "driver_py": [], "executors_jvm": sorted(executors)}
+    roles["executors_py"] = []
     for pid, (parent, cmd) in procs.items():
-        if pid in executors:
-            roles["executors_jvm"].append(pid)
-        elif b"python" in cmd and under(parent, executors.__contains__):
+        if b"python" not in cmd:
+            continue
+        if under(parent, executors.__contains__):
             roles["executors_py"].append(pid)
-        elif pid != me and under(parent, lambda p: p == me):
-            if cmd.startswith(b"java") or b"/java\x00" in cmd:
-                roles["driver_jvm"].append(pid)
-            elif b"python" in cmd:
-                roles["driver_py"].append(pid)
+        elif under(parent, drivers.__contains__):
+            roles["driver_py"].append(pid)
     return roles
 
 

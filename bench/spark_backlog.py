@@ -8,7 +8,7 @@ the log path and 2,400,000 for the driver path (``readMode=driver``: nsqd 1.3.0 
 in the field; this project's nsqd serves it the same when the query asks for it). The query has
 the source's default options (no ``maxOffsetsPerTrigger``: the driver path's default
 ``maxBytesPerTrigger`` bounds its batches) and Spark's ``noop`` sink, and runs until every message
-is in.
+is in. Each path runs in a process of its own, with a driver JVM of its own.
 
 Figures per path: batches with rows, their rows (min, median, max), the rate over the whole query
 and per batch (first, median, last batch's rows over its trigger's duration: steady when these are
@@ -205,6 +205,22 @@ def _run_path(cluster, nsqds, args, work: Path, driver_path: bool, messages: int
     }
 
 
+def _run_child(args, path: str, messages: int) -> dict:
+    """This scenario for one path in a process of its own; its JSON document."""
+    import json
+    import subprocess
+
+    results = Path(tempfile.mkdtemp(prefix="trionsq-spark-backlog-results-"))
+    try:
+        argv = [sys.executable, "-m", f"bench.{NAME}", "--paths", path, "--messages", str(messages)]
+        argv += ["--body-size", str(args.body_size), "--driver-memory", args.driver_memory]
+        argv += ["--executor-memory", args.executor_memory, "--query-timeout", str(args.query_timeout)]
+        subprocess.run([*argv, "--results-dir", str(results)], check=True)
+        return json.loads((results / f"{NAME}.json").read_text())
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
 def run(args) -> Report:
     from tests.integration.harness import NsqdProcess
     from tests.spark.standalone import StandaloneCluster
@@ -226,6 +242,15 @@ def run(args) -> Report:
         },
     )
     report.notes.append("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    if len(paths) > 1:
+        # one process per path: pyspark keeps the driver's JVM for the life of the process, so a second
+        # application here would run in the first one's JVM, its heap and its collections
+        for i, path in enumerate(paths):
+            child = _run_child(args, path, counts[min(i, len(counts) - 1)])
+            report.rows += child["results"]
+            report.targets.update(child["targets"])
+        report.notes.append("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+        return report
     work = Path(tempfile.mkdtemp(prefix="trionsq-spark-backlog-"))
     nsqds = []
     cluster = None

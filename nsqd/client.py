@@ -10,8 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:  # for annotations only: the channel imports this module
+    from .auth import AuthState
+    from .channel import Channel
 
 __all__ = ["Client", "ClientState"]
 
@@ -74,10 +79,10 @@ class Client:
 
         # auth: the secret of AUTH and the auth server's answer (nsqd.auth.AuthState)
         self.auth_secret: bytes | None = None
-        self.auth_state = None
+        self.auth_state: AuthState | None = None
 
         # delivery
-        self.channel = None
+        self.channel: Channel | None = None
         self.rdy = 0
         self.in_flight = 0
         self.in_mailbox = False

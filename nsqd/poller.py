@@ -110,11 +110,11 @@ def scheduler_idle():
         statistics = trio.lowlevel.current_statistics
         clock = trio.current_time
 
-        def idle(now: float) -> bool:
+        def idle_by_statistics(now: float) -> bool:
             stats = statistics()
             return not stats.tasks_runnable and clock() + stats.seconds_to_next_deadline > now
 
-        return idle
+        return idle_by_statistics
 
     def idle(now: float) -> bool:
         return not runq and next_deadline() > now

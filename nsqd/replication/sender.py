@@ -63,6 +63,7 @@ from protocol.replication import (
     encode_published,
 )
 
+from ..poller import ReadPoller
 from ..queues.atomic_file import replace_file
 
 __all__ = [
@@ -311,7 +312,7 @@ class Replicator:
         #: included), and calls their ``flush`` first
         self._waiters: list[tuple[int, int, trio.Event | None, object]] = []  # None: ``call_when_acked``
         #: the node's ``ReadPoller`` (None: the peers' sockets are read by their receive tasks alone)
-        self.poller = None
+        self.poller: ReadPoller | None = None
         self._waiter_order = 0
         #: () -> ``snapshot.Backfill``: everything this node holds, captured now, sent by its ``send``
         self.snapshot = snapshot

@@ -140,7 +140,7 @@ def encode_offsets(start: int, committed: int, end: int, **extra: object) -> byt
     return json.dumps({**extra, "start": start, "committed": committed, "end": end}, separators=(",", ":")).encode()
 
 
-def decode_offsets(data: bytes) -> dict[str, int]:
+def decode_offsets(data: bytes | bytearray) -> dict[str, int]:
     """An offsets answer as a dict (``start``, ``committed``, ``end``, and LSEEK's ``offset``). Anything else
     raises ``ProtocolError(E_BAD_PROTOCOL)``."""
     try:

@@ -117,7 +117,9 @@ class _API:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.metrics_endpoint: MetricsEndpoint | None = None  # built at the first scrape: prometheus_client costs start-up time otherwise
+        self.metrics_endpoint: MetricsEndpoint | None = (
+            None  # built at the first scrape: prometheus_client costs start-up time otherwise
+        )
         self.stats_cache = nsqd.stats_cache()
 
     # -- parameter helpers -------------------------------------------------------------------------------------

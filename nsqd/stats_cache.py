@@ -56,8 +56,8 @@ from __future__ import annotations
 
 import time
 from itertools import zip_longest
-from typing import Any
 from operator import attrgetter
+from typing import Any
 
 from .client import ClientState
 from .e2e import EMPTY as EMPTY_E2E

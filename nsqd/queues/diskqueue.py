@@ -675,9 +675,7 @@ class DiskQueue:
         if self.on_damage is not None:
             self.on_damage(self, count)
 
-    def _read_records_held(
-        self, records: list[bytes] | SplitRecords, max_count: int, end: int
-    ) -> str | Damaged | None:
+    def _read_records_held(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | Damaged | None:
         """``_read_records``, then the start of each new record joins the held window (its ops do not count)."""
         before = len(records)
         pos = self._read_pos
@@ -745,9 +743,7 @@ class DiskQueue:
                 self._submit(partial(self._remove_data_file, self.file_name(num)))
             self._oldest_file += 1
 
-    def _read_records(
-        self, records: list[bytes] | SplitRecords, max_count: int, end: int
-    ) -> str | Damaged | None:
+    def _read_records(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | Damaged | None:
         """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
         description of the corruption that stopped it, or None."""
         before = len(records)

@@ -312,7 +312,9 @@ class Replicator:
         #: writers waiting for an ACK, by the seq they wait for: (seq, order, event, flush), a min-heap. An ACK wakes
         #: only those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs
         #: included), and calls their ``flush`` first
-        self._waiters: list[tuple[int, int, trio.Event | None, Callable[[], None] | None]] = []  # None: ``call_when_acked``
+        self._waiters: list[
+            tuple[int, int, trio.Event | None, Callable[[], None] | None]
+        ] = []  # None: ``call_when_acked``
         #: the node's ``ReadPoller`` (None: the peers' sockets are read by their receive tasks alone)
         self.poller: ReadPoller | None = None
         self._waiter_order = 0

@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
 RUN_STAMP := $(VENV)/.installed-daemons
 NODE_DIR := tests/compat/node
 DATA ?= ./data
 
-.PHONY: venv run test bench lint clean node spark-proto browser
+.PHONY: venv run test bench lint docs clean node spark-proto browser
 
 venv: $(STAMP)
 
@@ -55,8 +56,17 @@ lint: $(RUN_STAMP)
 	$(PY) -m mypy
 	$(PY) -m compileall -q protocol runtime nsqd lookupd admin spark_connector tests bench
 
+# The docs site (mkdocs.yml, docs/*.md) into site/; --strict makes every warning an error, and mkdocs.yml's
+# `validation:` makes a broken link or anchor a warning. Material's banner about its own future is not one.
+$(DOCS_STAMP): pyproject.toml $(RUN_STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(NODE_DIR)/node_modules
+	rm -rf $(VENV) $(NODE_DIR)/node_modules site
 
 # Regenerate spark_connector/wal_pb2.py after editing wal.proto (the generated module is committed).
 spark-proto: venv

@@ -67,7 +67,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from protocol.log import E_LOG_BEFORE_START, RANGE_HEADER_SIZE, RANGE_MAGIC
 from trionsq.blocking import ConnectionClosed, LookupdError, NSQError, lookup
 
-from .consumer import NsqConnectionError, NsqSourceError
+from .connection import NsqConnectionError, NsqSourceError
 from .log_client import LogNode, NoLogChannels
 from .options import START_COMMITTED, START_EARLIEST, START_LATEST, SourceOptions
 from .ranges import share, split

@@ -54,7 +54,7 @@ tls.caFile               system     CA bundle to verify nsqd's certificate
 tls.certFile/tls.keyFile --         client certificate for nsqd's --tls-client-auth-policy
 tls.insecure             false      skip certificate and host name verification
 tls.serverName           host       name to verify the certificate against
-snappy / deflate         false      compression (needs protocol/compression.py; see README)
+snappy / deflate         false      compression (needs protocol/compression.py; see docs/spark.md)
 deflate.level            6          requested deflate level
 auth.secret              --         sent with AUTH when nsqd requires it
 ======================== ========== ===============================================================

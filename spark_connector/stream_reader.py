@@ -40,7 +40,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .consumer import ConsumerGroup, NsqSourceError
+from .connection import NsqSourceError
+from .consumer import ConsumerGroup
 from .log_source import LOG_OFFSET_VERSION, LogPartition, LogPlanner, lookupd_nodes, probe, read_partition
 from .options import READ_DRIVER, READ_LOG, SourceOptions
 from .ranges import share, split

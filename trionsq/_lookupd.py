@@ -47,12 +47,24 @@ DEFAULT_TIMEOUT = 60.0  # go-nsq's lookupd_poll_timeout
 
 
 class LookupdError(Exception):
-    """A lookupd query that got no usable answer; the text names the URL and the reason."""
+    """A lookupd query that got no usable answer: refused, timed out, not JSON, or another status than 200 (and 404
+    for an unknown topic, which is an empty answer). The text names the URL and the reason."""
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """One nsqd as a lookupd lists it (``/lookup``'s producers, ``/nodes``' nodes)."""
+    """One nsqd as a lookupd lists it (``/lookup``'s producers, ``/nodes``' nodes).
+
+    Attributes:
+        broadcast_address: The address the nsqd registered (``--broadcast-address``).
+        tcp_port: Its TCP port.
+        http_port: Its HTTP port.
+        hostname: Its host's name.
+        remote_address: The address lookupd sees its registration connection come from.
+        version: Its version.
+        topics: Its topics (``/nodes`` only).
+        tombstones: Per topic, whether it is tombstoned on this nsqd (``/nodes`` only, parallel to ``topics``).
+    """
 
     broadcast_address: str
     tcp_port: int
@@ -70,6 +82,7 @@ class Peer:
 
     @property
     def http_address(self) -> str:
+        """``host:port`` for the HTTP API."""
         return _join(self.broadcast_address, self.http_port)
 
 
@@ -218,7 +231,22 @@ async def lookup_producers(
 async def lookup(
     lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT, authorization: str | None = None
 ) -> list[str]:
-    """The ``broadcast_address:tcp_port`` of each nsqd that a lookupd lists for ``topic``, in its order."""
+    """The ``broadcast_address:tcp_port`` of each nsqd that a lookupd lists for ``topic``, in its order.
+
+    One ``GET /lookup?topic=``; NSQ 0.x's enveloped answers are read too.
+
+    Args:
+        lookupd_http_address: The lookupd's HTTP address, ``host:port`` or an ``http(s)://`` URL.
+        topic: The topic.
+        timeout: The bound on the whole query, in seconds.
+        authorization: A secret sent as ``Authorization: Bearer <secret>``.
+
+    Returns:
+        The addresses, ``[]`` for a topic the lookupd does not know.
+
+    Raises:
+        LookupdError: The lookupd gave no usable answer.
+    """
     peers = await lookup_producers(lookupd_http_address, topic, timeout=timeout, authorization=authorization)
     return [peer.tcp_address for peer in peers]
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["SyncBarrier"]
+__all__ = ["SyncBarrier", "Syncable"]
 
 
 class Syncable(Protocol):
-    """What owes a sync: a disk queue, or nsqd.dat's writer."""
+    """What can owe a sync: a disk queue (``diskqueue.DiskQueue``), nsqd.dat's writer. The barrier needs no more, so
+    it does not import the disk queue, which imports it."""
 
     @property
     def closed(self) -> bool: ...

@@ -356,7 +356,8 @@ class DaemonProcess:
     """One daemon subprocess (``python -m <module> <args>`` from the checkout), its merged stdout/stderr drained
     by a thread so it never blocks on a full pipe.
 
-    ``start`` waits (bounded) for the ``<ready>: listening on <addr>`` line. Every ``listening on`` line is
+    ``env`` is added to the environment and ``cwd`` (the checkout unless set) is where it starts. ``start`` waits
+    (bounded) for the ``<ready>: listening on <addr>`` line. Every ``listening on`` line is
     recorded by listener name (TCP, HTTP, HTTPS): in ``addresses`` as logged, in ``listening`` as (host, port)
     with an unspecified host replaced by 127.0.0.1. ``stop`` sends SIGTERM and returns the exit code (kill -9
     and fail when it does not exit in time).
@@ -376,6 +377,7 @@ class DaemonProcess:
         self._drainer: threading.Thread | None = None
         self._drained = False
         self.env: dict[str, str] = {}  # added to the environment of each start
+        self.cwd: Path = REPO_ROOT
 
     @property
     def argv(self) -> list[str]:
@@ -385,7 +387,7 @@ class DaemonProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             self.argv,
-            cwd=REPO_ROOT,
+            cwd=self.cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

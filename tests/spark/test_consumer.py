@@ -20,11 +20,11 @@ from protocol.frames import (
     HEARTBEAT_FRAME,
     encode_frame,
 )
-from spark_connector.consumer import NsqConnectionError
+from spark_connector.connection import NsqConnectionError
 from spark_connector.options import SourceOptions
 from spark_connector.stream_reader import NsqStreamReader, parse_offset
-from tests.integration.harness import http_get
-from tests.spark.conftest import bodies, free_port, publish, wait_until
+from tests.integration.harness import free_port, http_get
+from tests.spark.conftest import bodies, publish, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -358,7 +358,7 @@ def _scripted_nsqd(parts: list[tuple[bytes, bytes]], chunk: int, received: list[
             done.wait(30)
 
     threading.Thread(target=serve, daemon=True).start()
-    return "127.0.0.1:%d" % listener.getsockname()[1]
+    return f"127.0.0.1:{listener.getsockname()[1]}"
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 33, 1 << 20])

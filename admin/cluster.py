@@ -51,7 +51,7 @@ def _node_topics(raw: dict) -> list[tuple[str, bool]]:
     """(topic, tombstoned) of one producer of lookupd's ``/nodes``."""
     topics = raw.get("topics") or []
     flags = raw.get("tombstones") or [False] * len(topics)
-    return [(topic, bool(tombstoned)) for topic, tombstoned in zip(topics, flags)]
+    return [(topic, bool(tombstoned)) for topic, tombstoned in zip(topics, flags, strict=True)]
 
 
 def _join_host(host: str, port: int) -> str:

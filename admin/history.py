@@ -28,6 +28,7 @@ import math
 import time
 from array import array
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import trio
@@ -182,7 +183,7 @@ class History:
         old_slot = old.count % old.size if thin else 0
         if thin:
             old.times[old_slot] = when
-        for key, values in table.items():
+        for key in table:
             if key not in self.keys:
                 self.keys[key] = _Series(COLUMNS[key[0]], recent.size, old.size)
         oldest = self._times()[0][0] if self.__len__() else when
@@ -267,7 +268,7 @@ class History:
             if sparklines is None or key[1] in sparklines:
                 entry["rates"] = [
                     _rate(series.get(tier, a, MESSAGES), series.get(tier, b, MESSAGES), t1 - t0)
-                    for (t0, a), (t1, b) in zip(recent, recent[1:])
+                    for (t0, a), (t1, b) in pairwise(recent)
                 ]
             result[key[1]] = entry
         return result

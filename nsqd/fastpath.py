@@ -170,7 +170,7 @@ def _count_published(connections: list, counts: list[int], topic: str) -> None:
     """``count_published`` in Python: ``Client.published`` for each connection's client."""
     if len(connections) != len(counts):
         raise ValueError("connections and counts differ in length")
-    for connection, count in zip(connections, counts):
+    for connection, count in zip(connections, counts, strict=True):
         connection.client.published(topic, count)
 
 
@@ -180,7 +180,7 @@ def _write_oks(fds: list[int], counts: list[int]) -> list[tuple[int, int]]:
         raise ValueError("fds and counts differ in length")
     short = []
     write = os.write
-    for index, (fd, count) in enumerate(zip(fds, counts)):
+    for index, (fd, count) in enumerate(zip(fds, counts, strict=True)):
         if count <= 0:
             continue
         data = OK_FRAME * count
@@ -294,7 +294,7 @@ class PublishBatch:
             if self.nsqd.sync_barrier:
                 # durable mode: the sync this publish made due is committed by the writers before these OKs leave,
                 # and a failed one turns each of them into E_PUB_FAILED (Connection._writer, commit_verbs)
-                for connection, count in zip(connections, counts):
+                for connection, count in zip(connections, counts, strict=True):
                     connection.client.commit_verbs.extend(("PUB",) * count)
                     connection.answer_later(OK_FRAME * count)
                 continue

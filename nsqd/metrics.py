@@ -141,7 +141,7 @@ def _value(value) -> str:
 def _rows_of(
     item, samples: tuple[str, ...], series, latency: tuple, labels: str, before: str, after: str
 ) -> tuple[bytes, ...]:
-    lines = [f"{sample}{labels} {_value(spec[3](item))}\n" for sample, spec in zip(samples, series)]
+    lines = [f"{sample}{labels} {_value(spec[3](item))}\n" for sample, spec in zip(samples, series, strict=True)]
     e2e = item.e2e_processing_latency
     if e2e.percentiles is None:
         lines += ("", "")
@@ -174,7 +174,7 @@ def channel_rows(channel, topic_name: str) -> tuple[bytes, ...]:
     if channel.log is None:
         return rows + _NO_LOG_ROWS
     return rows + tuple(
-        f"{name}{labels} {_value(value)}\n".encode() for (name, _), value in zip(LOG_SERIES, channel.log)
+        f"{name}{labels} {_value(value)}\n".encode() for (name, _), value in zip(LOG_SERIES, channel.log, strict=True)
     )
 
 

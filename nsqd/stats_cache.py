@@ -136,7 +136,7 @@ def _e2e_result(values: tuple | None) -> E2EResult:
         return EMPTY_E2E
     if len(values) == 2 and values[1] is None:
         return E2EResult(values[0])
-    return E2EResult(values[0], tuple(zip(values[1::2], values[2::2])))
+    return E2EResult(values[0], tuple(zip(values[1::2], values[2::2], strict=True)))
 
 
 #: the fields of a channel's key before its latency window's state (see ``StatsCache._refresh``)
@@ -625,7 +625,7 @@ class StatsCache:
     @staticmethod
     def _text_with_ages(out: list, rendered: tuple, now: int, ages: dict) -> None:
         out.append(rendered[0])
-        for connect_ts, text in zip(rendered[1::2], rendered[2::2]):
+        for connect_ts, text in zip(rendered[1::2], rendered[2::2], strict=True):
             age = ages.get(connect_ts)
             if age is None:
                 age = ages[connect_ts] = _encode(connected_text(connect_ts, now))
@@ -647,16 +647,16 @@ class StatsCache:
                 name = columns.topics[index].name
                 channels = tuple(stats for stats, _ in columns.channel_stats(index))
                 channel_rows_ = [channel_rows(stats, name) for stats in channels]
-                joined = tuple(map(b"".join, zip(*channel_rows_)))
+                joined = tuple(map(b"".join, zip(*channel_rows_, strict=True)))
                 rows[index] = topic_rows(columns.topic_stats(index, channels)) + joined
         blocks = []
         for start in range(0, len(rows), METRICS_BLOCK):
             run = rows[start : start + METRICS_BLOCK]
             kept = self._metrics_blocks.get(start)
             if kept is None or kept[0] != run:  # the same row objects: no change (compared by identity first)
-                topic_columns = tuple(map(b"".join, zip(*[rendered[:_TOPIC_ROWS] for rendered in run])))
+                topic_columns = tuple(map(b"".join, zip(*[rendered[:_TOPIC_ROWS] for rendered in run], strict=True)))
                 channel_parts = [rendered[_TOPIC_ROWS:] for rendered in run if len(rendered) > _TOPIC_ROWS]
-                channel_columns = tuple(map(b"".join, zip(*channel_parts))) if channel_parts else None
+                channel_columns = tuple(map(b"".join, zip(*channel_parts, strict=True))) if channel_parts else None
                 kept = self._metrics_blocks[start] = (run, topic_columns, channel_columns)
             blocks.append(kept)
         for start in [start for start in self._metrics_blocks if start >= len(rows)]:

@@ -1071,7 +1071,7 @@ def fail_publish_oks(data: bytes, verbs: list[str]) -> bytes:
     failed = oks[len(oks) - len(verbs) :] if len(verbs) <= len(oks) else oks
     verbs = verbs[len(verbs) - len(failed) :]
     parts, last = [], 0
-    for at, verb in zip(failed, verbs):
+    for at, verb in zip(failed, verbs, strict=True):
         parts.append(data[last:at])
         parts.append(encode_frame(FRAME_TYPE_ERROR, f"E_{verb}_FAILED {verb} failed sync".encode()))
         last = at + len(OK_FRAME)

@@ -297,7 +297,7 @@ class Topic:
                     if self._has_log_channel():
                         # recorded at once: a kill -9 then makes a log see again one batch at most, which it knows
                         # (offset_log.RECENT_IDS); a delay of --sync-timeout would leave it seconds of messages
-                        try:
+                        try:  # noqa: SIM105 - the publish path: try costs nothing unless raised, suppress() a call
                             backend.sync()
                         except OSError:
                             pass  # logged and kept by the queue; its next sync records it

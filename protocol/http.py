@@ -509,7 +509,7 @@ class Router:
             for pattern, table in self._dynamic.items():
                 if method in table and len(pattern) == len(segments):
                     fixed = []
-                    for want, got in zip(pattern, segments):
+                    for want, got in zip(pattern, segments, strict=True):
                         if want.startswith(":"):
                             if not got:
                                 break
@@ -591,7 +591,7 @@ def run_deferred(request: Request, logger: logging.Logger) -> None:
 
 def _bind(pattern: tuple[str, ...], segments: tuple[str, ...]) -> dict[str, str] | None:
     params = {}
-    for want, got in zip(pattern, segments):
+    for want, got in zip(pattern, segments, strict=True):
         if want.startswith(":"):
             if not got:
                 return None

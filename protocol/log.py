@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .errors import E_BAD_CHANNEL, E_BAD_PROTOCOL, E_BAD_TOPIC, E_INVALID, ProtocolError
@@ -127,8 +127,8 @@ def parse_log_request(name: bytes, params: Sequence[bytes]) -> LogRequest:
         raise ProtocolError(E_BAD_CHANNEL, f"{verb} channel name {go_quote(channel)} is not valid")
     if is_ephemeral(topic) or is_ephemeral(channel):
         raise ProtocolError(E_INVALID, f"{verb} ephemeral topic or channel {topic}:{channel} cannot be a log")
-    numbers = tuple(_number(verb, field, raw) for field, raw in zip(fields, params[2:]))
-    return LogRequest(verb, topic, channel, numbers + (None,) * (len(fields) - len(numbers)))
+    numbers = tuple(_number(verb, field, raw) for field, raw in zip(fields, params[2:], strict=False))
+    return LogRequest(verb, topic, channel, numbers + (None,) * (len(fields) - len(numbers)))  # None: left out
 
 
 # -- JSON answers ----------------------------------------------------------------------------------
@@ -318,7 +318,8 @@ class LogRange(NamedTuple):
             (ids[k : k + 16] for k in range(0, 16 * count, 16)),
             struct.unpack(f">{count}q", self.timestamps),
             struct.unpack(f">{count}H", self.attempts),
-            (bodies[a:b] for a, b in zip(starts, starts[1:])),
+            (bodies[a:b] for a, b in pairwise(starts)),
+            strict=True,
         )
 
 

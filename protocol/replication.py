@@ -359,7 +359,7 @@ def encode_messages(seq: int, topic: str, messages: Sequence[MessageRow], channe
     count = len(messages)
     if not count:
         return _messages_frame(seq, topic, channel, 0, b"", b"", b"", b"", ())
-    ids, timestamps, attempts, dues, bodies = zip(*messages)
+    ids, timestamps, attempts, dues, bodies = zip(*messages, strict=True)
     return _messages_frame(
         seq,
         topic,
@@ -420,7 +420,7 @@ def _messages_frame(
     dues: bytes,
     bodies: Sequence[bytes],
 ) -> bytes:
-    lengths = struct.pack(">%dI" % count, *map(len, bodies))
+    lengths = struct.pack(f">{count}I", *map(len, bodies))
     data = b"".join(bodies)
     topic_raw, channel_raw = _cached_name(topic), _cached_name(channel)
     size = (

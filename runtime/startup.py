@@ -8,6 +8,7 @@ test suites poll a freshly started nsqd for a second or two). ``runtime.daemon``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -172,10 +173,8 @@ def bind_unix(path: str) -> list[socket.socket]:
 def remove_unix_sockets() -> None:
     """Remove the files of the unix sockets ``bind_unix`` made (called once the daemon has stopped)."""
     while _BOUND_UNIX_PATHS:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(_BOUND_UNIX_PATHS.pop())
-        except OSError:
-            pass
 
 
 def bind_tcp(address: str) -> list[socket.socket]:

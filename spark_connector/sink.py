@@ -277,7 +277,7 @@ class _PartitionWriter:
         topics = batch.column(self.columns["topic"]) if "topic" in self.columns else None
         subset = body.take(rows)
         self._check_bodies(subset, base, rows)
-        for k, (row, data) in enumerate(zip(rows.to_pylist(), subset.to_pylist())):
+        for row, data in zip(rows.to_pylist(), subset.to_pylist(), strict=True):
             topic = topics[row].as_py() if topics is not None else None
             topic = topic if topic is not None else self.options.topic
             if topic is None:

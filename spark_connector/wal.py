@@ -37,6 +37,7 @@ a first delivery from an nsqd whose ids increase costs one comparison.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -270,7 +271,7 @@ class MessageLog:
         if self._segments:
             self.end = self.synced_end = self._segments[-1].end
             last = self._segments[-1]
-            self._file = open(last.path, "r+b")
+            self._file = open(last.path, "r+b")  # noqa: SIM115 - the open segment, closed by _new_segment or close
             self._file.seek(last.size)
             self._file.truncate()
         return self
@@ -351,9 +352,12 @@ class MessageLog:
         for pos in range(start, len(data) - _RECORD_HEADER.size):
             length, crc = _RECORD_HEADER.unpack_from(data, pos)
             end = pos + _RECORD_HEADER.size + length
-            if 0 < length <= len(data) - pos - _RECORD_HEADER.size and end <= len(data):
-                if zlib.crc32(data[pos + _RECORD_HEADER.size : end]) == crc:
-                    return True
+            if (
+                0 < length <= len(data) - pos - _RECORD_HEADER.size
+                and end <= len(data)
+                and zlib.crc32(data[pos + _RECORD_HEADER.size : end]) == crc
+            ):
+                return True
         return False
 
     # -- redelivered copies ----------------------------------------------------------------
@@ -397,7 +401,7 @@ class MessageLog:
                 index.clear()
                 unindexed = len(recent)
             for first, ids in itertools.islice(recent, len(recent) - unindexed, None):
-                index.update(zip(ids, range(first, first + len(ids))))
+                index.update(zip(ids, range(first, first + len(ids)), strict=True))
             self._indexed_total = self._recent_total
         return index.get(msg_id)
 
@@ -466,7 +470,7 @@ class MessageLog:
             os.fsync(self._file.fileno())
             self._file.close()
         path = self.directory / f"{first:020d}{SEGMENT_SUFFIX}"
-        self._file = open(path, "w+b")
+        self._file = open(path, "w+b")  # noqa: SIM115 - the open segment, closed by _new_segment or close
         self._file.write(SEGMENT_MAGIC)
         segment = _Segment(path, first, [], len(SEGMENT_MAGIC))
         with self._lock:
@@ -548,10 +552,8 @@ class MessageLog:
             while len(self._segments) > 1 and self._segments[0].end <= position:
                 doomed.append(self._segments.pop(0))
         for segment in doomed:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 segment.path.unlink()
-            except FileNotFoundError:
-                pass
         if doomed:
             _fsync_dir(self.directory)
         return len(doomed)

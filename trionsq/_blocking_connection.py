@@ -3,6 +3,7 @@ told in ``trionsq.blocking``, whose public names these are."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import select
@@ -289,10 +290,8 @@ class BlockingConnection:
             # part of a command may have gone out: the stream is unusable. Shut it down rather than
             # close it, so that a reader blocked in another thread wakes up to EOF
             self.closed = True
-            try:
+            with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             raise ConnectionClosed(f"cannot write to nsqd {self.address}: {cause(exc)}") from exc
 
     # -- reading through the core ----------------------------------------------------------------------
@@ -577,10 +576,8 @@ class BlockingConnection:
         nsqd requeues what this connection had in flight when each message times out.
         """
         self.closed = True
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     def __enter__(self) -> BlockingConnection:
         return self

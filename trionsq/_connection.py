@@ -47,6 +47,7 @@ after the connection closed is dropped (nsqd has requeued the message already).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -222,10 +223,8 @@ class Connection:
         """
         if not self.closed and self.subscribed:
             with trio.move_on_after(timeout):
-                try:
+                with contextlib.suppress(ConnectionClosed, NSQError):
                     await self._request(CLS)
-                except (ConnectionClosed, NSQError):
-                    pass
         self._mark_closed("closed by the client")
         if self._started:
             await self._finished.wait()
@@ -590,10 +589,8 @@ class Connection:
         """What the kernel did not take at once, as it makes room."""
         while data:
             await _wait_writable(sock)
-            try:
+            with contextlib.suppress(BlockingIOError):
                 data = data[sock.send(data) :]
-            except BlockingIOError:
-                pass
 
     def _abort_writer_wait(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
         self._writer_parked = False
@@ -627,10 +624,8 @@ class Connection:
         self._stream = None
         with trio.CancelScope(shield=True):
             with trio.move_on_after(1.0) as timer:
-                try:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     await stream.aclose()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
             if timer.cancelled_caught:
                 # a TLS close_notify the peer does not read must not hold us: drop the socket
                 await trio.aclose_forcefully(stream)

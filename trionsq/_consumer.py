@@ -58,6 +58,7 @@ Stopping
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -441,10 +442,8 @@ class Consumer:
             link = self._links.get(address)
             if link is not None:
                 log.debug("(%s) RDY %d", address, count)
-                try:
+                with contextlib.suppress(ConnectionClosed):  # its task is about to remove it
                     link.conn.ready(count)
-                except ConnectionClosed:
-                    pass  # its task is about to remove it
         if self._rdy.next_deadline() < self._rdy_armed:
             self._rdy_wakeup.set()
 
@@ -620,10 +619,8 @@ class Consumer:
         link.closing = True
         if link.address in self._rdy:
             self._apply(self._rdy.remove(link.address, trio.current_time()))
-        try:
+        with contextlib.suppress(ConnectionClosed):
             link.conn.ready(0)
-        except ConnectionClosed:
-            pass
         await link.drain(self.stop_timeout)
         await self._close_link(link)
 

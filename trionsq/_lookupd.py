@@ -112,10 +112,8 @@ def lookup_url(lookupd_http_address: str, path: str, **query: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise LookupdError(f"bad nsqlookupd HTTP address {lookupd_http_address!r}")
     own_path = parts.path.rstrip("/")
-    if path == "/lookup":
-        full_path = own_path or path
-    else:  # a prefix before the endpoint stays; an endpoint given for /lookup does not
-        full_path = own_path.removesuffix("/lookup") + path
+    # a prefix before the endpoint stays; an endpoint given for /lookup does not
+    full_path = (own_path or path) if path == "/lookup" else own_path.removesuffix("/lookup") + path
     params = [p for p in parts.query.split("&") if p]
     params += [f"{name}={quote(value, safe='')}" for name, value in query.items()]
     return urlunsplit((parts.scheme, parts.netloc, full_path, "&".join(params), ""))
@@ -129,10 +127,7 @@ def _unwrap(url: str, status: int, body: bytes) -> Any | None:
         doc = None
     if isinstance(doc, dict) and "status_code" in doc and "data" in doc:  # NSQ 0.x's envelope
         status = doc.get("status_code") or status
-        if status != 200:
-            doc = {"message": doc.get("status_txt", "")}
-        else:
-            doc = doc["data"]
+        doc = doc["data"] if status == 200 else {"message": doc.get("status_txt", "")}
     if status == 404 or (isinstance(doc, dict) and doc.get("message") == "TOPIC_NOT_FOUND"):
         return None
     if status != 200:

@@ -8,6 +8,7 @@ next start. On failure the temporary file is removed and the error propagates.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -40,10 +41,8 @@ def replace_file(path: str, data: bytes | list[bytes], *, sync: bool = True, pau
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise
 
 

@@ -39,6 +39,7 @@ checksum) is logged and ignored: the messages are then delivered without their d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -153,10 +154,8 @@ class DeferredIndex:
         replace_file(self.path, data)
 
     def remove_file(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def encode(end_position: tuple[int, int], pairs: list[tuple[bytes, int]]) -> bytes:

@@ -117,6 +117,7 @@ do inline is plain system calls on page-cache files (``pwrite``, ``pread`` when 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -753,9 +754,8 @@ class DiskQueue:
         taken = len(records) - before
         self._depth -= taken
         self._ops += taken
-        if taken:
-            if not self._dirty:
-                self._became_dirty()
+        if taken and not self._dirty:
+            self._became_dirty()
         return problem
 
     def _open_read_file(self) -> bool:
@@ -894,10 +894,8 @@ class DiskQueue:
         except OSError as exc:
             self.log.error("DISKQUEUE(%s): failed to rename %s - %s", self.name, path, exc)
         if self.checksums:
-            try:
+            with contextlib.suppress(OSError):
                 os.rename(side_file_name(path), side_file_name(path + ".bad"))
-            except OSError:
-                pass
 
     def _check_tail(self) -> None:
         """At the writer, depth must be 0; a reader beyond the writer means the positions are corrupt."""
@@ -1053,9 +1051,8 @@ class DiskQueue:
         """Sync when changes have been pending for ``sync_timeout`` on the caller's clock; call it periodically
         (say every second). The sync runs on the worker; its errors are logged and kept in ``last_error``, not
         raised. True when it started one."""
-        if self._sync_failed and not self._closed:
-            if not self._dirty:  # try again after another sync_timeout
-                self._became_dirty()
+        if self._sync_failed and not self._closed and not self._dirty:  # try again after another sync_timeout
+            self._became_dirty()
         if self._closed or not self._dirty:
             self._pending_since = None
             return False
@@ -1365,7 +1362,5 @@ def _write_fully(fd: int, data: bytes, pos: int, path: str) -> None:
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass

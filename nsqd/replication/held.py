@@ -169,10 +169,10 @@ class HeldIndex:
         rest = ids
         if loose:
             tokens = list(map(loose.get, ids))
-            for token, run in groupby(zip(tokens, ids), key=_first):
+            for token, run in groupby(zip(tokens, ids, strict=True), key=_first):
                 if token is not None:
                     out.append((token, list(map(_second, run))))
-            rest = [msg_id for token, msg_id in zip(tokens, ids) if token is None]
+            rest = [msg_id for token, msg_id in zip(tokens, ids, strict=True) if token is None]
         spans, los = self._spans, self._los
         if not spans or not rest:
             return out

@@ -15,6 +15,7 @@ returned to the test, except ``_heartbeat_`` responses when the caller asks to s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -241,20 +242,16 @@ class RawClient(FrameClient):
         self.sock.sendall(data)
 
     def _answer_heartbeat(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the server may already have closed; the next read reports it
             self.send(NOP)
-        except OSError:
-            pass  # the server may already have closed; the next read reports it
 
     def shutdown_write(self) -> None:
         """Half-close: the server sees EOF on its reads but can still answer."""
         self.sock.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     # -- receiving
     def _fill(self, deadline: float) -> None:

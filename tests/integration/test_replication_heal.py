@@ -23,7 +23,7 @@ import pytest
 from tests.integration.harness import FRAME_TYPE_MESSAGE, RawClient, fin, free_port, rdy, sub
 from tests.integration.http_helpers import post, stats, wait_for
 from tests.integration.persistence_helpers import channel_stats, decode
-from tests.integration.test_replication import create, daemons, fins_acked, start, wait_state  # noqa: F401
+from tests.integration.test_replication import create, fins_acked, start, wait_state
 from tests.integration.test_storage_faults import (
     SEGMENT,
     body,

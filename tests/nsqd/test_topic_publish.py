@@ -20,7 +20,7 @@ async def test_a_batch_reaches_every_channel_as_its_own_messages():
     ours, theirs = list(first.queue), list(second.queue)
     assert [m.body for m in ours] == [m.body for m in theirs] == bodies
     assert [m.id for m in ours] == [m.id for m in theirs]
-    assert all(a is not b for a, b in zip(ours, theirs))
+    assert all(a is not b for a, b in zip(ours, theirs, strict=True))
     ids = [m.id for m in ours]
     assert len(set(ids)) == len(ids) and ids == sorted(ids)
     assert all(len(i) == 16 and split_id(i).node_id == 7 for i in ids)

@@ -17,8 +17,8 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 

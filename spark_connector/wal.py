@@ -532,6 +532,39 @@ class MessageLog:
                 os.close(fd)
         return Columns.concat(parts) if parts else Columns()
 
+    def _overlaps(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(first position, messages, bytes) of each record's part in [start, stop), in order; a
+        record's bytes are shared evenly among its messages."""
+        with self._lock:
+            return [
+                (lo, hi - lo, (hi - lo) * rec.length // rec.count)
+                for segment in self._segments
+                if segment.end > start and segment.first < stop
+                for rec in segment.records
+                if rec.first + rec.count > start and rec.first < stop
+                for lo, hi in ((max(start, rec.first), min(stop, rec.first + rec.count)),)
+            ]
+
+    def bytes_between(self, start: int, stop: int) -> int:
+        """About how many bytes of the log messages [start, stop) take; what ``read`` returns for
+        them is about as large."""
+        return sum(size for _, _, size in self._overlaps(start, stop))
+
+    def position_within(self, start: int, stop: int, budget: int) -> int:
+        """The end of the longest run of messages from ``start`` (at most to ``stop``) whose bytes
+        (as ``bytes_between`` counts them) stay within ``budget``; at least one message when
+        ``budget`` is positive, so that a message larger than the budget still goes."""
+        position = start
+        for first, count, size in self._overlaps(start, stop):
+            if size > budget:
+                position = first + count * budget // size
+                break
+            position = first + count
+            budget -= size
+        if budget > 0 and position == start < stop:
+            position += 1
+        return min(position, stop)
+
     def start_at(self, position: int) -> None:
         """Give an empty log its first position (its first segment will be named by it)."""
         with self._lock:

@@ -39,6 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from itertools import compress
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -49,6 +50,9 @@ from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, copy_messages, encode_record, new_messages, split_messages
 from .queues.deferred_index import DeferredIndex
+
+if TYPE_CHECKING:  # for annotations only
+    from .queues.diskqueue import DiskQueue
 
 __all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
 
@@ -84,7 +88,7 @@ class Topic:
         on_channel_created: Callable[[Channel], None] | None = None,
         on_channel_deleted: Callable[[Channel], None] | None = None,
         on_last_channel_gone: Callable[[Topic], None] | None = None,
-        make_backend: Callable[[str], object] | None = None,
+        make_backend: Callable[[str], DiskQueue] | None = None,
         spawn: Callable | None = None,
         owing: dict | None = None,
         guid: GUIDFactory | None = None,

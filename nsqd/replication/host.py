@@ -343,7 +343,7 @@ class ReplicaHost:
         host = host.strip("[]")
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
-                stream = await trio.open_tcp_stream(host, int(port))
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
                 try:
                     await stream.send_all(MAGIC_R1)
                     if tls:

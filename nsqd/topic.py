@@ -1,8 +1,8 @@
 """Topic: the stream producers publish to, copied to every channel.
 
 A topic keeps a bounded memory deque (``--mem-queue-size``) and, unless ephemeral, a disk queue
-for what does not fit. Its pump copies messages to every channel that exists at that moment: the
-first channel gets the topic's own objects, the others a per-channel copy that shares the body.
+for what does not fit. Its pump hands its messages to every channel that exists at that moment: all of
+them get the topic's own objects, which a channel copies only when it delivers one (nsqd/message.py).
 Without channels, or while paused, messages accumulate in the topic, as in nsqd.
 
 The memory part of the pump is synchronous and runs right after a publish, when a channel is
@@ -47,7 +47,7 @@ from protocol.replication import OP_PAUSED, OP_UNPAUSED
 
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
-from .message import Message, copy_messages, encode_record, new_messages, split_messages
+from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred_index import DeferredIndex
 
 __all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
@@ -239,12 +239,13 @@ class Topic:
     def _copy_to_channels(self, batch: list[Message], deferred: bool | None = None, token: int = -1) -> bool:
         """True when every channel stored the batch where it should (False: a channel's disk failed).
         ``deferred``: whether some message may have a delay (None: the channels look). ``token``: the
-        batch's first record token in durable mode (see ``owe_record``)."""
-        channels = list(self.channels.values())
+        batch's first record token in durable mode (see ``owe_record``). Every channel gets the same message
+        objects: a channel's dispatcher copies a message it delivers while another channel still holds it
+        (``message.claim_shared``)."""
         stored = True
-        for channel in channels[1:]:
-            stored = channel.put_many(copy_messages(batch), deferred, token) and stored
-        return channels[0].put_many(batch, deferred, token) and stored
+        for channel in list(self.channels.values()):
+            stored = channel.put_many(batch, deferred, token) and stored
+        return stored
 
     def owe_record(self, token: int) -> None:
         """Durable mode: a channel keeps its copy of the record ``token`` in memory only; the record stays."""

@@ -116,13 +116,20 @@ def measure(channels: int, state: str, messages: int, body_size: int, traced: bo
 
 def parts(topic: Topic, state: str, body_size: int) -> dict:
     """The parts of one message, from a sample of what the topic and its channels hold."""
+    if not topic.channels and state == "queued" and type(topic.queue._runs[0]).__name__ == "_Packed":
+        run = topic.queue._runs[0]  # packed (nsqd/queues/packed.py): no message object, the ID in a joined run
+        row = {"message": 0, "id": len(run.ids) // len(run.bodies), "body over size": object_cost(run.bodies[0])}
+        row.update({"copies": 0, "copy each": 0, "slots": 8})  # the bodies list's slot
+        row["body over size"] -= body_size
+        row["sum"] = row["id"] + row["body over size"] + row["slots"]
+        return row
     holders = [topic.queue] if not topic.channels else [c.queue for c in topic.channels.values()]
     if state == "in flight":
         sample = [next(iter(c.in_flight._entries.values()))[0] for c in topic.channels.values()]
     elif state == "deferred" and topic.channels:
         sample = [c.deferred._heap[0][2] for c in topic.channels.values()]
     else:
-        sample = [holder[0] for holder in holders]
+        sample = [next(iter(holder)) for holder in holders]
     first = sample[0]
     distinct = {id(m): m for m in sample}
     row = {

@@ -1,9 +1,10 @@
 """Topic: the stream producers publish to, copied to every channel.
 
-A topic keeps a bounded memory deque (``--mem-queue-size``) and, unless ephemeral, a disk queue
+A topic keeps a bounded memory queue (``--mem-queue-size``) and, unless ephemeral, a disk queue
 for what does not fit. Its pump hands its messages to every channel that exists at that moment: all of
 them get the topic's own objects, which a channel copies only when it delivers one (nsqd/message.py).
-Without channels, or while paused, messages accumulate in the topic, as in nsqd.
+Without channels, or while paused, messages accumulate in the topic, as in nsqd; what a publish leaves there
+is kept packed, without an object per message, until the pump takes it (``queues/packed.py``).
 
 The memory part of the pump is synchronous and runs right after a publish, when a channel is
 added and on unpause, so a publish reaches the channels with no task switch. A backlog on disk is
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from itertools import compress
 
@@ -49,6 +49,7 @@ from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred_index import DeferredIndex
+from .queues.packed import PackedQueue
 
 __all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
 
@@ -101,7 +102,8 @@ class Topic:
         self.held = False
         self.exiting = False
         self.channels: dict[str, Channel] = {}
-        self.queue: deque[Message] = deque()
+        # what nothing takes yet (no channel, paused, held): published messages packed, no object each
+        self.queue = PackedQueue()
         # False: no deferred (DPUB) message in ``queue``, so the channels need not look at each one
         self._queue_deferred = False
         self.message_count = 0
@@ -144,8 +146,22 @@ class Topic:
             ids = (self.guid or self._make_guid()).next_ids(len(bodies), now_ns)
         except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
             ids = self.new_ids(len(bodies))
-        messages = new_messages(ids, bodies, now_ns, defer)
-        self._accept(messages, sum(map(len, bodies)), bool(defer), defer_sync)
+        queue = self.queue
+        count = len(bodies)
+        if (
+            (self.paused or self.held or not self.channels)
+            and self.mem_queue_size - queue.count >= count
+            and not self._backlog_on_disk()
+        ):
+            # nothing takes them now: kept as their parts until the pump hands them over (queues/packed.py)
+            queue.extend_published(ids, bodies, now_ns, defer)
+            if defer:
+                self._queue_deferred = True
+            self.message_count += count
+            self.message_bytes += sum(map(len, bodies))
+            self.changed.add(self)
+        else:
+            self._accept(new_messages(ids, bodies, now_ns, defer), sum(map(len, bodies)), bool(defer), defer_sync)
         if self.replication is not None:
             self.replication.offer_published(self.name, ids, bodies, now_ns, defer)
 
@@ -229,8 +245,7 @@ class Topic:
         queue = self.queue
         if not queue or self.paused or self.held or not self.channels or self.exiting:
             return
-        batch = list(queue)
-        queue.clear()
+        batch = queue.take_all()
         self.changed.add(self)
         deferred = self._queue_deferred
         self._queue_deferred = False
@@ -411,14 +426,14 @@ class Topic:
             return
         if persist:
             try:
-                if self.queue:
-                    backend.put_many([encode_record(m) for m in self.queue])
-                    log.info("TOPIC(%s): wrote %d message(s) to disk", self.name, len(self.queue))
+                pending = self.queue.take_all()
+                if pending:
+                    backend.put_many([encode_record(m) for m in pending])
+                    log.info("TOPIC(%s): wrote %d message(s) to disk", self.name, len(pending))
                     now_ns = time.time_ns()
-                    for m in self.queue:
+                    for m in pending:
                         if m.defer:
                             self.deferred_index.add(m.id, now_ns + int(m.defer * 1e9))
-                    self.queue.clear()
                 self.deferred_index.save(backend.write_position())
             finally:
                 backend.close()

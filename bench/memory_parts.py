@@ -116,7 +116,7 @@ def measure(channels: int, state: str, messages: int, body_size: int, traced: bo
 
 def parts(topic: Topic, state: str, body_size: int) -> dict:
     """The parts of one message, from a sample of what the topic and its channels hold."""
-    if not topic.channels and state == "queued" and type(topic.queue._runs[0]).__name__ == "_Packed":
+    if not topic.channels and type(topic.queue._runs[0]).__name__ == "_Packed":
         run = topic.queue._runs[0]  # packed (nsqd/queues/packed.py): no message object, the ID in a joined run
         row = {"message": 0, "id": len(run.ids) // len(run.bodies), "body over size": object_cost(run.bodies[0])}
         row.update({"copies": 0, "copy each": 0, "slots": 8})  # the bodies list's slot

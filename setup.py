@@ -2,7 +2,9 @@
 
 ``pip install -e .`` (``make run``, ``make test``) compiles it where a C compiler and Python's headers are
 present (Debian: ``build-essential`` and ``python3-dev``). Where they are not, or the build fails, the install goes
-on without it and nsqd uses the same functions in Python (``nsqd/fastpath.py``).
+on without it and nsqd uses the same functions in Python (``nsqd/fastpath.py``). The same holds for the sdist
+(``python -m build``) installed where no compiler is reachable; the wheel carries the compiled extension.
+``tests/test_packaging.py`` checks both.
 """
 
 import sys

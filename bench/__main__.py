@@ -41,6 +41,7 @@ ORDER = [
     "spark_throughput",
     "spark_sink",
     "spark_cluster",
+    "spark_backlog",
 ]
 #: modules of this package that are not scenarios
 HELPERS = {"common", "load", "__main__"}
@@ -62,6 +63,7 @@ HEADLINES = {
     "replication": ["mode", "workload", "pub msg/s", "vs off", "ok p99 ms", "p99 added ms"],
     "many": ["step", "ms", "p99 ms", "cpu ms", "cpu share", "topic KB", "channel KB", "connection KB"],
     "spark_cluster": ["sink", "per_trigger", "query", "msg_s", "driver_us_msg", "executors_us_msg"],
+    "spark_backlog": ["path", "messages", "msg_s", "driver_heap_peak_MB", "exec_heap_peak_MB", "oom"],
 }
 
 

@@ -271,7 +271,7 @@ def _delete_topic(target: Target, topic: str) -> None:
     """Free what a publish row left in nsqd's memory (millions of messages) before the next row."""
     if target.http is None:
         return
-    request = urllib.request.Request("http://%s:%d/topic/delete?topic=%s" % (*target.http, topic), method="POST")
+    request = urllib.request.Request("http://{}:{}/topic/delete?topic={}".format(*target.http, topic), method="POST")
     with urllib.request.urlopen(request, timeout=60):
         pass
 
@@ -304,7 +304,7 @@ def publish_rows(args, target: Target) -> list[dict]:
         )
         rows.append(_row("raw generator", workload, raw.messages, raw.window, raw.generator_cpu, raw.nsqd_cpu, target))
         print(f"  {workload}: raw {rows[-1]['msg/s']:,.0f} msg/s", flush=True)
-        params = dict(address="%s:%d" % target.tcp, topic=topic, body=body, batch=batch, tasks=in_flight)
+        params = dict(address="{}:{}".format(*target.tcp), topic=topic, body=body, batch=batch, tasks=in_flight)
         _delete_topic(target, topic)
         for client, kind, extra in (
             ("trio Producer", "trio publish", {}),
@@ -345,7 +345,7 @@ def consume_rows(args, target: Target) -> tuple[list[dict], list[str]]:
             args,
             target,
             kind,
-            dict(address="%s:%d" % target.tcp, topic=topic, channel=channel, rdy=args.rdy, expected=published),
+            dict(address="{}:{}".format(*target.tcp), topic=topic, channel=channel, rdy=args.rdy, expected=published),
             limit=300.0,
         )
         rows.append(

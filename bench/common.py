@@ -20,6 +20,7 @@ timeout, then terminates what is left.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import multiprocessing
@@ -124,6 +125,12 @@ def machine_info() -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "load_average": os.getloadavg(),
     }
+
+
+def load_average_note(when: str) -> str:
+    """The load average over 1, 5 and 15 minutes, for a report's notes ``when`` ("start", "end")."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average at the {when}: {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -380,8 +387,8 @@ class Target:
     def describe(self) -> dict:
         return {
             "own_nsqd": self.own,
-            "tcp": "%s:%d" % self.tcp if self.tcp else None,
-            "http": "%s:%d" % self.http if self.http else None,
+            "tcp": "{}:{}".format(*self.tcp) if self.tcp else None,
+            "http": "{}:{}".format(*self.http) if self.http else None,
             "nsqd_flags": self.flags if self.own else None,
         }
 
@@ -412,10 +419,8 @@ class Target:
         )
         self.pid = self.proc.pid
         if self.args.pin:
-            try:
+            with contextlib.suppress(OSError):
                 os.sched_setaffinity(self.pid, {server_cpu()})
-            except OSError:
-                pass
         threading.Thread(target=self._drain_log, daemon=True).start()
         try:
             self.tcp = self._wait_for("TCP", 30.0)
@@ -566,7 +571,7 @@ class Generators:
                 process.start()
                 child_end.close()
                 children.append((process, parent_end))
-            for process, pipe in children:
+            for _, pipe in children:
                 if not pipe.poll(60):
                     raise RuntimeError("a generator process did not get ready within 60 s")
                 message = pipe.recv()
@@ -710,11 +715,11 @@ def format_table(rows: list[dict]) -> str:
     cells = [[_fmt(row.get(column)) for column in columns] for row in rows]
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
     lines = [
-        "  ".join(column.ljust(width) for column, width in zip(columns, widths)),
+        "  ".join(column.ljust(width) for column, width in zip(columns, widths, strict=True)),
         "  ".join("-" * width for width in widths),
     ]
     for line in cells:
-        lines.append("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
     return "\n".join(lines)
 
 

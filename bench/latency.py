@@ -60,7 +60,9 @@ def measure(
     latency_worker = result["workers"][0]
     samples = sorted(v for role in latency_worker["roles"] for v in role.get("latencies", ()))
     delivered = sum(
-        c for role, c in zip(latency_worker["roles"], latency_worker["window_counts"]) if role["kind"] == "Consumer"
+        c
+        for role, c in zip(latency_worker["roles"], latency_worker["window_counts"], strict=True)
+        if role["kind"] == "Consumer"
     )
 
     def ms(fraction):

@@ -605,7 +605,7 @@ def run_roles(
     loop.epoll.close()
     cpu = (cpu_end.user + cpu_end.system) - (cpu_start.user + cpu_start.system)
     return {
-        "window_counts": [b - a for a, b in zip(warm_counts, end_counts)],
+        "window_counts": [b - a for a, b in zip(warm_counts, end_counts, strict=True)],
         "final_counts": [role.counter for role in roles],
         "cpu_seconds": cpu,
     }

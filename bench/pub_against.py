@@ -115,7 +115,9 @@ def summary(label: str, pinned: bool, rows: list[dict], before: list[dict] | Non
     if before is not None:
         base = statistics.median(r["nsqd_us/msg"] for r in before)
         row["vs before"] = row["nsqd_us/msg"] / base
-        row["each pair"] = " ".join(f"{r['nsqd_us/msg'] / b['nsqd_us/msg']:.2f}" for r, b in zip(rows, before))
+        row["each pair"] = " ".join(
+            f"{r['nsqd_us/msg'] / b['nsqd_us/msg']:.2f}" for r, b in zip(rows, before, strict=True)
+        )
     return row
 
 

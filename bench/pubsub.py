@@ -66,7 +66,7 @@ def run(args) -> Report:
         window = result["window"]
         published = delivered = 0
         for worker in result["workers"]:
-            for role, count in zip(worker["roles"], worker["window_counts"]):
+            for role, count in zip(worker["roles"], worker["window_counts"], strict=True):
                 if role["kind"] == "Publisher":
                     published += count
                 else:

@@ -12,6 +12,7 @@ p99 publish-to-OK added below 2 ms. Run it as ``python -m bench.replication``; i
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from bench.common import Generators, ProcessSampler, Report, Target, main, percentile, unique_topic
@@ -104,11 +105,12 @@ def run(args) -> Report:
     baseline: dict[str, float] = {}
     with Target(args) as peer:
         if peer.proc is not None:
-            try:  # the peer is not the node under test: it may run on any CPU
+            with contextlib.suppress(OSError):  # the peer is not the node under test: it may run on any CPU
                 os.sched_setaffinity(peer.pid, os.sched_getaffinity(0))
-            except OSError:
-                pass
-        for mode, flags in (("off", []), ("acks=1", ["--replicate-to=%s:%d" % peer.tcp, "--replication-acks=1"])):
+        for mode, flags in (
+            ("off", []),
+            ("acks=1", ["--replicate-to={}:{}".format(*peer.tcp), "--replication-acks=1"]),
+        ):
             with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
                 report.target = target.describe()
                 for workload, frame, per_frame, connections in workloads:

@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Report, main, unique_topic
+from bench.common import Report, load_average_note, main, unique_topic
 
 NAME = "spark_cluster"
 TITLE = "nsqd -> Spark (standalone cluster, 2 workers, 2 nsqd) -> sink: log path vs driver path, steady state"
@@ -209,7 +209,7 @@ def _create_channel(nsqd, topic: str) -> None:
 
     for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=spark"):
         urllib.request.urlopen(
-            urllib.request.Request("http://%s:%d%s" % (*nsqd.http(), path), method="POST"), timeout=10
+            urllib.request.Request("http://{}:{}{}".format(*nsqd.http(), path), method="POST"), timeout=10
         ).read()
 
 
@@ -400,7 +400,7 @@ def run(args) -> Report:
             "driver_memory": args.driver_memory,
         },
     )
-    report.notes.append("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
+    report.notes.append(load_average_note("start"))
     work = Path(tempfile.mkdtemp(prefix="trionsq-spark-cluster-"))
     nsqds = []
     cluster = None
@@ -419,7 +419,7 @@ def run(args) -> Report:
                 results = {}
                 for label, driver_path, targets, cores in runs:
                     name = f"{sink}-{per_trigger}-{label}".replace(" ", "_").replace(",", "")
-                    load = "%.1f" % os.getloadavg()[0]
+                    load = f"{os.getloadavg()[0]:.1f}"
                     row = _measure(
                         cluster, targets, args, work / name, driver_path, sink, cores, per_trigger, messages, pids
                     )
@@ -456,7 +456,7 @@ def run(args) -> Report:
             if nsqd.is_running():
                 nsqd.stop()
         shutil.rmtree(work, ignore_errors=True)
-    report.notes.append("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
+    report.notes.append(load_average_note("end"))
     return report
 
 

@@ -17,11 +17,10 @@ first (Spark computes them in the job): what a pipeline that makes its rows pays
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
-from bench.common import Report, Target, main, unique_topic
+from bench.common import Report, Target, load_average_note, main, unique_topic
 from bench.spark_throughput import _process_cpu, build_session
 
 NAME = "spark_sink"
@@ -43,7 +42,7 @@ def _topic_count(target: Target, topic: str) -> int | None:
         return None
     import urllib.request
 
-    url = "http://%s:%d/stats?format=json&topic=%s" % (*target.http, topic)
+    url = "http://{}:{}/stats?format=json&topic={}".format(*target.http, topic)
     with urllib.request.urlopen(url, timeout=30) as response:
         stats = json.loads(response.read())
     return sum(t["message_count"] for t in stats.get("topics") or [] if t["topic_name"] == topic)
@@ -61,7 +60,7 @@ def write(frame, target: Target, topic: str, args) -> None:
     (
         frame.write.format("nsq")
         .mode("append")
-        .option("nsqd.tcp.addresses", "%s:%d" % target.tcp)
+        .option("nsqd.tcp.addresses", "{}:{}".format(*target.tcp))
         .option("topic", topic)
         .option("batchMessages", str(args.batch_messages))
         .option("maxInFlight", str(args.max_in_flight))
@@ -105,7 +104,7 @@ def run(args) -> Report:
             "max_in_flight": args.max_in_flight,
         },
     )
-    report.notes.append("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
+    report.notes.append(load_average_note("start"))
     # nsqd keeps what it is given in memory (no channel: the topic only counts the messages)
     with Target(
         args, [f"--mem-queue-size={2 * args.messages + args.warmup_messages + 10_000}"], want_http=True
@@ -145,7 +144,7 @@ def run(args) -> Report:
         report.rows.append(row)
     best = measured[0]["msg_s"]
     report.targets[f"{TARGET_MSG_S:,} msg/s into nsqd"] = "met" if best >= TARGET_MSG_S else f"missed ({best:,.0f})"
-    report.notes.append("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
+    report.notes.append(load_average_note("end"))
     return report
 
 

@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Report, Target, main, unique_topic
+from bench.common import Report, Target, load_average_note, main, unique_topic
 from bench.consume import create_channel, prefill
 
 NAME = "spark_throughput"
@@ -188,7 +188,7 @@ def run_query(spark, target: Target, topic: str, args, work: Path, channel: str 
     spark_connector.register(spark)
     reader = (
         spark.readStream.format("nsq")
-        .option("nsqd.tcp.addresses", "%s:%d" % target.tcp)
+        .option("nsqd.tcp.addresses", "{}:{}".format(*target.tcp))
         .option("topic", topic)
         .option("channel", channel)
         .option("walPath", str(work / "wal"))
@@ -266,7 +266,7 @@ def run_intake(target: Target, topic: str, args, work: Path) -> dict:
 
     options = SourceOptions.parse(
         {
-            "nsqd.tcp.addresses": "%s:%d" % target.tcp,
+            "nsqd.tcp.addresses": "{}:{}".format(*target.tcp),
             "topic": topic,
             "channel": "intake",
             "walPath": str(work / "intake-wal"),
@@ -281,7 +281,7 @@ def run_intake(target: Target, topic: str, args, work: Path) -> dict:
     cpu = time.process_time()
     group.start()
     try:
-        mlog = group.wal.logs["%s:%d" % target.tcp]
+        mlog = group.wal.logs["{}:{}".format(*target.tcp)]
         while mlog.synced_end < args.messages and time.monotonic() - started < args.timeout:
             time.sleep(0.005)
         elapsed = time.monotonic() - started
@@ -337,7 +337,7 @@ def run(args) -> Report:
         },
     )
     work = Path(tempfile.mkdtemp(prefix="trionsq-spark-bench-"))
-    report.notes.append("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
+    report.notes.append(load_average_note("start"))
     try:
         with Target(args, [f"--mem-queue-size={args.messages + 10_000}"]) as target:
             report.target = target.describe()
@@ -354,7 +354,7 @@ def run(args) -> Report:
                 return report
             report.rows.append(run_intake(target, topic, args, work))
             if args.consumer_only:
-                report.notes.append("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
+                report.notes.append(load_average_note("end"))
                 return report
             row = measure_spark(build_session(), target, topic, args, work / "local", "spark")
             rows = [("local[2]", row)]
@@ -384,7 +384,7 @@ def run(args) -> Report:
         report.targets[f"{TARGET_MSG_S:,} msg/s end to end (local[2])"] = (
             "met" if row["msg_s"] >= TARGET_MSG_S else f"missed ({row['msg_s']:,.0f})"
         )
-        report.notes.append("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
+        report.notes.append(load_average_note("end"))
         for mode, row in rows:
             if row["messages"] < args.messages:
                 report.notes.append(f"{mode}: timed out after {args.timeout}s with {row['messages']} messages")

@@ -38,7 +38,7 @@ def build_flags() -> ToolFlags:
 
 def default_channel() -> str:
     """Upstream's name for a channel of its own, gone when the tool disconnects."""
-    return "tail%06d#ephemeral" % random.randrange(999999)
+    return f"tail{random.randrange(999999):06d}#ephemeral"
 
 
 def check(values: dict[str, Any]) -> None:

@@ -193,10 +193,8 @@ class TopicLogger:
     def _control(self, control: _Control) -> None:
         import trio  # noqa: PLC0415
 
-        try:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):  # the router has ended
             self._send.send_nowait(control)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass  # the router has ended
 
     async def _handle(self, message: Any) -> None:
         import trio  # noqa: PLC0415

@@ -73,7 +73,7 @@ static char receive_buffer[RECEIVE_SIZE];
    connection's last PUB line, newline included), and these are their bodies. bytes: anything else, the data
    as read, for the general parser. A failed read raises OSError. */
 static PyObject *
-read_pubs(PyObject *self, PyObject *args)
+read_pubs(PyObject *Py_UNUSED(self), PyObject *args)
 {
     int fd;
     const char *line;
@@ -360,7 +360,7 @@ make_calls(struct io_call *calls, int n, int sending)
 /* use_uring(on=None) -> bool: whether the reads and writes go through the ring; on=False gives it up (the
    system calls one by one from then on, as where the kernel has none), on=True sets it up again if it can. */
 static PyObject *
-use_uring(PyObject *self, PyObject *args)
+use_uring(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *on = Py_None;
     if (!PyArg_ParseTuple(args, "|O", &on))
@@ -503,7 +503,7 @@ clear_reads(struct read_batch *batch)
    take the fast path), in their order, for their poll_ready. PublishBatch.read_producers in nsqd/fastpath.py
    is the twin and says what for. */
 static PyObject *
-read_producers(PyObject *self, PyObject *args)
+read_producers(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *fds, *members;
     struct read_batch batch = {.n = 0};
@@ -548,7 +548,7 @@ error:
    select.epoll.poll gives them, in the order they came; `taken` the descriptors read. ReadPoller.poll_once
    (nsqd/poller.py) and PublishBatch.poll_producers (nsqd/fastpath.py, with the twin) say what for. */
 static PyObject *
-poll_producers(PyObject *self, PyObject *args)
+poll_producers(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static struct epoll_event ready[POLL_EVENTS];
     PyObject *epoll, *members;
@@ -613,7 +613,7 @@ error:
    Client.published(topic, counts[i]) for the client of each connections[i] (nsqd/client.py: the producer's
    figures of /stats), without a Python call each: its pub_counts[topic] grows by counts[i]. */
 static PyObject *
-count_published(PyObject *self, PyObject *args)
+count_published(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *connections, *counts, *topic;
     if (!PyArg_ParseTuple(args, "O!O!U", &PyList_Type, &connections, &PyList_Type, &counts, &topic))
@@ -663,7 +663,7 @@ count_published(PyObject *self, PyObject *args)
    when the write failed, EAGAIN included); an empty list when every socket took its OKs whole, which is what
    the caller looks at. */
 static PyObject *
-write_oks(PyObject *self, PyObject *args)
+write_oks(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static char run[OK_RUN * OK_FRAME_SIZE];
     static int filled = 0;
@@ -761,7 +761,7 @@ untrack_if_atomic(PyObject *object)
 
 /* untrack_atomic(objects) -> None: untrack_if_atomic for each object of the list. */
 static PyObject *
-untrack_atomic(PyObject *self, PyObject *objects)
+untrack_atomic(PyObject *Py_UNUSED(self), PyObject *objects)
 {
     if (!PyList_Check(objects)) {
         PyErr_SetString(PyExc_TypeError, "untrack_atomic takes a list");
@@ -774,7 +774,7 @@ untrack_atomic(PyObject *self, PyObject *objects)
 
 /* track_all(objects) -> None: track again each object of the list that the collector can follow and does not. */
 static PyObject *
-track_all(PyObject *self, PyObject *objects)
+track_all(PyObject *Py_UNUSED(self), PyObject *objects)
 {
     if (!PyList_Check(objects)) {
         PyErr_SetString(PyExc_TypeError, "track_all takes a list");
@@ -835,7 +835,7 @@ message_layout(PyTypeObject *cls)
 }
 
 static PyObject *
-new_messages(PyObject *self, PyObject *args)
+new_messages(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyTypeObject *cls;
     PyObject *ids, *bodies, *timestamp, *defer;
@@ -929,8 +929,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "nsqd._speedups",
-    "The C twins of nsqd.fastpath's reads and write, and of nsqd.message's collector hints.", -1, methods,
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "nsqd._speedups",
+    .m_doc = "The C twins of nsqd.fastpath's reads and write, and of nsqd.message's collector hints.",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 PyMODINIT_FUNC

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+from collections.abc import Callable
 
 import trio
 
@@ -52,6 +53,10 @@ REFILL = 32
 _pack_frame_prefix = struct.Struct(">iiqH").pack
 _FRAME_HEADER_SIZE = 8 + MESSAGE_HEADER_SIZE
 _FRAME_OVERHEAD = 4 + MESSAGE_HEADER_SIZE  # what the size field counts besides the body
+
+
+def _no_interlude() -> None:
+    pass
 
 
 class ChannelDispatcher(Actor):
@@ -109,7 +114,8 @@ class ChannelDispatcher(Actor):
         # the system's interludes (reads of connections with little input) at safe points: between
         # consumers, and after a disk read
         system = self._actor_system
-        interlude = every = None
+        interlude: Callable[[], None] = _no_interlude  # called only once interlude_at is finite
+        every = 0.0
         if system is not None and system.interlude_hook is not None:
             interlude = system.interlude
             every = system.interlude_seconds

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any
 
 from protocol.errors import ProtocolError
 from protocol.frames import OK_FRAME
@@ -134,8 +135,8 @@ def _read_producers(fds: list[int], members: dict, max_size: int, groups: dict, 
     """``read_producers`` in Python (see ``PublishBatch.read_producers`` and nsqd/_speedups.c):
     ``(rest, others, late)``."""
     rest = []
-    others = []
-    late = []
+    others: list[Any] = []
+    late: list[Any] = []
     for fd in fds:
         member = members.get(fd)
         if member is None or not _read_producer(member, fd, groups, max_size, step_time, others, late):
@@ -148,8 +149,8 @@ def _poll_producers(epoll, members: dict, light_read: int, max_size: int, groups
     ``(events, taken, others, late)``."""
     events = []
     taken = []
-    others = []
-    late = []
+    others: list[Any] = []
+    late: list[Any] = []
     for event in epoll.poll(0):
         fd = event[0]
         member = members.get(fd)
@@ -169,7 +170,7 @@ def _count_published(connections: list, counts: list[int], topic: str) -> None:
     """``count_published`` in Python: ``Client.published`` for each connection's client."""
     if len(connections) != len(counts):
         raise ValueError("connections and counts differ in length")
-    for connection, count in zip(connections, counts):
+    for connection, count in zip(connections, counts, strict=True):
         connection.client.published(topic, count)
 
 
@@ -179,7 +180,7 @@ def _write_oks(fds: list[int], counts: list[int]) -> list[tuple[int, int]]:
         raise ValueError("fds and counts differ in length")
     short = []
     write = os.write
-    for index, (fd, count) in enumerate(zip(fds, counts)):
+    for index, (fd, count) in enumerate(zip(fds, counts, strict=True)):
         if count <= 0:
             continue
         data = OK_FRAME * count
@@ -293,7 +294,7 @@ class PublishBatch:
             if self.nsqd.sync_barrier:
                 # durable mode: the sync this publish made due is committed by the writers before these OKs leave,
                 # and a failed one turns each of them into E_PUB_FAILED (Connection._writer, commit_verbs)
-                for connection, count in zip(connections, counts):
+                for connection, count in zip(connections, counts, strict=True):
                     connection.client.commit_verbs.extend(("PUB",) * count)
                     connection.answer_later(OK_FRAME * count)
                 continue

@@ -1,14 +1,15 @@
 """Keeping ``nsqd.dat`` (``metadata.py``) following the daemon's topics, off the event loop.
 
 nsqd 1.3.0 persists the whole file from a goroutine after every create and delete of a topic or channel (the
-request that caused it does not wait), and synchronously, before answering, after an HTTP pause or unpause; at start-up after loading, and at shutdown. Rewriting every topic and channel inline at each
-change grows with the number of topics and holds the event loop (and every client) meanwhile: 7 ms per create at
-2,000 topics. Here a change only marks its topic: the writer task re-encodes the marked topics' entries (each topic
-keeps its encoded entry, so the work per change follows that topic's channels, not the node's topics), joins the
-entries and hands the bytes to a file worker thread (``queues/file_worker.py``), which writes the temporary file,
-fsyncs it and renames it. Changes are coalesced: one write at most every ``interval`` (10 ms), or four times the last
-write's duration if longer (a large file on a slow disk keeps the writer busy a fifth of the time at most), or fifty
-times the CPU the last write took (the writer uses 2% of a core at most), the newest state each time.
+request that caused it does not wait), and synchronously, before answering, after an HTTP pause or unpause; at start-up
+after loading, and at shutdown. Rewriting every topic and channel inline at each change grows with the number of topics
+and holds the event loop (and every client) meanwhile: 7 ms per create at 2,000 topics. Here a change only marks its
+topic: the writer task re-encodes the marked topics' entries (each topic keeps its encoded entry, so the work per change
+follows that topic's channels, not the node's topics), joins the entries and hands the bytes to a file worker thread
+(``queues/file_worker.py``), which writes the temporary file, fsyncs it and renames it. Changes are coalesced: one write
+at most every ``interval`` (10 ms), or four times the last write's duration if longer (a large file on a slow disk keeps
+the writer busy a fifth of the time at most), or fifty times the CPU the last write took (the writer uses 2% of a core
+at most), the newest state each time.
 
 Why CPU counts. The worker thread shares the loop's core when nsqd is confined to one (and often when it is not):
 replacing the file of 10,000 topics takes it 1.7-2.3 ms of CPU, the kernel's copy of the new file into the page
@@ -25,6 +26,7 @@ covers it (``flush``), and asks for it without the coalescing delay. Start-up an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -180,10 +182,8 @@ class MetadataWriter:
                 self._replace(entries, self.WRITE_PAUSE)
             finally:
                 self._last_cpu = time.thread_time() - cpu
-                try:
+                with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(done.set)
-                except trio.RunFinishedError:
-                    pass
 
         self.worker.submit(job)
         with trio.CancelScope(shield=True):  # a write already handed over finishes before the task ends

@@ -43,7 +43,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from .replication.stats import replication_metrics
-from .stats import gc_paused, node_stats
+from .stats import NodeStats, gc_paused, node_stats
 
 __all__ = [
     "CHANNEL_SERIES",
@@ -141,7 +141,7 @@ def _value(value) -> str:
 def _rows_of(
     item, samples: tuple[str, ...], series, latency: tuple, labels: str, before: str, after: str
 ) -> tuple[bytes, ...]:
-    lines = [f"{sample}{labels} {_value(spec[3](item))}\n" for sample, spec in zip(samples, series)]
+    lines = [f"{sample}{labels} {_value(spec[3](item))}\n" for sample, spec in zip(samples, series, strict=True)]
     e2e = item.e2e_processing_latency
     if e2e.percentiles is None:
         lines += ("", "")
@@ -174,7 +174,7 @@ def channel_rows(channel, topic_name: str) -> tuple[bytes, ...]:
     if channel.log is None:
         return rows + _NO_LOG_ROWS
     return rows + tuple(
-        f"{name}{labels} {_value(value)}\n".encode() for (name, _), value in zip(LOG_SERIES, channel.log)
+        f"{name}{labels} {_value(value)}\n".encode() for (name, _), value in zip(LOG_SERIES, channel.log, strict=True)
     )
 
 
@@ -222,7 +222,7 @@ class NSQDCollector:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.snapshot = None
+        self.snapshot: NodeStats | None = None
 
     def describe(self):
         # no families are known before the first scrape; returning none keeps registration from collecting

@@ -20,8 +20,8 @@ channels, as Redis samples keys with a TTL (its probabilistic expiration algorit
   waiting for the next tick: many channels probably have work, so keep going until the sample looks clean.
 - The cached list is refreshed every ``refresh_interval`` (default 5 s), and before the next sample after
   ``invalidate()`` (called when a channel is created or deleted: rebuilding the list of 20,000 channels at each
-  of a burst of creates made each create cost milliseconds; nsqd itself waits for its refresh tick). At each refresh the worker pool is resized to
-  ``clamp(int(0.25 * channels), 1, worker_pool_max)`` (default max 4).
+  of a burst of creates made each create cost milliseconds; nsqd itself waits for its refresh tick). At each refresh the
+  worker pool is resized to ``clamp(int(0.25 * channels), 1, worker_pool_max)`` (default max 4).
 - The pool: worker tasks in the scanner's nursery receive channels through a memory channel and answer dirty or
   not through another; the scanner sends a whole sample, then collects as many answers. Shrinking sends one close
   token per worker to stop; each token stops exactly one worker after the work queued before it, so no sample is

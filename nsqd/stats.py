@@ -36,7 +36,7 @@ from runtime.http_server import go_duration
 
 from .e2e import EMPTY as EMPTY_E2E
 from .e2e import E2EResult, merge_results
-from .replication.stats import collect_replication, replication_json, replication_text
+from .replication.stats import ReplicationStats, collect_replication, replication_json, replication_text
 
 __all__ = [
     "PRODUCERS_TEXT",
@@ -164,7 +164,7 @@ class NodeStats:
     tcp_connections: int = 0
     http_connections: int = 0
     # the replication section (nsqd/replication/stats.py), None on a node without replication
-    replication: object = None
+    replication: ReplicationStats | None = None
 
     @property
     def healthy(self) -> bool:
@@ -404,7 +404,7 @@ def _client_json(c: ClientStats) -> dict:
 
 
 def _log_json(offsets: tuple[int, int, int]) -> dict:
-    return dict(zip(("start", "committed", "end"), offsets))
+    return dict(zip(("start", "committed", "end"), offsets, strict=True))
 
 
 def _channel_json(c: ChannelStats) -> dict:
@@ -531,9 +531,16 @@ def channel_json_parts(c: ChannelStats) -> tuple[str, str]:
             f'"timeout_count":{c.timeout_count},"client_count":{c.client_count},"clients":'
         ),
         f',"paused":{_BOOL[c.paused]},"e2e_processing_latency":{_e2e_body(c.e2e_processing_latency)}'
-        f"{_damaged_body(c.damaged_count)}"
-        + ("}" if c.log is None else ',"log":{"start":%d,"committed":%d,"end":%d}}' % c.log),
+        f"{_damaged_body(c.damaged_count)}{_log_body(c.log)}",
     )
+
+
+def _log_body(log: tuple[int, int, int] | None) -> str:
+    """A log channel's offsets and the channel object's closing brace."""
+    if log is None:
+        return "}"
+    start, committed, end = log
+    return f',"log":{{"start":{start},"committed":{committed},"end":{end}}}}}'
 
 
 def _channel_body(c: ChannelStats) -> str:
@@ -654,6 +661,13 @@ def topic_text_line(t: TopicStats) -> str:
     )
 
 
+def _log_text(log: tuple[int, int, int] | None, indent: str) -> str:
+    if log is None:
+        return ""
+    start, committed, end = log
+    return f"\n{indent}[log start: {start} committed: {committed} end: {end}]"
+
+
 def channel_text_line(c: ChannelStats) -> str:
     prefix = "   *P " if c.paused else "      "
     return (
@@ -662,7 +676,7 @@ def channel_text_line(c: ChannelStats) -> str:
         f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} "
         f"e2e%: {_e2e_text(c.e2e_processing_latency)}"
         + (f" damaged: {c.damaged_count}" if c.damaged_count else "")
-        + ("" if c.log is None else "\n%s[log start: %d committed: %d end: %d]" % (" " * len(prefix), *c.log))
+        + _log_text(c.log, " " * len(prefix))
     )
 
 

@@ -22,6 +22,7 @@ A push that cannot reach statsd (no route, ICMP refusals) is logged and the next
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 
@@ -186,10 +187,9 @@ class StatsdPusher:
                 for index, datagram in enumerate(datagrams):
                     if index and gap:
                         await trio.sleep(gap)
-                    try:
+                    # nobody listening right now: UDP reports it on a later send; keep going
+                    with contextlib.suppress(ConnectionRefusedError):
                         await sock.send(datagram)
-                    except ConnectionRefusedError:
-                        pass  # nobody listening right now: UDP reports it on a later send; keep going
         except (OSError, ValueError) as exc:
             log.error("STATSD: failed to push to %s - %s", address, exc)
             return

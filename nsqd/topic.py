@@ -39,6 +39,7 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import compress
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -50,6 +51,9 @@ from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred_index import DeferredIndex
 from .queues.packed import PackedQueue
+
+if TYPE_CHECKING:  # for annotations only
+    from .queues.diskqueue import DiskQueue
 
 __all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
 
@@ -85,7 +89,7 @@ class Topic:
         on_channel_created: Callable[[Channel], None] | None = None,
         on_channel_deleted: Callable[[Channel], None] | None = None,
         on_last_channel_gone: Callable[[Topic], None] | None = None,
-        make_backend: Callable[[str], object] | None = None,
+        make_backend: Callable[[str], DiskQueue] | None = None,
         spawn: Callable | None = None,
         owing: dict | None = None,
         guid: GUIDFactory | None = None,
@@ -309,7 +313,7 @@ class Topic:
                     if self._has_log_channel():
                         # recorded at once: a kill -9 then makes a log see again one batch at most, which it knows
                         # (offset_log.RECENT_IDS); a delay of --sync-timeout would leave it seconds of messages
-                        try:
+                        try:  # noqa: SIM105 - the publish path: try costs nothing unless raised, suppress() a call
                             backend.sync()
                         except OSError:
                             pass  # logged and kept by the queue; its next sync records it

@@ -2,7 +2,7 @@
 
 ``/info``, ``/stats``, the IDENTIFY response, lookupd registrations and ``--version`` all report
 ``NSQ_VERSION``; clients gate features on it, so it names the NSQ release whose behaviour is
-implemented, not this package's own version.
+implemented, not this package's own version (``trionsq.__version__``, written in trionsq/_version.py).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ an address that cannot be bound) prints one FATAL line and exits 1, as NSQ's dae
 Such a refusal may reach ``trio.run`` wrapped in exception groups by the nurseries it crossed;
 ``startup_failure`` finds it there.
 
-The listener helpers give the three daemons one way to open ``host:port`` or a unix socket's path (``ListenError`` names the address
-that cannot be bound), to adopt sockets bound before trio started, and one accept loop.
+The listener helpers give the three daemons one way to open ``host:port`` or a unix socket's path (``ListenError`` names
+the address that cannot be bound), to adopt sockets bound before trio started, and one accept loop.
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ the client reads the answer before the kernel resets the connection.
 
 Errors: a malformed request gets the bytes Go's net/http writes itself (``protocol.http.refusal_bytes``: a plain-text
 ``400 Bad Request``, with Go's words for a missing or repeated Host, ``431`` for an oversized head, ``501`` for a
-transfer coding other than chunked, ``505`` for a well-formed version other than HTTP/1.x) and the connection is closed; a handler's exception is the router's 500. Nothing a connection raises reaches the
-listener's nursery (``except*`` below), so one client never disturbs another.
+transfer coding other than chunked, ``505`` for a well-formed version other than HTTP/1.x) and the connection is closed;
+a handler's exception is the router's 500. Nothing a connection raises reaches the listener's nursery (``except*``
+below), so one client never disturbs another.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import logging
 import math
 import os
 import time
+from functools import partial
 
 import trio
 
@@ -255,6 +257,7 @@ class _Connection:
             self.remote = "@"
         self.parser = RequestParser(server.max_header_bytes)
         # a plain socket is read and written directly (see the module notes); TLS goes through the stream
+        self.socket: trio.socket.SocketType | None
         if type(stream) is trio.SocketStream and _DIRECT_IO:
             self.socket = stream.socket
             self.fd = stream.socket.fileno()
@@ -269,7 +272,7 @@ class _Connection:
         if fd < 0 or self.pipelining:
             return await self.stream.receive_some(RECEIVE_SIZE)
         while True:
-            await trio.lowlevel.wait_readable(self.socket)
+            await trio.lowlevel.wait_readable(fd)
             try:
                 return os.read(fd, RECEIVE_SIZE)
             except BlockingIOError:  # a spurious wake-up
@@ -308,7 +311,7 @@ class _Connection:
         sent = 0
         try:
             if self.fd >= 0:
-                try:
+                try:  # noqa: SIM105 - each answer's write: try costs nothing unless raised, suppress() a call
                     sent = os.write(self.fd, data)
                 except BlockingIOError:
                     pass
@@ -409,7 +412,7 @@ class _Connection:
                         await self._flush()
                     parser.receive_data(await self._receive())
                     continue
-                size += len(item)
+                size += len(item)  # type: ignore[arg-type]  # a piece of the body: the sentinels are taken above
                 if size > limit:
                     response = match.response
                     if response is None:
@@ -417,7 +420,7 @@ class _Connection:
                     self._respond_now(response, head, match)
                     return True
                 parts.append(item)
-            body = (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)) if parts else b""
+            body = (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)) if parts else b""  # type: ignore[arg-type]
 
             request = Request(
                 head.method,
@@ -454,7 +457,7 @@ class _Connection:
             if request.deferred is not None:  # answered now, then its deferred work (and its line after that)
                 if log_it:
                     elapsed_ns = time.perf_counter_ns() - started
-                    request.after_answer(lambda: self._log(True, response.status, head, elapsed_ns))
+                    request.after_answer(partial(self._log, True, response.status, head, elapsed_ns))
                 scope.deadline = trio.current_time() + server.idle_timeout
                 await self._flush(request)
                 if not keep_alive:

@@ -167,7 +167,7 @@ class NSQHandler(logging.Handler):
 
     @property
     def prefix(self) -> str:
-        return self.formatter.prefix  # type: ignore[union-attr]
+        return self.formatter.prefix
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

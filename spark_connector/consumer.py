@@ -6,7 +6,7 @@ stream reader's methods one at a time; a few daemon threads (one per nsqd, one p
 are the least surprising guests there, and they die with the runner if Spark kills it.
 The wire work is the client package's blocking driver (``trionsq.blocking``, no trio): it dials,
 runs the handshake (IDENTIFY, TLS, snappy/deflate, AUTH) and SUB, then hands the raw stream to the
-loop below; the source's options become a ``trionsq.Config`` (``client_config``).
+loop below; the source's options become a ``trionsq.Config`` (``connection.client_config``).
 
 One connection's loop (``NsqdConsumer._serve``): receive what the socket holds (up to 8 MiB),
 parse every frame of it in one pass over the buffer (one ``struct`` call per message gives its
@@ -34,8 +34,6 @@ the query at the next driver call.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import struct
 import threading
 import time
@@ -46,24 +44,22 @@ from protocol.errors import E_BAD_PROTOCOL, ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE
 from trionsq.blocking import (
     BlockingConnection,
-    Config,
     ConnectionClosed,
     HandshakeError,
     LookupdError,
     NSQError,
-    connect,
     lookup,
 )
 
+from .connection import NsqConnectionError, NsqSourceError, client_config, open_connection
 from .options import ACK_DURABLE, SourceOptions
 from .placement import check_placement
 from .wal import MessageLog, WalDirectory
 
-__all__ = ["ConsumerGroup", "NsqConnectionError", "NsqSourceError", "NsqdConsumer", "client_config", "open_connection"]
+__all__ = ["ConsumerGroup", "NsqdConsumer"]
 
 log = logging.getLogger("spark_connector.consumer")
 
-USER_AGENT = "trionsq-spark/0.1"
 _HEARTBEAT = b"_heartbeat_"
 # [int32 size][int32 type] then, for a message, [int64 timestamp][uint16 attempts][16-byte id]
 _unpack_frame_header = struct.Struct(">ii").unpack_from
@@ -80,14 +76,6 @@ _BACKOFF_MAX = 2.0
 _DRAIN_SECONDS = 1.0
 
 
-class NsqSourceError(Exception):
-    """The source cannot go on; the message says why (raised to Spark at the next driver call)."""
-
-
-class NsqConnectionError(NsqSourceError):
-    """An nsqd or lookupd could not be reached or refused the consumer."""
-
-
 # Errors that no retry can fix: the query is misconfigured for this nsqd.
 _CONFIG_ERRORS = {
     "E_BAD_TOPIC",
@@ -99,43 +87,6 @@ _CONFIG_ERRORS = {
     "E_BAD_BODY",
     "E_INVALID",
 }
-
-
-def client_config(opts, **changes) -> Config:
-    """The client settings of a ``SourceOptions`` or ``SinkOptions`` (their connection fields have
-    the same names)."""
-    return Config(
-        client_id=opts.client_id or f"spark-{socket.gethostname()}-{os.getpid()}",
-        hostname=opts.hostname,
-        user_agent=USER_AGENT,
-        dial_timeout=opts.connect_timeout_ms / 1000,
-        tls_v1=opts.tls,
-        tls_root_ca_file=opts.tls_ca_file,
-        tls_cert=opts.tls_cert_file,
-        # a certificate file may hold its key too (ssl's load_cert_chain reads both from one file)
-        tls_key=opts.tls_key_file or opts.tls_cert_file,
-        tls_insecure_skip_verify=opts.tls_insecure,
-        snappy=opts.snappy,
-        deflate=opts.deflate,
-        deflate_level=opts.deflate_level,
-        auth_secret=opts.auth_secret,
-        msg_timeout=None if opts.msg_timeout_ms is None else opts.msg_timeout_ms / 1000,
-        **changes,
-    )
-
-
-def open_connection(address: str, opts, config: Config, **kwargs) -> tuple[BlockingConnection, float]:
-    """Connect to the nsqd at ``address`` through the handshake every connection of the connector
-    shares; returns it and the deadline of its set-up (``connectTimeoutMs`` from now), for the
-    command that follows (SUB, or the first publish)."""
-    deadline = time.monotonic() + opts.connect_timeout_ms / 1000
-    try:
-        conn = connect(address, config, deadline=deadline, server_hostname=opts.tls_server_name, **kwargs)
-        return conn, deadline
-    except HandshakeError as exc:
-        if exc.features.auth_required and not opts.auth_secret:
-            raise HandshakeError(f"{exc}: set the auth.secret option", exc.features) from None
-        raise
 
 
 @dataclass
@@ -264,12 +215,13 @@ class NsqdConsumer:
                 raw = b""  # frames that came with the handshake's last answer: parse them first
                 handshake_rest = False
             else:
-                raw = conn.read_available(_POLL_SECONDS, _COALESCE_BYTES)
-                if raw is None:  # idle
+                received = conn.read_available(_POLL_SECONDS, _COALESCE_BYTES)
+                if received is None:  # idle
                     if stop_by is not None:
                         return  # drained
                     self._housekeeping(conn)
                     continue
+                raw = received
             if rest:
                 # Only join once the incomplete frame can be completed (a large body arriving in
                 # many reads is copied a bounded number of times).
@@ -344,7 +296,7 @@ class NsqdConsumer:
                 acks.extend(ids)
             else:
                 with self._pending_lock:
-                    self._pending.update(zip(ids, range(first, first + len(ids))))
+                    self._pending.update(zip(ids, range(first, first + len(ids)), strict=True))
         if pending_dups:
             with self._pending_lock:
                 self._pending.update(pending_dups)

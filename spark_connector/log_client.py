@@ -3,7 +3,7 @@ the driver (offsets, seek, commit) and for the executors (ranges).
 
 The commands are nsqd's ``LOG``, ``LSEEK``, ``LREAD`` and ``LCOMMIT`` (``nsqd/LOG-PROTOCOL.md``;
 encoders in ``protocol.log``), sent on a connection that has not subscribed, after the handshake
-every connection of the connector shares (``consumer.open_connection``: IDENTIFY, TLS,
+every connection of the connector shares (``connection.open_connection``: IDENTIFY, TLS,
 snappy/deflate, AUTH). nsqd answers each in order, so ``LogNode`` keeps one connection and makes
 one request at a time on it.
 
@@ -28,7 +28,7 @@ from protocol.errors import E_INVALID
 from protocol.log import decode_offsets, encode_lcommit, encode_log, encode_lread, encode_lseek
 from trionsq.blocking import BlockingConnection, ConnectionClosed, NSQError
 
-from .consumer import client_config, open_connection
+from .connection import client_config, open_connection
 
 __all__ = ["LogNode", "NoLogChannels"]
 

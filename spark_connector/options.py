@@ -38,6 +38,9 @@ walPathShared            false      the walPath is storage every machine that ma
 ackMode                  durable    ``durable``: FIN once the message is fsynced in the log;
                                     ``commit``: FIN when Spark commits the batch holding it
 maxMessagesPerTrigger    none       upper bound of messages per micro-batch (Spark ReadMaxRows)
+maxBytesPerTrigger       32 MiB     upper bound of the log's bytes a micro-batch carries through the
+                                    driver (its messages are pickled into the partitions there); the
+                                    default applies only without maxOffsetsPerTrigger
 minPartitions            none       split a micro-batch into at least about this many partitions
                                     (Spark tasks) of consecutive messages; default one per nsqd
                                     (both paths)
@@ -54,7 +57,7 @@ tls.caFile               system     CA bundle to verify nsqd's certificate
 tls.certFile/tls.keyFile --         client certificate for nsqd's --tls-client-auth-policy
 tls.insecure             false      skip certificate and host name verification
 tls.serverName           host       name to verify the certificate against
-snappy / deflate         false      compression (needs protocol/compression.py; see README)
+snappy / deflate         false      compression (needs protocol/compression.py; see docs/spark.md)
 deflate.level            6          requested deflate level
 auth.secret              --         sent with AUTH when nsqd requires it
 ======================== ========== ===============================================================
@@ -65,10 +68,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import overload
 
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 
-__all__ = ["ACK_COMMIT", "ACK_DURABLE", "READ_AUTO", "READ_DRIVER", "READ_LOG", "SinkOptions", "SourceOptions"]
+__all__ = [
+    "ACK_COMMIT",
+    "ACK_DURABLE",
+    "DEFAULT_MAX_BYTES_PER_TRIGGER",
+    "READ_AUTO",
+    "READ_DRIVER",
+    "READ_LOG",
+    "SinkOptions",
+    "SourceOptions",
+]
 
 ACK_DURABLE = "durable"
 ACK_COMMIT = "commit"
@@ -80,6 +93,13 @@ START_COMMITTED = "committed"
 START_EARLIEST = "earliest"
 START_LATEST = "latest"
 _START_NUMBERS = {-2: START_EARLIEST, -1: START_LATEST}
+#: what a driver-path micro-batch carries through the driver without maxOffsetsPerTrigger. Its
+#: messages are pickled into the partitions by the source runner and held by the driver's JVM,
+#: which serializes each task with its partition and then the task's RPC message, each into a
+#: buffer that grows by doubling: at its peak the JVM holds a batch's bytes five to seven times
+#: over. 32 MiB holds for the smallest driver Spark starts (512 MiB) and the default 1 GiB one;
+#: 64 MiB took a 512 MiB driver out (OutOfMemoryError in the scheduler's launchTasks).
+DEFAULT_MAX_BYTES_PER_TRIGGER = 32 << 20
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
@@ -96,6 +116,10 @@ class _Parser:
         value = self.opts.get(name.lower())
         return None if value is None else str(value).strip()
 
+    @overload
+    def integer(self, name: str, default: int, minimum: int) -> int: ...
+    @overload
+    def integer(self, name: str, default: None, minimum: int) -> int | None: ...
     def integer(self, name: str, default: int | None, minimum: int) -> int | None:
         value = self.text(name)
         if value is None or value == "":
@@ -190,6 +214,7 @@ class SourceOptions(_Connection):
     wal_path: str = ""
     ack_mode: str = ACK_DURABLE
     max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
     min_partitions: int | None = None
     max_in_flight: int = 2500
     max_backlog_messages: int = 1_000_000
@@ -205,6 +230,14 @@ class SourceOptions(_Connection):
     fail_on_data_loss: bool = True
     fetch_max_bytes: int = 8 << 20
     read_retry_ms: int = 60_000
+
+    @property
+    def batch_byte_cap(self) -> int | None:
+        """The bytes of the log a driver-path micro-batch may carry: ``maxBytesPerTrigger`` when
+        set, none with an explicit ``maxOffsetsPerTrigger`` alone, else the default."""
+        if self.max_bytes_per_trigger is not None:
+            return self.max_bytes_per_trigger
+        return None if self.max_messages_per_trigger is not None else DEFAULT_MAX_BYTES_PER_TRIGGER
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SourceOptions:
@@ -240,6 +273,7 @@ class SourceOptions(_Connection):
             wal_path=wal_path,
             ack_mode=ack_mode,
             max_messages_per_trigger=limit,
+            max_bytes_per_trigger=p.integer("maxBytesPerTrigger", None, 1),
             min_partitions=p.integer("minPartitions", None, 1),
             max_in_flight=p.integer("maxInFlight", 2500, 1),
             max_backlog_messages=p.integer("maxBacklogMessages", 1_000_000, 1),

@@ -32,7 +32,7 @@ from trionsq.blocking import (
     nodes,
 )
 
-from .consumer import NsqConnectionError, client_config, open_connection
+from .connection import NsqConnectionError, client_config, open_connection
 from .options import SinkOptions
 
 __all__ = ["Command", "NsqPublishError", "Publisher", "PublisherStats", "destinations"]

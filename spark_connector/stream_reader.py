@@ -40,7 +40,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .consumer import ConsumerGroup, NsqSourceError
+from .connection import NsqSourceError
+from .consumer import ConsumerGroup
 from .log_source import LOG_OFFSET_VERSION, LogPartition, LogPlanner, lookupd_nodes, probe, read_partition
 from .options import READ_DRIVER, READ_LOG, SourceOptions
 from .ranges import share, split
@@ -118,6 +119,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._path: str | None = None  # "log" or "driver", once chosen
         self._available_now = False
         self._target: dict[str, int] | None = None  # the driver path's Trigger.AvailableNow end
+        self._capped = False  # the driver path's byte bound applied (logged once)
 
     def __getstate__(self) -> dict:
         return {
@@ -127,6 +129,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "_path": None,
             "_available_now": False,
             "_target": None,
+            "_capped": False,
         }
 
     # -- which path ------------------------------------------------------------------------
@@ -238,9 +241,39 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = share(begin, available, limit.max_rows)
         else:
             end = {key: max(begin.get(key, 0), pos) for key, pos in available.items()}
+        cap = self.options.batch_byte_cap
+        if cap is not None:
+            end = self._within_bytes(group, begin, end, cap)
         for key, position in begin.items():
             end.setdefault(key, position)
         return make_offset(end)
+
+    def _within_bytes(
+        self, group: ConsumerGroup, begin: dict[str, int], end: dict[str, int], cap: int
+    ) -> dict[str, int]:
+        """``end`` brought down so that the batch carries at most ``cap`` bytes of the logs, shared
+        among the nsqd as ``maxOffsetsPerTrigger`` is (``share``, in bytes). Every message of a
+        batch passes through the driver: pickled into the partitions by the source runner, held by
+        the driver's JVM and copied into the tasks; without a bound, a backlog is one batch."""
+        logs = group.wal.snapshot()
+        sizes = {key: logs[key].bytes_between(begin.get(key, 0), pos) for key, pos in end.items() if key in logs}
+        if sum(sizes.values()) <= cap:
+            return end
+        budgets = share(dict.fromkeys(sizes, 0), sizes, cap)
+        bounded = dict(end)
+        for key, budget in budgets.items():
+            bounded[key] = logs[key].position_within(begin.get(key, 0), end[key], budget)
+        if not self._capped:
+            self._capped = True
+            log.warning(
+                "nsq source: the driver path: a micro-batch carries at most %d bytes of messages through the "
+                "driver (%s); the backlog is read in batches of that size",
+                cap,
+                "maxBytesPerTrigger"
+                if self.options.max_bytes_per_trigger
+                else "the default; option maxBytesPerTrigger",
+            )
+        return bounded
 
     def _available_now_target(
         self, group: ConsumerGroup, begin: dict[str, int], available: dict[str, int]

@@ -37,8 +37,10 @@ a first delivery from an nsqd whose ids increase costs one comparison.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import io
 import itertools
 import json
 import logging
@@ -224,7 +226,7 @@ class MessageLog:
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._segments: list[_Segment] = []
-        self._file = None  # the newest segment, open for appending
+        self._file: io.BufferedRandom | None = None  # the newest segment, open for appending
         self._dir_dirty = False
         self.end = 0  # position after the last appended message
         self.synced_end = 0  # position after the last durable message
@@ -269,7 +271,7 @@ class MessageLog:
         if self._segments:
             self.end = self.synced_end = self._segments[-1].end
             last = self._segments[-1]
-            self._file = open(last.path, "r+b")
+            self._file = open(last.path, "r+b")  # noqa: SIM115 - the open segment, closed by _new_segment or close
             self._file.seek(last.size)
             self._file.truncate()
         return self
@@ -350,9 +352,12 @@ class MessageLog:
         for pos in range(start, len(data) - _RECORD_HEADER.size):
             length, crc = _RECORD_HEADER.unpack_from(data, pos)
             end = pos + _RECORD_HEADER.size + length
-            if 0 < length <= len(data) - pos - _RECORD_HEADER.size and end <= len(data):
-                if zlib.crc32(data[pos + _RECORD_HEADER.size : end]) == crc:
-                    return True
+            if (
+                0 < length <= len(data) - pos - _RECORD_HEADER.size
+                and end <= len(data)
+                and zlib.crc32(data[pos + _RECORD_HEADER.size : end]) == crc
+            ):
+                return True
         return False
 
     # -- redelivered copies ----------------------------------------------------------------
@@ -396,7 +401,7 @@ class MessageLog:
                 index.clear()
                 unindexed = len(recent)
             for first, ids in itertools.islice(recent, len(recent) - unindexed, None):
-                index.update(zip(ids, range(first, first + len(ids))))
+                index.update(zip(ids, range(first, first + len(ids)), strict=True))
             self._indexed_total = self._recent_total
         return index.get(msg_id)
 
@@ -465,7 +470,7 @@ class MessageLog:
             os.fsync(self._file.fileno())
             self._file.close()
         path = self.directory / f"{first:020d}{SEGMENT_SUFFIX}"
-        self._file = open(path, "w+b")
+        self._file = open(path, "w+b")  # noqa: SIM115 - the open segment, closed by _new_segment or close
         self._file.write(SEGMENT_MAGIC)
         segment = _Segment(path, first, [], len(SEGMENT_MAGIC))
         with self._lock:
@@ -528,6 +533,39 @@ class MessageLog:
                 os.close(fd)
         return Columns.concat(parts) if parts else Columns()
 
+    def _overlaps(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(first position, messages, bytes) of each record's part in [start, stop), in order; a
+        record's bytes are shared evenly among its messages."""
+        with self._lock:
+            return [
+                (lo, hi - lo, (hi - lo) * rec.length // rec.count)
+                for segment in self._segments
+                if segment.end > start and segment.first < stop
+                for rec in segment.records
+                if rec.first + rec.count > start and rec.first < stop
+                for lo, hi in ((max(start, rec.first), min(stop, rec.first + rec.count)),)
+            ]
+
+    def bytes_between(self, start: int, stop: int) -> int:
+        """About how many bytes of the log messages [start, stop) take; what ``read`` returns for
+        them is about as large."""
+        return sum(size for _, _, size in self._overlaps(start, stop))
+
+    def position_within(self, start: int, stop: int, budget: int) -> int:
+        """The end of the longest run of messages from ``start`` (at most to ``stop``) whose bytes
+        (as ``bytes_between`` counts them) stay within ``budget``; at least one message when
+        ``budget`` is positive, so that a message larger than the budget still goes."""
+        position = start
+        for first, count, size in self._overlaps(start, stop):
+            if size > budget:
+                position = first + count * budget // size
+                break
+            position = first + count
+            budget -= size
+        if budget > 0 and position == start < stop:
+            position += 1
+        return min(position, stop)
+
     def start_at(self, position: int) -> None:
         """Give an empty log its first position (its first segment will be named by it)."""
         with self._lock:
@@ -547,10 +585,8 @@ class MessageLog:
             while len(self._segments) > 1 and self._segments[0].end <= position:
                 doomed.append(self._segments.pop(0))
         for segment in doomed:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 segment.path.unlink()
-            except FileNotFoundError:
-                pass
         if doomed:
             _fsync_dir(self.directory)
         return len(doomed)

@@ -1,6 +1,7 @@
 """The Makefile's set-up: `make run` installs the daemons alone, `make test` everything the suite needs."""
 
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,3 +42,22 @@ def test_run_starts_the_three_daemons(tmp_path):
     recipe = dry_run("run", tmp_path / "venv")
     for daemon in ("nsqlookupd", "nsqadmin", "nsqd --data-path"):
         assert f"/bin/{daemon}" in recipe, daemon
+
+
+def test_lint_installs_its_pinned_tools_and_runs_each_check(tmp_path):
+    recipe = dry_run("lint", tmp_path / "venv")
+    assert [line.strip() for line in pip_installs(recipe)] == ["--quiet -e '.[lint]'"]
+    lint = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["lint"]
+    assert sorted(requirement.split("==")[0] for requirement in lint) == ["mypy", "ruff"]
+    assert all("==" in requirement for requirement in lint), "pinned: a fresh clone checks as CI does"
+    # in this order; make stops at the first command that fails
+    checks = [
+        "-m ruff check .",
+        "-m ruff format --check .",
+        "-m mypy",
+        "-Wall -Wextra -Werror",
+        "nsqd/_speedups.c",
+        "-m compileall",
+    ]
+    places = [recipe.find(check) for check in checks]
+    assert -1 not in places and places == sorted(places), dict(zip(checks, places, strict=True))

@@ -3,6 +3,7 @@ told in ``trionsq.blocking``, whose public names these are."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import select
@@ -48,14 +49,18 @@ _FRAME_HEADER = struct.Struct(">iI")  # size (of what follows it), frame type
 
 class HandshakeError(ConnectError):
     """nsqd and the ``Config`` cannot agree, so retrying is pointless: ``tls_v1`` asked and nsqd
-    offers no TLS, or nsqd requires AUTH and no ``auth_secret`` is set. ``features``: what nsqd
-    answered to IDENTIFY."""
+    offers no TLS (refused rather than going on in the clear), or nsqd requires AUTH and no
+    ``auth_secret`` is set.
+
+    Attributes:
+        features: What nsqd answered to IDENTIFY.
+    """
 
     def __init__(self, message: str, features: Features) -> None:
         super().__init__(message)
         self.features = features
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[HandshakeError], tuple[str, Features]]:
         return (type(self), (str(self), self.features))
 
 
@@ -77,12 +82,28 @@ def connect(
     server_hostname: str | None = None,
     receive_size: int = RECEIVE_SIZE,
 ) -> BlockingConnection:
-    """A connection to the nsqd at ``address``, through its handshake (see the module notes).
+    """Connect to the nsqd at ``address`` and go through the handshake: magic, IDENTIFY, the TLS
+    upgrade, snappy or deflate, AUTH.
 
-    ``deadline`` (``time.monotonic()``) bounds the dial and the handshake; ``server_hostname`` is
-    the name the TLS certificate is checked against (default: the address's host). Raises
-    ``ConnectError`` (refused, timed out, TLS or upgrade failure; ``HandshakeError`` when retrying
-    cannot help) or ``NSQError`` (nsqd refused IDENTIFY or AUTH)."""
+    Args:
+        address: ``host:port`` of nsqd's TCP listener.
+        config: Connection options; ``Config()`` when omitted.
+        deadline: A ``time.monotonic()`` time bounding the dial (at most ``dial_timeout``) and the
+            whole handshake; default ``dial_timeout + read_timeout`` from the call.
+        server_hostname: The name nsqd's TLS certificate is checked against; default the address's
+            host.
+        receive_size: Bytes per read from the socket.
+
+    Returns:
+        The connection, ready for commands; use it as a context manager to close it.
+
+    Raises:
+        ConnectError: Refused, timed out, or the TLS or compression upgrade failed.
+        HandshakeError: ``tls_v1`` asked of an nsqd without TLS, or AUTH required and no
+            ``auth_secret``: retrying cannot help.
+        NSQError: nsqd refused IDENTIFY or AUTH (``E_AUTH_FAILED``...).
+        ValueError: ``address`` is not ``host:port``.
+    """
     config = config if config is not None else Config()
     host, port = split_address(address)
     started = time.monotonic()
@@ -108,7 +129,25 @@ def connect(
 
 
 class BlockingConnection:
-    """One nsqd connection driven by blocking calls; made by ``connect``."""
+    """One nsqd connection driven by blocking calls, made by `connect`; a context manager that closes it.
+
+    After the handshake the socket blocks: reads wait with ``poll`` until their own deadline, writes
+    are bounded by ``write_timeout``, and a write that fails shuts the connection down. One thread may
+    read while another writes (`send` is thread-safe). Messages read here answer through this
+    connection: their ``finish()``, ``requeue()`` and ``touch()`` write at once.
+
+    Three ways to read, for three kinds of loop: `read_event` (replies, errors and messages through
+    the client's protocol core, heartbeats answered on the way), `request` and `request_into` (one
+    command and its answer at a time), and `take_unparsed` then `read_available` (the raw stream, for
+    a loop that parses whole receive buffers itself, as the Spark source does).
+
+    Attributes:
+        address: The ``host:port`` connected to.
+        config: The `Config` in use.
+        features: What nsqd granted in IDENTIFY (`Features`).
+        auth: What AUTH granted (`AuthResult`), when nsqd asked for it.
+        closed: True once the connection is closed or found lost.
+    """
 
     def __init__(self, sock: socket.socket, config: Config, address: str, receive_size: int = RECEIVE_SIZE) -> None:
         self.sock: socket.socket = sock
@@ -212,19 +251,32 @@ class BlockingConnection:
         sock = self.sock
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
             return True  # decrypted bytes the kernel knows nothing of
+        assert self._poll is not None  # set with the socket
         return bool(self._poll.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
     # -- writing -------------------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Write commands (several may be joined: one write, one compressed piece). Blocks until the
-        socket took them, at most ``write_timeout`` per call. ``ConnectionClosed`` when it fails."""
+        """Write encoded commands: several may be joined, for one write and one compressed piece.
+
+        Blocks until the socket took them, at most ``write_timeout`` per call. Thread-safe.
+
+        Raises:
+            ConnectionClosed: The connection is closed, or the write failed (the connection is then shut
+                down: part of a command may have gone out).
+        """
         with self._send_lock:
             self._send_locked(data)
 
     def send_command(self, data: bytes, token: Any) -> None:
-        """Write one command that nsqd answers (PUB, MPUB, DPUB, SUB); its ``Reply`` or
-        ``ErrorReply`` from ``read_event`` carries ``token``."""
+        """Write one command that nsqd answers (PUB, MPUB, DPUB, SUB), for pipelining.
+
+        Its `Reply` or `ErrorReply` from `read_event` carries ``token``; replies come in the order
+        the commands were sent.
+
+        Raises:
+            ConnectionClosed: As `send`.
+        """
         with self._send_lock:
             self._core.expect_reply(token)
             self._send_locked(data)
@@ -238,18 +290,22 @@ class BlockingConnection:
             # part of a command may have gone out: the stream is unusable. Shut it down rather than
             # close it, so that a reader blocked in another thread wakes up to EOF
             self.closed = True
-            try:
+            with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             raise ConnectionClosed(f"cannot write to nsqd {self.address}: {cause(exc)}") from exc
 
     # -- reading through the core ----------------------------------------------------------------------
 
     def read_event(self, deadline: float | None = None) -> Reply | ErrorReply | Message:
-        """The next reply, error or message; heartbeats are answered on the way. ``TimeoutError``
-        at ``deadline`` (the connection stays usable), ``ConnectionClosed`` at EOF, on a reset or
-        on a corrupt stream."""
+        """The next reply, error or message; heartbeats are answered on the way.
+
+        Args:
+            deadline: A ``time.monotonic()`` time; None waits as long as it takes.
+
+        Raises:
+            TimeoutError: Nothing came by ``deadline``; the connection stays usable.
+            ConnectionClosed: EOF, a reset or a corrupt stream (the connection is closed).
+        """
         core = self._core
         try:
             while True:
@@ -261,15 +317,30 @@ class BlockingConnection:
                 elif event is HEARTBEAT:
                     self.send(NOP)
                 else:
-                    return event
+                    answer: Reply | ErrorReply | Message = event
+                    return answer
         except ConnectionClosed:
             self.close()
             raise
 
     def request(self, data: bytes, deadline: float | None = None) -> bytes:
-        """Send one command that nsqd answers and wait for the answer: its data (``b"OK"``), or
-        ``NSQError`` (fatal: the connection is closed). For a connection used one request at a
-        time that does not consume yet: a message or another command's reply meanwhile closes it."""
+        """Send one command that nsqd answers and wait for its answer.
+
+        For a connection used one request at a time that does not consume yet: a message or another
+        command's reply meanwhile closes it. Non-fatal error frames are logged on the way.
+
+        Args:
+            data: The encoded command.
+            deadline: A ``time.monotonic()`` time; default ``read_timeout`` from the call.
+
+        Returns:
+            The answer's data, e.g. ``b"OK"``.
+
+        Raises:
+            NSQError: nsqd's error frame (fatal: the connection is closed).
+            TimeoutError: No answer by ``deadline``.
+            ConnectionClosed: The connection was lost, or something else than the answer came.
+        """
         token = object()
         self.send_command(data, token)
         if deadline is None:
@@ -287,13 +358,20 @@ class BlockingConnection:
             raise ConnectionClosed(f"unexpected {event!r} from nsqd {self.address} awaiting a reply")
 
     def request_into(self, data: bytes, deadline: float | None = None) -> bytes | bytearray:
-        """``request`` for a command whose answer is large (a range of messages, megabytes): the
-        answer's frame is read from the socket straight into one buffer of its size, where the core's
-        frame buffer would copy it three or four times on the way (each received piece copied out of
-        the receive buffer, appended to the core's buffer, the frame cut out of it). Used on an
-        uncompressed stream with no other reply due; otherwise this is ``request``. Heartbeats are
-        answered and non-fatal errors logged on the way, as ``request`` does. Any failure, a timeout
-        included (a frame read in part leaves the stream unusable), closes the connection."""
+        """`request` for a command whose answer is large (a range of messages, megabytes).
+
+        The answer's frame is read from the socket straight into one buffer of its size, where the
+        core's frame buffer would copy it three or four times on the way (each received piece copied
+        out of the receive buffer, appended to the core's buffer, the frame cut out of it). Used on an
+        uncompressed stream with no other reply due; otherwise this is `request`. Heartbeats are
+        answered and non-fatal errors logged on the way, as `request` does.
+
+        Raises:
+            NSQError: nsqd's error frame.
+            TimeoutError: No whole answer by ``deadline``.
+            ConnectionClosed: The connection was lost. Any failure, a timeout included (a frame read in
+                part leaves the stream unusable), closes the connection.
+        """
         core = self._core
         if core._decoder is not None or core._pending:
             return self.request(data, deadline)
@@ -360,9 +438,12 @@ class BlockingConnection:
         return bytes(view[:size])
 
     def is_alive(self) -> bool:
-        """Whether the connection is still open, found without waiting: what has arrived is read
-        (heartbeats answered, non-fatal errors logged), and EOF or a reset closes it. For a
-        connection with no reply due and no subscription (a producer's, between publishes)."""
+        """Whether the connection is still open, found without waiting.
+
+        What has arrived is read (heartbeats answered, non-fatal errors logged), and EOF or a reset
+        closes the connection. For a connection with no reply due and no subscription (a producer's,
+        between publishes).
+        """
         if self.closed:
             return False
         core = self._core
@@ -385,15 +466,29 @@ class BlockingConnection:
     # -- reading the raw stream --------------------------------------------------------------------------
 
     def take_unparsed(self) -> bytes:
-        """The stream bytes (decompressed) the core holds past the last event it returned: where a
-        loop that parses the stream itself starts."""
+        """The stream bytes (decompressed) the core holds past the last event it returned.
+
+        Where a loop that parses the stream itself starts, before it calls `read_available`.
+        """
         return self._core.take_unparsed()
 
     def read_available(self, timeout: float | None, coalesce: int = 0) -> bytes | None:
-        """What the socket holds, decompressed; None when nothing came within ``timeout`` seconds;
-        ``ConnectionClosed`` at EOF, on a reset or a corrupt stream. Once data arrives, reads on
-        without waiting while the socket has more, up to ``coalesce`` bytes in all (not over TLS,
-        which reads with flags refuse)."""
+        """What the socket holds, decompressed, for a loop that parses the raw stream itself.
+
+        Once data arrives, it reads on without waiting while the socket has more, up to ``coalesce``
+        bytes in all (not over TLS, which reads with flags refuse), into one receive buffer allocated
+        once per connection.
+
+        Args:
+            timeout: Seconds to wait for data; None waits as long as it takes.
+            coalesce: Bytes to gather in one call at most, past the first read.
+
+        Returns:
+            The bytes, or None when nothing came within ``timeout``.
+
+        Raises:
+            ConnectionClosed: EOF, a reset or a corrupt stream (the connection is closed).
+        """
         view = self._view
         chunk = self._receive_size
         if view is None or len(view) < coalesce + chunk:
@@ -427,33 +522,62 @@ class BlockingConnection:
     # -- commands ----------------------------------------------------------------------------------------
 
     def publish(self, topic: str, body: bytes) -> None:
-        """PUB: one round trip; ``NSQError`` if nsqd refuses it."""
+        """Publish one message (PUB): one round trip.
+
+        Raises:
+            NSQError: nsqd refused it, or the topic name is invalid.
+            TimeoutError: No answer within ``read_timeout``.
+            ConnectionClosed: The connection was lost.
+        """
         self.request(encode_pub(check_topic("PUB", topic), body))
 
     def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
-        """MPUB: one round trip."""
+        """Publish several messages in one MPUB (all or none): one round trip.
+
+        Raises:
+            NSQError: nsqd refused it, or the topic name is invalid.
+            TimeoutError: No answer within ``read_timeout``.
+            ConnectionClosed: The connection was lost.
+        """
         self.request(encode_mpub(check_topic("MPUB", topic), list(bodies)))
 
     def deferred_publish(self, topic: str, delay: float, body: bytes) -> None:
-        """DPUB, ``delay`` in seconds (sent as whole milliseconds)."""
+        """Publish one message (DPUB) that nsqd delivers ``delay`` seconds from now (sent as whole
+        milliseconds): one round trip.
+
+        Raises:
+            NSQError: nsqd refused it, or the topic name is invalid.
+            TimeoutError: No answer within ``read_timeout``.
+            ConnectionClosed: The connection was lost.
+        """
         self.request(encode_dpub(check_topic("DPUB", topic), max(0, int(delay * 1000)), body))
 
     def subscribe(self, topic: str, channel: str, deadline: float | None = None) -> None:
-        """SUB; deliveries start after ``ready``."""
+        """Subscribe (SUB) to ``topic``/``channel``; deliveries start after `ready`.
+
+        Raises:
+            NSQError: nsqd refused it (``E_BAD_TOPIC``, ``E_BAD_CHANNEL``, ``E_UNAUTHORIZED``...).
+            TimeoutError: No answer by ``deadline`` (default ``read_timeout``).
+            ConnectionClosed: The connection was lost.
+        """
         self.request(encode_sub(topic, channel), deadline)
 
     def ready(self, count: int) -> None:
-        """RDY ``count`` (no reply)."""
+        """Send RDY ``count``: how many messages nsqd may have in flight here (nsqd does not answer).
+
+        Raises:
+            ConnectionClosed: As `send`.
+        """
         self.send(encode_rdy(count))
 
     def close(self) -> None:
-        """Close the socket (nsqd requeues what this connection had in flight when each message
-        times out). Idempotent."""
+        """Close the socket; calling it again does nothing.
+
+        nsqd requeues what this connection had in flight when each message times out.
+        """
         self.closed = True
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     def __enter__(self) -> BlockingConnection:
         return self

@@ -43,6 +43,17 @@ class _Command:
 
 @dataclass(frozen=True)
 class ProducerStats:
+    """What a blocking `Producer` did since it was made (`Producer.stats`).
+
+    Attributes:
+        messages: Messages acknowledged by an nsqd.
+        commands: Commands written, retries included.
+        retried_commands: Commands written again after a failure.
+        resent_messages: Messages in commands whose reply was lost: they may be stored twice.
+        connects: Connections made.
+        per_nsqd: Acknowledged messages by address.
+    """
+
     messages: int  # acknowledged by an nsqd
     commands: int  # written (retries included)
     retried_commands: int  # written again after a failure
@@ -52,13 +63,34 @@ class ProducerStats:
 
 
 class Producer:
-    """Blocking, pipelined publishing to the first nsqd of ``addresses`` that works (see the module
-    notes). ``max_in_flight`` commands may wait for their reply; ``response_timeout`` (default
-    ``config.read_timeout``) bounds the wait for the oldest. Not thread-safe: one per thread.
+    """Blocking, pipelined publishing with fail-over: the first address that works stays current.
+
+    `send` writes an encoded PUB, MPUB or DPUB on the current nsqd's connection and reads replies only
+    when ``max_in_flight`` commands wait for one; `flush` waits for every reply; `publish`,
+    `multi_publish` and `deferred_publish` are `send` then `flush`. Used as a context manager, it
+    flushes and closes on leaving the block (closes only, after an exception).
+
+    Fail-over: a lost connection, no reply within ``response_timeout``, or ``E_PUB_FAILED``,
+    ``E_MPUB_FAILED``, ``E_DPUB_FAILED`` moves to the next address and sends the unanswered commands
+    there, each command trying each address once. Delivery is at least once: ``resent_messages`` in
+    `stats` counts the messages whose first reply was lost.
 
     With no thread of its own, a producer cannot answer heartbeats while idle, so its connections
     IDENTIFY with heartbeats off; before writing on a connection that had nothing to wait for, it
-    checks without blocking that nsqd did not close it meanwhile, and reconnects if it did."""
+    checks without blocking that nsqd did not close it meanwhile, and reconnects to the same address
+    if it did (an nsqd restart between publishes is not a failure). Not thread-safe: one per thread.
+
+    Args:
+        addresses: ``host:port`` of each nsqd's TCP listener, in the order they are tried (one string
+            for one).
+        config: Connection options; ``Config()`` when omitted.
+        max_in_flight: Commands that may wait for their reply.
+        response_timeout: How long the oldest command waits for its reply before its nsqd is given
+            up; default ``config.read_timeout``.
+
+    Raises:
+        ValueError: No address, one that is not ``host:port``, or ``max_in_flight`` below 1.
+    """
 
     def __init__(
         self,
@@ -92,40 +124,83 @@ class Producer:
     # -- publishing ----------------------------------------------------------------------------------
 
     def publish(self, topic: str, body: bytes) -> None:
-        """PUB, then ``flush``: returns once nsqd acknowledged it (and everything sent before)."""
+        """Publish one message (PUB), then `flush`: returns once nsqd acknowledged it and everything
+        sent before.
+
+        Raises:
+            NSQError: A request error (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...), or an invalid topic name,
+                raised at once; the commands pipelined behind a refused one are sent again by the next
+                `send` or `flush`.
+            NoAvailableNsqd: A command failed on every address; ``errors`` holds each one's failure.
+        """
         self.send(encode_pub(check_topic("PUB", topic), body))
         self.flush()
 
     def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
-        """MPUB of ``bodies`` (all or none stored), then ``flush``."""
+        """Publish ``bodies`` in one MPUB (all or none stored), then `flush`.
+
+        Raises:
+            NSQError: A request error (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...), or an invalid topic name,
+                raised at once; the commands pipelined behind a refused one are sent again by the next
+                `send` or `flush`.
+            NoAvailableNsqd: A command failed on every address; ``errors`` holds each one's failure.
+        """
         self.send(encode_mpub(check_topic("MPUB", topic), list(bodies)), len(bodies))
         self.flush()
 
     def deferred_publish(self, topic: str, delay: float, body: bytes) -> None:
-        """DPUB (``delay`` in seconds, sent as whole milliseconds), then ``flush``."""
+        """Publish one message (DPUB) delivered ``delay`` seconds from now (sent as whole
+        milliseconds), then `flush`.
+
+        Raises:
+            NSQError: A request error (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...), or an invalid topic name,
+                raised at once; the commands pipelined behind a refused one are sent again by the next
+                `send` or `flush`.
+            NoAvailableNsqd: A command failed on every address; ``errors`` holds each one's failure.
+        """
         self.send(encode_dpub(check_topic("DPUB", topic), max(0, int(delay * 1000)), body))
         self.flush()
 
     def send(self, command: bytes, messages: int = 1) -> None:
-        """Write one encoded PUB/MPUB/DPUB (``protocol.commands.encode_*``) of ``messages``
-        messages without waiting for its reply, unless ``max_in_flight`` replies are due."""
+        """Write one encoded PUB, MPUB or DPUB without waiting for its reply, unless ``max_in_flight``
+        replies are due.
+
+        Args:
+            command: The command's bytes (``protocol.commands.encode_pub``, ``encode_mpub``,
+                ``encode_dpub``).
+            messages: How many messages it carries, for `stats`.
+
+        Raises:
+            NSQError: A request error (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...), or an invalid topic name,
+                raised at once; the commands pipelined behind a refused one are sent again by the next
+                `send` or `flush`.
+            NoAvailableNsqd: A command failed on every address; ``errors`` holds each one's failure.
+        """
         self._queue.append(_Command(command, messages))
         self._pump()
 
     def flush(self) -> None:
-        """Wait until every command sent so far is acknowledged."""
+        """Wait until every command sent so far is acknowledged.
+
+        Raises:
+            NSQError: A request error (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...), or an invalid topic name,
+                raised at once; the commands pipelined behind a refused one are sent again by the next
+                `send` or `flush`.
+            NoAvailableNsqd: A command failed on every address; ``errors`` holds each one's failure.
+        """
         self._pump()
         while self._waiting or self._queue:
             self._read_replies(0)
             self._pump()
 
     def stats(self) -> ProducerStats:
+        """Counts of messages, commands, retries and connections so far."""
         return ProducerStats(
             self._messages, self._commands, self._retried, self._resent, self._connects, dict(self._per_nsqd)
         )
 
     def close(self) -> None:
-        """Close the connection; replies not read are abandoned (call ``flush`` first)."""
+        """Close the connection; replies not read yet are abandoned (call `flush` first)."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -206,15 +281,14 @@ class Producer:
             except ConnectionClosed as exc:
                 self._lost(exc)
                 return
-            kind = type(event)
-            if kind is Reply:
+            if type(event) is Reply:
                 command = waiting.popleft()
                 assert event.token is command
                 self._messages += command.messages
                 self._per_nsqd[conn.address] = self._per_nsqd.get(conn.address, 0) + command.messages
-            elif kind is ErrorReply and event.token is None and not event.error.fatal:
+            elif type(event) is ErrorReply and event.token is None and not event.error.fatal:
                 logger.warning("nsqd %s: %s", conn.address, event.error)
-            elif kind is ErrorReply and event.token is not None:
+            elif type(event) is ErrorReply and event.token is not None:
                 command = waiting.popleft()
                 assert event.token is command
                 error = event.error

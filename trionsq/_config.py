@@ -160,6 +160,13 @@ def _parse_float(text: str) -> float:
         raise ValueError(f"strconv.ParseFloat: parsing {go_quote(text)}: invalid syntax") from None
 
 
+def _shown(value: str | bool) -> str:
+    """A value given to ``Config.set`` as Go's text shows it (a boolean as ``true`` or ``false``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
 def _show(kind: str, value: Any) -> str:
     """A value as go-nsq's ``%v`` prints it in range errors."""
     if kind in (_DURATION, _OPT_DURATION):
@@ -171,7 +178,63 @@ def _show(kind: str, value: Any) -> str:
 
 @dataclass
 class Config:
-    """A client's settings; see the module docstring for names, units and the text form."""
+    """A client's settings, with go-nsq's option names, defaults and ranges.
+
+    Build it with keywords (``Config(max_in_flight=200, snappy=True)``) or fill it from text with `set` and
+    `set_option_text`, the form the tools take in ``--consumer-opt`` and ``--producer-opt``. Durations are float
+    seconds here and Go durations in text (``"30s"``, ``"250ms"``). Every option of go-nsq v1.1.0's ``Config`` is
+    taken, none accepted and ignored; ``tls_config`` (a Go ``*tls.Config``) is refused as text: give
+    ``tls_context``.
+
+    TLS: ``tls_context`` is used as given; otherwise `ssl_context` builds one from ``tls_root_ca_file`` (else the
+    system's CAs), ``tls_insecure_skip_verify``, ``tls_cert``/``tls_key`` and ``tls_min_version``. The certificate
+    is checked against the host of the nsqd address. Unlike go-nsq, with ``tls_v1`` set an nsqd that offers no TLS
+    is refused instead of being used in the clear.
+
+    Attributes:
+        client_id: IDENTIFY's ``client_id``; None: the short hostname (up to the first dot).
+        hostname: IDENTIFY's ``hostname``; None: ``socket.gethostname()``.
+        user_agent: IDENTIFY's ``user_agent``.
+        heartbeat_interval: How often nsqd sends a heartbeat when idle; ``<= 0`` disables them.
+        read_timeout: A connection that receives nothing this long is closed (0.1 to 300 s); also bounds the
+            handshake.
+        write_timeout: A write that takes longer closes the connection (0.1 to 300 s).
+        dial_timeout: The TCP connect's bound.
+        local_addr: ``host:port`` the connections are made from (the system picks the port); None: any.
+        output_buffer_size: The output buffer nsqd keeps for this client, in bytes.
+        output_buffer_timeout: How often nsqd flushes that buffer.
+        tls_v1: Upgrade to TLS after IDENTIFY.
+        tls_context: An ``ssl.SSLContext`` used as given for the upgrade.
+        tls_insecure_skip_verify: Do not verify nsqd's certificate.
+        tls_root_ca_file: The CA file that nsqd's certificate must chain to (default: the system's CAs).
+        tls_cert: A client certificate, with ``tls_key``.
+        tls_key: The client certificate's key.
+        tls_min_version: The lowest TLS version, ``ssl3.0``, ``tls1.0`` ... ``tls1.3``.
+        snappy: Ask for snappy compression.
+        deflate: Ask for deflate compression, at ``deflate_level`` (1 to 9).
+        deflate_level: The deflate level asked for.
+        sample_rate: Ask nsqd to deliver only this percentage of messages (0 to 99; 0: all).
+        msg_timeout: The message timeout nsqd applies to this client; None: nsqd's ``--msg-timeout``.
+        auth_secret: The secret sent with AUTH when nsqd requires it (and to nsqlookupd, see
+            ``skip_lookupd_authorization``).
+        max_in_flight: A consumer's bound on messages delivered and not yet answered, over all its connections.
+        max_attempts: A consumer FINs a message delivered more often than this without the handler; 0: no limit.
+        default_requeue_delay: The delay of a REQ without one: ``default_requeue_delay * attempts``...
+        max_requeue_delay: ... at most this.
+        backoff_strategy: ``exponential`` (``backoff_multiplier * 2**level``) or ``full_jitter`` (a random time
+            below that).
+        backoff_multiplier: The unit of a backoff; 0 disables backoff.
+        max_backoff_duration: The longest backoff; the level stops where the next step would pass it.
+        lookupd_poll_interval: How often a consumer asks nsqlookupd for the topic's nsqd.
+        lookupd_poll_jitter: The share of that interval, at random, before the first poll.
+        lookupd_poll_timeout: The bound on one nsqlookupd query.
+        low_rdy_idle_timeout: With more connections than ``max_in_flight``, RDY moves from a connection idle this
+            long...
+        low_rdy_timeout: ... or holding it this long ...
+        rdy_redistribute_interval: ... checked this often.
+        skip_lookupd_authorization: Despite go-nsq's name, true (the default) sends ``auth_secret`` to nsqlookupd
+            as ``Authorization: Bearer <secret>``, as go-nsq does.
+    """
 
     client_id: str | None = None  # None: the short hostname (up to the first dot)
     hostname: str | None = None  # None: socket.gethostname()
@@ -215,9 +278,21 @@ class Config:
     # -- text form ------------------------------------------------------------------------------
 
     def set(self, name: str, value: str | bool) -> None:
-        """Set one option from go-nsq's name and Go's text syntax; ``ValueError`` if the name is
-        unknown or the value does not parse or is out of range. ``value=True`` (a bare name in
-        ``set_option_text``) is accepted by boolean options only."""
+        """Set one option from go-nsq's name and Go's text syntax, as go-nsq's ``Config.Set`` reads text.
+
+        Durations in Go's syntax (a bare number has no unit and is refused), booleans as Go's
+        ``strconv.ParseBool`` reads them, integers in base 10. Dashes in names become underscores.
+        Setting a ``tls_*`` option drops the TLS context built before.
+
+        Args:
+            name: go-nsq's option name (``max_in_flight``, ``read_timeout``...).
+            value: The value as text; ``True`` (a bare name in `set_option_text`) or ``False`` for boolean options
+                only.
+
+        Raises:
+            ValueError: The name is unknown, or the value does not parse or is out of range, with go-nsq's wording
+                (``invalid option nope``, ``invalid read_timeout ! 50ms < 100ms``).
+        """
         option = name.replace("-", "_")
         if option in _NOT_FROM_TEXT:
             raise ValueError(_NOT_FROM_TEXT[option])
@@ -226,12 +301,11 @@ class Config:
             raise ValueError(f"invalid option {option}")
         kind, low, high = spec
         if kind == _TLS_VERSION and value not in _TLS_VERSIONS:
-            raise ValueError(f"ERROR: {'true' if value is True else value} is not a tls version")
+            raise ValueError(f"ERROR: {_shown(value)} is not a tls version")
         try:
             parsed = self._coerce(kind, value)
         except ValueError as exc:
-            shown = "true" if value is True else value
-            raise ValueError(f"failed to coerce option {option} ({shown}) - {exc}") from None
+            raise ValueError(f"failed to coerce option {option} ({_shown(value)}) - {exc}") from None
         if parsed is not None and low is not None and parsed < low:
             raise ValueError(f"invalid {option} ! {_show(kind, parsed)} < {_show(kind, low)}")
         if parsed is not None and high is not None and parsed > high:
@@ -243,17 +317,22 @@ class Config:
         setattr(self, option, parsed)
 
     def set_option_text(self, text: str) -> None:
-        """``"name,value"`` as the utilities' ``--consumer-opt``/``--producer-opt`` take it; a bare
-        ``"name"`` sets a boolean option to true. The value may itself contain commas."""
+        """Set one option from ``"name,value"``, as the tools' ``--consumer-opt``/``--producer-opt`` take it.
+
+        A bare ``"name"`` sets a boolean option to true. The value may itself contain commas.
+
+        Raises:
+            ValueError: As `set`.
+        """
         name, comma, value = text.partition(",")
         self.set(name, value if comma else True)
 
     @staticmethod
     def _coerce(kind: str, value: str | bool) -> Any:
-        if value is True:
+        if isinstance(value, bool):
             if kind != _BOOL:
                 raise ValueError("invalid value type")
-            return True
+            return value
         if kind == _BOOL:
             return parse_go_bool(value)
         if kind == _STR:
@@ -283,17 +362,24 @@ class Config:
     # -- derived values -------------------------------------------------------------------------
 
     def effective_client_id(self) -> str:
+        """The ``client_id`` sent in IDENTIFY: ``client_id``, else the short hostname."""
         if self.client_id is not None:
             return self.client_id
         return self.effective_hostname().split(".", 1)[0]
 
     def effective_hostname(self) -> str:
+        """The ``hostname`` sent in IDENTIFY: ``hostname``, else ``socket.gethostname()``."""
         return self.hostname if self.hostname is not None else socket.gethostname()
 
     def ssl_context(self) -> ssl.SSLContext:
-        """The context for the TLS upgrade: ``tls_context`` if set, else one built from the
-        ``tls_*`` options (once; ``set`` of a ``tls_*`` option rebuilds it). ``ValueError`` when
-        a certificate or key file cannot be read."""
+        """The context for the TLS upgrade: ``tls_context`` if set, else one built from the ``tls_*`` options.
+
+        The built context is kept; `set` of a ``tls_*`` option makes the next call build it again.
+
+        Raises:
+            ValueError: A certificate or key file cannot be read, only one of ``tls_cert`` and ``tls_key`` is
+                given, or ``tls_min_version`` is not a TLS version.
+        """
         if self.tls_context is not None:
             return self.tls_context
         if self._built_context is None:

@@ -47,6 +47,7 @@ after the connection closed is dropped (nsqd has requeued the message already).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -108,11 +109,44 @@ class _Waiter:
 
 
 class Connection:
-    """One connection to one nsqd; see the module docstring for its tasks and lifetime.
+    """One connection to one nsqd, for code that needs the protocol itself.
 
-    ``on_message(message)``: a sync callable for each delivered ``Message`` (after ``subscribe``).
-    ``on_response(message, finished, backoff)``: called when a message is FIN'd or REQ'd.
-    ``on_close(conn)``: called once when the connection has closed (``conn.close_reason`` says why).
+    Start it with ``async with Connection(address, config) as conn:``, ``await nursery.start(conn.run)`` or
+    `open_connection`: each returns once the connection is ready. It dials within ``dial_timeout`` and performs the
+    handshake (IDENTIFY, TLS, snappy or deflate, AUTH when nsqd asks) within ``read_timeout``. Then a reader task
+    hands replies to their callers, messages to ``on_message`` and answers heartbeats with NOP (no frame for
+    ``read_timeout`` closes the connection), and a writer task sends everything queued since its last write in one
+    write (a write over ``write_timeout`` closes the connection). Requests are pipelined and matched to their
+    replies in order, with no task per call.
+
+    However the connection ends (`close`, EOF, an I/O error, a read timeout, a fatal error frame, the nursery's
+    cancellation), every waiting request raises `ConnectionClosed`, ``closed`` becomes true, ``close_reason`` says
+    why and ``on_close`` runs once; a lost connection never tears down the caller's nursery. A ``Connection`` runs
+    once.
+
+    Args:
+        address: ``host:port`` of nsqd's TCP listener.
+        config: Connection options; ``Config()`` when omitted.
+        on_message: A sync callable, run by the reader task for each delivered `Message` (after `subscribe`).
+        on_response: Called as ``on_response(message, finished, backoff)`` after each FIN (``finished``) or REQ.
+        on_close: Called once as ``on_close(conn)`` when the connection has closed.
+
+    Raises:
+        ValueError: ``address`` is not ``host:port``.
+
+    Attributes:
+        address: The ``host:port`` given.
+        config: The `Config` in use.
+        features: What nsqd granted in IDENTIFY (`Features`), once connected.
+        auth: What AUTH granted (`AuthResult`), when nsqd asked for it.
+        closed: True once the connection has ended.
+        close_reason: Why it ended.
+        subscribed: True after a successful `subscribe`.
+        in_flight: Messages delivered and not yet FIN'd or REQ'd.
+        rdy: The last RDY count sent.
+        last_message_time: ``trio.current_time()`` of the last message delivered (0 before the first).
+        messages_received: Messages delivered so far.
+        writes: Writes to the socket so far (each carries every command queued since the previous one).
     """
 
     def __init__(
@@ -163,21 +197,34 @@ class Connection:
     # -- lifetime ---------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Connect, then serve the connection until it closes (use with ``nursery.start``)."""
+        """Connect, then serve the connection until it closes: use as ``await nursery.start(conn.run)``.
+
+        ``nursery.start`` returns once the handshake succeeded; ``run`` itself returns normally when the
+        connection ends, however it ends.
+
+        Raises:
+            ConnectError: The dial, the TLS upgrade or the handshake failed (``tls_v1`` asked of an nsqd that
+                offers no TLS included).
+            NSQError: nsqd refused IDENTIFY or AUTH (``E_AUTH_FAILED``...).
+            RuntimeError: The connection was started before.
+        """
         await self._connect()
         await self._serve(task_status=task_status)
 
     async def close(self, timeout: float = _CLOSE_WAIT_TIMEOUT) -> None:
-        """Close: a subscribed connection first sends CLS and waits (at most ``timeout`` seconds)
-        for CLOSE_WAIT (nsqd refuses CLS on a connection that never subscribed, so a publishing
-        one just closes its socket, as go-nsq's does). Then waits until the connection has shut
-        down. Idempotent."""
+        """Close the connection and wait until it has shut down; calling it again does nothing more.
+
+        A subscribed connection first sends CLS and waits, at most ``timeout`` seconds, for nsqd's CLOSE_WAIT (nsqd
+        refuses CLS on a connection that never subscribed, so a publishing one just closes its socket, as
+        go-nsq's does).
+
+        Args:
+            timeout: How long to wait for CLOSE_WAIT, in seconds.
+        """
         if not self.closed and self.subscribed:
             with trio.move_on_after(timeout):
-                try:
+                with contextlib.suppress(ConnectionClosed, NSQError):
                     await self._request(CLS)
-                except (ConnectionClosed, NSQError):
-                    pass
         self._mark_closed("closed by the client")
         if self._started:
             await self._finished.wait()
@@ -229,24 +276,65 @@ class Connection:
     # -- requests ---------------------------------------------------------------------------------
 
     async def publish(self, topic: str, body: bytes) -> None:
-        """PUB; returns when nsqd confirmed, raises ``NSQError`` or ``ConnectionClosed``."""
+        """Publish one message (PUB) and return once nsqd answered ``OK``.
+
+        Args:
+            topic: A valid NSQ topic name (checked before sending, with nsqd's error text).
+            body: The message, at most nsqd's ``--max-msg-size``.
+
+        Raises:
+            NSQError: nsqd's error frame (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``, ``E_PUB_FAILED``...), or an invalid
+                topic name.
+            ConnectionClosed: The connection ended before the reply, or was closed.
+        """
         check_topic("PUB", topic)
         await self._request(encode_pub(topic, body))
 
     async def multi_publish(self, topic: str, bodies: list[bytes]) -> None:
-        """MPUB: several messages in one command (all or none are published)."""
+        """Publish several messages in one MPUB: nsqd stores all of them or none.
+
+        Args:
+            topic: A valid NSQ topic name.
+            bodies: At least one message; together at most nsqd's ``--max-body-size``.
+
+        Raises:
+            NSQError: nsqd's error frame (``E_BAD_BODY``, ``E_MPUB_FAILED``...), or an invalid topic name.
+            ConnectionClosed: The connection ended before the reply, or was closed.
+            ValueError: ``bodies`` is empty.
+        """
         check_topic("MPUB", topic)
         if not bodies:
             raise ValueError("multi_publish needs at least one message body")
         await self._request(encode_mpub(topic, bodies))
 
     async def deferred_publish(self, topic: str, delay_seconds: float, body: bytes) -> None:
-        """DPUB: the message becomes visible to consumers after ``delay_seconds``."""
+        """Publish one message (DPUB) that nsqd delivers ``delay_seconds`` from now.
+
+        Args:
+            topic: A valid NSQ topic name.
+            delay_seconds: The delay, sent as whole milliseconds (never negative); at most nsqd's
+                ``--max-req-timeout``.
+            body: The message.
+
+        Raises:
+            NSQError: nsqd's error frame (``E_INVALID`` for a delay out of range, ``E_DPUB_FAILED``...).
+            ConnectionClosed: The connection ended before the reply, or was closed.
+        """
         check_topic("DPUB", topic)
         await self._request(encode_dpub(topic, max(0, int(delay_seconds * 1000)), body))
 
     async def subscribe(self, topic: str, channel: str) -> None:
-        """SUB; messages then flow to ``on_message`` as RDY allows."""
+        """Subscribe (SUB) to ``topic``/``channel``; messages then flow to ``on_message`` as `ready` allows.
+
+        Args:
+            topic: A valid NSQ topic name.
+            channel: A valid NSQ channel name.
+
+        Raises:
+            NSQError: nsqd's error frame, or an invalid topic or channel name (``E_BAD_TOPIC``,
+                ``E_BAD_CHANNEL``).
+            ConnectionClosed: The connection ended before the reply, or was closed.
+        """
         check_topic("SUB", topic)
         if not is_valid_channel_name(channel):
             raise NSQError(E_BAD_CHANNEL, f"SUB channel name {go_quote(channel)} is not valid")
@@ -254,7 +342,17 @@ class Connection:
         self.subscribed = True
 
     def ready(self, count: int) -> None:
-        """RDY ``count`` (sync: queued for the writer)."""
+        """Send RDY ``count``: how many messages nsqd may have in flight on this connection.
+
+        Synchronous: the command is queued for the writer.
+
+        Args:
+            count: From 0 (pause) to the ``max_rdy_count`` nsqd granted (2500 by default).
+
+        Raises:
+            ValueError: ``count`` out of that range.
+            ConnectionClosed: The connection is closed.
+        """
         limit = self.features.max_rdy_count if self.features is not None else 2500
         if not 0 <= count <= limit:
             raise ValueError(f"RDY count {count} out of range 0-{limit} for nsqd {self.address}")
@@ -262,7 +360,14 @@ class Connection:
         self.rdy = count
 
     def send_nowait(self, data: bytes) -> None:
-        """Queue raw command bytes for the writer (joined with the rest of its batch)."""
+        """Queue encoded command bytes for the writer, which joins them with the rest of its batch.
+
+        For commands nsqd does not answer (RDY, FIN, NOP...); a reply to anything sent this way is not matched to
+        a caller.
+
+        Raises:
+            ConnectionClosed: The connection is closed.
+        """
         if self.closed:
             raise ConnectionClosed(f"connection to nsqd {self.address} is closed ({self.close_reason})")
         self._outbox.append(data)
@@ -277,7 +382,8 @@ class Connection:
         waiter = _Waiter(trio.lowlevel.current_task())
         self.send_nowait(data)
         self._core.expect_reply(waiter)
-        return await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        reply: bytes = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        return reply
 
     # -- message responder (see trionsq._message) -------------------------------------------------
 
@@ -380,7 +486,7 @@ class Connection:
                         data = await stream.receive_some(_RECEIVE_SIZE)  # type: ignore[union-attr]
                     else:
                         if drained:  # park until more comes, rather than try a recv that would fail
-                            await _wait_readable(sock)
+                            await _wait_readable(sock)  # type: ignore[arg-type]  # set when recv is
                         else:  # more is probably there: the tasks the last read woke run first
                             await _checkpoint()
                         try:
@@ -483,10 +589,8 @@ class Connection:
         """What the kernel did not take at once, as it makes room."""
         while data:
             await _wait_writable(sock)
-            try:
+            with contextlib.suppress(BlockingIOError):
                 data = data[sock.send(data) :]
-            except BlockingIOError:
-                pass
 
     def _abort_writer_wait(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
         self._writer_parked = False
@@ -520,10 +624,8 @@ class Connection:
         self._stream = None
         with trio.CancelScope(shield=True):
             with trio.move_on_after(1.0) as timer:
-                try:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     await stream.aclose()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
             if timer.cancelled_caught:
                 # a TLS close_notify the peer does not read must not hold us: drop the socket
                 await trio.aclose_forcefully(stream)
@@ -555,10 +657,15 @@ async def open_connection(
     on_response: Callable[[Message, bool, bool], Any] | None = None,
     on_close: Callable[[Connection], Any] | None = None,
 ) -> Connection:
-    """Connect to nsqd and run the connection's tasks in ``nursery``; returns once connected.
+    """Connect to nsqd and run the connection's tasks in ``nursery``; return the `Connection` once it is ready.
 
-    Raises ``ConnectError`` (dial, TLS or handshake failure) or ``NSQError`` (an error frame
-    during the handshake, such as E_AUTH_FAILED)."""
+    The arguments are `Connection`'s; the connection lives until it is closed or ``nursery`` is cancelled.
+
+    Raises:
+        ConnectError: The dial, the TLS upgrade or the handshake failed.
+        NSQError: An error frame during the handshake, such as ``E_AUTH_FAILED``.
+        ValueError: ``address`` is not ``host:port``.
+    """
     conn = Connection(address, config, on_message=on_message, on_response=on_response, on_close=on_close)
     await nursery.start(conn.run)
     return conn

@@ -58,12 +58,14 @@ Stopping
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import trio
@@ -71,7 +73,8 @@ import trio
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ._config import Config
-from ._connection import Connection, split_address
+from ._connection import Connection
+from ._core import split_address
 from ._errors import ConnectionClosed, NSQError
 from ._lookupd import LookupdError, lookup, lookup_url
 from ._message import Message
@@ -96,7 +99,18 @@ _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
-    """Counts since the consumer started, and its state now."""
+    """What a `Consumer` did since it started, and its state now (`Consumer.stats`).
+
+    Attributes:
+        received: Messages delivered by nsqd.
+        finished: Messages answered with FIN (by the handler's return, the application, or a give-up).
+        requeued: Messages answered with REQ.
+        given_up: Messages FIN'd without the handler because they passed ``max_attempts``.
+        connections: Subscribed connections now.
+        in_flight: Messages delivered and not answered yet.
+        backoff_level: 0 when not backing off; each failure raises it, each success lowers it.
+        total_rdy: The sum of the RDY counts of the connections now.
+    """
 
     received: int
     finished: int
@@ -169,15 +183,44 @@ class _Link:
 class Consumer:
     """Read ``topic``/``channel`` from nsqd and run ``handler`` on each message.
 
-    ``handler`` is an async function of a ``Message``: returning FINs the message, raising REQs it (and counts as
-    a failure for backoff). Give nsqd addresses (``host:port``), nsqlookupd HTTP addresses, or both.
-    ``concurrency`` handlers run at a time; ``max_in_flight`` (in ``config``) bounds the messages delivered and not
-    yet answered. ``on_give_up(message)`` (sync or async) sees each message dropped for passing ``max_attempts``.
-    ``stop_timeout`` bounds how long ``stop()`` waits for handlers. With ``fail_fast`` (the default, as go-nsq's
-    ``ConnectToNSQD``), entering the block raises the error of a listed nsqd whose first connection or SUB failed
-    (``ConnectError``, ``NSQError``); without it that nsqd is redialled in the background like a lost one.
+    Use it as ``async with Consumer(...) as consumer:``. Entering the block connects to every listed nsqd (and
+    SUBs) and takes nsqlookupd's first answer; leaving it normally calls `stop`, leaving it with an exception
+    cancels everything at once (unanswered messages then come back when nsqd's timeout expires).
 
-    Use as ``async with Consumer(...) as consumer:``; see the module docstring for the behaviour.
+    Answers: a handler that returns FINs its message; one that raises REQs it after ``default_requeue_delay *
+    attempts`` (at most ``max_requeue_delay``) and counts as a failure for backoff. After
+    ``message.disable_auto_response()`` the application answers itself, at any time. A message delivered more
+    than ``max_attempts`` times (0: no limit) is FIN'd without the handler, logged, and given to ``on_give_up``.
+
+    Flow control as go-nsq's: ``max_in_flight`` is spread over the connections (never above nsqd's
+    ``max_rdy_count``), rotated when there are more connections than ``max_in_flight``, and each failure raises a
+    backoff level (RDY 0 everywhere for a while, then RDY 1 on one connection as a trial).
+
+    Discovery: every lookupd is asked ``/lookup?topic=`` every ``lookupd_poll_interval``; a new nsqd is joined,
+    and one that no lookupd lists any more is drained and closed. A listed nsqd that is lost is redialled with a
+    delay doubling from 0.25 s up to ``lookupd_poll_interval``.
+
+    Args:
+        topic: The topic to read.
+        channel: The channel to read (created by nsqd on SUB; ``#ephemeral`` names work as in NSQ).
+        handler: An async function of a `Message`; ``concurrency`` copies of it run at once.
+        config: Connection and consumer options (``max_in_flight``, ``max_attempts``, backoff, lookupd polling...);
+            ``Config()`` when omitted.
+        nsqd_tcp_addresses: nsqd to connect to directly (``host:port``, one string for one).
+        lookupd_http_addresses: nsqlookupd HTTP addresses to find the topic's nsqd through.
+        concurrency: How many handlers may run at once.
+        on_give_up: Called (sync or async) with each message dropped for passing ``max_attempts``.
+        stop_timeout: How long `stop` waits for running handlers and for answers the application gives itself.
+        fail_fast: Entering the block raises the error of a listed nsqd whose first connection or SUB failed, as
+            go-nsq's ``ConnectToNSQD`` does; when false, that nsqd is redialled in the background like a lost one.
+
+    Raises:
+        ValueError: An invalid topic or channel name, ``concurrency`` below 1, no address at all, or an address
+            that cannot be used.
+        ConnectError: On entering the block with ``fail_fast``: a listed nsqd could not be reached or its handshake
+            failed.
+        NSQError: On entering the block with ``fail_fast``: a listed nsqd refused IDENTIFY, AUTH or SUB.
+        RuntimeError: The consumer was entered a second time (a ``Consumer`` runs once).
     """
 
     def __init__(
@@ -279,24 +322,34 @@ class Consumer:
             raise failures[0]
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         assert self._nursery is not None
         if exc_type is None:
             await self.stop()
         self._stopping = True
         self._nursery.cancel_scope.cancel()
         self._closed.set()
-        return await self._nursery_manager.__aexit__(exc_type, exc, tb)
+        suppressed: bool = await self._nursery_manager.__aexit__(exc_type, exc, tb)
+        return suppressed
 
     async def wait_closed(self) -> None:
         """Return once the consumer has stopped."""
         await self._closed.wait()
 
     async def stop(self) -> None:
-        """RDY 0 everywhere, REQ at once what no handler has taken, let the running handlers finish and answer
-        (at most ``stop_timeout``), REQ what is left, CLS and close every connection. Called from a handler, it
-        starts the stop and returns at once (waiting there would wait for that handler itself). A second call
-        waits for the first."""
+        """Stop cleanly, so that no message is both handled and requeued.
+
+        RDY 0 on every connection; every message no handler has taken yet (waiting, or arriving late because nsqd
+        sent it before it read RDY 0) is REQ'd at once without backoff or delay; the running handlers finish and
+        their FIN or REQ is sent, and answers the application gives itself are waited for, all within
+        ``stop_timeout``, after which a handler still running is cancelled and what is left is REQ'd (logged). Then
+        CLS and close on every connection.
+
+        Called from a handler, it starts the stop and returns at once (waiting there would wait for that handler
+        itself). A second call waits for the first.
+        """
         if self._stopping:
             if trio.lowlevel.current_task() not in self._worker_tasks:
                 await self._closed.wait()
@@ -351,6 +404,7 @@ class Consumer:
         log.info("[%s/%s] stopped", self.topic, self.channel)
 
     def stats(self) -> ConsumerStats:
+        """Counts of messages received and answered so far, and the connections, RDY and backoff now."""
         rdy = self._rdy.stats()
         return ConsumerStats(
             received=self._received,
@@ -364,7 +418,11 @@ class Consumer:
         )
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
-        """Change ``max_in_flight`` while running (0 pauses delivery)."""
+        """Change ``max_in_flight`` while running; 0 pauses delivery (RDY 0 everywhere) until it is raised again.
+
+        Args:
+            max_in_flight: The new bound on messages delivered and not yet answered, over all connections.
+        """
         self._apply(self._rdy.set_max_in_flight(max_in_flight, trio.current_time()))
 
     def is_starved(self) -> bool:
@@ -384,10 +442,8 @@ class Consumer:
             link = self._links.get(address)
             if link is not None:
                 log.debug("(%s) RDY %d", address, count)
-                try:
+                with contextlib.suppress(ConnectionClosed):  # its task is about to remove it
                     link.conn.ready(count)
-                except ConnectionClosed:
-                    pass  # its task is about to remove it
         if self._rdy.next_deadline() < self._rdy_armed:
             self._rdy_wakeup.set()
 
@@ -480,7 +536,9 @@ class Consumer:
             if error is not None and failures is not None:
                 failures.append(error)
 
-    async def _run_nsqd(self, address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_nsqd(
+        self, address: str, *, task_status: trio.TaskStatus[BaseException | None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Connect, SUB, serve until the connection ends; listed addresses are redialled, discovered ones are left
         to the next lookupd answer. ``started`` after the first attempt, with its error or None."""
         scope = self._tasks[address] = trio.CancelScope()
@@ -561,10 +619,8 @@ class Consumer:
         link.closing = True
         if link.address in self._rdy:
             self._apply(self._rdy.remove(link.address, trio.current_time()))
-        try:
+        with contextlib.suppress(ConnectionClosed):
             link.conn.ready(0)
-        except ConnectionClosed:
-            pass
         await link.drain(self.stop_timeout)
         await self._close_link(link)
 

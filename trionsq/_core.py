@@ -154,8 +154,27 @@ def check_topic(command: str, topic: str) -> str:
 
 @dataclass(frozen=True)
 class Features:
-    """What nsqd granted in its IDENTIFY response (times in seconds; ``feature_negotiation`` is
-    False when the server answered a bare ``OK``, and the rest are then defaults)."""
+    """What nsqd granted in its IDENTIFY response (``Connection.features``, ``BlockingConnection.features``).
+
+    Times are in seconds. ``feature_negotiation`` is False when the server answered a bare ``OK``, and the rest
+    are then the defaults.
+
+    Attributes:
+        feature_negotiation: nsqd answered with JSON.
+        version: nsqd's version (``1.3.0`` for NSQ's nsqd and for trionsq's).
+        max_rdy_count: The largest RDY count nsqd accepts (``--max-rdy-count``).
+        msg_timeout: How long nsqd waits for an answer before it requeues a message.
+        max_msg_timeout: The largest ``msg_timeout`` a client may ask for.
+        tls_v1: The connection upgrades to TLS.
+        snappy: The connection is snappy-compressed.
+        deflate: The connection is deflate-compressed, at ``deflate_level``.
+        deflate_level: The deflate level in use.
+        max_deflate_level: The highest deflate level nsqd allows.
+        sample_rate: The share of messages (percent) nsqd delivers to this connection; 0: all.
+        auth_required: nsqd requires AUTH before other commands.
+        output_buffer_size: nsqd's output buffer for this connection, in bytes.
+        output_buffer_timeout: How often nsqd flushes that buffer.
+    """
 
     feature_negotiation: bool = False
     version: str = ""
@@ -174,7 +193,11 @@ class Features:
 
     @classmethod
     def from_response(cls, data: bytes) -> Features:
-        """Parse the IDENTIFY response; ``ConnectError`` if it is neither JSON nor ``OK``."""
+        """Parse the IDENTIFY response.
+
+        Raises:
+            ConnectError: The response is neither JSON nor ``OK``.
+        """
         if not data.startswith(b"{"):
             return cls()  # a server without feature negotiation answers "OK", as go-nsq accepts
         try:
@@ -201,7 +224,13 @@ class Features:
 
 @dataclass(frozen=True)
 class AuthResult:
-    """nsqd's answer to AUTH (the auth server's identity and how many permissions it granted)."""
+    """nsqd's answer to AUTH: the auth server's identity and how many permissions it granted.
+
+    Attributes:
+        identity: The identity the auth server gave the secret.
+        identity_url: A URL about that identity, when the auth server gives one.
+        permission_count: How many topic and channel permissions were granted.
+    """
 
     identity: str = ""
     identity_url: str = ""
@@ -225,7 +254,12 @@ class Connected:
 
 @dataclass(slots=True)
 class Reply:
-    """A response frame answering the oldest waiting command (``token`` from ``expect_reply``)."""
+    """A response frame answering the oldest waiting command.
+
+    Attributes:
+        token: What the command was sent with (``BlockingConnection.send_command``).
+        data: The frame's data, e.g. ``b"OK"``.
+    """
 
     token: Any
     data: bytes
@@ -233,7 +267,12 @@ class Reply:
 
 @dataclass(slots=True)
 class ErrorReply:
-    """An error frame: for the oldest waiting command, or (``token`` None) for a FIN, REQ or TOUCH."""
+    """An error frame: for the oldest waiting command, or (``token`` None) for a FIN, REQ or TOUCH.
+
+    Attributes:
+        token: What the command was sent with, or None for an answer nsqd gives to a FIN, REQ or TOUCH.
+        error: The error, with its code and fatal flag.
+    """
 
     token: Any
     error: NSQError
@@ -364,16 +403,16 @@ class ClientCore:
 
     # -- input ------------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         """Bytes read from the transport (TLS already removed)."""
         self._frames.receive_data(data if self._decoder is None else self.decompress(data))
 
-    def decompress(self, data: bytes) -> bytes:
+    def decompress(self, data: bytes | bytearray) -> bytes:
         """Transport bytes to stream bytes (identity until compression is on), for a driver that
         parses the stream itself once connected (see ``take_unparsed``)."""
         decoder = self._decoder
         if decoder is None:
-            return data
+            return bytes(data)  # no copy of a bytes object
         try:
             out = decoder.decode(data)
             while decoder.has_more:
@@ -382,7 +421,7 @@ class ClientCore:
             raise ConnectionClosed(f"corrupt compressed stream from nsqd {self.address}: {exc}") from None
         return out
 
-    def receive_events(self, data: bytes) -> list[Any]:
+    def receive_events(self, data: bytes | bytearray) -> list[Any]:
         """Connected: the events of every frame ``data`` (transport bytes) completes, in order, in
         one pass (see the module docstring); an incomplete frame is kept for the next call."""
         if self._decoder is not None:

@@ -23,7 +23,17 @@ __all__ = ["ConnectError", "ConnectionClosed", "NSQError", "NoAvailableNsqd"]
 
 class NSQError(ProtocolError):
     """An error frame from nsqd: ``str(err)`` is the frame's text, e.g.
-    ``E_BAD_TOPIC PUB topic name "a b" is not valid``."""
+    ``E_BAD_TOPIC PUB topic name "a b" is not valid``.
+
+    Invalid topic and channel names are refused before sending, with the same text. It pickles with its flag
+    (Spark ships exceptions between processes).
+
+    Attributes:
+        code: The error code, e.g. ``E_BAD_TOPIC``, ``E_PUB_FAILED``.
+        description: The rest of the frame's text.
+        fatal: Whether nsqd closes the connection after it: every code but ``E_FIN_FAILED``, ``E_REQ_FAILED`` and
+            ``E_TOUCH_FAILED``.
+    """
 
     @classmethod
     def from_frame(cls, data: bytes) -> NSQError:
@@ -37,17 +47,19 @@ class NSQError(ProtocolError):
 
 
 class ConnectionClosed(Exception):
-    """The connection to nsqd ended (or was closed) before the request got its reply."""
+    """The connection to nsqd ended (EOF, reset, read timeout, a corrupt stream) while the request was pending, or
+    was already closed. One ``except ConnectionClosed`` covers "this connection is unusable"."""
 
 
 class ConnectError(ConnectionClosed):
-    """The connection could not be established: refused, timed out, or its handshake failed."""
+    """The connection could not be established: refused, timed out, or its TLS upgrade or handshake failed."""
 
 
 class NoAvailableNsqd(Exception):
-    """Every nsqd address was tried for one request and each failed.
+    """Every nsqd address was tried for one request and each failed; the last failure is also ``__cause__``.
 
-    ``errors`` maps each address tried to the exception it failed with, in the order tried.
+    Attributes:
+        errors: Each address tried, mapped to the exception it failed with, in the order tried.
     """
 
     def __init__(self, errors: dict[str, BaseException]) -> None:

@@ -47,12 +47,24 @@ DEFAULT_TIMEOUT = 60.0  # go-nsq's lookupd_poll_timeout
 
 
 class LookupdError(Exception):
-    """A lookupd query that got no usable answer; the text names the URL and the reason."""
+    """A lookupd query that got no usable answer: refused, timed out, not JSON, or another status than 200 (and 404
+    for an unknown topic, which is an empty answer). The text names the URL and the reason."""
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """One nsqd as a lookupd lists it (``/lookup``'s producers, ``/nodes``' nodes)."""
+    """One nsqd as a lookupd lists it (``/lookup``'s producers, ``/nodes``' nodes).
+
+    Attributes:
+        broadcast_address: The address the nsqd registered (``--broadcast-address``).
+        tcp_port: Its TCP port.
+        http_port: Its HTTP port.
+        hostname: Its host's name.
+        remote_address: The address lookupd sees its registration connection come from.
+        version: Its version.
+        topics: Its topics (``/nodes`` only).
+        tombstones: Per topic, whether it is tombstoned on this nsqd (``/nodes`` only, parallel to ``topics``).
+    """
 
     broadcast_address: str
     tcp_port: int
@@ -70,6 +82,7 @@ class Peer:
 
     @property
     def http_address(self) -> str:
+        """``host:port`` for the HTTP API."""
         return _join(self.broadcast_address, self.http_port)
 
 
@@ -99,10 +112,8 @@ def lookup_url(lookupd_http_address: str, path: str, **query: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise LookupdError(f"bad nsqlookupd HTTP address {lookupd_http_address!r}")
     own_path = parts.path.rstrip("/")
-    if path == "/lookup":
-        full_path = own_path or path
-    else:  # a prefix before the endpoint stays; an endpoint given for /lookup does not
-        full_path = own_path.removesuffix("/lookup") + path
+    # a prefix before the endpoint stays; an endpoint given for /lookup does not
+    full_path = (own_path or path) if path == "/lookup" else own_path.removesuffix("/lookup") + path
     params = [p for p in parts.query.split("&") if p]
     params += [f"{name}={quote(value, safe='')}" for name, value in query.items()]
     return urlunsplit((parts.scheme, parts.netloc, full_path, "&".join(params), ""))
@@ -116,10 +127,7 @@ def _unwrap(url: str, status: int, body: bytes) -> Any | None:
         doc = None
     if isinstance(doc, dict) and "status_code" in doc and "data" in doc:  # NSQ 0.x's envelope
         status = doc.get("status_code") or status
-        if status != 200:
-            doc = {"message": doc.get("status_txt", "")}
-        else:
-            doc = doc["data"]
+        doc = doc["data"] if status == 200 else {"message": doc.get("status_txt", "")}
     if status == 404 or (isinstance(doc, dict) and doc.get("message") == "TOPIC_NOT_FOUND"):
         return None
     if status != 200:
@@ -159,7 +167,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _producers(url: str, doc: dict) -> list[Peer]:
+def _producers(url: str, doc: dict[str, Any]) -> list[Peer]:
     items = doc.get("producers") or []
     if not isinstance(items, list):
         raise LookupdError(f"GET {url}: producers is not a list")
@@ -218,7 +226,22 @@ async def lookup_producers(
 async def lookup(
     lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT, authorization: str | None = None
 ) -> list[str]:
-    """The ``broadcast_address:tcp_port`` of each nsqd that a lookupd lists for ``topic``, in its order."""
+    """The ``broadcast_address:tcp_port`` of each nsqd that a lookupd lists for ``topic``, in its order.
+
+    One ``GET /lookup?topic=``; NSQ 0.x's enveloped answers are read too.
+
+    Args:
+        lookupd_http_address: The lookupd's HTTP address, ``host:port`` or an ``http(s)://`` URL.
+        topic: The topic.
+        timeout: The bound on the whole query, in seconds.
+        authorization: A secret sent as ``Authorization: Bearer <secret>``.
+
+    Returns:
+        The addresses, ``[]`` for a topic the lookupd does not know.
+
+    Raises:
+        LookupdError: The lookupd gave no usable answer.
+    """
     peers = await lookup_producers(lookupd_http_address, topic, timeout=timeout, authorization=authorization)
     return [peer.tcp_address for peer in peers]
 

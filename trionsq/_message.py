@@ -45,9 +45,20 @@ def requeue_delay(config: Config, attempts: int) -> float:
 
 
 class Message:
-    """One delivery: ``id`` (16 ASCII hex bytes), ``body``, ``timestamp`` (ns since the epoch, when
-    it was published), ``attempts`` (deliveries so far, this one included) and ``nsqd_address``
-    (``host:port`` of the nsqd it came from)."""
+    """One delivery, and its answers to nsqd.
+
+    `finish`, `requeue` and `touch` are synchronous: each queues its command on the connection the message came
+    from, so a handler never awaits to answer and a batch of answers leaves in one write. Only the first FIN or REQ
+    counts; later ones, and touches after it, are ignored (nsqd would refuse them). An answer after the connection
+    closed is dropped: nsqd has requeued the message already.
+
+    Attributes:
+        id: The message ID, 16 ASCII hex bytes.
+        body: The message.
+        timestamp: When it was published, in nanoseconds since the epoch.
+        attempts: Deliveries so far, this one included.
+        nsqd_address: ``host:port`` of the nsqd it came from.
+    """
 
     __slots__ = (
         "id",
@@ -95,6 +106,7 @@ class Message:
 
     @property
     def auto_response_disabled(self) -> bool:
+        """True after `disable_auto_response`: the application answers this message itself."""
         return self._auto_response_disabled
 
     def disable_auto_response(self) -> None:
@@ -110,8 +122,13 @@ class Message:
         self._responder._message_finished(self, encode_fin(self.id))
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
-        """REQ: deliver again after ``delay`` seconds (None: the default rule, see the module
-        docstring). ``backoff`` tells the consumer to count this as a failure."""
+        """REQ: ask nsqd to deliver the message again after ``delay`` seconds. A no-op once answered.
+
+        Args:
+            delay: Seconds, sent as whole milliseconds (never negative); None: go-nsq's rule,
+                ``default_requeue_delay * attempts`` capped at ``max_requeue_delay``.
+            backoff: Count this as a failure, so that a consumer backs off.
+        """
         if self._responded:
             return
         self._responded = True

@@ -47,7 +47,16 @@ _PUB, _MPUB, _DPUB = 0, 1, 2
 
 @dataclass(frozen=True)
 class ProducerStats:
-    """Counts since the producer started."""
+    """What a `Producer` did since it was made (`Producer.stats`).
+
+    Attributes:
+        messages_published: Messages acknowledged by an nsqd (an MPUB counts each of its bodies).
+        requests: PUB, MPUB and DPUB requests made, whatever their outcome.
+        requests_failed: Requests that raised: a request error, or every address failed.
+        failovers: Requests that succeeded on another address than the first one tried.
+        connections: Connections open right now.
+        current_address: The address requests go to first.
+    """
 
     messages_published: int
     requests: int
@@ -58,7 +67,26 @@ class ProducerStats:
 
 
 class Producer:
-    """Publishes to ``addresses`` (``host:port`` of nsqd's TCP listener); see the module docstring."""
+    """Publishes to a list of nsqd with pipelining and fail-over.
+
+    Use it as ``async with Producer(addresses, config) as producer:``; leaving the block closes its connections
+    (CLS). It keeps at most one connection per address, dialled on first use, and sends every request to its
+    *current* address. Any number of tasks may publish at once: their commands share one write per batch and
+    their replies come back in order.
+
+    Fail-over, per request: when the current address cannot take it (the dial fails, the connection is lost
+    before the reply, or nsqd answers ``E_PUB_FAILED``, ``E_MPUB_FAILED`` or ``E_DPUB_FAILED``), the request is
+    tried on the next address, each address at most once, and the first that succeeds becomes the current one.
+    Delivery is at least once: a request whose connection died after it was written may have been stored.
+    A connection found closed (nsqd restarted, a read timeout) is dialled again on the next request to it.
+
+    Args:
+        addresses: ``host:port`` of each nsqd's TCP listener, in the order they are tried (one string for one).
+        config: Connection options (TLS, compression, AUTH, timeouts); ``Config()`` when omitted.
+
+    Raises:
+        ValueError: No address, or one that is not ``host:port``.
+    """
 
     def __init__(self, addresses: list[str] | str, config: Config | None = None) -> None:
         if isinstance(addresses, str):
@@ -96,7 +124,10 @@ class Producer:
         self._nursery.cancel_scope.cancel()  # type: ignore[union-attr]
 
     async def close(self) -> None:
-        """Close every connection (CLS, CLOSE_WAIT), in parallel. Publishing afterwards raises."""
+        """Close every connection (CLS, then nsqd's CLOSE_WAIT), in parallel.
+
+        Leaving the ``async with`` block calls it; a publish afterwards raises ``RuntimeError``.
+        """
         self._closed = True
         async with trio.open_nursery() as nursery:
             for conn in self._connections:
@@ -106,18 +137,51 @@ class Producer:
     # -- publishing -------------------------------------------------------------------------------
 
     async def publish(self, topic: str, body: bytes) -> None:
-        """PUB one message."""
+        """Publish one message (PUB) and return once an nsqd answered ``OK``.
+
+        Args:
+            topic: A valid NSQ topic name (checked before sending).
+            body: The message, at most nsqd's ``--max-msg-size``.
+
+        Raises:
+            NSQError: A request error, raised at once without fail-over (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``,
+                ``E_UNAUTHORIZED``, ``E_AUTH_FAILED`` during a handshake...).
+            NoAvailableNsqd: Every address failed; ``errors`` holds each one's failure.
+            RuntimeError: The producer is not open (outside ``async with``, or closed).
+        """
         await self._request(_PUB, topic, body, None, 1)
 
     async def multi_publish(self, topic: str, bodies: list[bytes]) -> None:
-        """MPUB several messages at once (all or none)."""
+        """Publish several messages in one MPUB: nsqd stores all of them or none.
+
+        Args:
+            topic: A valid NSQ topic name.
+            bodies: The messages; together at most nsqd's ``--max-body-size``.
+
+        Raises:
+            NSQError: A request error (``E_BAD_BODY``, ``E_BAD_MESSAGE``...), without fail-over.
+            NoAvailableNsqd: Every address failed.
+            RuntimeError: The producer is not open.
+        """
         await self._request(_MPUB, topic, bodies, None, len(bodies))
 
     async def deferred_publish(self, topic: str, delay_seconds: float, body: bytes) -> None:
-        """DPUB: deliver the message after ``delay_seconds``."""
+        """Publish one message (DPUB) that nsqd delivers ``delay_seconds`` from now.
+
+        Args:
+            topic: A valid NSQ topic name.
+            delay_seconds: The delay, sent as whole milliseconds; at most nsqd's ``--max-req-timeout``.
+            body: The message.
+
+        Raises:
+            NSQError: A request error (``E_INVALID`` for a delay out of range...), without fail-over.
+            NoAvailableNsqd: Every address failed.
+            RuntimeError: The producer is not open.
+        """
         await self._request(_DPUB, topic, body, delay_seconds, 1)
 
     def stats(self) -> ProducerStats:
+        """Counts of requests, failures and fail-overs so far, and the current address."""
         return ProducerStats(
             messages_published=self._published,
             requests=self._requests,

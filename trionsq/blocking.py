@@ -122,24 +122,48 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
 
 
 def lookup_producers(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[Peer]:
-    """The nsqd a lookupd lists for ``topic`` (``[]`` when it knows no such topic);
-    ``LookupdError`` when it gives no usable answer."""
+    """The nsqd a lookupd lists for ``topic``, with their ports and versions.
+
+    Args:
+        lookupd_http_address: The lookupd's HTTP address, ``host:port`` or an ``http(s)://`` URL.
+        topic: The topic.
+        timeout: The bound on the query, in seconds.
+
+    Returns:
+        One `Peer` per nsqd, ``[]`` when the lookupd knows no such topic.
+
+    Raises:
+        LookupdError: The lookupd gave no usable answer.
+    """
     url = lookup_url(lookupd_http_address, "/lookup", topic=topic)
     return parse_lookup(url, *_get(url, timeout))
 
 
 def lookup(lookupd_http_address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
-    """``broadcast_address:tcp_port`` of each nsqd a lookupd lists for ``topic``, in its order."""
+    """``broadcast_address:tcp_port`` of each nsqd a lookupd lists for ``topic``, in its order
+    (``[]`` for a topic the lookupd does not know).
+
+    Raises:
+        LookupdError: The lookupd gave no usable answer.
+    """
     return [peer.tcp_address for peer in lookup_producers(lookupd_http_address, topic, timeout=timeout)]
 
 
 def nodes(lookupd_http_address: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[Peer]:
-    """Every nsqd registered with a lookupd (``/nodes``), with its topics."""
+    """Every nsqd registered with a lookupd (``/nodes``), with its topics and tombstones.
+
+    Raises:
+        LookupdError: The lookupd gave no usable answer.
+    """
     url = lookup_url(lookupd_http_address, "/nodes")
     return parse_nodes(url, *_get(url, timeout))
 
 
 def topics(lookupd_http_address: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
-    """Every topic a lookupd knows (``/topics``)."""
+    """Every topic a lookupd knows (``/topics``).
+
+    Raises:
+        LookupdError: The lookupd gave no usable answer.
+    """
     url = lookup_url(lookupd_http_address, "/topics")
     return parse_topics(url, *_get(url, timeout))

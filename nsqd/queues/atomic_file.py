@@ -8,6 +8,7 @@ next start. On failure the temporary file is removed and the error propagates.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -40,10 +41,8 @@ def replace_file(path: str, data: bytes | list[bytes], *, sync: bool = True, pau
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -71,7 +70,7 @@ def remove_stray_temporaries(directory: str) -> list[str]:
     """Delete the temporary files that ``replace_file`` left in ``directory`` when the process was killed
     between creating one and renaming it (only names it makes, for nsqd's own files); returns the names
     removed. Call it only while holding the directory's lock, when nothing else can be writing one."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except FileNotFoundError:

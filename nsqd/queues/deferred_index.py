@@ -39,11 +39,12 @@ checksum) is logged and ignored: the messages are then delivered without their d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
 import zlib
-from collections.abc import Container
+from collections.abc import Container, Sequence
 
 from .atomic_file import replace_file
 
@@ -142,7 +143,7 @@ class DeferredIndex:
         self.log.info("DEFERRED(%s): %d deferred message(s) restored", os.path.basename(self.path), len(pairs))
         return len(pairs)
 
-    def save(self, end_position: tuple[int, int], extra: list[tuple[bytes, int]] = ()) -> None:
+    def save(self, end_position: tuple[int, int], extra: Sequence[tuple[bytes, int]] = ()) -> None:
         """Write every entry (plus ``extra``) with the queue's current write position; no entries, no file."""
         pairs = list(self.due.items())
         pairs.extend(extra)
@@ -153,10 +154,8 @@ class DeferredIndex:
         replace_file(self.path, data)
 
     def remove_file(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def encode(end_position: tuple[int, int], pairs: list[tuple[bytes, int]]) -> bytes:

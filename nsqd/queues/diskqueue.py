@@ -117,6 +117,7 @@ do inline is plain system calls on page-cache files (``pwrite``, ``pread`` when 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -624,7 +625,7 @@ class DiskQueue:
                     problem = self._read_records_held(records, max_count, end)
                 else:
                     problem = self._read_records(records, max_count, end)
-                if type(problem) is Damaged:
+                if isinstance(problem, Damaged):
                     self._damaged_record(problem)
                     continue
                 if problem is not None:
@@ -675,7 +676,7 @@ class DiskQueue:
         if self.on_damage is not None:
             self.on_damage(self, count)
 
-    def _read_records_held(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
+    def _read_records_held(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | Damaged | None:
         """``_read_records``, then the start of each new record joins the held window (its ops do not count)."""
         before = len(records)
         pos = self._read_pos
@@ -684,7 +685,7 @@ class DiskQueue:
         self._ops = ops
         key = (self._read_file_num << _POS_BITS) + pos
         append = self._held.append
-        if type(records) is SplitRecords:
+        if isinstance(records, SplitRecords):
             rest, header = records.bodies, 4 + SplitRecords.HEADER.size
         else:
             rest, header = records, 4
@@ -743,7 +744,7 @@ class DiskQueue:
                 self._submit(partial(self._remove_data_file, self.file_name(num)))
             self._oldest_file += 1
 
-    def _read_records(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
+    def _read_records(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | Damaged | None:
         """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
         description of the corruption that stopped it, or None."""
         before = len(records)
@@ -753,9 +754,8 @@ class DiskQueue:
         taken = len(records) - before
         self._depth -= taken
         self._ops += taken
-        if taken:
-            if not self._dirty:
-                self._became_dirty()
+        if taken and not self._dirty:
+            self._became_dirty()
         return problem
 
     def _open_read_file(self) -> bool:
@@ -894,10 +894,8 @@ class DiskQueue:
         except OSError as exc:
             self.log.error("DISKQUEUE(%s): failed to rename %s - %s", self.name, path, exc)
         if self.checksums:
-            try:
+            with contextlib.suppress(OSError):
                 os.rename(side_file_name(path), side_file_name(path + ".bad"))
-            except OSError:
-                pass
 
     def _check_tail(self) -> None:
         """At the writer, depth must be 0; a reader beyond the writer means the positions are corrupt."""
@@ -991,6 +989,7 @@ class DiskQueue:
     def _rewrite_suspect(self, fd: int) -> None:
         """Write again what the write file holds from the last good sync on (the whole file if that was in an
         earlier one, whose own fsync ran on the worker when writing moved on)."""
+        assert self._suspect is not None  # set by the failed sync that asks for this
         file_num, pos = self._suspect
         start = pos if file_num == self._write_file_num else 0
         if start >= self._write_pos:
@@ -1052,9 +1051,8 @@ class DiskQueue:
         """Sync when changes have been pending for ``sync_timeout`` on the caller's clock; call it periodically
         (say every second). The sync runs on the worker; its errors are logged and kept in ``last_error``, not
         raised. True when it started one."""
-        if self._sync_failed and not self._closed:
-            if not self._dirty:  # try again after another sync_timeout
-                self._became_dirty()
+        if self._sync_failed and not self._closed and not self._dirty:  # try again after another sync_timeout
+            self._became_dirty()
         if self._closed or not self._dirty:
             self._pending_since = None
             return False
@@ -1364,7 +1362,5 @@ def _write_fully(fd: int, data: bytes, pos: int, path: str) -> None:
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass

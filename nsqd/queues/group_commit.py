@@ -16,12 +16,19 @@ tries that queue again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .diskqueue import DiskQueue
+__all__ = ["SyncBarrier", "Syncable"]
 
-__all__ = ["SyncBarrier"]
+
+class Syncable(Protocol):
+    """What can owe a sync: a disk queue (``diskqueue.DiskQueue``), nsqd.dat's writer. The barrier needs no more, so
+    it does not import the disk queue, which imports it."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def sync(self) -> None: ...
 
 
 class SyncBarrier:
@@ -30,15 +37,15 @@ class SyncBarrier:
     __slots__ = ("_owing", "commits", "failures")
 
     def __init__(self) -> None:
-        self._owing: dict[DiskQueue, None] = {}  # insertion-ordered set
+        self._owing: dict[Syncable, None] = {}  # insertion-ordered set
         self.commits = 0
         self.failures = 0  # commits that left a queue unsynced
 
     def __bool__(self) -> bool:
         return bool(self._owing)
 
-    def owe(self, queue: DiskQueue) -> None:
-        """``queue`` (a disk queue, or anything with ``closed`` and ``sync()``: nsqd.dat's writer) syncs at the next commit."""
+    def owe(self, queue: Syncable) -> None:
+        """``queue`` (a disk queue, or nsqd.dat's writer) syncs at the next commit."""
         self._owing[queue] = None
 
     def commit(self) -> bool:

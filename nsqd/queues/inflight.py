@@ -30,8 +30,8 @@ live by ``REBUILD_FACTOR`` (2x) and there is more than ``REBUILD_MIN`` (64) of i
 
 So the heap holds at most about three times the live buckets, and the lists at most about three times the live
 IDs. (One heap entry per message would cost a heap push per delivery and, as FINs leave stale heap entries
-behind, a rebuild of the whole heap every few thousand FINs.) The queue does no I/O and reads no clock: deadlines are plain floats on the caller's clock
-(``trio.current_time()``).
+behind, a rebuild of the whole heap every few thousand FINs.) The queue does no I/O and reads no clock: deadlines are
+plain floats on the caller's clock (``trio.current_time()``).
 """
 
 from __future__ import annotations

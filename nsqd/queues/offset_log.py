@@ -34,6 +34,7 @@ reader tells by them a takeover from a loss. Each list keeps its last ``NOTES_KE
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -411,10 +412,8 @@ class OffsetLog:
                 self._newest_prefix.pop()
                 chunk.segment.size = chunk.pos
             if segment is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.ftruncate(segment.fd, segment.size)
-                except OSError:
-                    pass
             raise
         self._written = offset
         pending.clear()
@@ -605,10 +604,7 @@ class OffsetLog:
                 while by_bytes < len(removable) and total > self.retention_bytes:
                     total -= removable[by_bytes].size
                     by_bytes += 1
-                if self.retention_time > 0:
-                    removable = removable[: max(by_bytes, keep_from)]
-                else:
-                    removable = removable[:by_bytes]
+                removable = removable[: max(by_bytes, keep_from) if self.retention_time > 0 else by_bytes]
         for segment in removable:
             self._remove_segment(segment)
         return len(removable)

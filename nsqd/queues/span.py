@@ -91,7 +91,8 @@ class QueueSpan:
 
     def records(self, batch: int, *, split: bool = True):
         """The span's records, ``SplitRecords`` of at most ``batch`` each (whole records in lists without
-        ``split``; a generator, the files are closed at its end). Reads what the page cache holds inline, as the queue's own reader does (``segment_reader.py``)."""
+        ``split``; a generator, the files are closed at its end). Reads what the page cache holds inline, as the queue's
+        own reader does (``segment_reader.py``)."""
         try:
             files = self.files
             for index, (path, reader, pos, end) in enumerate(files):
@@ -100,7 +101,7 @@ class QueueSpan:
                     self._missing(path, pos)
                     continue
                 while pos < end:
-                    out = SplitRecords() if split else []
+                    out: SplitRecords | list[bytes] = SplitRecords() if split else []
                     pos, problem = reader.take(out, pos, batch, end, self._low, self._high)
                     if out:
                         yield out

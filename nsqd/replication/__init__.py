@@ -26,12 +26,13 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
 - One sender task per peer writes everything in the outbox past what it sent, in one write, and a reader task
   takes the peer's cumulative ACKs; on a plain TCP stream the node's read poller reads them too, between the
   connections it serves and in channel slices' interludes, and an ACK taken there sends the OKs it covers at
-  once (``sender.py``: "Taking ACKs while the loop is busy"). A large batch's frame (or any frame while the peer acknowledged everything)
-  is written by the publish itself when nothing is ahead of it on a plain TCP stream, so that the replica stores
-  it while the origin handles the rest of what it read; what the socket does not take goes first in the sender
-  task's next write. Frames go out without waiting for earlier ACKs. The quorum seq (``acked``) is the N-th highest ACK among the connected
-  peers. Group commit: every publish of every connection handled meanwhile rides the same write and the same
-  ACK, so replication costs one round trip per batch, as durable mode's fsync does (``queues/group_commit.py``).
+  once (``sender.py``: "Taking ACKs while the loop is busy"). A large batch's frame (or any frame while the peer
+  acknowledged everything) is written by the publish itself when nothing is ahead of it on a plain TCP stream, so that
+  the replica stores it while the origin handles the rest of what it read; what the socket does not take goes first in
+  the sender task's next write. Frames go out without waiting for earlier ACKs. The quorum seq (``acked``) is the N-th
+  highest ACK among the connected peers. Group commit: every publish of every connection handled meanwhile rides the
+  same write and the same ACK, so replication costs one round trip per batch, as durable mode's fsync does
+  (``queues/group_commit.py``).
 - A connection's output waits while its ``replicated_seq`` is above ``acked``: no OK leaves before N peers hold
   what it acknowledges. On a plain TCP connection the ACK that covers it writes it (``call_when_acked``: a heap of
   calls and waiters by seq, so an ACK runs only those it covers); no task wakes for it (its writer woke twice per
@@ -88,11 +89,11 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   order, how many of its messages are still held, per channel the IDs that channel finished while others have
   not), with one *span* per frame whose IDs are sorted and overlap no other span (bisection over the spans,
   a set of the released IDs), and one dict entry per message for the other frames (adopted messages sent
-  again, backfills, frames sent twice). A message is released once every channel that existed when it arrived has finished it (every channel of
-  the topic if it had none then), or its channel/topic is deleted; a record is acknowledged in the disk queue
-  once it holds none. FINs are applied per run of IDs of one record with C-level slice and set operations, and
-  MESSAGES frames are indexed without decoding their messages: the replica takes no Python step per message.
-  The disk queue's committed position is the oldest record still needed, so a restart replays from there:
+  again, backfills, frames sent twice). A message is released once every channel that existed when it arrived has
+  finished it (every channel of the topic if it had none then), or its channel/topic is deleted; a record is
+  acknowledged in the disk queue once it holds none. FINs are applied per run of IDs of one record with C-level slice
+  and set operations, and MESSAGES frames are indexed without decoding their messages: the replica takes no Python step
+  per message. The disk queue's committed position is the oldest record still needed, so a restart replays from there:
   messages, then the FINs that followed them (a FIN record after the committed position is still on disk, one
   before it refers to a released message). Durable mode syncs each received batch before the ACK; otherwise the
   queue syncs by its own rules. A batch is written with its tokens known (``DiskQueue.put_many_held``: the
@@ -117,7 +118,8 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   finished it (into the topic if it had no channel), deferred ones with the rest of their delay, and the topics
   register with lookupd as any topic does. A channel the origin made a log is made a log here first: the adopted
   messages take this node's next offsets of it. The epoch of that origin goes up and is persisted, the adopted ids
-  are kept for the origin (``replica.<node>.adopted``); the store's files are removed. Adopted messages are this node's own from then on (replicated to its own peers).
+  are kept for the origin (``replica.<node>.adopted``); the store's files are removed. Adopted messages are this node's
+  own from then on (replicated to its own peers).
 
 Not here: ordering, exactly-once; a partition that makes both sides deliver gives duplicates (NSQ allows it).
 """

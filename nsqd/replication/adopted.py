@@ -16,6 +16,7 @@ it had finished (delivered twice: its FINs had not reached the replica). The fil
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -48,13 +49,17 @@ def place(nsqd, topic_name: str, batch: list) -> int:
     now_ns = time.time_ns()
     messages = [Message(m.id, m.body, m.timestamp, m.attempts, _delay(m.due_ns, now_ns)) for m, _f, _r in batch]
     channels = list(topic.channels.values())
-    to_topic = messages if not channels else [m for m, (_, finished, _r) in zip(messages, batch) if finished is None]
+    to_topic = (
+        messages
+        if not channels
+        else [m for m, (_, finished, _r) in zip(messages, batch, strict=True) if finished is None]
+    )
     if to_topic:
         topic.put_many(to_topic)
     for channel in channels:
         name = channel.name
         pending = []
-        for m, (_, finished, requeued) in zip(messages, batch):
+        for m, (_, finished, requeued) in zip(messages, batch, strict=True):
             if finished is None or name in finished:
                 continue
             again = requeued.get(name) if requeued else None
@@ -71,13 +76,15 @@ def place(nsqd, topic_name: str, batch: list) -> int:
             if channel.ephemeral:
                 continue
             done = [
-                m for m, (_, finished, _r) in zip(messages, batch) if finished is not None and channel.name in finished
+                m
+                for m, (_, finished, _r) in zip(messages, batch, strict=True)
+                if finished is not None and channel.name in finished
             ]
             if done:
                 replication.finished(topic_name, channel.name, done)
             again = [
                 (m.id, *requeued[channel.name])
-                for m, (_, finished, requeued) in zip(messages, batch)
+                for m, (_, finished, requeued) in zip(messages, batch, strict=True)
                 if requeued and channel.name in requeued and (finished is None or channel.name not in finished)
             ]
             if again:
@@ -101,9 +108,9 @@ def note_takeover(channel, key: str, entry: dict) -> None:
 
 def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> tuple[int, int]:
     """Start-up, or a partition's end (what is in flight is forgotten too): take the messages in ``adopted`` (by
-    ``peer``, at ``epoch``) out of every lasting topic of ``nsqd`` and keep the rest where it was. A log channel of such a topic notes the offsets it
-    handed over (``handed_over``: its uncommitted span, committed now; what it keeps is appended after it).
-    Returns (adopted messages found and dropped here, others kept in their topics)."""
+    ``peer``, at ``epoch``) out of every lasting topic of ``nsqd`` and keep the rest where it was. A log channel of such
+    a topic notes the offsets it handed over (``handed_over``: its uncommitted span, committed now; what it keeps is
+    appended after it). Returns (adopted messages found and dropped here, others kept in their topics)."""
     found = kept = 0
     for topic in list(nsqd.topics.values()):
         if topic.ephemeral or not adopted:
@@ -123,7 +130,7 @@ def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> t
         found += len(drop)
         names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
         keep = [
-            (message, None if holders[msg_id] is None else names - holders[msg_id], None)
+            (message, None if (held := holders[msg_id]) is None else names - held, None)
             for msg_id, message in messages.items()
             if msg_id not in drop
         ]
@@ -178,7 +185,7 @@ def _backlog(queue, index) -> list[ReplicatedMessage]:
     if queue is None or not queue.has_unread():
         return []
     due = index.due if index is not None else {}
-    out = []
+    out: list[ReplicatedMessage] = []
     for batch in QueueSpan(queue, log=log).records(4096):
         out.extend(
             map(
@@ -196,7 +203,7 @@ def _backlog(queue, index) -> list[ReplicatedMessage]:
 def _log_backlog(channel_log) -> list[ReplicatedMessage]:
     """A log channel's uncommitted messages (emptying the channel commits them: the kept ones go in again, at the
     log's next offsets)."""
-    out = []
+    out: list[ReplicatedMessage] = []
     offset, end = channel_log.committed, channel_log.end
     try:
         while offset < end:
@@ -236,7 +243,5 @@ class AdoptedIds:
         return [raw[i : i + ID_SIZE] for i in range(0, size, ID_SIZE)]
 
     def clear(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass

@@ -169,10 +169,10 @@ class HeldIndex:
         rest = ids
         if loose:
             tokens = list(map(loose.get, ids))
-            for token, run in groupby(zip(tokens, ids), key=_first):
+            for token, run in groupby(zip(tokens, ids, strict=True), key=_first):
                 if token is not None:
                     out.append((token, list(map(_second, run))))
-            rest = [msg_id for token, msg_id in zip(tokens, ids) if token is None]
+            rest = [msg_id for token, msg_id in zip(tokens, ids, strict=True) if token is None]
         spans, los = self._spans, self._los
         if not spans or not rest:
             return out
@@ -188,9 +188,9 @@ class HeldIndex:
                 continue
             span = spans[at]
             stop = bisect_right(rest, span.hi, pos)
-            run = span.held_of(rest[pos:stop])
-            if run:
-                out.append((span.token, run))
+            held = span.held_of(rest[pos:stop])
+            if held:
+                out.append((span.token, held))
             pos = stop
         return out
 
@@ -199,7 +199,7 @@ class HeldIndex:
         entry = self._by_token.get(token)
         if entry is None:
             return 0
-        if type(entry) is _Loose:
+        if isinstance(entry, _Loose):
             loose = self._loose
             mine = [msg_id for msg_id in ids if loose.get(msg_id) == token]
             before = len(loose)

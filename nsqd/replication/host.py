@@ -3,15 +3,16 @@
 A connection is served by ``serve`` (called by the TCP listener after the magic): HELLO, WELCOME, then every
 receive buffer's data frames are written in one ``ReplicaStore.write`` (one write, one sync in durable mode),
 answered by one ACK, and only then indexed (``ReplicaStore.apply``: the ACK waits for the disk, not for the
-index); when more has arrived meanwhile it is stored and acknowledged before the index catches up. A bad frame gets an ERROR frame and closes that connection only. ``run`` watches the
-origins whose stream closed and takes them over after ``--replica-takeover-timeout`` once their address refuses
-connections (an origin that still accepts them is alive: this replica restarted, or the origin's reconnections
-back off, up to 5 s; it is waited for, ``REACHABLE_GRACE`` at most); ``takeover`` does it at once
-(``POST /replica/takeover``).
+index); when more has arrived meanwhile it is stored and acknowledged before the index catches up. A bad frame gets an
+ERROR frame and closes that connection only. ``run`` watches the origins whose stream closed and takes them over after
+``--replica-takeover-timeout`` once their address refuses connections (an origin that still accepts them is alive: this
+replica restarted, or the origin's reconnections back off, up to 5 s; it is waited for, ``REACHABLE_GRACE`` at most);
+``takeover`` does it at once (``POST /replica/takeover``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -342,7 +343,7 @@ class ReplicaHost:
         host = host.strip("[]")
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
-                stream = await trio.open_tcp_stream(host, int(port))
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
                 try:
                     await stream.send_all(MAGIC_R1)
                     if tls:
@@ -517,10 +518,8 @@ class ReplicaHost:
     @staticmethod
     async def _send_error(stream, code: str, text: str) -> None:
         with trio.move_on_after(1):
-            try:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 await stream.send_all(encode(Error(code, text)))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
 
     # -- takeover --------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -628,7 +627,7 @@ class ReplicaHost:
             adopted.extend(m.id for m, _finished, _requeued in batch)
         AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         store.epoch += 1
-        for channel, before in zip(logs, ends):
+        for channel, before in zip(logs, ends, strict=True):
             # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader of the origin finds its messages here
             note_takeover(
                 channel,

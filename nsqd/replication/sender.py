@@ -27,8 +27,10 @@ import os
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
 import trio
 
@@ -63,6 +65,7 @@ from protocol.replication import (
     encode_published,
 )
 
+from ..poller import ReadPoller
 from ..queues.atomic_file import replace_file
 
 __all__ = [
@@ -239,7 +242,7 @@ class _AckReader:
                 kind = type(event)
                 if kind is Ack:
                     self.replicator._on_ack(peer, event.seq)
-                elif kind is Pong:
+                elif type(event) is Pong:
                     _on_pong(peer, event)
                 elif kind is Restore or kind is Restored:
                     self.replicator._on_restore(peer, event)
@@ -309,9 +312,11 @@ class Replicator:
         #: writers waiting for an ACK, by the seq they wait for: (seq, order, event, flush), a min-heap. An ACK wakes
         #: only those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs
         #: included), and calls their ``flush`` first
-        self._waiters: list[tuple[int, int, trio.Event | None, object]] = []  # None: ``call_when_acked``
+        self._waiters: list[
+            tuple[int, int, trio.Event | None, Callable[[], None] | None]
+        ] = []  # None: ``call_when_acked``
         #: the node's ``ReadPoller`` (None: the peers' sockets are read by their receive tasks alone)
-        self.poller = None
+        self.poller: ReadPoller | None = None
         self._waiter_order = 0
         #: () -> ``snapshot.Backfill``: everything this node holds, captured now, sent by its ``send``
         self.snapshot = snapshot
@@ -472,7 +477,10 @@ class Replicator:
     def _flush_fins(self) -> None:
         """FINs and requeues into frames of the outbox (requeues first: a message put back and then finished
         meanwhile ends finished)."""
-        buffers = ((Requeued, self._requeues), (Finished, self._fins))
+        buffers: tuple[tuple[Any, dict[tuple[str, str], list[Any]]], ...] = (
+            (Requeued, self._requeues),
+            (Finished, self._fins),
+        )
         self._requeues, self._fins = {}, {}
         for event, buffer in buffers:
             for (topic, channel), rows in buffer.items():
@@ -510,10 +518,10 @@ class Replicator:
         if everyone:
             self._waiters = []
             for _seq, _order, event, flush in waiters:
-                if event is None:
-                    flush()  # ``call_when_acked``
-                else:
+                if event is not None:
                     event.set()
+                elif flush is not None:  # ``call_when_acked``
+                    flush()
             return
         acked = self.acked
         while waiters and waiters[0][0] <= acked:
@@ -614,7 +622,7 @@ class Replicator:
     async def _session(self, peer: _Peer) -> None:
         try:
             with trio.fail_after(CONNECT_TIMEOUT):  # a timeout may be a slow peer: not taken for unreachable
-                stream = await trio.open_tcp_stream(peer.host, peer.port)
+                stream: trio.abc.Stream = await trio.open_tcp_stream(peer.host, peer.port)
         except OSError as exc:
             peer.unreachable = str(exc) or type(exc).__name__
             raise
@@ -622,9 +630,10 @@ class Replicator:
         async with stream:
             await stream.send_all(MAGIC_R1)
             if self.ssl_context is not None:
-                stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
+                ssl_stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
                 with trio.fail_after(CONNECT_TIMEOUT):
-                    await stream.do_handshake()
+                    await ssl_stream.do_handshake()
+                stream = ssl_stream
             decoder = ReplicationDecoder(version=self.version)
             await stream.send_all(
                 encode(

@@ -11,13 +11,13 @@ keeps no index of what it sent, however large the backlog.
 that follow it), where everything is: the topology, references to the messages in memory (each topic's and
 channel's memory queue, in-flight and deferred messages: no copy of a body), and for each disk backlog its
 segment files, opened, with the span between the queue's reader and its writer (``queues/span.py``). ``send`` then
-encodes and sends it in bounded steps (``BATCH`` messages) while publishes go on: the files stay readable through their descriptors even once the queue has read and deleted them, and
-records appended after the capture are not read (they are in the outbox after it). A message finished meanwhile
-is still sent; its FIN follows in the outbox. In durable mode the records between a queue's committed position
-and its reader are in memory (the channel's queue or in flight), so nothing is missed. A log channel's
-uncommitted offsets are captured as a span ``[committed, end)`` and read from the log in steps, each from the
-log's ``committed`` of that moment (``_LogSpan``): a commit meanwhile has its FINs in the outbox, and its files
-may be gone.
+encodes and sends it in bounded steps (``BATCH`` messages) while publishes go on: the files stay readable through their
+descriptors even once the queue has read and deleted them, and records appended after the capture are not read (they are
+in the outbox after it). A message finished meanwhile is still sent; its FIN follows in the outbox. In durable mode the
+records between a queue's committed position and its reader are in memory (the channel's queue or in flight), so nothing
+is missed. A log channel's uncommitted offsets are captured as a span ``[committed, end)`` and read from the log in
+steps, each from the log's ``committed`` of that moment (``_LogSpan``): a commit meanwhile has its FINs in the outbox,
+and its files may be gone.
 
 The backlogs are read as their queues read them, each record checked against its side file of checksums: a
 damaged record is never sent as a message. A backlog found damaged (a bad record, a file cut short or missing) is
@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
+from typing import Any
 
 import trio
 
@@ -101,7 +102,7 @@ class Backfill:
         self.topology: list[bytes] = []
         self.log_ops: list[bytes] = []  # CHANNEL op LOG frames, for peers that take them (``send``)
         #: (topic, holder channel or "", memory items or a disk span), in the order they are sent
-        self.parts: list[tuple[str, str, list | _Span]] = []
+        self.parts: list[tuple[str, str, list[Any] | _Span | _LogSpan]] = []
         try:
             self._capture(nsqd)
         except BaseException:
@@ -161,9 +162,9 @@ class Backfill:
         size = sum(map(len, pending))
         try:
             for topic, channel, source in self.parts:
-                if type(source) is _Span:
+                if isinstance(source, _Span):
                     steps = self._disk_frames(topic, channel, source)
-                elif type(source) is _LogSpan:
+                elif isinstance(source, _LogSpan):
                     steps = self._log_frames(topic, channel, source)
                 else:
                     steps = self._memory_frames(topic, channel, source)
@@ -236,7 +237,7 @@ class Backfill:
                 [
                     (msg_id, timestamp, attempts, due.get(msg_id, 0), body)
                     for msg_id, timestamp, attempts, body in zip(
-                        batch.ids, batch.timestamps, batch.attempts, batch.bodies
+                        batch.ids, batch.timestamps, batch.attempts, batch.bodies, strict=True
                     )
                 ],
             )

@@ -1,8 +1,8 @@
 """The ``replication`` section of ``/stats`` (JSON and text) and its source for ``/metrics``.
 
 One snapshot (``ReplicationStats``) from the origin's ``Replicator`` (peers, lag) and the replica's
-``ReplicaHost`` (stores per origin, takeovers), and the duplicates after takeover the node learnt of. It is present only on a node that replicates or holds
-copies, so the document of a plain nsqd stays nsqd's.
+``ReplicaHost`` (stores per origin, takeovers), and the duplicates after takeover the node learnt of. It is present only
+on a node that replicates or holds copies, so the document of a plain nsqd stays nsqd's.
 """
 
 from __future__ import annotations

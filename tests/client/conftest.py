@@ -1,4 +1,5 @@
-"""Fixtures of the client tests: nsqd's /stats read back, an auth server for nsqd, a fake nsqd."""
+"""Fixtures of the client tests: nsqd's /stats read back, an auth server for nsqd, a fake nsqd, a cluster with a
+lookupd."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import trio
 
 from tests.integration.harness import NsqdProcess, http_get
+from tests.integration.lookupd_harness import Cluster
 from tests.integration.test_auth import AuthServer
 
 
@@ -30,6 +32,14 @@ def topic_message_count(daemon: NsqdProcess, topic: str) -> int:
 def producer_entries(daemon: NsqdProcess) -> list[dict]:
     """The /stats entries of the connections that published (NSQ 1.3.0's "producers")."""
     return nsqd_stats(daemon).get("producers", [])
+
+
+@pytest.fixture
+def cluster(tmp_path_factory):
+    """One nsqlookupd and one nsqd registered with it (more nsqd with ``cluster.start_nsqd()``)."""
+    built = Cluster(tmp_path_factory.mktemp, lookupds=1, nsqds=1)
+    yield built
+    built.stop()
 
 
 @pytest.fixture(scope="module")

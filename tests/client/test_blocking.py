@@ -203,9 +203,11 @@ def test_tls_verifies_the_certificate(tls_nsqd, certs):
 def test_tls_asked_of_nsqd_without_tls_is_refused(nsqd):
     with pytest.raises(HandshakeError, match="does not offer TLS"):
         connect(nsqd.tcp_address, Config(tls_v1=True))
-    with pytest.raises(NoAvailableNsqd, match="does not offer TLS"):
-        with Producer([nsqd.tcp_address], Config(tls_v1=True)) as producer:
-            producer.publish("refused", b"never in the clear")
+    with (
+        pytest.raises(NoAvailableNsqd, match="does not offer TLS"),
+        Producer([nsqd.tcp_address], Config(tls_v1=True)) as producer,
+    ):
+        producer.publish("refused", b"never in the clear")
 
 
 def test_local_addr_binds_the_source_address(nsqd, topic):
@@ -365,7 +367,7 @@ class ScriptedNsqd:
         self.replies = list(replies)
         self.commands: list[bytes] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.done = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -427,10 +429,10 @@ def test_lookupd_helpers(tmp_path, topic):
     lookupd = LookupdProcess(tmp_path / "lookupd").start()
     daemon = None
     try:
-        address = "%s:%d" % lookupd.http_address
+        address = "{}:{}".format(*lookupd.http_address)
         assert lookup(address, topic) == []  # unknown topic: no error
         daemon = NsqdProcess(
-            tmp_path / "nsqd", ["--lookupd-tcp-address=%s:%d" % lookupd.tcp, "--broadcast-address=127.0.0.1"]
+            tmp_path / "nsqd", ["--lookupd-tcp-address={}:{}".format(*lookupd.tcp), "--broadcast-address=127.0.0.1"]
         ).start()
         with Producer(daemon.tcp_address) as producer:
             producer.publish(topic, b"x")

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from tests.integration.harness import RawClient, free_port
-from tests.integration.lookupd_harness import Cluster, wait_for_producers
+from tests.integration.lookupd_harness import wait_for_producers
 from trionsq._lookupd import (
     LookupdError,
     Peer,
@@ -122,17 +122,9 @@ def test_lookup_url_rejects_bad_addresses(address):
         lookup_url(address, "/lookup", topic="t")
 
 
-@pytest.fixture
-def cluster(tmp_path_factory):
-    """One nsqlookupd and one nsqd registered with it (more nsqd with ``cluster.start_nsqd()``)."""
-    built = Cluster(tmp_path_factory.mktemp, lookupds=1, nsqds=1)
-    yield built
-    built.stop()
-
-
 async def test_queries_against_a_real_lookupd(cluster, topic):
     (lookupd,), (nsqd,) = cluster.lookupds, cluster.nsqds
-    address = "%s:%d" % lookupd.http_address
+    address = "{}:{}".format(*lookupd.http_address)
     assert await lookup(address, topic) == []  # the topic does not exist yet: no error
     with RawClient(nsqd.tcp) as client:
         client.publish(topic, b"x")

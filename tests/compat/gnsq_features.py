@@ -3,7 +3,8 @@
 Usage: python -m tests.compat.gnsq_features <options JSON> <nsqd host:port> <topic>
 options: {"tls": <CA file>, "snappy": bool, "deflate": <level>, "auth_secret": str}
 gnsq's connection class publishes (PUB and MPUB), then consumes and publishes on the same connection, and a gnsq
-Consumer receives and finishes everything, all with the options. Prints one JSON object; exits non-zero when something does not arrive in time.
+Consumer receives and finishes everything, all with the options. Prints one JSON object; exits non-zero when something
+does not arrive in time.
 """
 
 from __future__ import annotations

@@ -57,12 +57,12 @@ def test_touch_keeps_the_message(nsqd):
 def test_max_in_flight_above_one(nsqd):
     result = run_scenario(nsqd, "max_in_flight")
     assert result["pub"] == "OK"
-    assert result["bodies"] == sorted("m%02d" % i for i in range(50))
+    assert result["bodies"] == sorted(f"m{i:02d}" for i in range(50))
     assert result["peak_in_flight"] == 10
 
 
 def test_mpub_and_dpub(nsqd):
     result = run_scenario(nsqd, "mpub_and_dpub")
     assert (result["dpub"], result["mpub"]) == ("OK", "OK")
-    assert sorted(result["bodies"]) == sorted(["deferred"] + ["batch-%d" % i for i in range(100)])
+    assert sorted(result["bodies"]) == sorted(["deferred"] + [f"batch-{i}" for i in range(100)])
     assert result["bodies"][-1] == "deferred", "the deferred message overtook immediate ones"

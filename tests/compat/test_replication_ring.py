@@ -270,7 +270,7 @@ def _run_ring(
         for index in range(3):
             ring.prepare(index)
         wait_for(ring.healthy, timeout=60, message="ring replicating")
-        lookupd_http = "%s:%d" % lookupd.http_address
+        lookupd_http = "{}:{}".format(*lookupd.http_address)
         consumers = [
             Consumer(python_client("pynsq_stream", lookupd_http, TOPIC, "py"), REPO_ROOT, tmp_path / "py.log"),
             Consumer([NODE, "stream_reader.js", lookupd_http, TOPIC, "js"], NODE_DIR, tmp_path / "js.log"),
@@ -284,7 +284,7 @@ def _run_ring(
             if not keep_data:
                 shutil.rmtree(ring.data_path(victim))
             successor = (victim + 1) % 3
-            wait_for(lambda: _replica_held(ring, successor, victim) == 0, timeout=30, message="takeover")
+            wait_for(lambda s=successor, v=victim: _replica_held(ring, s, v) == 0, timeout=30, message="takeover")
             ring.start(victim)
             ring.prepare(victim)
         wait_for(ring.healthy, timeout=90, message="ring replicating at the end")
@@ -299,10 +299,11 @@ def _run_ring(
             wait_for(delivered, timeout=120, interval=0.2, message="every acknowledged message delivered")
         except AssertionError:
             missing = {
-                channel: sorted(acked - consumer.received.keys())[:10] for channel, consumer in zip(CHANNELS, consumers)
+                channel: sorted(acked - consumer.received.keys())[:10]
+                for channel, consumer in zip(CHANNELS, consumers, strict=True)
             }
             _write_logs(tmp_path, ring)
-            for channel, consumer in zip(CHANNELS, consumers):
+            for channel, consumer in zip(CHANNELS, consumers, strict=True):
                 (tmp_path / f"missing-{channel}.txt").write_text("\n".join(sorted(acked - consumer.received.keys())))
             (tmp_path / "acked.txt").write_text("\n".join(f"{k} {v}" for k, v in producers.where.items()))
             giving_up = [line for line in consumers[0].log_path.read_text().splitlines() if "giving up" in line]
@@ -311,7 +312,7 @@ def _run_ring(
                 f"channels: {_channel_states(ring)}; pynsq gave up: {giving_up[:5]}"
             ) from None
         report = {"acknowledged": len(acked), "publish_failures_retried": producers.failures}
-        for channel, consumer in zip(CHANNELS, consumers):
+        for channel, consumer in zip(CHANNELS, consumers, strict=True):
             report[f"duplicates_{channel}"] = sum(n - 1 for body, n in consumer.received.items() if body in acked)
         print(f"\nreplication ring, {CYCLES} kills, data {'kept' if keep_data else 'deleted'}: {report}")
         if max_duplicates is not None:

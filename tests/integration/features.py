@@ -13,6 +13,7 @@ certificates signed by that CA, and a second CA nsqd does not trust.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
@@ -138,14 +139,10 @@ class FeatureClient(FrameClient):
             self.send(MAGIC_V2)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.io.close()
-        except OSError:
-            pass
-        try:
+        with contextlib.suppress(OSError):
             self.raw.close()
-        except OSError:
-            pass
 
     # -- bytes
     def send(self, data: bytes) -> None:
@@ -263,7 +260,7 @@ class ScriptedAuthServer:
 
     @property
     def address(self) -> str:
-        return "127.0.0.1:%d" % self.httpd.server_address[1]
+        return f"127.0.0.1:{self.httpd.server_address[1]}"
 
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list:
         with self._cond:

@@ -15,6 +15,7 @@ returned to the test, except ``_heartbeat_`` responses when the caller asks to s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -241,20 +242,16 @@ class RawClient(FrameClient):
         self.sock.sendall(data)
 
     def _answer_heartbeat(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the server may already have closed; the next read reports it
             self.send(NOP)
-        except OSError:
-            pass  # the server may already have closed; the next read reports it
 
     def shutdown_write(self) -> None:
         """Half-close: the server sees EOF on its reads but can still answer."""
         self.sock.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     # -- receiving
     def _fill(self, deadline: float) -> None:
@@ -356,7 +353,8 @@ class DaemonProcess:
     """One daemon subprocess (``python -m <module> <args>`` from the checkout), its merged stdout/stderr drained
     by a thread so it never blocks on a full pipe.
 
-    ``start`` waits (bounded) for the ``<ready>: listening on <addr>`` line. Every ``listening on`` line is
+    ``env`` is added to the environment and ``cwd`` (the checkout unless set) is where it starts. ``start`` waits
+    (bounded) for the ``<ready>: listening on <addr>`` line. Every ``listening on`` line is
     recorded by listener name (TCP, HTTP, HTTPS): in ``addresses`` as logged, in ``listening`` as (host, port)
     with an unspecified host replaced by 127.0.0.1. ``stop`` sends SIGTERM and returns the exit code (kill -9
     and fail when it does not exit in time).
@@ -376,6 +374,7 @@ class DaemonProcess:
         self._drainer: threading.Thread | None = None
         self._drained = False
         self.env: dict[str, str] = {}  # added to the environment of each start
+        self.cwd: Path = REPO_ROOT
 
     @property
     def argv(self) -> list[str]:
@@ -385,7 +384,7 @@ class DaemonProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             self.argv,
-            cwd=REPO_ROOT,
+            cwd=self.cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -8,6 +8,7 @@ nsqd would, and returns every response (size-prefixed) to the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import sys
@@ -100,10 +101,8 @@ class RawPeer:
         self.sock.sendall(data)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     def __enter__(self) -> RawPeer:
         return self

@@ -17,6 +17,7 @@ order, and listens again.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
@@ -165,10 +166,8 @@ class _Pair:
                 sock.close()
         else:  # one direction broke (an error): the other cannot go on either
             for sock in self.sockets:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RD)
-                except OSError:
-                    pass
 
 
 class Link:

@@ -107,7 +107,7 @@ def test_auth_server_down(nsqd_factory):
         client.send(command("AUTH", body=b"anything"))
         client.expect_error(b"E_AUTH_FAILED AUTH failed")
         client.assert_closed()
-    daemon.wait_for_log(r"failed auth against 127\.0\.0\.1:%d" % port, 5)
+    daemon.wait_for_log(rf"failed auth against 127\.0\.0\.1:{port}", 5)
 
 
 def test_auth_server_too_slow(nsqd_factory):
@@ -127,7 +127,7 @@ def test_auth_server_too_slow(nsqd_factory):
 def test_several_servers_one_down_one_by_full_url(nsqd_factory, auth_server):
     with socket.socket() as placeholder:
         placeholder.bind(("127.0.0.1", 0))
-        dead = "127.0.0.1:%d" % placeholder.getsockname()[1]
+        dead = f"127.0.0.1:{placeholder.getsockname()[1]}"
     auth_server.answers["either"] = (200, grant(identity="either"))
     daemon = nsqd_factory(f"--auth-http-address={dead}", f"--auth-http-address=http://{auth_server.address}/v2/check")
     for _ in range(4):  # the first server tried is random: every attempt must still succeed

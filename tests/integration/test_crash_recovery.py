@@ -13,7 +13,6 @@ import pytest
 
 from tests.integration.harness import ConnectionClosed, RawClient, rdy, sub
 from tests.integration.persistence_helpers import DataDir, consume_exactly, create_channel, receive
-from tests.integration.test_persistence import data_dir  # noqa: F401 - the fixture
 
 #: 100-byte records (4-byte length, 26-byte header, 70-byte body): 10 per 1000-byte file
 FLAGS = ("--mem-queue-size=0", "--max-bytes-per-file=1000")
@@ -78,6 +77,19 @@ def test_a_restart_after_a_kill_during_a_catch_up_reads_on_without_false_errors(
         assert queue_files(d, queue) == [f"{queue}.diskqueue.000002.dat"]
 
 
+def _consume_until(address, topic: str, stop: threading.Event) -> None:
+    """Channel ``c`` of ``topic`` consumed at ``address`` until ``stop`` is set or the connection goes."""
+    try:
+        with RawClient(address) as consumer:
+            consumer.send(sub(topic, "c"))
+            consumer.expect_ok()
+            consumer.send(rdy(50))
+            while not stop.is_set():
+                receive(consumer, 1, timeout=10)
+    except (ConnectionClosed, OSError, AssertionError, TimeoutError):
+        return
+
+
 @pytest.mark.timeout(180)
 def test_kill_9_while_a_consumer_catches_up_restarts_without_errors(data_dir):
     """Publish and consume through many small files, SIGKILL nsqd at varying moments, restart, repeat: no start-up
@@ -94,19 +106,7 @@ def test_kill_9_while_a_consumer_catches_up_restarts_without_errors(data_dir):
         daemon.wait_for_log(r"HTTP: listening on ", 10)
         wait_for_removal(d, queue, read_num)
         stop = threading.Event()
-
-        def consume() -> None:
-            try:
-                with RawClient(daemon.tcp) as consumer:
-                    consumer.send(sub(topic, "c"))
-                    consumer.expect_ok()
-                    consumer.send(rdy(50))
-                    while not stop.is_set():
-                        receive(consumer, 1, timeout=10)
-            except (ConnectionClosed, OSError, AssertionError, TimeoutError):
-                return
-
-        consumer = threading.Thread(target=consume, daemon=True)
+        consumer = threading.Thread(target=_consume_until, args=(daemon.tcp, topic, stop), daemon=True)
         with RawClient(daemon.tcp) as producer:
             producer.publish_many(topic, [body(next(counter)) for _ in range(200)])
             consumer.start()

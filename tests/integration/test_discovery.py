@@ -91,20 +91,24 @@ def test_channels_and_deletions_follow_nsqd(cluster, topic):
     sub = consumer(nsqd.tcp, topic, "workers")
     ephemeral = consumer(nsqd.tcp, topic, "tail#ephemeral")
     for lookupd in cluster.lookupds:
-        wait_for(lambda: channel_producers(lookupd, topic, "workers") == {port}, message="channel registered")
-        wait_for(lambda: channel_producers(lookupd, topic, "tail#ephemeral") == {port}, message="ephemeral channel")
+        wait_for(lambda ld=lookupd: channel_producers(ld, topic, "workers") == {port}, message="channel registered")
+        wait_for(
+            lambda ld=lookupd: channel_producers(ld, topic, "tail#ephemeral") == {port}, message="ephemeral channel"
+        )
     # the last consumer of an ephemeral channel leaves: nsqd deletes it and lookupd forgets the key
     ephemeral.close()
     for lookupd in cluster.lookupds:
         wait_for(
-            lambda: "tail#ephemeral" not in get(lookupd.http_address, f"/channels?topic={topic}").json()["channels"],
+            lambda ld=lookupd: (
+                "tail#ephemeral" not in get(ld.http_address, f"/channels?topic={topic}").json()["channels"]
+            ),
             message="ephemeral channel gone",
         )
     sub.close()
     # deleting the channel on nsqd unregisters it; the key itself stays in lookupd
     assert post(nsqd.http(), f"/channel/delete?topic={topic}&channel=workers").status == 200
     for lookupd in cluster.lookupds:
-        wait_for(lambda: channel_producers(lookupd, topic, "workers") == set(), message="channel unregistered")
+        wait_for(lambda ld=lookupd: channel_producers(ld, topic, "workers") == set(), message="channel unregistered")
         assert "workers" in get(lookupd.http_address, f"/channels?topic={topic}").json()["channels"]
         assert {p["tcp_port"] for p in lookup_producers(lookupd, topic)} == {port}
     # deleting the topic unregisters the producer
@@ -213,7 +217,7 @@ def test_tombstone_hides_a_producer_for_its_lifetime(make_cluster, topic):
     node_entry = next(
         n for n in get(lookupd.http_address, "/nodes").json()["producers"] if n["tcp_port"] == hidden.tcp[1]
     )
-    assert dict(zip(node_entry["topics"], node_entry["tombstones"]))[topic] is True
+    assert dict(zip(node_entry["topics"], node_entry["tombstones"], strict=True))[topic] is True
     # once the lifetime has passed the producer is listed again
     wait_for_producers(lookupd, topic, tcp_ports(cluster), timeout=30)
 

@@ -463,7 +463,7 @@ def _matrix_cases():
         "NOP": (NOP, ((SILENT, None),) * 3),
     }
     for name, (payload, outcomes) in cases.items():
-        for state, outcome in zip(("init", "subscribed", "closing"), outcomes):
+        for state, outcome in zip(("init", "subscribed", "closing"), outcomes, strict=True):
             yield pytest.param(state, payload, outcome, id=f"{name}-{state}")
 
 

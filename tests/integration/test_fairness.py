@@ -47,7 +47,7 @@ async def test_backlogged_channels_get_equal_delivery_whatever_their_consumer_co
             await consumer.connect()
         for consumer in many + few:
             nursery.start_soon(consumer.run)
-        for a, b in zip(few, many):  # interleave so neither channel gets a head start
+        for a, b in zip(few, many, strict=False):  # interleave so neither channel gets a head start; the rest after
             await a.set_ready(READY_FEW)
             await b.set_ready(READY_MANY)
         for consumer in many[len(few) :]:

@@ -74,7 +74,7 @@ def assert_answered_first(frames: list[Frame], commands: list[tuple[bytes, list[
         if frame.frame_type == FRAME_TYPE_MESSAGE
     }
     assert sorted(arrived) == sorted(body for _, bodies in commands for body in bodies)
-    for answer, (data, bodies) in zip(answers, commands):
+    for answer, (data, bodies) in zip(answers, commands, strict=True):
         for body in bodies:
             assert arrived[body] > answer, f"{body!r} arrived before the answer to {data[:20]!r}: {frames}"
 

@@ -120,7 +120,7 @@ def test_nsqd_can_read_a_data_directory_written_by_trionsq(tmp_path):
     assert metadata(path)["version"] == "1.3.0"
     assert read_queue(path, "orders") == []
     records = [parse_record(r) for r in read_queue(path, "orders:ship")]
-    for timestamp, attempts, msg_id, body in records:
+    for timestamp, _attempts, msg_id, _body in records:
         assert started <= timestamp <= ended
         assert re.fullmatch(rb"[0-9a-f]{16}", msg_id)
     expected = {b: 0 for b in bodies if b not in {m.body for m in done}}

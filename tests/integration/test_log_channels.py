@@ -21,11 +21,10 @@ from protocol.log import (
     encode_lseek,
 )
 from tests.integration.features import FeatureClient
-from tests.integration.harness import NsqdProcess, RawClient, command, identify, mpub, rdy, sub
+from tests.integration.harness import REPO_ROOT, NsqdProcess, RawClient, command, identify, mpub, rdy, sub
 from tests.integration.http_helpers import get, stats, wait_for
 from tests.integration.persistence_helpers import http
 from tests.integration.test_auth import AuthServer
-from tests.integration.test_persistence import data_dir  # noqa: F401 (the fixture, shared)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -373,6 +372,4 @@ def test_channel_page_data_in_admin_form(module_nsqd):
     (channel,) = entry["channels"]
     assert channel["log"] == {"start": 1, "committed": 1, "end": 2}
     assert channel["depth"] == 1
-    assert re.search(
-        r"Log offsets", open(os.path.join(os.path.dirname(__file__), "..", "..", "admin", "static", "pages.js")).read()
-    )
+    assert re.search(r"Log offsets", (REPO_ROOT / "admin" / "static" / "pages.js").read_text())

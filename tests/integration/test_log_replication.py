@@ -15,7 +15,7 @@ import pytest
 from tests.integration.harness import RawClient, free_port, mpub
 from tests.integration.http_helpers import post, stats, wait_for
 from tests.integration.test_log_channels import bodies, commit, offsets, read_all
-from tests.integration.test_replication import daemons, held, start, wait_state  # noqa: F401 (the fixture)
+from tests.integration.test_replication import held, start, wait_state
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,7 +17,6 @@ from tests.integration.http_helpers import get, post, raw_exchange, stats
 from tests.integration.persistence_helpers import (
     NSQ_FILE,
     ConnectionClosed,
-    DataDir,
     consume_exactly,
     create_channel,
     http,
@@ -30,21 +29,6 @@ from tests.integration.persistence_helpers import (
 )
 
 DURABLE = ("--mem-queue-size=0", "--sync-every=1")
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    dirs: list[DataDir] = []
-
-    def make(*args: str) -> DataDir:
-        d = DataDir(tmp_path / f"data{len(dirs)}", args)
-        d.path.mkdir()
-        dirs.append(d)
-        return d
-
-    yield make
-    for d in dirs:
-        d.cleanup()
 
 
 def name(prefix: str) -> str:

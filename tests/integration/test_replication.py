@@ -35,15 +35,6 @@ from tests.integration.harness import NsqdProcess, RawClient, command, consumer,
 from tests.integration.http_helpers import get, post, stats, wait_for
 
 
-@pytest.fixture
-def daemons():
-    started: list[NsqdProcess] = []
-    yield started
-    for daemon in started:
-        if daemon.is_running():
-            daemon.kill()
-
-
 def start(daemons, data_path, *args: str, port: int | None = None) -> NsqdProcess:
     port = port or free_port()
     daemon = NsqdProcess(data_path, ["--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{port}", *args])
@@ -772,7 +763,7 @@ class SlowReplica:
         self.adopted = adopted
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(60)
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.connections: list[socket.socket] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -1037,7 +1028,7 @@ class GatedReplica:
         self.oks_before: int | None = None
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(60)
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.connection: socket.socket | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

@@ -22,6 +22,7 @@ that was never published is delivered (so no damaged body), and duplicates are c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -123,10 +124,8 @@ class Ring:
     def close(self) -> None:
         for node in self.nodes:
             if node is not None and node.is_running():
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(node.proc.pid, signal.SIGCONT)
-                except OSError:
-                    pass
                 node.kill()
         for link in self.links:
             link.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_side_file_lists_every_record(tmp_path):
     q.put_many(records[7:])
     q.close()
     data = data_file(tmp_path, 0).read_bytes()
-    side = open(side_file_name(str(data_file(tmp_path, 0))), "rb").read()
+    side = Path(side_file_name(str(data_file(tmp_path, 0)))).read_bytes()
     assert len(side) == 10 * ENTRY.size
     for i, pos in enumerate(offsets(records)):
         length, crc = ENTRY.unpack_from(side, i * 8)

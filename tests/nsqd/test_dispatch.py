@@ -2,6 +2,7 @@
 (byte for byte NSQ's), what goes in flight, the counters, and the outcome of each FIN of a run."""
 
 import math
+from itertools import pairwise
 
 import pytest
 import trio
@@ -239,7 +240,7 @@ async def test_a_busy_slice_pauses_between_consumers_and_a_quiet_channel_deliver
     assert busy.dispatcher.slices <= 2
     assert len(seen) >= (total // BATCH) + (total // REFILL if on_disk else 0)
     assert seen == sorted(seen) and seen[1] < total
-    steps = [after - before for before, after in zip([0] + seen, seen) if after != before]
+    steps = [after - before for before, after in pairwise([0, *seen]) if after != before]
     assert steps[:-1] == [BATCH] * (len(steps) - 1)  # whole batches, also when read from disk in smaller pieces
     if on_disk:
         assert REFILL < BATCH and seen.count(0) >= BATCH // REFILL  # the first batch's reads: paused after each

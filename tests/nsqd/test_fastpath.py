@@ -1,4 +1,5 @@
-"""nsqd/fastpath.py's reads, writes and counts, in C (nsqd/_speedups.c) and in Python: the same answers for the same bytes.
+"""nsqd/fastpath.py's reads, writes and counts, in C (nsqd/_speedups.c) and in Python: the same answers for the same
+bytes.
 
 The C module is built by ``pip install -e .`` where a compiler is present; without it its cases are skipped (the
 Python ones still run), and ``test_the_accelerator_is_built`` says so unless TRIONSQ_ALLOW_NO_SPEEDUPS=1."""
@@ -191,7 +192,7 @@ class Producer:
 @pytest.fixture
 def pairs():
     made = [socket.socketpair() for _ in range(3)]
-    for left, right in made:
+    for left, _ in made:
         left.setblocking(False)
     yield made
     for pair_ in made:
@@ -202,14 +203,14 @@ def pairs():
 def producers_of(pairs, lines=None, topics=None) -> list[Producer]:
     lines = lines or [LINE] * len(pairs)
     topics = topics or [b"topic"] * len(pairs)
-    return [Producer(left, line, topic) for (left, _), line, topic in zip(pairs, lines, topics)]
+    return [Producer(left, line, topic) for (left, _), line, topic in zip(pairs, lines, topics, strict=True)]
 
 
 def read_many(impl, pairs, datas, producers=None, max_size=1 << 20, step_time=0.0):
     """``read_producers`` over the pairs' left ends, after the right ends sent ``datas``: (groups, rest, others,
     late)."""
     producers = producers or producers_of(pairs)
-    for (_, right), data in zip(pairs, datas):
+    for (_, right), data in zip(pairs, datas, strict=True):
         if data:
             right.sendall(data)
     members = {producer.sock.fileno(): producer for producer in producers}
@@ -415,14 +416,14 @@ def test_more_connections_than_one_ring_holds(impl):
         bodies, readers, fds, counts = (list(column) for column in groups[b"topic"])
         assert sorted(bodies, key=int) == [b"%d" % index for index in range(150) if index % 7]
         assert [int(body) for body in bodies] == [producers.index(reader) for reader in readers]
-        for (left, right), index in zip(made, range(150)):
+        for index, (_, right) in enumerate(made):
             if index % 7:
                 right.sendall(encode_pub("topic", b"again"))
         rest, others, _ = impl.read_producers([left.fileno() for left, _ in made], members, 100, groups, 0.0)
         assert rest == [] and others == []
         assert groups[b"topic"][0].count(b"again") == len(bodies)
         assert impl.write_oks(fds, [index % 3 + 1 for index in range(len(fds))]) == []
-        for reader, index in zip(readers, range(len(fds))):
+        for index, reader in enumerate(readers):
             assert recv_all(made[producers.index(reader)][1], 10 * (index % 3 + 1)) == OK_FRAME * (index % 3 + 1)
     finally:
         epoll.close()

@@ -1,4 +1,5 @@
-"""A disk sync that fails before a durable publish's OK: the OK never leaves, E_PUB_FAILED does (queues/group_commit.py).
+"""A disk sync that fails before a durable publish's OK: the OK never leaves, E_PUB_FAILED does
+(queues/group_commit.py).
 
 The failure is real: the queue's write file descriptor is pointed at ``/dev/null`` with ``dup2``, which takes writes
 and seeks but fails ``fsync`` (EINVAL) as a failing disk would; pointing it back at the file heals it."""

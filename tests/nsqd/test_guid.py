@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+from itertools import pairwise
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_100k_single_ids_unique_and_increasing():
         clock += 50  # 20 ids per microsecond: far faster than a tick allows
     assert retries > 0
     assert len(set(ids)) == len(ids)
-    assert all(a < b for a, b in zip(ids, ids[1:]))
+    assert all(a < b for a, b in pairwise(ids))
     for message_id in ids[::997]:
         parts = split_id(message_id)
         assert parts.node_id == 1023 and 0 <= parts.sequence < 4096
@@ -93,7 +94,7 @@ def test_100k_batch_borrows_ticks_and_stays_monotonic():
     assert len(batch) == 100_000
     ids = [first] + batch
     assert len(set(ids)) == len(ids)
-    assert all(a < b for a, b in zip(ids, ids[1:]))
+    assert all(a < b for a, b in pairwise(ids))
     # the batch fills the rest of the tick, then whole ticks ahead of the clock
     assert batch[0] == expected_id(NOW, 5, 1)
     assert batch[4094] == expected_id(NOW, 5, 4095)
@@ -176,14 +177,14 @@ def test_random_mix_never_repeats_or_goes_back():
         except GUIDUnavailable:
             clock += TICK_NS
     assert len(set(issued)) == len(issued)
-    assert all(a < b for a, b in zip(issued, issued[1:]))
+    assert all(a < b for a, b in pairwise(issued))
     assert {split_id(i).node_id for i in issued[::101]} == {77}
 
 
 def test_real_clock():
     factory = GUIDFactory(0)
     ids = factory.next_ids(10_000) + [factory.next_id()]
-    assert all(a < b for a, b in zip(ids, ids[1:]))
+    assert all(a < b for a, b in pairwise(ids))
 
 
 def test_single_ids_borrow_up_to_the_lead_like_batches():

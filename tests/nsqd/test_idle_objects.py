@@ -140,7 +140,7 @@ async def _first_use_and_restart(tmp_path):
         await client.send(encode_fin((await client.message()).id))
 
         await client.send(encode_pub("t", b"one") + encode_pub("t", b"two"))
-        first, second = await client.message(), await client.message()
+        first, _second = await client.message(), await client.message()
         assert channel.in_flight is not EMPTY_IN_FLIGHT and len(channel.in_flight) == 2
         assert other.in_flight is EMPTY_IN_FLIGHT  # the other channel's copies wait in its memory queue
         _assert_stats(nsqd, cache)

@@ -203,14 +203,13 @@ def test_finished_batches_leave_no_heap_entries_behind():
 
 def test_stale_ids_of_partly_finished_batches_stay_bounded():
     q = InFlightQueue()
-    live = 0
     for batch in range(2000):
         ids = [mid(batch * 64 + n) for n in range(64)]
         for n, msg_id in enumerate(ids):
             q.push(msg_id, (batch, n), 100.0 + batch)
         for msg_id in ids[1:]:  # one message of each batch stays out until its timeout
             q.pop(msg_id)
-        live += 1
+        live = batch + 1
         assert _listed(q) <= (inflight.REBUILD_FACTOR + 1) * live + inflight.REBUILD_MIN + 1
     assert q.pop_expired(1e9) == [(batch, 0) for batch in range(2000)]
     assert len(q._heap) == 0

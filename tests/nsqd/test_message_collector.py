@@ -67,12 +67,12 @@ def test_messages_made_in_c_hold_what_the_python_twin_makes(defer):
     made = new_messages(ids, bodies, 1234, defer)
     count = len(ids)
     expected = (
-        [Message(i, b, 1234, 0, defer) for i, b in zip(ids, bodies)]
+        [Message(i, b, 1234, 0, defer) for i, b in zip(ids, bodies, strict=True)]
         if defer
-        else [Message(i, b, 1234) for i, b in zip(ids, bodies)]
+        else [Message(i, b, 1234) for i, b in zip(ids, bodies, strict=True)]
     )
     assert len(made) == count and all(type(m) is Message for m in made)
-    for got, want in zip(made, expected):
+    for got, want in zip(made, expected, strict=True):
         assert [getattr(got, slot) for slot in SLOTS] == [getattr(want, slot) for slot in SLOTS]
         assert type(got.defer) is type(want.defer)
     assert [gc.is_tracked(m) for m in made] == [False, False, True, False]

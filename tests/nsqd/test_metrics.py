@@ -4,24 +4,13 @@ end-to-end latency windows."""
 
 from __future__ import annotations
 
-import pytest
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
 from nsqd.metrics import CHANNEL_E2E, CHANNEL_SERIES, TOPIC_E2E, TOPIC_SERIES, MetricsEndpoint, series_text
-from nsqd.options import Options
-from nsqd.server import NSQD
 from nsqd.stats import collect
-
-
-@pytest.fixture
-def nsqd(tmp_path):
-    daemon = NSQD(Options(data_path=str(tmp_path), node_id=1, e2e_processing_latency_percentiles=[0.99, 0.5]))
-    yield daemon
-    for topic in list(daemon.topics.values()):
-        topic.close(persist=False)
 
 
 class Families:

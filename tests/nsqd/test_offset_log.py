@@ -8,6 +8,7 @@ import logging
 import os
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
@@ -202,7 +203,7 @@ def _three_chunks(tmp_path) -> list[int]:
     log.append(batch(5, 5))
     log.append(batch(10, 5))
     log.close()
-    data = open(_segment(tmp_path, 0), "rb").read()
+    data = Path(_segment(tmp_path, 0)).read_bytes()
     positions, pos = [], 0
     while pos < len(data):
         positions.append(pos)

@@ -156,7 +156,7 @@ def test_small_reads_are_served_first_smallest_first(pairs):
     calls: list[Member] = []
     sizes = [70_000, 300, 2048, 5000, 40, 2049, 41]
     members = []
-    for size, (ours, peer) in zip(sizes, pairs(len(sizes))):
+    for size, (ours, peer) in zip(sizes, pairs(len(sizes)), strict=True):
         member = Member(ours, last_read=size, calls=calls)
         members.append(member)
         poller.add(ours.fileno(), member)
@@ -174,7 +174,7 @@ def test_light_members_go_by_rank_then_size(pairs):
     poller = ReadPoller(light_read=2048)
     calls: list[Member] = []
     made = [(2.0, 10), (-math.inf, 300), (1.0, 5), (-math.inf, 40), (-5.0, 70_000), (1.0, 2)]
-    for (rank, size), (ours, peer) in zip(made, pairs(len(made))):
+    for (rank, size), (ours, peer) in zip(made, pairs(len(made)), strict=True):
         poller.add(ours.fileno(), Member(ours, last_read=size, calls=calls, poll_rank=rank))
         peer.sendall(b"x")
     assert poller.poll_once() == len(made)
@@ -196,7 +196,7 @@ def test_an_interlude_serves_only_light_members_ranked_below_the_paused_actor(pa
     calls: list[Member] = []
     made = [(-math.inf, 100), (1.0, 10), (2.0, 10), (3.0, 10)]
     members = []
-    for (rank, size), (ours, peer) in zip(made, pairs(len(made))):
+    for (rank, size), (ours, peer) in zip(made, pairs(len(made)), strict=True):
         member = Member(ours, last_read=size, calls=calls, poll_rank=rank)
         members.append((member, peer))
         poller.add(ours.fileno(), member)
@@ -275,7 +275,7 @@ def test_poll_light_from_inside_a_step_does_nothing(pairs):
 
 def _ordered_members(pairs, poller, sizes, calls):
     made = []
-    for size, (ours, peer) in zip(sizes, pairs(len(sizes))):
+    for size, (ours, peer) in zip(sizes, pairs(len(sizes)), strict=True):
         member = Member(ours, last_read=size, calls=calls)
         poller.add(ours.fileno(), member)
         made.append((member, peer))
@@ -437,7 +437,7 @@ def test_a_run_of_producers_takes_one_fresh_look_at_its_end(pairs):
     calls: list[Member] = []
     made = [(-math.inf, 10), (-math.inf, 300), (-math.inf, 400), (0.0, 5000), (-math.inf, 5)]
     members = []
-    for (rank, size), (ours, peer) in zip(made, pairs(len(made))):
+    for (rank, size), (ours, peer) in zip(made, pairs(len(made)), strict=True):
         member = Member(ours, last_read=size, calls=calls, poll_rank=rank)
         members.append((member, peer))
         poller.add(ours.fileno(), member)

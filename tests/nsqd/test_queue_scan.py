@@ -10,7 +10,6 @@ import trio.testing
 from nsqd.queue_scan import QueueScanner, QueueScannerStatistics
 from nsqd.queues.deferred import DeferredQueue
 from nsqd.queues.inflight import InFlightQueue
-from tests.nsqd.test_metrics import nsqd  # noqa: F401 (the fixture: a daemon)
 
 
 class FakeChannel:

@@ -19,7 +19,7 @@ from protocol.replication import ChannelOp, Messages, ReplicationDecoder
 def _dead_address() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return "127.0.0.1:%d" % sock.getsockname()[1]
+        return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def test_a_spilled_backlog_is_sent_in_bounded_steps_from_the_files_of_the_capture(tmp_path, monkeypatch):

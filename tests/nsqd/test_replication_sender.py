@@ -42,7 +42,10 @@ async def _next(stream, decoder: ReplicationDecoder):
     return event
 
 
-async def _origin_with_replica(tmp_path, nursery, *flags, welcome: Welcome = Welcome("replica:1", "", 0)):
+REPLICA_WELCOME = Welcome("replica:1", "", 0)
+
+
+async def _origin_with_replica(tmp_path, nursery, *flags, welcome: Welcome = REPLICA_WELCOME):
     """An in-process origin replicating to the test: (nsqd, the replica's end of the stream, its decoder)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]

@@ -21,7 +21,6 @@ from nsqd.server import NSQD
 from nsqd.stats import collect, format_text, json_body
 from nsqd.stats_cache import StatsCache
 from protocol.http import Request
-from tests.nsqd.test_metrics import nsqd  # noqa: F401 (the fixture: a daemon with two percentiles)
 
 
 @pytest.fixture(params=["percentiles", "plain"])
@@ -189,7 +188,7 @@ async def test_topics_channels_and_clients_come_and_go(any_nsqd):
     del nsqd.clients[first.id]
     assert [c["channel_name"] for c in _topic(assert_current(nsqd, cache), "a")["channels"]] == ["c"]
     ephemeral = nsqd.get_topic("a").get_channel("e#ephemeral")
-    second = _connect(nsqd, ephemeral, port=2002)
+    _connect(nsqd, ephemeral, port=2002)
     clients = _channel(assert_current(nsqd, cache), "a", "e#ephemeral")["clients"]
     assert [c["remote_address"] for c in clients] == ["127.0.0.1:2002"]
 

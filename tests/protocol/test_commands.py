@@ -707,7 +707,7 @@ def test_a_fin_run_stops_at_a_line_of_another_form(mode):
         (b"FIN", (b"0123456789abcdef", b"extra")),
         (b"FIN", (b"short",)),
     ]
-    for line, (name, params) in zip(odd, expected):
+    for line, (name, params) in zip(odd, expected, strict=True):
         wire = encode_fin(FIN_IDS[0]) + encode_fin(FIN_IDS[1]) + line + encode_fin(FIN_IDS[2]) + encode_fin(FIN_IDS[3])
         got = parse(wire, mode)
         assert _one_per_fin(got) == [

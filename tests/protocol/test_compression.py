@@ -204,7 +204,7 @@ def test_snappy_block_decoding_to_more_than_64k_is_refused():
 @pytest.mark.parametrize("flushes", CASES)
 def test_deflate_encoder_output_inflates_independently(flushes, level):
     inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-    for flush, piece in zip(flushes, _encode_all(DeflateEncoder(level), flushes)):
+    for flush, piece in zip(flushes, _encode_all(DeflateEncoder(level), flushes), strict=True):
         assert piece.endswith(b"\x00\x00\xff\xff"), "every flush ends with a sync flush"
         assert inflater.decompress(piece) == flush, "each flush inflates completely on its own"
     assert not inflater.eof, "the stream is never finished by a flush"

@@ -57,7 +57,7 @@ def test_range_through_a_frame_stream(mode):
     decoder = FrameDecoder()
     got = run(decoder, decoder.next_frame, frames, mode)
     first, empty = (decode_range(frame.data) for frame in got)
-    assert list(first.messages()) == list(zip(range(3, 8), IDS, STAMPS, ATTEMPTS, BODIES))
+    assert list(first.messages()) == list(zip(range(3, 8), IDS, STAMPS, ATTEMPTS, BODIES, strict=True))
     assert (first.first, first.end, first.count, first.next) == (3, 9, 5, 8)
     assert (empty.count, empty.next, list(empty.messages())) == (0, 8, [])
 

@@ -198,7 +198,7 @@ def test_encode_messages_matches_the_event_encoding():
 
 def test_encode_published_is_a_batch_of_one_timestamp_and_due_time():
     ids, bodies = [M1.id, M2.id, M3.id], [b"a", b"", b"ccc"]
-    expected = Messages(5, "t", tuple(ReplicatedMessage(i, 42, 0, 99, b) for i, b in zip(ids, bodies)))
+    expected = Messages(5, "t", tuple(ReplicatedMessage(i, 42, 0, 99, b) for i, b in zip(ids, bodies, strict=True)))
     assert encode_published(5, "t", ids, bodies, 42, 99) == encode(expected)
     assert encode_published(6, "t", [], [], 42) == encode(Messages(6, "t", ()))
 

@@ -199,7 +199,7 @@ def read_output(spark, path: Path) -> list[OutputRow]:
     rows = []
     for file in committed_files(path):
         table = pq.read_table(file, columns=["id", "body", "nsqd"])
-        for i, b, n in zip(*(table.column(c).to_pylist() for c in ("id", "body", "nsqd"))):
+        for i, b, n in zip(*(table.column(c).to_pylist() for c in ("id", "body", "nsqd")), strict=True):
             rows.append(OutputRow(i, b, n))
     return rows
 

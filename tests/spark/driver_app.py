@@ -3,8 +3,8 @@
     python -m tests.spark.driver_app NSQD_ADDRESS TOPIC BASE_DIR [WAL_NAME [ACK_MODE]]
 
 Streams the topic into BASE_DIR/out (Parquet) with its checkpoint in BASE_DIR/checkpoint and its
-write-ahead log in BASE_DIR/WAL_NAME (default ``wal``; ackMode default ``durable``), small batches so that a batch is always in progress, until the
-file BASE_DIR/stop appears (then it stops the query and exits 0).
+write-ahead log in BASE_DIR/WAL_NAME (default ``wal``; ackMode default ``durable``), small batches so that a batch is
+always in progress, until the file BASE_DIR/stop appears (then it stops the query and exits 0).
 """
 
 from __future__ import annotations

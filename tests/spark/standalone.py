@@ -60,16 +60,16 @@ class StandaloneCluster:
         return f"spark://127.0.0.1:{self.port}"
 
     def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.base / f"{name}.log", "ab")
-        process = subprocess.Popen(
-            argv,
-            cwd=REPO_ROOT,
-            env=env or daemon_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(self.base / f"{name}.log", "ab") as log:  # the process has its own descriptor of it
+            process = subprocess.Popen(
+                argv,
+                cwd=REPO_ROOT,
+                env=env or daemon_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.processes.append(process)
         return process
 

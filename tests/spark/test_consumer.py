@@ -20,11 +20,11 @@ from protocol.frames import (
     HEARTBEAT_FRAME,
     encode_frame,
 )
-from spark_connector.consumer import NsqConnectionError
-from spark_connector.options import SourceOptions
-from spark_connector.stream_reader import NsqStreamReader, parse_offset
-from tests.integration.harness import http_get
-from tests.spark.conftest import bodies, free_port, publish, wait_until
+from spark_connector.connection import NsqConnectionError
+from spark_connector.options import DEFAULT_MAX_BYTES_PER_TRIGGER, SourceOptions
+from spark_connector.stream_reader import NsqStreamReader, make_offset, parse_offset
+from tests.integration.harness import free_port, http_get
+from tests.spark.conftest import bodies, publish, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -156,6 +156,40 @@ def test_backlog_bound_pauses_delivery_until_commit(tmp_path, nsqd, topic):
         assert channel_stats(nsqd, topic)["depth"] == 0
     finally:
         reader.stop()
+
+
+def test_batches_carry_at_most_max_bytes_through_the_driver(tmp_path, nsqd, topic):
+    expected = [b"%06d" % i + b"x" * 994 for i in range(400)]
+    publish(nsqd, topic, expected)
+    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxBytesPerTrigger": 100_000}
+    reader = make_reader(tmp_path, **options)
+    try:
+        start = reader.initialOffset()
+        wait_until(lambda: reader.reportLatestOffset() == make_offset({nsqd.tcp_address: 400}), 30, "400 logged")
+        read, sizes = [], []
+        while len(read) < 400:
+            end = reader.latestOffset(start, ReadAllAvailable())
+            parts = reader.partitions(start, end)
+            batch = partition_bodies(parts)
+            sizes.append(sum(len(p.bodies) + len(p.ids) for p in parts))
+            assert batch, f"no progress at {start}"
+            read += batch
+            reader.commit(end)
+            start = end
+        assert read == expected
+        assert max(sizes) <= 100_000 and len(sizes) >= 4
+    finally:
+        reader.stop()
+
+
+def test_default_byte_bound_gives_way_to_max_offsets_per_trigger():
+    raw = {"nsqd.tcp.addresses": "127.0.0.1:4150", "topic": "t", "channel": "c", "walPath": "w"}
+    assert SourceOptions.parse(raw).batch_byte_cap == DEFAULT_MAX_BYTES_PER_TRIGGER
+    assert SourceOptions.parse({**raw, "maxOffsetsPerTrigger": "500"}).batch_byte_cap is None
+    assert (
+        SourceOptions.parse({**raw, "maxMessagesPerTrigger": "500", "maxBytesPerTrigger": "4096"}).batch_byte_cap
+        == 4096
+    )
 
 
 def test_commit_deletes_covered_segments(tmp_path, nsqd, topic):
@@ -358,7 +392,7 @@ def _scripted_nsqd(parts: list[tuple[bytes, bytes]], chunk: int, received: list[
             done.wait(30)
 
     threading.Thread(target=serve, daemon=True).start()
-    return "127.0.0.1:%d" % listener.getsockname()[1]
+    return f"127.0.0.1:{listener.getsockname()[1]}"
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 33, 1 << 20])

@@ -28,16 +28,9 @@ from protocol.log import Columns, decode_range, encode_range
 from spark_connector.log_client import LogNode, NoLogChannels
 from spark_connector.log_source import LogPartition, LogPlanner, probe, range_batch, read_partition
 from spark_connector.options import SourceOptions
+from tests.integration.harness import free_port
 from tests.spark import drivers
-from tests.spark.conftest import (
-    bodies,
-    free_port,
-    publish,
-    read_output,
-    session_on,
-    stop_cluster_session,
-    wait_until,
-)
+from tests.spark.conftest import bodies, publish, read_output, session_on, stop_cluster_session, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -159,7 +152,7 @@ def test_planner_offsets_partitions_and_commits(nsqd_factory, topic):
 
 
 def test_a_start_resolved_again_before_the_first_commit(nsqd_factory, topic):
-    """Spark asks a restarted query's source for its start again until the first batch is committed (README, "A
+    """Spark asks a restarted query's source for its start again until the first batch is committed (docs/spark.md, "A
     start that is resolved again"): ``committed``, fixed offsets and ``startingTimestamp`` give the same start,
     ``latest`` the end nsqd holds then."""
     a = nsqd_factory()
@@ -227,7 +220,7 @@ class NoLogProxy:
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.refused = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -336,7 +329,7 @@ def test_cluster_backlog_and_live_messages_exactly_once_across_an_executor_kill(
     a, b = nsqd_factory(), nsqd_factory()
     for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=spark"):
         urllib.request.urlopen(
-            urllib.request.Request("http://%s:%d%s" % (*a.http(), path), method="POST"), timeout=10
+            urllib.request.Request("http://{}:{}{}".format(*a.http(), path), method="POST"), timeout=10
         ).read()
     backlog = bodies("a", 0, 1500)
     publish(a, topic, backlog)

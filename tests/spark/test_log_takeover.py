@@ -22,9 +22,9 @@ import pytest
 
 from spark_connector.log_source import LogPartition, LogPlanner, make_log_offset, probe, read_partition
 from spark_connector.options import SourceOptions
-from tests.integration.harness import RawClient
+from tests.integration.harness import RawClient, free_port
 from tests.integration.http_helpers import stats
-from tests.spark.conftest import bodies, free_port, publish, read_output, wait_until
+from tests.spark.conftest import bodies, publish, read_output, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,15 +8,8 @@ import time
 
 import pytest
 
-from tests.integration.harness import RawClient, http_get
-from tests.spark.conftest import (
-    bodies,
-    consume_bodies,
-    free_port,
-    publish,
-    topic_message_count,
-    wait_until,
-)
+from tests.integration.harness import RawClient, free_port, http_get
+from tests.spark.conftest import bodies, consume_bodies, publish, topic_message_count, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 

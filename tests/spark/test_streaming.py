@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from spark_connector.wal import SEGMENT_SUFFIX, WalDirectory
-from tests.integration.harness import http_get
+from tests.integration.harness import free_port, http_get
 from tests.spark import drivers
 from tests.spark.conftest import (
     assert_exactly_once_after_dedup,
     bodies,
-    free_port,
     publish,
     read_output,
     wait_for_bodies,

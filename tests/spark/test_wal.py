@@ -220,7 +220,7 @@ def test_partition_becomes_arrow_batches(tmp_path):
     table = pa.Table.from_batches(batches)
     assert table.schema.names == ["id", "body", "timestamp", "attempts", "nsqd", "topic", "channel"]
     assert table.column("body").to_pylist() == [b"body-%d" % i for i in range(2, 7)]
-    assert table.column("id").to_pylist() == ["%016x" % i for i in range(2, 7)]
+    assert table.column("id").to_pylist() == [f"{i:016x}" for i in range(2, 7)]
     assert table.column("attempts").to_pylist() == [1] * 5
     assert table.column("nsqd").to_pylist() == ["127.0.0.1:4150"] * 5
     assert table.column("channel").to_pylist() == ["c"] * 5

@@ -159,7 +159,7 @@ def test_rates_and_sums_over_the_producers_found_through_lookupd(lookupd, nsqd_f
     fill(first, topic, "ch", 5)
     fill(second, topic, "ch", 7)
     wait_for_producers(lookupd, topic, {first.tcp[1], second.tcp[1]})
-    lookupd_http = "%s:%d" % lookupd.http_address
+    lookupd_http = "{}:{}".format(*lookupd.http_address)
     with ToolProcess(
         "nsq_stat",
         f"--topic={topic}",
@@ -208,7 +208,7 @@ def test_topic_on_no_nsqd_is_fatal(node, topic):
 
 def test_unknown_topic_at_lookupd_is_fatal(lookupd, topic):
     result = run_tool(
-        "nsq_stat", f"--topic={topic}", "--channel=ch", "--lookupd-http-address=%s:%d" % lookupd.http_address
+        "nsq_stat", f"--topic={topic}", "--channel=ch", "--lookupd-http-address={}:{}".format(*lookupd.http_address)
     )
     assert_fatal(
         result,

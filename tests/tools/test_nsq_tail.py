@@ -154,7 +154,7 @@ def test_given_channel_and_lookupd_discovery(lookupd, lookupd_nsqd, topic):
     wait_for_producers(lookupd, topic, {lookupd_nsqd.tcp[1]})
     with ToolProcess(
         "nsq_tail",
-        "--lookupd-http-address=%s:%d" % lookupd.http_address,
+        "--lookupd-http-address={}:{}".format(*lookupd.http_address),
         f"--topic={topic}",
         "--channel=watch",
         "-n",

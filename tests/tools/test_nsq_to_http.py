@@ -343,7 +343,7 @@ def test_lookupd_discovery(lookupd, lookupd_nsqd):
         ToolProcess(
             "nsq_to_http",
             f"--topic={topic}",
-            "--lookupd-http-address=%s:%d" % lookupd.http_address,
+            "--lookupd-http-address={}:{}".format(*lookupd.http_address),
             f"--post={sink.url}/",
         ) as tool,
     ):

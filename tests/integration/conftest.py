@@ -1,0 +1,35 @@
+"""Fixtures shared by the integration tests: data directories of restartable nsqd, and the daemons a test starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.harness import NsqdProcess
+from tests.integration.persistence_helpers import DataDir
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """``data_dir(*flags)`` makes a data directory whose ``start()`` runs nsqd on it with ``flags``; each is cleaned
+    up at the test's end."""
+    dirs: list[DataDir] = []
+
+    def make(*args: str) -> DataDir:
+        d = DataDir(tmp_path / f"data{len(dirs)}", args)
+        d.path.mkdir()
+        dirs.append(d)
+        return d
+
+    yield make
+    for d in dirs:
+        d.cleanup()
+
+
+@pytest.fixture
+def daemons():
+    """The list a test appends the nsqd it starts to; those still running are killed at its end."""
+    started: list[NsqdProcess] = []
+    yield started
+    for daemon in started:
+        if daemon.is_running():
+            daemon.kill()

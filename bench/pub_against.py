@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import subprocess
-import sys
+import sysconfig
 import tarfile
 import tempfile
 from pathlib import Path
@@ -78,12 +78,16 @@ def extract(revision: str) -> tuple[Path | None, str]:
         shutil.rmtree(tree, ignore_errors=True)
         return None, f"git archive of {commit} failed ({exc.__class__.__name__})"
     archive.unlink()
-    if (tree / "nsqd" / "_speedups.c").exists():
-        # a revision with the C accelerator runs with it, as that revision's ``pip install -e .`` would build it
+    source = tree / "nsqd" / "_speedups.c"
+    if source.exists():
+        # a revision with the C accelerator runs with it, as its ``pip install -e .`` would build it (compiled
+        # here directly: that revision's packaging metadata may not suit this venv's setuptools)
+        built = source.with_name("_speedups" + sysconfig.get_config_var("EXT_SUFFIX"))
+        compiler = (sysconfig.get_config_var("CC") or "cc").split()
+        include = sysconfig.get_paths()["include"]
         try:
             subprocess.run(
-                [sys.executable, "setup.py", "build_ext", "--inplace"],
-                cwd=tree,
+                [*compiler, "-shared", "-fPIC", "-O2", f"-I{include}", str(source), "-o", str(built)],
                 check=True,
                 timeout=300,
                 capture_output=True,

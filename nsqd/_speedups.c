@@ -882,7 +882,7 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
    a copy of all its slots (MESSAGE_SLOTS), made as new_messages makes a message; the others are left as they
    are, with no call. Only the channel's dispatcher calls it, on a batch it popped and is about to deliver. */
 static PyObject *
-claim_shared(PyObject *self, PyObject *batch)
+claim_shared(PyObject *Py_UNUSED(self), PyObject *batch)
 {
     if (!PyList_Check(batch)) {
         PyErr_SetString(PyExc_TypeError, "claim_shared takes a list");

@@ -503,7 +503,9 @@ class NSQD:
     @property
     def node_name(self) -> str:
         """This node as its peers name it in ``--replicate-to``: broadcast address and TCP port."""
-        port = self.opts.broadcast_tcp_port or int(self.tcp_address.rpartition(":")[2])
+        address = self.tcp_address
+        assert address is not None  # asked once the TCP listener is bound
+        port = self.opts.broadcast_tcp_port or int(address.rpartition(":")[2])
         return f"{self.opts.broadcast_address}:{port}"
 
     def _start_replication(self) -> None:
@@ -556,15 +558,17 @@ class NSQD:
         may hold some of them in flight: those are forgotten (a FIN for them fails), and the peer delivers them
         again; the other messages of their topics are put back in their channels (an in-flight one among them
         comes again)."""
+        replication = self.replication
+        assert replication is not None  # the peers that adopt are this node's replication peers
         save_state(self.data_path, epoch, True)
         adopted = set(ids)
-        accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
+        accepted = replication.accepted_unreplicated  # what goes back in was not accepted now
         held, kept = drop_adopted(self, adopted, peer, epoch)
-        self.replication.accepted_unreplicated = accepted
+        replication.accepted_unreplicated = accepted
         finished = len(adopted) - held
-        if self.replication.clean or not self.replication.starting:
+        if replication.clean or not replication.starting:
             self.duplicates_after_takeover += finished
-        if not self.replication.starting:
+        if not replication.starting:
             log.warning(
                 "REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
                 "elsewhere (a partition, or a start that did not wait for that peer): dropped the %d held here "
@@ -586,7 +590,7 @@ class NSQD:
             held,
             kept,
             f"{finished} it adopted had been finished here (delivered twice)"
-            if self.replication.clean
+            if replication.clean
             else "how many of them had been finished here is unknown (the last run did not stop cleanly)",
         )
 

@@ -26,7 +26,7 @@ import types
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from decimal import Decimal
 from http import HTTPStatus
-from typing import Any
+from typing import Any, overload
 from urllib.parse import quote, unquote_to_bytes
 
 import httptools
@@ -255,6 +255,10 @@ class Headers:
                 index.setdefault(key.decode("latin-1"), []).append(value.decode("latin-1"))
         return index.get(name.lower())
 
+    @overload
+    def get(self, name: str, default: str) -> str: ...
+    @overload
+    def get(self, name: str, default: None = None) -> str | None: ...
     def get(self, name: str, default: str | None = None) -> str | None:
         """The first value of ``name``."""
         values = self._lookup(name)

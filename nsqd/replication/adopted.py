@@ -122,8 +122,8 @@ def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> t
                 messages.setdefault(message.id, message)
                 if holder is None:
                     holders[message.id] = None
-                elif holders.setdefault(message.id, set()) is not None:
-                    holders[message.id].add(holder)
+                elif (names_held := holders.setdefault(message.id, set())) is not None:
+                    names_held.add(holder)
         drop = messages.keys() & adopted
         if not drop:
             continue

@@ -237,8 +237,10 @@ class _AckReader:
         """Handle the ACKs and heartbeats the decoder holds; anything else goes to the receive task, and this
         member leaves the poller."""
         peer = self.peer
+        # an event is told by its type (``kind``), which mypy does not follow: read as Any, with no cast per frame
+        next_event: Callable[[], Any] = self.decoder.next_event
         try:
-            while (event := self.decoder.next_event()) is not None:
+            while (event := next_event()) is not None:
                 kind = type(event)
                 if kind is Ack:
                     self.replicator._on_ack(peer, event.seq)
@@ -257,7 +259,9 @@ class _AckReader:
 
     def _pass_on(self) -> None:
         """The receive task takes it from here (it ends the connection)."""
-        self.replicator.poller.discard(self.fd)
+        poller = self.replicator.poller
+        if poller is not None:  # it is: this reader is one of its members
+            poller.discard(self.fd)
         if self.peer.receiving is not None:
             self.peer.receiving.cancel()
 
@@ -709,9 +713,10 @@ class Replicator:
                     log.info("REPLICATION: peer %s backfill sent: %d message(s)", peer.address, backfill.count)
                 await stream.send_all(encode(Synced(peer.synced, self._declare(peer))))
             reader = None
-            if self.poller is not None and type(stream) is trio.SocketStream:
+            poller = self.poller
+            if poller is not None and type(stream) is trio.SocketStream:
                 reader = _AckReader(self, peer, decoder, stream.socket.fileno())
-                self.poller.add(reader.fd, reader, again=True)
+                poller.add(reader.fd, reader, again=True)
                 reader.take_events()  # what came with the handshake's reads
             try:
                 async with trio.open_nursery() as nursery:
@@ -719,8 +724,8 @@ class Replicator:
                     await self._receive_loop(peer, stream, decoder, reader is not None)
                     nursery.cancel_scope.cancel()
             finally:
-                if reader is not None:
-                    self.poller.discard(reader.fd)
+                if reader is not None and poller is not None:
+                    poller.discard(reader.fd)
                 peer.early.clear()
                 peer.receiving = None
                 peer.fd = -1

@@ -106,8 +106,9 @@ def _claim_shared(batch: list[Message]) -> None:
             batch[index] = _copy(batch[index])
 
 
-#: the C twin when the accelerator is built (``nsqd/_speedups.c``), called with no Python frame between
-claim_shared = _claim_shared if _speedups is None else _speedups.claim_shared
+#: the C twin when the accelerator is built (``nsqd/_speedups.c``), called with no Python frame between (an
+#: accelerator built before it had the function, not rebuilt since, leaves the Python one)
+claim_shared = getattr(_speedups, "claim_shared", _claim_shared)
 
 
 _pack_header = SplitRecords.HEADER.pack  # the record layout's one definition, shared with the disk queue's reads

@@ -37,7 +37,7 @@ from protocol.frames import FRAME_TYPE_MESSAGE
 from protocol.message import MESSAGE_HEADER_SIZE
 
 from .actors import Actor
-from .message import track_all
+from .message import claim_shared, track_all
 
 __all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 
@@ -120,6 +120,9 @@ class ChannelDispatcher(Actor):
             interlude = system.interlude
             every = system.interlude_seconds
         interlude_at = now + every if every else math.inf
+        # the topic's channels (a live view): while it has more than one, they hold the same message objects
+        # until each delivers its own (nsqd/message.py: ``claim_shared``)
+        siblings = getattr(channel.topic, "channels", ())
         while mailbox:
             if not queue:
                 if not channel.refill(REFILL):
@@ -140,6 +143,8 @@ class ChannelDispatcher(Actor):
             batch = [popleft() for _ in range(count)]
             if client.sample_rate:
                 batch = self._sample(batch, client.sample_rate)
+            if len(siblings) > 1:
+                claim_shared(batch)  # before anything records or changes them
             if push_in_flight is None:
                 push_in_flight = channel.open_in_flight().push_many
             refused = push_in_flight(batch, now + client.msg_timeout)

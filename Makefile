@@ -61,7 +61,8 @@ $(LINT_STAMP): pyproject.toml setup.py nsqd/_speedups.c
 lint: $(LINT_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-# >>> the type checker's line goes here <<<
+# mypy reads its file list and its two bars (strict, and the rest of the package) from pyproject.toml.
+	$(PY) -m mypy
 	obj=$$(mktemp --suffix=.o) && trap 'rm -f "$$obj"' EXIT && \
 	$(CC) -Wall -Wextra -Werror -O2 \
 		$$($(PY) -c 'import sysconfig; p = sysconfig.get_paths(); print("-I" + p["include"], "-I" + p["platinclude"])') \

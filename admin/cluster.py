@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 from urllib.parse import quote
 
 import trio
@@ -100,7 +101,9 @@ class Cluster:
         return bool(self.opts.lookupd_http_addresses)
 
     # -- fan-out ----------------------------------------------------------------------------------------------
-    async def _fan_out(self, calls: list[tuple[str, Callable[[], Awaitable]]], what: str, warnings: list[str]) -> dict:
+    async def _fan_out(
+        self, calls: Sequence[tuple[str, Callable[[], Awaitable[Any]]]], what: str, warnings: list[str]
+    ) -> dict:
         """Run the calls concurrently; results by key. All failed ⇒ ClusterError; some ⇒ ``warnings``."""
         results: dict = {}
         errors: list[str] = []
@@ -213,7 +216,7 @@ class Cluster:
             ]
             return producer
 
-        calls = [(address, lambda address=address: describe(address)) for address in self.opts.nsqd_http_addresses]
+        calls = [(address, partial(describe, address)) for address in self.opts.nsqd_http_addresses]
         answers = await self._fan_out(calls, "nsqd", warnings)
         return [answers[a] for a in self.opts.nsqd_http_addresses if a in answers]
 
@@ -271,7 +274,7 @@ class Cluster:
             query += f"&topic={_q(topic)}"
             if channel is not None:
                 query += f"&channel={_q(channel)}"
-        calls = [(p.name, lambda p=p: self.client.get_json(p.url + query)) for p in producers]
+        calls = [(p.name, partial(self.client.get_json, p.url + query)) for p in producers]
         answers = await self._fan_out(calls, "nsqd", warnings)
         return [(p, answers[p.name]) for p in producers if p.name in answers]
 
@@ -287,7 +290,7 @@ class Cluster:
         await self._post_all([producer.url + f"/replica/takeover?node={_q(origin)}"], "nsqd", warnings)
 
     async def _post_all(self, urls: list[str], what: str, warnings: list[str]) -> None:
-        calls = [(url, lambda url=url: self.client.post(url)) for url in urls]
+        calls = [(url, partial(self.client.post, url)) for url in urls]
         await self._fan_out(calls, what, warnings)
 
     def _lookupd_urls(self, path: str) -> list[str]:

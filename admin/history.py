@@ -27,7 +27,9 @@ import logging
 import math
 import time
 from array import array
+from collections.abc import Mapping
 from itertools import pairwise
+from typing import Any
 
 import trio
 
@@ -173,7 +175,7 @@ class History:
         self.old = _Ring(OLD_POINTS + 1 if samples > recent else 0)
         self.keys: dict[tuple, _Series] = {}
 
-    def record(self, when: float, table: dict[tuple, Values]) -> None:
+    def record(self, when: float, table: Mapping[tuple[Any, ...], Values]) -> None:
         recent, old = self.recent, self.old
         slot = recent.count % recent.size
         recent.times[slot] = when
@@ -185,13 +187,13 @@ class History:
             if key not in self.keys:
                 self.keys[key] = _Series(COLUMNS[key[0]], recent.size, old.size)
         oldest = self._times()[0][0] if self.__len__() else when
-        gone = []
+        gone: list[tuple[Any, ...]] = []
         for key, series in self.keys.items():
-            values = table.get(key)
-            series.put(series.recent, slot, values)
+            row = table.get(key)
+            series.put(series.recent, slot, row)
             if thin:
-                series.put(series.old, old_slot, values)
-            if values is not None:
+                series.put(series.old, old_slot, row)
+            if row is not None:
                 series.last_seen = when
             elif series.last_seen < oldest:
                 gone.append(key)
@@ -208,7 +210,7 @@ class History:
         """Bytes of values one series of ``kind`` holds (its arrays' buffers)."""
         return 8 * len(COLUMNS[kind]) * (self.recent.size + self.old.size)
 
-    def _times(self) -> list[tuple[float, array, int]]:
+    def _times(self) -> list[tuple[float, str, int]]:
         """(time, tier, slot) of every kept sample, oldest first: the thinned samples within ``duration`` and
         older than the recent ones, then the recent ones."""
         recent = self.recent.slots()
@@ -259,7 +261,7 @@ class History:
                 continue
             tier = series.recent
             count = tier[newest * width + messages]
-            entry = {"rate": None, "depth": tier[newest * width + depth], "message_count": count}
+            entry: dict[str, Any] = {"rate": None, "depth": tier[newest * width + depth], "message_count": count}
             if before is not None:
                 previous = tier[before * width + messages]
                 entry["rate"] = _rate(None if previous == ABSENT else previous, count, newest_time - before_time)

@@ -12,6 +12,8 @@ latency windows are merged per quantile (count-weighted average; the minimum and
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["aggregate_channel", "aggregate_topic", "e2e_aggregate", "node_topics", "sum_e2e"]
 
 _CLIENT_KEYS = ("remote_address", "version", "client_id", "hostname", "user_agent", "connect_ts")
@@ -92,7 +94,7 @@ def sum_e2e(parts: list[dict], topic: str, channel: str) -> dict:
 
 
 def _client(raw: dict, node: str, now: int) -> dict:
-    client = {"node": node}
+    client: dict[str, Any] = {"node": node}
     for key in _CLIENT_KEYS:
         client[key] = raw.get(key, 0 if key == "connect_ts" else "")
     connect_ts = _int(raw.get("connect_ts"))
@@ -179,7 +181,7 @@ def node_topics(stats: dict, node: str, hostname: str, now: int) -> list[dict]:
 
 def aggregate_channel(topic: str, channel: str, per_node: list[dict]) -> dict:
     """Per-node channel objects of one channel summed into one (``node`` ``"*"``)."""
-    total = {"node": "*", "hostname": "", "topic_name": topic, "channel_name": channel}
+    total: dict[str, Any] = {"node": "*", "hostname": "", "topic_name": topic, "channel_name": channel}
     for key in _CHANNEL_SUMS:
         total[key] = sum(c[key] for c in per_node)
     nodes = sorted(per_node, key=lambda c: (c["hostname"], c["node"]))
@@ -196,7 +198,7 @@ def aggregate_channel(topic: str, channel: str, per_node: list[dict]) -> dict:
 
 def aggregate_topic(topic: str, per_node: list[dict]) -> dict:
     """Per-node topic objects of one topic summed into one; channels are summed per name."""
-    total = {"node": "*", "hostname": "", "topic_name": topic}
+    total: dict[str, Any] = {"node": "*", "hostname": "", "topic_name": topic}
     for key in _TOPIC_SUMS:
         total[key] = sum(t[key] for t in per_node)
     total["nodes"] = sorted(per_node, key=lambda t: (t["hostname"], t["node"]))

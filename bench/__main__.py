@@ -56,7 +56,7 @@ HEADLINES = {
     "client": ["client", "workload", "msg/s", "client us/msg"],
     "latency": ["rate", "p50 ms", "p99 ms", "p99.9 ms"],
     "http": ["endpoint", "requests/s", "msg/s"],
-    "memory": ["bytes/msg", "overhead/msg", "rss_drained_MB"],
+    "memory": ["code", "channels", "state", "overhead/msg", "scenario", "nsqd_us/msg"],
     "fairness": ["few/many", "jain"],
     "isolation": ["live channel", "p99 ms", "drain msg/s"],
     "many_lookupd": ["nsqd", "reg/s", "lookup p99 ms", "after p99 ms"],

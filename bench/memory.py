@@ -1,67 +1,229 @@
-"""Scenario 7: memory, resident set per million 200-byte messages queued in memory, and after they drain.
+"""Scenario 7: memory, resident bytes per message over its body with 0, 1 and 4 channels, queued, in flight
+and deferred; with the CPU figures of pub, mpub and consume beside them, and optionally the code before.
 
-nsqd is started with ``--mem-queue-size`` above the message count, so every message stays in
-memory. The topic has one channel (the usual shape: the topic hands its messages to the channel,
-which holds them). Figures: the resident set (VmRSS from /proc) before publishing, with the
-messages queued, and after a consumer has drained them; ``bytes/msg`` is the growth per queued
-message and ``overhead/msg`` that minus the body. Needs the server's pid (own nsqd, or
-``--nsqd-pid``).
+Each row starts its own nsqd (``--mem-queue-size`` above the message count, so everything stays in memory),
+makes the topic's channels (a consumer subscribes once and leaves), reads the resident set (VmRSS), then:
+
+- ``queued``: publishes ``--messages`` bodies of ``--body-size`` bytes with pipelined MPUBs (the channels keep
+  them, or the topic when it has none);
+- ``in flight``: the same, then one consumer per channel takes all of them at RDY = ``--messages`` and never
+  answers (``--msg-timeout`` long enough that none comes back during the reading); the consumers leave before
+  the reading, their messages stay in flight as nsqd keeps them;
+- ``deferred``: publishes them with pipelined ``DPUB``\\ s due in 50 minutes (the channels' deferred heaps, or the
+  topic's queue).
+
+and reads the resident set again after ``--settle`` seconds. ``overhead/msg`` is the growth per message minus the
+body: what a message costs besides its bytes, the figure issue 41 is about (nsqd 1.3.0: about 141 with no
+channel). ``python -m bench.memory_parts`` says where those bytes go, part by part.
+
+Beside them, unless ``--no-cpu``: nsqd's CPU per message of ``pub`` (16 connections, one PUB in flight each),
+``mpub`` (200 per batch, 4 connections) and ``consume`` (a ``--cpu-backlog`` of messages in memory, 4 consumers
+at RDY 200), over ``--duration`` seconds each. With ``--against REV`` every row is made for that revision too
+(taken from git, as ``pub_against`` does), the earlier code first in each pair, ``--rounds`` times for the CPU
+rows (medians). Needs the server's pid (own nsqd).
 """
 
 from __future__ import annotations
 
+import shutil
+import statistics
 import time
+from pathlib import Path
 
-from bench.common import Report, Target, main, unique_topic
+from bench.common import REPO_ROOT, Generators, Report, Target, main, unique_topic
 from bench.consume import create_channel, drain, prefill
+from bench.load import build_roles
+from bench.pub import publish_rate
+from bench.pub_against import extract
+from protocol.commands import encode_dpub, encode_mpub, encode_pub
 
 NAME = "memory"
-TITLE = "resident memory per million queued 200-byte messages"
+TITLE = "resident bytes per message over its body: 0, 1 and 4 channels; queued, in flight, deferred"
+STATES = ("queued", "in flight", "deferred")
+#: the delay of the deferred rows: far beyond the measurement, within nsqd's default --max-req-timeout (1h)
+DEFER_MS = 3_000_000
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--body-size", type=int, default=200)
     parser.add_argument("--settle", type=float, default=2.0, help="seconds to wait before each reading")
+    parser.add_argument("--channels", type=int, nargs="+", default=[0, 1, 4])
+    parser.add_argument("--states", nargs="+", choices=STATES, default=list(STATES))
+    parser.add_argument("--no-cpu", dest="cpu", action="store_false", help="leave out pub, mpub and consume")
+    parser.add_argument("--cpu-backlog", type=int, default=300_000, help="the consume row's backlog")
+    parser.add_argument("--against", help="a git revision to measure too, alternated (e.g. the code before)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each CPU row per build (medians)")
+
+
+def _flags(args) -> list[str]:
+    return [
+        f"--mem-queue-size={args.messages + 100_000}",
+        f"--max-rdy-count={max(args.messages, 2500)}",
+        "--msg-timeout=14m",
+    ]
+
+
+def prefill_deferred(target: Target, topic: str, messages: int, body_size: int, limit: float = 300.0) -> int:
+    """Publish ``messages`` DPUBs, 64 in flight on each of two connections; returns how many were acknowledged."""
+    frame = encode_dpub(topic, DEFER_MS, b"d" * body_size)
+    generators = Generators()
+    per = -(-messages // 2)
+    specs = [
+        ("pub", 1, dict(address=target.tcp, frame=frame, messages_per_frame=1, outstanding=64, frames=count))
+        for count in (per, messages - per)
+        if count > 0
+    ]
+    generators.add(build_roles, specs=specs)
+    result = generators.run(warmup=0.0, duration=limit)
+    return sum(role["counter"] for worker in result["workers"] for role in worker["roles"])
+
+
+def hold_in_flight(target: Target, topic: str, channels: list[str], rdy: int, limit: float = 300.0) -> int:
+    """One consumer per channel takes everything (RDY ``rdy``) and answers nothing; returns how many arrived."""
+    generators = Generators()
+    specs = [
+        ("sub", 1, dict(address=target.tcp, topic=topic, channel=name, rdy=rdy, idle_stop=1.0, fin=False))
+        for name in channels
+    ]
+    generators.add(build_roles, specs=specs)
+    result = generators.run(warmup=0.0, duration=limit)
+    return sum(role["counter"] for worker in result["workers"] for role in worker["roles"])
+
+
+def measure(args, root: Path, code: str, channels: int, state: str) -> dict:
+    """One row: a fresh nsqd of the tree ``root``, its resident growth per message in ``state``."""
+    with Target(args, _flags(args), root=root) as target:
+        sampler = target.sampler()
+        topic = unique_topic(NAME)
+        names = [f"c{index}" for index in range(channels)]
+        for name in names:
+            create_channel(target, topic, name)
+        time.sleep(args.settle)
+        before = sampler.rss_bytes()
+        if state == "deferred":
+            published = prefill_deferred(target, topic, args.messages, args.body_size)
+        else:
+            published = prefill(target, topic, args.messages, args.body_size)
+        delivered = None
+        if state == "in flight":
+            delivered = hold_in_flight(target, topic, names, args.messages)
+        time.sleep(args.settle)
+        after = sampler.rss_bytes()
+    per_message = (after - before) / published if published else 0.0
+    row = {
+        "code": code,
+        "channels": channels,
+        "state": state,
+        "messages": published,
+        "rss_before_MB": before / 1e6,
+        "rss_after_MB": after / 1e6,
+        "bytes/msg": per_message,
+        "overhead/msg": per_message - args.body_size,
+    }
+    if delivered is not None and delivered < published * channels:
+        row["note"] = f"only {delivered} of {published * channels} deliveries"
+    return row
+
+
+def cpu_rows(args, root: Path, code: str) -> list[dict]:
+    """nsqd's CPU per message of pub, mpub and consume on the tree ``root``."""
+    rows = []
+    flags = [f"--mem-queue-size={max(args.cpu_backlog, 1_000_000) * 20}"]
+    body = b"p" * args.body_size
+    with Target(args, flags, root=root) as target:
+        row = publish_rate(args, target, encode_pub(unique_topic("pub"), body), 1, 16, 1)
+        rows.append({"code": code, "scenario": "pub", **_cpu_figures(row)})
+    with Target(args, flags, root=root) as target:
+        row = publish_rate(args, target, encode_mpub(unique_topic("mpub"), [body] * 200), 200, 4, 1)
+        rows.append({"code": code, "scenario": "mpub", **_cpu_figures(row)})
+    with Target(args, [f"--mem-queue-size={args.cpu_backlog + 100_000}"], root=root) as target:
+        topic = unique_topic("consume")
+        create_channel(target, topic, "bench")
+        published = prefill(target, topic, args.cpu_backlog, args.body_size)
+        sampler = target.sampler()
+        cpu_before = sampler.cpu_seconds()
+        result = drain(target, topic, "bench", 4, 200, 1)
+        used = sampler.cpu_seconds() - cpu_before
+        row = {
+            "msg/s": result["msg/s"],
+            "nsqd_us/msg": used * 1e6 / result["delivered"] if result["delivered"] else None,
+        }
+        rows.append({"code": code, "scenario": "consume", **row, "messages": published})
+    return rows
+
+
+def _cpu_figures(row: dict) -> dict:
+    return {"msg/s": row["msg/s"], "nsqd_us/msg": row["nsqd_us/msg"]}
+
+
+def _medians(runs: list[list[dict]]) -> list[dict]:
+    """Per scenario, the median of each figure over the runs (the first run's other keys)."""
+    merged = []
+    for index, first in enumerate(runs[0]):
+        row = dict(first)
+        for key in ("msg/s", "nsqd_us/msg"):
+            values = [run[index][key] for run in runs if run[index].get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        row["runs"] = len(runs)
+        merged.append(row)
+    return merged
 
 
 def run(args) -> Report:
-    report = Report(NAME, TITLE, params={"messages": args.messages, "body_size": args.body_size})
-    with Target(args, [f"--mem-queue-size={args.messages + 100_000}"]) as target:
-        report.target = target.describe()
-        sampler = target.sampler()
-        if not sampler.rss_bytes():
-            report.skipped = "the server's resident set cannot be read (give --nsqd-pid for a server started elsewhere)"
+    args.syscalls = False
+    report = Report(
+        NAME,
+        TITLE,
+        params={
+            "messages": args.messages,
+            "body_size": args.body_size,
+            "channels": args.channels,
+            "states": args.states,
+            "cpu": args.cpu,
+            "cpu_backlog": args.cpu_backlog,
+            "duration_s": args.duration,
+            "against": args.against,
+            "rounds": args.rounds,
+        },
+    )
+    if args.nsqd_tcp_address:
+        report.skipped = "starts its own nsqd for each row: not with --nsqd-tcp-address"
+        return report
+    builds = [("now", REPO_ROOT)]
+    tree = None
+    if args.against:
+        tree, commit = extract(args.against)
+        if tree is None:
+            report.skipped = commit
             return report
-        topic = unique_topic(NAME)
-        create_channel(target, topic, "bench")
-        time.sleep(args.settle)
-        before = sampler.rss_bytes()
-        published = prefill(target, topic, args.messages, args.body_size)
-        time.sleep(args.settle)
-        queued = sampler.rss_bytes()
-        result = drain(target, topic, "bench", 4, 200, 1)
-        time.sleep(args.settle)
-        after = sampler.rss_bytes()
-        per_message = (queued - before) / published if published else 0.0
-        report.rows.append(
-            {
-                "messages": published,
-                "rss_before_MB": before / 1e6,
-                "rss_queued_MB": queued / 1e6,
-                "rss_drained_MB": after / 1e6,
-                "bytes/msg": per_message,
-                "overhead/msg": per_message - args.body_size,
-                "MB per million": per_message,
-            }
-        )
-        if result["delivered"] < published:
-            report.notes.append(f"only {result['delivered']} of {published} messages drained")
-    report.targets = {"overhead/msg": "<= 600 bytes"}
-    report.notes.append("'MB per million' = bytes/msg: the resident growth for 1,000,000 queued messages, in MB")
+        report.params["against_commit"] = commit
+        builds.insert(0, (f"before ({commit[:7]})", tree))
+    try:
+        for channels in args.channels:
+            for state in args.states:
+                if state == "in flight" and not channels:
+                    continue
+                for code, root in builds:
+                    report.rows.append(measure(args, root, code, channels, state))
+        if args.cpu:
+            runs: dict[str, list[list[dict]]] = {code: [] for code, _ in builds}
+            for _ in range(args.rounds):
+                for code, root in builds:
+                    runs[code].append(cpu_rows(args, root, code))
+            for code, _ in builds:
+                report.rows.extend(_medians(runs[code]))
+    finally:
+        if tree is not None:
+            shutil.rmtree(tree, ignore_errors=True)
+    report.targets = {"overhead/msg": "<= 70 bytes queued at 0 and 4 channels (half of nsqd 1.3.0's ~141)"}
     report.notes.append(
-        "after the drain, CPython keeps freed memory in its allocator's arenas unless whole "
-        "arenas empty, so the drained figure shows what the process holds, not what it uses"
+        "overhead/msg: the resident growth per message minus its body; in flight and deferred rows include "
+        "the message itself (queued, then delivered or due later)"
+    )
+    report.notes.append("nsqd_us/msg: nsqd's CPU time per message (user + system) over the run")
+    report.notes.append(
+        "CPython keeps freed memory in its allocator's arenas: each row has its own nsqd, so none reuses another's"
     )
     return report
 

@@ -9,8 +9,8 @@ calls are not counted here (``--no-syscalls``): the counter costs both builds CP
 
 The earlier code is taken from git (``git archive``) into a temporary directory and started from there with
 this venv's Python: ``python -m nsqd`` run in that directory imports its own packages first. It predates the
-C accelerator, so nothing is built for it. Without git, or without the commit (a source tarball, a shallow
-clone), the scenario says so and is skipped.
+C accelerator, so nothing is built for it (a later revision given with ``--against`` gets its own built).
+Without git, or without the commit (a source tarball, a shallow clone), the scenario says so and is skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import subprocess
+import sysconfig
 import tarfile
 import tempfile
 from pathlib import Path
@@ -77,6 +78,23 @@ def extract(revision: str) -> tuple[Path | None, str]:
         shutil.rmtree(tree, ignore_errors=True)
         return None, f"git archive of {commit} failed ({exc.__class__.__name__})"
     archive.unlink()
+    source = tree / "nsqd" / "_speedups.c"
+    if source.exists():
+        # a revision with the C accelerator runs with it, as its ``pip install -e .`` would build it (compiled
+        # here directly: that revision's packaging metadata may not suit this venv's setuptools)
+        built = source.with_name("_speedups" + sysconfig.get_config_var("EXT_SUFFIX"))
+        compiler = (sysconfig.get_config_var("CC") or "cc").split()
+        include = sysconfig.get_paths()["include"]
+        try:
+            subprocess.run(
+                [*compiler, "-shared", "-fPIC", "-O2", f"-I{include}", str(source), "-o", str(built)],
+                check=True,
+                timeout=300,
+                capture_output=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            shutil.rmtree(tree, ignore_errors=True)
+            return None, f"building the C accelerator of {commit} failed ({exc.__class__.__name__})"
     return tree, commit
 
 

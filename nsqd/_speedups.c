@@ -875,6 +875,45 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
     return messages;
 }
 
+/* claim_shared(batch) -> None
+
+   nsqd.message.claim_shared in C: each message of the list that something besides the list references (another
+   channel's queue or deferred heap: the topic hands every channel the same objects) is replaced in the list by
+   a copy of all its slots (MESSAGE_SLOTS), made as new_messages makes a message; the others are left as they
+   are, with no call. Only the channel's dispatcher calls it, on a batch it popped and is about to deliver. */
+static PyObject *
+claim_shared(PyObject *Py_UNUSED(self), PyObject *batch)
+{
+    if (!PyList_Check(batch)) {
+        PyErr_SetString(PyExc_TypeError, "claim_shared takes a list");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
+        PyObject *message = PyList_GET_ITEM(batch, i);
+        if (Py_REFCNT(message) <= 1)
+            continue;
+        PyTypeObject *cls = Py_TYPE(message);
+        if (cls != message_class && message_layout(cls) < 0)
+            return NULL;
+        PyObject *copy = cls->tp_alloc(cls, 0);
+        if (copy == NULL)
+            return NULL;
+        for (int k = 0; k < MESSAGE_SLOTS; k++) {
+            PyObject *value = *(PyObject **)((char *)message + message_offsets[k]);
+            if (value == NULL) {
+                Py_DECREF(copy);
+                PyErr_Format(PyExc_AttributeError, "%s.%s is not set", cls->tp_name, message_slots[k]);
+                return NULL;
+            }
+            Py_INCREF(value);
+            *(PyObject **)((char *)copy + message_offsets[k]) = value;
+        }
+        PyList_SET_ITEM(batch, i, copy);  /* the list's reference to the original goes */
+        Py_DECREF(message);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
     {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
@@ -885,6 +924,7 @@ static PyMethodDef methods[] = {
     {"untrack_atomic", untrack_atomic, METH_O, "Untrack the objects of a list that reference only atomic values."},
     {"new_messages", new_messages, METH_VARARGS, "Messages of a published batch, made without __init__."},
     {"track_all", track_all, METH_O, "Track again the objects of a list that the collector does not."},
+    {"claim_shared", claim_shared, METH_O, "Replace the messages of a list that are referenced elsewhere by copies."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -126,7 +126,7 @@ class Actor:
 
     #: an actor whose slice never awaits may offer it as a plain call, ``run_slice_now(slice_end) -> bool``
     #: (the contract of ``run_slice``); then a preempting ``resume`` may run it in the caller's task
-    run_slice_now = None
+    run_slice_now: Callable[[float], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -371,7 +371,7 @@ class ActorSystem:
         self._uncharged = 0.0
         start = clock()
         try:
-            has_work = actor.run_slice_now(start + self.slice_seconds)
+            has_work = actor.run_slice_now(start + self.slice_seconds)  # type: ignore[misc]  # the caller checked it
         except BaseException:
             has_work = True  # as in a worker: the actor stays schedulable, the error goes to the caller
             raise

@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -51,6 +52,10 @@ from .message import Message, encode_record, split_messages
 from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
 from .queues.deferred_index import DeferredIndex
 from .queues.inflight import EMPTY_IN_FLIGHT, InFlightQueue
+
+if TYPE_CHECKING:  # for annotations only: the queues import nothing of the channel
+    from .queues.diskqueue import DiskQueue
+    from .queues.offset_log import OffsetLog
 
 __all__ = ["Channel", "ChannelError"]
 
@@ -71,8 +76,8 @@ class Channel:
         max_msg_timeout: float,
         actors,
         on_last_client_gone: Callable[[Channel], None],
-        backend=None,
-        open_log: Callable[[str, bool], object] | None = None,
+        backend: DiskQueue | None = None,
+        open_log: Callable[[str, bool], OffsetLog | None] | None = None,
     ) -> None:
         self.topic = topic
         self.topic_name = topic.name
@@ -120,7 +125,7 @@ class Channel:
         actors.add(self.dispatcher)
         #: the channel's ``OffsetLog`` once it is a log channel; ``open_log(name, create)`` opens one (the
         #: daemon's ``_open_log``; None: the channel cannot become a log, e.g. ephemeral or no data path)
-        self.log = None
+        self.log: OffsetLog | None = None
         self._open_log = open_log
         #: called as ``hook(channel, old, new)`` after a commit moved the committed offset from ``old`` to ``new``
         #: (replication streams it as the FINs of the messages in between: ``self.log.ids_between(old, new)``)
@@ -655,6 +660,7 @@ class Channel:
         if self.log is not None:
             self._close_log(persist)
             return
+        assert self.deferred_index is not None  # made with the backend
         if persist:
             now, now_ns = trio.current_time(), time.time_ns()
             # in durable mode, messages read ahead into memory are still held at their place in the queue

@@ -10,10 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from enum import IntEnum
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-__all__ = ["Client", "ClientState"]
+if TYPE_CHECKING:  # for annotations only
+    from .auth import AuthState
+
+__all__ = ["Client", "ClientState", "SubscribedChannel"]
 
 
 class ClientState(IntEnum):
@@ -24,6 +28,26 @@ class ClientState(IntEnum):
     CONNECTED = 2
     SUBSCRIBED = 3
     CLOSING = 4
+
+
+class SubscribedChannel(Protocol):
+    """What a connection asks of the channel its client subscribed to: ``channel.Channel``, which imports this
+    module (so this one names only the part it uses)."""
+
+    name: str
+    topic_name: str
+
+    def client_credit_changed(self, client: Client) -> None: ...
+
+    def remove_client(self, client: Client) -> None: ...
+
+    def finish(self, client: Client, msg_id: bytes) -> object: ...
+
+    def finish_many(self, client: Client, msg_ids: list[bytes]) -> list[tuple[bytes, str]]: ...
+
+    def requeue(self, client: Client, msg_id: bytes, delay: float) -> None: ...
+
+    def touch(self, client: Client, msg_id: bytes, msg_timeout: float) -> None: ...
 
 
 class Client:
@@ -74,10 +98,10 @@ class Client:
 
         # auth: the secret of AUTH and the auth server's answer (nsqd.auth.AuthState)
         self.auth_secret: bytes | None = None
-        self.auth_state = None
+        self.auth_state: AuthState | None = None
 
         # delivery
-        self.channel = None
+        self.channel: SubscribedChannel | None = None
         self.rdy = 0
         self.in_flight = 0
         self.in_mailbox = False

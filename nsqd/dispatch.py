@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+from collections.abc import Callable
 
 import trio
 
@@ -36,7 +37,7 @@ from protocol.frames import FRAME_TYPE_MESSAGE
 from protocol.message import MESSAGE_HEADER_SIZE
 
 from .actors import Actor
-from .message import track_all
+from .message import claim_shared, track_all
 
 __all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 
@@ -52,6 +53,10 @@ REFILL = 32
 _pack_frame_prefix = struct.Struct(">iiqH").pack
 _FRAME_HEADER_SIZE = 8 + MESSAGE_HEADER_SIZE
 _FRAME_OVERHEAD = 4 + MESSAGE_HEADER_SIZE  # what the size field counts besides the body
+
+
+def _no_interlude() -> None:
+    pass
 
 
 class ChannelDispatcher(Actor):
@@ -109,11 +114,15 @@ class ChannelDispatcher(Actor):
         # the system's interludes (reads of connections with little input) at safe points: between
         # consumers, and after a disk read
         system = self._actor_system
-        interlude = every = None
+        interlude: Callable[[], None] = _no_interlude  # called only once interlude_at is finite
+        every = 0.0
         if system is not None and system.interlude_hook is not None:
             interlude = system.interlude
             every = system.interlude_seconds
         interlude_at = now + every if every else math.inf
+        # the topic's channels (a live view): while it has more than one, they hold the same message objects
+        # until each delivers its own (nsqd/message.py: ``claim_shared``)
+        siblings = getattr(channel.topic, "channels", ())
         while mailbox:
             if not queue:
                 if not channel.refill(REFILL):
@@ -134,6 +143,8 @@ class ChannelDispatcher(Actor):
             batch = [popleft() for _ in range(count)]
             if client.sample_rate:
                 batch = self._sample(batch, client.sample_rate)
+            if len(siblings) > 1:
+                claim_shared(batch)  # before anything records or changes them
             if push_in_flight is None:
                 push_in_flight = channel.open_in_flight().push_many
             refused = push_in_flight(batch, now + client.msg_timeout)

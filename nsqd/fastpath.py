@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any
 
 from protocol.errors import ProtocolError
 from protocol.frames import OK_FRAME
@@ -134,8 +135,8 @@ def _read_producers(fds: list[int], members: dict, max_size: int, groups: dict, 
     """``read_producers`` in Python (see ``PublishBatch.read_producers`` and nsqd/_speedups.c):
     ``(rest, others, late)``."""
     rest = []
-    others = []
-    late = []
+    others: list[Any] = []
+    late: list[Any] = []
     for fd in fds:
         member = members.get(fd)
         if member is None or not _read_producer(member, fd, groups, max_size, step_time, others, late):
@@ -148,8 +149,8 @@ def _poll_producers(epoll, members: dict, light_read: int, max_size: int, groups
     ``(events, taken, others, late)``."""
     events = []
     taken = []
-    others = []
-    late = []
+    others: list[Any] = []
+    late: list[Any] = []
     for event in epoll.poll(0):
         fd = event[0]
         member = members.get(fd)

@@ -21,8 +21,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:  # for annotations only
+    from .client import Client
 
 from protocol.frames import HEARTBEAT_FRAME
 
@@ -39,8 +43,8 @@ class HeartbeatTimer:
     """Writes ``HEARTBEAT_FRAME`` to every scheduled client each interval (see the module notes)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, object]] = []
-        self._current: dict[object, tuple[int, float]] = {}  # client -> (its live entry's number, interval)
+        self._heap: list[tuple[float, int, Client]] = []
+        self._current: dict[Client, tuple[int, float]] = {}  # client -> (its live entry's number, interval)
         self._numbers = itertools.count()
         self._wake = trio.Event()
         self._sleeping_until = math.inf

@@ -40,6 +40,7 @@ import logging
 import re
 import socket
 import struct
+from typing import TYPE_CHECKING
 
 from protocol.http import (
     HTTPError,
@@ -55,6 +56,9 @@ from protocol.http import (
 from protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
 from runtime.http_server import HTTPServer
+
+if TYPE_CHECKING:  # imported at the first scrape (prometheus_client costs start-up time)
+    from .metrics import MetricsEndpoint
 from runtime.logfmt import log_level_word, set_log_level
 from runtime.startup import address_port
 
@@ -113,7 +117,9 @@ class _API:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.metrics_endpoint = None  # built at the first scrape: prometheus_client costs start-up time otherwise
+        self.metrics_endpoint: MetricsEndpoint | None = (
+            None  # built at the first scrape: prometheus_client costs start-up time otherwise
+        )
         self.stats_cache = nsqd.stats_cache()
 
     # -- parameter helpers -------------------------------------------------------------------------------------

@@ -176,11 +176,13 @@ class LookupPeer:
 
     async def _command(self, stream, command: bytes) -> bytes:
         """Send one command and wait for its answer (each within 1 s, as nsqd)."""
+        responses = self._responses
+        assert responses is not None  # set with the stream
         self._pending += 1
         try:
             with trio.fail_after(IO_TIMEOUT):
                 await stream.send_all(command)
-                return await self._responses.receive()
+                return await responses.receive()
         except trio.TooSlowError:
             raise PeerLost(f"{_describe(command)} - i/o timeout") from None
 

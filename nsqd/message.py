@@ -1,30 +1,38 @@
 """The message as nsqd keeps it: the wire fields plus per-channel delivery state.
 
-The topic pump hands the first channel the topic's own object and every other channel a copy
-that shares the body bytes, so the only per-channel cost is one small slotted object.
+Shared until delivered. The topic pump hands every channel the same message objects: a message waiting in a
+queue (or a deferred heap) is never changed there, and the per-channel state (attempts, the client, the time of
+delivery) begins at its delivery. So a channel's dispatcher, about to deliver a batch it popped, makes its own
+copy of each message that anything else still references (``claim_shared``: another channel's queue or heap;
+the last channel to deliver it takes the object itself), and only while the topic has more than one channel
+(one alone has nothing to share with). A queued message thus costs its object, ID and body once per topic, and
+each further channel a deque slot (bench/README.md, "Where a queued message's bytes go"), instead of an object
+per channel made at publish time. A copy has the attempts the topic's message has (0 for a publish; nsqd's own
+pump gives the first channel the topic's message and the others fresh ones at 0).
 
 The cyclic collector. A message as published references only bytes and numbers, so it cannot be part of a
 reference cycle, and reference counting frees it; but as an instance of a Python class it is tracked, and each
 young and middle collection walks every message made since (about 0.4 us per message kept in memory, nearly
 all of the collector's time in the PUB scenario: bench/HISTORY.md, item 29). So ``new_messages`` untracks the
-batch it makes, and ``copy_messages`` the copies for further channels (``untrack_atomic``: only objects whose
-referents are all atomic), and a delivery tracks its messages again (``track_all``) before it stores the
-consumer's client in them, the one reference that can close a cycle (a client holds its channel, whose
-in-flight queue holds the message). Both are C functions of ``nsqd/_speedups.c``; Python cannot untrack an
-object, so without the accelerator both do nothing and every message stays tracked, as before.
+batch it makes (``untrack_atomic``: only objects whose referents are all atomic), and a delivery tracks its
+messages again (``track_all``) before it stores the consumer's client in them, the one reference that can close
+a cycle (a client holds its channel, whose in-flight queue holds the message); the copies a delivery makes
+(``claim_shared``) are tracked from the start. These are C functions of ``nsqd/_speedups.c``; Python cannot
+untrack an object, so without the accelerator the hints do nothing and every message stays tracked, as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import repeat
+from sys import getrefcount
 
 from protocol.message import Message as WireMessage
 
 from .queues.segment_reader import SplitRecords
 from .speedups import load as load_speedups
 
-__all__ = ["Message", "new_messages", "copy_messages", "encode_record", "split_messages", "track_all"]
+__all__ = ["Message", "new_messages", "claim_shared", "encode_record", "split_messages", "track_all"]
 
 
 def _leave_to_the_collector(objects: list) -> None:
@@ -80,12 +88,27 @@ def new_messages(ids: list[bytes], bodies: list[bytes], timestamp: int, defer: f
     return messages
 
 
-def copy_messages(batch: list[Message]) -> list[Message]:
-    """Fresh delivery records of a batch for another channel: same IDs, bodies, timestamps and delays,
-    attempts from 0 (the body bytes are shared, not copied), left out of the collector's walks as the batch's own."""
-    copies = [Message(m.id, m.body, m.timestamp, 0, m.defer) for m in batch]
-    untrack_atomic(copies)
-    return copies
+def _copy(message: Message) -> Message:
+    """A new object with every slot of ``message`` (the ID and body bytes are shared, not copied)."""
+    copy = Message(message.id, message.body, message.timestamp, message.attempts, message.defer)
+    copy.client = message.client
+    copy.delivered_at = message.delivered_at
+    copy.disk_token = message.disk_token
+    return copy
+
+
+def _claim_shared(batch: list[Message]) -> None:
+    """``claim_shared`` in Python: replace in ``batch`` each message that anything besides the list references
+    by a copy of it, which the caller may then change (see the module notes: a channel's dispatcher, before a
+    delivery)."""
+    for index in range(len(batch)):
+        if getrefcount(batch[index]) > 2:  # the list's reference and the call's argument
+            batch[index] = _copy(batch[index])
+
+
+#: the C twin when the accelerator is built (``nsqd/_speedups.c``), called with no Python frame between (an
+#: accelerator built before it had the function, not rebuilt since, leaves the Python one)
+claim_shared = getattr(_speedups, "claim_shared", _claim_shared)
 
 
 _pack_header = SplitRecords.HEADER.pack  # the record layout's one definition, shared with the disk queue's reads

@@ -43,7 +43,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from .replication.stats import replication_metrics
-from .stats import gc_paused, node_stats
+from .stats import NodeStats, gc_paused, node_stats
 
 __all__ = [
     "CHANNEL_SERIES",
@@ -222,7 +222,7 @@ class NSQDCollector:
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
-        self.snapshot = None
+        self.snapshot: NodeStats | None = None
 
     def describe(self):
         # no families are known before the first scrape; returning none keeps registration from collecting

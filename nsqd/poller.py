@@ -83,6 +83,7 @@ from __future__ import annotations
 import math
 import select
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -110,11 +111,11 @@ def scheduler_idle():
         statistics = trio.lowlevel.current_statistics
         clock = trio.current_time
 
-        def idle(now: float) -> bool:
+        def idle_by_statistics(now: float) -> bool:
             stats = statistics()
             return not stats.tasks_runnable and clock() + stats.seconds_to_next_deadline > now
 
-        return idle
+        return idle_by_statistics
 
     def idle(now: float) -> bool:
         return not runq and next_deadline() > now
@@ -150,11 +151,11 @@ class ReadPoller:
         self._now = _never
         #: reads the light producers ready at the start of a step together (``PublishBatch.read_producers``):
         #: ``bulk_read(fds, members)`` returns the descriptors it left to their members' ``poll_ready``
-        self.bulk_read = None
+        self.bulk_read: Callable[[list[int], dict[int, Any]], list[int]] | None = None
         #: polls the set at the start of a step and reads the light producers it finds with the same call
         #: (``PublishBatch.poll_producers``): ``step_poll(epoll, members, light_read)`` returns the other events
         #: and the descriptors it read; None: ``epoll.poll`` (see "One read for the producers")
-        self.step_poll = None
+        self.step_poll: Callable[[Any, dict[int, Any], int], tuple[list[Any], list[int]]] | None = None
         #: how long one wake-up may go on serving steps while trio has nothing else to run (seconds from the
         #: start of its first step; 0: one step per wake-up); see "Several steps per wake-up"
         self.wake_budget = wake_budget
@@ -190,7 +191,7 @@ class ReadPoller:
         try:
             if self.step_poll is None:
                 events = self._epoll.poll(0)
-                taken = ()
+                taken: tuple[int, ...] | list[int] = ()
                 stale = False
             else:
                 before = time.perf_counter()

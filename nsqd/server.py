@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -22,6 +23,7 @@ from protocol.replication import MAGIC_R1, OP_DELETED, PROTOCOL_VERSION, PROTOCO
 from protocol.version import version_string
 from runtime.collector import FreezingCollector
 from runtime.daemon import accept_connections, adopt_listeners, format_address
+from runtime.http_server import HTTPServer
 
 from .actors import ActorSystem
 from .auth import Authenticator
@@ -80,16 +82,16 @@ class NSQD:
         # moves at every topic and channel create and delete (stats_cache.py keeps its sorted lists until then)
         self.topology_version = 0
         self._channels: list = []  # all_channels(), as of _channels_version
-        self._channels_version = None
+        self._channels_version: int | None = None
         self.clients: dict[int, Client] = {}
         self.exiting = False
         self.start_time = int(time.time())
         self.tcp_address: str | None = None
         self.http_address: str | None = None  # bound HTTP address (ip:port), None when --http-address=""
-        self.http_server = None
+        self.http_server: HTTPServer | None = None
         self.lookup = Lookup(self)  # registration with every --lookupd-tcp-address
         self.https_address: str | None = None  # bound HTTPS address, None without a TLS certificate
-        self.https_server = None
+        self.https_server: HTTPServer | None = None
         # A channel whose consumers return credit in bursts (many consumers with small RDY) suspends
         # whenever all of them are momentarily full; with a wake slack of one slice it would forfeit
         # that time to channels with deep windows. Four slices let it catch up, still bounded (measured:
@@ -169,7 +171,7 @@ class NSQD:
         # what every topic is given (made once: a bound method per topic would be five more objects each)
         #: message IDs of every topic: unique on the node, not only per topic as nsqd's (a replica keys by ID)
         self.guid = GUIDFactory(opts.node_id)
-        self._topic_hooks = {
+        self._topic_hooks: dict[str, Any] = {
             "on_channel_created": self._channel_created,
             "on_channel_deleted": self._channel_deleted,
             "on_last_channel_gone": self._ephemeral_topic_idle,
@@ -501,7 +503,9 @@ class NSQD:
     @property
     def node_name(self) -> str:
         """This node as its peers name it in ``--replicate-to``: broadcast address and TCP port."""
-        port = self.opts.broadcast_tcp_port or int(self.tcp_address.rpartition(":")[2])
+        address = self.tcp_address
+        assert address is not None  # asked once the TCP listener is bound
+        port = self.opts.broadcast_tcp_port or int(address.rpartition(":")[2])
         return f"{self.opts.broadcast_address}:{port}"
 
     def _start_replication(self) -> None:
@@ -554,15 +558,17 @@ class NSQD:
         may hold some of them in flight: those are forgotten (a FIN for them fails), and the peer delivers them
         again; the other messages of their topics are put back in their channels (an in-flight one among them
         comes again)."""
+        replication = self.replication
+        assert replication is not None  # the peers that adopt are this node's replication peers
         save_state(self.data_path, epoch, True)
         adopted = set(ids)
-        accepted = self.replication.accepted_unreplicated  # what goes back in was not accepted now
+        accepted = replication.accepted_unreplicated  # what goes back in was not accepted now
         held, kept = drop_adopted(self, adopted, peer, epoch)
-        self.replication.accepted_unreplicated = accepted
+        replication.accepted_unreplicated = accepted
         finished = len(adopted) - held
-        if self.replication.clean or not self.replication.starting:
+        if replication.clean or not replication.starting:
             self.duplicates_after_takeover += finished
-        if not self.replication.starting:
+        if not replication.starting:
             log.warning(
                 "REPLICATION: peer %s adopted %d message(s) of this node (epoch %d) while it was connected "
                 "elsewhere (a partition, or a start that did not wait for that peer): dropped the %d held here "
@@ -584,7 +590,7 @@ class NSQD:
             held,
             kept,
             f"{finished} it adopted had been finished here (delivered twice)"
-            if self.replication.clean
+            if replication.clean
             else "how many of them had been finished here is unknown (the last run did not stop cleanly)",
         )
 

@@ -18,7 +18,7 @@ def load() -> ModuleType | None:
     if os.environ.get("TRIONSQ_NO_SPEEDUPS", "") not in ("", "0"):
         return None
     try:
-        from nsqd import _speedups
+        import nsqd._speedups as _speedups
     except ImportError:  # not built (no compiler at install time)
         return None
     return _speedups

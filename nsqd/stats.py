@@ -36,7 +36,7 @@ from runtime.http_server import go_duration
 
 from .e2e import EMPTY as EMPTY_E2E
 from .e2e import E2EResult, merge_results
-from .replication.stats import collect_replication, replication_json, replication_text
+from .replication.stats import ReplicationStats, collect_replication, replication_json, replication_text
 
 __all__ = [
     "PRODUCERS_TEXT",
@@ -164,7 +164,7 @@ class NodeStats:
     tcp_connections: int = 0
     http_connections: int = 0
     # the replication section (nsqd/replication/stats.py), None on a node without replication
-    replication: object = None
+    replication: ReplicationStats | None = None
 
     @property
     def healthy(self) -> bool:

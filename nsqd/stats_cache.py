@@ -57,6 +57,7 @@ from __future__ import annotations
 import time
 from itertools import zip_longest
 from operator import attrgetter
+from typing import Any
 
 from .client import ClientState
 from .e2e import EMPTY as EMPTY_E2E
@@ -175,10 +176,10 @@ class _ClientPiece:
 
     def __init__(self, client) -> None:
         self.client = client
-        self.key = None
-        self.values = None
-        self.json = None
-        self.text = None  # (text before its age, its connection time, text after)
+        self.key: Any = None
+        self.values: tuple[Any, ...] | None = None
+        self.json: bytes | None = None
+        self.text: tuple[Any, ...] | None = None  # (text before its age, its connection time, text after)
 
     def renew(self, key) -> None:
         self.key, self.json, self.text = key, None, None
@@ -324,10 +325,10 @@ class StatsCache:
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
         nsqd.stats_readers += 1
-        self._version = None
+        self._version: tuple[Any, int] | None = None
         self._columns = _Columns()
         self._producers: list[_ClientPiece] = []
-        self._metrics_blocks: dict[int, tuple] = {}  # by the index of the run's first topic
+        self._metrics_blocks: dict[int, tuple[Any, ...]] = {}  # by the index of the run's first topic
 
     # -- keeping the pieces current -----------------------------------------------------------------------------
     def _sorted(self) -> tuple[_Columns, bool]:
@@ -370,7 +371,7 @@ class StatsCache:
         tracked = bool(self.nsqd.opts.e2e_processing_latency_percentiles)
         marked = self.nsqd.stats_changed
         if laid_out or tracked or self.nsqd.stats_readers > 1:
-            indexes = range(len(columns.topics))
+            indexes: range | list[int] = range(len(columns.topics))
         else:
             indexes = self._marked(columns, marked)
         marked.clear()
@@ -411,7 +412,7 @@ class StatsCache:
         )
         changed = False
         state = None
-        states = ()  # its channels' window states one after the other (each is 3 ints)
+        states: tuple[int, ...] = ()  # its channels' window states one after the other (each is 3 ints)
         for at in range(bounds[index], bounds[index + 1]):
             channel = channels[at]
             if tracked:
@@ -423,7 +424,7 @@ class StatsCache:
             # in Python, a third of a request at 20,000 channels); the tests compare the result with the snapshot
             backend = channel.backend
             members = channel.clients
-            key = (
+            key: tuple[Any, ...] = (
                 len(channel.queue),
                 backend._depth if backend is not None else 0,
                 len(channel.in_flight._entries),
@@ -654,8 +655,8 @@ class StatsCache:
             kept = self._metrics_blocks.get(start)
             if kept is None or kept[0] != run:  # the same row objects: no change (compared by identity first)
                 topic_columns = tuple(map(b"".join, zip(*[rendered[:_TOPIC_ROWS] for rendered in run], strict=True)))
-                channels = [rendered[_TOPIC_ROWS:] for rendered in run if len(rendered) > _TOPIC_ROWS]
-                channel_columns = tuple(map(b"".join, zip(*channels, strict=True))) if channels else None
+                channel_parts = [rendered[_TOPIC_ROWS:] for rendered in run if len(rendered) > _TOPIC_ROWS]
+                channel_columns = tuple(map(b"".join, zip(*channel_parts, strict=True))) if channel_parts else None
                 kept = self._metrics_blocks[start] = (run, topic_columns, channel_columns)
             blocks.append(kept)
         for start in [start for start in self._metrics_blocks if start >= len(rows)]:

@@ -32,7 +32,7 @@ class PrefixedStream(trio.abc.Stream):
         self.transport = transport
         self._prefix = prefix
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
             await trio.lowlevel.checkpoint()
             if max_bytes is None or max_bytes >= len(self._prefix):
@@ -70,7 +70,8 @@ class CompressedStream(trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         decoder = self._decoder
         if self._initial:
-            data, self._initial = self._initial, b""
+            data: bytes | bytearray = self._initial
+            self._initial = b""
             out = decoder.decode(data)
             if out:
                 await trio.lowlevel.checkpoint()

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -191,7 +193,7 @@ class Connection:
         with trio.CancelScope() as scope:
             self._read_scope = scope
             self._set_read_deadline()
-            data = initial
+            data: bytes | bytearray | None = initial
             while True:
                 if data is None or data:  # None: the read poller stopped on a command or an error
                     try:
@@ -226,11 +228,11 @@ class Connection:
                     log.info("[%s] - read failed: %s", client.remote_address, exc)
                     return
                 if data is not None and not data:
-                    error = parser.pending_eof_error()
-                    if error is not None:
+                    eof_error = parser.pending_eof_error()
+                    if eof_error is not None:
                         # a command cut short: nsqd reports what it failed to read before closing
-                        log.error("[%s] - %s", client.remote_address, error.payload().decode("utf-8", "replace"))
-                        client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
+                        log.error("[%s] - %s", client.remote_address, eof_error.payload().decode("utf-8", "replace"))
+                        client.write_frame(encode_frame(FRAME_TYPE_ERROR, eof_error.payload()))
                     return
         log.info("[%s] - read deadline exceeded, closing", client.remote_address)
 
@@ -309,7 +311,7 @@ class Connection:
         when the poller stopped at a command that must await (``_pending_command``) or at an error
         (``_poller_error``), both for this task to take over; raises a read error as ``OSError``."""
         poller = self._poller
-        self._poll_fd = fd = self.stream.socket.fileno()
+        self._poll_fd = fd = self.stream.socket.fileno()  # type: ignore[attr-defined]  # a SocketStream here
         self._poll_result = None
         self._poll_done = done = trio.Event()
         self.fast_line = self.parser.last_pub() if self._plain else None
@@ -483,7 +485,7 @@ class Connection:
         if not data:
             return True
         try:
-            sent = os.write(self.stream.socket.fileno(), data)
+            sent = os.write(self.stream.socket.fileno(), data)  # type: ignore[attr-defined]  # a SocketStream here
         except OSError:
             sent = 0
         if sent == len(data):
@@ -605,7 +607,7 @@ class Connection:
             raise ProtocolError("E_INVALID", f"cannot {name} in current state")
 
     # -- commands --------------------------------------------------------------------------------
-    async def IDENTIFY(self, command) -> bytes:
+    async def IDENTIFY(self, command) -> bytes | None:
         client = self.client
         self._require_state("IDENTIFY", ClientState.INIT)
         limits = self.nsqd.identify_limits
@@ -682,6 +684,7 @@ class Connection:
                 if result.snappy or result.deflate:
                     if result.snappy:
                         log.info("PROTOCOL(V2): [%s] upgrading connection to snappy", client.remote_address)
+                        codec: tuple[SnappyEncoder | DeflateEncoder, SnappyDecoder | DeflateDecoder]
                         codec = SnappyEncoder(), SnappyDecoder()
                         client.snappy = True
                     else:
@@ -693,7 +696,7 @@ class Connection:
                         codec = DeflateEncoder(result.deflate_level), DeflateDecoder()
                         client.deflate = True
                         client.deflate_level = result.deflate_level
-                    self.stream = stream = CompressedStream(stream, *codec, initial=leftover)
+                    self.stream = stream = CompressedStream(stream, codec[0], codec[1], initial=leftover)
                     await self._send_now(stream, OK_FRAME)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise _UpgradeFailed(f"upgrade failed: {exc}") from None
@@ -1078,7 +1081,7 @@ def fail_publish_oks(data: bytes, verbs: list[str]) -> bytes:
 
 #: each command's method, called with the connection (one table for every connection: a table of bound methods
 #: made per connection was a dozen more objects each for the cyclic collector to visit)
-_HANDLERS = {
+_HANDLERS: dict[bytes, Callable[[Connection, Any], Any]] = {
     b"FIN": Connection.FIN,
     b"RDY": Connection.RDY,
     b"REQ": Connection.REQ,

@@ -1,9 +1,10 @@
 """Topic: the stream producers publish to, copied to every channel.
 
-A topic keeps a bounded memory deque (``--mem-queue-size``) and, unless ephemeral, a disk queue
-for what does not fit. Its pump copies messages to every channel that exists at that moment: the
-first channel gets the topic's own objects, the others a per-channel copy that shares the body.
-Without channels, or while paused, messages accumulate in the topic, as in nsqd.
+A topic keeps a bounded memory queue (``--mem-queue-size``) and, unless ephemeral, a disk queue
+for what does not fit. Its pump hands its messages to every channel that exists at that moment: all of
+them get the topic's own objects, which a channel copies only when it delivers one (nsqd/message.py).
+Without channels, or while paused, messages accumulate in the topic, as in nsqd; what a publish leaves there
+is kept packed, without an object per message, until the pump takes it (``queues/packed.py``).
 
 The memory part of the pump is synchronous and runs right after a publish, when a channel is
 added and on unpause, so a publish reaches the channels with no task switch. A backlog on disk is
@@ -36,9 +37,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from itertools import compress
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -47,8 +48,12 @@ from protocol.replication import OP_PAUSED, OP_UNPAUSED
 
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
-from .message import Message, copy_messages, encode_record, new_messages, split_messages
+from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred_index import DeferredIndex
+from .queues.packed import PackedQueue
+
+if TYPE_CHECKING:  # for annotations only
+    from .queues.diskqueue import DiskQueue
 
 __all__ = ["Topic", "TopicFull", "TopicExiting", "DRAIN_BATCH"]
 
@@ -84,7 +89,7 @@ class Topic:
         on_channel_created: Callable[[Channel], None] | None = None,
         on_channel_deleted: Callable[[Channel], None] | None = None,
         on_last_channel_gone: Callable[[Topic], None] | None = None,
-        make_backend: Callable[[str], object] | None = None,
+        make_backend: Callable[[str], DiskQueue] | None = None,
         spawn: Callable | None = None,
         owing: dict | None = None,
         guid: GUIDFactory | None = None,
@@ -101,7 +106,8 @@ class Topic:
         self.held = False
         self.exiting = False
         self.channels: dict[str, Channel] = {}
-        self.queue: deque[Message] = deque()
+        # what nothing takes yet (no channel, paused, held): published messages packed, no object each
+        self.queue = PackedQueue()
         # False: no deferred (DPUB) message in ``queue``, so the channels need not look at each one
         self._queue_deferred = False
         self.message_count = 0
@@ -144,8 +150,22 @@ class Topic:
             ids = (self.guid or self._make_guid()).next_ids(len(bodies), now_ns)
         except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
             ids = self.new_ids(len(bodies))
-        messages = new_messages(ids, bodies, now_ns, defer)
-        self._accept(messages, sum(map(len, bodies)), bool(defer), defer_sync)
+        queue = self.queue
+        count = len(bodies)
+        if (
+            (self.paused or self.held or not self.channels)
+            and self.mem_queue_size - queue.count >= count
+            and not self._backlog_on_disk()
+        ):
+            # nothing takes them now: kept as their parts until the pump hands them over (queues/packed.py)
+            queue.extend_published(ids, bodies, now_ns, defer)
+            if defer:
+                self._queue_deferred = True
+            self.message_count += count
+            self.message_bytes += sum(map(len, bodies))
+            self.changed.add(self)
+        else:
+            self._accept(new_messages(ids, bodies, now_ns, defer), sum(map(len, bodies)), bool(defer), defer_sync)
         if self.replication is not None:
             self.replication.offer_published(self.name, ids, bodies, now_ns, defer)
 
@@ -229,8 +249,7 @@ class Topic:
         queue = self.queue
         if not queue or self.paused or self.held or not self.channels or self.exiting:
             return
-        batch = list(queue)
-        queue.clear()
+        batch = queue.take_all()
         self.changed.add(self)
         deferred = self._queue_deferred
         self._queue_deferred = False
@@ -239,12 +258,13 @@ class Topic:
     def _copy_to_channels(self, batch: list[Message], deferred: bool | None = None, token: int = -1) -> bool:
         """True when every channel stored the batch where it should (False: a channel's disk failed).
         ``deferred``: whether some message may have a delay (None: the channels look). ``token``: the
-        batch's first record token in durable mode (see ``owe_record``)."""
-        channels = list(self.channels.values())
+        batch's first record token in durable mode (see ``owe_record``). Every channel gets the same message
+        objects: a channel's dispatcher copies a message it delivers while another channel still holds it
+        (``message.claim_shared``)."""
         stored = True
-        for channel in channels[1:]:
-            stored = channel.put_many(copy_messages(batch), deferred, token) and stored
-        return channels[0].put_many(batch, deferred, token) and stored
+        for channel in list(self.channels.values()):
+            stored = channel.put_many(batch, deferred, token) and stored
+        return stored
 
     def owe_record(self, token: int) -> None:
         """Durable mode: a channel keeps its copy of the record ``token`` in memory only; the record stays."""
@@ -410,14 +430,14 @@ class Topic:
             return
         if persist:
             try:
-                if self.queue:
-                    backend.put_many([encode_record(m) for m in self.queue])
-                    log.info("TOPIC(%s): wrote %d message(s) to disk", self.name, len(self.queue))
+                pending = self.queue.take_all()
+                if pending:
+                    backend.put_many([encode_record(m) for m in pending])
+                    log.info("TOPIC(%s): wrote %d message(s) to disk", self.name, len(pending))
                     now_ns = time.time_ns()
-                    for m in self.queue:
+                    for m in pending:
                         if m.defer:
                             self.deferred_index.add(m.id, now_ns + int(m.defer * 1e9))
-                    self.queue.clear()
                 self.deferred_index.save(backend.write_position())
             finally:
                 backend.close()

@@ -27,7 +27,7 @@ class InputBuffer:
         """With ``data`` arrived (``total`` unread bytes in all), can the pending step still not complete?"""
         return total < self._need
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         if self._pos >= len(self._buf) and not self._chunks_len:
             # nothing unread (the common case: each read holds whole commands): the data becomes the buffer,
             # uncopied; ``_need`` counts from ``_pos`` and stays true

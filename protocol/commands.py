@@ -32,7 +32,7 @@ import json
 import re
 import struct
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from ._input import InputBuffer
 from .errors import (
@@ -168,6 +168,10 @@ _BODY_COMMANDS = frozenset({b"PUB", b"DPUB", b"MPUB", b"IDENTIFY", b"AUTH"})
 _LINE_CACHE_LIMIT = 256
 
 
+#: a parsed line as the parser keeps it (cache, current command): ``(kind, name, params, ...)``
+_Entry: TypeAlias = tuple[Any, ...]
+
+
 class CommandParser(InputBuffer):
     """Bytes in, ``Command``s out: ``receive_data(bytes)``, then ``next_command()`` until None.
 
@@ -208,16 +212,16 @@ class CommandParser(InputBuffer):
         # -1 a newline, 0 nothing known (every arrival is merged at once).
         super().__init__()
         # The body command being read (a line entry) or the failure entry; None between commands.
-        self._cur: tuple | None = None
+        self._cur: _Entry | None = None
         self._stage = 0  # MSG/BODY: 0 size, 1 body; MPUB: 0 body size, 1 count, 2 messages
         self._size = -1  # size of the body being read, -1 before its size field
         self._bodies: list[bytes] = []
         self._count = 0
-        self._cache: dict[bytes, tuple] = {}
+        self._cache: dict[bytes, _Entry] = {}
         # The raw line (with its newline) of the latest PUB/DPUB and its entry for the fast
         # path. Until the first one it holds a genuine valid line, so a match is always right.
         self._last_line = b"PUB _\n"
-        self._last_entry: tuple = (_MSG, b"PUB", (b"_",), "PUB")
+        self._last_entry: _Entry = (_MSG, b"PUB", (b"_",), "PUB")
         self._max_msg_size = max_msg_size
         self._max_body_size = max_body_size
         self._max_req_timeout_ms = max_req_timeout_ms
@@ -277,12 +281,12 @@ class CommandParser(InputBuffer):
                 if 0 < size <= self._max_msg_size:
                     end = start + size
                     if end <= len(buf):
-                        entry = self._last_entry
+                        last_entry = self._last_entry
                         if self.line_check is not None:
                             self._pos = start - 4  # as the general path leaves it if the check refuses
-                            self._run_line_check(entry[1], entry[2])
+                            self._run_line_check(last_entry[1], last_entry[2])
                         self._pos = end
-                        return _new_command(Command, (entry[1], entry[2], buf[start:end]))
+                        return _new_command(Command, (last_entry[1], last_entry[2], buf[start:end]))
         if buf.startswith(b"FIN ", pos) and self._max_line_length > 20:
             # Fast path for a consumer's stream of ``FIN <16-byte id>\n``, for ids of letters and
             # digits (nsqd's are hex; any other id, which might hold a separator, takes the general
@@ -304,7 +308,8 @@ class CommandParser(InputBuffer):
                 return _new_command(Command, (b"FIN", params, msg_ids))
         nl = buf.find(b"\n", pos)
         if nl < 0 or nl - pos >= self._max_line_length:
-            return self._no_line(nl)
+            self._no_line(nl)
+            return None
         line = buf[pos:nl]
         self._pos = pos = nl + 1
         entry = self._cache.get(line)
@@ -561,7 +566,7 @@ def encode_command(name: bytes, *params: bytes, body: bytes | None = None) -> by
     return line + _pack_int(len(body)) + body
 
 
-def encode_identify(obj: dict) -> bytes:
+def encode_identify(obj: dict[str, Any]) -> bytes:
     return encode_command(b"IDENTIFY", body=json.dumps(obj, separators=(",", ":")).encode())
 
 

@@ -75,9 +75,9 @@ class CompressionError(ValueError):
     """The compressed stream is corrupt; the connection carrying it must be closed."""
 
 
-def masked_crc32c(data) -> int:
+def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     """CRC-32C of ``data`` masked as the snappy framing format stores it."""
-    crc = _crc32c(data)
+    crc: int = _crc32c(data)
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -145,7 +145,7 @@ class SnappyDecoder:
         """Bytes of an incomplete chunk held back (a stream cut here ends mid-chunk)."""
         return len(self._buf) - self._pos + self._queued_len
 
-    def decode(self, data: bytes) -> bytes:
+    def decode(self, data: bytes | bytearray) -> bytes:
         if self._error is not None:
             raise self._error
         if data:
@@ -219,7 +219,7 @@ class SnappyDecoder:
         return b"".join(out)
 
     @staticmethod
-    def _check_crc(buf: bytes, pos: int, decoded) -> None:
+    def _check_crc(buf: bytes, pos: int, decoded: bytes | bytearray | memoryview) -> None:
         expected = _unpack_crc(buf, pos + 4)[0]
         if masked_crc32c(decoded) != expected:
             raise CompressionError("snappy chunk checksum mismatch")
@@ -262,7 +262,7 @@ class DeflateDecoder:
     def has_more(self) -> bool:
         return bool(self._tail) and not self.finished
 
-    def decode(self, data: bytes) -> bytes:
+    def decode(self, data: bytes | bytearray) -> bytes:
         if self._error is not None:
             raise self._error
         if self.finished:

@@ -82,7 +82,9 @@ class ProtocolError(Exception):
     def __repr__(self) -> str:
         return f"ProtocolError({self.code!r}, {self.description!r}, fatal={self.fatal!r})"
 
-    def __reduce__(self):  # keep ``fatal`` when pickled (e.g. across Spark workers)
+    def __reduce__(
+        self,
+    ) -> tuple[type[ProtocolError], tuple[str, str, bool]]:  # keep ``fatal`` when pickled (e.g. across Spark workers)
         return (type(self), (self.code, self.description, self.fatal))
 
 

@@ -23,9 +23,10 @@ import json
 import logging
 import re
 import types
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from decimal import Decimal
 from http import HTTPStatus
+from typing import Any, overload
 from urllib.parse import quote, unquote_to_bytes
 
 import httptools
@@ -120,20 +121,20 @@ def _go_float(text: str) -> str:
     return text
 
 
-def _fix_floats(match: re.Match) -> str:
-    token = match.group()
+def _fix_floats(match: re.Match[str]) -> str:
+    token: str = match.group()
     if token[0] == '"' or ("." not in token and "e" not in token and "E" not in token):
         return token
     return _go_float(token)
 
 
-def go_json(obj) -> bytes:
+def go_json(obj: Any) -> bytes:
     """Compact JSON as Go's ``json.Marshal`` writes it: no spaces, UTF-8 kept as is, ``<``, ``>``, ``&``,
     U+2028 and U+2029 escaped, floats in Go's notation, no trailing newline. Key order is the dict's order."""
     return go_json_text(obj).encode("utf-8", "replace")
 
 
-def go_json_text(obj) -> str:
+def go_json_text(obj: Any) -> str:
     """``go_json`` before its encoding to UTF-8 (a part of a larger document built by hand)."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     if _HTML_CHARS.search(text) is not None:
@@ -161,7 +162,7 @@ def text_response(text: str | bytes, status: int = 200, *, nsq_header: bool = Fa
     return Response(status, headers, body)
 
 
-def json_response(obj, status: int = 200) -> Response:
+def json_response(obj: Any, status: int = 200) -> Response:
     return encoded_json_response(go_json(obj), status)
 
 
@@ -241,7 +242,7 @@ class Headers:
 
     __slots__ = ("_items", "_index")
 
-    def __init__(self, items) -> None:
+    def __init__(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         # items: pairs of lower-case name bytes and value bytes, as RequestParser produces them
         self._items = items
         self._index: dict[str, list[str]] | None = None
@@ -254,6 +255,10 @@ class Headers:
                 index.setdefault(key.decode("latin-1"), []).append(value.decode("latin-1"))
         return index.get(name.lower())
 
+    @overload
+    def get(self, name: str, default: str) -> str: ...
+    @overload
+    def get(self, name: str, default: None = None) -> str | None: ...
     def get(self, name: str, default: str | None = None) -> str | None:
         """The first value of ``name``."""
         values = self._lookup(name)
@@ -556,6 +561,7 @@ class Router:
         """Run the matched handler; ``HTTPError`` becomes its error response, any other exception a logged 500."""
         if match.response is not None:
             return match.response
+        assert match.route is not None  # the router answers itself when it matched no route
         try:
             response = await match.route.handler(request, **match.params)
             if not isinstance(response, Response):
@@ -647,7 +653,7 @@ class RequestHead:
     path: str
     raw_query: bytes
     http_version: str
-    headers: list  # (lower-case name, value) byte pairs
+    headers: list[tuple[bytes, bytes]]  # (lower-case name, value) byte pairs
     content_length: int | None
     chunked: bool
     keep_alive: bool
@@ -671,7 +677,9 @@ def _decode_path(raw: bytes) -> str:
 _METHODS: dict[bytes, str] = {}  # llhttp's method names, decoded once each
 
 
-def _make_head(method: bytes, url: bytes, version: str, headers: list, keep_alive: bool) -> RequestHead:
+def _make_head(
+    method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]], keep_alive: bool
+) -> RequestHead:
     """Check what llhttp leaves to its caller (version, target form, Host, transfer coding) and build the head."""
     if version != "1.1" and version != "1.0":
         if version.startswith("1."):
@@ -710,11 +718,11 @@ def _make_head(method: bytes, url: bytes, version: str, headers: list, keep_aliv
     if hosts != 1 and (hosts or version == "1.1"):
         words = "too many Host headers" if hosts else "missing required Host header"
         raise BadRequest(400, words, shown=words)
-    name = _METHODS.get(method)
-    if name is None:
-        name = _METHODS[method] = method.decode("ascii")
+    method_name = _METHODS.get(method)
+    if method_name is None:
+        method_name = _METHODS[method] = method.decode("ascii")
     return RequestHead(
-        name,
+        method_name,
         url.decode("ascii"),
         _decode_path(path_bytes),
         raw_query,
@@ -752,7 +760,7 @@ class RequestParser:
 
     def __init__(self, max_header_bytes: int = 65536) -> None:
         self.max_header_bytes = max_header_bytes
-        self._events: collections.deque = collections.deque()
+        self._events: collections.deque[RequestHead | bytes | _Sentinel] = collections.deque()
         self._error: BadRequest | None = None  # raised once the events before it are out
         self._eof = False
         self._finished = False  # a request that closes the connection is complete: the rest is ignored
@@ -762,7 +770,7 @@ class RequestParser:
         self._head_bytes = 0  # of the current request's head and trailers, as reported by the callbacks
         self._unreported = 0  # of receive_data calls that ended inside a request and reported nothing
         self._url = b""
-        self._headers: list = []  # of the current head, then a list that takes its trailers
+        self._headers: list[tuple[bytes, bytes]] = []  # of the current head, then a list that takes its trailers
         self._parser = httptools.HttpRequestParser(
             types.SimpleNamespace(
                 on_message_begin=self._on_message_begin,
@@ -806,7 +814,7 @@ class RequestParser:
         """True when part of a request is buffered or being read (the header timer should be running)."""
         return self._in_message or bool(self._events)
 
-    def next_event(self):
+    def next_event(self) -> RequestHead | bytes | _Sentinel:
         events = self._events
         if events:
             return events.popleft()

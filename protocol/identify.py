@@ -158,7 +158,7 @@ def _fold_key(key: str) -> str | None:
     return "".join(out)
 
 
-class _Object(list):
+class _Object(list[tuple[str, Any]]):
     """A JSON object as its (key, value) pairs in document order."""
 
 

@@ -16,7 +16,7 @@ import json
 import struct
 from collections.abc import Iterator, Sequence
 from itertools import accumulate, pairwise
-from typing import NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .errors import E_BAD_CHANNEL, E_BAD_PROTOCOL, E_BAD_TOPIC, E_INVALID, ProtocolError
 from .names import encode_name, go_quote, is_ephemeral, is_valid_channel_name, is_valid_topic_name
@@ -128,20 +128,19 @@ def parse_log_request(name: bytes, params: Sequence[bytes]) -> LogRequest:
     if is_ephemeral(topic) or is_ephemeral(channel):
         raise ProtocolError(E_INVALID, f"{verb} ephemeral topic or channel {topic}:{channel} cannot be a log")
     numbers = tuple(_number(verb, field, raw) for field, raw in zip(fields, params[2:], strict=False))
-    numbers += (None,) * (len(fields) - len(numbers))  # the optional fields left out
-    return LogRequest(verb, topic, channel, numbers)
+    return LogRequest(verb, topic, channel, numbers + (None,) * (len(fields) - len(numbers)))  # None: left out
 
 
 # -- JSON answers ----------------------------------------------------------------------------------
 
 
-def encode_offsets(start: int, committed: int, end: int, **extra) -> bytes:
+def encode_offsets(start: int, committed: int, end: int, **extra: object) -> bytes:
     """LOG's, LSEEK's and LCOMMIT's answer: ``{"start": S, "committed": C, "end": E}`` and ``extra`` (LSEEK's
     ``offset``; LOG's takeover notes, lists of objects)."""
     return json.dumps({**extra, "start": start, "committed": committed, "end": end}, separators=(",", ":")).encode()
 
 
-def decode_offsets(data: bytes) -> dict[str, int]:
+def decode_offsets(data: bytes | bytearray) -> dict[str, int]:
     """An offsets answer as a dict (``start``, ``committed``, ``end``, and LSEEK's ``offset``). Anything else
     raises ``ProtocolError(E_BAD_PROTOCOL)``."""
     try:
@@ -158,16 +157,23 @@ def decode_offsets(data: bytes) -> dict[str, int]:
 # -- the range layout ------------------------------------------------------------------------------
 
 
-class Columns:
+#: a column's bytes: ``bytes``, or ``memoryview`` slices of a received range (no copy)
+_B = TypeVar("_B", bytes, memoryview)
+
+
+class Columns(Generic[_B]):
     """A run of messages in the range layout's columns (bytes objects): ``timestamps`` (int64 each), ``ids``
     (16 bytes each), ``lengths`` (uint32 each), ``attempts`` (uint16 each) and the ``bodies`` back to back.
     ``starts`` holds, once asked for, where each body starts in ``bodies`` (``count + 1`` positions)."""
 
     __slots__ = ("count", "timestamps", "ids", "lengths", "attempts", "bodies", "_starts")
+    timestamps: _B
+    ids: _B
+    lengths: _B
+    attempts: _B
+    bodies: _B
 
-    def __init__(
-        self, count: int, timestamps: bytes, ids: bytes, lengths: bytes, attempts: bytes, bodies: bytes
-    ) -> None:
+    def __init__(self, count: int, timestamps: _B, ids: _B, lengths: _B, attempts: _B, bodies: _B) -> None:
         self.count = count
         self.timestamps = timestamps
         self.ids = ids
@@ -179,12 +185,12 @@ class Columns:
     @classmethod
     def from_messages(
         cls, ids: Sequence[bytes], timestamps: Sequence[int], attempts: Sequence[int], bodies: Sequence[bytes]
-    ) -> Columns:
+    ) -> Columns[bytes]:
         """The columns of messages given as parallel sequences (one pack per column)."""
         count = len(ids)
         if any(len(i) != 16 for i in ids):
             raise ValueError("message IDs are 16 bytes")
-        return cls(
+        return Columns(
             count,
             struct.pack(f">{count}q", *timestamps),
             b"".join(ids),
@@ -194,7 +200,7 @@ class Columns:
         )
 
     @classmethod
-    def from_payload(cls, data, count: int) -> Columns:
+    def from_payload(cls, data: _B, count: int) -> Columns[_B]:
         """Columns stored back to back (a log file's chunk, a range frame after its header); ``data`` holds
         exactly ``count`` messages. Raises ValueError when the lengths do not add up to the bodies."""
         p = 8 * count
@@ -203,7 +209,7 @@ class Columns:
         s = r + 2 * count
         if len(data) < s:
             raise ValueError(f"{len(data)} bytes cannot hold the columns of {count} messages")
-        columns = cls(count, data[:p], data[p:q], data[q:r], data[r:s], data[s:])
+        columns = Columns(count, data[:p], data[p:q], data[q:r], data[r:s], data[s:])
         if columns.body_starts()[-1] != len(columns.bodies):
             raise ValueError(
                 f"body lengths add up to {columns.body_starts()[-1]}, {len(columns.bodies)} bytes of bodies follow"
@@ -236,7 +242,7 @@ class Columns:
                 hi = mid - 1
         return lo
 
-    def slice(self, i: int, j: int) -> Columns:
+    def slice(self, i: int, j: int) -> Columns[_B]:
         if i == 0 and j == self.count:
             return self
         starts = self.body_starts()
@@ -252,16 +258,16 @@ class Columns:
     def timestamp_list(self) -> tuple[int, ...]:
         return struct.unpack(f">{self.count}q", self.timestamps)
 
-    def id_list(self) -> list[bytes]:
+    def id_list(self) -> list[_B]:
         ids = self.ids
         return [ids[k : k + 16] for k in range(0, 16 * self.count, 16)]
 
-    def payload(self) -> list[bytes]:
+    def payload(self) -> list[_B]:
         """The columns back to back, as pieces for one write or join."""
         return [self.timestamps, self.ids, self.lengths, self.attempts, self.bodies]
 
     @staticmethod
-    def join_payload(runs: Sequence[Columns]) -> list[bytes]:
+    def join_payload(runs: Sequence[Columns[Any]]) -> list[bytes]:
         """The payload of several runs as one run (column by column), as pieces."""
         return [
             b"".join(r.timestamps for r in runs),
@@ -272,7 +278,7 @@ class Columns:
         ]
 
 
-def encode_range(first: int, end: int, runs: Sequence[Columns]) -> bytes:
+def encode_range(first: int, end: int, runs: Sequence[Columns[Any]]) -> bytes:
     """LREAD's answer (a response frame's data) holding ``runs`` one after the other from offset ``first``;
     ``end`` is the log's end offset."""
     count = sum(r.count for r in runs)
@@ -288,7 +294,7 @@ class LogRange(NamedTuple):
 
     first: int
     end: int
-    count: int
+    count: int  # type: ignore[assignment]  # the range's message count; shadows tuple.count, unused here
     timestamps: memoryview
     ids: memoryview
     lengths: memoryview
@@ -317,7 +323,7 @@ class LogRange(NamedTuple):
         )
 
 
-def decode_range(data) -> LogRange:
+def decode_range(data: bytes | bytearray | memoryview) -> LogRange:
     """An LREAD answer's data (``bytes``, ``bytearray`` or ``memoryview``) into its columns. Anything that is not
     exactly one range in the layout (wrong magic, cut short, trailing bytes, lengths that do not add up) raises
     ``ProtocolError(E_BAD_PROTOCOL)``."""

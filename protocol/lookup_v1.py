@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from .errors import E_BAD_BODY, E_BAD_CHANNEL, E_BAD_PROTOCOL, E_BAD_TOPIC, E_INVALID, LineTooLong, ProtocolError
 from .http import go_json
@@ -134,6 +134,9 @@ class Unregister:
 
 
 # -- IDENTIFY body ---------------------------------------------------------------------------------------------
+#: what ``ServerProtocol.next_event`` returns
+Event: TypeAlias = Ping | Identify | Register | Unregister | _Sentinel
+
 _STRING_FIELDS = ("remote_address", "hostname", "broadcast_address", "version")
 _INT_FIELDS = ("tcp_port", "http_port")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -246,7 +249,7 @@ class ServerProtocol:
         """True until the 4-byte magic has been received."""
         return self._state == _MAGIC
 
-    def next_event(self):
+    def next_event(self) -> Event:
         if self._error is not None:
             raise self._error
         try:
@@ -256,7 +259,7 @@ class ServerProtocol:
             self._error = exc
             raise
 
-    def _next(self):
+    def _next(self) -> Event:
         buf = self._buf
         state = self._state
         if state == _MAGIC:
@@ -444,7 +447,7 @@ def parse_lookupd_info(data: bytes) -> LookupdInfo:
         raise ValueError("not a JSON object")
     folded = {_fold(key): item for key, item in value.items()}
 
-    def get(name: str, kind: type, default):
+    def get(name: str, kind: type, default: Any) -> Any:
         item = folded.get(name)
         if item is None:
             return default

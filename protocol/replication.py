@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Self, TypeAlias
 
 from ._input import InputBuffer
 from .errors import E_BAD_CHANNEL, E_BAD_PROTOCOL, E_BAD_TOPIC, ProtocolError
@@ -191,11 +193,13 @@ class Messages:
     @classmethod
     def _decoded(
         cls, seq: int, topic: str, channel: str, ids: tuple[bytes, ...], body_bytes: int, payload: bytes, columns: int
-    ) -> Messages:
+    ) -> Self:
         event = cls.__new__(cls)
         event.seq, event.topic, event.channel, event.ids, event.body_bytes = seq, topic, channel, ids, body_bytes
         event._messages, event._payload, event._columns = None, payload, columns
         return event
+
+    _messages: tuple[ReplicatedMessage, ...] | None
 
     @property
     def messages(self) -> tuple[ReplicatedMessage, ...]:
@@ -207,7 +211,7 @@ class Messages:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if type(other) is not Messages:
             return NotImplemented
         return (self.seq, self.topic, self.channel, self.messages) == (
@@ -229,7 +233,7 @@ class Restore(Messages):
 
     __slots__ = ()
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if type(other) is not Restore:
             return NotImplemented
         return (self.topic, self.channel, self.messages) == (other.topic, other.channel, other.messages)
@@ -315,6 +319,30 @@ class Error:
     text: str
 
 
+#: every event of the protocol (``Restore`` is a ``Messages``)
+Event: TypeAlias = (
+    Hello
+    | Welcome
+    | Confirm
+    | Confirmed
+    | Messages
+    | Finished
+    | Requeued
+    | ChannelOp
+    | Synced
+    | Restored
+    | Heartbeat
+    | Ack
+    | Ping
+    | Pong
+    | Adopted
+    | Error
+)
+#: a message as ``encode_messages`` takes it: ``(id, timestamp, attempts, due_ns, body)``
+MessageRow: TypeAlias = tuple[bytes, int, int, int, bytes]
+Decoder: TypeAlias = Callable[[bytes], Event]
+
+
 # -- encoding ----------------------------------------------------------------------------------------------------
 def _frame(frame_type: int, payload: bytes) -> bytes:
     return _HEAD.pack(len(payload) + 1, frame_type) + payload
@@ -325,7 +353,7 @@ def _name(name: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def encode_messages(seq: int, topic: str, messages, channel: str = "") -> bytes:
+def encode_messages(seq: int, topic: str, messages: Sequence[MessageRow], channel: str = "") -> bytes:
     """A MESSAGES frame from ``(id, timestamp, attempts, due_ns, body)`` tuples: the columns are built by one
     ``zip`` and one ``pack`` each (adopted messages, a backfill)."""
     count = len(messages)
@@ -364,7 +392,7 @@ def encode_published(
     )
 
 
-def _pack_column(code: str, values) -> bytes:
+def _pack_column(code: str, values: Sequence[int]) -> bytes:
     return struct.pack(f">{len(values)}{code}", *values)
 
 
@@ -382,7 +410,15 @@ def _cached_name(name: str) -> bytes:
 
 
 def _messages_frame(
-    seq: int, topic: str, channel: str, count: int, ids: bytes, timestamps: bytes, attempts: bytes, dues: bytes, bodies
+    seq: int,
+    topic: str,
+    channel: str,
+    count: int,
+    ids: bytes,
+    timestamps: bytes,
+    attempts: bytes,
+    dues: bytes,
+    bodies: Sequence[bytes],
 ) -> bytes:
     lengths = struct.pack(f">{count}I", *map(len, bodies))
     data = b"".join(bodies)
@@ -438,22 +474,21 @@ def _read_columns(payload: bytes, pos: int, ids: tuple[bytes, ...]) -> tuple[Rep
     return tuple(map(ReplicatedMessage, ids, timestamps, attempts, dues, bodies))
 
 
-def _encode_json(frame_type: int, event) -> bytes:
+def _encode_json(frame_type: int, event: Hello | Welcome | Confirm | Confirmed) -> bytes:
     fields = {name: getattr(event, name) for name in event.__slots__}
     return _frame(frame_type, json.dumps(fields, separators=(",", ":")).encode())
 
 
-def encode(event) -> bytes:
+def encode(event: Event) -> bytes:
     """The frame of one event."""
-    kind = type(event)
-    if kind is Messages:
+    if type(event) is Messages:
         return encode_messages(
             event.seq,
             event.topic,
             [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages],
             event.channel,
         )
-    if kind is Finished:
+    if type(event) is Finished:
         return _frame(
             T_FINISHED,
             _U64.pack(event.seq)
@@ -462,7 +497,7 @@ def encode(event) -> bytes:
             + _U32.pack(len(event.ids))
             + b"".join(event.ids),
         )
-    if kind is Requeued:
+    if type(event) is Requeued:
         return _frame(
             T_REQUEUED,
             _U64.pack(event.seq)
@@ -471,38 +506,38 @@ def encode(event) -> bytes:
             + _U32.pack(len(event.entries))
             + b"".join(_REQUEUED_ROW.pack(*row) for row in event.entries),
         )
-    if kind is ChannelOp:
+    if type(event) is ChannelOp:
         return _frame(T_CHANNEL, _U64.pack(event.seq) + _name(event.topic) + _name(event.channel) + bytes((event.op,)))
-    if kind is Ack:
+    if type(event) is Ack:
         return _frame(T_ACK, _U64.pack(event.seq))
-    if kind is Synced:
+    if type(event) is Synced:
         damaged = b""
         if event.damaged:
             damaged = _U32.pack(len(event.damaged)) + b"".join(_name(t) + _name(c) for t, c in event.damaged)
         return _frame(T_SYNCED, _U64.pack(event.seq) + damaged)
-    if kind is Restored:
+    if type(event) is Restored:
         return _frame(T_RESTORED, _U64.pack(event.seq))
-    if kind is Restore:
+    if type(event) is Restore:
         return encode_restore(
             event.topic, event.channel, [(m.id, m.timestamp, m.attempts, m.due_ns, m.body) for m in event.messages]
         )
-    if kind is Heartbeat:
+    if type(event) is Heartbeat:
         return _frame(T_HEARTBEAT, b"")
-    if kind is Ping:
+    if type(event) is Ping:
         return _frame(T_PING, _U64.pack(event.clock))
-    if kind is Pong:
+    if type(event) is Pong:
         return _frame(T_PONG, _U64.pack(event.clock))
-    if kind is Hello:
+    if type(event) is Hello:
         return _encode_json(T_HELLO, event)
-    if kind is Welcome:
+    if type(event) is Welcome:
         return _encode_json(T_WELCOME, event)
-    if kind is Confirm:
+    if type(event) is Confirm:
         return _encode_json(T_CONFIRM, event)
-    if kind is Confirmed:
+    if type(event) is Confirmed:
         return _encode_json(T_CONFIRMED, event)
-    if kind is Adopted:
+    if type(event) is Adopted:
         return _frame(T_ADOPTED, _U32.pack(len(event.ids)) + b"".join(event.ids))
-    if kind is Error:
+    if type(event) is Error:
         return _frame(T_ERROR, _name(event.code) + event.text.encode("utf-8", "replace"))
     raise TypeError(f"not a replication event: {event!r}")
 
@@ -510,7 +545,7 @@ def encode(event) -> bytes:
 HEARTBEAT_FRAME = encode(Heartbeat())
 
 
-def encode_restore(topic: str, channel: str, rows) -> bytes:
+def encode_restore(topic: str, channel: str, rows: Sequence[MessageRow]) -> bytes:
     """The RESTORE frame of ``rows``, ``(id, timestamp, attempts, due_ns, body)``: a channel's MESSAGES frame
     (seq 0) under its own type."""
     frame = encode_messages(0, topic, rows, channel)
@@ -552,7 +587,7 @@ class _Reader:
     def _short(self) -> ProtocolError:
         return ProtocolError(E_BAD_PROTOCOL, f"{self.what} frame cut short")
 
-    def unpack(self, layout: struct.Struct) -> tuple:
+    def unpack(self, layout: struct.Struct) -> tuple[Any, ...]:
         end = self.pos + layout.size
         if end > len(self.data):
             raise self._short()
@@ -588,7 +623,7 @@ class _Reader:
             raise ProtocolError(E_BAD_PROTOCOL, f"{self.what} frame has {len(self.data) - self.pos} extra byte(s)")
 
 
-def _json_object(payload: bytes, what: str) -> dict:
+def _json_object(payload: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(payload)
     except (UnicodeDecodeError, ValueError):
@@ -598,7 +633,7 @@ def _json_object(payload: bytes, what: str) -> dict:
     return value
 
 
-def _field(obj: dict, name: str, kind: type, default, what: str):
+def _field(obj: dict[str, Any], name: str, kind: type, default: object, what: str) -> Any:
     value = obj.get(name, default)
     if kind is int and (type(value) is not int or value < 0):
         raise ProtocolError(E_BAD_HELLO, f"{what} field {name!r} must be a non-negative integer")
@@ -609,7 +644,7 @@ def _field(obj: dict, name: str, kind: type, default, what: str):
     return value
 
 
-def _decode_hello(payload: bytes):
+def _decode_hello(payload: bytes) -> Hello:
     obj = _json_object(payload, "HELLO")
     node = _field(obj, "node", str, "", "HELLO")
     host, _, port = node.rpartition(":")
@@ -627,17 +662,17 @@ def _decode_hello(payload: bytes):
     )
 
 
-def _decode_identity(event_type):
+def _decode_identity(event_type: type[Confirm | Confirmed]) -> Decoder:
     what = event_type.__name__.upper()
 
-    def decode(payload: bytes):
+    def decode(payload: bytes) -> Confirm | Confirmed:
         obj = _json_object(payload, what)
         return event_type(node=_field(obj, "node", str, "", what), session=_field(obj, "session", str, "", what))
 
     return decode
 
 
-def _decode_welcome(payload: bytes):
+def _decode_welcome(payload: bytes) -> Welcome:
     obj = _json_object(payload, "WELCOME")
     return Welcome(
         node=_field(obj, "node", str, "", "WELCOME"),
@@ -650,7 +685,7 @@ def _decode_welcome(payload: bytes):
     )
 
 
-def _decode_messages(payload: bytes):
+def _decode_messages(payload: bytes) -> Messages:
     reader = _Reader(payload, "MESSAGES")
     seq = reader.unpack(_U64)[0]
     topic = reader.name(E_BAD_TOPIC, "topic")
@@ -671,7 +706,7 @@ def _decode_messages(payload: bytes):
     )
 
 
-def _decode_synced(payload: bytes):
+def _decode_synced(payload: bytes) -> Synced:
     reader = _Reader(payload, "SYNCED")
     seq = reader.unpack(_U64)[0]
     if reader.pos == len(payload):
@@ -684,14 +719,14 @@ def _decode_synced(payload: bytes):
     return Synced(seq, tuple(damaged))
 
 
-def _decode_restore(payload: bytes):
+def _decode_restore(payload: bytes) -> Restore:
     event = _decode_messages(payload)
     if not event.channel:
         raise ProtocolError(E_BAD_PROTOCOL, "RESTORE frame without a channel")
     return Restore._decoded(0, event.topic, event.channel, event.ids, event.body_bytes, payload, event._columns)
 
 
-def _decode_message_rows(payload: bytes):
+def _decode_message_rows(payload: bytes) -> Messages:
     reader = _Reader(payload, "MESSAGES")
     seq = reader.unpack(_U64)[0]
     topic = reader.name(E_BAD_TOPIC, "topic")
@@ -712,7 +747,7 @@ def _channel_frame_head(payload: bytes, what: str) -> tuple[_Reader, int, str, s
     return reader, seq, topic, channel, reader.unpack(_U32)[0]
 
 
-def _decode_finished(payload: bytes):
+def _decode_finished(payload: bytes) -> Finished:
     reader, seq, topic, channel, count = _channel_frame_head(payload, "FINISHED")
     start = reader.pos
     reader.take(count * _ID_LENGTH)
@@ -720,7 +755,7 @@ def _decode_finished(payload: bytes):
     return Finished(seq, topic, channel, split_ids(payload, start, count))
 
 
-def _decode_requeued(payload: bytes):
+def _decode_requeued(payload: bytes) -> Requeued:
     reader, seq, topic, channel, count = _channel_frame_head(payload, "REQUEUED")
     rows = reader.take(count * _REQUEUED_ROW.size)
     reader.end()
@@ -741,14 +776,14 @@ def split_ids(data: bytes, pos: int, count: int) -> tuple[bytes, ...]:
     return layout.unpack_from(data, pos)
 
 
-def _decode_adopted(payload: bytes):
+def _decode_adopted(payload: bytes) -> Adopted:
     reader = _Reader(payload, "ADOPTED")
     raw = reader.take(reader.unpack(_U32)[0] * _ID_LENGTH)
     reader.end()
     return Adopted(tuple(raw[i : i + _ID_LENGTH] for i in range(0, len(raw), _ID_LENGTH)))
 
 
-def _decode_channel(payload: bytes):
+def _decode_channel(payload: bytes) -> ChannelOp:
     reader = _Reader(payload, "CHANNEL")
     seq = reader.unpack(_U64)[0]
     topic = reader.name(E_BAD_TOPIC, "topic")
@@ -760,8 +795,8 @@ def _decode_channel(payload: bytes):
     return ChannelOp(seq, topic, channel, op)
 
 
-def _decode_seq(event_type):
-    def decode(payload: bytes):
+def _decode_seq(event_type: type[Ack | Ping | Pong | Restored]) -> Decoder:
+    def decode(payload: bytes) -> Ack | Ping | Pong | Restored:
         reader = _Reader(payload, event_type.__name__.upper())
         seq = reader.unpack(_U64)[0]
         reader.end()
@@ -770,19 +805,19 @@ def _decode_seq(event_type):
     return decode
 
 
-def _decode_heartbeat(payload: bytes):
+def _decode_heartbeat(payload: bytes) -> Heartbeat:
     if payload:
         raise ProtocolError(E_BAD_PROTOCOL, "HEARTBEAT frame with a payload")
     return Heartbeat()
 
 
-def _decode_error(payload: bytes):
+def _decode_error(payload: bytes) -> Error:
     reader = _Reader(payload, "ERROR")
     code = reader.take(reader.unpack(_U16)[0]).decode("utf-8", "replace")
     return Error(code, payload[reader.pos :].decode("utf-8", "replace"))
 
 
-_DECODERS = {
+_DECODERS: dict[int, Decoder] = {
     T_HELLO: _decode_hello,
     T_MESSAGES: _decode_messages,
     T_MESSAGES_ROWS: _decode_message_rows,
@@ -821,7 +856,7 @@ class ReplicationDecoder(InputBuffer):
         self.last_frame = b""
         self.version = version
 
-    def next_event(self):
+    def next_event(self) -> Event | None:
         buf = self._buf
         pos = self._pos
         if len(buf) - pos < 5:
@@ -842,9 +877,9 @@ class ReplicationDecoder(InputBuffer):
         self._pos = end
         self._need = 0
         event = decode(buf[pos + 5 : end])
-        if frame_type == T_SYNCED and event.damaged and self.version < 2:
+        if type(event) is Synced and event.damaged and self.version < 2:
             raise ProtocolError(E_BAD_PROTOCOL, f"SYNCED frame naming damaged queues (protocol version {self.version})")
-        if frame_type == T_CHANNEL and OP_VERSIONS.get(event.op, 1) > self.version:
+        if type(event) is ChannelOp and OP_VERSIONS.get(event.op, 1) > self.version:
             raise ProtocolError(
                 E_BAD_PROTOCOL, f"CHANNEL frame with unknown op {event.op} (protocol version {self.version})"
             )

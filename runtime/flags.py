@@ -46,9 +46,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from decimal import Decimal
-from typing import Any, ClassVar, NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Self, TextIO, TypeVar
 
 from protocol.version import version_string
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from .logfmt import log_level_word, parse_log_level
 
@@ -299,7 +302,8 @@ def go_format_float(value: float) -> str:
     if value == 0:
         return "-0" if math.copysign(1.0, value) < 0 else "0"
     sign = "-" if value < 0 else ""
-    _, digit_tuple, exponent = Decimal(repr(abs(value))).as_tuple()
+    _, digit_tuple, exponent_field = Decimal(repr(abs(value))).as_tuple()
+    exponent = int(exponent_field)  # a finite value's (infinities and NaN are answered above)
     digits = "".join(map(str, digit_tuple)).rstrip("0")
     exponent += len("".join(map(str, digit_tuple))) - len(digits)
     point = len(digits) + int(exponent)  # digits[:point] are before the decimal point
@@ -871,7 +875,7 @@ def load_config(path: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # a daemon's options: its flag table, command line and config file, startup checks, GET /config
 
-_Options = TypeVar("_Options")
+_Options = TypeVar("_Options", bound="DataclassInstance")
 
 
 class OptionsError(FlagError, ValueError):
@@ -886,7 +890,7 @@ class OptionsError(FlagError, ValueError):
 #: the metadata key under which ``setting`` keeps a field's flag
 _FLAG_METADATA = "nsq_flag"
 #: a field's flag kind, from its type, unless ``setting`` names another
-_KINDS_BY_TYPE = {
+_KINDS_BY_TYPE: dict[Any, str] = {
     "str": "str",
     "int": "int",
     "bool": "bool",
@@ -942,7 +946,7 @@ class DaemonOptions:
         return flagset_from_options(cls.program, cls, defaults if defaults is not None else cls())
 
     @classmethod
-    def from_argv(cls, argv: list[str], *, exit_on_error: bool = True):
+    def from_argv(cls, argv: list[str], *, exit_on_error: bool = True) -> Self:
         """The options from a command line (without the program name) and its ``--config`` file (``read_options``:
         with ``exit_on_error`` usage errors exit 2, ``-h`` and ``--version`` exit 0, config-file errors exit 1 with
         a FATAL line; otherwise ``FlagError`` is raised)."""

@@ -40,7 +40,7 @@ async def fetch(
     url: str,
     *,
     body: bytes = b"",
-    headers: list[tuple[str, str]] | tuple = (),
+    headers: list[tuple[str, str]] | tuple[tuple[str, str], ...] = (),
     ssl_context: ssl.SSLContext | None = None,
     connect_timeout: float,
     request_timeout: float,
@@ -108,10 +108,10 @@ async def _exchange(stream: trio.abc.Stream, request: h11.Request, body: bytes, 
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            data = await stream.receive_some(65536)
-            if not data and not status:
+            received = await stream.receive_some(65536)
+            if not received and not status:
                 raise ValueError("EOF")  # closed before answering, in Go's word
-            conn.receive_data(data)
+            conn.receive_data(bytes(received))  # h11 takes bytes (no copy of a bytes object)
         elif isinstance(event, h11.Response):
             status = event.status_code
             headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in event.headers}

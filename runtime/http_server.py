@@ -257,6 +257,7 @@ class _Connection:
             self.remote = "@"
         self.parser = RequestParser(server.max_header_bytes)
         # a plain socket is read and written directly (see the module notes); TLS goes through the stream
+        self.socket: trio.socket.SocketType | None
         if type(stream) is trio.SocketStream and _DIRECT_IO:
             self.socket = stream.socket
             self.fd = stream.socket.fileno()
@@ -271,7 +272,7 @@ class _Connection:
         if fd < 0 or self.pipelining:
             return await self.stream.receive_some(RECEIVE_SIZE)
         while True:
-            await trio.lowlevel.wait_readable(self.socket)
+            await trio.lowlevel.wait_readable(fd)
             try:
                 return os.read(fd, RECEIVE_SIZE)
             except BlockingIOError:  # a spurious wake-up
@@ -411,7 +412,7 @@ class _Connection:
                         await self._flush()
                     parser.receive_data(await self._receive())
                     continue
-                size += len(item)
+                size += len(item)  # type: ignore[arg-type]  # a piece of the body: the sentinels are taken above
                 if size > limit:
                     response = match.response
                     if response is None:
@@ -419,7 +420,7 @@ class _Connection:
                     self._respond_now(response, head, match)
                     return True
                 parts.append(item)
-            body = (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)) if parts else b""
+            body = (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)) if parts else b""  # type: ignore[arg-type]
 
             request = Request(
                 head.method,

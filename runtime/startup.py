@@ -133,7 +133,7 @@ class ListenError(OSError):
 
 def _os_reason(exc: BaseException) -> str:
     """An OS error's reason as Go words it (lower case); Python's own refusals of a socket path are Go's EINVAL."""
-    reason = exc.strerror if isinstance(exc, OSError) and exc.errno else "invalid argument"
+    reason = (exc.strerror if isinstance(exc, OSError) and exc.errno else None) or "invalid argument"
     return reason[:1].lower() + reason[1:]
 
 
@@ -247,7 +247,7 @@ def run_daemon(
     name: str,
     parse_options: Callable[[list[str]], Any],
     validate: Callable[[Any], None],
-    serve: Callable[[Any], Awaitable[None]],
+    serve: Callable[..., Awaitable[None]],  # serve(opts), or serve(opts, prebound) with ``prebind``
     refusals: tuple[type[BaseException], ...] = (OSError,),
     invalid_text: Callable[[ValueError], str] = str,
     refusal_text: Callable[[BaseException], str] = str,
@@ -283,7 +283,7 @@ def run_daemon(
         import trio  # noqa: PLC0415 (imported here, after the listeners exist: see above)
 
         flusher = log_flusher(log)  # the loop's INFO lines written once per turn (logfmt's notes)
-        instruments = [flusher] if flusher is not None else []
+        instruments: list[Any] = [flusher] if flusher is not None else []  # trio takes the hooks' duck type
         if prebind is None:
             trio.run(serve, opts, instruments=instruments)
         else:

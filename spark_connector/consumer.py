@@ -215,12 +215,13 @@ class NsqdConsumer:
                 raw = b""  # frames that came with the handshake's last answer: parse them first
                 handshake_rest = False
             else:
-                raw = conn.read_available(_POLL_SECONDS, _COALESCE_BYTES)
-                if raw is None:  # idle
+                received = conn.read_available(_POLL_SECONDS, _COALESCE_BYTES)
+                if received is None:  # idle
                     if stop_by is not None:
                         return  # drained
                     self._housekeeping(conn)
                     continue
+                raw = received
             if rest:
                 # Only join once the incomplete frame can be completed (a large body arriving in
                 # many reads is copied a bounded number of times).

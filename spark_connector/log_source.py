@@ -59,6 +59,7 @@ import logging
 import struct
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
@@ -340,7 +341,7 @@ class LogPlanner:
             elif how == START_COMMITTED:
                 offsets[address] = node_info["committed"]
             else:
-                offsets[address] = self._checked_start(address, how, node_info)
+                offsets[address] = self._checked_start(address, int(how), node_info)  # an offset: words are above
         for address in named:
             if address not in info:
                 log.warning("nsq source: startingOffsets names nsqd %s, which this query does not read", address)
@@ -533,7 +534,9 @@ def read_partition(options: SourceOptions, partition: LogPartition) -> Iterator:
 _ADOPTION_CHECK = 2.0
 
 
-def _read_or_adopted(node: LogNode, partition: LogPartition, position: int, options: SourceOptions) -> bytes | None:
+def _read_or_adopted(
+    node: LogNode, partition: LogPartition, position: int, options: SourceOptions
+) -> bytes | bytearray | None:
     """``LREAD`` from ``position``, dialling again for ``readRetryMs``; between the tries, the
     query's other nsqd are asked (LOG) whether one adopted this nsqd's messages: None then (the
     range is given up to that replica, logged). Raises what the last try raised."""
@@ -574,7 +577,7 @@ def _adopter(partition: LogPartition, options: SourceOptions) -> str | None:
     return TakeoverNotes.adopter(partition.nsqd, infos)
 
 
-def range_batch(data: bytes, nsqd: str, topic: str, channel: str) -> tuple[int, int, object]:
+def range_batch(data: bytes | bytearray, nsqd: str, topic: str, channel: str) -> tuple[int, int, Any]:
     """An LREAD answer (the range layout of ``protocol.log``) as ``(first, count, RecordBatch)`` in
     the source's schema. numpy reads each column out of the frame in one call: the bodies' data
     buffer is the frame's own, their offsets one cumulative sum; IDs are a string column whose data

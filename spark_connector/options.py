@@ -68,6 +68,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import overload
 
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 
@@ -115,6 +116,10 @@ class _Parser:
         value = self.opts.get(name.lower())
         return None if value is None else str(value).strip()
 
+    @overload
+    def integer(self, name: str, default: int, minimum: int) -> int: ...
+    @overload
+    def integer(self, name: str, default: None, minimum: int) -> int | None: ...
     def integer(self, name: str, default: int | None, minimum: int) -> int | None:
         value = self.text(name)
         if value is None or value == "":

@@ -37,7 +37,7 @@ def split(ranges: list[tuple[str, int, int]], min_partitions: int | None) -> lis
     if not min_partitions or len(ranges) >= min_partitions or total == 0:
         return ranges
     piece = -(-total // min_partitions)
-    out = []
+    out: list[tuple[str, int, int]] = []
     for key, lo, hi in ranges:
         count = -(-(hi - lo) // piece)
         step = -(-(hi - lo) // count)

@@ -49,6 +49,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, ByteType, IntegerType, LongType, ShortType, StringType, StructType
@@ -167,8 +168,10 @@ class _PartitionWriter:
         topic_name = self.columns.get("topic")
         defer_name = self.columns.get("deferMs")
         if topic_name is None and defer_name is None:
-            self._check_topic(self.options.topic, base)
-            self._mpub(self.options.topic, body, base, None)
+            topic = self.options.topic
+            assert topic is not None  # options require a topic without a topic column
+            self._check_topic(topic, base)
+            self._mpub(topic, body, base, None)
             return
         n = batch.num_rows
         immediate = None
@@ -186,7 +189,7 @@ class _PartitionWriter:
                 defer_name = None
         if topic_name is None:
             topics = None
-            groups = [self.options.topic]
+            groups: list[Any] = [self.options.topic]  # set: options require a topic without a topic column
         else:
             topics = batch.column(topic_name)
             if self.options.topic is not None:
@@ -217,7 +220,7 @@ class _PartitionWriter:
             raise self.bad(row, f"topic {topic!r} is not a valid NSQ topic name")
         self._valid_topics.add(topic)
 
-    def _check_bodies(self, body, base: int, indices) -> object:
+    def _check_bodies(self, body, base: int, indices) -> Any:
         """The bodies' lengths (int32 or int64); raises for the first null, empty or too large."""
         import pyarrow.compute as pc
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import itertools
 import json
 import logging
@@ -225,7 +226,7 @@ class MessageLog:
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._segments: list[_Segment] = []
-        self._file = None  # the newest segment, open for appending
+        self._file: io.BufferedRandom | None = None  # the newest segment, open for appending
         self._dir_dirty = False
         self.end = 0  # position after the last appended message
         self.synced_end = 0  # position after the last durable message

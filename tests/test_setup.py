@@ -54,6 +54,7 @@ def test_lint_installs_its_pinned_tools_and_runs_each_check(tmp_path):
     checks = [
         "-m ruff check .",
         "-m ruff format --check .",
+        "-m mypy",
         "-Wall -Wextra -Werror",
         "nsqd/_speedups.c",
         "-m compileall",

@@ -9,6 +9,7 @@ Importing the package does not import trio: the trio driver's names are loaded o
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from ._config import Config as Config
 from ._core import AuthResult as AuthResult
@@ -41,7 +42,7 @@ _TRIO_NAMES = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:
     module = _TRIO_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'trionsq' has no attribute {name!r}")

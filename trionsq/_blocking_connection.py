@@ -60,7 +60,7 @@ class HandshakeError(ConnectError):
         super().__init__(message)
         self.features = features
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[HandshakeError], tuple[str, Features]]:
         return (type(self), (str(self), self.features))
 
 
@@ -251,6 +251,7 @@ class BlockingConnection:
         sock = self.sock
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
             return True  # decrypted bytes the kernel knows nothing of
+        assert self._poll is not None  # set with the socket
         return bool(self._poll.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
     # -- writing -------------------------------------------------------------------------------------
@@ -316,7 +317,8 @@ class BlockingConnection:
                 elif event is HEARTBEAT:
                     self.send(NOP)
                 else:
-                    return event
+                    answer: Reply | ErrorReply | Message = event
+                    return answer
         except ConnectionClosed:
             self.close()
             raise

@@ -281,15 +281,14 @@ class Producer:
             except ConnectionClosed as exc:
                 self._lost(exc)
                 return
-            kind = type(event)
-            if kind is Reply:
+            if type(event) is Reply:
                 command = waiting.popleft()
                 assert event.token is command
                 self._messages += command.messages
                 self._per_nsqd[conn.address] = self._per_nsqd.get(conn.address, 0) + command.messages
-            elif kind is ErrorReply and event.token is None and not event.error.fatal:
+            elif type(event) is ErrorReply and event.token is None and not event.error.fatal:
                 logger.warning("nsqd %s: %s", conn.address, event.error)
-            elif kind is ErrorReply and event.token is not None:
+            elif type(event) is ErrorReply and event.token is not None:
                 command = waiting.popleft()
                 assert event.token is command
                 error = event.error

@@ -160,6 +160,13 @@ def _parse_float(text: str) -> float:
         raise ValueError(f"strconv.ParseFloat: parsing {go_quote(text)}: invalid syntax") from None
 
 
+def _shown(value: str | bool) -> str:
+    """A value given to ``Config.set`` as Go's text shows it (a boolean as ``true`` or ``false``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
 def _show(kind: str, value: Any) -> str:
     """A value as go-nsq's ``%v`` prints it in range errors."""
     if kind in (_DURATION, _OPT_DURATION):
@@ -279,7 +286,8 @@ class Config:
 
         Args:
             name: go-nsq's option name (``max_in_flight``, ``read_timeout``...).
-            value: The value as text; ``True`` (a bare name in `set_option_text`) for boolean options only.
+            value: The value as text; ``True`` (a bare name in `set_option_text`) or ``False`` for boolean options
+                only.
 
         Raises:
             ValueError: The name is unknown, or the value does not parse or is out of range, with go-nsq's wording
@@ -293,12 +301,11 @@ class Config:
             raise ValueError(f"invalid option {option}")
         kind, low, high = spec
         if kind == _TLS_VERSION and value not in _TLS_VERSIONS:
-            raise ValueError(f"ERROR: {'true' if value is True else value} is not a tls version")
+            raise ValueError(f"ERROR: {_shown(value)} is not a tls version")
         try:
             parsed = self._coerce(kind, value)
         except ValueError as exc:
-            shown = "true" if value is True else value
-            raise ValueError(f"failed to coerce option {option} ({shown}) - {exc}") from None
+            raise ValueError(f"failed to coerce option {option} ({_shown(value)}) - {exc}") from None
         if parsed is not None and low is not None and parsed < low:
             raise ValueError(f"invalid {option} ! {_show(kind, parsed)} < {_show(kind, low)}")
         if parsed is not None and high is not None and parsed > high:
@@ -322,10 +329,10 @@ class Config:
 
     @staticmethod
     def _coerce(kind: str, value: str | bool) -> Any:
-        if value is True:
+        if isinstance(value, bool):
             if kind != _BOOL:
                 raise ValueError("invalid value type")
-            return True
+            return value
         if kind == _BOOL:
             return parse_go_bool(value)
         if kind == _STR:

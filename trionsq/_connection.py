@@ -382,7 +382,8 @@ class Connection:
         waiter = _Waiter(trio.lowlevel.current_task())
         self.send_nowait(data)
         self._core.expect_reply(waiter)
-        return await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        reply: bytes = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        return reply
 
     # -- message responder (see trionsq._message) -------------------------------------------------
 
@@ -485,7 +486,7 @@ class Connection:
                         data = await stream.receive_some(_RECEIVE_SIZE)  # type: ignore[union-attr]
                     else:
                         if drained:  # park until more comes, rather than try a recv that would fail
-                            await _wait_readable(sock)
+                            await _wait_readable(sock)  # type: ignore[arg-type]  # set when recv is
                         else:  # more is probably there: the tasks the last read woke run first
                             await _checkpoint()
                         try:

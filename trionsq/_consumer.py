@@ -65,6 +65,7 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import trio
@@ -72,7 +73,8 @@ import trio
 from protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ._config import Config
-from ._connection import Connection, split_address
+from ._connection import Connection
+from ._core import split_address
 from ._errors import ConnectionClosed, NSQError
 from ._lookupd import LookupdError, lookup, lookup_url
 from ._message import Message
@@ -320,14 +322,17 @@ class Consumer:
             raise failures[0]
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         assert self._nursery is not None
         if exc_type is None:
             await self.stop()
         self._stopping = True
         self._nursery.cancel_scope.cancel()
         self._closed.set()
-        return await self._nursery_manager.__aexit__(exc_type, exc, tb)
+        suppressed: bool = await self._nursery_manager.__aexit__(exc_type, exc, tb)
+        return suppressed
 
     async def wait_closed(self) -> None:
         """Return once the consumer has stopped."""
@@ -531,7 +536,9 @@ class Consumer:
             if error is not None and failures is not None:
                 failures.append(error)
 
-    async def _run_nsqd(self, address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_nsqd(
+        self, address: str, *, task_status: trio.TaskStatus[BaseException | None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Connect, SUB, serve until the connection ends; listed addresses are redialled, discovered ones are left
         to the next lookupd answer. ``started`` after the first attempt, with its error or None."""
         scope = self._tasks[address] = trio.CancelScope()

@@ -403,16 +403,16 @@ class ClientCore:
 
     # -- input ------------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         """Bytes read from the transport (TLS already removed)."""
         self._frames.receive_data(data if self._decoder is None else self.decompress(data))
 
-    def decompress(self, data: bytes) -> bytes:
+    def decompress(self, data: bytes | bytearray) -> bytes:
         """Transport bytes to stream bytes (identity until compression is on), for a driver that
         parses the stream itself once connected (see ``take_unparsed``)."""
         decoder = self._decoder
         if decoder is None:
-            return data
+            return bytes(data)  # no copy of a bytes object
         try:
             out = decoder.decode(data)
             while decoder.has_more:
@@ -421,7 +421,7 @@ class ClientCore:
             raise ConnectionClosed(f"corrupt compressed stream from nsqd {self.address}: {exc}") from None
         return out
 
-    def receive_events(self, data: bytes) -> list[Any]:
+    def receive_events(self, data: bytes | bytearray) -> list[Any]:
         """Connected: the events of every frame ``data`` (transport bytes) completes, in order, in
         one pass (see the module docstring); an incomplete frame is kept for the next call."""
         if self._decoder is not None:

@@ -167,7 +167,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _producers(url: str, doc: dict) -> list[Peer]:
+def _producers(url: str, doc: dict[str, Any]) -> list[Peer]:
     items = doc.get("producers") or []
     if not isinstance(items, list):
         raise LookupdError(f"GET {url}: producers is not a list")

@@ -141,13 +141,13 @@ class ReadyController(Generic[K]):
         return self._next_redistribute
 
     # --- inputs -----------------------------------------------------------------------------------------------------
-    def add(self, key: K, max_rdy: int, now: float) -> Updates:
+    def add(self, key: K, max_rdy: int, now: float) -> Updates[K]:
         """A subscribed connection whose nsqd allows ``max_rdy``; it starts at RDY 0."""
         assert key not in self._conns, key
         self._conns[key] = _Conn(max_rdy=max(0, max_rdy), last_message_at=now, last_rdy_at=now)
         if self._stopped or self.backoff_level or self.backing_off:
             return []
-        updates: Updates = []
+        updates: Updates[K] = []
         share = self.per_connection()
         for other in self._conns:  # lower the others first so the newcomer's share fits under max_in_flight
             if other != key:
@@ -155,7 +155,7 @@ class ReadyController(Generic[K]):
         self._set(key, share, now, updates)
         return updates
 
-    def remove(self, key: K, now: float) -> Updates:
+    def remove(self, key: K, now: float) -> Updates[K]:
         """A connection that closed: its RDY is free again."""
         conn = self._conns.pop(key)
         self._total -= conn.rdy
@@ -165,7 +165,7 @@ class ReadyController(Generic[K]):
             if conn.rdy:
                 self._redistribute = True
             return []
-        updates: Updates = []
+        updates: Updates[K] = []
         share = self.per_connection()
         for other in self._conns:
             self._set(other, share, now, updates)
@@ -176,14 +176,14 @@ class ReadyController(Generic[K]):
         if conn is not None:
             conn.last_message_at = now
 
-    def succeeded(self, now: float) -> Updates:
+    def succeeded(self, now: float) -> Updates[K]:
         """A message FIN'd: one backoff level less."""
         if self._stopped or self.backing_off or self.backoff_level == 0:
             return []
         self.backoff_level -= 1
         return self._after_signal(now, changed=True)
 
-    def failed(self, now: float, *, backoff: bool = True) -> Updates:
+    def failed(self, now: float, *, backoff: bool = True) -> Updates[K]:
         """A message REQ'd: one backoff level more (with ``backoff``), or the current level again."""
         if self._stopped or self.backing_off:
             return []
@@ -193,23 +193,23 @@ class ReadyController(Generic[K]):
             changed = True
         return self._after_signal(now, changed=changed)
 
-    def set_max_in_flight(self, max_in_flight: int, now: float) -> Updates:
+    def set_max_in_flight(self, max_in_flight: int, now: float) -> Updates[K]:
         """A new ``max_in_flight`` (0 pauses); every connection gets its new share unless backing off."""
         if max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0, not {max_in_flight}")
         self.max_in_flight = max_in_flight
         if self._stopped or self.backoff_level or self.backing_off:
             return []
-        updates: Updates = []
+        updates: Updates[K] = []
         share = self.per_connection()
         lower = [key for key, conn in self._conns.items() if conn.rdy > share]
         for key in lower + [key for key in self._conns if key not in lower]:
             self._set(key, share, now, updates)
         return updates
 
-    def tick(self, now: float) -> Updates:
+    def tick(self, now: float) -> Updates[K]:
         """Run the timers that are due: the end of a RDY-0 period, the periodic redistribution."""
-        updates: Updates = []
+        updates: Updates[K] = []
         if self._stopped:
             return updates
         if self._backoff_until is not None and now >= self._backoff_until:
@@ -219,9 +219,9 @@ class ReadyController(Generic[K]):
             self._redistribute_rdy(now, updates)
         return updates
 
-    def stop(self, now: float) -> Updates:
+    def stop(self, now: float) -> Updates[K]:
         """RDY 0 on every connection, and nothing more from here on."""
-        updates: Updates = []
+        updates: Updates[K] = []
         for key in self._conns:
             self._set(key, 0, now, updates)
         self._stopped = True
@@ -232,13 +232,13 @@ class ReadyController(Generic[K]):
     def _duration(self, level: int) -> float:
         """The backoff time of ``level``: exponential, or uniform below it with full jitter (drawn anew at
         each call, as go-nsq's strategy is asked both to decide the level and to time the RDY-0 period)."""
-        duration = self.backoff_multiplier * 2**level
+        duration: float = self.backoff_multiplier * 2**level
         if self.backoff_strategy == "full_jitter":
             return self._rng.random() * duration
         return duration
 
-    def _after_signal(self, now: float, *, changed: bool) -> Updates:
-        updates: Updates = []
+    def _after_signal(self, now: float, *, changed: bool) -> Updates[K]:
+        updates: Updates[K] = []
         if self.backoff_level == 0:
             if changed:  # out of backoff: everyone's full share again
                 share = self.per_connection()
@@ -250,7 +250,7 @@ class ReadyController(Generic[K]):
         self._backoff_until = now + min(self._duration(self.backoff_level), self.max_backoff_duration)
         return updates
 
-    def _resume(self, now: float, updates: Updates) -> None:
+    def _resume(self, now: float, updates: Updates[K]) -> None:
         """The RDY-0 period is over: one connection, picked at random, tries one message."""
         if not self._conns:
             self._backoff_until = now + RESUME_RETRY
@@ -259,7 +259,7 @@ class ReadyController(Generic[K]):
         key = self._rng.choice(list(self._conns))
         self._set(key, 1, now, updates)
 
-    def _redistribute_rdy(self, now: float, updates: Updates) -> None:
+    def _redistribute_rdy(self, now: float, updates: Updates[K]) -> None:
         if self.backing_off or not self._conns:
             return
         if len(self._conns) > self.max_in_flight or (self.backoff_level and len(self._conns) > 1):
@@ -284,7 +284,7 @@ class ReadyController(Generic[K]):
         for key in (waiting + released)[: max(0, available)]:
             self._set(key, 1, now, updates)
 
-    def _set(self, key: K, count: int, now: float, updates: Updates) -> None:
+    def _set(self, key: K, count: int, now: float, updates: Updates[K]) -> None:
         """Give ``key`` RDY ``count``, truncated to its nsqd's max and to what max_in_flight leaves free."""
         conn = self._conns[key]
         count = min(count, conn.max_rdy)

@@ -70,7 +70,7 @@ def remove_stray_temporaries(directory: str) -> list[str]:
     """Delete the temporary files that ``replace_file`` left in ``directory`` when the process was killed
     between creating one and renaming it (only names it makes, for nsqd's own files); returns the names
     removed. Call it only while holding the directory's lock, when nothing else can be writing one."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except FileNotFoundError:

@@ -44,7 +44,7 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Container
+from collections.abc import Container, Sequence
 
 from .atomic_file import replace_file
 
@@ -143,7 +143,7 @@ class DeferredIndex:
         self.log.info("DEFERRED(%s): %d deferred message(s) restored", os.path.basename(self.path), len(pairs))
         return len(pairs)
 
-    def save(self, end_position: tuple[int, int], extra: list[tuple[bytes, int]] = ()) -> None:
+    def save(self, end_position: tuple[int, int], extra: Sequence[tuple[bytes, int]] = ()) -> None:
         """Write every entry (plus ``extra``) with the queue's current write position; no entries, no file."""
         pairs = list(self.due.items())
         pairs.extend(extra)

@@ -625,7 +625,7 @@ class DiskQueue:
                     problem = self._read_records_held(records, max_count, end)
                 else:
                     problem = self._read_records(records, max_count, end)
-                if type(problem) is Damaged:
+                if isinstance(problem, Damaged):
                     self._damaged_record(problem)
                     continue
                 if problem is not None:
@@ -676,7 +676,7 @@ class DiskQueue:
         if self.on_damage is not None:
             self.on_damage(self, count)
 
-    def _read_records_held(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
+    def _read_records_held(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | Damaged | None:
         """``_read_records``, then the start of each new record joins the held window (its ops do not count)."""
         before = len(records)
         pos = self._read_pos
@@ -685,7 +685,7 @@ class DiskQueue:
         self._ops = ops
         key = (self._read_file_num << _POS_BITS) + pos
         append = self._held.append
-        if type(records) is SplitRecords:
+        if isinstance(records, SplitRecords):
             rest, header = records.bodies, 4 + SplitRecords.HEADER.size
         else:
             rest, header = records, 4
@@ -744,7 +744,7 @@ class DiskQueue:
                 self._submit(partial(self._remove_data_file, self.file_name(num)))
             self._oldest_file += 1
 
-    def _read_records(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | None:
+    def _read_records(self, records: list[bytes] | SplitRecords, max_count: int, end: int) -> str | Damaged | None:
         """Parse records from the read file into ``records`` until ``end`` or ``max_count``; returns a
         description of the corruption that stopped it, or None."""
         before = len(records)
@@ -989,6 +989,7 @@ class DiskQueue:
     def _rewrite_suspect(self, fd: int) -> None:
         """Write again what the write file holds from the last good sync on (the whole file if that was in an
         earlier one, whose own fsync ran on the worker when writing moved on)."""
+        assert self._suspect is not None  # set by the failed sync that asks for this
         file_num, pos = self._suspect
         start = pos if file_num == self._write_file_num else 0
         if start >= self._write_pos:

@@ -110,7 +110,7 @@ class SegmentReader:
         else:
             append = records.append
             header_end = 4
-        problem = None
+        problem: str | Damaged | None = None
         while count < max_count and pos < end:
             off = pos - base
             if off + 4 > len(buf):
@@ -154,7 +154,7 @@ class SegmentReader:
         count = len(records)
         split = type(records) is SplitRecords
         header_end = 4 + SplitRecords.HEADER.size if split else 4
-        problem = None
+        problem: str | Damaged | None = None
         index = sums.index
         while count < max_count and pos < end:
             try:

@@ -101,7 +101,7 @@ class QueueSpan:
                     self._missing(path, pos)
                     continue
                 while pos < end:
-                    out = SplitRecords() if split else []
+                    out: SplitRecords | list[bytes] = SplitRecords() if split else []
                     pos, problem = reader.take(out, pos, batch, end, self._low, self._high)
                     if out:
                         yield out

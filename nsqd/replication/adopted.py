@@ -122,15 +122,15 @@ def drop_adopted(nsqd, adopted: set[bytes], peer: str = "", epoch: int = 0) -> t
                 messages.setdefault(message.id, message)
                 if holder is None:
                     holders[message.id] = None
-                elif holders.setdefault(message.id, set()) is not None:
-                    holders[message.id].add(holder)
+                elif (names_held := holders.setdefault(message.id, set())) is not None:
+                    names_held.add(holder)
         drop = messages.keys() & adopted
         if not drop:
             continue
         found += len(drop)
         names = {channel.name for channel in topic.channels.values() if not channel.ephemeral}
         keep = [
-            (message, None if holders[msg_id] is None else names - holders[msg_id], None)
+            (message, None if (held := holders[msg_id]) is None else names - held, None)
             for msg_id, message in messages.items()
             if msg_id not in drop
         ]
@@ -185,7 +185,7 @@ def _backlog(queue, index) -> list[ReplicatedMessage]:
     if queue is None or not queue.has_unread():
         return []
     due = index.due if index is not None else {}
-    out = []
+    out: list[ReplicatedMessage] = []
     for batch in QueueSpan(queue, log=log).records(4096):
         out.extend(
             map(
@@ -203,7 +203,7 @@ def _backlog(queue, index) -> list[ReplicatedMessage]:
 def _log_backlog(channel_log) -> list[ReplicatedMessage]:
     """A log channel's uncommitted messages (emptying the channel commits them: the kept ones go in again, at the
     log's next offsets)."""
-    out = []
+    out: list[ReplicatedMessage] = []
     offset, end = channel_log.committed, channel_log.end
     try:
         while offset < end:

@@ -188,9 +188,9 @@ class HeldIndex:
                 continue
             span = spans[at]
             stop = bisect_right(rest, span.hi, pos)
-            run = span.held_of(rest[pos:stop])
-            if run:
-                out.append((span.token, run))
+            held = span.held_of(rest[pos:stop])
+            if held:
+                out.append((span.token, held))
             pos = stop
         return out
 
@@ -199,7 +199,7 @@ class HeldIndex:
         entry = self._by_token.get(token)
         if entry is None:
             return 0
-        if type(entry) is _Loose:
+        if isinstance(entry, _Loose):
             loose = self._loose
             mine = [msg_id for msg_id in ids if loose.get(msg_id) == token]
             before = len(loose)

@@ -16,7 +16,9 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -343,7 +345,7 @@ class ReplicaHost:
         host = host.strip("[]")
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
-                stream = await trio.open_tcp_stream(host, int(port))
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
                 try:
                     await stream.send_all(MAGIC_R1)
                     if tls:
@@ -404,6 +406,8 @@ class ReplicaHost:
         first_frame = True
         damaged = store.damaged
         backfill = False  # a backfill is running (data frames of seq 0 until SYNCED)
+        # an event is told by its type (``kind``), which mypy does not follow: read as Any, with no cast per frame
+        next_event: Callable[[], Any] = decoder.next_event
         while True:
             events = []
             frames = []  # as received: stored without encoding them again
@@ -411,7 +415,7 @@ class ReplicaHost:
             heartbeat = synced = False
             ping = None
             restore_for = None  # the seq of a SYNCED that named damaged queues of the origin
-            while (event := decoder.next_event()) is not None:
+            while (event := next_event()) is not None:
                 kind = type(event)
                 if kind in _DATA_EVENTS or kind is Synced:
                     if first_frame and (event.seq == 0 or kind is Synced):  # a backfill (maybe empty)

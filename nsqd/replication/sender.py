@@ -27,8 +27,10 @@ import os
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
 import trio
 
@@ -63,6 +65,7 @@ from protocol.replication import (
     encode_published,
 )
 
+from ..poller import ReadPoller
 from ..queues.atomic_file import replace_file
 
 __all__ = [
@@ -234,12 +237,14 @@ class _AckReader:
         """Handle the ACKs and heartbeats the decoder holds; anything else goes to the receive task, and this
         member leaves the poller."""
         peer = self.peer
+        # an event is told by its type (``kind``), which mypy does not follow: read as Any, with no cast per frame
+        next_event: Callable[[], Any] = self.decoder.next_event
         try:
-            while (event := self.decoder.next_event()) is not None:
+            while (event := next_event()) is not None:
                 kind = type(event)
                 if kind is Ack:
                     self.replicator._on_ack(peer, event.seq)
-                elif kind is Pong:
+                elif type(event) is Pong:
                     _on_pong(peer, event)
                 elif kind is Restore or kind is Restored:
                     self.replicator._on_restore(peer, event)
@@ -254,7 +259,9 @@ class _AckReader:
 
     def _pass_on(self) -> None:
         """The receive task takes it from here (it ends the connection)."""
-        self.replicator.poller.discard(self.fd)
+        poller = self.replicator.poller
+        if poller is not None:  # it is: this reader is one of its members
+            poller.discard(self.fd)
         if self.peer.receiving is not None:
             self.peer.receiving.cancel()
 
@@ -309,9 +316,11 @@ class Replicator:
         #: writers waiting for an ACK, by the seq they wait for: (seq, order, event, flush), a min-heap. An ACK wakes
         #: only those it covers (waking every writer at every ACK costs a task switch each, FIN frames' ACKs
         #: included), and calls their ``flush`` first
-        self._waiters: list[tuple[int, int, trio.Event | None, object]] = []  # None: ``call_when_acked``
+        self._waiters: list[
+            tuple[int, int, trio.Event | None, Callable[[], None] | None]
+        ] = []  # None: ``call_when_acked``
         #: the node's ``ReadPoller`` (None: the peers' sockets are read by their receive tasks alone)
-        self.poller = None
+        self.poller: ReadPoller | None = None
         self._waiter_order = 0
         #: () -> ``snapshot.Backfill``: everything this node holds, captured now, sent by its ``send``
         self.snapshot = snapshot
@@ -472,7 +481,10 @@ class Replicator:
     def _flush_fins(self) -> None:
         """FINs and requeues into frames of the outbox (requeues first: a message put back and then finished
         meanwhile ends finished)."""
-        buffers = ((Requeued, self._requeues), (Finished, self._fins))
+        buffers: tuple[tuple[Any, dict[tuple[str, str], list[Any]]], ...] = (
+            (Requeued, self._requeues),
+            (Finished, self._fins),
+        )
         self._requeues, self._fins = {}, {}
         for event, buffer in buffers:
             for (topic, channel), rows in buffer.items():
@@ -510,10 +522,10 @@ class Replicator:
         if everyone:
             self._waiters = []
             for _seq, _order, event, flush in waiters:
-                if event is None:
-                    flush()  # ``call_when_acked``
-                else:
+                if event is not None:
                     event.set()
+                elif flush is not None:  # ``call_when_acked``
+                    flush()
             return
         acked = self.acked
         while waiters and waiters[0][0] <= acked:
@@ -614,7 +626,7 @@ class Replicator:
     async def _session(self, peer: _Peer) -> None:
         try:
             with trio.fail_after(CONNECT_TIMEOUT):  # a timeout may be a slow peer: not taken for unreachable
-                stream = await trio.open_tcp_stream(peer.host, peer.port)
+                stream: trio.abc.Stream = await trio.open_tcp_stream(peer.host, peer.port)
         except OSError as exc:
             peer.unreachable = str(exc) or type(exc).__name__
             raise
@@ -622,9 +634,10 @@ class Replicator:
         async with stream:
             await stream.send_all(MAGIC_R1)
             if self.ssl_context is not None:
-                stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
+                ssl_stream = trio.SSLStream(stream, self.ssl_context, server_hostname=peer.host)
                 with trio.fail_after(CONNECT_TIMEOUT):
-                    await stream.do_handshake()
+                    await ssl_stream.do_handshake()
+                stream = ssl_stream
             decoder = ReplicationDecoder(version=self.version)
             await stream.send_all(
                 encode(
@@ -700,9 +713,10 @@ class Replicator:
                     log.info("REPLICATION: peer %s backfill sent: %d message(s)", peer.address, backfill.count)
                 await stream.send_all(encode(Synced(peer.synced, self._declare(peer))))
             reader = None
-            if self.poller is not None and type(stream) is trio.SocketStream:
+            poller = self.poller
+            if poller is not None and type(stream) is trio.SocketStream:
                 reader = _AckReader(self, peer, decoder, stream.socket.fileno())
-                self.poller.add(reader.fd, reader, again=True)
+                poller.add(reader.fd, reader, again=True)
                 reader.take_events()  # what came with the handshake's reads
             try:
                 async with trio.open_nursery() as nursery:
@@ -710,8 +724,8 @@ class Replicator:
                     await self._receive_loop(peer, stream, decoder, reader is not None)
                     nursery.cancel_scope.cancel()
             finally:
-                if reader is not None:
-                    self.poller.discard(reader.fd)
+                if reader is not None and poller is not None:
+                    poller.discard(reader.fd)
                 peer.early.clear()
                 peer.receiving = None
                 peer.fd = -1

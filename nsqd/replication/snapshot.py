@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
+from typing import Any
 
 import trio
 
@@ -101,7 +102,7 @@ class Backfill:
         self.topology: list[bytes] = []
         self.log_ops: list[bytes] = []  # CHANNEL op LOG frames, for peers that take them (``send``)
         #: (topic, holder channel or "", memory items or a disk span), in the order they are sent
-        self.parts: list[tuple[str, str, list | _Span]] = []
+        self.parts: list[tuple[str, str, list[Any] | _Span | _LogSpan]] = []
         try:
             self._capture(nsqd)
         except BaseException:
@@ -161,9 +162,9 @@ class Backfill:
         size = sum(map(len, pending))
         try:
             for topic, channel, source in self.parts:
-                if type(source) is _Span:
+                if isinstance(source, _Span):
                     steps = self._disk_frames(topic, channel, source)
-                elif type(source) is _LogSpan:
+                elif isinstance(source, _LogSpan):
                     steps = self._log_frames(topic, channel, source)
                 else:
                     steps = self._memory_frames(topic, channel, source)

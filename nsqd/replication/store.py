@@ -27,6 +27,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from protocol.errors import ProtocolError
 from protocol.replication import (
@@ -59,7 +60,7 @@ _PREFIX = "replica."
 _JSON_SUFFIX = ".json"
 #: records read per step when the store is replayed or adopted
 READ_BATCH = 1024
-_UNSEEN = object()
+_UNSEEN: Any = object()
 
 
 def store_nodes(data_path: str) -> list[str]:
@@ -121,7 +122,7 @@ class ReplicaStore:
         self.node = node
         self.data_path = data_path
         self.durable = durable
-        self._queue_args = dict(
+        self._queue_args: dict[str, Any] = dict(
             max_bytes_per_file=max_bytes_per_file,
             min_msg_size=5,
             max_msg_size=max_record_size,
@@ -137,7 +138,8 @@ class ReplicaStore:
         self.topics: dict[str, TopicState] = {}
         #: message id -> the token of the record that holds it
         self.held = HeldIndex()
-        self._records: dict[int, _Record] = {}  # token -> record, while it holds messages
+        # token -> record, while it holds messages; asked with HeldIndex.get's answer (None: an id not held)
+        self._records: dict[int | None, _Record] = {}
         self.held_bytes = 0
         self.epoch = 0  # the highest epoch of this origin adopted here
         self.session = ""
@@ -407,7 +409,7 @@ class ReplicaStore:
         fins = record.fins
         if not required or not fins:
             return
-        sets = [fins.get(name) for name in required]
+        sets: list[Any] = [fins.get(name) for name in required]
         if None in sets:
             return
         done = sets[0].intersection(*sets[1:])
@@ -653,15 +655,16 @@ class ReplicaStore:
                     record = self._records.get(token)
                     fins = record.fins if record is not None else None
                     requeued = record.requeued if record is not None else None
+                    requeued_here = None
                     if requeued:
-                        requeued = {
+                        requeued_here = {
                             name: rows[message.id] for name, rows in requeued.items() if message.id in rows
                         } or None
                     batch.append(
                         (
                             message,
                             {name for name, ids in fins.items() if message.id in ids} if fins else set(),
-                            requeued,
+                            requeued_here,
                         )
                     )
             if batch:

@@ -577,6 +577,16 @@ def test_config_option_text():
         config.set_option_text("max_in_flight")
 
 
+def test_config_set_boolean_values():
+    # True and False set a boolean option as the text "true" and "false" do; other options refuse both
+    config = Config(deflate=True)
+    config.set("deflate", False)
+    config.set("snappy", True)
+    assert (config.deflate, config.snappy) == (False, True)
+    with pytest.raises(ValueError, match=r"failed to coerce option max_in_flight \(false\) - invalid value type"):
+        config.set("max_in_flight", False)
+
+
 def test_config_ssl_context(certs):
     config = Config(tls_v1=True)
     config.set("tls_root_ca_file", str(certs.ca_file))

@@ -114,7 +114,7 @@ def fins_reached_the_replica(origin) -> None:
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_queue_files_heal_from_the_replica(daemons, tmp_path, damage):  # noqa: F811
+def test_damaged_queue_files_heal_from_the_replica(daemons, tmp_path, damage):
     replica = start(daemons, tmp_path / "b")
     origin_args = (f"--replicate-to={replica.tcp_address}", *FLAGS)
     origin = start(daemons, tmp_path / "a", *origin_args)
@@ -150,7 +150,7 @@ def test_damaged_queue_files_heal_from_the_replica(daemons, tmp_path, damage):  
     assert channel_stats(origin, "t", "all")["damaged_count"] > 0
 
 
-def test_a_replica_that_finds_its_store_damaged_gets_a_new_backfill(daemons, tmp_path):  # noqa: F811
+def test_a_replica_that_finds_its_store_damaged_gets_a_new_backfill(daemons, tmp_path):
     replica_port = free_port()
     replica = start(daemons, tmp_path / "b", port=replica_port)
     origin = start(daemons, tmp_path / "a", f"--replicate-to={replica.tcp_address}", "--replication-acks=1", *FLAGS)

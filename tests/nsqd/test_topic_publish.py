@@ -11,7 +11,7 @@ def _topic(name: str = "t", mem_queue_size: int = 10_000) -> Topic:
     return Topic(name, node_id=7, mem_queue_size=mem_queue_size, max_msg_timeout=900.0, actors=ActorSystem())
 
 
-async def test_a_batch_reaches_every_channel_as_its_own_messages():
+async def test_a_batch_reaches_every_channel_as_the_topics_own_messages():
     topic = _topic()
     first, second = topic.get_channel("a"), topic.get_channel("b")
     bodies = [b"m%d" % n for n in range(300)]
@@ -20,7 +20,7 @@ async def test_a_batch_reaches_every_channel_as_its_own_messages():
     ours, theirs = list(first.queue), list(second.queue)
     assert [m.body for m in ours] == [m.body for m in theirs] == bodies
     assert [m.id for m in ours] == [m.id for m in theirs]
-    assert all(a is not b for a, b in zip(ours, theirs, strict=True))
+    assert all(a is b for a, b in zip(ours, theirs, strict=True))  # shared until delivered (nsqd/message.py)
     ids = [m.id for m in ours]
     assert len(set(ids)) == len(ids) and ids == sorted(ids)
     assert all(len(i) == 16 and split_id(i).node_id == 7 for i in ids)

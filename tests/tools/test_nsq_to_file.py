@@ -25,6 +25,14 @@ from nsq_tools._file_logger import (
     compute_filename_format,
     strftime,
 )
+from tests.tools.conftest import (
+    ToolProcess,
+    assert_unknown_flag,
+    assert_usage,
+    channel_depth,
+    run_tool,
+    wait_for,
+)
 
 # --- the file rules, with a controllable clock ------------------------------------------------------------------------
 
@@ -249,14 +257,6 @@ def test_work_dir_move_and_revision_clashes(tmp_path):
 
 # --- end to end -------------------------------------------------------------------------------------------------------
 
-from tests.tools.conftest import (  # noqa: E402
-    ToolProcess,
-    assert_unknown_flag,
-    assert_usage,
-    channel_depth,
-    run_tool,
-    wait_for,
-)
 
 SHORT_HOST = socket.gethostname().split(".")[0]
 HOUR_STAMP = r"\d{4}-\d\d-\d\d_\d\d"  # the default --datetime-format (its exact text: the unit tests above)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.admin.cluster import Cluster, http, wait_until
-from tests.ui.test_pages import ADMIN_HEADERS, Tab, browser, expect  # noqa: F401 (browser is a fixture)
+from tests.ui.test_pages import ADMIN_HEADERS, Tab, expect
 
 NODES = 10
 TOPICS_PER_NODE = 1000
@@ -51,7 +51,7 @@ def _get(url: str) -> dict:
 
 
 @pytest.fixture
-def tab(browser, big):  # noqa: F811 (the browser fixture)
+def tab(browser, big):
     tab = Tab(browser, big, ADMIN_HEADERS)
     yield tab
     tab.close()

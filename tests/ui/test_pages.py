@@ -9,32 +9,18 @@ A screenshot of every page is kept under tests/artifacts/ui/ (git-ignored).
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.admin.cluster import Cluster, http, wait_until
 from tests.integration.harness import consumer
 from tests.integration.http_helpers import StaticPage
+from tests.ui.conftest import ARTIFACTS
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "ui"
 ADMIN_HEADERS = {"X-Forwarded-User": "alice"}
 EVIL = "<img src=x onerror=alert(1)>"
 TIMEOUT_MS = 15_000
@@ -45,18 +31,6 @@ def cluster(tmp_path_factory):
     cluster = Cluster(tmp_path_factory.mktemp("admin-ui"), ["--admin-user=alice"]).start()
     yield cluster
     cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with playwright_api.sync_playwright() as playwright:
-        # launch() gives every browser a fresh temporary user-data directory
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
-        yield browser
-        browser.close()
 
 
 class Tab:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.admin.cluster import Daemon, http, wait_until
 from tests.integration.harness import RawClient, free_port
-from tests.ui.test_pages import ADMIN_HEADERS, Tab, browser, expect  # noqa: F401 (browser is a fixture)
+from tests.ui.test_pages import ADMIN_HEADERS, Tab, expect
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def ring(tmp_path):
 
 
 @pytest.fixture
-def tab(browser, ring):  # noqa: F811 (the browser fixture)
+def tab(browser, ring):
     tab = Tab(browser, ring, ADMIN_HEADERS)
     yield tab
     tab.close()

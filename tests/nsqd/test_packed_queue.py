@@ -1,0 +1,94 @@
+"""A topic's memory queue (nsqd/queues/packed.py): published messages kept as their parts come back as the
+messages a publish makes, in order with those kept as objects; and the topic's paths through it (held
+backlog handed to a new channel, /stats depth, a graceful stop's write to disk)."""
+
+from __future__ import annotations
+
+import gc
+
+from nsqd import message as message_module
+from nsqd.actors import ActorSystem
+from nsqd.message import Message, new_messages
+from nsqd.queues.packed import PackedQueue
+from nsqd.topic import Topic
+
+SLOTS = [slot for cls in Message.__mro__ for slot in getattr(cls, "__slots__", ())]
+
+
+def _slots(messages) -> list[list]:
+    return [[getattr(m, slot) for slot in SLOTS] for m in messages]
+
+
+def _ids(start: int, count: int) -> list[bytes]:
+    return [b"%016x" % n for n in range(start, start + count)]
+
+
+def test_packed_runs_and_objects_come_back_in_order():
+    queue = PackedQueue()
+    assert not queue and len(queue) == 0 and queue.take_all() == []
+    queue.extend_published(_ids(0, 3), [b"a", b"b", b""], 1000)
+    queue.extend_published(_ids(3, 2), [b"c", b"d"], 1000)  # one timestamp: one entry of the run
+    queue.extend_published(_ids(5, 1), [b"e"], 2000)
+    queue.extend_published(_ids(9, 1), [b"h"], 2000, 2.5)  # a delay of its own: an entry of its own
+    kept = Message(b"%016x" % 6, b"requeued", 500, 3, 1.5)
+    queue.extend([kept])
+    queue.extend_published(_ids(7, 2), [b"f", b"g"], 3000)
+    queue.extend_published([], [], 4000)
+    assert len(queue) == 10 and queue
+    expected = (
+        new_messages(_ids(0, 5), [b"a", b"b", b"", b"c", b"d"], 1000)
+        + new_messages(_ids(5, 1), [b"e"], 2000)
+        + new_messages(_ids(9, 1), [b"h"], 2000, 2.5)
+        + [kept]
+        + new_messages(_ids(7, 2), [b"f", b"g"], 3000)
+    )
+    assert _slots(queue) == _slots(expected)  # iteration leaves the queue as it is
+    assert len(queue) == 10
+    taken = queue.take_all()
+    assert _slots(taken) == _slots(expected) and taken[7] is kept and taken[6].defer == 2.5
+    assert all(type(m.id) is bytes and type(m.body) is bytes for m in taken)
+    assert not queue and queue.take_all() == []
+    if message_module._speedups is not None:  # made as a publish makes them: out of the collector's walks
+        assert not any(gc.is_tracked(m) for m in taken[:7])
+
+
+def test_ids_of_another_size_are_kept_as_objects():
+    queue = PackedQueue()
+    queue.extend_published([b"short", b"x" * 20], [b"a", b"b"], 7)
+    assert [(m.id, m.body, m.timestamp) for m in queue.take_all()] == [(b"short", b"a", 7), (b"x" * 20, b"b", 7)]
+    queue.extend_published(_ids(0, 1), [b"z"], 8)
+    queue.clear()
+    assert not queue and list(queue) == []
+
+
+def _topic(**kwargs) -> Topic:
+    return Topic("t", node_id=5, mem_queue_size=10_000, max_msg_timeout=900.0, actors=ActorSystem(), **kwargs)
+
+
+async def test_a_topic_without_channels_keeps_publishes_packed_and_hands_them_over():
+    topic = _topic()
+    topic.publish([b"m%d" % n for n in range(300)])
+    topic.publish([b"later"], 5.0)  # a DPUB, packed with its delay
+    topic.put_many([Message(b"%016x" % 99, b"kept", 1, 2)])  # an object (attempts 2), kept as it is
+    topic.publish([b"last"])
+    assert len(topic.queue) == topic.depth() == 303 and topic.message_count == 303
+    assert [type(run).__name__ for run in topic.queue._runs] == ["_Packed", "list", "_Packed"]
+    channel = topic.get_channel("c")
+    assert not topic.queue
+    assert [m.body for m in channel.queue] == [b"m%d" % n for n in range(300)] + [b"kept", b"last"]
+    assert [m.body for _due, m in channel.deferred.entries()] == [b"later"]
+    ids = [m.id for m in channel.queue]
+    assert len(set(ids)) == 302 and all(len(i) == 16 for i in ids)
+    assert channel.queue[300].attempts == 2
+    del channel.queue[300]
+    assert {(m.attempts, m.defer, m.client, m.disk_token) for m in channel.queue} == {(0, 0.0, None, -1)}
+
+
+async def test_a_paused_topic_packs_and_unpause_pumps():
+    topic = _topic()
+    channel = topic.get_channel("c")
+    topic.pause()
+    topic.publish([b"a", b"b"])
+    assert len(topic.queue) == 2 and not channel.queue
+    topic.unpause()
+    assert [m.body for m in channel.queue] == [b"a", b"b"] and not topic.queue

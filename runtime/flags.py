@@ -46,7 +46,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Self, TextIO, TypeVar
 
 from protocol.version import version_string
 
@@ -946,7 +946,7 @@ class DaemonOptions:
         return flagset_from_options(cls.program, cls, defaults if defaults is not None else cls())
 
     @classmethod
-    def from_argv(cls, argv: list[str], *, exit_on_error: bool = True):
+    def from_argv(cls, argv: list[str], *, exit_on_error: bool = True) -> Self:
         """The options from a command line (without the program name) and its ``--config`` file (``read_options``:
         with ``exit_on_error`` usage errors exit 2, ``-h`` and ``--version`` exit 0, config-file errors exit 1 with
         a FATAL line; otherwise ``FlagError`` is raised)."""

@@ -40,7 +40,7 @@ async def fetch(
     url: str,
     *,
     body: bytes = b"",
-    headers: list[tuple[str, str]] | tuple = (),
+    headers: list[tuple[str, str]] | tuple[tuple[str, str], ...] = (),
     ssl_context: ssl.SSLContext | None = None,
     connect_timeout: float,
     request_timeout: float,

@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = [
     "DEBUG",
@@ -127,7 +127,7 @@ def format_line(prefix: str, label: str, message: str, created: float | None = N
 
 
 #: the date and time of the last second a line was formatted in (lines come many per second)
-_stamp: list = [None, ""]
+_stamp: list[Any] = [None, ""]
 
 
 class NSQFormatter(logging.Formatter):
@@ -161,13 +161,14 @@ class NSQHandler(logging.Handler):
     ) -> None:
         super().__init__()
         self.stream = stream
-        self.setFormatter(NSQFormatter(prefix, tracebacks=tracebacks))
+        self._line_format = NSQFormatter(prefix, tracebacks=tracebacks)
+        self.setFormatter(self._line_format)
         self._pending: list[str] | None = None  # lines held until ``write_pending`` (a ``LogFlusher`` is on)
         self._holder: int | None = None  # the thread whose lines are held (the event loop's)
 
     @property
     def prefix(self) -> str:
-        return self.formatter.prefix
+        return self._line_format.prefix
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

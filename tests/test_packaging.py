@@ -144,6 +144,7 @@ def test_wheel_carries_the_accelerator_and_the_run_time_files(dists):
         "admin/templates/index.html",
         *(f"admin/static/{p.name}" for p in (REPO_ROOT / "admin" / "static").iterdir()),
         "trionsq/py.typed",
+        "protocol/py.typed",  # trionsq's errors derive from its ProtocolError
         "spark_connector/wal_pb2.py",
         "spark_connector/wal.proto",
     }

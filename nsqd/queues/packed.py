@@ -19,6 +19,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Iterator
+from typing import final
 
 from ..message import Message, new_messages
 
@@ -28,6 +29,7 @@ __all__ = ["PackedQueue"]
 ID_SIZE = 16
 
 
+@final  # no subclass: ``type(run) is _Packed`` tells the two kinds of run apart (mypy follows it both ways)
 class _Packed:
     """Published messages as their parts: IDs joined, bodies, and (timestamp, delay, count) per publish (one
     entry for consecutive publishes with the same timestamp and delay)."""
@@ -75,7 +77,7 @@ class PackedQueue:
 
     def __iter__(self) -> Iterator[Message]:
         for run in list(self._runs):
-            yield from run if type(run) is list else run.messages()
+            yield from run.messages() if type(run) is _Packed else run
 
     def extend(self, messages) -> None:
         """Messages as they are (objects, kept)."""
@@ -122,7 +124,7 @@ class PackedQueue:
         else:
             taken = []
             for run in runs:
-                taken += run if type(run) is list else run.messages()
+                taken += run.messages() if type(run) is _Packed else run
         runs.clear()
         self.count = 0
         return taken

@@ -8,7 +8,7 @@ the log path and 2,400,000 for the driver path (``readMode=driver``: nsqd 1.3.0 
 in the field; this project's nsqd serves it the same when the query asks for it). The query has
 the source's default options (no ``maxOffsetsPerTrigger``: the driver path's default
 ``maxBytesPerTrigger`` bounds its batches) and Spark's ``noop`` sink, and runs until every message
-is in.
+is in. Each path runs in a process of its own, with a driver JVM of its own.
 
 Figures per path: batches with rows, their rows (min, median, max), the rate over the whole query
 and per batch (first, median, last batch's rows over its trigger's duration: steady when these are
@@ -79,8 +79,8 @@ def _peak_rss(pid: int) -> int:
 
 
 def _roles() -> dict[str, list[int]]:
-    """The driver's JVM and source runners (this process's descendants), the executors' JVMs and
-    their Python workers."""
+    """Of this process's descendants: the driver's JVM (SparkSubmit) and its Python source runner,
+    the executors' JVMs and their Python workers."""
     procs = _processes()
 
     def under(pid: int, ancestor) -> bool:
@@ -91,18 +91,19 @@ def _roles() -> dict[str, list[int]]:
         return False
 
     me = os.getpid()
-    executors = {p for p, (_, cmd) in procs.items() if b"CoarseGrainedExecutorBackend" in cmd}
-    roles: dict[str, list[int]] = {"driver_jvm": [], "driver_py": [], "executors_jvm": [], "executors_py": []}
+    executors = {
+        p for p, (parent, cmd) in procs.items() if b"CoarseGrainedExecutorBackend" in cmd and under(parent, me.__eq__)
+    }
+    drivers = {p for p, (parent, cmd) in procs.items() if b"SparkSubmit" in cmd and under(parent, me.__eq__)}
+    roles: dict[str, list[int]] = {"driver_jvm": sorted(drivers), "driver_py": [], "executors_jvm": sorted(executors)}
+    roles["executors_py"] = []
     for pid, (parent, cmd) in procs.items():
-        if pid in executors:
-            roles["executors_jvm"].append(pid)
-        elif b"python" in cmd and under(parent, executors.__contains__):
+        if b"python" not in cmd:
+            continue
+        if under(parent, executors.__contains__):
             roles["executors_py"].append(pid)
-        elif pid != me and under(parent, lambda p: p == me):
-            if cmd.startswith(b"java") or b"/java\x00" in cmd:
-                roles["driver_jvm"].append(pid)
-            elif b"python" in cmd:
-                roles["driver_py"].append(pid)
+        elif under(parent, drivers.__contains__):
+            roles["driver_py"].append(pid)
     return roles
 
 
@@ -204,6 +205,22 @@ def _run_path(cluster, nsqds, args, work: Path, driver_path: bool, messages: int
     }
 
 
+def _run_child(args, path: str, messages: int) -> dict:
+    """This scenario for one path in a process of its own; its JSON document."""
+    import json
+    import subprocess
+
+    results = Path(tempfile.mkdtemp(prefix="trionsq-spark-backlog-results-"))
+    try:
+        argv = [sys.executable, "-m", f"bench.{NAME}", "--paths", path, "--messages", str(messages)]
+        argv += ["--body-size", str(args.body_size), "--driver-memory", args.driver_memory]
+        argv += ["--executor-memory", args.executor_memory, "--query-timeout", str(args.query_timeout)]
+        subprocess.run([*argv, "--results-dir", str(results)], check=True)
+        return json.loads((results / f"{NAME}.json").read_text())
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
 def run(args) -> Report:
     from tests.integration.harness import NsqdProcess
     from tests.spark.standalone import StandaloneCluster
@@ -225,6 +242,15 @@ def run(args) -> Report:
         },
     )
     report.notes.append("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    if len(paths) > 1:
+        # one process per path: pyspark keeps the driver's JVM for the life of the process, so a second
+        # application here would run in the first one's JVM, its heap and its collections
+        for i, path in enumerate(paths):
+            child = _run_child(args, path, counts[min(i, len(counts) - 1)])
+            report.rows += child["results"]
+            report.targets.update(child["targets"])
+        report.notes.append("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+        return report
     work = Path(tempfile.mkdtemp(prefix="trionsq-spark-backlog-"))
     nsqds = []
     cluster = None

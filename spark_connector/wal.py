@@ -455,7 +455,9 @@ class MessageLog:
             segment = self._segments[-1] if self._segments else None
         if segment is None or (segment.size >= self.segment_bytes and segment.records):
             segment = self._new_segment(first)
-        self._file.write(b"".join(parts))
+        file = self._file
+        assert file is not None  # open with the newest segment
+        file.write(b"".join(parts))
         record = _Record(first, count, segment.size, length)
         with self._lock:
             segment.records.append(record)

@@ -17,7 +17,7 @@ import pytest
 
 from spark_connector.options import DEFAULT_MAX_BYTES_PER_TRIGGER
 from tests.spark import drivers
-from tests.spark.conftest import committed_files, publish, stop_cluster_session
+from tests.spark.conftest import committed_files, publish, stop_cluster_session, wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,12 +68,19 @@ def test_backlog_larger_than_the_heaps_is_read_on_both_paths(cluster, nsqd_facto
     log_path = tmp_path / "driver.log"
     driver = drivers.launch("tests.spark.backlog_app", [json.dumps(config)], log_path)
     try:
-        status = driver.wait(540)
+        # a JVM out of memory stalls the query rather than ending it: fail at the first sign of one
+        wait_until(
+            lambda: driver.poll() is not None or "OutOfMemoryError" in log_path.read_text(),
+            540,
+            "the driver to read both backlogs",
+            interval=1,
+        )
+        status = driver.poll()
     finally:
         drivers.reap(driver)
     output = log_path.read_text()
+    assert "OutOfMemoryError" not in output, output[-5000:]
     assert status == 0, output[-5000:]
-    assert "OutOfMemoryError" not in output
     assert f"carries at most {DEFAULT_MAX_BYTES_PER_TRIGGER} bytes" in output  # the driver path's default bound applied
     expected = set(range(MESSAGES))
     on_driver_path = numbers_read(tmp_path / "driver" / "out")

@@ -365,8 +365,10 @@ async def test_is_starved_as_go_nsq(nsqd, topic):
 async def test_set_max_in_flight_changes_rdy_at_nsqd(nsqd_factory, topic):
     daemons = await nsqds_with_a_message(nsqd_factory, topic, 2)
     handler = Recorder()
+    # the redistribution's timings at their minimum: the last step waits for RDY to move to the busy connection
+    config = Config(max_in_flight=10, low_rdy_idle_timeout=1.0, rdy_redistribute_interval=0.1)
     async with Consumer(
-        topic, CHANNEL, handler, Config(max_in_flight=10), nsqd_tcp_addresses=[d.tcp_address for d in daemons]
+        topic, CHANNEL, handler, config, nsqd_tcp_addresses=[d.tcp_address for d in daemons]
     ) as consumer:
         for max_in_flight, expected in ((None, 5), (4, 2), (0, 0), (15, 7)):  # max(1, n // 2) each
             if max_in_flight is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -534,11 +535,39 @@ def stop_all(daemons: list[NsqdProcess]) -> None:
         raise AssertionError("\n\n".join(failures))
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out by itself (to ``bind(0)`` and to an outgoing connection)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now, for a daemon that must keep its address across restarts."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, for a daemon that must keep its address across restarts.
+
+    It lies below the kernel's ephemeral range: while the daemon is down between a kill and its restart, no
+    outgoing connection (a replica dialling its peers, a client) and no ``bind(0)`` can be given the same port, so
+    the restart never finds its own address taken. Within one run a port is handed out once."""
+    low = _ephemeral_low()
+    first = max(1024, low - 12000) if low > 2048 else 20000
+    last = low - 1 if low > 2048 else 30000
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(first, last)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise AssertionError(f"no free port in {first}-{last} after 200 tries")
 
 
 @contextmanager

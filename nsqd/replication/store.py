@@ -142,6 +142,9 @@ class ReplicaStore:
         self._records: dict[int | None, _Record] = {}
         self.held_bytes = 0
         self.epoch = 0  # the highest epoch of this origin adopted here
+        #: the origin's ``--replicate-to`` as its last HELLO named them: the order in which its replicas take it over
+        self.peers: tuple[str, ...] = ()
+        self.me = ""  # which of them is this replica
         self.session = ""
         self.seq = 0  # the last seq stored in ``session``
         self.duplicates = 0  # messages received again while held (a resent or backfilled frame)
@@ -172,6 +175,8 @@ class ReplicaStore:
         self.epoch = int(state.get("epoch", 0))
         self.session = str(state.get("session", ""))
         self.seq = int(state.get("seq", 0))
+        self.peers = tuple(str(peer) for peer in state.get("peers", ()))
+        self.me = str(state.get("me", ""))
         for name, topic in state.get("topics", {}).items():
             ts = self.topics[name] = TopicState(bool(topic.get("paused")))
             logs = set(topic.get("logs", ()))
@@ -201,6 +206,8 @@ class ReplicaStore:
             "epoch": self.epoch,
             "session": self.session,
             "seq": self.seq,
+            "peers": list(self.peers),
+            "me": self.me,
             "topics": {
                 name: {
                     "paused": ts.paused,

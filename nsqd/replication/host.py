@@ -287,10 +287,10 @@ class ReplicaHost:
                 )
                 left: frozenset[bytes] | str = "ahead"
                 with trio.move_on_after(AGREE_ON_HELLO):
-                    while type(left := await self._agree(origin, hello=True)) is str:
+                    while isinstance(left := await self._agree(origin, hello=True), str):
                         await trio.sleep(AGREE_INTERVAL)
                 if origin.generation == generation and store.held:
-                    self.takeover(hello.node, left if type(left) is frozenset else frozenset())
+                    self.takeover(hello.node, frozenset() if isinstance(left, str) else left)
             log.info(
                 "REPLICATION: [%s] origin %s connected (session %s, epoch %d)",
                 remote,
@@ -699,7 +699,7 @@ class ReplicaHost:
         now = trio.current_time()
         if origin.connected or not origin.store.held:
             return
-        if type(left) is str:
+        if isinstance(left, str):
             # alive elsewhere: held while it lives there; a replica ahead: given REACHABLE_GRACE to take it over
             if left == "alive" or now - origin.down_at < REACHABLE_GRACE:
                 origin.probe_at = now + 4 * AGREE_INTERVAL

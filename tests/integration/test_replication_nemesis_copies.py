@@ -22,6 +22,7 @@ refuses under 1% of the publishes it gets and no publish is refused by every liv
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import shutil
@@ -214,6 +215,19 @@ def _refusals(publishers: list[Publisher], windows: list[tuple[float, float, lis
     return {"got": got, "refused": refused, "refused_everywhere": everywhere}
 
 
+def _longest_gap(publishers: list[Publisher], windows: list[tuple[float, float, list[int]]], nodes_hit: int) -> float:
+    """The longest time within the fault windows that hit ``nodes_hit`` nodes (or none, for 1: partitions count
+    with one-node faults) in which no publish was acknowledged anywhere."""
+    oks = sorted(o.ended for p in publishers for o in list(p.outcomes) if o.ok)
+    longest = 0.0
+    for start, end, hit in windows:
+        if max(len(hit), 1) != nodes_hit:
+            continue
+        moments = [start, *(t for t in oks if start < t < end), end]
+        longest = max(longest, *(b - a for a, b in itertools.pairwise(moments)))
+    return round(longest, 2)
+
+
 @pytest.mark.parametrize("size", [3, 5], ids=["ring3", "ring5"])
 def test_three_copies_under_load_through_faults_of_one_and_two_nodes(tmp_path, size):
     seed = int(os.environ.get("NEMESIS_SEED", random.randrange(1 << 32)))
@@ -282,6 +296,10 @@ def test_three_copies_under_load_through_faults_of_one_and_two_nodes(tmp_path, s
             "refused_share_per_live_node_in_one_node_faults": [round(s, 4) for s in shares],
             "publishes_per_live_node_in_one_node_faults": measured["got"],
             "refused_by_every_live_node": measured["refused_everywhere"],
+            "longest_without_an_ok_s": {
+                "one-node faults": _longest_gap(publishers, windows, 1),
+                "two-node faults": _longest_gap(publishers, windows, 2),
+            },
             "publish_failures_retried": sum(not o.ok for p in publishers for o in p.outcomes),
             "adopted": sum(doc["adopted_messages"] for doc in takeovers),
             "left_to_peers": sum(doc["left_to_peers"] for doc in takeovers),

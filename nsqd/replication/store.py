@@ -159,10 +159,20 @@ class ReplicaStore:
         self.json_dirty = False  # topics, channels or the session changed since the JSON file was written
         self._json_path = os.path.join(data_path, f"{_PREFIX}{node}{_JSON_SUFFIX}")
         self._load_json()
-        self.queue = DiskQueue(f"{_PREFIX}{node}", data_path, **self._queue_args)
+        self.queue = self._open_queue()
         self._replay()
 
     # -- files -------------------------------------------------------------------------------------------------
+    def _open_queue(self) -> DiskQueue:
+        """The store's disk queue, with a meta file from the start: a queue that finds none at its next start
+        begins empty, while one that finds a meta file older than its data keeps the records past it. So a replica
+        killed (without durable mode) before the store's first sync still holds what it acknowledged, which two
+        nodes killed at once may need."""
+        queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
+        if not os.path.exists(queue.meta_file_name):
+            queue.sync()
+        return queue
+
     def _load_json(self) -> None:
         try:
             with open(self._json_path, "rb") as f:
@@ -650,7 +660,7 @@ class ReplicaStore:
         queue object; ``remove`` deletes them afterwards."""
         self.apply()
         self.queue.close()
-        self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
+        self.queue = self._open_queue()
         held = self.held
         for _token, event in self._read_all():
             if type(event) is not Messages or not any(map(held.__contains__, event.ids)):
@@ -687,7 +697,7 @@ class ReplicaStore:
         self.session = ""
         self.seq = 0
         self.save_json()
-        self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
+        self.queue = self._open_queue()
 
     def close(self) -> None:
         try:

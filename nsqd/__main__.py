@@ -12,7 +12,7 @@ import sys
 from runtime.startup import instantiate_failure, run_daemon
 
 from .metadata import DataDirLocked, Prebound, prebind
-from .options import parse_options, validate
+from .options import OptionsError, parse_options, validate
 from .tls import TLSConfigError
 
 #: CPython's cyclic GC looks at young objects every 700 allocations, and at the whole heap each time it
@@ -35,12 +35,18 @@ async def serve(opts, prebound: Prebound) -> None:
     await serve_until_signalled(nsqd)
 
 
+def _validate(opts) -> None:
+    validate(opts)
+    if opts.workers > 1:
+        raise OptionsError("--workers above 1 is not available yet (bench/MULTICORE.md)")
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_daemon(
         argv,
         name="nsqd",
         parse_options=parse_options,
-        validate=validate,
+        validate=_validate,
         serve=serve,
         refusals=(DataDirLocked, TLSConfigError, OSError),
         refusal_text=functools.partial(instantiate_failure, "nsqd"),

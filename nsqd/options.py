@@ -219,6 +219,8 @@ class Options(DaemonOptions):
     actor_interlude: float = setting(
         0.00001, "how often a channel actor's slice pauses to read connections that send little (0 to disable)"
     )
+    # processes serving one node (a flag of this implementation; bench/MULTICORE.md)
+    workers: int = setting(1, "number of processes serving this node's clients (1: one process, as nsqd 1.3.0)")
     # replication between trionsq nodes (flags of this implementation; nsqd/replication/)
     replicate_to: list[str] = setting(
         default_factory=list,
@@ -336,6 +338,8 @@ def validate(opts: Options) -> None:
         raise OptionsError("--actor-slice must be positive")
     if opts.actor_interlude < 0:
         raise OptionsError("--actor-interlude must not be negative")
+    if opts.workers < 1:
+        raise OptionsError("--workers must be at least 1")
     for peer in opts.replicate_to:
         host, _, port = peer.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -24,6 +24,8 @@ from .harness import (
     decode_message,
     dpub,
     fin,
+    identify,
+    mpub,
     pub,
     rdy,
     req,
@@ -304,3 +306,18 @@ def test_a_killed_worker_stops_the_node_and_a_restart_serves_every_topic(tmp_pat
         assert sorted(entry["topic_name"] for entry in document["topics"]) == topics
     finally:
         stop_all([node])
+
+
+def test_answers_keep_their_order_across_workers(node):
+    topics = owned_topics("ordered")
+    client = RawClient(node.tcp)
+    commands = [pub(topics[number % 2], f"m{number}".encode()) for number in range(30)]
+    commands.append(mpub(topics[1], [b"a", b"b"]))
+    commands.append(identify({"feature_negotiation": True, "user_agent": "ordered"}))
+    client.send(b"".join(commands))
+    for _ in range(31):
+        assert client.read_reply().data == b"OK"
+    assert json.loads(client.read_reply().data)["max_rdy_count"] == 2500
+    counts = {entry["topic_name"]: entry["message_count"] for entry in stats(node.listening["HTTP"])["topics"]}
+    assert (counts[topics[0]], counts[topics[1]]) == (15, 17)
+    client.close()

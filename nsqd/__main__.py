@@ -12,7 +12,7 @@ import sys
 from runtime.startup import instantiate_failure, run_daemon
 
 from .metadata import DataDirLocked, Prebound, prebind
-from .options import OptionsError, parse_options, validate
+from .options import parse_options, validate
 from .tls import TLSConfigError
 
 #: CPython's cyclic GC looks at young objects every 700 allocations, and at the whole heap each time it
@@ -35,10 +35,15 @@ async def serve(opts, prebound: Prebound) -> None:
     await serve_until_signalled(nsqd)
 
 
-def _validate(opts) -> None:
-    validate(opts)
+def _prebind(opts) -> Prebound:
+    """``prebind``; with ``--workers`` above 1 the workers are forked here, after the sockets exist and before trio
+    is imported (``supervisor.py``): this returns in each worker, while the parent watches them until they end."""
+    prebound = prebind(opts)
     if opts.workers > 1:
-        raise OptionsError("--workers above 1 is not available yet (bench/MULTICORE.md)")
+        from .supervisor import start_workers  # noqa: PLC0415 (only with workers)
+
+        return start_workers(opts, prebound)
+    return prebound
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         name="nsqd",
         parse_options=parse_options,
-        validate=_validate,
+        validate=validate,
         serve=serve,
         refusals=(DataDirLocked, TLSConfigError, OSError),
         refusal_text=functools.partial(instantiate_failure, "nsqd"),
-        prebind=prebind,
+        prebind=_prebind,
     )
 
 

@@ -32,7 +32,7 @@ from .e2e import E2ELatency
 from .fastpath import PublishBatch
 from .guid import GUIDFactory
 from .heartbeats import HeartbeatTimer
-from .http_api import make_http_server
+from .http_api import build_router, make_http_server
 from .lookup import Lookup
 from .message import Message
 from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
@@ -52,6 +52,7 @@ from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
 from .tls import client_ssl_context, server_ssl_context
 from .topic import Topic
+from .workers import MeshLookup, MeshMetadata, RelayLookup, RelayMetadata, WorkerMesh
 
 __all__ = ["NSQD"]
 
@@ -181,6 +182,8 @@ class NSQD:
             "changed": self.stats_changed,
             "open_log": self._open_log,
         }
+        #: with ``--workers`` above 1, this worker's links to the others and the topics' owners (workers.py)
+        self.mesh: WorkerMesh | None = None
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -293,6 +296,22 @@ class NSQD:
         """Take the data directory lock and the listening sockets ``nsqd``'s entry point took before start-up."""
         self._data_lock = prebound.data_lock
         self._prebound = prebound
+        if prebound.mesh is not None:
+            self._join_workers(prebound.mesh)
+
+    def _join_workers(self, sockets) -> None:
+        """One of ``--workers`` processes: worker 0 registers the node with lookupd and writes nsqd.dat, with what
+        the others send it (workers.py)."""
+        mesh = self.mesh = WorkerMesh(self, sockets)
+        log.info("NSQ: worker %d of %d", mesh.index, mesh.count)
+        # IDs stay unique on the node: each worker stamps its own node id (one worker's neighbour's)
+        self.guid = GUIDFactory((self.opts.node_id + mesh.index) % 1024)
+        if mesh.index == 0:
+            self.lookup = MeshLookup(self)
+            self.metadata = MeshMetadata(self.data_path, self.topics, logger=log)
+        else:
+            self.lookup = RelayLookup(self, mesh)
+            self.metadata = RelayMetadata(self.data_path, self.topics, mesh.links[0], logger=log)
 
     def metadata_changed(self, topic_name: str) -> None:
         """A topic, one of its channels or a paused flag changed: nsqd.dat follows shortly (metadata.py)."""
@@ -318,11 +337,18 @@ class NSQD:
         self._loading = True
         try:
             if self._data_lock is not None:  # nobody else writes here: what a killed nsqd left can go
-                for name in remove_stray_temporaries(self.data_path):
-                    log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
-                # nothing but this process adds files here from now on (it holds the lock)
+                if self.mesh is None:  # (with --workers, the parent removed it before they started)
+                    for name in remove_stray_temporaries(self.data_path):
+                        log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
+                # nothing but this process adds files here from now on (it holds the lock; with --workers, only a
+                # topic's owner makes its files)
                 self.files_at_start = frozenset(os.listdir(self.data_path))
+            mesh = self.mesh
             for entry in load_metadata(self.data_path):
+                if mesh is not None and not mesh.owns(entry["name"]):
+                    if isinstance(self.metadata, MeshMetadata):
+                        self.metadata.seed(mesh.owner(entry["name"]), entry)  # listed until its owner reports
+                    continue
                 topic = self.get_topic(entry["name"])
                 for channel_entry in entry["channels"]:
                     channel = topic.get_channel(channel_entry["name"])
@@ -467,6 +493,9 @@ class NSQD:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.mesh is not None:
+                    self.mesh.router = build_router(self)
+                    await nursery.start(self.mesh.run)
                 await nursery.start(self.actors.run)
                 await nursery.start(self.metadata.run)
                 await nursery.start(self.read_poller.run)
@@ -739,6 +768,9 @@ class NSQD:
                     magic += chunk
             if len(magic) < 4:
                 log.info("[%s] closed before sending the protocol magic", remote)
+                return
+            if magic[:4] == MAGIC_R1 and self.mesh is not None:
+                log.error("[%s] replication stream refused: this node runs --workers above 1", remote)
                 return
             if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)
                 await self.replica_host.serve(stream, remote, magic[4:])

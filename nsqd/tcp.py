@@ -78,6 +78,9 @@ _FIN_STATES = (ClientState.SUBSCRIBED, ClientState.CLOSING)
 #: a handler's answer that is already in the output buffer (``_publish_answering_first``): the loop appends
 #: nothing more, and flushes the buffer as it does for any answer
 _ANSWER_QUEUED = b""
+#: a handler's answer when its command goes to the worker that owns its topic (``Connection._forwarded``)
+_FORWARD: Any = object()
+_FORWARD_COMMAND = (b"", (), None)
 
 
 def _text(raw: bytes) -> str:
@@ -146,6 +149,10 @@ class Connection:
         #: read leaves the parser as it was), so a step reads it instead of asking the parser (``fast_pub``)
         self.fast_line: tuple[bytes, bytes] | None = None
         self._publish_batch = nsqd.publish_batch
+        #: with ``--workers`` above 1, the workers (nsqd/workers.py): a command for a topic owned by another
+        #: worker is sent there and the connection's later commands wait for its answer (``_forwarded``)
+        self._mesh = nsqd.mesh
+        self._forward: tuple | None = None
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -275,6 +282,10 @@ class Connection:
                 client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
                 continue
             if response is not None:
+                if response is _FORWARD:
+                    if replied:
+                        self._send_replies()
+                    return _FORWARD_COMMAND
                 # sent after the whole buffer is handled, in one write (_send_replies)
                 out.append(response)
                 client.out_bytes += len(response)
@@ -287,11 +298,17 @@ class Connection:
         """One command that may wait (see ``_run_commands``); its answer leaves at once."""
         name = command[0]
         try:
+            if command is _FORWARD_COMMAND:
+                await self._forwarded()
+                return
             if name in _ASYNC_COMMANDS:
                 response = await _HANDLERS[name](self, command)
             else:
                 await self._refresh_expired_auth()
                 response = _HANDLERS[name](self, command)
+                if response is _FORWARD:
+                    await self._forwarded()
+                    return
         except ProtocolError as error:
             if error.fatal:
                 raise
@@ -304,6 +321,38 @@ class Connection:
             client.flush_now = True
             self._send_replies()
 
+    def _fast_line(self) -> tuple[bytes, bytes] | None:
+        """``parser.last_pub()``, unless its topic is owned by another worker (its PUBs are sent there)."""
+        line = self.parser.last_pub()
+        if line is not None and self._mesh is not None and not self._mesh.owns(line[1]):
+            return None
+        return line
+
+    async def _forwarded(self) -> None:
+        """Send the command a handler left in ``_forward`` to the topic's owner (nsqd/workers.py) and answer it
+        as the handler would have: a publish's OK or its ``E_<VERB>_FAILED``, a SUB's OK or its refusal."""
+        request, self._forward = self._forward, None
+        assert request is not None and self._mesh is not None
+        client = self.client
+        if request[0] == "pub":
+            _, verb, topic_name, bodies, defer = request
+            reason = await self._mesh.publish(topic_name, bodies, defer)
+            if reason is not None:
+                raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {reason}")
+            client.published(topic_name, len(bodies))
+        else:
+            _, topic_name, channel_name = request
+            client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
+            self._consumes = True
+            self._plain = False
+            self.fast_line = None
+            client.state = ClientState.SUBSCRIBED
+            log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
+        client.out.append(OK_FRAME)
+        client.out_bytes += len(OK_FRAME)
+        client.flush_now = True
+        self._send_replies()
+
     # -- reading through the poller (plain TCP) ----------------------------------------------------
     async def _receive_polled(self) -> bytes | None:
         """Wait in the daemon's ``ReadPoller`` instead of a task wake-up per read: while this task waits,
@@ -314,7 +363,7 @@ class Connection:
         self._poll_fd = fd = self.stream.socket.fileno()  # type: ignore[attr-defined]  # a SocketStream here
         self._poll_result = None
         self._poll_done = done = trio.Event()
-        self.fast_line = self.parser.last_pub() if self._plain else None
+        self.fast_line = self._fast_line() if self._plain else None
         poller.add(fd, self)
         try:
             await done.wait()
@@ -390,7 +439,7 @@ class Connection:
             self._pending_command = command
             self._poll_return(None)
             return
-        self.fast_line = self.parser.last_pub() if self._plain else None
+        self.fast_line = self._fast_line() if self._plain else None
         if self._poller.step_time > self._read_moves_at:
             self._set_read_deadline()
 
@@ -801,6 +850,9 @@ class Connection:
             self._authorize("SUB", topic_name, channel_name)
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
+        if self._mesh is not None and not self._mesh.owns(topic_name):
+            self._forward = ("sub", topic_name, channel_name)
+            return _FORWARD
         topic = self.nsqd.get_topic(topic_name)
         channel = topic.get_channel(channel_name)
         if channel.log is not None:
@@ -900,6 +952,8 @@ class Connection:
         self._require_state("CLS", ClientState.SUBSCRIBED)
         client.rdy = 0
         client.state = ClientState.CLOSING
+        if self._mesh is not None:
+            client.channel.client_credit_changed(client)  # a channel in another worker learns of it
         log.info("[%s] CLS: closing", client.remote_address)
         return CLOSE_WAIT_FRAME
 
@@ -910,6 +964,8 @@ class Connection:
     def _log_request(self, command):
         """The checks every log command makes, in this order: state, parameters, permission, shutdown."""
         verb = command[0].decode()
+        if self._mesh is not None:
+            raise ProtocolError("E_INVALID", f"cannot {verb} with --workers above 1 (log channels need one process)")
         if self.client.state != ClientState.INIT:
             raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
         request = parse_log_request(command[0], command[1])
@@ -993,6 +1049,9 @@ class Connection:
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         """PUB, MPUB, DPUB: ``_publish_stored`` of a connection that never subscribed, ``_publish_answering_first``
         of one that did (a flag, not a bound method kept per connection: one object fewer for the collector)."""
+        if self._mesh is not None and not self._mesh.owns(topic_name):
+            self._forward = ("pub", verb, topic_name, bodies, defer)
+            return _FORWARD
         if self._consumes:
             return self._publish_answering_first(verb, topic_name, bodies, defer)
         return self._publish_stored(verb, topic_name, bodies, defer)

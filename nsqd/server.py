@@ -194,11 +194,12 @@ class NSQD:
         self._stopped = trio.Event()
 
     # -- topics ----------------------------------------------------------------------------------
-    def get_topic(self, name: str, *, after=None) -> Topic:
+    def get_topic(self, name: str, *, after=None, precreate: bool = True) -> Topic:
         """The topic ``name``, created if need be. ``after``: a new topic's announcement (its log line, nsqd.dat,
         lookupd) is handed to this (``Request.after_answer``) instead of being made at once, as nsqd 1.3.0 answers
         ``/topic/create`` once the topic exists and persists and notifies from a goroutine; the topic itself is
-        there, publishable and listed, on return."""
+        there, publishable and listed, on return. ``precreate``: a new topic asks nsqlookupd for its channels
+        (False: the caller knows them)."""
         topic = self.topics.get(name)
         if topic is None:
             opts = self.opts
@@ -216,17 +217,17 @@ class NSQD:
             if self.replication is not None and not topic.ephemeral:
                 attach_replication(self.replication, topic)
             if after is None:
-                self._topic_created(topic)
+                self._topic_created(topic, precreate)
             else:
-                after(partial(self._topic_created, topic))
+                after(partial(self._topic_created, topic, precreate))
         return topic
 
-    def _topic_created(self, topic: Topic) -> None:
+    def _topic_created(self, topic: Topic, precreate: bool = True) -> None:
         log.info("TOPIC(%s): created", topic.name)
         if not topic.ephemeral:
             self.metadata_changed(topic.name)
         self.lookup.topic_created(topic)
-        if not self._loading:
+        if precreate and not self._loading:
             self.lookup.prepare_topic(topic)  # pre-create the channels lookupd knows
 
     def _make_backend(self, name: str) -> DiskQueue:
@@ -565,6 +566,7 @@ class NSQD:
             clean=clean,
             version=self.replication_version,
             on_restore=self._replication_restored,
+            on_topology=self._replication_topology,
         )
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
         log.info(
@@ -622,6 +624,32 @@ class NSQD:
             if replication.clean
             else "how many of them had been finished here is unknown (the last run did not stop cleanly)",
         )
+
+    def _replication_topology(self, peer: str, topics: dict) -> None:
+        """Peer ``peer`` knew these topics and channels of this node (WELCOME, to a node that did not stop cleanly:
+        killed, or back on an empty directory). The ones missing here are created, paused ones paused, before the
+        node takes a publish: a message published now reaches every channel its consumers use, not only the first
+        one a consumer makes again (``Topic``: a topic without channels gives its backlog to its first channel)."""
+        created = 0
+        for name, state in topics.items():
+            topic = self.topics.get(name)
+            if topic is None:
+                topic = self.get_topic(name, precreate=False)  # its channels are known: nsqlookupd is not asked
+                if state.get("paused"):
+                    topic.pause()
+                created += 1
+            for channel_name, paused in state.get("channels", {}).items():
+                if channel_name not in topic.channels:
+                    channel = topic.get_channel(channel_name)
+                    if paused:
+                        channel.pause()
+                    created += 1
+        if created:
+            log.info(
+                "REPLICATION: peer %s knew %d topic(s) and channel(s) of this node that it lacked: created",
+                peer,
+                created,
+            )
 
     def _replication_restored(self, topic_name: str, channel_name: str, messages) -> int:
         """Copies a replica sent back for channel ``channel_name`` after this node found its files damaged: each

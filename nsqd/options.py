@@ -219,6 +219,8 @@ class Options(DaemonOptions):
     actor_interlude: float = setting(
         0.00001, "how often a channel actor's slice pauses to read connections that send little (0 to disable)"
     )
+    # processes serving one node (a flag of this implementation; bench/MULTICORE.md)
+    workers: int = setting(1, "number of processes serving this node's clients (1: one process, as nsqd 1.3.0)")
     # replication between trionsq nodes (flags of this implementation; nsqd/replication/)
     replicate_to: list[str] = setting(
         default_factory=list,
@@ -341,6 +343,10 @@ def validate(opts: Options) -> None:
         raise OptionsError("--actor-slice must be positive")
     if opts.actor_interlude < 0:
         raise OptionsError("--actor-interlude must not be negative")
+    if opts.workers < 1:
+        raise OptionsError("--workers must be at least 1")
+    if opts.workers > 1:
+        _check_workers(opts)
     _check_replication(opts)
     if opts.replication_degraded not in ("refuse", "accept"):
         raise OptionsError("--replication-degraded must be 'refuse' or 'accept'")
@@ -392,6 +398,19 @@ def replication_acks(opts: Options) -> int:
     if opts.replication_min_insync:
         return opts.replication_min_insync - 1
     return min(1, len(opts.replicate_to))
+
+
+def _check_workers(opts: Options) -> None:
+    """What several workers do not carry yet is refused at start rather than half done (bench/MULTICORE.md)."""
+    not_yet = []
+    if opts.replicate_to:
+        not_yet.append("--replicate-to")
+    if opts.mem_queue_size == 0 and opts.sync_every == 1:
+        not_yet.append("durable mode (--mem-queue-size=0 --sync-every=1)")
+    if opts.log_retention_time or opts.log_retention_bytes:
+        not_yet.append("log channels (--log-retention-time, --log-retention-bytes)")
+    if not_yet:
+        raise OptionsError(f"{' and '.join(not_yet)} cannot be used with --workers above 1 yet")
 
 
 def is_go_only(name: str) -> bool:

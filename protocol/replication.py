@@ -188,6 +188,10 @@ class Welcome:
     held: int = 0
     version: int = 1  # the protocol version of this stream, chosen by the replica (absent: 1)
     adopted: int = 0  # message ids of this origin adopted here that follow in ADOPTED frames
+    #: the origin's topics and channels as the replica knows them, ``{topic: {"paused": bool, "channels":
+    #: {channel: paused}}}``; sent to an origin whose HELLO is not ``clean`` (it may have lost its directory), else
+    #: None (absent on the wire)
+    topics: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,7 +508,7 @@ def _read_columns(payload: bytes, pos: int, ids: tuple[bytes, ...]) -> tuple[Rep
 
 
 def _encode_json(frame_type: int, event: Hello | Welcome | Confirm | Confirmed | Ask | Holding) -> bytes:
-    fields = {name: getattr(event, name) for name in event.__slots__}
+    fields = {name: value for name in event.__slots__ if (value := getattr(event, name)) is not None}
     return _frame(frame_type, json.dumps(fields, separators=(",", ":")).encode())
 
 
@@ -737,7 +741,31 @@ def _decode_welcome(payload: bytes) -> Welcome:
         held=_field(obj, "held", int, 0, "WELCOME"),
         version=_field(obj, "version", int, 1, "WELCOME"),
         adopted=_field(obj, "adopted", int, 0, "WELCOME"),
+        topics=_decode_topology(obj.get("topics")),
     )
+
+
+def _decode_topology(value: object) -> dict[str, Any] | None:
+    """WELCOME's ``topics``: valid names of lasting topics and channels, paused flags true or false."""
+    if value is None:
+        return None
+
+    def valid(name: object, paused: object) -> bool:
+        return (
+            type(name) is str and is_valid_name_bytes(name.encode()) and not is_ephemeral(name) and type(paused) is bool
+        )
+
+    if not isinstance(value, dict):
+        raise ProtocolError(E_BAD_HELLO, "WELCOME field 'topics' must be an object")
+    for name, topic in value.items():
+        channels = topic.get("channels", {}) if isinstance(topic, dict) else None
+        if (
+            not isinstance(channels, dict)
+            or not valid(name, topic.get("paused", False))
+            or not all(valid(c, paused) for c, paused in channels.items())
+        ):
+            raise ProtocolError(E_BAD_HELLO, f"WELCOME field 'topics' has a bad entry for {name!r}")
+    return value
 
 
 def _decode_messages(payload: bytes) -> Messages:

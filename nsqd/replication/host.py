@@ -13,6 +13,7 @@ replica restarted, or the origin's reconnections back off, up to 5 s; it is wait
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -88,6 +89,9 @@ AGREE_ON_HELLO = 2.5
 RECENT_TAKEOVER = 30.0
 #: how often a replica asks again the replica ahead of it whether it adopted the origin
 AGREE_INTERVAL = 0.25
+#: the most JSON a WELCOME's ``topics`` carries (an origin's decoder takes frames of 64 MiB; thousands of topics
+#: take a few hundred KiB)
+TOPOLOGY_LIMIT = 16 * 1024 * 1024
 
 
 def _write_now(stream, data: bytes) -> int:
@@ -310,6 +314,8 @@ class ReplicaHost:
                         len(store.held),
                         adopted=len(ids),
                         version=version,
+                        # an origin that may have lost its directory learns its channels before it takes a publish
+                        topics=None if hello.clean else self._topology(store),
                     )
                 )
             )
@@ -361,6 +367,24 @@ class ReplicaHost:
                 self._wake.set()
                 if origin.store.held:
                     log.info("REPLICATION: origin %s gone, holding %d message(s)", origin.node, len(origin.store.held))
+
+    def _topology(self, store: ReplicaStore) -> dict | None:
+        """WELCOME's ``topics`` for an origin that is not ``clean``: its topics and channels as this store knows them;
+        None when it knows none, or (logged) when their JSON passes ``TOPOLOGY_LIMIT`` bytes."""
+        topology = store.topology()
+        if not topology:
+            return None
+        size = len(json.dumps(topology, separators=(",", ":")))
+        if size > TOPOLOGY_LIMIT:
+            log.warning(
+                "REPLICATION: origin %s has %d topic(s), %d bytes past what a WELCOME carries: it learns its channels "
+                "from nsqlookupd alone",
+                store.node,
+                len(topology),
+                size,
+            )
+            return None
+        return topology
 
     async def _confirm(self, hello: Hello, tls: bool) -> None:
         """Whether the node a HELLO names sent it: the replica asks that address, on a connection of its own

@@ -285,6 +285,7 @@ class Replicator:
         clean: bool = False,
         version: int = PROTOCOL_VERSION,
         on_restore=None,
+        on_topology=None,
     ) -> None:
         self.node = node
         #: the newest protocol version this node speaks (below ``PROTOCOL_VERSION`` only when capped for a test)
@@ -330,6 +331,9 @@ class Replicator:
         #: that named damaged queues (``NSQD``)
         self.on_restore = on_restore
         self.restored_messages = 0  # copies put back into this node's channels after damage, in all
+        #: (peer address, WELCOME's topics): what a peer knew of this node's topics and channels, sent when this
+        #: node was not ``clean`` (``NSQD``: the ones missing here are created before the node takes publishes)
+        self.on_topology = on_topology
         #: True until every peer answered or failed once (start-up: the node learns its epoch before serving)
         self.starting = True
         self.started_check = trio.Event()
@@ -678,6 +682,8 @@ class Replicator:
                 self.epoch = max(welcome.epoch, self.epoch)
                 if self.on_adopted is not None:
                     self.on_adopted(peer.address, self.epoch, ids)
+            if welcome.topics and self.on_topology is not None:  # before the backfill's capture: it names them
+                self.on_topology(peer.address, welcome.topics)
             first = self._outbox[0][0] if self._outbox else self.seq + 1
             backfill = None
             if welcome.session == self.session and welcome.seq + 1 >= first and not peer.heal:

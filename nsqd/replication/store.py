@@ -687,13 +687,20 @@ class ReplicaStore:
             if batch:
                 yield event.topic, batch
 
+    def topology(self) -> dict[str, Any]:
+        """The origin's topics and channels as known here, as WELCOME's ``topics`` carries them."""
+        return {
+            name: {"paused": ts.paused, "channels": {c: v[1] for c, v in ts.channels.items()}}
+            for name, ts in self.topics.items()
+        }
+
     def remove(self) -> None:
-        """Delete the queue's files (after a takeover); the JSON file stays with the new epoch and no topics."""
+        """Delete the queue's files (after a takeover); the JSON file stays with the new epoch and the origin's
+        topics and channels as they were (``topology``: an origin back without its directory learns them here)."""
         self.queue.delete()
         self.held.clear()
         self._records.clear()
         self.held_bytes = 0
-        self.topics.clear()
         self.session = ""
         self.seq = 0
         self.save_json()

@@ -83,6 +83,7 @@ NSQ_DEFAULTS = {
     "actor-workers": ("actor_workers", 1),
     "actor-slice": ("actor_slice", 0.0003),
     "actor-interlude": ("actor_interlude", 0.00001),
+    "workers": ("workers", 1),
     "replicate-to": ("replicate_to", []),
     "replication-acks": ("replication_acks", 0),
     "replication-min-insync": ("replication_min_insync", 0),
@@ -177,6 +178,7 @@ def test_command_line_values():
         "--actor-slice=1ms",
         "--actor-interlude=0",
         "--max-req-timeout=1.5h",
+        "--workers=3",
     )
     assert opts.node_id == 12
     assert opts.mem_queue_size == 0
@@ -188,6 +190,7 @@ def test_command_line_values():
     assert opts.log_level == "debug"
     assert (opts.actor_workers, opts.actor_slice, opts.actor_interlude) == (2, 0.001, 0.0)
     assert opts.max_req_timeout == 5400.0
+    assert opts.workers == 3
 
 
 @pytest.mark.parametrize(
@@ -279,6 +282,7 @@ tls_key = "k.pem"
 node_id = 3
 lookupd_tcp_address = ["ignored:1"]
 actor_workers = 8
+workers = 2
 """
 
 
@@ -299,6 +303,7 @@ def test_config_file(tmp_path):
     assert opts.deflate is False
     assert (opts.tls_required, opts.tls_min_version) == ("tcp-https", "tls1.1")
     assert opts.actor_workers == 8
+    assert opts.workers == 2
     assert opts.http_address == "0.0.0.0:4151"  # default
     validate(opts)
 
@@ -414,6 +419,13 @@ VALIDATION_CASES = [
     ({"actor_workers": 0}, "--actor-workers must be at least 1"),
     ({"actor_slice": 0.0}, "--actor-slice must be positive"),
     ({"actor_interlude": -0.001}, "--actor-interlude must not be negative"),
+    ({"workers": 0}, "--workers must be at least 1"),
+    ({"workers": -2}, "--workers must be at least 1"),
+    ({"workers": 2, "replicate_to": ["h:1"]}, "--replicate-to cannot be used with --workers above 1 yet"),
+    (
+        {"workers": 2, "mem_queue_size": 0, "sync_every": 1},
+        "durable mode (--mem-queue-size=0 --sync-every=1) cannot be used with --workers above 1 yet",
+    ),
     ({"replicate_to": ["nohost"]}, "--replicate-to 'nohost' is not HOST:PORT"),
     (
         {"replicate_to": ["h:1"], "replication_acks": 2},

@@ -144,6 +144,11 @@ CASES = [
     pytest.param(Welcome("10.0.0.2:4150", "abc", 99, 2, 5), None, id="welcome"),
     pytest.param(Welcome("10.0.0.2:4150", "", 0, 3, 0, adopted=2), None, id="welcome-adopted"),
     pytest.param(
+        Welcome("10.0.0.2:4150", topics={"t": {"paused": True, "channels": {"a": False, "b": True}}, "u": {}}),
+        None,
+        id="welcome-topics",
+    ),
+    pytest.param(
         Adopted((b"0123456789abcdef",)), b"\x00\x00\x00\x15\x84\x00\x00\x00\x01" + b"0123456789abcdef", id="adopted"
     ),
     pytest.param(Adopted(()), None, id="adopted-none"),
@@ -368,6 +373,24 @@ BAD = [
         "E_BAD_HELLO",
         "CONFIRMED field 'session' must be a string",
         id="confirmed-bad-session",
+    ),
+    pytest.param(
+        _frame(0x81, b'{"node": "h:1", "topics": ["t"]}'),
+        "E_BAD_HELLO",
+        "'topics' must be an object",
+        id="welcome-topics-not-object",
+    ),
+    pytest.param(
+        _frame(0x81, b'{"node": "h:1", "topics": {"t": {"channels": {"a b": false}}}}'),
+        "E_BAD_HELLO",
+        "bad entry for 't'",
+        id="welcome-topics-bad-channel",
+    ),
+    pytest.param(
+        _frame(0x81, b'{"node": "h:1", "topics": {"t#ephemeral": {}}}'),
+        "E_BAD_HELLO",
+        "bad entry for 't#ephemeral'",
+        id="welcome-topics-ephemeral",
     ),
 ]
 

@@ -654,6 +654,8 @@ class Replicator:
                         clean=self.clean,
                         version=self.version,
                         min_version=PROTOCOL_VERSION_MIN,
+                        peers=tuple(p.address for p in self.peers),
+                        replica=peer.address,
                     )
                 )
             )

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -149,10 +150,14 @@ class Connection:
         #: read leaves the parser as it was), so a step reads it instead of asking the parser (``fast_pub``)
         self.fast_line: tuple[bytes, bytes] | None = None
         self._publish_batch = nsqd.publish_batch
-        #: with ``--workers`` above 1, the workers (nsqd/workers.py): a command for a topic owned by another
-        #: worker is sent there and the connection's later commands wait for its answer (``_forwarded``)
+        #: with ``--workers`` above 1, the workers (nsqd/workers.py): a publish to a topic owned by another
+        #: worker is sent there, its OK put in the output at once and the output held until the owner answers
+        #: (``_publish_elsewhere``); a SUB waits for the owner's answer (``_forwarded``)
         self._mesh = nsqd.mesh
         self._forward: tuple | None = None
+        self._forwards_held = 0  # publishes sent to their owner and not answered yet
+        self._forward_failed = False
+        self._forwards_done: trio.Event | None = None  # set when the last held publish is answered
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -329,29 +334,68 @@ class Connection:
         return line
 
     async def _forwarded(self) -> None:
-        """Send the command a handler left in ``_forward`` to the topic's owner (nsqd/workers.py) and answer it
-        as the handler would have: a publish's OK or its ``E_<VERB>_FAILED``, a SUB's OK or its refusal."""
+        """Send the SUB a handler left in ``_forward`` to the topic's owner (nsqd/workers.py) and answer it as the
+        handler would have: OK, or the owner's refusal."""
         request, self._forward = self._forward, None
         assert request is not None and self._mesh is not None
         client = self.client
-        if request[0] == "pub":
-            _, verb, topic_name, bodies, defer = request
-            reason = await self._mesh.publish(topic_name, bodies, defer)
-            if reason is not None:
-                raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {reason}")
-            client.published(topic_name, len(bodies))
-        else:
-            _, topic_name, channel_name = request
-            client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
-            self._consumes = True
-            self._plain = False
-            self.fast_line = None
-            client.state = ClientState.SUBSCRIBED
-            log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
+        _, topic_name, channel_name = request
+        client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
+        self._consumes = True
+        self._plain = False
+        self.fast_line = None
+        client.state = ClientState.SUBSCRIBED
+        log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
         client.out.append(OK_FRAME)
         client.out_bytes += len(OK_FRAME)
         client.flush_now = True
         self._send_replies()
+
+    def _publish_elsewhere(self, verb: str, topic_name: str, bodies: list[bytes], defer: float) -> bytes:
+        """A publish to a topic another worker owns: sent there (batched with the step's other records, see
+        nsqd/workers.py), its OK put in the output now, and nothing of the output written until every publish
+        sent so is answered (``_forwards_held``), so answers keep their order while the connection goes on
+        reading. A refusal replaces that OK with ``E_<VERB>_FAILED`` and closes the connection, as a failed
+        publish does (``_forward_answered``)."""
+        assert self._mesh is not None
+        client = self.client
+        index = len(client.out)
+        client.out.append(OK_FRAME)
+        client.out_bytes += len(OK_FRAME)
+        self._forwards_held += 1
+        self._mesh.publish_soon(topic_name, bodies, defer, partial(self._forward_answered, index, verb))
+        client.published(topic_name, len(bodies))
+        return _ANSWER_QUEUED
+
+    def _forward_answered(self, index: int, verb: str, reason: str | None) -> None:
+        if self._forward_failed:
+            return
+        client = self.client
+        self._forwards_held -= 1
+        if reason is not None:
+            error = ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {reason}")
+            log.error("[%s] - %s", client.remote_address, error.payload().decode("utf-8", "replace"))
+            self._forward_failed = True
+            self._forwards_held = 0
+            out = client.out
+            if index < len(out):  # the output was held since that OK went in: it is still there
+                out[index] = encode_frame(FRAME_TYPE_ERROR, error.payload())
+                del out[index + 1 :]
+                client.out_bytes = sum(len(piece) for piece in out)
+            self._stop_reading()
+        if self._forwards_held == 0:
+            done, self._forwards_done = self._forwards_done, None
+            if done is not None:
+                done.set()
+            client.flush_now = True
+            self._send_replies()
+
+    async def _forwards_answered(self) -> None:
+        """Wait until no publish sent to its owner waits for its answer."""
+        while self._forwards_held:
+            if self._forwards_done is None:
+                self._forwards_done = trio.Event()
+            await self._forwards_done.wait()
 
     # -- reading through the poller (plain TCP) ----------------------------------------------------
     async def _receive_polled(self) -> bytes | None:
@@ -516,7 +560,12 @@ class Connection:
         """Whether a write from outside the writer task cannot reorder anything: a plain socket (no TLS or
         compression layer), no write of the writer's under way (``_send_lock``), no disk sync owed (durable mode:
         the writer commits it first)."""
-        return type(self.stream) is trio.SocketStream and not self._send_lock.locked() and not self.nsqd.sync_barrier
+        return (
+            type(self.stream) is trio.SocketStream
+            and not self._send_lock.locked()
+            and not self.nsqd.sync_barrier
+            and not self._forwards_held
+        )
 
     def _flush_direct(self) -> bool:
         """Write the whole output buffer now, without awaiting, if that cannot reorder anything (the
@@ -578,10 +627,16 @@ class Connection:
                         return
                     if replication.degraded:
                         break  # ``accept``: taken unreplicated, answered now
+                if self._forwards_held:
+                    await self._forwards_answered()  # publishes sent to their topic's worker (_publish_elsewhere)
+                    continue
                 try:
                     lock.acquire_nowait()
                 except trio.WouldBlock:
                     await lock.acquire()  # an upgrade is under way; what follows goes through its layers
+                if self._forwards_held:  # a publish read meanwhile
+                    lock.release()
+                    continue
                 try:
                     data = client.take_output()
                     barrier = self.nsqd.sync_barrier
@@ -700,6 +755,7 @@ class Connection:
         the new layers (``take_unparsed``). The writer is held off meanwhile (``_send_lock``)."""
         client = self.client
         leftover = self.parser.take_unparsed()
+        await self._forwards_answered()  # (the poller reads nothing meanwhile: this task runs the commands)
         client.write_frame(response)
         async with self._send_lock:
             try:
@@ -1050,8 +1106,7 @@ class Connection:
         """PUB, MPUB, DPUB: ``_publish_stored`` of a connection that never subscribed, ``_publish_answering_first``
         of one that did (a flag, not a bound method kept per connection: one object fewer for the collector)."""
         if self._mesh is not None and not self._mesh.owns(topic_name):
-            self._forward = ("pub", verb, topic_name, bodies, defer)
-            return _FORWARD
+            return self._publish_elsewhere(verb, topic_name, bodies, defer)
         if self._consumes:
             return self._publish_answering_first(verb, topic_name, bodies, defer)
         return self._publish_stored(verb, topic_name, bodies, defer)

@@ -220,7 +220,8 @@ class WorkerMesh:
         self.count: int = sockets.count
         self.links: dict[int, Link] = {peer: Link(self, peer, sock) for peer, sock in sockets.links.items()}
         self._owners: dict[str | bytes, int] = {}
-        self._calls: dict[int, Any] = {}  # request id -> [Event, answer]
+        self._calls: dict[int, Any] = {}  # request id -> [Event, answer, worker]
+        self._callbacks: dict[int, tuple[int, Callable]] = {}  # request id -> (worker, called with the answer)
         self._ids = itertools.count(1)
         self._fronts: dict[tuple[int, int], RemoteClient] = {}  # (worker, its client id) -> stand-in here
         self._consumers: dict[int, Client] = {}  # client id -> a consumer here whose channel is elsewhere
@@ -257,6 +258,10 @@ class WorkerMesh:
             if call[2] == link.peer:
                 call[1] = WorkerGone(f"worker {link.peer} stopped")
                 call[0].set()
+        for call_id, (peer, answered) in list(self._callbacks.items()):
+            if peer == link.peer:
+                del self._callbacks[call_id]
+                answered("exiting")
         if not self.nsqd.exiting:
             log.error("WORKERS: worker %d is gone: stopping", link.peer)
             self.nsqd.exit()
@@ -278,12 +283,15 @@ class WorkerMesh:
         self.links[peer].send(("re", call_id, value))
 
     # -- what this worker asks of the owners -------------------------------------------------------------------
-    async def publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
-        """Publish at the topic's owner; None, or the reason it refused (``exiting``, a full queue's error)."""
-        try:
-            return await self.call(self.owner(topic_name), "pub", topic_name, bodies, defer)
-        except WorkerGone:
-            return "exiting"
+    def publish_soon(
+        self, topic_name: str, bodies: list[bytes], defer: float, answered: Callable[[str | None], None]
+    ) -> None:
+        """Publish at the topic's owner; ``answered`` gets None, or the reason it refused (``exiting``, a full
+        queue's error), when its answer comes back."""
+        call_id = next(self._ids)
+        owner = self.owner(topic_name)
+        self._callbacks[call_id] = (owner, answered)
+        self.links[owner].send(("pub", call_id, topic_name, bodies, defer))
 
     async def subscribe(self, client: Client, topic_name: str, channel_name: str) -> RemoteChannel:
         """SUB at the topic's owner; raises the ``ProtocolError`` it answered."""
@@ -351,6 +359,10 @@ class WorkerMesh:
         handler(self, peer, *record[1:])
 
     def _on_answer(self, peer: int, call_id: int, value) -> None:
+        waiting = self._callbacks.pop(call_id, None)
+        if waiting is not None:
+            waiting[1](value)
+            return
         call = self._calls.get(call_id)
         if call is not None:
             call[1] = value

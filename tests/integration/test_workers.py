@@ -5,15 +5,18 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
 from nsqd.workers import owner_of
 
+from .features import FeatureClient
 from .harness import (
     FRAME_TYPE_MESSAGE,
     REPO_ROOT,
@@ -24,10 +27,13 @@ from .harness import (
     decode_message,
     dpub,
     fin,
+    identify,
+    mpub,
     pub,
     rdy,
     req,
     stop_all,
+    sub,
     touch,
 )
 from .http_helpers import get, post, stats, wait_for
@@ -302,5 +308,76 @@ def test_a_killed_worker_stops_the_node_and_a_restart_serves_every_topic(tmp_pat
     try:
         document = stats(node.listening["HTTP"])
         assert sorted(entry["topic_name"] for entry in document["topics"]) == topics
+    finally:
+        stop_all([node])
+
+
+def test_answers_keep_their_order_across_workers(node):
+    topics = owned_topics("ordered")
+    client = RawClient(node.tcp)
+    commands = [pub(topics[number % 2], f"m{number}".encode()) for number in range(30)]
+    commands.append(mpub(topics[1], [b"a", b"b"]))
+    commands.append(identify({"feature_negotiation": True, "user_agent": "ordered"}))
+    client.send(b"".join(commands))
+    for _ in range(31):
+        assert client.read_reply().data == b"OK"
+    assert json.loads(client.read_reply().data)["max_rdy_count"] == 2500
+    counts = {entry["topic_name"]: entry["message_count"] for entry in stats(node.listening["HTTP"])["topics"]}
+    assert (counts[topics[0]], counts[topics[1]]) == (15, 17)
+    client.close()
+
+
+def test_one_unix_socket_for_every_worker(tmp_path):
+    sock_dir = tempfile.mkdtemp(prefix="nsqw", dir="/tmp")  # short: a socket's path has at most 107 bytes
+    path = os.path.join(sock_dir, "nsqd.sock")
+    try:
+        node = start_node(tmp_path / "data", f"--tcp-address={path}")
+        try:
+            assert node.tcp == path
+            topics = owned_topics("unix")
+            consumers = [consumer(path, name, "c", ready=5) for name in topics for _ in range(2)]
+            producer = RawClient(path)
+            for name in topics:
+                producer.publish_many(name, [f"{name}-{number}".encode() for number in range(6)])
+            for index, name in enumerate(topics):
+                got = receive_all(consumers[2 * index : 2 * index + 2], 6)
+                assert sorted(body for bodies in got for body in bodies) == sorted(
+                    f"{name}-{number}".encode() for number in range(6)
+                )
+            for client in [producer, *consumers]:
+                client.close()
+        finally:
+            stop_all([node])
+        assert not os.path.exists(path)  # removed once, by the parent, when the node stopped
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_tls_and_compression_stay_in_the_accepting_worker(tmp_path, certs):
+    node = start_node(tmp_path / "data", *certs.daemon_args())
+    try:
+        topics = owned_topics("layers")
+        layered = []
+        for index in range(2):
+            client = FeatureClient(node.tcp)
+            features = {"feature_negotiation": True, "tls_v1": True, "snappy": index == 0, "deflate": index == 1}
+            client.identify(features)
+            client.start_tls(certs.client_context())
+            if index == 0:
+                client.start_snappy()
+            else:
+                client.start_deflate(6)
+            layered.append(client)
+        producer, listener = layered
+        listener.send(sub(topics[0], "c") + rdy(10))
+        listener.expect_ok()
+        for name in topics:
+            producer.send(pub(name, f"over tls to {name}".encode()))
+            producer.expect_ok()
+        message = listener.read_message()
+        assert message.body == f"over tls to {topics[0]}".encode()
+        listener.send(fin(message.id))
+        for client in layered:
+            client.close()
     finally:
         stop_all([node])

@@ -37,6 +37,7 @@ from .lookup import Lookup
 from .message import Message
 from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
 from .metadata_writer import MetadataWriter
+from .options import replication_acks
 from .poller import ReadPoller
 from .queue_scan import QueueScanner
 from .queues.atomic_file import remove_stray_temporaries
@@ -555,7 +556,7 @@ class NSQD:
         self.replication = Replicator(
             self.node_name,
             opts.replicate_to,
-            acks=opts.replication_acks or len(opts.replicate_to),
+            acks=replication_acks(opts),
             degraded=opts.replication_degraded,
             durable=self.durable,
             ssl_context=self.replication_ssl_context(),

@@ -120,6 +120,10 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   messages take this node's next offsets of it. The epoch of that origin goes up and is persisted, the adopted ids
   are kept for the origin (``replica.<node>.adopted``); the store's files are removed. Adopted messages are this node's
   own from then on (replicated to its own peers).
+- Two replicas of one origin (``ReplicaHost._agree``): HELLO names the origin's peers in order; before a takeover a
+  replica asks the others (ASK, HOLDING and the ids they adopted) and adopts only what none adopted, waits for a
+  replica ahead of it that still holds copies, and holds back while another has the origin's stream: one owner per
+  message.
 
 Not here: ordering, exactly-once; a partition that makes both sides deliver gives duplicates (NSQ allows it).
 """

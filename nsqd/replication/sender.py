@@ -37,6 +37,7 @@ import trio
 from protocol.errors import ProtocolError
 from protocol.replication import (
     E_BAD_VERSION,
+    E_EXITING,
     HEARTBEAT_FRAME,
     MAGIC_R1,
     OP_CREATED,
@@ -84,6 +85,9 @@ _message_id = attrgetter("id")
 
 CONNECT_TIMEOUT = 5.0
 RETRY_MIN, RETRY_MAX = 0.1, 5.0
+#: a peer that said it stops (``E_EXITING``: SIGTERM, a restart) is tried every ``RETRY_MIN`` this long, not backed
+#: off: while it is away this node refuses publishes (or takes them unreplicated), so its return must be seen at once
+RESTART_WAIT = 30.0
 #: an idle stream's heartbeat (HEARTBEAT, or PING on version 2) goes out after this long without a write
 HEARTBEAT_INTERVAL = 1.0
 #: A peer silent for this long (no ACK, heartbeat or PONG) is taken for gone and its connection closed; it is the
@@ -160,6 +164,7 @@ class _Peer:
         "declared",
         "marks",
         "scope",
+        "restarting_until",
     )
 
     def __init__(self, address: str) -> None:
@@ -196,6 +201,7 @@ class _Peer:
         #: queue name -> its write position at the capture of this peer's last backfill (``Backfill.marks``)
         self.marks: dict[str, tuple[int, int]] = {}
         self.scope: trio.CancelScope | None = None  # the current connection's, cancelled for a new backfill
+        self.restarting_until = 0.0  # it said it stops (E_EXITING): tried every RETRY_MIN until then
 
     @property
     def log_channels(self) -> bool:
@@ -614,6 +620,9 @@ class Replicator:
                 while isinstance(exc, BaseExceptionGroup):
                     exc = exc.exceptions[0]
                 peer.failure = str(exc) or type(exc).__name__
+                if group.subgroup(lambda e: isinstance(e, ProtocolError) and e.code == E_EXITING) is not None:
+                    # (its sender task may have failed first, on the closed socket)
+                    peer.restarting_until = trio.current_time() + RESTART_WAIT
                 if peer.state in ("connected", "backfilling"):
                     log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
                 else:
@@ -624,6 +633,8 @@ class Replicator:
                 self._check_started()
                 if was in ("connected", "backfilling"):
                     self._peer_changed()
+            if trio.current_time() < peer.restarting_until:
+                delay = RETRY_MIN
             await trio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
@@ -654,6 +665,8 @@ class Replicator:
                         clean=self.clean,
                         version=self.version,
                         min_version=PROTOCOL_VERSION_MIN,
+                        peers=tuple(p.address for p in self.peers),
+                        replica=peer.address,
                     )
                 )
             )
@@ -706,6 +719,7 @@ class Replicator:
                     peer.synced,
                 )
             peer.welcomed = True
+            peer.restarting_until = 0.0
             self._check_started()
             self._peer_changed()
             if peer.state == "backfilling":

@@ -19,6 +19,7 @@ from nsqd.options import (
     default_node_id,
     is_go_only,
     parse_options,
+    replication_acks,
     validate,
     version_string,
 )
@@ -85,6 +86,7 @@ NSQ_DEFAULTS = {
     "workers": ("workers", 1),
     "replicate-to": ("replicate_to", []),
     "replication-acks": ("replication_acks", 0),
+    "replication-min-insync": ("replication_min_insync", 0),
     "replication-degraded": ("replication_degraded", "refuse"),
     "replica-takeover-timeout": ("replica_takeover_timeout", 30.0),
     "log-retention-time": ("log_retention_time", 0.0),
@@ -429,6 +431,28 @@ VALIDATION_CASES = [
         {"replicate_to": ["h:1"], "replication_acks": 2},
         "--replication-acks must be [0,1] (the number of --replicate-to)",
     ),
+    ({"replicate_to": ["h:1", "g:2", "h:1"]}, "--replicate-to 'h:1' is given twice"),
+    (
+        {"replicate_to": ["h:1", "127.0.0.1:4150"], "tcp_address": "127.0.0.1:4150", "broadcast_address": "a"},
+        "--replicate-to '127.0.0.1:4150' is this node itself",
+    ),
+    (
+        {"replicate_to": ["h:1", "a:5150"], "broadcast_address": "a", "broadcast_tcp_port": 5150},
+        "--replicate-to 'a:5150' is this node itself",
+    ),
+    (
+        {"replicate_to": ["h:1", "g:2"], "replication_min_insync": 4},
+        "--replication-min-insync must be [2,3] (this node and its 2 --replicate-to peer(s))",
+    ),
+    (
+        {"replicate_to": ["h:1"], "replication_min_insync": 1},
+        "--replication-min-insync must be [2,2] (this node and its 1 --replicate-to peer(s))",
+    ),
+    ({"replication_min_insync": 2}, "--replication-min-insync needs --replicate-to"),
+    (
+        {"replicate_to": ["h:1", "g:2"], "replication_min_insync": 3, "replication_acks": 1},
+        "--replication-acks and --replication-min-insync disagree (acks = min-insync - 1)",
+    ),
     ({"replication_degraded": "maybe"}, "--replication-degraded must be 'refuse' or 'accept'"),
     ({"replica_takeover_timeout": -1.0}, "--replica-takeover-timeout must not be negative"),
 ]
@@ -526,3 +550,25 @@ def test_config_names_cover_every_configurable_flag():
     assert set(config_names()) == expected | {"id", "broadcast_address"}
     for name in config_names():
         config_value(Options(), name)
+
+
+@pytest.mark.parametrize(
+    "peers, acks, min_insync, expected",
+    [
+        (1, 0, 0, 1),
+        (2, 0, 0, 1),  # three copies, two in sync: either peer may die without a refused publish
+        (2, 0, 3, 2),
+        (2, 2, 0, 2),
+        (2, 1, 2, 1),
+        (0, 0, 0, 0),
+    ],
+)
+def test_the_acknowledgement_rule_counts_the_origin(peers, acks, min_insync, expected):
+    opts = dataclasses.replace(
+        Options(node_id=1),
+        replicate_to=[f"h{i}:1" for i in range(peers)],
+        replication_acks=acks,
+        replication_min_insync=min_insync,
+    )
+    validate(opts)
+    assert replication_acks(opts) == expected

@@ -8,8 +8,8 @@ same N finds each topic where it was; the files of a topic are named by the topi
 another N opens them in their new owner. NSQ's rules per channel are then one process's rules, with the code of
 one nsqd.
 
-What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per writer wake-up (the
-records of one step of the loop go together):
+What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per step of the read
+poller (the records of one step go together), read at the other end by its read poller:
 
 - a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, its answer comes back
   (the connection's later commands wait for it, so answers keep their order);

@@ -825,6 +825,14 @@ class NSQD:
             actors.preempted,
             actors.interludes,
         )
+        if self.mesh is not None:
+            crossed = self.mesh.statistics()
+            log.info(
+                "NSQ: worker %d sent %d records to the others in %d writes",
+                self.mesh.index,
+                crossed["records"],
+                crossed["batches"],
+            )
         self._accept_scope.cancel()
         self._connections_scope.cancel()
         self._stopped.set()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import pickle
 import struct
 import zlib
@@ -68,62 +69,127 @@ class WorkerGone(Exception):
 
 
 class Link:
-    """This worker's end of the socketpair to one other worker. ``send`` queues a record; the writer task sends
-    what was queued meanwhile as one pickled batch (``[length][pickle of a list of records]``), and the reader
-    hands each record of a batch to ``WorkerMesh.handle``."""
+    """This worker's end of the socketpair to one other worker.
+
+    Records (``send``) and stand-ins' frames (``mark``) queued during a step of the read poller are written at
+    the step's end, as one pickled batch (``[length][pickle of a list of records]``) with one ``write``
+    (``ReadPoller.defer_reply``); queued outside a step (a channel's slice, an HTTP handler), the writer task
+    writes them. The other end is read by the read poller like an idle connection (``poll_ready``), and each
+    record of a batch goes to ``WorkerMesh.handle`` there: no task wakes up for a record in either direction."""
+
+    #: what the read poller asks of a member (``poller.Polled``): reads are small, and it ranks before consumers
+    last_read = 0
+    poll_actor = None
+    fast_line = None
 
     def __init__(self, mesh: WorkerMesh, peer: int, sock) -> None:
         self.mesh = mesh
         self.peer = peer
+        sock.setblocking(False)
+        self.fd = sock.fileno()
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        self.poller = mesh.nsqd.read_poller
         self.pending: list[tuple] = []
         self.dirty: dict[RemoteClient, None] = {}  # stand-ins with message frames to send back
         self._wake = trio.Event()
+        self._scheduled = False  # a write of what is queued is arranged (step's end, or the writer task)
+        self._writing = False  # the writer task is writing: what is queued waits for it, in order
+        self._rest = b""  # what the socket did not take of a write outside the writer task
+        self._buffer = bytearray()
+        self.lost: trio.Event = trio.Event()
         self.batches = 0
         self.records = 0
 
     def send(self, record: tuple) -> None:
         self.pending.append(record)
-        self._wake.set()
+        if not self._scheduled:
+            self._schedule()
 
     def mark(self, client: RemoteClient) -> None:
         self.dirty[client] = None
-        self._wake.set()
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        if not self.poller.defer_reply(self):
+            self._wake.set()
+
+    def _encode(self) -> bytes:
+        if self.dirty:
+            dirty, self.dirty = self.dirty, {}
+            for client in dirty:
+                if client.out:
+                    self.pending.append(("out", client.front_id, client.take_output()))
+        if not self.pending:
+            return b""
+        batch, self.pending = self.pending, []
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        self.batches += 1
+        self.records += len(batch)
+        return _LENGTH.pack(len(data)) + data
+
+    def send_deferred(self) -> None:
+        """The end of a read poller's step: write what the step queued, in one write if the socket takes it."""
+        self._scheduled = False
+        if self._writing or self._rest:
+            self._wake.set()  # the writer task goes on, in order
+            return
+        data = self._encode()
+        if not data:
+            return
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return  # the reader sees the link closed
+        if sent < len(data):
+            self._rest = data[sent:]
+            self._wake.set()
 
     async def write_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            if self.dirty:
-                dirty, self.dirty = self.dirty, {}
-                for client in dirty:
-                    if client.out:
-                        self.pending.append(("out", client.front_id, client.take_output()))
-            if not self.pending:
-                continue
-            batch, self.pending = self.pending, []
-            data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-            self.batches += 1
-            self.records += len(batch)
-            await self.stream.send_all(_LENGTH.pack(len(data)) + data)
+            self._writing = True
+            try:
+                while True:
+                    if self._rest:
+                        data, self._rest = self._rest, b""
+                    else:
+                        self._scheduled = False
+                        data = self._encode()
+                    if not data:
+                        break
+                    await self.stream.send_all(data)
+            finally:
+                self._writing = False
 
-    async def read_loop(self) -> None:
-        buffer = bytearray()
+    def poll_ready(self) -> None:
+        """The read poller found the link readable: handle every whole batch read."""
+        try:
+            data = os.read(self.fd, _RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.poller.discard(self.fd)
+            self.lost.set()
+            return
+        buffer = self._buffer
+        buffer += data
         handle = self.mesh.handle
         peer = self.peer
-        while True:
-            chunk = await self.stream.receive_some(_RECEIVE_SIZE)
-            if not chunk:
-                return
-            buffer += chunk
-            while len(buffer) >= 4:
-                (size,) = _LENGTH.unpack_from(buffer)
-                if len(buffer) < 4 + size:
-                    break
-                batch = pickle.loads(memoryview(buffer)[4 : 4 + size])
-                del buffer[: 4 + size]
-                for record in batch:
-                    handle(peer, record)
+        while len(buffer) >= 4:
+            (size,) = _LENGTH.unpack_from(buffer)
+            if len(buffer) < 4 + size:
+                break
+            batch = pickle.loads(bytes(buffer[4 : 4 + size]))
+            del buffer[: 4 + size]
+            for record in batch:
+                handle(peer, record)
 
 
 class RemoteClient(Client):
@@ -245,15 +311,25 @@ class WorkerMesh:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for link in self.links.values():
-                nursery.start_soon(link.write_loop)
-                nursery.start_soon(self._read, link)
+                nursery.start_soon(self._write, link)
+                nursery.start_soon(self._watch, link)
+                self.nsqd.read_poller.add(link.fd, link, again=True)
             task_status.started()
 
-    async def _read(self, link: Link) -> None:
+    async def _write(self, link: Link) -> None:
         try:
-            await link.read_loop()
+            await link.write_loop()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("WORKERS: link to worker %d failed: %s", link.peer, exc)
+            link.lost.set()
+            await trio.sleep_forever()
+
+    async def _watch(self, link: Link) -> None:
+        """Once the link to a worker is lost: its answers never come; the node stops, unless it is stopping."""
+        try:
+            await link.lost.wait()
+        finally:
+            self.nsqd.read_poller.discard(link.fd)
         for call in list(self._calls.values()):
             if call[2] == link.peer:
                 call[1] = WorkerGone(f"worker {link.peer} stopped")

@@ -8,8 +8,8 @@ same N finds each topic where it was; the files of a topic are named by the topi
 another N opens them in their new owner. NSQ's rules per channel are then one process's rules, with the code of
 one nsqd.
 
-What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per writer wake-up (the
-records of one step of the loop go together):
+What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per step of the read
+poller (the records of one step go together), read at the other end by its read poller:
 
 - a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, its answer comes back
   (the connection's later commands wait for it, so answers keep their order);
@@ -180,7 +180,7 @@ class Link:
             return
         buffer = self._buffer
         buffer += data
-        handle = self.mesh.handle
+        handle = self.mesh.handle_batch
         peer = self.peer
         while len(buffer) >= 4:
             (size,) = _LENGTH.unpack_from(buffer)
@@ -188,8 +188,7 @@ class Link:
                 break
             batch = pickle.loads(bytes(buffer[4 : 4 + size]))
             del buffer[: 4 + size]
-            for record in batch:
-                handle(peer, record)
+            handle(peer, batch)
 
 
 class RemoteClient(Client):
@@ -426,6 +425,35 @@ class WorkerMesh:
         )
 
     # -- what comes over the links -----------------------------------------------------------------------------
+    def handle_batch(self, peer: int, batch: list[tuple]) -> None:
+        """The records of one batch, in order; a run of publishes to one topic (PUBs of many connections, read in
+        one step of the sender) is published with one ``Topic.publish``, as the fast path publishes a step's PUBs
+        (``fastpath.py``), and each is answered."""
+        run: list[tuple] = []
+        for record in batch:
+            if record[0] == "pub" and not record[4]:
+                if run and run[0][2] != record[2]:
+                    self._publish_run(peer, run)
+                    run = []
+                run.append(record)
+                continue
+            if run:
+                self._publish_run(peer, run)
+                run = []
+            self.handle(peer, record)
+        if run:
+            self._publish_run(peer, run)
+
+    def _publish_run(self, peer: int, run: list[tuple]) -> None:
+        if len(run) == 1:
+            self._on_pub(peer, *run[0][1:])
+            return
+        bodies = [body for record in run for body in record[3]]
+        reason = self._publish(run[0][2], bodies, 0.0)
+        answer = self._answer
+        for record in run:
+            answer(peer, record[1], reason)
+
     def handle(self, peer: int, record: tuple) -> None:
         kind = record[0]
         handler = _HANDLERS.get(kind)
@@ -445,18 +473,20 @@ class WorkerMesh:
             call[0].set()
 
     def _on_pub(self, peer: int, call_id: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
+        self._answer(peer, call_id, self._publish(topic_name, bodies, defer))
+
+    def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
+        """Into the topic here as a publish of a connection here; None, or why it was refused."""
         nsqd = self.nsqd
-        reason = None
         if nsqd.exiting:
-            reason = "exiting"
-        else:
-            try:
-                nsqd.get_topic(topic_name).publish(bodies, defer)
-            except TopicExiting:
-                reason = "exiting"
-            except TopicFull as exc:
-                reason = str(exc)
-        self._answer(peer, call_id, reason)
+            return "exiting"
+        try:
+            nsqd.get_topic(topic_name).publish(bodies, defer)
+        except TopicExiting:
+            return "exiting"
+        except TopicFull as exc:
+            return str(exc)
+        return None
 
     def _on_sub(self, peer: int, call_id: int, front_id: int, topic_name: str, channel_name: str, info) -> None:
         nsqd = self.nsqd

@@ -381,3 +381,22 @@ def test_tls_and_compression_stay_in_the_accepting_worker(tmp_path, certs):
             client.close()
     finally:
         stop_all([node])
+
+
+def test_three_workers(tmp_path):
+    node = start_node(tmp_path / "data", workers=3)
+    try:
+        topics = owned_topics("three", 3)
+        consumers = [consumer(node.tcp, name, "c", ready=10) for name in topics]
+        producers = [RawClient(node.tcp) for _ in range(3)]
+        for number in range(9):
+            producers[number % 3].publish(topics[number % 3], f"{number}".encode())
+        for index, client in enumerate(consumers):
+            (got,) = receive_all([client], 3)
+            assert sorted(got) == [f"{number}".encode() for number in range(index, 9, 3)]
+        document = stats(node.listening["HTTP"])
+        assert [entry["topic_name"] for entry in document["topics"]] == sorted(topics)
+        for client in consumers + producers:
+            client.close()
+    finally:
+        stop_all([node])

@@ -56,6 +56,8 @@ __all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
 log = logging.getLogger("nsqd")
 
 _LENGTH = struct.Struct(">I")
+#: how often worker 0 looks whether the lookupds it identified with changed (``MeshLookup``)
+RELAY_INTERVAL = 1.0
 _RECEIVE_SIZE = 1 << 18
 
 
@@ -598,6 +600,11 @@ class WorkerMesh:
         if isinstance(lookup, MeshLookup):
             lookup.remote_change(command, branch, topic, channel, created)
 
+    def _on_lookupd_http(self, peer: int, addresses: list[str]) -> None:
+        lookup = self.nsqd.lookup
+        if isinstance(lookup, RelayLookup):
+            lookup.lookupd_addresses(addresses)
+
     def _on_meta(self, peer: int, entries: list[bytes]) -> None:
         metadata = self.nsqd.metadata
         if isinstance(metadata, MeshMetadata):
@@ -624,16 +631,36 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "stats": WorkerMesh._on_stats,
     "lookup": WorkerMesh._on_lookup,
     "meta": WorkerMesh._on_meta,
+    "lookupd_http": WorkerMesh._on_lookupd_http,
 }
 
 
 # -- lookupd: worker 0 registers the node --------------------------------------------------------------------------
 class MeshLookup(Lookup):
-    """Worker 0's registration: its own topics and channels and those the other workers report."""
+    """Worker 0's registration: its own topics and channels and those the other workers report. It tells the
+    others the HTTP addresses of the lookupds it identified with, for their topics' channel pre-creation."""
 
-    def __init__(self, nsqd) -> None:
+    def __init__(self, nsqd, mesh: WorkerMesh) -> None:
         super().__init__(nsqd)
+        self.mesh = mesh
         self.remote: dict[str, list[str]] = {}  # topic -> channels, of the topics other workers own
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tell_workers)
+            await nursery.start(super().run)
+            task_status.started()
+
+    async def _tell_workers(self) -> None:
+        told: list[str] = []
+        while True:
+            await self.identified.wait()
+            addresses = self.http_addresses()
+            if addresses != told:
+                for link in self.mesh.links.values():
+                    link.send(("lookupd_http", addresses))
+                told = addresses
+            await trio.sleep(RELAY_INTERVAL)
 
     def registration_commands(self) -> list[bytes]:
         commands = super().registration_commands()
@@ -660,17 +687,24 @@ class MeshLookup(Lookup):
 
 
 class RelayLookup(Lookup):
-    """The registration of a worker other than 0: its changes go to worker 0, which registers the node."""
+    """The registration of a worker other than 0: its changes go to worker 0, which registers the node. Its
+    topics' channels are pre-created from the lookupds worker 0 identified with (``MeshLookup``)."""
 
     def __init__(self, nsqd, mesh: WorkerMesh) -> None:
         super().__init__(nsqd)
         self.link = mesh.links[0]
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        self.relayed: list[str] = []
 
     def set_addresses(self, addresses: list[str]) -> None:
-        self.nsqd.opts.lookupd_tcp_addresses = list(addresses)
+        self.nsqd.opts.lookupd_tcp_addresses = list(addresses)  # no connection of its own
+
+    def http_addresses(self) -> list[str]:
+        return list(self.relayed)
+
+    def lookupd_addresses(self, addresses: list[str]) -> None:
+        self.relayed = list(addresses)
+        if addresses:
+            self.identified.set()
 
     def _relay(self, command: bytes, branch: str, topic: str, channel: str, created: bool) -> None:
         self.link.send(("lookup", command, branch, topic, channel, created))
@@ -691,9 +725,6 @@ class RelayLookup(Lookup):
     def channel_deleted(self, channel) -> None:
         command = encode_unregister(channel.topic_name, channel.name)
         self._relay(command, "channel", channel.topic_name, channel.name, False)
-
-    def prepare_topic(self, topic) -> None:
-        return None  # channel pre-creation from lookupd: worker 0 only, for now (bench/MULTICORE.md)
 
 
 # -- nsqd.dat: worker 0 writes the node's file ---------------------------------------------------------------------

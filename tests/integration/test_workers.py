@@ -264,6 +264,22 @@ def test_one_registration_in_lookupd(tmp_path):
         )
         nodes = get(lookupd.http_address, "/nodes").json()["producers"]
         assert len(nodes) == 1 and set(topics) <= set(nodes[0]["topics"])
+        # a new topic's channels are pre-created from lookupd whichever worker owns it
+        fresh = owned_topics("precreated")
+        for name in fresh:
+            assert post(lookupd.http_address, f"/channel/create?topic={name}&channel=archive").status == 200
+        producer = RawClient(node.tcp)
+        for name in fresh:
+            producer.publish(name, b"first")
+        producer.close()
+
+        def depths():
+            found = {entry["topic_name"]: entry for entry in stats(node.listening["HTTP"])["topics"]}
+            return [
+                [(c["channel_name"], c["depth"]) for c in found[name]["channels"]] for name in fresh if name in found
+            ]
+
+        wait_for(lambda: depths() == [[("archive", 1)]] * 2, 20, message="channels pre-created in both workers")
     finally:
         stop_all([node, lookupd])
 

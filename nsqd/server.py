@@ -305,10 +305,11 @@ class NSQD:
         the others send it (workers.py)."""
         mesh = self.mesh = WorkerMesh(self, sockets)
         log.info("NSQ: worker %d of %d", mesh.index, mesh.count)
+        self.start_time = sockets.start_time
         # IDs stay unique on the node: each worker stamps its own node id (one worker's neighbour's)
         self.guid = GUIDFactory((self.opts.node_id + mesh.index) % 1024)
         if mesh.index == 0:
-            self.lookup = MeshLookup(self)
+            self.lookup = MeshLookup(self, mesh)
             self.metadata = MeshMetadata(self.data_path, self.topics, logger=log)
         else:
             self.lookup = RelayLookup(self, mesh)
@@ -827,6 +828,14 @@ class NSQD:
             actors.preempted,
             actors.interludes,
         )
+        if self.mesh is not None:
+            crossed = self.mesh.statistics()
+            log.info(
+                "NSQ: worker %d sent %d records to the others in %d writes",
+                self.mesh.index,
+                crossed["records"],
+                crossed["batches"],
+            )
         self._accept_scope.cancel()
         self._connections_scope.cancel()
         self._stopped.set()

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import time
 
 from .metadata import Prebound
 
@@ -38,12 +39,13 @@ class MeshSockets:
     """What a worker takes from the parent: its number, the number of workers, and its end of the socketpair
     to each other worker (``peer -> socket``)."""
 
-    __slots__ = ("index", "count", "links")
+    __slots__ = ("index", "count", "links", "start_time")
 
-    def __init__(self, index: int, count: int, links: dict[int, socket.socket]) -> None:
+    def __init__(self, index: int, count: int, links: dict[int, socket.socket], start_time: int) -> None:
         self.index = index
         self.count = count
         self.links = links
+        self.start_time = start_time  # the node's, for /stats and /info: the same in every worker
 
 
 def start_workers(opts, prebound: Prebound) -> Prebound:
@@ -57,10 +59,11 @@ def start_workers(opts, prebound: Prebound) -> Prebound:
     pairs = {(i, j): socket.socketpair() for i in range(count) for j in range(i + 1, count)}
     children: dict[int, int] = {}
     parent = os.getpid()
+    start_time = int(time.time())
     for index in range(count):
         pid = os.fork()
         if pid == 0:
-            return _become_worker(prebound, index, count, pairs, parent)
+            return _become_worker(prebound, index, count, pairs, parent, start_time)
         children[pid] = index
     for left, right in pairs.values():
         left.close()
@@ -69,7 +72,7 @@ def start_workers(opts, prebound: Prebound) -> Prebound:
     raise SystemExit(_supervise(children))
 
 
-def _become_worker(prebound: Prebound, index: int, count: int, pairs: dict, parent: int) -> Prebound:
+def _become_worker(prebound: Prebound, index: int, count: int, pairs: dict, parent: int, start_time: int) -> Prebound:
     from runtime import startup  # noqa: PLC0415 (light; only a worker needs it here)
 
     startup._BOUND_UNIX_PATHS.clear()  # noqa: SLF001 (the parent removes the socket files, once, at the end)
@@ -88,7 +91,7 @@ def _become_worker(prebound: Prebound, index: int, count: int, pairs: dict, pare
         else:
             left.close()
             right.close()
-    prebound.mesh = MeshSockets(index, count, links)
+    prebound.mesh = MeshSockets(index, count, links, start_time)
     return prebound
 
 

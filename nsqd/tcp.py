@@ -326,13 +326,6 @@ class Connection:
             client.flush_now = True
             self._send_replies()
 
-    def _fast_line(self) -> tuple[bytes, bytes] | None:
-        """``parser.last_pub()``, unless its topic is owned by another worker (its PUBs are sent there)."""
-        line = self.parser.last_pub()
-        if line is not None and self._mesh is not None and not self._mesh.owns(line[1]):
-            return None
-        return line
-
     async def _forwarded(self) -> None:
         """Send the SUB a handler left in ``_forward`` to the topic's owner (nsqd/workers.py) and answer it as the
         handler would have: OK, or the owner's refusal."""
@@ -358,14 +351,20 @@ class Connection:
         reading. A refusal replaces that OK with ``E_<VERB>_FAILED`` and closes the connection, as a failed
         publish does (``_forward_answered``)."""
         assert self._mesh is not None
+        self._mesh.publish_soon(topic_name, bodies, defer, self.hold_oks(1, verb))
+        self.client.published(topic_name, len(bodies))
+        return _ANSWER_QUEUED
+
+    def hold_oks(self, count: int, verb: str = "PUB") -> Callable[[str | None], None]:
+        """Put ``count`` OKs in the output, held with everything after them until the returned function gets the
+        owner's answer (``_publish_elsewhere``; the fast path's batches too, ``fastpath.PublishBatch``)."""
         client = self.client
         index = len(client.out)
-        client.out.append(OK_FRAME)
-        client.out_bytes += len(OK_FRAME)
+        data = OK_FRAME * count
+        client.out.append(data)
+        client.out_bytes += len(data)
         self._forwards_held += 1
-        self._mesh.publish_soon(topic_name, bodies, defer, partial(self._forward_answered, index, verb))
-        client.published(topic_name, len(bodies))
-        return _ANSWER_QUEUED
+        return partial(self._forward_answered, index, verb)
 
     def _forward_answered(self, index: int, verb: str, reason: str | None) -> None:
         if self._forward_failed:
@@ -407,7 +406,7 @@ class Connection:
         self._poll_fd = fd = self.stream.socket.fileno()  # type: ignore[attr-defined]  # a SocketStream here
         self._poll_result = None
         self._poll_done = done = trio.Event()
-        self.fast_line = self._fast_line() if self._plain else None
+        self.fast_line = self.parser.last_pub() if self._plain else None
         poller.add(fd, self)
         try:
             await done.wait()
@@ -483,7 +482,7 @@ class Connection:
             self._pending_command = command
             self._poll_return(None)
             return
-        self.fast_line = self._fast_line() if self._plain else None
+        self.fast_line = self.parser.last_pub() if self._plain else None
         if self._poller.step_time > self._read_moves_at:
             self._set_read_deadline()
 

@@ -8,8 +8,8 @@ same N finds each topic where it was; the files of a topic are named by the topi
 another N opens them in their new owner. NSQ's rules per channel are then one process's rules, with the code of
 one nsqd.
 
-What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per writer wake-up (the
-records of one step of the loop go together):
+What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per step of the read
+poller (the records of one step go together), read at the other end by its read poller:
 
 - a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, its answer comes back
   (the connection's later commands wait for it, so answers keep their order);
@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import pickle
 import struct
 import zlib
@@ -55,6 +56,8 @@ __all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
 log = logging.getLogger("nsqd")
 
 _LENGTH = struct.Struct(">I")
+#: how often worker 0 looks whether the lookupds it identified with changed (``MeshLookup``)
+RELAY_INTERVAL = 1.0
 _RECEIVE_SIZE = 1 << 18
 
 
@@ -68,62 +71,126 @@ class WorkerGone(Exception):
 
 
 class Link:
-    """This worker's end of the socketpair to one other worker. ``send`` queues a record; the writer task sends
-    what was queued meanwhile as one pickled batch (``[length][pickle of a list of records]``), and the reader
-    hands each record of a batch to ``WorkerMesh.handle``."""
+    """This worker's end of the socketpair to one other worker.
+
+    Records (``send``) and stand-ins' frames (``mark``) queued during a step of the read poller are written at
+    the step's end, as one pickled batch (``[length][pickle of a list of records]``) with one ``write``
+    (``ReadPoller.defer_reply``); queued outside a step (a channel's slice, an HTTP handler), the writer task
+    writes them. The other end is read by the read poller like an idle connection (``poll_ready``), and each
+    record of a batch goes to ``WorkerMesh.handle`` there: no task wakes up for a record in either direction."""
+
+    #: what the read poller asks of a member (``poller.Polled``): reads are small, and it ranks before consumers
+    last_read = 0
+    poll_actor = None
+    fast_line = None
 
     def __init__(self, mesh: WorkerMesh, peer: int, sock) -> None:
         self.mesh = mesh
         self.peer = peer
+        sock.setblocking(False)
+        self.fd = sock.fileno()
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        self.poller = mesh.nsqd.read_poller
         self.pending: list[tuple] = []
         self.dirty: dict[RemoteClient, None] = {}  # stand-ins with message frames to send back
         self._wake = trio.Event()
+        self._scheduled = False  # a write of what is queued is arranged (step's end, or the writer task)
+        self._writing = False  # the writer task is writing: what is queued waits for it, in order
+        self._rest = b""  # what the socket did not take of a write outside the writer task
+        self._buffer = bytearray()
+        self.lost: trio.Event = trio.Event()
         self.batches = 0
         self.records = 0
 
     def send(self, record: tuple) -> None:
         self.pending.append(record)
-        self._wake.set()
+        if not self._scheduled:
+            self._schedule()
 
     def mark(self, client: RemoteClient) -> None:
         self.dirty[client] = None
-        self._wake.set()
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        if not self.poller.defer_reply(self):
+            self._wake.set()
+
+    def _encode(self) -> bytes:
+        if self.dirty:
+            dirty, self.dirty = self.dirty, {}
+            for client in dirty:
+                if client.out:
+                    self.pending.append(("out", client.front_id, client.take_output()))
+        if not self.pending:
+            return b""
+        batch, self.pending = self.pending, []
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        self.batches += 1
+        self.records += len(batch)
+        return _LENGTH.pack(len(data)) + data
+
+    def send_deferred(self) -> None:
+        """The end of a read poller's step: write what the step queued, in one write if the socket takes it."""
+        self._scheduled = False
+        if self._writing or self._rest:
+            self._wake.set()  # the writer task goes on, in order
+            return
+        data = self._encode()
+        if not data:
+            return
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return  # the reader sees the link closed
+        if sent < len(data):
+            self._rest = data[sent:]
+            self._wake.set()
 
     async def write_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            if self.dirty:
-                dirty, self.dirty = self.dirty, {}
-                for client in dirty:
-                    if client.out:
-                        self.pending.append(("out", client.front_id, client.take_output()))
-            if not self.pending:
-                continue
-            batch, self.pending = self.pending, []
-            data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-            self.batches += 1
-            self.records += len(batch)
-            await self.stream.send_all(_LENGTH.pack(len(data)) + data)
+            self._writing = True
+            try:
+                while True:
+                    if self._rest:
+                        data, self._rest = self._rest, b""
+                    else:
+                        self._scheduled = False
+                        data = self._encode()
+                    if not data:
+                        break
+                    await self.stream.send_all(data)
+            finally:
+                self._writing = False
 
-    async def read_loop(self) -> None:
-        buffer = bytearray()
-        handle = self.mesh.handle
+    def poll_ready(self) -> None:
+        """The read poller found the link readable: handle every whole batch read."""
+        try:
+            data = os.read(self.fd, _RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.poller.discard(self.fd)
+            self.lost.set()
+            return
+        buffer = self._buffer
+        buffer += data
+        handle = self.mesh.handle_batch
         peer = self.peer
-        while True:
-            chunk = await self.stream.receive_some(_RECEIVE_SIZE)
-            if not chunk:
-                return
-            buffer += chunk
-            while len(buffer) >= 4:
-                (size,) = _LENGTH.unpack_from(buffer)
-                if len(buffer) < 4 + size:
-                    break
-                batch = pickle.loads(memoryview(buffer)[4 : 4 + size])
-                del buffer[: 4 + size]
-                for record in batch:
-                    handle(peer, record)
+        while len(buffer) >= 4:
+            (size,) = _LENGTH.unpack_from(buffer)
+            if len(buffer) < 4 + size:
+                break
+            batch = pickle.loads(bytes(buffer[4 : 4 + size]))
+            del buffer[: 4 + size]
+            handle(peer, batch)
 
 
 class RemoteClient(Client):
@@ -245,15 +312,25 @@ class WorkerMesh:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for link in self.links.values():
-                nursery.start_soon(link.write_loop)
-                nursery.start_soon(self._read, link)
+                nursery.start_soon(self._write, link)
+                nursery.start_soon(self._watch, link)
+                self.nsqd.read_poller.add(link.fd, link, again=True)
             task_status.started()
 
-    async def _read(self, link: Link) -> None:
+    async def _write(self, link: Link) -> None:
         try:
-            await link.read_loop()
+            await link.write_loop()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("WORKERS: link to worker %d failed: %s", link.peer, exc)
+            link.lost.set()
+            await trio.sleep_forever()
+
+    async def _watch(self, link: Link) -> None:
+        """Once the link to a worker is lost: its answers never come; the node stops, unless it is stopping."""
+        try:
+            await link.lost.wait()
+        finally:
+            self.nsqd.read_poller.discard(link.fd)
         for call in list(self._calls.values()):
             if call[2] == link.peer:
                 call[1] = WorkerGone(f"worker {link.peer} stopped")
@@ -350,6 +427,35 @@ class WorkerMesh:
         )
 
     # -- what comes over the links -----------------------------------------------------------------------------
+    def handle_batch(self, peer: int, batch: list[tuple]) -> None:
+        """The records of one batch, in order; a run of publishes to one topic (PUBs of many connections, read in
+        one step of the sender) is published with one ``Topic.publish``, as the fast path publishes a step's PUBs
+        (``fastpath.py``), and each is answered."""
+        run: list[tuple] = []
+        for record in batch:
+            if record[0] == "pub" and not record[4]:
+                if run and run[0][2] != record[2]:
+                    self._publish_run(peer, run)
+                    run = []
+                run.append(record)
+                continue
+            if run:
+                self._publish_run(peer, run)
+                run = []
+            self.handle(peer, record)
+        if run:
+            self._publish_run(peer, run)
+
+    def _publish_run(self, peer: int, run: list[tuple]) -> None:
+        if len(run) == 1:
+            self._on_pub(peer, *run[0][1:])
+            return
+        bodies = [body for record in run for body in record[3]]
+        reason = self._publish(run[0][2], bodies, 0.0)
+        answer = self._answer
+        for record in run:
+            answer(peer, record[1], reason)
+
     def handle(self, peer: int, record: tuple) -> None:
         kind = record[0]
         handler = _HANDLERS.get(kind)
@@ -369,18 +475,20 @@ class WorkerMesh:
             call[0].set()
 
     def _on_pub(self, peer: int, call_id: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
+        self._answer(peer, call_id, self._publish(topic_name, bodies, defer))
+
+    def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
+        """Into the topic here as a publish of a connection here; None, or why it was refused."""
         nsqd = self.nsqd
-        reason = None
         if nsqd.exiting:
-            reason = "exiting"
-        else:
-            try:
-                nsqd.get_topic(topic_name).publish(bodies, defer)
-            except TopicExiting:
-                reason = "exiting"
-            except TopicFull as exc:
-                reason = str(exc)
-        self._answer(peer, call_id, reason)
+            return "exiting"
+        try:
+            nsqd.get_topic(topic_name).publish(bodies, defer)
+        except TopicExiting:
+            return "exiting"
+        except TopicFull as exc:
+            return str(exc)
+        return None
 
     def _on_sub(self, peer: int, call_id: int, front_id: int, topic_name: str, channel_name: str, info) -> None:
         nsqd = self.nsqd
@@ -492,6 +600,11 @@ class WorkerMesh:
         if isinstance(lookup, MeshLookup):
             lookup.remote_change(command, branch, topic, channel, created)
 
+    def _on_lookupd_http(self, peer: int, addresses: list[str]) -> None:
+        lookup = self.nsqd.lookup
+        if isinstance(lookup, RelayLookup):
+            lookup.lookupd_addresses(addresses)
+
     def _on_meta(self, peer: int, entries: list[bytes]) -> None:
         metadata = self.nsqd.metadata
         if isinstance(metadata, MeshMetadata):
@@ -518,16 +631,36 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "stats": WorkerMesh._on_stats,
     "lookup": WorkerMesh._on_lookup,
     "meta": WorkerMesh._on_meta,
+    "lookupd_http": WorkerMesh._on_lookupd_http,
 }
 
 
 # -- lookupd: worker 0 registers the node --------------------------------------------------------------------------
 class MeshLookup(Lookup):
-    """Worker 0's registration: its own topics and channels and those the other workers report."""
+    """Worker 0's registration: its own topics and channels and those the other workers report. It tells the
+    others the HTTP addresses of the lookupds it identified with, for their topics' channel pre-creation."""
 
-    def __init__(self, nsqd) -> None:
+    def __init__(self, nsqd, mesh: WorkerMesh) -> None:
         super().__init__(nsqd)
+        self.mesh = mesh
         self.remote: dict[str, list[str]] = {}  # topic -> channels, of the topics other workers own
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tell_workers)
+            await nursery.start(super().run)
+            task_status.started()
+
+    async def _tell_workers(self) -> None:
+        told: list[str] = []
+        while True:
+            await self.identified.wait()
+            addresses = self.http_addresses()
+            if addresses != told:
+                for link in self.mesh.links.values():
+                    link.send(("lookupd_http", addresses))
+                told = addresses
+            await trio.sleep(RELAY_INTERVAL)
 
     def registration_commands(self) -> list[bytes]:
         commands = super().registration_commands()
@@ -554,17 +687,24 @@ class MeshLookup(Lookup):
 
 
 class RelayLookup(Lookup):
-    """The registration of a worker other than 0: its changes go to worker 0, which registers the node."""
+    """The registration of a worker other than 0: its changes go to worker 0, which registers the node. Its
+    topics' channels are pre-created from the lookupds worker 0 identified with (``MeshLookup``)."""
 
     def __init__(self, nsqd, mesh: WorkerMesh) -> None:
         super().__init__(nsqd)
         self.link = mesh.links[0]
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        self.relayed: list[str] = []
 
     def set_addresses(self, addresses: list[str]) -> None:
-        self.nsqd.opts.lookupd_tcp_addresses = list(addresses)
+        self.nsqd.opts.lookupd_tcp_addresses = list(addresses)  # no connection of its own
+
+    def http_addresses(self) -> list[str]:
+        return list(self.relayed)
+
+    def lookupd_addresses(self, addresses: list[str]) -> None:
+        self.relayed = list(addresses)
+        if addresses:
+            self.identified.set()
 
     def _relay(self, command: bytes, branch: str, topic: str, channel: str, created: bool) -> None:
         self.link.send(("lookup", command, branch, topic, channel, created))
@@ -585,9 +725,6 @@ class RelayLookup(Lookup):
     def channel_deleted(self, channel) -> None:
         command = encode_unregister(channel.topic_name, channel.name)
         self._relay(command, "channel", channel.topic_name, channel.name, False)
-
-    def prepare_topic(self, topic) -> None:
-        return None  # channel pre-creation from lookupd: worker 0 only, for now (bench/MULTICORE.md)
 
 
 # -- nsqd.dat: worker 0 writes the node's file ---------------------------------------------------------------------

@@ -33,6 +33,7 @@ __all__ = [
     "E_BAD_HELLO",
     "E_BAD_SEQ",
     "E_BAD_VERSION",
+    "E_EXITING",
     "E_NODE_CONFLICT",
     "E_STORE_FAILED",
     "Ack",
@@ -84,6 +85,8 @@ E_NODE_CONFLICT = "E_NODE_CONFLICT"
 E_BAD_SEQ = "E_BAD_SEQ"
 E_STORE_FAILED = "E_STORE_FAILED"
 E_BAD_VERSION = "E_BAD_VERSION"
+#: a replica's graceful stop (SIGTERM): it will be back, so its origins try again at once rather than backing off
+E_EXITING = "E_EXITING"
 
 #: the frame type of ADOPTED (replica to origin, right after WELCOME)
 T_ADOPTED = 0x84

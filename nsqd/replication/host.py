@@ -27,6 +27,7 @@ from protocol.errors import E_BAD_PROTOCOL, ProtocolError
 from protocol.replication import (
     E_BAD_HELLO,
     E_BAD_SEQ,
+    E_EXITING,
     E_NODE_CONFLICT,
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
@@ -337,6 +338,9 @@ class ReplicaHost:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("REPLICATION: [%s] connection closed - %s", remote, exc)
         finally:
+            if origin is not None and self.nsqd.exiting:
+                with trio.CancelScope(shield=True):
+                    await self._say_exiting(stream)
             if origin is not None:
                 try:
                     origin.store.apply()
@@ -640,9 +644,24 @@ class ReplicaHost:
             raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
 
     @staticmethod
+    async def _say_exiting(stream) -> None:
+        """A graceful stop: ``E_EXITING`` tells the origin to reconnect as soon as this node is back instead of
+        backing off. Then read until the origin closes (1 s at most): closing with its frames unread would reset the
+        connection, and a reset can take the ERROR with it before the origin read it."""
+        with trio.move_on_after(1):
+            with contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError
+            ):
+                await stream.send_all(encode(Error(E_EXITING, "this node is stopping")))
+                while await stream.receive_some(RECEIVE_SIZE):
+                    pass
+
+    @staticmethod
     async def _send_error(stream, code: str, text: str) -> None:
         with trio.move_on_after(1):
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            with contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError
+            ):
                 await stream.send_all(encode(Error(code, text)))
 
     # -- takeover --------------------------------------------------------------------------------------------------

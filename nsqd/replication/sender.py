@@ -37,6 +37,7 @@ import trio
 from protocol.errors import ProtocolError
 from protocol.replication import (
     E_BAD_VERSION,
+    E_EXITING,
     HEARTBEAT_FRAME,
     MAGIC_R1,
     OP_CREATED,
@@ -86,6 +87,9 @@ CONNECT_TIMEOUT = 5.0
 RETRY_MIN, RETRY_MAX = 0.1, 5.0
 #: how long the connection that tells whether a node is up may take
 PROBE_TIMEOUT = 2.0
+#: a peer that said it stops (``E_EXITING``: SIGTERM, a restart) is tried every ``RETRY_MIN`` this long, not backed
+#: off: while it is away this node refuses publishes (or takes them unreplicated), so its return must be seen at once
+RESTART_WAIT = 30.0
 #: an idle stream's heartbeat (HEARTBEAT, or PING on version 2) goes out after this long without a write
 HEARTBEAT_INTERVAL = 1.0
 #: A peer silent for this long (no ACK, heartbeat or PONG) is taken for gone and its connection closed; it is the
@@ -165,6 +169,7 @@ class _Peer:
         "scope",
         "link",
         "down_at",
+        "restarting_until",
     )
 
     def __init__(self, address: str) -> None:
@@ -205,6 +210,7 @@ class _Peer:
         #: since when it has not streamed (trio clock); None while it streams, and until its first stream: a peer
         #: never reached since this node started is not replaced (a cluster starting up)
         self.down_at: float | None = None
+        self.restarting_until = 0.0  # it said it stops (E_EXITING): tried every RETRY_MIN until then
 
     @property
     def log_channels(self) -> bool:
@@ -674,6 +680,9 @@ class Replicator:
                 while isinstance(exc, BaseExceptionGroup):
                     exc = exc.exceptions[0]
                 peer.failure = str(exc) or type(exc).__name__
+                if group.subgroup(lambda e: isinstance(e, ProtocolError) and e.code == E_EXITING) is not None:
+                    # (its sender task may have failed first, on the closed socket)
+                    peer.restarting_until = trio.current_time() + RESTART_WAIT
                 if peer.state in ("connected", "backfilling"):
                     log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
                 else:
@@ -686,6 +695,8 @@ class Replicator:
                 self._check_started()
                 if was in ("connected", "backfilling"):
                     self._peer_changed()
+            if trio.current_time() < peer.restarting_until:
+                delay = RETRY_MIN
             await trio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
@@ -771,6 +782,7 @@ class Replicator:
                     peer.synced,
                 )
             peer.welcomed = True
+            peer.restarting_until = 0.0
             self._check_started()
             self._peer_changed()
             if peer.state == "backfilling":

@@ -264,6 +264,22 @@ def test_one_registration_in_lookupd(tmp_path):
         )
         nodes = get(lookupd.http_address, "/nodes").json()["producers"]
         assert len(nodes) == 1 and set(topics) <= set(nodes[0]["topics"])
+        # a new topic's channels are pre-created from lookupd whichever worker owns it
+        fresh = owned_topics("precreated")
+        for name in fresh:
+            assert post(lookupd.http_address, f"/channel/create?topic={name}&channel=archive").status == 200
+        producer = RawClient(node.tcp)
+        for name in fresh:
+            producer.publish(name, b"first")
+        producer.close()
+
+        def depths():
+            found = {entry["topic_name"]: entry for entry in stats(node.listening["HTTP"])["topics"]}
+            return [
+                [(c["channel_name"], c["depth"]) for c in found[name]["channels"]] for name in fresh if name in found
+            ]
+
+        wait_for(lambda: depths() == [[("archive", 1)]] * 2, 20, message="channels pre-created in both workers")
     finally:
         stop_all([node, lookupd])
 
@@ -378,6 +394,25 @@ def test_tls_and_compression_stay_in_the_accepting_worker(tmp_path, certs):
         assert message.body == f"over tls to {topics[0]}".encode()
         listener.send(fin(message.id))
         for client in layered:
+            client.close()
+    finally:
+        stop_all([node])
+
+
+def test_three_workers(tmp_path):
+    node = start_node(tmp_path / "data", workers=3)
+    try:
+        topics = owned_topics("three", 3)
+        consumers = [consumer(node.tcp, name, "c", ready=10) for name in topics]
+        producers = [RawClient(node.tcp) for _ in range(3)]
+        for number in range(9):
+            producers[number % 3].publish(topics[number % 3], f"{number}".encode())
+        for index, client in enumerate(consumers):
+            (got,) = receive_all([client], 3)
+            assert sorted(got) == [f"{number}".encode() for number in range(index, 9, 3)]
+        document = stats(node.listening["HTTP"])
+        assert [entry["topic_name"] for entry in document["topics"]] == sorted(topics)
+        for client in consumers + producers:
             client.close()
     finally:
         stop_all([node])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from bench.common import Generators, ProcessSampler, Report, Target, main, percentile, unique_topic
 from bench.consume import create_channel
@@ -123,7 +124,12 @@ def run(args) -> Report:
             with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
                 report.target = target.describe()
                 for workload, frame, per_frame, connections in workloads:
-                    row = throughput(args, target, peers, frame, per_frame, connections)
+                    try:
+                        row = throughput(args, target, peers, frame, per_frame, connections)
+                    except RuntimeError as exc:  # refused (a peer fell silent: degraded), or a lost connection
+                        report.rows.append({"mode": mode, "workload": workload, "error": str(exc)[-200:]})
+                        print(f"replication: {mode} {workload} failed - {str(exc)[-200:]}", file=sys.stderr)
+                        continue
                     if mode == "off":
                         baseline[workload] = row["pub msg/s"]
                     ratio = row["pub msg/s"] / baseline[workload] if baseline.get(workload) else None
@@ -131,7 +137,10 @@ def run(args) -> Report:
                 try:
                     row = ok_latency(args, target)
                 except RuntimeError as exc:  # a generator lost its connection: said in the table, not a crash
-                    report.rows.append({"mode": mode, "workload": f"paced {args.latency_rate:g}/s", "error": str(exc)})
+                    report.rows.append(
+                        {"mode": mode, "workload": f"paced {args.latency_rate:g}/s", "error": str(exc)[-200:]}
+                    )
+                    print(f"replication: {mode} paced failed - {str(exc)[-200:]}", file=sys.stderr)
                     continue
                 if mode == "off":
                     baseline["latency"] = row["ok p99 ms"] or 0.0

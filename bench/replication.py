@@ -144,7 +144,8 @@ def run(args) -> Report:
                     continue
                 if mode == "off":
                     baseline["latency"] = row["ok p99 ms"] or 0.0
-                added = row["ok p99 ms"] - baseline["latency"] if row["ok p99 ms"] is not None else None
+                base = baseline.get("latency")
+                added = row["ok p99 ms"] - base if row["ok p99 ms"] is not None and base is not None else None
                 report.rows.append(
                     {"mode": mode, "workload": f"paced {args.latency_rate:g}/s", **row, "p99 added ms": added}
                 )

@@ -242,6 +242,16 @@ class Options(DaemonOptions):
         "adopt an origin's messages once its replication stream stayed closed this long and its address refuses "
         "connections (0: only on request)",
     )
+    replica_replace_timeout: float = setting(
+        600.0,
+        "replace a --replicate-to peer unreachable this long by another node (from --replica-candidate, else "
+        "nsqlookupd) and backfill it (0: never)",
+    )
+    replica_candidate: list[str] = setting(
+        default_factory=list,
+        help="<addr>:<port> of a trionsq node that may replace a peer gone for good (may be given multiple times; "
+        "default: the nodes nsqlookupd knows)",
+    )
     # log channels read by offset (flags of this implementation; nsqd/LOG-PROTOCOL.md)
     log_retention_time: float = setting(
         0.0, "keep the committed messages of log channels this long (0: removed once committed)"
@@ -352,14 +362,18 @@ def validate(opts: Options) -> None:
         raise OptionsError("--replication-degraded must be 'refuse' or 'accept'")
     if opts.replica_takeover_timeout < 0:
         raise OptionsError("--replica-takeover-timeout must not be negative")
+    if opts.replica_replace_timeout < 0:
+        raise OptionsError("--replica-replace-timeout must not be negative")
+    for candidate in opts.replica_candidate:
+        if not _is_host_port(candidate):
+            raise OptionsError(f"--replica-candidate {candidate!r} is not HOST:PORT")
 
 
 def _check_replication(opts: Options) -> None:
     """The peers are distinct HOST:PORTs other than this node, and the acknowledgement rule can be met."""
     own = _own_addresses(opts)
     for number, peer in enumerate(opts.replicate_to):
-        host, _, port = peer.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not _is_host_port(peer):
             raise OptionsError(f"--replicate-to {peer!r} is not HOST:PORT")
         if peer in opts.replicate_to[:number]:
             raise OptionsError(f"--replicate-to {peer!r} is given twice")
@@ -378,6 +392,11 @@ def _check_replication(opts: Options) -> None:
             )
         if opts.replication_acks and opts.replication_acks != opts.replication_min_insync - 1:
             raise OptionsError("--replication-acks and --replication-min-insync disagree (acks = min-insync - 1)")
+
+
+def _is_host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def _own_addresses(opts: Options) -> set[str]:

@@ -344,6 +344,7 @@ class Replicator:
         self.starting = True
         self.started_check = trio.Event()
         self.ready = trio.Event()  # set once ``starting`` is over
+        self._nursery: trio.Nursery | None = None  # the links' (``run``)
 
     # -- what the broker calls (synchronous, once per batch) ----------------------------------------------------
     def refusing(self) -> bool:
@@ -596,14 +597,44 @@ class Replicator:
     # -- running ------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for peer in self.peers:
                 nursery.start_soon(self._link, peer)
             task_status.started()
 
+    def replace_peer(self, old: str, new: str) -> None:
+        """Keep copies on ``new`` instead of peer ``old`` (gone for good: ``replace.py``): ``old``'s link ends, and
+        ``new`` is connected, backfilled, and counts toward the acks once it acknowledged the backfill."""
+        index = [peer.address for peer in self.peers].index(old)
+        gone = self.peers[index]
+        peer = self.peers[index] = _Peer(new)
+        if gone.scope is not None:
+            gone.scope.cancel()
+        assert self._nursery is not None  # replaced while running
+        self._nursery.start_soon(self._link, peer)
+        self._peer_changed()
+
+    def hello(self, replica: str, *, release: bool = False) -> Hello:
+        """The HELLO this node sends ``replica``."""
+        return Hello(
+            self.node,
+            self.session,
+            self.epoch,
+            self.durable,
+            node_id=self.node_id,
+            clean=self.clean,
+            version=self.version,
+            min_version=PROTOCOL_VERSION_MIN,
+            peers=tuple(p.address for p in self.peers),
+            replica=replica,
+            release=release or None,
+        )
+
     async def _link(self, peer: _Peer) -> None:
-        """Keep one peer connected: connect, handshake, stream; on any failure log, wait, again."""
+        """Keep one peer connected: connect, handshake, stream; on any failure log, wait, again. Ends once the peer
+        was replaced (``replace_peer``)."""
         delay = RETRY_MIN
-        while True:
+        while peer in self.peers:
             peer.state = "connecting"
             try:
                 with trio.CancelScope() as peer.scope:
@@ -654,22 +685,7 @@ class Replicator:
                     await ssl_stream.do_handshake()
                 stream = ssl_stream
             decoder = ReplicationDecoder(version=self.version)
-            await stream.send_all(
-                encode(
-                    Hello(
-                        self.node,
-                        self.session,
-                        self.epoch,
-                        self.durable,
-                        node_id=self.node_id,
-                        clean=self.clean,
-                        version=self.version,
-                        min_version=PROTOCOL_VERSION_MIN,
-                        peers=tuple(p.address for p in self.peers),
-                        replica=peer.address,
-                    )
-                )
-            )
+            await stream.send_all(encode(self.hello(peer.address)))
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:

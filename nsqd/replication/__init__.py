@@ -125,6 +125,11 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   replica ahead of it that still holds copies, and holds back while another has the origin's stream: one owner per
   message.
 
+- A peer gone for good (``replace.py``, ``PeerReplacer``): after ``--replica-replace-timeout`` without a stream to
+  a peer, the origin puts a candidate in its place (``--replica-candidate``, else nsqlookupd's nodes; spread by a
+  hash of both names), backfills it, and tells the old one when it answers again (HELLO ``release``) to drop its
+  copies, so nothing is delivered twice.
+
 Not here: ordering, exactly-once; a partition that makes both sides deliver gives duplicates (NSQ allows it).
 """
 

@@ -89,6 +89,8 @@ NSQ_DEFAULTS = {
     "replication-min-insync": ("replication_min_insync", 0),
     "replication-degraded": ("replication_degraded", "refuse"),
     "replica-takeover-timeout": ("replica_takeover_timeout", 30.0),
+    "replica-replace-timeout": ("replica_replace_timeout", 600.0),
+    "replica-candidate": ("replica_candidate", []),
     "log-retention-time": ("log_retention_time", 0.0),
     "log-retention-bytes": ("log_retention_bytes", 0),
     "config": ("config", ""),

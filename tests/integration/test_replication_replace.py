@@ -193,3 +193,59 @@ def test_a_peer_gone_for_good_is_replaced_and_three_copies_come_back(daemons, tm
     for index in (0, 1):  # a and b keep the peers that replaced c
         assert ring.address(GONE) not in ring.peers(index)
     stop_all([node for node in daemons if node.is_running()])
+
+
+def test_with_nsqlookupd_a_lone_peer_gone_for_good_is_replaced_by_a_node_it_knows(daemons, tmp_path):
+    """Two copies (one peer each: a -> b -> c -> a) and no candidate list: b's peer c dies, b refuses publishes as
+    with any missing peer, then takes a, which nsqlookupd knows, in c's place and publishes again by itself."""
+    from tests.integration.lookupd_harness import LookupdProcess
+
+    lookupd = LookupdProcess(tmp_path / "lookupd")
+    daemons.append(lookupd)
+    lookupd.start()
+    ports = [free_port() for _ in range(3)]
+    nodes = []
+    for index in range(3):
+        node = NsqdProcess(
+            tmp_path / NAMES[index],
+            [
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{ports[index]}",
+                f"--replicate-to=127.0.0.1:{ports[(index + 1) % 3]}",
+                f"--lookupd-tcp-address={lookupd.tcp_address}",
+                "--replica-takeover-timeout=1s",
+                "--replica-replace-timeout=2s",
+                f"--node-id={index + 1}",
+            ],
+        )
+        daemons.append(node)
+        nodes.append(node.start())
+
+    def peers(index: int) -> list[dict]:
+        return stats(nodes[index].http())["replication"]["peers"]
+
+    def held(holder: int, origin: int) -> int:
+        for entry in stats(nodes[holder].http())["replication"]["replicas"]:
+            if entry["node"] == f"127.0.0.1:{ports[origin]}":
+                return entry["held_messages"]
+        return 0
+
+    wait_for(lambda: all(peers(i)[0]["state"] == "connected" for i in range(3)), timeout=30, message="ring up")
+    post(nodes[1].http(), "/topic/create?topic=t")
+    post(nodes[1].http(), "/channel/create?topic=t&channel=c")
+    with RawClient(nodes[1].tcp) as producer:
+        producer.publish_many("t", [b"m%d" % number for number in range(100)])
+    nodes[2].kill()
+    wait_for(lambda: peers(1)[0]["state"] != "connected", timeout=10, message="b lost c")
+    with RawClient(nodes[1].tcp) as producer, pytest.raises(Exception):  # noqa: B017 - refused either way
+        producer.publish("t", b"refused")  # one copy only: refused, as today with a peer missing
+    replaced = f"127.0.0.1:{ports[0]}"
+    wait_for(
+        lambda: peers(1)[0]["address"] == replaced and peers(1)[0]["state"] == "connected",
+        timeout=30,
+        message="b keeps its copies on a",
+    )
+    with RawClient(nodes[1].tcp) as producer:
+        producer.publish("t", b"accepted")
+    wait_for(lambda: held(0, 1) == 101, timeout=10, message="a holds all of b's messages")
+    stop_all([node for node in daemons if node.is_running()])

@@ -1,4 +1,5 @@
-"""Scenario: ``pub``, ``mpub``, ``consume`` and ``pubsub`` against nsqd ``--workers=1`` and ``--workers=2``,
+"""Scenario: ``pub``, ``mpub``, ``consume``, ``pubsub`` and a many-topics publish (``pub`` with one topic per
+connection) against nsqd ``--workers=1`` and ``--workers=2``,
 alternated in one run (round by round, the two counts back to back for each scenario), so that the noise of a
 shared machine falls on both alike. Each row is one scenario's run with its defaults; ``nsqd_us/msg`` is the
 CPU of every nsqd process (the parent and its workers) per message, and ``vs 1`` compares a row's throughput
@@ -16,14 +17,15 @@ import socket
 import struct
 import time
 
-from bench.common import _PINNING, Report, add_common_arguments, main
+from bench.common import _PINNING, Generators, Report, Target, add_common_arguments, main, unique_topic
+from protocol.commands import encode_pub
 
 NAME = "workers"
-TITLE = "pub, mpub, consume and pubsub with --workers=1 and --workers=2, alternated"
+TITLE = "pub, mpub, consume, pubsub and many topics with --workers=1 and --workers=2, alternated"
 PIN = False
-SCENARIOS = ("pub", "mpub", "consume", "pubsub")
+SCENARIOS = ("pub", "mpub", "consume", "pubsub", "many_topics")
 #: each scenario's throughput column
-RATE = {"pub": "msg/s", "mpub": "msg/s", "consume": "msg/s", "pubsub": "out msg/s"}
+RATE = {"pub": "msg/s", "mpub": "msg/s", "consume": "msg/s", "pubsub": "out msg/s", "many_topics": "msg/s"}
 
 
 def add_arguments(parser) -> None:
@@ -77,6 +79,49 @@ def crossing_cost(per_batch: int, messages: int = 200_000, body_size: int = 200)
     }
 
 
+class _ManyTopics:
+    """``pub`` with one topic per connection (16 connections, one PUB in flight each, 200-byte bodies): the topics
+    spread over the workers, and a connection's topic is owned by the worker that accepted it 1 time in N."""
+
+    TOPICS = 16
+    BODY_SIZE = 200
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        return None
+
+    @classmethod
+    def run(cls, args) -> Report:
+        from bench.load import build_roles  # noqa: PLC0415 (the generator side, as run_spread imports it)
+        from bench.pub import MEM_QUEUE_SIZE  # noqa: PLC0415
+
+        report = Report("many_topics", "PUB, one topic per connection")
+        with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
+            prefix = unique_topic("many")
+            body = b"t" * cls.BODY_SIZE
+            specs = [
+                ("pub", 1, dict(address=target.tcp, frame=encode_pub(f"{prefix}_{index}", body), messages_per_frame=1))
+                for index in range(cls.TOPICS)
+            ]
+            generators = Generators(count_syscalls=False)
+            generators.add(build_roles, specs=specs)
+            result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
+            messages = sum(sum(worker["window_counts"]) for worker in result["workers"])
+            window = result["window"]
+            report.rows.append(
+                {
+                    "msg/s": messages / window,
+                    "nsqd_cpu": result["nsqd_cpu_seconds"] / window,
+                    "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / messages if messages else None,
+                }
+            )
+        return report
+
+
+def _scenario_module(name: str):
+    return _ManyTopics if name == "many_topics" else importlib.import_module(f"bench.{name}")
+
+
 def _scenario_args(args, module, workers: int) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_common_arguments(parser)
@@ -95,7 +140,7 @@ def run(args) -> Report:
         report.rows.append({"round": 0, **crossing_cost(per_batch)})
     for round_number in range(1, args.rounds + 1):
         for name in names:
-            module = importlib.import_module(f"bench.{name}")
+            module = _scenario_module(name)
             base = None
             for workers in counts:
                 scenario = module.run(_scenario_args(args, module, workers))

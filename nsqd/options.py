@@ -234,6 +234,16 @@ class Options(DaemonOptions):
     replication_acks: int = setting(
         0, "how many --replicate-to peers must hold a message before it is acknowledged (--replication-min-insync - 1)"
     )
+    replication_candidates: list[str] = setting(
+        default_factory=list,
+        help="<addr>:<port> of a trionsq node that may take the place of a --replicate-to peer gone for good "
+        "(may be given multiple times; see --replication-replace-after)",
+    )
+    replication_replace_after: float = setting(
+        0.0,
+        "replace a --replicate-to peer that has not streamed for this long by the first --replication-candidates "
+        "node that is up (0: never)",
+    )
     replication_degraded: str = setting(
         "refuse", "with fewer peers reachable than --replication-acks: 'refuse' publishes or 'accept' them unreplicated"
     )
@@ -241,16 +251,6 @@ class Options(DaemonOptions):
         30.0,
         "adopt an origin's messages once its replication stream stayed closed this long and its address refuses "
         "connections (0: only on request)",
-    )
-    replica_replace_timeout: float = setting(
-        600.0,
-        "replace a --replicate-to peer unreachable this long by another node (from --replica-candidate, else "
-        "nsqlookupd) and backfill it (0: never)",
-    )
-    replica_candidate: list[str] = setting(
-        default_factory=list,
-        help="<addr>:<port> of a trionsq node that may replace a peer gone for good (may be given multiple times; "
-        "default: the nodes nsqlookupd knows)",
     )
     # log channels read by offset (flags of this implementation; nsqd/LOG-PROTOCOL.md)
     log_retention_time: float = setting(
@@ -362,11 +362,6 @@ def validate(opts: Options) -> None:
         raise OptionsError("--replication-degraded must be 'refuse' or 'accept'")
     if opts.replica_takeover_timeout < 0:
         raise OptionsError("--replica-takeover-timeout must not be negative")
-    if opts.replica_replace_timeout < 0:
-        raise OptionsError("--replica-replace-timeout must not be negative")
-    for candidate in opts.replica_candidate:
-        if not _is_host_port(candidate):
-            raise OptionsError(f"--replica-candidate {candidate!r} is not HOST:PORT")
 
 
 def _check_replication(opts: Options) -> None:
@@ -379,6 +374,15 @@ def _check_replication(opts: Options) -> None:
             raise OptionsError(f"--replicate-to {peer!r} is given twice")
         if peer in own:
             raise OptionsError(f"--replicate-to {peer!r} is this node itself")
+    for number, candidate in enumerate(opts.replication_candidates):
+        if not _is_host_port(candidate):
+            raise OptionsError(f"--replication-candidates {candidate!r} is not HOST:PORT")
+        if candidate in opts.replicate_to or candidate in opts.replication_candidates[:number]:
+            raise OptionsError(f"--replication-candidates {candidate!r} is given twice (or is a --replicate-to peer)")
+        if candidate in own:
+            raise OptionsError(f"--replication-candidates {candidate!r} is this node itself")
+    if opts.replication_replace_after < 0:
+        raise OptionsError("--replication-replace-after must not be negative")
     copies = 1 + len(opts.replicate_to)
     if not 0 <= opts.replication_acks <= len(opts.replicate_to):
         raise OptionsError(f"--replication-acks must be [0,{len(opts.replicate_to)}] (the number of --replicate-to)")

@@ -149,7 +149,7 @@ class NSQD:
         self.sync_barrier = SyncBarrier()
         # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
         self.replication: Replicator | None = None
-        self.replacer: PeerReplacer | None = None  # with --replicate-to and --replica-replace-timeout
+        self.replacer: PeerReplacer | None = None  # with --replicate-to: peers gone for good (replace.py)
         #: the newest replication protocol version this node speaks, both as an origin and as a replica
         self.replication_version = _replication_version()
         self.replica_host = ReplicaHost(self)
@@ -573,6 +573,8 @@ class NSQD:
             clean=clean,
             version=self.replication_version,
             on_restore=self._replication_restored,
+            candidates=tuple(opts.replication_candidates),
+            replace_after=opts.replication_replace_after,
             on_topology=self._replication_topology,
         )
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
@@ -586,8 +588,8 @@ class NSQD:
         for topic in self.topics.values():
             if not topic.ephemeral:
                 attach_replication(self.replication, topic)
-        # a peer gone for good is replaced (``--replica-replace-timeout``); one replaced earlier is released
-        self.replacer = PeerReplacer(self, self.replication, opts.replica_replace_timeout)
+        # a peer gone for good is replaced (``--replication-replace-after``), one replaced is released
+        self.replacer = PeerReplacer(self, self.replication)
 
     def _replication_adopted(self, peer: str, epoch: int, ids: list[bytes]) -> None:
         """Peer ``peer`` adopted these messages of this node (``ids``) while it was away, or cut off from it (a

@@ -1,21 +1,17 @@
-"""A peer gone for good: after ``--replica-replace-timeout`` without a stream to one of its peers, the origin keeps
-its copies on another node instead, so that the copy count comes back without an operator (PROTOCOL.md "A peer gone
-for good").
+"""A peer gone for good, around ``Replicator._replace_gone`` (``--replication-replace-after``): where the candidates
+come from without ``--replication-candidates``, what a restart keeps, and what the replaced peer is told (PROTOCOL.md
+"A peer gone for good").
 
-- The replacement comes from ``--replica-candidate``, else from the nodes nsqlookupd knows (``GET /nodes`` of every
-  lookupd this node identified with); never this node, a peer it has, or a node it replaced and has not released
-  yet. The candidates are tried in an order of their own for each origin (the highest hash of origin and candidate
-  first), so that the origins that lose one peer spread over the others instead of all choosing the same; the first
-  that answers ASK (a trionsq node, up) is taken.
-- ``Replicator.replace_peer`` puts it in the peer's place: it is backfilled as any new peer, and counts toward the
-  acknowledgement rule once it acknowledged the backfill; until then the rule is the one of a missing peer
-  (``--replication-degraded``).
+- Without ``--replication-candidates`` the candidates are the nodes nsqlookupd knows (``GET /nodes`` of every lookupd
+  this node identified with) that answer ASK (trionsq nodes, up), never a peer, this node, or a node replaced and
+  not released yet, in an order of their own for each origin (the highest hash of origin and candidate first): the
+  origins that lose one peer spread over the others instead of all choosing the same.
 - Once the new peer holds the backlog, the other peers reconnect (their streams resume) to learn the new order of
   the peers, which says who takes this node over first.
 - The replaced peer may come back (a long partition, a machine repaired): the origin connects to it every few
-  seconds with a HELLO saying ``release``. It drops what it holds of this
-  node (after a takeover first, when this node restarted without all of its messages, as at any HELLO), and the
-  ids it adopted meanwhile come back in the WELCOME, as from any peer: one owner per message.
+  seconds with a HELLO saying ``release``. It drops what it holds of this node (after a takeover first, when this
+  node restarted without all of its messages, as at any HELLO), and the ids it adopted meanwhile come back in the
+  WELCOME, as from any peer: one owner per message.
 - ``replication.peers.json`` in the data directory keeps the replacements (flag peer -> the node in its place) and
   the peers still to release, so that a restart keeps the new peer with the same flags.
 """
@@ -78,36 +74,38 @@ def spread(node: str, candidates: list[str]) -> list[str]:
 
 
 class PeerReplacer:
-    """The origin's watch over its peers (``NSQD.replacer``, with ``--replicate-to`` and a replace timeout)."""
+    """The origin's side of replacing peers (``NSQD.replacer``, with ``--replicate-to``)."""
 
-    def __init__(self, nsqd, replicator: Replicator, timeout: float) -> None:
+    def __init__(self, nsqd, replicator: Replicator) -> None:
         self.nsqd = nsqd
         self.replicator = replicator
-        self.timeout = timeout
         self.replaced, release = load_replacements(nsqd.data_path)
         #: replaced peers, told to drop their copies of this node when they answer
         self.release = set(release)
-        self.down: dict[str, float] = {}  # peer -> since when (trio clock) it has had no stream
         self.announce: set[str] = set()  # replacements whose backfill is not acknowledged yet (``_announce``)
-        self.replacements = 0  # in this run, for /stats
-        self._no_candidate_logged = False
+        replicator.on_replaced = self.replaced_peer
+        if not nsqd.opts.replication_candidates:
+            replicator.find_candidates = self.candidates
+
+    def replaced_peer(self, lost: str, new: str) -> None:
+        """``Replicator._replace`` put ``new`` in ``lost``'s place."""
+        flag = next((old for old, now in self.replaced.items() if now == lost), lost)
+        self.replaced[flag] = new
+        self.release.add(lost)
+        self.release.discard(new)  # a node replaced earlier and chosen again is a peer again
+        self.announce.add(new)
+        self._save()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         next_release = 0.0
         while True:
             await trio.sleep(CHECK_INTERVAL)
-            now = trio.current_time()
             for peer in list(self.replicator.peers):
-                if peer.state in ("connected", "backfilling"):
-                    self.down.pop(peer.address, None)
-                    if peer.state == "connected" and peer.address in self.announce:
-                        self.announce.discard(peer.address)
-                        self._announce(peer.address)
-                    continue
-                since = self.down.setdefault(peer.address, now)
-                if self.timeout > 0 and now - since >= self.timeout:
-                    await self._replace(peer.address)
+                if peer.state == "connected" and peer.address in self.announce:
+                    self.announce.discard(peer.address)
+                    self._announce(peer.address)
+            now = trio.current_time()
             if self.release and now >= next_release:
                 next_release = now + RELEASE_INTERVAL
                 async with trio.open_nursery() as nursery:
@@ -129,10 +127,8 @@ class PeerReplacer:
 
     # -- choosing ---------------------------------------------------------------------------------------------------
     async def candidates(self) -> list[str]:
-        """The nodes that may replace a peer: ``--replica-candidate``, else the nodes nsqlookupd knows."""
-        listed = list(self.nsqd.opts.replica_candidate)
-        if listed:
-            return listed
+        """The nodes nsqlookupd knows that may take a lost peer's place, in this node's order (``spread``): not this
+        node, a peer, or a node still to release, and answering ASK as a trionsq node."""
         lookup = getattr(self.nsqd, "lookup", None)
         addresses = lookup.http_addresses() if lookup is not None else []
         found: set[str] = set()
@@ -153,47 +149,15 @@ class PeerReplacer:
                         found.add(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
             except (AuthError, ValueError, AttributeError, OSError) as exc:
                 log.warning("REPLICATION: could not list the nodes of nsqlookupd %s - %s", address, exc)
-        return sorted(found)
-
-    async def choose(self, lost: str) -> str | None:
-        """The node to keep copies on in ``lost``'s place: a candidate that is not this node, a peer, or a node still
-        to release, and that answers as a trionsq node (ASK); None when none does."""
         replicator = self.replicator
-        excluded = {replicator.node, lost, *(p.address for p in replicator.peers), *self.release}
-        for candidate in spread(replicator.node, [c for c in await self.candidates() if c not in excluded]):
+        found -= {replicator.node, *(p.address for p in replicator.peers), *self.release}
+        answering = []
+        for candidate in spread(replicator.node, sorted(found)):
             if await self.nsqd.replica_host._ask(candidate, replicator.node) is not None:
-                return candidate
-        return None
-
-    async def _replace(self, lost: str) -> None:
-        new = await self.choose(lost)
-        if new is None:
-            if not self._no_candidate_logged:
-                log.error(
-                    "REPLICATION: peer %s unreachable for %g s, and no node to replace it (--replica-candidate, "
-                    "nsqlookupd): it stays one copy short",
-                    lost,
-                    self.timeout,
-                )
-                self._no_candidate_logged = True
-            return
-        if lost not in (p.address for p in self.replicator.peers):
-            return  # replaced meanwhile
-        self._no_candidate_logged = False
-        log.warning(
-            "REPLICATION: peer %s unreachable for %g s: keeping copies on %s in its place (backfill follows)",
-            lost,
-            self.timeout,
-            new,
-        )
-        self.replicator.replace_peer(lost, new)
-        self.down.pop(lost, None)
-        flag = next((old for old, now in self.replaced.items() if now == lost), lost)
-        self.replaced[flag] = new
-        self.release.add(lost)
-        self.announce.add(new)
-        self.replacements += 1
-        self._save()
+                answering.append(candidate)
+        if not answering:
+            log.warning("REPLICATION: no node that nsqlookupd knows can take a lost peer's place")
+        return answering
 
     def _save(self) -> None:
         path = os.path.join(self.nsqd.data_path, STATE_FILE)

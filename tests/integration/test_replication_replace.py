@@ -1,5 +1,5 @@
 """A peer gone for good: a ring of five, three copies (each node keeps copies on the next two), one node killed and
-never brought back. After ``--replica-replace-timeout`` each node that had it as a peer keeps its copies on another
+never brought back. After ``--replication-replace-after`` each node that had it as a peer keeps its copies on another
 candidate instead and backfills it: every unfinished message is on three nodes again, nothing acknowledged is lost,
 no flag is edited. The killed node, started again on its data later, is told it was replaced and drops its copies:
 nothing is delivered twice. Real daemons as subprocesses, real sockets."""
@@ -44,9 +44,9 @@ class Ring:
                 f"--replicate-to={self.address(index + 1)}",
                 f"--replicate-to={self.address(index + 2)}",
                 "--replica-takeover-timeout=1s",
-                "--replica-replace-timeout=2s",
-                # every node of the ring, this one included: it never picks itself
-                *(f"--replica-candidate={self.address(other)}" for other in range(len(NAMES))),
+                "--replication-replace-after=2s",
+                # the two nodes that are not its peers
+                *(f"--replication-candidates={self.address(index + other)}" for other in (3, 4)),
                 f"--node-id={index + 1}",
             ],
         )
@@ -161,7 +161,7 @@ def test_a_peer_gone_for_good_is_replaced_and_three_copies_come_back(daemons, tm
     wait_for(ring.three_copies, timeout=30, message="three copies again")
     settled_at = time.monotonic()
     print(
-        f"\nreplace: ring of 5, --replica-replace-timeout=2s: peers replaced and backfilled under load "
+        f"\nreplace: ring of 5, --replication-replace-after=2s: peers replaced and backfilled under load "
         f"{replaced_at - killed_at:.2f} s after the kill, three copies of every message checked after "
         f"{settled_at - killed_at:.2f} s ({load.acknowledged} acknowledged under load, {load.refused} refused); "
         f"a -> {ring.peers(0)}, b -> {ring.peers(1)}"
@@ -214,7 +214,7 @@ def test_with_nsqlookupd_a_lone_peer_gone_for_good_is_replaced_by_a_node_it_know
                 f"--replicate-to=127.0.0.1:{ports[(index + 1) % 3]}",
                 f"--lookupd-tcp-address={lookupd.tcp_address}",
                 "--replica-takeover-timeout=1s",
-                "--replica-replace-timeout=2s",
+                "--replication-replace-after=2s",
                 f"--node-id={index + 1}",
             ],
         )

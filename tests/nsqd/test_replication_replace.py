@@ -1,35 +1,12 @@
-"""The parts of replacing a peer gone for good that need no daemon: the flags, the order in which an origin tries the
-candidates, and the peers a restart takes from ``replication.peers.json`` (the ring test is
+"""The parts of replacing a peer gone for good that need no daemon: the order in which an origin tries the
+candidates nsqlookupd knows, and the peers a restart takes from ``replication.peers.json`` (the ring test is
 ``tests/integration/test_replication_replace.py``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-import pytest
-
-from nsqd.options import Options, OptionsError, validate
 from nsqd.replication.replace import STATE_FILE, current_peers, load_replacements, spread
-
-
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        ({"replica_replace_timeout": -1.0}, "--replica-replace-timeout must not be negative"),
-        ({"replica_candidate": ["h:1", "nohost"]}, "--replica-candidate 'nohost' is not HOST:PORT"),
-        ({"replica_candidate": ["h:0"]}, "--replica-candidate 'h:0' is not HOST:PORT"),
-    ],
-)
-def test_replace_flags_are_checked(changes, message):
-    with pytest.raises(OptionsError, match=message):
-        validate(dataclasses.replace(Options(node_id=1), **changes))
-
-
-def test_replace_flags_default_to_ten_minutes_and_nsqlookupd():
-    opts = Options(node_id=1)
-    validate(opts)
-    assert opts.replica_replace_timeout == 600.0 and opts.replica_candidate == []
 
 
 def test_each_origin_orders_the_candidates_its_own_way():

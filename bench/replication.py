@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from bench.common import Generators, ProcessSampler, Report, Target, main, percentile, unique_topic
 from bench.consume import create_channel
@@ -123,15 +124,28 @@ def run(args) -> Report:
             with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
                 report.target = target.describe()
                 for workload, frame, per_frame, connections in workloads:
-                    row = throughput(args, target, peers, frame, per_frame, connections)
+                    try:
+                        row = throughput(args, target, peers, frame, per_frame, connections)
+                    except RuntimeError as exc:  # refused (a peer fell silent: degraded), or a lost connection
+                        report.rows.append({"mode": mode, "workload": workload, "error": str(exc)[-200:]})
+                        print(f"replication: {mode} {workload} failed - {str(exc)[-200:]}", file=sys.stderr)
+                        continue
                     if mode == "off":
                         baseline[workload] = row["pub msg/s"]
                     ratio = row["pub msg/s"] / baseline[workload] if baseline.get(workload) else None
                     report.rows.append({"mode": mode, "workload": workload, **row, "vs off": ratio})
-                row = ok_latency(args, target)
+                try:
+                    row = ok_latency(args, target)
+                except RuntimeError as exc:  # a generator lost its connection: said in the table, not a crash
+                    report.rows.append(
+                        {"mode": mode, "workload": f"paced {args.latency_rate:g}/s", "error": str(exc)[-200:]}
+                    )
+                    print(f"replication: {mode} paced failed - {str(exc)[-200:]}", file=sys.stderr)
+                    continue
                 if mode == "off":
                     baseline["latency"] = row["ok p99 ms"] or 0.0
-                added = row["ok p99 ms"] - baseline["latency"] if row["ok p99 ms"] is not None else None
+                base = baseline.get("latency")
+                added = row["ok p99 ms"] - base if row["ok p99 ms"] is not None and base is not None else None
                 report.rows.append(
                     {"mode": mode, "workload": f"paced {args.latency_rate:g}/s", **row, "p99 added ms": added}
                 )

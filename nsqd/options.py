@@ -234,6 +234,16 @@ class Options(DaemonOptions):
     replication_acks: int = setting(
         0, "how many --replicate-to peers must hold a message before it is acknowledged (--replication-min-insync - 1)"
     )
+    replication_candidates: list[str] = setting(
+        default_factory=list,
+        help="<addr>:<port> of a trionsq node that may take the place of a --replicate-to peer gone for good "
+        "(may be given multiple times; see --replication-replace-after)",
+    )
+    replication_replace_after: float = setting(
+        0.0,
+        "replace a --replicate-to peer that has not streamed for this long by the first --replication-candidates "
+        "node that is up (0: never)",
+    )
     replication_degraded: str = setting(
         "refuse", "with fewer peers reachable than --replication-acks: 'refuse' publishes or 'accept' them unreplicated"
     )
@@ -365,6 +375,16 @@ def _check_replication(opts: Options) -> None:
             raise OptionsError(f"--replicate-to {peer!r} is given twice")
         if peer in own:
             raise OptionsError(f"--replicate-to {peer!r} is this node itself")
+    for number, candidate in enumerate(opts.replication_candidates):
+        host, _, port = candidate.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise OptionsError(f"--replication-candidates {candidate!r} is not HOST:PORT")
+        if candidate in opts.replicate_to or candidate in opts.replication_candidates[:number]:
+            raise OptionsError(f"--replication-candidates {candidate!r} is given twice (or is a --replicate-to peer)")
+        if candidate in own:
+            raise OptionsError(f"--replication-candidates {candidate!r} is this node itself")
+    if opts.replication_replace_after < 0:
+        raise OptionsError("--replication-replace-after must not be negative")
     copies = 1 + len(opts.replicate_to)
     if not 0 <= opts.replication_acks <= len(opts.replicate_to):
         raise OptionsError(f"--replication-acks must be [0,{len(opts.replicate_to)}] (the number of --replicate-to)")

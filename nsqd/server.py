@@ -568,6 +568,8 @@ class NSQD:
             clean=clean,
             version=self.replication_version,
             on_restore=self._replication_restored,
+            candidates=tuple(opts.replication_candidates),
+            replace_after=opts.replication_replace_after,
             on_topology=self._replication_topology,
         )
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)

@@ -59,6 +59,9 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   without its OK (its producer retries elsewhere: at-least-once). ``accept`` answers OK unreplicated, counts
   it, and sends it when the peers return.
 
+- A peer gone for good (``--replication-replace-after``, ``--replication-candidates``): one that streamed since the
+  start and then not for that long is replaced by the first candidate that takes a connection, which gets a backfill
+  like any new peer (``Replicator._replace_gone``).
 - Silence (``sender.py``: ``HEARTBEAT_INTERVAL``, ``PEER_TIMEOUT``): a stream without a write for 1 s gets a
   heartbeat, which the replica answers at once; a peer heard from neither by ACK nor by answer for 5 s is taken
   for gone and its connection closed. That bounds how long a publish waits on a peer that stopped answering (a

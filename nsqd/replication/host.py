@@ -59,7 +59,7 @@ from protocol.replication import (
 
 from ..streams import PrefixedStream
 from .adopted import FRAME_IDS, AdoptedIds, note_takeover, place
-from .sender import receive_adopted, receive_event
+from .sender import receive_adopted, receive_event, unreachable
 from .store import ReplicaStore, store_nodes
 
 __all__ = ["ReplicaHost", "OriginStatistics"]
@@ -78,8 +78,6 @@ RECEIVE_SIZE = 256 * 1024
 _DATA_EVENTS = (Messages, Finished, Requeued, ChannelOp)
 #: received batches stored and acknowledged while more data waited, before they are indexed all the same
 APPLY_LAG = 16
-#: how long the connection that tells whether a silent origin is still up may take
-PROBE_TIMEOUT = 2.0
 #: a silent origin whose address still accepts connections is waited for this long (from the end of its stream, or
 #: this node's start) before its copies are adopted all the same: a process hung with its port open
 REACHABLE_GRACE = 60.0
@@ -162,21 +160,6 @@ class _Origin:
         self.adopted_ids: list[bytes] = []  # the last takeover's, answered to ASK a while after the origin heard them
         self.adopted_at = -RECENT_TAKEOVER  # when (trio clock)
         self.agree_logged = False  # the wait for a replica ahead was logged
-
-
-async def _unreachable(node: str) -> str | None:
-    """Why ``node`` (``host:port``, an nsqd's TCP address) accepts no connection within ``PROBE_TIMEOUT``; None when
-    it accepts one."""
-    host, _, port = node.rpartition(":")
-    try:
-        with trio.fail_after(PROBE_TIMEOUT):
-            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-    except trio.TooSlowError:
-        return f"no connection within {PROBE_TIMEOUT:g} s"
-    except (OSError, ValueError) as exc:
-        return str(exc) or type(exc).__name__
-    await stream.aclose()
-    return None
 
 
 def _in_trio() -> bool:
@@ -718,12 +701,12 @@ class ReplicaHost:
             self._wake.set()
 
     async def _take_over_if_agreed(self, origin: _Origin, timeout: float) -> None:
-        unreachable = await _unreachable(origin.node)
+        why = await unreachable(origin.node)
         now = trio.current_time()
         if origin.connected or not origin.store.held or origin.down_at + timeout > now:
             return  # it came back meanwhile
         silent = now - origin.down_at
-        if unreachable is None:
+        if why is None:
             if silent < REACHABLE_GRACE:
                 if not origin.probe_at:
                     log.info(
@@ -753,12 +736,12 @@ class ReplicaHost:
                 REACHABLE_GRACE,
             )
             left = frozenset()
-        if unreachable is not None:
+        if why is not None:
             log.warning(
                 "REPLICATION: origin %s silent for %g s and unreachable (%s), taking over",
                 origin.node,
                 timeout,
-                unreachable,
+                why,
             )
         self.takeover(origin.node, left)
 

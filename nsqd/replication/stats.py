@@ -65,6 +65,7 @@ def replication_json(stats: ReplicationStats) -> dict:
         "unreplicated_messages": 0 if origin is None else origin.unreplicated_messages,
         "accepted_unreplicated": 0 if origin is None else origin.accepted_unreplicated,
         "restored_messages": 0 if origin is None else origin.restored_messages,
+        "replaced_peers": 0 if origin is None else origin.replaced_peers,
         "peers": [] if origin is None else [asdict(p) for p in origin.peers],
         "replicas": [asdict(r) for r in stats.replicas],
         "takeovers": stats.takeovers,

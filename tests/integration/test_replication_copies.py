@@ -8,6 +8,8 @@ returns with its store leaves to the third what that one adopted."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.integration.harness import NsqdProcess, RawClient, free_port, stop_all
@@ -15,25 +17,27 @@ from tests.integration.http_helpers import post, stats, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-NAMES = ("a", "b", "c")
-
 
 class Ring:
-    def __init__(self, tmp_path, daemons) -> None:
+    def __init__(self, tmp_path, daemons, size: int = 3, *args: str, candidates: bool = False) -> None:
         self.tmp_path = tmp_path
         self.daemons = daemons
-        self.ports = [free_port() for _ in NAMES]
+        self.size = size
+        self.args = args
+        self.candidates = candidates  # node i may replace a peer by i + 3 .. i - 1
+        self.ports = [free_port() for _ in range(size)]
         self.nodes: list[NsqdProcess] = []
-        for index in range(len(NAMES)):
+        self.live = list(range(size))
+        for index in range(size):
             self.nodes.append(self.start(index))
         wait_for(self.healthy, timeout=30, message="ring replicating")
 
     def address(self, index: int) -> str:
-        return f"127.0.0.1:{self.ports[index % len(NAMES)]}"
+        return f"127.0.0.1:{self.ports[index % self.size]}"
 
     def start(self, index: int) -> NsqdProcess:
         node = NsqdProcess(
-            self.tmp_path / NAMES[index],
+            self.tmp_path / f"node{index}",
             [
                 "--broadcast-address=127.0.0.1",
                 f"--tcp-address={self.address(index)}",
@@ -41,6 +45,12 @@ class Ring:
                 f"--replicate-to={self.address(index + 2)}",
                 "--replica-takeover-timeout=1s",
                 f"--node-id={index + 1}",
+                *self.args,
+                *(
+                    f"--replication-candidates={self.address(index + k)}"
+                    for k in range(3, self.size)
+                    if self.candidates
+                ),
             ],
         )
         self.daemons.append(node)
@@ -53,7 +63,7 @@ class Ring:
         return stats(self.nodes[index].http())
 
     def healthy(self) -> bool:
-        for index in range(len(NAMES)):
+        for index in self.live:
             doc = self.doc(index)["replication"]
             if doc["state"] != "replicating" or any(peer["pending_messages"] for peer in doc["peers"]):
                 return False
@@ -131,4 +141,36 @@ def test_two_nodes_killed_at_once_lose_nothing_and_publishing_resumes_by_itself(
     assert ring.held(1, 0) == 0
     assert ring.depth(1) == 0, "b delivers again what c adopted"
     assert ring.depth(2) == 150
+    stop_all([node for node in daemons if node.is_running()])
+
+
+def _three_copies(ring: Ring) -> bool:
+    """Every live node streams to two live peers, each holding every message the node has unfinished."""
+    addresses = {ring.address(i): i for i in ring.live}
+    for origin in ring.live:
+        doc = ring.doc(origin)["replication"]
+        peers = [peer["address"] for peer in doc["peers"] if peer["state"] == "connected" and not peer["lagging"]]
+        if len(peers) != 2 or not all(address in addresses for address in peers):
+            return False
+        if any(peer["pending_messages"] for peer in doc["peers"]):
+            return False
+        if any(ring.held(addresses[address], origin) != ring.depth(origin) for address in peers):
+            return False
+    return True
+
+
+def test_a_peer_gone_for_good_is_replaced_and_every_message_has_three_copies_again(daemons, tmp_path):
+    # a ring of five: node i keeps copies on i + 1 and i + 2, and replaces either by i + 3 or i + 4 after 2 s
+    ring = Ring(tmp_path, daemons, 5, "--replication-replace-after=2s", candidates=True)
+    for index in range(5):
+        ring.publish(index, 100, f"n{index}")
+    wait_for(lambda: _three_copies(ring), timeout=30, message="three copies")
+    ring.nodes[0].kill()  # gone for good: its disk with it
+    ring.live.remove(0)
+    began = time.monotonic()
+    wait_for(lambda: _three_copies(ring), timeout=60, message="three copies again without node0")
+    took = time.monotonic() - began
+    print(f"\nthree copies of every message again {took:.1f} s after node0's death (replace after 2 s)")
+    assert sum(ring.depth(i) for i in ring.live) == 500  # node0's adopted by one replica, none lost
+    assert sorted(ring.doc(i)["replication"]["replaced_peers"] for i in ring.live) == [0, 0, 1, 1]
     stop_all([node for node in daemons if node.is_running()])

@@ -87,6 +87,8 @@ NSQ_DEFAULTS = {
     "replicate-to": ("replicate_to", []),
     "replication-acks": ("replication_acks", 0),
     "replication-min-insync": ("replication_min_insync", 0),
+    "replication-candidates": ("replication_candidates", []),
+    "replication-replace-after": ("replication_replace_after", 0.0),
     "replication-degraded": ("replication_degraded", "refuse"),
     "replica-takeover-timeout": ("replica_takeover_timeout", 30.0),
     "log-retention-time": ("log_retention_time", 0.0),
@@ -453,6 +455,12 @@ VALIDATION_CASES = [
         {"replicate_to": ["h:1", "g:2"], "replication_min_insync": 3, "replication_acks": 1},
         "--replication-acks and --replication-min-insync disagree (acks = min-insync - 1)",
     ),
+    (
+        {"replicate_to": ["h:1"], "replication_candidates": ["g:2", "h:1"]},
+        "--replication-candidates 'h:1' is given twice (or is a --replicate-to peer)",
+    ),
+    ({"replicate_to": ["h:1"], "replication_candidates": ["g"]}, "--replication-candidates 'g' is not HOST:PORT"),
+    ({"replication_replace_after": -1.0}, "--replication-replace-after must not be negative"),
     ({"replication_degraded": "maybe"}, "--replication-degraded must be 'refuse' or 'accept'"),
     ({"replica_takeover_timeout": -1.0}, "--replica-takeover-timeout must not be negative"),
 ]

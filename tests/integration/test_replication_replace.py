@@ -171,9 +171,12 @@ def test_a_peer_gone_for_good_is_replaced_and_three_copies_come_back(daemons, tm
         if ring.address(GONE) in before[index]:
             kept = [peer for peer in before[index] if peer != ring.address(GONE)]
             assert kept[0] in peers and ring.address(index) not in peers and len(set(peers)) == 2, peers
+            [new] = set(peers) - set(kept)
+            # the peer it kept reconnects once the new one holds the backlog: it learns the new order of takeover
+            ring.nodes[index].wait_for_log(rf"reconnecting peer {kept[0]}: it learns that {new} is a peer", 10)
         else:
             assert peers == before[index]
-    # nothing acknowledged lost, nothing twice: c's 100 were adopted by exactly one of its replicas
+    # nothing acknowledged lost, nothing twice: c's backlog was adopted by exactly one of its replicas
     total = BACKLOG * len(NAMES) + load.acknowledged
     assert sum(ring.depth(index) for index in survivors) == total
 

@@ -207,8 +207,8 @@ def test_with_nsqlookupd_a_lone_peer_gone_for_good_is_replaced_by_a_node_it_know
     daemons.append(lookupd)
     lookupd.start()
     ports = [free_port() for _ in range(3)]
-    nodes = []
-    for index in range(3):
+
+    def start(index: int) -> NsqdProcess:
         node = NsqdProcess(
             tmp_path / NAMES[index],
             [
@@ -222,7 +222,9 @@ def test_with_nsqlookupd_a_lone_peer_gone_for_good_is_replaced_by_a_node_it_know
             ],
         )
         daemons.append(node)
-        nodes.append(node.start())
+        return node.start()
+
+    nodes = [start(index) for index in range(3)]
 
     def peers(index: int) -> list[dict]:
         return stats(nodes[index].http())["replication"]["peers"]
@@ -251,4 +253,10 @@ def test_with_nsqlookupd_a_lone_peer_gone_for_good_is_replaced_by_a_node_it_know
     with RawClient(nodes[1].tcp) as producer:
         producer.publish("t", b"accepted")
     wait_for(lambda: held(0, 1) == 101, timeout=10, message="a holds all of b's messages")
+    # c comes back with its stale copies of b: b tells it it was replaced, and c drops them (it has no other replica
+    # of b to ask, and would otherwise adopt them once b stayed silent to it for 60 s, while b delivers them)
+    nodes[2] = start(2)
+    dropped = nodes[2].wait_for_log(rf"origin 127.0.0.1:{ports[1]} replaced this node as its replica: (\d+) held", 30)
+    assert int(dropped.group(1)) == 100
+    assert held(2, 1) == 0
     stop_all([node for node in daemons if node.is_running()])

@@ -108,6 +108,10 @@ class Link:
         if not self._scheduled:
             self._schedule()
 
+    def backed_up(self) -> bool:
+        """The socket did not take all of a write: the other worker reads slower than this one writes."""
+        return self._writing or bool(self._rest)
+
     def mark(self, client: RemoteClient) -> None:
         self.dirty[client] = None
         if not self._scheduled:
@@ -383,7 +387,8 @@ class WorkerMesh:
     def publish_acknowledged(self, topic_name: str, bodies: list[bytes], defer: float) -> bool:
         """Send a publish to the topic's owner that the caller acknowledges now (no answer comes back); False when
         it must wait for the owner's answer instead (``publish_soon``): the owner's disk refused this topic's
-        last publish (until one is taken again), or durable mode (an OK only after the owner's sync).
+        last publish (until one is taken again), durable mode (an OK only after the owner's sync), or the link
+        to the owner is backed up (the owner falls behind: its answers pace the producers, as one nsqd's pace).
 
         Nothing acknowledged so is lost while the node runs: the owner refuses a publish only while it stops,
         when its topic is being deleted, or when its disk fails. A stop is two-phase (``drain``): no worker stops
@@ -392,9 +397,10 @@ class WorkerMesh:
         refuses is kept in memory past ``--mem-queue-size`` (``Topic.publish_kept``), and the owner says so
         (``full``): this topic's next publishes here wait for the owner's answer, and are refused as a single
         nsqd refuses them. bench/MULTICORE.md has the argument in full."""
-        if self.nsqd.sync_barrier or topic_name in self._failing:
+        link = self.links[self.owner(topic_name)]
+        if self.nsqd.sync_barrier or topic_name in self._failing or link.backed_up():
             return False
-        self.links[self.owner(topic_name)].send(("pubq", topic_name, bodies, defer))
+        link.send(("pubq", topic_name, bodies, defer))
         return True
 
     async def drain(self, timeout: float) -> None:

@@ -368,16 +368,14 @@ def _check_replication(opts: Options) -> None:
     """The peers are distinct HOST:PORTs other than this node, and the acknowledgement rule can be met."""
     own = _own_addresses(opts)
     for number, peer in enumerate(opts.replicate_to):
-        host, _, port = peer.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not _is_host_port(peer):
             raise OptionsError(f"--replicate-to {peer!r} is not HOST:PORT")
         if peer in opts.replicate_to[:number]:
             raise OptionsError(f"--replicate-to {peer!r} is given twice")
         if peer in own:
             raise OptionsError(f"--replicate-to {peer!r} is this node itself")
     for number, candidate in enumerate(opts.replication_candidates):
-        host, _, port = candidate.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not _is_host_port(candidate):
             raise OptionsError(f"--replication-candidates {candidate!r} is not HOST:PORT")
         if candidate in opts.replicate_to or candidate in opts.replication_candidates[:number]:
             raise OptionsError(f"--replication-candidates {candidate!r} is given twice (or is a --replicate-to peer)")
@@ -398,6 +396,11 @@ def _check_replication(opts: Options) -> None:
             )
         if opts.replication_acks and opts.replication_acks != opts.replication_min_insync - 1:
             raise OptionsError("--replication-acks and --replication-min-insync disagree (acks = min-insync - 1)")
+
+
+def _is_host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def _own_addresses(opts: Options) -> set[str]:

@@ -46,6 +46,7 @@ from .queues.group_commit import SyncBarrier
 from .queues.offset_log import OffsetLog
 from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
 from .replication.adopted import drop_adopted
+from .replication.replace import PeerReplacer, current_peers
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
 from .stats_cache import StatsCache
@@ -150,6 +151,7 @@ class NSQD:
         self.sync_barrier = SyncBarrier()
         # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
         self.replication: Replicator | None = None
+        self.replacer: PeerReplacer | None = None  # with --replicate-to: peers gone for good (replace.py)
         #: the newest replication protocol version this node speaks, both as an origin and as a replica
         self.replication_version = _replication_version()
         self.replica_host = ReplicaHost(self)
@@ -521,6 +523,8 @@ class NSQD:
                 if self.replication is not None:
                     await nursery.start(self.replication.run)
                     nursery.start_soon(self.replication.wait_started, REPLICATION_START_TIMEOUT)
+                if self.replacer is not None:
+                    await nursery.start(self.replacer.run)
                 nursery.start_soon(self._serve, listeners)
                 await nursery.start(self.lookup.run)
                 for topic in list(self.topics.values()):
@@ -556,9 +560,10 @@ class NSQD:
         if state is not None and not clean:
             log.warning("REPLICATION: the last run did not stop cleanly: the peers adopt what they hold")
         save_state(self.data_path, epoch, True)
+        peers = current_peers(self.data_path, opts.replicate_to)  # a peer replaced in an earlier run stays so
         self.replication = Replicator(
             self.node_name,
-            opts.replicate_to,
+            peers,
             acks=replication_acks(opts),
             degraded=opts.replication_degraded,
             durable=self.durable,
@@ -578,13 +583,15 @@ class NSQD:
         log.info(
             "REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)",
             self.node_name,
-            ", ".join(opts.replicate_to),
+            ", ".join(peers),
             self.replication.acks_required,
             opts.replication_degraded,
         )
         for topic in self.topics.values():
             if not topic.ephemeral:
                 attach_replication(self.replication, topic)
+        # a peer gone for good is replaced (``--replication-replace-after``), one replaced is released
+        self.replacer = PeerReplacer(self, self.replication)
 
     def _replication_adopted(self, peer: str, epoch: int, ids: list[bytes]) -> None:
         """Peer ``peer`` adopted these messages of this node (``ids``) while it was away, or cut off from it (a

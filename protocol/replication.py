@@ -145,6 +145,9 @@ class Hello:
     peers: tuple[str, ...] = ()
     #: which of ``peers`` this HELLO goes to (absent: unknown)
     replica: str = ""
+    #: True: the origin replaced this replica by another node (it was unreachable too long): drop what is held of
+    #: the origin once the WELCOME is read (absent: a stream follows)
+    release: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -701,6 +704,7 @@ def _decode_hello(payload: bytes) -> Hello:
         min_version=_field(obj, "min_version", int, 1, "HELLO"),
         peers=_peers(obj.get("peers", [])),
         replica=_field(obj, "replica", str, "", "HELLO"),
+        release=_field(obj, "release", bool, False, "HELLO") or None,
     )
 
 

@@ -61,7 +61,10 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
 
 - A peer gone for good (``--replication-replace-after``, ``--replication-candidates``): one that streamed since the
   start and then not for that long is replaced by the first candidate that takes a connection, which gets a backfill
-  like any new peer (``Replicator._replace_gone``).
+  like any new peer (``Replicator._replace_gone``). ``replace.py`` (``PeerReplacer``): without candidates, the nodes
+  nsqlookupd knows (spread by a hash of both names); the replacement kept in ``replication.peers.json``; the other
+  peers reconnected to learn the new order; the old peer told, when it answers again, to drop its copies (HELLO
+  ``release``), so nothing is delivered twice.
 - Silence (``sender.py``: ``HEARTBEAT_INTERVAL``, ``PEER_TIMEOUT``): a stream without a write for 1 s gets a
   heartbeat, which the replica answers at once; a peer heard from neither by ACK nor by answer for 5 s is taken
   for gone and its connection closed. That bounds how long a publish waits on a peer that stopped answering (a

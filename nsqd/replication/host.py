@@ -329,7 +329,10 @@ class ReplicaHost:
                     decoder.receive_data(data)
                     adopted.clear()
                     self._settle(hello.node)
-                await self._stream(origin, hello.session, stream, decoder, version)
+                if hello.release:
+                    self._release(origin)
+                else:
+                    await self._stream(origin, hello.session, stream, decoder, version)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
             await self._send_error(stream, error.code, error.description)
@@ -354,6 +357,15 @@ class ReplicaHost:
                 self._wake.set()
                 if origin.store.held:
                     log.info("REPLICATION: origin %s gone, holding %d message(s)", origin.node, len(origin.store.held))
+
+    def _release(self, origin: _Origin) -> None:
+        """The origin replaced this node by another replica (it was away too long, PROTOCOL.md "A peer gone for
+        good"): what is held of it goes, and the stream ends. A HELLO that is not ``clean`` took over first, as any."""
+        held = len(origin.store.held)
+        origin.store.remove()
+        log.warning(
+            "REPLICATION: origin %s replaced this node as its replica: %d held message(s) dropped", origin.node, held
+        )
 
     def _topology(self, store: ReplicaStore) -> dict | None:
         """WELCOME's ``topics`` for an origin that is not ``clean``: its topics and channels as this store knows them;

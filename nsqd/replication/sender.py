@@ -27,7 +27,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -314,6 +314,10 @@ class Replicator:
         self.replace_after = replace_after
         self.replaced_peers = 0
         self._nursery: trio.Nursery | None = None
+        #: () -> candidates, awaited when ``candidates`` is empty (``replace.py``: the nodes nsqlookupd knows)
+        self.find_candidates: Callable[[], Awaitable[list[str]]] | None = None
+        #: (old, new): a peer was replaced (``replace.py``: kept in the data directory, the old one released)
+        self.on_replaced: Callable[[str, str], None] | None = None
         self.acks_required = acks
         self.degraded_mode = degraded
         self.durable = durable
@@ -616,9 +620,25 @@ class Replicator:
             self._nursery = nursery
             for peer in self.peers:
                 nursery.start_soon(self._link, peer)
-            if self.replace_after > 0 and self.candidates:
+            if self.replace_after > 0 and (self.candidates or self.find_candidates is not None):
                 nursery.start_soon(self._replace_gone)
             task_status.started()
+
+    def hello(self, replica: str, *, release: bool = False) -> Hello:
+        """The HELLO this node sends ``replica`` (``release``: a peer it replaced, ``replace.py``)."""
+        return Hello(
+            self.node,
+            self.session,
+            self.epoch,
+            self.durable,
+            node_id=self.node_id,
+            clean=self.clean,
+            version=self.version,
+            min_version=PROTOCOL_VERSION_MIN,
+            peers=tuple(p.address for p in self.peers),
+            replica=replica,
+            release=release or None,
+        )
 
     async def _replace_gone(self) -> None:
         """``--replication-replace-after``: a peer that streamed since this node started and has not for that long is
@@ -631,7 +651,13 @@ class Replicator:
                 if peer.down_at is None or trio.current_time() - peer.down_at < self.replace_after:
                     continue
                 taken = {p.address for p in self.peers}
-                for candidate in list(self.candidates):
+                if self.candidates:
+                    candidates = list(self.candidates)
+                elif self.find_candidates is not None:
+                    candidates = await self.find_candidates()
+                else:
+                    candidates = []
+                for candidate in candidates:
                     if candidate not in taken and candidate != self.node and await unreachable(candidate) is None:
                         if peer in self.peers and peer.down_at is not None:
                             self._replace(peer, candidate)
@@ -643,8 +669,9 @@ class Replicator:
         self.peers[self.peers.index(old)] = new
         if old.link is not None:
             old.link.cancel()
-        self.candidates.remove(address)
-        self.candidates.append(old.address)
+        if address in self.candidates:
+            self.candidates.remove(address)
+            self.candidates.append(old.address)
         self.replaced_peers += 1
         log.warning(
             "REPLICATION: peer %s has not streamed for %g s: replaced by %s, which gets a backfill",
@@ -654,6 +681,8 @@ class Replicator:
         )
         self._nursery.start_soon(self._link, new)
         self._peer_changed()
+        if self.on_replaced is not None:
+            self.on_replaced(old.address, address)
 
     async def _link(self, peer: _Peer) -> None:
         """Keep one peer connected: connect, handshake, stream; on any failure log, wait, again (until the peer is
@@ -716,22 +745,7 @@ class Replicator:
                     await ssl_stream.do_handshake()
                 stream = ssl_stream
             decoder = ReplicationDecoder(version=self.version)
-            await stream.send_all(
-                encode(
-                    Hello(
-                        self.node,
-                        self.session,
-                        self.epoch,
-                        self.durable,
-                        node_id=self.node_id,
-                        clean=self.clean,
-                        version=self.version,
-                        min_version=PROTOCOL_VERSION_MIN,
-                        peers=tuple(p.address for p in self.peers),
-                        replica=peer.address,
-                    )
-                )
-            )
+            await stream.send_all(encode(self.hello(peer.address)))
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:

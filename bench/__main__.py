@@ -54,7 +54,7 @@ HEADLINES = {
     "mpub": ["msg/s", "MB/s"],
     "consume": ["msg/s"],
     "pubsub": ["in msg/s", "out msg/s"],
-    "workers": ["scenario", "workers", "msg/s", "nsqd_us/msg"],
+    "workers": ["scenario", "code", "workers", "msg/s", "nsqd_us/msg"],
     "client": ["client", "workload", "msg/s", "client us/msg"],
     "latency": ["rate", "p50 ms", "p99 ms", "p99.9 ms"],
     "http": ["endpoint", "requests/s", "msg/s"],

@@ -384,7 +384,8 @@ class Target:
         self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False, root: Path = REPO_ROOT
     ) -> None:
         self.args = args
-        self.root = root  # the source tree whose nsqd is started (``pub_against`` starts an earlier one)
+        # the source tree whose nsqd is started (``pub_against`` starts an earlier one, ``workers --against`` too)
+        self.root = getattr(args, "nsqd_root", None) or root
         self.flags = list(flags) + list(args.nsqd_arg or [])
         self.want_http = want_http
         self.own = not args.nsqd_tcp_address

@@ -13,11 +13,14 @@ import argparse
 import importlib
 import os
 import pickle
+import shutil
 import socket
 import struct
 import time
+from pathlib import Path
 
 from bench.common import _PINNING, Generators, Report, Target, add_common_arguments, main, unique_topic
+from bench.pub_against import extract
 from protocol.commands import encode_pub
 
 NAME = "workers"
@@ -32,6 +35,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--counts", default="1,2", help="the --workers values, comma separated")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument(
+        "--against",
+        default="",
+        help="a git revision to run too: each scenario and count with that code's nsqd, then this one's",
+    )
 
 
 def crossing_cost(per_batch: int, messages: int = 200_000, body_size: int = 200) -> dict:
@@ -122,13 +130,15 @@ def _scenario_module(name: str):
     return _ManyTopics if name == "many_topics" else importlib.import_module(f"bench.{name}")
 
 
-def _scenario_args(args, module, workers: int) -> argparse.Namespace:
+def _scenario_args(args, module, workers: int, root) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_common_arguments(parser)
     module.add_arguments(parser)
     argv = ["--no-pin", "--no-syscalls", f"--duration={args.duration}", f"--warmup={args.warmup}"]
     argv += [f"--nsqd-arg={flag}" for flag in [*args.nsqd_arg, f"--workers={workers}"]]
-    return parser.parse_args(argv)
+    namespace = parser.parse_args(argv)
+    namespace.nsqd_root = root  # None: this tree
+    return namespace
 
 
 def run(args) -> Report:
@@ -136,35 +146,54 @@ def run(args) -> Report:
     names = [name for name in args.scenarios.split(",") if name]
     report = Report(NAME, TITLE, params={"rounds": args.rounds, "counts": counts, "duration_s": args.duration})
     _PINNING["on"] = False
-    for per_batch in (1, 16, 64):
-        report.rows.append({"round": 0, **crossing_cost(per_batch)})
-    for round_number in range(1, args.rounds + 1):
-        for name in names:
-            module = _scenario_module(name)
-            base = None
-            for workers in counts:
-                scenario = module.run(_scenario_args(args, module, workers))
-                for row in scenario.rows:
-                    rate = row.get(RATE[name])
-                    cpu = row.get("nsqd_us/msg")
-                    entry = {
-                        "round": round_number,
-                        "scenario": name,
-                        "workers": workers,
-                        "msg/s": rate,
-                        "nsqd_cores": row.get("nsqd_cpu"),
-                        "nsqd_us/msg": cpu,
-                    }
-                    if base is None:
-                        base = entry
-                    elif base["msg/s"] and rate is not None and base["nsqd_us/msg"] and cpu is not None:
-                        entry["vs 1"] = f"{rate / base['msg/s']:.2f}x msg/s, {cpu / base['nsqd_us/msg']:.2f}x us/msg"
-                    report.rows.append(entry)
-                for note in scenario.notes:
-                    if note not in report.notes and "only" in note:
-                        report.notes.append(f"{name}, --workers={workers}: {note}")
+    codes: list[tuple[str, Path | None]] = [("this", None)]
+    if args.against:
+        tree, commit = extract(args.against)
+        if tree is None:
+            report.notes.append(f"--against {args.against}: {commit}; this code only")
+        else:
+            codes.insert(0, (commit[:9], tree))
+    try:
+        for per_batch in (1, 16, 64):
+            report.rows.append({"round": 0, **crossing_cost(per_batch)})
+        for round_number in range(1, args.rounds + 1):
+            for name in names:
+                _run_scenario(args, report, round_number, name, counts, codes)
+    finally:
+        for _, tree in codes:
+            if tree is not None:
+                shutil.rmtree(tree, ignore_errors=True)
     report.notes.append("nsqd_cores: cores used by all nsqd processes together; load and nsqd share the machine")
     return report
+
+
+def _run_scenario(args, report: Report, round_number: int, name: str, counts: list[int], codes: list) -> None:
+    """One scenario with each ``--workers`` count, each code in turn for a count; ``vs 1`` against the same code's
+    first count."""
+    module = _scenario_module(name)
+    base: dict[str, dict] = {}
+    for workers in counts:
+        for code, root in codes:
+            scenario = module.run(_scenario_args(args, module, workers, root))
+            for row in scenario.rows:
+                rate = row.get(RATE[name])
+                cpu = row.get("nsqd_us/msg")
+                entry = {
+                    "round": round_number,
+                    "scenario": name,
+                    "code": code,
+                    "workers": workers,
+                    "msg/s": rate,
+                    "nsqd_cores": row.get("nsqd_cpu"),
+                    "nsqd_us/msg": cpu,
+                }
+                first = base.setdefault(code, entry)
+                if first is not entry and first["msg/s"] and rate is not None and first["nsqd_us/msg"] and cpu:
+                    entry["vs 1"] = f"{rate / first['msg/s']:.2f}x msg/s, {cpu / first['nsqd_us/msg']:.2f}x us/msg"
+                report.rows.append(entry)
+            for note in scenario.notes:
+                if note not in report.notes and "only" in note:
+                    report.notes.append(f"{name}, --workers={workers}: {note}")
 
 
 if __name__ == "__main__":

@@ -288,13 +288,17 @@ class PublishBatch:
         for raw_topic, (bodies, connections, fds, counts) in groups.items():
             topic_name = raw_topic.decode("utf-8", "surrogateescape")
             if mesh is not None and not mesh.owns(topic_name):
-                # another worker owns the topic (nsqd/workers.py): the step's bodies go there in one record, and
-                # each connection's OKs wait in its output for the answer
-                held = [connection.hold_oks(count) for connection, count in zip(connections, counts, strict=True)]
-                mesh.publish_soon(topic_name, bodies, 0.0, partial(_answer_held, held))
-                count_published(connections, counts, topic_name)
-                continue
-            error = self._publish(topic_name, bodies)
+                # another worker owns the topic (nsqd/workers.py): the step's bodies go there in one record,
+                # acknowledged now; or, while the node stops or the owner's disk refuses this topic, each
+                # connection's OKs wait in its output for the owner's answer
+                if self.nsqd.exiting or not mesh.publish_acknowledged(topic_name, bodies, 0.0):
+                    held = [connection.hold_oks(count) for connection, count in zip(connections, counts, strict=True)]
+                    mesh.publish_soon(topic_name, bodies, 0.0, partial(_answer_held, held))
+                    count_published(connections, counts, topic_name)
+                    continue
+                error = None
+            else:
+                error = self._publish(topic_name, bodies)
             if error is not None:
                 for connection in connections:
                     connection.fast_publish_failed(error)

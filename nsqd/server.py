@@ -63,6 +63,8 @@ log = logging.getLogger("nsqd")
 #: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted (a peer
 #: that refuses the connection is not waited for; one that took it and is slow to answer is, this long at most)
 REPLICATION_START_TIMEOUT = 30.0
+#: how long a stopping worker waits for the others to close their connections and send what they acknowledged
+MESH_DRAIN_TIMEOUT = 5.0
 #: Tests only: the newest replication protocol version this node speaks, below ``PROTOCOL_VERSION`` (a node not
 #: yet upgraded, in a test of a rolling upgrade). Not a flag: an operator has no reason to speak an older version.
 REPLICATION_VERSION_ENV = "NSQD_TEST_REPLICATION_VERSION"
@@ -845,4 +847,13 @@ class NSQD:
             )
         self._accept_scope.cancel()
         self._connections_scope.cancel()
+        if self.mesh is not None and self._nursery is not None:
+            # every worker's acknowledged publishes reach their owners before any stops its topics (workers.py)
+            self._nursery.start_soon(self._drain_then_stop)
+        else:
+            self._stopped.set()
+
+    async def _drain_then_stop(self) -> None:
+        assert self.mesh is not None
+        await self.mesh.drain(MESH_DRAIN_TIMEOUT)
         self._stopped.set()

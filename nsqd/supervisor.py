@@ -48,6 +48,9 @@ class MeshSockets:
         self.start_time = start_time  # the node's, for /stats and /info: the same in every worker
 
 
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 def start_workers(opts, prebound: Prebound) -> Prebound:
     """Fork ``opts.workers`` workers. In each worker: returns ``prebound`` with its ``mesh`` set. In the parent:
     supervises them and never returns (``SystemExit`` with the node's exit code)."""
@@ -60,9 +63,12 @@ def start_workers(opts, prebound: Prebound) -> Prebound:
     children: dict[int, int] = {}
     parent = os.getpid()
     start_time = int(time.time())
+    # a SIGTERM before the parent's handler is set waits for it (``_supervise``), not the default (death)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     for index in range(count):
         pid = os.fork()
         if pid == 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             return _become_worker(prebound, index, count, pairs, parent, start_time)
         children[pid] = index
     for left, right in pairs.values():
@@ -112,6 +118,7 @@ def _supervise(children: dict[int, int]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     while children:
         try:
             pid, status = os.waitpid(-1, 0)

@@ -346,11 +346,15 @@ class Connection:
 
     def _publish_elsewhere(self, verb: str, topic_name: str, bodies: list[bytes], defer: float) -> bytes:
         """A publish to a topic another worker owns: sent there (batched with the step's other records, see
-        nsqd/workers.py), its OK put in the output now, and nothing of the output written until every publish
-        sent so is answered (``_forwards_held``), so answers keep their order while the connection goes on
-        reading. A refusal replaces that OK with ``E_<VERB>_FAILED`` and closes the connection, as a failed
-        publish does (``_forward_answered``)."""
+        nsqd/workers.py) and acknowledged at once (``WorkerMesh.publish_acknowledged`` says why that is safe).
+        While the owner's disk refuses that topic, its OK is put in the output instead, and nothing of the output
+        is written until every publish sent so is answered (``_forwards_held``), so answers keep their order while
+        the connection goes on reading. A refusal replaces that OK with ``E_<VERB>_FAILED`` and closes the
+        connection, as a failed publish does (``_forward_answered``)."""
         assert self._mesh is not None
+        if self._mesh.publish_acknowledged(topic_name, bodies, defer):
+            self.client.published(topic_name, len(bodies))
+            return OK_FRAME
         self._mesh.publish_soon(topic_name, bodies, defer, self.hold_oks(1, verb))
         self.client.published(topic_name, len(bodies))
         return _ANSWER_QUEUED

@@ -36,6 +36,7 @@ import pickle
 import struct
 import zlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -106,6 +107,10 @@ class Link:
         self.pending.append(record)
         if not self._scheduled:
             self._schedule()
+
+    def backed_up(self) -> bool:
+        """The socket did not take all of a write: the other worker reads slower than this one writes."""
+        return self._writing or bool(self._rest)
 
     def mark(self, client: RemoteClient) -> None:
         self.dirty[client] = None
@@ -292,6 +297,9 @@ class WorkerMesh:
         self._ids = itertools.count(1)
         self._fronts: dict[tuple[int, int], RemoteClient] = {}  # (worker, its client id) -> stand-in here
         self._consumers: dict[int, Client] = {}  # client id -> a consumer here whose channel is elsewhere
+        self._failing: dict[str, str] = {}  # topic -> why its owner's disk refused its last publish
+        self._drained: dict[int, trio.Event] = {peer: trio.Event() for peer in self.links}
+        self.kept_in_memory = 0  # acknowledged publishes the disk refused here, kept in memory
         self._nursery: trio.Nursery | None = None
         self.router: Any = None  # the HTTP router that answers forwarded requests (set by the HTTP API)
 
@@ -331,6 +339,7 @@ class WorkerMesh:
             await link.lost.wait()
         finally:
             self.nsqd.read_poller.discard(link.fd)
+            self._drained[link.peer].set()
         for call in list(self._calls.values()):
             if call[2] == link.peer:
                 call[1] = WorkerGone(f"worker {link.peer} stopped")
@@ -367,8 +376,43 @@ class WorkerMesh:
         queue's error), when its answer comes back."""
         call_id = next(self._ids)
         owner = self.owner(topic_name)
-        self._callbacks[call_id] = (owner, answered)
+        self._callbacks[call_id] = (owner, partial(self._held_answered, topic_name, answered))
         self.links[owner].send(("pub", call_id, topic_name, bodies, defer))
+
+    def _held_answered(self, topic_name: str, answered: Callable[[str | None], None], reason: str | None) -> None:
+        if reason is None:
+            self._failing.pop(topic_name, None)  # the owner's disk takes its publishes again
+        answered(reason)
+
+    def publish_acknowledged(self, topic_name: str, bodies: list[bytes], defer: float) -> bool:
+        """Send a publish to the topic's owner that the caller acknowledges now (no answer comes back); False when
+        it must wait for the owner's answer instead (``publish_soon``): the owner's disk refused this topic's
+        last publish (until one is taken again), durable mode (an OK only after the owner's sync), or the link
+        to the owner is backed up (the owner falls behind: its answers pace the producers, as one nsqd's pace).
+
+        Nothing acknowledged so is lost while the node runs: the owner refuses a publish only while it stops,
+        when its topic is being deleted, or when its disk fails. A stop is two-phase (``drain``): no worker stops
+        its topics before every other has closed its client connections and sent what they read. A publish that
+        meets its topic's deletion is deleted with it, as one made just before the deletion. A publish the disk
+        refuses is kept in memory past ``--mem-queue-size`` (``Topic.publish_kept``), and the owner says so
+        (``full``): this topic's next publishes here wait for the owner's answer, and are refused as a single
+        nsqd refuses them. bench/MULTICORE.md has the argument in full."""
+        link = self.links[self.owner(topic_name)]
+        if self.nsqd.sync_barrier or topic_name in self._failing or link.backed_up():
+            return False
+        link.send(("pubq", topic_name, bodies, defer))
+        return True
+
+    async def drain(self, timeout: float) -> None:
+        """The first phase of a stop, once this worker's client connections are closed: tell every other worker,
+        and wait until each has said the same (or is gone, or ``timeout``). A link's records arrive in order, so
+        every publish a worker acknowledged is here before its ``drained``, and is published before this worker
+        stops its topics."""
+        for link in self.links.values():
+            link.send(("drained",))
+        with trio.move_on_after(timeout):
+            for peer in self.links:
+                await self._drained[peer].wait()
 
     async def subscribe(self, client: Client, topic_name: str, channel_name: str) -> RemoteChannel:
         """SUB at the topic's owner; raises the ``ProtocolError`` it answered."""
@@ -433,8 +477,9 @@ class WorkerMesh:
         (``fastpath.py``), and each is answered."""
         run: list[tuple] = []
         for record in batch:
-            if record[0] == "pub" and not record[4]:
-                if run and run[0][2] != record[2]:
+            kind = record[0]
+            if (kind == "pubq" and not record[3]) or (kind == "pub" and not record[4]):
+                if run and (run[0][0] != kind or run[0][-3] != record[-3]):
                     self._publish_run(peer, run)
                     run = []
                 run.append(record)
@@ -448,10 +493,14 @@ class WorkerMesh:
 
     def _publish_run(self, peer: int, run: list[tuple]) -> None:
         if len(run) == 1:
-            self._on_pub(peer, *run[0][1:])
+            self.handle(peer, run[0])
             return
-        bodies = [body for record in run for body in record[3]]
-        reason = self._publish(run[0][2], bodies, 0.0)
+        topic_name = run[0][-3]
+        bodies = [body for record in run for body in record[-2]]
+        if run[0][0] == "pubq":
+            self._on_pubq(peer, topic_name, bodies, 0.0)
+            return
+        reason = self._publish(topic_name, bodies, 0.0)
         answer = self._answer
         for record in run:
             answer(peer, record[1], reason)
@@ -476,6 +525,30 @@ class WorkerMesh:
 
     def _on_pub(self, peer: int, call_id: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
         self._answer(peer, call_id, self._publish(topic_name, bodies, defer))
+
+    def _on_pubq(self, peer: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
+        """A publish the sending worker already acknowledged (``publish_acknowledged``): taken while this worker
+        stops too, until its topics stop (after ``drain``)."""
+        try:
+            self.nsqd.get_topic(topic_name).publish(bodies, defer)
+        except TopicExiting:
+            return  # the topic is being deleted: gone with it, as a publish made just before the deletion
+        except TopicFull as exc:
+            self.nsqd.get_topic(topic_name).publish_kept(bodies, defer)
+            self.kept_in_memory += len(bodies)
+            log.error(
+                "WORKERS: topic %s: the disk refused %d acknowledged message(s), kept in memory: %s",
+                topic_name,
+                len(bodies),
+                exc,
+            )
+            self.links[peer].send(("full", topic_name, str(exc)))
+
+    def _on_full(self, peer: int, topic_name: str, reason: str) -> None:
+        self._failing[topic_name] = reason
+
+    def _on_drained(self, peer: int) -> None:
+        self._drained[peer].set()
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
         """Into the topic here as a publish of a connection here; None, or why it was refused."""
@@ -620,6 +693,9 @@ class WorkerMesh:
 _HANDLERS: dict[str, Callable[..., None]] = {
     "re": WorkerMesh._on_answer,
     "pub": WorkerMesh._on_pub,
+    "pubq": WorkerMesh._on_pubq,
+    "full": WorkerMesh._on_full,
+    "drained": WorkerMesh._on_drained,
     "sub": WorkerMesh._on_sub,
     "rdy": WorkerMesh._on_rdy,
     "fin": WorkerMesh._on_fin,

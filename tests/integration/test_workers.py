@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -20,6 +22,7 @@ from .features import FeatureClient
 from .harness import (
     FRAME_TYPE_MESSAGE,
     REPO_ROOT,
+    ConnectionClosed,
     NsqdProcess,
     RawClient,
     assert_refused_start,
@@ -302,6 +305,52 @@ def test_graceful_stop_keeps_everything_and_a_restart_resumes(tmp_path):
         for name in topics:
             got = receive_all([consumer(node.tcp, name, "c", ready=20)], 10)
             assert sorted(got[0]) == sorted(f"{name}-{number}".encode() for number in range(10))
+    finally:
+        stop_all([node])
+
+
+def test_publishes_acknowledged_by_the_accepting_worker_survive_a_stop_meanwhile(tmp_path):
+    """A publish to a topic another worker owns is acknowledged before the owner has it (nsqd/workers.py,
+    ``publish_acknowledged``): a SIGTERM while producers stream PUBs must leave every acknowledged message stored
+    (the stop is two-phase: each worker hands over what it acknowledged before any stops its topics)."""
+    data = tmp_path / "data"
+    node = start_node(data)
+    topics = owned_topics("handed")
+    for name in topics:
+        consumer(node.tcp, name, "c", ready=0).close()
+    producers = [RawClient(node.tcp) for _ in range(6)]
+    stream = b"".join(pub(topics[number % 2], b"m%d" % number) for number in range(20_000))
+
+    def send(producer: RawClient) -> None:
+        with contextlib.suppress(OSError):
+            producer.send(stream)
+
+    senders = [threading.Thread(target=send, args=(producer,), daemon=True) for producer in producers]
+    for sender in senders:
+        sender.start()
+    assert producers[0].read_reply().data == b"OK"
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGTERM)
+    acknowledged = dict.fromkeys(topics, 0)
+    for producer in producers:
+        count = 0
+        with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
+            while producer.read_reply(timeout=10).data == b"OK":
+                count += 1
+        acknowledged[topics[0]] += (count + 1) // 2  # answers come in order: commands alternate the topics
+        acknowledged[topics[1]] += count // 2
+        producer.close()
+    assert node.proc.wait(30) == 0  # the one SIGTERM above: a second could meet the parent's interpreter exiting
+    node.stop()
+    for sender in senders:
+        sender.join(10)
+    node = start_node(data)
+    try:
+        depths = {
+            entry["topic_name"]: entry["channels"][0]["depth"] for entry in stats(node.listening["HTTP"])["topics"]
+        }
+        for name in topics:
+            assert acknowledged[name] <= depths[name] <= len(producers) * 10_000, (acknowledged, depths)
     finally:
         stop_all([node])
 

@@ -127,8 +127,9 @@ def run(args) -> Report:
                     try:
                         row = throughput(args, target, peers, frame, per_frame, connections)
                     except RuntimeError as exc:  # refused (a peer fell silent: degraded), or a lost connection
-                        report.rows.append({"mode": mode, "workload": workload, "error": str(exc)[-200:]})
-                        print(f"replication: {mode} {workload} failed - {str(exc)[-200:]}", file=sys.stderr)
+                        said = [line for line in target.lines if "REPLICATION" in line][-3:]
+                        report.rows.append({"mode": mode, "workload": workload, "error": str(exc)[-200:], "log": said})
+                        print(f"replication: {mode} {workload} failed - {str(exc)[-200:]} {said}", file=sys.stderr)
                         continue
                     if mode == "off":
                         baseline[workload] = row["pub msg/s"]

@@ -790,7 +790,8 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
 
 /* new_messages(cls, ids, bodies, timestamp, defer) -> list
 
-   nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i, with every slot that
+   nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i (timestamp[i] when
+   timestamp is a list: the module's NEW_MESSAGES_STAMPS says this build takes one), with every slot that
    Message.__init__ sets (MESSAGE_SLOTS, in this order: id, body, timestamp, attempts, defer, client,
    delivered_at, disk_token) written directly where its member descriptor says, then untracked as untrack_atomic
    would. The Python class call runs __init__ as a Python frame per message, most of a PUB's publish;
@@ -849,6 +850,11 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
     }
     if (cls != message_class && message_layout(cls) < 0)
         return NULL;
+    int stamps = PyList_Check(timestamp);  /* one timestamp per message */
+    if (stamps && PyList_GET_SIZE(timestamp) != n) {
+        PyErr_SetString(PyExc_ValueError, "ids and timestamps differ in length");
+        return NULL;
+    }
     int deferred = PyObject_IsTrue(defer);
     if (deferred < 0)
         return NULL;
@@ -863,7 +869,8 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
             Py_DECREF(messages);
             return NULL;
         }
-        PyObject *values[MESSAGE_SLOTS] = {PyList_GET_ITEM(ids, i), PyList_GET_ITEM(bodies, i), timestamp,
+        PyObject *values[MESSAGE_SLOTS] = {PyList_GET_ITEM(ids, i), PyList_GET_ITEM(bodies, i),
+                                           stamps ? PyList_GET_ITEM(timestamp, i) : timestamp,
                                            zero_int, defer, Py_None, zero_float, minus_one};
         for (int k = 0; k < MESSAGE_SLOTS; k++) {
             Py_INCREF(values[k]);
@@ -948,5 +955,8 @@ PyInit__speedups(void)
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    if (created != NULL && PyModule_AddIntConstant(created, "NEW_MESSAGES_STAMPS", 1) < 0)
+        Py_CLEAR(created);
+    return created;
 }

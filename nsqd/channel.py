@@ -52,10 +52,12 @@ from .message import Message, encode_record, split_messages
 from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
 from .queues.deferred_index import DeferredIndex
 from .queues.inflight import EMPTY_IN_FLIGHT, InFlightQueue
+from .queues.packed import PackedQueue
 
 if TYPE_CHECKING:  # for annotations only: the queues import nothing of the channel
     from .queues.diskqueue import DiskQueue
     from .queues.offset_log import OffsetLog
+    from .queues.packed import _Packed
 
 __all__ = ["Channel", "ChannelError"]
 
@@ -89,7 +91,8 @@ class Channel:
         self.exiting = False
         self.replication = None  # the origin's Replicator when this channel is replicated (nsqd/replication/)
 
-        self.queue: deque[Message] = deque()
+        # messages kept packed (a window on the topic's segment, queues/packed.py) or as objects
+        self.queue = PackedQueue()
         self.backend = backend
         # durable mode: the disk queue holds what it hands out until released (see the module notes)
         self.durable = backend is not None and backend.hold_reads
@@ -185,6 +188,24 @@ class Channel:
             stored = self._enqueue(messages, topic_token)
             self.wake(preempt=True)
         return stored
+
+    def put_window(self, packed: _Packed, start: int, end: int) -> None:
+        """Accept the messages ``start`` to ``end`` of a topic's segment (queues/packed.py): kept as they are
+        while the memory queue has room for them, nothing is on disk before them and none has a delay; else as
+        objects, by ``put_many``'s rules."""
+        count = end - start
+        if (
+            self.mem_queue_size - self.queue.count >= count
+            and not packed.deferred
+            and self.log is None
+            and not self._backlog_on_disk()
+        ):
+            self.message_count += count
+            self.changed.add(self)
+            self.queue.extend_window(packed, start, end)
+            self.wake(preempt=True)
+        else:
+            self.put_many(packed.messages(start, end))
 
     def _put_durable_deferred(self, messages: list[Message], topic_token: int) -> bool:
         """Durable mode: deferred messages go to the disk queue like the others, their due time to the index;

@@ -103,7 +103,7 @@ class ChannelDispatcher(Actor):
             return False
         channel.changed.add(channel)  # its queue and in-flight counts may move (stats_cache.py)
         queue = channel.queue
-        popleft = queue.popleft
+        take = queue.take
         mailbox = channel.mailbox
         push_in_flight = None  # the channel's in-flight queue is made at its first delivery (``open_in_flight``)
         pack_prefix = _pack_frame_prefix
@@ -139,8 +139,7 @@ class ChannelDispatcher(Actor):
             if credit <= 0 or client.channel is not channel:
                 client.in_mailbox = False
                 continue
-            count = min(credit, BATCH, len(queue))
-            batch = [popleft() for _ in range(count)]
+            batch = take(min(credit, BATCH))  # packed ones made now, fresh for this channel (queues/packed.py)
             if client.sample_rate:
                 batch = self._sample(batch, client.sample_rate)
             if len(siblings) > 1:

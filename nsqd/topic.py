@@ -50,7 +50,7 @@ from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred_index import DeferredIndex
-from .queues.packed import PackedQueue
+from .queues.packed import ID_SIZE, PackedQueue, Segments
 
 if TYPE_CHECKING:  # for annotations only
     from .queues.diskqueue import DiskQueue
@@ -108,6 +108,9 @@ class Topic:
         self.channels: dict[str, Channel] = {}
         # what nothing takes yet (no channel, paused, held): published messages packed, no object each
         self.queue = PackedQueue()
+        # the segment publishes are packed in, shared by the topic's queue and its channels' (queues/packed.py);
+        # made by the first publish
+        self._segments: Segments | None = None
         # False: no deferred (DPUB) message in ``queue``, so the channels need not look at each one
         self._queue_deferred = False
         self.message_count = 0
@@ -152,20 +155,31 @@ class Topic:
             ids = self.new_ids(len(bodies))
         queue = self.queue
         count = len(bodies)
+        size = sum(map(len, bodies))
+        taken = not (self.paused or self.held or not self.channels)
+        joined = b"".join(ids)
         if (
-            (self.paused or self.held or not self.channels)
-            and self.mem_queue_size - queue.count >= count
+            self.mem_queue_size - queue.count >= count
+            and not (taken and defer)
             and not self._backlog_on_disk()
+            and len(joined) == ID_SIZE * count
+            and count
         ):
-            # nothing takes them now: kept as their parts until the pump hands them over (queues/packed.py)
-            queue.extend_published(ids, bodies, now_ns, defer)
-            if defer:
-                self._queue_deferred = True
+            # kept as their parts (queues/packed.py), in the topic's queue until the pump hands them over when
+            # nothing takes them now, else in each channel's (the same segment for all)
+            packed, start, end = (self._segments or self._make_segments()).add(joined, bodies, now_ns, defer, size)
             self.message_count += count
-            self.message_bytes += sum(map(len, bodies))
+            self.message_bytes += size
             self.changed.add(self)
+            if taken:
+                for channel in list(self.channels.values()):
+                    channel.put_window(packed, start, end)
+            else:
+                queue.extend_window(packed, start, end)
+                if defer:
+                    self._queue_deferred = True
         else:
-            self._accept(new_messages(ids, bodies, now_ns, defer), sum(map(len, bodies)), bool(defer), defer_sync)
+            self._accept(new_messages(ids, bodies, now_ns, defer), size, bool(defer), defer_sync)
         if self.replication is not None:
             self.replication.offer_published(self.name, ids, bodies, now_ns, defer)
 
@@ -249,11 +263,19 @@ class Topic:
         queue = self.queue
         if not queue or self.paused or self.held or not self.channels or self.exiting:
             return
-        batch = queue.take_all()
         self.changed.add(self)
         deferred = self._queue_deferred
         self._queue_deferred = False
-        self._copy_to_channels(batch, deferred)
+        for run in queue.take_runs():
+            if type(run) is list:
+                self._copy_to_channels(run, deferred)
+                continue
+            packed, start, end = run
+            if packed.deferred:  # the channels' deferred heaps take objects
+                self._copy_to_channels(packed.messages(start, end), True)
+                continue
+            for channel in list(self.channels.values()):
+                channel.put_window(packed, start, end)
 
     def _copy_to_channels(self, batch: list[Message], deferred: bool | None = None, token: int = -1) -> bool:
         """True when every channel stored the batch where it should (False: a channel's disk failed).
@@ -338,6 +360,10 @@ class Topic:
             if due_ns is not None and due_ns > now_ns:
                 m.defer = (due_ns - now_ns) / 1e9
         index.reader_moved(self.backend.read_position())
+
+    def _make_segments(self) -> Segments:
+        self._segments = Segments()
+        return self._segments
 
     def _make_guid(self) -> GUIDFactory:
         self.guid = GUIDFactory(self.node_id)

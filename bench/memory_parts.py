@@ -155,11 +155,13 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
         row["slots"] = len(topic.channels) * (allocated(sys.getsizeof(entry)) + 24 * 3 // 2 + 8 + 8)
     else:
         if topic.channels:
-            # per channel: the heap's (due, seq, message) tuple, its due float and seq int, the list slot
+            # the heap's (due, seq, message) tuple, its due float and seq int, made once for every channel's heap
+            # (nsqd/queues/deferred.py), and a list slot per channel
             heap = next(iter(topic.channels.values())).deferred._heap
             due, seq, _ = heap[-1]
-            one = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq) + 8
-            row["slots"] = len(topic.channels) * one
+            shared = len({id(c.deferred._heap[-1]) for c in topic.channels.values()}) == 1
+            entry = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq)
+            row["slots"] = (1 if shared else len(topic.channels)) * entry + 8 * len(topic.channels)
         else:
             row["slots"] = 8
     row["sum"] = row["message"] + row["id"] + row["body over size"] + row["copies"] * row["copy each"] + row["slots"]

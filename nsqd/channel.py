@@ -189,6 +189,18 @@ class Channel:
             self.wake(preempt=True)
         return stored
 
+    def put_deferred(self, entries: list[tuple[float, int, Message]]) -> bool:
+        """Accept deferred messages from the topic pump with their deferred heap entries, made once for all its
+        channels (``queues/deferred.py``); a log channel or durable mode takes the messages by ``put_many``."""
+        if self.log is not None or self.durable:
+            return self.put_many([entry[2] for entry in entries], True)
+        self.message_count += len(entries)
+        self.changed.add(self)
+        push = self.open_deferred().push_entry
+        for entry in entries:
+            push(entry)
+        return True
+
     def put_window(self, packed: _Packed, start: int, end: int) -> None:
         """Accept the messages ``start`` to ``end`` of a topic's segment (queues/packed.py): kept as they are
         while the memory queue has room for them, nothing is on disk before them and none has a delay; else as

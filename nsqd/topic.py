@@ -49,6 +49,7 @@ from protocol.replication import OP_PAUSED, OP_UNPAUSED
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, encode_record, new_messages, split_messages
+from .queues.deferred import entry as deferred_entry
 from .queues.deferred_index import DeferredIndex
 from .queues.packed import ID_SIZE, PackedQueue, Segments
 
@@ -283,9 +284,21 @@ class Topic:
         batch's first record token in durable mode (see ``owe_record``). Every channel gets the same message
         objects: a channel's dispatcher copies a message it delivers while another channel still holds it
         (``message.claim_shared``)."""
+        channels = list(self.channels.values())
+        if deferred is not False and token < 0 and len(channels) > 1:
+            # each deferred message's heap entry made once, for every channel's deferred queue (queues/deferred.py)
+            later = [m for m in batch if m.defer]
+            if later:
+                now = trio.current_time()
+                entries = [deferred_entry(m, now + m.defer) for m in later]
+                for channel in channels:
+                    channel.put_deferred(entries)
+                batch = [m for m in batch if not m.defer]
+                deferred = False
         stored = True
-        for channel in list(self.channels.values()):
-            stored = channel.put_many(batch, deferred, token) and stored
+        if batch:
+            for channel in channels:
+                stored = channel.put_many(batch, deferred, token) and stored
         return stored
 
     def owe_record(self, token: int) -> None:

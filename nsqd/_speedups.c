@@ -791,12 +791,14 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
 /* new_messages(cls, ids, bodies, timestamp, defer) -> list
 
    nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i (timestamp[i] when
-   timestamp is a list: the module's NEW_MESSAGES_STAMPS says this build takes one), with every slot that
+   timestamp is a list; the i-th 16 bytes when ids is a bytes object of them joined: the module's
+   NEW_MESSAGES_PACKED says this build takes both, as a packed queue hands them), with every slot that
    Message.__init__ sets (MESSAGE_SLOTS, in this order: id, body, timestamp, attempts, defer, client,
    delivered_at, disk_token) written directly where its member descriptor says, then untracked as untrack_atomic
    would. The Python class call runs __init__ as a Python frame per message, most of a PUB's publish;
    tests/nsqd/test_message_collector.py compares every slot with the Python twin's. */
 #define MESSAGE_SLOTS 8
+#define MESSAGE_ID_SIZE 16  /* nsqd's IDs (protocol.message.MESSAGE_ID_LENGTH) */
 static const char *message_slots[MESSAGE_SLOTS] = {"id", "body", "timestamp", "attempts", "defer", "client",
                                                    "delivered_at", "disk_token"};
 static PyTypeObject *message_class = NULL;  /* the class whose offsets are cached (a strong reference) */
@@ -840,11 +842,15 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyTypeObject *cls;
     PyObject *ids, *bodies, *timestamp, *defer;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO", &PyType_Type, &cls, &PyList_Type, &ids, &PyList_Type, &bodies,
-                          &timestamp, &defer))
+    if (!PyArg_ParseTuple(args, "O!OO!OO", &PyType_Type, &cls, &ids, &PyList_Type, &bodies, &timestamp, &defer))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(ids);
-    if (PyList_GET_SIZE(bodies) != n) {
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    int joined = PyBytes_Check(ids);  /* the IDs joined, MESSAGE_ID_SIZE bytes each: a bytes object made for each */
+    if (!joined && !PyList_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "new_messages takes the ids as a list or joined in bytes");
+        return NULL;
+    }
+    if (joined ? PyBytes_GET_SIZE(ids) != n * MESSAGE_ID_SIZE : PyList_GET_SIZE(ids) != n) {
         PyErr_SetString(PyExc_ValueError, "ids and bodies differ in length");
         return NULL;
     }
@@ -864,18 +870,26 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
     if (messages == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *message = cls->tp_alloc(cls, 0);
+        PyObject *id;
+        if (joined)
+            id = PyBytes_FromStringAndSize(PyBytes_AS_STRING(ids) + i * MESSAGE_ID_SIZE, MESSAGE_ID_SIZE);
+        else {
+            id = PyList_GET_ITEM(ids, i);
+            Py_INCREF(id);
+        }
+        PyObject *message = id == NULL ? NULL : cls->tp_alloc(cls, 0);
         if (message == NULL) {
+            Py_XDECREF(id);
             Py_DECREF(messages);
             return NULL;
         }
-        PyObject *values[MESSAGE_SLOTS] = {PyList_GET_ITEM(ids, i), PyList_GET_ITEM(bodies, i),
+        PyObject *values[MESSAGE_SLOTS] = {id, PyList_GET_ITEM(bodies, i),
                                            stamps ? PyList_GET_ITEM(timestamp, i) : timestamp,
                                            zero_int, defer, Py_None, zero_float, minus_one};
-        for (int k = 0; k < MESSAGE_SLOTS; k++) {
-            Py_INCREF(values[k]);
+        for (int k = 1; k < MESSAGE_SLOTS; k++)
+            Py_INCREF(values[k]);  /* the id's reference is already the message's */
+        for (int k = 0; k < MESSAGE_SLOTS; k++)
             *(PyObject **)((char *)message + message_offsets[k]) = values[k];
-        }
         untrack_if_atomic(message);
         PyList_SET_ITEM(messages, i, message);
     }
@@ -956,7 +970,7 @@ PyInit__speedups(void)
             return NULL;
     }
     PyObject *created = PyModule_Create(&module);
-    if (created != NULL && PyModule_AddIntConstant(created, "NEW_MESSAGES_STAMPS", 1) < 0)
+    if (created != NULL && PyModule_AddIntConstant(created, "NEW_MESSAGES_PACKED", 1) < 0)
         Py_CLEAR(created);
     return created;
 }

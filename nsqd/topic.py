@@ -268,7 +268,7 @@ class Topic:
         deferred = self._queue_deferred
         self._queue_deferred = False
         for run in queue.take_runs():
-            if type(run) is list:
+            if isinstance(run, list):
                 self._copy_to_channels(run, deferred)
                 continue
             packed, start, end = run

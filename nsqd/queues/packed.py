@@ -90,8 +90,7 @@ class _Packed:
 
     def messages(self, start: int, stop: int) -> list[Message]:
         """The messages ``start`` to ``stop`` (excluded) as new objects, as the publishes would have made them."""
-        joined = bytes(self.ids[start * ID_SIZE : stop * ID_SIZE])
-        ids = [joined[offset : offset + ID_SIZE] for offset in range(0, len(joined), ID_SIZE)]
+        ids = bytes(self.ids[start * ID_SIZE : stop * ID_SIZE])  # split by ``new_messages``
         bodies = self.bodies[start:stop]
         ends = self.ends
         run = bisect_right(ends, start)
@@ -112,7 +111,8 @@ class _Packed:
         while position < stop:
             end = min(ends[run], stop)
             part = slice(position - start, end - start)
-            made += new_messages(ids[part], bodies[part], self.stamps[run], self.delays[run])
+            joined = ids[part.start * ID_SIZE : part.stop * ID_SIZE]
+            made += new_messages(joined, bodies[part], self.stamps[run], self.delays[run])
             position = end
             run += 1
         return made

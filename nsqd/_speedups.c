@@ -935,6 +935,85 @@ claim_shared(PyObject *Py_UNUSED(self), PyObject *batch)
     Py_RETURN_NONE;
 }
 
+/* deliver_frames(batch, client, now, out) -> int
+
+   nsqd.dispatch.deliver_frames in C: for each message of the list, attempts + 1, client and delivered_at (the
+   float now) stored, and its frame appended to the list out in three pieces: the header up to the attempts
+   (size, frame type 2, timestamp, attempts; the same bytes object again while those stay the same, as the
+   messages of one publish share their timestamp and usually their size), the ID and the body. Returns the
+   bodies' bytes. The slots are written where Message's member descriptors say (MESSAGE_SLOTS); the batch's
+   messages are the channel's own (claim_shared ran before). */
+#define FRAME_PREFIX_SIZE 18  /* int32 size, int32 frame type, int64 timestamp, uint16 attempts */
+#define FRAME_OVERHEAD 30     /* what the size field counts besides the body: frame type 4 + message header 26 */
+
+static void
+put_be(unsigned char *at, unsigned long long value, int bytes)
+{
+    for (int i = bytes - 1; i >= 0; i--, value >>= 8)
+        at[i] = (unsigned char)(value & 0xff);
+}
+
+static PyObject *
+deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *batch, *client, *now, *out;
+    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyList_Type, &batch, &client, &PyFloat_Type, &now, &PyList_Type, &out))
+        return NULL;
+    PyObject *prefix = NULL;
+    long long last_size = -1, last_timestamp = 0, last_attempts = -1;
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
+        PyObject *message = PyList_GET_ITEM(batch, i);
+        PyTypeObject *cls = Py_TYPE(message);
+        if (cls != message_class && message_layout(cls) < 0)
+            goto error;
+        PyObject **slot[MESSAGE_SLOTS];
+        for (int k = 0; k < MESSAGE_SLOTS; k++)
+            slot[k] = (PyObject **)((char *)message + message_offsets[k]);
+        PyObject *id = *slot[0], *body = *slot[1], *timestamp = *slot[2], *attempts = *slot[3];
+        if (id == NULL || body == NULL || timestamp == NULL || attempts == NULL) {
+            PyErr_Format(PyExc_AttributeError, "%s has a slot not set", cls->tp_name);
+            goto error;
+        }
+        long long count = PyLong_AsLongLong(attempts);
+        long long stamp = PyLong_AsLongLong(timestamp);
+        Py_ssize_t size = PyObject_Length(body);
+        if ((count == -1 || stamp == -1 || size < 0) && PyErr_Occurred())
+            goto error;
+        count += 1;
+        PyObject *counted = PyLong_FromLongLong(count);
+        if (counted == NULL)
+            goto error;
+        Py_SETREF(*slot[3], counted);
+        Py_INCREF(client);
+        Py_SETREF(*slot[5], client);
+        Py_INCREF(now);
+        Py_SETREF(*slot[6], now);
+        if (prefix == NULL || size != last_size || stamp != last_timestamp || count != last_attempts) {
+            PyObject *made = PyBytes_FromStringAndSize(NULL, FRAME_PREFIX_SIZE);
+            if (made == NULL)
+                goto error;
+            unsigned char *at = (unsigned char *)PyBytes_AS_STRING(made);
+            put_be(at, (unsigned long long)(size + FRAME_OVERHEAD), 4);
+            put_be(at + 4, 2, 4);  /* FRAME_TYPE_MESSAGE */
+            put_be(at + 8, (unsigned long long)stamp, 8);
+            put_be(at + 16, (unsigned long long)count, 2);
+            Py_XSETREF(prefix, made);
+            last_size = size;
+            last_timestamp = stamp;
+            last_attempts = count;
+        }
+        if (PyList_Append(out, prefix) < 0 || PyList_Append(out, *slot[0]) < 0 || PyList_Append(out, *slot[1]) < 0)
+            goto error;
+        total += size;
+    }
+    Py_XDECREF(prefix);
+    return PyLong_FromLongLong(total);
+error:
+    Py_XDECREF(prefix);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
     {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
@@ -946,6 +1025,7 @@ static PyMethodDef methods[] = {
     {"new_messages", new_messages, METH_VARARGS, "Messages of a published batch, made without __init__."},
     {"track_all", track_all, METH_O, "Track again the objects of a list that the collector does not."},
     {"claim_shared", claim_shared, METH_O, "Replace the messages of a list that are referenced elsewhere by copies."},
+    {"deliver_frames", deliver_frames, METH_VARARGS, "Mark a batch delivered and append its frames to a list."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,9 +1,10 @@
 """Channel: one consumer group's copy of a topic's stream.
 
 State kept per channel:
-- a bounded memory deque of ready messages (``--mem-queue-size``) whose overflow goes to the
+- a bounded memory queue of ready messages (``--mem-queue-size``) whose overflow goes to the
   channel's disk queue (ephemeral channels have none and drop overflow, as nsqd does); the
-  dispatcher refills the deque from disk in small batches when it runs dry;
+  dispatcher refills it from disk in small batches when it runs dry. Published messages wait there
+  packed, as a window on the topic's segment (``queues/packed.py``), the others as objects;
 - the in-flight queue (messages delivered and not yet FIN/REQ'd, with their timeout deadline);
 - the deferred queue (REQ with a delay, DPUB) ordered by due time;
 - its consumers, and a mailbox of those that have credit, served by the channel's dispatcher actor.
@@ -347,7 +348,7 @@ class Channel:
         return backend is not None and backend.has_unread()
 
     def refill(self, count: int) -> bool:
-        """Read up to ``count`` messages from disk into the memory deque; True if any came. Messages listed
+        """Read up to ``count`` messages from disk into the memory queue; True if any came. Messages listed
         in the deferred index go to the deferred heap instead (and reading goes on)."""
         backend = self.backend
         if backend is None:

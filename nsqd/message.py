@@ -1,14 +1,15 @@
 """The message as nsqd keeps it: the wire fields plus per-channel delivery state.
 
-Shared until delivered. The topic pump hands every channel the same message objects: a message waiting in a
-queue (or a deferred heap) is never changed there, and the per-channel state (attempts, the client, the time of
-delivery) begins at its delivery. So a channel's dispatcher, about to deliver a batch it popped, makes its own
-copy of each message that anything else still references (``claim_shared``: another channel's queue or heap;
-the last channel to deliver it takes the object itself), and only while the topic has more than one channel
-(one alone has nothing to share with). A queued message thus costs its object, ID and body once per topic, and
-each further channel a deque slot (bench/README.md, "Where a queued message's bytes go"), instead of an object
-per channel made at publish time. A copy has the attempts the topic's message has (0 for a publish; nsqd's own
-pump gives the first channel the topic's message and the others fresh ones at 0).
+Made at delivery, shared until then. A published message usually has no object while it waits: the topic's
+segment holds its parts and each channel's queue a window on them (``queues/packed.py``); a channel's queue
+makes its own objects when its dispatcher takes them (``new_messages``, the IDs joined), so attempts, the client
+and the time of delivery are each channel's from the start. Messages that come as objects (a disk backlog's, a
+takeover's, deferred ones) are handed to every channel as the same objects instead: such a message is never
+changed while it waits in a queue or a deferred heap, and a channel's dispatcher, about to deliver a batch it
+took, makes its own copy of each message that anything else still references (``claim_shared``: another
+channel's queue or heap; the last channel to deliver it takes the object itself), and only while the topic has
+more than one channel (one alone has nothing to share with). A copy has the attempts the topic's message has (0
+for a publish; nsqd's own pump gives the first channel the topic's message and the others fresh ones at 0).
 
 The cyclic collector. A message as published references only bytes and numbers, so it cannot be part of a
 reference cycle, and reference counting frees it; but as an instance of a Python class it is tracked, and each

@@ -1,10 +1,13 @@
 """Topic: the stream producers publish to, copied to every channel.
 
 A topic keeps a bounded memory queue (``--mem-queue-size``) and, unless ephemeral, a disk queue
-for what does not fit. Its pump hands its messages to every channel that exists at that moment: all of
-them get the topic's own objects, which a channel copies only when it delivers one (nsqd/message.py).
-Without channels, or while paused, messages accumulate in the topic, as in nsqd; what a publish leaves there
-is kept packed, without an object per message, until the pump takes it (``queues/packed.py``).
+for what does not fit. Its pump hands its messages to every channel that exists at that moment. A publish
+is kept packed, without an object per message, in the topic's open segment (``queues/packed.py``): every
+channel's queue gets a window on it, and makes the objects only when it delivers them. Without channels, or
+while paused, messages accumulate in the topic, as in nsqd, its own queue holding the windows until the pump
+hands them on. What comes as objects (a disk backlog, a takeover, deferred messages) reaches every channel
+as the topic's own objects, which a channel copies only when it delivers one (nsqd/message.py), and a
+deferred message's heap entry is made once for all of them (``queues/deferred.py``).
 
 The memory part of the pump is synchronous and runs right after a publish, when a channel is
 added and on unpause, so a publish reaches the channels with no task switch. A backlog on disk is
@@ -283,7 +286,7 @@ class Topic:
         ``deferred``: whether some message may have a delay (None: the channels look). ``token``: the
         batch's first record token in durable mode (see ``owe_record``). Every channel gets the same message
         objects: a channel's dispatcher copies a message it delivers while another channel still holds it
-        (``message.claim_shared``)."""
+        (``message.claim_shared``); with several channels, the same deferred heap entries too."""
         channels = list(self.channels.values())
         if deferred is not False and token < 0 and len(channels) > 1:
             # each deferred message's heap entry made once, for every channel's deferred queue (queues/deferred.py)

@@ -54,7 +54,7 @@ from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred import entry as deferred_entry
 from .queues.deferred_index import DeferredIndex
-from .queues.packed import ID_SIZE, PackedQueue, Segments
+from .queues.packed import PackedQueue, Segments, pack_ids
 
 if TYPE_CHECKING:  # for annotations only
     from .queues.diskqueue import DiskQueue
@@ -161,13 +161,12 @@ class Topic:
         count = len(bodies)
         size = sum(map(len, bodies))
         taken = not (self.paused or self.held or not self.channels)
-        joined = b"".join(ids)
         if (
             self.mem_queue_size - queue.count >= count
             and not (taken and defer)
             and not self._backlog_on_disk()
-            and len(joined) == ID_SIZE * count
             and count
+            and (joined := pack_ids(ids)) is not None
         ):
             # kept as their parts (queues/packed.py), in the topic's queue until the pump hands them over when
             # nothing takes them now, else in each channel's (the same segment for all)

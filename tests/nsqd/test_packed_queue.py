@@ -10,7 +10,7 @@ import gc
 from nsqd import message as message_module
 from nsqd.actors import ActorSystem
 from nsqd.message import Message, new_messages
-from nsqd.queues.packed import SEGMENT_MESSAGES, PackedQueue, Segments
+from nsqd.queues.packed import SEGMENT_MESSAGES, PackedQueue, Segments, pack_ids
 from nsqd.topic import Topic
 
 SLOTS = [slot for cls in Message.__mro__ for slot in getattr(cls, "__slots__", ())]
@@ -57,6 +57,10 @@ def test_ids_of_another_size_are_kept_as_objects():
     queue = PackedQueue()
     queue.extend_published([b"short", b"x" * 20], [b"a", b"b"], 7)
     assert [(m.id, m.body, m.timestamp) for m in queue.take_all()] == [(b"short", b"a", 7), (b"x" * 20, b"b", 7)]
+    upper = [b"%016X" % 0xABCDEF, b"g" * 16]  # 16 bytes, but not as nsqd writes them: they would not come back so
+    queue.extend_published(upper, [b"c", b"d"], 9)
+    assert [m.id for m in queue.take_all()] == upper and pack_ids(upper) is None and pack_ids(upper[:1]) is None
+    assert pack_ids(_ids(10, 2)) == (10).to_bytes(8, "big") + (11).to_bytes(8, "big")
     queue.extend_published(_ids(0, 1), [b"z"], 8)
     queue.clear()
     assert not queue and list(queue) == []
@@ -118,22 +122,33 @@ def test_take_crosses_runs_and_leaves_the_rest_in_order():
 
 def test_a_segment_grows_while_a_window_holds_it_and_starts_again_when_none_does():
     segments = Segments()
-    packed, start, end = segments.add(b"".join(_ids(0, 2)), [b"a", b"b"], 1, 0.0, 2)
+    packed, start, end = segments.add(pack_ids(_ids(0, 2)), [b"a", b"b"], 1, 0.0, 2)
     assert (start, end) == (0, 2)
     queue = PackedQueue()
     queue.extend_window(packed, start, end)
-    again, start, end = segments.add(b"".join(_ids(2, 1)), [b"c"], 2, 0.0, 1)
+    again, start, end = segments.add(pack_ids(_ids(2, 1)), [b"c"], 2, 0.0, 1)
     assert again is packed and (start, end) == (2, 3)  # a window holds it: appended to
     queue.extend_window(again, start, end)
     assert len(queue._runs) == 1 and queue._runs[0].end == 3  # consecutive: one window grows
     del again
     assert [m.body for m in queue.take(3)] == [b"a", b"b", b"c"]
     del packed
-    reused, start, end = segments.add(b"".join(_ids(3, 1)), [b"d"], 3, 0.0, 1)
+    reused, start, end = segments.add(pack_ids(_ids(3, 1)), [b"d"], 3, 0.0, 1)
     assert (start, end) == (0, 1) and reused.bodies == [b"d"]  # nobody held it: started again
     queue.extend_window(reused, start, end)
     full = len(reused)
     while full < SEGMENT_MESSAGES:
-        _, _, full = segments.add(b"".join(_ids(full, 1)), [b"x"], 4, 0.0, 1)
-    newer, start, end = segments.add(b"".join(_ids(full, 1)), [b"y"], 5, 0.0, 1)
+        _, _, full = segments.add(pack_ids(_ids(full, 1)), [b"x"], 4, 0.0, 1)
+    newer, start, end = segments.add(pack_ids(_ids(full, 1)), [b"y"], 5, 0.0, 1)
     assert newer is not reused and (start, end) == (0, 1) and len(reused) == SEGMENT_MESSAGES
+    # a backlog: the next segment has its room made at once, as much as the full one took
+    assert newer.capacity == SEGMENT_MESSAGES and len(newer.bodies) == SEGMENT_MESSAGES and len(newer) == 1
+    queue.extend_window(newer, start, end)
+    segments.add(pack_ids(_ids(full + 1, 2)), [b"z1", b"z2"], 6, 0.0, 2)
+    queue.extend_window(newer, 1, 3)
+    taken = queue.take(SEGMENT_MESSAGES + 3)
+    assert [m.body for m in taken[-3:]] == [b"y", b"z1", b"z2"] and [m.timestamp for m in taken[-3:]] == [5, 6, 6]
+    assert [m.id for m in taken[-3:]] == _ids(full, 3) and not queue
+    del newer, reused, taken
+    fresh, start, end = segments.add(pack_ids(_ids(0, 1)), [b"w"], 7, 0.0, 1)
+    assert fresh.capacity == 0 and fresh.bodies == [b"w"] and (start, end) == (0, 1)  # nobody held it: its room went

@@ -22,8 +22,8 @@ A topic appends to one open segment (``Segments``) while some queue still holds 
 it had of it, as when the consumers keep up) the segment starts again empty. A segment that follows a full one
 (a backlog is forming) has room for as many messages made at once: its containers are each one allocation of
 the size of the last, which the allocator reuses as segments come and go, where containers grown step by step
-leave the heap scattered with the smaller blocks they outgrew (in nsqd's resident set: 72 bytes per queued
-message instead of 64 with 1,000,000 queued). A segment lives as long as a
+leave the heap scattered with the smaller blocks they outgrew (with 1,000,000 messages delivered from one
+channel and held in flight, 352 bytes of resident set each instead of 375). A segment lives as long as a
 window on it, so what every channel has taken of a segment stays with it until the slowest is past it: at most
 one segment's worth per queue, by those bounds.
 

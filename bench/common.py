@@ -154,6 +154,23 @@ def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> f
     return (end[0] - start[0]) / (end[1] - start[1])
 
 
+def _process_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+
+
 class ProcessSampler:
     """CPU seconds and resident set of a process from /proc (Linux); zeros when unavailable."""
 
@@ -161,14 +178,10 @@ class ProcessSampler:
         self.pid = pid
 
     def cpu_seconds(self) -> float:
+        """CPU seconds of the process and of its live children (nsqd's workers with ``--workers`` above 1)."""
         if self.pid is None:
             return 0.0
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        return sum(_process_cpu(pid) for pid in (self.pid, *_children(self.pid)))
 
     def snapshot(self) -> dict:
         """The process's counters so far: ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and its
@@ -371,7 +384,8 @@ class Target:
         self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False, root: Path = REPO_ROOT
     ) -> None:
         self.args = args
-        self.root = root  # the source tree whose nsqd is started (``pub_against`` starts an earlier one)
+        # the source tree whose nsqd is started (``pub_against`` starts an earlier one, ``workers --against`` too)
+        self.root = getattr(args, "nsqd_root", None) or root
         self.flags = list(flags) + list(args.nsqd_arg or [])
         self.want_http = want_http
         self.own = not args.nsqd_tcp_address

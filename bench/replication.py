@@ -1,19 +1,22 @@
-"""Replication: what a copy on a peer costs. Publish throughput and publish-to-OK latency, with and without it.
+"""Replication: what a copy on a peer costs, and the second peer of three copies. Publish throughput and publish-to-OK
+latency, with and without it.
 
-Two nsqd on this machine: the peer (a plain node; every node can hold copies) and the node under test, started
-once without replication (``off``) and once with ``--replicate-to=<peer> --replication-acks=1`` (``acks=1``), each
-with a fresh data directory. Workloads, into a topic whose one channel is drained by one consumer (FIN for every
-message): ``PUB`` (16 connections, one message per round trip) and ``MPUB x200`` (4 connections), 200-byte bodies;
-then publish-to-OK latency at a fixed rate (10,000 msg/s by default: one MPUB per millisecond of the messages due,
-each frame timed from its send to its OK). Goals: MPUB x200 with replication at least half the rate without it;
-p99 publish-to-OK added below 2 ms. Run it as ``python -m bench.replication``; it prints a table and writes
-``bench/results/replication.json``.
+Three nsqd on this machine: two peers (plain nodes; every node can hold copies) and the node under test, started
+without replication (``off``), with one peer (``1 peer``: two copies), and with both peers (``2 peers``: three
+copies, the default ``--replication-min-insync=2``, so the faster peer's ACK answers; ``2 peers, min 3``: both must
+hold it), each with a fresh data directory. Workloads, into a topic whose one channel is drained by one consumer
+(FIN for every message): ``PUB`` (16 connections, one message per round trip) and ``MPUB x200`` (4 connections),
+200-byte bodies; then publish-to-OK latency at a fixed rate (10,000 msg/s by default: one MPUB per millisecond of
+the messages due, each frame timed from its send to its OK). Goals: MPUB x200 with replication at least half the
+rate without it; p99 publish-to-OK added below 2 ms. Run it as ``python -m bench.replication``; it prints a table
+and writes ``bench/results/replication.json``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from bench.common import Generators, ProcessSampler, Report, Target, main, percentile, unique_topic
 from bench.consume import create_channel
@@ -21,7 +24,7 @@ from bench.load import build_roles
 from bench.persistence import measure, publish_workloads
 
 NAME = "replication"
-TITLE = "replication to a peer on the same machine (acks=1) against none"
+TITLE = "replication to one and two peers on the same machine against none"
 
 
 def add_arguments(parser) -> None:
@@ -33,26 +36,28 @@ def add_arguments(parser) -> None:
 
 
 class _WithPeer(ProcessSampler):
-    """The node's CPU, as the generators sample it; the peer's at the same moments, in ``peer_readings``."""
+    """The node's CPU, as the generators sample it; its peers' together at the same moments, in
+    ``peer_readings``."""
 
-    def __init__(self, pid: int | None, peer_pid: int | None) -> None:
+    def __init__(self, pid: int | None, peer_pids: list[int]) -> None:
         super().__init__(pid)
-        self.peer = ProcessSampler(peer_pid)
+        self.peers = [ProcessSampler(peer_pid) for peer_pid in peer_pids]
         self.peer_readings: list[float] = []
 
     def cpu_seconds(self) -> float:
-        self.peer_readings.append(self.peer.cpu_seconds())
+        self.peer_readings.append(sum(peer.cpu_seconds() for peer in self.peers))
         return super().cpu_seconds()
 
 
-def throughput(args, target: Target, peer: Target, frame: bytes, per_frame: int, connections: int) -> dict:
+def throughput(args, target: Target, peers: list[Target], frame: bytes, per_frame: int, connections: int) -> dict:
     """The persistence scenario's measure (publishers and one consumer), with the CPU per message of nsqd and of
-    nsqd and its peer together (the peer's work for the copies competes for the same two cores)."""
-    sampler = _WithPeer(target.pid, peer.pid)
+    nsqd and its peers together (the peers' work for the copies competes for the same two cores)."""
+    pids = [peer.pid for peer in peers if peer.pid]
+    sampler = _WithPeer(target.pid, pids)
     row = measure(args, target, frame, per_frame, connections, sampler)
     cpu, rate = row["nsqd_cpu"], row["pub msg/s"]
     readings = sampler.peer_readings
-    peer_cpu = (readings[-1] - readings[0]) / (args.duration or 1) if len(readings) >= 2 and peer.pid else None
+    peer_cpu = (readings[-1] - readings[0]) / (args.duration or 1) if len(readings) >= 2 and pids else None
     both = cpu + peer_cpu if cpu is not None and peer_cpu is not None else None
     return {
         **row,
@@ -103,32 +108,50 @@ def run(args) -> Report:
         },
     )
     baseline: dict[str, float] = {}
-    with Target(args) as peer:
-        if peer.proc is not None:
-            with contextlib.suppress(OSError):  # the peer is not the node under test: it may run on any CPU
-                os.sched_setaffinity(peer.pid, os.sched_getaffinity(0))
-        for mode, flags in (
-            ("off", []),
-            ("acks=1", ["--replicate-to={}:{}".format(*peer.tcp), "--replication-acks=1"]),
+    with Target(args) as peer, Target(args) as second:
+        for node in (peer, second):
+            if node.proc is not None:
+                with contextlib.suppress(OSError):  # a peer is not the node under test: it may run on any CPU
+                    os.sched_setaffinity(node.pid, os.sched_getaffinity(0))
+        one = "--replicate-to={}:{}".format(*peer.tcp)
+        two = "--replicate-to={}:{}".format(*second.tcp)
+        for mode, flags, peers in (
+            ("off", [], []),
+            ("1 peer", [one], [peer]),
+            ("2 peers", [one, two], [peer, second]),
+            ("2 peers, min 3", [one, two, "--replication-min-insync=3"], [peer, second]),
         ):
             with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
                 report.target = target.describe()
                 for workload, frame, per_frame, connections in workloads:
-                    row = throughput(args, target, peer, frame, per_frame, connections)
+                    try:
+                        row = throughput(args, target, peers, frame, per_frame, connections)
+                    except RuntimeError as exc:  # refused (a peer fell silent: degraded), or a lost connection
+                        report.rows.append({"mode": mode, "workload": workload, "error": str(exc)[-200:]})
+                        print(f"replication: {mode} {workload} failed - {str(exc)[-200:]}", file=sys.stderr)
+                        continue
                     if mode == "off":
                         baseline[workload] = row["pub msg/s"]
                     ratio = row["pub msg/s"] / baseline[workload] if baseline.get(workload) else None
                     report.rows.append({"mode": mode, "workload": workload, **row, "vs off": ratio})
-                row = ok_latency(args, target)
+                try:
+                    row = ok_latency(args, target)
+                except RuntimeError as exc:  # a generator lost its connection: said in the table, not a crash
+                    report.rows.append(
+                        {"mode": mode, "workload": f"paced {args.latency_rate:g}/s", "error": str(exc)[-200:]}
+                    )
+                    print(f"replication: {mode} paced failed - {str(exc)[-200:]}", file=sys.stderr)
+                    continue
                 if mode == "off":
                     baseline["latency"] = row["ok p99 ms"] or 0.0
-                added = row["ok p99 ms"] - baseline["latency"] if row["ok p99 ms"] is not None else None
+                base = baseline.get("latency")
+                added = row["ok p99 ms"] - base if row["ok p99 ms"] is not None and base is not None else None
                 report.rows.append(
                     {"mode": mode, "workload": f"paced {args.latency_rate:g}/s", **row, "p99 added ms": added}
                 )
-    report.notes.append("the peer runs on the same machine: the figures include its CPU competing with nsqd's")
+    report.notes.append("the peers run on the same machine: the figures include their CPU competing with nsqd's")
     report.notes.append(
-        "nsqd_cpu / peer_cpu: cores used by the node under test / its peer (1.0 = one core); "
+        "nsqd_cpu / peer_cpu: cores used by the node under test / its peers together (1.0 = one core); "
         "both us/msg: their CPU together per message published"
     )
     return report

@@ -35,6 +35,17 @@ async def serve(opts, prebound: Prebound) -> None:
     await serve_until_signalled(nsqd)
 
 
+def _prebind(opts) -> Prebound:
+    """``prebind``; with ``--workers`` above 1 the workers are forked here, after the sockets exist and before trio
+    is imported (``supervisor.py``): this returns in each worker, while the parent watches them until they end."""
+    prebound = prebind(opts)
+    if opts.workers > 1:
+        from .supervisor import start_workers  # noqa: PLC0415 (only with workers)
+
+        return start_workers(opts, prebound)
+    return prebound
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_daemon(
         argv,
@@ -44,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         serve=serve,
         refusals=(DataDirLocked, TLSConfigError, OSError),
         refusal_text=functools.partial(instantiate_failure, "nsqd"),
-        prebind=prebind,
+        prebind=_prebind,
     )
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import struct
+from functools import partial
 from typing import Any
 
 from protocol.errors import ProtocolError
@@ -283,9 +284,21 @@ class PublishBatch:
 
     def send_deferred(self) -> None:
         groups, self._topics = self._topics, {}
+        mesh = self.nsqd.mesh
         for raw_topic, (bodies, connections, fds, counts) in groups.items():
             topic_name = raw_topic.decode("utf-8", "surrogateescape")
-            error = self._publish(topic_name, bodies)
+            if mesh is not None and not mesh.owns(topic_name):
+                # another worker owns the topic (nsqd/workers.py): the step's bodies go there in one record,
+                # acknowledged now; or, while the node stops or the owner's disk refuses this topic, each
+                # connection's OKs wait in its output for the owner's answer
+                if self.nsqd.exiting or not mesh.publish_acknowledged(topic_name, bodies, 0.0):
+                    held = [connection.hold_oks(count) for connection, count in zip(connections, counts, strict=True)]
+                    mesh.publish_soon(topic_name, bodies, 0.0, partial(_answer_held, held))
+                    count_published(connections, counts, topic_name)
+                    continue
+                error = None
+            else:
+                error = self._publish(topic_name, bodies)
             if error is not None:
                 for connection in connections:
                     connection.fast_publish_failed(error)
@@ -314,3 +327,9 @@ class PublishBatch:
         except TopicFull as exc:
             return ProtocolError("E_PUB_FAILED", f"PUB failed {exc}")
         return None
+
+
+def _answer_held(held: list, reason: str | None) -> None:
+    """The owner's answer to a step's publishes of one topic: to each connection whose OKs it held."""
+    for answered in held:
+        answered(reason)

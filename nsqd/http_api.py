@@ -102,6 +102,15 @@ class NSQDRouter(Router):
                 [("Content-Type", "application/json; charset=utf-8"), ("X-Nsq-Content-Type", "nsq; version=1.0")],
                 body,
             )
+        mesh = self.nsqd.mesh
+        if mesh is not None and match.route is not None and match.route.path in _OWNED_ROUTES:
+            owner = _topic_owner(mesh, request)
+            if owner is not None:  # the topic's worker answers (nsqd/workers.py)
+                try:
+                    status, headers, body = await mesh.forward_http(owner, request)
+                except Exception:  # its worker stopped: the node is stopping
+                    return error_response(503, "EXITING")
+                return Response(status, headers, body)
         return await super().call(match, request)
 
     def nsqd_https_port(self) -> int:
@@ -110,6 +119,39 @@ class NSQDRouter(Router):
             return int(str(address).rpartition(":")[2])
         except ValueError:
             return 0
+
+
+#: the routes about one topic, answered by the worker that owns it (``/stats`` only with ``topic=``)
+_OWNED_ROUTES = frozenset(
+    (
+        "/pub",
+        "/mpub",
+        "/stats",
+        "/topic/create",
+        "/topic/delete",
+        "/topic/empty",
+        "/topic/pause",
+        "/topic/unpause",
+        "/channel/create",
+        "/channel/delete",
+        "/channel/empty",
+        "/channel/pause",
+        "/channel/unpause",
+    )
+)
+
+
+def _topic_owner(mesh, request: Request) -> int | None:
+    """The worker that owns the request's ``topic``, None when it is this one or there is none (a bad query string
+    or a missing or invalid name is then answered here, as by one nsqd)."""
+    try:
+        names = request.query.get("topic")
+    except HTTPError:
+        return None
+    if not names or not names[0]:
+        return None
+    owner = mesh.owner(names[0])
+    return None if owner == mesh.index else owner
 
 
 class _API:
@@ -263,6 +305,11 @@ class _API:
         include_clients = BOOL_PARAMS.get(self._param(request, "include_clients") or "", True)
         include_mem = BOOL_PARAMS.get(self._param(request, "include_mem") or "", True)
         topic, channel = self._param(request, "topic") or None, self._param(request, "channel") or None
+        mesh = self.nsqd.mesh
+        if topic is None and mesh is not None:  # every worker's part, joined (nsqd/workers.py)
+            joined = await mesh.node_stats(channel, include_clients, include_mem)
+            body = json_body(joined) if fmt == "json" else format_text(joined).encode("utf-8", "replace")
+            return encoded_json_response(body) if fmt == "json" else text_response(body, nsq_header=True)
         with gc_paused():
             if topic is None:  # the whole node: only what changed since the last request is rendered again
                 render = self.stats_cache.json if fmt == "json" else self.stats_cache.text
@@ -282,7 +329,9 @@ class _API:
             from .metrics import MetricsEndpoint
 
             self.metrics_endpoint = MetricsEndpoint(self.nsqd, self.stats_cache)
-        body, content_type = self.metrics_endpoint.render(request.headers.get("accept"))
+        mesh = self.nsqd.mesh
+        joined = await mesh.node_stats(None, True, False) if mesh is not None else None
+        body, content_type = self.metrics_endpoint.render(request.headers.get("accept"), joined)
         return Response(200, [("Content-Type", content_type)], body)
 
     # topics

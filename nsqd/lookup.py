@@ -19,7 +19,10 @@ messages kept in the topic, while nsqd asks every lookupd it has identified with
 answers) which channels the topic has; each non-ephemeral one is created, then the topic starts
 copying to its channels. So the first messages of a topic already reach the channels consumers
 use elsewhere in the cluster. Queries use ``--http-client-connect-timeout`` and
-``--http-client-request-timeout``.
+``--http-client-request-timeout``. When no lookupd has identified yet (nsqd just started), the
+topic waits for the first, ``IDENTIFY_WAIT`` at most, instead of going on without channels as
+nsqd does (``no available nsqlookupd to query for channels to pre-create``): a message published
+in that moment would reach only the channel a consumer makes first.
 
 ``--lookupd-tcp-address`` can change at run time (``set_addresses``): peers no longer listed are
 closed, new ones started.
@@ -61,6 +64,10 @@ PING_INTERVAL = 15.0  # fixed in nsqd
 DIAL_TIMEOUT = 1.0
 IO_TIMEOUT = 1.0
 RECONNECT_MIN = 0.25
+#: how long a topic created at run time is held for a first lookupd to identify, when none has yet (a node that
+#: just started): one connection's dial and IDENTIFY. Its messages wait in the topic meanwhile, so the channels
+#: lookupd names (and those consumers make meanwhile) all get them; then, without an answer, it goes on as NSQ's
+IDENTIFY_WAIT = DIAL_TIMEOUT + IO_TIMEOUT
 RECEIVE_SIZE = 4096
 ACCEPT_V1 = ("Accept", "application/vnd.nsq; version=1.0")
 
@@ -204,6 +211,7 @@ class LookupPeer:
         except ValueError:
             raise PeerLost(f"parsing response - {response.decode('utf-8', 'replace')}") from None
         self.info = info
+        self.lookup.identified.set()
         log.info(
             "LOOKUPD(%s): peer info {TCPPort:%d HTTPPort:%d Version:%s BroadcastAddress:%s}",
             self,
@@ -259,6 +267,8 @@ class Lookup:
         self.hostname = socket.gethostname()
         self.peers: dict[str, LookupPeer] = {}
         self._nursery: trio.Nursery | None = None
+        #: set once a lookupd identified itself (its HTTP address is known): a topic's channels can be asked for
+        self.identified = trio.Event()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -343,18 +353,21 @@ class Lookup:
 
     def prepare_topic(self, topic) -> None:
         """Called for a topic created at run time: hold it while lookupd says which channels to create."""
-        addresses = self.http_addresses()
-        if not addresses:
-            if self.nsqd.opts.lookupd_tcp_addresses:
-                log.error("no available nsqlookupd to query for channels to pre-create for topic %s", topic.name)
-            return
-        if self._nursery is None:
+        if not self.nsqd.opts.lookupd_tcp_addresses or self._nursery is None:
             return
         topic.held = True
-        self._nursery.start_soon(self._precreate_channels, topic, addresses)
+        self._nursery.start_soon(self._precreate_channels, topic)
 
-    async def _precreate_channels(self, topic, addresses: list[str]) -> None:
+    async def _precreate_channels(self, topic) -> None:
         try:
+            addresses = self.http_addresses()
+            if not addresses:  # none identified yet (this node just started): wait for the first, a little
+                with trio.move_on_after(IDENTIFY_WAIT):
+                    await self.identified.wait()
+                addresses = self.http_addresses()
+            if not addresses:
+                log.error("no available nsqlookupd to query for channels to pre-create for topic %s", topic.name)
+                return
             names = await self.topic_channels(topic.name, addresses)
             if self.nsqd.topics.get(topic.name) is topic and not topic.exiting:
                 for name in names:

@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+from typing import Any
 
 from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
 from protocol.version import NSQ_VERSION
@@ -43,13 +44,15 @@ class Prebound:
     (``--tcp-address``, ``--http-address``, and ``--https-address`` when a certificate is configured), in nsqd's
     order, so a second nsqd on the same directory or ports is refused as nsqd refuses it."""
 
-    __slots__ = ("data_lock", "tcp", "http", "https")
+    __slots__ = ("data_lock", "tcp", "http", "https", "mesh")
 
     def __init__(self, data_lock: int, tcp: list, http: list, https: list) -> None:
         self.data_lock = data_lock
         self.tcp = tcp
         self.http = http
         self.https = https
+        #: with ``--workers`` above 1, this worker's place among them (``supervisor.MeshSockets``)
+        self.mesh: Any = None
 
 
 def bind_addresses(opts) -> list[list]:

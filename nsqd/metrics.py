@@ -223,6 +223,7 @@ class NSQDCollector:
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
         self.snapshot: NodeStats | None = None
+        self.joined = False  # the snapshot is every worker's (``--workers``): count from it, not from this one
 
     def describe(self):
         # no families are known before the first scrape; returning none keeps registration from collecting
@@ -242,12 +243,12 @@ class NSQDCollector:
             "nsqd_tcp_connections", "Open TCP (V2 protocol) connections", value=stats.tcp_connections
         )
         yield GaugeMetricFamily("nsqd_http_connections", "Open HTTP connections", value=stats.http_connections)
-        yield GaugeMetricFamily(
-            "nsqd_producers",
-            "TCP connections that have published",
-            value=sum(1 for c in self.nsqd.clients.values() if c.pub_counts),
-        )
-        yield GaugeMetricFamily("nsqd_topics", "Topics", value=len(self.nsqd.topics))
+        if self.joined:
+            producers, topics = len(stats.producers or ()), len(stats.topics or ())
+        else:
+            producers, topics = sum(1 for c in self.nsqd.clients.values() if c.pub_counts), len(self.nsqd.topics)
+        yield GaugeMetricFamily("nsqd_producers", "TCP connections that have published", value=producers)
+        yield GaugeMetricFamily("nsqd_topics", "Topics", value=topics)
         if stats.replication is not None:
             yield from replication_metrics(stats.replication)
 
@@ -263,19 +264,27 @@ class MetricsEndpoint:
         ProcessCollector(registry=self.registry)
         self.cache = cache if cache is not None else nsqd.stats_cache()
 
-    def render(self, accept: str | None) -> tuple[bytes, str]:
+    def render(self, accept: str | None, joined: NodeStats | None = None) -> tuple[bytes, str]:
         """The exposition for a scrape (Prometheus text, or OpenMetrics when the ``Accept`` header asks for it)
-        and its content type."""
+        and its content type. ``joined``: the stats of every worker of the node (``--workers``), to report
+        instead of this process's."""
         encoder, content_type = choose_encoder(accept or "")
         openmetrics = content_type.startswith("application/openmetrics-text")
         nsqd = self.collector.nsqd
         with gc_paused():
-            self.collector.snapshot = node_stats(nsqd, None, None, include_mem=False, now_ns=time.time_ns())
+            if joined is None:
+                self.collector.snapshot = node_stats(nsqd, None, None, include_mem=False, now_ns=time.time_ns())
+            else:
+                self.collector.snapshot, self.collector.joined = joined, True
             try:
                 head = encoder(self.registry)
-                series = self.cache.metrics_pieces(openmetrics=openmetrics)
+                if joined is None:
+                    series = self.cache.metrics_pieces(openmetrics=openmetrics)
+                else:
+                    series = [series_text(joined, openmetrics=openmetrics).encode()]
             finally:
                 self.collector.snapshot = None
+                self.collector.joined = False
             end = b""
             if openmetrics and head.endswith(b"# EOF\n"):
                 head, end = head[:-6], b"# EOF\n"

@@ -219,13 +219,30 @@ class Options(DaemonOptions):
     actor_interlude: float = setting(
         0.00001, "how often a channel actor's slice pauses to read connections that send little (0 to disable)"
     )
+    # processes serving one node (a flag of this implementation; bench/MULTICORE.md)
+    workers: int = setting(1, "number of processes serving this node's clients (1: one process, as nsqd 1.3.0)")
     # replication between trionsq nodes (flags of this implementation; nsqd/replication/)
     replicate_to: list[str] = setting(
         default_factory=list,
         help="<addr>:<port> of a trionsq node that keeps copies of this node's messages (may be given multiple times)",
     )
+    replication_min_insync: int = setting(
+        0,
+        "how many copies, this node's included, must hold a message before it is acknowledged, as Kafka's "
+        "min.insync.replicas (default: 2; with --replicate-to)",
+    )
     replication_acks: int = setting(
-        0, "how many --replicate-to peers must hold a message before it is acknowledged (default: all of them)"
+        0, "how many --replicate-to peers must hold a message before it is acknowledged (--replication-min-insync - 1)"
+    )
+    replication_candidates: list[str] = setting(
+        default_factory=list,
+        help="<addr>:<port> of a trionsq node that may take the place of a --replicate-to peer gone for good "
+        "(may be given multiple times; see --replication-replace-after)",
+    )
+    replication_replace_after: float = setting(
+        0.0,
+        "replace a --replicate-to peer that has not streamed for this long by the first --replication-candidates "
+        "node that is up (0: never)",
     )
     replication_degraded: str = setting(
         "refuse", "with fewer peers reachable than --replication-acks: 'refuse' publishes or 'accept' them unreplicated"
@@ -336,16 +353,87 @@ def validate(opts: Options) -> None:
         raise OptionsError("--actor-slice must be positive")
     if opts.actor_interlude < 0:
         raise OptionsError("--actor-interlude must not be negative")
-    for peer in opts.replicate_to:
-        host, _, port = peer.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise OptionsError(f"--replicate-to {peer!r} is not HOST:PORT")
-    if not 0 <= opts.replication_acks <= len(opts.replicate_to):
-        raise OptionsError(f"--replication-acks must be [0,{len(opts.replicate_to)}] (the number of --replicate-to)")
+    if opts.workers < 1:
+        raise OptionsError("--workers must be at least 1")
+    if opts.workers > 1:
+        _check_workers(opts)
+    _check_replication(opts)
     if opts.replication_degraded not in ("refuse", "accept"):
         raise OptionsError("--replication-degraded must be 'refuse' or 'accept'")
     if opts.replica_takeover_timeout < 0:
         raise OptionsError("--replica-takeover-timeout must not be negative")
+
+
+def _check_replication(opts: Options) -> None:
+    """The peers are distinct HOST:PORTs other than this node, and the acknowledgement rule can be met."""
+    own = _own_addresses(opts)
+    for number, peer in enumerate(opts.replicate_to):
+        if not _is_host_port(peer):
+            raise OptionsError(f"--replicate-to {peer!r} is not HOST:PORT")
+        if peer in opts.replicate_to[:number]:
+            raise OptionsError(f"--replicate-to {peer!r} is given twice")
+        if peer in own:
+            raise OptionsError(f"--replicate-to {peer!r} is this node itself")
+    for number, candidate in enumerate(opts.replication_candidates):
+        if not _is_host_port(candidate):
+            raise OptionsError(f"--replication-candidates {candidate!r} is not HOST:PORT")
+        if candidate in opts.replicate_to or candidate in opts.replication_candidates[:number]:
+            raise OptionsError(f"--replication-candidates {candidate!r} is given twice (or is a --replicate-to peer)")
+        if candidate in own:
+            raise OptionsError(f"--replication-candidates {candidate!r} is this node itself")
+    if opts.replication_replace_after < 0:
+        raise OptionsError("--replication-replace-after must not be negative")
+    copies = 1 + len(opts.replicate_to)
+    if not 0 <= opts.replication_acks <= len(opts.replicate_to):
+        raise OptionsError(f"--replication-acks must be [0,{len(opts.replicate_to)}] (the number of --replicate-to)")
+    if opts.replication_min_insync:
+        if not 2 <= opts.replication_min_insync <= copies:
+            raise OptionsError(
+                f"--replication-min-insync must be [2,{copies}] (this node and its {len(opts.replicate_to)} "
+                "--replicate-to peer(s))"
+                if opts.replicate_to
+                else "--replication-min-insync needs --replicate-to"
+            )
+        if opts.replication_acks and opts.replication_acks != opts.replication_min_insync - 1:
+            raise OptionsError("--replication-acks and --replication-min-insync disagree (acks = min-insync - 1)")
+
+
+def _is_host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def _own_addresses(opts: Options) -> set[str]:
+    """The names this node is known by (``--broadcast-address`` or ``--tcp-address`` with its TCP port), as far as
+    the flags say (a port 0 is known only once bound: ``NSQD`` checks again then)."""
+    host, _, port = opts.tcp_address.rpartition(":")
+    ports = {p for p in (port, str(opts.broadcast_tcp_port or "")) if p.isdigit() and int(p)}
+    hosts = {h for h in (opts.broadcast_address, host.strip("[]")) if h and h not in ("0.0.0.0", "::")}
+    return {f"{h}:{p}" for h in hosts for p in ports}
+
+
+def replication_acks(opts: Options) -> int:
+    """How many peers must hold a message before its ``OK``: ``--replication-acks``, or
+    ``--replication-min-insync`` less this node's copy; by default one (two copies in sync, Kafka's usual
+    ``min.insync.replicas=2``), which with two peers lets either one die without refusing a publish."""
+    if opts.replication_acks:
+        return opts.replication_acks
+    if opts.replication_min_insync:
+        return opts.replication_min_insync - 1
+    return min(1, len(opts.replicate_to))
+
+
+def _check_workers(opts: Options) -> None:
+    """What several workers do not carry yet is refused at start rather than half done (bench/MULTICORE.md)."""
+    not_yet = []
+    if opts.replicate_to:
+        not_yet.append("--replicate-to")
+    if opts.mem_queue_size == 0 and opts.sync_every == 1:
+        not_yet.append("durable mode (--mem-queue-size=0 --sync-every=1)")
+    if opts.log_retention_time or opts.log_retention_bytes:
+        not_yet.append("log channels (--log-retention-time, --log-retention-bytes)")
+    if not_yet:
+        raise OptionsError(f"{' and '.join(not_yet)} cannot be used with --workers above 1 yet")
 
 
 def is_go_only(name: str) -> bool:

@@ -32,11 +32,12 @@ from .e2e import E2ELatency
 from .fastpath import PublishBatch
 from .guid import GUIDFactory
 from .heartbeats import HeartbeatTimer
-from .http_api import make_http_server
+from .http_api import build_router, make_http_server
 from .lookup import Lookup
 from .message import Message
 from .metadata import FILE_NAME, Prebound, bind_addresses, load_metadata, lock_data_path
 from .metadata_writer import MetadataWriter
+from .options import replication_acks
 from .poller import ReadPoller
 from .queue_scan import QueueScanner
 from .queues.atomic_file import remove_stray_temporaries
@@ -45,6 +46,7 @@ from .queues.group_commit import SyncBarrier
 from .queues.offset_log import OffsetLog
 from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
 from .replication.adopted import drop_adopted
+from .replication.replace import PeerReplacer, current_peers
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
 from .stats_cache import StatsCache
@@ -52,6 +54,7 @@ from .statsd import StatsdPusher
 from .tcp import MAGIC_V2, Connection
 from .tls import client_ssl_context, server_ssl_context
 from .topic import Topic
+from .workers import MeshLookup, MeshMetadata, RelayLookup, RelayMetadata, WorkerMesh
 
 __all__ = ["NSQD"]
 
@@ -60,6 +63,8 @@ log = logging.getLogger("nsqd")
 #: how long a starting node waits for its --replicate-to peers to say whether its messages were adopted (a peer
 #: that refuses the connection is not waited for; one that took it and is slow to answer is, this long at most)
 REPLICATION_START_TIMEOUT = 30.0
+#: how long a stopping worker waits for the others to close their connections and send what they acknowledged
+MESH_DRAIN_TIMEOUT = 5.0
 #: Tests only: the newest replication protocol version this node speaks, below ``PROTOCOL_VERSION`` (a node not
 #: yet upgraded, in a test of a rolling upgrade). Not a flag: an operator has no reason to speak an older version.
 REPLICATION_VERSION_ENV = "NSQD_TEST_REPLICATION_VERSION"
@@ -146,6 +151,7 @@ class NSQD:
         self.sync_barrier = SyncBarrier()
         # replication (nsqd/replication/): the origin's sender, None without --replicate-to; the replica side
         self.replication: Replicator | None = None
+        self.replacer: PeerReplacer | None = None  # with --replicate-to: peers gone for good (replace.py)
         #: the newest replication protocol version this node speaks, both as an origin and as a replica
         self.replication_version = _replication_version()
         self.replica_host = ReplicaHost(self)
@@ -181,6 +187,8 @@ class NSQD:
             "changed": self.stats_changed,
             "open_log": self._open_log,
         }
+        #: with ``--workers`` above 1, this worker's links to the others and the topics' owners (workers.py)
+        self.mesh: WorkerMesh | None = None
         self._data_lock: int | None = None
         self._prebound: Prebound | None = None
         self._loading = False
@@ -191,11 +199,12 @@ class NSQD:
         self._stopped = trio.Event()
 
     # -- topics ----------------------------------------------------------------------------------
-    def get_topic(self, name: str, *, after=None) -> Topic:
+    def get_topic(self, name: str, *, after=None, precreate: bool = True) -> Topic:
         """The topic ``name``, created if need be. ``after``: a new topic's announcement (its log line, nsqd.dat,
         lookupd) is handed to this (``Request.after_answer``) instead of being made at once, as nsqd 1.3.0 answers
         ``/topic/create`` once the topic exists and persists and notifies from a goroutine; the topic itself is
-        there, publishable and listed, on return."""
+        there, publishable and listed, on return. ``precreate``: a new topic asks nsqlookupd for its channels
+        (False: the caller knows them)."""
         topic = self.topics.get(name)
         if topic is None:
             opts = self.opts
@@ -213,17 +222,17 @@ class NSQD:
             if self.replication is not None and not topic.ephemeral:
                 attach_replication(self.replication, topic)
             if after is None:
-                self._topic_created(topic)
+                self._topic_created(topic, precreate)
             else:
-                after(partial(self._topic_created, topic))
+                after(partial(self._topic_created, topic, precreate))
         return topic
 
-    def _topic_created(self, topic: Topic) -> None:
+    def _topic_created(self, topic: Topic, precreate: bool = True) -> None:
         log.info("TOPIC(%s): created", topic.name)
         if not topic.ephemeral:
             self.metadata_changed(topic.name)
         self.lookup.topic_created(topic)
-        if not self._loading:
+        if precreate and not self._loading:
             self.lookup.prepare_topic(topic)  # pre-create the channels lookupd knows
 
     def _make_backend(self, name: str) -> DiskQueue:
@@ -292,6 +301,23 @@ class NSQD:
         """Take the data directory lock and the listening sockets ``nsqd``'s entry point took before start-up."""
         self._data_lock = prebound.data_lock
         self._prebound = prebound
+        if prebound.mesh is not None:
+            self._join_workers(prebound.mesh)
+
+    def _join_workers(self, sockets) -> None:
+        """One of ``--workers`` processes: worker 0 registers the node with lookupd and writes nsqd.dat, with what
+        the others send it (workers.py)."""
+        mesh = self.mesh = WorkerMesh(self, sockets)
+        log.info("NSQ: worker %d of %d", mesh.index, mesh.count)
+        self.start_time = sockets.start_time
+        # IDs stay unique on the node: each worker stamps its own node id (one worker's neighbour's)
+        self.guid = GUIDFactory((self.opts.node_id + mesh.index) % 1024)
+        if mesh.index == 0:
+            self.lookup = MeshLookup(self, mesh)
+            self.metadata = MeshMetadata(self.data_path, self.topics, logger=log)
+        else:
+            self.lookup = RelayLookup(self, mesh)
+            self.metadata = RelayMetadata(self.data_path, self.topics, mesh.links[0], logger=log)
 
     def metadata_changed(self, topic_name: str) -> None:
         """A topic, one of its channels or a paused flag changed: nsqd.dat follows shortly (metadata.py)."""
@@ -317,11 +343,18 @@ class NSQD:
         self._loading = True
         try:
             if self._data_lock is not None:  # nobody else writes here: what a killed nsqd left can go
-                for name in remove_stray_temporaries(self.data_path):
-                    log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
-                # nothing but this process adds files here from now on (it holds the lock)
+                if self.mesh is None:  # (with --workers, the parent removed it before they started)
+                    for name in remove_stray_temporaries(self.data_path):
+                        log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
+                # nothing but this process adds files here from now on (it holds the lock; with --workers, only a
+                # topic's owner makes its files)
                 self.files_at_start = frozenset(os.listdir(self.data_path))
+            mesh = self.mesh
             for entry in load_metadata(self.data_path):
+                if mesh is not None and not mesh.owns(entry["name"]):
+                    if isinstance(self.metadata, MeshMetadata):
+                        self.metadata.seed(mesh.owner(entry["name"]), entry)  # listed until its owner reports
+                    continue
                 topic = self.get_topic(entry["name"])
                 for channel_entry in entry["channels"]:
                     channel = topic.get_channel(channel_entry["name"])
@@ -466,6 +499,9 @@ class NSQD:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.mesh is not None:
+                    self.mesh.router = build_router(self)
+                    await nursery.start(self.mesh.run)
                 await nursery.start(self.actors.run)
                 await nursery.start(self.metadata.run)
                 await nursery.start(self.read_poller.run)
@@ -487,6 +523,8 @@ class NSQD:
                 if self.replication is not None:
                     await nursery.start(self.replication.run)
                     nursery.start_soon(self.replication.wait_started, REPLICATION_START_TIMEOUT)
+                if self.replacer is not None:
+                    await nursery.start(self.replacer.run)
                 nursery.start_soon(self._serve, listeners)
                 await nursery.start(self.lookup.run)
                 for topic in list(self.topics.values()):
@@ -522,10 +560,11 @@ class NSQD:
         if state is not None and not clean:
             log.warning("REPLICATION: the last run did not stop cleanly: the peers adopt what they hold")
         save_state(self.data_path, epoch, True)
+        peers = current_peers(self.data_path, opts.replicate_to)  # a peer replaced in an earlier run stays so
         self.replication = Replicator(
             self.node_name,
-            opts.replicate_to,
-            acks=opts.replication_acks or len(opts.replicate_to),
+            peers,
+            acks=replication_acks(opts),
             degraded=opts.replication_degraded,
             durable=self.durable,
             ssl_context=self.replication_ssl_context(),
@@ -536,18 +575,23 @@ class NSQD:
             clean=clean,
             version=self.replication_version,
             on_restore=self._replication_restored,
+            candidates=tuple(opts.replication_candidates),
+            replace_after=opts.replication_replace_after,
+            on_topology=self._replication_topology,
         )
         self.replication.poller = self.read_poller  # ACKs are read between connections too (sender.py)
         log.info(
             "REPLICATION: %s keeps copies on %s (%d ack(s) required, %s when degraded)",
             self.node_name,
-            ", ".join(opts.replicate_to),
+            ", ".join(peers),
             self.replication.acks_required,
             opts.replication_degraded,
         )
         for topic in self.topics.values():
             if not topic.ephemeral:
                 attach_replication(self.replication, topic)
+        # a peer gone for good is replaced (``--replication-replace-after``), one replaced is released
+        self.replacer = PeerReplacer(self, self.replication)
 
     def _replication_adopted(self, peer: str, epoch: int, ids: list[bytes]) -> None:
         """Peer ``peer`` adopted these messages of this node (``ids``) while it was away, or cut off from it (a
@@ -593,6 +637,32 @@ class NSQD:
             if replication.clean
             else "how many of them had been finished here is unknown (the last run did not stop cleanly)",
         )
+
+    def _replication_topology(self, peer: str, topics: dict) -> None:
+        """Peer ``peer`` knew these topics and channels of this node (WELCOME, to a node that did not stop cleanly:
+        killed, or back on an empty directory). The ones missing here are created, paused ones paused, before the
+        node takes a publish: a message published now reaches every channel its consumers use, not only the first
+        one a consumer makes again (``Topic``: a topic without channels gives its backlog to its first channel)."""
+        created = 0
+        for name, state in topics.items():
+            topic = self.topics.get(name)
+            if topic is None:
+                topic = self.get_topic(name, precreate=False)  # its channels are known: nsqlookupd is not asked
+                if state.get("paused"):
+                    topic.pause()
+                created += 1
+            for channel_name, paused in state.get("channels", {}).items():
+                if channel_name not in topic.channels:
+                    channel = topic.get_channel(channel_name)
+                    if paused:
+                        channel.pause()
+                    created += 1
+        if created:
+            log.info(
+                "REPLICATION: peer %s knew %d topic(s) and channel(s) of this node that it lacked: created",
+                peer,
+                created,
+            )
 
     def _replication_restored(self, topic_name: str, channel_name: str, messages) -> int:
         """Copies a replica sent back for channel ``channel_name`` after this node found its files damaged: each
@@ -712,6 +782,9 @@ class NSQD:
             if len(magic) < 4:
                 log.info("[%s] closed before sending the protocol magic", remote)
                 return
+            if magic[:4] == MAGIC_R1 and self.mesh is not None:
+                log.error("[%s] replication stream refused: this node runs --workers above 1", remote)
+                return
             if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)
                 await self.replica_host.serve(stream, remote, magic[4:])
                 return
@@ -764,6 +837,23 @@ class NSQD:
             actors.preempted,
             actors.interludes,
         )
+        if self.mesh is not None:
+            crossed = self.mesh.statistics()
+            log.info(
+                "NSQ: worker %d sent %d records to the others in %d writes",
+                self.mesh.index,
+                crossed["records"],
+                crossed["batches"],
+            )
         self._accept_scope.cancel()
         self._connections_scope.cancel()
+        if self.mesh is not None and self._nursery is not None:
+            # every worker's acknowledged publishes reach their owners before any stops its topics (workers.py)
+            self._nursery.start_soon(self._drain_then_stop)
+        else:
+            self._stopped.set()
+
+    async def _drain_then_stop(self) -> None:
+        assert self.mesh is not None
+        await self.mesh.drain(MESH_DRAIN_TIMEOUT)
         self._stopped.set()

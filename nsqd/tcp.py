@@ -23,6 +23,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -78,6 +79,9 @@ _FIN_STATES = (ClientState.SUBSCRIBED, ClientState.CLOSING)
 #: a handler's answer that is already in the output buffer (``_publish_answering_first``): the loop appends
 #: nothing more, and flushes the buffer as it does for any answer
 _ANSWER_QUEUED = b""
+#: a handler's answer when its command goes to the worker that owns its topic (``Connection._forwarded``)
+_FORWARD: Any = object()
+_FORWARD_COMMAND = (b"", (), None)
 
 
 def _text(raw: bytes) -> str:
@@ -146,6 +150,14 @@ class Connection:
         #: read leaves the parser as it was), so a step reads it instead of asking the parser (``fast_pub``)
         self.fast_line: tuple[bytes, bytes] | None = None
         self._publish_batch = nsqd.publish_batch
+        #: with ``--workers`` above 1, the workers (nsqd/workers.py): a publish to a topic owned by another
+        #: worker is sent there, its OK put in the output at once and the output held until the owner answers
+        #: (``_publish_elsewhere``); a SUB waits for the owner's answer (``_forwarded``)
+        self._mesh = nsqd.mesh
+        self._forward: tuple | None = None
+        self._forwards_held = 0  # publishes sent to their owner and not answered yet
+        self._forward_failed = False
+        self._forwards_done: trio.Event | None = None  # set when the last held publish is answered
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -275,6 +287,10 @@ class Connection:
                 client.write_frame(encode_frame(FRAME_TYPE_ERROR, error.payload()))
                 continue
             if response is not None:
+                if response is _FORWARD:
+                    if replied:
+                        self._send_replies()
+                    return _FORWARD_COMMAND
                 # sent after the whole buffer is handled, in one write (_send_replies)
                 out.append(response)
                 client.out_bytes += len(response)
@@ -287,11 +303,17 @@ class Connection:
         """One command that may wait (see ``_run_commands``); its answer leaves at once."""
         name = command[0]
         try:
+            if command is _FORWARD_COMMAND:
+                await self._forwarded()
+                return
             if name in _ASYNC_COMMANDS:
                 response = await _HANDLERS[name](self, command)
             else:
                 await self._refresh_expired_auth()
                 response = _HANDLERS[name](self, command)
+                if response is _FORWARD:
+                    await self._forwarded()
+                    return
         except ProtocolError as error:
             if error.fatal:
                 raise
@@ -303,6 +325,80 @@ class Connection:
             client.out_bytes += len(response)
             client.flush_now = True
             self._send_replies()
+
+    async def _forwarded(self) -> None:
+        """Send the SUB a handler left in ``_forward`` to the topic's owner (nsqd/workers.py) and answer it as the
+        handler would have: OK, or the owner's refusal."""
+        request, self._forward = self._forward, None
+        assert request is not None and self._mesh is not None
+        client = self.client
+        _, topic_name, channel_name = request
+        client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
+        self._consumes = True
+        self._plain = False
+        self.fast_line = None
+        client.state = ClientState.SUBSCRIBED
+        log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
+        client.out.append(OK_FRAME)
+        client.out_bytes += len(OK_FRAME)
+        client.flush_now = True
+        self._send_replies()
+
+    def _publish_elsewhere(self, verb: str, topic_name: str, bodies: list[bytes], defer: float) -> bytes:
+        """A publish to a topic another worker owns: sent there (batched with the step's other records, see
+        nsqd/workers.py) and acknowledged at once (``WorkerMesh.publish_acknowledged`` says why that is safe).
+        While the owner's disk refuses that topic, its OK is put in the output instead, and nothing of the output
+        is written until every publish sent so is answered (``_forwards_held``), so answers keep their order while
+        the connection goes on reading. A refusal replaces that OK with ``E_<VERB>_FAILED`` and closes the
+        connection, as a failed publish does (``_forward_answered``)."""
+        assert self._mesh is not None
+        if self._mesh.publish_acknowledged(topic_name, bodies, defer):
+            self.client.published(topic_name, len(bodies))
+            return OK_FRAME
+        self._mesh.publish_soon(topic_name, bodies, defer, self.hold_oks(1, verb))
+        self.client.published(topic_name, len(bodies))
+        return _ANSWER_QUEUED
+
+    def hold_oks(self, count: int, verb: str = "PUB") -> Callable[[str | None], None]:
+        """Put ``count`` OKs in the output, held with everything after them until the returned function gets the
+        owner's answer (``_publish_elsewhere``; the fast path's batches too, ``fastpath.PublishBatch``)."""
+        client = self.client
+        index = len(client.out)
+        data = OK_FRAME * count
+        client.out.append(data)
+        client.out_bytes += len(data)
+        self._forwards_held += 1
+        return partial(self._forward_answered, index, verb)
+
+    def _forward_answered(self, index: int, verb: str, reason: str | None) -> None:
+        if self._forward_failed:
+            return
+        client = self.client
+        self._forwards_held -= 1
+        if reason is not None:
+            error = ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {reason}")
+            log.error("[%s] - %s", client.remote_address, error.payload().decode("utf-8", "replace"))
+            self._forward_failed = True
+            self._forwards_held = 0
+            out = client.out
+            if index < len(out):  # the output was held since that OK went in: it is still there
+                out[index] = encode_frame(FRAME_TYPE_ERROR, error.payload())
+                del out[index + 1 :]
+                client.out_bytes = sum(len(piece) for piece in out)
+            self._stop_reading()
+        if self._forwards_held == 0:
+            done, self._forwards_done = self._forwards_done, None
+            if done is not None:
+                done.set()
+            client.flush_now = True
+            self._send_replies()
+
+    async def _forwards_answered(self) -> None:
+        """Wait until no publish sent to its owner waits for its answer."""
+        while self._forwards_held:
+            if self._forwards_done is None:
+                self._forwards_done = trio.Event()
+            await self._forwards_done.wait()
 
     # -- reading through the poller (plain TCP) ----------------------------------------------------
     async def _receive_polled(self) -> bytes | None:
@@ -467,7 +563,12 @@ class Connection:
         """Whether a write from outside the writer task cannot reorder anything: a plain socket (no TLS or
         compression layer), no write of the writer's under way (``_send_lock``), no disk sync owed (durable mode:
         the writer commits it first)."""
-        return type(self.stream) is trio.SocketStream and not self._send_lock.locked() and not self.nsqd.sync_barrier
+        return (
+            type(self.stream) is trio.SocketStream
+            and not self._send_lock.locked()
+            and not self.nsqd.sync_barrier
+            and not self._forwards_held
+        )
 
     def _flush_direct(self) -> bool:
         """Write the whole output buffer now, without awaiting, if that cannot reorder anything (the
@@ -529,10 +630,16 @@ class Connection:
                         return
                     if replication.degraded:
                         break  # ``accept``: taken unreplicated, answered now
+                if self._forwards_held:
+                    await self._forwards_answered()  # publishes sent to their topic's worker (_publish_elsewhere)
+                    continue
                 try:
                     lock.acquire_nowait()
                 except trio.WouldBlock:
                     await lock.acquire()  # an upgrade is under way; what follows goes through its layers
+                if self._forwards_held:  # a publish read meanwhile
+                    lock.release()
+                    continue
                 try:
                     data = client.take_output()
                     barrier = self.nsqd.sync_barrier
@@ -651,6 +758,7 @@ class Connection:
         the new layers (``take_unparsed``). The writer is held off meanwhile (``_send_lock``)."""
         client = self.client
         leftover = self.parser.take_unparsed()
+        await self._forwards_answered()  # (the poller reads nothing meanwhile: this task runs the commands)
         client.write_frame(response)
         async with self._send_lock:
             try:
@@ -801,6 +909,9 @@ class Connection:
             self._authorize("SUB", topic_name, channel_name)
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed to deleted topic/channel")
+        if self._mesh is not None and not self._mesh.owns(topic_name):
+            self._forward = ("sub", topic_name, channel_name)
+            return _FORWARD
         topic = self.nsqd.get_topic(topic_name)
         channel = topic.get_channel(channel_name)
         if channel.log is not None:
@@ -900,6 +1011,8 @@ class Connection:
         self._require_state("CLS", ClientState.SUBSCRIBED)
         client.rdy = 0
         client.state = ClientState.CLOSING
+        if self._mesh is not None:
+            client.channel.client_credit_changed(client)  # a channel in another worker learns of it
         log.info("[%s] CLS: closing", client.remote_address)
         return CLOSE_WAIT_FRAME
 
@@ -910,6 +1023,8 @@ class Connection:
     def _log_request(self, command):
         """The checks every log command makes, in this order: state, parameters, permission, shutdown."""
         verb = command[0].decode()
+        if self._mesh is not None:
+            raise ProtocolError("E_INVALID", f"cannot {verb} with --workers above 1 (log channels need one process)")
         if self.client.state != ClientState.INIT:
             raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
         request = parse_log_request(command[0], command[1])
@@ -993,6 +1108,8 @@ class Connection:
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         """PUB, MPUB, DPUB: ``_publish_stored`` of a connection that never subscribed, ``_publish_answering_first``
         of one that did (a flag, not a bound method kept per connection: one object fewer for the collector)."""
+        if self._mesh is not None and not self._mesh.owns(topic_name):
+            return self._publish_elsewhere(verb, topic_name, bodies, defer)
         if self._consumes:
             return self._publish_answering_first(verb, topic_name, bodies, defer)
         return self._publish_stored(verb, topic_name, bodies, defer)

@@ -186,6 +186,19 @@ class Topic:
         if self.replication is not None:
             self.replication.offer_published(self.name, ids, bodies, now_ns, defer)
 
+    def publish_kept(self, bodies: list[bytes], defer: float = 0.0) -> None:
+        """A publish acknowledged before it got here (another worker's, ``nsqd/workers.py``) that ``publish``
+        could not store (``TopicFull``: the disk failed): kept in memory past ``--mem-queue-size``, as the
+        messages a non-durable nsqd holds in memory, rather than lost."""
+        messages = new_messages(self.new_ids(len(bodies)), bodies, time.time_ns(), defer)
+        self.message_count += len(messages)
+        self.message_bytes += sum(map(len, bodies))
+        self.changed.add(self)
+        if defer:
+            self._queue_deferred = True
+        self.queue.extend(messages)
+        self.pump()
+
     def put(self, message: Message) -> None:
         self.put_many((message,))
 

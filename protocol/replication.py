@@ -33,10 +33,12 @@ __all__ = [
     "E_BAD_HELLO",
     "E_BAD_SEQ",
     "E_BAD_VERSION",
+    "E_EXITING",
     "E_NODE_CONFLICT",
     "E_STORE_FAILED",
     "Ack",
     "Adopted",
+    "Ask",
     "ChannelOp",
     "Confirm",
     "Confirmed",
@@ -44,6 +46,7 @@ __all__ = [
     "Finished",
     "Heartbeat",
     "Hello",
+    "Holding",
     "Messages",
     "Ping",
     "Pong",
@@ -82,6 +85,8 @@ E_NODE_CONFLICT = "E_NODE_CONFLICT"
 E_BAD_SEQ = "E_BAD_SEQ"
 E_STORE_FAILED = "E_STORE_FAILED"
 E_BAD_VERSION = "E_BAD_VERSION"
+#: a replica's graceful stop (SIGTERM): it will be back, so its origins try again at once rather than backing off
+E_EXITING = "E_EXITING"
 
 #: the frame type of ADOPTED (replica to origin, right after WELCOME)
 T_ADOPTED = 0x84
@@ -97,6 +102,8 @@ _OPS = frozenset((OP_CREATED, OP_DELETED, OP_PAUSED, OP_UNPAUSED, OP_EMPTIED, OP
 T_HELLO, T_FINISHED, T_CHANNEL, T_HEARTBEAT, T_SYNCED, T_MESSAGES = 0x01, 0x03, 0x04, 0x05, 0x06, 0x07
 #: a replica asks the node a HELLO named whether that HELLO was its own (a connection of its own); the answer
 T_CONFIRM, T_CONFIRMED = 0x08, 0x85
+#: a replica asks another replica of the same origin what it holds and adopted of it (a connection of its own)
+T_ASK, T_HOLDING = 0x0B, 0x89
 #: messages a channel put back (REQ, an in-flight timeout): their attempts and due time there
 T_REQUEUED = 0x09
 _REQUEUED_ROW = struct.Struct(">16sHq")
@@ -134,6 +141,32 @@ class Hello:
     node_id: int = 0  # the origin's --node-id: message IDs are unique across nodes only if these differ
     clean: bool = False  # the origin's data directory holds every message it acknowledged (see PROTOCOL.md)
     min_version: int = 1  # the oldest it speaks (absent: 1)
+    #: the origin's ``--replicate-to``, in its order: the order in which its replicas take it over (absent: unknown)
+    peers: tuple[str, ...] = ()
+    #: which of ``peers`` this HELLO goes to (absent: unknown)
+    replica: str = ""
+    #: True: the origin replaced this replica by another node (it was unreachable too long): drop what is held of
+    #: the origin once the WELCOME is read (absent: a stream follows)
+    release: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """Asked of another replica of origin ``node`` before a takeover: what do you hold of it, and did you adopt
+    it? (a connection of its own, as CONFIRM)"""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """The answer to ASK: whether ``node``'s stream is connected here, how many of its messages are held here,
+    and how many ids of its messages adopted here follow in ADOPTED frames."""
+
+    node: str
+    connected: bool = False
+    held: int = 0
+    adopted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +194,10 @@ class Welcome:
     held: int = 0
     version: int = 1  # the protocol version of this stream, chosen by the replica (absent: 1)
     adopted: int = 0  # message ids of this origin adopted here that follow in ADOPTED frames
+    #: the origin's topics and channels as the replica knows them, ``{topic: {"paused": bool, "channels":
+    #: {channel: paused}}}``; sent to an origin whose HELLO is not ``clean`` (it may have lost its directory), else
+    #: None (absent on the wire)
+    topics: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +373,8 @@ Event: TypeAlias = (
     | Ping
     | Pong
     | Adopted
+    | Ask
+    | Holding
     | Error
 )
 #: a message as ``encode_messages`` takes it: ``(id, timestamp, attempts, due_ns, body)``
@@ -474,8 +513,8 @@ def _read_columns(payload: bytes, pos: int, ids: tuple[bytes, ...]) -> tuple[Rep
     return tuple(map(ReplicatedMessage, ids, timestamps, attempts, dues, bodies))
 
 
-def _encode_json(frame_type: int, event: Hello | Welcome | Confirm | Confirmed) -> bytes:
-    fields = {name: getattr(event, name) for name in event.__slots__}
+def _encode_json(frame_type: int, event: Hello | Welcome | Confirm | Confirmed | Ask | Holding) -> bytes:
+    fields = {name: value for name in event.__slots__ if (value := getattr(event, name)) is not None}
     return _frame(frame_type, json.dumps(fields, separators=(",", ":")).encode())
 
 
@@ -535,6 +574,10 @@ def encode(event: Event) -> bytes:
         return _encode_json(T_CONFIRM, event)
     if type(event) is Confirmed:
         return _encode_json(T_CONFIRMED, event)
+    if type(event) is Ask:
+        return _encode_json(T_ASK, event)
+    if type(event) is Holding:
+        return _encode_json(T_HOLDING, event)
     if type(event) is Adopted:
         return _frame(T_ADOPTED, _U32.pack(len(event.ids)) + b"".join(event.ids))
     if type(event) is Error:
@@ -659,6 +702,29 @@ def _decode_hello(payload: bytes) -> Hello:
         node_id=_field(obj, "node_id", int, 0, "HELLO"),
         clean=_field(obj, "clean", bool, False, "HELLO"),
         min_version=_field(obj, "min_version", int, 1, "HELLO"),
+        peers=_peers(obj.get("peers", [])),
+        replica=_field(obj, "replica", str, "", "HELLO"),
+        release=_field(obj, "release", bool, False, "HELLO") or None,
+    )
+
+
+def _peers(value: object) -> tuple[str, ...]:
+    if type(value) is not list or not all(type(peer) is str for peer in value):
+        raise ProtocolError(E_BAD_HELLO, "HELLO field 'peers' must be a list of strings")
+    return tuple(value)
+
+
+def _decode_ask(payload: bytes) -> Ask:
+    return Ask(node=_field(_json_object(payload, "ASK"), "node", str, "", "ASK"))
+
+
+def _decode_holding(payload: bytes) -> Holding:
+    obj = _json_object(payload, "HOLDING")
+    return Holding(
+        node=_field(obj, "node", str, "", "HOLDING"),
+        connected=_field(obj, "connected", bool, False, "HOLDING"),
+        held=_field(obj, "held", int, 0, "HOLDING"),
+        adopted=_field(obj, "adopted", int, 0, "HOLDING"),
     )
 
 
@@ -682,7 +748,31 @@ def _decode_welcome(payload: bytes) -> Welcome:
         held=_field(obj, "held", int, 0, "WELCOME"),
         version=_field(obj, "version", int, 1, "WELCOME"),
         adopted=_field(obj, "adopted", int, 0, "WELCOME"),
+        topics=_decode_topology(obj.get("topics")),
     )
+
+
+def _decode_topology(value: object) -> dict[str, Any] | None:
+    """WELCOME's ``topics``: valid names of lasting topics and channels, paused flags true or false."""
+    if value is None:
+        return None
+
+    def valid(name: object, paused: object) -> bool:
+        return (
+            type(name) is str and is_valid_name_bytes(name.encode()) and not is_ephemeral(name) and type(paused) is bool
+        )
+
+    if not isinstance(value, dict):
+        raise ProtocolError(E_BAD_HELLO, "WELCOME field 'topics' must be an object")
+    for name, topic in value.items():
+        channels = topic.get("channels", {}) if isinstance(topic, dict) else None
+        if (
+            not isinstance(channels, dict)
+            or not valid(name, topic.get("paused", False))
+            or not all(valid(c, paused) for c, paused in channels.items())
+        ):
+            raise ProtocolError(E_BAD_HELLO, f"WELCOME field 'topics' has a bad entry for {name!r}")
+    return value
 
 
 def _decode_messages(payload: bytes) -> Messages:
@@ -831,6 +921,8 @@ _DECODERS: dict[int, Decoder] = {
     T_ADOPTED: _decode_adopted,
     T_CONFIRM: _decode_identity(Confirm),
     T_CONFIRMED: _decode_identity(Confirmed),
+    T_ASK: _decode_ask,
+    T_HOLDING: _decode_holding,
     T_REQUEUED: _decode_requeued,
     T_PING: _decode_seq(Ping),
     T_PONG: _decode_seq(Pong),

@@ -184,6 +184,7 @@ class Connection:
         self._outbox: list[bytes] = []
         self._writer_task: trio.lowlevel.Task | None = None
         self._writer_parked = False
+        self._flush_waiter: trio.Event | None = None  # set when the writer parks with nothing queued (close)
         self._tasks_scope: trio.CancelScope | None = None
         self._started = False
         self._finished = trio.Event()
@@ -216,7 +217,8 @@ class Connection:
 
         A subscribed connection first sends CLS and waits, at most ``timeout`` seconds, for nsqd's CLOSE_WAIT (nsqd
         refuses CLS on a connection that never subscribed, so a publishing one just closes its socket, as
-        go-nsq's does).
+        go-nsq's does). Answers queued by then (FIN/REQ of messages that came with CLOSE_WAIT) are written before
+        the socket closes, within the same bound.
 
         Args:
             timeout: How long to wait for CLOSE_WAIT, in seconds.
@@ -225,6 +227,11 @@ class Connection:
             with trio.move_on_after(timeout):
                 with contextlib.suppress(ConnectionClosed, NSQError):
                     await self._request(CLS)
+                # nsqd sends no message after CLOSE_WAIT, but messages it had buffered may come in the same read,
+                # and on_message may have answered them already: those answers leave before the socket closes,
+                # or nsqd would hold the messages in flight until its --msg-timeout (go-nsq's connection also
+                # writes its pending answers before it closes)
+                await self._flushed()
         self._mark_closed("closed by the client")
         if self._started:
             await self._finished.wait()
@@ -240,6 +247,12 @@ class Connection:
 
     async def __aexit__(self, *exc_info: Any) -> bool:
         return await leave_nursery(self._nursery_manager, exc_info, self.close, self._abandon)
+
+    async def _flushed(self) -> None:
+        """Return once the writer has written everything queued so far, or the connection has ended."""
+        while (self._outbox or not self._writer_parked) and not self.closed:
+            event = self._flush_waiter = trio.Event()
+            await event.wait()
 
     def _abandon(self) -> None:
         self._mark_closed("closed by the client")
@@ -555,6 +568,9 @@ class Connection:
             while True:
                 if not self._outbox:
                     self._writer_parked = True
+                    if self._flush_waiter is not None:
+                        self._flush_waiter.set()
+                        self._flush_waiter = None
                     await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
                 batch = self._outbox
                 self._outbox = []
@@ -609,6 +625,9 @@ class Connection:
                 error = ConnectionClosed(f"connection to nsqd {self.address} closed: {reason}")
                 _reschedule(waiter.task, _Error(error))
         self._outbox.clear()
+        if self._flush_waiter is not None:
+            self._flush_waiter.set()
+            self._flush_waiter = None
         if self._tasks_scope is not None:
             self._tasks_scope.cancel()
 

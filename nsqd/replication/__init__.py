@@ -59,6 +59,12 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   without its OK (its producer retries elsewhere: at-least-once). ``accept`` answers OK unreplicated, counts
   it, and sends it when the peers return.
 
+- A peer gone for good (``--replication-replace-after``, ``--replication-candidates``): one that streamed since the
+  start and then not for that long is replaced by the first candidate that takes a connection, which gets a backfill
+  like any new peer (``Replicator._replace_gone``). ``replace.py`` (``PeerReplacer``): without candidates, the nodes
+  nsqlookupd knows (spread by a hash of both names); the replacement kept in ``replication.peers.json``; the other
+  peers reconnected to learn the new order; the old peer told, when it answers again, to drop its copies (HELLO
+  ``release``), so nothing is delivered twice.
 - Silence (``sender.py``: ``HEARTBEAT_INTERVAL``, ``PEER_TIMEOUT``): a stream without a write for 1 s gets a
   heartbeat, which the replica answers at once; a peer heard from neither by ACK nor by answer for 5 s is taken
   for gone and its connection closed. That bounds how long a publish waits on a peer that stopped answering (a
@@ -120,6 +126,10 @@ Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every
   messages take this node's next offsets of it. The epoch of that origin goes up and is persisted, the adopted ids
   are kept for the origin (``replica.<node>.adopted``); the store's files are removed. Adopted messages are this node's
   own from then on (replicated to its own peers).
+- Two replicas of one origin (``ReplicaHost._agree``): HELLO names the origin's peers in order; before a takeover a
+  replica asks the others (ASK, HOLDING and the ids they adopted) and adopts only what none adopted, waits for a
+  replica ahead of it that still holds copies, and holds back while another has the origin's stream: one owner per
+  message.
 
 Not here: ordering, exactly-once; a partition that makes both sides deliver gives duplicates (NSQ allows it).
 """

@@ -13,6 +13,7 @@ replica restarted, or the origin's reconnections back off, up to 5 s; it is wait
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -26,6 +27,7 @@ from protocol.errors import E_BAD_PROTOCOL, ProtocolError
 from protocol.replication import (
     E_BAD_HELLO,
     E_BAD_SEQ,
+    E_EXITING,
     E_NODE_CONFLICT,
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
@@ -33,6 +35,7 @@ from protocol.replication import (
     PROTOCOL_VERSION_MIN,
     Ack,
     Adopted,
+    Ask,
     ChannelOp,
     Confirm,
     Confirmed,
@@ -40,6 +43,7 @@ from protocol.replication import (
     Finished,
     Heartbeat,
     Hello,
+    Holding,
     Messages,
     Ping,
     Pong,
@@ -55,7 +59,7 @@ from protocol.replication import (
 
 from ..streams import PrefixedStream
 from .adopted import FRAME_IDS, AdoptedIds, note_takeover, place
-from .sender import receive_event
+from .sender import receive_adopted, receive_event, unreachable
 from .store import ReplicaStore, store_nodes
 
 __all__ = ["ReplicaHost", "OriginStatistics"]
@@ -74,11 +78,19 @@ RECEIVE_SIZE = 256 * 1024
 _DATA_EVENTS = (Messages, Finished, Requeued, ChannelOp)
 #: received batches stored and acknowledged while more data waited, before they are indexed all the same
 APPLY_LAG = 16
-#: how long the connection that tells whether a silent origin is still up may take
-PROBE_TIMEOUT = 2.0
 #: a silent origin whose address still accepts connections is waited for this long (from the end of its stream, or
 #: this node's start) before its copies are adopted all the same: a process hung with its port open
 REACHABLE_GRACE = 60.0
+#: an origin back without its data (its HELLO says ``clean: false``) waits this long at most for its replicas to
+#: agree which one adopts its copies (``_agree``), within the 5 s it waits for a WELCOME
+AGREE_ON_HELLO = 2.5
+#: the ids of a takeover are told to the origin's other replicas (ASK) this long after the origin heard them too
+RECENT_TAKEOVER = 30.0
+#: how often a replica asks again the replica ahead of it whether it adopted the origin
+AGREE_INTERVAL = 0.25
+#: the most JSON a WELCOME's ``topics`` carries (an origin's decoder takes frames of 64 MiB; thousands of topics
+#: take a few hundred KiB)
+TOPOLOGY_LIMIT = 16 * 1024 * 1024
 
 
 def _write_now(stream, data: bytes) -> int:
@@ -129,6 +141,9 @@ class _Origin:
         "generation",
         "probe_at",
         "probing",
+        "adopted_ids",
+        "adopted_at",
+        "agree_logged",
     )
 
     def __init__(self, node: str, store: ReplicaStore) -> None:
@@ -142,21 +157,9 @@ class _Origin:
         self.generation = 0  # counts the connections; only the current one may mark the origin gone
         self.probe_at = 0.0  # a silent origin found reachable: when to look again (trio clock)
         self.probing = False  # a connection to its address is under way
-
-
-async def _unreachable(node: str) -> str | None:
-    """Why ``node`` (``host:port``, an nsqd's TCP address) accepts no connection within ``PROBE_TIMEOUT``; None when
-    it accepts one."""
-    host, _, port = node.rpartition(":")
-    try:
-        with trio.fail_after(PROBE_TIMEOUT):
-            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-    except trio.TooSlowError:
-        return f"no connection within {PROBE_TIMEOUT:g} s"
-    except (OSError, ValueError) as exc:
-        return str(exc) or type(exc).__name__
-    await stream.aclose()
-    return None
+        self.adopted_ids: list[bytes] = []  # the last takeover's, answered to ASK a while after the origin heard them
+        self.adopted_at = -RECENT_TAKEOVER  # when (trio clock)
+        self.agree_logged = False  # the wait for a replica ahead was logged
 
 
 def _in_trio() -> bool:
@@ -176,6 +179,7 @@ class ReplicaHost:
         self.origins: dict[str, _Origin] = {}
         self.takeovers = 0
         self.adopted_messages = 0
+        self.left_to_peers = 0  # held copies a takeover left to the replica that had adopted them (``_agree``)
         self._wake = trio.Event()
         self._tls_client = None  # the context of CONFIRM's connections over TLS, made at the first
 
@@ -243,6 +247,9 @@ class ReplicaHost:
             if type(hello) is Confirm:
                 await self._answer_confirm(stream, hello)
                 return
+            if type(hello) is Ask:
+                await self._answer_ask(stream, hello)
+                return
             if type(hello) is not Hello:
                 raise ProtocolError(E_BAD_HELLO, f"expected HELLO, got {type(hello).__name__}")
             if hello.node == self.node:
@@ -256,6 +263,9 @@ class ReplicaHost:
             generation = origin.generation
             store = origin.store
             store.apply()  # what a previous connection left unindexed
+            if hello.peers and (hello.peers, hello.replica) != (store.peers, store.me):
+                store.peers, store.me = hello.peers, hello.replica
+                store.json_dirty = True
             if not hello.clean and store.held and hello.session != store.session:
                 # the origin may have lost acknowledged messages (killed without durable mode, or back with an
                 # empty directory): what is held here is delivered here; the epoch tells the origin to drop its own
@@ -263,7 +273,12 @@ class ReplicaHost:
                     "REPLICATION: origin %s is back without all of its messages: taking over what is held here",
                     hello.node,
                 )
-                self.takeover(hello.node)
+                left: frozenset[bytes] | str = "ahead"
+                with trio.move_on_after(AGREE_ON_HELLO):
+                    while isinstance(left := await self._agree(origin, hello=True), str):
+                        await trio.sleep(AGREE_INTERVAL)
+                if origin.generation == generation and store.held:
+                    self.takeover(hello.node, frozenset() if isinstance(left, str) else left)
             log.info(
                 "REPLICATION: [%s] origin %s connected (session %s, epoch %d)",
                 remote,
@@ -283,6 +298,8 @@ class ReplicaHost:
                         len(store.held),
                         adopted=len(ids),
                         version=version,
+                        # an origin that may have lost its directory learns its channels before it takes a publish
+                        topics=None if hello.clean else self._topology(store),
                     )
                 )
             )
@@ -312,7 +329,10 @@ class ReplicaHost:
                     decoder.receive_data(data)
                     adopted.clear()
                     self._settle(hello.node)
-                await self._stream(origin, hello.session, stream, decoder, version)
+                if hello.release:
+                    self._release(origin)
+                else:
+                    await self._stream(origin, hello.session, stream, decoder, version)
         except ProtocolError as error:
             log.error("REPLICATION: [%s] %s %s, closing", remote, error.code, error.description)
             await self._send_error(stream, error.code, error.description)
@@ -321,6 +341,9 @@ class ReplicaHost:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("REPLICATION: [%s] connection closed - %s", remote, exc)
         finally:
+            if origin is not None and self.nsqd.exiting:
+                with trio.CancelScope(shield=True):
+                    await self._say_exiting(stream)
             if origin is not None:
                 try:
                     origin.store.apply()
@@ -334,6 +357,33 @@ class ReplicaHost:
                 self._wake.set()
                 if origin.store.held:
                     log.info("REPLICATION: origin %s gone, holding %d message(s)", origin.node, len(origin.store.held))
+
+    def _release(self, origin: _Origin) -> None:
+        """The origin replaced this node by another replica (it was away too long, PROTOCOL.md "A peer gone for
+        good"): what is held of it goes, and the stream ends. A HELLO that is not ``clean`` took over first, as any."""
+        held = len(origin.store.held)
+        origin.store.remove()
+        log.warning(
+            "REPLICATION: origin %s replaced this node as its replica: %d held message(s) dropped", origin.node, held
+        )
+
+    def _topology(self, store: ReplicaStore) -> dict | None:
+        """WELCOME's ``topics`` for an origin that is not ``clean``: its topics and channels as this store knows them;
+        None when it knows none, or (logged) when their JSON passes ``TOPOLOGY_LIMIT`` bytes."""
+        topology = store.topology()
+        if not topology:
+            return None
+        size = len(json.dumps(topology, separators=(",", ":")))
+        if size > TOPOLOGY_LIMIT:
+            log.warning(
+                "REPLICATION: origin %s has %d topic(s), %d bytes past what a WELCOME carries: it learns its channels "
+                "from nsqlookupd alone",
+                store.node,
+                len(topology),
+                size,
+            )
+            return None
+        return topology
 
     async def _confirm(self, hello: Hello, tls: bool) -> None:
         """Whether the node a HELLO names sent it: the replica asks that address, on a connection of its own
@@ -370,6 +420,92 @@ class ReplicaHost:
         if sender is None or ask.node != sender.node or ask.session != sender.session:
             raise ProtocolError(E_NODE_CONFLICT, f"node {ask.node} with session {ask.session} is not this node")
         await stream.send_all(encode(Confirmed(ask.node, ask.session)))
+
+    async def _answer_ask(self, stream, ask: Ask) -> None:
+        """Another replica of ``ask.node`` is about to take it over: what this node holds of it, whether its stream
+        is connected here, and the ids of its messages adopted here (``_agree`` on the other side)."""
+        origin = self.origins.get(ask.node)
+        ids = AdoptedIds(self.nsqd.data_path, ask.node).load()
+        if not ids and origin is not None and trio.current_time() - origin.adopted_at < RECENT_TAKEOVER:
+            ids = origin.adopted_ids  # the origin heard of them already, the other replicas may not have
+        connected = origin is not None and origin.connected
+        held = len(origin.store.held) if origin is not None else 0
+        await stream.send_all(encode(Holding(ask.node, connected, held, len(ids))))
+        for start in range(0, len(ids), FRAME_IDS):
+            await stream.send_all(encode(Adopted(tuple(ids[start : start + FRAME_IDS]))))
+
+    async def _ask(self, peer: str, node: str) -> tuple[Holding, list[bytes]] | None:
+        """Ask ``peer`` (as the origin ``node`` names it) what it holds and adopted of ``node``; None when it does not
+        answer (down, or a node of a version without ASK, which answers ERROR)."""
+        host, _, port = peer.rpartition(":")
+        host = host.strip("[]")
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
+                try:
+                    await stream.send_all(MAGIC_R1)
+                    if self.nsqd.tls_context is not None:
+                        stream = trio.SSLStream(stream, self._client_tls(), server_hostname=host)
+                    await stream.send_all(encode(Ask(node)))
+                    decoder = ReplicationDecoder()
+                    answer = await receive_event(stream, decoder)
+                    if type(answer) is not Holding:
+                        return None
+                    ids = await receive_adopted(stream, decoder, answer.adopted) if answer.adopted else []
+                finally:
+                    await trio.aclose_forcefully(stream)
+        except (OSError, ValueError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            return None
+        except ProtocolError:
+            return None
+        return answer, ids
+
+    async def _agree(self, origin: _Origin, *, hello: bool) -> frozenset[bytes] | str:
+        """Before this replica takes ``origin`` over: which of its held messages another replica of the same origin
+        adopted already (this node adopts the rest), or why to wait instead: a replica ahead of this one in the
+        origin's ``--replicate-to`` order holds copies it has not adopted yet (``"ahead"``), or (``hello`` False:
+        the origin is silent here) another replica has the origin's stream connected (``"alive"``: a partition
+        cuts this node off, the origin lives). PROTOCOL.md, "Two replicas of one origin"."""
+        store = origin.store
+        peers, me = store.peers, store.me
+        others = [peer for peer in peers if peer != me]
+        if not others or me not in peers:
+            return frozenset()  # an origin of one replica, or of a version that does not say its peers
+        ahead = peers[: peers.index(me)]
+        answers: dict[str, tuple[Holding, list[bytes]] | None] = {}
+
+        async def ask(peer: str) -> None:
+            answers[peer] = await self._ask(peer, origin.node)
+
+        async with trio.open_nursery() as nursery:
+            for peer in others:
+                nursery.start_soon(ask, peer)
+        adopted: set[bytes] = set()
+        alive, holding_ahead = [], []
+        for peer in others:
+            answer = answers.get(peer)
+            if answer is None:
+                continue
+            holding, ids = answer
+            adopted.update(ids)
+            if holding.connected and not hello:
+                alive.append(peer)
+            elif peer in ahead and holding.held and not ids:
+                holding_ahead.append(peer)
+        if adopted:
+            return frozenset(adopted)
+        if not alive and not holding_ahead:
+            return frozenset()
+        if not origin.agree_logged:
+            origin.agree_logged = True
+            log.info(
+                "REPLICATION: origin %s: %s, waiting",
+                origin.node,
+                f"its stream is connected to {', '.join(alive)}"
+                if alive
+                else f"{', '.join(holding_ahead)}, ahead of this node in its order, takes it over",
+            )
+        return "alive" if alive else "ahead"
 
     def _client_tls(self):
         if self._tls_client is None:
@@ -520,9 +656,24 @@ class ReplicaHost:
             raise ProtocolError(E_STORE_FAILED, f"could not store: {exc}") from None
 
     @staticmethod
+    async def _say_exiting(stream) -> None:
+        """A graceful stop: ``E_EXITING`` tells the origin to reconnect as soon as this node is back instead of
+        backing off. Then read until the origin closes (1 s at most): closing with its frames unread would reset the
+        connection, and a reset can take the ERROR with it before the origin read it."""
+        with trio.move_on_after(1):
+            with contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError
+            ):
+                await stream.send_all(encode(Error(E_EXITING, "this node is stopping")))
+                while await stream.receive_some(RECEIVE_SIZE):
+                    pass
+
+    @staticmethod
     async def _send_error(stream, code: str, text: str) -> None:
         with trio.move_on_after(1):
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            with contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError
+            ):
                 await stream.send_all(encode(Error(code, text)))
 
     # -- takeover --------------------------------------------------------------------------------------------------
@@ -556,15 +707,18 @@ class ReplicaHost:
         their copies would deliver their backlogs twice. One that stays reachable and silent for
         ``REACHABLE_GRACE`` is taken over all the same."""
         try:
-            unreachable = await _unreachable(origin.node)
+            await self._take_over_if_agreed(origin, timeout)
         finally:
             origin.probing = False
             self._wake.set()
+
+    async def _take_over_if_agreed(self, origin: _Origin, timeout: float) -> None:
+        why = await unreachable(origin.node)
         now = trio.current_time()
         if origin.connected or not origin.store.held or origin.down_at + timeout > now:
             return  # it came back meanwhile
         silent = now - origin.down_at
-        if unreachable is None:
+        if why is None:
             if silent < REACHABLE_GRACE:
                 if not origin.probe_at:
                     log.info(
@@ -579,18 +733,34 @@ class ReplicaHost:
                 origin.node,
                 REACHABLE_GRACE,
             )
-        else:
+        left = await self._agree(origin, hello=False)
+        now = trio.current_time()
+        if origin.connected or not origin.store.held:
+            return
+        if isinstance(left, str):
+            # alive elsewhere: held while it lives there; a replica ahead: given REACHABLE_GRACE to take it over
+            if left == "alive" or now - origin.down_at < REACHABLE_GRACE:
+                origin.probe_at = now + 4 * AGREE_INTERVAL
+                return
+            log.warning(
+                "REPLICATION: origin %s: the replica ahead of this node did not take it over in %g s, taking over",
+                origin.node,
+                REACHABLE_GRACE,
+            )
+            left = frozenset()
+        if why is not None:
             log.warning(
                 "REPLICATION: origin %s silent for %g s and unreachable (%s), taking over",
                 origin.node,
                 timeout,
-                unreachable,
+                why,
             )
-        self.takeover(origin.node)
+        self.takeover(origin.node, left)
 
-    def takeover(self, node: str) -> int:
-        """Adopt the unfinished messages of ``node`` into this node's topics and channels; returns how many.
-        KeyError for a node this replica holds nothing of."""
+    def takeover(self, node: str, left: frozenset[bytes] = frozenset()) -> int:
+        """Adopt the unfinished messages of ``node`` into this node's topics and channels, but those in ``left``
+        (another replica adopted them: ``_agree``); returns how many. KeyError for a node this replica holds
+        nothing of."""
         origin = self.origins[node]
         if origin.cancel is not None:
             origin.cancel.cancel()  # a live stream stops: the data is ours now
@@ -626,10 +796,19 @@ class ReplicaHost:
         ]
         ends = [channel.log.end for channel in logs]
         adopted: list[bytes] = []
+        skipped = 0
         for topic_name, batch in store.adopt():
+            if left:
+                kept = [entry for entry in batch if entry[0].id not in left]
+                skipped += len(batch) - len(kept)
+                if not kept:
+                    continue
+                batch = kept
             count += place(nsqd, topic_name, batch)
             adopted.extend(m.id for m, _finished, _requeued in batch)
         AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
+        origin.adopted_ids, origin.adopted_at = adopted, trio.current_time()
+        origin.agree_logged = False
         store.epoch += 1
         for channel, before in zip(logs, ends, strict=True):
             # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader of the origin finds its messages here
@@ -648,7 +827,14 @@ class ReplicaHost:
         store.remove()
         self.takeovers += 1
         self.adopted_messages += count
-        log.warning("REPLICATION: took over origin %s: %d message(s) adopted (epoch %d)", node, count, store.epoch)
+        self.left_to_peers += skipped
+        log.warning(
+            "REPLICATION: took over origin %s: %d message(s) adopted (epoch %d)%s",
+            node,
+            count,
+            store.epoch,
+            f", {skipped} left to the replica that adopted them first" if skipped else "",
+        )
         for name in states:  # paused flags set above: nsqd.dat follows with the next write
             nsqd.metadata_changed(name)
         return count

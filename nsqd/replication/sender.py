@@ -27,7 +27,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -37,6 +37,7 @@ import trio
 from protocol.errors import ProtocolError
 from protocol.replication import (
     E_BAD_VERSION,
+    E_EXITING,
     HEARTBEAT_FRAME,
     MAGIC_R1,
     OP_CREATED,
@@ -84,6 +85,11 @@ _message_id = attrgetter("id")
 
 CONNECT_TIMEOUT = 5.0
 RETRY_MIN, RETRY_MAX = 0.1, 5.0
+#: how long the connection that tells whether a node is up may take
+PROBE_TIMEOUT = 2.0
+#: a peer that said it stops (``E_EXITING``: SIGTERM, a restart) is tried every ``RETRY_MIN`` this long, not backed
+#: off: while it is away this node refuses publishes (or takes them unreplicated), so its return must be seen at once
+RESTART_WAIT = 30.0
 #: an idle stream's heartbeat (HEARTBEAT, or PING on version 2) goes out after this long without a write
 HEARTBEAT_INTERVAL = 1.0
 #: A peer silent for this long (no ACK, heartbeat or PONG) is taken for gone and its connection closed; it is the
@@ -131,6 +137,7 @@ class ReplicatorStatistics:
     accepted_unreplicated: int  # taken while degraded (``accept``), in all
     peers: tuple[PeerStatistics, ...]
     restored_messages: int = 0  # copies peers sent back after this node found its files damaged, in all
+    replaced_peers: int = 0  # peers gone for good replaced by a candidate (``--replication-replace-after``)
 
 
 class _Peer:
@@ -160,6 +167,9 @@ class _Peer:
         "declared",
         "marks",
         "scope",
+        "link",
+        "down_at",
+        "restarting_until",
     )
 
     def __init__(self, address: str) -> None:
@@ -196,6 +206,11 @@ class _Peer:
         #: queue name -> its write position at the capture of this peer's last backfill (``Backfill.marks``)
         self.marks: dict[str, tuple[int, int]] = {}
         self.scope: trio.CancelScope | None = None  # the current connection's, cancelled for a new backfill
+        self.link: trio.CancelScope | None = None  # the link task's, cancelled when the peer is replaced
+        #: since when it has not streamed (trio clock); None while it streams, and until its first stream: a peer
+        #: never reached since this node started is not replaced (a cluster starting up)
+        self.down_at: float | None = None
+        self.restarting_until = 0.0  # it said it stops (E_EXITING): tried every RETRY_MIN until then
 
     @property
     def log_channels(self) -> bool:
@@ -285,11 +300,24 @@ class Replicator:
         clean: bool = False,
         version: int = PROTOCOL_VERSION,
         on_restore=None,
+        on_topology=None,
+        candidates: tuple[str, ...] = (),
+        replace_after: float = 0.0,
     ) -> None:
         self.node = node
         #: the newest protocol version this node speaks (below ``PROTOCOL_VERSION`` only when capped for a test)
         self.version = version
         self.peers = [_Peer(address) for address in peers]
+        #: nodes that may take the place of a peer gone for good (``--replication-candidates``), and after how long
+        #: (``--replication-replace-after``, 0: never)
+        self.candidates = [address for address in candidates if address not in peers]
+        self.replace_after = replace_after
+        self.replaced_peers = 0
+        self._nursery: trio.Nursery | None = None
+        #: () -> candidates, awaited when ``candidates`` is empty (``replace.py``: the nodes nsqlookupd knows)
+        self.find_candidates: Callable[[], Awaitable[list[str]]] | None = None
+        #: (old, new): a peer was replaced (``replace.py``: kept in the data directory, the old one released)
+        self.on_replaced: Callable[[str, str], None] | None = None
         self.acks_required = acks
         self.degraded_mode = degraded
         self.durable = durable
@@ -330,6 +358,9 @@ class Replicator:
         #: that named damaged queues (``NSQD``)
         self.on_restore = on_restore
         self.restored_messages = 0  # copies put back into this node's channels after damage, in all
+        #: (peer address, WELCOME's topics): what a peer knew of this node's topics and channels, sent when this
+        #: node was not ``clean`` (``NSQD``: the ones missing here are created before the node takes publishes)
+        self.on_topology = on_topology
         #: True until every peer answered or failed once (start-up: the node learns its epoch before serving)
         self.starting = True
         self.started_check = trio.Event()
@@ -586,12 +617,80 @@ class Replicator:
     # -- running ------------------------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for peer in self.peers:
                 nursery.start_soon(self._link, peer)
+            if self.replace_after > 0 and (self.candidates or self.find_candidates is not None):
+                nursery.start_soon(self._replace_gone)
             task_status.started()
 
+    def hello(self, replica: str, *, release: bool = False) -> Hello:
+        """The HELLO this node sends ``replica`` (``release``: a peer it replaced, ``replace.py``)."""
+        return Hello(
+            self.node,
+            self.session,
+            self.epoch,
+            self.durable,
+            node_id=self.node_id,
+            clean=self.clean,
+            version=self.version,
+            min_version=PROTOCOL_VERSION_MIN,
+            peers=tuple(p.address for p in self.peers),
+            replica=replica,
+            release=release or None,
+        )
+
+    async def _replace_gone(self) -> None:
+        """``--replication-replace-after``: a peer that streamed since this node started and has not for that long is
+        taken for gone for good, and the first candidate that is neither a peer nor this node and accepts a connection
+        takes its place (its first connection is a backfill of everything this node holds, as for any new peer): the
+        copies come back to their number without an operator. The peer it replaces becomes the last candidate."""
+        while True:
+            await trio.sleep(min(1.0, self.replace_after / 2))
+            for peer in list(self.peers):
+                if peer.down_at is None or trio.current_time() - peer.down_at < self.replace_after:
+                    continue
+                taken = {p.address for p in self.peers}
+                if self.candidates:
+                    candidates = list(self.candidates)
+                elif self.find_candidates is not None:
+                    candidates = await self.find_candidates()
+                else:
+                    candidates = []
+                for candidate in candidates:
+                    if candidate not in taken and candidate != self.node and await unreachable(candidate) is None:
+                        if peer in self.peers and peer.down_at is not None:
+                            self._replace(peer, candidate)
+                        break
+
+    def _replace(self, old: _Peer, address: str) -> None:
+        assert self._nursery is not None
+        new = _Peer(address)
+        self.peers[self.peers.index(old)] = new
+        if old.link is not None:
+            old.link.cancel()
+        if address in self.candidates:
+            self.candidates.remove(address)
+            self.candidates.append(old.address)
+        self.replaced_peers += 1
+        log.warning(
+            "REPLICATION: peer %s has not streamed for %g s: replaced by %s, which gets a backfill",
+            old.address,
+            self.replace_after,
+            address,
+        )
+        self._nursery.start_soon(self._link, new)
+        self._peer_changed()
+        if self.on_replaced is not None:
+            self.on_replaced(old.address, address)
+
     async def _link(self, peer: _Peer) -> None:
-        """Keep one peer connected: connect, handshake, stream; on any failure log, wait, again."""
+        """Keep one peer connected: connect, handshake, stream; on any failure log, wait, again (until the peer is
+        replaced)."""
+        with trio.CancelScope() as peer.link:
+            await self._keep_linked(peer)
+
+    async def _keep_linked(self, peer: _Peer) -> None:
         delay = RETRY_MIN
         while True:
             peer.state = "connecting"
@@ -610,6 +709,9 @@ class Replicator:
                 while isinstance(exc, BaseExceptionGroup):
                     exc = exc.exceptions[0]
                 peer.failure = str(exc) or type(exc).__name__
+                if group.subgroup(lambda e: isinstance(e, ProtocolError) and e.code == E_EXITING) is not None:
+                    # (its sender task may have failed first, on the closed socket)
+                    peer.restarting_until = trio.current_time() + RESTART_WAIT
                 if peer.state in ("connected", "backfilling"):
                     log.warning("REPLICATION: peer %s lost - %s", peer.address, exc)
                 else:
@@ -617,9 +719,13 @@ class Replicator:
             finally:
                 was = peer.state
                 peer.state = "down"
+                if was in ("connected", "backfilling"):
+                    peer.down_at = trio.current_time()
                 self._check_started()
                 if was in ("connected", "backfilling"):
                     self._peer_changed()
+            if trio.current_time() < peer.restarting_until:
+                delay = RETRY_MIN
             await trio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
@@ -639,20 +745,7 @@ class Replicator:
                     await ssl_stream.do_handshake()
                 stream = ssl_stream
             decoder = ReplicationDecoder(version=self.version)
-            await stream.send_all(
-                encode(
-                    Hello(
-                        self.node,
-                        self.session,
-                        self.epoch,
-                        self.durable,
-                        node_id=self.node_id,
-                        clean=self.clean,
-                        version=self.version,
-                        min_version=PROTOCOL_VERSION_MIN,
-                    )
-                )
-            )
+            await stream.send_all(encode(self.hello(peer.address)))
             with trio.fail_after(CONNECT_TIMEOUT):
                 welcome = await receive_event(stream, decoder)
             if type(welcome) is Error:
@@ -676,6 +769,9 @@ class Replicator:
                 self.epoch = max(welcome.epoch, self.epoch)
                 if self.on_adopted is not None:
                     self.on_adopted(peer.address, self.epoch, ids)
+            if welcome.topics and self.on_topology is not None:  # before the backfill's capture: it names them
+                self.on_topology(peer.address, welcome.topics)
+            peer.down_at = None  # it answered: streaming (or backfilling) from here
             first = self._outbox[0][0] if self._outbox else self.seq + 1
             backfill = None
             if welcome.session == self.session and welcome.seq + 1 >= first and not peer.heal:
@@ -700,6 +796,7 @@ class Replicator:
                     peer.synced,
                 )
             peer.welcomed = True
+            peer.restarting_until = 0.0
             self._check_started()
             self._peer_changed()
             if peer.state == "backfilling":
@@ -916,6 +1013,7 @@ class Replicator:
             unreplicated_messages=sum(n for seq, _, n in outbox if seq > self.acked),
             accepted_unreplicated=self.accepted_unreplicated,
             restored_messages=self.restored_messages,
+            replaced_peers=self.replaced_peers,
         )
 
 
@@ -957,6 +1055,21 @@ async def receive_event(stream, decoder: ReplicationDecoder):
         if not data:
             raise trio.BrokenResourceError("connection closed by the peer")
         decoder.receive_data(data)
+
+
+async def unreachable(node: str) -> str | None:
+    """Why ``node`` (``host:port``, an nsqd's TCP address) accepts no connection within ``PROBE_TIMEOUT``; None when
+    it accepts one."""
+    host, _, port = node.rpartition(":")
+    try:
+        with trio.fail_after(PROBE_TIMEOUT):
+            stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    except trio.TooSlowError:
+        return f"no connection within {PROBE_TIMEOUT:g} s"
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+    await stream.aclose()
+    return None
 
 
 async def receive_adopted(stream, decoder: ReplicationDecoder, count: int) -> list[bytes]:

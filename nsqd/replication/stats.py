@@ -30,6 +30,8 @@ class ReplicationStats:
     replicas: tuple[OriginStatistics, ...]
     takeovers: int
     adopted_messages: int
+    #: held copies a takeover here left to the replica of the same origin that had adopted them already
+    left_to_peers: int
     #: messages of this node a replica adopted that this node had finished (PROTOCOL.md, "Duplicates after
     #: takeover"): delivered twice
     duplicates_after_takeover: int
@@ -47,6 +49,7 @@ def collect_replication(nsqd) -> ReplicationStats | None:
         replicas=tuple(host.statistics()),
         takeovers=host.takeovers,
         adopted_messages=host.adopted_messages,
+        left_to_peers=host.left_to_peers,
         duplicates_after_takeover=nsqd.duplicates_after_takeover,
         duplicates_received=sum(o.store.duplicates for o in host.origins.values()),
     )
@@ -62,10 +65,12 @@ def replication_json(stats: ReplicationStats) -> dict:
         "unreplicated_messages": 0 if origin is None else origin.unreplicated_messages,
         "accepted_unreplicated": 0 if origin is None else origin.accepted_unreplicated,
         "restored_messages": 0 if origin is None else origin.restored_messages,
+        "replaced_peers": 0 if origin is None else origin.replaced_peers,
         "peers": [] if origin is None else [asdict(p) for p in origin.peers],
         "replicas": [asdict(r) for r in stats.replicas],
         "takeovers": stats.takeovers,
         "adopted_messages": stats.adopted_messages,
+        "left_to_peers": stats.left_to_peers,
         "duplicates_after_takeover": stats.duplicates_after_takeover,
         "duplicates_received": stats.duplicates_received,
     }
@@ -95,6 +100,7 @@ def replication_text(stats: ReplicationStats) -> list[str]:
         out.append(f"   restored from replicas after damage: {doc['restored_messages']} message(s)")
     out.append(
         f"   takeovers: {doc['takeovers']} adopted: {doc['adopted_messages']} "
+        f"left to other replicas: {doc['left_to_peers']} "
         f"duplicates after takeover: {doc['duplicates_after_takeover']} "
         f"copies received twice: {doc['duplicates_received']}"
     )
@@ -159,6 +165,11 @@ def replication_metrics(stats: ReplicationStats):
     yield CounterMetricFamily("nsqd_replica_takeovers", "Origins taken over by this node", value=stats.takeovers)
     yield CounterMetricFamily(
         "nsqd_replica_adopted_messages", "Messages adopted at takeovers", value=stats.adopted_messages
+    )
+    yield CounterMetricFamily(
+        "nsqd_replica_left_to_peers",
+        "Held copies a takeover left to another replica of the origin that had adopted them",
+        value=stats.left_to_peers,
     )
     yield CounterMetricFamily(
         "nsqd_replication_duplicates_after_takeover",

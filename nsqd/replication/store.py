@@ -142,6 +142,9 @@ class ReplicaStore:
         self._records: dict[int | None, _Record] = {}
         self.held_bytes = 0
         self.epoch = 0  # the highest epoch of this origin adopted here
+        #: the origin's ``--replicate-to`` as its last HELLO named them: the order in which its replicas take it over
+        self.peers: tuple[str, ...] = ()
+        self.me = ""  # which of them is this replica
         self.session = ""
         self.seq = 0  # the last seq stored in ``session``
         self.duplicates = 0  # messages received again while held (a resent or backfilled frame)
@@ -156,10 +159,20 @@ class ReplicaStore:
         self.json_dirty = False  # topics, channels or the session changed since the JSON file was written
         self._json_path = os.path.join(data_path, f"{_PREFIX}{node}{_JSON_SUFFIX}")
         self._load_json()
-        self.queue = DiskQueue(f"{_PREFIX}{node}", data_path, **self._queue_args)
+        self.queue = self._open_queue()
         self._replay()
 
     # -- files -------------------------------------------------------------------------------------------------
+    def _open_queue(self) -> DiskQueue:
+        """The store's disk queue, with a meta file from the start: a queue that finds none at its next start
+        begins empty, while one that finds a meta file older than its data keeps the records past it. So a replica
+        killed (without durable mode) before the store's first sync still holds what it acknowledged, which two
+        nodes killed at once may need."""
+        queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
+        if not os.path.exists(queue.meta_file_name):
+            queue.sync()
+        return queue
+
     def _load_json(self) -> None:
         try:
             with open(self._json_path, "rb") as f:
@@ -172,6 +185,8 @@ class ReplicaStore:
         self.epoch = int(state.get("epoch", 0))
         self.session = str(state.get("session", ""))
         self.seq = int(state.get("seq", 0))
+        self.peers = tuple(str(peer) for peer in state.get("peers", ()))
+        self.me = str(state.get("me", ""))
         for name, topic in state.get("topics", {}).items():
             ts = self.topics[name] = TopicState(bool(topic.get("paused")))
             logs = set(topic.get("logs", ()))
@@ -201,6 +216,8 @@ class ReplicaStore:
             "epoch": self.epoch,
             "session": self.session,
             "seq": self.seq,
+            "peers": list(self.peers),
+            "me": self.me,
             "topics": {
                 name: {
                     "paused": ts.paused,
@@ -643,7 +660,7 @@ class ReplicaStore:
         queue object; ``remove`` deletes them afterwards."""
         self.apply()
         self.queue.close()
-        self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
+        self.queue = self._open_queue()
         held = self.held
         for _token, event in self._read_all():
             if type(event) is not Messages or not any(map(held.__contains__, event.ids)):
@@ -670,17 +687,24 @@ class ReplicaStore:
             if batch:
                 yield event.topic, batch
 
+    def topology(self) -> dict[str, Any]:
+        """The origin's topics and channels as known here, as WELCOME's ``topics`` carries them."""
+        return {
+            name: {"paused": ts.paused, "channels": {c: v[1] for c, v in ts.channels.items()}}
+            for name, ts in self.topics.items()
+        }
+
     def remove(self) -> None:
-        """Delete the queue's files (after a takeover); the JSON file stays with the new epoch and no topics."""
+        """Delete the queue's files (after a takeover); the JSON file stays with the new epoch and the origin's
+        topics and channels as they were (``topology``: an origin back without its directory learns them here)."""
         self.queue.delete()
         self.held.clear()
         self._records.clear()
         self.held_bytes = 0
-        self.topics.clear()
         self.session = ""
         self.seq = 0
         self.save_json()
-        self.queue = DiskQueue(f"{_PREFIX}{self.node}", self.data_path, **self._queue_args)
+        self.queue = self._open_queue()
 
     def close(self) -> None:
         try:

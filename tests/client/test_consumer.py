@@ -15,6 +15,9 @@ from collections.abc import Callable
 import pytest
 import trio
 
+from protocol.frames import CLOSE_WAIT_FRAME, OK_FRAME
+from protocol.message import Message as WireMessage
+from protocol.message import encode_message_frame, message_id_from_int
 from tests.integration.harness import NsqdProcess, free_port
 from tests.integration.http_helpers import post, stats
 from tests.integration.lookupd_harness import wait_for_producers
@@ -333,6 +336,45 @@ async def test_stop_cancels_a_handler_that_outlives_stop_timeout(nsqd, topic):
         lambda: (c := channel_stats(nsqd, topic)) and not c["clients"] and c, message="the consumer gone from nsqd"
     )
     assert (channel["depth"], channel["requeue_count"]) == (1, 1)
+
+
+async def test_messages_that_come_with_close_wait_are_put_back(fake_nsqd):
+    # A stalled nsqd (a loaded machine, a SIGSTOP) reads the stop's RDY 0 and CLS late, after it queued more
+    # messages for this connection: they arrive in the same read as CLOSE_WAIT. The consumer REQs them at once, and
+    # those REQs must leave before the socket closes, or nsqd holds the messages in flight until its --msg-timeout.
+    # After that read, trio runs the connection's writer and the task closing it in either order: several rounds.
+    late = [message_id_from_int(n) for n in range(3)]
+    rounds: list[tuple[trio.Event, bytearray]] = []
+
+    async def stalled(stream, rest: bytes) -> None:
+        done, data = rounds[-1]
+        data += rest
+        await stream.send_all(OK_FRAME)  # IDENTIFY
+        for command, reply in ((b"SUB ", OK_FRAME), (b"CLS\n", b"")):
+            while command not in data:
+                data += await stream.receive_some(65536)
+            if reply:
+                await stream.send_all(reply)
+        await stream.send_all(
+            b"".join(encode_message_frame(WireMessage(msg_id, b"late", 1, 1)) for msg_id in late) + CLOSE_WAIT_FRAME
+        )
+        while chunk := await stream.receive_some(65536):  # until the consumer closes its socket
+            data += chunk
+        done.set()
+
+    async def handler(message: Message) -> None:
+        raise AssertionError("a message that came after the stop began reached the handler")
+
+    address = await fake_nsqd(stalled)
+    for _ in range(10):
+        done, data = trio.Event(), bytearray()
+        rounds.append((done, data))
+        async with Consumer("t", CHANNEL, handler, Config(max_in_flight=5), nsqd_tcp_addresses=address) as consumer:
+            pass
+        with trio.fail_after(5):
+            await done.wait()
+        assert (consumer.stats().received, consumer.stats().requeued) == (3, 3)
+        assert [msg_id for msg_id in late if b"REQ " + msg_id + b" 0\n" in data] == late
 
 
 async def test_is_starved_as_go_nsq(nsqd, topic):

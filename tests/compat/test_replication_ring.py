@@ -1,11 +1,13 @@
-"""Three nodes in a replication ring (A keeps copies on B, B on C, C on A) under SIGKILL.
+"""Three nodes in a replication ring with three copies (A keeps copies on B and C, B on C and A, C on A and B: the ring
+of docs/replication.md) under SIGKILL.
 
-nsqlookupd; three producer threads (one per node: TCP PUB, TCP MPUB and HTTP /pub in turn, each retrying a
-refused or failed publish on the next node, as real producers do); a pynsq Reader and an nsqjs Reader on two
-channels, finding the nodes through lookupd only. In each of CYCLES cycles a random node is killed with SIGKILL
-at a random moment, its data directory deleted (or kept, in the second test); its successor takes it over after
-``--replica-takeover-timeout``; the node comes back on the same ports. At the end every message a producer had
-acknowledged has reached each channel at least once; duplicates are counted and printed.
+nsqlookupd; three producer threads (one per node: TCP PUB, TCP MPUB and HTTP /pub in turn, each retrying a refused
+or failed publish on the next node, as real producers do); a pynsq Reader and an nsqjs Reader on two channels,
+finding the nodes through lookupd only. In each of CYCLES cycles a random node is killed with SIGKILL at a random
+moment, its data directory deleted (or kept, in the second test); its replicas take it over after
+``--replica-takeover-timeout`` (each message adopted by one of them); the node comes back on the same ports. At the
+end every message a producer had acknowledged has reached each channel at least once; duplicates are counted and
+printed.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Ring:
                 f"--tcp-address=127.0.0.1:{tcp}",
                 f"--http-address=127.0.0.1:{http}",
                 f"--replicate-to={self.address((index + 1) % 3)}",
+                f"--replicate-to={self.address((index + 2) % 3)}",
                 f"--lookupd-tcp-address={self.lookupd.tcp_address}",
                 "--replica-takeover-timeout=1s",
                 f"--node-id={index + 1}",
@@ -283,8 +286,12 @@ def _run_ring(
             ring.kill(victim)
             if not keep_data:
                 shutil.rmtree(ring.data_path(victim))
-            successor = (victim + 1) % 3
-            wait_for(lambda s=successor, v=victim: _replica_held(ring, s, v) == 0, timeout=30, message="takeover")
+            replicas = [(victim + 1) % 3, (victim + 2) % 3]
+            wait_for(
+                lambda v=victim, rs=replicas: all(_replica_held(ring, r, v) == 0 for r in rs),
+                timeout=30,
+                message="takeover",
+            )
             ring.start(victim)
             ring.prepare(victim)
         wait_for(ring.healthy, timeout=90, message="ring replicating at the end")

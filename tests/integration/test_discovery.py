@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from protocol.lookup_v1 import PING, encode_register
-from tests.integration.harness import RawClient, consumer
+from tests.integration.harness import NsqdProcess, RawClient, consumer
 from tests.integration.http_helpers import get, post, request, stats
 from tests.integration.lookupd_harness import (
     Cluster,
@@ -22,6 +22,7 @@ from tests.integration.lookupd_harness import (
     wait_for,
     wait_for_producers,
 )
+from tests.integration.partition import Proxy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -133,6 +134,33 @@ def test_channels_are_pre_created_from_lookupd(cluster, topic):
     with consumer(nsqd.tcp, topic, "archive", ready=1) as client:
         assert client.read_message().body == b"first message"
     assert "CI: querying nsqlookupd http://127.0.0.1:" in nsqd.log_text()
+
+
+def test_a_topic_made_before_lookupd_answered_waits_for_its_channels(cluster, topic, tmp_path):
+    # a node that just started takes a publish before any lookupd identified itself: the topic waits for the first
+    # one's answer (a moment) instead of going on without channels, which gave the message to the first channel a
+    # consumer made and not to the others
+    lookupd = cluster.lookupds[0]
+    for channel in ("one", "two"):
+        assert post(lookupd.http_address, f"/channel/create?topic={topic}&channel={channel}").status == 200
+    proxy = Proxy(lookupd.tcp)
+    proxy.set(outbound=True, inbound=True)  # refuses connections: the lookupd looks down
+    nsqd = NsqdProcess(tmp_path, ["--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={proxy.address}"])
+    nsqd.start()
+    try:
+        publish(nsqd, topic, b"early")
+        assert proxy.connections == 0  # published before the lookupd could answer anything
+        proxy.set(outbound=False, inbound=False)
+
+        def channels():
+            found = stats(nsqd.http(), f"topic={topic}")["topics"]
+            return {c["channel_name"]: c["depth"] for c in found[0]["channels"]} if found else {}
+
+        wait_for(lambda: channels() == {"one": 1, "two": 1}, message="the early message in both channels")
+        assert "no available nsqlookupd" not in nsqd.log_text()
+    finally:
+        nsqd.stop()
+        proxy.close()
 
 
 def test_lookupd_addresses_change_at_run_time(cluster, topic):

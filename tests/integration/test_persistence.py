@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import random
+import re
 import resource
 import threading
 import time
@@ -283,6 +284,8 @@ def test_a_created_topic_is_there_for_what_follows_its_answer_and_through_a_kill
         )
         assert replies.startswith(b"HTTP/1.1 200 OK\r\n") and f'"topic_name":"{last}"'.encode() in replies
         publisher.publish(last, last.encode())
+    # the log reaches the test through a pipe and a reader thread: wait for the access line, then compare order
+    daemon.wait_for_log(re.escape(f"200 POST /topic/create?topic={last} "), 10)
     log = daemon.log_text()
     assert log.index(f"TOPIC({last}): created") < log.index(f"200 POST /topic/create?topic={last} ")
     if flags == DURABLE:

@@ -19,6 +19,7 @@ from nsqd.options import (
     default_node_id,
     is_go_only,
     parse_options,
+    replication_acks,
     validate,
     version_string,
 )
@@ -82,8 +83,12 @@ NSQ_DEFAULTS = {
     "actor-workers": ("actor_workers", 1),
     "actor-slice": ("actor_slice", 0.0003),
     "actor-interlude": ("actor_interlude", 0.00001),
+    "workers": ("workers", 1),
     "replicate-to": ("replicate_to", []),
     "replication-acks": ("replication_acks", 0),
+    "replication-min-insync": ("replication_min_insync", 0),
+    "replication-candidates": ("replication_candidates", []),
+    "replication-replace-after": ("replication_replace_after", 0.0),
     "replication-degraded": ("replication_degraded", "refuse"),
     "replica-takeover-timeout": ("replica_takeover_timeout", 30.0),
     "log-retention-time": ("log_retention_time", 0.0),
@@ -175,6 +180,7 @@ def test_command_line_values():
         "--actor-slice=1ms",
         "--actor-interlude=0",
         "--max-req-timeout=1.5h",
+        "--workers=3",
     )
     assert opts.node_id == 12
     assert opts.mem_queue_size == 0
@@ -186,6 +192,7 @@ def test_command_line_values():
     assert opts.log_level == "debug"
     assert (opts.actor_workers, opts.actor_slice, opts.actor_interlude) == (2, 0.001, 0.0)
     assert opts.max_req_timeout == 5400.0
+    assert opts.workers == 3
 
 
 @pytest.mark.parametrize(
@@ -277,6 +284,7 @@ tls_key = "k.pem"
 node_id = 3
 lookupd_tcp_address = ["ignored:1"]
 actor_workers = 8
+workers = 2
 """
 
 
@@ -297,6 +305,7 @@ def test_config_file(tmp_path):
     assert opts.deflate is False
     assert (opts.tls_required, opts.tls_min_version) == ("tcp-https", "tls1.1")
     assert opts.actor_workers == 8
+    assert opts.workers == 2
     assert opts.http_address == "0.0.0.0:4151"  # default
     validate(opts)
 
@@ -412,11 +421,46 @@ VALIDATION_CASES = [
     ({"actor_workers": 0}, "--actor-workers must be at least 1"),
     ({"actor_slice": 0.0}, "--actor-slice must be positive"),
     ({"actor_interlude": -0.001}, "--actor-interlude must not be negative"),
+    ({"workers": 0}, "--workers must be at least 1"),
+    ({"workers": -2}, "--workers must be at least 1"),
+    ({"workers": 2, "replicate_to": ["h:1"]}, "--replicate-to cannot be used with --workers above 1 yet"),
+    (
+        {"workers": 2, "mem_queue_size": 0, "sync_every": 1},
+        "durable mode (--mem-queue-size=0 --sync-every=1) cannot be used with --workers above 1 yet",
+    ),
     ({"replicate_to": ["nohost"]}, "--replicate-to 'nohost' is not HOST:PORT"),
     (
         {"replicate_to": ["h:1"], "replication_acks": 2},
         "--replication-acks must be [0,1] (the number of --replicate-to)",
     ),
+    ({"replicate_to": ["h:1", "g:2", "h:1"]}, "--replicate-to 'h:1' is given twice"),
+    (
+        {"replicate_to": ["h:1", "127.0.0.1:4150"], "tcp_address": "127.0.0.1:4150", "broadcast_address": "a"},
+        "--replicate-to '127.0.0.1:4150' is this node itself",
+    ),
+    (
+        {"replicate_to": ["h:1", "a:5150"], "broadcast_address": "a", "broadcast_tcp_port": 5150},
+        "--replicate-to 'a:5150' is this node itself",
+    ),
+    (
+        {"replicate_to": ["h:1", "g:2"], "replication_min_insync": 4},
+        "--replication-min-insync must be [2,3] (this node and its 2 --replicate-to peer(s))",
+    ),
+    (
+        {"replicate_to": ["h:1"], "replication_min_insync": 1},
+        "--replication-min-insync must be [2,2] (this node and its 1 --replicate-to peer(s))",
+    ),
+    ({"replication_min_insync": 2}, "--replication-min-insync needs --replicate-to"),
+    (
+        {"replicate_to": ["h:1", "g:2"], "replication_min_insync": 3, "replication_acks": 1},
+        "--replication-acks and --replication-min-insync disagree (acks = min-insync - 1)",
+    ),
+    (
+        {"replicate_to": ["h:1"], "replication_candidates": ["g:2", "h:1"]},
+        "--replication-candidates 'h:1' is given twice (or is a --replicate-to peer)",
+    ),
+    ({"replicate_to": ["h:1"], "replication_candidates": ["g"]}, "--replication-candidates 'g' is not HOST:PORT"),
+    ({"replication_replace_after": -1.0}, "--replication-replace-after must not be negative"),
     ({"replication_degraded": "maybe"}, "--replication-degraded must be 'refuse' or 'accept'"),
     ({"replica_takeover_timeout": -1.0}, "--replica-takeover-timeout must not be negative"),
 ]
@@ -514,3 +558,25 @@ def test_config_names_cover_every_configurable_flag():
     assert set(config_names()) == expected | {"id", "broadcast_address"}
     for name in config_names():
         config_value(Options(), name)
+
+
+@pytest.mark.parametrize(
+    "peers, acks, min_insync, expected",
+    [
+        (1, 0, 0, 1),
+        (2, 0, 0, 1),  # three copies, two in sync: either peer may die without a refused publish
+        (2, 0, 3, 2),
+        (2, 2, 0, 2),
+        (2, 1, 2, 1),
+        (0, 0, 0, 0),
+    ],
+)
+def test_the_acknowledgement_rule_counts_the_origin(peers, acks, min_insync, expected):
+    opts = dataclasses.replace(
+        Options(node_id=1),
+        replicate_to=[f"h{i}:1" for i in range(peers)],
+        replication_acks=acks,
+        replication_min_insync=min_insync,
+    )
+    validate(opts)
+    assert replication_acks(opts) == expected

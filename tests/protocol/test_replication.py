@@ -15,6 +15,7 @@ from protocol.replication import (
     PROTOCOL_VERSION,
     Ack,
     Adopted,
+    Ask,
     ChannelOp,
     Confirm,
     Confirmed,
@@ -22,6 +23,7 @@ from protocol.replication import (
     Finished,
     Heartbeat,
     Hello,
+    Holding,
     Messages,
     Ping,
     Pong,
@@ -142,6 +144,11 @@ CASES = [
     pytest.param(Welcome("10.0.0.2:4150", "abc", 99, 2, 5), None, id="welcome"),
     pytest.param(Welcome("10.0.0.2:4150", "", 0, 3, 0, adopted=2), None, id="welcome-adopted"),
     pytest.param(
+        Welcome("10.0.0.2:4150", topics={"t": {"paused": True, "channels": {"a": False, "b": True}}, "u": {}}),
+        None,
+        id="welcome-topics",
+    ),
+    pytest.param(
         Adopted((b"0123456789abcdef",)), b"\x00\x00\x00\x15\x84\x00\x00\x00\x01" + b"0123456789abcdef", id="adopted"
     ),
     pytest.param(Adopted(()), None, id="adopted-none"),
@@ -154,6 +161,13 @@ CASES = [
         Confirmed("127.0.0.1:4150", "abc"),
         b"\x00\x00\x00\x2a\x85" + b'{"node":"127.0.0.1:4150","session":"abc"}',
         id="confirmed",
+    ),
+    pytest.param(Ask("127.0.0.1:4150"), b"\x00\x00\x00\x1a\x0b" + b'{"node":"127.0.0.1:4150"}', id="ask"),
+    pytest.param(Holding("127.0.0.1:4150", True, 12, 3), None, id="holding"),
+    pytest.param(
+        Hello("127.0.0.1:4150", "abc", peers=("127.0.0.1:4151", "127.0.0.1:4152"), replica="127.0.0.1:4152"),
+        None,
+        id="hello-peers",
     ),
     pytest.param(Error("E_BAD_TOPIC", "replicated topic name 'x y' is not valid"), None, id="error"),
 ]
@@ -359,6 +373,24 @@ BAD = [
         "E_BAD_HELLO",
         "CONFIRMED field 'session' must be a string",
         id="confirmed-bad-session",
+    ),
+    pytest.param(
+        _frame(0x81, b'{"node": "h:1", "topics": ["t"]}'),
+        "E_BAD_HELLO",
+        "'topics' must be an object",
+        id="welcome-topics-not-object",
+    ),
+    pytest.param(
+        _frame(0x81, b'{"node": "h:1", "topics": {"t": {"channels": {"a b": false}}}}'),
+        "E_BAD_HELLO",
+        "bad entry for 't'",
+        id="welcome-topics-bad-channel",
+    ),
+    pytest.param(
+        _frame(0x81, b'{"node": "h:1", "topics": {"t#ephemeral": {}}}'),
+        "E_BAD_HELLO",
+        "bad entry for 't#ephemeral'",
+        id="welcome-topics-ephemeral",
     ),
 ]
 

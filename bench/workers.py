@@ -1,0 +1,200 @@
+"""Scenario: ``pub``, ``mpub``, ``consume``, ``pubsub`` and a many-topics publish (``pub`` with one topic per
+connection) against nsqd ``--workers=1`` and ``--workers=2``,
+alternated in one run (round by round, the two counts back to back for each scenario), so that the noise of a
+shared machine falls on both alike. Each row is one scenario's run with its defaults; ``nsqd_us/msg`` is the
+CPU of every nsqd process (the parent and its workers) per message, and ``vs 1`` compares a row's throughput
+and CPU per message with the ``--workers=1`` run just before it. Unpinned: pinning nsqd to one CPU would pin
+its workers there too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pickle
+import shutil
+import socket
+import struct
+import time
+from pathlib import Path
+
+from bench.common import _PINNING, Generators, Report, Target, add_common_arguments, main, unique_topic
+from bench.pub_against import extract
+from protocol.commands import encode_pub
+
+NAME = "workers"
+TITLE = "pub, mpub, consume, pubsub and many topics with --workers=1 and --workers=2, alternated"
+PIN = False
+SCENARIOS = ("pub", "mpub", "consume", "pubsub", "many_topics")
+#: each scenario's throughput column
+RATE = {"pub": "msg/s", "mpub": "msg/s", "consume": "msg/s", "pubsub": "out msg/s", "many_topics": "msg/s"}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--counts", default="1,2", help="the --workers values, comma separated")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument(
+        "--against",
+        default="",
+        help="a git revision to run too: each scenario and count with that code's nsqd, then this one's",
+    )
+
+
+def crossing_cost(per_batch: int, messages: int = 200_000, body_size: int = 200) -> dict:
+    """What one message costs to cross between two workers as ``nsqd/workers.py``'s links carry it: records of a
+    PUB (topic, one body) pickled ``per_batch`` to a batch, written to a unix socketpair, read and unpickled by a
+    second process. CPU microseconds per message on each side (both processes busy, so the wall time is one
+    side's)."""
+    left, right = socket.socketpair()
+    bodies = [os.urandom(body_size) for _ in range(per_batch)]  # distinct objects, as a batch's are (no memo)
+    batches = messages // per_batch
+    pid = os.fork()
+    if pid == 0:  # the receiver
+        left.close()
+        started = time.process_time()
+        buffer = bytearray()
+        got = 0
+        while got < batches:
+            chunk = right.recv(1 << 18)
+            if not chunk:
+                break
+            buffer += chunk
+            while len(buffer) >= 4:
+                (size,) = struct.unpack_from(">I", buffer)
+                if len(buffer) < 4 + size:
+                    break
+                pickle.loads(bytes(buffer[4 : 4 + size]))
+                del buffer[: 4 + size]
+                got += 1
+        right.sendall(struct.pack(">d", time.process_time() - started))
+        os._exit(0)
+    right.close()
+    started = time.process_time()
+    for number in range(batches):
+        batch = [("pub", number * per_batch + index, "topic", [body], 0.0) for index, body in enumerate(bodies)]
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        left.sendall(struct.pack(">I", len(data)) + data)
+    sender = time.process_time() - started
+    receiver = struct.unpack(">d", left.recv(8))[0]
+    os.waitpid(pid, 0)
+    left.close()
+    return {
+        "scenario": f"crossing, {per_batch} per batch",
+        "sender_us/msg": sender * 1e6 / messages,
+        "receiver_us/msg": receiver * 1e6 / messages,
+    }
+
+
+class _ManyTopics:
+    """``pub`` with one topic per connection (16 connections, one PUB in flight each, 200-byte bodies): the topics
+    spread over the workers, and a connection's topic is owned by the worker that accepted it 1 time in N."""
+
+    TOPICS = 16
+    BODY_SIZE = 200
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        return None
+
+    @classmethod
+    def run(cls, args) -> Report:
+        from bench.load import build_roles  # noqa: PLC0415 (the generator side, as run_spread imports it)
+        from bench.pub import MEM_QUEUE_SIZE  # noqa: PLC0415
+
+        report = Report("many_topics", "PUB, one topic per connection")
+        with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
+            prefix = unique_topic("many")
+            body = b"t" * cls.BODY_SIZE
+            specs = [
+                ("pub", 1, dict(address=target.tcp, frame=encode_pub(f"{prefix}_{index}", body), messages_per_frame=1))
+                for index in range(cls.TOPICS)
+            ]
+            generators = Generators(count_syscalls=False)
+            generators.add(build_roles, specs=specs)
+            result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
+            messages = sum(sum(worker["window_counts"]) for worker in result["workers"])
+            window = result["window"]
+            report.rows.append(
+                {
+                    "msg/s": messages / window,
+                    "nsqd_cpu": result["nsqd_cpu_seconds"] / window,
+                    "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / messages if messages else None,
+                }
+            )
+        return report
+
+
+def _scenario_module(name: str):
+    return _ManyTopics if name == "many_topics" else importlib.import_module(f"bench.{name}")
+
+
+def _scenario_args(args, module, workers: int, root) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_common_arguments(parser)
+    module.add_arguments(parser)
+    argv = ["--no-pin", "--no-syscalls", f"--duration={args.duration}", f"--warmup={args.warmup}"]
+    argv += [f"--nsqd-arg={flag}" for flag in [*args.nsqd_arg, f"--workers={workers}"]]
+    namespace = parser.parse_args(argv)
+    namespace.nsqd_root = root  # None: this tree
+    return namespace
+
+
+def run(args) -> Report:
+    counts = [int(text) for text in args.counts.split(",")]
+    names = [name for name in args.scenarios.split(",") if name]
+    report = Report(NAME, TITLE, params={"rounds": args.rounds, "counts": counts, "duration_s": args.duration})
+    _PINNING["on"] = False
+    codes: list[tuple[str, Path | None]] = [("this", None)]
+    if args.against:
+        tree, commit = extract(args.against)
+        if tree is None:
+            report.notes.append(f"--against {args.against}: {commit}; this code only")
+        else:
+            codes.insert(0, (commit[:9], tree))
+    try:
+        for per_batch in (1, 16, 64):
+            report.rows.append({"round": 0, **crossing_cost(per_batch)})
+        for round_number in range(1, args.rounds + 1):
+            for name in names:
+                _run_scenario(args, report, round_number, name, counts, codes)
+    finally:
+        for _, tree in codes:
+            if tree is not None:
+                shutil.rmtree(tree, ignore_errors=True)
+    report.notes.append("nsqd_cores: cores used by all nsqd processes together; load and nsqd share the machine")
+    return report
+
+
+def _run_scenario(args, report: Report, round_number: int, name: str, counts: list[int], codes: list) -> None:
+    """One scenario with each ``--workers`` count, each code in turn for a count; ``vs 1`` against the same code's
+    first count."""
+    module = _scenario_module(name)
+    base: dict[str, dict] = {}
+    for workers in counts:
+        for code, root in codes:
+            scenario = module.run(_scenario_args(args, module, workers, root))
+            for row in scenario.rows:
+                rate = row.get(RATE[name])
+                cpu = row.get("nsqd_us/msg")
+                entry = {
+                    "round": round_number,
+                    "scenario": name,
+                    "code": code,
+                    "workers": workers,
+                    "msg/s": rate,
+                    "nsqd_cores": row.get("nsqd_cpu"),
+                    "nsqd_us/msg": cpu,
+                }
+                first = base.setdefault(code, entry)
+                if first is not entry and first["msg/s"] and rate is not None and first["nsqd_us/msg"] and cpu:
+                    entry["vs 1"] = f"{rate / first['msg/s']:.2f}x msg/s, {cpu / first['nsqd_us/msg']:.2f}x us/msg"
+                report.rows.append(entry)
+            for note in scenario.notes:
+                if note not in report.notes and "only" in note:
+                    report.notes.append(f"{name}, --workers={workers}: {note}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(__import__(__name__)))

@@ -1,0 +1,859 @@
+"""One node served by several worker processes (``--workers N``): what each worker owns, and what crosses.
+
+Every worker accepts connections on the listening sockets the parent bound (``supervisor.py``) and does the
+per-connection work of those it accepted: reads, parsing, IDENTIFY, AUTH, TLS, compression, heartbeats and
+writes. Each topic, with its channels, queues, in-flight and deferred messages, has one owner:
+``zlib.crc32(name) % N`` (``owner_of``). N alone decides it, not the order topics came in, so a restart with the
+same N finds each topic where it was; the files of a topic are named by the topic alone, so a restart with
+another N opens them in their new owner. NSQ's rules per channel are then one process's rules, with the code of
+one nsqd.
+
+What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per step of the read
+poller (the records of one step go together), read at the other end by its read poller:
+
+- a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, its answer comes back
+  (the connection's later commands wait for it, so answers keep their order);
+- a SUB to a channel owned elsewhere: the owner adds a stand-in (``RemoteClient``) to the channel, which it
+  dispatches to as to any consumer; the message frames it appends go back to the accepting worker in one record
+  per step, which writes them to the socket. RDY, FIN, REQ, TOUCH, CLS and the close go to the owner
+  (``RemoteChannel``), whose refusals (``E_FIN_FAILED``...) come back as error frames;
+- ``/topic/*``, ``/channel/*`` and ``/stats?topic=`` are answered by the owner; ``/stats`` and ``/metrics``
+  without a topic ask every worker for its part and join them (``node_stats``);
+- worker 0 alone registers with nsqlookupd and writes ``nsqd.dat``: the others send it their topics and channels as
+  they change (``RelayLookup``, ``RelayMetadata``).
+
+A link that closes while the node is not stopping means a worker died: this worker stops too (the parent stops
+the node; see ``supervisor.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import pickle
+import struct
+import zlib
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import trio
+
+from protocol.errors import ProtocolError
+from protocol.frames import FRAME_TYPE_ERROR, encode_frame
+from protocol.http import Headers, Request
+from protocol.lookup_v1 import encode_register, encode_unregister
+
+from .client import Client, ClientState, SubscribedChannel
+from .lookup import Lookup
+from .metadata_writer import MetadataWriter
+from .stats import NodeStats, collect
+from .topic import TopicExiting, TopicFull
+
+__all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
+
+log = logging.getLogger("nsqd")
+
+_LENGTH = struct.Struct(">I")
+#: how often worker 0 looks whether the lookupds it identified with changed (``MeshLookup``)
+RELAY_INTERVAL = 1.0
+_RECEIVE_SIZE = 1 << 18
+
+
+def owner_of(name: str | bytes, count: int) -> int:
+    """The worker that owns the topic ``name`` among ``count``."""
+    return zlib.crc32(name if isinstance(name, bytes) else name.encode()) % count
+
+
+class WorkerGone(Exception):
+    """The worker a request went to stopped before answering."""
+
+
+class Link:
+    """This worker's end of the socketpair to one other worker.
+
+    Records (``send``) and stand-ins' frames (``mark``) queued during a step of the read poller are written at
+    the step's end, as one pickled batch (``[length][pickle of a list of records]``) with one ``write``
+    (``ReadPoller.defer_reply``); queued outside a step (a channel's slice, an HTTP handler), the writer task
+    writes them. The other end is read by the read poller like an idle connection (``poll_ready``), and each
+    record of a batch goes to ``WorkerMesh.handle`` there: no task wakes up for a record in either direction."""
+
+    #: what the read poller asks of a member (``poller.Polled``): reads are small, and it ranks before consumers
+    last_read = 0
+    poll_actor = None
+    fast_line = None
+
+    def __init__(self, mesh: WorkerMesh, peer: int, sock) -> None:
+        self.mesh = mesh
+        self.peer = peer
+        sock.setblocking(False)
+        self.fd = sock.fileno()
+        self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        self.poller = mesh.nsqd.read_poller
+        self.pending: list[tuple] = []
+        self.dirty: dict[RemoteClient, None] = {}  # stand-ins with message frames to send back
+        self._wake = trio.Event()
+        self._scheduled = False  # a write of what is queued is arranged (step's end, or the writer task)
+        self._writing = False  # the writer task is writing: what is queued waits for it, in order
+        self._rest = b""  # what the socket did not take of a write outside the writer task
+        self._buffer = bytearray()
+        self.lost: trio.Event = trio.Event()
+        self.batches = 0
+        self.records = 0
+
+    def send(self, record: tuple) -> None:
+        self.pending.append(record)
+        if not self._scheduled:
+            self._schedule()
+
+    def backed_up(self) -> bool:
+        """The socket did not take all of a write: the other worker reads slower than this one writes."""
+        return self._writing or bool(self._rest)
+
+    def mark(self, client: RemoteClient) -> None:
+        self.dirty[client] = None
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        if not self.poller.defer_reply(self):
+            self._wake.set()
+
+    def _encode(self) -> bytes:
+        if self.dirty:
+            dirty, self.dirty = self.dirty, {}
+            for client in dirty:
+                if client.out:
+                    self.pending.append(("out", client.front_id, client.take_output()))
+        if not self.pending:
+            return b""
+        batch, self.pending = self.pending, []
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        self.batches += 1
+        self.records += len(batch)
+        return _LENGTH.pack(len(data)) + data
+
+    def send_deferred(self) -> None:
+        """The end of a read poller's step: write what the step queued, in one write if the socket takes it."""
+        self._scheduled = False
+        if self._writing or self._rest:
+            self._wake.set()  # the writer task goes on, in order
+            return
+        data = self._encode()
+        if not data:
+            return
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return  # the reader sees the link closed
+        if sent < len(data):
+            self._rest = data[sent:]
+            self._wake.set()
+
+    async def write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            self._writing = True
+            try:
+                while True:
+                    if self._rest:
+                        data, self._rest = self._rest, b""
+                    else:
+                        self._scheduled = False
+                        data = self._encode()
+                    if not data:
+                        break
+                    await self.stream.send_all(data)
+            finally:
+                self._writing = False
+
+    def poll_ready(self) -> None:
+        """The read poller found the link readable: handle every whole batch read."""
+        try:
+            data = os.read(self.fd, _RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.poller.discard(self.fd)
+            self.lost.set()
+            return
+        buffer = self._buffer
+        buffer += data
+        handle = self.mesh.handle_batch
+        peer = self.peer
+        while len(buffer) >= 4:
+            (size,) = _LENGTH.unpack_from(buffer)
+            if len(buffer) < 4 + size:
+                break
+            batch = pickle.loads(bytes(buffer[4 : 4 + size]))
+            del buffer[: 4 + size]
+            handle(peer, batch)
+
+
+class RemoteClient(Client):
+    """In the topic's owner, the stand-in for a consumer connected to another worker: the channel dispatches to
+    it as to any client; what it would write goes back to that worker (``Link.mark``), once per step."""
+
+    def __init__(self, link: Link, front_id: int, client_id: int, info: dict) -> None:
+        super().__init__(
+            client_id,
+            info["remote_address"],
+            msg_timeout=info["msg_timeout"],
+            heartbeat_interval=info["heartbeat_interval"],
+            output_buffer_size=info["output_buffer_size"],
+            output_buffer_timeout=info["output_buffer_timeout"],
+        )
+        for name, value in info.items():
+            setattr(self, name, value)
+        self.link = link
+        self.front_id = front_id
+        self.direct_flush = self._ship
+
+    def _ship(self) -> bool:
+        self.link.mark(self)
+        return True
+
+    def wake_writer(self) -> None:
+        if self.out:
+            self.link.mark(self)
+
+
+#: what a stand-in copies of the connection it stands for (stats and dispatch read them)
+_CLIENT_FIELDS = (
+    "remote_address",
+    "client_id",
+    "hostname",
+    "user_agent",
+    "connect_ts",
+    "identified",
+    "msg_timeout",
+    "heartbeat_interval",
+    "output_buffer_size",
+    "output_buffer_timeout",
+    "sample_rate",
+    "tls",
+    "snappy",
+    "deflate",
+    "deflate_level",
+    "tls_version",
+    "tls_cipher_suite",
+    "tls_negotiated_protocol",
+    "tls_negotiated_protocol_is_mutual",
+    "tls_common_name",
+)
+
+
+class RemoteChannel:
+    """In the worker a consumer connected to, the channel it subscribed to in another worker: what the connection
+    asks of its channel (``client.SubscribedChannel``) goes to the owner. Refusals come back as error frames."""
+
+    def __init__(self, mesh: WorkerMesh, owner: int, topic_name: str, name: str, front_id: int) -> None:
+        self.mesh = mesh
+        self.link = mesh.links[owner]
+        self.topic_name = topic_name
+        self.name = name
+        self.front_id = front_id
+
+    def client_credit_changed(self, client: Client) -> None:
+        self.link.send(("rdy", self.front_id, client.rdy, int(client.state)))
+
+    def remove_client(self, client: Client) -> None:
+        self.mesh.consumer_gone(client)
+        self.link.send(("gone", self.front_id))
+
+    def finish(self, client: Client, msg_id: bytes) -> None:
+        self.link.send(("fin", self.front_id, [msg_id]))
+
+    def finish_many(self, client: Client, msg_ids: list[bytes]) -> list[tuple[bytes, str]]:
+        self.link.send(("fin", self.front_id, list(msg_ids)))
+        return []
+
+    def requeue(self, client: Client, msg_id: bytes, delay: float) -> None:
+        self.link.send(("req", self.front_id, msg_id, delay))
+
+    def touch(self, client: Client, msg_id: bytes, msg_timeout: float) -> None:
+        self.link.send(("touch", self.front_id, msg_id, msg_timeout))
+
+
+class WorkerMesh:
+    """This worker's links to the others, the topics' owners, and the handlers of what comes over the links."""
+
+    def __init__(self, nsqd, sockets) -> None:
+        self.nsqd = nsqd
+        self.index: int = sockets.index
+        self.count: int = sockets.count
+        self.links: dict[int, Link] = {peer: Link(self, peer, sock) for peer, sock in sockets.links.items()}
+        self._owners: dict[str | bytes, int] = {}
+        self._calls: dict[int, Any] = {}  # request id -> [Event, answer, worker]
+        self._callbacks: dict[int, tuple[int, Callable]] = {}  # request id -> (worker, called with the answer)
+        self._ids = itertools.count(1)
+        self._fronts: dict[tuple[int, int], RemoteClient] = {}  # (worker, its client id) -> stand-in here
+        self._consumers: dict[int, Client] = {}  # client id -> a consumer here whose channel is elsewhere
+        self._failing: dict[str, str] = {}  # topic -> why its owner's disk refused its last publish
+        self._drained: dict[int, trio.Event] = {peer: trio.Event() for peer in self.links}
+        self.kept_in_memory = 0  # acknowledged publishes the disk refused here, kept in memory
+        self._nursery: trio.Nursery | None = None
+        self.router: Any = None  # the HTTP router that answers forwarded requests (set by the HTTP API)
+
+    # -- ownership ---------------------------------------------------------------------------------------------
+    def owner(self, name: str | bytes) -> int:
+        owner = self._owners.get(name)
+        if owner is None:
+            if len(self._owners) > 100_000:
+                self._owners.clear()
+            owner = self._owners[name] = owner_of(name, self.count)
+        return owner
+
+    def owns(self, name: str | bytes) -> bool:
+        return self.owner(name) == self.index
+
+    # -- running -----------------------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for link in self.links.values():
+                nursery.start_soon(self._write, link)
+                nursery.start_soon(self._watch, link)
+                self.nsqd.read_poller.add(link.fd, link, again=True)
+            task_status.started()
+
+    async def _write(self, link: Link) -> None:
+        try:
+            await link.write_loop()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("WORKERS: link to worker %d failed: %s", link.peer, exc)
+            link.lost.set()
+            await trio.sleep_forever()
+
+    async def _watch(self, link: Link) -> None:
+        """Once the link to a worker is lost: its answers never come; the node stops, unless it is stopping."""
+        try:
+            await link.lost.wait()
+        finally:
+            self.nsqd.read_poller.discard(link.fd)
+            self._drained[link.peer].set()
+        for call in list(self._calls.values()):
+            if call[2] == link.peer:
+                call[1] = WorkerGone(f"worker {link.peer} stopped")
+                call[0].set()
+        for call_id, (peer, answered) in list(self._callbacks.items()):
+            if peer == link.peer:
+                del self._callbacks[call_id]
+                answered("exiting")
+        if not self.nsqd.exiting:
+            log.error("WORKERS: worker %d is gone: stopping", link.peer)
+            self.nsqd.exit()
+
+    async def call(self, peer: int, kind: str, *args) -> Any:
+        """Send a request to ``peer`` and return its answer; ``WorkerGone`` if it stopped first."""
+        call_id = next(self._ids)
+        call = self._calls[call_id] = [trio.Event(), None, peer]
+        self.links[peer].send((kind, call_id, *args))
+        try:
+            await call[0].wait()
+        finally:
+            del self._calls[call_id]
+        if isinstance(call[1], WorkerGone):
+            raise call[1]
+        return call[1]
+
+    def _answer(self, peer: int, call_id: int, value) -> None:
+        self.links[peer].send(("re", call_id, value))
+
+    # -- what this worker asks of the owners -------------------------------------------------------------------
+    def publish_soon(
+        self, topic_name: str, bodies: list[bytes], defer: float, answered: Callable[[str | None], None]
+    ) -> None:
+        """Publish at the topic's owner; ``answered`` gets None, or the reason it refused (``exiting``, a full
+        queue's error), when its answer comes back."""
+        call_id = next(self._ids)
+        owner = self.owner(topic_name)
+        self._callbacks[call_id] = (owner, partial(self._held_answered, topic_name, answered))
+        self.links[owner].send(("pub", call_id, topic_name, bodies, defer))
+
+    def _held_answered(self, topic_name: str, answered: Callable[[str | None], None], reason: str | None) -> None:
+        if reason is None:
+            self._failing.pop(topic_name, None)  # the owner's disk takes its publishes again
+        answered(reason)
+
+    def publish_acknowledged(self, topic_name: str, bodies: list[bytes], defer: float) -> bool:
+        """Send a publish to the topic's owner that the caller acknowledges now (no answer comes back); False when
+        it must wait for the owner's answer instead (``publish_soon``): the owner's disk refused this topic's
+        last publish (until one is taken again), durable mode (an OK only after the owner's sync), or the link
+        to the owner is backed up (the owner falls behind: its answers pace the producers, as one nsqd's pace).
+
+        Nothing acknowledged so is lost while the node runs: the owner refuses a publish only while it stops,
+        when its topic is being deleted, or when its disk fails. A stop is two-phase (``drain``): no worker stops
+        its topics before every other has closed its client connections and sent what they read. A publish that
+        meets its topic's deletion is deleted with it, as one made just before the deletion. A publish the disk
+        refuses is kept in memory past ``--mem-queue-size`` (``Topic.publish_kept``), and the owner says so
+        (``full``): this topic's next publishes here wait for the owner's answer, and are refused as a single
+        nsqd refuses them. bench/MULTICORE.md has the argument in full."""
+        link = self.links[self.owner(topic_name)]
+        if self.nsqd.sync_barrier or topic_name in self._failing or link.backed_up():
+            return False
+        link.send(("pubq", topic_name, bodies, defer))
+        return True
+
+    async def drain(self, timeout: float) -> None:
+        """The first phase of a stop, once this worker's client connections are closed: tell every other worker,
+        and wait until each has said the same (or is gone, or ``timeout``). A link's records arrive in order, so
+        every publish a worker acknowledged is here before its ``drained``, and is published before this worker
+        stops its topics."""
+        for link in self.links.values():
+            link.send(("drained",))
+        with trio.move_on_after(timeout):
+            for peer in self.links:
+                await self._drained[peer].wait()
+
+    async def subscribe(self, client: Client, topic_name: str, channel_name: str) -> RemoteChannel:
+        """SUB at the topic's owner; raises the ``ProtocolError`` it answered."""
+        owner = self.owner(topic_name)
+        info = {name: getattr(client, name) for name in _CLIENT_FIELDS}
+        try:
+            refusal = await self.call(owner, "sub", client.id, topic_name, channel_name, info)
+        except WorkerGone:
+            refusal = ("E_SUB_FAILED", "SUB failed to deleted topic/channel")
+        if refusal is not None:
+            raise ProtocolError(*refusal)
+        self._consumers[client.id] = client
+        return RemoteChannel(self, owner, topic_name, channel_name, client.id)
+
+    def consumer_gone(self, client: Client) -> None:
+        self._consumers.pop(client.id, None)
+
+    async def forward_http(self, owner: int, request: Request) -> tuple[int, list, bytes]:
+        headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in request.headers]
+        return await self.call(
+            owner,
+            "http",
+            request.method,
+            request.path,
+            request.raw_query,
+            headers,
+            request.body,
+            request.remote_address,
+            request.tls,
+        )
+
+    async def node_stats(self, channel: str | None, include_clients: bool, include_mem: bool) -> NodeStats:
+        """The node's ``/stats``: this worker's and every other's, joined (topics in name order, producers and
+        connections of every worker)."""
+        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
+        parts = [own]
+        for peer in self.links:
+            try:
+                parts.append(await self.call(peer, "stats", channel, include_clients, include_mem))
+            except WorkerGone:
+                continue
+        topics = sorted((topic for part in parts for topic in part.topics or ()), key=lambda t: t.topic_name)
+        producers = [client for part in parts for client in part.producers or ()]
+        health = next((part.health for part in parts if part.health != "OK"), own.health)
+        return NodeStats(
+            version=own.version,
+            health=health,
+            start_time=own.start_time,
+            uptime_ns=own.uptime_ns,
+            topics=tuple(topics) if own.topics is not None or topics else None,
+            memory=own.memory,
+            producers=tuple(producers) if own.producers is not None or producers else None,
+            tcp_connections=sum(part.tcp_connections for part in parts),
+            http_connections=sum(part.http_connections for part in parts),
+            replication=own.replication,
+        )
+
+    # -- what comes over the links -----------------------------------------------------------------------------
+    def handle_batch(self, peer: int, batch: list[tuple]) -> None:
+        """The records of one batch, in order; a run of publishes to one topic (PUBs of many connections, read in
+        one step of the sender) is published with one ``Topic.publish``, as the fast path publishes a step's PUBs
+        (``fastpath.py``), and each is answered."""
+        run: list[tuple] = []
+        for record in batch:
+            kind = record[0]
+            if (kind == "pubq" and not record[3]) or (kind == "pub" and not record[4]):
+                if run and (run[0][0] != kind or run[0][-3] != record[-3]):
+                    self._publish_run(peer, run)
+                    run = []
+                run.append(record)
+                continue
+            if run:
+                self._publish_run(peer, run)
+                run = []
+            self.handle(peer, record)
+        if run:
+            self._publish_run(peer, run)
+
+    def _publish_run(self, peer: int, run: list[tuple]) -> None:
+        if len(run) == 1:
+            self.handle(peer, run[0])
+            return
+        topic_name = run[0][-3]
+        bodies = [body for record in run for body in record[-2]]
+        if run[0][0] == "pubq":
+            self._on_pubq(peer, topic_name, bodies, 0.0)
+            return
+        reason = self._publish(topic_name, bodies, 0.0)
+        answer = self._answer
+        for record in run:
+            answer(peer, record[1], reason)
+
+    def handle(self, peer: int, record: tuple) -> None:
+        kind = record[0]
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            log.error("WORKERS: unknown record %r from worker %d", kind, peer)
+            return
+        handler(self, peer, *record[1:])
+
+    def _on_answer(self, peer: int, call_id: int, value) -> None:
+        waiting = self._callbacks.pop(call_id, None)
+        if waiting is not None:
+            waiting[1](value)
+            return
+        call = self._calls.get(call_id)
+        if call is not None:
+            call[1] = value
+            call[0].set()
+
+    def _on_pub(self, peer: int, call_id: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
+        self._answer(peer, call_id, self._publish(topic_name, bodies, defer))
+
+    def _on_pubq(self, peer: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
+        """A publish the sending worker already acknowledged (``publish_acknowledged``): taken while this worker
+        stops too, until its topics stop (after ``drain``)."""
+        try:
+            self.nsqd.get_topic(topic_name).publish(bodies, defer)
+        except TopicExiting:
+            return  # the topic is being deleted: gone with it, as a publish made just before the deletion
+        except TopicFull as exc:
+            self.nsqd.get_topic(topic_name).publish_kept(bodies, defer)
+            self.kept_in_memory += len(bodies)
+            log.error(
+                "WORKERS: topic %s: the disk refused %d acknowledged message(s), kept in memory: %s",
+                topic_name,
+                len(bodies),
+                exc,
+            )
+            self.links[peer].send(("full", topic_name, str(exc)))
+
+    def _on_full(self, peer: int, topic_name: str, reason: str) -> None:
+        self._failing[topic_name] = reason
+
+    def _on_drained(self, peer: int) -> None:
+        self._drained[peer].set()
+
+    def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
+        """Into the topic here as a publish of a connection here; None, or why it was refused."""
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            return "exiting"
+        try:
+            nsqd.get_topic(topic_name).publish(bodies, defer)
+        except TopicExiting:
+            return "exiting"
+        except TopicFull as exc:
+            return str(exc)
+        return None
+
+    def _on_sub(self, peer: int, call_id: int, front_id: int, topic_name: str, channel_name: str, info) -> None:
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            self._answer(peer, call_id, ("E_SUB_FAILED", "SUB failed to deleted topic/channel"))
+            return
+        channel = nsqd.get_topic(topic_name).get_channel(channel_name)
+        limit = nsqd.opts.max_channel_consumers
+        if limit and len(channel.clients) >= limit:
+            refusal = f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}"
+            self._answer(peer, call_id, ("E_SUB_FAILED", refusal))
+            return
+        client = RemoteClient(self.links[peer], front_id, next(nsqd._client_ids), info)  # noqa: SLF001
+        client.channel = channel
+        client.state = ClientState.SUBSCRIBED
+        channel.add_client(client)
+        self._fronts[(peer, front_id)] = client
+        self._answer(peer, call_id, None)
+
+    def _stand_in(self, peer: int, front_id: int) -> tuple[RemoteClient, SubscribedChannel] | None:
+        """The stand-in for that worker's consumer and its channel; None once it left."""
+        client = self._fronts.get((peer, front_id))
+        if client is None or client.channel is None:
+            return None
+        return client, client.channel
+
+    def _on_rdy(self, peer: int, front_id: int, rdy: int, state: int) -> None:
+        found = self._stand_in(peer, front_id)
+        if found is not None:
+            client, channel = found
+            client.rdy = rdy
+            client.state = ClientState(state)
+            channel.client_credit_changed(client)
+
+    def _refused(self, client: RemoteClient, code: str, text: str) -> None:
+        client.write_frame(encode_frame(FRAME_TYPE_ERROR, ProtocolError(code, text).payload()))
+
+    def _on_fin(self, peer: int, front_id: int, msg_ids: list[bytes]) -> None:
+        found = self._stand_in(peer, front_id)
+        if found is None:
+            return
+        client, channel = found
+        for msg_id, reason in channel.finish_many(client, msg_ids):
+            self._refused(client, "E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {reason}")
+
+    def _on_req(self, peer: int, front_id: int, msg_id: bytes, delay: float) -> None:
+        from .channel import ChannelError  # noqa: PLC0415 (the channel module is loaded by then)
+
+        found = self._stand_in(peer, front_id)
+        if found is None:
+            return
+        client, channel = found
+        try:
+            channel.requeue(client, msg_id, delay)
+        except ChannelError as error:
+            self._refused(client, "E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed {error}")
+
+    def _on_touch(self, peer: int, front_id: int, msg_id: bytes, msg_timeout: float) -> None:
+        from .channel import ChannelError  # noqa: PLC0415
+
+        found = self._stand_in(peer, front_id)
+        if found is None:
+            return
+        client, channel = found
+        try:
+            channel.touch(client, msg_id, msg_timeout)
+        except ChannelError as error:
+            self._refused(client, "E_TOUCH_FAILED", f"TOUCH {msg_id.decode('latin-1')} failed {error}")
+
+    def _on_gone(self, peer: int, front_id: int) -> None:
+        client = self._fronts.pop((peer, front_id), None)
+        if client is not None and client.channel is not None:
+            channel, client.channel = client.channel, None
+            client.rdy = 0
+            client.state = ClientState.DISCONNECTED
+            channel.remove_client(client)
+
+    def _on_out(self, peer: int, front_id: int, data: bytes) -> None:
+        client = self._consumers.get(front_id)
+        if client is None or client.state == ClientState.DISCONNECTED:
+            return
+        client.out.append(data)
+        client.out_bytes += len(data)
+        client.flush()
+
+    def _on_http(self, peer: int, call_id: int, method, path, raw_query, headers, body, remote, tls) -> None:
+        request = Request(method, path, raw_query, Headers(headers), body, remote, tls)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer_http, peer, call_id, request)
+
+    async def _answer_http(self, peer: int, call_id: int, request: Request) -> None:
+        from protocol.http import run_deferred  # noqa: PLC0415
+
+        router = self.router
+        assert router is not None
+        response = await router.call(router.match(request.method, request.path, request.raw_query), request)
+        self._answer(peer, call_id, (response.status, response.headers, response.body))
+        if request.deferred is not None:
+            run_deferred(request, log)
+
+    def _on_stats(self, peer: int, call_id: int, channel, include_clients: bool, include_mem: bool) -> None:
+        stats = collect(
+            self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem
+        )
+        self._answer(peer, call_id, stats)
+
+    def _on_lookup(self, peer: int, command: bytes, branch: str, topic: str, channel: str, created: bool) -> None:
+        lookup = self.nsqd.lookup
+        if isinstance(lookup, MeshLookup):
+            lookup.remote_change(command, branch, topic, channel, created)
+
+    def _on_lookupd_http(self, peer: int, addresses: list[str]) -> None:
+        lookup = self.nsqd.lookup
+        if isinstance(lookup, RelayLookup):
+            lookup.lookupd_addresses(addresses)
+
+    def _on_meta(self, peer: int, entries: list[bytes]) -> None:
+        metadata = self.nsqd.metadata
+        if isinstance(metadata, MeshMetadata):
+            metadata.remote_changed(peer, entries)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "batches": sum(link.batches for link in self.links.values()),
+            "records": sum(link.records for link in self.links.values()),
+        }
+
+
+_HANDLERS: dict[str, Callable[..., None]] = {
+    "re": WorkerMesh._on_answer,
+    "pub": WorkerMesh._on_pub,
+    "pubq": WorkerMesh._on_pubq,
+    "full": WorkerMesh._on_full,
+    "drained": WorkerMesh._on_drained,
+    "sub": WorkerMesh._on_sub,
+    "rdy": WorkerMesh._on_rdy,
+    "fin": WorkerMesh._on_fin,
+    "req": WorkerMesh._on_req,
+    "touch": WorkerMesh._on_touch,
+    "gone": WorkerMesh._on_gone,
+    "out": WorkerMesh._on_out,
+    "http": WorkerMesh._on_http,
+    "stats": WorkerMesh._on_stats,
+    "lookup": WorkerMesh._on_lookup,
+    "meta": WorkerMesh._on_meta,
+    "lookupd_http": WorkerMesh._on_lookupd_http,
+}
+
+
+# -- lookupd: worker 0 registers the node --------------------------------------------------------------------------
+class MeshLookup(Lookup):
+    """Worker 0's registration: its own topics and channels and those the other workers report. It tells the
+    others the HTTP addresses of the lookupds it identified with, for their topics' channel pre-creation."""
+
+    def __init__(self, nsqd, mesh: WorkerMesh) -> None:
+        super().__init__(nsqd)
+        self.mesh = mesh
+        self.remote: dict[str, list[str]] = {}  # topic -> channels, of the topics other workers own
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tell_workers)
+            await nursery.start(super().run)
+            task_status.started()
+
+    async def _tell_workers(self) -> None:
+        told: list[str] = []
+        while True:
+            await self.identified.wait()
+            addresses = self.http_addresses()
+            if addresses != told:
+                for link in self.mesh.links.values():
+                    link.send(("lookupd_http", addresses))
+                told = addresses
+            await trio.sleep(RELAY_INTERVAL)
+
+    def registration_commands(self) -> list[bytes]:
+        commands = super().registration_commands()
+        for topic, channels in list(self.remote.items()):
+            if not channels:
+                commands.append(encode_register(topic))
+            else:
+                commands.extend(encode_register(topic, name) for name in channels)
+        return commands
+
+    def remote_change(self, command: bytes, branch: str, topic: str, channel: str, created: bool) -> None:
+        if created:
+            channels = self.remote.setdefault(topic, [])
+            if channel and channel not in channels:
+                channels.append(channel)
+        elif not channel:
+            self.remote.pop(topic, None)
+        else:
+            listed = self.remote.get(topic)
+            if listed is not None and channel in listed:
+                listed.remove(channel)
+        if self.peers:
+            self._notify(command, branch)
+
+
+class RelayLookup(Lookup):
+    """The registration of a worker other than 0: its changes go to worker 0, which registers the node. Its
+    topics' channels are pre-created from the lookupds worker 0 identified with (``MeshLookup``)."""
+
+    def __init__(self, nsqd, mesh: WorkerMesh) -> None:
+        super().__init__(nsqd)
+        self.link = mesh.links[0]
+        self.relayed: list[str] = []
+
+    def set_addresses(self, addresses: list[str]) -> None:
+        self.nsqd.opts.lookupd_tcp_addresses = list(addresses)  # no connection of its own
+
+    def http_addresses(self) -> list[str]:
+        return list(self.relayed)
+
+    def lookupd_addresses(self, addresses: list[str]) -> None:
+        self.relayed = list(addresses)
+        if addresses:
+            self.identified.set()
+
+    def _relay(self, command: bytes, branch: str, topic: str, channel: str, created: bool) -> None:
+        self.link.send(("lookup", command, branch, topic, channel, created))
+
+    def topic_created(self, topic) -> None:
+        self._relay(encode_register(topic.name), "topic", topic.name, "", True)
+
+    def topic_deleted(self, topic) -> None:
+        for name in list(topic.channels):
+            self._relay(encode_unregister(topic.name, name), "channel", topic.name, name, False)
+        self._relay(encode_unregister(topic.name), "topic", topic.name, "", False)
+
+    def channel_created(self, channel) -> None:
+        self._relay(
+            encode_register(channel.topic_name, channel.name), "channel", channel.topic_name, channel.name, True
+        )
+
+    def channel_deleted(self, channel) -> None:
+        command = encode_unregister(channel.topic_name, channel.name)
+        self._relay(command, "channel", channel.topic_name, channel.name, False)
+
+
+# -- nsqd.dat: worker 0 writes the node's file ---------------------------------------------------------------------
+def encode_entry(entry: dict) -> bytes:
+    """A topic entry of ``metadata.load_metadata`` as ``metadata_writer.encode_topic`` writes one."""
+    channels = [{"name": c["name"], "paused": c["paused"]} for c in entry["channels"]]
+    document = {"name": entry["name"], "paused": entry["paused"], "channels": channels or None}
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+class MeshMetadata(MetadataWriter):
+    """Worker 0's ``nsqd.dat``: its own topics' entries, then those each other worker sent last (seeded at start-up
+    with the entries of the file it read, so a worker that has not reported yet keeps its topics listed)."""
+
+    def __init__(self, data_path: str, topics: dict, **kwargs) -> None:
+        super().__init__(data_path, topics, **kwargs)
+        self.remote: dict[int, list[bytes]] = {}
+
+    def seed(self, owner: int, entry: dict) -> None:
+        self.remote.setdefault(owner, []).append(encode_entry(entry))
+
+    def _build(self) -> list[bytes]:
+        entries = super()._build()
+        for worker in sorted(self.remote):
+            entries.extend(self.remote[worker])
+        return entries
+
+    def remote_changed(self, worker: int, entries: list[bytes]) -> None:
+        self.remote[worker] = list(entries)
+        self.changes += 1
+        if self._idle:
+            self._wake.set()
+
+
+class RelayMetadata(MetadataWriter):
+    """A worker other than 0: its topics' entries go to worker 0 (``MeshMetadata``) instead of a file."""
+
+    def __init__(self, data_path: str, topics: dict, link: Link, **kwargs) -> None:
+        super().__init__(data_path, topics, **kwargs)
+        self.link = link
+
+    async def _write(self) -> None:
+        self._urgent = False
+        generation = self.changes
+        self.link.send(("meta", self._build()))
+        self._next_start = trio.current_time() + self.interval
+        self.written = generation
+        self.writes += 1
+        self._written.set()
+        self._written = trio.Event()
+        await trio.lowlevel.checkpoint()
+
+    def write_now(self) -> None:
+        generation = self.changes
+        self.link.send(("meta", self._build()))
+        self.written = max(self.written, generation)

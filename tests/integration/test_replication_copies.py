@@ -1,0 +1,176 @@
+"""Three copies: a ring of three where each node keeps copies on the two others (``--replicate-to`` twice, the
+default ``--replication-min-insync=2``). Real daemons as subprocesses, real sockets.
+
+One node killed: exactly one of its two replicas adopts its messages (the first in its ``--replicate-to`` order;
+the other, asking it, leaves them), and the survivors refuse no publish. Two nodes killed at once: the third takes
+both over, refuses publishes while it has no peer and takes them again by itself once one is back; the node that
+returns with its store leaves to the third what that one adopted."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.harness import NsqdProcess, RawClient, free_port, stop_all
+from tests.integration.http_helpers import post, stats, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Ring:
+    def __init__(self, tmp_path, daemons, size: int = 3, *args: str, candidates: bool = False) -> None:
+        self.tmp_path = tmp_path
+        self.daemons = daemons
+        self.size = size
+        self.args = args
+        self.candidates = candidates  # node i may replace a peer by i + 3 .. i - 1
+        self.ports = [free_port() for _ in range(size)]
+        self.nodes: list[NsqdProcess] = []
+        self.live = list(range(size))
+        for index in range(size):
+            self.nodes.append(self.start(index))
+        wait_for(self.healthy, timeout=30, message="ring replicating")
+
+    def address(self, index: int) -> str:
+        return f"127.0.0.1:{self.ports[index % self.size]}"
+
+    def start(self, index: int) -> NsqdProcess:
+        node = NsqdProcess(
+            self.tmp_path / f"node{index}",
+            [
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address={self.address(index)}",
+                f"--replicate-to={self.address(index + 1)}",
+                f"--replicate-to={self.address(index + 2)}",
+                "--replica-takeover-timeout=1s",
+                f"--node-id={index + 1}",
+                *self.args,
+                *(
+                    f"--replication-candidates={self.address(index + k)}"
+                    for k in range(3, self.size)
+                    if self.candidates
+                ),
+            ],
+        )
+        self.daemons.append(node)
+        node.start()
+        if len(self.nodes) > index:
+            self.nodes[index] = node
+        return node
+
+    def doc(self, index: int) -> dict:
+        return stats(self.nodes[index].http())
+
+    def healthy(self) -> bool:
+        for index in self.live:
+            doc = self.doc(index)["replication"]
+            if doc["state"] != "replicating" or any(peer["pending_messages"] for peer in doc["peers"]):
+                return False
+            if any(peer["state"] != "connected" or peer["lagging"] for peer in doc["peers"]):
+                return False
+        return True
+
+    def held(self, holder: int, origin: int) -> int:
+        for entry in self.doc(holder)["replication"]["replicas"]:
+            if entry["node"] == self.address(origin):
+                return entry["held_messages"]
+        return 0
+
+    def depth(self, index: int, channel: str = "c") -> int:
+        for topic in self.doc(index)["topics"] or ():
+            if topic["topic_name"] == "t":
+                for entry in topic["channels"]:
+                    if entry["channel_name"] == channel:
+                        return entry["depth"] + entry["in_flight_count"] + entry["deferred_count"]
+        return 0
+
+    def publish(self, index: int, count: int, tag: str) -> None:
+        post(self.nodes[index].http(), "/topic/create?topic=t")
+        post(self.nodes[index].http(), "/channel/create?topic=t&channel=c")
+        with RawClient(self.nodes[index].tcp) as producer:
+            for number in range(count):
+                producer.publish("t", f"{tag}-{number}".encode())
+
+
+def _refused(node: NsqdProcess) -> bool:
+    with RawClient(node.tcp) as producer:
+        try:
+            producer.publish("p", b"probe")
+        except Exception:  # E_PUB_FAILED, or the connection closed without an answer
+            return True
+    return False
+
+
+def test_one_node_killed_is_adopted_by_exactly_one_replica_and_the_survivors_refuse_nothing(daemons, tmp_path):
+    ring = Ring(tmp_path, daemons)
+    ring.publish(0, 200, "a")
+    wait_for(lambda: ring.healthy() and ring.held(1, 0) == ring.held(2, 0) == 200, message="both copies held")
+    ring.nodes[0].kill()
+    for survivor in (1, 2):  # no wait for the dead peer: the other one acknowledges
+        assert not _refused(ring.nodes[survivor])
+    wait_for(lambda: ring.held(1, 0) == 0 and ring.held(2, 0) == 0, timeout=30, message="a taken over")
+    depths = [ring.depth(1), ring.depth(2)]
+    assert sorted(depths) == [0, 200], depths  # one owner for each message, none delivered twice
+    first = ring.doc(1)["replication"]
+    second = ring.doc(2)["replication"]
+    assert first["adopted_messages"] == 200  # b is first in a's order
+    assert second["adopted_messages"] == 0 and second["left_to_peers"] == 200
+    for survivor in (1, 2):
+        assert not _refused(ring.nodes[survivor])
+    stop_all([node for node in daemons if node.is_running()])
+
+
+def test_two_nodes_killed_at_once_lose_nothing_and_publishing_resumes_by_itself(daemons, tmp_path):
+    ring = Ring(tmp_path, daemons)
+    ring.publish(0, 100, "a")
+    ring.publish(1, 50, "b")
+    wait_for(lambda: ring.healthy() and ring.held(2, 0) == 100 and ring.held(2, 1) == 50, message="copies on c")
+    ring.nodes[0].kill()
+    ring.nodes[1].kill()
+    wait_for(lambda: ring.held(2, 0) == 0 and ring.held(2, 1) == 0, timeout=30, message="c takes over a and b")
+    assert ring.depth(2) == 150
+    assert ring.doc(2)["replication"]["state"] == "degraded"  # no peer left: fewer copies than the minimum
+    assert _refused(ring.nodes[2])
+    ring.start(1)  # b comes back on its data: its store of a, unsynced, still holds what c adopted
+    wait_for(
+        lambda: ring.doc(2)["replication"]["state"] == "replicating", timeout=30, message="c replicating with b back"
+    )
+    assert not _refused(ring.nodes[2])
+    wait_for(lambda: ring.doc(1)["replication"]["left_to_peers"] == 100, timeout=30, message="b leaves a to c")
+    assert ring.held(1, 0) == 0
+    assert ring.depth(1) == 0, "b delivers again what c adopted"
+    assert ring.depth(2) == 150
+    stop_all([node for node in daemons if node.is_running()])
+
+
+def _three_copies(ring: Ring) -> bool:
+    """Every live node streams to two live peers, each holding every message the node has unfinished."""
+    addresses = {ring.address(i): i for i in ring.live}
+    for origin in ring.live:
+        doc = ring.doc(origin)["replication"]
+        peers = [peer["address"] for peer in doc["peers"] if peer["state"] == "connected" and not peer["lagging"]]
+        if len(peers) != 2 or not all(address in addresses for address in peers):
+            return False
+        if any(peer["pending_messages"] for peer in doc["peers"]):
+            return False
+        if any(ring.held(addresses[address], origin) != ring.depth(origin) for address in peers):
+            return False
+    return True
+
+
+def test_a_peer_gone_for_good_is_replaced_and_every_message_has_three_copies_again(daemons, tmp_path):
+    # a ring of five: node i keeps copies on i + 1 and i + 2, and replaces either by i + 3 or i + 4 after 2 s
+    ring = Ring(tmp_path, daemons, 5, "--replication-replace-after=2s", candidates=True)
+    for index in range(5):
+        ring.publish(index, 100, f"n{index}")
+    wait_for(lambda: _three_copies(ring), timeout=30, message="three copies")
+    ring.nodes[0].kill()  # gone for good: its disk with it
+    ring.live.remove(0)
+    began = time.monotonic()
+    wait_for(lambda: _three_copies(ring), timeout=60, message="three copies again without node0")
+    took = time.monotonic() - began
+    print(f"\nthree copies of every message again {took:.1f} s after node0's death (replace after 2 s)")
+    assert sum(ring.depth(i) for i in ring.live) == 500  # node0's adopted by one replica, none lost
+    assert sorted(ring.doc(i)["replication"]["replaced_peers"] for i in ring.live) == [0, 0, 1, 1]
+    stop_all([node for node in daemons if node.is_running()])

@@ -7,7 +7,8 @@ channels' real dispatchers to consumers that never FIN) and says what each part 
 - the parts, from ``sys.getsizeof`` rounded up to the 16-byte blocks of CPython's small-object allocator (and the
   cyclic collector's 16-byte header where the object has one): the message object, its ID, the body's bytes
   object over the body itself, the deque's slot, each further channel's copy, and, in flight and deferred, the
-  heap's and the map's entries;
+  heap's and the map's entries; a queue of packed messages (``nsqd/queues/packed.py``) has no message object,
+  16 bytes of joined ID and the segment's slot for the body;
 - ``traced``: the growth of the Python heap per message seen by ``tracemalloc`` (sizes as asked, before rounding);
 - ``rss``: the growth of this process's resident set per message (what the allocator really took from the system).
 
@@ -116,14 +117,20 @@ def measure(channels: int, state: str, messages: int, body_size: int, traced: bo
 
 def parts(topic: Topic, state: str, body_size: int) -> dict:
     """The parts of one message, from a sample of what the topic and its channels hold."""
-    if not topic.channels and type(topic.queue._runs[0]).__name__ == "_Packed":
-        run = topic.queue._runs[0]  # packed (nsqd/queues/packed.py): no message object, the ID in a joined run
-        row = {"message": 0, "id": len(run.ids) // len(run.bodies), "body over size": object_cost(run.bodies[0])}
+    holders = [topic.queue] if not topic.channels else [c.queue for c in topic.channels.values()]
+    if state != "in flight" and holders[0]._runs and type(holders[0]._runs[0]).__name__ == "_Window":
+        # packed (nsqd/queues/packed.py): no message object, the ID in the segment's joined IDs; each queue holds
+        # a window on the segment, one object for all its messages
+        packed = holders[0]._runs[0].packed
+        row = {
+            "message": 0,
+            "id": len(packed.ids) // len(packed.bodies),
+            "body over size": object_cost(packed.bodies[0]),
+        }
         row.update({"copies": 0, "copy each": 0, "slots": 8})  # the bodies list's slot
         row["body over size"] -= body_size
         row["sum"] = row["id"] + row["body over size"] + row["slots"]
         return row
-    holders = [topic.queue] if not topic.channels else [c.queue for c in topic.channels.values()]
     if state == "in flight":
         sample = [next(iter(c.in_flight._entries.values()))[0] for c in topic.channels.values()]
     elif state == "deferred" and topic.channels:
@@ -148,11 +155,13 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
         row["slots"] = len(topic.channels) * (allocated(sys.getsizeof(entry)) + 24 * 3 // 2 + 8 + 8)
     else:
         if topic.channels:
-            # per channel: the heap's (due, seq, message) tuple, its due float and seq int, the list slot
+            # the heap's (due, seq, message) tuple, its due float and seq int, made once for every channel's heap
+            # (nsqd/queues/deferred.py), and a list slot per channel
             heap = next(iter(topic.channels.values())).deferred._heap
             due, seq, _ = heap[-1]
-            one = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq) + 8
-            row["slots"] = len(topic.channels) * one
+            shared = len({id(c.deferred._heap[-1]) for c in topic.channels.values()}) == 1
+            entry = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq)
+            row["slots"] = (1 if shared else len(topic.channels)) * entry + 8 * len(topic.channels)
         else:
             row["slots"] = 8
     row["sum"] = row["message"] + row["id"] + row["body over size"] + row["copies"] * row["copy each"] + row["slots"]

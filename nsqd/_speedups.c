@@ -790,12 +790,15 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
 
 /* new_messages(cls, ids, bodies, timestamp, defer) -> list
 
-   nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i, with every slot that
+   nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i (timestamp[i] when
+   timestamp is a list; the i-th 16 bytes when ids is a bytes object of them joined: the module's
+   NEW_MESSAGES_PACKED says this build takes both, as a packed queue hands them), with every slot that
    Message.__init__ sets (MESSAGE_SLOTS, in this order: id, body, timestamp, attempts, defer, client,
    delivered_at, disk_token) written directly where its member descriptor says, then untracked as untrack_atomic
    would. The Python class call runs __init__ as a Python frame per message, most of a PUB's publish;
    tests/nsqd/test_message_collector.py compares every slot with the Python twin's. */
 #define MESSAGE_SLOTS 8
+#define MESSAGE_ID_SIZE 16  /* nsqd's IDs (protocol.message.MESSAGE_ID_LENGTH) */
 static const char *message_slots[MESSAGE_SLOTS] = {"id", "body", "timestamp", "attempts", "defer", "client",
                                                    "delivered_at", "disk_token"};
 static PyTypeObject *message_class = NULL;  /* the class whose offsets are cached (a strong reference) */
@@ -839,16 +842,25 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyTypeObject *cls;
     PyObject *ids, *bodies, *timestamp, *defer;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO", &PyType_Type, &cls, &PyList_Type, &ids, &PyList_Type, &bodies,
-                          &timestamp, &defer))
+    if (!PyArg_ParseTuple(args, "O!OO!OO", &PyType_Type, &cls, &ids, &PyList_Type, &bodies, &timestamp, &defer))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(ids);
-    if (PyList_GET_SIZE(bodies) != n) {
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    int joined = PyBytes_Check(ids);  /* the IDs joined, MESSAGE_ID_SIZE bytes each: a bytes object made for each */
+    if (!joined && !PyList_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "new_messages takes the ids as a list or joined in bytes");
+        return NULL;
+    }
+    if (joined ? PyBytes_GET_SIZE(ids) != n * MESSAGE_ID_SIZE : PyList_GET_SIZE(ids) != n) {
         PyErr_SetString(PyExc_ValueError, "ids and bodies differ in length");
         return NULL;
     }
     if (cls != message_class && message_layout(cls) < 0)
         return NULL;
+    int stamps = PyList_Check(timestamp);  /* one timestamp per message */
+    if (stamps && PyList_GET_SIZE(timestamp) != n) {
+        PyErr_SetString(PyExc_ValueError, "ids and timestamps differ in length");
+        return NULL;
+    }
     int deferred = PyObject_IsTrue(defer);
     if (deferred < 0)
         return NULL;
@@ -858,17 +870,26 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
     if (messages == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *message = cls->tp_alloc(cls, 0);
+        PyObject *id;
+        if (joined)
+            id = PyBytes_FromStringAndSize(PyBytes_AS_STRING(ids) + i * MESSAGE_ID_SIZE, MESSAGE_ID_SIZE);
+        else {
+            id = PyList_GET_ITEM(ids, i);
+            Py_INCREF(id);
+        }
+        PyObject *message = id == NULL ? NULL : cls->tp_alloc(cls, 0);
         if (message == NULL) {
+            Py_XDECREF(id);
             Py_DECREF(messages);
             return NULL;
         }
-        PyObject *values[MESSAGE_SLOTS] = {PyList_GET_ITEM(ids, i), PyList_GET_ITEM(bodies, i), timestamp,
+        PyObject *values[MESSAGE_SLOTS] = {id, PyList_GET_ITEM(bodies, i),
+                                           stamps ? PyList_GET_ITEM(timestamp, i) : timestamp,
                                            zero_int, defer, Py_None, zero_float, minus_one};
-        for (int k = 0; k < MESSAGE_SLOTS; k++) {
-            Py_INCREF(values[k]);
+        for (int k = 1; k < MESSAGE_SLOTS; k++)
+            Py_INCREF(values[k]);  /* the id's reference is already the message's */
+        for (int k = 0; k < MESSAGE_SLOTS; k++)
             *(PyObject **)((char *)message + message_offsets[k]) = values[k];
-        }
         untrack_if_atomic(message);
         PyList_SET_ITEM(messages, i, message);
     }
@@ -914,6 +935,85 @@ claim_shared(PyObject *Py_UNUSED(self), PyObject *batch)
     Py_RETURN_NONE;
 }
 
+/* deliver_frames(batch, client, now, out) -> int
+
+   nsqd.dispatch.deliver_frames in C: for each message of the list, attempts + 1, client and delivered_at (the
+   float now) stored, and its frame appended to the list out in three pieces: the header up to the attempts
+   (size, frame type 2, timestamp, attempts; the same bytes object again while those stay the same, as the
+   messages of one publish share their timestamp and usually their size), the ID and the body. Returns the
+   bodies' bytes. The slots are written where Message's member descriptors say (MESSAGE_SLOTS); the batch's
+   messages are the channel's own (claim_shared ran before). */
+#define FRAME_PREFIX_SIZE 18  /* int32 size, int32 frame type, int64 timestamp, uint16 attempts */
+#define FRAME_OVERHEAD 30     /* what the size field counts besides the body: frame type 4 + message header 26 */
+
+static void
+put_be(unsigned char *at, unsigned long long value, int bytes)
+{
+    for (int i = bytes - 1; i >= 0; i--, value >>= 8)
+        at[i] = (unsigned char)(value & 0xff);
+}
+
+static PyObject *
+deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *batch, *client, *now, *out;
+    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyList_Type, &batch, &client, &PyFloat_Type, &now, &PyList_Type, &out))
+        return NULL;
+    PyObject *prefix = NULL;
+    long long last_size = -1, last_timestamp = 0, last_attempts = -1;
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
+        PyObject *message = PyList_GET_ITEM(batch, i);
+        PyTypeObject *cls = Py_TYPE(message);
+        if (cls != message_class && message_layout(cls) < 0)
+            goto error;
+        PyObject **slot[MESSAGE_SLOTS];
+        for (int k = 0; k < MESSAGE_SLOTS; k++)
+            slot[k] = (PyObject **)((char *)message + message_offsets[k]);
+        PyObject *id = *slot[0], *body = *slot[1], *timestamp = *slot[2], *attempts = *slot[3];
+        if (id == NULL || body == NULL || timestamp == NULL || attempts == NULL) {
+            PyErr_Format(PyExc_AttributeError, "%s has a slot not set", cls->tp_name);
+            goto error;
+        }
+        long long count = PyLong_AsLongLong(attempts);
+        long long stamp = PyLong_AsLongLong(timestamp);
+        Py_ssize_t size = PyObject_Length(body);
+        if ((count == -1 || stamp == -1 || size < 0) && PyErr_Occurred())
+            goto error;
+        count += 1;
+        PyObject *counted = PyLong_FromLongLong(count);
+        if (counted == NULL)
+            goto error;
+        Py_SETREF(*slot[3], counted);
+        Py_INCREF(client);
+        Py_SETREF(*slot[5], client);
+        Py_INCREF(now);
+        Py_SETREF(*slot[6], now);
+        if (prefix == NULL || size != last_size || stamp != last_timestamp || count != last_attempts) {
+            PyObject *made = PyBytes_FromStringAndSize(NULL, FRAME_PREFIX_SIZE);
+            if (made == NULL)
+                goto error;
+            unsigned char *at = (unsigned char *)PyBytes_AS_STRING(made);
+            put_be(at, (unsigned long long)(size + FRAME_OVERHEAD), 4);
+            put_be(at + 4, 2, 4);  /* FRAME_TYPE_MESSAGE */
+            put_be(at + 8, (unsigned long long)stamp, 8);
+            put_be(at + 16, (unsigned long long)count, 2);
+            Py_XSETREF(prefix, made);
+            last_size = size;
+            last_timestamp = stamp;
+            last_attempts = count;
+        }
+        if (PyList_Append(out, prefix) < 0 || PyList_Append(out, *slot[0]) < 0 || PyList_Append(out, *slot[1]) < 0)
+            goto error;
+        total += size;
+    }
+    Py_XDECREF(prefix);
+    return PyLong_FromLongLong(total);
+error:
+    Py_XDECREF(prefix);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
     {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
@@ -925,6 +1025,7 @@ static PyMethodDef methods[] = {
     {"new_messages", new_messages, METH_VARARGS, "Messages of a published batch, made without __init__."},
     {"track_all", track_all, METH_O, "Track again the objects of a list that the collector does not."},
     {"claim_shared", claim_shared, METH_O, "Replace the messages of a list that are referenced elsewhere by copies."},
+    {"deliver_frames", deliver_frames, METH_VARARGS, "Mark a batch delivered and append its frames to a list."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -948,5 +1049,8 @@ PyInit__speedups(void)
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    if (created != NULL && PyModule_AddIntConstant(created, "NEW_MESSAGES_PACKED", 1) < 0)
+        Py_CLEAR(created);
+    return created;
 }

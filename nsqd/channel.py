@@ -1,9 +1,10 @@
 """Channel: one consumer group's copy of a topic's stream.
 
 State kept per channel:
-- a bounded memory deque of ready messages (``--mem-queue-size``) whose overflow goes to the
+- a bounded memory queue of ready messages (``--mem-queue-size``) whose overflow goes to the
   channel's disk queue (ephemeral channels have none and drop overflow, as nsqd does); the
-  dispatcher refills the deque from disk in small batches when it runs dry;
+  dispatcher refills it from disk in small batches when it runs dry. Published messages wait there
+  packed, as a window on the topic's segment (``queues/packed.py``), the others as objects;
 - the in-flight queue (messages delivered and not yet FIN/REQ'd, with their timeout deadline);
 - the deferred queue (REQ with a delay, DPUB) ordered by due time;
 - its consumers, and a mailbox of those that have credit, served by the channel's dispatcher actor.
@@ -52,10 +53,12 @@ from .message import Message, encode_record, split_messages
 from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
 from .queues.deferred_index import DeferredIndex
 from .queues.inflight import EMPTY_IN_FLIGHT, InFlightQueue
+from .queues.packed import PackedQueue
 
 if TYPE_CHECKING:  # for annotations only: the queues import nothing of the channel
     from .queues.diskqueue import DiskQueue
     from .queues.offset_log import OffsetLog
+    from .queues.packed import _Packed
 
 __all__ = ["Channel", "ChannelError"]
 
@@ -89,7 +92,8 @@ class Channel:
         self.exiting = False
         self.replication = None  # the origin's Replicator when this channel is replicated (nsqd/replication/)
 
-        self.queue: deque[Message] = deque()
+        # messages kept packed (a window on the topic's segment, queues/packed.py) or as objects
+        self.queue = PackedQueue()
         self.backend = backend
         # durable mode: the disk queue holds what it hands out until released (see the module notes)
         self.durable = backend is not None and backend.hold_reads
@@ -185,6 +189,36 @@ class Channel:
             stored = self._enqueue(messages, topic_token)
             self.wake(preempt=True)
         return stored
+
+    def put_deferred(self, entries: list[tuple[float, int, Message]]) -> bool:
+        """Accept deferred messages from the topic pump with their deferred heap entries, made once for all its
+        channels (``queues/deferred.py``); a log channel or durable mode takes the messages by ``put_many``."""
+        if self.log is not None or self.durable:
+            return self.put_many([entry[2] for entry in entries], True)
+        self.message_count += len(entries)
+        self.changed.add(self)
+        push = self.open_deferred().push_entry
+        for entry in entries:
+            push(entry)
+        return True
+
+    def put_window(self, packed: _Packed, start: int, end: int) -> None:
+        """Accept the messages ``start`` to ``end`` of a topic's segment (queues/packed.py): kept as they are
+        while the memory queue has room for them, nothing is on disk before them and none has a delay; else as
+        objects, by ``put_many``'s rules."""
+        count = end - start
+        if (
+            self.mem_queue_size - self.queue.count >= count
+            and not packed.deferred
+            and self.log is None
+            and not self._backlog_on_disk()
+        ):
+            self.message_count += count
+            self.changed.add(self)
+            self.queue.extend_window(packed, start, end)
+            self.wake(preempt=True)
+        else:
+            self.put_many(packed.messages(start, end))
 
     def _put_durable_deferred(self, messages: list[Message], topic_token: int) -> bool:
         """Durable mode: deferred messages go to the disk queue like the others, their due time to the index;
@@ -314,7 +348,7 @@ class Channel:
         return backend is not None and backend.has_unread()
 
     def refill(self, count: int) -> bool:
-        """Read up to ``count`` messages from disk into the memory deque; True if any came. Messages listed
+        """Read up to ``count`` messages from disk into the memory queue; True if any came. Messages listed
         in the deferred index go to the deferred heap instead (and reading goes on)."""
         backend = self.backend
         if backend is None:

@@ -6,7 +6,8 @@ time slices ordered by consumed run time rather than by how many consumers each 
 1. takes a consumer from the channel's mailbox (consumers with credit, each at most once),
 2. hands it up to ``min(credit, BATCH)`` messages: records them in flight with one deadline
    ``now + client.msg_timeout`` (one call, one heap entry for the batch: ``queues/inflight.py``),
-   then per message attempts + 1 and its frame appended to the client's output buffer,
+   then per message attempts + 1 and its frame appended to the client's output buffer
+   (``deliver_frames``, in C when the accelerator is built),
 3. puts the consumer back at the tail of the mailbox while it still has credit (round robin),
 4. stops at the end of the slice or when messages or consumers run out.
 
@@ -38,6 +39,7 @@ from protocol.message import MESSAGE_HEADER_SIZE
 
 from .actors import Actor
 from .message import claim_shared, track_all
+from .speedups import load as load_speedups
 
 __all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
 
@@ -57,6 +59,42 @@ _FRAME_OVERHEAD = 4 + MESSAGE_HEADER_SIZE  # what the size field counts besides 
 
 def _no_interlude() -> None:
     pass
+
+
+def _deliver_frames(batch: list, client, now: float, out: list) -> int:
+    """Mark each message of ``batch`` delivered to ``client`` at ``now`` (attempts + 1) and append its frame to
+    ``out``; returns the bodies' bytes. The frames go in pieces that the flush joins: the header up to the
+    attempts, the ID, the body (so a body is copied once). The messages of one publish share their timestamp and
+    usually their size and attempts, so a header prefix is packed only when one of those differs from the previous
+    message's. The C twin (``nsqd/_speedups.c``) does the same with no Python frame per message."""
+    append = out.append
+    pack_prefix = _pack_frame_prefix
+    nbytes = 0
+    last_size = last_timestamp = last_attempts = -1
+    prefix = b""
+    for message in batch:
+        attempts = message.attempts + 1
+        message.attempts = attempts
+        message.client = client
+        message.delivered_at = now
+        body = message.body
+        size = len(body)
+        timestamp = message.timestamp
+        if size != last_size or timestamp != last_timestamp or attempts != last_attempts:
+            prefix = pack_prefix(size + _FRAME_OVERHEAD, FRAME_TYPE_MESSAGE, timestamp, attempts)
+            last_size = size
+            last_timestamp = timestamp
+            last_attempts = attempts
+        append(prefix)
+        append(message.id)
+        append(body)
+        nbytes += size
+    return nbytes
+
+
+#: the C twin when the accelerator is built (an accelerator built before it had the function, not rebuilt since,
+#: leaves the Python one)
+deliver_frames = getattr(load_speedups(), "deliver_frames", _deliver_frames)
 
 
 class ChannelDispatcher(Actor):
@@ -103,10 +141,9 @@ class ChannelDispatcher(Actor):
             return False
         channel.changed.add(channel)  # its queue and in-flight counts may move (stats_cache.py)
         queue = channel.queue
-        popleft = queue.popleft
+        take = queue.take
         mailbox = channel.mailbox
         push_in_flight = None  # the channel's in-flight queue is made at its first delivery (``open_in_flight``)
-        pack_prefix = _pack_frame_prefix
         clock = trio.current_time
         now = clock()
         touched: dict = {}
@@ -120,8 +157,9 @@ class ChannelDispatcher(Actor):
             interlude = system.interlude
             every = system.interlude_seconds
         interlude_at = now + every if every else math.inf
-        # the topic's channels (a live view): while it has more than one, they hold the same message objects
-        # until each delivers its own (nsqd/message.py: ``claim_shared``)
+        # the topic's channels (a live view): while it has more than one, they may hold the same message
+        # objects until each delivers its own (nsqd/message.py: ``claim_shared``; the packed ones a queue
+        # hands out are its own already)
         siblings = getattr(channel.topic, "channels", ())
         while mailbox:
             if not queue:
@@ -139,8 +177,7 @@ class ChannelDispatcher(Actor):
             if credit <= 0 or client.channel is not channel:
                 client.in_mailbox = False
                 continue
-            count = min(credit, BATCH, len(queue))
-            batch = [popleft() for _ in range(count)]
+            batch = take(min(credit, BATCH))  # packed ones made now, fresh for this channel (queues/packed.py)
             if client.sample_rate:
                 batch = self._sample(batch, client.sample_rate)
             if len(siblings) > 1:
@@ -151,32 +188,7 @@ class ChannelDispatcher(Actor):
             if refused:
                 batch = self._drop_refused(batch, refused)
             track_all(batch)  # before the client is stored in them (nsqd/message.py: the cyclic collector)
-            # The frames go to the output buffer in pieces that the flush joins: the header up to the
-            # attempts, the ID, the body (so a body is copied once). The messages of one publish share
-            # their timestamp and usually their size and attempts, so a header prefix is packed only
-            # when one of those differs from the previous message's.
-            frames = client.out
-            append = frames.append
-            nbytes = 0
-            last_size = last_timestamp = last_attempts = -1
-            prefix = b""
-            for message in batch:
-                attempts = message.attempts + 1
-                message.attempts = attempts
-                message.client = client
-                message.delivered_at = now
-                body = message.body
-                size = len(body)
-                timestamp = message.timestamp
-                if size != last_size or timestamp != last_timestamp or attempts != last_attempts:
-                    prefix = pack_prefix(size + _FRAME_OVERHEAD, FRAME_TYPE_MESSAGE, timestamp, attempts)
-                    last_size = size
-                    last_timestamp = timestamp
-                    last_attempts = attempts
-                append(prefix)
-                append(message.id)
-                append(body)
-                nbytes += size
+            nbytes = deliver_frames(batch, client, now, client.out)
             sent = len(batch)
             if sent:
                 client.in_flight += sent

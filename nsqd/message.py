@@ -1,14 +1,15 @@
 """The message as nsqd keeps it: the wire fields plus per-channel delivery state.
 
-Shared until delivered. The topic pump hands every channel the same message objects: a message waiting in a
-queue (or a deferred heap) is never changed there, and the per-channel state (attempts, the client, the time of
-delivery) begins at its delivery. So a channel's dispatcher, about to deliver a batch it popped, makes its own
-copy of each message that anything else still references (``claim_shared``: another channel's queue or heap;
-the last channel to deliver it takes the object itself), and only while the topic has more than one channel
-(one alone has nothing to share with). A queued message thus costs its object, ID and body once per topic, and
-each further channel a deque slot (bench/README.md, "Where a queued message's bytes go"), instead of an object
-per channel made at publish time. A copy has the attempts the topic's message has (0 for a publish; nsqd's own
-pump gives the first channel the topic's message and the others fresh ones at 0).
+Made at delivery, shared until then. A published message usually has no object while it waits: the topic's
+segment holds its parts and each channel's queue a window on them (``queues/packed.py``); a channel's queue
+makes its own objects when its dispatcher takes them (``new_messages``, the IDs joined), so attempts, the client
+and the time of delivery are each channel's from the start. Messages that come as objects (a disk backlog's, a
+takeover's, deferred ones) are handed to every channel as the same objects instead: such a message is never
+changed while it waits in a queue or a deferred heap, and a channel's dispatcher, about to deliver a batch it
+took, makes its own copy of each message that anything else still references (``claim_shared``: another
+channel's queue or heap; the last channel to deliver it takes the object itself), and only while the topic has
+more than one channel (one alone has nothing to share with). A copy has the attempts the topic's message has (0
+for a publish; nsqd's own pump gives the first channel the topic's message and the others fresh ones at 0).
 
 The cyclic collector. A message as published references only bytes and numbers, so it cannot be part of a
 reference cycle, and reference counting frees it; but as an instance of a Python class it is tracked, and each
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 from itertools import repeat
 from sys import getrefcount
 
+from protocol.message import MESSAGE_ID_LENGTH
 from protocol.message import Message as WireMessage
 
 from .queues.segment_reader import SplitRecords
@@ -47,6 +49,9 @@ if _speedups is not None:
 else:  # not built, or TRIONSQ_NO_SPEEDUPS: nothing untracked, nothing to track again
     _new_messages = None
     untrack_atomic = track_all = _leave_to_the_collector
+#: the C ``new_messages`` takes a list of timestamps and joined IDs (an accelerator built before it did, not rebuilt
+#: since, is left the lists of IDs with one timestamp)
+_packed_in_c = bool(getattr(_speedups, "NEW_MESSAGES_PACKED", 0))
 
 
 class Message(WireMessage):
@@ -72,15 +77,25 @@ class Message(WireMessage):
         self.disk_token = -1
 
 
-def new_messages(ids: list[bytes], bodies: list[bytes], timestamp: int, defer: float = 0.0) -> list[Message]:
-    """A published batch's messages, one timestamp for all, left out of the cyclic collector's walks (see the
-    module notes). In C when the accelerator is built (``nsqd/_speedups.c``: the slots written directly, no
+def new_messages(
+    ids: list[bytes] | bytes, bodies: list[bytes], timestamp: int | list[int], defer: float = 0.0
+) -> list[Message]:
+    """A published batch's messages, one timestamp for all (or a list of them, one per message), left out of the
+    cyclic collector's walks (see the module notes). ``ids``: a list, or the IDs joined (16 bytes each, as a packed
+    queue keeps them). In C when the accelerator is built (``nsqd/_speedups.c``: the slots written directly, no
     ``__init__`` frame per message); here ``map`` calls the class from C: about 40% cheaper per message than a
-    comprehension, and MPUB pays it on every message."""
-    if _new_messages is not None:
+    comprehension, and a delivery of packed messages pays it on every message."""
+    if _new_messages is not None and (_packed_in_c or (type(timestamp) is not list and type(ids) is list)):
         return _new_messages(Message, ids, bodies, timestamp, defer)
+    if isinstance(ids, bytes):
+        if len(ids) != MESSAGE_ID_LENGTH * len(bodies):
+            raise ValueError("ids and bodies differ in length")
+        ids = [ids[start : start + MESSAGE_ID_LENGTH] for start in range(0, len(ids), MESSAGE_ID_LENGTH)]
     count = len(ids)
-    if defer:
+    if isinstance(timestamp, list):
+        assert len(timestamp) == count
+        messages = list(map(Message, ids, bodies, timestamp, repeat(0, count), repeat(defer, count)))
+    elif defer:
         messages = list(map(Message, ids, bodies, repeat(timestamp, count), repeat(0, count), repeat(defer, count)))
     else:
         messages = list(map(Message, ids, bodies, repeat(timestamp, count)))

@@ -1,10 +1,13 @@
 """Topic: the stream producers publish to, copied to every channel.
 
 A topic keeps a bounded memory queue (``--mem-queue-size``) and, unless ephemeral, a disk queue
-for what does not fit. Its pump hands its messages to every channel that exists at that moment: all of
-them get the topic's own objects, which a channel copies only when it delivers one (nsqd/message.py).
-Without channels, or while paused, messages accumulate in the topic, as in nsqd; what a publish leaves there
-is kept packed, without an object per message, until the pump takes it (``queues/packed.py``).
+for what does not fit. Its pump hands its messages to every channel that exists at that moment. A publish
+is kept packed, without an object per message, in the topic's open segment (``queues/packed.py``): every
+channel's queue gets a window on it, and makes the objects only when it delivers them. Without channels, or
+while paused, messages accumulate in the topic, as in nsqd, its own queue holding the windows until the pump
+hands them on. What comes as objects (a disk backlog, a takeover, deferred messages) reaches every channel
+as the topic's own objects, which a channel copies only when it delivers one (nsqd/message.py), and a
+deferred message's heap entry is made once for all of them (``queues/deferred.py``).
 
 The memory part of the pump is synchronous and runs right after a publish, when a channel is
 added and on unpause, so a publish reaches the channels with no task switch. A backlog on disk is
@@ -49,8 +52,9 @@ from protocol.replication import OP_PAUSED, OP_UNPAUSED
 from .channel import Channel
 from .guid import GUIDFactory, GUIDUnavailable
 from .message import Message, encode_record, new_messages, split_messages
+from .queues.deferred import entry as deferred_entry
 from .queues.deferred_index import DeferredIndex
-from .queues.packed import PackedQueue
+from .queues.packed import PackedQueue, Segments, pack_ids
 
 if TYPE_CHECKING:  # for annotations only
     from .queues.diskqueue import DiskQueue
@@ -108,6 +112,9 @@ class Topic:
         self.channels: dict[str, Channel] = {}
         # what nothing takes yet (no channel, paused, held): published messages packed, no object each
         self.queue = PackedQueue()
+        # the segment publishes are packed in, shared by the topic's queue and its channels' (queues/packed.py);
+        # made by the first publish
+        self._segments: Segments | None = None
         # False: no deferred (DPUB) message in ``queue``, so the channels need not look at each one
         self._queue_deferred = False
         self.message_count = 0
@@ -152,20 +159,30 @@ class Topic:
             ids = self.new_ids(len(bodies))
         queue = self.queue
         count = len(bodies)
+        size = sum(map(len, bodies))
+        taken = not (self.paused or self.held or not self.channels)
         if (
-            (self.paused or self.held or not self.channels)
-            and self.mem_queue_size - queue.count >= count
+            self.mem_queue_size - queue.count >= count
+            and not (taken and defer)
             and not self._backlog_on_disk()
+            and count
+            and (joined := pack_ids(ids)) is not None
         ):
-            # nothing takes them now: kept as their parts until the pump hands them over (queues/packed.py)
-            queue.extend_published(ids, bodies, now_ns, defer)
-            if defer:
-                self._queue_deferred = True
+            # kept as their parts (queues/packed.py), in the topic's queue until the pump hands them over when
+            # nothing takes them now, else in each channel's (the same segment for all)
+            packed, start, end = (self._segments or self._make_segments()).add(joined, bodies, now_ns, defer, size)
             self.message_count += count
-            self.message_bytes += sum(map(len, bodies))
+            self.message_bytes += size
             self.changed.add(self)
+            if taken:
+                for channel in list(self.channels.values()):
+                    channel.put_window(packed, start, end)
+            else:
+                queue.extend_window(packed, start, end)
+                if defer:
+                    self._queue_deferred = True
         else:
-            self._accept(new_messages(ids, bodies, now_ns, defer), sum(map(len, bodies)), bool(defer), defer_sync)
+            self._accept(new_messages(ids, bodies, now_ns, defer), size, bool(defer), defer_sync)
         if self.replication is not None:
             self.replication.offer_published(self.name, ids, bodies, now_ns, defer)
 
@@ -262,21 +279,41 @@ class Topic:
         queue = self.queue
         if not queue or self.paused or self.held or not self.channels or self.exiting:
             return
-        batch = queue.take_all()
         self.changed.add(self)
         deferred = self._queue_deferred
         self._queue_deferred = False
-        self._copy_to_channels(batch, deferred)
+        for run in queue.take_runs():
+            if isinstance(run, list):
+                self._copy_to_channels(run, deferred)
+                continue
+            packed, start, end = run
+            if packed.deferred:  # the channels' deferred heaps take objects
+                self._copy_to_channels(packed.messages(start, end), True)
+                continue
+            for channel in list(self.channels.values()):
+                channel.put_window(packed, start, end)
 
     def _copy_to_channels(self, batch: list[Message], deferred: bool | None = None, token: int = -1) -> bool:
         """True when every channel stored the batch where it should (False: a channel's disk failed).
         ``deferred``: whether some message may have a delay (None: the channels look). ``token``: the
         batch's first record token in durable mode (see ``owe_record``). Every channel gets the same message
         objects: a channel's dispatcher copies a message it delivers while another channel still holds it
-        (``message.claim_shared``)."""
+        (``message.claim_shared``); with several channels, the same deferred heap entries too."""
+        channels = list(self.channels.values())
+        if deferred is not False and token < 0 and len(channels) > 1:
+            # each deferred message's heap entry made once, for every channel's deferred queue (queues/deferred.py)
+            later = [m for m in batch if m.defer]
+            if later:
+                now = trio.current_time()
+                entries = [deferred_entry(m, now + m.defer) for m in later]
+                for channel in channels:
+                    channel.put_deferred(entries)
+                batch = [m for m in batch if not m.defer]
+                deferred = False
         stored = True
-        for channel in list(self.channels.values()):
-            stored = channel.put_many(batch, deferred, token) and stored
+        if batch:
+            for channel in channels:
+                stored = channel.put_many(batch, deferred, token) and stored
         return stored
 
     def owe_record(self, token: int) -> None:
@@ -351,6 +388,10 @@ class Topic:
             if due_ns is not None and due_ns > now_ns:
                 m.defer = (due_ns - now_ns) / 1e9
         index.reader_moved(self.backend.read_position())
+
+    def _make_segments(self) -> Segments:
+        self._segments = Segments()
+        return self._segments
 
     def _make_guid(self) -> GUIDFactory:
         self.guid = GUIDFactory(self.node_id)

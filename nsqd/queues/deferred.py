@@ -1,8 +1,12 @@
 """The deferred queue: messages that must wait until a due time (``DPUB``, ``REQ`` with a delay).
 
-A min-heap of ``(due, seq, item)``. ``seq`` grows with every push, so items with the same due time leave in push
-order (FIFO) and items themselves are never compared. ``push`` is O(log n), ``pop_due(now)`` is O(k log n) for the
-k items whose due time is ``<= now``; the queue scanner calls it and puts those items back on the channel queue.
+A min-heap of ``(due, seq, item)``. ``seq`` grows with every push (one counter for every queue), so items with the
+same due time leave in push order (FIFO) and items themselves are never compared. Such an entry never changes, so
+several queues can hold the same one (``entry`` makes it, ``push_entry`` takes it): a topic's channels share the
+entry of each deferred message they all get, as they share the message (nsqd/topic.py), and a further channel
+costs a heap slot instead of a tuple, a ``float`` and an ``int``. ``push`` is O(log n), ``pop_due(now)`` is
+O(k log n) for the k items whose due time is ``<= now``; the queue scanner calls it and puts those items back on
+the channel queue.
 
 The queue does no I/O and reads no clock: due times are plain floats on the caller's clock (``trio.current_time()``).
 """
@@ -11,34 +15,44 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from itertools import count
 from typing import Generic, TypeVar
 
-__all__ = ["EMPTY_DEFERRED", "DeferredQueue"]
+__all__ = ["EMPTY_DEFERRED", "DeferredQueue", "entry"]
 
 T = TypeVar("T")
+
+#: the ``seq`` of every entry, in every queue
+_sequence = count()
+
+
+def entry(item: T, due: float) -> tuple[float, int, T]:
+    """A heap entry holding ``item`` until ``due``, for ``push_entry`` (of one queue or several)."""
+    return (due, next(_sequence), item)
 
 
 class DeferredQueue(Generic[T]):
     """Items held until their due time; popped earliest first, FIFO among equal due times."""
 
-    __slots__ = ("_heap", "_next_seq", "on_active")
+    __slots__ = ("_heap", "on_active")
 
     def __init__(self) -> None:
         #: called when the queue goes from empty to holding something (nsqd's queue scanner: QueueScanner.activate)
         self.on_active: Callable[[], None] | None = None
         self._heap: list[tuple[float, int, T]] = []
-        self._next_seq = 0
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def push(self, item: T, due: float) -> None:
         """Hold ``item`` until ``due``."""
-        seq = self._next_seq
-        self._next_seq = seq + 1
+        self.push_entry((due, next(_sequence), item))
+
+    def push_entry(self, entry: tuple[float, int, T]) -> None:
+        """Hold ``entry``'s item until its due time (``entry(item, due)`` made it; other queues may hold it too)."""
         if not self._heap and self.on_active is not None:
             self.on_active()
-        heapq.heappush(self._heap, (due, seq, item))
+        heapq.heappush(self._heap, entry)
 
     def pop_due(self, now: float) -> list[T]:
         """Remove and return the items whose due time is ``<= now``, earliest first."""
@@ -68,7 +82,7 @@ class _Unopened(DeferredQueue):
 
     __slots__ = ()
 
-    def push(self, item: T, due: float) -> None:
+    def push_entry(self, entry: tuple[float, int, T]) -> None:
         raise TypeError("the shared empty deferred queue holds nothing: its owner opens a queue of its own")
 
 

@@ -1,6 +1,6 @@
 import random
 
-from nsqd.queues.deferred import DeferredQueue
+from nsqd.queues.deferred import DeferredQueue, entry
 
 
 def test_empty():
@@ -70,3 +70,16 @@ def test_random_operations_match_a_sorted_model():
             assert q.pop_due(now) == due_now
         assert len(q) == len(model)
         assert q.peek_due() == min((due for due, _ in model), default=None)
+
+
+def test_queues_share_entries_and_keep_fifo_with_their_own_pushes():
+    first, second = DeferredQueue(), DeferredQueue()
+    first.push("own", 5.0)
+    shared = [entry("a", 5.0), entry("b", 1.0)]
+    for queue in (first, second):
+        for made in shared:
+            queue.push_entry(made)
+    second.push("later own", 5.0)
+    assert first._heap[0] is second._heap[0] is shared[1]
+    assert first.pop_due(5.0) == ["b", "own", "a"]
+    assert second.pop_due(5.0) == ["b", "a", "later own"]

@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from nsqd import dispatch as dispatch_module
 from nsqd.actors import ActorSystem
 from nsqd.channel import Channel
 from nsqd.client import Client, ClientState
@@ -76,6 +77,26 @@ async def test_a_batch_goes_out_as_nsq_message_frames():
     for m in messages:
         assert channel.in_flight.get(m.id) is m and m.client is client
         assert channel.in_flight.deadline(m.id) == pytest.approx(now + 30.0, abs=1.0)
+
+
+TWINS = [pytest.param(dispatch_module._deliver_frames, id="python")]
+if dispatch_module.load_speedups() is not None and hasattr(dispatch_module.load_speedups(), "deliver_frames"):
+    TWINS.append(pytest.param(dispatch_module.load_speedups().deliver_frames, id="c"))
+
+
+@pytest.mark.parametrize("deliver", TWINS)
+def test_deliver_frames_in_c_and_in_python(deliver):
+    messages = _messages()
+    messages.append(Message(b"%016x" % 99, memoryview(b"viewed"), 2000, 0))  # any sized body, as the Python twin
+    owner = object()
+    out: list = []
+    assert deliver(messages, owner, 12.5, out) == sum(len(m.body) for m in messages)
+    assert b"".join(out) == b"".join(encode_message_frame(m) for m in messages)
+    assert all(m.client is owner and m.delivered_at == 12.5 for m in messages)
+    assert [m.attempts for m in messages] == [1, 1, 1, 1, 1, 1, 4, 1, 1]
+    prefixes = out[::3]
+    assert [a is b for a, b in pairwise(prefixes)] == [True, True, False, False, False, False, False, False]
+    assert deliver([], owner, 1.0, out) == 0 and len(out) == 27
 
 
 async def test_batches_are_bounded_by_credit_and_each_consumer_gets_its_own_deadline():

@@ -80,6 +80,31 @@ def test_messages_made_in_c_hold_what_the_python_twin_makes(defer):
         new_messages(ids, bodies[:2], 1234)
 
 
+@pytest.mark.parametrize("twin", ["c", "python"])
+def test_messages_with_a_timestamp_each(twin, monkeypatch):
+    """A packed queue's delivery across publishes (nsqd/queues/packed.py): one call, a timestamp per message, the
+    IDs joined."""
+    if twin == "python":
+        monkeypatch.setattr(message_module, "_new_messages", None)
+    elif not message_module._packed_in_c:
+        pytest.skip("nsqd._speedups not built (or built before it took a list), or TRIONSQ_NO_SPEEDUPS set")
+    ids = [b"%016d" % n for n in range(3)]
+    made = new_messages(ids, [b"a", b"b", b"c"], [10, 10, 11])
+    expected = [Message(i, b, t) for i, b, t in zip(ids, [b"a", b"b", b"c"], [10, 10, 11], strict=True)]
+    for got, want in zip(made, expected, strict=True):
+        assert [getattr(got, slot) for slot in SLOTS] == [getattr(want, slot) for slot in SLOTS]
+    joined = new_messages(b"".join(ids), [b"a", b"b", b"c"], [10, 10, 11])  # the IDs as a packed queue keeps them
+    assert [[getattr(m, slot) for slot in SLOTS] for m in joined] == [
+        [getattr(m, slot) for slot in SLOTS] for m in made
+    ]
+    with pytest.raises(ValueError):
+        new_messages(b"".join(ids)[:-1], [b"a", b"b", b"c"], 10)
+    if twin == "c":
+        assert not any(gc.is_tracked(m) for m in made + joined)
+        with pytest.raises(ValueError):
+            new_messages(ids, [b"a", b"b", b"c"], [10, 11])
+
+
 def _cycle_through(message: Message, retrack: bool) -> weakref.ref:
     holder = _Holder()
     holder.messages = [message]

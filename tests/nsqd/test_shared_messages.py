@@ -1,5 +1,7 @@
-"""A topic's channels share its message objects until each delivers its own (nsqd/message.py): ``claim_shared``
-in C and in Python, and what a channel's consumers, FINs, REQs and timeouts do to the other channels' copies."""
+"""A topic's channels share what it holds: its segment of published messages (each channel's queue a window on
+it, nsqd/queues/packed.py), and the message objects it hands them (a disk backlog's, a takeover's, deferred ones)
+until each delivers its own (nsqd/message.py): ``claim_shared`` in C and in Python, and what a channel's
+consumers, FINs, REQs and timeouts do to the other channels' copies."""
 
 from __future__ import annotations
 
@@ -58,61 +60,64 @@ def _topic(channels: int) -> Topic:
     return topic
 
 
-async def test_channels_share_queued_messages_and_deliver_their_own():
+async def test_channels_share_the_topics_segment_and_deliver_their_own():
     topic = _topic(3)
     topic.publish([b"a", b"b", b"c"])
     first, second, third = topic.channels.values()
+    windows = [c.queue._runs[0] for c in (first, second, third)]
+    assert len({id(w.packed) for w in windows}) == 1 and {(w.start, w.end) for w in windows} == {(0, 3)}
     queued = list(first.queue)
-    assert all(
-        list(c.queue) == queued and all(x is y for x, y in zip(c.queue, queued, strict=True)) for c in (second, third)
-    )
     client = _consumer(first, 1, rdy=100)
     first.dispatcher.dispatch(math.inf)
     delivered = [first.in_flight.get(m.id) for m in queued]
-    assert all(m is not q and m.client is client and m.attempts == 1 for m, q in zip(delivered, queued, strict=True))
+    assert all(m.client is client and m.attempts == 1 for m in delivered)
     assert all(m.client is None and m.attempts == 0 and m.delivered_at == 0.0 for m in second.queue)
     assert [m.body for m in delivered] == [b"a", b"b", b"c"] and delivered[0].body is queued[0].body
-    # a REQ puts the first channel's own copy back; the others still hold the topic's objects
+    # a REQ puts the first channel's own object back; the others still hold their windows
     first.requeue(client, queued[0].id, 0.0)
-    assert first.queue[0] is delivered[0] and first.queue[0].attempts == 1
-    assert second.queue[0] is queued[0] and second.queue[0].attempts == 0
+    (requeued,) = first.queue
+    assert requeued is delivered[0] and requeued.attempts == 1
+    assert [m.attempts for m in second.queue] == [0, 0, 0] and type(second.queue._runs[0]) is type(windows[0])
     first.finish(client, queued[1].id)
-    # the second channel copies too (the third still holds them); the last one takes the objects themselves
     other = _consumer(second, 2, rdy=100)
     second.dispatcher.dispatch(math.inf)
-    assert all(second.in_flight.get(q.id) is not q and second.in_flight.get(q.id).client is other for q in queued)
-    ids = [q.id for q in queued]
-    del queued, delivered
-    last = _consumer(third, 3, rdy=100)
-    held = [id(m) for m in third.queue]
-    third.dispatcher.dispatch(math.inf)
-    assert [id(third.in_flight.get(i)) for i in ids] == held
-    assert all(third.in_flight.get(i).client is last for i in ids)
+    theirs = [second.in_flight.get(q.id) for q in queued]
+    assert all(m.client is other and m.attempts == 1 for m in theirs)
+    assert not any(a is b for a, b in zip(theirs, delivered, strict=True))
+    assert [m.body for m in third.queue] == [b"a", b"b", b"c"]
 
 
-async def test_a_single_channel_delivers_the_topics_objects():
-    topic = _topic(1)
-    topic.publish([b"x", b"y"])
-    (channel,) = topic.channels.values()
-    queued = list(channel.queue)
-    _consumer(channel, 1, rdy=10)
-    channel.dispatcher.dispatch(math.inf)
-    assert [channel.in_flight.get(m.id) for m in queued] == queued
-    assert all(channel.in_flight.get(m.id) is m for m in queued)
+async def test_objects_handed_to_every_channel_are_shared_until_delivered():
+    topic = _topic(2)
+    first, second = topic.channels.values()
+    given = [Message(b"%016d" % n, b"kept %d" % n, 1000, 2) for n in range(2)]  # a takeover's, say: attempts 2
+    topic.put_many(given)
+    assert all(x is y for x, y in zip(first.queue, second.queue, strict=True))
+    client = _consumer(first, 1, rdy=10)
+    first.dispatcher.dispatch(math.inf)
+    mine = [first.in_flight.get(m.id) for m in given]
+    assert all(m is not g and m.attempts == 3 and m.client is client for m, g in zip(mine, given, strict=True))
+    assert [(m.attempts, m.client) for m in second.queue] == [(2, None), (2, None)]
+    held = [id(m) for m in second.queue]
+    del given, mine
+    _consumer(second, 2, rdy=10)
+    second.dispatcher.dispatch(math.inf)  # the last holder takes the objects themselves
+    assert sorted(id(entry[0]) for entry in second.in_flight._entries.values()) == sorted(held)
 
 
 async def test_deferred_messages_are_shared_until_due_and_timeouts_keep_the_channels_apart():
     topic = _topic(2)
     topic.publish([b"later"], 5.0)
     first, second = topic.channels.values()
-    assert first.deferred._heap[0][2] is second.deferred._heap[0][2]
+    assert first.deferred._heap[0] is second.deferred._heap[0]  # one heap entry for both (queues/deferred.py)
     now = trio.current_time()
     assert first.process_queues(now + 6.0) and second.process_queues(now + 6.0)
-    assert first.queue[0] is second.queue[0]
+    (shared,) = first.queue
+    assert shared is next(iter(second.queue))
     client = _consumer(first, 1, rdy=10, msg_timeout=1.0)
     first.dispatcher.dispatch(math.inf)
-    (delivered,) = [first.in_flight.get(m.id) for m in second.queue]
-    assert delivered is not second.queue[0] and delivered.client is client
+    delivered = first.in_flight.get(shared.id)
+    assert delivered is not shared and delivered.client is client
     assert first.process_queues(trio.current_time() + 2.0)  # the delivery timed out: back to the first channel
-    assert first.queue[0] is delivered and delivered.attempts == 1 and delivered.client is None
-    assert second.queue[0].attempts == 0 and second.queue[0].client is None
+    assert next(iter(first.queue)) is delivered and delivered.attempts == 1 and delivered.client is None
+    assert shared.attempts == 0 and shared.client is None and next(iter(second.queue)) is shared

@@ -96,7 +96,7 @@ def _topic(document: dict, topic: str) -> dict:
 def _deliver(channel, client) -> bytes:
     """What the dispatcher does for one message: from the queue into flight, owned by the client."""
     channel.changed.add(channel)  # (as the dispatcher's slice does)
-    message = channel.queue.popleft()
+    (message,) = channel.queue.take(1)
     message.client = client
     message.delivered_at = trio.current_time()
     channel.open_in_flight().push(message.id, message, trio.current_time() + 60.0)

@@ -20,7 +20,10 @@ async def test_a_batch_reaches_every_channel_as_the_topics_own_messages():
     ours, theirs = list(first.queue), list(second.queue)
     assert [m.body for m in ours] == [m.body for m in theirs] == bodies
     assert [m.id for m in ours] == [m.id for m in theirs]
-    assert all(a is b for a, b in zip(ours, theirs, strict=True))  # shared until delivered (nsqd/message.py)
+    # one segment for both, each queue a window on it; the objects are made for each queue as it hands them out
+    (window,), (other,) = first.queue._runs, second.queue._runs
+    assert window is not other and window.packed is other.packed and (window.start, window.end) == (0, 300)
+    assert not any(a is b for a, b in zip(ours, theirs, strict=True))
     ids = [m.id for m in ours]
     assert len(set(ids)) == len(ids) and ids == sorted(ids)
     assert all(len(i) == 16 and split_id(i).node_id == 7 for i in ids)

@@ -480,6 +480,9 @@ class DiskQueue:
             key += 4 + len(record)
         self._read_pos = self._write_pos
         self._depth -= len(records)
+        reader = self._reader
+        if reader is not None and reader.sums is not None:  # its side file's place follows the records taken
+            reader.sums.index += len(records)
         return first
 
     def _write_parts(self, parts: list[bytes], records: list[bytes]) -> None:

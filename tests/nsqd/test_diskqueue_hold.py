@@ -240,3 +240,20 @@ def test_put_many_held_takes_what_it_writes_as_read_when_the_reader_was_at_the_w
     assert q2.read_many_held(10)[1] == records[3:]
     q2.close()
     q.close()
+
+
+def test_records_put_many_held_takes_as_read_are_not_counted_lost_when_their_file_ends(tmp_path):
+    """The reader opened a file with its side file of checksums, caught up, and later records were taken as read
+    at once: passing the file's end must not count them as records the file lost (a replica's store did, and
+    asked its origin for a new backfill at every file under steady load)."""
+    damaged: list[int] = []
+    records = [message(n, body_size=60) for n in range(8)]
+    q = held_queue(tmp_path, max_bytes_per_file=400, checksums=True, on_damage=lambda _q, count: damaged.append(count))
+    q.put_many(records[:1])
+    assert q.read_many_held(5) == (0, records[:1])  # the reader has the first file open, checked
+    assert q.put_many_held(records[1:2]) == 1  # taken as read at once
+    assert q.put_many_held(records[2:4]) == 2
+    assert q.put_many_held(records[4:6]) is None  # the file is full: a new one, left for the reader
+    assert q.read_many_held(5) == (4, records[4:6])  # passing the first file's end
+    assert damaged == [] and q.statistics().damaged == 0
+    q.close()

@@ -31,7 +31,6 @@ from protocol.replication import (
     E_NODE_CONFLICT,
     E_STORE_FAILED,
     HEARTBEAT_FRAME,
-    MAGIC_R1,
     PROTOCOL_VERSION_MIN,
     Ack,
     Adopted,
@@ -59,7 +58,7 @@ from protocol.replication import (
 
 from ..streams import PrefixedStream
 from .adopted import FRAME_IDS, AdoptedIds, note_takeover, place
-from .sender import receive_adopted, receive_event, unreachable
+from .sender import receive_adopted, receive_event, side_connection, unreachable
 from .store import ReplicaStore, store_nodes
 
 __all__ = ["ReplicaHost", "OriginStatistics"]
@@ -391,19 +390,11 @@ class ReplicaHost:
         not confirmed is ``E_NODE_CONFLICT``: whatever a connection says of itself, it cannot stream for a node
         it is not (a dead node's name would force a takeover, and a clean HELLO with an empty backfill would drop
         that node's copies), and two nodes that share a name find out."""
-        host, _, port = hello.node.rpartition(":")
-        host = host.strip("[]")
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
-                try:
-                    await stream.send_all(MAGIC_R1)
-                    if tls:
-                        stream = trio.SSLStream(stream, self._client_tls(), server_hostname=host)
+                async with side_connection(hello.node, self._client_tls() if tls else None) as stream:
                     await stream.send_all(encode(Confirm(hello.node, hello.session)))
                     answer = await receive_event(stream, ReplicationDecoder())
-                finally:
-                    await trio.aclose_forcefully(stream)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError) as exc:
             why = str(exc) or type(exc).__name__
         except trio.TooSlowError:
@@ -437,23 +428,16 @@ class ReplicaHost:
     async def _ask(self, peer: str, node: str) -> tuple[Holding, list[bytes]] | None:
         """Ask ``peer`` (as the origin ``node`` names it) what it holds and adopted of ``node``; None when it does not
         answer (down, or a node of a version without ASK, which answers ERROR)."""
-        host, _, port = peer.rpartition(":")
-        host = host.strip("[]")
+        tls = self._client_tls() if self.nsqd.tls_context is not None else None
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
-                try:
-                    await stream.send_all(MAGIC_R1)
-                    if self.nsqd.tls_context is not None:
-                        stream = trio.SSLStream(stream, self._client_tls(), server_hostname=host)
+                async with side_connection(peer, tls) as stream:
                     await stream.send_all(encode(Ask(node)))
                     decoder = ReplicationDecoder()
                     answer = await receive_event(stream, decoder)
                     if type(answer) is not Holding:
                         return None
                     ids = await receive_adopted(stream, decoder, answer.adopted) if answer.adopted else []
-                finally:
-                    await trio.aclose_forcefully(stream)
         except (OSError, ValueError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             return None
         except ProtocolError:

@@ -26,11 +26,11 @@ import os
 import trio
 
 from protocol.errors import ProtocolError
-from protocol.replication import MAGIC_R1, Error, Heartbeat, ReplicationDecoder, Welcome, encode
+from protocol.replication import Error, Heartbeat, ReplicationDecoder, Welcome, encode
 
 from ..auth import AuthError, http_get
 from ..lookup import ACCEPT_V1
-from .sender import CONNECT_TIMEOUT, RETRY_MAX, Replicator, receive_adopted, receive_event
+from .sender import CONNECT_TIMEOUT, RETRY_MAX, Replicator, receive_adopted, receive_event, side_connection
 
 log = logging.getLogger("nsqd")
 
@@ -175,15 +175,8 @@ class PeerReplacer:
         """Tell ``old`` that it is no longer a replica of this node: it drops what it holds (HELLO ``release``), and
         what it adopted meanwhile comes back in its WELCOME, as from any peer. Quiet while it is unreachable."""
         replicator = self.replicator
-        host, _, port = old.rpartition(":")
-        host = host.strip("[]")
         try:
-            with trio.fail_after(CONNECT_TIMEOUT):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
-            async with stream:
-                await stream.send_all(MAGIC_R1)
-                if replicator.ssl_context is not None:
-                    stream = trio.SSLStream(stream, replicator.ssl_context, server_hostname=host)
+            async with side_connection(old, replicator.ssl_context, CONNECT_TIMEOUT) as stream:
                 decoder = ReplicationDecoder(version=replicator.version)
                 await stream.send_all(encode(replicator.hello(old, release=True)))
                 with trio.fail_after(CONNECT_TIMEOUT):

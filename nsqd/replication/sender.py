@@ -20,9 +20,11 @@ The sender task writes likewise without a turn of the loop when the socket takes
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -78,6 +80,7 @@ __all__ = [
     "load_state",
     "receive_event",
     "save_state",
+    "side_connection",
 ]
 
 log = logging.getLogger("nsqd")
@@ -1070,6 +1073,24 @@ async def unreachable(node: str) -> str | None:
         return str(exc) or type(exc).__name__
     await stream.aclose()
     return None
+
+
+@contextlib.asynccontextmanager
+async def side_connection(node: str, ssl_context, connect_timeout: float = math.inf):
+    """A connection of its own to ``node`` (``host:port``, an nsqd's TCP address) for one exchange beside the
+    streams (CONFIRM, ASK, a HELLO ``release``): connected within ``connect_timeout``, the replication magic sent,
+    TLS on when ``ssl_context`` is given; closed at once when the block ends."""
+    host, _, port = node.rpartition(":")
+    host = host.strip("[]")
+    with trio.fail_after(connect_timeout):
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
+    try:
+        await stream.send_all(MAGIC_R1)
+        if ssl_context is not None:
+            stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
+        yield stream
+    finally:
+        await trio.aclose_forcefully(stream)
 
 
 async def receive_adopted(stream, decoder: ReplicationDecoder, count: int) -> list[bytes]:

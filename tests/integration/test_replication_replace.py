@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.integration.copies_ring import CopiesRing
 from tests.integration.harness import NsqdProcess, RawClient, free_port, stop_all
 from tests.integration.http_helpers import post, stats, wait_for
 
@@ -21,43 +23,16 @@ GONE = 2  # c: a and b keep copies on it
 BACKLOG = 2000  # messages per node before the kill
 
 
-class Ring:
+class Ring(CopiesRing):
+    """The ring of five of these tests: each node may replace a peer gone for 2 s by one of its two others."""
+
+    ready_timeout = 60.0
+
     def __init__(self, tmp_path, daemons) -> None:
-        self.tmp_path = tmp_path
-        self.daemons = daemons
-        self.ports = [free_port() for _ in NAMES]
-        self.nodes: list[NsqdProcess] = []
-        self.live = list(range(len(NAMES)))
-        for index in range(len(NAMES)):
-            self.nodes.append(self.start(index))
-        wait_for(self.healthy, timeout=60, message="ring replicating")
+        super().__init__(tmp_path, daemons, len(NAMES), "--replication-replace-after=2s", candidates=True)
 
-    def address(self, index: int) -> str:
-        return f"127.0.0.1:{self.ports[index % len(NAMES)]}"
-
-    def start(self, index: int) -> NsqdProcess:
-        node = NsqdProcess(
-            self.tmp_path / NAMES[index],
-            [
-                "--broadcast-address=127.0.0.1",
-                f"--tcp-address={self.address(index)}",
-                f"--replicate-to={self.address(index + 1)}",
-                f"--replicate-to={self.address(index + 2)}",
-                "--replica-takeover-timeout=1s",
-                "--replication-replace-after=2s",
-                # the two nodes that are not its peers
-                *(f"--replication-candidates={self.address(index + other)}" for other in (3, 4)),
-                f"--node-id={index + 1}",
-            ],
-        )
-        self.daemons.append(node)
-        node.start()
-        if len(self.nodes) > index:
-            self.nodes[index] = node
-        return node
-
-    def doc(self, index: int) -> dict:
-        return stats(self.nodes[index].http())
+    def node_dir(self, index: int) -> Path:
+        return self.tmp_path / NAMES[index]
 
     def peers(self, index: int) -> list[str]:
         return [peer["address"] for peer in self.doc(index)["replication"]["peers"]]
@@ -74,20 +49,6 @@ class Ring:
                 if peer["address"] not in {self.address(other) for other in self.live}:
                     return False
         return True
-
-    def held(self, holder: int, origin: int) -> int:
-        for entry in self.doc(holder)["replication"]["replicas"]:
-            if entry["node"] == self.address(origin):
-                return entry["held_messages"]
-        return 0
-
-    def depth(self, index: int) -> int:
-        for topic in self.doc(index)["topics"] or ():
-            if topic["topic_name"] == "t":
-                for entry in topic["channels"]:
-                    if entry["channel_name"] == "c":
-                        return entry["depth"] + entry["in_flight_count"] + entry["deferred_count"]
-        return 0
 
     def three_copies(self) -> bool:
         """Every live node's unfinished messages are held by both of its peers."""

@@ -317,7 +317,9 @@ class NSQD:
             self.metadata = MeshMetadata(self.data_path, self.topics, logger=log)
         else:
             self.lookup = RelayLookup(self, mesh)
-            self.metadata = RelayMetadata(self.data_path, self.topics, mesh.links[0], logger=log)
+            self.metadata = RelayMetadata(
+                self.data_path, self.topics, mesh.links[0], sync_socket=mesh.metadata_socket, logger=log
+            )
 
     def metadata_changed(self, topic_name: str) -> None:
         """A topic, one of its channels or a paused flag changed: nsqd.dat follows shortly (metadata.py)."""

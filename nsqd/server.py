@@ -24,6 +24,7 @@ from protocol.version import version_string
 from runtime.collector import FreezingCollector
 from runtime.daemon import accept_connections, adopt_listeners, format_address
 from runtime.http_server import HTTPServer
+from runtime.logfmt import set_log_level
 
 from .actors import ActorSystem
 from .auth import Authenticator
@@ -453,6 +454,17 @@ class NSQD:
         """Replace ``--lookupd-tcp-address`` at run time: close the peers left out, connect the new ones."""
         self.lookup.set_addresses(list(addresses))
 
+    def configure(self, opt: str, value: Any) -> None:
+        """``PUT /config/<opt>`` in this process, ``value`` checked (with ``--workers``, each worker makes it)."""
+        if opt == "nsqlookupd_tcp_addresses":
+            self.set_lookupd_addresses(value)
+            log.info("CONFIG: nsqlookupd_tcp_addresses set to %s", value)
+        elif opt == "log_level":
+            set_log_level(log, value)
+            self.opts.log_level = value
+        else:
+            raise KeyError(opt)
+
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
 
@@ -518,7 +530,7 @@ class NSQD:
                         self, https_listeners, name="HTTPS", ssl_context=self.tls_context
                     )
                     self.https_address = await nursery.start(self.https_server.run)
-                if opts.statsd_address:
+                if opts.statsd_address and (self.mesh is None or self.mesh.index == 0):
                     await nursery.start(StatsdPusher(self).run)
                 nursery.start_soon(self._sync_loop)
                 await nursery.start(self.replica_host.run)

@@ -28,6 +28,7 @@ the node; see ``supervisor.py``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -49,7 +50,7 @@ from protocol.lookup_v1 import encode_register, encode_unregister
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
-from .stats import NodeStats, collect
+from .stats import NodeStats, collect, memory_of_processes
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
@@ -421,14 +422,27 @@ class WorkerMesh:
 
     async def drain(self, timeout: float) -> None:
         """The first phase of a stop, once this worker's client connections are closed: tell every other worker,
-        and wait until each has said the same (or is gone, or ``timeout``). A link's records arrive in order, so
-        every publish a worker acknowledged is here before its ``drained``, and is published before this worker
-        stops its topics."""
+        which stops too if it was not stopping, and wait until each has said the same (or is gone, or ``timeout``,
+        a bound against a worker that hangs). A link's records arrive in order, so every publish a worker
+        acknowledged is here before its ``drained``, and is published before this worker stops its topics."""
         for link in self.links.values():
             link.send(("drained",))
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(timeout) as waited:
             for peer in self.links:
                 await self._drained[peer].wait()
+        if waited.cancelled_caught:
+            late = [peer for peer, drained in self._drained.items() if not drained.is_set()]
+            log.error("WORKERS: stopping without what workers %s acknowledged: no word in %.1fs", late, timeout)
+
+    async def configure(self, opt: str, value: Any) -> None:
+        """``PUT /config``'s change, made here already, in every other worker, each answering once made."""
+        async with trio.open_nursery() as nursery:
+            for peer in self.links:
+                nursery.start_soon(self._configure, peer, opt, value)
+
+    async def _configure(self, peer: int, opt: str, value: Any) -> None:
+        with contextlib.suppress(WorkerGone):  # it stopped: the node is stopping
+            await self.call(peer, "config", opt, value)
 
     async def subscribe(self, client: Client, topic_name: str, channel_name: str) -> RemoteChannel:
         """SUB at the topic's owner; raises the ``ProtocolError`` it answered."""
@@ -479,7 +493,7 @@ class WorkerMesh:
             start_time=own.start_time,
             uptime_ns=own.uptime_ns,
             topics=tuple(topics) if own.topics is not None or topics else None,
-            memory=own.memory,
+            memory=memory_of_processes([part.memory for part in parts if part.memory]) if own.memory else None,
             producers=tuple(producers) if own.producers is not None or producers else None,
             tcp_connections=sum(part.tcp_connections for part in parts),
             http_connections=sum(part.http_connections for part in parts),
@@ -592,6 +606,9 @@ class WorkerMesh:
 
     def _on_drained(self, peer: int) -> None:
         self._drained[peer].set()
+        if not self.nsqd.exiting:  # it stops alone (a signal to it only): the node stops with it, now
+            log.info("WORKERS: worker %d is stopping: stopping", peer)
+            self.nsqd.exit()
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
         """Into the topic here as a publish of a connection here; None, or why it was refused."""
@@ -705,6 +722,10 @@ class WorkerMesh:
         if request.deferred is not None:
             run_deferred(request, log)
 
+    def _on_config(self, peer: int, call_id: int, opt: str, value: Any) -> None:
+        self.nsqd.configure(opt, value)
+        self._answer(peer, call_id, None)
+
     def _on_stats(self, peer: int, call_id: int, channel, include_clients: bool, include_mem: bool) -> None:
         stats = collect(
             self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem
@@ -761,6 +782,7 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "out": WorkerMesh._on_out,
     "http": WorkerMesh._on_http,
     "stats": WorkerMesh._on_stats,
+    "config": WorkerMesh._on_config,
     "lookup": WorkerMesh._on_lookup,
     "meta": WorkerMesh._on_meta,
     "metasync": WorkerMesh._on_metasync,

@@ -25,6 +25,7 @@ from protocol.version import version_string
 from runtime.collector import FreezingCollector
 from runtime.daemon import accept_connections, adopt_listeners, format_address
 from runtime.http_server import HTTPServer
+from runtime.logfmt import set_log_level
 
 from .actors import ActorSystem
 from .auth import Authenticator
@@ -320,7 +321,9 @@ class NSQD:
             self.metadata = MeshMetadata(self.data_path, self.topics, logger=log)
         else:
             self.lookup = RelayLookup(self, mesh)
-            self.metadata = RelayMetadata(self.data_path, self.topics, mesh.links[0], logger=log)
+            self.metadata = RelayMetadata(
+                self.data_path, self.topics, mesh.links[0], sync_socket=mesh.metadata_socket, logger=log
+            )
 
     def metadata_changed(self, topic_name: str) -> None:
         """A topic, one of its channels or a paused flag changed: nsqd.dat follows shortly (metadata.py)."""
@@ -454,6 +457,17 @@ class NSQD:
         """Replace ``--lookupd-tcp-address`` at run time: close the peers left out, connect the new ones."""
         self.lookup.set_addresses(list(addresses))
 
+    def configure(self, opt: str, value: Any) -> None:
+        """``PUT /config/<opt>`` in this process, ``value`` checked (with ``--workers``, each worker makes it)."""
+        if opt == "nsqlookupd_tcp_addresses":
+            self.set_lookupd_addresses(value)
+            log.info("CONFIG: nsqlookupd_tcp_addresses set to %s", value)
+        elif opt == "log_level":
+            set_log_level(log, value)
+            self.opts.log_level = value
+        else:
+            raise KeyError(opt)
+
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
 
@@ -519,7 +533,7 @@ class NSQD:
                         self, https_listeners, name="HTTPS", ssl_context=self.tls_context
                     )
                     self.https_address = await nursery.start(self.https_server.run)
-                if opts.statsd_address:
+                if opts.statsd_address and (self.mesh is None or self.mesh.index == 0):
                     await nursery.start(StatsdPusher(self).run)
                 nursery.start_soon(self._sync_loop)
                 await nursery.start(self.replica_host.run)

@@ -33,6 +33,7 @@ the node; see ``supervisor.py``).
 from __future__ import annotations
 
 import array
+import contextlib
 import itertools
 import json
 import logging
@@ -57,7 +58,7 @@ from protocol.lookup_v1 import encode_register, encode_unregister
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
-from .stats import NodeStats, collect
+from .stats import NodeStats, collect, memory_of_processes
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
@@ -76,6 +77,8 @@ HAND_OVER_BELOW = 0.7
 _RECEIVE_SIZE = 1 << 18
 #: room for the descriptors of handed-over connections one read of a link can bring (``Link.poll_ready``)
 _FD_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)
+#: how long a worker waits for worker 0 to write nsqd.dat in durable mode before its commit fails
+METADATA_SYNC_TIMEOUT = 10.0
 
 
 def owner_of(name: str | bytes, count: int) -> int:
@@ -330,6 +333,17 @@ class WorkerMesh:
         self.index: int = sockets.index
         self.count: int = sockets.count
         self.links: dict[int, Link] = {peer: Link(self, peer, sock) for peer, sock in sockets.links.items()}
+        #: worker 0: the links on which the others wait for nsqd.dat in durable mode (``RelayMetadata.sync``)
+        self.metadata_links: dict[int, Link] = {}
+        #: another worker: its end of that link, used blocking (``RelayMetadata.sync``)
+        self.metadata_socket = None
+        if self.index == 0:
+            self.metadata_links = {peer: Link(self, peer, sock) for peer, sock in sockets.metadata_links.items()}
+        else:
+            self.metadata_socket = sockets.metadata_links.get(0)
+        #: durable mode: publishes are answered once the group commit that follows their batch covers them
+        self.durable: bool = nsqd.durable
+        self._uncommitted: list[int] | None = None  # in a batch in durable mode: the publishes it took
         self._owners: dict[str | bytes, int] = {}
         self._calls: dict[int, Any] = {}  # request id -> [Event, answer, worker]
         self._callbacks: dict[int, tuple[int, Callable]] = {}  # request id -> (worker, called with the answer)
@@ -364,6 +378,9 @@ class WorkerMesh:
             for link in self.links.values():
                 nursery.start_soon(self._write, link)
                 nursery.start_soon(self._watch, link)
+                self.nsqd.read_poller.add(link.fd, link, again=True)
+            for link in self.metadata_links.values():
+                nursery.start_soon(self._write, link)
                 self.nsqd.read_poller.add(link.fd, link, again=True)
             nursery.start_soon(self._report_load)
             task_status.started()
@@ -452,21 +469,34 @@ class WorkerMesh:
         (``full``): this topic's next publishes here wait for the owner's answer, and are refused as a single
         nsqd refuses them. bench/MULTICORE.md has the argument in full."""
         link = self.links[self.owner(topic_name)]
-        if self.nsqd.sync_barrier or topic_name in self._failing or link.backed_up():
+        if self.durable or topic_name in self._failing or link.backed_up():
             return False
         link.send(("pubq", topic_name, bodies, defer))
         return True
 
     async def drain(self, timeout: float) -> None:
         """The first phase of a stop, once this worker's client connections are closed: tell every other worker,
-        and wait until each has said the same (or is gone, or ``timeout``). A link's records arrive in order, so
-        every publish a worker acknowledged is here before its ``drained``, and is published before this worker
-        stops its topics."""
+        which stops too if it was not stopping, and wait until each has said the same (or is gone, or ``timeout``,
+        a bound against a worker that hangs). A link's records arrive in order, so every publish a worker
+        acknowledged is here before its ``drained``, and is published before this worker stops its topics."""
         for link in self.links.values():
             link.send(("drained",))
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(timeout) as waited:
             for peer in self.links:
                 await self._drained[peer].wait()
+        if waited.cancelled_caught:
+            late = [peer for peer, drained in self._drained.items() if not drained.is_set()]
+            log.error("WORKERS: stopping without what workers %s acknowledged: no word in %.1fs", late, timeout)
+
+    async def configure(self, opt: str, value: Any) -> None:
+        """``PUT /config``'s change, made here already, in every other worker, each answering once made."""
+        async with trio.open_nursery() as nursery:
+            for peer in self.links:
+                nursery.start_soon(self._configure, peer, opt, value)
+
+    async def _configure(self, peer: int, opt: str, value: Any) -> None:
+        with contextlib.suppress(WorkerGone):  # it stopped: the node is stopping
+            await self.call(peer, "config", opt, value)
 
     async def subscribe(self, client: Client, topic_name: str, channel_name: str) -> RemoteChannel:
         """SUB at the topic's owner; raises the ``ProtocolError`` it answered."""
@@ -534,7 +564,7 @@ class WorkerMesh:
             start_time=own.start_time,
             uptime_ns=own.uptime_ns,
             topics=tuple(topics) if own.topics is not None or topics else None,
-            memory=own.memory,
+            memory=memory_of_processes([part.memory for part in parts if part.memory]) if own.memory else None,
             producers=tuple(producers) if own.producers is not None or producers else None,
             tcp_connections=sum(part.tcp_connections for part in parts),
             http_connections=sum(part.http_connections for part in parts),
@@ -545,7 +575,34 @@ class WorkerMesh:
     def handle_batch(self, peer: int, batch: list[tuple]) -> None:
         """The records of one batch, in order; a run of publishes to one topic (PUBs of many connections, read in
         one step of the sender) is published with one ``Topic.publish``, as the fast path publishes a step's PUBs
-        (``fastpath.py``), and each is answered."""
+        (``fastpath.py``), and each is answered. In durable mode the batch ends with a group commit, as a step of
+        connections here does (``queues/group_commit.py``): the publishes it took, and a topic or channel it
+        created, are synced before any of its answers leaves (the link writes them after this step), and a
+        failed sync answers each of its publishes ``sync``, as one nsqd fails them (E_PUB_FAILED)."""
+        if self.durable:
+            self._uncommitted = []
+            try:
+                self._handle_records(peer, batch)
+            finally:
+                self._commit(peer)
+        else:
+            self._handle_records(peer, batch)
+
+    def _commit(self, peer: int) -> None:
+        uncommitted, self._uncommitted = self._uncommitted, None
+        barrier = self.nsqd.sync_barrier
+        reason = "sync" if barrier and not barrier.commit() else None
+        for call_id in uncommitted or ():
+            self._answer(peer, call_id, reason)
+
+    def _answer_published(self, peer: int, call_id: int, reason: str | None) -> None:
+        """A publish's answer; in a batch in durable mode, a publish taken is answered after the commit."""
+        if reason is None and self._uncommitted is not None:
+            self._uncommitted.append(call_id)
+        else:
+            self._answer(peer, call_id, reason)
+
+    def _handle_records(self, peer: int, batch: list[tuple]) -> None:
         run: list[tuple] = []
         for record in batch:
             kind = record[0]
@@ -572,7 +629,7 @@ class WorkerMesh:
             self._on_pubq(peer, topic_name, bodies, 0.0)
             return
         reason = self._publish(topic_name, bodies, 0.0)
-        answer = self._answer
+        answer = self._answer_published
         for record in run:
             answer(peer, record[1], reason)
 
@@ -595,7 +652,7 @@ class WorkerMesh:
             call[0].set()
 
     def _on_pub(self, peer: int, call_id: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
-        self._answer(peer, call_id, self._publish(topic_name, bodies, defer))
+        self._answer_published(peer, call_id, self._publish(topic_name, bodies, defer))
 
     def _on_pubq(self, peer: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
         """A publish the sending worker already acknowledged (``publish_acknowledged``): taken while this worker
@@ -633,6 +690,9 @@ class WorkerMesh:
 
     def _on_drained(self, peer: int) -> None:
         self._drained[peer].set()
+        if not self.nsqd.exiting:  # it stops alone (a signal to it only): the node stops with it, now
+            log.info("WORKERS: worker %d is stopping: stopping", peer)
+            self.nsqd.exit()
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
         """Into the topic here as a publish of a connection here; None, or why it was refused."""
@@ -640,7 +700,7 @@ class WorkerMesh:
         if nsqd.exiting:
             return "exiting"
         try:
-            nsqd.get_topic(topic_name).publish(bodies, defer)
+            nsqd.get_topic(topic_name).publish(bodies, defer, defer_sync=self.durable)  # synced by ``_commit``
         except TopicExiting:
             return "exiting"
         except TopicFull as exc:
@@ -747,6 +807,10 @@ class WorkerMesh:
         if request.deferred is not None:
             run_deferred(request, log)
 
+    def _on_config(self, peer: int, call_id: int, opt: str, value: Any) -> None:
+        self.nsqd.configure(opt, value)
+        self._answer(peer, call_id, None)
+
     def _on_stats(self, peer: int, call_id: int, channel, include_clients: bool, include_mem: bool) -> None:
         stats = collect(
             self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem
@@ -763,10 +827,23 @@ class WorkerMesh:
         if isinstance(lookup, RelayLookup):
             lookup.lookupd_addresses(addresses)
 
-    def _on_meta(self, peer: int, entries: list[bytes]) -> None:
+    def _on_meta(self, peer: int, entries: list[bytes], generation: int = 0) -> None:
         metadata = self.nsqd.metadata
         if isinstance(metadata, MeshMetadata):
-            metadata.remote_changed(peer, entries)
+            metadata.remote_changed(peer, entries, generation)
+
+    def _on_metasync(self, peer: int, entries: list[bytes], generation: int) -> None:
+        """Durable mode: a worker waits, blocked, until nsqd.dat holds its topics as they are now
+        (``RelayMetadata.sync``); answered on the link it asked on, with None or why the write failed."""
+        metadata = self.nsqd.metadata
+        error = None
+        if isinstance(metadata, MeshMetadata):
+            metadata.remote_changed(peer, entries, generation)
+            try:
+                metadata.sync()
+            except OSError as exc:
+                error = str(exc)
+        self.metadata_links[peer].send(("re", generation, error))
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -794,8 +871,10 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "out": WorkerMesh._on_out,
     "http": WorkerMesh._on_http,
     "stats": WorkerMesh._on_stats,
+    "config": WorkerMesh._on_config,
     "lookup": WorkerMesh._on_lookup,
     "meta": WorkerMesh._on_meta,
+    "metasync": WorkerMesh._on_metasync,
     "lookupd_http": WorkerMesh._on_lookupd_http,
 }
 
@@ -907,6 +986,7 @@ class MeshMetadata(MetadataWriter):
     def __init__(self, data_path: str, topics: dict, **kwargs) -> None:
         super().__init__(data_path, topics, **kwargs)
         self.remote: dict[int, list[bytes]] = {}
+        self.generations: dict[int, int] = {}  # worker -> the generation of its entries held (``RelayMetadata``)
 
     def seed(self, owner: int, entry: dict) -> None:
         self.remote.setdefault(owner, []).append(encode_entry(entry))
@@ -917,7 +997,11 @@ class MeshMetadata(MetadataWriter):
             entries.extend(self.remote[worker])
         return entries
 
-    def remote_changed(self, worker: int, entries: list[bytes]) -> None:
+    def remote_changed(self, worker: int, entries: list[bytes], generation: int = 0) -> None:
+        """A worker's entries; older than those held (its two links do not keep each other's order), ignored."""
+        if generation < self.generations.get(worker, 0):
+            return
+        self.generations[worker] = generation
         self.remote[worker] = list(entries)
         self.changes += 1
         if self._idle:
@@ -925,16 +1009,23 @@ class MeshMetadata(MetadataWriter):
 
 
 class RelayMetadata(MetadataWriter):
-    """A worker other than 0: its topics' entries go to worker 0 (``MeshMetadata``) instead of a file."""
+    """A worker other than 0: its topics' entries go to worker 0 (``MeshMetadata``) instead of a file. Each send
+    carries a generation, so that worker 0 keeps the newest of what came over either of its links."""
 
-    def __init__(self, data_path: str, topics: dict, link: Link, **kwargs) -> None:
+    def __init__(self, data_path: str, topics: dict, link: Link, *, sync_socket=None, **kwargs) -> None:
         super().__init__(data_path, topics, **kwargs)
         self.link = link
+        self.sync_socket = sync_socket
+        self.sent = 0
+
+    def _send(self) -> None:
+        self.sent += 1
+        self.link.send(("meta", self._build(), self.sent))
 
     async def _write(self) -> None:
         self._urgent = False
         generation = self.changes
-        self.link.send(("meta", self._build()))
+        self._send()
         self._next_start = trio.current_time() + self.interval
         self.written = generation
         self.writes += 1
@@ -944,5 +1035,46 @@ class RelayMetadata(MetadataWriter):
 
     def write_now(self) -> None:
         generation = self.changes
-        self.link.send(("meta", self._build()))
+        self._send()
         self.written = max(self.written, generation)
+
+    def sync(self) -> None:
+        """Durable mode (``SyncBarrier.commit``): return once worker 0 wrote nsqd.dat with this worker's topics
+        as they are now, or raise ``OSError`` (the commit fails, and the publishes it was to cover with it). The
+        event loop waits, blocked, as it waits for an fsync; worker 0 answers from its read poller and never
+        waits for another worker, so the wait cannot come back to this one."""
+        if self.written >= self.changes:
+            return
+        if self.sync_socket is None:
+            self.write_now()
+            return
+        generation = self.changes
+        self.sent += 1
+        sent = self.sent
+        request = pickle.dumps([("metasync", self._build(), sent)], protocol=pickle.HIGHEST_PROTOCOL)
+        sock = self.sync_socket
+        sock.settimeout(METADATA_SYNC_TIMEOUT)
+        sock.sendall(_LENGTH.pack(len(request)) + request)
+        while True:  # an answer to an earlier request that timed out comes first: skipped
+            for record in _receive_batch(sock):
+                if record[0] == "re" and record[1] == sent:
+                    if record[2] is not None:
+                        raise OSError(f"nsqd.dat not written: {record[2]}")
+                    self.written = max(self.written, generation)
+                    return
+
+
+def _receive_batch(sock) -> list[tuple]:
+    """One batch (``Link``'s framing) read from a blocking socket; ``OSError`` at its end or on its timeout."""
+    header = _receive_exactly(sock, 4)
+    return pickle.loads(_receive_exactly(sock, _LENGTH.unpack(header)[0]))
+
+
+def _receive_exactly(sock, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise OSError("worker 0 is gone")
+        data += chunk
+    return bytes(data)

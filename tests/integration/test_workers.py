@@ -355,6 +355,58 @@ def test_publishes_acknowledged_by_the_accepting_worker_survive_a_stop_meanwhile
         stop_all([node])
 
 
+def stop_every_process(node: NsqdProcess, workers: list[int]) -> int:
+    """SIGTERM to the parent and every worker at once, as ``pkill nsqd`` and systemd's stop send; the exit code."""
+    assert node.proc is not None
+    for pid in [node.proc.pid, *workers]:
+        os.kill(pid, signal.SIGTERM)
+    return node.proc.wait(30)
+
+
+def assert_graceful(node: NsqdProcess, code: int) -> None:
+    errors = [line for line in node.lines if " ERROR: " in line]
+    assert (code, errors) == (0, []), node.log_text()
+
+
+def test_a_stop_signal_while_the_workers_start_is_a_graceful_stop(tmp_path):
+    """A worker is forked before it imports trio and nsqd: a SIGTERM then waits for its handler."""
+    started = r"NSQ: started 2 workers \(pids (\d+) (\d+)\)"
+    node = NsqdProcess(tmp_path / "data", ["--workers=2"]).start(started)
+    try:
+        code = stop_every_process(node, [int(pid) for pid in node.wait_for_log(started, 1).groups()])
+    finally:
+        node.kill()
+    assert_graceful(node, code)
+
+
+def test_a_stop_signal_to_every_process_at_once_is_a_graceful_stop(tmp_path):
+    """``pkill nsqd`` or systemd's stop signals the parent and every worker at once, so each worker gets SIGTERM
+    twice (its own, then the parent's): every round must still exit 0 with no ERROR line, and keep every message."""
+    data = tmp_path / "data"
+    topics = owned_topics("signalled")
+    published = 0
+    for _ in range(4):
+        node = start_node(data)
+        try:
+            depths = {entry["topic_name"]: entry["depth"] for entry in stats(node.listening["HTTP"])["topics"]}
+            assert [depths.get(name, 0) for name in topics] == [published] * 2, node.log_text()
+            producer = RawClient(node.tcp)
+            for name in topics:
+                producer.publish_many(name, [b"%d" % number for number in range(published, published + 10)])
+            producer.close()
+            published += 10
+            code = stop_every_process(node, worker_pids(node))
+        finally:
+            node.kill()
+        assert_graceful(node, code)
+    node = start_node(data)
+    try:
+        depths = {entry["topic_name"]: entry["depth"] for entry in stats(node.listening["HTTP"])["topics"]}
+        assert [depths.get(name, 0) for name in topics] == [published] * 2
+    finally:
+        stop_all([node])
+
+
 def test_a_killed_worker_stops_the_node_and_a_restart_serves_every_topic(tmp_path):
     data = tmp_path / "data"
     node = start_node(data)

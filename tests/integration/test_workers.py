@@ -444,6 +444,45 @@ def test_answers_keep_their_order_across_workers(node):
     client.close()
 
 
+def test_a_producer_goes_to_its_topics_owner_and_stays_one_connection(node):
+    """A producer whose topic the other worker owns is handed over to it after its first publish there: the client
+    sees one connection (its answers in order, a command cut in two across the hand-over, its IDENTIFY and its
+    counts in ``/stats``), and every message arrives once."""
+    topics = owned_topics("handed")
+    producers = [RawClient(node.tcp) for _ in range(12)]
+    for index, producer in enumerate(producers):
+        producer.identify({"user_agent": f"handed-{index}"})
+    for index, producer in enumerate(producers):
+        name = topics[index % 2]
+        producer.publish(name, f"{index}-first".encode())
+        # pipelined, and a PUB whose body comes in a second write: whichever worker reads it, it is whole
+        tail = pub(name, f"{index}-split".encode())
+        producer.send(pub(name, f"{index}-a".encode()) + mpub(name, [f"{index}-b".encode(), b"c"]) + tail[:7])
+        time.sleep(0.01)
+        producer.send(tail[7:])
+        for _ in range(3):
+            producer.expect_ok()
+    node.wait_for_log(r"taken over from another worker", 10)
+    for index, producer in enumerate(producers):
+        producer.publish(topics[index % 2], f"{index}-last".encode())
+    document = stats(node.listening["HTTP"])
+    counts = {entry["topic_name"]: entry["message_count"] for entry in document["topics"]}
+    assert counts == {name: 6 * 6 for name in topics}
+    seen = {entry["user_agent"]: entry["pub_counts"] for entry in document["producers"]}
+    assert len(document["producers"]) == 12
+    for index in range(12):
+        assert seen[f"handed-{index}"] == [{"topic": topics[index % 2], "count": 6}]
+    for first, name in enumerate(topics):
+        listener = consumer(node.tcp, name, "c", ready=100)
+        got = sorted(body for bodies in receive_all([listener], 36) for body in bodies)
+        kinds = ("first", "a", "b", "split", "last")
+        expected = [f"{index}-{kind}".encode() for index in range(first, 12, 2) for kind in kinds] + [b"c"] * 6
+        assert got == sorted(expected)
+        listener.close()
+    for producer in producers:
+        producer.close()
+
+
 def test_one_unix_socket_for_every_worker(tmp_path):
     sock_dir = tempfile.mkdtemp(prefix="nsqw", dir="/tmp")  # short: a socket's path has at most 107 bytes
     path = os.path.join(sock_dir, "nsqd.sock")

@@ -74,12 +74,12 @@ def start_workers(opts, prebound: Prebound) -> Prebound:
     children: dict[int, int] = {}
     parent = os.getpid()
     start_time = int(time.time())
-    # a SIGTERM before the parent's handler is set waits for it (``_supervise``), not the default (death)
+    # a SIGTERM before the parent's handler is set waits for it (``_supervise``), not the default (death); a
+    # worker keeps them blocked until its trio receiver is set (``runtime.daemon.serve_until_signalled``)
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     for index in range(count):
         pid = os.fork()
         if pid == 0:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             return _become_worker(prebound, index, count, pairs, parent, start_time)
         children[pid] = index
     for left, right in pairs.values():
@@ -161,4 +161,6 @@ def _supervise(children: dict[int, int]) -> int:
             log.error("NSQ: worker %d (pid %d) %s: stopping the node", index, pid, how)
             stop_all()
         state["code"] = 1
+    for signum in _STOP_SIGNALS:  # the node has stopped: a late signal must not kill the interpreter's exit
+        signal.signal(signum, signal.SIG_IGN)
     return state["code"]

@@ -11,8 +11,12 @@ one nsqd.
 What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per step of the read
 poller (the records of one step go together), read at the other end by its read poller:
 
-- a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, its answer comes back
-  (the connection's later commands wait for it, so answers keep their order);
+- a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, acknowledged by this
+  worker at once (``publish_acknowledged``), or the owner's answer comes back while its disk refuses the topic;
+- a producer's connection itself: after its first publish to a topic owned elsewhere, a plain producer (no TLS,
+  compression, AUTH or SUB, nothing unsent) goes to that owner with its descriptor (SCM_RIGHTS), its IDENTIFY
+  state and its unparsed bytes (``hand_over``), once, while the owner is not busy (``may_hand_over``): its later
+  publishes cross nothing, and the owner's step reads it with its other producers;
 - a SUB to a channel owned elsewhere: the owner adds a stand-in (``RemoteClient``) to the channel, which it
   dispatches to as to any consumer; the message frames it appends go back to the accepting worker in one record
   per step, which writes them to the socket. RDY, FIN, REQ, TOUCH, CLS and the close go to the owner
@@ -29,14 +33,18 @@ the node; see ``supervisor.py``).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import itertools
 import json
 import logging
 import os
 import pickle
+import socket
 import struct
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -53,7 +61,7 @@ from . import log_commands
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
-from .stats import NodeStats, collect
+from .stats import NodeStats, collect, memory_of_processes
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
@@ -63,7 +71,15 @@ log = logging.getLogger("nsqd")
 _LENGTH = struct.Struct(">I")
 #: how often worker 0 looks whether the lookupds it identified with changed (``MeshLookup``)
 RELAY_INTERVAL = 1.0
+#: how often each worker tells the others how busy it is (``WorkerMesh.may_hand_over``)
+LOAD_INTERVAL = 0.5
+#: a producer's connection goes to its topic's owner only while the owner was busy less than this share of a core
+#: (``WorkerMesh.may_hand_over``): a hot topic's first producers join its owner; once it is busy, the next ones
+#: stay where they were accepted and their publishes cross, so the topic's reads and answers use other cores
+HAND_OVER_BELOW = 0.7
 _RECEIVE_SIZE = 1 << 18
+#: room for the descriptors of handed-over connections one read of a link can bring (``Link.poll_ready``)
+_FD_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)
 #: how long a worker waits for worker 0 to write nsqd.dat in durable mode before its commit fails
 METADATA_SYNC_TIMEOUT = 10.0
 
@@ -95,10 +111,15 @@ class Link:
         self.mesh = mesh
         self.peer = peer
         sock.setblocking(False)
+        self.sock = sock
         self.fd = sock.fileno()
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         self.poller = mesh.nsqd.read_poller
         self.pending: list[tuple] = []
+        #: descriptors of connections handed over to the other worker (``WorkerMesh.hand_over``): they go with the
+        #: next write, as SCM_RIGHTS, and are closed here once sent
+        self.handing: list[int] = []
+        self.received: deque[int] = deque()  # descriptors that came with reads, for the ``hand`` records in order
         self.dirty: dict[RemoteClient, None] = {}  # stand-ins with message frames to send back
         self._wake = trio.Event()
         self._scheduled = False  # a write of what is queued is arranged (step's end, or the writer task)
@@ -152,7 +173,7 @@ class Link:
         if not data:
             return
         try:
-            sent = os.write(self.fd, data)
+            sent = self._write(data)
         except BlockingIOError:
             sent = 0
         except OSError:
@@ -160,6 +181,17 @@ class Link:
         if sent < len(data):
             self._rest = data[sent:]
             self._wake.set()
+
+    def _write(self, data: bytes) -> int:
+        """One non-blocking write of ``data``; the descriptors being handed over go with its first byte."""
+        if not self.handing:
+            return os.write(self.fd, data)
+        fds, self.handing = self.handing, []
+        try:
+            return self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        finally:
+            for fd in fds:  # in flight, the kernel holds its own reference until the other worker takes it
+                os.close(fd)
 
     async def write_loop(self) -> None:
         while True:
@@ -175,6 +207,13 @@ class Link:
                         data = self._encode()
                     if not data:
                         break
+                    if self.handing:
+                        await trio.lowlevel.wait_writable(self.sock)
+                        try:
+                            sent = self._write(data)
+                        except BlockingIOError:
+                            sent = 0
+                        data = data[sent:]
                     await self.stream.send_all(data)
             finally:
                 self._writing = False
@@ -182,11 +221,17 @@ class Link:
     def poll_ready(self) -> None:
         """The read poller found the link readable: handle every whole batch read."""
         try:
-            data = os.read(self.fd, _RECEIVE_SIZE)
+            data, ancillary, _, _ = self.sock.recvmsg(_RECEIVE_SIZE, _FD_SPACE)
         except BlockingIOError:
             return
         except OSError:
             data = b""
+            ancillary = []
+        for level, kind, fds in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received = array.array("i")
+                received.frombytes(fds[: len(fds) - len(fds) % received.itemsize])
+                self.received.extend(received)
         if not data:
             self.poller.discard(self.fd)
             self.lost.set()
@@ -208,17 +253,11 @@ class RemoteClient(Client):
     """In the topic's owner, the stand-in for a consumer connected to another worker: the channel dispatches to
     it as to any client; what it would write goes back to that worker (``Link.mark``), once per step."""
 
-    def __init__(self, link: Link, front_id: int, client_id: int, info: dict) -> None:
-        super().__init__(
-            client_id,
-            info["remote_address"],
-            msg_timeout=info["msg_timeout"],
-            heartbeat_interval=info["heartbeat_interval"],
-            output_buffer_size=info["output_buffer_size"],
-            output_buffer_timeout=info["output_buffer_timeout"],
-        )
-        for name, value in info.items():
-            setattr(self, name, value)
+    link: Link
+    front_id: int
+
+    def attach(self, link: Link, front_id: int) -> None:
+        """Made with ``Client.from_fields``: the link its output goes back over and the other worker's client id."""
         self.link = link
         self.front_id = front_id
         self.direct_flush = self._ship
@@ -317,6 +356,9 @@ class WorkerMesh:
         self._failing: dict[str, str] = {}  # topic -> why its owner's disk refused its last publish
         self._drained: dict[int, trio.Event] = {peer: trio.Event() for peer in self.links}
         self.kept_in_memory = 0  # acknowledged publishes the disk refused here, kept in memory
+        self.handed_over = 0  # connections given to another worker (``hand_over``)
+        self.peer_load: dict[int, float] = {}  # worker -> its share of a core in its last LOAD_INTERVAL
+        self.taken_over = 0  # connections another worker gave to this one (``_on_hand``)
         self._nursery: trio.Nursery | None = None
         self.router: Any = None  # the HTTP router that answers forwarded requests (set by the HTTP API)
 
@@ -343,7 +385,19 @@ class WorkerMesh:
             for link in self.metadata_links.values():
                 nursery.start_soon(self._write, link)
                 self.nsqd.read_poller.add(link.fd, link, again=True)
+            nursery.start_soon(self._report_load)
             task_status.started()
+
+    async def _report_load(self) -> None:
+        """Every ``LOAD_INTERVAL``, tell the others this worker's share of a core since the last time."""
+        cpu, wall = time.process_time(), time.monotonic()
+        while True:
+            await trio.sleep(LOAD_INTERVAL)
+            now_cpu, now_wall = time.process_time(), time.monotonic()
+            share = (now_cpu - cpu) / max(now_wall - wall, 1e-3)
+            cpu, wall = now_cpu, now_wall
+            for link in self.links.values():
+                link.send(("load", share))
 
     async def _write(self, link: Link) -> None:
         try:
@@ -425,14 +479,27 @@ class WorkerMesh:
 
     async def drain(self, timeout: float) -> None:
         """The first phase of a stop, once this worker's client connections are closed: tell every other worker,
-        and wait until each has said the same (or is gone, or ``timeout``). A link's records arrive in order, so
-        every publish a worker acknowledged is here before its ``drained``, and is published before this worker
-        stops its topics."""
+        which stops too if it was not stopping, and wait until each has said the same (or is gone, or ``timeout``,
+        a bound against a worker that hangs). A link's records arrive in order, so every publish a worker
+        acknowledged is here before its ``drained``, and is published before this worker stops its topics."""
         for link in self.links.values():
             link.send(("drained",))
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(timeout) as waited:
             for peer in self.links:
                 await self._drained[peer].wait()
+        if waited.cancelled_caught:
+            late = [peer for peer, drained in self._drained.items() if not drained.is_set()]
+            log.error("WORKERS: stopping without what workers %s acknowledged: no word in %.1fs", late, timeout)
+
+    async def configure(self, opt: str, value: Any) -> None:
+        """``PUT /config``'s change, made here already, in every other worker, each answering once made."""
+        async with trio.open_nursery() as nursery:
+            for peer in self.links:
+                nursery.start_soon(self._configure, peer, opt, value)
+
+    async def _configure(self, peer: int, opt: str, value: Any) -> None:
+        with contextlib.suppress(WorkerGone):  # it stopped: the node is stopping
+            await self.call(peer, "config", opt, value)
 
     async def subscribe(self, client: Client, topic_name: str, channel_name: str) -> RemoteChannel:
         """SUB at the topic's owner; raises the ``ProtocolError`` it answered."""
@@ -446,6 +513,23 @@ class WorkerMesh:
             raise ProtocolError(*refusal)
         self._consumers[client.id] = client
         return RemoteChannel(self, owner, topic_name, channel_name, client.id)
+
+    def may_hand_over(self, owner: int) -> bool:
+        """Whether a producer's connection may go to ``owner`` now: while it was not busy (``HAND_OVER_BELOW``)."""
+        return self.peer_load.get(owner, 0.0) < HAND_OVER_BELOW
+
+    def hand_over(self, owner: int, fd: int, client: Client, unread: bytes) -> None:
+        """Give a producer's connection to ``owner`` (see "Connections go to their topic's owner" in
+        bench/MULTICORE.md): a copy of its descriptor goes with the link's next write, after every record queued
+        before it (its publishes among them), and the owner serves it from there with ``client``'s state and the
+        bytes read here but not parsed yet (``unread``). The caller stops serving it here without a word to the
+        client and closes its own descriptor."""
+        link = self.links[owner]
+        info = {name: getattr(client, name) for name in _CLIENT_FIELDS}
+        info["pub_counts"] = dict(client.pub_counts)
+        link.handing.append(os.dup(fd))
+        link.send(("hand", info, unread))
+        self.handed_over += 1
 
     def consumer_gone(self, client: Client) -> None:
         self._consumers.pop(client.id, None)
@@ -508,7 +592,7 @@ class WorkerMesh:
             start_time=own.start_time,
             uptime_ns=own.uptime_ns,
             topics=tuple(topics) if own.topics is not None or topics else None,
-            memory=own.memory,
+            memory=memory_of_processes([part.memory for part in parts if part.memory]) if own.memory else None,
             producers=tuple(producers) if own.producers is not None or producers else None,
             tcp_connections=sum(part.tcp_connections for part in parts),
             http_connections=sum(part.http_connections for part in parts),
@@ -616,11 +700,27 @@ class WorkerMesh:
             )
             self.links[peer].send(("full", topic_name, str(exc)))
 
+    def _on_hand(self, peer: int, info: dict, unread: bytes) -> None:
+        """A producer's connection the other worker gave to this one (``hand_over``): served here from now on,
+        unless the node is stopping (then closed, as the other worker would have closed it)."""
+        fd = self.links[peer].received.popleft()
+        if self.nsqd.exiting:
+            os.close(fd)
+            return
+        self.taken_over += 1
+        self.nsqd.take_connection(fd, info, unread)
+
+    def _on_load(self, peer: int, share: float) -> None:
+        self.peer_load[peer] = share
+
     def _on_full(self, peer: int, topic_name: str, reason: str) -> None:
         self._failing[topic_name] = reason
 
     def _on_drained(self, peer: int) -> None:
         self._drained[peer].set()
+        if not self.nsqd.exiting:  # it stops alone (a signal to it only): the node stops with it, now
+            log.info("WORKERS: worker %d is stopping: stopping", peer)
+            self.nsqd.exit()
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
         """Into the topic here as a publish of a connection here; None, or why it was refused."""
@@ -650,7 +750,8 @@ class WorkerMesh:
             refusal = f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}"
             self._answer(peer, call_id, ("E_SUB_FAILED", refusal))
             return
-        client = RemoteClient(self.links[peer], front_id, next(nsqd._client_ids), info)  # noqa: SLF001
+        client = RemoteClient.from_fields(next(nsqd._client_ids), info)  # noqa: SLF001
+        client.attach(self.links[peer], front_id)
         client.channel = channel
         client.state = ClientState.SUBSCRIBED
         channel.add_client(client)
@@ -752,6 +853,10 @@ class WorkerMesh:
         if request.deferred is not None:
             run_deferred(request, log)
 
+    def _on_config(self, peer: int, call_id: int, opt: str, value: Any) -> None:
+        self.nsqd.configure(opt, value)
+        self._answer(peer, call_id, None)
+
     def _on_stats(self, peer: int, call_id: int, channel, include_clients: bool, include_mem: bool) -> None:
         stats = collect(
             self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem
@@ -790,6 +895,8 @@ class WorkerMesh:
         return {
             "batches": sum(link.batches for link in self.links.values()),
             "records": sum(link.records for link in self.links.values()),
+            "handed_over": self.handed_over,
+            "taken_over": self.taken_over,
         }
 
 
@@ -798,6 +905,8 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "pub": WorkerMesh._on_pub,
     "pubq": WorkerMesh._on_pubq,
     "full": WorkerMesh._on_full,
+    "hand": WorkerMesh._on_hand,
+    "load": WorkerMesh._on_load,
     "drained": WorkerMesh._on_drained,
     "sub": WorkerMesh._on_sub,
     "rdy": WorkerMesh._on_rdy,
@@ -810,6 +919,7 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "log": WorkerMesh._on_log,
     "caught_up": WorkerMesh._on_caught_up,
     "stats": WorkerMesh._on_stats,
+    "config": WorkerMesh._on_config,
     "lookup": WorkerMesh._on_lookup,
     "meta": WorkerMesh._on_meta,
     "metasync": WorkerMesh._on_metasync,

@@ -575,14 +575,17 @@ class WorkerMesh:
 
     async def node_stats(self, channel: str | None, include_clients: bool, include_mem: bool) -> NodeStats:
         """The node's ``/stats``: this worker's and every other's, joined (topics in name order, producers and
-        connections of every worker)."""
-        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
-        parts = [own]
+        connections of every worker). The others' parts are asked for first: each answer comes after the publishes
+        that worker acknowledged early to topics here (a link keeps its order), so this worker's part, collected
+        last, counts them."""
+        parts = []
         for peer in self.links:
             try:
                 parts.append(await self.call(peer, "stats", channel, include_clients, include_mem))
             except WorkerGone:
                 continue
+        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
+        parts.insert(0, own)
         topics = sorted((topic for part in parts for topic in part.topics or ()), key=lambda t: t.topic_name)
         producers = [client for part in parts for client in part.producers or ()]
         health = next((part.health for part in parts if part.health != "OK"), own.health)

@@ -20,9 +20,13 @@ meantime every such message is TOUCHed each half ``msg_timeout``. TOUCH cannot e
 past nsqd's ``--max-msg-timeout`` (15 min by default) after delivery: a batch that takes Spark
 longer than that is redelivered, recognised as a copy and FIN'd at the commit.
 
-Backpressure: when the log holds more than ``maxBacklogMessages`` messages Spark has not
-committed, the connection sends ``RDY 0``; the next commit that brings the backlog under the
-bound restores its share of ``maxInFlight``. ``commit`` mode is also bounded by RDY itself.
+Backpressure: when the log holds more than ``maxBacklogMessages`` messages Spark is not done
+with, the connection sends ``RDY 0``; the next commit (or ``release``) that brings the backlog
+under the bound restores its share of ``maxInFlight``. Spark is done with a batch once it plans
+the next one (``latestOffset``'s start, ``ConsumerGroup.release``), though it commits the batch
+to the source only after that plan found new data: counted from the commit alone, a consumer held
+at RDY 0 with every logged message in finished batches would wait for a commit that only new
+data brings. ``commit`` mode is also bounded by RDY itself.
 
 Failures: a listed nsqd that cannot be reached within ``connectTimeoutMs`` when the query starts
 fails the query with the address and the cause. A connection lost later is re-established with
@@ -33,6 +37,7 @@ the query at the next driver call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
@@ -48,7 +53,7 @@ from trionsq.blocking import (
     HandshakeError,
     LookupdError,
     NSQError,
-    lookup,
+    lookup_producers,
 )
 
 from .connection import NsqConnectionError, NsqSourceError, client_config, open_connection
@@ -111,6 +116,8 @@ class NsqdConsumer:
         self._conn: BlockingConnection | None = None
         self._conn_lock = threading.Lock()
         self._rdy_sent = -1
+        self.held = False  # RDY 0 because of maxBacklogMessages
+        self.local_address: str | None = None  # this side of the connection, as nsqd's /stats names it
         self._max_rdy = 2500
         self._msg_timeout_ms = 60_000
         # commit ack mode: id -> position of messages this connection must FIN at commit
@@ -186,6 +193,8 @@ class NsqdConsumer:
             raise
         self._rdy_sent = -1
         self._next_touch = time.monotonic() + self._msg_timeout_ms / 2000
+        host, port = conn.sock.getsockname()[:2]
+        self.local_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         with self._conn_lock:
             self._conn = conn
         self._update_rdy(conn)
@@ -316,8 +325,9 @@ class NsqdConsumer:
     def _update_rdy(self, conn: BlockingConnection) -> None:
         if self.group.stopping.is_set():
             return
-        backlog = self.log.end - self.group.committed_position(self.address)
-        want = 0 if backlog >= self.options.max_backlog_messages else min(self.group.rdy_share(), self._max_rdy)
+        backlog = self.log.end - self.group.done_position(self.address)
+        self.held = backlog >= self.options.max_backlog_messages
+        want = 0 if self.held else min(self.group.rdy_share(), self._max_rdy)
         if want != self._rdy_sent:
             if want == 0:
                 log.info("nsqd %s: %d messages await Spark's commit; pausing delivery (RDY 0)", self.address, backlog)
@@ -351,6 +361,15 @@ class NsqdConsumer:
                 exc,
             )
 
+    def on_release(self) -> None:
+        """Spark is done with more of the log: let delivery resume if the backlog shrank."""
+        with self._conn_lock:
+            conn = self._conn
+        if conn is None:
+            return
+        with contextlib.suppress(ConnectionClosed):  # the reader thread finds the loss and reconnects
+            self._update_rdy(conn)
+
     def pending_count(self) -> int:
         with self._pending_lock:
             return len(self._pending)
@@ -368,6 +387,8 @@ class ConsumerGroup:
         self.consumers: dict[str, NsqdConsumer] = {}
         self._lock = threading.Lock()
         self._committed: dict[str, int] = {}
+        self._released: dict[str, int] = {}  # positions below which Spark is done (release)
+        self.http_addresses: dict[str, str] = {}  # nsqd TCP address -> its HTTP API, as lookupd lists it
         self._error: BaseException | None = None
         self._poller: threading.Thread | None = None
         self.rebased: set[str] = set()  # logs started at a checkpoint's position (_continue_from)
@@ -481,7 +502,7 @@ class ConsumerGroup:
         failures = []
         for lookupd in opts.lookupd_addresses:
             try:
-                producers = lookup(lookupd, opts.topic, timeout=5.0)
+                producers = lookup_producers(lookupd, opts.topic, timeout=5.0)
             except LookupdError as exc:
                 failures.append(f"{lookupd}: {exc}")
                 continue
@@ -489,8 +510,9 @@ class ConsumerGroup:
             if not producers:
                 log.info("lookupd %s lists no nsqd for topic %r yet; asking again later", lookupd, opts.topic)
                 continue
-            for address in producers:
-                self.add_nsqd(address)
+            for peer in producers:
+                self.http_addresses[peer.tcp_address] = peer.http_address
+                self.add_nsqd(peer.tcp_address)
         if failures:
             if initial and not reached:
                 self.stop()
@@ -505,6 +527,22 @@ class ConsumerGroup:
 
     def committed_position(self, address: str) -> int:
         return self._committed.get(address, 0)
+
+    def done_position(self, address: str) -> int:
+        """The position below which Spark needs nothing more of ``address``'s log (committed or released)."""
+        return max(self._committed.get(address, 0), self._released.get(address, 0))
+
+    def release(self, positions: dict[str, int]) -> None:
+        """Spark is done with everything below ``positions`` (the start of a batch it plans: the
+        batches before are in its commit log), though it has not committed them to the source
+        yet: the backlog bound counts from here (see the module's notes on backpressure)."""
+        released = self._released
+        moved = [a for a, p in positions.items() if p > released.get(a, 0)]
+        for address in moved:
+            released[address] = positions[address]
+            consumer = self.consumers.get(address)
+            if consumer is not None:
+                consumer.on_release()
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

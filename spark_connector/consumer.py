@@ -15,18 +15,21 @@ redelivered copies (known (nsqd, id)), append the new messages to the log as one
 and then, in ``durable`` ack mode, FIN them all in one write. A message is therefore FIN'd only
 once it is on disk: a crash between the two leaves it in the log *and* in nsqd, whose
 redelivery is then recognised and dropped.
-In ``commit`` ack mode nothing is FIN'd until Spark's ``commit(end)`` covers its position; in the
-meantime every such message is TOUCHed each half ``msg_timeout``. TOUCH cannot extend a message
-past nsqd's ``--max-msg-timeout`` (15 min by default) after delivery: a batch that takes Spark
-longer than that is redelivered, recognised as a copy and FIN'd at the commit.
+In ``commit`` ack mode nothing is FIN'd until Spark is done with the batch that holds it
+(``commit(end)``, or ``release`` when Spark plans the next batch: see below); in the meantime
+every such message is TOUCHed each half ``msg_timeout``. TOUCH cannot extend a message past
+nsqd's ``--max-msg-timeout`` (15 min by default) after delivery: a batch that takes Spark longer
+than that is redelivered, recognised as a copy and FIN'd at the commit.
 
 Backpressure: when the log holds more than ``maxBacklogMessages`` messages Spark is not done
 with, the connection sends ``RDY 0``; the next commit (or ``release``) that brings the backlog
-under the bound restores its share of ``maxInFlight``. Spark is done with a batch once it plans
-the next one (``latestOffset``'s start, ``ConsumerGroup.release``), though it commits the batch
-to the source only after that plan found new data: counted from the commit alone, a consumer held
-at RDY 0 with every logged message in finished batches would wait for a commit that only new
-data brings. ``commit`` mode is also bounded by RDY itself.
+under the bound restores its share of ``maxInFlight``. ``commit`` mode is also bounded by RDY
+itself: nsqd sends nothing while ``maxInFlight`` messages wait for their FIN.
+Spark is done with a batch once it plans the next one (``latestOffset``'s start: the batch is in
+its commit log), though it commits the batch to the source only after that plan found new data.
+Counted from the commit alone, a consumer held at RDY 0, or by unfinished messages, with every
+logged message in finished batches would wait for a commit that only new data brings, so
+``ConsumerGroup.release`` does at the plan what the commit does to the consumers (FIN, RDY).
 
 Failures: a listed nsqd that cannot be reached within ``connectTimeoutMs`` when the query starts
 fails the query with the address and the cause. A connection lost later is re-established with
@@ -37,7 +40,6 @@ the query at the next driver call.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import struct
 import threading
@@ -258,7 +260,7 @@ class NsqdConsumer:
         bodies: list[bytes] = []
         acks: list[bytes] = []
         pending_dups: list[tuple[bytes, int]] = []
-        committed = self.group.committed_position(self.address)
+        committed = self.group.done_position(self.address)
         size_of = len(buf)
         pos = 0
         need = 0
@@ -337,7 +339,7 @@ class NsqdConsumer:
     # -- called from the driver thread -----------------------------------------------------
 
     def on_commit(self, position: int) -> None:
-        """Spark committed everything below ``position``: FIN what waits for it (commit mode),
+        """Spark is done with everything below ``position``: FIN what waits for it (commit mode),
         and let delivery resume if the backlog shrank."""
         with self._conn_lock:
             conn = self._conn
@@ -360,15 +362,6 @@ class NsqdConsumer:
                 self.address,
                 exc,
             )
-
-    def on_release(self) -> None:
-        """Spark is done with more of the log: let delivery resume if the backlog shrank."""
-        with self._conn_lock:
-            conn = self._conn
-        if conn is None:
-            return
-        with contextlib.suppress(ConnectionClosed):  # the reader thread finds the loss and reconnects
-            self._update_rdy(conn)
 
     def pending_count(self) -> int:
         with self._pending_lock:
@@ -535,14 +528,15 @@ class ConsumerGroup:
     def release(self, positions: dict[str, int]) -> None:
         """Spark is done with everything below ``positions`` (the start of a batch it plans: the
         batches before are in its commit log), though it has not committed them to the source
-        yet: the backlog bound counts from here (see the module's notes on backpressure)."""
+        yet: FIN them (commit mode) and count the backlog bound from here (see the module's
+        notes on backpressure). The log keeps them until the commit."""
         released = self._released
         moved = [a for a, p in positions.items() if p > released.get(a, 0)]
         for address in moved:
             released[address] = positions[address]
             consumer = self.consumers.get(address)
             if consumer is not None:
-                consumer.on_release()
+                consumer.on_commit(positions[address])
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

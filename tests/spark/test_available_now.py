@@ -1,8 +1,8 @@
 """Trigger.AvailableNow on the driver path, driven as Spark drives it (no JVM): prepare, then plan
 batches until one finds no new data, each plan committing the batch before it. The query must read
 every message waiting at the start, past ``maxBacklogMessages`` (which holds the consumer at RDY 0
-until Spark is done with a batch), and then end by itself, also when another consumer of the
-channel holds messages in flight, and without nsqd's HTTP API."""
+until Spark is done with a batch) and past ``maxInFlight`` in commit mode, and then end by itself,
+also when another consumer of the channel holds messages in flight, and without nsqd's HTTP API."""
 
 from __future__ import annotations
 
@@ -65,6 +65,22 @@ def test_reads_a_backlog_past_the_backlog_bound_then_ends(tmp_path, nsqd_at, top
     assert set(expected) <= set(read)
     # the end does not move with what is published after the start: at most one RDY window past it
     assert len(set(read)) <= len(expected) + 200
+
+
+def test_commit_mode_reads_more_than_max_in_flight(tmp_path, nsqd_at, topic):
+    """In commit mode nsqd sends no more while maxInFlight messages wait for their FIN: the
+    messages of a finished batch are FIN'd when Spark plans the next one, not at its commit
+    (which Spark sends only once that plan found new data)."""
+    nsqd = nsqd_with_http_next(nsqd_at)
+    expected = bodies("c", 0, 3000)
+    publish(nsqd, topic, expected)
+    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "ackMode": "commit", "maxInFlight": 500}
+    reader = make_reader(tmp_path, **options)
+    try:
+        read = run_available_now(reader)
+    finally:
+        reader.stop()
+    assert set(read) == set(expected)
 
 
 def test_ends_when_another_consumer_holds_the_rest(tmp_path, nsqd_at, topic, caplog):

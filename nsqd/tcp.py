@@ -158,6 +158,8 @@ class Connection:
         self._forwards_held = 0  # publishes sent to their owner and not answered yet
         self._forward_failed = False
         self._forwards_done: trio.Event | None = None  # set when the last held publish is answered
+        self._hand_to: int | None = None  # the worker this producer's connection goes to at the step's end
+        self._handed = False  # given to another worker (``hand_over``): this task ends without a word
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -238,6 +240,9 @@ class Connection:
                     return
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("[%s] - read failed: %s", client.remote_address, exc)
+                    return
+                if self._handed:
+                    log.info("[%s] - handed over to the worker that owns its topic", client.remote_address)
                     return
                 if data is not None and not data:
                     eof_error = parser.pending_eof_error()
@@ -354,6 +359,9 @@ class Connection:
         assert self._mesh is not None
         if self._mesh.publish_acknowledged(topic_name, bodies, defer):
             self.client.published(topic_name, len(bodies))
+            if self._reply_deferred or self._poller.defer_reply(self):  # in a poller step: the step's end
+                self._reply_deferred = True
+                self._hand_to = self._mesh.owner(topic_name)
             return OK_FRAME
         self._mesh.publish_soon(topic_name, bodies, defer, self.hold_oks(1, verb))
         self.client.published(topic_name, len(bodies))
@@ -532,7 +540,41 @@ class Connection:
     def send_deferred(self) -> None:
         self._reply_deferred = False
         if not self._flush_direct() and not self._await_ack_directly():
+            self._hand_to = None
             self.client.wake_writer()
+            return
+        if self._hand_to is not None:
+            owner, self._hand_to = self._hand_to, None
+            self.hand_over(owner)
+
+    def hand_over(self, owner: int) -> bool:
+        """Give this producer's connection to worker ``owner``, the owner of the topic it just published to,
+        if it is a plain producer waiting in the read poller with nothing unsent, unanswered or to be run, and
+        never handed over before (see "Connections go to their topic's owner" in bench/MULTICORE.md). The
+        task here then ends without a word to the client; the other worker goes on reading the socket, so the
+        client sees one connection. True if it was handed over."""
+        client = self.client
+        done = self._poll_done
+        if (
+            self._mesh is None
+            or client.handed_over
+            or not self._plain
+            or self._consumes
+            or client.state != ClientState.INIT
+            or done is None
+            or done.is_set()
+            or client.out
+            or self._forwards_held
+            or self._send_lock.locked()
+            or self._pending_command is not None
+            or self._poller_error is not None
+            or not self._mesh.may_hand_over(owner)
+        ):
+            return False
+        self._mesh.hand_over(owner, self._poll_fd, client, self.parser.take_unparsed())
+        self._handed = True
+        self._poll_return(None)
+        return True
 
     def _await_ack_directly(self) -> bool:
         """Replication: when the OKs in the output wait only for the peers (``replicated_seq`` above ``acked``),

@@ -17,23 +17,12 @@ import pytest
 from .harness import NsqdProcess, RawClient, mpub, pub
 from .http_helpers import post, stats, wait_for
 from .persistence_helpers import consume_holding_some, limited_process_class, publish_until_stopped, receive
-from .test_workers import owned_topics, start_node, worker_pids
+from .test_workers import owned_topics, start_node
+from .workers_harness import crash, worker_pids
 
 DURABLE = ("--mem-queue-size=0", "--sync-every=1")
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def crash(node: NsqdProcess) -> None:
-    """kill -9 of the whole node at once: every process stopped first, so that none sees another die."""
-    assert node.proc is not None
-    pids = [node.proc.pid, *worker_pids(node)]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    node.proc.wait(10)
-    node.stop()  # joins the log reader
 
 
 def kill_worker(node: NsqdProcess, index: int) -> None:

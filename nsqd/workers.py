@@ -13,10 +13,10 @@ poller (the records of one step go together), read at the other end by its read 
 
 - a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, acknowledged by this
   worker at once (``publish_acknowledged``), or the owner's answer comes back while its disk refuses the topic;
-- a producer's connection itself: after its first publish to a topic owned elsewhere, a plain producer (no TLS,
-  compression, AUTH or SUB, nothing unsent) goes to that owner with its descriptor (SCM_RIGHTS), its IDENTIFY
-  state and its unparsed bytes (``hand_over``), once, while the owner is not busy (``may_hand_over``): its later
-  publishes cross nothing, and the owner's step reads it with its other producers;
+- a connection itself: after its first publish to a topic owned elsewhere, or with its SUB to one, a plain
+  connection (no TLS, compression or AUTH, nothing unsent) goes to that owner with its descriptor (SCM_RIGHTS),
+  its IDENTIFY state and its unparsed bytes (``hand_over``), once, while the owner is not busy
+  (``may_hand_over``): its later publishes and deliveries cross nothing;
 - a SUB to a channel owned elsewhere: the owner adds a stand-in (``RemoteClient``) to the channel, which it
   dispatches to as to any consumer; the message frames it appends go back to the accepting worker in one record
   per step, which writes them to the socket. RDY, FIN, REQ, TOUCH, CLS and the close go to the owner
@@ -547,14 +547,17 @@ class WorkerMesh:
 
     async def node_stats(self, channel: str | None, include_clients: bool, include_mem: bool) -> NodeStats:
         """The node's ``/stats``: this worker's and every other's, joined (topics in name order, producers and
-        connections of every worker)."""
-        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
-        parts = [own]
+        connections of every worker). This worker's part is taken last: a link keeps its order, so every publish
+        another worker acknowledged before it answered has been published here by then, and the document counts
+        every message acknowledged before the request (a producer's publishes may cross, see ``hand_over``)."""
+        others = []
         for peer in self.links:
             try:
-                parts.append(await self.call(peer, "stats", channel, include_clients, include_mem))
+                others.append(await self.call(peer, "stats", channel, include_clients, include_mem))
             except WorkerGone:
                 continue
+        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
+        parts = [own, *others]
         topics = sorted((topic for part in parts for topic in part.topics or ()), key=lambda t: t.topic_name)
         producers = [client for part in parts for client in part.producers or ()]
         health = next((part.health for part in parts if part.health != "OK"), own.health)

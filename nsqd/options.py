@@ -428,8 +428,6 @@ def _check_workers(opts: Options) -> None:
     not_yet = []
     if opts.replicate_to:
         not_yet.append("--replicate-to")
-    if opts.log_retention_time or opts.log_retention_bytes:
-        not_yet.append("log channels (--log-retention-time, --log-retention-bytes)")
     if not_yet:
         raise OptionsError(f"{' and '.join(not_yet)} cannot be used with --workers above 1 yet")
 

@@ -386,6 +386,8 @@ class NSQD:
                 continue
             if is_ephemeral(topic_name) or is_ephemeral(channel_name):
                 continue
+            if self.mesh is not None and not self.mesh.owns(topic_name):
+                continue  # its owner loads it
             topic = self.topics.get(topic_name)
             if topic is not None and channel_name in topic.channels:
                 continue

@@ -33,25 +33,14 @@ from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, 
 from protocol.errors import LineTooLong, ProtocolError
 from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, OK_FRAME, encode_frame
 from protocol.identify import negotiate
-from protocol.log import (
-    DEFAULT_MAX_BYTES,
-    E_LOG_BAD_RANGE,
-    E_LOG_BEFORE_START,
-    E_LOG_FAILED,
-    E_LOG_NOT_LOG,
-    E_LOG_PAST_END,
-    E_LOG_UNKNOWN,
-    MAX_MAX_BYTES,
-    encode_offsets,
-    parse_log_request,
-)
+from protocol.log import E_LOG_FAILED, parse_log_request
 from protocol.names import go_quote, is_valid_channel_name, is_valid_name_bytes, is_valid_topic_name
 
+from . import log_commands
 from .auth import AuthError
 from .channel import ChannelError
 from .client import Client, ClientState
 from .fastpath import fast_line_of, read_pubs
-from .queues.offset_log import LogRangeError
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
 from .topic import TopicExiting, TopicFull
@@ -337,6 +326,13 @@ class Connection:
         request, self._forward = self._forward, None
         assert request is not None and self._mesh is not None
         client = self.client
+        if request[0] == "log":
+            answer = await self._mesh.log_command(request[1])
+            client.out.append(answer)
+            client.out_bytes += len(answer)
+            client.flush_now = True
+            self._send_replies()
+            return
         _, topic_name, channel_name = request
         if self._hand_over_unread(self._mesh.owner(topic_name), encode_sub(topic_name, channel_name)):
             return  # the owner runs the SUB
@@ -1075,8 +1071,6 @@ class Connection:
     def _log_request(self, command):
         """The checks every log command makes, in this order: state, parameters, permission, shutdown."""
         verb = command[0].decode()
-        if self._mesh is not None:
-            raise ProtocolError("E_INVALID", f"cannot {verb} with --workers above 1 (log channels need one process)")
         if self.client.state != ClientState.INIT:
             raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
         request = parse_log_request(command[0], command[1])
@@ -1086,76 +1080,16 @@ class Connection:
             raise ProtocolError(E_LOG_FAILED, f"{verb} failed exiting")
         return request
 
-    def _log_channel(self, request):
-        """The log channel LSEEK, LREAD and LCOMMIT name (they create nothing)."""
-        topic = self.nsqd.get_existing_topic(request.topic)
-        channel = topic.channels.get(request.channel) if topic is not None else None
-        name = f"{request.topic}:{request.channel}"
-        if channel is None:
-            raise ProtocolError(E_LOG_UNKNOWN, f"{request.verb} unknown topic or channel {name}")
-        if channel.log is None:
-            raise ProtocolError(E_LOG_NOT_LOG, f"{request.verb} channel {name} is not a log (LOG makes it one)")
-        return channel
-
-    @staticmethod
-    def _range_error(request, error: LogRangeError) -> ProtocolError:
-        name = f"{request.topic}:{request.channel}"
-        if error.kind == "bad_range":
-            return ProtocolError(E_LOG_BAD_RANGE, f"{request.verb} from {error.offset} > to {error.bound}")
-        if error.kind == "before_start":
-            return ProtocolError(
-                E_LOG_BEFORE_START,
-                f"{request.verb} offset {error.offset} before the oldest retained offset {error.bound} of {name}",
-            )
-        return ProtocolError(
-            E_LOG_PAST_END, f"{request.verb} offset {error.offset} past the end {error.bound} of {name}"
-        )
-
-    @staticmethod
-    def _offsets_frame(channel_log, **extra) -> bytes:
-        return encode_frame(FRAME_TYPE_RESPONSE, encode_offsets(*channel_log.offsets(), **extra))
-
-    def LOG(self, command) -> bytes:
+    def _log_command(self, command) -> Any:
+        """LOG, LSEEK, LREAD, LCOMMIT: answered here, or with ``--workers`` by the worker that owns the topic
+        (nsqd/workers.py), which runs the same ``log_commands.answer`` on the request checked here."""
         request = self._log_request(command)
-        channel = self.nsqd.get_topic(request.topic).get_channel(request.channel)
-        try:
-            channel_log = channel.make_log()
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LOG failed {exc}") from None
-        return self._offsets_frame(channel_log, **channel_log.notes)  # a takeover's notes, when there are
+        if self._mesh is not None:
+            self._forward = ("log", request)  # ``WorkerMesh.log_command``
+            return _FORWARD
+        return log_commands.answer(self.nsqd, request)
 
-    def LSEEK(self, command) -> bytes:
-        request = self._log_request(command)
-        channel_log = self._log_channel(request).log
-        try:
-            offset = channel_log.seek(request.numbers[0])
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LSEEK failed {exc}") from None
-        return self._offsets_frame(channel_log, offset=offset)
-
-    def LREAD(self, command) -> bytes:
-        request = self._log_request(command)
-        channel_log = self._log_channel(request).log
-        first, to, max_bytes = request.numbers
-        max_bytes = min(max_bytes or DEFAULT_MAX_BYTES, MAX_MAX_BYTES)
-        try:
-            data = channel_log.read(first, to, max_bytes)
-        except LogRangeError as error:
-            raise self._range_error(request, error) from None
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LREAD failed {exc}") from None
-        return encode_frame(FRAME_TYPE_RESPONSE, data)
-
-    def LCOMMIT(self, command) -> bytes:
-        request = self._log_request(command)
-        channel = self._log_channel(request)
-        try:
-            channel.log_commit(request.numbers[0])
-        except LogRangeError as error:
-            raise self._range_error(request, error) from None
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LCOMMIT failed {exc}") from None
-        return self._offsets_frame(channel.log)
+    LOG = LSEEK = LREAD = LCOMMIT = _log_command
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         """PUB, MPUB, DPUB: ``_publish_stored`` of a connection that never subscribed, ``_publish_answering_first``

@@ -21,6 +21,7 @@ poller (the records of one step go together), read at the other end by its read 
   dispatches to as to any consumer; the message frames it appends go back to the accepting worker in one record
   per step, which writes them to the socket. RDY, FIN, REQ, TOUCH, CLS and the close go to the owner
   (``RemoteChannel``), whose refusals (``E_FIN_FAILED``...) come back as error frames;
+- the log commands (``LOG``, ``LSEEK``, ``LREAD``, ``LCOMMIT``) are answered by the owner (``log_command``);
 - ``/topic/*``, ``/channel/*`` and ``/stats?topic=`` are answered by the owner; ``/stats`` and ``/metrics``
   without a topic ask every worker for its part and join them (``node_stats``);
 - worker 0 alone registers with nsqlookupd and writes ``nsqd.dat``: the others send it their topics and channels as
@@ -53,8 +54,10 @@ import trio
 from protocol.errors import ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.http import Headers, Request
+from protocol.log import E_LOG_FAILED
 from protocol.lookup_v1 import encode_register, encode_unregister
 
+from . import log_commands
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
@@ -531,6 +534,31 @@ class WorkerMesh:
     def consumer_gone(self, client: Client) -> None:
         self._consumers.pop(client.id, None)
 
+    async def log_command(self, request) -> bytes:
+        """A log command (``log_commands``) answered by the topic's owner, this worker or another: its response
+        frame, or the ``ProtocolError`` it refused with."""
+        if self.owns(request.topic):
+            await self._caught_up(request)
+            return log_commands.answer(self.nsqd, request)
+        try:
+            answer = await self.call(self.owner(request.topic), "log", request)
+        except WorkerGone:
+            raise ProtocolError(E_LOG_FAILED, f"{request.verb} failed exiting") from None
+        if isinstance(answer, tuple):
+            raise ProtocolError(*answer)
+        return answer
+
+    async def _caught_up(self, request) -> None:
+        """Before LOG or LSEEK answers offsets here: every publish another worker acknowledged before the command
+        was sent is in the log. Such a publish may still be on its way (``publish_acknowledged``); each worker
+        answers ``caught_up`` after what it sent before, as a link keeps its order, so once all have answered,
+        all of it is here. LREAD and LCOMMIT name offsets a LOG gave, and need no such wait."""
+        if request.verb not in ("LOG", "LSEEK"):
+            return
+        for peer in self.links:
+            with contextlib.suppress(WorkerGone):
+                await self.call(peer, "caught_up")
+
     async def forward_http(self, owner: int, request: Request) -> tuple[int, list, bytes]:
         headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in request.headers]
         return await self.call(
@@ -547,17 +575,17 @@ class WorkerMesh:
 
     async def node_stats(self, channel: str | None, include_clients: bool, include_mem: bool) -> NodeStats:
         """The node's ``/stats``: this worker's and every other's, joined (topics in name order, producers and
-        connections of every worker). This worker's part is taken last: a link keeps its order, so every publish
-        another worker acknowledged before it answered has been published here by then, and the document counts
-        every message acknowledged before the request (a producer's publishes may cross, see ``hand_over``)."""
-        others = []
+        connections of every worker). The others' parts are asked for first: each answer comes after the publishes
+        that worker acknowledged early to topics here (a link keeps its order), so this worker's part, collected
+        last, counts them."""
+        parts = []
         for peer in self.links:
             try:
-                others.append(await self.call(peer, "stats", channel, include_clients, include_mem))
+                parts.append(await self.call(peer, "stats", channel, include_clients, include_mem))
             except WorkerGone:
                 continue
         own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
-        parts = [own, *others]
+        parts.insert(0, own)
         topics = sorted((topic for part in parts for topic in part.topics or ()), key=lambda t: t.topic_name)
         producers = [client for part in parts for client in part.producers or ()]
         health = next((part.health for part in parts if part.health != "OK"), own.health)
@@ -716,6 +744,10 @@ class WorkerMesh:
             self._answer(peer, call_id, ("E_SUB_FAILED", "SUB failed to deleted topic/channel"))
             return
         channel = nsqd.get_topic(topic_name).get_channel(channel_name)
+        if channel.log is not None:  # (as ``Connection.SUB`` refuses it)
+            refusal = f"SUB channel {topic_name}:{channel_name} is a log, read it with LREAD"
+            self._answer(peer, call_id, ("E_INVALID", refusal))
+            return
         limit = nsqd.opts.max_channel_consumers
         if limit and len(channel.clients) >= limit:
             refusal = f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}"
@@ -795,6 +827,20 @@ class WorkerMesh:
         client.out_bytes += len(data)
         client.flush()
 
+    def _on_log(self, peer: int, call_id: int, request) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer_log, peer, call_id, request)
+
+    async def _answer_log(self, peer: int, call_id: int, request) -> None:
+        try:
+            answer: bytes | tuple = await self.log_command(request)
+        except ProtocolError as error:
+            answer = (error.code, error.description, error.fatal)
+        self._answer(peer, call_id, answer)
+
+    def _on_caught_up(self, peer: int, call_id: int) -> None:
+        self._answer(peer, call_id, None)
+
     def _on_http(self, peer: int, call_id: int, method, path, raw_query, headers, body, remote, tls) -> None:
         request = Request(method, path, raw_query, Headers(headers), body, remote, tls)
         assert self._nursery is not None
@@ -873,6 +919,8 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "gone": WorkerMesh._on_gone,
     "out": WorkerMesh._on_out,
     "http": WorkerMesh._on_http,
+    "log": WorkerMesh._on_log,
+    "caught_up": WorkerMesh._on_caught_up,
     "stats": WorkerMesh._on_stats,
     "config": WorkerMesh._on_config,
     "lookup": WorkerMesh._on_lookup,

@@ -66,6 +66,22 @@ class DataDir:
         return sorted(p.name for p in self.path.iterdir())
 
 
+def data_dirs(tmp_path: Path, kind: type[DataDir]):
+    """The ``data_dir`` fixture's generator: yields ``make(*flags)``, which makes a ``kind`` in a new directory
+    under ``tmp_path``; cleans each up when resumed."""
+    dirs: list[DataDir] = []
+
+    def make(*args: str) -> DataDir:
+        d = kind(tmp_path / f"data{len(dirs)}", args)
+        d.path.mkdir()
+        dirs.append(d)
+        return d
+
+    yield make
+    for d in dirs:
+        d.cleanup()
+
+
 def http(daemon: NsqdProcess) -> tuple[str, int]:
     address = daemon.http(timeout=10)
     assert address is not None, daemon.log_text()
@@ -246,6 +262,7 @@ __all__ = [
     "consume_holding_some",
     "publish_until_stopped",
     "create_channel",
+    "data_dirs",
     "framed",
     "http",
     "limited_process_class",

@@ -788,6 +788,222 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
     Py_RETURN_NONE;
 }
 
+/* Message: nsqd.message.Message in C (the Python class is its twin, used without the accelerator).
+
+   A message's fields in one 96-byte object: the ID's 16 bytes inline (the Python class keeps a bytes object of
+   them: 64 bytes more per message), the body and the client as references, the numbers as C numbers. Reading
+   .id makes a bytes object each time. It hashes as its ID and compares equal to its ID (and to a message with
+   the same ID), so a dict holds it as the key for its own ID: the in-flight queue's index by ID
+   (nsqd/queues/inflight.py) needs no bytes object per message, and finds it with the ID a FIN carries.
+
+   It is not followed by the cyclic collector (no collector header: 16 bytes less, and nothing for a young
+   collection to walk): a message references its body and, while in flight, its client, whose channel's
+   in-flight queue holds the message; that cycle is never left for the collector to find, as the channel empties
+   its in-flight queue when it is closed (nsqd/channel.py). in_flight is the sequence number of the in-flight
+   queue's bucket that holds it (-1: none). */
+#define MESSAGE_ID_SIZE 16  /* nsqd's IDs (protocol.message.MESSAGE_ID_LENGTH) */
+
+typedef struct {
+    PyObject_HEAD
+    char id[MESSAGE_ID_SIZE];
+    PyObject *body;
+    PyObject *client;
+    long long timestamp;
+    long long attempts;
+    double defer;
+    double delivered_at;
+    long long disk_token;
+    long long in_flight;
+} MessageObject;
+
+static PyTypeObject MessageType;
+
+#define Message_Check(op) Py_IS_TYPE(op, &MessageType)
+
+/* Copy a 16-byte ID from a bytes object into to; -1 with ValueError/TypeError otherwise. */
+static int
+message_id_from(PyObject *id, char *to)
+{
+    if (!PyBytes_Check(id)) {
+        PyErr_Format(PyExc_TypeError, "a message ID is bytes, not %.200s", Py_TYPE(id)->tp_name);
+        return -1;
+    }
+    if (PyBytes_GET_SIZE(id) != MESSAGE_ID_SIZE) {
+        PyErr_Format(PyExc_ValueError, "a message ID is %d bytes, not %zd", MESSAGE_ID_SIZE, PyBytes_GET_SIZE(id));
+        return -1;
+    }
+    memcpy(to, PyBytes_AS_STRING(id), MESSAGE_ID_SIZE);
+    return 0;
+}
+
+/* A new message with every field as Message's constructor leaves it (body and client referenced anew). */
+static MessageObject *
+message_alloc(const char *id, PyObject *body, long long timestamp, long long attempts, double defer)
+{
+    MessageObject *made = PyObject_New(MessageObject, &MessageType);
+    if (made == NULL)
+        return NULL;
+    memcpy(made->id, id, MESSAGE_ID_SIZE);
+    Py_INCREF(body);
+    made->body = body;
+    Py_INCREF(Py_None);
+    made->client = Py_None;
+    made->timestamp = timestamp;
+    made->attempts = attempts;
+    made->defer = defer;
+    made->delivered_at = 0.0;
+    made->disk_token = -1;
+    made->in_flight = -1;
+    return made;
+}
+
+static PyObject *
+message_new(PyTypeObject *Py_UNUSED(type), PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"id", "body", "timestamp", "attempts", "defer", NULL};
+    PyObject *id, *body;
+    long long timestamp, attempts = 0;
+    double defer = 0.0;
+    char raw[MESSAGE_ID_SIZE];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOL|Ld:Message", keywords, &id, &body, &timestamp, &attempts,
+                                     &defer))
+        return NULL;
+    if (message_id_from(id, raw) < 0)
+        return NULL;
+    return (PyObject *)message_alloc(raw, body, timestamp, attempts, defer);
+}
+
+static void
+message_dealloc(MessageObject *self)
+{
+    Py_XDECREF(self->body);
+    Py_XDECREF(self->client);
+    PyObject_Free(self);
+}
+
+static Py_hash_t
+message_hash(MessageObject *self)
+{
+    return _Py_HashBytes(self->id, MESSAGE_ID_SIZE);  /* as hash(self.id) */
+}
+
+static PyObject *
+message_richcompare(MessageObject *self, PyObject *other, int op)
+{
+    const char *theirs;
+    if (Message_Check(other))
+        theirs = ((MessageObject *)other)->id;
+    else if (PyBytes_Check(other) && PyBytes_GET_SIZE(other) == MESSAGE_ID_SIZE)
+        theirs = PyBytes_AS_STRING(other);
+    else if (PyBytes_Check(other))
+        theirs = NULL;  /* never equal */
+    else
+        Py_RETURN_NOTIMPLEMENTED;
+    if (op != Py_EQ && op != Py_NE)
+        Py_RETURN_NOTIMPLEMENTED;
+    int equal = theirs != NULL && memcmp(self->id, theirs, MESSAGE_ID_SIZE) == 0;
+    return PyBool_FromLong(op == Py_EQ ? equal : !equal);
+}
+
+static PyObject *
+message_repr(MessageObject *self)
+{
+    Py_ssize_t size = self->body == NULL ? -1 : PyObject_Length(self->body);
+    if (size < 0)
+        PyErr_Clear();
+    PyObject *id = PyBytes_FromStringAndSize(self->id, MESSAGE_ID_SIZE);
+    if (id == NULL)
+        return NULL;
+    PyObject *text = PyUnicode_FromFormat("Message(id=%R, body=<%zd bytes>, timestamp=%lld, attempts=%lld)", id,
+                                          size, self->timestamp, self->attempts);
+    Py_DECREF(id);
+    return text;
+}
+
+static PyObject *
+message_get_id(MessageObject *self, void *Py_UNUSED(closure))
+{
+    return PyBytes_FromStringAndSize(self->id, MESSAGE_ID_SIZE);
+}
+
+static int
+message_set_id(MessageObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a message's ID cannot be deleted");
+        return -1;
+    }
+    return message_id_from(value, self->id);
+}
+
+static PyObject *
+message_get_body(MessageObject *self, void *Py_UNUSED(closure))
+{
+    Py_INCREF(self->body);
+    return self->body;
+}
+
+static int
+message_set_body(MessageObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a message's body cannot be deleted");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_SETREF(self->body, value);
+    return 0;
+}
+
+static PyObject *
+message_get_client(MessageObject *self, void *Py_UNUSED(closure))
+{
+    Py_INCREF(self->client);
+    return self->client;
+}
+
+static int
+message_set_client(MessageObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL)
+        value = Py_None;
+    Py_INCREF(value);
+    Py_SETREF(self->client, value);
+    return 0;
+}
+
+static PyGetSetDef message_getset[] = {
+    {"id", (getter)message_get_id, (setter)message_set_id, "The 16-byte ID (a new bytes object each read).", NULL},
+    {"body", (getter)message_get_body, (setter)message_set_body, "The body.", NULL},
+    {"client", (getter)message_get_client, (setter)message_set_client, "The consumer holding it in flight.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef message_members[] = {
+    {"timestamp", T_LONGLONG, offsetof(MessageObject, timestamp), 0, "Publish time, ns since the epoch."},
+    {"attempts", T_LONGLONG, offsetof(MessageObject, attempts), 0, "Deliveries so far."},
+    {"defer", T_DOUBLE, offsetof(MessageObject, defer), 0, "The delay a DPUB asked for, in seconds."},
+    {"delivered_at", T_DOUBLE, offsetof(MessageObject, delivered_at), 0, "Trio time of the delivery."},
+    {"disk_token", T_LONGLONG, offsetof(MessageObject, disk_token), 0, "Durable mode: its disk record's token."},
+    {"in_flight", T_LONGLONG, offsetof(MessageObject, in_flight), 0, "Its in-flight bucket's number, or -1."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject MessageType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nsqd._speedups.Message",
+    .tp_basicsize = sizeof(MessageObject),
+    .tp_dealloc = (destructor)message_dealloc,
+    .tp_repr = (reprfunc)message_repr,
+    .tp_hash = (hashfunc)message_hash,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A message inside nsqd (nsqd/message.py): its fields in one object, the ID inline.",
+    .tp_richcompare = (richcmpfunc)message_richcompare,
+    .tp_members = message_members,
+    .tp_getset = message_getset,
+    .tp_new = message_new,
+};
+
 /* new_messages(cls, ids, bodies, timestamp, defer) -> list
 
    nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i (timestamp[i] when
@@ -797,10 +1013,9 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
    delivered_at, disk_token) written directly where its member descriptor says, then untracked as untrack_atomic
    would. The Python class call runs __init__ as a Python frame per message, most of a PUB's publish;
    tests/nsqd/test_message_collector.py compares every slot with the Python twin's. */
-#define MESSAGE_SLOTS 8
-#define MESSAGE_ID_SIZE 16  /* nsqd's IDs (protocol.message.MESSAGE_ID_LENGTH) */
+#define MESSAGE_SLOTS 9
 static const char *message_slots[MESSAGE_SLOTS] = {"id", "body", "timestamp", "attempts", "defer", "client",
-                                                   "delivered_at", "disk_token"};
+                                                   "delivered_at", "disk_token", "in_flight"};
 static PyTypeObject *message_class = NULL;  /* the class whose offsets are cached (a strong reference) */
 static Py_ssize_t message_offsets[MESSAGE_SLOTS];
 static PyObject *zero_float = NULL, *minus_one = NULL, *zero_int = NULL;
@@ -837,6 +1052,38 @@ message_layout(PyTypeObject *cls)
     return 0;
 }
 
+/* new_messages for the C Message: defer NULL for none. */
+static PyObject *
+new_compact_messages(PyObject *ids, int joined, PyObject *bodies, PyObject *timestamp, int stamps, PyObject *defer)
+{
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    double delay = defer == NULL ? 0.0 : PyFloat_AsDouble(defer);
+    long long stamp = stamps ? 0 : PyLong_AsLongLong(timestamp);
+    if ((delay == -1.0 || stamp == -1) && PyErr_Occurred())
+        return NULL;
+    PyObject *messages = PyList_New(n);
+    if (messages == NULL)
+        return NULL;
+    char raw[MESSAGE_ID_SIZE];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *id = raw;
+        if (joined)
+            id = PyBytes_AS_STRING(ids) + i * MESSAGE_ID_SIZE;
+        else if (message_id_from(PyList_GET_ITEM(ids, i), raw) < 0)
+            goto error;
+        if (stamps && (stamp = PyLong_AsLongLong(PyList_GET_ITEM(timestamp, i))) == -1 && PyErr_Occurred())
+            goto error;
+        MessageObject *message = message_alloc(id, PyList_GET_ITEM(bodies, i), stamp, 0, delay);
+        if (message == NULL)
+            goto error;
+        PyList_SET_ITEM(messages, i, (PyObject *)message);
+    }
+    return messages;
+error:
+    Py_DECREF(messages);  /* the slots not set yet are NULL, which the list's dealloc skips */
+    return NULL;
+}
+
 static PyObject *
 new_messages(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -854,7 +1101,8 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_ValueError, "ids and bodies differ in length");
         return NULL;
     }
-    if (cls != message_class && message_layout(cls) < 0)
+    int compact = cls == &MessageType;  /* the C Message: its fields written directly */
+    if (!compact && cls != message_class && message_layout(cls) < 0)
         return NULL;
     int stamps = PyList_Check(timestamp);  /* one timestamp per message */
     if (stamps && PyList_GET_SIZE(timestamp) != n) {
@@ -864,6 +1112,8 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
     int deferred = PyObject_IsTrue(defer);
     if (deferred < 0)
         return NULL;
+    if (compact)
+        return new_compact_messages(ids, joined, bodies, timestamp, stamps, deferred ? defer : NULL);
     if (!deferred)
         defer = zero_float;  /* as Message's default: a falsy delay is stored as 0.0 */
     PyObject *messages = PyList_New(n);
@@ -885,7 +1135,7 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
         }
         PyObject *values[MESSAGE_SLOTS] = {id, PyList_GET_ITEM(bodies, i),
                                            stamps ? PyList_GET_ITEM(timestamp, i) : timestamp,
-                                           zero_int, defer, Py_None, zero_float, minus_one};
+                                           zero_int, defer, Py_None, zero_float, minus_one, minus_one};
         for (int k = 1; k < MESSAGE_SLOTS; k++)
             Py_INCREF(values[k]);  /* the id's reference is already the message's */
         for (int k = 0; k < MESSAGE_SLOTS; k++)
@@ -913,6 +1163,20 @@ claim_shared(PyObject *Py_UNUSED(self), PyObject *batch)
         PyObject *message = PyList_GET_ITEM(batch, i);
         if (Py_REFCNT(message) <= 1)
             continue;
+        if (Message_Check(message)) {
+            MessageObject *from = (MessageObject *)message;
+            MessageObject *copy = message_alloc(from->id, from->body, from->timestamp, from->attempts, from->defer);
+            if (copy == NULL)
+                return NULL;
+            Py_INCREF(from->client);
+            Py_SETREF(copy->client, from->client);
+            copy->delivered_at = from->delivered_at;
+            copy->disk_token = from->disk_token;
+            copy->in_flight = from->in_flight;
+            PyList_SET_ITEM(batch, i, (PyObject *)copy);
+            Py_DECREF(message);
+            continue;
+        }
         PyTypeObject *cls = Py_TYPE(message);
         if (cls != message_class && message_layout(cls) < 0)
             return NULL;
@@ -953,6 +1217,43 @@ put_be(unsigned char *at, unsigned long long value, int bytes)
         at[i] = (unsigned char)(value & 0xff);
 }
 
+/* deliver_frames' marks on a message of a Python class (slots written where its member descriptors say): sets
+   *id (a new reference), *body (borrowed), the attempts counted and the timestamp; -1 with an exception. */
+static int
+deliver_slots(PyObject *message, PyObject *client, PyObject *now, PyObject **id, PyObject **body, long long *count,
+              long long *stamp, Py_ssize_t *size)
+{
+    PyTypeObject *cls = Py_TYPE(message);
+    if (cls != message_class && message_layout(cls) < 0)
+        return -1;
+    PyObject **slot[MESSAGE_SLOTS];
+    for (int k = 0; k < MESSAGE_SLOTS; k++)
+        slot[k] = (PyObject **)((char *)message + message_offsets[k]);
+    PyObject *timestamp = *slot[2], *attempts = *slot[3];
+    if (*slot[0] == NULL || *slot[1] == NULL || timestamp == NULL || attempts == NULL) {
+        PyErr_Format(PyExc_AttributeError, "%s has a slot not set", cls->tp_name);
+        return -1;
+    }
+    *count = PyLong_AsLongLong(attempts);
+    *stamp = PyLong_AsLongLong(timestamp);
+    *size = PyObject_Length(*slot[1]);
+    if ((*count == -1 || *stamp == -1 || *size < 0) && PyErr_Occurred())
+        return -1;
+    *count += 1;
+    PyObject *counted = PyLong_FromLongLong(*count);
+    if (counted == NULL)
+        return -1;
+    Py_SETREF(*slot[3], counted);
+    Py_INCREF(client);
+    Py_SETREF(*slot[5], client);
+    Py_INCREF(now);
+    Py_SETREF(*slot[6], now);
+    *id = *slot[0];
+    Py_INCREF(*id);
+    *body = *slot[1];
+    return 0;
+}
+
 static PyObject *
 deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -964,31 +1265,24 @@ deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
     long long total = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
         PyObject *message = PyList_GET_ITEM(batch, i);
-        PyTypeObject *cls = Py_TYPE(message);
-        if (cls != message_class && message_layout(cls) < 0)
-            goto error;
-        PyObject **slot[MESSAGE_SLOTS];
-        for (int k = 0; k < MESSAGE_SLOTS; k++)
-            slot[k] = (PyObject **)((char *)message + message_offsets[k]);
-        PyObject *id = *slot[0], *body = *slot[1], *timestamp = *slot[2], *attempts = *slot[3];
-        if (id == NULL || body == NULL || timestamp == NULL || attempts == NULL) {
-            PyErr_Format(PyExc_AttributeError, "%s has a slot not set", cls->tp_name);
-            goto error;
+        PyObject *id, *body;
+        long long count, stamp;
+        Py_ssize_t size;
+        if (Message_Check(message)) {
+            MessageObject *compact = (MessageObject *)message;
+            body = compact->body;
+            if ((size = PyObject_Length(body)) < 0)
+                goto error;
+            count = compact->attempts += 1;
+            stamp = compact->timestamp;
+            Py_INCREF(client);
+            Py_SETREF(compact->client, client);
+            compact->delivered_at = PyFloat_AS_DOUBLE(now);
+            if ((id = PyBytes_FromStringAndSize(compact->id, MESSAGE_ID_SIZE)) == NULL)
+                goto error;
         }
-        long long count = PyLong_AsLongLong(attempts);
-        long long stamp = PyLong_AsLongLong(timestamp);
-        Py_ssize_t size = PyObject_Length(body);
-        if ((count == -1 || stamp == -1 || size < 0) && PyErr_Occurred())
+        else if (deliver_slots(message, client, now, &id, &body, &count, &stamp, &size) < 0)
             goto error;
-        count += 1;
-        PyObject *counted = PyLong_FromLongLong(count);
-        if (counted == NULL)
-            goto error;
-        Py_SETREF(*slot[3], counted);
-        Py_INCREF(client);
-        Py_SETREF(*slot[5], client);
-        Py_INCREF(now);
-        Py_SETREF(*slot[6], now);
         if (prefix == NULL || size != last_size || stamp != last_timestamp || count != last_attempts) {
             PyObject *made = PyBytes_FromStringAndSize(NULL, FRAME_PREFIX_SIZE);
             if (made == NULL)
@@ -1003,7 +1297,9 @@ deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
             last_timestamp = stamp;
             last_attempts = count;
         }
-        if (PyList_Append(out, prefix) < 0 || PyList_Append(out, *slot[0]) < 0 || PyList_Append(out, *slot[1]) < 0)
+        int failed = PyList_Append(out, prefix) < 0 || PyList_Append(out, id) < 0 || PyList_Append(out, body) < 0;
+        Py_DECREF(id);
+        if (failed)
             goto error;
         total += size;
     }
@@ -1049,8 +1345,12 @@ PyInit__speedups(void)
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
+    if (PyType_Ready(&MessageType) < 0)
+        return NULL;
     PyObject *created = PyModule_Create(&module);
     if (created != NULL && PyModule_AddIntConstant(created, "NEW_MESSAGES_PACKED", 1) < 0)
+        Py_CLEAR(created);
+    if (created != NULL && PyModule_AddObjectRef(created, "Message", (PyObject *)&MessageType) < 0)
         Py_CLEAR(created);
     return created;
 }

@@ -675,11 +675,16 @@ class Channel:
             self.deferred_index.clear()
             self.deferred_index.remove_file()
         self.deferred.drain()
+        self._forget_in_flight()
+
+    def _forget_in_flight(self) -> None:
+        """Empty the in-flight queue; each owner gets its credit back."""
         for message in self.in_flight.drain():
             owner = message.client
+            message.client = None
             if owner is not None:
                 owner.in_flight -= 1
-                if owner.channel is self:
+                if owner.channel is self and not self.exiting:
                     self.client_credit_changed(owner)
 
     def close(self, *, persist: bool) -> None:
@@ -689,6 +694,10 @@ class Channel:
         self.exiting = True
         self._actors.remove(self.dispatcher)
         backend = self.backend
+        if not persist:
+            # what is in flight is forgotten: its messages reference their consumers, whose channel is this one,
+            # and the cyclic collector cannot follow a message (nsqd/message.py), so no such cycle is left behind
+            self._forget_in_flight()
         if backend is None:
             return
         if self.log is not None:

@@ -62,9 +62,14 @@ class Message(WireMessage):
     (TOUCH caps the total in-flight time from there). ``disk_token`` is, in durable mode, the
     token of the disk queue record this message was read from (-1 otherwise): the record stays
     held until the message is finished or written to the queue again (see ``queues/diskqueue.py``).
+    ``in_flight`` is the number of the in-flight queue's bucket that holds it (-1: none;
+    ``queues/inflight.py``).
+
+    This class is the Python twin: with the accelerator built, ``Message`` is its C type (``nsqd/_speedups.c``),
+    96 bytes with the ID inline, hashed as its ID and equal to it (see the module notes).
     """
 
-    __slots__ = ("defer", "client", "delivered_at", "disk_token")
+    __slots__ = ("defer", "client", "delivered_at", "disk_token", "in_flight")
 
     def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int = 0, defer: float = 0.0) -> None:
         self.id = id
@@ -75,6 +80,17 @@ class Message(WireMessage):
         self.client = None
         self.delivered_at = 0.0
         self.disk_token = -1
+        self.in_flight = -1
+
+
+#: the Python class, also where the accelerator is built (tests compare the two)
+PythonMessage = Message
+#: whether ``Message`` is the C type: hashed as its ID and equal to it, so a dict keyed by IDs can hold the message
+#: itself as the key (``queues/inflight.py``)
+KEYED_BY_ITSELF = False
+if _speedups is not None and hasattr(_speedups, "Message"):
+    Message = _speedups.Message  # type: ignore[misc]
+    KEYED_BY_ITSELF = True
 
 
 def new_messages(
@@ -109,6 +125,7 @@ def _copy(message: Message) -> Message:
     copy.client = message.client
     copy.delivered_at = message.delivered_at
     copy.disk_token = message.disk_token
+    copy.in_flight = message.in_flight
     return copy
 
 

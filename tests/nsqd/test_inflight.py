@@ -1,17 +1,84 @@
+"""The in-flight queue, with each twin of ``Message``: the C type (its own key in the queue's index) and the
+Python class (keyed by its ID). Most tests label each message by its body and speak of the labels (``Q``)."""
+
 import random
+import sys
 
 import pytest
 
+from nsqd import message as message_module
 from nsqd.queues import inflight
 from nsqd.queues.inflight import InFlightQueue
+
+TWINS = [message_module.PythonMessage]
+if message_module.KEYED_BY_ITSELF:
+    TWINS.insert(0, message_module.Message)
+
+
+@pytest.fixture(autouse=True, params=TWINS, ids=lambda cls: cls.__module__)
+def twin(request, monkeypatch):
+    """Each test with each message class (the queue keys the C one by itself, the Python one by its ID)."""
+    monkeypatch.setattr(sys.modules[__name__], "Message", request.param)
+    return request.param
+
+
+Message = TWINS[0]
 
 
 def mid(n: int) -> bytes:
     return b"%016d" % n
 
 
+class Q:
+    """An ``InFlightQueue`` of messages labelled by their bodies, spoken to and answering in labels."""
+
+    def __init__(self) -> None:
+        self.queue = InFlightQueue()
+
+    @property
+    def _heap(self):
+        return self.queue._heap
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def __contains__(self, msg_id) -> bool:
+        return msg_id in self.queue
+
+    def __iter__(self):
+        return iter(self.queue)
+
+    def push(self, msg_id: bytes, label, deadline: float) -> None:
+        self.queue.push(Message(msg_id, label, 0), deadline)
+
+    def pop(self, msg_id: bytes):
+        return _label(self.queue.pop(msg_id))
+
+    def get(self, msg_id: bytes):
+        return _label(self.queue.get(msg_id))
+
+    def touch(self, msg_id: bytes, deadline: float) -> bool:
+        return self.queue.touch(msg_id, deadline)
+
+    def deadline(self, msg_id: bytes):
+        return self.queue.deadline(msg_id)
+
+    def peek_deadline(self):
+        return self.queue.peek_deadline()
+
+    def pop_expired(self, now: float) -> list:
+        return [message.body for message in self.queue.pop_expired(now)]
+
+    def drain(self) -> list:
+        return [message.body for message in self.queue.drain()]
+
+
+def _label(message):
+    return None if message is None else message.body
+
+
 def test_push_get_pop_len_contains():
-    q = InFlightQueue()
+    q = Q()
     assert len(q) == 0 and q.peek_deadline() is None
     q.push(mid(1), "a", 10.0)
     q.push(mid(2), "b", 5.0)
@@ -28,7 +95,7 @@ def test_push_get_pop_len_contains():
 
 
 def test_push_duplicate_id_raises_and_keeps_the_first():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 1.0)
     with pytest.raises(KeyError):
         q.push(mid(1), "b", 2.0)
@@ -40,7 +107,7 @@ def test_push_duplicate_id_raises_and_keeps_the_first():
 
 
 def test_pop_expired_in_deadline_order_and_inclusive():
-    q = InFlightQueue()
+    q = Q()
     for n, deadline in enumerate([3.0, 1.0, 2.0, 2.0, 5.0]):
         q.push(mid(n), n, deadline)
     assert q.pop_expired(0.5) == []
@@ -53,7 +120,7 @@ def test_pop_expired_in_deadline_order_and_inclusive():
 
 
 def test_finished_messages_never_expire():
-    q = InFlightQueue()
+    q = Q()
     for n in range(10):
         q.push(mid(n), n, float(n))
     for n in range(0, 10, 2):
@@ -62,7 +129,7 @@ def test_finished_messages_never_expire():
 
 
 def test_touch_moves_the_deadline_both_ways():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 1.0)
     q.push(mid(2), "b", 2.0)
     assert q.touch(mid(1), 10.0) is True
@@ -77,7 +144,7 @@ def test_touch_moves_the_deadline_both_ways():
 
 
 def test_touch_repeatedly_expires_once():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 1.0)
     for deadline in (2.0, 3.0, 4.0):
         q.touch(mid(1), deadline)
@@ -87,7 +154,7 @@ def test_touch_repeatedly_expires_once():
 
 
 def test_drain_returns_everything_in_deadline_order():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 3.0)
     q.push(mid(2), "b", 1.0)
     q.push(mid(3), "c", 2.0)
@@ -98,7 +165,7 @@ def test_drain_returns_everything_in_deadline_order():
 
 
 def test_stale_entries_stay_bounded_under_fin_and_touch():
-    q = InFlightQueue()
+    q = Q()
     live = 10
     for n in range(live):
         q.push(mid(n), n, 1000.0 + n)
@@ -118,7 +185,7 @@ def test_stale_entries_stay_bounded_under_fin_and_touch():
 @pytest.mark.parametrize("deadlines", ["continuous", "few"])
 def test_random_operations_match_a_model(deadlines):
     rng = random.Random(1234)
-    q = InFlightQueue()
+    q = Q()
     model: dict[bytes, tuple[float, int, int]] = {}  # id -> (deadline, order, item)
     order = 0
     now = 0.0
@@ -162,13 +229,13 @@ def test_random_operations_match_a_model(deadlines):
         assert _listed(q) <= 3 * len(model) + inflight.REBUILD_MIN + 1
 
 
-def _listed(q: InFlightQueue) -> int:
-    """IDs held in the lists of the heap's buckets, stale ones included."""
-    return sum(len(bucket.ids) for _, _, bucket in q._heap)
+def _listed(q: Q) -> int:
+    """Places in the lists of the heap's buckets, stale ones included."""
+    return sum(len(bucket.items) for _, _, bucket in q._heap)
 
 
 def test_a_batch_with_one_deadline_takes_one_heap_entry():
-    q = InFlightQueue()
+    q = Q()
     for n in range(64):
         q.push(mid(n), n, 60.0)
     q.push(mid(64), 64, 61.0)
@@ -177,7 +244,7 @@ def test_a_batch_with_one_deadline_takes_one_heap_entry():
 
 
 def test_equal_deadlines_leave_in_push_order_across_repush_and_touch():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 5.0)
     q.push(mid(2), "b", 5.0)
     q.push(mid(3), "c", 5.0)
@@ -189,7 +256,7 @@ def test_equal_deadlines_leave_in_push_order_across_repush_and_touch():
 
 
 def test_finished_batches_leave_no_heap_entries_behind():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(0), "kept", 10_000.0)
     for batch in range(2000):
         ids = [mid(1 + batch * 10 + n) for n in range(10)]
@@ -202,7 +269,7 @@ def test_finished_batches_leave_no_heap_entries_behind():
 
 
 def test_stale_ids_of_partly_finished_batches_stay_bounded():
-    q = InFlightQueue()
+    q = Q()
     for batch in range(2000):
         ids = [mid(batch * 64 + n) for n in range(64)]
         for n, msg_id in enumerate(ids):
@@ -216,7 +283,7 @@ def test_stale_ids_of_partly_finished_batches_stay_bounded():
 
 
 def test_heap_is_rebuilt_when_dead_buckets_outnumber_live_ones():
-    q = InFlightQueue()
+    q = Q()
     for n in range(10):
         q.push(mid(1000 + n), n, 10_000.0 + n)  # 10 live buckets
     for n in range(100):
@@ -232,24 +299,22 @@ def test_heap_is_rebuilt_when_dead_buckets_outnumber_live_ones():
     assert q.pop_expired(1e9) == [95, 96, 97, 98, 99] + list(range(10))
 
 
-class _Item:
-    def __init__(self, n: int, client: str) -> None:
-        self.id = mid(n)
-        self.client = client
-
-    def __repr__(self) -> str:
-        return f"_Item({self.id!r}, {self.client!r})"
+def _Item(n: int, client: str):
+    message = Message(mid(n), b"", 0)
+    message.client = client
+    return message
 
 
 def test_push_many_shares_one_bucket_and_refuses_ids_in_flight():
     q = InFlightQueue()
-    q.push(mid(2), "already", 1.0)
+    already = Message(mid(2), b"already", 0)
+    q.push(already, 1.0)
     items = [_Item(n, "c") for n in range(5)]
     assert q.push_many(items, 30.0) == [items[2]]
     assert len(q) == 5 and len(q._heap) == 2
-    assert q.get(mid(2)) == "already" and q.deadline(mid(4)) == 30.0
+    assert q.get(mid(2)) is already and q.deadline(mid(4)) == 30.0
     assert q.push_many([_Item(2, "c")], 30.0) != []  # every item refused: nothing is left behind
-    assert q.pop_expired(100.0) == ["already", items[0], items[1], items[3], items[4]]
+    assert q.pop_expired(100.0) == [already, items[0], items[1], items[3], items[4]]
     assert len(q) == 0 and q.peek_deadline() is None and len(q._heap) == 0
 
 
@@ -258,7 +323,7 @@ def test_pop_owned_pops_in_order_and_reports_the_refused():
     mine = [_Item(n, "me") for n in range(4)]
     q.push_many(mine, 10.0)
     theirs = _Item(9, "them")
-    q.push(theirs.id, theirs, 10.0)
+    q.push(theirs, 10.0)
     popped, refused = q.pop_owned([mid(1), mid(7), mid(9), mid(0), mid(1), mid(3)], "me")
     assert popped == [mine[1], mine[0], mine[3]]
     assert refused == [(mid(7), None), (mid(9), theirs), (mid(1), None)]

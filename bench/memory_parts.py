@@ -30,7 +30,7 @@ import trio
 
 from nsqd.actors import ActorSystem
 from nsqd.client import Client, ClientState
-from nsqd.message import KEYED_BY_ITSELF
+from nsqd.message import Message, PythonMessage
 from nsqd.topic import Topic
 
 #: CPython's small-object allocator hands out blocks in multiples of this (objects of up to 512 bytes)
@@ -144,7 +144,7 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
     distinct = {id(m): m for m in sample}
     row = {
         "message": object_cost(first),
-        "id": 0 if KEYED_BY_ITSELF else object_cost(first.id),  # the C type holds it inline
+        "id": 0 if Message is not PythonMessage else object_cost(first.id),  # the C type holds it inline
         "body over size": object_cost(first.body) - body_size,
         "copies": len(distinct) - 1,
         "copy each": object_cost(sample[-1]) if len(distinct) > 1 else 0,
@@ -152,9 +152,12 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
     if state == "queued":
         row["slots"] = 8 * len(holders)  # one deque slot per holder (a deque block is 64 slots + 16 bytes)
     elif state == "in flight":
-        # per channel: the map's entry (key, value, hash; the table kept at most 2/3 full) and the message's slot
-        # in its deadline bucket's list (nsqd/queues/inflight.py)
-        row["slots"] = len(topic.channels) * (24 * 3 // 2 + 8 + 8)
+        # per channel: the index's entry (C: a pointer in a table kept 3/8 to 3/4 full; a dict's: key, value and
+        # hash, the table kept at most 2/3 full, and its index) and the message's slot in its deadline bucket's list
+        # (nsqd/queues/inflight.py)
+        index = next(iter(topic.channels.values())).in_flight._entries
+        entry = round(sys.getsizeof(index) / len(index)) if Message is not PythonMessage else 24 * 3 // 2 + 8
+        row["slots"] = len(topic.channels) * (entry + 8)
     else:
         if topic.channels:
             # the heap's (due, seq, message) tuple, its due float and seq int, made once for every channel's heap

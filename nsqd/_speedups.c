@@ -792,9 +792,8 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
 
    A message's fields in one 96-byte object: the ID's 16 bytes inline (the Python class keeps a bytes object of
    them: 64 bytes more per message), the body and the client as references, the numbers as C numbers. Reading
-   .id makes a bytes object each time. It hashes as its ID and compares equal to its ID (and to a message with
-   the same ID), so a dict holds it as the key for its own ID: the in-flight queue's index by ID
-   (nsqd/queues/inflight.py) needs no bytes object per message, and finds it with the ID a FIN carries.
+   .id makes a bytes object each time; MessageIndex (below) finds messages by their inline IDs, so the in-flight
+   queue (nsqd/queues/inflight.py) needs no bytes object per message.
 
    It is not followed by the cyclic collector (no collector header: 16 bytes less, and nothing for a young
    collection to walk): a message references its body and, while in flight, its client, whose channel's
@@ -879,30 +878,6 @@ message_dealloc(MessageObject *self)
     Py_XDECREF(self->body);
     Py_XDECREF(self->client);
     PyObject_Free(self);
-}
-
-static Py_hash_t
-message_hash(MessageObject *self)
-{
-    return _Py_HashBytes(self->id, MESSAGE_ID_SIZE);  /* as hash(self.id) */
-}
-
-static PyObject *
-message_richcompare(MessageObject *self, PyObject *other, int op)
-{
-    const char *theirs;
-    if (Message_Check(other))
-        theirs = ((MessageObject *)other)->id;
-    else if (PyBytes_Check(other) && PyBytes_GET_SIZE(other) == MESSAGE_ID_SIZE)
-        theirs = PyBytes_AS_STRING(other);
-    else if (PyBytes_Check(other))
-        theirs = NULL;  /* never equal */
-    else
-        Py_RETURN_NOTIMPLEMENTED;
-    if (op != Py_EQ && op != Py_NE)
-        Py_RETURN_NOTIMPLEMENTED;
-    int equal = theirs != NULL && memcmp(self->id, theirs, MESSAGE_ID_SIZE) == 0;
-    return PyBool_FromLong(op == Py_EQ ? equal : !equal);
 }
 
 static PyObject *
@@ -995,13 +970,287 @@ static PyTypeObject MessageType = {
     .tp_basicsize = sizeof(MessageObject),
     .tp_dealloc = (destructor)message_dealloc,
     .tp_repr = (reprfunc)message_repr,
-    .tp_hash = (hashfunc)message_hash,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A message inside nsqd (nsqd/message.py): its fields in one object, the ID inline.",
-    .tp_richcompare = (richcmpfunc)message_richcompare,
     .tp_members = message_members,
     .tp_getset = message_getset,
     .tp_new = message_new,
+};
+
+/* MessageIndex: C Messages by their IDs, the in-flight queue's index (nsqd/queues/inflight.py; a dict keyed by
+   the IDs is its Python twin there).
+
+   An open-addressing table of pointers to the messages, with linear probing and deletion by backward shift (no
+   tombstones), at most 3/4 full and halved when under 1/8 full: 11-21 bytes per message where a dict's entry
+   costs 36-72 and needs a bytes object for the key. A slot's hash is not stored: the ID inline in the message is
+   hashed again when needed, by Python's own (randomised) hash of bytes. It holds only C Messages, which the
+   cyclic collector does not follow, so it is not followed either. A key is a 16-byte bytes object or a Message
+   (its ID). */
+typedef struct {
+    PyObject_HEAD
+    MessageObject **slots;  /* NULL until the first add */
+    size_t mask;            /* capacity - 1 (a power of 2); 0 without slots */
+    Py_ssize_t used;
+} IndexObject;
+
+static PyTypeObject IndexType;
+
+#define INDEX_MIN 8
+
+static size_t
+index_hash(const char *id)
+{
+    return (size_t)_Py_HashBytes(id, MESSAGE_ID_SIZE);
+}
+
+/* The ID a key names: 1 and *id set, 0 for bytes of another size (no message has it), -1 with TypeError. */
+static int
+index_key(PyObject *key, const char **id)
+{
+    if (Message_Check(key)) {
+        *id = ((MessageObject *)key)->id;
+        return 1;
+    }
+    if (PyBytes_Check(key)) {
+        *id = PyBytes_AS_STRING(key);
+        return PyBytes_GET_SIZE(key) == MESSAGE_ID_SIZE;
+    }
+    PyErr_Format(PyExc_TypeError, "a message ID is bytes, not %.200s", Py_TYPE(key)->tp_name);
+    return -1;
+}
+
+/* The slot holding the message with this ID, or the empty slot where its probe ends. */
+static size_t
+index_slot(IndexObject *self, const char *id)
+{
+    size_t i = index_hash(id) & self->mask;
+    MessageObject *at;
+    while ((at = self->slots[i]) != NULL && memcmp(at->id, id, MESSAGE_ID_SIZE) != 0)
+        i = (i + 1) & self->mask;
+    return i;
+}
+
+static int
+index_resize(IndexObject *self, size_t capacity)
+{
+    MessageObject **slots = PyMem_Calloc(capacity, sizeof(MessageObject *));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    MessageObject **old = self->slots;
+    size_t old_capacity = old == NULL ? 0 : self->mask + 1;
+    self->slots = slots;
+    self->mask = capacity - 1;
+    for (size_t k = 0; k < old_capacity; k++) {
+        if (old[k] != NULL)
+            slots[index_slot(self, old[k]->id)] = old[k];
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+/* Take the message out of slot i (its reference goes to the caller) and close the gap. */
+static MessageObject *
+index_take(IndexObject *self, size_t i)
+{
+    MessageObject **slots = self->slots;
+    size_t mask = self->mask;
+    MessageObject *taken = slots[i];
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (slots[j] == NULL)
+            break;
+        size_t home = index_hash(slots[j]->id) & mask;
+        /* slot j may fill the gap at i unless its home lies cyclically in (i, j] */
+        int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            slots[i] = slots[j];
+            i = j;
+        }
+    }
+    slots[i] = NULL;
+    self->used--;
+    size_t capacity = mask + 1;
+    if (capacity > INDEX_MIN && (size_t)self->used < capacity / 8 && index_resize(self, capacity / 2) < 0)
+        PyErr_Clear();  /* it stays larger: no harm */
+    return taken;
+}
+
+static PyObject *
+index_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (!_PyArg_NoPositional("MessageIndex", args) || !_PyArg_NoKeywords("MessageIndex", kwds))
+        return NULL;
+    IndexObject *self = PyObject_New(IndexObject, type);
+    if (self == NULL)
+        return NULL;
+    self->slots = NULL;
+    self->mask = 0;
+    self->used = 0;
+    return (PyObject *)self;
+}
+
+static void
+index_release(IndexObject *self)
+{
+    MessageObject **slots = self->slots;
+    size_t capacity = slots == NULL ? 0 : self->mask + 1;
+    self->slots = NULL;
+    self->mask = 0;
+    self->used = 0;
+    for (size_t k = 0; k < capacity; k++)
+        Py_XDECREF(slots[k]);
+    PyMem_Free(slots);
+}
+
+static void
+index_dealloc(IndexObject *self)
+{
+    index_release(self);
+    PyObject_Free(self);
+}
+
+/* add(message) -> bool: False (and nothing changed) when a message with its ID is in already. */
+static PyObject *
+index_add(IndexObject *self, PyObject *message)
+{
+    if (!Message_Check(message)) {
+        PyErr_Format(PyExc_TypeError, "MessageIndex holds Message objects, not %.200s", Py_TYPE(message)->tp_name);
+        return NULL;
+    }
+    size_t capacity = self->slots == NULL ? 0 : self->mask + 1;
+    if ((size_t)(self->used + 1) * 4 > capacity * 3 && index_resize(self, capacity ? capacity * 2 : INDEX_MIN) < 0)
+        return NULL;
+    size_t i = index_slot(self, ((MessageObject *)message)->id);
+    if (self->slots[i] != NULL)
+        Py_RETURN_FALSE;
+    Py_INCREF(message);
+    self->slots[i] = (MessageObject *)message;
+    self->used++;
+    Py_RETURN_TRUE;
+}
+
+/* The slot of key's message, or -1 (none, or an error when PyErr_Occurred). */
+static Py_ssize_t
+index_lookup(IndexObject *self, PyObject *key)
+{
+    const char *id;
+    int named = index_key(key, &id);
+    if (named <= 0 || self->used == 0)
+        return -1;
+    size_t i = index_slot(self, id);
+    return self->slots[i] == NULL ? -1 : (Py_ssize_t)i;
+}
+
+static PyObject *
+index_get_or_pop(IndexObject *self, PyObject *const *args, Py_ssize_t nargs, int pop)
+{
+    if (!_PyArg_CheckPositional(pop ? "pop" : "get", nargs, 1, 2))
+        return NULL;
+    Py_ssize_t i = index_lookup(self, args[0]);
+    if (i < 0) {
+        if (PyErr_Occurred())
+            return NULL;
+        if (pop && nargs == 1) {
+            PyErr_SetObject(PyExc_KeyError, args[0]);
+            return NULL;
+        }
+        PyObject *fallback = nargs > 1 ? args[1] : Py_None;
+        Py_INCREF(fallback);
+        return fallback;
+    }
+    if (pop)
+        return (PyObject *)index_take(self, (size_t)i);
+    Py_INCREF(self->slots[i]);
+    return (PyObject *)self->slots[i];
+}
+
+/* get(key, default=None) */
+static PyObject *
+index_get(IndexObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return index_get_or_pop(self, args, nargs, 0);
+}
+
+/* pop(key[, default]): the message taken out, or default (KeyError without one), as a dict's */
+static PyObject *
+index_pop(IndexObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return index_get_or_pop(self, args, nargs, 1);
+}
+
+/* values() -> list, in no particular order */
+static PyObject *
+index_values(IndexObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *values = PyList_New(self->used);
+    if (values == NULL)
+        return NULL;
+    Py_ssize_t n = 0;
+    size_t capacity = self->slots == NULL ? 0 : self->mask + 1;
+    for (size_t k = 0; k < capacity; k++) {
+        if (self->slots[k] != NULL) {
+            Py_INCREF(self->slots[k]);
+            PyList_SET_ITEM(values, n++, (PyObject *)self->slots[k]);
+        }
+    }
+    return values;
+}
+
+static PyObject *
+index_clear(IndexObject *self, PyObject *Py_UNUSED(ignored))
+{
+    index_release(self);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+index_length(IndexObject *self)
+{
+    return self->used;
+}
+
+static int
+index_contains(IndexObject *self, PyObject *key)
+{
+    Py_ssize_t i = index_lookup(self, key);
+    return i >= 0 ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+index_sizeof(IndexObject *self, PyObject *Py_UNUSED(ignored))
+{
+    size_t capacity = self->slots == NULL ? 0 : self->mask + 1;
+    return PyLong_FromSize_t(sizeof(IndexObject) + capacity * sizeof(MessageObject *));
+}
+
+static PyMethodDef index_methods[] = {
+    {"add", (PyCFunction)index_add, METH_O, "Add a message; False when one with its ID is in already."},
+    {"get", (PyCFunction)(void (*)(void))index_get, METH_FASTCALL, "The message with this ID, or default."},
+    {"pop", (PyCFunction)(void (*)(void))index_pop, METH_FASTCALL, "Take out the message with this ID (a dict's pop)."},
+    {"values", (PyCFunction)index_values, METH_NOARGS, "The messages, as a list."},
+    {"clear", (PyCFunction)index_clear, METH_NOARGS, "Take every message out."},
+    {"__sizeof__", (PyCFunction)index_sizeof, METH_NOARGS, "Bytes taken, the table included."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods index_as_sequence = {
+    .sq_length = (lenfunc)index_length,
+    .sq_contains = (objobjproc)index_contains,
+};
+
+static PyTypeObject IndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nsqd._speedups.MessageIndex",
+    .tp_basicsize = sizeof(IndexObject),
+    .tp_dealloc = (destructor)index_dealloc,
+    .tp_as_sequence = &index_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "C Messages by their IDs: an open-addressing table of pointers (nsqd/queues/inflight.py).",
+    .tp_methods = index_methods,
+    .tp_new = index_new,
 };
 
 /* new_messages(cls, ids, bodies, timestamp, defer) -> list
@@ -1345,12 +1594,14 @@ PyInit__speedups(void)
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
-    if (PyType_Ready(&MessageType) < 0)
+    if (PyType_Ready(&MessageType) < 0 || PyType_Ready(&IndexType) < 0)
         return NULL;
     PyObject *created = PyModule_Create(&module);
     if (created != NULL && PyModule_AddIntConstant(created, "NEW_MESSAGES_PACKED", 1) < 0)
         Py_CLEAR(created);
     if (created != NULL && PyModule_AddObjectRef(created, "Message", (PyObject *)&MessageType) < 0)
+        Py_CLEAR(created);
+    if (created != NULL && PyModule_AddObjectRef(created, "MessageIndex", (PyObject *)&IndexType) < 0)
         Py_CLEAR(created);
     return created;
 }

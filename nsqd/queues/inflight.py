@@ -8,12 +8,14 @@ its timeout), so the structure makes push and pop cheap and leaves the work to e
   messages at one instant with one timeout, so a batch shares one bucket. A bucket holds its deadline, a number
   (``seq``, unique among every queue's buckets), the messages appended to it (in push order) and ``live``, how
   many of them are still in flight in it.
-- ``_entries`` maps each message's ID to the message, and the message's ``in_flight`` names the bucket it is live
-  in (the bucket's ``seq``, -1 once it is not in flight); ``_buckets`` maps the live buckets' numbers to them.
-  With the accelerator, ``Message`` is a C type that hashes as its ID and equals it, and the dict holds the
-  message itself as its key: the index costs a dict entry per message, with no bytes object for the ID nor a
-  tuple (nsqd/message.py). A FIN's ID finds it all the same. ``_heap`` is a min-heap of ``(deadline, seq,
-  bucket)``, one entry per bucket (equal deadlines leave in push order).
+- ``_entries`` finds each message by its ID, and the message's ``in_flight`` names the bucket it is live in (the
+  bucket's ``seq``, -1 once it is not in flight); ``_buckets`` maps the live buckets' numbers to them. With the
+  accelerator, ``Message`` is a C type with its ID inline (nsqd/message.py) and ``_entries`` a ``MessageIndex``
+  (``nsqd/_speedups.c``): a table of pointers to the messages, about 16 bytes per message where a dict keyed by
+  the IDs (``MessagesById``, its Python twin) costs a bytes object for the ID and about 40 for its entry. So a
+  message in flight costs its object, a pointer in the index and a place in its bucket's list; no tuple.
+  ``_heap`` is a min-heap of ``(deadline, seq, bucket)``, one entry per bucket (equal deadlines leave in push
+  order).
 - ``push`` adds the dict entry and appends the message to the newest bucket when it has the same deadline and is
   still live, else opens a bucket (one heap push): O(1) for all but the first message of a batch. ``push_many``
   does the same for a whole batch in one call.
@@ -44,17 +46,16 @@ import heapq
 from collections.abc import Callable, Iterator
 from itertools import count
 
-from ..message import KEYED_BY_ITSELF, Message
+from ..message import Message, PythonMessage
+from ..speedups import load as load_speedups
 
-__all__ = ["EMPTY_IN_FLIGHT", "InFlightQueue"]
+__all__ = ["EMPTY_IN_FLIGHT", "InFlightQueue", "MessagesById"]
 
 #: Clean up dead buckets / stale places when they exceed this many times the live ones...
 REBUILD_FACTOR = 2
 #: ...and there are more than this many of them (small queues are never worth cleaning).
 REBUILD_MIN = 64
 
-#: the type whose objects are their own key in ``_entries`` (the C ``Message``; none without the accelerator)
-_SELF_KEYED: type | None = Message if KEYED_BY_ITSELF else None
 #: the bucket numbers of every queue (a message's ``in_flight`` names one bucket, whichever queue it is in)
 _bucket_numbers = count()
 
@@ -75,9 +76,25 @@ class _Bucket:
 _NO_BUCKET = _Bucket(float("nan"), -1)
 
 
-def _key(message: Message):
-    """What ``_entries`` keys ``message`` by: itself when it hashes as its ID, else its ID."""
-    return message if type(message) is _SELF_KEYED else message.id
+class MessagesById(dict):
+    """Messages by their IDs: the Python twin of the C ``MessageIndex`` (``nsqd/_speedups.c``), which holds C
+    ``Message`` objects only and finds them by the IDs inline in them."""
+
+    __slots__ = ()
+
+    def add(self, message: Message) -> bool:
+        """Add ``message``; False (nothing changed) when a message with its ID is in already."""
+        key = message.id
+        if key in self:
+            return False
+        self[key] = message
+        return True
+
+
+#: the index an in-flight queue keeps its messages in: the C one when the accelerator is built (it takes the C
+#: ``Message``, which ``nsqd.message`` then uses), else the dict
+_speedups = load_speedups()
+DEFAULT_INDEX: type = getattr(_speedups, "MessageIndex", MessagesById) if Message is not PythonMessage else MessagesById
 
 
 class InFlightQueue:
@@ -85,10 +102,12 @@ class InFlightQueue:
 
     __slots__ = ("_entries", "_buckets", "_heap", "_newest", "_dead", "_slots", "on_active")
 
-    def __init__(self) -> None:
+    def __init__(self, index: type | None = None) -> None:
         #: called when the queue goes from empty to holding something (nsqd's queue scanner: QueueScanner.activate)
         self.on_active: Callable[[], None] | None = None
-        self._entries: dict[object, Message] = {}
+        #: message ID -> message (``index``: the C ``MessageIndex`` or the dict ``MessagesById``; by default the
+        #: one that takes ``nsqd.message.Message``)
+        self._entries = (DEFAULT_INDEX if index is None else index)()
         self._buckets: dict[int, _Bucket] = {}  # the live buckets by number
         self._heap: list[tuple[float, int, _Bucket]] = []
         self._newest = _NO_BUCKET  # the bucket pushes with its deadline append to
@@ -120,15 +139,13 @@ class InFlightQueue:
         items = bucket.items
         append = items.append
         seq = bucket.seq
-        self_keyed = _SELF_KEYED
+        add = entries.add
         before = len(items)
         refused: list[Message] = []
         for message in messages:
-            key = message if type(message) is self_keyed else message.id
-            if key in entries:
+            if not add(message):
                 refused.append(message)
                 continue
-            entries[key] = message
             message.in_flight = seq
             append(message)
         added = len(items) - before
@@ -181,7 +198,7 @@ class InFlightQueue:
                 refused.append((msg_id, None))
                 continue
             if message.client is not owner:
-                entries[_key(message)] = message  # put back (the dict's order means nothing here)
+                entries.add(message)  # put back (the index's order means nothing here)
                 refused.append((msg_id, message))
                 continue
             bucket = buckets[message.in_flight]
@@ -292,7 +309,7 @@ class InFlightQueue:
         for message in reversed(bucket.items):
             if message.in_flight == seq:
                 message.in_flight = -1
-                del entries[_key(message)]
+                entries.pop(message.id)
                 taken.append(message)
         taken.reverse()
         self._slots -= len(bucket.items)

@@ -3,6 +3,7 @@ Python class (keyed by its ID). Most tests label each message by its body and sp
 
 import random
 import sys
+from functools import partial
 
 import pytest
 
@@ -10,19 +11,21 @@ from nsqd import message as message_module
 from nsqd.queues import inflight
 from nsqd.queues.inflight import InFlightQueue
 
-TWINS = [message_module.PythonMessage]
-if message_module.KEYED_BY_ITSELF:
-    TWINS.insert(0, message_module.Message)
+TWINS = [(message_module.PythonMessage, inflight.MessagesById)]
+if inflight.DEFAULT_INDEX is not inflight.MessagesById:
+    TWINS.insert(0, (message_module.Message, inflight.DEFAULT_INDEX))
 
 
-@pytest.fixture(autouse=True, params=TWINS, ids=lambda cls: cls.__module__)
+@pytest.fixture(autouse=True, params=TWINS, ids=lambda twin: twin[1].__name__)
 def twin(request, monkeypatch):
-    """Each test with each message class (the queue keys the C one by itself, the Python one by its ID)."""
-    monkeypatch.setattr(sys.modules[__name__], "Message", request.param)
+    """Each test with each twin: the C ``Message`` in the C ``MessageIndex``, the Python class in the dict."""
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "Message", request.param[0])
+    monkeypatch.setattr(module, "InFlightQueue", partial(inflight.InFlightQueue, request.param[1]))
     return request.param
 
 
-Message = TWINS[0]
+Message = TWINS[0][0]
 
 
 def mid(n: int) -> bytes:
@@ -329,3 +332,39 @@ def test_pop_owned_pops_in_order_and_reports_the_refused():
     assert refused == [(mid(7), None), (mid(9), theirs), (mid(1), None)]
     assert sorted(q) == [mid(2), mid(9)]
     assert q.pop_expired(10.0) == [mine[2], theirs]
+
+
+def test_the_index_matches_a_dict_through_growth_and_shrinking(twin):
+    """The index alone (C: an open-addressing table that grows, shrinks and closes the gaps a removal leaves),
+    against a dict of the same messages by ID."""
+    message_class, index_class = twin
+    rng = random.Random(41)
+    index = index_class()
+    model: dict[bytes, object] = {}
+    for step in range(30_000):
+        msg_id = mid(rng.randrange(3000 if step < 20_000 else 40))  # then few keys: the table shrinks
+        op = rng.random()
+        if op < 0.45:
+            message = message_class(msg_id, b"", step)
+            assert index.add(message) is (msg_id not in model)
+            model.setdefault(msg_id, message)
+        elif op < 0.8:
+            assert index.pop(msg_id, None) is model.pop(msg_id, None)
+        else:
+            assert index.get(msg_id) is model.get(msg_id) and (msg_id in index) is (msg_id in model)
+        assert len(index) == len(model)
+    assert sorted(m.id for m in index.values()) == sorted(model)
+    assert index.get(b"short") is None and b"short" not in index and index.pop(b"short", 7) == 7
+    with pytest.raises(KeyError):
+        index.pop(mid(99_999))
+    if message_class is not message_module.PythonMessage:
+        big = sys.getsizeof(index)
+        with pytest.raises(TypeError):
+            index.add(message_module.PythonMessage(mid(1), b"", 0))
+        with pytest.raises(TypeError):
+            index.get("a string")
+        for msg_id in list(model):
+            index.pop(msg_id)
+        assert len(index) == 0 and sys.getsizeof(index) <= big
+    index.clear()
+    assert len(index) == 0 and list(index.values()) == []

@@ -31,6 +31,7 @@ import trio
 from nsqd.actors import ActorSystem
 from nsqd.client import Client, ClientState
 from nsqd.message import Message, PythonMessage
+from nsqd.queues.deferred import item_of
 from nsqd.topic import Topic
 
 #: CPython's small-object allocator hands out blocks in multiples of this (objects of up to 512 bytes)
@@ -137,7 +138,7 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
     if state == "in flight":
         sample = [next(iter(c.in_flight._entries.values())) for c in topic.channels.values()]
     elif state == "deferred" and topic.channels:
-        sample = [c.deferred._heap[0][2] for c in topic.channels.values()]
+        sample = [item_of(c.deferred._heap[0]) for c in topic.channels.values()]
     else:
         sample = [next(iter(holder)) for holder in holders]
     first = sample[0]
@@ -162,10 +163,13 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
         if topic.channels:
             # the heap's (due, seq, message) tuple, its due float and seq int, made once for every channel's heap
             # (nsqd/queues/deferred.py), and a list slot per channel
+            # (nsqd/queues/deferred.py; the C Message is its own entry: a list slot per channel only)
             heap = next(iter(topic.channels.values())).deferred._heap
-            due, seq, _ = heap[-1]
             shared = len({id(c.deferred._heap[-1]) for c in topic.channels.values()}) == 1
-            entry = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq)
+            entry = 0
+            if type(heap[-1]) is tuple:
+                due, seq, _ = heap[-1]
+                entry = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq)
             row["slots"] = (1 if shared else len(topic.channels)) * entry + 8 * len(topic.channels)
         else:
             row["slots"] = 8

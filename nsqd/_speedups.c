@@ -798,8 +798,13 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
    It is not followed by the cyclic collector (no collector header: 16 bytes less, and nothing for a young
    collection to walk): a message references its body and, while in flight, its client, whose channel's
    in-flight queue holds the message; that cycle is never left for the collector to find, as the channel empties
-   its in-flight queue when it is closed (nsqd/channel.py). in_flight is the sequence number of the in-flight
-   queue's bucket that holds it (-1: none). */
+   its in-flight queue when it is closed (nsqd/channel.py). in_flight is the number of the in-flight queue's bucket
+   that holds it (-1: none).
+
+   A message waiting in a deferred heap is neither delivered nor in flight: its delivered_at then holds its due
+   time and in_flight its number in the order of pushes, and the message is its own heap entry, ordered by those
+   two (nsqd/queues/deferred.py): 8 bytes of heap slot where a (due, seq, message) tuple, a float and an int cost
+   128. A delivery writes both again. */
 #define MESSAGE_ID_SIZE 16  /* nsqd's IDs (protocol.message.MESSAGE_ID_LENGTH) */
 
 typedef struct {
@@ -878,6 +883,23 @@ message_dealloc(MessageObject *self)
     Py_XDECREF(self->body);
     Py_XDECREF(self->client);
     PyObject_Free(self);
+}
+
+/* Messages order as deferred heap entries: by due time (delivered_at), then number (in_flight); see the type's
+   notes. Nothing else is compared: equality stays identity. */
+static PyObject *
+message_richcompare(MessageObject *self, PyObject *other, int op)
+{
+    if (!Message_Check(other) || op == Py_EQ || op == Py_NE)
+        Py_RETURN_NOTIMPLEMENTED;
+    MessageObject *them = (MessageObject *)other;
+    int order = self->delivered_at < them->delivered_at   ? -1
+                : self->delivered_at > them->delivered_at ? 1
+                : self->in_flight < them->in_flight       ? -1
+                : self->in_flight > them->in_flight       ? 1
+                                                          : 0;
+    int result = op == Py_LT ? order < 0 : op == Py_LE ? order <= 0 : op == Py_GT ? order > 0 : order >= 0;
+    return PyBool_FromLong(result);
 }
 
 static PyObject *
@@ -972,6 +994,7 @@ static PyTypeObject MessageType = {
     .tp_repr = (reprfunc)message_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A message inside nsqd (nsqd/message.py): its fields in one object, the ID inline.",
+    .tp_richcompare = (richcmpfunc)message_richcompare,
     .tp_members = message_members,
     .tp_getset = message_getset,
     .tp_new = message_new,
@@ -1594,6 +1617,7 @@ PyInit__speedups(void)
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
+    MessageType.tp_hash = PyBaseObject_Type.tp_hash;  /* by identity, as an object's (not left out with the order) */
     if (PyType_Ready(&MessageType) < 0 || PyType_Ready(&IndexType) < 0)
         return NULL;
     PyObject *created = PyModule_Create(&module);

@@ -50,7 +50,7 @@ from protocol.replication import OP_EMPTIED, OP_LOG, OP_PAUSED, OP_UNPAUSED
 from .client import Client
 from .dispatch import ChannelDispatcher
 from .message import Message, encode_record, split_messages
-from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
+from .queues.deferred import EMPTY_DEFERRED, DeferredQueue, item_of
 from .queues.deferred_index import DeferredIndex
 from .queues.inflight import EMPTY_IN_FLIGHT, InFlightQueue
 from .queues.packed import PackedQueue
@@ -190,11 +190,11 @@ class Channel:
             self.wake(preempt=True)
         return stored
 
-    def put_deferred(self, entries: list[tuple[float, int, Message]]) -> bool:
+    def put_deferred(self, entries: list) -> bool:
         """Accept deferred messages from the topic pump with their deferred heap entries, made once for all its
         channels (``queues/deferred.py``); a log channel or durable mode takes the messages by ``put_many``."""
         if self.log is not None or self.durable:
-            return self.put_many([entry[2] for entry in entries], True)
+            return self.put_many([item_of(entry) for entry in entries], True)
         self.message_count += len(entries)
         self.changed.add(self)
         push = self.open_deferred().push_entry

@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
-from itertools import count
 
 from ..message import Message, PythonMessage
 from ..speedups import load as load_speedups
+from .deferred import numbers
 
 __all__ = ["EMPTY_IN_FLIGHT", "InFlightQueue", "MessagesById"]
 
@@ -55,9 +55,6 @@ __all__ = ["EMPTY_IN_FLIGHT", "InFlightQueue", "MessagesById"]
 REBUILD_FACTOR = 2
 #: ...and there are more than this many of them (small queues are never worth cleaning).
 REBUILD_MIN = 64
-
-#: the bucket numbers of every queue (a message's ``in_flight`` names one bucket, whichever queue it is in)
-_bucket_numbers = count()
 
 
 class _Bucket:
@@ -280,7 +277,7 @@ class InFlightQueue:
         return bucket
 
     def _open(self, deadline: float) -> _Bucket:
-        seq = next(_bucket_numbers)
+        seq = next(numbers)  # one counter with the deferred queues: an ``in_flight`` names one thing
         bucket = _Bucket(deadline, seq)
         heapq.heappush(self._heap, (deadline, seq, bucket))
         self._buckets[seq] = bucket

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from enum import IntEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import trio
 
@@ -77,6 +77,8 @@ class Client:
         self.connect_ts = int(time.time())
         self.identified = False
         self.replicated_seq = 0  # replication seq of this connection's last publish (nsqd/replication/)
+        #: with ``--workers``: another worker gave this connection to this one (``WorkerMesh.hand_over``); it stays
+        self.handed_over = False
         #: the verbs of the publishes whose OKs wait for the group commit (queues/group_commit.py), in order
         self.commit_verbs: list[str] = []
 
@@ -120,6 +122,22 @@ class Client:
         self._writer_wakeup: trio.Event | None = None
         #: set by the connection: writes the whole buffer now if it safely can, True if it did
         self.direct_flush: Callable[[], bool] | None = None
+
+    @classmethod
+    def from_fields(cls, client_id: int, fields: dict[str, Any]) -> Self:
+        """A client with the settings and names of another one (``fields``: attribute -> value, with at least the
+        constructor's), for a connection served in another worker process (nsqd/workers.py)."""
+        client = cls(
+            client_id,
+            fields["remote_address"],
+            msg_timeout=fields["msg_timeout"],
+            heartbeat_interval=fields["heartbeat_interval"],
+            output_buffer_size=fields["output_buffer_size"],
+            output_buffer_timeout=fields["output_buffer_timeout"],
+        )
+        for name, value in fields.items():
+            setattr(client, name, value)
+        return client
 
     # -- auth (as /stats reports it) -------------------------------------------------------------
     @property

@@ -311,9 +311,15 @@ class PublishBatch:
                     connection.client.commit_verbs.extend(("PUB",) * count)
                     connection.answer_later(OK_FRAME * count)
                 continue
-            for index, sent in write_oks(fds, counts):
+            unsent = write_oks(fds, counts)
+            for index, sent in unsent:
                 data = OK_FRAME * counts[index]
                 connections[index].answer_later(data[sent:] if sent > 0 else data)
+            if mesh is not None and not mesh.owns(topic_name):
+                # each producer whose OKs all left goes to the topic's owner (Connection.hand_over)
+                owner = mesh.owner(topic_name)
+                for connection in connections:
+                    connection.hand_over(owner)
 
     def _publish(self, topic_name: str, bodies: list[bytes]) -> ProtocolError | None:
         """``Connection._publish_stored``'s publish for a batch: the error each of its connections gets, or None."""

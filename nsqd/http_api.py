@@ -40,7 +40,7 @@ import logging
 import re
 import socket
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocol.http import (
     HTTPError,
@@ -59,7 +59,7 @@ from runtime.http_server import HTTPServer
 
 if TYPE_CHECKING:  # imported at the first scrape (prometheus_client costs start-up time)
     from .metrics import MetricsEndpoint
-from runtime.logfmt import log_level_word, set_log_level
+from runtime.logfmt import log_level_word
 from runtime.startup import address_port
 
 from .options import config_value
@@ -451,23 +451,19 @@ class _API:
             body = request.body  # over --max-msg-size: the route answered 413 INVALID_VALUE
             if not body:
                 raise HTTPError(413, "INVALID_VALUE")
+            change: Any
             if opt == "nsqlookupd_tcp_addresses":
-                addresses = _string_list(body)
-                setter = getattr(nsqd, "set_lookupd_addresses", None)
-                if setter is not None:
-                    setter(addresses)
-                else:
-                    opts.lookupd_tcp_addresses = addresses
-                log.info("CONFIG: nsqlookupd_tcp_addresses set to %s", addresses)
+                change = _string_list(body)
             elif opt == "log_level":
                 try:
-                    word = log_level_word(body.decode("utf-8"))
-                    set_log_level(logging.getLogger("nsqd"), word)
+                    change = log_level_word(body.decode("utf-8"))
                 except (UnicodeDecodeError, ValueError, KeyError):
                     raise HTTPError(400, "INVALID_VALUE") from None
-                opts.log_level = word
             else:
                 raise HTTPError(400, "INVALID_OPTION")
+            nsqd.configure(opt, change)
+            if nsqd.mesh is not None:  # every worker has made the change before the answer (nsqd/workers.py)
+                await nsqd.mesh.configure(opt, change)
         try:
             value = config_value(opts, opt)
         except KeyError:

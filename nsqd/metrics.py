@@ -33,7 +33,9 @@ Series (labels in braces):
 
 from __future__ import annotations
 
+import os
 import time
+from functools import partial
 from operator import attrgetter, itemgetter
 
 from prometheus_client.core import GaugeMetricFamily
@@ -253,6 +255,58 @@ class NSQDCollector:
             yield from replication_metrics(stats.replication)
 
 
+class NodeProcessCollector:
+    """``process_*`` of a node of several processes (``--workers``): a scrape lands on any worker, so each reports
+    the node, the parent and every worker, and ``rate(process_cpu_seconds_total[...])`` is the node's CPU whatever
+    worker answers. CPU time, resident and virtual memory are sums (a page the processes still share since the fork
+    counts once in each, as ``ps`` shows them); the start time is the parent's; open and maximum file descriptors
+    are those of the process nearest its limit, which each process has of its own. The processes are the parent
+    (this worker's) and its children as /proc lists them, read at scrape time like ``ProcessCollector``'s."""
+
+    #: the families whose value is the sum over the processes
+    SUMMED = ("process_cpu_seconds", "process_resident_memory_bytes", "process_virtual_memory_bytes")
+
+    def __init__(self, parent: int) -> None:
+        self.parent = parent
+        self._collectors: dict[int, ProcessCollector] = {}
+
+    def describe(self):
+        return []
+
+    def pids(self) -> list[int]:
+        try:
+            with open(f"/proc/{self.parent}/task/{self.parent}/children") as handle:
+                return [self.parent, *map(int, handle.read().split())]
+        except OSError:  # (a kernel without the children file: this process alone)
+            return [os.getpid()]
+
+    def collect(self):
+        found: dict[str, list] = {}  # family name -> its family in each process, the parent's first
+        pids = self.pids()
+        for pid in pids:
+            collector = self._collectors.get(pid)
+            if collector is None:
+                collector = self._collectors[pid] = ProcessCollector(pid=partial(int, pid), registry=None)
+            for family in collector.collect():
+                found.setdefault(family.name, []).append(family)
+        for gone in set(self._collectors) - set(pids):
+            del self._collectors[gone]
+        value = lambda family: family.samples[0].value  # noqa: E731
+        nearest = None
+        if len(found.get("process_open_fds", ())) == len(found.get("process_max_fds", ())):
+            pairs = zip(found.get("process_open_fds", ()), found.get("process_max_fds", ()), strict=True)
+            nearest = max(pairs, key=lambda pair: value(pair[0]) / max(value(pair[1]), 1.0), default=None)
+        for name, families in found.items():
+            family = families[0]
+            if name in self.SUMMED:
+                family.samples = [family.samples[0]._replace(value=sum(map(value, families)))]
+            elif name in ("process_open_fds", "process_max_fds"):
+                if nearest is None:
+                    continue
+                family = nearest[0] if name == "process_open_fds" else nearest[1]
+            yield family
+
+
 class MetricsEndpoint:
     """``GET /metrics`` of one daemon: the registry (daemon families, ``process_*``) and the series (see the
     module notes), from one snapshot per scrape."""
@@ -261,7 +315,10 @@ class MetricsEndpoint:
         self.collector = NSQDCollector(nsqd)
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
-        ProcessCollector(registry=self.registry)
+        if nsqd.mesh is None:
+            ProcessCollector(registry=self.registry)
+        else:
+            self.registry.register(NodeProcessCollector(os.getppid()))
         self.cache = cache if cache is not None else nsqd.stats_cache()
 
     def render(self, accept: str | None, joined: NodeStats | None = None) -> tuple[bytes, str]:

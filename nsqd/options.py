@@ -428,10 +428,6 @@ def _check_workers(opts: Options) -> None:
     not_yet = []
     if opts.replicate_to:
         not_yet.append("--replicate-to")
-    if opts.mem_queue_size == 0 and opts.sync_every == 1:
-        not_yet.append("durable mode (--mem-queue-size=0 --sync-every=1)")
-    if opts.log_retention_time or opts.log_retention_bytes:
-        not_yet.append("log channels (--log-retention-time, --log-retention-bytes)")
     if not_yet:
         raise OptionsError(f"{' and '.join(not_yet)} cannot be used with --workers above 1 yet")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import socket
 import time
 from functools import partial
 from typing import Any
@@ -24,6 +25,7 @@ from protocol.version import version_string
 from runtime.collector import FreezingCollector
 from runtime.daemon import accept_connections, adopt_listeners, format_address
 from runtime.http_server import HTTPServer
+from runtime.logfmt import set_log_level
 
 from .actors import ActorSystem
 from .auth import Authenticator
@@ -196,6 +198,8 @@ class NSQD:
         self._client_ids = itertools.count(1)
         self._accept_scope = trio.CancelScope()
         self._connections_scope = trio.CancelScope()
+        self._connections: trio.Nursery | None = None  # the client connections' tasks (``_serve``)
+        self._taken_early: list[tuple] = []  # connections handed over before ``_serve`` started (``take_connection``)
         self._stopped = trio.Event()
 
     # -- topics ----------------------------------------------------------------------------------
@@ -317,7 +321,9 @@ class NSQD:
             self.metadata = MeshMetadata(self.data_path, self.topics, logger=log)
         else:
             self.lookup = RelayLookup(self, mesh)
-            self.metadata = RelayMetadata(self.data_path, self.topics, mesh.links[0], logger=log)
+            self.metadata = RelayMetadata(
+                self.data_path, self.topics, mesh.links[0], sync_socket=mesh.metadata_socket, logger=log
+            )
 
     def metadata_changed(self, topic_name: str) -> None:
         """A topic, one of its channels or a paused flag changed: nsqd.dat follows shortly (metadata.py)."""
@@ -380,6 +386,8 @@ class NSQD:
                 continue
             if is_ephemeral(topic_name) or is_ephemeral(channel_name):
                 continue
+            if self.mesh is not None and not self.mesh.owns(topic_name):
+                continue  # its owner loads it
             topic = self.topics.get(topic_name)
             if topic is not None and channel_name in topic.channels:
                 continue
@@ -451,6 +459,17 @@ class NSQD:
         """Replace ``--lookupd-tcp-address`` at run time: close the peers left out, connect the new ones."""
         self.lookup.set_addresses(list(addresses))
 
+    def configure(self, opt: str, value: Any) -> None:
+        """``PUT /config/<opt>`` in this process, ``value`` checked (with ``--workers``, each worker makes it)."""
+        if opt == "nsqlookupd_tcp_addresses":
+            self.set_lookupd_addresses(value)
+            log.info("CONFIG: nsqlookupd_tcp_addresses set to %s", value)
+        elif opt == "log_level":
+            set_log_level(log, value)
+            self.opts.log_level = value
+        else:
+            raise KeyError(opt)
+
     def _ephemeral_topic_idle(self, topic: Topic) -> None:
         self.delete_topic(topic.name)
 
@@ -516,7 +535,7 @@ class NSQD:
                         self, https_listeners, name="HTTPS", ssl_context=self.tls_context
                     )
                     self.https_address = await nursery.start(self.https_server.run)
-                if opts.statsd_address:
+                if opts.statsd_address and (self.mesh is None or self.mesh.index == 0):
                     await nursery.start(StatsdPusher(self).run)
                 nursery.start_soon(self._sync_loop)
                 await nursery.start(self.replica_host.run)
@@ -756,6 +775,10 @@ class NSQD:
     async def _serve(self, listeners) -> None:
         with self._connections_scope:
             async with trio.open_nursery() as connections:
+                self._connections = connections
+                for taken in self._taken_early:
+                    connections.start_soon(self._handle_tcp, *taken)
+                self._taken_early.clear()
                 with self._accept_scope:
                     async with trio.open_nursery() as acceptors:
                         for listener in listeners:
@@ -763,15 +786,37 @@ class NSQD:
                 log.info("TCP: closing %d listener(s)", len(listeners))
                 await trio.sleep_forever()
 
-    async def _handle_tcp(self, stream: trio.SocketStream) -> None:
+    def take_connection(self, fd: int, info: dict, unread: bytes) -> None:
+        """Serve a producer's connection another worker handed over (``WorkerMesh.hand_over``): past its magic and
+        IDENTIFY, with the state ``info`` carries and the bytes read there but not parsed yet."""
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+        if self.exiting:
+            stream.socket.close()
+            return
+        client = Client.from_fields(next(self._client_ids), info)
+        client.handed_over = True
+        if self._connections is None:  # read off a link before this worker serves clients: served once it does
+            self._taken_early.append((stream, client, unread))
+        else:
+            self._connections.start_soon(self._handle_tcp, stream, client, unread)
+
+    async def _handle_tcp(self, stream: trio.SocketStream, handed: Client | None = None, unread: bytes = b"") -> None:
+        """Serve one TCP connection: a new one from its magic on, or one another worker ``handed`` over."""
         try:
             remote = format_address(stream.socket.getpeername())
         except OSError:
             await stream.aclose()
             return
-        log.info("TCP: new client(%s)", remote)
-        client = None
+        client = handed
+        if client is not None:
+            log.info("TCP: client(%s) taken over from another worker", remote)
+        else:
+            log.info("TCP: new client(%s)", remote)
         try:
+            if client is not None:
+                self.clients[client.id] = client
+                await Connection(self, stream, client).run(unread)
+                return
             magic = b""
             with trio.move_on_after(self.opts.client_timeout):
                 while len(magic) < 4:
@@ -840,10 +885,12 @@ class NSQD:
         if self.mesh is not None:
             crossed = self.mesh.statistics()
             log.info(
-                "NSQ: worker %d sent %d records to the others in %d writes",
+                "NSQ: worker %d sent %d records to the others in %d writes, handed over %d connection(s), took %d",
                 self.mesh.index,
                 crossed["records"],
                 crossed["batches"],
+                crossed["handed_over"],
+                crossed["taken_over"],
             )
         self._accept_scope.cancel()
         self._connections_scope.cancel()

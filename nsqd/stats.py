@@ -29,6 +29,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 
 from protocol.http import go_json_text, go_string
 from protocol.version import NSQ_VERSION, version_string
@@ -61,6 +62,7 @@ __all__ = [
     "json_end",
     "json_head",
     "json_middle",
+    "memory_of_processes",
     "memory_stats",
     "node_stats",
     "text_end",
@@ -298,6 +300,15 @@ def memory_stats() -> MemoryStats:
         next_gc_bytes=0,
         gc_total_runs=runs,
     )
+
+
+def memory_of_processes(parts: list[MemoryStats]) -> MemoryStats:
+    """The figures of the workers of one node (``--workers``) as the node's: sums, and the longest pauses."""
+    figures = {}
+    for field in dataclass_fields(MemoryStats):
+        values = [getattr(part, field.name) for part in parts]
+        figures[field.name] = max(values) if field.name.startswith("gc_pause") else sum(values)
+    return MemoryStats(**figures)
 
 
 def collect(

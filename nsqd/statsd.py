@@ -31,7 +31,7 @@ import trio
 from protocol.names import is_ephemeral
 from runtime.startup import address_port, resolve_port, split_host_port
 
-from .stats import MemoryStats, NodeStats, collect, memory_stats
+from .stats import MemoryStats, NodeStats, collect
 
 __all__ = ["StatsdPusher", "host_key", "pack_datagrams", "statsd_lines", "statsd_prefix"]
 
@@ -127,7 +127,8 @@ def pack_datagrams(lines: list[bytes], size: int) -> list[bytes]:
 
 
 class StatsdPusher:
-    """The push loop; run it in the daemon's nursery with ``nursery.start(pusher.run)``."""
+    """The push loop; run it in the daemon's nursery with ``nursery.start(pusher.run)``. With ``--workers`` above
+    1, worker 0 alone runs it, and pushes the node's figures: one push per interval, as from one nsqd."""
 
     def __init__(self, nsqd) -> None:
         self.nsqd = nsqd
@@ -143,11 +144,15 @@ class StatsdPusher:
             port = address_port(getattr(nsqd, "http_address", None), 0)  # 0 on a unix socket, as nsqd's
         return statsd_prefix(opts.statsd_prefix, opts.broadcast_address, port)
 
-    def next_push(self) -> list[bytes]:
+    async def next_push(self) -> list[bytes]:
         """Collect and format one push (and remember it for the next counters' differences)."""
         opts = self.nsqd.opts
-        stats = collect(self.nsqd, include_clients=False, include_mem=False)
-        memory = memory_stats() if opts.statsd_mem_stats else None
+        mesh = self.nsqd.mesh
+        if mesh is None:
+            stats = collect(self.nsqd, include_clients=False, include_mem=opts.statsd_mem_stats)
+        else:  # worker 0 pushes the node's figures, every worker's joined (``--workers``)
+            stats = await mesh.node_stats(None, False, opts.statsd_mem_stats)
+        memory = stats.memory
         lines = statsd_lines(
             stats,
             self._last,
@@ -175,7 +180,7 @@ class StatsdPusher:
 
     async def push_once(self, spread: float = 0.0) -> None:
         address = self.nsqd.opts.statsd_address
-        datagrams = self.next_push()
+        datagrams = await self.next_push()
         log.info("STATSD: pushing stats to %s", address)
         try:
             host, service = split_host_port(address)

@@ -5,7 +5,8 @@ this runs, so an address given with port 0 is resolved once and every worker ser
 are forked from the parent and inherit the listening sockets (TCP, HTTP, HTTPS and unix sockets alike; each
 listening socket is one file shared by N processes, and the kernel hands each new connection to one of the
 processes waiting in ``accept``), the data directory's lock and one unix socketpair to each other worker
-(``workers.WorkerMesh``: what crosses between them, and why).
+(``workers.WorkerMesh``: what crosses between them, and why); each worker but 0 has a second one to worker 0, on
+which it waits, blocked, for nsqd.dat to be written in durable mode (``workers.RelayMetadata.sync``).
 
 The parent serves no client. It waits for its workers: SIGTERM or SIGINT is passed on to every worker, each of
 which stops gracefully (its topics persisted as by one nsqd), and the parent exits 0 once all have. A worker that
@@ -36,16 +37,25 @@ _PR_SET_PDEATHSIG = 1
 
 
 class MeshSockets:
-    """What a worker takes from the parent: its number, the number of workers, and its end of the socketpair
-    to each other worker (``peer -> socket``)."""
+    """What a worker takes from the parent: its number, the number of workers, its end of the socketpair to each
+    other worker (``peer -> socket``) and of those that ask worker 0 to write nsqd.dat (``metadata_links``: in
+    worker 0 one per other worker, in the others the one to worker 0)."""
 
-    __slots__ = ("index", "count", "links", "start_time")
+    __slots__ = ("index", "count", "links", "start_time", "metadata_links")
 
-    def __init__(self, index: int, count: int, links: dict[int, socket.socket], start_time: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        count: int,
+        links: dict[int, socket.socket],
+        start_time: int,
+        metadata_links: dict[int, socket.socket] | None = None,
+    ) -> None:
         self.index = index
         self.count = count
         self.links = links
         self.start_time = start_time  # the node's, for /stats and /info: the same in every worker
+        self.metadata_links = metadata_links or {}
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -60,15 +70,16 @@ def start_workers(opts, prebound: Prebound) -> Prebound:
         log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
     count = opts.workers
     pairs = {(i, j): socket.socketpair() for i in range(count) for j in range(i + 1, count)}
+    pairs.update({(0, -j): socket.socketpair() for j in range(1, count)})  # nsqd.dat's (``MeshSockets``)
     children: dict[int, int] = {}
     parent = os.getpid()
     start_time = int(time.time())
-    # a SIGTERM before the parent's handler is set waits for it (``_supervise``), not the default (death)
+    # a SIGTERM before the parent's handler is set waits for it (``_supervise``), not the default (death); a
+    # worker keeps them blocked until its trio receiver is set (``runtime.daemon.serve_until_signalled``)
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     for index in range(count):
         pid = os.fork()
         if pid == 0:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             return _become_worker(prebound, index, count, pairs, parent, start_time)
         children[pid] = index
     for left, right in pairs.values():
@@ -87,8 +98,19 @@ def _become_worker(prebound: Prebound, index: int, count: int, pairs: dict, pare
     if os.getppid() != parent:  # the parent died before the call above
         raise SystemExit(1)
     links: dict[int, socket.socket] = {}
+    metadata_links: dict[int, socket.socket] = {}
     for (i, j), (left, right) in pairs.items():
-        if i == index:
+        if j < 0:  # worker 0 and worker -j, for nsqd.dat
+            if index == 0:
+                metadata_links[-j] = left
+                right.close()
+            elif index == -j:
+                metadata_links[0] = right
+                left.close()
+            else:
+                left.close()
+                right.close()
+        elif i == index:
             links[j] = left
             right.close()
         elif j == index:
@@ -97,7 +119,7 @@ def _become_worker(prebound: Prebound, index: int, count: int, pairs: dict, pare
         else:
             left.close()
             right.close()
-    prebound.mesh = MeshSockets(index, count, links, start_time)
+    prebound.mesh = MeshSockets(index, count, links, start_time, metadata_links)
     return prebound
 
 
@@ -139,4 +161,6 @@ def _supervise(children: dict[int, int]) -> int:
             log.error("NSQ: worker %d (pid %d) %s: stopping the node", index, pid, how)
             stop_all()
         state["code"] = 1
+    for signum in _STOP_SIGNALS:  # the node has stopped: a late signal must not kill the interpreter's exit
+        signal.signal(signum, signal.SIG_IGN)
     return state["code"]

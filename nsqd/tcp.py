@@ -33,25 +33,14 @@ from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, 
 from protocol.errors import LineTooLong, ProtocolError
 from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, OK_FRAME, encode_frame
 from protocol.identify import negotiate
-from protocol.log import (
-    DEFAULT_MAX_BYTES,
-    E_LOG_BAD_RANGE,
-    E_LOG_BEFORE_START,
-    E_LOG_FAILED,
-    E_LOG_NOT_LOG,
-    E_LOG_PAST_END,
-    E_LOG_UNKNOWN,
-    MAX_MAX_BYTES,
-    encode_offsets,
-    parse_log_request,
-)
+from protocol.log import E_LOG_FAILED, parse_log_request
 from protocol.names import go_quote, is_valid_channel_name, is_valid_name_bytes, is_valid_topic_name
 
+from . import log_commands
 from .auth import AuthError
 from .channel import ChannelError
 from .client import Client, ClientState
 from .fastpath import fast_line_of, read_pubs
-from .queues.offset_log import LogRangeError
 from .streams import CompressedStream, CompressionError, PrefixedStream
 from .tls import tls_info
 from .topic import TopicExiting, TopicFull
@@ -158,6 +147,8 @@ class Connection:
         self._forwards_held = 0  # publishes sent to their owner and not answered yet
         self._forward_failed = False
         self._forwards_done: trio.Event | None = None  # set when the last held publish is answered
+        self._hand_to: int | None = None  # the worker this producer's connection goes to at the step's end
+        self._handed = False  # given to another worker (``hand_over``): this task ends without a word
 
     # -- driving ---------------------------------------------------------------------------------
     async def run(self, initial: bytes) -> None:
@@ -238,6 +229,9 @@ class Connection:
                     return
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("[%s] - read failed: %s", client.remote_address, exc)
+                    return
+                if self._handed:
+                    log.info("[%s] - handed over to the worker that owns its topic", client.remote_address)
                     return
                 if data is not None and not data:
                     eof_error = parser.pending_eof_error()
@@ -332,6 +326,13 @@ class Connection:
         request, self._forward = self._forward, None
         assert request is not None and self._mesh is not None
         client = self.client
+        if request[0] == "log":
+            answer = await self._mesh.log_command(request[1])
+            client.out.append(answer)
+            client.out_bytes += len(answer)
+            client.flush_now = True
+            self._send_replies()
+            return
         _, topic_name, channel_name = request
         client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
         self._consumes = True
@@ -354,6 +355,9 @@ class Connection:
         assert self._mesh is not None
         if self._mesh.publish_acknowledged(topic_name, bodies, defer):
             self.client.published(topic_name, len(bodies))
+            if self._reply_deferred or self._poller.defer_reply(self):  # in a poller step: the step's end
+                self._reply_deferred = True
+                self._hand_to = self._mesh.owner(topic_name)
             return OK_FRAME
         self._mesh.publish_soon(topic_name, bodies, defer, self.hold_oks(1, verb))
         self.client.published(topic_name, len(bodies))
@@ -532,7 +536,41 @@ class Connection:
     def send_deferred(self) -> None:
         self._reply_deferred = False
         if not self._flush_direct() and not self._await_ack_directly():
+            self._hand_to = None
             self.client.wake_writer()
+            return
+        if self._hand_to is not None:
+            owner, self._hand_to = self._hand_to, None
+            self.hand_over(owner)
+
+    def hand_over(self, owner: int) -> bool:
+        """Give this producer's connection to worker ``owner``, the owner of the topic it just published to,
+        if it is a plain producer waiting in the read poller with nothing unsent, unanswered or to be run, and
+        never handed over before (see "Connections go to their topic's owner" in bench/MULTICORE.md). The
+        task here then ends without a word to the client; the other worker goes on reading the socket, so the
+        client sees one connection. True if it was handed over."""
+        client = self.client
+        done = self._poll_done
+        if (
+            self._mesh is None
+            or client.handed_over
+            or not self._plain
+            or self._consumes
+            or client.state != ClientState.INIT
+            or done is None
+            or done.is_set()
+            or client.out
+            or self._forwards_held
+            or self._send_lock.locked()
+            or self._pending_command is not None
+            or self._poller_error is not None
+            or not self._mesh.may_hand_over(owner)
+        ):
+            return False
+        self._mesh.hand_over(owner, self._poll_fd, client, self.parser.take_unparsed())
+        self._handed = True
+        self._poll_return(None)
+        return True
 
     def _await_ack_directly(self) -> bool:
         """Replication: when the OKs in the output wait only for the peers (``replicated_seq`` above ``acked``),
@@ -1023,8 +1061,6 @@ class Connection:
     def _log_request(self, command):
         """The checks every log command makes, in this order: state, parameters, permission, shutdown."""
         verb = command[0].decode()
-        if self._mesh is not None:
-            raise ProtocolError("E_INVALID", f"cannot {verb} with --workers above 1 (log channels need one process)")
         if self.client.state != ClientState.INIT:
             raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
         request = parse_log_request(command[0], command[1])
@@ -1034,76 +1070,16 @@ class Connection:
             raise ProtocolError(E_LOG_FAILED, f"{verb} failed exiting")
         return request
 
-    def _log_channel(self, request):
-        """The log channel LSEEK, LREAD and LCOMMIT name (they create nothing)."""
-        topic = self.nsqd.get_existing_topic(request.topic)
-        channel = topic.channels.get(request.channel) if topic is not None else None
-        name = f"{request.topic}:{request.channel}"
-        if channel is None:
-            raise ProtocolError(E_LOG_UNKNOWN, f"{request.verb} unknown topic or channel {name}")
-        if channel.log is None:
-            raise ProtocolError(E_LOG_NOT_LOG, f"{request.verb} channel {name} is not a log (LOG makes it one)")
-        return channel
-
-    @staticmethod
-    def _range_error(request, error: LogRangeError) -> ProtocolError:
-        name = f"{request.topic}:{request.channel}"
-        if error.kind == "bad_range":
-            return ProtocolError(E_LOG_BAD_RANGE, f"{request.verb} from {error.offset} > to {error.bound}")
-        if error.kind == "before_start":
-            return ProtocolError(
-                E_LOG_BEFORE_START,
-                f"{request.verb} offset {error.offset} before the oldest retained offset {error.bound} of {name}",
-            )
-        return ProtocolError(
-            E_LOG_PAST_END, f"{request.verb} offset {error.offset} past the end {error.bound} of {name}"
-        )
-
-    @staticmethod
-    def _offsets_frame(channel_log, **extra) -> bytes:
-        return encode_frame(FRAME_TYPE_RESPONSE, encode_offsets(*channel_log.offsets(), **extra))
-
-    def LOG(self, command) -> bytes:
+    def _log_command(self, command) -> Any:
+        """LOG, LSEEK, LREAD, LCOMMIT: answered here, or with ``--workers`` by the worker that owns the topic
+        (nsqd/workers.py), which runs the same ``log_commands.answer`` on the request checked here."""
         request = self._log_request(command)
-        channel = self.nsqd.get_topic(request.topic).get_channel(request.channel)
-        try:
-            channel_log = channel.make_log()
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LOG failed {exc}") from None
-        return self._offsets_frame(channel_log, **channel_log.notes)  # a takeover's notes, when there are
+        if self._mesh is not None:
+            self._forward = ("log", request)  # ``WorkerMesh.log_command``
+            return _FORWARD
+        return log_commands.answer(self.nsqd, request)
 
-    def LSEEK(self, command) -> bytes:
-        request = self._log_request(command)
-        channel_log = self._log_channel(request).log
-        try:
-            offset = channel_log.seek(request.numbers[0])
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LSEEK failed {exc}") from None
-        return self._offsets_frame(channel_log, offset=offset)
-
-    def LREAD(self, command) -> bytes:
-        request = self._log_request(command)
-        channel_log = self._log_channel(request).log
-        first, to, max_bytes = request.numbers
-        max_bytes = min(max_bytes or DEFAULT_MAX_BYTES, MAX_MAX_BYTES)
-        try:
-            data = channel_log.read(first, to, max_bytes)
-        except LogRangeError as error:
-            raise self._range_error(request, error) from None
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LREAD failed {exc}") from None
-        return encode_frame(FRAME_TYPE_RESPONSE, data)
-
-    def LCOMMIT(self, command) -> bytes:
-        request = self._log_request(command)
-        channel = self._log_channel(request)
-        try:
-            channel.log_commit(request.numbers[0])
-        except LogRangeError as error:
-            raise self._range_error(request, error) from None
-        except OSError as exc:
-            raise ProtocolError(E_LOG_FAILED, f"LCOMMIT failed {exc}") from None
-        return self._offsets_frame(channel.log)
+    LOG = LSEEK = LREAD = LCOMMIT = _log_command
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> bytes:
         """PUB, MPUB, DPUB: ``_publish_stored`` of a connection that never subscribed, ``_publish_answering_first``

@@ -11,12 +11,17 @@ one nsqd.
 What crosses, over one unix socketpair per pair of workers (``Link``), pickled as one batch per step of the read
 poller (the records of one step go together), read at the other end by its read poller:
 
-- a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, its answer comes back
-  (the connection's later commands wait for it, so answers keep their order);
+- a PUB, MPUB or DPUB (TCP or HTTP) to a topic owned elsewhere: the bodies go to the owner, acknowledged by this
+  worker at once (``publish_acknowledged``), or the owner's answer comes back while its disk refuses the topic;
+- a producer's connection itself: after its first publish to a topic owned elsewhere, a plain producer (no TLS,
+  compression, AUTH or SUB, nothing unsent) goes to that owner with its descriptor (SCM_RIGHTS), its IDENTIFY
+  state and its unparsed bytes (``hand_over``), once, while the owner is not busy (``may_hand_over``): its later
+  publishes cross nothing, and the owner's step reads it with its other producers;
 - a SUB to a channel owned elsewhere: the owner adds a stand-in (``RemoteClient``) to the channel, which it
   dispatches to as to any consumer; the message frames it appends go back to the accepting worker in one record
   per step, which writes them to the socket. RDY, FIN, REQ, TOUCH, CLS and the close go to the owner
   (``RemoteChannel``), whose refusals (``E_FIN_FAILED``...) come back as error frames;
+- the log commands (``LOG``, ``LSEEK``, ``LREAD``, ``LCOMMIT``) are answered by the owner (``log_command``);
 - ``/topic/*``, ``/channel/*`` and ``/stats?topic=`` are answered by the owner; ``/stats`` and ``/metrics``
   without a topic ask every worker for its part and join them (``node_stats``);
 - worker 0 alone registers with nsqlookupd and writes ``nsqd.dat``: the others send it their topics and channels as
@@ -28,13 +33,18 @@ the node; see ``supervisor.py``).
 
 from __future__ import annotations
 
+import array
+import contextlib
 import itertools
 import json
 import logging
 import os
 import pickle
+import socket
 import struct
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -44,12 +54,14 @@ import trio
 from protocol.errors import ProtocolError
 from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.http import Headers, Request
+from protocol.log import E_LOG_FAILED
 from protocol.lookup_v1 import encode_register, encode_unregister
 
+from . import log_commands
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
-from .stats import NodeStats, collect
+from .stats import NodeStats, collect, memory_of_processes
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
@@ -59,7 +71,17 @@ log = logging.getLogger("nsqd")
 _LENGTH = struct.Struct(">I")
 #: how often worker 0 looks whether the lookupds it identified with changed (``MeshLookup``)
 RELAY_INTERVAL = 1.0
+#: how often each worker tells the others how busy it is (``WorkerMesh.may_hand_over``)
+LOAD_INTERVAL = 0.5
+#: a producer's connection goes to its topic's owner only while the owner was busy less than this share of a core
+#: (``WorkerMesh.may_hand_over``): a hot topic's first producers join its owner; once it is busy, the next ones
+#: stay where they were accepted and their publishes cross, so the topic's reads and answers use other cores
+HAND_OVER_BELOW = 0.7
 _RECEIVE_SIZE = 1 << 18
+#: room for the descriptors of handed-over connections one read of a link can bring (``Link.poll_ready``)
+_FD_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)
+#: how long a worker waits for worker 0 to write nsqd.dat in durable mode before its commit fails
+METADATA_SYNC_TIMEOUT = 10.0
 
 
 def owner_of(name: str | bytes, count: int) -> int:
@@ -89,10 +111,15 @@ class Link:
         self.mesh = mesh
         self.peer = peer
         sock.setblocking(False)
+        self.sock = sock
         self.fd = sock.fileno()
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         self.poller = mesh.nsqd.read_poller
         self.pending: list[tuple] = []
+        #: descriptors of connections handed over to the other worker (``WorkerMesh.hand_over``): they go with the
+        #: next write, as SCM_RIGHTS, and are closed here once sent
+        self.handing: list[int] = []
+        self.received: deque[int] = deque()  # descriptors that came with reads, for the ``hand`` records in order
         self.dirty: dict[RemoteClient, None] = {}  # stand-ins with message frames to send back
         self._wake = trio.Event()
         self._scheduled = False  # a write of what is queued is arranged (step's end, or the writer task)
@@ -146,7 +173,7 @@ class Link:
         if not data:
             return
         try:
-            sent = os.write(self.fd, data)
+            sent = self._write(data)
         except BlockingIOError:
             sent = 0
         except OSError:
@@ -154,6 +181,17 @@ class Link:
         if sent < len(data):
             self._rest = data[sent:]
             self._wake.set()
+
+    def _write(self, data: bytes) -> int:
+        """One non-blocking write of ``data``; the descriptors being handed over go with its first byte."""
+        if not self.handing:
+            return os.write(self.fd, data)
+        fds, self.handing = self.handing, []
+        try:
+            return self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        finally:
+            for fd in fds:  # in flight, the kernel holds its own reference until the other worker takes it
+                os.close(fd)
 
     async def write_loop(self) -> None:
         while True:
@@ -169,6 +207,13 @@ class Link:
                         data = self._encode()
                     if not data:
                         break
+                    if self.handing:
+                        await trio.lowlevel.wait_writable(self.sock)
+                        try:
+                            sent = self._write(data)
+                        except BlockingIOError:
+                            sent = 0
+                        data = data[sent:]
                     await self.stream.send_all(data)
             finally:
                 self._writing = False
@@ -176,11 +221,17 @@ class Link:
     def poll_ready(self) -> None:
         """The read poller found the link readable: handle every whole batch read."""
         try:
-            data = os.read(self.fd, _RECEIVE_SIZE)
+            data, ancillary, _, _ = self.sock.recvmsg(_RECEIVE_SIZE, _FD_SPACE)
         except BlockingIOError:
             return
         except OSError:
             data = b""
+            ancillary = []
+        for level, kind, fds in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received = array.array("i")
+                received.frombytes(fds[: len(fds) - len(fds) % received.itemsize])
+                self.received.extend(received)
         if not data:
             self.poller.discard(self.fd)
             self.lost.set()
@@ -202,17 +253,11 @@ class RemoteClient(Client):
     """In the topic's owner, the stand-in for a consumer connected to another worker: the channel dispatches to
     it as to any client; what it would write goes back to that worker (``Link.mark``), once per step."""
 
-    def __init__(self, link: Link, front_id: int, client_id: int, info: dict) -> None:
-        super().__init__(
-            client_id,
-            info["remote_address"],
-            msg_timeout=info["msg_timeout"],
-            heartbeat_interval=info["heartbeat_interval"],
-            output_buffer_size=info["output_buffer_size"],
-            output_buffer_timeout=info["output_buffer_timeout"],
-        )
-        for name, value in info.items():
-            setattr(self, name, value)
+    link: Link
+    front_id: int
+
+    def attach(self, link: Link, front_id: int) -> None:
+        """Made with ``Client.from_fields``: the link its output goes back over and the other worker's client id."""
         self.link = link
         self.front_id = front_id
         self.direct_flush = self._ship
@@ -291,6 +336,17 @@ class WorkerMesh:
         self.index: int = sockets.index
         self.count: int = sockets.count
         self.links: dict[int, Link] = {peer: Link(self, peer, sock) for peer, sock in sockets.links.items()}
+        #: worker 0: the links on which the others wait for nsqd.dat in durable mode (``RelayMetadata.sync``)
+        self.metadata_links: dict[int, Link] = {}
+        #: another worker: its end of that link, used blocking (``RelayMetadata.sync``)
+        self.metadata_socket = None
+        if self.index == 0:
+            self.metadata_links = {peer: Link(self, peer, sock) for peer, sock in sockets.metadata_links.items()}
+        else:
+            self.metadata_socket = sockets.metadata_links.get(0)
+        #: durable mode: publishes are answered once the group commit that follows their batch covers them
+        self.durable: bool = nsqd.durable
+        self._uncommitted: list[int] | None = None  # in a batch in durable mode: the publishes it took
         self._owners: dict[str | bytes, int] = {}
         self._calls: dict[int, Any] = {}  # request id -> [Event, answer, worker]
         self._callbacks: dict[int, tuple[int, Callable]] = {}  # request id -> (worker, called with the answer)
@@ -300,6 +356,9 @@ class WorkerMesh:
         self._failing: dict[str, str] = {}  # topic -> why its owner's disk refused its last publish
         self._drained: dict[int, trio.Event] = {peer: trio.Event() for peer in self.links}
         self.kept_in_memory = 0  # acknowledged publishes the disk refused here, kept in memory
+        self.handed_over = 0  # connections given to another worker (``hand_over``)
+        self.peer_load: dict[int, float] = {}  # worker -> its share of a core in its last LOAD_INTERVAL
+        self.taken_over = 0  # connections another worker gave to this one (``_on_hand``)
         self._nursery: trio.Nursery | None = None
         self.router: Any = None  # the HTTP router that answers forwarded requests (set by the HTTP API)
 
@@ -323,7 +382,22 @@ class WorkerMesh:
                 nursery.start_soon(self._write, link)
                 nursery.start_soon(self._watch, link)
                 self.nsqd.read_poller.add(link.fd, link, again=True)
+            for link in self.metadata_links.values():
+                nursery.start_soon(self._write, link)
+                self.nsqd.read_poller.add(link.fd, link, again=True)
+            nursery.start_soon(self._report_load)
             task_status.started()
+
+    async def _report_load(self) -> None:
+        """Every ``LOAD_INTERVAL``, tell the others this worker's share of a core since the last time."""
+        cpu, wall = time.process_time(), time.monotonic()
+        while True:
+            await trio.sleep(LOAD_INTERVAL)
+            now_cpu, now_wall = time.process_time(), time.monotonic()
+            share = (now_cpu - cpu) / max(now_wall - wall, 1e-3)
+            cpu, wall = now_cpu, now_wall
+            for link in self.links.values():
+                link.send(("load", share))
 
     async def _write(self, link: Link) -> None:
         try:
@@ -398,21 +472,34 @@ class WorkerMesh:
         (``full``): this topic's next publishes here wait for the owner's answer, and are refused as a single
         nsqd refuses them. bench/MULTICORE.md has the argument in full."""
         link = self.links[self.owner(topic_name)]
-        if self.nsqd.sync_barrier or topic_name in self._failing or link.backed_up():
+        if self.durable or topic_name in self._failing or link.backed_up():
             return False
         link.send(("pubq", topic_name, bodies, defer))
         return True
 
     async def drain(self, timeout: float) -> None:
         """The first phase of a stop, once this worker's client connections are closed: tell every other worker,
-        and wait until each has said the same (or is gone, or ``timeout``). A link's records arrive in order, so
-        every publish a worker acknowledged is here before its ``drained``, and is published before this worker
-        stops its topics."""
+        which stops too if it was not stopping, and wait until each has said the same (or is gone, or ``timeout``,
+        a bound against a worker that hangs). A link's records arrive in order, so every publish a worker
+        acknowledged is here before its ``drained``, and is published before this worker stops its topics."""
         for link in self.links.values():
             link.send(("drained",))
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(timeout) as waited:
             for peer in self.links:
                 await self._drained[peer].wait()
+        if waited.cancelled_caught:
+            late = [peer for peer, drained in self._drained.items() if not drained.is_set()]
+            log.error("WORKERS: stopping without what workers %s acknowledged: no word in %.1fs", late, timeout)
+
+    async def configure(self, opt: str, value: Any) -> None:
+        """``PUT /config``'s change, made here already, in every other worker, each answering once made."""
+        async with trio.open_nursery() as nursery:
+            for peer in self.links:
+                nursery.start_soon(self._configure, peer, opt, value)
+
+    async def _configure(self, peer: int, opt: str, value: Any) -> None:
+        with contextlib.suppress(WorkerGone):  # it stopped: the node is stopping
+            await self.call(peer, "config", opt, value)
 
     async def subscribe(self, client: Client, topic_name: str, channel_name: str) -> RemoteChannel:
         """SUB at the topic's owner; raises the ``ProtocolError`` it answered."""
@@ -427,8 +514,50 @@ class WorkerMesh:
         self._consumers[client.id] = client
         return RemoteChannel(self, owner, topic_name, channel_name, client.id)
 
+    def may_hand_over(self, owner: int) -> bool:
+        """Whether a producer's connection may go to ``owner`` now: while it was not busy (``HAND_OVER_BELOW``)."""
+        return self.peer_load.get(owner, 0.0) < HAND_OVER_BELOW
+
+    def hand_over(self, owner: int, fd: int, client: Client, unread: bytes) -> None:
+        """Give a producer's connection to ``owner`` (see "Connections go to their topic's owner" in
+        bench/MULTICORE.md): a copy of its descriptor goes with the link's next write, after every record queued
+        before it (its publishes among them), and the owner serves it from there with ``client``'s state and the
+        bytes read here but not parsed yet (``unread``). The caller stops serving it here without a word to the
+        client and closes its own descriptor."""
+        link = self.links[owner]
+        info = {name: getattr(client, name) for name in _CLIENT_FIELDS}
+        info["pub_counts"] = dict(client.pub_counts)
+        link.handing.append(os.dup(fd))
+        link.send(("hand", info, unread))
+        self.handed_over += 1
+
     def consumer_gone(self, client: Client) -> None:
         self._consumers.pop(client.id, None)
+
+    async def log_command(self, request) -> bytes:
+        """A log command (``log_commands``) answered by the topic's owner, this worker or another: its response
+        frame, or the ``ProtocolError`` it refused with."""
+        if self.owns(request.topic):
+            await self._caught_up(request)
+            return log_commands.answer(self.nsqd, request)
+        try:
+            answer = await self.call(self.owner(request.topic), "log", request)
+        except WorkerGone:
+            raise ProtocolError(E_LOG_FAILED, f"{request.verb} failed exiting") from None
+        if isinstance(answer, tuple):
+            raise ProtocolError(*answer)
+        return answer
+
+    async def _caught_up(self, request) -> None:
+        """Before LOG or LSEEK answers offsets here: every publish another worker acknowledged before the command
+        was sent is in the log. Such a publish may still be on its way (``publish_acknowledged``); each worker
+        answers ``caught_up`` after what it sent before, as a link keeps its order, so once all have answered,
+        all of it is here. LREAD and LCOMMIT name offsets a LOG gave, and need no such wait."""
+        if request.verb not in ("LOG", "LSEEK"):
+            return
+        for peer in self.links:
+            with contextlib.suppress(WorkerGone):
+                await self.call(peer, "caught_up")
 
     async def forward_http(self, owner: int, request: Request) -> tuple[int, list, bytes]:
         headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in request.headers]
@@ -446,14 +575,17 @@ class WorkerMesh:
 
     async def node_stats(self, channel: str | None, include_clients: bool, include_mem: bool) -> NodeStats:
         """The node's ``/stats``: this worker's and every other's, joined (topics in name order, producers and
-        connections of every worker)."""
-        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
-        parts = [own]
+        connections of every worker). The others' parts are asked for first: each answer comes after the publishes
+        that worker acknowledged early to topics here (a link keeps its order), so this worker's part, collected
+        last, counts them."""
+        parts = []
         for peer in self.links:
             try:
                 parts.append(await self.call(peer, "stats", channel, include_clients, include_mem))
             except WorkerGone:
                 continue
+        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
+        parts.insert(0, own)
         topics = sorted((topic for part in parts for topic in part.topics or ()), key=lambda t: t.topic_name)
         producers = [client for part in parts for client in part.producers or ()]
         health = next((part.health for part in parts if part.health != "OK"), own.health)
@@ -463,7 +595,7 @@ class WorkerMesh:
             start_time=own.start_time,
             uptime_ns=own.uptime_ns,
             topics=tuple(topics) if own.topics is not None or topics else None,
-            memory=own.memory,
+            memory=memory_of_processes([part.memory for part in parts if part.memory]) if own.memory else None,
             producers=tuple(producers) if own.producers is not None or producers else None,
             tcp_connections=sum(part.tcp_connections for part in parts),
             http_connections=sum(part.http_connections for part in parts),
@@ -474,7 +606,34 @@ class WorkerMesh:
     def handle_batch(self, peer: int, batch: list[tuple]) -> None:
         """The records of one batch, in order; a run of publishes to one topic (PUBs of many connections, read in
         one step of the sender) is published with one ``Topic.publish``, as the fast path publishes a step's PUBs
-        (``fastpath.py``), and each is answered."""
+        (``fastpath.py``), and each is answered. In durable mode the batch ends with a group commit, as a step of
+        connections here does (``queues/group_commit.py``): the publishes it took, and a topic or channel it
+        created, are synced before any of its answers leaves (the link writes them after this step), and a
+        failed sync answers each of its publishes ``sync``, as one nsqd fails them (E_PUB_FAILED)."""
+        if self.durable:
+            self._uncommitted = []
+            try:
+                self._handle_records(peer, batch)
+            finally:
+                self._commit(peer)
+        else:
+            self._handle_records(peer, batch)
+
+    def _commit(self, peer: int) -> None:
+        uncommitted, self._uncommitted = self._uncommitted, None
+        barrier = self.nsqd.sync_barrier
+        reason = "sync" if barrier and not barrier.commit() else None
+        for call_id in uncommitted or ():
+            self._answer(peer, call_id, reason)
+
+    def _answer_published(self, peer: int, call_id: int, reason: str | None) -> None:
+        """A publish's answer; in a batch in durable mode, a publish taken is answered after the commit."""
+        if reason is None and self._uncommitted is not None:
+            self._uncommitted.append(call_id)
+        else:
+            self._answer(peer, call_id, reason)
+
+    def _handle_records(self, peer: int, batch: list[tuple]) -> None:
         run: list[tuple] = []
         for record in batch:
             kind = record[0]
@@ -501,7 +660,7 @@ class WorkerMesh:
             self._on_pubq(peer, topic_name, bodies, 0.0)
             return
         reason = self._publish(topic_name, bodies, 0.0)
-        answer = self._answer
+        answer = self._answer_published
         for record in run:
             answer(peer, record[1], reason)
 
@@ -524,7 +683,7 @@ class WorkerMesh:
             call[0].set()
 
     def _on_pub(self, peer: int, call_id: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
-        self._answer(peer, call_id, self._publish(topic_name, bodies, defer))
+        self._answer_published(peer, call_id, self._publish(topic_name, bodies, defer))
 
     def _on_pubq(self, peer: int, topic_name: str, bodies: list[bytes], defer: float) -> None:
         """A publish the sending worker already acknowledged (``publish_acknowledged``): taken while this worker
@@ -544,11 +703,27 @@ class WorkerMesh:
             )
             self.links[peer].send(("full", topic_name, str(exc)))
 
+    def _on_hand(self, peer: int, info: dict, unread: bytes) -> None:
+        """A producer's connection the other worker gave to this one (``hand_over``): served here from now on,
+        unless the node is stopping (then closed, as the other worker would have closed it)."""
+        fd = self.links[peer].received.popleft()
+        if self.nsqd.exiting:
+            os.close(fd)
+            return
+        self.taken_over += 1
+        self.nsqd.take_connection(fd, info, unread)
+
+    def _on_load(self, peer: int, share: float) -> None:
+        self.peer_load[peer] = share
+
     def _on_full(self, peer: int, topic_name: str, reason: str) -> None:
         self._failing[topic_name] = reason
 
     def _on_drained(self, peer: int) -> None:
         self._drained[peer].set()
+        if not self.nsqd.exiting:  # it stops alone (a signal to it only): the node stops with it, now
+            log.info("WORKERS: worker %d is stopping: stopping", peer)
+            self.nsqd.exit()
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer: float) -> str | None:
         """Into the topic here as a publish of a connection here; None, or why it was refused."""
@@ -556,7 +731,7 @@ class WorkerMesh:
         if nsqd.exiting:
             return "exiting"
         try:
-            nsqd.get_topic(topic_name).publish(bodies, defer)
+            nsqd.get_topic(topic_name).publish(bodies, defer, defer_sync=self.durable)  # synced by ``_commit``
         except TopicExiting:
             return "exiting"
         except TopicFull as exc:
@@ -569,12 +744,17 @@ class WorkerMesh:
             self._answer(peer, call_id, ("E_SUB_FAILED", "SUB failed to deleted topic/channel"))
             return
         channel = nsqd.get_topic(topic_name).get_channel(channel_name)
+        if channel.log is not None:  # (as ``Connection.SUB`` refuses it)
+            refusal = f"SUB channel {topic_name}:{channel_name} is a log, read it with LREAD"
+            self._answer(peer, call_id, ("E_INVALID", refusal))
+            return
         limit = nsqd.opts.max_channel_consumers
         if limit and len(channel.clients) >= limit:
             refusal = f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}"
             self._answer(peer, call_id, ("E_SUB_FAILED", refusal))
             return
-        client = RemoteClient(self.links[peer], front_id, next(nsqd._client_ids), info)  # noqa: SLF001
+        client = RemoteClient.from_fields(next(nsqd._client_ids), info)  # noqa: SLF001
+        client.attach(self.links[peer], front_id)
         client.channel = channel
         client.state = ClientState.SUBSCRIBED
         channel.add_client(client)
@@ -647,6 +827,20 @@ class WorkerMesh:
         client.out_bytes += len(data)
         client.flush()
 
+    def _on_log(self, peer: int, call_id: int, request) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer_log, peer, call_id, request)
+
+    async def _answer_log(self, peer: int, call_id: int, request) -> None:
+        try:
+            answer: bytes | tuple = await self.log_command(request)
+        except ProtocolError as error:
+            answer = (error.code, error.description, error.fatal)
+        self._answer(peer, call_id, answer)
+
+    def _on_caught_up(self, peer: int, call_id: int) -> None:
+        self._answer(peer, call_id, None)
+
     def _on_http(self, peer: int, call_id: int, method, path, raw_query, headers, body, remote, tls) -> None:
         request = Request(method, path, raw_query, Headers(headers), body, remote, tls)
         assert self._nursery is not None
@@ -661,6 +855,10 @@ class WorkerMesh:
         self._answer(peer, call_id, (response.status, response.headers, response.body))
         if request.deferred is not None:
             run_deferred(request, log)
+
+    def _on_config(self, peer: int, call_id: int, opt: str, value: Any) -> None:
+        self.nsqd.configure(opt, value)
+        self._answer(peer, call_id, None)
 
     def _on_stats(self, peer: int, call_id: int, channel, include_clients: bool, include_mem: bool) -> None:
         stats = collect(
@@ -678,15 +876,30 @@ class WorkerMesh:
         if isinstance(lookup, RelayLookup):
             lookup.lookupd_addresses(addresses)
 
-    def _on_meta(self, peer: int, entries: list[bytes]) -> None:
+    def _on_meta(self, peer: int, entries: list[bytes], generation: int = 0) -> None:
         metadata = self.nsqd.metadata
         if isinstance(metadata, MeshMetadata):
-            metadata.remote_changed(peer, entries)
+            metadata.remote_changed(peer, entries, generation)
+
+    def _on_metasync(self, peer: int, entries: list[bytes], generation: int) -> None:
+        """Durable mode: a worker waits, blocked, until nsqd.dat holds its topics as they are now
+        (``RelayMetadata.sync``); answered on the link it asked on, with None or why the write failed."""
+        metadata = self.nsqd.metadata
+        error = None
+        if isinstance(metadata, MeshMetadata):
+            metadata.remote_changed(peer, entries, generation)
+            try:
+                metadata.sync()
+            except OSError as exc:
+                error = str(exc)
+        self.metadata_links[peer].send(("re", generation, error))
 
     def statistics(self) -> dict[str, int]:
         return {
             "batches": sum(link.batches for link in self.links.values()),
             "records": sum(link.records for link in self.links.values()),
+            "handed_over": self.handed_over,
+            "taken_over": self.taken_over,
         }
 
 
@@ -695,6 +908,8 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "pub": WorkerMesh._on_pub,
     "pubq": WorkerMesh._on_pubq,
     "full": WorkerMesh._on_full,
+    "hand": WorkerMesh._on_hand,
+    "load": WorkerMesh._on_load,
     "drained": WorkerMesh._on_drained,
     "sub": WorkerMesh._on_sub,
     "rdy": WorkerMesh._on_rdy,
@@ -704,9 +919,13 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "gone": WorkerMesh._on_gone,
     "out": WorkerMesh._on_out,
     "http": WorkerMesh._on_http,
+    "log": WorkerMesh._on_log,
+    "caught_up": WorkerMesh._on_caught_up,
     "stats": WorkerMesh._on_stats,
+    "config": WorkerMesh._on_config,
     "lookup": WorkerMesh._on_lookup,
     "meta": WorkerMesh._on_meta,
+    "metasync": WorkerMesh._on_metasync,
     "lookupd_http": WorkerMesh._on_lookupd_http,
 }
 
@@ -818,6 +1037,7 @@ class MeshMetadata(MetadataWriter):
     def __init__(self, data_path: str, topics: dict, **kwargs) -> None:
         super().__init__(data_path, topics, **kwargs)
         self.remote: dict[int, list[bytes]] = {}
+        self.generations: dict[int, int] = {}  # worker -> the generation of its entries held (``RelayMetadata``)
 
     def seed(self, owner: int, entry: dict) -> None:
         self.remote.setdefault(owner, []).append(encode_entry(entry))
@@ -828,7 +1048,11 @@ class MeshMetadata(MetadataWriter):
             entries.extend(self.remote[worker])
         return entries
 
-    def remote_changed(self, worker: int, entries: list[bytes]) -> None:
+    def remote_changed(self, worker: int, entries: list[bytes], generation: int = 0) -> None:
+        """A worker's entries; older than those held (its two links do not keep each other's order), ignored."""
+        if generation < self.generations.get(worker, 0):
+            return
+        self.generations[worker] = generation
         self.remote[worker] = list(entries)
         self.changes += 1
         if self._idle:
@@ -836,16 +1060,23 @@ class MeshMetadata(MetadataWriter):
 
 
 class RelayMetadata(MetadataWriter):
-    """A worker other than 0: its topics' entries go to worker 0 (``MeshMetadata``) instead of a file."""
+    """A worker other than 0: its topics' entries go to worker 0 (``MeshMetadata``) instead of a file. Each send
+    carries a generation, so that worker 0 keeps the newest of what came over either of its links."""
 
-    def __init__(self, data_path: str, topics: dict, link: Link, **kwargs) -> None:
+    def __init__(self, data_path: str, topics: dict, link: Link, *, sync_socket=None, **kwargs) -> None:
         super().__init__(data_path, topics, **kwargs)
         self.link = link
+        self.sync_socket = sync_socket
+        self.sent = 0
+
+    def _send(self) -> None:
+        self.sent += 1
+        self.link.send(("meta", self._build(), self.sent))
 
     async def _write(self) -> None:
         self._urgent = False
         generation = self.changes
-        self.link.send(("meta", self._build()))
+        self._send()
         self._next_start = trio.current_time() + self.interval
         self.written = generation
         self.writes += 1
@@ -855,5 +1086,46 @@ class RelayMetadata(MetadataWriter):
 
     def write_now(self) -> None:
         generation = self.changes
-        self.link.send(("meta", self._build()))
+        self._send()
         self.written = max(self.written, generation)
+
+    def sync(self) -> None:
+        """Durable mode (``SyncBarrier.commit``): return once worker 0 wrote nsqd.dat with this worker's topics
+        as they are now, or raise ``OSError`` (the commit fails, and the publishes it was to cover with it). The
+        event loop waits, blocked, as it waits for an fsync; worker 0 answers from its read poller and never
+        waits for another worker, so the wait cannot come back to this one."""
+        if self.written >= self.changes:
+            return
+        if self.sync_socket is None:
+            self.write_now()
+            return
+        generation = self.changes
+        self.sent += 1
+        sent = self.sent
+        request = pickle.dumps([("metasync", self._build(), sent)], protocol=pickle.HIGHEST_PROTOCOL)
+        sock = self.sync_socket
+        sock.settimeout(METADATA_SYNC_TIMEOUT)
+        sock.sendall(_LENGTH.pack(len(request)) + request)
+        while True:  # an answer to an earlier request that timed out comes first: skipped
+            for record in _receive_batch(sock):
+                if record[0] == "re" and record[1] == sent:
+                    if record[2] is not None:
+                        raise OSError(f"nsqd.dat not written: {record[2]}")
+                    self.written = max(self.written, generation)
+                    return
+
+
+def _receive_batch(sock) -> list[tuple]:
+    """One batch (``Link``'s framing) read from a blocking socket; ``OSError`` at its end or on its timeout."""
+    header = _receive_exactly(sock, 4)
+    return pickle.loads(_receive_exactly(sock, _LENGTH.unpack(header)[0]))
+
+
+def _receive_exactly(sock, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise OSError("worker 0 is gone")
+        data += chunk
+    return bytes(data)

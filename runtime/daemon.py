@@ -102,17 +102,39 @@ async def accept_connections(
 # running a daemon
 
 
+#: the signals that stop a daemon gracefully
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _stopping_already(signum: int, frame: Any) -> None:
+    """A stop signal after the daemon stopped serving (see ``serve_until_signalled``): it is stopping already."""
+
+
 async def serve_until_signalled(daemon: Daemon) -> None:
     """Run ``daemon.run()`` until the first SIGTERM or SIGINT, which calls ``daemon.exit()``; return once ``run``
-    has returned (after its graceful stop). Later signals are swallowed while the daemon shuts down."""
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
+    has returned (after its graceful stop). Later signals are swallowed while the daemon shuts down.
 
-            async def exit_on_signal() -> None:
-                async for _ in signals:
-                    daemon.exit()
-                    return
+    No stop signal may meet the default action (death, half stopped) from here to the process's end. Until the
+    receiver is set, they wait blocked (nsqd's workers are forked with them blocked: ``nsqd/supervisor.py``).
+    When the receiver closes, trio delivers again what it holds unread (a second SIGTERM, as ``pkill`` and then
+    nsqd's parent send each worker) to the handler it replaced: that is a handler that ignores them, not the
+    default. Then SIG_IGN, which the interpreter's exit keeps (it puts the default back in place of Python's)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _stopping_already)  # (a pending signal stays pending: only SIG_IGN drops it)
+    try:
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            async with trio.open_nursery() as nursery:
 
-            nursery.start_soon(exit_on_signal)
-            await daemon.run()
-            nursery.cancel_scope.cancel()
+                async def exit_on_signal() -> None:
+                    async for _ in signals:
+                        daemon.exit()
+                        return
+
+                nursery.start_soon(exit_on_signal)
+                await daemon.run()
+                nursery.cancel_scope.cancel()
+    finally:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)

@@ -15,14 +15,21 @@ redelivered copies (known (nsqd, id)), append the new messages to the log as one
 and then, in ``durable`` ack mode, FIN them all in one write. A message is therefore FIN'd only
 once it is on disk: a crash between the two leaves it in the log *and* in nsqd, whose
 redelivery is then recognised and dropped.
-In ``commit`` ack mode nothing is FIN'd until Spark's ``commit(end)`` covers its position; in the
-meantime every such message is TOUCHed each half ``msg_timeout``. TOUCH cannot extend a message
-past nsqd's ``--max-msg-timeout`` (15 min by default) after delivery: a batch that takes Spark
-longer than that is redelivered, recognised as a copy and FIN'd at the commit.
+In ``commit`` ack mode nothing is FIN'd until Spark is done with the batch that holds it
+(``commit(end)``, or ``release`` when Spark plans the next batch: see below); in the meantime
+every such message is TOUCHed each half ``msg_timeout``. TOUCH cannot extend a message past
+nsqd's ``--max-msg-timeout`` (15 min by default) after delivery: a batch that takes Spark longer
+than that is redelivered, recognised as a copy and FIN'd at the commit.
 
-Backpressure: when the log holds more than ``maxBacklogMessages`` messages Spark has not
-committed, the connection sends ``RDY 0``; the next commit that brings the backlog under the
-bound restores its share of ``maxInFlight``. ``commit`` mode is also bounded by RDY itself.
+Backpressure: when the log holds more than ``maxBacklogMessages`` messages Spark is not done
+with, the connection sends ``RDY 0``; the next commit (or ``release``) that brings the backlog
+under the bound restores its share of ``maxInFlight``. ``commit`` mode is also bounded by RDY
+itself: nsqd sends nothing while ``maxInFlight`` messages wait for their FIN.
+Spark is done with a batch once it plans the next one (``latestOffset``'s start: the batch is in
+its commit log), though it commits the batch to the source only after that plan found new data.
+Counted from the commit alone, a consumer held at RDY 0, or by unfinished messages, with every
+logged message in finished batches would wait for a commit that only new data brings, so
+``ConsumerGroup.release`` does at the plan what the commit does to the consumers (FIN, RDY).
 
 Failures: a listed nsqd that cannot be reached within ``connectTimeoutMs`` when the query starts
 fails the query with the address and the cause. A connection lost later is re-established with
@@ -48,7 +55,7 @@ from trionsq.blocking import (
     HandshakeError,
     LookupdError,
     NSQError,
-    lookup,
+    lookup_producers,
 )
 
 from .connection import NsqConnectionError, NsqSourceError, client_config, open_connection
@@ -111,6 +118,8 @@ class NsqdConsumer:
         self._conn: BlockingConnection | None = None
         self._conn_lock = threading.Lock()
         self._rdy_sent = -1
+        self.held = False  # RDY 0 because of maxBacklogMessages
+        self.local_address: str | None = None  # this side of the connection, as nsqd's /stats names it
         self._max_rdy = 2500
         self._msg_timeout_ms = 60_000
         # commit ack mode: id -> position of messages this connection must FIN at commit
@@ -186,6 +195,8 @@ class NsqdConsumer:
             raise
         self._rdy_sent = -1
         self._next_touch = time.monotonic() + self._msg_timeout_ms / 2000
+        host, port = conn.sock.getsockname()[:2]
+        self.local_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         with self._conn_lock:
             self._conn = conn
         self._update_rdy(conn)
@@ -249,7 +260,7 @@ class NsqdConsumer:
         bodies: list[bytes] = []
         acks: list[bytes] = []
         pending_dups: list[tuple[bytes, int]] = []
-        committed = self.group.committed_position(self.address)
+        committed = self.group.done_position(self.address)
         size_of = len(buf)
         pos = 0
         need = 0
@@ -316,8 +327,9 @@ class NsqdConsumer:
     def _update_rdy(self, conn: BlockingConnection) -> None:
         if self.group.stopping.is_set():
             return
-        backlog = self.log.end - self.group.committed_position(self.address)
-        want = 0 if backlog >= self.options.max_backlog_messages else min(self.group.rdy_share(), self._max_rdy)
+        backlog = self.log.end - self.group.done_position(self.address)
+        self.held = backlog >= self.options.max_backlog_messages
+        want = 0 if self.held else min(self.group.rdy_share(), self._max_rdy)
         if want != self._rdy_sent:
             if want == 0:
                 log.info("nsqd %s: %d messages await Spark's commit; pausing delivery (RDY 0)", self.address, backlog)
@@ -327,7 +339,7 @@ class NsqdConsumer:
     # -- called from the driver thread -----------------------------------------------------
 
     def on_commit(self, position: int) -> None:
-        """Spark committed everything below ``position``: FIN what waits for it (commit mode),
+        """Spark is done with everything below ``position``: FIN what waits for it (commit mode),
         and let delivery resume if the backlog shrank."""
         with self._conn_lock:
             conn = self._conn
@@ -368,6 +380,8 @@ class ConsumerGroup:
         self.consumers: dict[str, NsqdConsumer] = {}
         self._lock = threading.Lock()
         self._committed: dict[str, int] = {}
+        self._released: dict[str, int] = {}  # positions below which Spark is done (release)
+        self.http_addresses: dict[str, str] = {}  # nsqd TCP address -> its HTTP API, as lookupd lists it
         self._error: BaseException | None = None
         self._poller: threading.Thread | None = None
         self.rebased: set[str] = set()  # logs started at a checkpoint's position (_continue_from)
@@ -481,7 +495,7 @@ class ConsumerGroup:
         failures = []
         for lookupd in opts.lookupd_addresses:
             try:
-                producers = lookup(lookupd, opts.topic, timeout=5.0)
+                producers = lookup_producers(lookupd, opts.topic, timeout=5.0)
             except LookupdError as exc:
                 failures.append(f"{lookupd}: {exc}")
                 continue
@@ -489,8 +503,9 @@ class ConsumerGroup:
             if not producers:
                 log.info("lookupd %s lists no nsqd for topic %r yet; asking again later", lookupd, opts.topic)
                 continue
-            for address in producers:
-                self.add_nsqd(address)
+            for peer in producers:
+                self.http_addresses[peer.tcp_address] = peer.http_address
+                self.add_nsqd(peer.tcp_address)
         if failures:
             if initial and not reached:
                 self.stop()
@@ -505,6 +520,23 @@ class ConsumerGroup:
 
     def committed_position(self, address: str) -> int:
         return self._committed.get(address, 0)
+
+    def done_position(self, address: str) -> int:
+        """The position below which Spark needs nothing more of ``address``'s log (committed or released)."""
+        return max(self._committed.get(address, 0), self._released.get(address, 0))
+
+    def release(self, positions: dict[str, int]) -> None:
+        """Spark is done with everything below ``positions`` (the start of a batch it plans: the
+        batches before are in its commit log), though it has not committed them to the source
+        yet: FIN them (commit mode) and count the backlog bound from here (see the module's
+        notes on backpressure). The log keeps them until the commit."""
+        released = self._released
+        moved = [a for a, p in positions.items() if p > released.get(a, 0)]
+        for address in moved:
+            released[address] = positions[address]
+            consumer = self.consumers.get(address)
+            if consumer is not None:
+                consumer.on_commit(positions[address])
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

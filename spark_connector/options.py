@@ -36,7 +36,7 @@ walPath                  required   directory of the write-ahead log, one per qu
 walPathShared            false      the walPath is storage every machine that may run the driver
                                     mounts (see ``spark_connector.placement``)
 ackMode                  durable    ``durable``: FIN once the message is fsynced in the log;
-                                    ``commit``: FIN when Spark commits the batch holding it
+                                    ``commit``: FIN once the batch holding it is in Spark's commit log
 maxMessagesPerTrigger    none       upper bound of messages per micro-batch (Spark ReadMaxRows)
 maxBytesPerTrigger       32 MiB     upper bound of the log's bytes a micro-batch carries through the
                                     driver (its messages are pickled into the partitions there); the
@@ -45,7 +45,7 @@ minPartitions            none       split a micro-batch into at least about this
                                     (Spark tasks) of consecutive messages; default one per nsqd
                                     (both paths)
 maxInFlight              2500       RDY budget shared by the nsqd connections
-maxBacklogMessages       1000000    logged but uncommitted messages above which RDY drops to 0
+maxBacklogMessages       1000000    logged messages Spark is not done with above which RDY drops to 0
 msgTimeoutMs             nsqd's     IDENTIFY msg_timeout: how long nsqd waits for FIN or TOUCH
 walSegmentBytes          16 MiB     segment size of the log (deletion granularity)
 dedupWindow              200000     ids remembered per nsqd to drop redelivered copies

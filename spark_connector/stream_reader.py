@@ -26,7 +26,6 @@ carrying the messages themselves (so executors need neither the log nor the netw
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -40,6 +39,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .available_now import AvailableNowEnd
 from .connection import NsqSourceError
 from .consumer import ConsumerGroup
 from .log_source import LOG_OFFSET_VERSION, LogPartition, LogPlanner, lookupd_nodes, probe, read_partition
@@ -117,8 +117,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._group: ConsumerGroup | None = None
         self._planner: LogPlanner | None = None
         self._path: str | None = None  # "log" or "driver", once chosen
-        self._available_now = False
-        self._target: dict[str, int] | None = None  # the driver path's Trigger.AvailableNow end
+        self._available_now: AvailableNowEnd | None = None  # the driver path's Trigger.AvailableNow end
         self._capped = False  # the driver path's byte bound applied (logged once)
 
     def __getstate__(self) -> dict:
@@ -127,8 +126,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "_group": None,
             "_planner": None,
             "_path": None,
-            "_available_now": False,
-            "_target": None,
+            "_available_now": None,
             "_capped": False,
         }
 
@@ -191,7 +189,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if planner is not None:
             planner.prepare_available_now()
         else:
-            self._available_now = True
+            self._available_now = AvailableNowEnd(self.options.topic, self.options.channel)
 
     # -- driver side -----------------------------------------------------------------------
 
@@ -234,9 +232,12 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return planner.latest_offset(start, limit)
         begin = parse_offset(start)
         group = self._started(begin)
-        available = self._available(group, begin)
-        if self._available_now:
-            available = self._available_now_target(group, begin, available)
+        group.release(begin)  # the batches below it are in Spark's commit log
+        if self._available_now is not None:
+            bound = self._available_now.bound(group, begin)  # may wait for the consumers: before the ends are read
+            available = {k: min(v, bound.get(k, begin.get(k, 0))) for k, v in self._available(group, begin).items()}
+        else:
+            available = self._available(group, begin)
         if isinstance(limit, ReadMaxRows):
             end = share(begin, available, limit.max_rows)
         else:
@@ -274,24 +275,6 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 else "the default; option maxBytesPerTrigger",
             )
         return bounded
-
-    def _available_now_target(
-        self, group: ConsumerGroup, begin: dict[str, int], available: dict[str, int]
-    ) -> dict[str, int]:
-        """Trigger.AvailableNow on the driver path: what the consumers log until nsqd has nothing
-        more to hand them (the logs' ends unchanged for a second), fixed at the first trigger."""
-        target = self._target
-        if target is None:
-            last, since = None, time.monotonic()
-            while time.monotonic() - since < 1.0:
-                group.raise_if_failed()
-                now = {k: m.synced_end for k, m in group.wal.snapshot().items()}
-                if now != last:
-                    last, since = now, time.monotonic()
-                time.sleep(0.1)
-            target = self._target = self._available(group, begin)
-            log.info("nsq source: Trigger.AvailableNow reads up to %s", target)
-        return {k: min(v, target.get(k, begin.get(k, 0))) for k, v in available.items()}
 
     def reportLatestOffset(self) -> dict | None:
         if self._planner is not None:

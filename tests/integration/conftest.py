@@ -5,24 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.harness import NsqdProcess
-from tests.integration.persistence_helpers import DataDir
+from tests.integration.persistence_helpers import DataDir, data_dirs
 
 
 @pytest.fixture
 def data_dir(tmp_path):
     """``data_dir(*flags)`` makes a data directory whose ``start()`` runs nsqd on it with ``flags``; each is cleaned
     up at the test's end."""
-    dirs: list[DataDir] = []
-
-    def make(*args: str) -> DataDir:
-        d = DataDir(tmp_path / f"data{len(dirs)}", args)
-        d.path.mkdir()
-        dirs.append(d)
-        return d
-
-    yield make
-    for d in dirs:
-        d.cleanup()
+    yield from data_dirs(tmp_path, DataDir)
 
 
 @pytest.fixture

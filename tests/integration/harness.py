@@ -381,7 +381,8 @@ class DaemonProcess:
     def argv(self) -> list[str]:
         return [sys.executable, "-m", self.module, *self.args]
 
-    def start(self):
+    def start(self, ready_line: str | None = None):
+        """Start, and wait for the ``<ready>: listening on`` line (or one matching ``ready_line``)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             self.argv,
@@ -394,7 +395,7 @@ class DaemonProcess:
         self._drainer = threading.Thread(target=self._drain, name=f"{self.module}-log", daemon=True)
         self._drainer.start()
         try:
-            self.wait_for_log(rf"{self.ready}: listening on ", self.startup_timeout)
+            self.wait_for_log(ready_line or rf"{self.ready}: listening on ", self.startup_timeout)
         except AssertionError:
             self.kill()
             raise
@@ -507,9 +508,9 @@ class NsqdProcess(DaemonProcess):
         ]
         return base + self.args
 
-    def start(self) -> NsqdProcess:
+    def start(self, ready_line: str | None = None) -> NsqdProcess:
         self.data_path.mkdir(parents=True, exist_ok=True)
-        return super().start()
+        return super().start(ready_line)
 
     def http(self, timeout: float = 5.0) -> tuple[str, int] | None:
         """The HTTP address once the daemon logged it, or None if it does not within `timeout`."""

@@ -10,7 +10,17 @@ import sys
 import time
 from pathlib import Path
 
-from tests.integration.harness import FRAME_TYPE_MESSAGE, ConnectionClosed, NsqdProcess, RawClient, fin, rdy, sub
+from tests.integration.harness import (
+    FRAME_TYPE_MESSAGE,
+    ConnectionClosed,
+    NsqdProcess,
+    RawClient,
+    fin,
+    mpub,
+    pub,
+    rdy,
+    sub,
+)
 from tests.integration.http_helpers import stats, wait_for
 
 #: every file name nsqd 1.3.0 itself creates in a data directory
@@ -56,6 +66,22 @@ class DataDir:
         return sorted(p.name for p in self.path.iterdir())
 
 
+def data_dirs(tmp_path: Path, kind: type[DataDir]):
+    """The ``data_dir`` fixture's generator: yields ``make(*flags)``, which makes a ``kind`` in a new directory
+    under ``tmp_path``; cleans each up when resumed."""
+    dirs: list[DataDir] = []
+
+    def make(*args: str) -> DataDir:
+        d = kind(tmp_path / f"data{len(dirs)}", args)
+        d.path.mkdir()
+        dirs.append(d)
+        return d
+
+    yield make
+    for d in dirs:
+        d.cleanup()
+
+
 def http(daemon: NsqdProcess) -> tuple[str, int]:
     address = daemon.http(timeout=10)
     assert address is not None, daemon.log_text()
@@ -92,6 +118,46 @@ def receive(client: RawClient, count: int, timeout: float = 30.0, *, finish: boo
         if finish:
             client.send(fin(message.id))
     return got
+
+
+def publish_until_stopped(address, topics: list[str], stop, counter, acknowledged) -> None:
+    """PUBs and MPUBs of 5 at ``address``, to ``topics`` in turn, each waiting for its OK, until ``stop`` (a
+    ``threading.Event``) is set or the connection goes; ``acknowledged(topic, bodies)`` after each OK. Bodies are
+    numbered from ``counter`` (shared by the threads publishing)."""
+    try:
+        with RawClient(address) as producer:
+            while not stop.is_set():
+                topic = topics[next(counter) % len(topics)]
+                batch = [b"p%07d" % next(counter) for _ in range(5)]
+                if batch[0][-1] % 2:
+                    batch = batch[:1]
+                    producer.send(pub(topic, batch[0]))
+                else:
+                    producer.send(mpub(topic, batch))
+                producer.expect_ok()
+                acknowledged(topic, batch)
+    except (ConnectionClosed, OSError, AssertionError):
+        return
+
+
+def consume_holding_some(address, topic: str, stop, received, key=lambda body: body) -> None:
+    """Channel ``c`` of ``topic`` consumed at ``address`` (RDY 25) until ``stop`` (a ``threading.Event``) is set or
+    the connection goes, each message counted in ``received`` (a ``Counter``) under ``key(body)``; every ninth
+    stays in flight, for a crash to meet."""
+    try:
+        with RawClient(address) as consumer:
+            consumer.send(sub(topic, "c"))
+            consumer.expect_ok()
+            consumer.send(rdy(25))
+            n = 0
+            while not stop.is_set():
+                (m,) = receive(consumer, 1, timeout=30, finish=False)
+                received[key(m.body)] += 1
+                n += 1
+                if n % 9:
+                    consumer.send(fin(m.id))
+    except (ConnectionClosed, OSError, AssertionError, TimeoutError):
+        return
 
 
 def consume_exactly(daemon: NsqdProcess, topic: str, channel: str, count: int, timeout: float = 30.0) -> list:
@@ -193,7 +259,10 @@ __all__ = [
     "SIDE_FILE",
     "channel_stats",
     "consume_exactly",
+    "consume_holding_some",
+    "publish_until_stopped",
     "create_channel",
+    "data_dirs",
     "framed",
     "http",
     "limited_process_class",

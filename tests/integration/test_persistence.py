@@ -13,17 +13,18 @@ import uuid
 
 import pytest
 
-from tests.integration.harness import RawClient, dpub, mpub, pub, rdy, req, sub
+from tests.integration.harness import RawClient, dpub, mpub, pub, req
 from tests.integration.http_helpers import get, post, raw_exchange, stats
 from tests.integration.persistence_helpers import (
     NSQ_FILE,
-    ConnectionClosed,
     consume_exactly,
+    consume_holding_some,
     create_channel,
     http,
     limited_process_class,
     metadata,
     parse_record,
+    publish_until_stopped,
     read_queue,
     receive,
     wait_for_metadata,
@@ -438,43 +439,21 @@ def test_durable_mode_loses_no_acknowledged_message_across_kill_9_loops(data_dir
     received: collections.Counter[bytes] = collections.Counter()
     counter = iter(range(10**9))
 
-    def publish(address, stop: threading.Event) -> None:
-        try:
-            with RawClient(address) as producer:
-                while not stop.is_set():
-                    batch = [b"p%07d" % next(counter) for _ in range(5)]
-                    if batch[0][-1] % 2:
-                        batch = batch[:1]
-                        producer.send(pub(topic, batch[0]))
-                    else:
-                        producer.send(mpub(topic, batch))
-                    producer.expect_ok()
-                    acked.extend(batch)
-        except (ConnectionClosed, OSError, AssertionError):
-            return
-
-    def consume(address, stop: threading.Event) -> None:
-        try:
-            with RawClient(address) as consumer:
-                consumer.send(sub(topic, "c"))
-                consumer.expect_ok()
-                consumer.send(rdy(25))
-                n = 0
-                while not stop.is_set():
-                    (m,) = receive(consumer, 1, timeout=30, finish=False)
-                    received[m.body] += 1
-                    n += 1
-                    if n % 9:  # every ninth message stays in flight until the crash
-                        consumer.send(b"FIN %s\n" % m.id)
-        except (ConnectionClosed, OSError, AssertionError, TimeoutError):
-            return
+    def acknowledged(topic: str, bodies: list[bytes]) -> None:
+        acked.extend(bodies)
 
     for _ in range(rounds):
         daemon = d.start()
         stop = threading.Event()
         threads = [
-            threading.Thread(target=f, args=(daemon.tcp, stop), daemon=True) for f in (publish, publish, consume)
+            threading.Thread(
+                target=publish_until_stopped, args=(daemon.tcp, [topic], stop, counter, acknowledged), daemon=True
+            )
+            for _ in range(2)
         ]  # two publishers: their OKs share fsyncs
+        threads.append(
+            threading.Thread(target=consume_holding_some, args=(daemon.tcp, topic, stop, received), daemon=True)
+        )
         for t in threads:
             t.start()
         target = len(acked) + per_round

@@ -355,6 +355,58 @@ def test_publishes_acknowledged_by_the_accepting_worker_survive_a_stop_meanwhile
         stop_all([node])
 
 
+def stop_every_process(node: NsqdProcess, workers: list[int]) -> int:
+    """SIGTERM to the parent and every worker at once, as ``pkill nsqd`` and systemd's stop send; the exit code."""
+    assert node.proc is not None
+    for pid in [node.proc.pid, *workers]:
+        os.kill(pid, signal.SIGTERM)
+    return node.proc.wait(30)
+
+
+def assert_graceful(node: NsqdProcess, code: int) -> None:
+    errors = [line for line in node.lines if " ERROR: " in line]
+    assert (code, errors) == (0, []), node.log_text()
+
+
+def test_a_stop_signal_while_the_workers_start_is_a_graceful_stop(tmp_path):
+    """A worker is forked before it imports trio and nsqd: a SIGTERM then waits for its handler."""
+    started = r"NSQ: started 2 workers \(pids (\d+) (\d+)\)"
+    node = NsqdProcess(tmp_path / "data", ["--workers=2"]).start(started)
+    try:
+        code = stop_every_process(node, [int(pid) for pid in node.wait_for_log(started, 1).groups()])
+    finally:
+        node.kill()
+    assert_graceful(node, code)
+
+
+def test_a_stop_signal_to_every_process_at_once_is_a_graceful_stop(tmp_path):
+    """``pkill nsqd`` or systemd's stop signals the parent and every worker at once, so each worker gets SIGTERM
+    twice (its own, then the parent's): every round must still exit 0 with no ERROR line, and keep every message."""
+    data = tmp_path / "data"
+    topics = owned_topics("signalled")
+    published = 0
+    for _ in range(4):
+        node = start_node(data)
+        try:
+            depths = {entry["topic_name"]: entry["depth"] for entry in stats(node.listening["HTTP"])["topics"]}
+            assert [depths.get(name, 0) for name in topics] == [published] * 2, node.log_text()
+            producer = RawClient(node.tcp)
+            for name in topics:
+                producer.publish_many(name, [b"%d" % number for number in range(published, published + 10)])
+            producer.close()
+            published += 10
+            code = stop_every_process(node, worker_pids(node))
+        finally:
+            node.kill()
+        assert_graceful(node, code)
+    node = start_node(data)
+    try:
+        depths = {entry["topic_name"]: entry["depth"] for entry in stats(node.listening["HTTP"])["topics"]}
+        assert [depths.get(name, 0) for name in topics] == [published] * 2
+    finally:
+        stop_all([node])
+
+
 def test_a_killed_worker_stops_the_node_and_a_restart_serves_every_topic(tmp_path):
     data = tmp_path / "data"
     node = start_node(data)
@@ -390,6 +442,45 @@ def test_answers_keep_their_order_across_workers(node):
     counts = {entry["topic_name"]: entry["message_count"] for entry in stats(node.listening["HTTP"])["topics"]}
     assert (counts[topics[0]], counts[topics[1]]) == (15, 17)
     client.close()
+
+
+def test_a_producer_goes_to_its_topics_owner_and_stays_one_connection(node):
+    """A producer whose topic the other worker owns is handed over to it after its first publish there: the client
+    sees one connection (its answers in order, a command cut in two across the hand-over, its IDENTIFY and its
+    counts in ``/stats``), and every message arrives once."""
+    topics = owned_topics("handed")
+    producers = [RawClient(node.tcp) for _ in range(12)]
+    for index, producer in enumerate(producers):
+        producer.identify({"user_agent": f"handed-{index}"})
+    for index, producer in enumerate(producers):
+        name = topics[index % 2]
+        producer.publish(name, f"{index}-first".encode())
+        # pipelined, and a PUB whose body comes in a second write: whichever worker reads it, it is whole
+        tail = pub(name, f"{index}-split".encode())
+        producer.send(pub(name, f"{index}-a".encode()) + mpub(name, [f"{index}-b".encode(), b"c"]) + tail[:7])
+        time.sleep(0.01)
+        producer.send(tail[7:])
+        for _ in range(3):
+            producer.expect_ok()
+    node.wait_for_log(r"taken over from another worker", 10)
+    for index, producer in enumerate(producers):
+        producer.publish(topics[index % 2], f"{index}-last".encode())
+    document = stats(node.listening["HTTP"])
+    counts = {entry["topic_name"]: entry["message_count"] for entry in document["topics"]}
+    assert counts == {name: 6 * 6 for name in topics}
+    seen = {entry["user_agent"]: entry["pub_counts"] for entry in document["producers"]}
+    assert len(document["producers"]) == 12
+    for index in range(12):
+        assert seen[f"handed-{index}"] == [{"topic": topics[index % 2], "count": 6}]
+    for first, name in enumerate(topics):
+        listener = consumer(node.tcp, name, "c", ready=100)
+        got = sorted(body for bodies in receive_all([listener], 36) for body in bodies)
+        kinds = ("first", "a", "b", "split", "last")
+        expected = [f"{index}-{kind}".encode() for index in range(first, 12, 2) for kind in kinds] + [b"c"] * 6
+        assert got == sorted(expected)
+        listener.close()
+    for producer in producers:
+        producer.close()
 
 
 def test_one_unix_socket_for_every_worker(tmp_path):

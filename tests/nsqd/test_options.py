@@ -424,10 +424,6 @@ VALIDATION_CASES = [
     ({"workers": 0}, "--workers must be at least 1"),
     ({"workers": -2}, "--workers must be at least 1"),
     ({"workers": 2, "replicate_to": ["h:1"]}, "--replicate-to cannot be used with --workers above 1 yet"),
-    (
-        {"workers": 2, "mem_queue_size": 0, "sync_every": 1},
-        "durable mode (--mem-queue-size=0 --sync-every=1) cannot be used with --workers above 1 yet",
-    ),
     ({"replicate_to": ["nohost"]}, "--replicate-to 'nohost' is not HOST:PORT"),
     (
         {"replicate_to": ["h:1"], "replication_acks": 2},

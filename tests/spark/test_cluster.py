@@ -1,8 +1,9 @@
 """The connector on a Spark standalone cluster (a master and two workers on 127.0.0.1, started
 by the ``cluster`` fixture): the driver, the executors and their Python workers are different
 processes, so nothing may rely on sharing one. The source and the sink run the scenarios of the
-local tests here, and a task that fails once and is retried shows the sink's at-least-once
-count."""
+local tests here, a task that fails once and is retried shows the sink's at-least-once count, and
+a Trigger.AvailableNow query on the driver path reads a backlog larger than its consumers'
+bound to the end and stops."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import json
 import pytest
 
 from tests.spark import test_sink, test_streaming
+from tests.spark.conftest import bodies, publish, read_output
+from tests.spark.test_available_now import nsqd_with_http_next
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -25,6 +28,29 @@ def test_executors_are_processes_of_their_own(cluster, cluster_spark):
 
 def test_source_query_restarted_from_its_checkpoint(cluster_spark, nsqd_at, tmp_path, topic):
     test_streaming.test_query_stopped_and_restarted_mid_stream(cluster_spark, nsqd_at, tmp_path, topic)
+
+
+def test_available_now_on_the_driver_path_reads_past_the_backlog_bound(cluster_spark, nsqd_at, tmp_path, topic):
+    """Two nsqd with 10,000 messages each; the consumers stop at 2,000 logged and not yet done
+    by Spark (maxBacklogMessages): the query reads all of them, in several batches, and ends."""
+    daemons = [nsqd_with_http_next(nsqd_at) for _ in range(2)]
+    expected = set()
+    for n, nsqd in enumerate(daemons):
+        published = bodies(f"n{n}", 0, 10_000)
+        publish(nsqd, topic, published)
+        expected.update(published)
+    addresses = ",".join(d.tcp_address for d in daemons)
+    options = {"nsqd.tcp.addresses": addresses, "topic": topic, "maxBacklogMessages": 2000}
+    query = test_streaming.start_query(cluster_spark, tmp_path, options, trigger=None)
+    try:
+        assert query.awaitTermination(300), "the query did not end by itself"
+        assert query.exception() is None, query.exception()
+        batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    finally:
+        query.stop()
+    read = {bytes(row.body) for row in read_output(cluster_spark, tmp_path / "out")}
+    assert expected <= read, f"{len(expected - read)} of {len(expected)} messages not read"
+    assert len(batches) >= 5, batches  # 20,000 messages through consumers that log 2,000 ahead of Spark
 
 
 def test_sink_million_rows_across_two_nsqd(cluster_spark, nsqd_at, tmp_path, topic):

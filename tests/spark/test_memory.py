@@ -2,7 +2,7 @@
 standalone cluster: a driver of 512 MiB (about the least Spark starts with) and the cluster's
 executors of 512 MiB read a topic of 576 MiB, the driver path on one channel (every message passes
 through the driver) and the log path on another (every message passes through an executor), side
-by side, to the end. Neither may run out of memory: the driver path cuts
+by side, with Trigger.AvailableNow, to the end. Neither may run out of memory: the driver path cuts
 its batches to ``maxBytesPerTrigger`` (default 32 MiB), the log path streams what a task reads
 (``fetchMaxBytes`` per answer). The driver path delivers at least once, the log path exactly once.
 """
@@ -18,6 +18,7 @@ import pytest
 from spark_connector.options import DEFAULT_MAX_BYTES_PER_TRIGGER
 from tests.spark import drivers
 from tests.spark.conftest import committed_files, publish, stop_cluster_session, wait_until
+from tests.spark.test_available_now import nsqd_with_http_next
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -43,9 +44,9 @@ def numbers_read(out) -> Counter:
     return seen
 
 
-def test_backlog_larger_than_the_heaps_is_read_on_both_paths(cluster, nsqd_factory, tmp_path, topic):
+def test_backlog_larger_than_the_heaps_is_read_on_both_paths(cluster, nsqd_at, tmp_path, topic):
     stop_cluster_session(cluster)  # the driver subprocess needs the cluster's cores
-    nsqd = nsqd_factory()
+    nsqd = nsqd_with_http_next(nsqd_at)  # Trigger.AvailableNow on the driver path asks its /stats
     address = nsqd.tcp_address
     # the two channels first, so that each gets every message: the driver path's is an ordinary
     # channel, the log path's becomes a log channel at its first LOG (its backlog with it)
@@ -59,7 +60,6 @@ def test_backlog_larger_than_the_heaps_is_read_on_both_paths(cluster, nsqd_facto
         "master": cluster.master_url,
         "conf": {**cluster.session_conf(), "spark.driver.memory": DRIVER_MEMORY},
         "base": str(tmp_path),
-        "expected": MESSAGES,
         "queries": {
             "driver": {**common, "channel": "driver", "readMode": "driver", "walPath": str(tmp_path / "wal")},
             "log": {**common, "channel": "log", "readMode": "log"},

@@ -28,19 +28,19 @@ from tests.spark.conftest import (
 pytestmark = pytest.mark.timeout(240)
 
 
-def start_query(spark, base: Path, options: dict[str, object], trigger: str = "300 milliseconds"):
+def start_query(spark, base: Path, options: dict[str, object], trigger: str | None = "300 milliseconds"):
+    """The driver path's query into BASE/out; ``trigger`` None: Trigger.AvailableNow."""
     reader = spark.readStream.format("nsq")
     # the driver path: these tests are about its consumer and write-ahead log (test_log_path: the log path)
     for key, value in {"channel": "spark", "walPath": str(base / "wal"), "readMode": "driver", **options}.items():
         reader = reader.option(key, str(value))
-    return (
+    writer = (
         reader.load()
         .writeStream.format("parquet")
         .option("path", str(base / "out"))
         .option("checkpointLocation", str(base / "checkpoint"))
-        .trigger(processingTime=trigger)
-        .start()
     )
+    return (writer.trigger(availableNow=True) if trigger is None else writer.trigger(processingTime=trigger)).start()
 
 
 def committed_batches(base: Path) -> int:

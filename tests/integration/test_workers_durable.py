@@ -1,0 +1,270 @@
+"""Durable mode (``--mem-queue-size=0 --sync-every=1``) with ``--workers=2``: a publish to a topic another worker
+owns is acknowledged once its owner synced it (and nsqd.dat names its topic), so a kill -9 of the node or of one
+worker loses nothing acknowledged; a failed sync or a full disk refuses as one nsqd refuses. The durable tests
+of one process run here too, against two workers (``data_dir`` and ``full_disk`` below), a kill being a kill -9
+of every process of the node."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import struct
+import threading
+import time
+
+import pytest
+
+from .harness import NsqdProcess, RawClient, mpub, pub
+from .http_helpers import post, stats, wait_for
+from .persistence_helpers import consume_holding_some, data_dirs, limited_process_class, publish_until_stopped, receive
+from .test_durable_full_disk import (  # noqa: F401 (collected here, against two workers)
+    DURABLE as FULL_DISK_FLAGS,
+)
+from .test_durable_full_disk import (  # noqa: F401
+    FullDiskSetup,
+    test_a_kill_9_after_a_channel_could_not_store_its_copy_loses_no_acknowledged_message,
+    test_copies_kept_in_memory_go_to_disk_once_it_has_room_even_with_no_consumer,
+    test_copies_kept_in_memory_release_the_topic_file_once_consumed,
+    tmpfs,
+)
+from .test_persistence import (  # noqa: F401
+    test_a_created_topic_is_there_for_what_follows_its_answer_and_through_a_kill_9,
+    test_durable_mode_loses_no_acknowledged_message_across_kill_9_loops,
+    test_durable_mode_redelivers_in_flight_messages_after_kill_9,
+)
+from .test_workers import owned_topics, start_node
+from .workers_harness import TwoWorkersDataDir, crash, worker_pids
+
+DURABLE = ("--mem-queue-size=0", "--sync-every=1")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    yield from data_dirs(tmp_path, TwoWorkersDataDir)
+
+
+class TwoWorkersFullDisk(FullDiskSetup):
+    def __init__(self, mount, args: tuple[str, ...]) -> None:
+        super().__init__(mount, args)
+        self.data = TwoWorkersDataDir(self.data.path, args)
+
+
+@pytest.fixture
+def full_disk(tmpfs):  # noqa: F811 (the fixture imported above)
+    setups: list[FullDiskSetup] = []
+
+    def make(args: tuple[str, ...] = FULL_DISK_FLAGS) -> FullDiskSetup:
+        setups.append(TwoWorkersFullDisk(tmpfs, args))
+        return setups[-1]
+
+    yield make
+    for setup in setups:
+        setup.data.cleanup()
+
+
+def kill_worker(node: NsqdProcess, index: int) -> None:
+    """kill -9 of one worker: the parent stops the other gracefully and exits 1 (supervisor.py)."""
+    victim = worker_pids(node)[index]
+    os.kill(victim, signal.SIGKILL)
+    assert node.proc is not None
+    assert node.proc.wait(30) == 1
+    node.stop()
+
+
+def consume_all(node: NsqdProcess, topic: str, expected: set[bytes], timeout: float = 30.0) -> set[bytes]:
+    """What channel ``c`` of ``topic`` delivers (FIN'd) until every body of ``expected`` came."""
+    got: set[bytes] = set()
+    with RawClient(node.tcp) as client:
+        client.subscribe(topic, "c", ready=200)
+        deadline = time.monotonic() + timeout
+        while not expected <= got:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{len(expected - got)} acknowledged message(s) of {topic} never delivered"
+            got.update(m.body for m in receive(client, 1, timeout=left))
+    return got
+
+
+def keyed(topic: str):
+    return lambda body: (topic, body)
+
+
+def test_new_topics_published_across_workers_survive_a_kill_9_of_the_node(tmp_path):
+    """Each publish creates its topic in its owner (a worker other than 0 creates half of them): acknowledged only
+    once the message is synced and nsqd.dat, which worker 0 writes, names the topic."""
+    data = tmp_path / "data"
+    node = start_node(data, *DURABLE)
+    topics = [name for index in range(8) for name in owned_topics(f"fresh{index}x")]
+    producers = [RawClient(node.tcp) for _ in range(4)]  # accepted by either worker
+    for number, topic in enumerate(topics):
+        producer = producers[number % len(producers)]
+        if number % 3 == 0:
+            producer.publish_many(topic, [topic.encode(), b"second"])
+        else:
+            producer.publish(topic, topic.encode())
+    http_topic = owned_topics("byhttp")[1]
+    assert post(node.listening["HTTP"], f"/pub?topic={http_topic}", http_topic.encode()).status == 200
+    crash(node)
+    listed = {entry["name"] for entry in json.loads((data / "nsqd.dat").read_text())["topics"]}
+    assert set(topics) | {http_topic} <= listed
+    node = start_node(data, *DURABLE)
+    try:
+        for number, topic in enumerate(topics + [http_topic]):
+            expected = {topic.encode(), b"second"} if number % 3 == 0 and topic != http_topic else {topic.encode()}
+            assert consume_all(node, topic, expected) == expected
+    finally:
+        node.stop()
+
+
+@pytest.mark.timeout(240)
+def test_nothing_acknowledged_is_lost_across_kill_9_of_the_node_or_of_one_worker(tmp_path, record_property):
+    """Publish (PUB and MPUB, to a topic owned by each worker, on connections either worker accepted) and consume
+    with messages in flight, kill -9 the node or one of its workers in the middle, restart, repeat; then drain.
+    Every message that got OK comes out at least once (duplicates are allowed: at least once)."""
+    data = tmp_path / "data"
+    topics = owned_topics("loop")
+    acked: list[tuple[str, bytes]] = []
+    received: collections.Counter[tuple[str, bytes]] = collections.Counter()
+    counter = iter(range(10**9))
+
+    def acknowledged(topic: str, bodies: list[bytes]) -> None:
+        acked.extend((topic, body) for body in bodies)
+
+    crashes = [crash, lambda node: kill_worker(node, 0), lambda node: kill_worker(node, 1), crash]
+    for stop_node in crashes:
+        node = start_node(data, *DURABLE)
+        stop = threading.Event()
+        threads = [
+            threading.Thread(
+                target=publish_until_stopped, args=(node.tcp, topics, stop, counter, acknowledged), daemon=True
+            )
+            for _ in range(3)
+        ]
+        threads += [
+            threading.Thread(target=consume_holding_some, args=(node.tcp, t, stop, received, keyed(t)), daemon=True)
+            for t in topics
+        ]
+        for thread in threads:
+            thread.start()
+        target = len(acked) + 300
+        deadline = time.monotonic() + 60
+        while len(acked) < target:
+            assert time.monotonic() < deadline, f"only {len(acked)} acknowledged; log:\n{node.log_text()[-3000:]}"
+            time.sleep(0.01)
+        stop_node(node)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+            assert not thread.is_alive()
+    node = start_node(data, *DURABLE)
+    try:
+        for topic in topics:
+            missing = {body for t, body in acked if t == topic} - {body for t, body in received if t == topic}
+            consume_all(node, topic, missing, timeout=60)
+    finally:
+        node.stop()
+    duplicates = sum(n - 1 for n in received.values() if n > 1)
+    record_property("acknowledged", len(acked))
+    print(f"durable kill -9 loop, 2 workers: {len(acked)} acknowledged, 0 missing, {duplicates} duplicate deliveries")
+
+
+def test_a_graceful_stop_writes_everything(tmp_path):
+    data = tmp_path / "data"
+    node = start_node(data, *DURABLE)
+    topics = owned_topics("kept")
+    producer = RawClient(node.tcp)
+    with RawClient(node.tcp) as client:
+        client.subscribe(topics[1], "c", ready=3)
+        for topic in topics:
+            for number in range(10):
+                producer.publish(topic, f"{topic}-{number}".encode())
+        held = receive(client, 3, finish=False)  # in flight at the stop: delivered again after it
+        assert len(held) == 3
+        assert node.stop() == 0
+    producer.close()
+    node = start_node(data, *DURABLE)
+    try:
+        for topic in topics:
+            expected = {f"{topic}-{number}".encode() for number in range(10)}
+            assert consume_all(node, topic, expected) == expected
+    finally:
+        node.stop()
+
+
+def test_a_failed_sync_fails_the_publishes_it_covered_in_the_owner(tmp_path):
+    """A publish that crossed to its owner is refused as one nsqd refuses it when the owner's fsync fails."""
+    trigger = tmp_path / "fail-fsync"
+
+    class Failing(NsqdProcess):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.env["NSQD_TEST_FAIL_FSYNC"] = str(trigger)
+
+    data = tmp_path / "data"
+    node = Failing(data, ["--workers=2", *DURABLE]).start()
+    node.wait_for_log(r"NSQ: worker 1 of 2", 20)
+    try:
+        topics = owned_topics("faulty")
+        with RawClient(node.tcp) as client:
+            for topic in topics:
+                client.publish(topic, b"before")
+        trigger.touch()
+        for topic in topics:  # whichever worker accepts the connection, one of the two crosses
+            with RawClient(node.tcp) as client:
+                client.send(b"PUB %s\n" % topic.encode() + struct.pack(">I", 6) + b"failed")
+                frame = client.read_frame(10)
+                assert frame.data == b"E_PUB_FAILED PUB failed sync", frame
+                client.assert_closed()
+            with RawClient(node.tcp) as client:
+                client.send(mpub(topic, [b"failed"]))
+                assert client.read_frame(10).data.startswith(b"E_MPUB_FAILED MPUB failed "), topic
+            reply = post(node.listening["HTTP"], f"/pub?topic={topic}", b"failed")
+            assert (reply.status, reply.json()) == (503, {"message": "EXITING"}), reply
+        trigger.unlink()
+        with RawClient(node.tcp) as client:
+            for topic in topics:
+                client.publish(topic, b"after")
+        assert node.stop() == 0
+    finally:
+        node.kill()
+
+
+def test_a_full_disk_refuses_publishes_with_nsqs_error(tmp_path):
+    """RLIMIT_FSIZE (inherited by the workers) stands in for a full disk: a publish the owner cannot store is
+    refused with E_PUB_FAILED whichever worker accepted it, and nothing refused comes back."""
+    body = b"f" * 1000
+    data = tmp_path / "data"
+    node = limited_process_class(20 * 1024)(data, ["--workers=2", *DURABLE]).start()
+    node.wait_for_log(r"NSQ: worker 1 of 2", 20)
+    try:
+        acked = dict.fromkeys(owned_topics("full"), 0)
+        for topic in acked:
+            while True:
+                with RawClient(node.tcp) as client:
+                    client.send(pub(topic, body))
+                    frame = client.read_reply()
+                    if frame.data == b"OK":
+                        acked[topic] += 1
+                        assert acked[topic] < 100, "the file size limit never bit"
+                        continue
+                    assert frame.data.startswith(b"E_PUB_FAILED PUB failed "), frame
+                    client.assert_closed()
+                    break
+            assert acked[topic] == (20 * 1024) // (4 + 26 + len(body))
+        assert stats(node.listening["HTTP"])["health"].startswith("NOK - ")
+        assert node.stop() == 0
+    finally:
+        node.kill()
+    node = start_node(data, *DURABLE)
+    try:
+        for topic, count in acked.items():
+            with RawClient(node.tcp) as client:
+                client.subscribe(topic, "c", ready=count + 5)
+                assert [m.body for m in receive(client, count)] == [body] * count
+                assert client.poll_frame(0.5) is None
+        wait_for(lambda: stats(node.listening["HTTP"])["health"] == "OK", 10, message="healthy after restart")
+    finally:
+        node.stop()

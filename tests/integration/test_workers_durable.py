@@ -1,6 +1,8 @@
 """Durable mode (``--mem-queue-size=0 --sync-every=1``) with ``--workers=2``: a publish to a topic another worker
 owns is acknowledged once its owner synced it (and nsqd.dat names its topic), so a kill -9 of the node or of one
-worker loses nothing acknowledged; a failed sync or a full disk refuses as one nsqd refuses."""
+worker loses nothing acknowledged; a failed sync or a full disk refuses as one nsqd refuses. The durable tests
+of one process run here too, against two workers (``data_dir`` and ``full_disk`` below), a kill being a kill -9
+of every process of the node."""
 
 from __future__ import annotations
 
@@ -16,13 +18,52 @@ import pytest
 
 from .harness import NsqdProcess, RawClient, mpub, pub
 from .http_helpers import post, stats, wait_for
-from .persistence_helpers import consume_holding_some, limited_process_class, publish_until_stopped, receive
+from .persistence_helpers import consume_holding_some, data_dirs, limited_process_class, publish_until_stopped, receive
+from .test_durable_full_disk import (  # noqa: F401 (collected here, against two workers)
+    DURABLE as FULL_DISK_FLAGS,
+)
+from .test_durable_full_disk import (  # noqa: F401
+    FullDiskSetup,
+    test_a_kill_9_after_a_channel_could_not_store_its_copy_loses_no_acknowledged_message,
+    test_copies_kept_in_memory_go_to_disk_once_it_has_room_even_with_no_consumer,
+    test_copies_kept_in_memory_release_the_topic_file_once_consumed,
+    tmpfs,
+)
+from .test_persistence import (  # noqa: F401
+    test_a_created_topic_is_there_for_what_follows_its_answer_and_through_a_kill_9,
+    test_durable_mode_loses_no_acknowledged_message_across_kill_9_loops,
+    test_durable_mode_redelivers_in_flight_messages_after_kill_9,
+)
 from .test_workers import owned_topics, start_node
-from .workers_harness import crash, worker_pids
+from .workers_harness import TwoWorkersDataDir, crash, worker_pids
 
 DURABLE = ("--mem-queue-size=0", "--sync-every=1")
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    yield from data_dirs(tmp_path, TwoWorkersDataDir)
+
+
+class TwoWorkersFullDisk(FullDiskSetup):
+    def __init__(self, mount, args: tuple[str, ...]) -> None:
+        super().__init__(mount, args)
+        self.data = TwoWorkersDataDir(self.data.path, args)
+
+
+@pytest.fixture
+def full_disk(tmpfs):  # noqa: F811 (the fixture imported above)
+    setups: list[FullDiskSetup] = []
+
+    def make(args: tuple[str, ...] = FULL_DISK_FLAGS) -> FullDiskSetup:
+        setups.append(TwoWorkersFullDisk(tmpfs, args))
+        return setups[-1]
+
+    yield make
+    for setup in setups:
+        setup.data.cleanup()
 
 
 def kill_worker(node: NsqdProcess, index: int) -> None:

@@ -1,13 +1,17 @@
 """Trigger.AvailableNow on the driver path, driven as Spark drives it (no JVM): prepare, then plan
 batches until one finds no new data, each plan committing the batch before it. The query must read
 every message waiting at the start, past ``maxBacklogMessages`` (which holds the consumer at RDY 0
-until Spark is done with a batch) and past ``maxInFlight`` in commit mode, and then end by itself,
-also when another consumer of the channel holds messages in flight, and without nsqd's HTTP API."""
+until Spark is done with a batch) and past ``maxInFlight`` in commit mode, across a pause of nsqd,
+and then end by itself, also when another consumer of the channel holds messages in flight, and
+without nsqd's HTTP API."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -65,6 +69,28 @@ def test_reads_a_backlog_past_the_backlog_bound_then_ends(tmp_path, nsqd_at, top
     assert set(expected) <= set(read)
     # the end does not move with what is published after the start: at most one RDY window past it
     assert len(set(read)) <= len(expected) + 200
+
+
+def test_nsqd_paused_for_seconds_does_not_end_it(tmp_path, nsqd_at, topic):
+    """nsqd stopped (SIGSTOP) for two seconds after the first batch, as a loaded nsqd may pause."""
+    nsqd = nsqd_with_http_next(nsqd_at)
+    expected = bodies("p", 0, 3000)
+    publish(nsqd, topic, expected)
+    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxBacklogMessages": 500, "maxInFlight": 100}
+    reader = make_reader(tmp_path, **options)
+    resume = threading.Timer(2.0, os.kill, (nsqd.proc.pid, signal.SIGCONT))
+
+    def pause() -> None:
+        os.kill(nsqd.proc.pid, signal.SIGSTOP)
+        resume.start()
+
+    try:
+        read = run_available_now(reader, after_first_batch=pause)
+    finally:
+        if resume.ident is not None:  # started: nsqd was stopped
+            resume.join()
+        reader.stop()
+    assert set(read) == set(expected)
 
 
 def test_commit_mode_reads_more_than_max_in_flight(tmp_path, nsqd_at, topic):

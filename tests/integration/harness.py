@@ -478,10 +478,25 @@ class DaemonProcess:
         return self.proc.returncode
 
     def kill(self) -> None:
+        """kill -9 of the daemon and of its child processes (nsqd's ``--workers``) at once: every one is stopped
+        first, so that none sees another die and stops gracefully (as workers do when their parent dies)."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            pids = [self.proc.pid, *self.children()]
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
             self.proc.wait(10)
         self._join_drainer()
+
+    def children(self) -> list[int]:
+        """The pids of the daemon's child processes (nsqd's workers), in the order they started."""
+        assert self.proc is not None
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as handle:
+                return [int(pid) for pid in handle.read().split()]
+        except FileNotFoundError:
+            return []
 
     def _join_drainer(self) -> None:
         if self._drainer is not None:

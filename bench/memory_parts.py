@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import trio
 
 from nsqd.actors import ActorSystem
 from nsqd.client import Client, ClientState
+from nsqd.message import Message, PythonMessage
+from nsqd.queues.deferred import item_of
 from nsqd.topic import Topic
 
 #: CPython's small-object allocator hands out blocks in multiples of this (objects of up to 512 bytes)
@@ -79,11 +80,14 @@ def _topic(channels: int, messages: int) -> Topic:
 
 
 def _deliver(topic: Topic) -> None:
-    """Every channel's dispatcher hands its whole queue to one consumer that never answers (its frames dropped)."""
+    """Every channel's dispatcher hands its whole queue to one consumer that never answers, in the daemon's time
+    slices (the frames of each slice dropped, as a flush would: a frame holds a bytes object of its message's ID
+    until it is written)."""
     for index, channel in enumerate(topic.channels.values()):
         client = _consumer(channel, index + 1)
+        slice_seconds = channel.dispatcher._actor_system.slice_seconds
         while channel.queue:
-            channel.dispatcher.dispatch(math.inf)
+            channel.dispatcher.dispatch(trio.current_time() + slice_seconds)
             client.out.clear()
 
 
@@ -132,16 +136,16 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
         row["sum"] = row["id"] + row["body over size"] + row["slots"]
         return row
     if state == "in flight":
-        sample = [next(iter(c.in_flight._entries.values()))[0] for c in topic.channels.values()]
+        sample = [next(iter(c.in_flight._entries.values())) for c in topic.channels.values()]
     elif state == "deferred" and topic.channels:
-        sample = [c.deferred._heap[0][2] for c in topic.channels.values()]
+        sample = [item_of(c.deferred._heap[0]) for c in topic.channels.values()]
     else:
         sample = [next(iter(holder)) for holder in holders]
     first = sample[0]
     distinct = {id(m): m for m in sample}
     row = {
         "message": object_cost(first),
-        "id": object_cost(first.id),
+        "id": 0 if Message is not PythonMessage else object_cost(first.id),  # the C type holds it inline
         "body over size": object_cost(first.body) - body_size,
         "copies": len(distinct) - 1,
         "copy each": object_cost(sample[-1]) if len(distinct) > 1 else 0,
@@ -149,18 +153,23 @@ def parts(topic: Topic, state: str, body_size: int) -> dict:
     if state == "queued":
         row["slots"] = 8 * len(holders)  # one deque slot per holder (a deque block is 64 slots + 16 bytes)
     elif state == "in flight":
-        # per channel: the map's entry (key, value, hash; the table kept at most 2/3 full), its (message, bucket)
-        # tuple, and the ID's slot in its deadline bucket's list
-        entry = next(iter(topic.channels.values())).in_flight._entries[first.id]
-        row["slots"] = len(topic.channels) * (allocated(sys.getsizeof(entry)) + 24 * 3 // 2 + 8 + 8)
+        # per channel: the index's entry (C: a pointer in a table kept 3/8 to 3/4 full; a dict's: key, value and
+        # hash, the table kept at most 2/3 full, and its index) and the message's slot in its deadline bucket's list
+        # (nsqd/queues/inflight.py)
+        index = next(iter(topic.channels.values())).in_flight._entries
+        entry = round(sys.getsizeof(index) / len(index)) if Message is not PythonMessage else 24 * 3 // 2 + 8
+        row["slots"] = len(topic.channels) * (entry + 8)
     else:
         if topic.channels:
             # the heap's (due, seq, message) tuple, its due float and seq int, made once for every channel's heap
             # (nsqd/queues/deferred.py), and a list slot per channel
+            # (nsqd/queues/deferred.py; the C Message is its own entry: a list slot per channel only)
             heap = next(iter(topic.channels.values())).deferred._heap
-            due, seq, _ = heap[-1]
             shared = len({id(c.deferred._heap[-1]) for c in topic.channels.values()}) == 1
-            entry = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq)
+            entry = 0
+            if type(heap[-1]) is tuple:
+                due, seq, _ = heap[-1]
+                entry = allocated(sys.getsizeof(heap[-1])) + object_cost(due) + object_cost(seq)
             row["slots"] = (1 if shared else len(topic.channels)) * entry + 8 * len(topic.channels)
         else:
             row["slots"] = 8

@@ -788,6 +788,494 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
     Py_RETURN_NONE;
 }
 
+/* Message: nsqd.message.Message in C (the Python class is its twin, used without the accelerator).
+
+   A message's fields in one 96-byte object: the ID's 16 bytes inline (the Python class keeps a bytes object of
+   them: 64 bytes more per message), the body and the client as references, the numbers as C numbers. Reading
+   .id makes a bytes object each time; MessageIndex (below) finds messages by their inline IDs, so the in-flight
+   queue (nsqd/queues/inflight.py) needs no bytes object per message.
+
+   It is not followed by the cyclic collector (no collector header: 16 bytes less, and nothing for a young
+   collection to walk): a message references its body and, while in flight, its client, whose channel's
+   in-flight queue holds the message; that cycle is never left for the collector to find, as the channel empties
+   its in-flight queue when it is closed (nsqd/channel.py). in_flight is the number of the in-flight queue's bucket
+   that holds it (-1: none).
+
+   A message waiting in a deferred heap is neither delivered nor in flight: its delivered_at then holds its due
+   time and in_flight its number in the order of pushes, and the message is its own heap entry, ordered by those
+   two (nsqd/queues/deferred.py): 8 bytes of heap slot where a (due, seq, message) tuple, a float and an int cost
+   128. A delivery writes both again. */
+#define MESSAGE_ID_SIZE 16  /* nsqd's IDs (protocol.message.MESSAGE_ID_LENGTH) */
+
+typedef struct {
+    PyObject_HEAD
+    char id[MESSAGE_ID_SIZE];
+    PyObject *body;
+    PyObject *client;
+    long long timestamp;
+    long long attempts;
+    double defer;
+    double delivered_at;
+    long long disk_token;
+    long long in_flight;
+} MessageObject;
+
+static PyTypeObject MessageType;
+
+#define Message_Check(op) Py_IS_TYPE(op, &MessageType)
+
+/* Copy a 16-byte ID from a bytes object into to; -1 with ValueError/TypeError otherwise. */
+static int
+message_id_from(PyObject *id, char *to)
+{
+    if (!PyBytes_Check(id)) {
+        PyErr_Format(PyExc_TypeError, "a message ID is bytes, not %.200s", Py_TYPE(id)->tp_name);
+        return -1;
+    }
+    if (PyBytes_GET_SIZE(id) != MESSAGE_ID_SIZE) {
+        PyErr_Format(PyExc_ValueError, "a message ID is %d bytes, not %zd", MESSAGE_ID_SIZE, PyBytes_GET_SIZE(id));
+        return -1;
+    }
+    memcpy(to, PyBytes_AS_STRING(id), MESSAGE_ID_SIZE);
+    return 0;
+}
+
+/* A new message with every field as Message's constructor leaves it (body and client referenced anew). */
+static MessageObject *
+message_alloc(const char *id, PyObject *body, long long timestamp, long long attempts, double defer)
+{
+    MessageObject *made = PyObject_New(MessageObject, &MessageType);
+    if (made == NULL)
+        return NULL;
+    memcpy(made->id, id, MESSAGE_ID_SIZE);
+    Py_INCREF(body);
+    made->body = body;
+    Py_INCREF(Py_None);
+    made->client = Py_None;
+    made->timestamp = timestamp;
+    made->attempts = attempts;
+    made->defer = defer;
+    made->delivered_at = 0.0;
+    made->disk_token = -1;
+    made->in_flight = -1;
+    return made;
+}
+
+static PyObject *
+message_new(PyTypeObject *Py_UNUSED(type), PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"id", "body", "timestamp", "attempts", "defer", NULL};
+    PyObject *id, *body;
+    long long timestamp, attempts = 0;
+    double defer = 0.0;
+    char raw[MESSAGE_ID_SIZE];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOL|Ld:Message", keywords, &id, &body, &timestamp, &attempts,
+                                     &defer))
+        return NULL;
+    if (message_id_from(id, raw) < 0)
+        return NULL;
+    return (PyObject *)message_alloc(raw, body, timestamp, attempts, defer);
+}
+
+static void
+message_dealloc(MessageObject *self)
+{
+    Py_XDECREF(self->body);
+    Py_XDECREF(self->client);
+    PyObject_Free(self);
+}
+
+/* Messages order as deferred heap entries: by due time (delivered_at), then number (in_flight); see the type's
+   notes. Nothing else is compared: equality stays identity. */
+static PyObject *
+message_richcompare(MessageObject *self, PyObject *other, int op)
+{
+    if (!Message_Check(other) || op == Py_EQ || op == Py_NE)
+        Py_RETURN_NOTIMPLEMENTED;
+    MessageObject *them = (MessageObject *)other;
+    int order = self->delivered_at < them->delivered_at   ? -1
+                : self->delivered_at > them->delivered_at ? 1
+                : self->in_flight < them->in_flight       ? -1
+                : self->in_flight > them->in_flight       ? 1
+                                                          : 0;
+    int result = op == Py_LT ? order < 0 : op == Py_LE ? order <= 0 : op == Py_GT ? order > 0 : order >= 0;
+    return PyBool_FromLong(result);
+}
+
+static PyObject *
+message_repr(MessageObject *self)
+{
+    Py_ssize_t size = self->body == NULL ? -1 : PyObject_Length(self->body);
+    if (size < 0)
+        PyErr_Clear();
+    PyObject *id = PyBytes_FromStringAndSize(self->id, MESSAGE_ID_SIZE);
+    if (id == NULL)
+        return NULL;
+    PyObject *text = PyUnicode_FromFormat("Message(id=%R, body=<%zd bytes>, timestamp=%lld, attempts=%lld)", id,
+                                          size, self->timestamp, self->attempts);
+    Py_DECREF(id);
+    return text;
+}
+
+static PyObject *
+message_get_id(MessageObject *self, void *Py_UNUSED(closure))
+{
+    return PyBytes_FromStringAndSize(self->id, MESSAGE_ID_SIZE);
+}
+
+static int
+message_set_id(MessageObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a message's ID cannot be deleted");
+        return -1;
+    }
+    return message_id_from(value, self->id);
+}
+
+static PyObject *
+message_get_body(MessageObject *self, void *Py_UNUSED(closure))
+{
+    Py_INCREF(self->body);
+    return self->body;
+}
+
+static int
+message_set_body(MessageObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a message's body cannot be deleted");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_SETREF(self->body, value);
+    return 0;
+}
+
+static PyObject *
+message_get_client(MessageObject *self, void *Py_UNUSED(closure))
+{
+    Py_INCREF(self->client);
+    return self->client;
+}
+
+static int
+message_set_client(MessageObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL)
+        value = Py_None;
+    Py_INCREF(value);
+    Py_SETREF(self->client, value);
+    return 0;
+}
+
+static PyGetSetDef message_getset[] = {
+    {"id", (getter)message_get_id, (setter)message_set_id, "The 16-byte ID (a new bytes object each read).", NULL},
+    {"body", (getter)message_get_body, (setter)message_set_body, "The body.", NULL},
+    {"client", (getter)message_get_client, (setter)message_set_client, "The consumer holding it in flight.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef message_members[] = {
+    {"timestamp", T_LONGLONG, offsetof(MessageObject, timestamp), 0, "Publish time, ns since the epoch."},
+    {"attempts", T_LONGLONG, offsetof(MessageObject, attempts), 0, "Deliveries so far."},
+    {"defer", T_DOUBLE, offsetof(MessageObject, defer), 0, "The delay a DPUB asked for, in seconds."},
+    {"delivered_at", T_DOUBLE, offsetof(MessageObject, delivered_at), 0, "Trio time of the delivery."},
+    {"disk_token", T_LONGLONG, offsetof(MessageObject, disk_token), 0, "Durable mode: its disk record's token."},
+    {"in_flight", T_LONGLONG, offsetof(MessageObject, in_flight), 0, "Its in-flight bucket's number, or -1."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject MessageType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nsqd._speedups.Message",
+    .tp_basicsize = sizeof(MessageObject),
+    .tp_dealloc = (destructor)message_dealloc,
+    .tp_repr = (reprfunc)message_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A message inside nsqd (nsqd/message.py): its fields in one object, the ID inline.",
+    .tp_richcompare = (richcmpfunc)message_richcompare,
+    .tp_members = message_members,
+    .tp_getset = message_getset,
+    .tp_new = message_new,
+};
+
+/* MessageIndex: C Messages by their IDs, the in-flight queue's index (nsqd/queues/inflight.py; a dict keyed by
+   the IDs is its Python twin there).
+
+   An open-addressing table of pointers to the messages, with linear probing and deletion by backward shift (no
+   tombstones), at most 3/4 full and halved when under 1/8 full: 11-21 bytes per message where a dict's entry
+   costs 36-72 and needs a bytes object for the key. A slot's hash is not stored: the ID inline in the message is
+   hashed again when needed, by Python's own (randomised) hash of bytes. It holds only C Messages, which the
+   cyclic collector does not follow, so it is not followed either. A key is a 16-byte bytes object or a Message
+   (its ID). */
+typedef struct {
+    PyObject_HEAD
+    MessageObject **slots;  /* NULL until the first add */
+    size_t mask;            /* capacity - 1 (a power of 2); 0 without slots */
+    Py_ssize_t used;
+} IndexObject;
+
+static PyTypeObject IndexType;
+
+#define INDEX_MIN 8
+
+static size_t
+index_hash(const char *id)
+{
+    return (size_t)_Py_HashBytes(id, MESSAGE_ID_SIZE);
+}
+
+/* The ID a key names: 1 and *id set, 0 for bytes of another size (no message has it), -1 with TypeError. */
+static int
+index_key(PyObject *key, const char **id)
+{
+    if (Message_Check(key)) {
+        *id = ((MessageObject *)key)->id;
+        return 1;
+    }
+    if (PyBytes_Check(key)) {
+        *id = PyBytes_AS_STRING(key);
+        return PyBytes_GET_SIZE(key) == MESSAGE_ID_SIZE;
+    }
+    PyErr_Format(PyExc_TypeError, "a message ID is bytes, not %.200s", Py_TYPE(key)->tp_name);
+    return -1;
+}
+
+/* The slot holding the message with this ID, or the empty slot where its probe ends. */
+static size_t
+index_slot(IndexObject *self, const char *id)
+{
+    size_t i = index_hash(id) & self->mask;
+    MessageObject *at;
+    while ((at = self->slots[i]) != NULL && memcmp(at->id, id, MESSAGE_ID_SIZE) != 0)
+        i = (i + 1) & self->mask;
+    return i;
+}
+
+static int
+index_resize(IndexObject *self, size_t capacity)
+{
+    MessageObject **slots = PyMem_Calloc(capacity, sizeof(MessageObject *));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    MessageObject **old = self->slots;
+    size_t old_capacity = old == NULL ? 0 : self->mask + 1;
+    self->slots = slots;
+    self->mask = capacity - 1;
+    for (size_t k = 0; k < old_capacity; k++) {
+        if (old[k] != NULL)
+            slots[index_slot(self, old[k]->id)] = old[k];
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+/* Take the message out of slot i (its reference goes to the caller) and close the gap. */
+static MessageObject *
+index_take(IndexObject *self, size_t i)
+{
+    MessageObject **slots = self->slots;
+    size_t mask = self->mask;
+    MessageObject *taken = slots[i];
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (slots[j] == NULL)
+            break;
+        size_t home = index_hash(slots[j]->id) & mask;
+        /* slot j may fill the gap at i unless its home lies cyclically in (i, j] */
+        int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            slots[i] = slots[j];
+            i = j;
+        }
+    }
+    slots[i] = NULL;
+    self->used--;
+    size_t capacity = mask + 1;
+    if (capacity > INDEX_MIN && (size_t)self->used < capacity / 8 && index_resize(self, capacity / 2) < 0)
+        PyErr_Clear();  /* it stays larger: no harm */
+    return taken;
+}
+
+static PyObject *
+index_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (!_PyArg_NoPositional("MessageIndex", args) || !_PyArg_NoKeywords("MessageIndex", kwds))
+        return NULL;
+    IndexObject *self = PyObject_New(IndexObject, type);
+    if (self == NULL)
+        return NULL;
+    self->slots = NULL;
+    self->mask = 0;
+    self->used = 0;
+    return (PyObject *)self;
+}
+
+static void
+index_release(IndexObject *self)
+{
+    MessageObject **slots = self->slots;
+    size_t capacity = slots == NULL ? 0 : self->mask + 1;
+    self->slots = NULL;
+    self->mask = 0;
+    self->used = 0;
+    for (size_t k = 0; k < capacity; k++)
+        Py_XDECREF(slots[k]);
+    PyMem_Free(slots);
+}
+
+static void
+index_dealloc(IndexObject *self)
+{
+    index_release(self);
+    PyObject_Free(self);
+}
+
+/* add(message) -> bool: False (and nothing changed) when a message with its ID is in already. */
+static PyObject *
+index_add(IndexObject *self, PyObject *message)
+{
+    if (!Message_Check(message)) {
+        PyErr_Format(PyExc_TypeError, "MessageIndex holds Message objects, not %.200s", Py_TYPE(message)->tp_name);
+        return NULL;
+    }
+    size_t capacity = self->slots == NULL ? 0 : self->mask + 1;
+    if ((size_t)(self->used + 1) * 4 > capacity * 3 && index_resize(self, capacity ? capacity * 2 : INDEX_MIN) < 0)
+        return NULL;
+    size_t i = index_slot(self, ((MessageObject *)message)->id);
+    if (self->slots[i] != NULL)
+        Py_RETURN_FALSE;
+    Py_INCREF(message);
+    self->slots[i] = (MessageObject *)message;
+    self->used++;
+    Py_RETURN_TRUE;
+}
+
+/* The slot of key's message, or -1 (none, or an error when PyErr_Occurred). */
+static Py_ssize_t
+index_lookup(IndexObject *self, PyObject *key)
+{
+    const char *id;
+    int named = index_key(key, &id);
+    if (named <= 0 || self->used == 0)
+        return -1;
+    size_t i = index_slot(self, id);
+    return self->slots[i] == NULL ? -1 : (Py_ssize_t)i;
+}
+
+static PyObject *
+index_get_or_pop(IndexObject *self, PyObject *const *args, Py_ssize_t nargs, int pop)
+{
+    if (!_PyArg_CheckPositional(pop ? "pop" : "get", nargs, 1, 2))
+        return NULL;
+    Py_ssize_t i = index_lookup(self, args[0]);
+    if (i < 0) {
+        if (PyErr_Occurred())
+            return NULL;
+        if (pop && nargs == 1) {
+            PyErr_SetObject(PyExc_KeyError, args[0]);
+            return NULL;
+        }
+        PyObject *fallback = nargs > 1 ? args[1] : Py_None;
+        Py_INCREF(fallback);
+        return fallback;
+    }
+    if (pop)
+        return (PyObject *)index_take(self, (size_t)i);
+    Py_INCREF(self->slots[i]);
+    return (PyObject *)self->slots[i];
+}
+
+/* get(key, default=None) */
+static PyObject *
+index_get(IndexObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return index_get_or_pop(self, args, nargs, 0);
+}
+
+/* pop(key[, default]): the message taken out, or default (KeyError without one), as a dict's */
+static PyObject *
+index_pop(IndexObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return index_get_or_pop(self, args, nargs, 1);
+}
+
+/* values() -> list, in no particular order */
+static PyObject *
+index_values(IndexObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *values = PyList_New(self->used);
+    if (values == NULL)
+        return NULL;
+    Py_ssize_t n = 0;
+    size_t capacity = self->slots == NULL ? 0 : self->mask + 1;
+    for (size_t k = 0; k < capacity; k++) {
+        if (self->slots[k] != NULL) {
+            Py_INCREF(self->slots[k]);
+            PyList_SET_ITEM(values, n++, (PyObject *)self->slots[k]);
+        }
+    }
+    return values;
+}
+
+static PyObject *
+index_clear(IndexObject *self, PyObject *Py_UNUSED(ignored))
+{
+    index_release(self);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+index_length(IndexObject *self)
+{
+    return self->used;
+}
+
+static int
+index_contains(IndexObject *self, PyObject *key)
+{
+    Py_ssize_t i = index_lookup(self, key);
+    return i >= 0 ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+index_sizeof(IndexObject *self, PyObject *Py_UNUSED(ignored))
+{
+    size_t capacity = self->slots == NULL ? 0 : self->mask + 1;
+    return PyLong_FromSize_t(sizeof(IndexObject) + capacity * sizeof(MessageObject *));
+}
+
+static PyMethodDef index_methods[] = {
+    {"add", (PyCFunction)index_add, METH_O, "Add a message; False when one with its ID is in already."},
+    {"get", (PyCFunction)(void (*)(void))index_get, METH_FASTCALL, "The message with this ID, or default."},
+    {"pop", (PyCFunction)(void (*)(void))index_pop, METH_FASTCALL, "Take out the message with this ID (a dict's pop)."},
+    {"values", (PyCFunction)index_values, METH_NOARGS, "The messages, as a list."},
+    {"clear", (PyCFunction)index_clear, METH_NOARGS, "Take every message out."},
+    {"__sizeof__", (PyCFunction)index_sizeof, METH_NOARGS, "Bytes taken, the table included."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods index_as_sequence = {
+    .sq_length = (lenfunc)index_length,
+    .sq_contains = (objobjproc)index_contains,
+};
+
+static PyTypeObject IndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nsqd._speedups.MessageIndex",
+    .tp_basicsize = sizeof(IndexObject),
+    .tp_dealloc = (destructor)index_dealloc,
+    .tp_as_sequence = &index_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "C Messages by their IDs: an open-addressing table of pointers (nsqd/queues/inflight.py).",
+    .tp_methods = index_methods,
+    .tp_new = index_new,
+};
+
 /* new_messages(cls, ids, bodies, timestamp, defer) -> list
 
    nsqd.message.new_messages in C: cls(ids[i], bodies[i], timestamp, 0, defer) for each i (timestamp[i] when
@@ -797,10 +1285,9 @@ track_all(PyObject *Py_UNUSED(self), PyObject *objects)
    delivered_at, disk_token) written directly where its member descriptor says, then untracked as untrack_atomic
    would. The Python class call runs __init__ as a Python frame per message, most of a PUB's publish;
    tests/nsqd/test_message_collector.py compares every slot with the Python twin's. */
-#define MESSAGE_SLOTS 8
-#define MESSAGE_ID_SIZE 16  /* nsqd's IDs (protocol.message.MESSAGE_ID_LENGTH) */
+#define MESSAGE_SLOTS 9
 static const char *message_slots[MESSAGE_SLOTS] = {"id", "body", "timestamp", "attempts", "defer", "client",
-                                                   "delivered_at", "disk_token"};
+                                                   "delivered_at", "disk_token", "in_flight"};
 static PyTypeObject *message_class = NULL;  /* the class whose offsets are cached (a strong reference) */
 static Py_ssize_t message_offsets[MESSAGE_SLOTS];
 static PyObject *zero_float = NULL, *minus_one = NULL, *zero_int = NULL;
@@ -837,6 +1324,38 @@ message_layout(PyTypeObject *cls)
     return 0;
 }
 
+/* new_messages for the C Message: defer NULL for none. */
+static PyObject *
+new_compact_messages(PyObject *ids, int joined, PyObject *bodies, PyObject *timestamp, int stamps, PyObject *defer)
+{
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    double delay = defer == NULL ? 0.0 : PyFloat_AsDouble(defer);
+    long long stamp = stamps ? 0 : PyLong_AsLongLong(timestamp);
+    if ((delay == -1.0 || stamp == -1) && PyErr_Occurred())
+        return NULL;
+    PyObject *messages = PyList_New(n);
+    if (messages == NULL)
+        return NULL;
+    char raw[MESSAGE_ID_SIZE];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *id = raw;
+        if (joined)
+            id = PyBytes_AS_STRING(ids) + i * MESSAGE_ID_SIZE;
+        else if (message_id_from(PyList_GET_ITEM(ids, i), raw) < 0)
+            goto error;
+        if (stamps && (stamp = PyLong_AsLongLong(PyList_GET_ITEM(timestamp, i))) == -1 && PyErr_Occurred())
+            goto error;
+        MessageObject *message = message_alloc(id, PyList_GET_ITEM(bodies, i), stamp, 0, delay);
+        if (message == NULL)
+            goto error;
+        PyList_SET_ITEM(messages, i, (PyObject *)message);
+    }
+    return messages;
+error:
+    Py_DECREF(messages);  /* the slots not set yet are NULL, which the list's dealloc skips */
+    return NULL;
+}
+
 static PyObject *
 new_messages(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -854,7 +1373,8 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_ValueError, "ids and bodies differ in length");
         return NULL;
     }
-    if (cls != message_class && message_layout(cls) < 0)
+    int compact = cls == &MessageType;  /* the C Message: its fields written directly */
+    if (!compact && cls != message_class && message_layout(cls) < 0)
         return NULL;
     int stamps = PyList_Check(timestamp);  /* one timestamp per message */
     if (stamps && PyList_GET_SIZE(timestamp) != n) {
@@ -864,6 +1384,8 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
     int deferred = PyObject_IsTrue(defer);
     if (deferred < 0)
         return NULL;
+    if (compact)
+        return new_compact_messages(ids, joined, bodies, timestamp, stamps, deferred ? defer : NULL);
     if (!deferred)
         defer = zero_float;  /* as Message's default: a falsy delay is stored as 0.0 */
     PyObject *messages = PyList_New(n);
@@ -885,7 +1407,7 @@ new_messages(PyObject *Py_UNUSED(self), PyObject *args)
         }
         PyObject *values[MESSAGE_SLOTS] = {id, PyList_GET_ITEM(bodies, i),
                                            stamps ? PyList_GET_ITEM(timestamp, i) : timestamp,
-                                           zero_int, defer, Py_None, zero_float, minus_one};
+                                           zero_int, defer, Py_None, zero_float, minus_one, minus_one};
         for (int k = 1; k < MESSAGE_SLOTS; k++)
             Py_INCREF(values[k]);  /* the id's reference is already the message's */
         for (int k = 0; k < MESSAGE_SLOTS; k++)
@@ -913,6 +1435,20 @@ claim_shared(PyObject *Py_UNUSED(self), PyObject *batch)
         PyObject *message = PyList_GET_ITEM(batch, i);
         if (Py_REFCNT(message) <= 1)
             continue;
+        if (Message_Check(message)) {
+            MessageObject *from = (MessageObject *)message;
+            MessageObject *copy = message_alloc(from->id, from->body, from->timestamp, from->attempts, from->defer);
+            if (copy == NULL)
+                return NULL;
+            Py_INCREF(from->client);
+            Py_SETREF(copy->client, from->client);
+            copy->delivered_at = from->delivered_at;
+            copy->disk_token = from->disk_token;
+            copy->in_flight = from->in_flight;
+            PyList_SET_ITEM(batch, i, (PyObject *)copy);
+            Py_DECREF(message);
+            continue;
+        }
         PyTypeObject *cls = Py_TYPE(message);
         if (cls != message_class && message_layout(cls) < 0)
             return NULL;
@@ -953,6 +1489,43 @@ put_be(unsigned char *at, unsigned long long value, int bytes)
         at[i] = (unsigned char)(value & 0xff);
 }
 
+/* deliver_frames' marks on a message of a Python class (slots written where its member descriptors say): sets
+   *id (a new reference), *body (borrowed), the attempts counted and the timestamp; -1 with an exception. */
+static int
+deliver_slots(PyObject *message, PyObject *client, PyObject *now, PyObject **id, PyObject **body, long long *count,
+              long long *stamp, Py_ssize_t *size)
+{
+    PyTypeObject *cls = Py_TYPE(message);
+    if (cls != message_class && message_layout(cls) < 0)
+        return -1;
+    PyObject **slot[MESSAGE_SLOTS];
+    for (int k = 0; k < MESSAGE_SLOTS; k++)
+        slot[k] = (PyObject **)((char *)message + message_offsets[k]);
+    PyObject *timestamp = *slot[2], *attempts = *slot[3];
+    if (*slot[0] == NULL || *slot[1] == NULL || timestamp == NULL || attempts == NULL) {
+        PyErr_Format(PyExc_AttributeError, "%s has a slot not set", cls->tp_name);
+        return -1;
+    }
+    *count = PyLong_AsLongLong(attempts);
+    *stamp = PyLong_AsLongLong(timestamp);
+    *size = PyObject_Length(*slot[1]);
+    if ((*count == -1 || *stamp == -1 || *size < 0) && PyErr_Occurred())
+        return -1;
+    *count += 1;
+    PyObject *counted = PyLong_FromLongLong(*count);
+    if (counted == NULL)
+        return -1;
+    Py_SETREF(*slot[3], counted);
+    Py_INCREF(client);
+    Py_SETREF(*slot[5], client);
+    Py_INCREF(now);
+    Py_SETREF(*slot[6], now);
+    *id = *slot[0];
+    Py_INCREF(*id);
+    *body = *slot[1];
+    return 0;
+}
+
 static PyObject *
 deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -964,31 +1537,24 @@ deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
     long long total = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
         PyObject *message = PyList_GET_ITEM(batch, i);
-        PyTypeObject *cls = Py_TYPE(message);
-        if (cls != message_class && message_layout(cls) < 0)
-            goto error;
-        PyObject **slot[MESSAGE_SLOTS];
-        for (int k = 0; k < MESSAGE_SLOTS; k++)
-            slot[k] = (PyObject **)((char *)message + message_offsets[k]);
-        PyObject *id = *slot[0], *body = *slot[1], *timestamp = *slot[2], *attempts = *slot[3];
-        if (id == NULL || body == NULL || timestamp == NULL || attempts == NULL) {
-            PyErr_Format(PyExc_AttributeError, "%s has a slot not set", cls->tp_name);
-            goto error;
+        PyObject *id, *body;
+        long long count, stamp;
+        Py_ssize_t size;
+        if (Message_Check(message)) {
+            MessageObject *compact = (MessageObject *)message;
+            body = compact->body;
+            if ((size = PyObject_Length(body)) < 0)
+                goto error;
+            count = compact->attempts += 1;
+            stamp = compact->timestamp;
+            Py_INCREF(client);
+            Py_SETREF(compact->client, client);
+            compact->delivered_at = PyFloat_AS_DOUBLE(now);
+            if ((id = PyBytes_FromStringAndSize(compact->id, MESSAGE_ID_SIZE)) == NULL)
+                goto error;
         }
-        long long count = PyLong_AsLongLong(attempts);
-        long long stamp = PyLong_AsLongLong(timestamp);
-        Py_ssize_t size = PyObject_Length(body);
-        if ((count == -1 || stamp == -1 || size < 0) && PyErr_Occurred())
+        else if (deliver_slots(message, client, now, &id, &body, &count, &stamp, &size) < 0)
             goto error;
-        count += 1;
-        PyObject *counted = PyLong_FromLongLong(count);
-        if (counted == NULL)
-            goto error;
-        Py_SETREF(*slot[3], counted);
-        Py_INCREF(client);
-        Py_SETREF(*slot[5], client);
-        Py_INCREF(now);
-        Py_SETREF(*slot[6], now);
         if (prefix == NULL || size != last_size || stamp != last_timestamp || count != last_attempts) {
             PyObject *made = PyBytes_FromStringAndSize(NULL, FRAME_PREFIX_SIZE);
             if (made == NULL)
@@ -1003,7 +1569,9 @@ deliver_frames(PyObject *Py_UNUSED(self), PyObject *args)
             last_timestamp = stamp;
             last_attempts = count;
         }
-        if (PyList_Append(out, prefix) < 0 || PyList_Append(out, *slot[0]) < 0 || PyList_Append(out, *slot[1]) < 0)
+        int failed = PyList_Append(out, prefix) < 0 || PyList_Append(out, id) < 0 || PyList_Append(out, body) < 0;
+        Py_DECREF(id);
+        if (failed)
             goto error;
         total += size;
     }
@@ -1049,8 +1617,15 @@ PyInit__speedups(void)
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
+    MessageType.tp_hash = PyBaseObject_Type.tp_hash;  /* by identity, as an object's (not left out with the order) */
+    if (PyType_Ready(&MessageType) < 0 || PyType_Ready(&IndexType) < 0)
+        return NULL;
     PyObject *created = PyModule_Create(&module);
     if (created != NULL && PyModule_AddIntConstant(created, "NEW_MESSAGES_PACKED", 1) < 0)
+        Py_CLEAR(created);
+    if (created != NULL && PyModule_AddObjectRef(created, "Message", (PyObject *)&MessageType) < 0)
+        Py_CLEAR(created);
+    if (created != NULL && PyModule_AddObjectRef(created, "MessageIndex", (PyObject *)&IndexType) < 0)
         Py_CLEAR(created);
     return created;
 }

@@ -50,7 +50,7 @@ from protocol.replication import OP_EMPTIED, OP_LOG, OP_PAUSED, OP_UNPAUSED
 from .client import Client
 from .dispatch import ChannelDispatcher
 from .message import Message, encode_record, split_messages
-from .queues.deferred import EMPTY_DEFERRED, DeferredQueue
+from .queues.deferred import EMPTY_DEFERRED, DeferredQueue, item_of
 from .queues.deferred_index import DeferredIndex
 from .queues.inflight import EMPTY_IN_FLIGHT, InFlightQueue
 from .queues.packed import PackedQueue
@@ -190,11 +190,11 @@ class Channel:
             self.wake(preempt=True)
         return stored
 
-    def put_deferred(self, entries: list[tuple[float, int, Message]]) -> bool:
+    def put_deferred(self, entries: list) -> bool:
         """Accept deferred messages from the topic pump with their deferred heap entries, made once for all its
         channels (``queues/deferred.py``); a log channel or durable mode takes the messages by ``put_many``."""
         if self.log is not None or self.durable:
-            return self.put_many([entry[2] for entry in entries], True)
+            return self.put_many([item_of(entry) for entry in entries], True)
         self.message_count += len(entries)
         self.changed.add(self)
         push = self.open_deferred().push_entry
@@ -675,11 +675,16 @@ class Channel:
             self.deferred_index.clear()
             self.deferred_index.remove_file()
         self.deferred.drain()
+        self._forget_in_flight()
+
+    def _forget_in_flight(self) -> None:
+        """Empty the in-flight queue; each owner gets its credit back."""
         for message in self.in_flight.drain():
             owner = message.client
+            message.client = None
             if owner is not None:
                 owner.in_flight -= 1
-                if owner.channel is self:
+                if owner.channel is self and not self.exiting:
                     self.client_credit_changed(owner)
 
     def close(self, *, persist: bool) -> None:
@@ -689,6 +694,10 @@ class Channel:
         self.exiting = True
         self._actors.remove(self.dispatcher)
         backend = self.backend
+        if not persist:
+            # what is in flight is forgotten: its messages reference their consumers, whose channel is this one,
+            # and the cyclic collector cannot follow a message (nsqd/message.py), so no such cycle is left behind
+            self._forget_in_flight()
         if backend is None:
             return
         if self.log is not None:

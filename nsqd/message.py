@@ -11,15 +11,24 @@ channel's queue or heap; the last channel to deliver it takes the object itself)
 more than one channel (one alone has nothing to share with). A copy has the attempts the topic's message has (0
 for a publish; nsqd's own pump gives the first channel the topic's message and the others fresh ones at 0).
 
+The C type. With the accelerator built, ``Message`` is a type of ``nsqd/_speedups.c`` with the same fields and
+constructor: one 96-byte object with the ID's 16 bytes inline, where the class below takes 96 and a bytes object of
+64 for the ID (a message in flight, bench/README.md "Memory per message": 185 bytes over its body instead of 343).
+Reading ``id`` makes a bytes object; the in-flight queue finds messages by their inline IDs (``MessageIndex``,
+``queues/inflight.py``). Its IDs are 16 bytes, as nsqd's always are (``ValueError`` otherwise).
+
 The cyclic collector. A message as published references only bytes and numbers, so it cannot be part of a
 reference cycle, and reference counting frees it; but as an instance of a Python class it is tracked, and each
 young and middle collection walks every message made since (about 0.4 us per message kept in memory, nearly
-all of the collector's time in the PUB scenario: bench/HISTORY.md, item 29). So ``new_messages`` untracks the
-batch it makes (``untrack_atomic``: only objects whose referents are all atomic), and a delivery tracks its
-messages again (``track_all``) before it stores the consumer's client in them, the one reference that can close
-a cycle (a client holds its channel, whose in-flight queue holds the message); the copies a delivery makes
-(``claim_shared``) are tracked from the start. These are C functions of ``nsqd/_speedups.c``; Python cannot
-untrack an object, so without the accelerator the hints do nothing and every message stays tracked, as before.
+all of the collector's time in the PUB scenario: bench/HISTORY.md, item 29). The C type is not followed by the
+collector at all: the one reference of a message that can close a cycle is the consumer's client a delivery
+stores in it (a client holds its channel, whose in-flight queue holds the message), and a channel empties its
+in-flight queue when it is closed (``Channel.close``), which breaks every such cycle. For the Python class,
+``new_messages`` untracks the batch it makes (``untrack_atomic``: only objects whose referents are all atomic),
+and a delivery tracks its messages again (``track_all``) before it stores the client in them; the copies a
+delivery makes (``claim_shared``) are tracked from the start. These are C functions of ``nsqd/_speedups.c``;
+Python cannot untrack an object, so without the accelerator the hints do nothing and every message stays
+tracked, as before.
 """
 
 from __future__ import annotations
@@ -62,9 +71,14 @@ class Message(WireMessage):
     (TOUCH caps the total in-flight time from there). ``disk_token`` is, in durable mode, the
     token of the disk queue record this message was read from (-1 otherwise): the record stays
     held until the message is finished or written to the queue again (see ``queues/diskqueue.py``).
+    ``in_flight`` is the number of the in-flight queue's bucket that holds it (-1: none;
+    ``queues/inflight.py``).
+
+    This class is the Python twin: with the accelerator built, ``Message`` is its C type (``nsqd/_speedups.c``),
+    96 bytes with the ID inline (see the module notes).
     """
 
-    __slots__ = ("defer", "client", "delivered_at", "disk_token")
+    __slots__ = ("defer", "client", "delivered_at", "disk_token", "in_flight")
 
     def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int = 0, defer: float = 0.0) -> None:
         self.id = id
@@ -75,6 +89,13 @@ class Message(WireMessage):
         self.client = None
         self.delivered_at = 0.0
         self.disk_token = -1
+        self.in_flight = -1
+
+
+#: the Python class, also where the accelerator is built (tests compare the two)
+PythonMessage = Message
+if _speedups is not None and hasattr(_speedups, "Message"):
+    Message = _speedups.Message  # type: ignore[misc]
 
 
 def new_messages(
@@ -109,6 +130,7 @@ def _copy(message: Message) -> Message:
     copy.client = message.client
     copy.delivered_at = message.delivered_at
     copy.disk_token = message.disk_token
+    copy.in_flight = message.in_flight
     return copy
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from protocol.commands import CommandParser, ms_to_go_duration, parse_base10
+from protocol.commands import CommandParser, encode_sub, ms_to_go_duration, parse_base10
 from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from protocol.errors import LineTooLong, ProtocolError
 from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, OK_FRAME, encode_frame
@@ -218,6 +218,9 @@ class Connection:
                         client.out.clear()  # nothing more may reach a peer whose layers are unknown
                         return
                     self._move_read_deadline()
+                if self._handed:
+                    log.info("[%s] - handed over to the worker that owns its topic", client.remote_address)
+                    return
                 try:
                     stream = self.stream
                     if type(stream) is trio.SocketStream:
@@ -229,9 +232,6 @@ class Connection:
                     return
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("[%s] - read failed: %s", client.remote_address, exc)
-                    return
-                if self._handed:
-                    log.info("[%s] - handed over to the worker that owns its topic", client.remote_address)
                     return
                 if data is not None and not data:
                     eof_error = parser.pending_eof_error()
@@ -334,6 +334,8 @@ class Connection:
             self._send_replies()
             return
         _, topic_name, channel_name = request
+        if self._hand_over_unread(self._mesh.owner(topic_name), encode_sub(topic_name, channel_name)):
+            return  # the owner runs the SUB
         client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
         self._consumes = True
         self._plain = False
@@ -549,27 +551,36 @@ class Connection:
         never handed over before (see "Connections go to their topic's owner" in bench/MULTICORE.md). The
         task here then ends without a word to the client; the other worker goes on reading the socket, so the
         client sees one connection. True if it was handed over."""
-        client = self.client
         done = self._poll_done
+        if done is None or done.is_set() or self._pending_command is not None or self._poller_error is not None:
+            return False
+        if not self._hand_over_unread(owner, b""):
+            return False
+        self._poll_return(None)
+        return True
+
+    def _hand_over_unread(self, owner: int, first: bytes) -> bool:
+        """``hand_over``'s checks of the connection and the hand-over itself, with ``first`` (a command that the
+        owner is to run: a consumer's SUB) before the bytes the parser holds. True if it was handed over; the
+        task ends at its next read."""
+        client = self.client
         if (
             self._mesh is None
             or client.handed_over
             or not self._plain
             or self._consumes
             or client.state != ClientState.INIT
-            or done is None
-            or done.is_set()
+            or type(self.stream) is not trio.SocketStream
             or client.out
             or self._forwards_held
             or self._send_lock.locked()
-            or self._pending_command is not None
-            or self._poller_error is not None
+            or not self.parser.between_commands()
             or not self._mesh.may_hand_over(owner)
         ):
             return False
-        self._mesh.hand_over(owner, self._poll_fd, client, self.parser.take_unparsed())
+        fd = self.stream.socket.fileno()
+        self._mesh.hand_over(owner, fd, client, first + self.parser.take_unparsed())
         self._handed = True
-        self._poll_return(None)
         return True
 
     def _await_ack_directly(self) -> bool:

@@ -153,21 +153,31 @@ class Topic:
         if self.exiting:
             raise TopicExiting()
         now_ns = time.time_ns()
-        try:
-            ids = (self.guid or self._make_guid()).next_ids(len(bodies), now_ns)
-        except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
-            ids = self.new_ids(len(bodies))
         queue = self.queue
         count = len(bodies)
         size = sum(map(len, bodies))
         taken = not (self.paused or self.held or not self.channels)
-        if (
+        packed_here = (
             self.mem_queue_size - queue.count >= count
             and not (taken and defer)
             and not self._backlog_on_disk()
-            and count
-            and (joined := pack_ids(ids)) is not None
-        ):
+            and count > 0
+        )
+        guid = self.guid or self._make_guid()
+        ids: list[bytes] | None = None
+        joined: bytes | None = None
+        try:
+            if packed_here and self.replication is None:
+                # kept packed, and nothing needs the IDs one by one: made as a segment keeps them (guid.py)
+                joined = guid.next_packed(count, now_ns)
+            else:
+                ids = guid.next_ids(count, now_ns)
+        except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
+            ids = self.new_ids(count)
+        if packed_here and joined is None:
+            assert ids is not None
+            joined = pack_ids(ids)
+        if joined is not None:
             # kept as their parts (queues/packed.py), in the topic's queue until the pump hands them over when
             # nothing takes them now, else in each channel's (the same segment for all)
             packed, start, end = (self._segments or self._make_segments()).add(joined, bodies, now_ns, defer, size)
@@ -182,8 +192,10 @@ class Topic:
                 if defer:
                     self._queue_deferred = True
         else:
+            assert ids is not None
             self._accept(new_messages(ids, bodies, now_ns, defer), size, bool(defer), defer_sync)
         if self.replication is not None:
+            assert ids is not None
             self.replication.offer_published(self.name, ids, bodies, now_ns, defer)
 
     def publish_kept(self, bodies: list[bytes], defer: float = 0.0) -> None:

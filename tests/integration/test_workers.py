@@ -454,14 +454,19 @@ def test_a_producer_goes_to_its_topics_owner_and_stays_one_connection(node):
         producer.identify({"user_agent": f"handed-{index}"})
     for index, producer in enumerate(producers):
         name = topics[index % 2]
-        producer.publish(name, f"{index}-first".encode())
-        # pipelined, and a PUB whose body comes in a second write: whichever worker reads it, it is whole
+        if index < 6:
+            producer.publish(name, f"{index}-first".encode())
+        # pipelined, and a PUB cut in its line or in its body (the others: read with the first publish that may
+        # hand the connection over): whichever worker reads each part, it is whole
         tail = pub(name, f"{index}-split".encode())
-        producer.send(pub(name, f"{index}-a".encode()) + mpub(name, [f"{index}-b".encode(), b"c"]) + tail[:7])
+        cut = 7 if index < 6 else len(tail) - 3
+        producer.send(pub(name, f"{index}-a".encode()) + mpub(name, [f"{index}-b".encode(), b"c"]) + tail[:cut])
         time.sleep(0.01)
-        producer.send(tail[7:])
+        producer.send(tail[cut:])
         for _ in range(3):
             producer.expect_ok()
+        if index >= 6:
+            producer.publish(name, f"{index}-first".encode())
     node.wait_for_log(r"taken over from another worker", 10)
     for index, producer in enumerate(producers):
         producer.publish(topics[index % 2], f"{index}-last".encode())
@@ -481,6 +486,37 @@ def test_a_producer_goes_to_its_topics_owner_and_stays_one_connection(node):
         listener.close()
     for producer in producers:
         producer.close()
+
+
+def test_a_consumer_goes_to_its_topics_owner_with_its_sub(node):
+    """A consumer whose topic the other worker owns is handed over to it with its SUB, which the owner runs: the
+    client gets the SUB's OK and its messages on the same connection, with the settings it identified with."""
+    topics = owned_topics("subhanded")
+    consumers = []
+    for index in range(12):
+        client = RawClient(node.tcp)
+        client.identify({"user_agent": f"sub-{index}", "msg_timeout": 20000})
+        client.subscribe(topics[index % 2], "c", 5)
+        consumers.append(client)
+    ports = "|".join(str(client.sock.getsockname()[1]) for client in consumers)
+    node.wait_for_log(rf"TCP: client\(127\.0\.0\.1:({ports})\) taken over from another worker", 10)
+    producer = RawClient(node.tcp)
+    for number in range(30):
+        producer.publish(topics[number % 2], f"m{number}".encode())
+    for first in range(2):
+        got = receive_all(consumers[first::2], 15)
+        assert sorted(body for bodies in got for body in bodies) == sorted(
+            f"m{number}".encode() for number in range(first, 30, 2)
+        )
+    clients = [
+        client
+        for entry in stats(node.listening["HTTP"])["topics"]
+        if entry["topic_name"] in topics
+        for client in entry["channels"][0]["clients"]
+    ]
+    assert sorted(client["user_agent"] for client in clients) == sorted(f"sub-{index}" for index in range(12))
+    for client in [*consumers, producer]:
+        client.close()
 
 
 def test_one_unix_socket_for_every_worker(tmp_path):

@@ -1,6 +1,9 @@
 import random
 
-from nsqd.queues.deferred import DeferredQueue, entry
+import pytest
+
+from nsqd.message import Message, PythonMessage
+from nsqd.queues.deferred import DeferredQueue, entry, item_of
 
 
 def test_empty():
@@ -83,3 +86,25 @@ def test_queues_share_entries_and_keep_fifo_with_their_own_pushes():
     assert first._heap[0] is second._heap[0] is shared[1]
     assert first.pop_due(5.0) == ["b", "own", "a"]
     assert second.pop_due(5.0) == ["b", "a", "later own"]
+
+
+@pytest.mark.parametrize("cls", sorted({Message, PythonMessage}, key=lambda cls: cls.__module__))
+def test_messages_wait_in_order_and_are_shared(cls):
+    """nsqd's messages: the C ``Message`` is its own entry (its due time and number held in it), the Python class
+    rides in a tuple; either way the order is by due time, then push order, and channels share an entry."""
+    made = [cls(b"%016d" % n, b"m%d" % n, 1000) for n in range(6)]
+    first, second = DeferredQueue(), DeferredQueue()
+    for n, message in enumerate(made[:4]):
+        first.push(message, 2.0 if n % 2 else 1.0)
+    shared = [entry(made[4], 1.0), entry(made[5], 0.5)]
+    for queue in (first, second):
+        for held in shared:
+            queue.push_entry(held)
+    if cls is not PythonMessage:
+        assert first._heap[0] is made[5] and made[5].delivered_at == 0.5  # no tuple: the message itself
+    assert first.peek_due() == second.peek_due() == 0.5
+    assert [due for due, _ in first.entries()].count(1.0) == 3
+    assert first.pop_due(1.0) == [made[5], made[0], made[2], made[4]]
+    assert second.drain() == [(0.5, made[5]), (1.0, made[4])]
+    assert first.drain() == [(2.0, made[1]), (2.0, made[3])]
+    assert item_of(shared[0]) is made[4]

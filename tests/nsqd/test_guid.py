@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+from binascii import unhexlify
 from itertools import pairwise
 
 import pytest
@@ -201,3 +202,22 @@ def test_single_ids_borrow_up_to_the_lead_like_batches():
     assert factory.next_ids(1, start + TICK_NS) == [expected_id(last_tick + TICK_NS, 6, 0)]
     singles = GUIDFactory(6)
     assert [singles.next_ids(1, start)[0] for _ in range(4097)] == GUIDFactory(6).next_ids(4097, start)
+
+
+@pytest.mark.parametrize("node_id", [0, 1, 17, 1023])
+def test_packed_ids_are_the_ids_values_and_use_the_same_sequence(node_id):
+    """``next_packed``: the 8-byte values ``next_ids`` would have written in hex, with the same bookkeeping (ticks
+    borrowed ahead, a used-up tick, the lead refused without using an ID)."""
+    hexed, packed = GUIDFactory(node_id), GUIDFactory(node_id)
+    now = NOW
+    rng = random.Random(node_id)
+    for count in [1, 2, 200, 4095, 4096, 5000, 1, 3, 9000, 0] + [rng.randrange(1, 3000) for _ in range(30)]:
+        ids = hexed.next_ids(count, now)
+        assert packed.next_packed(count, now) == unhexlify(b"".join(ids))
+        assert (hexed._last_tick, hexed._sequence) == (packed._last_tick, packed._sequence)
+        now += rng.randrange(0, 3) << 20
+    with pytest.raises(GUIDUnavailable):
+        packed.next_packed((MAX_LEAD_TICKS + 2) << 12, now)
+    assert packed.next_packed(1, now) == unhexlify(hexed.next_ids(1, now)[0])
+    with pytest.raises(ValueError):
+        packed.next_packed(-1, now)

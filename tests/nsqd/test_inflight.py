@@ -1,17 +1,87 @@
+"""The in-flight queue, with each twin of ``Message``: the C type (its own key in the queue's index) and the
+Python class (keyed by its ID). Most tests label each message by its body and speak of the labels (``Q``)."""
+
 import random
+import sys
+from functools import partial
 
 import pytest
 
+from nsqd import message as message_module
 from nsqd.queues import inflight
 from nsqd.queues.inflight import InFlightQueue
+
+TWINS = [(message_module.PythonMessage, inflight.MessagesById)]
+if inflight.DEFAULT_INDEX is not inflight.MessagesById:
+    TWINS.insert(0, (message_module.Message, inflight.DEFAULT_INDEX))
+
+
+@pytest.fixture(autouse=True, params=TWINS, ids=lambda twin: twin[1].__name__)
+def twin(request, monkeypatch):
+    """Each test with each twin: the C ``Message`` in the C ``MessageIndex``, the Python class in the dict."""
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "Message", request.param[0])
+    monkeypatch.setattr(module, "InFlightQueue", partial(inflight.InFlightQueue, request.param[1]))
+    return request.param
+
+
+Message = TWINS[0][0]
 
 
 def mid(n: int) -> bytes:
     return b"%016d" % n
 
 
+class Q:
+    """An ``InFlightQueue`` of messages labelled by their bodies, spoken to and answering in labels."""
+
+    def __init__(self) -> None:
+        self.queue = InFlightQueue()
+
+    @property
+    def _heap(self):
+        return self.queue._heap
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def __contains__(self, msg_id) -> bool:
+        return msg_id in self.queue
+
+    def __iter__(self):
+        return iter(self.queue)
+
+    def push(self, msg_id: bytes, label, deadline: float) -> None:
+        self.queue.push(Message(msg_id, label, 0), deadline)
+
+    def pop(self, msg_id: bytes):
+        return _label(self.queue.pop(msg_id))
+
+    def get(self, msg_id: bytes):
+        return _label(self.queue.get(msg_id))
+
+    def touch(self, msg_id: bytes, deadline: float) -> bool:
+        return self.queue.touch(msg_id, deadline)
+
+    def deadline(self, msg_id: bytes):
+        return self.queue.deadline(msg_id)
+
+    def peek_deadline(self):
+        return self.queue.peek_deadline()
+
+    def pop_expired(self, now: float) -> list:
+        return [message.body for message in self.queue.pop_expired(now)]
+
+    def drain(self) -> list:
+        return [message.body for message in self.queue.drain()]
+
+
+def _label(message):
+    return None if message is None else message.body
+
+
 def test_push_get_pop_len_contains():
-    q = InFlightQueue()
+    q = Q()
     assert len(q) == 0 and q.peek_deadline() is None
     q.push(mid(1), "a", 10.0)
     q.push(mid(2), "b", 5.0)
@@ -28,7 +98,7 @@ def test_push_get_pop_len_contains():
 
 
 def test_push_duplicate_id_raises_and_keeps_the_first():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 1.0)
     with pytest.raises(KeyError):
         q.push(mid(1), "b", 2.0)
@@ -40,7 +110,7 @@ def test_push_duplicate_id_raises_and_keeps_the_first():
 
 
 def test_pop_expired_in_deadline_order_and_inclusive():
-    q = InFlightQueue()
+    q = Q()
     for n, deadline in enumerate([3.0, 1.0, 2.0, 2.0, 5.0]):
         q.push(mid(n), n, deadline)
     assert q.pop_expired(0.5) == []
@@ -53,7 +123,7 @@ def test_pop_expired_in_deadline_order_and_inclusive():
 
 
 def test_finished_messages_never_expire():
-    q = InFlightQueue()
+    q = Q()
     for n in range(10):
         q.push(mid(n), n, float(n))
     for n in range(0, 10, 2):
@@ -62,7 +132,7 @@ def test_finished_messages_never_expire():
 
 
 def test_touch_moves_the_deadline_both_ways():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 1.0)
     q.push(mid(2), "b", 2.0)
     assert q.touch(mid(1), 10.0) is True
@@ -77,7 +147,7 @@ def test_touch_moves_the_deadline_both_ways():
 
 
 def test_touch_repeatedly_expires_once():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 1.0)
     for deadline in (2.0, 3.0, 4.0):
         q.touch(mid(1), deadline)
@@ -87,7 +157,7 @@ def test_touch_repeatedly_expires_once():
 
 
 def test_drain_returns_everything_in_deadline_order():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 3.0)
     q.push(mid(2), "b", 1.0)
     q.push(mid(3), "c", 2.0)
@@ -98,7 +168,7 @@ def test_drain_returns_everything_in_deadline_order():
 
 
 def test_stale_entries_stay_bounded_under_fin_and_touch():
-    q = InFlightQueue()
+    q = Q()
     live = 10
     for n in range(live):
         q.push(mid(n), n, 1000.0 + n)
@@ -118,7 +188,7 @@ def test_stale_entries_stay_bounded_under_fin_and_touch():
 @pytest.mark.parametrize("deadlines", ["continuous", "few"])
 def test_random_operations_match_a_model(deadlines):
     rng = random.Random(1234)
-    q = InFlightQueue()
+    q = Q()
     model: dict[bytes, tuple[float, int, int]] = {}  # id -> (deadline, order, item)
     order = 0
     now = 0.0
@@ -162,13 +232,13 @@ def test_random_operations_match_a_model(deadlines):
         assert _listed(q) <= 3 * len(model) + inflight.REBUILD_MIN + 1
 
 
-def _listed(q: InFlightQueue) -> int:
-    """IDs held in the lists of the heap's buckets, stale ones included."""
-    return sum(len(bucket.ids) for _, _, bucket in q._heap)
+def _listed(q: Q) -> int:
+    """Places in the lists of the heap's buckets, stale ones included."""
+    return sum(len(bucket.items) for _, _, bucket in q._heap)
 
 
 def test_a_batch_with_one_deadline_takes_one_heap_entry():
-    q = InFlightQueue()
+    q = Q()
     for n in range(64):
         q.push(mid(n), n, 60.0)
     q.push(mid(64), 64, 61.0)
@@ -177,7 +247,7 @@ def test_a_batch_with_one_deadline_takes_one_heap_entry():
 
 
 def test_equal_deadlines_leave_in_push_order_across_repush_and_touch():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(1), "a", 5.0)
     q.push(mid(2), "b", 5.0)
     q.push(mid(3), "c", 5.0)
@@ -189,7 +259,7 @@ def test_equal_deadlines_leave_in_push_order_across_repush_and_touch():
 
 
 def test_finished_batches_leave_no_heap_entries_behind():
-    q = InFlightQueue()
+    q = Q()
     q.push(mid(0), "kept", 10_000.0)
     for batch in range(2000):
         ids = [mid(1 + batch * 10 + n) for n in range(10)]
@@ -202,7 +272,7 @@ def test_finished_batches_leave_no_heap_entries_behind():
 
 
 def test_stale_ids_of_partly_finished_batches_stay_bounded():
-    q = InFlightQueue()
+    q = Q()
     for batch in range(2000):
         ids = [mid(batch * 64 + n) for n in range(64)]
         for n, msg_id in enumerate(ids):
@@ -216,7 +286,7 @@ def test_stale_ids_of_partly_finished_batches_stay_bounded():
 
 
 def test_heap_is_rebuilt_when_dead_buckets_outnumber_live_ones():
-    q = InFlightQueue()
+    q = Q()
     for n in range(10):
         q.push(mid(1000 + n), n, 10_000.0 + n)  # 10 live buckets
     for n in range(100):
@@ -232,24 +302,22 @@ def test_heap_is_rebuilt_when_dead_buckets_outnumber_live_ones():
     assert q.pop_expired(1e9) == [95, 96, 97, 98, 99] + list(range(10))
 
 
-class _Item:
-    def __init__(self, n: int, client: str) -> None:
-        self.id = mid(n)
-        self.client = client
-
-    def __repr__(self) -> str:
-        return f"_Item({self.id!r}, {self.client!r})"
+def _Item(n: int, client: str):
+    message = Message(mid(n), b"", 0)
+    message.client = client
+    return message
 
 
 def test_push_many_shares_one_bucket_and_refuses_ids_in_flight():
     q = InFlightQueue()
-    q.push(mid(2), "already", 1.0)
+    already = Message(mid(2), b"already", 0)
+    q.push(already, 1.0)
     items = [_Item(n, "c") for n in range(5)]
     assert q.push_many(items, 30.0) == [items[2]]
     assert len(q) == 5 and len(q._heap) == 2
-    assert q.get(mid(2)) == "already" and q.deadline(mid(4)) == 30.0
+    assert q.get(mid(2)) is already and q.deadline(mid(4)) == 30.0
     assert q.push_many([_Item(2, "c")], 30.0) != []  # every item refused: nothing is left behind
-    assert q.pop_expired(100.0) == ["already", items[0], items[1], items[3], items[4]]
+    assert q.pop_expired(100.0) == [already, items[0], items[1], items[3], items[4]]
     assert len(q) == 0 and q.peek_deadline() is None and len(q._heap) == 0
 
 
@@ -258,9 +326,45 @@ def test_pop_owned_pops_in_order_and_reports_the_refused():
     mine = [_Item(n, "me") for n in range(4)]
     q.push_many(mine, 10.0)
     theirs = _Item(9, "them")
-    q.push(theirs.id, theirs, 10.0)
+    q.push(theirs, 10.0)
     popped, refused = q.pop_owned([mid(1), mid(7), mid(9), mid(0), mid(1), mid(3)], "me")
     assert popped == [mine[1], mine[0], mine[3]]
     assert refused == [(mid(7), None), (mid(9), theirs), (mid(1), None)]
     assert sorted(q) == [mid(2), mid(9)]
     assert q.pop_expired(10.0) == [mine[2], theirs]
+
+
+def test_the_index_matches_a_dict_through_growth_and_shrinking(twin):
+    """The index alone (C: an open-addressing table that grows, shrinks and closes the gaps a removal leaves),
+    against a dict of the same messages by ID."""
+    message_class, index_class = twin
+    rng = random.Random(41)
+    index = index_class()
+    model: dict[bytes, object] = {}
+    for step in range(30_000):
+        msg_id = mid(rng.randrange(3000 if step < 20_000 else 40))  # then few keys: the table shrinks
+        op = rng.random()
+        if op < 0.45:
+            message = message_class(msg_id, b"", step)
+            assert index.add(message) is (msg_id not in model)
+            model.setdefault(msg_id, message)
+        elif op < 0.8:
+            assert index.pop(msg_id, None) is model.pop(msg_id, None)
+        else:
+            assert index.get(msg_id) is model.get(msg_id) and (msg_id in index) is (msg_id in model)
+        assert len(index) == len(model)
+    assert sorted(m.id for m in index.values()) == sorted(model)
+    assert index.get(b"short") is None and b"short" not in index and index.pop(b"short", 7) == 7
+    with pytest.raises(KeyError):
+        index.pop(mid(99_999))
+    if message_class is not message_module.PythonMessage:
+        big = sys.getsizeof(index)
+        with pytest.raises(TypeError):
+            index.add(message_module.PythonMessage(mid(1), b"", 0))
+        with pytest.raises(TypeError):
+            index.get("a string")
+        for msg_id in list(model):
+            index.pop(msg_id)
+        assert len(index) == 0 and sys.getsizeof(index) <= big
+    index.clear()
+    assert len(index) == 0 and list(index.values()) == []

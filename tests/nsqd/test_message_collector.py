@@ -1,6 +1,7 @@
 """nsqd/message.py's C twins: ``new_messages`` made in C holds what the Python one does, slot for slot; and the
-cyclic collector: published messages are left out of its walks (with the C accelerator),
-a delivery puts them back before it stores its client in them, and a cycle closed through a message is then
+cyclic collector: the C ``Message`` is never in its walks, and a channel that is closed forgets its in-flight
+messages, so no cycle through their clients stays; messages of a Python class made in C are left out of its walks,
+a delivery puts them back before it stores its client in them, and a cycle closed through such a message is then
 collected; without the accelerator every message stays tracked, as before."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import weakref
 import pytest
 
 from nsqd import message as message_module
-from nsqd.message import Message, claim_shared, new_messages, track_all
+from nsqd.message import Message, PythonMessage, claim_shared, new_messages, track_all
+from nsqd.queues import inflight
 
 from .test_dispatch import _channel, _consumer
 
@@ -27,13 +29,33 @@ def _batch(count: int = 3, body=b"body") -> list[Message]:
     return new_messages([b"%016d" % n for n in range(count)], [body] * count, 1000)
 
 
+def _python_batch(count: int = 3, body=b"body") -> list[PythonMessage]:
+    """Messages of the Python class made by the C ``new_messages`` (untracked as it leaves them)."""
+    return message_module._new_messages(PythonMessage, [b"%016d" % n for n in range(count)], [body] * count, 1000, 0.0)
+
+
 class _Holder:
     """A stand-in for what a delivered message's client leads back to (its channel's in-flight queue)."""
 
 
 @accelerated
-async def test_published_messages_leave_the_collector_and_a_delivery_tracks_them_again():
+async def test_the_c_message_is_never_tracked_and_a_closed_channel_forgets_its_clients():
     messages = _batch()
+    assert type(messages[0]) is Message and Message is not PythonMessage
+    channel = _channel()
+    client = _consumer(channel, 1, rdy=100)
+    channel.put_many(messages)
+    channel.dispatcher.dispatch(math.inf)
+    assert all(m.client is client for m in messages)
+    assert not any(gc.is_tracked(m) for m in messages)
+    channel.close(persist=False)  # deleted: what is in flight is forgotten, the cycle through each client broken
+    assert all(m.client is None for m in messages) and len(channel.in_flight) == 0
+
+
+@accelerated
+async def test_published_messages_of_a_python_class_leave_the_collector_and_a_delivery_tracks_them_again(monkeypatch):
+    monkeypatch.setattr(inflight, "DEFAULT_INDEX", inflight.MessagesById)  # the C index takes the C type only
+    messages = _python_batch()
     assert not any(gc.is_tracked(m) for m in messages)
     channel = _channel()
     client = _consumer(channel, 1, rdy=100)
@@ -45,18 +67,20 @@ async def test_published_messages_leave_the_collector_and_a_delivery_tracks_them
 
 @accelerated
 def test_a_message_that_references_a_container_stays_tracked():
-    plain, viewed = new_messages([b"%016d" % 1, b"%016d" % 2], [b"plain", memoryview(b"viewed")], 1000)
+    make = message_module._new_messages
+    plain, viewed = make(PythonMessage, [b"%016d" % 1, b"%016d" % 2], [b"plain", memoryview(b"viewed")], 1000, 0)
     assert not gc.is_tracked(plain)
     assert gc.is_tracked(viewed)
-    deferred = new_messages([b"%016d" % 3], [b"later"], 1000, 2.5)[0]
+    deferred = make(PythonMessage, [b"%016d" % 3], [b"later"], 1000, 2.5)[0]
     assert not gc.is_tracked(deferred) and deferred.defer == 2.5
-    shared = [plain, deferred]
+    shared = [plain, deferred, _batch(1)[0]]
     batch = list(shared)
     claim_shared(batch)  # the copies a delivery makes are tracked at once: their client is stored next
     assert batch[0] is not plain and batch[1].defer == 2.5
+    assert batch[2] is not shared[2] and batch[2].id == shared[2].id and type(batch[2]) is Message
 
 
-SLOTS = [slot for cls in Message.__mro__ for slot in getattr(cls, "__slots__", ())]
+SLOTS = [slot for cls in PythonMessage.__mro__ for slot in getattr(cls, "__slots__", ())]
 
 
 @accelerated
@@ -67,15 +91,18 @@ def test_messages_made_in_c_hold_what_the_python_twin_makes(defer):
     made = new_messages(ids, bodies, 1234, defer)
     count = len(ids)
     expected = (
-        [Message(i, b, 1234, 0, defer) for i, b in zip(ids, bodies, strict=True)]
+        [PythonMessage(i, b, 1234, 0, defer) for i, b in zip(ids, bodies, strict=True)]
         if defer
-        else [Message(i, b, 1234) for i, b in zip(ids, bodies, strict=True)]
+        else [PythonMessage(i, b, 1234) for i, b in zip(ids, bodies, strict=True)]
     )
     assert len(made) == count and all(type(m) is Message for m in made)
-    for got, want in zip(made, expected, strict=True):
+    python_made = message_module._new_messages(PythonMessage, ids, bodies, 1234, defer)
+    for got, python_got, want in zip(made, python_made, expected, strict=True):
         assert [getattr(got, slot) for slot in SLOTS] == [getattr(want, slot) for slot in SLOTS]
-        assert type(got.defer) is type(want.defer)
-    assert [gc.is_tracked(m) for m in made] == [False, False, True, False]
+        assert [getattr(python_got, slot) for slot in SLOTS] == [getattr(want, slot) for slot in SLOTS]
+        assert type(got.defer) is type(want.defer) is type(python_got.defer)
+    assert not any(gc.is_tracked(m) for m in made)
+    assert [gc.is_tracked(m) for m in python_made] == [False, False, True, False]
     with pytest.raises(ValueError):
         new_messages(ids, bodies[:2], 1234)
 
@@ -105,7 +132,7 @@ def test_messages_with_a_timestamp_each(twin, monkeypatch):
             new_messages(ids, [b"a", b"b", b"c"], [10, 11])
 
 
-def _cycle_through(message: Message, retrack: bool) -> weakref.ref:
+def _cycle_through(message: PythonMessage, retrack: bool) -> weakref.ref:
     holder = _Holder()
     holder.messages = [message]
     if retrack:
@@ -116,19 +143,19 @@ def _cycle_through(message: Message, retrack: bool) -> weakref.ref:
 
 @accelerated
 def test_a_cycle_closed_through_a_tracked_again_message_is_collected():
-    gone = _cycle_through(_batch(1)[0], retrack=True)
+    gone = _cycle_through(_python_batch(1)[0], retrack=True)
     gc.collect()
     assert gone() is None
     # and the reason for track_all: an untracked message hides its reference from the collector, which then
     # takes the cycle for reachable from outside
-    kept = _cycle_through(_batch(1)[0], retrack=False)
+    kept = _cycle_through(_python_batch(1)[0], retrack=False)
     gc.collect()
     assert kept() is not None
     kept().messages[0].client = None  # break it by hand, so no test leaves it behind
 
 
 def test_without_the_accelerator_every_message_stays_tracked():
-    messages = [Message(b"%016d" % n, b"body", 1000) for n in range(3)]
+    messages = [PythonMessage(b"%016d" % n, b"body", 1000) for n in range(3)]
     message_module._leave_to_the_collector(messages)
     assert all(gc.is_tracked(m) for m in messages)
     script = (

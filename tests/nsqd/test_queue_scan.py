@@ -7,6 +7,7 @@ import pytest
 import trio
 import trio.testing
 
+from nsqd.message import Message
 from nsqd.queue_scan import QueueScanner, QueueScannerStatistics
 from nsqd.queues.deferred import DeferredQueue
 from nsqd.queues.inflight import InFlightQueue
@@ -25,12 +26,20 @@ class FakeChannel:
     def process_queues(self, now):
         self.calls.append(now)
         assert now == trio.current_time()
-        items = self.in_flight.pop_expired(now) + self.deferred.pop_due(now)
+        items = [message.client for message in self.in_flight.pop_expired(now)] + self.deferred.pop_due(now)
         self.moved.extend((now, item) for item in items)
         return bool(items)
 
     def has_timed_work(self):
         return bool(len(self.in_flight) or len(self.deferred))
+
+
+def push_in_flight(channel, name: bytes, item, deadline: float) -> None:
+    """Put ``item`` in flight in ``channel`` until ``deadline``: a message with the ID ``name`` (padded to 16 bytes)
+    and ``item`` as its client, which ``FakeChannel.process_queues`` records when it expires."""
+    message = Message(name.ljust(16, b"."), b"", 0)
+    message.client = item
+    channel.in_flight.push(message, deadline)
 
 
 #: a deadline no test reaches: the channel stays active (something in flight) without ever being dirty
@@ -39,7 +48,7 @@ FAR = 1e9
 
 def busy(channel, name=b"far"):
     """``channel`` with a message in flight until ``FAR``: active for the scanner, never dirty."""
-    channel.in_flight.push(name, "far", FAR)
+    push_in_flight(channel, name, "far", FAR)
     return channel
 
 
@@ -83,7 +92,7 @@ async def test_expired_and_due_items_are_processed_within_an_interval(autojump_c
     for channel in channels:
         for n in range(20):
             deadline = rng.uniform(0.0, 3.0)
-            channel.in_flight.push(b"%s-%d" % (channel.name.encode(), n), ("inflight", channel.name, n), deadline)
+            push_in_flight(channel, b"%s-%d" % (channel.name.encode(), n), ("inflight", channel.name, n), deadline)
             expected[("inflight", channel.name, n)] = deadline
             due = rng.uniform(0.0, 3.0)
             channel.deferred.push(("deferred", channel.name, n), due)
@@ -121,7 +130,7 @@ async def test_scans_every_interval_and_samples_without_repeats(autojump_clock):
 async def test_many_channels_all_get_processed(autojump_clock):
     channels = [FakeChannel(str(n)) for n in range(100)]
     for n, channel in enumerate(channels):
-        channel.in_flight.push(b"%d" % n, n, 0.05)
+        push_in_flight(channel, b"%d" % n, n, 0.05)
     scanner = scanner_for(channels)
     async with trio.open_nursery() as nursery:
         await nursery.start(scanner.run)
@@ -303,7 +312,7 @@ async def test_stops_cleanly_on_cancel_and_can_run_again(autojump_clock):
     assert scanner.resize_pool(3) == 3  # harmless while stopped
     assert scanner.statistics().workers == 0
 
-    channel.in_flight.push(b"id", "again", trio.current_time() + 0.05)
+    push_in_flight(channel, b"id", "again", trio.current_time() + 0.05)
     async with trio.open_nursery() as nursery:
         await nursery.start(scanner.run)
         await wait_blocked()
@@ -367,7 +376,7 @@ async def test_only_channels_with_timed_work_are_scanned_and_each_tick_reaches_t
         start = trio.current_time()
         for n in (7, 1234, 1999):
             channels[n].deferred.push(("deferred", n), start + 0.01)
-        channels[500].in_flight.push(b"m", ("timed out", 500), start + 0.02)
+        push_in_flight(channels[500], b"m", ("timed out", 500), start + 0.02)
         assert scanner.statistics().active == 4
         await trio.sleep(0.1)
         assert sorted(item for channel in channels for _, item in channel.moved) == [

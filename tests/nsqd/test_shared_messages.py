@@ -102,7 +102,7 @@ async def test_objects_handed_to_every_channel_are_shared_until_delivered():
     del given, mine
     _consumer(second, 2, rdy=10)
     second.dispatcher.dispatch(math.inf)  # the last holder takes the objects themselves
-    assert sorted(id(entry[0]) for entry in second.in_flight._entries.values()) == sorted(held)
+    assert sorted(id(message) for message in second.in_flight._entries.values()) == sorted(held)
 
 
 async def test_deferred_messages_are_shared_until_due_and_timeouts_keep_the_channels_apart():

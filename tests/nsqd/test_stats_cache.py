@@ -99,7 +99,7 @@ def _deliver(channel, client) -> bytes:
     (message,) = channel.queue.take(1)
     message.client = client
     message.delivered_at = trio.current_time()
-    channel.open_in_flight().push(message.id, message, trio.current_time() + 60.0)
+    channel.open_in_flight().push(message, trio.current_time() + 60.0)
     client.in_flight += 1
     client.message_count += 1
     return message.id

@@ -435,7 +435,7 @@ class _API:
         if not node:
             raise HTTPError(400, "MISSING_ARG_NODE")
         try:
-            count = self.nsqd.replica_host.takeover(node)
+            count = await self.nsqd.replica_host.takeover(node)
         except KeyError:
             raise HTTPError(404, "NODE_NOT_FOUND") from None
         except OSError as exc:

@@ -35,7 +35,7 @@ from .test_persistence import (  # noqa: F401
     test_durable_mode_redelivers_in_flight_messages_after_kill_9,
 )
 from .test_workers import owned_topics, start_node
-from .workers_harness import TwoWorkersDataDir, crash, worker_pids
+from .workers_harness import TwoWorkersDataDir
 
 DURABLE = ("--mem-queue-size=0", "--sync-every=1")
 
@@ -68,7 +68,7 @@ def full_disk(tmpfs):  # noqa: F811 (the fixture imported above)
 
 def kill_worker(node: NsqdProcess, index: int) -> None:
     """kill -9 of one worker: the parent stops the other gracefully and exits 1 (supervisor.py)."""
-    victim = worker_pids(node)[index]
+    victim = node.children()[index]
     os.kill(victim, signal.SIGKILL)
     assert node.proc is not None
     assert node.proc.wait(30) == 1
@@ -107,7 +107,7 @@ def test_new_topics_published_across_workers_survive_a_kill_9_of_the_node(tmp_pa
             producer.publish(topic, topic.encode())
     http_topic = owned_topics("byhttp")[1]
     assert post(node.listening["HTTP"], f"/pub?topic={http_topic}", http_topic.encode()).status == 200
-    crash(node)
+    node.kill()  # every process of the node at once
     listed = {entry["name"] for entry in json.loads((data / "nsqd.dat").read_text())["topics"]}
     assert set(topics) | {http_topic} <= listed
     node = start_node(data, *DURABLE)
@@ -133,7 +133,7 @@ def test_nothing_acknowledged_is_lost_across_kill_9_of_the_node_or_of_one_worker
     def acknowledged(topic: str, bodies: list[bytes]) -> None:
         acked.extend((topic, body) for body in bodies)
 
-    crashes = [crash, lambda node: kill_worker(node, 0), lambda node: kill_worker(node, 1), crash]
+    crashes = [NsqdProcess.kill, lambda node: kill_worker(node, 0), lambda node: kill_worker(node, 1), NsqdProcess.kill]
     for stop_node in crashes:
         node = start_node(data, *DURABLE)
         stop = threading.Event()

@@ -142,12 +142,18 @@ def cluster_spark(cluster):
 @pytest.fixture
 def nsqd_at(tmp_path_factory):
     """Start nsqd on a fixed TCP port (so a restart keeps its address): ``nsqd_at(port, data)``."""
+    yield from nsqd_starter(tmp_path_factory, NsqdProcess)
+
+
+def nsqd_starter(tmp_path_factory, kind: type[NsqdProcess]):
+    """``nsqd_at``'s generator, for nsqd processes of ``kind``: yields ``start(port, data, *flags)``; stops those
+    still running when resumed."""
     daemons: list[NsqdProcess] = []
 
     def start(port: int | None = None, data: Path | None = None, *args: str) -> NsqdProcess:
         data = data or tmp_path_factory.mktemp("nsqd")
         extra = [f"--tcp-address=127.0.0.1:{port}"] if port else []
-        daemon = NsqdProcess(data, [*extra, *args])
+        daemon = kind(data, [*extra, *args])
         daemons.append(daemon)
         return daemon.start()
 

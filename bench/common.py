@@ -381,7 +381,13 @@ class Target:
     """The nsqd a scenario talks to. Use as a context manager (see the module notes)."""
 
     def __init__(
-        self, args, flags: list[str] | tuple[str, ...] = (), *, want_http: bool = False, root: Path = REPO_ROOT
+        self,
+        args,
+        flags: list[str] | tuple[str, ...] = (),
+        *,
+        want_http: bool = False,
+        root: Path = REPO_ROOT,
+        log_path: Path | None = None,
     ) -> None:
         self.args = args
         # the source tree whose nsqd is started (``pub_against`` starts an earlier one, ``workers --against`` too)
@@ -394,7 +400,9 @@ class Target:
         self.pid: int | None = None
         self.proc: subprocess.Popen | None = None
         self.data_path: str | None = None
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # the first 10,000 lines of its log
+        #: every line of its log goes to this file too (``lines`` keeps only the first ones)
+        self.log_path = log_path
         self._cond = threading.Condition()
         self._closed = False
 
@@ -447,12 +455,17 @@ class Target:
         return self
 
     def _drain_log(self) -> None:
-        for raw in self.proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            with self._cond:
-                if len(self.lines) < 10000:
-                    self.lines.append(line)
-                self._cond.notify_all()
+        with contextlib.ExitStack() as stack:
+            saved = stack.enter_context(open(self.log_path, "a", encoding="utf-8")) if self.log_path else None
+            for raw in self.proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if saved is not None:
+                    saved.write(line + "\n")
+                    saved.flush()
+                with self._cond:
+                    if len(self.lines) < 10000:
+                        self.lines.append(line)
+                    self._cond.notify_all()
         with self._cond:
             self._closed = True
             self._cond.notify_all()

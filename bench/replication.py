@@ -4,12 +4,16 @@ latency, with and without it.
 Three nsqd on this machine: two peers (plain nodes; every node can hold copies) and the node under test, started
 without replication (``off``), with one peer (``1 peer``: two copies), and with both peers (``2 peers``: three
 copies, the default ``--replication-min-insync=2``, so the faster peer's ACK answers; ``2 peers, min 3``: both must
-hold it), each with a fresh data directory. Workloads, into a topic whose one channel is drained by one consumer
+hold it), each with a fresh data directory; the peers adopt no backlog a stopped node left them
+(``--replica-takeover-timeout=0``). Workloads, into a topic whose one channel is drained by one consumer
 (FIN for every message): ``PUB`` (16 connections, one message per round trip) and ``MPUB x200`` (4 connections),
 200-byte bodies; then publish-to-OK latency at a fixed rate (10,000 msg/s by default: one MPUB per millisecond of
 the messages due, each frame timed from its send to its OK). Goals: MPUB x200 with replication at least half the
 rate without it; p99 publish-to-OK added below 2 ms. Run it as ``python -m bench.replication``; it prints a table
-and writes ``bench/results/replication.json``.
+and writes ``bench/results/replication.json``. ``--modes`` runs some of the four (``off,1,2,3``: the peers, with
+min-insync 3 for ``3``). Each node's whole log is kept in ``--log-dir`` (a new directory under /tmp by default:
+``peer.log``, ``second.log`` and ``node-<mode>.log``), named in the report: a peer lost under load is explained
+from both sides' logs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 from bench.common import Generators, ProcessSampler, Report, Target, main, percentile, unique_topic
 from bench.consume import create_channel
@@ -33,6 +39,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mpub-connections", type=int, default=4)
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--latency-rate", type=float, default=10000.0)
+    parser.add_argument("--modes", default="off,1,2,3", help="off, 1 (one peer), 2 (two), 3 (two, min-insync 3)")
+    parser.add_argument("--log-dir", type=Path, help="where each node's log goes (a new directory under /tmp)")
+
+
+#: ``--modes`` names: the mode's label in the table, and how many peers it streams to
+MODES = {"off": ("off", 0), "1": ("1 peer", 1), "2": ("2 peers", 2), "3": ("2 peers, min 3", 2)}
 
 
 class _WithPeer(ProcessSampler):
@@ -94,6 +106,12 @@ def ok_latency(args, target: Target) -> dict:
 
 
 def run(args) -> Report:
+    chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown:
+        raise SystemExit(f"unknown mode(s): {', '.join(unknown)}")
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="trionsq-bench-replication-", dir="/tmp"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     workloads = publish_workloads(args)
     report = Report(
         NAME,
@@ -108,28 +126,45 @@ def run(args) -> Report:
         },
     )
     baseline: dict[str, float] = {}
-    with Target(args) as peer, Target(args) as second:
+    report.notes.append(f"each node's whole log: {log_dir}")
+    # each mode's node leaves the backlog its consumer did not drain on the peers when it stops: they keep it rather
+    # than adopt it 30 s later, in the middle of a later mode, whose figures would then carry that takeover's work
+    keep = ["--replica-takeover-timeout=0"]
+    with (
+        Target(args, keep, log_path=log_dir / "peer.log") as peer,
+        Target(args, keep, log_path=log_dir / "second.log") as second,
+    ):
         for node in (peer, second):
             if node.proc is not None:
                 with contextlib.suppress(OSError):  # a peer is not the node under test: it may run on any CPU
                     os.sched_setaffinity(node.pid, os.sched_getaffinity(0))
         one = "--replicate-to={}:{}".format(*peer.tcp)
         two = "--replicate-to={}:{}".format(*second.tcp)
-        for mode, flags, peers in (
-            ("off", [], []),
-            ("1 peer", [one], [peer]),
-            ("2 peers", [one, two], [peer, second]),
-            ("2 peers, min 3", [one, two, "--replication-min-insync=3"], [peer, second]),
-        ):
-            with Target(args, ["--broadcast-address=127.0.0.1", *flags]) as target:
+        for key in chosen:
+            mode, count = MODES[key]
+            peers = [peer, second][:count]
+            flags = [one, two][:count] + (["--replication-min-insync=3"] if key == "3" else [])
+            node_log = log_dir / f"node-{key}.log"
+            with Target(args, ["--broadcast-address=127.0.0.1", *flags], log_path=node_log) as target:
                 report.target = target.describe()
                 for workload, frame, per_frame, connections in workloads:
                     try:
                         row = throughput(args, target, peers, frame, per_frame, connections)
                     except RuntimeError as exc:  # refused (a peer fell silent: degraded), or a lost connection
                         said = [line for line in target.lines if "REPLICATION" in line][-3:]
-                        report.rows.append({"mode": mode, "workload": workload, "error": str(exc)[-200:], "log": said})
-                        print(f"replication: {mode} {workload} failed - {str(exc)[-200:]} {said}", file=sys.stderr)
+                        report.rows.append(
+                            {
+                                "mode": mode,
+                                "workload": workload,
+                                "error": str(exc)[-200:],
+                                "log": said,
+                                "logs": str(log_dir),
+                            }
+                        )
+                        print(
+                            f"replication: {mode} {workload} failed - {str(exc)[-200:]} {said} (logs: {log_dir})",
+                            file=sys.stderr,
+                        )
                         continue
                     if mode == "off":
                         baseline[workload] = row["pub msg/s"]

@@ -121,12 +121,12 @@ class NSQDRouter(Router):
             return 0
 
 
-#: the routes about one topic, answered by the worker that owns it (``/stats`` only with ``topic=``)
+#: the routes about one topic, answered by the worker that owns it (``/stats?topic=`` is joined: its producers are
+#: every worker's)
 _OWNED_ROUTES = frozenset(
     (
         "/pub",
         "/mpub",
-        "/stats",
         "/topic/create",
         "/topic/delete",
         "/topic/empty",
@@ -306,8 +306,8 @@ class _API:
         include_mem = BOOL_PARAMS.get(self._param(request, "include_mem") or "", True)
         topic, channel = self._param(request, "topic") or None, self._param(request, "channel") or None
         mesh = self.nsqd.mesh
-        if topic is None and mesh is not None:  # every worker's part, joined (nsqd/workers.py)
-            joined = await mesh.node_stats(channel, include_clients, include_mem)
+        if mesh is not None:  # every worker's part, joined (nsqd/workers.py)
+            joined = await mesh.node_stats(channel, include_clients, include_mem, topic)
             body = json_body(joined) if fmt == "json" else format_text(joined).encode("utf-8", "replace")
             return encoded_json_response(body) if fmt == "json" else text_response(body, nsq_header=True)
         with gc_paused():
@@ -435,7 +435,7 @@ class _API:
         if not node:
             raise HTTPError(400, "MISSING_ARG_NODE")
         try:
-            count = self.nsqd.replica_host.takeover(node)
+            count = await self.nsqd.replica_host.takeover(node)
         except KeyError:
             raise HTTPError(404, "NODE_NOT_FOUND") from None
         except OSError as exc:

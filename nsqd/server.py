@@ -795,6 +795,7 @@ class NSQD:
             return
         client = Client.from_fields(next(self._client_ids), info)
         client.handed_over = True
+        self.clients[client.id] = client  # listed at once: a /stats meanwhile finds the producer in one worker
         if self._connections is None:  # read off a link before this worker serves clients: served once it does
             self._taken_early.append((stream, client, unread))
         else:
@@ -805,6 +806,8 @@ class NSQD:
         try:
             remote = format_address(stream.socket.getpeername())
         except OSError:
+            if handed is not None:
+                self.clients.pop(handed.id, None)
             await stream.aclose()
             return
         client = handed
@@ -814,7 +817,6 @@ class NSQD:
             log.info("TCP: new client(%s)", remote)
         try:
             if client is not None:
-                self.clients[client.id] = client
                 await Connection(self, stream, client).run(unread)
                 return
             magic = b""

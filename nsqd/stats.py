@@ -65,6 +65,7 @@ __all__ = [
     "memory_of_processes",
     "memory_stats",
     "node_stats",
+    "producer_stats",
     "text_end",
     "text_head",
     "to_json",
@@ -349,9 +350,13 @@ def collect(
             entries.append(topic_stats(t, channels, merge_results(results, quantiles)))
         topics = tuple(entries)
         if include_clients:
-            found_producers = tuple(client_stats(c, topic) for c in list(nsqd.clients.values()) if c.pub_counts)
-            producers = found_producers or None
+            producers = producer_stats(nsqd, topic)
     return node_stats(nsqd, topics, producers, include_mem=include_mem, now_ns=now_ns)
+
+
+def producer_stats(nsqd, topic: str | None) -> tuple[ClientStats, ...] | None:
+    """The connections that have published (their counts for ``topic`` only, when given); None when none has."""
+    return tuple(client_stats(c, topic) for c in list(nsqd.clients.values()) if c.pub_counts) or None
 
 
 def node_stats(nsqd, topics, producers, *, include_mem: bool, now_ns: int) -> NodeStats:

@@ -574,6 +574,7 @@ class Connection:
             or client.out
             or self._forwards_held
             or self._send_lock.locked()
+            or not self.parser.between_commands()
             or not self._mesh.may_hand_over(owner)
         ):
             return False

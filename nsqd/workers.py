@@ -61,7 +61,7 @@ from . import log_commands
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
-from .stats import NodeStats, collect, memory_of_processes
+from .stats import NodeStats, collect, memory_of_processes, producer_stats
 from .topic import TopicExiting, TopicFull
 
 __all__ = ["RemoteChannel", "WorkerMesh", "owner_of"]
@@ -293,6 +293,7 @@ _CLIENT_FIELDS = (
     "tls_negotiated_protocol",
     "tls_negotiated_protocol_is_mutual",
     "tls_common_name",
+    "auth_state",
 )
 
 
@@ -482,6 +483,9 @@ class WorkerMesh:
         which stops too if it was not stopping, and wait until each has said the same (or is gone, or ``timeout``,
         a bound against a worker that hangs). A link's records arrive in order, so every publish a worker
         acknowledged is here before its ``drained``, and is published before this worker stops its topics."""
+        metadata = self.nsqd.metadata
+        if isinstance(metadata, RelayMetadata):  # worker 0 writes nsqd.dat last, after every drained: with these
+            metadata.write_now()
         for link in self.links.values():
             link.send(("drained",))
         with trio.move_on_after(timeout) as waited:
@@ -573,7 +577,9 @@ class WorkerMesh:
             request.tls,
         )
 
-    async def node_stats(self, channel: str | None, include_clients: bool, include_mem: bool) -> NodeStats:
+    async def node_stats(
+        self, channel: str | None, include_clients: bool, include_mem: bool, topic: str | None = None
+    ) -> NodeStats:
         """The node's ``/stats``: this worker's and every other's, joined (topics in name order, producers and
         connections of every worker). The others' parts are asked for first: each answer comes after the publishes
         that worker acknowledged early to topics here (a link keeps its order), so this worker's part, collected
@@ -581,22 +587,25 @@ class WorkerMesh:
         parts = []
         for peer in self.links:
             try:
-                parts.append(await self.call(peer, "stats", channel, include_clients, include_mem))
+                parts.append(await self.call(peer, "stats", channel, include_clients, include_mem, topic))
             except WorkerGone:
                 continue
-        own = collect(self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem)
+        own = self._stats_part(topic, channel, include_clients, include_mem)
         parts.insert(0, own)
-        topics = sorted((topic for part in parts for topic in part.topics or ()), key=lambda t: t.topic_name)
+        topics = sorted((entry for part in parts for entry in part.topics or ()), key=lambda t: t.topic_name)
+        found = any(part.topics is not None for part in parts)
         producers = [client for part in parts for client in part.producers or ()]
+        # no such topic: no producers either, as from one nsqd
+        listed = (own.producers is not None or bool(producers)) and found
         health = next((part.health for part in parts if part.health != "OK"), own.health)
         return NodeStats(
             version=own.version,
             health=health,
             start_time=own.start_time,
             uptime_ns=own.uptime_ns,
-            topics=tuple(topics) if own.topics is not None or topics else None,
+            topics=tuple(topics) if found else None,
             memory=memory_of_processes([part.memory for part in parts if part.memory]) if own.memory else None,
-            producers=tuple(producers) if own.producers is not None or producers else None,
+            producers=tuple(producers) if listed else None,
             tcp_connections=sum(part.tcp_connections for part in parts),
             http_connections=sum(part.http_connections for part in parts),
             replication=own.replication,
@@ -860,11 +869,18 @@ class WorkerMesh:
         self.nsqd.configure(opt, value)
         self._answer(peer, call_id, None)
 
-    def _on_stats(self, peer: int, call_id: int, channel, include_clients: bool, include_mem: bool) -> None:
-        stats = collect(
-            self.nsqd, topic=None, channel=channel, include_clients=include_clients, include_mem=include_mem
+    def _on_stats(self, peer: int, call_id: int, channel, include_clients: bool, include_mem: bool, topic=None) -> None:
+        self._answer(peer, call_id, self._stats_part(topic, channel, include_clients, include_mem))
+
+    def _stats_part(self, topic: str | None, channel: str | None, include_clients: bool, include_mem: bool):
+        """This worker's part of the node's ``/stats``; with ``topic``, its producers' counts for that topic
+        whichever worker owns it (a producer publishes through the worker it is connected to)."""
+        part = collect(
+            self.nsqd, topic=topic, channel=channel, include_clients=include_clients, include_mem=include_mem
         )
-        self._answer(peer, call_id, stats)
+        if topic and include_clients and part.topics is None:
+            part.producers = producer_stats(self.nsqd, topic)
+        return part
 
     def _on_lookup(self, peer: int, command: bytes, branch: str, topic: str, channel: str, created: bool) -> None:
         lookup = self.nsqd.lookup
@@ -1053,6 +1069,8 @@ class MeshMetadata(MetadataWriter):
         if generation < self.generations.get(worker, 0):
             return
         self.generations[worker] = generation
+        if self.remote.get(worker) == entries:
+            return  # as held (at start-up: as the file read lists them): nothing to write
         self.remote[worker] = list(entries)
         self.changes += 1
         if self._idle:
@@ -1088,6 +1106,14 @@ class RelayMetadata(MetadataWriter):
         generation = self.changes
         self._send()
         self.written = max(self.written, generation)
+
+    async def flush(self) -> None:
+        """``NSQD.persist_metadata``: an HTTP pause or channel change answers once nsqd.dat holds it, as from one
+        nsqd, so this waits for worker 0's write (``sync``); a failure is logged, as a failed write is."""
+        try:
+            self.sync()
+        except OSError as exc:
+            self.log.error("failed to persist metadata - %s", exc)
 
     def sync(self) -> None:
         """Durable mode (``SyncBarrier.commit``): return once worker 0 wrote nsqd.dat with this worker's topics

@@ -250,6 +250,11 @@ class CommandParser(InputBuffer):
             return None
         return self._last_line, entry[2][0]
 
+    def between_commands(self) -> bool:
+        """True when no command is partly decoded: what ``take_unparsed`` returns then starts at a command (or is
+        empty), so another parser can take the stream from there."""
+        return self._cur is None
+
     @property
     def max_msg_size(self) -> int:
         return self._max_msg_size

@@ -36,6 +36,7 @@ __all__ = [
     "E_EXITING",
     "E_NODE_CONFLICT",
     "E_STORE_FAILED",
+    "E_TAKING_OVER",
     "Ack",
     "Adopted",
     "Ask",
@@ -87,6 +88,8 @@ E_STORE_FAILED = "E_STORE_FAILED"
 E_BAD_VERSION = "E_BAD_VERSION"
 #: a replica's graceful stop (SIGTERM): it will be back, so its origins try again at once rather than backing off
 E_EXITING = "E_EXITING"
+#: a replica adopting this origin's messages (a takeover under way) refuses its HELLO until it is done
+E_TAKING_OVER = "E_TAKING_OVER"
 
 #: the frame type of ADOPTED (replica to origin, right after WELCOME)
 T_ADOPTED = 0x84

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
 import uuid
 
 import pytest
 
 from tests.integration.features import Certificates, make_certificates
-from tests.integration.harness import NsqdProcess, stop_all
+from tests.integration.harness import WORKERS_ENV, NsqdProcess, stop_all
 
 _daemon_numbers = itertools.count()
 
@@ -62,10 +63,28 @@ def pytest_addoption(parser):
         help="run nsqd without its C accelerator (TRIONSQ_NO_SPEEDUPS=1), in-process and in subprocesses; "
         "tests/nsqd/test_fastpath.py and tests/integration/test_fastpath.py run both modes anyway",
     )
+    parser.addoption(
+        "--nsqd-workers",
+        type=int,
+        default=None,
+        help=f"start every nsqd of the end-to-end suites with --workers=N (sets {WORKERS_ENV}); tests marked "
+        "one_worker are skipped when N is above 1",
+    )
 
 
 def pytest_configure(config):
     if config.getoption("--no-speedups"):
-        import os
-
         os.environ["TRIONSQ_NO_SPEEDUPS"] = "1"
+    workers = config.getoption("--nsqd-workers")
+    if workers is not None:
+        os.environ[WORKERS_ENV] = str(workers)
+
+
+def pytest_collection_modifyitems(config, items):
+    """With nsqd on several workers, what they do not carry yet (``one_worker``) is skipped."""
+    if int(os.environ.get(WORKERS_ENV) or 1) == 1:
+        return
+    skip = pytest.mark.skip(reason=f"needs nsqd on one process ({WORKERS_ENV}={os.environ[WORKERS_ENV]})")
+    for item in items:
+        if item.get_closest_marker("one_worker") is not None:
+            item.add_marker(skip)

@@ -503,9 +503,14 @@ class DaemonProcess:
             self._drainer.join(5)
 
 
+#: ``--workers`` for every nsqd the suites start whose arguments name none (``pytest --nsqd-workers=N`` sets it)
+WORKERS_ENV = "TRIONSQ_TEST_WORKERS"
+
+
 class NsqdProcess(DaemonProcess):
     """One nsqd subprocess on port 0 with its own data directory. Use `start()` / `stop()` or the fixtures in
-    tests/conftest.py."""
+    tests/conftest.py. With ``TRIONSQ_TEST_WORKERS`` set, it runs that many workers unless ``args`` name
+    ``--workers``."""
 
     def __init__(self, data_path: Path, args: list[str] | tuple[str, ...] = (), startup_timeout: float = 20.0):
         super().__init__(args, startup_timeout)
@@ -521,11 +526,22 @@ class NsqdProcess(DaemonProcess):
             "--http-address=127.0.0.1:0",
             f"--data-path={self.data_path}",
         ]
+        workers = os.environ.get(WORKERS_ENV)
+        if workers and not any(arg.startswith("--workers") for arg in self.args):
+            base.append(f"--workers={workers}")
         return base + self.args
 
     def start(self, ready_line: str | None = None) -> NsqdProcess:
+        """``DaemonProcess.start``; with ``--workers`` above 1, until every worker listens (each logs it)."""
         self.data_path.mkdir(parents=True, exist_ok=True)
-        return super().start(ready_line)
+        super().start(ready_line)
+        workers = max((int(arg.partition("=")[2]) for arg in self.argv if arg.startswith("--workers=")), default=1)
+        if ready_line is None and workers > 1:
+            line = 0
+            for _ in range(workers):
+                found = self.wait_for_log(rf"{self.ready}: listening on ", self.startup_timeout, line)
+                line = self.lines.index(found.string, line) + 1
+        return self
 
     def http(self, timeout: float = 5.0) -> tuple[str, int] | None:
         """The HTTP address once the daemon logged it, or None if it does not within `timeout`."""

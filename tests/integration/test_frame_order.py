@@ -156,6 +156,9 @@ def test_tls_and_snappy_connection(tls_nsqd, certs):
         check_publishing_consumer(client, fresh())
 
 
+# with several workers the first publish the owner's disk refuses was acknowledged already, by design
+# (kept in memory, and the topic's next publishes refused: docs/nsqd.md)
+@pytest.mark.one_worker
 def test_a_failed_publish_of_a_consuming_connection_is_answered_by_its_error_alone(tmp_path):
     """The OK queued ahead of a publish is taken back when the publish fails: here a full disk (RLIMIT_FSIZE on
     the topic's queue file with --mem-queue-size=0), whose E_PUB_FAILED is fatal."""

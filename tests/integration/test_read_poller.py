@@ -183,6 +183,7 @@ def test_consumer_that_stops_reading_is_closed_by_its_write_deadline(nsqd):
     nsqd.assert_running()
 
 
+@pytest.mark.one_worker  # two channels of one process's scheduler (each worker has its own)
 def test_single_messages_and_fins_read_inside_a_draining_channels_slices_lose_nothing(nsqd_factory):
     """A channel drains a disk backlog to a consumer that FINs in small writes while a producer publishes single
     messages to a quiet channel: with an interlude due at every safe point, the FINs, the PUBs and the quiet

@@ -137,6 +137,8 @@ def test_a_peer_gone_for_good_is_replaced_and_three_copies_come_back(daemons, tm
             ring.nodes[index].wait_for_log(rf"reconnecting peer {kept[0]}: it learns that {new} is a peer", 10)
         else:
             assert peers == before[index]
+    replaced = {index: ring.doc(index)["replication"]["replaced_peers"] for index in survivors}
+    assert replaced == {index: int(ring.address(GONE) in before[index]) for index in survivors}, replaced
     # nothing acknowledged lost, nothing twice: c's backlog was adopted by exactly one of its replicas
     total = BACKLOG * len(NAMES) + load.acknowledged
     assert sum(ring.depth(index) for index in survivors) == total

@@ -205,3 +205,22 @@ def test_a_stop_signal_to_one_worker_stops_the_node_at_once(tmp_path):
         wait_for(lambda: sorted(t["depth"] for t in stats(node.listening["HTTP"])["topics"]) == [5, 5], 10)
     finally:
         stop_all([node])
+
+
+def test_channels_created_just_before_a_stop_are_in_nsqd_dat(tmp_path):
+    """Worker 0 writes nsqd.dat for the node: what another worker created just before a stop reaches it before it
+    writes the file for the last time (or a restart would not load those channels, their messages left unread)."""
+    data = tmp_path / "data"
+    topics = owned_topics("listed")
+    for round_number in range(3):
+        node = start_node(data)
+        try:
+            for name in topics:
+                for number in range(4):
+                    consumer(node.tcp, name, f"c{round_number}-{number}", ready=0).close()
+        finally:
+            stop_all([node])
+        listed = json.loads((data / "nsqd.dat").read_text())["topics"]
+        channels = {entry["name"]: sorted(c["name"] for c in entry["channels"]) for entry in listed}
+        expected = sorted(f"c{r}-{number}" for r in range(round_number + 1) for number in range(4))
+        assert channels == dict.fromkeys(topics, expected)

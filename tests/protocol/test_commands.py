@@ -784,6 +784,27 @@ def test_take_unparsed_after_identify(mode):
     assert parser.next_command() is None
 
 
+def test_between_commands_only_where_the_unparsed_bytes_start_a_command():
+    stream = encode_pub("t", b"body") + encode_pub("t", b"0123456789")
+    first_end = len(encode_pub("t", b"body"))
+    for cut in range(len(stream) + 1):
+        parser = CommandParser()
+        parser.receive_data(stream[:cut])
+        taken = 0
+        while parser.next_command() is not None:
+            taken += 1
+        if parser.between_commands():
+            # another parser takes the stream from here: it reads the commands not taken yet, whole
+            rest = CommandParser()
+            rest.receive_data(parser.take_unparsed() + stream[cut:])
+            names = []
+            while (command := rest.next_command()) is not None:
+                names.append(command.body)
+            assert names == [b"body", b"0123456789"][taken:], cut
+        else:  # a command's line was decoded and its body is still to come: the rest alone does not start one
+            assert 0 < cut < len(stream) and cut != first_end, cut
+
+
 # -- numbers ---------------------------------------------------------------------------------
 
 

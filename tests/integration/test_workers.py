@@ -488,37 +488,6 @@ def test_a_producer_goes_to_its_topics_owner_and_stays_one_connection(node):
         producer.close()
 
 
-def test_a_consumer_goes_to_its_topics_owner_with_its_sub(node):
-    """A consumer whose topic the other worker owns is handed over to it with its SUB, which the owner runs: the
-    client gets the SUB's OK and its messages on the same connection, with the settings it identified with."""
-    topics = owned_topics("subhanded")
-    consumers = []
-    for index in range(12):
-        client = RawClient(node.tcp)
-        client.identify({"user_agent": f"sub-{index}", "msg_timeout": 20000})
-        client.subscribe(topics[index % 2], "c", 5)
-        consumers.append(client)
-    ports = "|".join(str(client.sock.getsockname()[1]) for client in consumers)
-    node.wait_for_log(rf"TCP: client\(127\.0\.0\.1:({ports})\) taken over from another worker", 10)
-    producer = RawClient(node.tcp)
-    for number in range(30):
-        producer.publish(topics[number % 2], f"m{number}".encode())
-    for first in range(2):
-        got = receive_all(consumers[first::2], 15)
-        assert sorted(body for bodies in got for body in bodies) == sorted(
-            f"m{number}".encode() for number in range(first, 30, 2)
-        )
-    clients = [
-        client
-        for entry in stats(node.listening["HTTP"])["topics"]
-        if entry["topic_name"] in topics
-        for client in entry["channels"][0]["clients"]
-    ]
-    assert sorted(client["user_agent"] for client in clients) == sorted(f"sub-{index}" for index in range(12))
-    for client in [*consumers, producer]:
-        client.close()
-
-
 def test_one_unix_socket_for_every_worker(tmp_path):
     sock_dir = tempfile.mkdtemp(prefix="nsqw", dir="/tmp")  # short: a socket's path has at most 107 bytes
     path = os.path.join(sock_dir, "nsqd.sock")

@@ -1086,6 +1086,9 @@ class RelayMetadata(MetadataWriter):
         self.link = link
         self.sync_socket = sync_socket
         self.sent = 0
+        # marks worker 0 has confirmed written to nsqd.dat; ``written`` counts marks sent over the link, which
+        # worker 0 may not have written yet when a kill -9 comes
+        self.synced = 0
 
     def _send(self) -> None:
         self.sent += 1
@@ -1120,10 +1123,11 @@ class RelayMetadata(MetadataWriter):
         as they are now, or raise ``OSError`` (the commit fails, and the publishes it was to cover with it). The
         event loop waits, blocked, as it waits for an fsync; worker 0 answers from its read poller and never
         waits for another worker, so the wait cannot come back to this one."""
-        if self.written >= self.changes:
+        if self.synced >= self.changes:
             return
         if self.sync_socket is None:
             self.write_now()
+            self.synced = self.written
             return
         generation = self.changes
         self.sent += 1
@@ -1138,6 +1142,7 @@ class RelayMetadata(MetadataWriter):
                     if record[2] is not None:
                         raise OSError(f"nsqd.dat not written: {record[2]}")
                     self.written = max(self.written, generation)
+                    self.synced = max(self.synced, generation)
                     return
 
 

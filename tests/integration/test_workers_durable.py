@@ -7,9 +7,11 @@ of every process of the node."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
+import socket
 import struct
 import threading
 import time
@@ -115,6 +117,42 @@ def test_new_topics_published_across_workers_survive_a_kill_9_of_the_node(tmp_pa
         for number, topic in enumerate(topics + [http_topic]):
             expected = {topic.encode(), b"second"} if number % 3 == 0 and topic != http_topic else {topic.encode()}
             assert consume_all(node, topic, expected) == expected
+    finally:
+        node.stop()
+
+
+def test_a_topic_sent_to_worker_0_but_not_yet_written_holds_back_the_publish_to_it(tmp_path):
+    """A topic worker 1 owns, created by HTTP while worker 0 is stopped: worker 1 has sent its entry towards
+    worker 0, which has not written nsqd.dat. A PUB to it that is acknowledged must outlive a kill -9 of every
+    process then; durable mode holds its OK until worker 0 has written the file (what was sent is not written)."""
+    data = tmp_path / "data"
+    node = start_node(data, *DURABLE)
+    worker0 = node.children()[0]
+    topic = owned_topics("sentnotwritten")[1]
+    os.kill(worker0, signal.SIGSTOP)  # from here only worker 1 accepts
+    try:
+        assert post(node.listening["HTTP"], f"/topic/create?topic={topic}").status == 200
+        with socket.create_connection(node.tcp, timeout=10) as sock:
+            body = topic.encode()
+            sock.sendall(b"  V2" + f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body)
+            sock.settimeout(1.0)
+            try:  # a bounded look for an OK given while worker 0 cannot have written the file
+                early = sock.recv(64)
+            except TimeoutError:
+                early = b""
+            if early:  # acknowledged: then it must outlive a kill -9 of every process now
+                node.kill()
+            else:
+                os.kill(worker0, signal.SIGCONT)
+                sock.settimeout(10.0)
+                assert sock.recv(64) == struct.pack(">ii", 6, 0) + b"OK"
+                node.kill()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker0, signal.SIGCONT)
+    node = start_node(data, *DURABLE)
+    try:
+        assert consume_all(node, topic, {topic.encode()}) == {topic.encode()}
     finally:
         node.stop()
 

@@ -37,6 +37,7 @@ from .test_persistence import (  # noqa: F401
     test_durable_mode_redelivers_in_flight_messages_after_kill_9,
 )
 from .test_workers import owned_topics, start_node
+from .test_workers_node import worker_pids_in_order
 from .workers_harness import TwoWorkersDataDir
 
 DURABLE = ("--mem-queue-size=0", "--sync-every=1")
@@ -123,11 +124,12 @@ def test_new_topics_published_across_workers_survive_a_kill_9_of_the_node(tmp_pa
 
 def test_a_topic_sent_to_worker_0_but_not_yet_written_holds_back_the_publish_to_it(tmp_path):
     """A topic worker 1 owns, created by HTTP while worker 0 is stopped: worker 1 has sent its entry towards
-    worker 0, which has not written nsqd.dat. A PUB to it that is acknowledged must outlive a kill -9 of every
-    process then; durable mode holds its OK until worker 0 has written the file (what was sent is not written)."""
+    worker 0, which has not written nsqd.dat. A PUB to it must not be acknowledged before worker 0 has written
+    the file: what an OK covers must outlive a kill -9 of every process, the topic listed in nsqd.dat included
+    (what was sent to worker 0 is not yet written)."""
     data = tmp_path / "data"
     node = start_node(data, *DURABLE)
-    worker0 = node.children()[0]
+    worker0 = worker_pids_in_order(node)[0]
     topic = owned_topics("sentnotwritten")[1]
     os.kill(worker0, signal.SIGSTOP)  # from here only worker 1 accepts
     try:
@@ -150,6 +152,8 @@ def test_a_topic_sent_to_worker_0_but_not_yet_written_holds_back_the_publish_to_
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker0, signal.SIGCONT)
+    # named in nsqd.dat: a restart (or nsqd 1.3.0 on this directory) lists the topic before anyone asks for it
+    assert topic in {entry["name"] for entry in json.loads((data / "nsqd.dat").read_text())["topics"] or []}
     node = start_node(data, *DURABLE)
     try:
         assert consume_all(node, topic, {topic.encode()}) == {topic.encode()}

@@ -298,7 +298,8 @@ def test_a_created_topic_is_there_for_what_follows_its_answer_and_through_a_kill
     if flags == DURABLE:
         d.kill()  # at once: every acknowledged message, and so its topic, must come back
     else:
-        wait_for_metadata(d.path, lambda document: last in file_state(document))  # nsqd.dat follows shortly
+        # nsqd.dat follows shortly; with --workers each worker's topics reach it on their own, so all are awaited
+        wait_for_metadata(d.path, lambda document: set(topics) | {last} <= set(file_state(document)))
         d.kill()
     daemon = d.start()
     state = known_state(daemon)

@@ -111,8 +111,8 @@ class _ManyTopics:
 
     @classmethod
     def run(cls, args) -> Report:
-        from bench.load import build_roles  # noqa: PLC0415 (the generator side, as run_spread imports it)
-        from bench.pub import MEM_QUEUE_SIZE  # noqa: PLC0415
+        from bench.load import build_roles  # the generator side, as run_spread imports it
+        from bench.pub import MEM_QUEUE_SIZE
 
         report = Report("many_topics", "PUB, one topic per connection")
         with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:

@@ -773,7 +773,7 @@ class WorkerMesh:
             refusal = f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}"
             self._answer(peer, call_id, ("E_SUB_FAILED", refusal))
             return
-        client = RemoteClient.from_fields(next(nsqd._client_ids), info)  # noqa: SLF001
+        client = RemoteClient.from_fields(next(nsqd._client_ids), info)
         client.attach(self.links[peer], front_id)
         client.channel = channel
         client.state = ClientState.SUBSCRIBED
@@ -808,7 +808,7 @@ class WorkerMesh:
             self._refused(client, "E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {reason}")
 
     def _on_req(self, peer: int, front_id: int, msg_id: bytes, delay: float) -> None:
-        from .channel import ChannelError  # noqa: PLC0415 (the channel module is loaded by then)
+        from .channel import ChannelError  # the channel module is loaded by then
 
         found = self._stand_in(peer, front_id)
         if found is None:
@@ -820,7 +820,7 @@ class WorkerMesh:
             self._refused(client, "E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed {error}")
 
     def _on_touch(self, peer: int, front_id: int, msg_id: bytes, msg_timeout: float) -> None:
-        from .channel import ChannelError  # noqa: PLC0415
+        from .channel import ChannelError
 
         found = self._stand_in(peer, front_id)
         if found is None:
@@ -867,7 +867,7 @@ class WorkerMesh:
         self._nursery.start_soon(self._answer_http, peer, call_id, request)
 
     async def _answer_http(self, peer: int, call_id: int, request: Request) -> None:
-        from protocol.http import run_deferred  # noqa: PLC0415
+        from protocol.http import run_deferred
 
         router = self.router
         assert router is not None

@@ -880,6 +880,7 @@ class NSQD:
                     )
                     return
                 if self.mesh.index != 0:  # worker 0 keeps the replica stores (workers.py)
+                    log.info("[%s] replication stream: handed to worker 0", remote)
                     self.mesh.hand_replication(stream.socket.fileno(), magic[4:])
                     return
             if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)

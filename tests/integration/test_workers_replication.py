@@ -89,6 +89,8 @@ def pair(tmp_path, nodes: list[NsqdProcess], *, handed: bool = False) -> tuple[N
         os.kill(worker0, signal.SIGSTOP)
     try:
         nodes.append(start(tmp_path / "a", port_a, port_b))
+        if handed:  # (worker 0 cannot log meanwhile)
+            b.wait_for_log(r"replication stream: handed to worker 0", 20)
     finally:
         if handed:
             os.kill(worker0, signal.SIGCONT)
@@ -129,6 +131,12 @@ def test_a_peer_takes_over_a_two_worker_node_and_delivers_every_acknowledged_mes
         consumer.subscribe(TOPIC, "c", ready=200)
         while not set(acknowledged) <= got:
             got.update(m.body for m in receive(consumer, 1, timeout=10))
+    # back on its data, A learns that B adopted its messages and drops what it still held of them
+    nodes.append(start(tmp_path / "a", port_a, b.tcp[1]))
+    a = nodes[-1]
+    wait_for(lambda: replicating(a), timeout=30, message="A back and replicating")
+    channels = [ch for topic in stats(a.http())["topics"] if topic["topic_name"] == TOPIC for ch in topic["channels"]]
+    assert sum(channel["depth"] + channel["deferred_count"] for channel in channels) == 0, channels
 
 
 def test_a_crossing_publish_fails_while_degraded_in_refuse_mode_and_every_worker_says_so(tmp_path, nodes):

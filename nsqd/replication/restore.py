@@ -30,6 +30,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from protocol.replication import ReplicatedMessage
+
 from ..queues.checksums import LostRecords
 
 __all__ = ["LostCopies"]
@@ -50,7 +52,7 @@ class LostCopies:
         #: topic -> ids of the copies that matched a lost record of the topic's queue (every channel takes them)
         self._topic_claims: dict[str, set[bytes]] = {}
         #: replica -> (topic, channel) -> id -> a copy it sent that matched nothing (``settle``)
-        self._aside: dict[str, dict[Key, dict[bytes, object]]] = {}
+        self._aside: dict[str, dict[Key, dict[bytes, ReplicatedMessage]]] = {}
 
     def note(self, topic: str, channel: str, lost: LostRecords) -> None:
         """Records of ``topic``'s queue (``channel`` ""), or of one of its channels, found damaged or lost."""
@@ -65,7 +67,9 @@ class LostCopies:
         topic, _, channel = name.partition(":")
         self.note(topic, channel, lost)
 
-    def sort(self, peer: str, topic: str, channel: str, messages: Iterable, held: Callable[[], set[bytes]]) -> list:
+    def sort(
+        self, peer: str, topic: str, channel: str, messages: Iterable[ReplicatedMessage], held: Callable[[], set[bytes]]
+    ) -> list[ReplicatedMessage]:
         """The copies of ``messages`` (``ReplicatedMessage``) that ``peer`` sent back for ``channel`` to put back
         now; ``held()``: the ids the channel holds in memory, in flight or deferred."""
         done = self.restored.setdefault((topic, channel), set())
@@ -83,7 +87,7 @@ class LostCopies:
                 self._aside.setdefault(peer, {}).setdefault((topic, channel), {})[m.id] = m
         return fresh
 
-    def _claim(self, mine: LostRecords | None, topics: LostRecords | None, topic: str, m) -> bool:
+    def _claim(self, mine: LostRecords | None, topics: LostRecords | None, topic: str, m: ReplicatedMessage) -> bool:
         if mine is not None and mine.claim(m.id, m.timestamp, m.attempts, m.body):
             return True
         if topics is None:
@@ -96,7 +100,9 @@ class LostCopies:
             return True
         return False
 
-    def settle(self, peer: str, held: Callable[[str, str], set[bytes]]) -> list[tuple[str, str, list]]:
+    def settle(
+        self, peer: str, held: Callable[[str, str], set[bytes]]
+    ) -> list[tuple[str, str, list[ReplicatedMessage]]]:
         """``peer`` sent back everything (RESTORED): the copies it sent that matched no lost record, to put back
         for the queues whose damage is not fully known (see the module notes) as ``(topic, channel, copies)``;
         the others are dropped. ``held(topic, channel)``: as for ``sort``."""

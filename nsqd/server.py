@@ -49,6 +49,7 @@ from .queues.offset_log import OffsetLog
 from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
 from .replication.adopted import drop_adopted
 from .replication.replace import PeerReplacer, current_peers
+from .replication.restore import LostCopies
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
 from .stats_cache import StatsCache
@@ -159,8 +160,8 @@ class NSQD:
         self.replica_host = ReplicaHost(self)
         #: messages of this node a replica adopted that it had finished (``_replication_adopted``): delivered twice
         self.duplicates_after_takeover = 0
-        #: (topic, channel) -> ids of the copies replicas sent back after damage (put back once, whichever sends)
-        self._restored: dict[tuple[str, str], set[bytes]] = {}
+        #: what this node's queues found lost, and which copies replicas sent back for them go in again
+        self.lost_copies = LostCopies()
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
         #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
@@ -263,7 +264,9 @@ class NSQD:
     def _queue_damaged(self, queue: DiskQueue, count: int) -> None:
         """A disk queue found records damaged or lost while reading: its replicas send back their copies
         (``Replicator.queue_damaged``); without replication they are lost, counted in ``damaged_count``."""
+        lost = queue.take_lost()
         if self.replication is not None and queue.damage_at is not None:
+            self.lost_copies.note_queue(queue.name, lost)
             self.replication.queue_damaged(queue.name, queue.damage_at)
 
     def _open_log(self, name: str, create: bool) -> OffsetLog | None:
@@ -694,32 +697,56 @@ class NSQD:
                 created,
             )
 
-    def _replication_restored(self, topic_name: str, channel_name: str, messages) -> int:
-        """Copies a replica sent back for channel ``channel_name`` after this node found its files damaged: each
-        goes into that channel again (with the attempts and due time it had there), unless a replica sent it
-        already (several replicas send the same copies). The replica still holds them, waiting for this channel's
-        FINs, so they are not replicated again. Returns how many went in."""
-        topic = self.topics.get(topic_name)
-        channel = topic.channels.get(channel_name) if topic is not None else None
-        if channel is None:
+    def _replication_restored(self, peer: str, topic_name: str | None, channel_name: str, messages) -> int:
+        """Copies replica ``peer`` sent back for channel ``channel_name`` after this node found its files damaged
+        (``topic_name`` None: its RESTORED, after the last of them). ``LostCopies`` (``replication/restore.py``)
+        says which go into their channel again: those that match a record lost here, and the others only when
+        what was lost is not fully known. Each goes in with the attempts and due time it had there. The replica
+        still holds them, waiting for this channel's FINs, so they are not replicated again. Returns how many
+        went in."""
+        lost = self.lost_copies
+        if topic_name is None:
+            batches = lost.settle(peer, self._channel_holds)
+        elif self._channel(topic_name, channel_name) is None:
             return 0
-        sent = self._restored.setdefault((topic_name, channel_name), set())
+        else:
+            held = partial(self._channel_holds, topic_name, channel_name)
+            batches = [(topic_name, channel_name, lost.sort(peer, topic_name, channel_name, messages, held))]
+        count = 0
         now_ns = time.time_ns()
-        fresh = [
-            Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
-            for m in messages
-            if m.id not in sent
-        ]
-        sent.update(m.id for m in fresh)
-        if fresh:
-            channel.put_many(fresh)
+        for topic_name, channel_name, copies in batches:
+            channel = self._channel(topic_name, channel_name)
+            if channel is None or not copies:
+                continue
+            channel.put_many(
+                [
+                    Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
+                    for m in copies
+                ]
+            )
+            count += len(copies)
             log.warning(
-                "REPLICATION: %d message(s) of %s:%s lost to damaged files put back from a replica's copies",
-                len(fresh),
+                "REPLICATION: %d message(s) of %s:%s lost to damaged files put back from the copies of %s",
+                len(copies),
                 topic_name,
                 channel_name,
+                peer,
             )
-        return len(fresh)
+        return count
+
+    def _channel(self, topic_name: str, channel_name: str):
+        topic = self.topics.get(topic_name)
+        return topic.channels.get(channel_name) if topic is not None else None
+
+    def _channel_holds(self, topic_name: str, channel_name: str) -> set[bytes]:
+        """The ids a channel holds in memory, in flight or deferred (its disk backlog is not read)."""
+        channel = self._channel(topic_name, channel_name)
+        if channel is None:
+            return set()
+        held = {m.id for m in channel.queue}
+        held.update(channel.in_flight)
+        held.update(m.id for _due, m in channel.deferred.entries())
+        return held
 
     def replication_ssl_context(self):
         """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``

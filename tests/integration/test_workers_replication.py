@@ -19,6 +19,7 @@ from .test_workers_node import accepting_worker, call, connections_to_each_worke
 pytestmark = pytest.mark.timeout(180)
 
 TOPIC = "t"
+DURABLE = ("--mem-queue-size=0", "--sync-every=1")
 
 
 def start(data_path, port: int, peer_port: int, *args: str) -> NsqdProcess:
@@ -78,17 +79,18 @@ def nodes():
         node.kill()
 
 
-def pair(tmp_path, nodes: list[NsqdProcess], *, handed: bool = False) -> tuple[NsqdProcess, NsqdProcess, int]:
-    """A and B, each with two workers, keeping copies on each other; ``handed``: B's worker 0 is stopped while A
-    starts, so that B's worker 1 accepts A's replication stream and hands it to worker 0. Returns A's port too."""
+def pair(tmp_path, nodes: list[NsqdProcess], *args: str, handed: bool = False) -> tuple[NsqdProcess, NsqdProcess, int]:
+    """A and B, each with two workers, keeping copies on each other (``args`` for both); ``handed``: B's worker 0
+    is stopped while A starts, so that B's worker 1 accepts A's replication stream and hands it to worker 0.
+    Returns A's port too."""
     port_a, port_b = free_port(), free_port()
-    nodes.append(start(tmp_path / "b", port_b, port_a))
+    nodes.append(start(tmp_path / "b", port_b, port_a, *args))
     b = nodes[-1]
     worker0 = worker_pids_in_order(b)[0]
     if handed:
         os.kill(worker0, signal.SIGSTOP)
     try:
-        nodes.append(start(tmp_path / "a", port_a, port_b))
+        nodes.append(start(tmp_path / "a", port_a, port_b, *args))
         if handed:  # (worker 0 cannot log meanwhile)
             b.wait_for_log(r"replication stream: handed to worker 0", 20)
     finally:
@@ -99,9 +101,11 @@ def pair(tmp_path, nodes: list[NsqdProcess], *, handed: bool = False) -> tuple[N
     return a, b, port_a
 
 
-@pytest.mark.parametrize("victim", ["node", "worker 0", "worker 1"])
-def test_a_peer_takes_over_a_two_worker_node_and_delivers_every_acknowledged_message(tmp_path, nodes, victim):
-    a, b, port_a = pair(tmp_path, nodes, handed=True)
+@pytest.mark.parametrize(
+    ("victim", "args"), [("node", ()), ("worker 0", ()), ("worker 1", ()), ("worker 0", DURABLE)], ids=str
+)
+def test_a_peer_takes_over_a_two_worker_node_and_delivers_every_acknowledged_message(tmp_path, nodes, victim, args):
+    a, b, port_a = pair(tmp_path, nodes, *args, handed=True)
     b.wait_for_log(r"replication stream\(127\.0\.0\.1:\d+\) taken over from another worker", 5)
     assert post(a.http(), f"/topic/create?topic={TOPIC}").status == 200
     assert post(a.http(), f"/channel/create?topic={TOPIC}&channel=c").status == 200
@@ -132,7 +136,7 @@ def test_a_peer_takes_over_a_two_worker_node_and_delivers_every_acknowledged_mes
         while not set(acknowledged) <= got:
             got.update(m.body for m in receive(consumer, 1, timeout=10))
     # back on its data, A learns that B adopted its messages and drops what it still held of them
-    nodes.append(start(tmp_path / "a", port_a, b.tcp[1]))
+    nodes.append(start(tmp_path / "a", port_a, b.tcp[1], *args))
     a = nodes[-1]
     wait_for(lambda: replicating(a), timeout=30, message="A back and replicating")
     channels = [ch for topic in stats(a.http())["topics"] if topic["topic_name"] == TOPIC for ch in topic["channels"]]

@@ -23,12 +23,13 @@ at RDY 200), over ``--duration`` seconds each, ``--rounds`` times (medians). Nee
 With ``--against REV`` every row is made for that revision too, and the two builds are made alike: each is taken
 from git (``git archive``; the later one is the working tree's tracked files as they are, or ``--now REV``) into
 a directory of its own, its C accelerator compiled there with the same flags and its modules byte-compiled
-(``bench.pub_against.extract``), and both run with this venv's Python and this tree's load generator. The order
-alternates, ABBA: round 1 runs the earlier build first, round 2 the later, and so on (so run an even number of
-``--rounds``); the memory rows alternate the same way from row to row. Each CPU figure is the median over the
-rounds, and ``vs before`` the median of the rounds' ratios (later / earlier, each from the two runs of one
-round, next to each other in time). ``--against HEAD`` with a clean tree compares the same code with itself: its
-ratios, near 1.00, are what the harness and the machine's noise give.
+(``bench.pub_against.extract``), and both run with this venv's Python and this tree's load generator. Each
+scenario's two runs of a round come back to back, and which goes first alternates, ABBA: in round 1 the earlier
+build runs ``pub`` first, the later build ``mpub`` first, and so on, the other way round in round 2 (so run an
+even number of ``--rounds``); the memory rows alternate the same way from row to row. Each CPU figure is the
+median over the rounds, and ``vs before`` the median of the rounds' ratios (later / earlier, each from the two
+runs of one round, next to each other in time). ``--against HEAD`` with a clean tree compares the same code with
+itself: its ratios, near 1.00, are what the harness and the machine's noise give.
 """
 
 from __future__ import annotations
@@ -139,17 +140,21 @@ def measure(args, root: Path, code: str, channels: int, state: str) -> dict:
     return row
 
 
-def cpu_rows(args, root: Path, code: str) -> list[dict]:
-    """nsqd's CPU per message of pub, mpub and consume on the tree ``root``."""
-    rows = []
-    flags = [f"--mem-queue-size={max(args.cpu_backlog, 1_000_000) * 20}"]
+#: the CPU rows, each a fresh nsqd
+CPU_SCENARIOS = ("pub", "mpub", "consume")
+
+
+def cpu_row(args, root: Path, code: str, scenario: str) -> dict:
+    """nsqd's CPU per message of ``scenario`` (one of ``CPU_SCENARIOS``) on the tree ``root``."""
     body = b"p" * args.body_size
-    with Target(args, flags, root=root) as target:
-        row = publish_rate(args, target, encode_pub(unique_topic("pub"), body), 1, 16, 1)
-        rows.append({"code": code, "scenario": "pub", **_cpu_figures(row)})
-    with Target(args, flags, root=root) as target:
-        row = publish_rate(args, target, encode_mpub(unique_topic("mpub"), [body] * 200), 200, 4, 1)
-        rows.append({"code": code, "scenario": "mpub", **_cpu_figures(row)})
+    if scenario != "consume":
+        flags = [f"--mem-queue-size={max(args.cpu_backlog, 1_000_000) * 20}"]
+        with Target(args, flags, root=root) as target:
+            if scenario == "pub":
+                row = publish_rate(args, target, encode_pub(unique_topic("pub"), body), 1, 16, 1)
+            else:
+                row = publish_rate(args, target, encode_mpub(unique_topic("mpub"), [body] * 200), 200, 4, 1)
+        return {"code": code, "scenario": scenario, **_cpu_figures(row)}
     with Target(args, [f"--mem-queue-size={args.cpu_backlog + 100_000}"], root=root) as target:
         topic = unique_topic("consume")
         create_channel(target, topic, "bench")
@@ -158,12 +163,13 @@ def cpu_rows(args, root: Path, code: str) -> list[dict]:
         cpu_before = sampler.cpu_seconds()
         result = drain(target, topic, "bench", 4, 200, 1)
         used = sampler.cpu_seconds() - cpu_before
-        row = {
-            "msg/s": result["msg/s"],
-            "nsqd_us/msg": used * 1e6 / result["delivered"] if result["delivered"] else None,
-        }
-        rows.append({"code": code, "scenario": "consume", **row, "messages": published})
-    return rows
+    return {
+        "code": code,
+        "scenario": "consume",
+        "msg/s": result["msg/s"],
+        "nsqd_us/msg": used * 1e6 / result["delivered"] if result["delivered"] else None,
+        "messages": published,
+    }
 
 
 def _cpu_figures(row: dict) -> dict:
@@ -258,10 +264,15 @@ def run(args) -> Report:
                     report.rows.append(measure(args, root, code, channels, state))
                 turn += 1
         if args.cpu:
+            # each scenario's two runs of a round back to back, so that the pair meets the same load of the
+            # machine; which build goes first alternates from scenario to scenario and from round to round
             runs: dict[str, list[list[dict]]] = {code: [] for code, _ in builds}
             for turn in range(args.rounds):
-                for code, root in _ordered(builds, turn):
-                    runs[code].append(cpu_rows(args, root, code))
+                for code, _ in builds:
+                    runs[code].append([])
+                for index, scenario in enumerate(CPU_SCENARIOS):
+                    for code, root in _ordered(builds, turn + index):
+                        runs[code][-1].append(cpu_row(args, root, code, scenario))
             for code, _ in builds:
                 report.rows.extend(_medians(runs[code]))
             if len(builds) == 2:

@@ -28,17 +28,20 @@ _trim: Callable[[int], int] | None = None
 _looked_up = False
 
 
+def _find_trim() -> Callable[[int], int] | None:
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
 def release_free_memory() -> bool:
     """Give the free pages inside the C heap back to the system; True if some were."""
     global _trim, _looked_up
     if not _looked_up:
         _looked_up = True
-        try:
-            trim = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):  # not glibc
-            trim = None
-        else:
-            trim.argtypes = [ctypes.c_size_t]
-            trim.restype = ctypes.c_int
-        _trim = trim
+        _trim = _find_trim()
     return bool(_trim(0)) if _trim is not None else False

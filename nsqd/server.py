@@ -200,7 +200,8 @@ class NSQD:
         self._accept_scope = trio.CancelScope()
         self._connections_scope = trio.CancelScope()
         self._connections: trio.Nursery | None = None  # the client connections' tasks (``_serve``)
-        self._taken_early: list[tuple] = []  # connections handed over before ``_serve`` started (``take_connection``)
+        #: connections handed over before ``_serve`` started (``take_connection``, ``take_replication``)
+        self._taken_early: list[tuple] = []
         self._stopped = trio.Event()
 
     # -- topics ----------------------------------------------------------------------------------
@@ -545,6 +546,8 @@ class NSQD:
                 if self.replication is not None:
                     await nursery.start(self.replication.run)
                     nursery.start_soon(self.replication.wait_started, REPLICATION_START_TIMEOUT)
+                    if self.mesh is not None:
+                        nursery.start_soon(self._tell_workers_started)
                 if self.replacer is not None:
                     await nursery.start(self.replacer.run)
                 nursery.start_soon(self._serve, listeners)
@@ -560,6 +563,11 @@ class NSQD:
                     await listener.aclose()
             self._close_topics()
 
+    async def _tell_workers_started(self) -> None:
+        assert self.replication is not None and self.mesh is not None
+        await self.replication.ready.wait()
+        self.mesh.replication_started()
+
     @property
     def node_name(self) -> str:
         """This node as its peers name it in ``--replicate-to``: broadcast address and TCP port."""
@@ -570,7 +578,10 @@ class NSQD:
 
     def _start_replication(self) -> None:
         """Open the replica stores, and with ``--replicate-to`` the origin's sender (its node name needs the
-        bound TCP port); the topics loaded from the metadata join it."""
+        bound TCP port); the topics loaded from the metadata join it. With ``--workers``, worker 0 alone
+        (workers.py)."""
+        if self.mesh is not None and self.mesh.index != 0:
+            return
         self.replica_host.load()
         opts = self.opts
         if not opts.replicate_to:
@@ -803,8 +814,11 @@ class NSQD:
         with self._connections_scope:
             async with trio.open_nursery() as connections:
                 self._connections = connections
-                for taken in self._taken_early:
-                    connections.start_soon(self._handle_tcp, *taken)
+                for stream, client, unread, replication in self._taken_early:
+                    if replication:
+                        connections.start_soon(self._serve_replication, stream, unread)
+                    else:
+                        connections.start_soon(self._handle_tcp, stream, client, unread)
                 self._taken_early.clear()
                 with self._accept_scope:
                     async with trio.open_nursery() as acceptors:
@@ -824,9 +838,38 @@ class NSQD:
         client.handed_over = True
         self.clients[client.id] = client  # listed at once: a /stats meanwhile finds the producer in one worker
         if self._connections is None:  # read off a link before this worker serves clients: served once it does
-            self._taken_early.append((stream, client, unread))
+            self._taken_early.append((stream, client, unread, False))
         else:
             self._connections.start_soon(self._handle_tcp, stream, client, unread)
+
+    def take_replication(self, fd: int, unread: bytes) -> None:
+        """Serve a replication stream another worker accepted (``WorkerMesh.hand_replication``), with the bytes it
+        read past the magic."""
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+        if self.exiting:
+            stream.socket.close()
+            return
+        if self._connections is None:
+            self._taken_early.append((stream, None, unread, True))
+        else:
+            self._connections.start_soon(self._serve_replication, stream, unread)
+
+    async def _serve_replication(self, stream: trio.SocketStream, unread: bytes) -> None:
+        try:
+            remote = format_address(stream.socket.getpeername())
+        except OSError:
+            await stream.aclose()
+            return
+        log.info("TCP: replication stream(%s) taken over from another worker", remote)
+        try:
+            await self.replica_host.serve(stream, remote, unread)
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            log.info("[%s] connection error: %s", remote, group.exceptions[0])
+        except* Exception as group:
+            log.exception("[%s] internal error", remote, exc_info=group)
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
 
     async def _handle_tcp(self, stream: trio.SocketStream, handed: Client | None = None, unread: bytes = b"") -> None:
         """Serve one TCP connection: a new one from its magic on, or one another worker ``handed`` over."""
@@ -857,8 +900,16 @@ class NSQD:
                 log.info("[%s] closed before sending the protocol magic", remote)
                 return
             if magic[:4] == MAGIC_R1 and self.mesh is not None:
-                log.error("[%s] replication stream refused: this node runs --workers above 1", remote)
-                return
+                if not self.mesh.replicating:
+                    log.error(
+                        "[%s] replication stream refused: this node runs --workers above 1 without --replicate-to",
+                        remote,
+                    )
+                    return
+                if self.mesh.index != 0:  # worker 0 keeps the replica stores (workers.py)
+                    log.info("[%s] replication stream: handed to worker 0", remote)
+                    self.mesh.hand_replication(stream.socket.fileno(), magic[4:])
+                    return
             if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)
                 await self.replica_host.serve(stream, remote, magic[4:])
                 return
@@ -870,6 +921,8 @@ class NSQD:
             log.info("[%s] PROTOCOL(V2)", remote)
             if self.replication is not None and self.replication.starting:
                 await self.replication.ready.wait()  # clients wait until the peers said what is still ours
+            elif self.mesh is not None and self.mesh.replication_ready is not None:
+                await self.mesh.replication_ready.wait()  # (worker 0's replicator: ``replication_started``)
             opts = self.opts
             client = Client(
                 next(self._client_ids),

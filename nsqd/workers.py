@@ -27,6 +27,14 @@ poller (the records of one step go together), read at the other end by its read 
 - worker 0 alone registers with nsqlookupd and writes ``nsqd.dat``: the others send it their topics and channels as
   they change (``RelayLookup``, ``RelayMetadata``).
 
+With replication (``--replicate-to``), worker 0 owns every topic and alone runs the node's replication: its
+``Replicator``, its replica stores, takeovers and peer replacement, as one nsqd does. The other workers do their
+connections' work, and their publishes cross to worker 0 as above, each answered once the peers hold it
+(``_answer_replicated``), never acknowledged early. A replication stream another worker accepts goes to worker 0
+before anything past its magic is parsed (``hand_replication``), and the replication routes of the HTTP API and
+``/ping`` are answered by worker 0. Until worker 0's replicator is ready (its peers said what is still this
+node's), the others' client connections wait, as worker 0's do (``replication_ready``).
+
 A link that closes while the node is not stopping means a worker died: this worker stops too (the parent stops
 the node; see ``supervisor.py``).
 """
@@ -347,8 +355,15 @@ class WorkerMesh:
             self.metadata_socket = sockets.metadata_links.get(0)
         #: durable mode: publishes are answered once the group commit at the end of their step covers them
         self.durable: bool = nsqd.durable
-        #: durable mode, from a batch to the commit at the end of its step: the publishes taken, (worker, call id)
-        self._uncommitted: list[tuple[int, int]] | None = None
+        #: ``--replicate-to``: worker 0 owns every topic and runs the node's replication (see "Replication" in
+        #: bench/MULTICORE.md); a publish that crosses is answered once the peers hold it
+        self.replicating: bool = bool(nsqd.opts.replicate_to)
+        #: a worker other than 0 of a replicating node: set once worker 0 learnt from its peers what is still its
+        #: own (``Replicator.ready``); client connections wait for it, as they wait for the replicator in worker 0
+        self.replication_ready: trio.Event | None = trio.Event() if self.replicating and self.index else None
+        #: durable mode, from a batch to the commit at the end of its step: the publishes taken, (worker, call id,
+        #: the seq of its replication frame)
+        self._uncommitted: list[tuple[int, int, int]] | None = None
         self._owners: dict[str | bytes, int] = {}
         self._calls: dict[int, Any] = {}  # request id -> [Event, answer, worker]
         self._callbacks: dict[int, tuple[int, Callable]] = {}  # request id -> (worker, called with the answer)
@@ -366,6 +381,8 @@ class WorkerMesh:
 
     # -- ownership ---------------------------------------------------------------------------------------------
     def owner(self, name: str | bytes) -> int:
+        if self.replicating:
+            return 0
         owner = self._owners.get(name)
         if owner is None:
             if len(self._owners) > 100_000:
@@ -463,7 +480,8 @@ class WorkerMesh:
     def publish_acknowledged(self, topic_name: str, bodies: list[bytes], defer: float) -> bool:
         """Send a publish to the topic's owner that the caller acknowledges now (no answer comes back); False when
         it must wait for the owner's answer instead (``publish_soon``): the owner's disk refused this topic's
-        last publish (until one is taken again), durable mode (an OK only after the owner's sync), or the link
+        last publish (until one is taken again), durable mode (an OK only after the owner's sync), replication (an
+        OK only once the owner's peers hold the messages), or the link
         to the owner is backed up (the owner falls behind: its answers pace the producers, as one nsqd's pace).
 
         Nothing acknowledged so is lost while the node runs: the owner refuses a publish only while it stops,
@@ -474,7 +492,7 @@ class WorkerMesh:
         (``full``): this topic's next publishes here wait for the owner's answer, and are refused as a single
         nsqd refuses them. bench/MULTICORE.md has the argument in full."""
         link = self.links[self.owner(topic_name)]
-        if self.durable or topic_name in self._failing or link.backed_up():
+        if self.durable or self.replicating or topic_name in self._failing or link.backed_up():
             return False
         link.send(("pubq", topic_name, bodies, defer))
         return True
@@ -536,6 +554,21 @@ class WorkerMesh:
         link.send(("hand", info, unread))
         self.handed_over += 1
 
+    def hand_replication(self, fd: int, unread: bytes) -> None:
+        """Give a replication stream (``  R1``: an origin's stream, or a CONFIRM, ASK or release connection) to
+        worker 0, which keeps the replica stores: its descriptor goes with the link's next write, with the bytes
+        read past the magic (``unread``); the caller closes its own descriptor without a word to the peer."""
+        link = self.links[0]
+        link.handing.append(os.dup(fd))
+        link.send(("r1", unread))
+        self.handed_over += 1
+
+    def replication_started(self) -> None:
+        """Worker 0: the replicator is ready (its peers said what is still this node's): the others serve
+        their clients from now on."""
+        for link in self.links.values():
+            link.send(("ready",))
+
     def consumer_gone(self, client: Client) -> None:
         self._consumers.pop(client.id, None)
 
@@ -586,12 +619,17 @@ class WorkerMesh:
         that worker acknowledged early to topics here (a link keeps its order), so this worker's part, collected
         last, counts them."""
         parts = []
+        replication = None  # worker 0's section: it runs the node's replication and keeps its replica stores
         for peer in self.links:
             try:
                 parts.append(await self.call(peer, "stats", channel, include_clients, include_mem, topic))
             except WorkerGone:
                 continue
+            if peer == 0:
+                replication = parts[-1].replication
         own = self._stats_part(topic, channel, include_clients, include_mem)
+        if self.index == 0:
+            replication = own.replication
         parts.insert(0, own)
         topics = sorted((entry for part in parts for entry in part.topics or ()), key=lambda t: t.topic_name)
         found = any(part.topics is not None for part in parts)
@@ -609,7 +647,7 @@ class WorkerMesh:
             producers=tuple(producers) if listed else None,
             tcp_connections=sum(part.tcp_connections for part in parts),
             http_connections=sum(part.http_connections for part in parts),
-            replication=own.replication,
+            replication=replication,
         )
 
     # -- what comes over the links -----------------------------------------------------------------------------
@@ -642,16 +680,38 @@ class WorkerMesh:
     def _commit(self) -> None:
         uncommitted, self._uncommitted = self._uncommitted, None
         barrier = self.nsqd.sync_barrier
-        reason = "sync" if barrier and not barrier.commit() else None
-        for peer, call_id in uncommitted or ():
-            self._answer(peer, call_id, reason)
+        failed = bool(barrier) and not barrier.commit()
+        for peer, call_id, seq in uncommitted or ():
+            if failed:
+                self._answer(peer, call_id, "sync")
+            else:
+                self._answer_replicated(peer, call_id, seq)
 
     def _answer_published(self, peer: int, call_id: int, reason: str | None) -> None:
-        """A publish's answer; in durable mode, a publish taken is answered after the commit that covers it."""
-        if reason is None and self._uncommitted is not None:
-            self._uncommitted.append((peer, call_id))
-        else:
+        """A publish's answer, given right after it was published here; in durable mode, a publish taken is
+        answered after the commit that covers it; with replication, once the peers hold it
+        (``_answer_replicated``)."""
+        replication = self.nsqd.replication
+        seq = replication.seq if replication is not None else 0  # the publish's frame: nothing came after it yet
+        if reason is not None:
             self._answer(peer, call_id, reason)
+        elif self._uncommitted is not None:
+            self._uncommitted.append((peer, call_id, seq))
+        else:
+            self._answer_replicated(peer, call_id, seq)
+
+    def _answer_replicated(self, peer: int, call_id: int, seq: int) -> None:
+        """Answer a publish taken here once ``--replication-acks`` peers hold its frame ``seq``, as a connection
+        here writes its OK (``Connection._writer``): at once in ``accept`` mode while degraded, ``replication
+        degraded`` (the publish fails, the producer's connection closes) when the peers go away in ``refuse``
+        mode first. The ACK that covers it answers, with no task (``Replicator.call_when_acked``)."""
+        replication = self.nsqd.replication
+        if replication is None or seq <= replication.acked:
+            self._answer(peer, call_id, None)
+        elif replication.degraded:
+            self._answer(peer, call_id, "replication degraded" if replication.degraded_mode == "refuse" else None)
+        else:
+            replication.call_when_acked(seq, partial(self._answer_replicated, peer, call_id, seq))
 
     def _handle_records(self, peer: int, batch: list[tuple]) -> None:
         run: list[tuple] = []
@@ -733,6 +793,20 @@ class WorkerMesh:
         self.taken_over += 1
         self.nsqd.take_connection(fd, info, unread)
 
+    def _on_r1(self, peer: int, unread: bytes) -> None:
+        """A replication stream another worker accepted (``hand_replication``): served here, unless the node is
+        stopping (then closed, as the other worker would have closed it)."""
+        fd = self.links[peer].received.popleft()
+        if self.nsqd.exiting:
+            os.close(fd)
+            return
+        self.taken_over += 1
+        self.nsqd.take_replication(fd, unread)
+
+    def _on_ready(self, peer: int) -> None:
+        if self.replication_ready is not None:
+            self.replication_ready.set()
+
     def _on_load(self, peer: int, share: float) -> None:
         self.peer_load[peer] = share
 
@@ -750,6 +824,8 @@ class WorkerMesh:
         nsqd = self.nsqd
         if nsqd.exiting:
             return "exiting"
+        if nsqd.replication is not None and nsqd.replication.refusing():
+            return "replication degraded"
         try:
             nsqd.get_topic(topic_name).publish(bodies, defer, defer_sync=self.durable)  # synced by ``_commit``
         except TopicExiting:
@@ -936,6 +1012,8 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "pubq": WorkerMesh._on_pubq,
     "full": WorkerMesh._on_full,
     "hand": WorkerMesh._on_hand,
+    "r1": WorkerMesh._on_r1,
+    "ready": WorkerMesh._on_ready,
     "load": WorkerMesh._on_load,
     "drained": WorkerMesh._on_drained,
     "sub": WorkerMesh._on_sub,

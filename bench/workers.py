@@ -1,5 +1,6 @@
-"""Scenario: ``pub``, ``mpub``, ``consume``, ``pubsub`` and a many-topics publish (``pub`` with one topic per
-connection) against nsqd ``--workers=1`` and ``--workers=2``,
+"""Scenario: ``pub``, ``mpub``, ``consume``, ``pubsub``, a many-topics publish (``pub`` with one topic per
+connection) and the publish-to-delivery latency at 10k msg/s (``latency``) against nsqd ``--workers=1`` and
+``--workers=2``,
 alternated in one run (round by round, the two counts back to back for each scenario), so that the noise of a
 shared machine falls on both alike. Each row is one scenario's run with its defaults; ``nsqd_us/msg`` is the
 CPU of every nsqd process (the parent and its workers) per message, and ``vs 1`` compares a row's throughput
@@ -19,6 +20,7 @@ import struct
 import time
 from pathlib import Path
 
+from bench import latency
 from bench.common import _PINNING, Generators, Report, Target, add_common_arguments, main, unique_topic
 from bench.pub_against import extract
 from protocol.commands import encode_pub
@@ -26,9 +28,18 @@ from protocol.commands import encode_pub
 NAME = "workers"
 TITLE = "pub, mpub, consume, pubsub and many topics with --workers=1 and --workers=2, alternated"
 PIN = False
-SCENARIOS = ("pub", "mpub", "consume", "pubsub", "many_topics")
+SCENARIOS = ("pub", "mpub", "consume", "pubsub", "many_topics", "latency")
 #: each scenario's throughput column
-RATE = {"pub": "msg/s", "mpub": "msg/s", "consume": "msg/s", "pubsub": "out msg/s", "many_topics": "msg/s"}
+RATE = {
+    "pub": "msg/s",
+    "mpub": "msg/s",
+    "consume": "msg/s",
+    "pubsub": "out msg/s",
+    "many_topics": "msg/s",
+    "latency": "msg/s",
+}
+#: columns a scenario's rows carry besides the throughput and the CPU
+EXTRA = ("p50 ms", "p99 ms")
 
 
 def add_arguments(parser) -> None:
@@ -100,8 +111,8 @@ class _ManyTopics:
 
     @classmethod
     def run(cls, args) -> Report:
-        from bench.load import build_roles  # noqa: PLC0415 (the generator side, as run_spread imports it)
-        from bench.pub import MEM_QUEUE_SIZE  # noqa: PLC0415
+        from bench.load import build_roles  # the generator side, as run_spread imports it
+        from bench.pub import MEM_QUEUE_SIZE
 
         report = Report("many_topics", "PUB, one topic per connection")
         with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
@@ -126,8 +137,40 @@ class _ManyTopics:
         return report
 
 
+class _Latency:
+    """``bench.latency`` at one rate, 10k msg/s (one paced publisher, 2 consumers at RDY 500 that FIN at once,
+    200-byte bodies): p50 and p99 from publish to delivery, whose goal is to be no worse with N workers than with
+    one. The topic's owner is the worker that accepted the publisher or a consumer, or not, as it falls."""
+
+    RATE = 10_000.0
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        latency.add_arguments(parser)
+
+    @classmethod
+    def run(cls, args) -> Report:
+        report = Report("latency", "publish to delivery at 10k msg/s")
+        with Target(args, [f"--mem-queue-size={latency.MEM_QUEUE_SIZE}"]) as target:
+            row = latency.measure(args, target, cls.RATE)
+            report.rows.append(
+                {
+                    "msg/s": row["delivered msg/s"],
+                    "nsqd_cpu": row["nsqd_cpu"],
+                    "nsqd_us/msg": row["nsqd_us/msg"],
+                    "p50 ms": row["p50 ms"],
+                    "p99 ms": row["p99 ms"],
+                }
+            )
+        return report
+
+
 def _scenario_module(name: str):
-    return _ManyTopics if name == "many_topics" else importlib.import_module(f"bench.{name}")
+    if name == "many_topics":
+        return _ManyTopics
+    if name == "latency":
+        return _Latency
+    return importlib.import_module(f"bench.{name}")
 
 
 def _scenario_args(args, module, workers: int, root) -> argparse.Namespace:
@@ -186,6 +229,7 @@ def _run_scenario(args, report: Report, round_number: int, name: str, counts: li
                     "msg/s": rate,
                     "nsqd_cores": row.get("nsqd_cpu"),
                     "nsqd_us/msg": cpu,
+                    **{column: row[column] for column in EXTRA if column in row},
                 }
                 first = base.setdefault(code, entry)
                 if first is not entry and first["msg/s"] and rate is not None and first["nsqd_us/msg"] and cpu:

@@ -16,9 +16,9 @@ def prebind(opts) -> list:
 
 
 async def serve(opts, prebound: list) -> None:
-    from runtime.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist)
+    from runtime.daemon import serve_until_signalled  # after the sockets exist
 
-    from .server import NSQLookupd  # noqa: PLC0415
+    from .server import NSQLookupd
 
     lookupd = NSQLookupd(opts)
     await lookupd.open_listeners(prebound)

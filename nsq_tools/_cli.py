@@ -71,7 +71,7 @@ def write_stdout(data: bytes | str) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     except BrokenPipeError:
-        import os  # noqa: PLC0415
+        import os
 
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush has nowhere to fail
@@ -179,7 +179,7 @@ def _option_checker() -> Callable[[str], str]:
 
     def check(text: str) -> str:
         if not scratch:
-            from trionsq import Config  # noqa: PLC0415 (only when the flag is given: -h stays light)
+            from trionsq import Config  # only when the flag is given: -h stays light
 
             scratch.append(Config())
         scratch[0].set_option_text(text)
@@ -199,7 +199,7 @@ def _apply_options(config, options: list[str]) -> None:
 def consumer_config(values: dict[str, Any], **fields: Any):
     """A ``trionsq.Config`` from a consuming tool's flags: ``-max-in-flight``, then each ``-consumer-opt``
     (which may override it, as in NSQ's tools); ``fields`` are set first (a tool's own defaults)."""
-    from trionsq import Config  # noqa: PLC0415 (keeps -h and -version free of the client's imports)
+    from trionsq import Config  # keeps -h and -version free of the client's imports
 
     config = Config(**fields)
     if "max_in_flight" in values:
@@ -210,7 +210,7 @@ def consumer_config(values: dict[str, Any], **fields: Any):
 
 def producer_config(values: dict[str, Any], **fields: Any):
     """A ``trionsq.Config`` for a producing tool, with its ``-producer-opt`` values applied."""
-    from trionsq import Config  # noqa: PLC0415
+    from trionsq import Config
 
     config = Config(**fields)
     _apply_options(config, values.get("producer_opt", []))
@@ -221,7 +221,7 @@ def run(main: Callable[..., Awaitable[int | None]], *args: Any, on_hup: Callable
     """Run ``await main(stop, *args)`` under trio, where ``stop`` is a ``trio.Event`` set by the first SIGINT,
     SIGTERM or SIGHUP; return its exit code (None means 0). With ``on_hup`` (called in the event loop), SIGHUP
     calls it instead of stopping (nsq_to_file reopens its files on SIGHUP)."""
-    import trio  # noqa: PLC0415
+    import trio
 
     async def with_signals() -> int | None:
         stop = trio.Event()

@@ -155,7 +155,7 @@ class _Poller:
 
     async def get_json(self, url: str) -> Any:
         """Go's ``http_api.Client.GETV1``: a 200 answer's JSON, anything else an error with upstream's wording."""
-        from runtime.http_client import HTTPClientError, fetch  # noqa: PLC0415 (keeps -h free of trio)
+        from runtime.http_client import HTTPClientError, fetch  # keeps -h free of trio
 
         try:
             reply = await fetch(
@@ -182,7 +182,7 @@ class _Poller:
 
     async def _gather(self, what: str, addresses: list[str], query) -> list:
         """``query(address)`` for every address at once; upstream's error rules (all failed, or some)."""
-        import trio  # noqa: PLC0415
+        import trio
 
         results: list = []
         errors: list[str] = []
@@ -257,7 +257,7 @@ def _join(host: str, port: int | str) -> str:
 
 
 async def _stat_loop(values: dict[str, Any]) -> None:
-    import trio  # noqa: PLC0415
+    import trio
 
     poller = _Poller(values)
     interval: float = values["interval"]
@@ -288,7 +288,7 @@ async def _stat_loop(values: dict[str, Any]) -> None:
 
 
 async def _main(stop, values: dict[str, Any]) -> int:
-    import trio  # noqa: PLC0415
+    import trio
 
     async with trio.open_nursery() as nursery:
 

@@ -43,7 +43,7 @@ def default_channel() -> str:
 
 def check(values: dict[str, Any]) -> None:
     """Upstream's start-up checks, in its order."""
-    from protocol.names import is_valid_channel_name, is_valid_topic_name  # noqa: PLC0415
+    from protocol.names import is_valid_channel_name, is_valid_topic_name
 
     nsqds, lookupds = values["nsqd_tcp_address"], values["lookupd_http_address"]
     if not nsqds and not lookupds:
@@ -87,10 +87,10 @@ async def _consume(consumer, quit, task_status) -> None:
 
 
 async def _main(stop, values: dict[str, Any]) -> int:
-    import trio  # noqa: PLC0415
+    import trio
 
-    from protocol.version import NSQ_VERSION  # noqa: PLC0415
-    from trionsq import ConnectError, Consumer, NSQError, __version__  # noqa: PLC0415
+    from protocol.version import NSQ_VERSION
+    from trionsq import ConnectError, Consumer, NSQError, __version__
 
     total = values["n"]
     max_in_flight = values["max_in_flight"]

@@ -176,7 +176,7 @@ class TopicLogger:
     """One topic: its consumer and the router that owns its files (see the module notes)."""
 
     def __init__(self, topic: str, values: dict[str, Any], config: Any, writer: TopicWriter) -> None:
-        import trio  # noqa: PLC0415
+        import trio
 
         self.topic = topic
         self.values = values
@@ -191,13 +191,13 @@ class TopicLogger:
         self._control(_HUP)
 
     def _control(self, control: _Control) -> None:
-        import trio  # noqa: PLC0415
+        import trio
 
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):  # the router has ended
             self._send.send_nowait(control)
 
     async def _handle(self, message: Any) -> None:
-        import trio  # noqa: PLC0415
+        import trio
 
         message.disable_auto_response()
         try:
@@ -208,9 +208,9 @@ class TopicLogger:
     async def run(self) -> bool:
         """Consume and write until stopped; False when the consumer could not start (NSQ logs it and skips the
         topic, asking again at the next refresh)."""
-        import trio  # noqa: PLC0415
+        import trio
 
-        from trionsq import Consumer  # noqa: PLC0415
+        from trionsq import Consumer
 
         values = self.values
         try:
@@ -237,7 +237,7 @@ class TopicLogger:
         return True
 
     async def _route(self, consumer: Any, nursery: Any) -> None:
-        import trio  # noqa: PLC0415
+        import trio
 
         writer = self.writer
         interval = self.values["sync_interval"]
@@ -338,7 +338,7 @@ class TopicDiscoverer:
             logger.hup()
 
     async def run(self, stop: Any) -> None:
-        import trio  # noqa: PLC0415
+        import trio
 
         values = self.values
         refresh = values["topic_refresh"]
@@ -371,10 +371,10 @@ class TopicDiscoverer:
 async def lookupd_topics(addresses: list[str], connect_timeout: float, request_timeout: float) -> list[str]:
     """The sorted union of every lookupd's ``/topics``; ``LookupError`` when any lookupd failed (NSQ skips a
     partial answer as well)."""
-    import trio  # noqa: PLC0415
+    import trio
 
-    from runtime.http_client import HTTPClientError, fetch  # noqa: PLC0415
-    from trionsq._lookupd import ACCEPT_V1, MAX_BODY, LookupdError, lookup_url, parse_topics  # noqa: PLC0415
+    from runtime.http_client import HTTPClientError, fetch
+    from trionsq._lookupd import ACCEPT_V1, MAX_BODY, LookupdError, lookup_url, parse_topics
 
     found: set[str] = set()
     errors: list[str] = []
@@ -416,12 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     flags = flag_set()
     values = flags.parse_or_exit(argv)
     check(flags, values)
-    from runtime.logfmt import setup_logging as setup_nsq_logging  # noqa: PLC0415
+    from runtime.logfmt import setup_logging as setup_nsq_logging
 
     setup_logging()  # the client's lines, as go-nsq's default logger prints them
     setup_nsq_logging(values["log_prefix"], values["log_level"].lower(), name="nsq_to_file")
-    from protocol.version import NSQ_VERSION  # noqa: PLC0415
-    from trionsq import __version__  # noqa: PLC0415
+    from protocol.version import NSQ_VERSION
+    from trionsq import __version__
 
     config = consumer_config(values, user_agent=f"nsq_to_file/{NSQ_VERSION} trionsq/{__version__}")
     config.max_in_flight = values["max_in_flight"]  # NSQ sets it after the --consumer-opt list

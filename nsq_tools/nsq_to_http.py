@@ -159,7 +159,7 @@ class Sender:
         self.headers = list(merged.values())
 
     async def send(self, url: str, body: bytes) -> None:
-        from runtime.http_client import HTTPClientError, fetch  # noqa: PLC0415
+        from runtime.http_client import HTTPClientError, fetch
 
         if self.post:
             method, target = "POST", url
@@ -209,9 +209,9 @@ def make_handler(values: dict[str, Any], headers: list[tuple[str, str]], *, rng:
 
 
 async def _run(stop, values: dict[str, Any], headers: list[tuple[str, str]]) -> int:
-    import trio  # noqa: PLC0415
+    import trio
 
-    import trionsq  # noqa: PLC0415
+    import trionsq
 
     config = consumer_config(values, user_agent=f"nsq_to_http/{NSQ_VERSION} trionsq/{trionsq.__version__}")
     # a stop waits for the requests under way (each bounded by the request timeout), never cutting one short

@@ -189,7 +189,7 @@ def make_handler(
     topic: str,
     metrics: tuple[Any, dict[str, Any]],
 ):
-    import trionsq  # noqa: PLC0415
+    import trionsq
 
     publish_errors = (
         trionsq.NSQError,
@@ -225,9 +225,9 @@ def make_handler(
 
 
 async def _run(stop, values: dict[str, Any]) -> int:
-    import trio  # noqa: PLC0415
+    import trio
 
-    import trionsq  # noqa: PLC0415
+    import trionsq
 
     user_agent = f"nsq_to_nsq/{NSQ_VERSION} trionsq/{trionsq.__version__}"
     cconfig = consumer_config(values, user_agent=user_agent)

@@ -79,7 +79,7 @@ class _Throttle:
     """Upstream's throttle: one token to start with, one more every 1/rate seconds, at most ``rate`` saved."""
 
     def __init__(self, rate: int) -> None:
-        import trio  # noqa: PLC0415
+        import trio
 
         self._trio = trio
         self.rate = rate
@@ -107,7 +107,7 @@ class _Pipeline:
     """
 
     def __init__(self, producer, topic: str) -> None:
-        import trio  # noqa: PLC0415
+        import trio
 
         self._trio = trio
         self.producer = producer
@@ -135,7 +135,7 @@ class _Pipeline:
         self.started += 1
 
     async def _publish(self, number: int, body: bytes) -> None:
-        from trionsq import ConnectError, ConnectionClosed, NoAvailableNsqd, NSQError  # noqa: PLC0415
+        from trionsq import ConnectError, ConnectionClosed, NoAvailableNsqd, NSQError
 
         while self.turn != number:
             await self.waiting.park()
@@ -154,7 +154,7 @@ class _Pipeline:
 
 async def _read_or_stop(stdin: int, stop) -> bytes | None:
     """The next block of stdin (b"" at EOF), or None once ``stop`` is set (the read is abandoned)."""
-    import trio  # noqa: PLC0415
+    import trio
 
     block = None
     async with trio.open_nursery() as nursery:
@@ -175,7 +175,7 @@ async def _read_or_stop(stdin: int, stop) -> bytes | None:
 
 
 async def _read_and_publish(stdin: int, delimiter: bytes, pipelines: list[_Pipeline], rate: int, stop) -> None:
-    import trio  # noqa: PLC0415
+    import trio
 
     throttle = _Throttle(rate) if rate >= 1 else None
     buffer = bytearray()
@@ -202,10 +202,10 @@ async def _read_and_publish(stdin: int, delimiter: bytes, pipelines: list[_Pipel
 
 
 async def _main(stop, values: dict[str, Any], delimiter: bytes) -> int:
-    import trio  # noqa: PLC0415
+    import trio
 
-    from protocol.version import NSQ_VERSION  # noqa: PLC0415
-    from trionsq import Producer, __version__  # noqa: PLC0415
+    from protocol.version import NSQ_VERSION
+    from trionsq import Producer, __version__
 
     config = producer_config(values, user_agent=f"to_nsq/{NSQ_VERSION} trionsq/{__version__}")
     addresses = list(dict.fromkeys(values["nsqd_tcp_address"]))
@@ -223,7 +223,7 @@ async def _main(stop, values: dict[str, Any], delimiter: bytes) -> int:
 
 async def _hold(producer, task_status) -> None:
     """Keep ``producer`` open (its connection opens on the first publish) until the tool's nursery ends."""
-    import trio  # noqa: PLC0415
+    import trio
 
     async with producer:
         task_status.started()

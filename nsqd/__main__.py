@@ -23,9 +23,9 @@ GC_THRESHOLDS = (10_000, 10, 10)
 
 
 async def serve(opts, prebound: Prebound) -> None:
-    from runtime.daemon import serve_until_signalled  # noqa: PLC0415 (after the sockets exist: see above)
+    from runtime.daemon import serve_until_signalled  # after the sockets exist: see above
 
-    from .server import NSQD  # noqa: PLC0415
+    from .server import NSQD
 
     nsqd = NSQD(opts)
     nsqd.adopt(prebound)  # locked and bound before anything runs, so a refusal leaves nothing to stop
@@ -40,7 +40,7 @@ def _prebind(opts) -> Prebound:
     is imported (``supervisor.py``): this returns in each worker, while the parent watches them until they end."""
     prebound = prebind(opts)
     if opts.workers > 1:
-        from .supervisor import start_workers  # noqa: PLC0415 (only with workers)
+        from .supervisor import start_workers  # only with workers
 
         return start_workers(opts, prebound)
     return prebound

@@ -103,8 +103,12 @@ class NSQDRouter(Router):
                 body,
             )
         mesh = self.nsqd.mesh
-        if mesh is not None and match.route is not None and match.route.path in _OWNED_ROUTES:
-            owner = _topic_owner(mesh, request)
+        if mesh is not None and match.route is not None:
+            owner = None
+            if match.route.path in _OWNED_ROUTES:
+                owner = _topic_owner(mesh, request)
+            elif mesh.replicating and mesh.index and match.route.path in _REPLICATION_ROUTES:
+                owner = 0  # worker 0 runs the node's replication (nsqd/workers.py)
             if owner is not None:  # the topic's worker answers (nsqd/workers.py)
                 try:
                     status, headers, body = await mesh.forward_http(owner, request)
@@ -139,6 +143,9 @@ _OWNED_ROUTES = frozenset(
         "/channel/unpause",
     )
 )
+#: with replication, answered by worker 0, which keeps the replica stores and runs the replicator (``/ping``: its
+#: health says whether replication refuses publishes)
+_REPLICATION_ROUTES = frozenset(("/replica/takeover", "/ping"))
 
 
 def _topic_owner(mesh, request: Request) -> int | None:

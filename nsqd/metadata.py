@@ -58,7 +58,7 @@ class Prebound:
 def bind_addresses(opts) -> list[list]:
     """The listening sockets of ``--tcp-address``, ``--http-address`` and, when a certificate is configured,
     ``--https-address``, in that order (an unused one gets none); raises ``ListenError``."""
-    from runtime.startup import bind_all  # noqa: PLC0415 (light, but only start-up needs it)
+    from runtime.startup import bind_all  # light, but only start-up needs it
 
     # "" turns HTTP and HTTPS off, and HTTPS needs a certificate; nsqd listens on a unix socket where the TCP or
     # HTTP address is a path (Go's TypeOfAddr), HTTPS only on TCP

@@ -355,8 +355,6 @@ def validate(opts: Options) -> None:
         raise OptionsError("--actor-interlude must not be negative")
     if opts.workers < 1:
         raise OptionsError("--workers must be at least 1")
-    if opts.workers > 1:
-        _check_workers(opts)
     _check_replication(opts)
     if opts.replication_degraded not in ("refuse", "accept"):
         raise OptionsError("--replication-degraded must be 'refuse' or 'accept'")
@@ -421,15 +419,6 @@ def replication_acks(opts: Options) -> int:
     if opts.replication_min_insync:
         return opts.replication_min_insync - 1
     return min(1, len(opts.replicate_to))
-
-
-def _check_workers(opts: Options) -> None:
-    """What several workers do not carry yet is refused at start rather than half done (bench/MULTICORE.md)."""
-    not_yet = []
-    if opts.replicate_to:
-        not_yet.append("--replicate-to")
-    if not_yet:
-        raise OptionsError(f"{' and '.join(not_yet)} cannot be used with --workers above 1 yet")
 
 
 def is_go_only(name: str) -> bool:

@@ -145,6 +145,7 @@ class ReadPoller:
         self._again: set[int] = set()  # members a fresh look may serve again in the same step
         self._polling = False
         self._replies: list = []  # members whose answers wait for the end of the step (``defer_reply``)
+        self._step_end: list[Callable[[], None]] = []  # called once the step's answers are sent (``at_step_end``)
         #: the run's clock at the start of the current step (``run`` sets the clock; before it, +inf): members
         #: read it instead of the clock, once per step rather than once per member
         self.step_time = math.inf
@@ -212,8 +213,8 @@ class ReadPoller:
             else:  # the producers read were all there was
                 self.heavy_step = False
         finally:
-            if self._replies:
-                self._send_replies()
+            if self._replies or self._step_end:
+                self._end_step()
             self._polling = False
         return len(events) + len(taken)
 
@@ -224,6 +225,27 @@ class ReadPoller:
             return False
         self._replies.append(member)
         return True
+
+    def at_step_end(self, callback: Callable[[], None]) -> bool:
+        """Inside a step: have ``callback()`` called at its very end, after every member was served and every
+        deferred answer sent (a heavy member's too), and return True; outside one, False (the caller acts at
+        once). Durable mode's group commit of the publishes that came over the workers' links
+        (``WorkerMesh.handle_batch``) waits there, so that one fsync covers them and the step's own publishes."""
+        if not self._polling:
+            return False
+        self._step_end.append(callback)
+        return True
+
+    def _end_step(self) -> None:
+        """The deferred answers, then the ``at_step_end`` calls, and again whatever those deferred."""
+        while True:
+            if self._replies:
+                self._send_replies()
+            if not self._step_end:
+                return
+            callbacks, self._step_end = self._step_end, []
+            for callback in callbacks:
+                callback()
 
     def _send_replies(self) -> None:
         """The step's end: every deferred answer, still inside the step (an interlude cannot start a step here),
@@ -247,8 +269,8 @@ class ReadPoller:
             if light:
                 self._serve(light, producers, below)
         finally:
-            if self._replies:
-                self._send_replies()
+            if self._replies or self._step_end:
+                self._end_step()
             self._polling = False
 
     def _sort(self, events: list[tuple[int, int]], below: float = math.inf) -> tuple[list[int], list[int], int]:

@@ -49,6 +49,7 @@ from .queues.offset_log import OffsetLog
 from .replication import ReplicaHost, Replicator, attach_channel, attach_replication
 from .replication.adopted import drop_adopted
 from .replication.replace import PeerReplacer, current_peers
+from .replication.restore import LostCopies
 from .replication.sender import load_state, save_state
 from .replication.snapshot import Backfill
 from .stats_cache import StatsCache
@@ -159,8 +160,8 @@ class NSQD:
         self.replica_host = ReplicaHost(self)
         #: messages of this node a replica adopted that it had finished (``_replication_adopted``): delivered twice
         self.duplicates_after_takeover = 0
-        #: (topic, channel) -> ids of the copies replicas sent back after damage (put back once, whichever sends)
-        self._restored: dict[tuple[str, str], set[bytes]] = {}
+        #: what this node's queues found lost, and which copies replicas sent back for them go in again
+        self.lost_copies = LostCopies()
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
         self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
         #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
@@ -199,7 +200,8 @@ class NSQD:
         self._accept_scope = trio.CancelScope()
         self._connections_scope = trio.CancelScope()
         self._connections: trio.Nursery | None = None  # the client connections' tasks (``_serve``)
-        self._taken_early: list[tuple] = []  # connections handed over before ``_serve`` started (``take_connection``)
+        #: connections handed over before ``_serve`` started (``take_connection``, ``take_replication``)
+        self._taken_early: list[tuple] = []
         self._stopped = trio.Event()
 
     # -- topics ----------------------------------------------------------------------------------
@@ -262,7 +264,9 @@ class NSQD:
     def _queue_damaged(self, queue: DiskQueue, count: int) -> None:
         """A disk queue found records damaged or lost while reading: its replicas send back their copies
         (``Replicator.queue_damaged``); without replication they are lost, counted in ``damaged_count``."""
+        lost = queue.take_lost()
         if self.replication is not None and queue.damage_at is not None:
+            self.lost_copies.note_queue(queue.name, lost)
             self.replication.queue_damaged(queue.name, queue.damage_at)
 
     def _open_log(self, name: str, create: bool) -> OffsetLog | None:
@@ -542,6 +546,8 @@ class NSQD:
                 if self.replication is not None:
                     await nursery.start(self.replication.run)
                     nursery.start_soon(self.replication.wait_started, REPLICATION_START_TIMEOUT)
+                    if self.mesh is not None:
+                        nursery.start_soon(self._tell_workers_started)
                 if self.replacer is not None:
                     await nursery.start(self.replacer.run)
                 nursery.start_soon(self._serve, listeners)
@@ -557,6 +563,11 @@ class NSQD:
                     await listener.aclose()
             self._close_topics()
 
+    async def _tell_workers_started(self) -> None:
+        assert self.replication is not None and self.mesh is not None
+        await self.replication.ready.wait()
+        self.mesh.replication_started()
+
     @property
     def node_name(self) -> str:
         """This node as its peers name it in ``--replicate-to``: broadcast address and TCP port."""
@@ -567,7 +578,10 @@ class NSQD:
 
     def _start_replication(self) -> None:
         """Open the replica stores, and with ``--replicate-to`` the origin's sender (its node name needs the
-        bound TCP port); the topics loaded from the metadata join it."""
+        bound TCP port); the topics loaded from the metadata join it. With ``--workers``, worker 0 alone
+        (workers.py)."""
+        if self.mesh is not None and self.mesh.index != 0:
+            return
         self.replica_host.load()
         opts = self.opts
         if not opts.replicate_to:
@@ -683,32 +697,56 @@ class NSQD:
                 created,
             )
 
-    def _replication_restored(self, topic_name: str, channel_name: str, messages) -> int:
-        """Copies a replica sent back for channel ``channel_name`` after this node found its files damaged: each
-        goes into that channel again (with the attempts and due time it had there), unless a replica sent it
-        already (several replicas send the same copies). The replica still holds them, waiting for this channel's
-        FINs, so they are not replicated again. Returns how many went in."""
-        topic = self.topics.get(topic_name)
-        channel = topic.channels.get(channel_name) if topic is not None else None
-        if channel is None:
+    def _replication_restored(self, peer: str, topic_name: str | None, channel_name: str, messages) -> int:
+        """Copies replica ``peer`` sent back for channel ``channel_name`` after this node found its files damaged
+        (``topic_name`` None: its RESTORED, after the last of them). ``LostCopies`` (``replication/restore.py``)
+        says which go into their channel again: those that match a record lost here, and the others only when
+        what was lost is not fully known. Each goes in with the attempts and due time it had there. The replica
+        still holds them, waiting for this channel's FINs, so they are not replicated again. Returns how many
+        went in."""
+        lost = self.lost_copies
+        if topic_name is None:
+            batches = lost.settle(peer, self._channel_holds)
+        elif self._channel(topic_name, channel_name) is None:
             return 0
-        sent = self._restored.setdefault((topic_name, channel_name), set())
+        else:
+            held = partial(self._channel_holds, topic_name, channel_name)
+            batches = [(topic_name, channel_name, lost.sort(peer, topic_name, channel_name, messages, held))]
+        count = 0
         now_ns = time.time_ns()
-        fresh = [
-            Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
-            for m in messages
-            if m.id not in sent
-        ]
-        sent.update(m.id for m in fresh)
-        if fresh:
-            channel.put_many(fresh)
+        for topic_name, channel_name, copies in batches:
+            channel = self._channel(topic_name, channel_name)
+            if channel is None or not copies:
+                continue
+            channel.put_many(
+                [
+                    Message(m.id, m.body, m.timestamp, m.attempts, max(m.due_ns - now_ns, 0) / 1e9 if m.due_ns else 0.0)
+                    for m in copies
+                ]
+            )
+            count += len(copies)
             log.warning(
-                "REPLICATION: %d message(s) of %s:%s lost to damaged files put back from a replica's copies",
-                len(fresh),
+                "REPLICATION: %d message(s) of %s:%s lost to damaged files put back from the copies of %s",
+                len(copies),
                 topic_name,
                 channel_name,
+                peer,
             )
-        return len(fresh)
+        return count
+
+    def _channel(self, topic_name: str, channel_name: str):
+        topic = self.topics.get(topic_name)
+        return topic.channels.get(channel_name) if topic is not None else None
+
+    def _channel_holds(self, topic_name: str, channel_name: str) -> set[bytes]:
+        """The ids a channel holds in memory, in flight or deferred (its disk backlog is not read)."""
+        channel = self._channel(topic_name, channel_name)
+        if channel is None:
+            return set()
+        held = {m.id for m in channel.queue}
+        held.update(channel.in_flight)
+        held.update(m.id for _due, m in channel.deferred.entries())
+        return held
 
     def replication_ssl_context(self):
         """With a certificate, replication streams go over TLS: peers checked against ``--tls-root-ca-file``
@@ -776,8 +814,11 @@ class NSQD:
         with self._connections_scope:
             async with trio.open_nursery() as connections:
                 self._connections = connections
-                for taken in self._taken_early:
-                    connections.start_soon(self._handle_tcp, *taken)
+                for stream, client, unread, replication in self._taken_early:
+                    if replication:
+                        connections.start_soon(self._serve_replication, stream, unread)
+                    else:
+                        connections.start_soon(self._handle_tcp, stream, client, unread)
                 self._taken_early.clear()
                 with self._accept_scope:
                     async with trio.open_nursery() as acceptors:
@@ -797,9 +838,38 @@ class NSQD:
         client.handed_over = True
         self.clients[client.id] = client  # listed at once: a /stats meanwhile finds the producer in one worker
         if self._connections is None:  # read off a link before this worker serves clients: served once it does
-            self._taken_early.append((stream, client, unread))
+            self._taken_early.append((stream, client, unread, False))
         else:
             self._connections.start_soon(self._handle_tcp, stream, client, unread)
+
+    def take_replication(self, fd: int, unread: bytes) -> None:
+        """Serve a replication stream another worker accepted (``WorkerMesh.hand_replication``), with the bytes it
+        read past the magic."""
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+        if self.exiting:
+            stream.socket.close()
+            return
+        if self._connections is None:
+            self._taken_early.append((stream, None, unread, True))
+        else:
+            self._connections.start_soon(self._serve_replication, stream, unread)
+
+    async def _serve_replication(self, stream: trio.SocketStream, unread: bytes) -> None:
+        try:
+            remote = format_address(stream.socket.getpeername())
+        except OSError:
+            await stream.aclose()
+            return
+        log.info("TCP: replication stream(%s) taken over from another worker", remote)
+        try:
+            await self.replica_host.serve(stream, remote, unread)
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            log.info("[%s] connection error: %s", remote, group.exceptions[0])
+        except* Exception as group:
+            log.exception("[%s] internal error", remote, exc_info=group)
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
 
     async def _handle_tcp(self, stream: trio.SocketStream, handed: Client | None = None, unread: bytes = b"") -> None:
         """Serve one TCP connection: a new one from its magic on, or one another worker ``handed`` over."""
@@ -830,8 +900,16 @@ class NSQD:
                 log.info("[%s] closed before sending the protocol magic", remote)
                 return
             if magic[:4] == MAGIC_R1 and self.mesh is not None:
-                log.error("[%s] replication stream refused: this node runs --workers above 1", remote)
-                return
+                if not self.mesh.replicating:
+                    log.error(
+                        "[%s] replication stream refused: this node runs --workers above 1 without --replicate-to",
+                        remote,
+                    )
+                    return
+                if self.mesh.index != 0:  # worker 0 keeps the replica stores (workers.py)
+                    log.info("[%s] replication stream: handed to worker 0", remote)
+                    self.mesh.hand_replication(stream.socket.fileno(), magic[4:])
+                    return
             if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)
                 await self.replica_host.serve(stream, remote, magic[4:])
                 return
@@ -843,6 +921,8 @@ class NSQD:
             log.info("[%s] PROTOCOL(V2)", remote)
             if self.replication is not None and self.replication.starting:
                 await self.replication.ready.wait()  # clients wait until the peers said what is still ours
+            elif self.mesh is not None and self.mesh.replication_ready is not None:
+                await self.mesh.replication_ready.wait()  # (worker 0's replicator: ``replication_started``)
             opts = self.opts
             client = Client(
                 next(self._client_ids),

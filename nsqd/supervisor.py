@@ -64,7 +64,7 @@ _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 def start_workers(opts, prebound: Prebound) -> Prebound:
     """Fork ``opts.workers`` workers. In each worker: returns ``prebound`` with its ``mesh`` set. In the parent:
     supervises them and never returns (``SystemExit`` with the node's exit code)."""
-    from .queues.atomic_file import remove_stray_temporaries  # noqa: PLC0415 (light)
+    from .queues.atomic_file import remove_stray_temporaries  # light
 
     for name in remove_stray_temporaries(opts.data_path or os.getcwd()):  # before any worker writes one
         log.info("NSQ: removed %s, a temporary file left by an interrupted write", name)
@@ -90,9 +90,9 @@ def start_workers(opts, prebound: Prebound) -> Prebound:
 
 
 def _become_worker(prebound: Prebound, index: int, count: int, pairs: dict, parent: int, start_time: int) -> Prebound:
-    from runtime import startup  # noqa: PLC0415 (light; only a worker needs it here)
+    from runtime import startup  # light; only a worker needs it here
 
-    startup._BOUND_UNIX_PATHS.clear()  # noqa: SLF001 (the parent removes the socket files, once, at the end)
+    startup._BOUND_UNIX_PATHS.clear()  # the parent removes the socket files, once, at the end
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the call above

@@ -27,6 +27,14 @@ poller (the records of one step go together), read at the other end by its read 
 - worker 0 alone registers with nsqlookupd and writes ``nsqd.dat``: the others send it their topics and channels as
   they change (``RelayLookup``, ``RelayMetadata``).
 
+With replication (``--replicate-to``), worker 0 owns every topic and alone runs the node's replication: its
+``Replicator``, its replica stores, takeovers and peer replacement, as one nsqd does. The other workers do their
+connections' work, and their publishes cross to worker 0 as above, each answered once the peers hold it
+(``_answer_replicated``), never acknowledged early. A replication stream another worker accepts goes to worker 0
+before anything past its magic is parsed (``hand_replication``), and the replication routes of the HTTP API and
+``/ping`` are answered by worker 0. Until worker 0's replicator is ready (its peers said what is still this
+node's), the others' client connections wait, as worker 0's do (``replication_ready``).
+
 A link that closes while the node is not stopping means a worker died: this worker stops too (the parent stops
 the node; see ``supervisor.py``).
 """
@@ -345,9 +353,17 @@ class WorkerMesh:
             self.metadata_links = {peer: Link(self, peer, sock) for peer, sock in sockets.metadata_links.items()}
         else:
             self.metadata_socket = sockets.metadata_links.get(0)
-        #: durable mode: publishes are answered once the group commit that follows their batch covers them
+        #: durable mode: publishes are answered once the group commit at the end of their step covers them
         self.durable: bool = nsqd.durable
-        self._uncommitted: list[int] | None = None  # in a batch in durable mode: the publishes it took
+        #: ``--replicate-to``: worker 0 owns every topic and runs the node's replication (see "Replication" in
+        #: bench/MULTICORE.md); a publish that crosses is answered once the peers hold it
+        self.replicating: bool = bool(nsqd.opts.replicate_to)
+        #: a worker other than 0 of a replicating node: set once worker 0 learnt from its peers what is still its
+        #: own (``Replicator.ready``); client connections wait for it, as they wait for the replicator in worker 0
+        self.replication_ready: trio.Event | None = trio.Event() if self.replicating and self.index else None
+        #: durable mode, from a batch to the commit at the end of its step: the publishes taken, (worker, call id,
+        #: the seq of its replication frame)
+        self._uncommitted: list[tuple[int, int, int]] | None = None
         self._owners: dict[str | bytes, int] = {}
         self._calls: dict[int, Any] = {}  # request id -> [Event, answer, worker]
         self._callbacks: dict[int, tuple[int, Callable]] = {}  # request id -> (worker, called with the answer)
@@ -365,6 +381,8 @@ class WorkerMesh:
 
     # -- ownership ---------------------------------------------------------------------------------------------
     def owner(self, name: str | bytes) -> int:
+        if self.replicating:
+            return 0
         owner = self._owners.get(name)
         if owner is None:
             if len(self._owners) > 100_000:
@@ -462,7 +480,8 @@ class WorkerMesh:
     def publish_acknowledged(self, topic_name: str, bodies: list[bytes], defer: float) -> bool:
         """Send a publish to the topic's owner that the caller acknowledges now (no answer comes back); False when
         it must wait for the owner's answer instead (``publish_soon``): the owner's disk refused this topic's
-        last publish (until one is taken again), durable mode (an OK only after the owner's sync), or the link
+        last publish (until one is taken again), durable mode (an OK only after the owner's sync), replication (an
+        OK only once the owner's peers hold the messages), or the link
         to the owner is backed up (the owner falls behind: its answers pace the producers, as one nsqd's pace).
 
         Nothing acknowledged so is lost while the node runs: the owner refuses a publish only while it stops,
@@ -473,7 +492,7 @@ class WorkerMesh:
         (``full``): this topic's next publishes here wait for the owner's answer, and are refused as a single
         nsqd refuses them. bench/MULTICORE.md has the argument in full."""
         link = self.links[self.owner(topic_name)]
-        if self.durable or topic_name in self._failing or link.backed_up():
+        if self.durable or self.replicating or topic_name in self._failing or link.backed_up():
             return False
         link.send(("pubq", topic_name, bodies, defer))
         return True
@@ -535,6 +554,21 @@ class WorkerMesh:
         link.send(("hand", info, unread))
         self.handed_over += 1
 
+    def hand_replication(self, fd: int, unread: bytes) -> None:
+        """Give a replication stream (``  R1``: an origin's stream, or a CONFIRM, ASK or release connection) to
+        worker 0, which keeps the replica stores: its descriptor goes with the link's next write, with the bytes
+        read past the magic (``unread``); the caller closes its own descriptor without a word to the peer."""
+        link = self.links[0]
+        link.handing.append(os.dup(fd))
+        link.send(("r1", unread))
+        self.handed_over += 1
+
+    def replication_started(self) -> None:
+        """Worker 0: the replicator is ready (its peers said what is still this node's): the others serve
+        their clients from now on."""
+        for link in self.links.values():
+            link.send(("ready",))
+
     def consumer_gone(self, client: Client) -> None:
         self._consumers.pop(client.id, None)
 
@@ -585,12 +619,17 @@ class WorkerMesh:
         that worker acknowledged early to topics here (a link keeps its order), so this worker's part, collected
         last, counts them."""
         parts = []
+        replication = None  # worker 0's section: it runs the node's replication and keeps its replica stores
         for peer in self.links:
             try:
                 parts.append(await self.call(peer, "stats", channel, include_clients, include_mem, topic))
             except WorkerGone:
                 continue
+            if peer == 0:
+                replication = parts[-1].replication
         own = self._stats_part(topic, channel, include_clients, include_mem)
+        if self.index == 0:
+            replication = own.replication
         parts.insert(0, own)
         topics = sorted((entry for part in parts for entry in part.topics or ()), key=lambda t: t.topic_name)
         found = any(part.topics is not None for part in parts)
@@ -608,39 +647,71 @@ class WorkerMesh:
             producers=tuple(producers) if listed else None,
             tcp_connections=sum(part.tcp_connections for part in parts),
             http_connections=sum(part.http_connections for part in parts),
-            replication=own.replication,
+            replication=replication,
         )
 
     # -- what comes over the links -----------------------------------------------------------------------------
     def handle_batch(self, peer: int, batch: list[tuple]) -> None:
         """The records of one batch, in order; a run of publishes to one topic (PUBs of many connections, read in
         one step of the sender) is published with one ``Topic.publish``, as the fast path publishes a step's PUBs
-        (``fastpath.py``), and each is answered. In durable mode the batch ends with a group commit, as a step of
-        connections here does (``queues/group_commit.py``): the publishes it took, and a topic or channel it
-        created, are synced before any of its answers leaves (the link writes them after this step), and a
-        failed sync answers each of its publishes ``sync``, as one nsqd fails them (E_PUB_FAILED)."""
-        if self.durable:
-            self._uncommitted = []
-            try:
-                self._handle_records(peer, batch)
-            finally:
-                self._commit(peer)
-        else:
+        (``fastpath.py``), and each is answered. In durable mode the publishes are answered after a group commit
+        at the end of the read poller's step (``ReadPoller.at_step_end``), after every batch and connection of
+        the step was read: one fsync covers the publishes of every link and those of this worker's own producers
+        (whose writers then find nothing owed), where a commit per batch made one fsync per link batch and
+        another for the step's own publishes (durable MPUB with two workers ran at 0.28-0.41x of one worker's
+        rate). The publishes taken, and a topic or channel created, are synced before any of their answers
+        leaves (the links write them after the commit), and a failed sync answers each of its publishes
+        ``sync``, as one nsqd fails them (E_PUB_FAILED). Outside a step the batch commits at its end."""
+        if not self.durable:
             self._handle_records(peer, batch)
+            return
+        if self._uncommitted is not None:  # a commit is due at the end of this step already
+            self._handle_records(peer, batch)
+            return
+        self._uncommitted = []
+        if self.nsqd.read_poller.at_step_end(self._commit):
+            self._handle_records(peer, batch)
+            return
+        try:
+            self._handle_records(peer, batch)
+        finally:
+            self._commit()
 
-    def _commit(self, peer: int) -> None:
+    def _commit(self) -> None:
         uncommitted, self._uncommitted = self._uncommitted, None
         barrier = self.nsqd.sync_barrier
-        reason = "sync" if barrier and not barrier.commit() else None
-        for call_id in uncommitted or ():
-            self._answer(peer, call_id, reason)
+        failed = bool(barrier) and not barrier.commit()
+        for peer, call_id, seq in uncommitted or ():
+            if failed:
+                self._answer(peer, call_id, "sync")
+            else:
+                self._answer_replicated(peer, call_id, seq)
 
     def _answer_published(self, peer: int, call_id: int, reason: str | None) -> None:
-        """A publish's answer; in a batch in durable mode, a publish taken is answered after the commit."""
-        if reason is None and self._uncommitted is not None:
-            self._uncommitted.append(call_id)
-        else:
+        """A publish's answer, given right after it was published here; in durable mode, a publish taken is
+        answered after the commit that covers it; with replication, once the peers hold it
+        (``_answer_replicated``)."""
+        replication = self.nsqd.replication
+        seq = replication.seq if replication is not None else 0  # the publish's frame: nothing came after it yet
+        if reason is not None:
             self._answer(peer, call_id, reason)
+        elif self._uncommitted is not None:
+            self._uncommitted.append((peer, call_id, seq))
+        else:
+            self._answer_replicated(peer, call_id, seq)
+
+    def _answer_replicated(self, peer: int, call_id: int, seq: int) -> None:
+        """Answer a publish taken here once ``--replication-acks`` peers hold its frame ``seq``, as a connection
+        here writes its OK (``Connection._writer``): at once in ``accept`` mode while degraded, ``replication
+        degraded`` (the publish fails, the producer's connection closes) when the peers go away in ``refuse``
+        mode first. The ACK that covers it answers, with no task (``Replicator.call_when_acked``)."""
+        replication = self.nsqd.replication
+        if replication is None or seq <= replication.acked:
+            self._answer(peer, call_id, None)
+        elif replication.degraded:
+            self._answer(peer, call_id, "replication degraded" if replication.degraded_mode == "refuse" else None)
+        else:
+            replication.call_when_acked(seq, partial(self._answer_replicated, peer, call_id, seq))
 
     def _handle_records(self, peer: int, batch: list[tuple]) -> None:
         run: list[tuple] = []
@@ -722,6 +793,20 @@ class WorkerMesh:
         self.taken_over += 1
         self.nsqd.take_connection(fd, info, unread)
 
+    def _on_r1(self, peer: int, unread: bytes) -> None:
+        """A replication stream another worker accepted (``hand_replication``): served here, unless the node is
+        stopping (then closed, as the other worker would have closed it)."""
+        fd = self.links[peer].received.popleft()
+        if self.nsqd.exiting:
+            os.close(fd)
+            return
+        self.taken_over += 1
+        self.nsqd.take_replication(fd, unread)
+
+    def _on_ready(self, peer: int) -> None:
+        if self.replication_ready is not None:
+            self.replication_ready.set()
+
     def _on_load(self, peer: int, share: float) -> None:
         self.peer_load[peer] = share
 
@@ -739,6 +824,8 @@ class WorkerMesh:
         nsqd = self.nsqd
         if nsqd.exiting:
             return "exiting"
+        if nsqd.replication is not None and nsqd.replication.refusing():
+            return "replication degraded"
         try:
             nsqd.get_topic(topic_name).publish(bodies, defer, defer_sync=self.durable)  # synced by ``_commit``
         except TopicExiting:
@@ -762,7 +849,7 @@ class WorkerMesh:
             refusal = f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}"
             self._answer(peer, call_id, ("E_SUB_FAILED", refusal))
             return
-        client = RemoteClient.from_fields(next(nsqd._client_ids), info)  # noqa: SLF001
+        client = RemoteClient.from_fields(next(nsqd._client_ids), info)
         client.attach(self.links[peer], front_id)
         client.channel = channel
         client.state = ClientState.SUBSCRIBED
@@ -797,7 +884,7 @@ class WorkerMesh:
             self._refused(client, "E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {reason}")
 
     def _on_req(self, peer: int, front_id: int, msg_id: bytes, delay: float) -> None:
-        from .channel import ChannelError  # noqa: PLC0415 (the channel module is loaded by then)
+        from .channel import ChannelError  # the channel module is loaded by then
 
         found = self._stand_in(peer, front_id)
         if found is None:
@@ -809,7 +896,7 @@ class WorkerMesh:
             self._refused(client, "E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed {error}")
 
     def _on_touch(self, peer: int, front_id: int, msg_id: bytes, msg_timeout: float) -> None:
-        from .channel import ChannelError  # noqa: PLC0415
+        from .channel import ChannelError
 
         found = self._stand_in(peer, front_id)
         if found is None:
@@ -856,7 +943,7 @@ class WorkerMesh:
         self._nursery.start_soon(self._answer_http, peer, call_id, request)
 
     async def _answer_http(self, peer: int, call_id: int, request: Request) -> None:
-        from protocol.http import run_deferred  # noqa: PLC0415
+        from protocol.http import run_deferred
 
         router = self.router
         assert router is not None
@@ -925,6 +1012,8 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "pubq": WorkerMesh._on_pubq,
     "full": WorkerMesh._on_full,
     "hand": WorkerMesh._on_hand,
+    "r1": WorkerMesh._on_r1,
+    "ready": WorkerMesh._on_ready,
     "load": WorkerMesh._on_load,
     "drained": WorkerMesh._on_drained,
     "sub": WorkerMesh._on_sub,

@@ -266,7 +266,7 @@ def run_daemon(
     """
     opts = parse_options(sys.argv[1:] if argv is None else argv)
     # no log line names its source file, thread or process: skip looking them up (logging's "Optimization")
-    logging._srcfile = None  # noqa: SLF001
+    logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     log = setup_logging(prefix=opts.log_prefix, level=opts.log_level, name=name)
     for flag in getattr(opts, "ignored_flags", ()):
@@ -280,7 +280,7 @@ def run_daemon(
         # the addresses are taken before trio and the daemon are imported (most of start-up): a client that
         # connects meanwhile waits in the kernel's accept queue instead of being refused
         prepared = prebind(opts) if prebind is not None else None
-        import trio  # noqa: PLC0415 (imported here, after the listeners exist: see above)
+        import trio  # imported here, after the listeners exist: see above
 
         flusher = log_flusher(log)  # the loop's INFO lines written once per turn (logfmt's notes)
         instruments: list[Any] = [flusher] if flusher is not None else []  # trio takes the hooks' duck type

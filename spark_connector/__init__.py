@@ -31,7 +31,7 @@ def _register_active_session() -> None:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
-    except Exception:  # noqa: BLE001 - executors and planners have no session: nothing to do
+    except Exception:  # executors and planners have no session: nothing to do
         return
     if spark is not None:
         register(spark)

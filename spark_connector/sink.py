@@ -348,8 +348,8 @@ class NsqStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator) -> NsqCommitMessage:
         return write_partition(self.options, self.columns, iterator)
 
-    def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's name
+    def commit(self, messages: list, batchId: int) -> None:  # Spark's name
         summarize(messages, self.options, batchId, "committed")
 
-    def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's name
+    def abort(self, messages: list, batchId: int) -> None:  # Spark's name
         summarize(messages, self.options, batchId, "aborted")

@@ -310,7 +310,7 @@ class MessageLog:
                     try:
                         batch = wal_pb2.Batch.FromString(payload)
                         Columns.from_batch(batch)
-                    except Exception:  # noqa: BLE001 - any decode failure is corruption
+                    except Exception:  # any decode failure is corruption
                         problem = "an undecodable record"
                     else:
                         if batch.first_position != position:

@@ -36,11 +36,15 @@ import struct
 
 import google_crc32c
 
-__all__ = ["ENTRY", "SideFile", "crc_of", "entries_of", "side_file_name"]
+__all__ = ["ENTRY", "LostRecords", "SideFile", "crc_of", "entries_of", "side_file_name"]
 
 #: one entry: the record's length, the CRC-32C of its length field and its bytes
 ENTRY = struct.Struct(">II")
 _LENGTH = struct.Struct(">i")
+#: the start of a message record as framed in a segment: length field, timestamp, attempts (``nsqd.message``)
+_MESSAGE_START = struct.Struct(">iqH")
+#: attempts tried beyond a message's known count when matching it against a lost record (``LostRecords.claim``)
+_ATTEMPTS_SLACK = 16
 _value = google_crc32c.value
 _extend = google_crc32c.extend
 #: entries read from a side file at once while reading its segment
@@ -123,15 +127,82 @@ class SideFile:
 
     def count_from(self, index: int) -> int:
         """Entries from ``index`` to the end of the side file: records the segment should still hold there."""
+        return len(self.entries_from(index))
+
+    def entries_from(self, index: int, pos: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+        """``(length, crc)`` of the records ``count_from`` counts (what a reader finds lost, named for whoever
+        can get them back). With ``end``, only those that start before byte ``end`` (record ``index`` starts at
+        ``pos``): a file still being written gets entries for records appended after a reader took ``end`` as
+        its end, and those are not lost. An entry missing there leaves the offsets unknown: the count stops."""
         try:
             size = os.fstat(self.fd).st_size
         except OSError:
-            return 0
-        count = 0
+            return []
+        found = []
         for i in range(index, size // 8):
-            if self.entry(i) is not None:
-                count += 1
-        return count
+            entry = self.entry(i)
+            if end is not None:
+                if entry is None or pos >= end:
+                    break
+                pos += 4 + entry[0]
+            if entry is not None:
+                found.append(entry)
+        return found
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+class LostRecords:
+    """The records a queue found damaged or lost, by their side file entries: which messages they were is gone
+    with them, but an entry is a fingerprint of its record, so a copy of a message got from elsewhere (a replica)
+    can be told to be one of them (``claim``) or not. ``unknown``: records were lost without an entry (a file
+    missing with its side file, a file nsqd wrote, a depth found short): which is not known.
+
+    An entry claimed once is never added again (a backfill reading the same damage again finds it again)."""
+
+    __slots__ = ("entries", "unknown", "claimed", "_lengths")
+
+    def __init__(self) -> None:
+        self.entries: set[tuple[int, int]] = set()
+        self.unknown = False
+        self.claimed: set[tuple[int, int]] = set()
+        self._lengths: dict[int, int] = {}  # length -> entries of that length: most copies fail on it alone
+
+    def __bool__(self) -> bool:
+        return bool(self.entries) or self.unknown
+
+    def add(self, entries: list[tuple[int, int]] | set[tuple[int, int]] | None) -> None:
+        """Records lost: their entries, or None when they are not known."""
+        if entries is None:
+            self.unknown = True
+            return
+        lengths = self._lengths
+        for entry in entries:
+            if entry not in self.claimed and entry not in self.entries:
+                self.entries.add(entry)
+                lengths[entry[0]] = lengths.get(entry[0], 0) + 1
+
+    def merge(self, other: LostRecords) -> None:
+        self.add(other.entries)
+        self.unknown |= other.unknown
+
+    def claim(self, msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> bool:
+        """Whether this message, as a record of the queue, is one of the records lost (its entry is then claimed).
+        The record holds the attempts the queue wrote it with, which a copy from elsewhere may not know exactly:
+        ``attempts`` and the counts up to ``_ATTEMPTS_SLACK`` beyond it (and from 0) are tried."""
+        length = 26 + len(body)
+        if length not in self._lengths:
+            return False
+        entries = self.entries
+        tail = msg_id + body
+        for count in dict.fromkeys((attempts, *range(0, min(attempts + _ATTEMPTS_SLACK, 0xFFFF) + 1))):
+            entry = (length, _extend(_value(_MESSAGE_START.pack(length, timestamp, count)), tail))
+            if entry in entries:
+                entries.discard(entry)
+                self.claimed.add(entry)
+                left = self._lengths.pop(length) - 1
+                if left:
+                    self._lengths[length] = left
+                return True
+        return False

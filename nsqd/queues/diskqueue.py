@@ -129,7 +129,7 @@ from functools import partial
 from typing import TypeVar
 
 from .atomic_file import replace_file
-from .checksums import SideFile, entries_of, side_file_name
+from .checksums import LostRecords, SideFile, entries_of, side_file_name
 from .file_worker import FileWorker, remove_in_steps
 from .group_commit import SyncBarrier
 from .segment_reader import Damaged, SegmentReader, SplitRecords
@@ -240,6 +240,7 @@ class DiskQueue:
         "checksums",
         "on_damage",
         "damaged",
+        "lost",
         "damage_at",
         "_sum_fd",
         "_write_count",
@@ -290,6 +291,9 @@ class DiskQueue:
         self.checksums = checksums
         self.on_damage = on_damage
         self.damaged = 0
+        #: the side file entries of the records found damaged or lost since ``take_lost`` (``LostRecords``):
+        #: what a copy got back from elsewhere must match
+        self.lost = LostRecords()
         #: where the last damage was found, ``(file number, byte)``, when ``on_damage`` is called: records lost past
         #: the end of a file or with a missing one are placed at that file's end or start
         self.damage_at: tuple[int, int] | None = None
@@ -667,12 +671,19 @@ class DiskQueue:
         self._read_pos = damage.skip_to
         if not self._dirty:
             self._became_dirty()
-        self._lost(1)
+        self._lost(1, [damage.entry] if damage.entry is not None else None)
 
-    def _lost(self, count: int) -> None:
-        """``count`` records that cannot be read (damaged, or gone with a file cut short or missing)."""
+    def take_lost(self) -> LostRecords:
+        """The records found damaged or lost since the last call (``lost``), handed over."""
+        lost, self.lost = self.lost, LostRecords()
+        return lost
+
+    def _lost(self, count: int, entries: list[tuple[int, int]] | None) -> None:
+        """``count`` records that cannot be read (damaged, or gone with a file cut short or missing), with their
+        side file entries (None: not known)."""
         if count <= 0:
             return
+        self.lost.add(entries)
         self.damaged += count
         # records cut off past an unsynced meta were never in its depth (a crash mid-write): not below 0
         self._depth -= min(count, max(self._depth, 0))
@@ -800,10 +811,10 @@ class DiskQueue:
             return
         try:
             if not self._read_pos or sums.seek(self._read_pos):
-                lost = sums.count_from(sums.index)
+                lost = sums.entries_from(sums.index)
                 if lost:
-                    self.log.error("DISKQUEUE(%s): %s is missing: %d record(s) lost", self.name, path, lost)
-                    self._lost(lost)
+                    self.log.error("DISKQUEUE(%s): %s is missing: %d record(s) lost", self.name, path, len(lost))
+                    self._lost(len(lost), lost)
         finally:
             sums.close()
 
@@ -819,10 +830,10 @@ class DiskQueue:
                     self.name,
                     self.file_name(self._read_file_num),
                     self._read_pos,
-                    lost,
+                    len(lost),
                 )
                 self.damage_at = (self._read_file_num, self._read_pos)
-                self._lost(lost)
+                self._lost(len(lost), lost)
         if self.hold_reads:
             self._advance_read_file()
             self._release_files()
@@ -871,8 +882,8 @@ class DiskQueue:
         if reader is not None and reader.sums is not None:
             lost = reader.lost_at_end()
             if lost:
-                self.log.error("DISKQUEUE(%s): %d record(s) of %s lost", self.name, lost, path)
-                self._lost(lost)
+                self.log.error("DISKQUEUE(%s): %d record(s) of %s lost", self.name, len(lost), path)
+                self._lost(len(lost), lost)
         if self._read_file_num == self._write_file_num:
             # the write file itself is damaged: nothing more goes into it
             self._close_write_file()
@@ -928,7 +939,7 @@ class DiskQueue:
                 )
                 if self.damage_at is None:
                     self.damage_at = reader
-                self._lost(self._depth)
+                self._lost(self._depth, None)
             self._depth = 0
             if not self._dirty:
                 self._became_dirty()

@@ -147,7 +147,7 @@ class FileWorker:
                     on_error(exc)
                 else:
                     self.log.error("DISKQUEUE(%s): background file operation failed - %s", self.name, exc)
-            except BaseException:  # noqa: BLE001 - a bug in a job must not stop the queue's later jobs
+            except BaseException:  # a bug in a job must not stop the queue's later jobs
                 self.log.exception("DISKQUEUE(%s): background file operation crashed", self.name)
             with self._lock:
                 self.completed += 1
@@ -206,7 +206,7 @@ class ReadAhead:
             self._data = outcome.unwrap()
         except OSError as exc:
             self._error = exc
-        except BaseException as exc:  # noqa: BLE001 - reported to the reader as a read error
+        except BaseException as exc:  # reported to the reader as a read error
             self._error = OSError(str(exc))
         self._done.set()
 

@@ -57,14 +57,16 @@ class SplitRecords:
 
 class Damaged:
     """A damaged record that the side file's entries let the reader step over (``checksums.py``): it starts at
-    ``pos``, the next record at ``skip_to``; ``what`` says what was wrong."""
+    ``pos``, the next record at ``skip_to``; ``what`` says what was wrong; ``entry`` is its side file entry,
+    ``(length, crc)``, which names the record lost."""
 
-    __slots__ = ("pos", "skip_to", "what")
+    __slots__ = ("pos", "skip_to", "what", "entry")
 
-    def __init__(self, pos: int, skip_to: int, what: str) -> None:
+    def __init__(self, pos: int, skip_to: int, what: str, entry: tuple[int, int] | None = None) -> None:
         self.pos = pos
         self.skip_to = skip_to
         self.what = what
+        self.entry = entry
 
 
 class SegmentReader:
@@ -195,7 +197,7 @@ class SegmentReader:
                 elif length < low or length > high:
                     what = f"invalid record size {length}"
                 if what is not None:
-                    problem = Damaged(pos, pos + 4 + length, what)
+                    problem = Damaged(pos, pos + 4 + length, what, entry)
                     sums.index = index + 1
                     self._buf, self._base = buf, base
                     return pos, problem
@@ -215,9 +217,11 @@ class SegmentReader:
         self._base = base
         return pos, problem
 
-    def lost_at_end(self) -> int:
-        """Records the side file lists beyond the reader's position: what a segment cut short has lost."""
-        return self.sums.count_from(self.sums.index) if self.sums is not None else 0
+    def lost_at_end(self, pos: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+        """The entries (``(length, crc)``) of the records the side file lists beyond the reader's position: what a
+        segment cut short has lost. ``end``: the segment was still written when its reader took that as its end
+        (the reader stopped at ``pos``): records appended after it are not counted (``SideFile.entries_from``)."""
+        return self.sums.entries_from(self.sums.index, pos, end) if self.sums is not None else []
 
     def _fill(self, buf: bytes, base: int, pos: int, need: int, end: int) -> tuple[bytes, int, str | None]:
         """A buffer holding ``need`` bytes from ``pos``: returns it, the file offset it starts at (at most ``pos``)

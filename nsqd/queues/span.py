@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .checksums import SideFile
+from .checksums import LostRecords, SideFile
 from .segment_reader import Damaged, SegmentReader, SplitRecords
 
 __all__ = ["QueueSpan"]
@@ -42,11 +42,16 @@ class QueueSpan:
         self.log = log or _default_log
         self.damaged = 0  # records found damaged or lost
         self.found = False  # anything found wrong, counted or not
+        #: the side file entries ``(length, crc)`` of the records found damaged or lost, and whether some were lost
+        #: without one (a file missing with its side file, a file nsqd wrote): ``LostRecords``
+        self.lost = LostRecords()
         #: (path, reader or None when the file is missing, start, end)
         self.files: list[tuple[str, SegmentReader | None, int, int]] = []
         self._low, self._high = queue.min_msg_size, queue.max_msg_size
         read_num, read_pos = start if start is not None else queue.read_position()
         write_num, write_pos = queue.write_position()
+        #: the file written to at the capture: records appended to it later are not part of the span
+        self._live = queue.file_name(write_num)
         checked = getattr(queue, "checksums", False)
         try:
             for num in range(read_num, write_num + 1):
@@ -68,24 +73,27 @@ class QueueSpan:
             self.close()
             raise
 
-    def _lost(self, count: int) -> None:
+    def _lost(self, entries: list[tuple[int, int]] | None) -> None:
+        """Records lost: their side file entries, or None when how many and which is not known."""
         self.found = True
-        self.damaged += count
+        self.lost.add(entries)
+        if entries:
+            self.damaged += len(entries)
 
     def _missing(self, path: str, start: int) -> None:
         sums = SideFile.open(path)
-        lost = 0
+        lost = None
         if sums is not None:
             try:
                 if not start or sums.seek(start):
-                    lost = sums.count_from(sums.index)
+                    lost = sums.entries_from(sums.index)
             finally:
                 sums.close()
         self.log.error(
             "DISKQUEUE(%s): %s is missing: %s record(s) lost",
             self.name,
             path,
-            lost if sums is not None else "an unknown number of",
+            len(lost) if lost is not None else "an unknown number of",
         )
         self._lost(lost)
 
@@ -113,7 +121,7 @@ class QueueSpan:
                             path,
                             problem.what,
                         )
-                        self._lost(1)
+                        self._lost([problem.entry] if problem.entry is not None else None)
                         pos = problem.skip_to
                     elif problem is not None:
                         self.log.error(
@@ -123,16 +131,17 @@ class QueueSpan:
                             pos,
                             path,
                         )
-                        self._lost(0)
+                        # with a side file, the records it lists from there on are counted below
+                        self._lost(None if reader.sums is None else [])
                         break
-                lost = reader.lost_at_end()
+                lost = reader.lost_at_end(pos, end if path == self._live else None)
                 if lost:
                     self.log.error(
                         "DISKQUEUE(%s): %s ends at %d but its checksums list %d more record(s): lost",
                         self.name,
                         path,
                         pos,
-                        lost,
+                        len(lost),
                     )
                     self._lost(lost)
                 reader.close()

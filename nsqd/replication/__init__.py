@@ -81,10 +81,12 @@ Origin (``sender.py``, ``Replicator``), on with ``--replicate-to`` (repeatable) 
   backlogs as the queues read them (``queues/span.py``), so a damaged record is never sent, and on a version 2
   stream its SYNCED names each queue it found damaged, cut short or missing. Such a queue cannot say what it
   lost, so the replica sends back its copies of what those channels had not finished (RESTORE frames, then
-  RESTORED); the origin puts each into its channel once and does not replicate it again (the replica still
-  holds it). A queue stays owed to a peer, named in every backfill to it, until its RESTORED came; damage found
-  later, past what a peer's last backfill read, closes that peer's stream for a new backfill. A version 1 peer
-  cannot send copies back: those records are lost, and logged.
+  RESTORED), finished ones whose FINs it missed among them; the origin puts back, once, only those that match
+  the side file entry of a record it lost (``restore.py``: all of them when the loss is not fully known), and
+  does not replicate them again (the replica still holds them). A queue stays owed to a peer, named in every
+  backfill to it, until its RESTORED came; damage found later, past what a peer's last backfill read, closes
+  that peer's stream for a new backfill. A version 1 peer cannot send copies back: those records are lost, and
+  logged.
 
 Replica (``store.py``, ``ReplicaStore``; ``host.py``, ``ReplicaHost``), in every node:
 

@@ -357,8 +357,8 @@ class Replicator:
         self.snapshot = snapshot
         #: (peer address, epoch, ids): a peer adopted these messages of this node while it was away (``NSQD``)
         self.on_adopted = on_adopted
-        #: (topic, channel, [ReplicatedMessage]) -> how many were put back: copies a peer sent back after a backfill
-        #: that named damaged queues (``NSQD``)
+        #: (peer address, topic, channel, [ReplicatedMessage]) -> how many were put back: copies a peer sent back
+        #: after a backfill that named damaged queues (``NSQD``); topic None: that peer's RESTORED
         self.on_restore = on_restore
         self.restored_messages = 0  # copies put back into this node's channels after damage, in all
         #: (peer address, WELCOME's topics): what a peer knew of this node's topics and channels, sent when this
@@ -895,9 +895,11 @@ class Replicator:
             if event.seq == peer.synced:
                 peer.heal.difference_update(peer.declared)
                 log.info("REPLICATION: peer %s sent back everything it held of the damaged queues", peer.address)
+            if self.on_restore is not None:  # what it sent that matched no lost record may go back now
+                self.restored_messages += self.on_restore(peer.address, None, "", ())
             return
         if self.on_restore is not None:
-            self.restored_messages += self.on_restore(event.topic, event.channel, event.messages)
+            self.restored_messages += self.on_restore(peer.address, event.topic, event.channel, event.messages)
 
     def queue_damaged(self, name: str, where: tuple[int, int]) -> None:
         """A disk queue of this node (``name``: ``topic`` or ``topic:channel``) found a record damaged or lost at

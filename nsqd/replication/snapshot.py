@@ -94,6 +94,8 @@ class Backfill:
 
     def __init__(self, nsqd) -> None:
         self.count = 0
+        #: where what a disk backlog is found to have lost is noted (``restore.LostCopies``)
+        self._lost_copies = nsqd.lost_copies
         #: (topic, channel or "") of the disk backlogs found damaged while they were sent
         self.damaged: set[tuple[str, str]] = set()
         #: queue name -> its write position at the capture: damage its own reader finds later before that
@@ -244,6 +246,7 @@ class Backfill:
             await trio.lowlevel.checkpoint()
         if records.found:
             self.damaged.add((topic, channel))
+            self._lost_copies.note(topic, channel, records.lost)
             log.error(
                 "REPLICATION: the backfill found %d record(s) of %s damaged or lost: the replica is asked for "
                 "its copies",

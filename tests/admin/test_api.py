@@ -29,7 +29,7 @@ class NotificationSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's naming)
+            def do_POST(self):  # http.server's naming
                 length = int(self.headers.get("Content-Length", 0))
                 sink.received.put((self.headers.get("Content-Type"), json.loads(self.rfile.read(length))))
                 self.send_response(200)

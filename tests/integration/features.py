@@ -231,7 +231,7 @@ class ScriptedAuthServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 url = urlsplit(self.path)
                 query = parse_qs(url.query, keep_blank_values=True)
                 with server._cond:

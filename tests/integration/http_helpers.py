@@ -154,7 +154,7 @@ class StaticPage:
         import threading
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (the standard library's name)
+            def do_GET(self):  # the standard library's name
                 self.send_response(200)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))

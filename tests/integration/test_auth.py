@@ -60,7 +60,7 @@ class AuthServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server naming)
+            def do_GET(self):  # http.server naming
                 url = urlsplit(self.path)
                 query = parse_qs(url.query, keep_blank_values=True)
                 server.requests.append((url.path, query, dict(self.headers)))

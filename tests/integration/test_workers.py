@@ -77,14 +77,6 @@ def test_workers_not_a_number_on_the_command_line_is_a_usage_error(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_what_workers_do_not_carry_yet_is_refused(tmp_path):
-    assert_refused_start(
-        "nsqd",
-        ["--workers=2", "--replicate-to=127.0.0.1:1", "--tcp-address=127.0.0.1:0", f"--data-path={tmp_path}"],
-        "--replicate-to cannot be used with --workers above 1 yet",
-    )
-
-
 # --------------------------------------------------------------------------------------------------------------
 # --workers=2: one node to its clients. Each test uses a topic owned by each worker, so whichever worker accepts
 # a connection, one of its topics is served there and the other crosses to the other worker.

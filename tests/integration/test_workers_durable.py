@@ -21,10 +21,10 @@ import pytest
 from .harness import NsqdProcess, RawClient, mpub, pub
 from .http_helpers import post, stats, wait_for
 from .persistence_helpers import consume_holding_some, data_dirs, limited_process_class, publish_until_stopped, receive
-from .test_durable_full_disk import (  # noqa: F401 (collected here, against two workers)
+from .test_durable_full_disk import (
     DURABLE as FULL_DISK_FLAGS,
 )
-from .test_durable_full_disk import (  # noqa: F401
+from .test_durable_full_disk import (  # noqa: F401 (collected here, against two workers)
     FullDiskSetup,
     test_a_kill_9_after_a_channel_could_not_store_its_copy_loses_no_acknowledged_message,
     test_copies_kept_in_memory_go_to_disk_once_it_has_room_even_with_no_consumer,

@@ -28,7 +28,7 @@ from .test_log_channels import (  # noqa: F401 (collected here, against two work
     test_retention_by_time,
 )
 from .test_workers import owned_topics
-from .workers_harness import TwoWorkers, TwoWorkersDataDir
+from .workers_harness import TwoWorkers, TwoWorkersDataDir, two_workers_starter
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -41,16 +41,8 @@ def module_nsqd(tmp_path_factory):
 
 
 @pytest.fixture
-def nsqd_factory(tmp_path):
-    nodes: list[TwoWorkers] = []
-
-    def start(*args: str) -> TwoWorkers:
-        node = TwoWorkers(tmp_path / f"data{len(nodes)}", args)
-        nodes.append(node)
-        return node.start()
-
-    yield start
-    stop_all(nodes)
+def nsqd_factory(tmp_path_factory):
+    yield from two_workers_starter(lambda: tmp_path_factory.mktemp("nsqd-workers"))
 
 
 @pytest.fixture

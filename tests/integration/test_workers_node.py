@@ -44,8 +44,12 @@ def _server_socket_inode(server_port: int, client_port: int) -> str:
 def serving_worker(node: NsqdProcess, connection: http.client.HTTPConnection) -> int:
     """The worker that holds the server's end of ``connection`` (which has had one answer: it was accepted)."""
     assert connection.sock is not None
-    client_port = connection.sock.getsockname()[1]
-    inode = _server_socket_inode(connection.sock.getpeername()[1], client_port)
+    return accepting_worker(node, connection.sock)
+
+
+def accepting_worker(node: NsqdProcess, sock: socket.socket) -> int:
+    """The worker that holds the server's end of the TCP connection ``sock`` (answered once: it was accepted)."""
+    inode = _server_socket_inode(sock.getpeername()[1], sock.getsockname()[1])
     for index, pid in enumerate(worker_pids_in_order(node)):
         for fd in os.listdir(f"/proc/{pid}/fd"):
             try:

@@ -3,10 +3,13 @@ listen (its ``kill``, as every daemon's, is a kill -9 of every process of the no
 
 from __future__ import annotations
 
-from .harness import NsqdProcess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .harness import NsqdProcess, stop_all
 from .persistence_helpers import DataDir
 
-__all__ = ["TwoWorkers", "TwoWorkersDataDir"]
+__all__ = ["TwoWorkers", "TwoWorkersDataDir", "two_workers_starter"]
 
 
 class TwoWorkers(NsqdProcess):
@@ -26,3 +29,17 @@ class TwoWorkers(NsqdProcess):
 class TwoWorkersDataDir(DataDir):
     def start(self, process_class=TwoWorkers, **kwargs) -> NsqdProcess:
         return super().start(process_class, **kwargs)
+
+
+def two_workers_starter(new_data_path: Callable[[], Path]) -> Iterator[Callable[..., TwoWorkers]]:
+    """A fixture's generator: yields ``start(*flags)``, which starts a node on a new data directory; stops every
+    node it started when resumed."""
+    nodes: list[TwoWorkers] = []
+
+    def start(*args: str) -> TwoWorkers:
+        node = TwoWorkers(new_data_path(), args)
+        nodes.append(node)
+        return node.start()
+
+    yield start
+    stop_all(nodes)

@@ -10,6 +10,7 @@ import pytest
 
 from nsqd.queues.checksums import ENTRY, crc_of, side_file_name
 from nsqd.queues.diskqueue import DiskQueue
+from nsqd.queues.span import QueueSpan
 
 from .test_diskqueue import NAME, data_file, message, read_all
 
@@ -166,3 +167,61 @@ def test_hold_mode_steps_over_a_damaged_record(tmp_path):
     q = queue(tmp_path, hold_reads=True, sync_every=1)
     assert q.read_many(10) == [] and q.depth() == 0
     q.close()
+
+
+@pytest.mark.parametrize("roll", [False, True], ids=["still written", "rolled meanwhile"])
+def test_a_span_of_the_write_file_takes_records_appended_later_for_no_loss(tmp_path, caplog, roll):
+    # a backfill reads a span while publishes go on: the side file then lists records past the span's end, which
+    # were appended after it, not lost (they made every backfill under load ask its replica for copies)
+    q = queue(tmp_path, max_bytes_per_file=1000)
+    records = [message(n, body_size=74) for n in range(12)]  # 104 bytes framed, 9 per file
+    q.put_many(records[:5])
+    span = QueueSpan(q)
+    q.put_many(records[5:12] if roll else records[5:8])
+    assert q.write_position()[0] == (1 if roll else 0)
+    got = [r for batch in span.records(100, split=False) for r in batch]
+    assert got == records[:5]
+    assert (span.found, span.damaged, bool(span.lost)) == (False, 0, False)
+    assert "lost" not in caplog.text
+    q.close()
+
+
+def test_a_span_names_the_records_a_write_file_cut_short_lost(tmp_path, caplog):
+    q = queue(tmp_path)
+    records = [message(n, body_size=74) for n in range(6)]
+    q.put_many(records)
+    span = QueueSpan(q)
+    os.truncate(data_file(tmp_path, 0), 104 * 4)  # the last two records gone
+    got = [r for batch in span.records(100, split=False) for r in batch]
+    assert got == records[:4]
+    assert (span.found, span.damaged) == (True, 2)
+    # the entries name the records lost: a copy of one from elsewhere is told apart from any other message
+    assert not span.lost.claim(*_copy(records[3]))
+    assert all(span.lost.claim(*_copy(record)) for record in records[4:])
+    assert not span.lost
+    q.close()
+
+
+def test_the_queue_names_what_it_lost_for_the_copies_to_match(tmp_path, caplog):
+    records = [message(n, body_size=74, attempts=3) for n in range(12)]
+    q = queue(tmp_path, max_bytes_per_file=420)
+    q.put_many(records)
+    q.close()
+    os.truncate(data_file(tmp_path, 0), int(data_file(tmp_path, 0).stat().st_size * 0.4))
+    q = queue(tmp_path, max_bytes_per_file=420)
+    read_all(q)
+    lost = q.take_lost()
+    assert len(lost.entries) == 3 and not lost.unknown and not q.lost
+    assert not lost.claim(*_copy(records[0])) and not lost.claim(*_copy(records[4]))
+    # a copy may know fewer attempts than the record was written with (0 here, 3 there): those beyond are tried
+    assert all(lost.claim(*_copy(record)) for record in records[1:4])
+    assert not lost
+    lost.add([ENTRY.unpack(ENTRY.pack(len(records[1]), crc_of(struct.pack(">i", len(records[1])) + records[1])))])
+    assert not lost, "an entry claimed once is not lost again when the same damage is found again"
+    q.close()
+
+
+def _copy(record: bytes) -> tuple[bytes, int, int, bytes]:
+    """``LostRecords.claim``'s arguments for a copy of ``record``'s message that knows no attempts."""
+    timestamp, _attempts, msg_id = struct.unpack_from(">qH16s", record)
+    return msg_id, timestamp, 0, record[26:]

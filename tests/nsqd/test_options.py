@@ -423,7 +423,6 @@ VALIDATION_CASES = [
     ({"actor_interlude": -0.001}, "--actor-interlude must not be negative"),
     ({"workers": 0}, "--workers must be at least 1"),
     ({"workers": -2}, "--workers must be at least 1"),
-    ({"workers": 2, "replicate_to": ["h:1"]}, "--replicate-to cannot be used with --workers above 1 yet"),
     ({"replicate_to": ["nohost"]}, "--replicate-to 'nohost' is not HOST:PORT"),
     (
         {"replicate_to": ["h:1"], "replication_acks": 2},

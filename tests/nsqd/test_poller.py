@@ -632,3 +632,33 @@ async def test_scheduler_idle_sees_ready_tasks_and_due_deadlines(internals, monk
         assert not idle(now())  # a task ready to run
     with trio.CancelScope(deadline=now() + 60):
         assert idle(now()) and not idle(now() + 61)  # a deadline, due only later
+
+
+def test_step_end_calls_come_after_every_member_and_every_deferred_answer(pairs):
+    """``at_step_end`` (durable mode's commit of the publishes that came over the workers' links): called once the
+    heavy members were served too and the answers deferred before them were sent, then what it deferred is sent."""
+    poller = ReadPoller(light_read=2048)
+    events: list[str] = []
+
+    class Answering(Member):
+        def send_deferred(self) -> None:
+            events.append(f"answer {self.last_read}")
+
+    def on_call(member: Member) -> None:
+        events.append(f"read {member.last_read}")
+        assert poller.defer_reply(member)
+        if member.last_read == 10:
+            assert poller.at_step_end(step_end)
+
+    def step_end() -> None:
+        events.append("step end")
+        assert poller.defer_reply(late)  # an answer the commit made: sent in the same step
+
+    late = Answering(pairs(1)[0][0])
+    late.last_read = 0
+    for size, (ours, peer) in zip((10, 70_000), pairs(2), strict=True):
+        poller.add(ours.fileno(), Answering(ours, last_read=size, on_call=on_call))
+        peer.sendall(b"x")
+    assert not poller.at_step_end(step_end)  # outside a step
+    assert poller.poll_once() == 2
+    assert events == ["read 10", "answer 10", "read 70000", "answer 70000", "step end", "answer 0"]

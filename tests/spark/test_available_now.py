@@ -36,6 +36,13 @@ def nsqd_with_http_next(nsqd_at):
         return nsqd_at(port, None, f"--http-address=127.0.0.1:{port + 1}")
 
 
+def waiting_reader(tmp_path, nsqd, topic, prefix: str, count: int, **options) -> tuple[list[bytes], NsqStreamReader]:
+    """``count`` messages published to ``topic``, and a driver-path reader of it with ``options``."""
+    expected = bodies(prefix, 0, count)
+    publish(nsqd, topic, expected)
+    return expected, make_reader(tmp_path, **{"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, **options})
+
+
 def run_available_now(reader: NsqStreamReader, after_first_batch=None, timeout: float = 90) -> list[bytes]:
     """The bodies of every batch of an AvailableNow run, until a plan finds no new data."""
     reader.prepareForTriggerAvailableNow()
@@ -57,10 +64,7 @@ def run_available_now(reader: NsqStreamReader, after_first_batch=None, timeout: 
 
 def test_reads_a_backlog_past_the_backlog_bound_then_ends(tmp_path, nsqd_at, topic):
     nsqd = nsqd_with_http_next(nsqd_at)
-    expected = bodies("a", 0, 6000)
-    publish(nsqd, topic, expected)
-    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxBacklogMessages": 1000, "maxInFlight": 200}
-    reader = make_reader(tmp_path, **options)
+    expected, reader = waiting_reader(tmp_path, nsqd, topic, "a", 6000, maxBacklogMessages=1000, maxInFlight=200)
     late = bodies("late", 0, 3000)
     try:
         read = run_available_now(reader, after_first_batch=lambda: publish(nsqd, topic, late))
@@ -74,10 +78,7 @@ def test_reads_a_backlog_past_the_backlog_bound_then_ends(tmp_path, nsqd_at, top
 def test_nsqd_paused_for_seconds_does_not_end_it(tmp_path, nsqd_at, topic):
     """nsqd stopped (SIGSTOP) for two seconds after the first batch, as a loaded nsqd may pause."""
     nsqd = nsqd_with_http_next(nsqd_at)
-    expected = bodies("p", 0, 3000)
-    publish(nsqd, topic, expected)
-    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxBacklogMessages": 500, "maxInFlight": 100}
-    reader = make_reader(tmp_path, **options)
+    expected, reader = waiting_reader(tmp_path, nsqd, topic, "p", 3000, maxBacklogMessages=500, maxInFlight=100)
     resume = threading.Timer(2.0, os.kill, (nsqd.proc.pid, signal.SIGCONT))
 
     def pause() -> None:
@@ -98,10 +99,7 @@ def test_commit_mode_reads_more_than_max_in_flight(tmp_path, nsqd_at, topic):
     messages of a finished batch are FIN'd when Spark plans the next one, not at its commit
     (which Spark sends only once that plan found new data)."""
     nsqd = nsqd_with_http_next(nsqd_at)
-    expected = bodies("c", 0, 3000)
-    publish(nsqd, topic, expected)
-    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "ackMode": "commit", "maxInFlight": 500}
-    reader = make_reader(tmp_path, **options)
+    expected, reader = waiting_reader(tmp_path, nsqd, topic, "c", 3000, ackMode="commit", maxInFlight=500)
     try:
         read = run_available_now(reader)
     finally:
@@ -133,10 +131,7 @@ def test_ends_when_another_consumer_holds_the_rest(tmp_path, nsqd_at, topic, cap
 
 
 def test_without_the_http_api_the_bound_does_not_end_it(tmp_path, nsqd, topic, caplog):
-    expected = bodies("f", 0, 3000)
-    publish(nsqd, topic, expected)
-    options = {"nsqd.tcp.addresses": nsqd.tcp_address, "topic": topic, "maxBacklogMessages": 500, "maxInFlight": 100}
-    reader = make_reader(tmp_path, **options)
+    expected, reader = waiting_reader(tmp_path, nsqd, topic, "f", 3000, maxBacklogMessages=500, maxInFlight=100)
     try:
         with caplog.at_level(logging.INFO, logger="spark_connector.available_now"):
             read = run_available_now(reader)

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.harness import stop_all
 from tests.integration.test_workers import owned_topics
-from tests.integration.workers_harness import TwoWorkers
+from tests.integration.workers_harness import TwoWorkers, two_workers_starter
 from tests.spark.conftest import bodies, nsqd_starter, publish
 from tests.spark.test_log_path import (  # noqa: F401 (collected here, against two workers)
     start_query,
@@ -24,15 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def nsqd_factory(tmp_path_factory):
-    nodes: list[TwoWorkers] = []
-
-    def start(*args: str) -> TwoWorkers:
-        node = TwoWorkers(tmp_path_factory.mktemp("nsqd-workers"), args)
-        nodes.append(node)
-        return node.start()
-
-    yield start
-    stop_all(nodes)
+    yield from two_workers_starter(lambda: tmp_path_factory.mktemp("nsqd-workers"))
 
 
 @pytest.fixture

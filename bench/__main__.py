@@ -3,8 +3,9 @@
 Scenarios are the modules of this package that define ``NAME`` and ``run`` (see ``common.py``); the
 known ones run in the order below, any other one found afterwards. Each runs in its own process
 (``python -m bench.<name>``) so that one failure, or one scenario's memory, never affects the next.
-The flags that choose the server under test, the window and the results directory are passed on;
-a scenario's own flags are given by running it alone (``python -m bench.<name> --help``).
+The flags that choose the server under test, the window and the results directory are passed on, and so
+are any other flags when scenarios are named (``python -m bench memory --against 73b8c37 --rounds 4``): each
+named scenario gets them (``python -m bench.<name> --help`` lists a scenario's own).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ HEADLINES = {
     "client": ["client", "workload", "msg/s", "client us/msg"],
     "latency": ["rate", "p50 ms", "p99 ms", "p99.9 ms"],
     "http": ["endpoint", "requests/s", "msg/s"],
-    "memory": ["code", "channels", "state", "overhead/msg", "scenario", "nsqd_us/msg"],
+    "memory": ["code", "channels", "state", "overhead/msg", "scenario", "nsqd_us/msg", "vs before"],
     "fairness": ["few/many", "jain"],
     "isolation": ["live channel", "p99 ms", "drain msg/s"],
     "many_lookupd": ["nsqd", "reg/s", "lookup p99 ms", "after p99 ms"],
@@ -132,7 +133,7 @@ def _run_scenario(name: str, forwarded: list[str], timeout: float):
 
 def main(argv: list[str] | None = None) -> int:
     available = discover()
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument(
         "scenarios", nargs="*", metavar="SCENARIO", help=f"scenarios to run (default: all): {', '.join(available)}"
     )
@@ -154,13 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     pinning.add_argument("--no-pin", dest="pin", action="store_false", help="pin in no scenario")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per scenario")
-    args = parser.parse_args(argv)
+    args, scenario_flags = parser.parse_known_args(argv)
     if args.list:
         print("\n".join(available))
         return 0
     unknown = [name for name in args.scenarios if name not in available]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; available: {', '.join(available)}")
+    if scenario_flags and not args.scenarios:
+        parser.error(f"{' '.join(scenario_flags)}: a scenario's own flags need the scenario named")
     names = args.scenarios or available
     forwarded: list[str] = []
     for flag in ("nsqd_tcp_address", "nsqd_http_address", "nsqd_pid", "duration", "warmup"):
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     forwarded.append(f"--results-dir={args.results_dir}")
     if args.pin is not None:
         forwarded.append("--pin" if args.pin else "--no-pin")
+    forwarded += scenario_flags
     failed = []
     for name in names:
         started = time.monotonic()

@@ -18,9 +18,18 @@ channel). ``python -m bench.memory_parts`` says where those bytes go, part by pa
 
 Beside them, unless ``--no-cpu``: nsqd's CPU per message of ``pub`` (16 connections, one PUB in flight each),
 ``mpub`` (200 per batch, 4 connections) and ``consume`` (a ``--cpu-backlog`` of messages in memory, 4 consumers
-at RDY 200), over ``--duration`` seconds each. With ``--against REV`` every row is made for that revision too
-(taken from git, as ``pub_against`` does), the earlier code first in each pair, ``--rounds`` times for the CPU
-rows (medians). Needs the server's pid (own nsqd).
+at RDY 200), over ``--duration`` seconds each, ``--rounds`` times (medians). Needs the server's pid (own nsqd).
+
+With ``--against REV`` every row is made for that revision too, and the two builds are made alike: each is taken
+from git (``git archive``; the later one is the working tree's tracked files as they are, or ``--now REV``) into
+a directory of its own, its C accelerator compiled there with the same flags and its modules byte-compiled
+(``bench.pub_against.extract``), and both run with this venv's Python and this tree's load generator. Each
+scenario's two runs of a round come back to back, and which goes first alternates, ABBA: in round 1 the earlier
+build runs ``pub`` first, the later build ``mpub`` first, and so on, the other way round in round 2 (so run an
+even number of ``--rounds``); the memory rows alternate the same way from row to row. Each CPU figure is the
+median over the rounds, and ``vs before`` the median of the rounds' ratios (later / earlier, each from the two
+runs of one round, next to each other in time). ``--against HEAD`` with a clean tree compares the same code with
+itself: its ratios, near 1.00, are what the harness and the machine's noise give.
 """
 
 from __future__ import annotations
@@ -53,7 +62,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-cpu", dest="cpu", action="store_false", help="leave out pub, mpub and consume")
     parser.add_argument("--cpu-backlog", type=int, default=300_000, help="the consume row's backlog")
     parser.add_argument("--against", help="a git revision to measure too, alternated (e.g. the code before)")
-    parser.add_argument("--rounds", type=int, default=1, help="runs of each CPU row per build (medians)")
+    parser.add_argument(
+        "--now", help="with --against: the later git revision (default: the working tree's tracked files)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs of each CPU row per build (medians; ABBA order with --against)"
+    )
 
 
 def _flags(args) -> list[str]:
@@ -126,17 +140,21 @@ def measure(args, root: Path, code: str, channels: int, state: str) -> dict:
     return row
 
 
-def cpu_rows(args, root: Path, code: str) -> list[dict]:
-    """nsqd's CPU per message of pub, mpub and consume on the tree ``root``."""
-    rows = []
-    flags = [f"--mem-queue-size={max(args.cpu_backlog, 1_000_000) * 20}"]
+#: the CPU rows, each a fresh nsqd
+CPU_SCENARIOS = ("pub", "mpub", "consume")
+
+
+def cpu_row(args, root: Path, code: str, scenario: str) -> dict:
+    """nsqd's CPU per message of ``scenario`` (one of ``CPU_SCENARIOS``) on the tree ``root``."""
     body = b"p" * args.body_size
-    with Target(args, flags, root=root) as target:
-        row = publish_rate(args, target, encode_pub(unique_topic("pub"), body), 1, 16, 1)
-        rows.append({"code": code, "scenario": "pub", **_cpu_figures(row)})
-    with Target(args, flags, root=root) as target:
-        row = publish_rate(args, target, encode_mpub(unique_topic("mpub"), [body] * 200), 200, 4, 1)
-        rows.append({"code": code, "scenario": "mpub", **_cpu_figures(row)})
+    if scenario != "consume":
+        flags = [f"--mem-queue-size={max(args.cpu_backlog, 1_000_000) * 20}"]
+        with Target(args, flags, root=root) as target:
+            if scenario == "pub":
+                row = publish_rate(args, target, encode_pub(unique_topic("pub"), body), 1, 16, 1)
+            else:
+                row = publish_rate(args, target, encode_mpub(unique_topic("mpub"), [body] * 200), 200, 4, 1)
+        return {"code": code, "scenario": scenario, **_cpu_figures(row)}
     with Target(args, [f"--mem-queue-size={args.cpu_backlog + 100_000}"], root=root) as target:
         topic = unique_topic("consume")
         create_channel(target, topic, "bench")
@@ -145,12 +163,13 @@ def cpu_rows(args, root: Path, code: str) -> list[dict]:
         cpu_before = sampler.cpu_seconds()
         result = drain(target, topic, "bench", 4, 200, 1)
         used = sampler.cpu_seconds() - cpu_before
-        row = {
-            "msg/s": result["msg/s"],
-            "nsqd_us/msg": used * 1e6 / result["delivered"] if result["delivered"] else None,
-        }
-        rows.append({"code": code, "scenario": "consume", **row, "messages": published})
-    return rows
+    return {
+        "code": code,
+        "scenario": "consume",
+        "msg/s": result["msg/s"],
+        "nsqd_us/msg": used * 1e6 / result["delivered"] if result["delivered"] else None,
+        "messages": published,
+    }
 
 
 def _cpu_figures(row: dict) -> dict:
@@ -166,8 +185,38 @@ def _medians(runs: list[list[dict]]) -> list[dict]:
             values = [run[index][key] for run in runs if run[index].get(key) is not None]
             row[key] = statistics.median(values) if values else None
         row["runs"] = len(runs)
+        row["each run us/msg"] = " ".join(_figure(run[index].get("nsqd_us/msg")) for run in runs)
         merged.append(row)
     return merged
+
+
+def _ratios(later: list[list[dict]], earlier: list[list[dict]]) -> list[dict]:
+    """Per scenario, the later build's CPU per message over the earlier's in each round, and their median."""
+    rows = []
+    for index, first in enumerate(later[0]):
+        ratios = []
+        for now, before in zip(later, earlier, strict=True):
+            a, b = now[index].get("nsqd_us/msg"), before[index].get("nsqd_us/msg")
+            if a is not None and b:
+                ratios.append(a / b)
+        rows.append(
+            {
+                "code": "later / earlier",
+                "scenario": first["scenario"],
+                "vs before": statistics.median(ratios) if ratios else None,
+                "each round": " ".join(f"{ratio:.2f}" for ratio in ratios),
+            }
+        )
+    return rows
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _ordered(builds: list[tuple[str, Path]], turn: int) -> list[tuple[str, Path]]:
+    """ABBA: the builds in their order on even turns, reversed on odd ones."""
+    return builds if turn % 2 == 0 else builds[::-1]
 
 
 def run(args) -> Report:
@@ -185,36 +234,51 @@ def run(args) -> Report:
             "duration_s": args.duration,
             "against": args.against,
             "rounds": args.rounds,
+            "now": args.now,
         },
     )
     if args.nsqd_tcp_address:
         report.skipped = "starts its own nsqd for each row: not with --nsqd-tcp-address"
         return report
     builds = [("now", REPO_ROOT)]
-    tree = None
-    if args.against:
-        tree, commit = extract(args.against)
-        if tree is None:
-            report.skipped = commit
-            return report
-        report.params["against_commit"] = commit
-        builds.insert(0, (f"before ({commit[:7]})", tree))
+    trees: list[Path] = []
     try:
+        if args.against:
+            for key, revision in (("against_commit", args.against), ("now_commit", args.now)):
+                tree, commit = extract(revision)
+                if tree is None:
+                    report.skipped = commit
+                    return report
+                trees.append(tree)
+                report.params[key] = commit
+            builds = [
+                (f"before ({report.params['against_commit'][:7]})", trees[0]),
+                (f"now ({report.params['now_commit'][:7]})", trees[1]),
+            ]
+        turn = 0
         for channels in args.channels:
             for state in args.states:
                 if state == "in flight" and not channels:
                     continue
-                for code, root in builds:
+                for code, root in _ordered(builds, turn):
                     report.rows.append(measure(args, root, code, channels, state))
+                turn += 1
         if args.cpu:
+            # each scenario's two runs of a round back to back, so that the pair meets the same load of the
+            # machine; which build goes first alternates from scenario to scenario and from round to round
             runs: dict[str, list[list[dict]]] = {code: [] for code, _ in builds}
-            for _ in range(args.rounds):
-                for code, root in builds:
-                    runs[code].append(cpu_rows(args, root, code))
+            for turn in range(args.rounds):
+                for code, _ in builds:
+                    runs[code].append([])
+                for index, scenario in enumerate(CPU_SCENARIOS):
+                    for code, root in _ordered(builds, turn + index):
+                        runs[code][-1].append(cpu_row(args, root, code, scenario))
             for code, _ in builds:
                 report.rows.extend(_medians(runs[code]))
+            if len(builds) == 2:
+                report.rows.extend(_ratios(runs[builds[1][0]], runs[builds[0][0]]))
     finally:
-        if tree is not None:
+        for tree in trees:
             shutil.rmtree(tree, ignore_errors=True)
     report.targets = {"overhead/msg": "<= 70 bytes queued at 0 and 4 channels (half of nsqd 1.3.0's ~141)"}
     report.notes.append(

@@ -10,7 +10,9 @@ channels' real dispatchers to consumers that never FIN) and says what each part 
   heap's and the map's entries; a queue of packed messages (``nsqd/queues/packed.py``) has no message object,
   16 bytes of joined ID and the segment's slot for the body;
 - ``traced``: the growth of the Python heap per message seen by ``tracemalloc`` (sizes as asked, before rounding);
-- ``rss``: the growth of this process's resident set per message (what the allocator really took from the system).
+- ``rss``: the growth of this process's resident set per message (what the allocator really took from the system),
+  read after the C heap's free pages went back to the system, as nsqd's periodic loop gives them back
+  (``runtime.allocator``).
 
 All three are per message, over the body (``--body-size``). Run it with ``TRIONSQ_NO_SPEEDUPS=1`` for the Python
 twins (messages then stay tracked by the collector; their size does not change).
@@ -33,6 +35,7 @@ from nsqd.client import Client, ClientState
 from nsqd.message import Message, PythonMessage
 from nsqd.queues.deferred import item_of
 from nsqd.topic import Topic
+from runtime.allocator import release_free_memory
 
 #: CPython's small-object allocator hands out blocks in multiples of this (objects of up to 512 bytes)
 BLOCK = 16
@@ -49,6 +52,7 @@ def object_cost(obj) -> int:
 
 
 def rss_bytes() -> int:
+    release_free_memory()
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import subprocess
+import sys
 import sysconfig
 import tarfile
 import tempfile
@@ -48,21 +49,48 @@ def add_arguments(parser) -> None:
     parser.add_argument("--processes", type=int, default=1, help="generator processes (at most one per core)")
 
 
-def extract(revision: str) -> tuple[Path | None, str]:
-    """The sources of ``revision`` in a new temporary directory, and its full commit name; (None, why) when git
-    cannot give them."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
+def resolve(revision: str | None) -> str:
+    """The full commit name of ``revision``; None: the working tree's tracked files as they are, as a commit
+    that ``git stash create`` makes without touching anything (HEAD when nothing is changed). Raises
+    ``OSError``/``subprocess.SubprocessError`` when git cannot say."""
+
+    def git(*argv: str) -> str:
+        return subprocess.run(
+            ["git", *argv], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60
         ).stdout.strip()
+
+    if revision is None:
+        return git("stash", "create") or git("rev-parse", "--verify", "HEAD^{commit}")
+    return git("rev-parse", "--verify", f"{revision}^{{commit}}")
+
+
+def build_accelerator(source: Path) -> None:
+    """Compile ``source`` (a tree's ``nsqd/_speedups.c``) beside it as ``pip install -e .`` does with this
+    Python: its ``CFLAGS`` and ``CCSHARED``, then setup.py's ``-O2``. Called directly because a revision's
+    packaging metadata may not suit this venv's setuptools; every tree a comparison runs is built by it, so
+    no build differs from another in how it was compiled."""
+    built = source.with_name("_speedups" + sysconfig.get_config_var("EXT_SUFFIX"))
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()
+    flags = (sysconfig.get_config_var("CFLAGS") or "").split() + (sysconfig.get_config_var("CCSHARED") or "").split()
+    paths = sysconfig.get_paths()
+    includes = sorted({f"-I{paths['include']}", f"-I{paths['platinclude']}"})
+    subprocess.run(
+        [*compiler, *flags, "-O2", *includes, "-shared", str(source), "-o", str(built)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+
+
+def extract(revision: str | None) -> tuple[Path | None, str]:
+    """The sources of ``revision`` (None: the working tree's tracked files, ``resolve``) in a new temporary
+    directory, with its C accelerator built (``build_accelerator``) and its modules byte-compiled, and its full
+    commit name; (None, why) when git cannot give them."""
+    try:
+        commit = resolve(revision)
     except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"git has no commit {revision!r} here ({exc.__class__.__name__})"
-    tree = Path(tempfile.mkdtemp(prefix="trionsq-bench-before-"))
+        return None, f"git has no commit {revision or 'of the working tree'!r} here ({exc.__class__.__name__})"
+    tree = Path(tempfile.mkdtemp(prefix="trionsq-bench-tree-"))
     archive = tree / "sources.tar"
     try:
         subprocess.run(
@@ -79,22 +107,14 @@ def extract(revision: str) -> tuple[Path | None, str]:
         return None, f"git archive of {commit} failed ({exc.__class__.__name__})"
     archive.unlink()
     source = tree / "nsqd" / "_speedups.c"
-    if source.exists():
-        # a revision with the C accelerator runs with it, as its ``pip install -e .`` would build it (compiled
-        # here directly: that revision's packaging metadata may not suit this venv's setuptools)
-        built = source.with_name("_speedups" + sysconfig.get_config_var("EXT_SUFFIX"))
-        compiler = (sysconfig.get_config_var("CC") or "cc").split()
-        include = sysconfig.get_paths()["include"]
-        try:
-            subprocess.run(
-                [*compiler, "-shared", "-fPIC", "-O2", f"-I{include}", str(source), "-o", str(built)],
-                check=True,
-                timeout=300,
-                capture_output=True,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            shutil.rmtree(tree, ignore_errors=True)
-            return None, f"building the C accelerator of {commit} failed ({exc.__class__.__name__})"
+    try:
+        if source.exists():  # a revision with the C accelerator runs with it, as its install would build it
+            build_accelerator(source)
+        # the first start of each build would otherwise compile its modules, and only the first
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        shutil.rmtree(tree, ignore_errors=True)
+        return None, f"building {commit} failed ({exc.__class__.__name__})"
     return tree, commit
 
 

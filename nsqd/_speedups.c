@@ -1008,7 +1008,13 @@ static PyTypeObject MessageType = {
    costs 36-72 and needs a bytes object for the key. A slot's hash is not stored: the ID inline in the message is
    hashed again when needed, by Python's own (randomised) hash of bytes. It holds only C Messages, which the
    cyclic collector does not follow, so it is not followed either. A key is a 16-byte bytes object or a Message
-   (its ID). */
+   (its ID).
+
+   A table of INDEX_MAP_BYTES or more is mapped on its own (mmap: its pages zeroed by the kernel as first touched)
+   and unmapped when outgrown, so its memory goes back to the system. From the C heap, the tables a growing index
+   leaves behind (half, a quarter... of the new one) stay in the heap as free blocks, and glibc's malloc, having
+   freed one large mapped block, serves the next ones up to that size from the heap as well: with four channels
+   of 1,000,000 messages each in flight, 22 bytes of resident set per message and channel. */
 typedef struct {
     PyObject_HEAD
     MessageObject **slots;  /* NULL until the first add */
@@ -1053,10 +1059,35 @@ index_slot(IndexObject *self, const char *id)
     return i;
 }
 
+#define INDEX_MAP_BYTES ((size_t)1 << 16)
+
+/* A table of capacity empty slots (NULL on failure, no exception set). */
+static MessageObject **
+index_table_new(size_t capacity)
+{
+    size_t bytes = capacity * sizeof(MessageObject *);
+    if (bytes < INDEX_MAP_BYTES)
+        return PyMem_Calloc(capacity, sizeof(MessageObject *));
+    void *mapped = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return mapped == MAP_FAILED ? NULL : mapped;
+}
+
+static void
+index_table_free(MessageObject **slots, size_t capacity)
+{
+    size_t bytes = capacity * sizeof(MessageObject *);
+    if (slots == NULL)
+        return;
+    if (bytes < INDEX_MAP_BYTES)
+        PyMem_Free(slots);
+    else
+        munmap(slots, bytes);
+}
+
 static int
 index_resize(IndexObject *self, size_t capacity)
 {
-    MessageObject **slots = PyMem_Calloc(capacity, sizeof(MessageObject *));
+    MessageObject **slots = index_table_new(capacity);
     if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -1069,7 +1100,7 @@ index_resize(IndexObject *self, size_t capacity)
         if (old[k] != NULL)
             slots[index_slot(self, old[k]->id)] = old[k];
     }
-    PyMem_Free(old);
+    index_table_free(old, old_capacity);
     return 0;
 }
 
@@ -1125,7 +1156,7 @@ index_release(IndexObject *self)
     self->used = 0;
     for (size_t k = 0; k < capacity; k++)
         Py_XDECREF(slots[k]);
-    PyMem_Free(slots);
+    index_table_free(slots, capacity);
 }
 
 static void

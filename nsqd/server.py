@@ -22,6 +22,7 @@ from protocol.identify import IdentifyLimits
 from protocol.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
 from protocol.replication import MAGIC_R1, OP_DELETED, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
 from protocol.version import version_string
+from runtime.allocator import RELEASE_PERIOD, release_free_memory
 from runtime.collector import FreezingCollector
 from runtime.daemon import accept_connections, adopt_listeners, format_address
 from runtime.http_server import HTTPServer
@@ -759,12 +760,18 @@ class NSQD:
 
     async def _sync_loop(self) -> None:
         """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule). Only the queues that
-        changed since their last sync are visited, so idle topics and channels cost nothing here."""
+        changed since their last sync are visited, so idle topics and channels cost nothing here. Once a second
+        at most, the C heap's free pages go back to the system (``runtime.allocator``)."""
         period = max(min(self.opts.sync_timeout / 2, 1.0), 0.01)
         active = self.active_queues
+        released_at = trio.current_time()
         while True:
             await trio.sleep(period)
             now = trio.current_time()
+            if now - released_at >= RELEASE_PERIOD:
+                # what delivered backlogs left free in the C heap goes back to the system (runtime/allocator.py)
+                release_free_memory()
+                released_at = now
             # copies a full disk made channels keep in memory go to their disk once it takes writes again
             # (Topic: durable mode on a full disk); only the topics that have such copies are visited
             for topic in list(self.owing_topics):

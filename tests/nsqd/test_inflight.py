@@ -368,3 +368,26 @@ def test_the_index_matches_a_dict_through_growth_and_shrinking(twin):
         assert len(index) == 0 and sys.getsizeof(index) <= big
     index.clear()
     assert len(index) == 0 and list(index.values()) == []
+
+
+def test_a_large_index_grows_past_its_mapped_tables_and_back(twin):
+    """Tables of 64 KiB and more are mapped on their own in C (``_speedups.c``: ``index_table_new``): an index
+    grown to 40,000 messages and emptied again, and one let go of while large, hold and free their messages."""
+    message_class, index_class = twin
+    messages = [message_class(mid(n), b"b", n) for n in range(40_000)]
+    index = index_class()
+    for message in messages:
+        assert index.add(message)
+    assert len(index) == len(messages)
+    assert all(index.get(mid(n)) is messages[n] for n in range(0, 40_000, 7))
+    for message in messages[::2]:
+        assert index.pop(mid(int(message.timestamp))) is message
+    assert all(index.get(mid(n)) is (None if n % 2 == 0 else messages[n]) for n in range(40_000))
+    for message in messages[1::2]:
+        assert index.pop(message.id) is message
+    assert len(index) == 0 and list(index.values()) == []
+    held = index_class()
+    for message in messages:
+        held.add(message)
+    assert len(held) == len(messages)
+    del held  # its mapped table unmapped, its messages let go of

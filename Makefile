@@ -46,18 +46,20 @@ run: $(RUN_STAMP)
 		--lookupd-tcp-address=127.0.0.1:4160 --broadcast-address=127.0.0.1
 
 # Run again with every nsqd on two workers (--workers=2; `pytest --nsqd-workers=2`): the client libraries' suites and
-# the integration tests of the protocol, HTTP API, stats and persistence, a few minutes in all. Replication stays at
-# one process (refused with --workers above 1); tests/integration/test_workers*.py run N above 1 on their own.
+# the integration tests of the protocol, HTTP API, stats and persistence, and the replication rings (every node on two
+# workers; the compat ring with 8 kills instead of 20), a few minutes in all; tests/integration/test_workers*.py run
+# N above 1 on their own.
 WORKERS_TESTS := tests/compat/test_pynsq.py tests/compat/test_features_pynsq.py tests/compat/test_features_gnsq.py \
 	tests/compat/test_nsqjs.py tests/compat/test_features_nsqjs.py tests/compat/test_lookupd_discovery.py \
 	tests/integration/test_protocol.py tests/integration/test_errors.py tests/integration/test_frame_order.py \
 	tests/integration/test_compression.py tests/integration/test_auth.py tests/integration/test_unix_sockets.py \
 	tests/integration/test_fastpath.py tests/integration/test_http_api.py tests/integration/test_http_stats.py \
-	tests/integration/test_persistence.py tests/integration/test_interop_files.py
+	tests/integration/test_persistence.py tests/integration/test_interop_files.py \
+	tests/integration/test_replication_copies.py tests/compat/test_replication_ring.py
 
 test: venv node browser
 	$(PY) -m pytest -q
-	$(PY) -m pytest -q --nsqd-workers=2 $(WORKERS_TESTS)
+	RING_CYCLES=8 $(PY) -m pytest -q --nsqd-workers=2 $(WORKERS_TESTS)
 
 bench: venv
 	$(PY) -m bench

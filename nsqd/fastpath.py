@@ -292,7 +292,9 @@ class PublishBatch:
                 # acknowledged now; or, while the node stops or the owner's disk refuses this topic, each
                 # connection's OKs wait in its output for the owner's answer
                 if self.nsqd.exiting or not mesh.publish_acknowledged(topic_name, bodies, 0.0):
-                    held = [connection.hold_oks(count) for connection, count in zip(connections, counts, strict=True)]
+                    owner = mesh.owner(topic_name)
+                    pairs = zip(connections, counts, strict=True)
+                    held = [connection.hold_oks(count, owner) for connection, count in pairs]
                     mesh.publish_soon(topic_name, bodies, 0.0, partial(_answer_held, held))
                     count_published(connections, counts, topic_name)
                     continue

@@ -359,22 +359,26 @@ class Connection:
                 self._reply_deferred = True
                 self._hand_to = self._mesh.owner(topic_name)
             return OK_FRAME
-        self._mesh.publish_soon(topic_name, bodies, defer, self.hold_oks(1, verb))
+        self._mesh.publish_soon(topic_name, bodies, defer, self.hold_oks(1, self._mesh.owner(topic_name), verb))
         self.client.published(topic_name, len(bodies))
         return _ANSWER_QUEUED
 
-    def hold_oks(self, count: int, verb: str = "PUB") -> Callable[[str | None], None]:
+    def hold_oks(self, count: int, owner: int, verb: str = "PUB") -> Callable[[str | None], None]:
         """Put ``count`` OKs in the output, held with everything after them until the returned function gets the
-        owner's answer (``_publish_elsewhere``; the fast path's batches too, ``fastpath.PublishBatch``)."""
+        answer of worker ``owner`` (``_publish_elsewhere``; the fast path's batches too, ``fastpath.PublishBatch``).
+        Once no publish is held any more and the last was taken, the producer goes to ``owner`` (``hand_over``)
+        if its OKs leave in the step that read the answer: in durable mode, where every publish that crosses
+        waits so (an OK only after the owner's fsync), its later publishes then cross nothing and share the
+        owner's group commit with its other producers', as with one nsqd."""
         client = self.client
         index = len(client.out)
         data = OK_FRAME * count
         client.out.append(data)
         client.out_bytes += len(data)
         self._forwards_held += 1
-        return partial(self._forward_answered, index, verb)
+        return partial(self._forward_answered, index, verb, owner)
 
-    def _forward_answered(self, index: int, verb: str, reason: str | None) -> None:
+    def _forward_answered(self, index: int, verb: str, owner: int, reason: str | None) -> None:
         if self._forward_failed:
             return
         client = self.client
@@ -395,6 +399,9 @@ class Connection:
             if done is not None:
                 done.set()
             client.flush_now = True
+            if reason is None and (self._reply_deferred or self._poller.defer_reply(self)):
+                self._reply_deferred = True  # written at the step's end (``send_deferred``), then handed over
+                self._hand_to = owner
             self._send_replies()
 
     async def _forwards_answered(self) -> None:

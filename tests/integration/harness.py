@@ -312,6 +312,31 @@ class RawClient(FrameClient):
                 return frame
             self._fill(deadline)
 
+    def closed_by_server(self) -> bool:
+        """Whether the server already closed this connection (its end of stream or a reset is waiting), read without
+        blocking: what a client that reads its connection all along, as a producer library does, knows before it
+        sends on it. Frames read meanwhile stay queued for the next read."""
+        if self.eof:
+            return True
+        timeout = self.sock.gettimeout()
+        self.sock.settimeout(0)
+        try:
+            while True:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    self.eof = True
+                    return True
+                self._decoder.receive_data(chunk)
+                while (frame := self._decoder.next_frame()) is not None:
+                    self._pending.append(Frame(frame.frame_type, bytes(frame.data)))
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:  # a reset
+            self.eof = True
+            return True
+        finally:
+            self.sock.settimeout(timeout)
+
     def assert_open(self) -> None:
         """The connection still works: a PUB is answered with OK."""
         self.send(pub("probe_open", b"still here"))

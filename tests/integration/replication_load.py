@@ -3,9 +3,12 @@ consumers that count what each channel received.
 
 ``Publisher`` runs one thread publishing in turn with TCP PUB, TCP MPUB (``MPUB_SIZE`` bodies) and HTTP ``/pub``
 to the node ``choose()`` names, each body unique; a refused or failed publish is recorded and, when ``retry`` is
-set, tried on the next node (as a producer with several addresses does), else dropped. ``acked`` holds the bodies
-answered OK (or 200). ``Readers`` keeps one consumer per (node, channel) reading and finishing what it receives,
-reconnecting when its node goes away, and counts every body per channel."""
+set, tried on the next node (as a producer with several addresses does), else dropped. One TCP connection is kept
+per node; one that its node closed meanwhile (the node died or restarted while this producer published elsewhere)
+is replaced before a publish goes on it, as a producer library that reads its connections knows to: a publish on it
+would be sent to a process that is gone. ``acked`` holds the bodies answered OK (or 200). ``Readers`` keeps one
+consumer per (node, channel) reading and finishing what it receives, reconnecting when its node goes away, and
+counts every body per channel."""
 
 from __future__ import annotations
 
@@ -66,6 +69,8 @@ class Publisher:
         self.pause = pause
         self.outcomes: list[Outcome] = []
         self.acked: list[str] = []
+        #: kept connections found closed by their node before a publish went on them (not publishes: none was sent)
+        self.found_closed = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"publisher-{name}", daemon=True)
         self._clients: dict[int, RawClient] = {}
@@ -92,6 +97,12 @@ class Publisher:
             assert reply.status == 200, f"HTTP {reply.status} {reply.body!r}"
             return
         client = self._clients.get(index)
+        if client is not None and client.closed_by_server():
+            # the node closed it while this producer published elsewhere (it died, or restarted, since): a producer
+            # that reads its connections knew, and publishes on a new one to the node as it is now
+            self._clients.pop(index).close()
+            self.found_closed += 1
+            client = None
         if client is None:
             client = self._clients[index] = RawClient(tcp, timeout=self.timeout)
         try:

@@ -161,6 +161,34 @@ def test_a_topic_sent_to_worker_0_but_not_yet_written_holds_back_the_publish_to_
         node.stop()
 
 
+def test_a_producer_goes_to_its_topics_owner_after_its_first_synced_publish(tmp_path):
+    """In durable mode a publish that crosses waits for its owner's fsync; once answered, the producer goes to
+    the owner (its next publishes cross nothing and share the owner's group commit). It stays one connection, in
+    order, and every publish it got OK for outlives a kill -9 of the node."""
+    data = tmp_path / "data"
+    node = start_node(data, *DURABLE)
+    topics = owned_topics("durablehand")
+    producers = [RawClient(node.tcp) for _ in range(8)]  # accepted by either worker: some cross
+    for index, producer in enumerate(producers):
+        producer.publish(topics[index % 2], f"{index}-first".encode())
+    node.wait_for_log(r"taken over from another worker", 10)
+    for index, producer in enumerate(producers):
+        topic = topics[index % 2]
+        producer.send(pub(topic, f"{index}-a".encode()) + mpub(topic, [f"{index}-b".encode(), f"{index}-c".encode()]))
+        producer.expect_ok()
+        producer.expect_ok()
+    node.kill()
+    for producer in producers:
+        producer.close()
+    node = start_node(data, *DURABLE)
+    try:
+        for first, topic in enumerate(topics):
+            expected = {f"{index}-{kind}".encode() for index in range(first, 8, 2) for kind in ("first", "a", "b", "c")}
+            assert consume_all(node, topic, expected) == expected
+    finally:
+        node.stop()
+
+
 @pytest.mark.timeout(240)
 def test_nothing_acknowledged_is_lost_across_kill_9_of_the_node_or_of_one_worker(tmp_path, record_property):
     """Publish (PUB and MPUB, to a topic owned by each worker, on connections either worker accepted) and consume

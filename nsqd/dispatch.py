@@ -4,8 +4,10 @@ One dispatcher per channel runs on the ActorSystem (``actors.py``), so channels 
 time slices ordered by consumed run time rather than by how many consumers each one has. A slice:
 
 1. takes a consumer from the channel's mailbox (consumers with credit, each at most once),
-2. hands it up to ``min(credit, BATCH)`` messages: records them in flight with one deadline
-   ``now + client.msg_timeout`` (one call, one heap entry for the batch: ``queues/inflight.py``),
+2. hands it up to ``min(credit, BATCH)`` messages: records them in flight with one deadline,
+   ``now + client.msg_timeout`` rounded up to ``DEADLINE_GRAIN`` (one call; the batches of the same
+   millisecond with the same timeout share one bucket of the queue, ``queues/inflight.py``: a bucket
+   per batch of 64 cost 4-5 bytes a message, its object, heap entry, number and map entry),
    then per message attempts + 1 and its frame appended to the client's output buffer
    (``deliver_frames``, in C when the accelerator is built),
 3. puts the consumer back at the tail of the mailbox while it still has credit (round robin),
@@ -41,10 +43,14 @@ from .actors import Actor
 from .message import claim_shared, track_all
 from .speedups import load as load_speedups
 
-__all__ = ["ChannelDispatcher", "BATCH", "REFILL"]
+__all__ = ["ChannelDispatcher", "BATCH", "DEADLINE_GRAIN", "REFILL"]
 
 #: messages handed to one consumer per turn before moving on to the next one in the mailbox
 BATCH = 64
+#: in-flight deadlines are rounded up to this many seconds: never earlier than ``msg_timeout`` after the delivery,
+#: at most this much later (the queue scanner finds expired messages every 100 ms)
+DEADLINE_GRAIN = 0.001
+_PER_SECOND = round(1 / DEADLINE_GRAIN)
 #: messages read from the channel's disk queue per read when its memory deque runs dry; reads go on, with a
 #: chance of an interlude after each, until a consumer's batch (BATCH) is there
 REFILL = 32
@@ -184,7 +190,7 @@ class ChannelDispatcher(Actor):
                 claim_shared(batch)  # before anything records or changes them
             if push_in_flight is None:
                 push_in_flight = channel.open_in_flight().push_many
-            refused = push_in_flight(batch, now + client.msg_timeout)
+            refused = push_in_flight(batch, math.ceil((now + client.msg_timeout) * _PER_SECOND) / _PER_SECOND)
             if refused:
                 batch = self._drop_refused(batch, refused)
             track_all(batch)  # before the client is stored in them (nsqd/message.py: the cyclic collector)

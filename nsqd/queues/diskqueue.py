@@ -292,8 +292,8 @@ class DiskQueue:
         self.on_damage = on_damage
         self.damaged = 0
         #: the side file entries of the records found damaged or lost since ``take_lost`` (``LostRecords``):
-        #: what a copy got back from elsewhere must match
-        self.lost = LostRecords()
+        #: what a copy got back from elsewhere must match; None until the first (an idle queue holds no more objects)
+        self.lost: LostRecords | None = None
         #: where the last damage was found, ``(file number, byte)``, when ``on_damage`` is called: records lost past
         #: the end of a file or with a missing one are placed at that file's end or start
         self.damage_at: tuple[int, int] | None = None
@@ -675,14 +675,16 @@ class DiskQueue:
 
     def take_lost(self) -> LostRecords:
         """The records found damaged or lost since the last call (``lost``), handed over."""
-        lost, self.lost = self.lost, LostRecords()
-        return lost
+        lost, self.lost = self.lost, None
+        return lost if lost is not None else LostRecords()
 
     def _lost(self, count: int, entries: list[tuple[int, int]] | None) -> None:
         """``count`` records that cannot be read (damaged, or gone with a file cut short or missing), with their
         side file entries (None: not known)."""
         if count <= 0:
             return
+        if self.lost is None:
+            self.lost = LostRecords()
         self.lost.add(entries)
         self.damaged += count
         # records cut off past an unsynced meta were never in its depth (a crash mid-write): not below 0

@@ -12,7 +12,7 @@ from nsqd import dispatch as dispatch_module
 from nsqd.actors import ActorSystem
 from nsqd.channel import Channel
 from nsqd.client import Client, ClientState
-from nsqd.dispatch import BATCH, REFILL
+from nsqd.dispatch import BATCH, DEADLINE_GRAIN, REFILL
 from nsqd.message import Message
 from nsqd.queues.diskqueue import DiskQueue
 from protocol.message import encode_message_frame
@@ -77,6 +77,27 @@ async def test_a_batch_goes_out_as_nsq_message_frames():
     for m in messages:
         assert channel.in_flight.get(m.id) is m and m.client is client
         assert channel.in_flight.deadline(m.id) == pytest.approx(now + 30.0, abs=1.0)
+
+
+async def test_the_batches_of_one_millisecond_share_a_deadline_never_early(autojump_clock):
+    """A batch's deadline is its delivery time plus the timeout rounded up to ``DEADLINE_GRAIN``: the batches of
+    a slice, and of two consumers with the same timeout, go into one bucket of the in-flight queue."""
+    await trio.sleep(0.1234567)  # a time between two grains (the mock clock: no time passes in the slice)
+    channel = _channel()
+    first = _consumer(channel, 1, rdy=3 * BATCH, msg_timeout=30.0)
+    second = _consumer(channel, 2, rdy=BATCH, msg_timeout=30.0)
+    messages = [Message(b"%016x" % n, b"m", 1000) for n in range(4 * BATCH)]
+    channel.put_many(messages)
+    now = trio.current_time()
+    channel.dispatcher.dispatch(math.inf)
+    assert first.in_flight + second.in_flight == len(messages)
+    deadlines = {channel.in_flight.deadline(m.id) for m in messages}
+    assert len(deadlines) == 1
+    (deadline,) = deadlines
+    assert now + 30.0 <= deadline < now + 30.0 + DEADLINE_GRAIN
+    assert len(channel.in_flight._heap) == 1
+    assert channel.in_flight.pop_expired(now + 30.0 - DEADLINE_GRAIN) == []
+    assert channel.in_flight.pop_expired(deadline) == messages
 
 
 TWINS = [pytest.param(dispatch_module._deliver_frames, id="python")]

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from protocol.commands import CommandParser, ms_to_go_duration, parse_base10
+from protocol.commands import CommandParser, encode_sub, ms_to_go_duration, parse_base10
 from protocol.compression import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from protocol.errors import LineTooLong, ProtocolError
 from protocol.frames import CLOSE_WAIT_FRAME, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, OK_FRAME, encode_frame
@@ -334,6 +334,8 @@ class Connection:
             self._send_replies()
             return
         _, topic_name, channel_name = request
+        if self._hand_over_unread(self._mesh.owner(topic_name), encode_sub(topic_name, channel_name)):
+            return  # the owner runs the SUB
         client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
         self._consumes = True
         self._plain = False

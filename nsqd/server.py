@@ -323,7 +323,7 @@ class NSQD:
         self.guid = GUIDFactory((self.opts.node_id + mesh.index) % 1024)
         if mesh.index == 0:
             self.lookup = MeshLookup(self, mesh)
-            self.metadata = MeshMetadata(self.data_path, self.topics, logger=log)
+            self.metadata = MeshMetadata(self.data_path, self.topics, mesh, logger=log)
         else:
             self.lookup = RelayLookup(self, mesh)
             self.metadata = RelayMetadata(

@@ -984,6 +984,27 @@ class WorkerMesh:
         if isinstance(metadata, MeshMetadata):
             metadata.remote_changed(peer, entries, generation)
 
+    async def pull_metadata(self) -> None:
+        """Worker 0, before a write that an answer waits for (an HTTP pause, a channel change): every other
+        worker's entries as they are now, asked for and awaited, so that the write holds each change answered
+        before it on whichever worker (their own sends follow their writer's interval)."""
+        metadata = self.nsqd.metadata
+        for peer in list(self.links):
+            try:
+                entries, generation = await self.call(peer, "metapull")
+            except WorkerGone:
+                continue
+            if isinstance(metadata, MeshMetadata):
+                metadata.remote_changed(peer, entries, generation)
+
+    def _on_metapull(self, peer: int, call_id: int) -> None:
+        metadata = self.nsqd.metadata
+        if isinstance(metadata, RelayMetadata):
+            metadata.sent += 1
+            self._answer(peer, call_id, (metadata._build(), metadata.sent))
+        else:
+            self._answer(peer, call_id, ([], 0))
+
     def _on_metasync(self, peer: int, entries: list[bytes], generation: int) -> None:
         """Durable mode: a worker waits, blocked, until nsqd.dat holds its topics as they are now
         (``RelayMetadata.sync``); answered on the link it asked on, with None or why the write failed."""
@@ -1031,6 +1052,7 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "lookup": WorkerMesh._on_lookup,
     "meta": WorkerMesh._on_meta,
     "metasync": WorkerMesh._on_metasync,
+    "metapull": WorkerMesh._on_metapull,
     "lookupd_http": WorkerMesh._on_lookupd_http,
 }
 
@@ -1139,10 +1161,17 @@ class MeshMetadata(MetadataWriter):
     """Worker 0's ``nsqd.dat``: its own topics' entries, then those each other worker sent last (seeded at start-up
     with the entries of the file it read, so a worker that has not reported yet keeps its topics listed)."""
 
-    def __init__(self, data_path: str, topics: dict, **kwargs) -> None:
+    def __init__(self, data_path: str, topics: dict, mesh: WorkerMesh | None = None, **kwargs) -> None:
         super().__init__(data_path, topics, **kwargs)
+        self.mesh = mesh
         self.remote: dict[int, list[bytes]] = {}
         self.generations: dict[int, int] = {}  # worker -> the generation of its entries held (``RelayMetadata``)
+
+    async def flush(self) -> None:
+        """As one nsqd's: return once nsqd.dat holds every change answered so far, the other workers' included."""
+        if self.mesh is not None:
+            await self.mesh.pull_metadata()
+        await super().flush()
 
     def seed(self, owner: int, entry: dict) -> None:
         self.remote.setdefault(owner, []).append(encode_entry(entry))

@@ -71,13 +71,14 @@ IR_MESSAGES = {
 }
 SYSCALL_MESSAGES = {
     "pub": (16_000, 48_000),
-    "pub1": (10_000, 30_000),
+    "pub1": (4_000, 12_000),
     "mpub": (200_000, 600_000),
     "consume": (50_000, 150_000),
 }
 SYSCALL_FIGURES = ("all", "epoll", "io_uring", "recv", "send")
 #: the PUB connections
 PUB_CONNECTIONS = 16
+HEARTBEAT_FRAME = b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_"
 MPUB_BATCH = 200
 #: every message of every window stays in memory, as in the bench's CPU rows (no disk queue, no checksums)
 FLAGS = ["--mem-queue-size=10000000"]
@@ -147,21 +148,70 @@ def _publish(target: Target, frame: bytes, per_frame: int, connections: int, mes
     return sum(role["counter"] for worker in result["workers"] for role in worker["roles"])
 
 
-def _stopped(pid: int) -> bool:
+def _state(pid: int) -> tuple[str, str]:
+    """The process's state letter (``/proc/PID/stat``) and where it sleeps in the kernel (``wchan``)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/wchan") as f:
+            return state, f.read()
     except OSError:
-        return True  # gone: the reads below fail
+        return "X", ""  # gone: the reads below fail
+
+
+def _wait_until(pid: int, condition: Callable[[str, str], bool], limit: float = 120.0) -> None:
+    """Until ``condition(state, wchan)`` holds on two reads in a row."""
+    deadline = time.monotonic() + limit
+    seen = 0
+    while seen < 2:
+        seen = seen + 1 if condition(*_state(pid)) else 0
+        if time.monotonic() > deadline:
+            raise RuntimeError("nsqd did not come to the expected state")
+        time.sleep(0.0001)
+
+
+def _asleep(state: str, wchan: str) -> bool:
+    """Waiting in its event loop's ``epoll_wait`` (trio's: the poller's own polls never wait)."""
+    return state in ("S", "X") and "epoll" in wchan
+
+
+def _stopped(state: str, wchan: str) -> bool:
+    return state in ("T", "t", "X")
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        if not more:
+            raise RuntimeError("nsqd closed a connection")
+        data += more
+    return data
+
+
+def _await_ok(sock: socket.socket) -> None:
+    """Read frames until an OK; a heartbeat (nsqd sends one every 30 s, and a window under callgrind lasts
+    minutes) is passed over: the PUBs keep the connection alive."""
+    while True:
+        frame = _read_exactly(sock, 4)
+        frame += _read_exactly(sock, int.from_bytes(frame, "big"))
+        if frame == OK_FRAME:
+            return
+        if frame != HEARTBEAT_FRAME:
+            raise RuntimeError(f"PUB answered {frame!r}")
 
 
 def lockstep_publish(target: Target, frame: bytes, connections: int, together: bool, messages: int) -> int:
-    """PUBs on ``connections`` connections, in rounds, each PUB's OK awaited in its round: ``together``, one PUB
-    on every connection per round, written while nsqd is stopped (SIGSTOP) and let go at once (SIGCONT), so that
-    each step of its loop finds all of them ready, as many as the connections, every time; else one PUB per round,
-    the connections in turn (a step finds one). Either way every window sees the same steps: the count does not
-    depend on how the two processes' timing falls."""
+    """PUBs on ``connections`` connections, in rounds, each round's OKs awaited before the next one starts, and
+    each round sent while nsqd waits in its event loop's ``epoll_wait`` (so that it is not mid-step, nor polling
+    again on its own: nsqd/poller.py's "several steps per wake-up" goes on while new PUBs arrive in time, which
+    is a matter of timing). ``together``: one PUB on every connection per round, written while nsqd is stopped
+    (SIGSTOP) and let go at once (SIGCONT), so that one step finds them all ready, every time; else one PUB per
+    round, the connections in turn, each a wake-up of its own. Either way every window sees the same steps, and
+    the counts do not depend on how the timing of the two processes falls."""
     socks = []
+    pid = target.pid
+    assert pid is not None
     try:
         for _ in range(connections):
             sock = socket.create_connection(target.tcp, timeout=600)
@@ -171,33 +221,25 @@ def lockstep_publish(target: Target, frame: bytes, connections: int, together: b
         answered = 0
         turn = 0
         while answered < messages:
+            _wait_until(pid, _asleep)
             if together:
                 batch = socks[: messages - answered]
-                os.kill(target.pid, signal.SIGSTOP)
-                while not _stopped(target.pid):
-                    time.sleep(0.0002)
+                os.kill(pid, signal.SIGSTOP)
+                _wait_until(pid, _stopped)
                 for sock in batch:
                     sock.sendall(frame)
-                os.kill(target.pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGCONT)
             else:
                 batch = [socks[turn % connections]]
                 turn += 1
                 batch[0].sendall(frame)
             for sock in batch:
-                reply = b""
-                while len(reply) < len(OK_FRAME):
-                    data = sock.recv(len(OK_FRAME) - len(reply))
-                    if not data:
-                        raise RuntimeError("nsqd closed a connection")
-                    reply += data
-                if reply != OK_FRAME:
-                    raise RuntimeError(f"PUB answered {reply!r}")
+                _await_ok(sock)
             answered += len(batch)
         return answered
     finally:
-        if target.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(target.pid, signal.SIGCONT)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
         for sock in socks:
             sock.close()
 

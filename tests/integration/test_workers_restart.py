@@ -105,8 +105,14 @@ class Model:
 
     def topic_unpaused(self, topic: str) -> None:
         backlog = self.queues.pop(topic, {})
+        deferred = self.deferred.pop(topic, set())
         for channel in self.channels(topic):
             self.queues.setdefault(f"{topic}:{channel}", {}).update(backlog)
+            self.deferred[f"{topic}:{channel}"] |= deferred
+
+    def emptied(self, queue: str) -> None:
+        self.queues.pop(queue, None)
+        self.deferred.pop(queue, None)
 
     def delivered(self, queue: str, message) -> None:
         """``message`` came to a consumer of ``queue``: it was there, with one attempt less."""
@@ -224,6 +230,14 @@ class Node:
         assert post(self.http, f"/channel/{verb}?topic={topic}&channel={channel}").status == 200
         self.model.topics[topic]["channels"][channel] = paused
 
+    def empty(self, topic: str, channel: str | None = None) -> None:
+        """nsqadmin's empty: of a channel (its queue, in-flight and deferred messages), or of a topic's own queue."""
+        if channel is None:
+            assert post(self.http, f"/topic/empty?topic={topic}").status == 200
+        else:
+            assert post(self.http, f"/channel/empty?topic={topic}&channel={channel}").status == 200
+        self.model.emptied(topic if channel is None else f"{topic}:{channel}")
+
     def delete_channel(self, topic: str, channel: str) -> None:
         assert post(self.http, f"/channel/delete?topic={topic}&channel={channel}").status == 200
         self.model.deleted_channel(topic, channel)
@@ -337,10 +351,11 @@ def test_a_node_restarted_at_1_3_and_2_workers_keeps_every_message_where_it_was(
     run.ephemeral(topics)
     run.publish([*topics, bare])
     for index, topic in enumerate(topics):
+        run.defer(topic)  # a paused topic keeps it, with its delay, until its channels get it
         if index not in (1, 4):
-            run.defer(topic)
             run.hold_in_flight(topic)
             run.consume(topic, "ready", 4)
+    run.defer(bare)
     run.stop(data)
 
     # N=1, then 3, then 2: each finds it all, changes some, and stops
@@ -357,13 +372,17 @@ def test_a_node_restarted_at_1_3_and_2_workers_keeps_every_message_where_it_was(
             run.consume(topic, "ready", 3)
             run.consume(topic, "flight", 1)
         run.publish([*topics, bare], 8)
-        for topic in live:
+        for topic in [*topics, bare]:
             run.defer(topic)
+        for topic in live:
             run.hold_in_flight(topic)
         run.log(7, model.committed + 6)
         if workers == 3:
             run.delete_channel(topics[3], "held")
             run.create(topics[3], ("late",))
+            run.empty(live[-1], "flight")
+            run.empty(bare)
+            run.publish([live[-1], bare], 6)
         run.stop(data)
 
     # and at N=2 again: every message comes out where the model says, deferred ones stay

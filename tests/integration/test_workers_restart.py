@@ -541,3 +541,54 @@ def test_a_replicating_node_restarted_at_another_count_keeps_its_replication_sta
         wait_for(lambda: not any(replicas(a).values()) and not any(replicas(b).values()), message="copies released")
     finally:
         stop_all(nodes)
+
+
+def test_a_replica_node_restarted_at_another_count_keeps_its_copies_and_takes_over_at_the_last(tmp_path):
+    """B keeps copies for A and replicates nothing itself (its topics spread over its workers; worker 0 keeps the
+    stores). Restarted gracefully at 2, then 1, then 3 workers, it holds every copy of A's unfinished messages,
+    A goes on replicating to it and it takes nothing over; A killed at the end, B (three workers) adopts them into
+    the topics of their owners and delivers each acknowledged message."""
+    port_a, port_b = free_port(), free_port()
+    origin_a = f"127.0.0.1:{port_a}"
+    flags = ("--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{port_b}", "--replica-takeover-timeout=1s")
+    nodes = [start(tmp_path / "b", 2, *flags)]
+    try:
+        nodes.append(
+            start(
+                tmp_path / "a",
+                1,
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{port_a}",
+                f"--replicate-to=127.0.0.1:{port_b}",
+            )
+        )
+        b, a = nodes
+        wait_for(lambda: replicating(a), timeout=30, message="A replicating")
+        topics = spread_topics("adopted")
+        for topic in topics:
+            assert post(http(a), f"/topic/create?topic={topic}").status == 200
+            assert post(http(a), f"/channel/create?topic={topic}&channel=c").status == 200
+        sent: dict[str, list[bytes]] = {topic: [] for topic in topics}
+        for step, workers in enumerate((1, 3)):
+            with RawClient(a.tcp) as producer:
+                for topic in topics:
+                    batch = [f"{step}-{topic}-{n}".encode() for n in range(5)]
+                    producer.publish_many(topic, batch)
+                    sent[topic].extend(batch)
+            count = sum(map(len, sent.values()))
+            assert replicas(b) == {origin_a: count}
+            assert b.stop(30) == 0
+            nodes[0] = b = start(tmp_path / "b", workers, *flags)
+            wait_for(lambda: replicating(a), timeout=30, message=f"A replicating to B at {workers} workers")
+            assert replicas(b) == {origin_a: count}, f"B at {workers} workers holds A's copies"
+            assert (replication(b)["takeovers"], replication(b)["adopted_messages"]) == (0, 0)
+        a.kill()
+        wait_for(lambda: replicas(b).get(origin_a) == 0, timeout=30, message="B took A over")
+        for topic in topics:
+            with RawClient(b.tcp) as client:
+                client.subscribe(topic, "c", ready=100)
+                got = [m.body for m in receive(client, len(sent[topic]))]
+                assert sorted(got) == sorted(sent[topic])
+                assert client.poll_frame(0.2) is None
+    finally:
+        stop_all([node for node in nodes if node.is_running()])

@@ -84,7 +84,7 @@ from .replication.adopted import (
     AdoptionFailed,
     LogEnd,
     note_adopted,
-    place,
+    place_refused,
     prepare_topics,
     settle_adopted,
 )
@@ -852,13 +852,7 @@ class WorkerMesh:
         if self.nsqd.exiting:
             return "exiting"
         batch = [(ReplicatedMessage(*fields), finished, requeued) for fields, finished, requeued in rows]
-        try:
-            place(self.nsqd, topic_name, batch)
-        except TopicExiting:
-            return "exiting"
-        except TopicFull as exc:
-            return str(exc)
-        return None
+        return place_refused(self.nsqd, topic_name, batch)
 
     def _on_adopt_noted(self, peer: int, call_id: int, ends, topics, node: str, epoch: int, when: int) -> None:
         note_adopted(self.nsqd, ends, topics, node, epoch, when)
@@ -1163,7 +1157,7 @@ class MeshAdoption(Adoption):
         mesh = self.mesh
         owner = mesh.owner(topic_name)
         if owner == mesh.index:
-            place(self.nsqd, topic_name, batch)
+            await super().place(topic_name, batch)
             return
         while self.unanswered >= ADOPT_WINDOW and self.refusal is None:
             await self._next_answer()

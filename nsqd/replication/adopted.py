@@ -32,6 +32,7 @@ from protocol.replication import ReplicatedMessage
 
 from ..message import Message
 from ..queues.span import QueueSpan
+from ..topic import TopicExiting, TopicFull
 
 __all__ = [
     "AdoptedIds",
@@ -41,6 +42,7 @@ __all__ = [
     "note_adopted",
     "note_takeover",
     "place",
+    "place_refused",
     "prepare_topics",
     "settle_adopted",
 ]
@@ -136,7 +138,9 @@ class Adoption:
         self.ends = prepare_topics(self.nsqd, states)
 
     async def place(self, topic_name: str, batch: list) -> None:
-        place(self.nsqd, topic_name, batch)
+        refusal = place_refused(self.nsqd, topic_name, batch)
+        if refusal is not None:
+            raise AdoptionFailed(f"topic {topic_name} did not take adopted messages: {refusal}")
 
     async def placed(self) -> None:
         """Return once every message given to ``place`` is in its topic; ``AdoptionFailed`` if some were refused."""
@@ -145,13 +149,30 @@ class Adoption:
         note_adopted(self.nsqd, self.ends, self.topics, node, epoch, int(time.time()))
 
 
-def place(nsqd, topic_name: str, batch: list) -> int:
+def place_refused(nsqd, topic_name: str, batch: list) -> str | None:
+    """``place`` for a takeover: None, or why topic ``topic_name`` did not take all of ``batch``: it is being
+    deleted or the node stops (``exiting``), or its disk refused it (in durable mode, a channel's disk too: what a
+    channel keeps in memory instead would not outlive a kill -9, and the takeover's store is kept for it)."""
+    refused: list[str] = []
+    try:
+        place(nsqd, topic_name, batch, refused)
+    except TopicExiting:
+        return "exiting"
+    except TopicFull as exc:
+        return str(exc)
+    if refused and nsqd.durable:
+        return f"the disk refused them in {topic_name}:{','.join(refused)}"
+    return None
+
+
+def place(nsqd, topic_name: str, batch: list, refused: list[str] | None = None) -> int:
     """Put ``batch``, ``[(message, channels that finished it, channels that put it back), ...]`` of
     ``ReplicatedMessage``-like messages, into topic ``topic_name``: each into every channel not in its set (into
     the topic when it has no channel, or when the set is None: the topic held it), deferred ones with the rest of
     their delay; a channel that put it back (``{channel: (attempts, due ns)}`` or None) gets it with those attempts
     and that due time. Replicated to this node's peers with FINs for the channels that finished it, and the
-    requeues. Returns how many."""
+    requeues. Returns how many; ``refused`` gets the names of the channels whose disk refused them (they keep them
+    in memory)."""
     topic = nsqd.get_topic(topic_name)
     now_ns = time.time_ns()
     messages = [Message(m.id, m.body, m.timestamp, m.attempts, _delay(m.due_ns, now_ns)) for m, _f, _r in batch]
@@ -174,8 +195,8 @@ def place(nsqd, topic_name: str, batch: list) -> int:
                 pending.append(Message(m.id, m.body, m.timestamp, m.attempts, m.defer))
             else:
                 pending.append(Message(m.id, m.body, m.timestamp, again[0], _delay(again[1], now_ns)))
-        if pending:
-            channel.put_many(pending)
+        if pending and not channel.put_many(pending) and refused is not None:
+            refused.append(name)
     replication = nsqd.replication
     if replication is not None and not topic.ephemeral and messages:
         replication.offer(topic_name, messages)

@@ -36,6 +36,7 @@ from .persistence_helpers import (
 )
 from .test_log_channels import commit, offsets, publish_to_log, read_all
 from .test_workers import start_node
+from .test_workers_replication import kill_worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -403,11 +404,61 @@ def test_a_node_restarted_at_1_3_and_2_workers_keeps_every_message_where_it_was(
     run.stop(data)
 
 
+def test_deferred_messages_keep_their_due_time_when_the_count_changes(tmp_path):
+    """DPUBs (at a channel, and at a topic without one) and a REQ with a delay at 2 workers, a graceful stop, a
+    start at 3: each owner under 3 reads the delays its topics' files keep and delivers nothing before it is due."""
+    delay = 3.0
+    data = tmp_path / "data"
+    topics = spread_topics("due")
+    node = start(data, 2)
+    due: dict[bytes, float] = {}
+    holding = []
+    with RawClient(node.tcp) as producer:
+        for number, topic in enumerate(topics):
+            if number % 2 == 0:  # a channel to defer at; the others' DPUBs wait at the topic
+                client = RawClient(node.tcp)
+                holding.append(client)
+                client.subscribe(topic, "c", ready=1)
+                producer.publish(topic, b"requeued-" + topic.encode())
+                (message,) = receive(client, 1, finish=False)
+                due[message.body] = time.time() + delay  # (before the node reads it: the earliest it can be due)
+                client.send(req(message.id, int(delay * 1000)))
+            body = b"dpub-" + topic.encode()
+            due[body] = time.time() + delay
+            producer.send(dpub(topic, int(delay * 1000), body))
+            producer.expect_ok()
+    for client in holding:  # each REQ handled: its channel shows the message deferred
+        client.send(b"NOP\n")
+        client.assert_open()
+    assert node.stop(30) == 0
+    for client in holding:
+        client.close()
+    node = start(data, 3)
+    try:
+        clients = []
+        for topic in topics:
+            client = RawClient(node.tcp)
+            clients.append(client)
+            client.subscribe(topic, "c", ready=5)
+        got = []
+        for client, topic in zip(clients, topics, strict=True):
+            for message in receive(
+                client, len([b for b in due if b.endswith(b"-" + topic.encode())]), timeout=delay + 20
+            ):
+                got.append((message.body, time.time()))
+            client.close()
+        assert sorted(body for body, _ in got) == sorted(due)
+        for body, arrived in got:
+            assert arrived >= due[body], (body, due[body] - arrived)  # never before its delay is over
+    finally:
+        assert node.stop() == 0
+
+
 @pytest.mark.timeout(240)
 def test_nothing_acknowledged_is_lost_across_kill_9_and_restarts_at_another_count(tmp_path):
     """Durable mode: PUB and MPUB to topics spread over the workers of each N, consumers holding some in flight;
-    kill -9 of every process in the middle, restart at the next N (2, 1, 3, 2), repeat; then drain at N=1. Every
-    message that got OK comes out at least once."""
+    kill -9 in the middle (of every process, or of one worker, which stops the node), restart at the next N (2, 1,
+    3, 2), repeat; then drain at N=1. Every message that got OK comes out at least once."""
     data = tmp_path / "data"
     topics = spread_topics("durable")
     acked: list[tuple[str, bytes]] = []
@@ -417,7 +468,7 @@ def test_nothing_acknowledged_is_lost_across_kill_9_and_restarts_at_another_coun
     def acknowledged(topic: str, bodies: list[bytes]) -> None:
         acked.extend((topic, body) for body in bodies)
 
-    for workers in (2, 1, 3, 2):
+    for workers, victim in ((2, None), (1, None), (3, 2), (2, 0)):
         node = start(data, workers, *DURABLE)
         stop = threading.Event()
         threads = [
@@ -441,7 +492,10 @@ def test_nothing_acknowledged_is_lost_across_kill_9_and_restarts_at_another_coun
         while len(acked) < target:
             assert time.monotonic() < deadline, f"only {len(acked)} acknowledged; log:\n{node.log_text()[-3000:]}"
             time.sleep(0.01)
-        node.kill()
+        if victim is None:
+            node.kill()
+        else:
+            kill_worker(node, victim)
         stop.set()
         for thread in threads:
             thread.join(30)
@@ -541,3 +595,54 @@ def test_a_replicating_node_restarted_at_another_count_keeps_its_replication_sta
         wait_for(lambda: not any(replicas(a).values()) and not any(replicas(b).values()), message="copies released")
     finally:
         stop_all(nodes)
+
+
+def test_a_replica_node_restarted_at_another_count_keeps_its_copies_and_takes_over_at_the_last(tmp_path):
+    """B keeps copies for A and replicates nothing itself (its topics spread over its workers; worker 0 keeps the
+    stores). Restarted gracefully at 2, then 1, then 3 workers, it holds every copy of A's unfinished messages,
+    A goes on replicating to it and it takes nothing over; A killed at the end, B (three workers) adopts them into
+    the topics of their owners and delivers each acknowledged message."""
+    port_a, port_b = free_port(), free_port()
+    origin_a = f"127.0.0.1:{port_a}"
+    flags = ("--broadcast-address=127.0.0.1", f"--tcp-address=127.0.0.1:{port_b}", "--replica-takeover-timeout=1s")
+    nodes = [start(tmp_path / "b", 2, *flags)]
+    try:
+        nodes.append(
+            start(
+                tmp_path / "a",
+                1,
+                "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{port_a}",
+                f"--replicate-to=127.0.0.1:{port_b}",
+            )
+        )
+        b, a = nodes
+        wait_for(lambda: replicating(a), timeout=30, message="A replicating")
+        topics = spread_topics("adopted")
+        for topic in topics:
+            assert post(http(a), f"/topic/create?topic={topic}").status == 200
+            assert post(http(a), f"/channel/create?topic={topic}&channel=c").status == 200
+        sent: dict[str, list[bytes]] = {topic: [] for topic in topics}
+        for step, workers in enumerate((1, 3)):
+            with RawClient(a.tcp) as producer:
+                for topic in topics:
+                    batch = [f"{step}-{topic}-{n}".encode() for n in range(5)]
+                    producer.publish_many(topic, batch)
+                    sent[topic].extend(batch)
+            count = sum(map(len, sent.values()))
+            assert replicas(b) == {origin_a: count}
+            assert b.stop(30) == 0
+            nodes[0] = b = start(tmp_path / "b", workers, *flags)
+            wait_for(lambda: replicating(a), timeout=30, message=f"A replicating to B at {workers} workers")
+            assert replicas(b) == {origin_a: count}, f"B at {workers} workers holds A's copies"
+            assert (replication(b)["takeovers"], replication(b)["adopted_messages"]) == (0, 0)
+        a.kill()
+        wait_for(lambda: replicas(b).get(origin_a) == 0, timeout=30, message="B took A over")
+        for topic in topics:
+            with RawClient(b.tcp) as client:
+                client.subscribe(topic, "c", ready=100)
+                got = [m.body for m in receive(client, len(sent[topic]))]
+                assert sorted(got) == sorted(sent[topic])
+                assert client.poll_frame(0.2) is None
+    finally:
+        stop_all([node for node in nodes if node.is_running()])

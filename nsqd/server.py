@@ -319,8 +319,8 @@ class NSQD:
         mesh = self.mesh = WorkerMesh(self, sockets)
         log.info("NSQ: worker %d of %d", mesh.index, mesh.count)
         self.start_time = sockets.start_time
-        # IDs stay unique on the node: each worker stamps its own node id (one worker's neighbour's)
-        self.guid = GUIDFactory((self.opts.node_id + mesh.index) % 1024)
+        # IDs are the node's (its --node-id) and unique on it: each worker issues its share of every tick's sequences
+        self.guid = GUIDFactory(self.opts.node_id, mesh.index, mesh.count)
         if mesh.index == 0:
             self.lookup = MeshLookup(self, mesh)
             self.metadata = MeshMetadata(self.data_path, self.topics, mesh, logger=log)

@@ -47,12 +47,10 @@ run: $(RUN_STAMP)
 
 # Run again with every nsqd on two workers (--workers=2; `pytest --nsqd-workers=2`): the client libraries' suites and
 # the integration tests of the protocol, HTTP API, stats and persistence, the replication rings (every node on two
-# workers; the compat ring with 8 kills instead of 20), and the takeovers of an origin by a replica-only node (its
+# workers; the compat rings with 8 kills instead of 20), and the takeovers of an origin by a replica-only node (its
 # topics spread over both workers, log channels among them: 30 s), and the replication nemesis on rings of three
 # (20 s of faults each, about a minute for both; the ring of five with three copies, 38 s more, is left to N=1), a few
-# minutes in all; tests/integration/test_workers*.py run N above 1 on their own. The compat ring restarted on its data is left out here: at N=2 its pynsq channel got 25 to
-# 1,086 duplicates in 8 kills (its bound: 800; 77-156 in 20 kills at N=1), a cause still to find; nothing was lost.
-WORKERS_DESELECT := tests/compat/test_replication_ring.py::test_ring_with_nodes_restarted_on_their_data_does_not_deliver_adopted_messages_again
+# minutes in all; tests/integration/test_workers*.py run N above 1 on their own.
 WORKERS_TESTS := tests/compat/test_pynsq.py tests/compat/test_features_pynsq.py tests/compat/test_features_gnsq.py \
 	tests/compat/test_nsqjs.py tests/compat/test_features_nsqjs.py tests/compat/test_lookupd_discovery.py \
 	tests/integration/test_protocol.py tests/integration/test_errors.py tests/integration/test_frame_order.py \
@@ -74,7 +72,7 @@ REPLICA_TESTS := tests/integration/test_log_replication.py \
 
 test: venv node browser
 	$(PY) -m pytest -q
-	RING_CYCLES=8 NEMESIS_SECONDS=20 $(PY) -m pytest -q --nsqd-workers=2 $(WORKERS_TESTS) --deselect $(WORKERS_DESELECT)
+	RING_CYCLES=8 NEMESIS_SECONDS=20 $(PY) -m pytest -q --nsqd-workers=2 $(WORKERS_TESTS)
 
 bench: venv
 	$(PY) -m bench

@@ -439,14 +439,16 @@ class ReplicaHost:
         is connected here, and the ids of its messages adopted here (``_agree`` on the other side)."""
         origin = self.origins.get(ask.node)
         ids = AdoptedIds(self.nsqd.data_path, ask.node).load()
+        held = len(origin.store.held) if origin is not None else 0
         if origin is not None and (taking := origin.taking) is not None:
-            # what it still holds is being adopted here too: the asker must leave it
+            # what it still holds is being adopted here too: the asker must leave it, and need not wait for it (none
+            # of it is held here for a takeover still to come)
             left = taking.left
             ids = ids + taking.adopted + [msg_id for msg_id in origin.store.held if msg_id not in left]
+            held = 0
         elif not ids and origin is not None and trio.current_time() - origin.adopted_at < RECENT_TAKEOVER:
             ids = origin.adopted_ids  # the origin heard of them already, the other replicas may not have
         connected = origin is not None and origin.connected
-        held = len(origin.store.held) if origin is not None else 0
         await stream.send_all(encode(Holding(ask.node, connected, held, len(ids))))
         for start in range(0, len(ids), FRAME_IDS):
             await stream.send_all(encode(Adopted(tuple(ids[start : start + FRAME_IDS]))))
@@ -500,12 +502,13 @@ class ReplicaHost:
             adopted.update(ids)
             if holding.connected and not hello:
                 alive.append(peer)
-            elif peer in ahead and holding.held and not ids:
+            elif peer in ahead and holding.held:
+                # copies it holds for a takeover of its own still to come, whatever ids it lists: those may be an
+                # earlier takeover's (the origin came back, and died again within ``RECENT_TAKEOVER``), which say
+                # nothing of the copies held now; adopting these here too would deliver them twice
                 holding_ahead.append(peer)
-        if adopted:
-            return frozenset(adopted)
         if not alive and not holding_ahead:
-            return frozenset()
+            return frozenset(adopted)
         if not origin.agree_logged:
             origin.agree_logged = True
             log.info(

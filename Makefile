@@ -46,22 +46,33 @@ run: $(RUN_STAMP)
 		--lookupd-tcp-address=127.0.0.1:4160 --broadcast-address=127.0.0.1
 
 # Run again with every nsqd on two workers (--workers=2; `pytest --nsqd-workers=2`): the client libraries' suites and
-# the integration tests of the protocol, HTTP API, stats and persistence, and the replication rings (every node on two
-# workers; the compat ring with 8 kills instead of 20), a few minutes in all; tests/integration/test_workers*.py run
-# N above 1 on their own. The compat ring restarted on its data is left out here: at N=2 its pynsq channel got 25 to
-# 1,086 duplicates in 8 kills (its bound: 800; 77-156 in 20 kills at N=1), a cause still to find; nothing was lost.
-WORKERS_DESELECT := tests/compat/test_replication_ring.py::test_ring_with_nodes_restarted_on_their_data_does_not_deliver_adopted_messages_again
+# the integration tests of the protocol, HTTP API, stats and persistence, the replication rings (every node on two
+# workers; the compat rings with 8 kills instead of 20), the takeovers of an origin by a replica-only node (its
+# topics spread over both workers, log channels among them: 30 s), and the replication nemesis on rings of three
+# (20 s of faults each, about a minute for both; the ring of five with three copies, 38 s more, is left to N=1), a few
+# minutes in all; tests/integration/test_workers*.py run N above 1 on their own.
 WORKERS_TESTS := tests/compat/test_pynsq.py tests/compat/test_features_pynsq.py tests/compat/test_features_gnsq.py \
 	tests/compat/test_nsqjs.py tests/compat/test_features_nsqjs.py tests/compat/test_lookupd_discovery.py \
 	tests/integration/test_protocol.py tests/integration/test_errors.py tests/integration/test_frame_order.py \
 	tests/integration/test_compression.py tests/integration/test_auth.py tests/integration/test_unix_sockets.py \
 	tests/integration/test_fastpath.py tests/integration/test_http_api.py tests/integration/test_http_stats.py \
 	tests/integration/test_persistence.py tests/integration/test_interop_files.py \
-	tests/integration/test_replication_copies.py tests/compat/test_replication_ring.py
+	tests/integration/test_replication_copies.py tests/compat/test_replication_ring.py $(REPLICA_TESTS) \
+	tests/integration/test_replication_nemesis.py \
+	'tests/integration/test_replication_nemesis_copies.py::test_three_copies_under_load_through_faults_of_one_and_two_nodes[ring3]'
+REPLICATION := tests/integration/test_replication.py
+REPLICA_TESTS := tests/integration/test_log_replication.py \
+	$(REPLICATION)::test_takeover_by_http_adopts_unfinished_messages_with_their_channels \
+	$(REPLICATION)::test_publishes_to_many_topics_in_the_same_millisecond_are_each_held_and_adopted \
+	$(REPLICATION)::test_replica_keeps_its_copies_across_its_restart \
+	$(REPLICATION)::test_an_origin_whose_messages_were_adopted_does_not_deliver_them_again \
+	$(REPLICATION)::test_a_takeover_registers_the_adopted_topic_and_channel_with_lookupd \
+	$(REPLICATION)::test_a_deferred_message_stays_deferred_after_a_takeover \
+	$(REPLICATION)::test_a_message_put_back_keeps_its_attempts_and_its_delay_through_a_takeover
 
 test: venv node browser
 	$(PY) -m pytest -q
-	RING_CYCLES=8 $(PY) -m pytest -q --nsqd-workers=2 $(WORKERS_TESTS) --deselect $(WORKERS_DESELECT)
+	RING_CYCLES=8 NEMESIS_SECONDS=20 $(PY) -m pytest -q --nsqd-workers=2 $(WORKERS_TESTS)
 
 bench: venv
 	$(PY) -m bench

@@ -35,7 +35,15 @@ A batch joins prefix and suffixes into one bytes object and splits it: one C cal
 the IDs' 8-byte values the same way (a 6-byte prefix, 2-byte suffixes), joined and not split: a publish kept in
 memory needs no bytes object per ID (``queues/packed.py``), and its 200 IDs cost one join, not a list of 200.
 
-Not thread-safe: a factory belongs to its node and is used from the event-loop thread.
+A node of several worker processes (``--workers N``, ``workers.py``) stamps every ID with its ``--node-id``, as one
+process does, and gives each worker one N-th of every tick's sequences (``GUIDFactory(node_id, part, parts)``:
+worker k issues ``[k * 4096 // N, (k + 1) * 4096 // N)``), so the IDs of its workers never meet and are the IDs
+of one node to whoever reads them. Stamping ``--node-id`` plus the worker's number instead made a worker's IDs
+those of the node whose ``--node-id`` is that number: a replica adopting that node's messages into a topic of
+that worker put two messages with one ID in a channel, which delivers one of two copies in flight. The cost: a
+worker issues 4096 / N IDs per tick (about 1 ms), and borrows ticks ahead sooner.
+
+Not thread-safe: a factory belongs to its node (or its worker) and is used from the event-loop thread.
 """
 
 from __future__ import annotations
@@ -92,6 +100,9 @@ class GUIDFactory:
 
     __slots__ = (
         "node_id",
+        "_first",
+        "_end",
+        "_span",
         "_last_tick",
         "_sequence",
         "_ahead",
@@ -102,13 +113,19 @@ class GUIDFactory:
         "_packed_suffixes",
     )
 
-    #: the largest batch ``next_ids`` can ever issue at once
+    #: the largest batch ``next_ids`` can ever issue at once (a factory with every sequence of a tick)
     max_batch = MAX_LEAD_TICKS * _PER_TICK
 
-    def __init__(self, node_id: int) -> None:
+    def __init__(self, node_id: int, part: int = 0, parts: int = 1) -> None:
+        """``part`` of ``parts``: this factory issues that share of each tick's sequences (a node's workers)."""
         if not 0 <= node_id < (1 << NODE_ID_BITS):
             raise ValueError(f"node id {node_id} outside [0,1024)")
+        if not 0 <= part < parts <= _PER_TICK:
+            raise ValueError(f"part {part} of {parts}: a tick has {_PER_TICK} sequences")
         self.node_id = node_id
+        self._first = part * _PER_TICK // parts  # this factory's sequences in every tick: [_first, _end)
+        self._end = (part + 1) * _PER_TICK // parts
+        self._span = self._end - self._first
         self._last_tick = -1  # tick of the last ID issued
         self._sequence = 0  # sequence of the last ID issued
         self._ahead = False  # _last_tick was borrowed ahead of the clock by next_ids
@@ -131,7 +148,7 @@ class GUIDFactory:
         if now_tick > last:
             if now_tick < TWEPOCH:
                 raise ValueError("clock reads before NSQ's ID epoch")
-            return now_tick, 0
+            return now_tick, self._first
         if now_tick == last or (self._ahead and last - now_tick <= MAX_LEAD_TICKS):
             return last, self._sequence + 1
         raise GUIDUnavailable("time has gone backwards")
@@ -140,7 +157,7 @@ class GUIDFactory:
         """One ID as 16 lowercase hex bytes; ``GUIDUnavailable`` when the tick is used up or time went back."""
         now_tick = (time.time_ns() if now_ns is None else now_ns) >> TICK_SHIFT
         tick, sequence = self._start(now_tick)
-        if sequence > _SEQUENCE_MASK:
+        if sequence >= self._end:
             raise GUIDUnavailable("sequence expired")
         self._last_tick = tick
         self._sequence = sequence
@@ -153,15 +170,17 @@ class GUIDFactory:
         nothing: on ``GUIDUnavailable`` no ID has been used."""
         now_tick = (time.time_ns() if now_ns is None else now_ns) >> TICK_SHIFT
         tick, sequence = self._start(now_tick)
-        if sequence > _SEQUENCE_MASK:  # the tick is used up: the batch starts in the next one
+        first = self._first
+        if sequence >= self._end:  # the tick is used up: the batch starts in the next one
             tick += 1
-            sequence = 0
-        position = sequence + count - 1  # of the last ID, counted from the start of `tick`
-        end_tick = tick + (position >> SEQUENCE_BITS)
+            sequence = first
+        position = sequence - first + count - 1  # of the last ID, counted from the start of `tick`'s share
+        span = self._span
+        end_tick = tick + position // span
         if end_tick - now_tick > MAX_LEAD_TICKS:
             raise GUIDUnavailable("sequence expired")
         self._last_tick = end_tick
-        self._sequence = position & _SEQUENCE_MASK
+        self._sequence = first + position % span
         self._ahead = end_tick > now_tick
         return tick, sequence
 
@@ -178,12 +197,12 @@ class GUIDFactory:
         if count == 1:  # a PUB's one ID: without the join and split below (0.6 us instead of 2.2)
             return [self._tick_prefix(tick) + _SUFFIXES[sequence]]
         end = sequence + count
-        if end <= _PER_TICK:  # in one tick (a poller step's PUBs, most MPUBs): one join and one split, no loop
+        if end <= self._end:  # in one tick (a poller step's PUBs, most MPUBs): one join and one split, no loop
             prefix = self._tick_prefix(tick)
             return (prefix + (b" " + prefix).join(_SUFFIXES[sequence:end])).split(b" ")
         # "P" + "000" + " P" + "001" + ... per tick, the ticks joined by " ", then one split
         pieces: list[bytes] = []
-        for run_tick, first, end in _runs(tick, sequence, count):
+        for run_tick, first, end in self._runs(tick, sequence, count):
             prefix = self._tick_prefix(run_tick)
             pieces.append(prefix + (b" " + prefix).join(_SUFFIXES[first:end]))
         return (pieces[0] if len(pieces) == 1 else b" ".join(pieces)).split(b" ")
@@ -198,11 +217,11 @@ class GUIDFactory:
         tick, sequence = self._claim(count, now_ns)
         suffixes = self._packed_suffixes or self._make_packed_suffixes()
         end = sequence + count
-        if end <= _PER_TICK:  # in one tick
+        if end <= self._end:  # in one tick
             prefix = self._packed_prefix(tick)
             return prefix + suffixes[sequence] if count == 1 else prefix + prefix.join(suffixes[sequence:end])
         pieces: list[bytes] = []
-        for run_tick, first, end in _runs(tick, sequence, count):
+        for run_tick, first, end in self._runs(tick, sequence, count):
             prefix = self._packed_prefix(run_tick)
             pieces.append(prefix + prefix.join(suffixes[first:end]))
         return b"".join(pieces)
@@ -219,15 +238,16 @@ class GUIDFactory:
         self._packed_suffixes = _packed_suffixes(self.node_id & 0xF)
         return self._packed_suffixes
 
-
-def _runs(tick: int, sequence: int, count: int):
-    """The ``(tick, first sequence, end sequence)`` of ``count`` IDs from ``(tick, sequence)`` on, tick by tick."""
-    while count:
-        take = min(_PER_TICK - sequence, count)
-        yield tick, sequence, sequence + take
-        count -= take
-        tick += 1
-        sequence = 0
+    def _runs(self, tick: int, sequence: int, count: int):
+        """The ``(tick, first sequence, end sequence)`` of ``count`` IDs from ``(tick, sequence)`` on, tick by
+        tick, each in this factory's share of the tick."""
+        end = self._end
+        while count:
+            take = min(end - sequence, count)
+            yield tick, sequence, sequence + take
+            count -= take
+            tick += 1
+            sequence = self._first
 
 
 #: by the node id's low 4 bits: the IDs' low 2 bytes (those bits and the sequence), by sequence; made when a node

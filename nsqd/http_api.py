@@ -107,8 +107,10 @@ class NSQDRouter(Router):
             owner = None
             if match.route.path in _OWNED_ROUTES:
                 owner = _topic_owner(mesh, request)
-            elif mesh.replicating and mesh.index and match.route.path in _REPLICATION_ROUTES:
-                owner = 0  # worker 0 runs the node's replication (nsqd/workers.py)
+            elif mesh.index and (
+                match.route.path in _REPLICA_ROUTES or (mesh.replicating and match.route.path in _REPLICATION_ROUTES)
+            ):
+                owner = 0  # worker 0 keeps the replica stores and runs the node's replication (nsqd/workers.py)
             if owner is not None:  # the topic's worker answers (nsqd/workers.py)
                 try:
                     status, headers, body = await mesh.forward_http(owner, request)
@@ -143,9 +145,11 @@ _OWNED_ROUTES = frozenset(
         "/channel/unpause",
     )
 )
-#: with replication, answered by worker 0, which keeps the replica stores and runs the replicator (``/ping``: its
-#: health says whether replication refuses publishes)
-_REPLICATION_ROUTES = frozenset(("/replica/takeover", "/ping"))
+#: answered by worker 0, which keeps the replica stores
+_REPLICA_ROUTES = frozenset(("/replica/takeover",))
+#: with replication, answered by worker 0, which runs the replicator too (``/ping``: its health says whether
+#: replication refuses publishes; without replication, each worker's health is its own queues')
+_REPLICATION_ROUTES = _REPLICA_ROUTES | {"/ping"}
 
 
 def _topic_owner(mesh, request: Request) -> int | None:

@@ -355,6 +355,8 @@ def validate(opts: Options) -> None:
         raise OptionsError("--actor-interlude must not be negative")
     if opts.workers < 1:
         raise OptionsError("--workers must be at least 1")
+    if opts.workers > 4096:  # each worker issues its share of a millisecond's 4096 message IDs (guid.py)
+        raise OptionsError("--workers must be at most 4096")
     _check_replication(opts)
     if opts.replication_degraded not in ("refuse", "accept"):
         raise OptionsError("--replication-degraded must be 'refuse' or 'accept'")

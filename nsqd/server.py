@@ -319,8 +319,8 @@ class NSQD:
         mesh = self.mesh = WorkerMesh(self, sockets)
         log.info("NSQ: worker %d of %d", mesh.index, mesh.count)
         self.start_time = sockets.start_time
-        # IDs stay unique on the node: each worker stamps its own node id (one worker's neighbour's)
-        self.guid = GUIDFactory((self.opts.node_id + mesh.index) % 1024)
+        # IDs are the node's (its --node-id) and unique on it: each worker issues its share of every tick's sequences
+        self.guid = GUIDFactory(self.opts.node_id, mesh.index, mesh.count)
         if mesh.index == 0:
             self.lookup = MeshLookup(self, mesh)
             self.metadata = MeshMetadata(self.data_path, self.topics, mesh, logger=log)
@@ -906,17 +906,11 @@ class NSQD:
             if len(magic) < 4:
                 log.info("[%s] closed before sending the protocol magic", remote)
                 return
-            if magic[:4] == MAGIC_R1 and self.mesh is not None:
-                if not self.mesh.replicating:
-                    log.error(
-                        "[%s] replication stream refused: this node runs --workers above 1 without --replicate-to",
-                        remote,
-                    )
-                    return
-                if self.mesh.index != 0:  # worker 0 keeps the replica stores (workers.py)
-                    log.info("[%s] replication stream: handed to worker 0", remote)
-                    self.mesh.hand_replication(stream.socket.fileno(), magic[4:])
-                    return
+            if magic[:4] == MAGIC_R1 and self.mesh is not None and self.mesh.index != 0:
+                # worker 0 keeps the replica stores (workers.py)
+                log.info("[%s] replication stream: handed to worker 0", remote)
+                self.mesh.hand_replication(stream.socket.fileno(), magic[4:])
+                return
             if magic[:4] == MAGIC_R1:  # another trionsq node's replication stream (nsqd/replication/)
                 await self.replica_host.serve(stream, remote, magic[4:])
                 return

@@ -35,6 +35,15 @@ before anything past its magic is parsed (``hand_replication``), and the replica
 ``/ping`` are answered by worker 0. Until worker 0's replicator is ready (its peers said what is still this
 node's), the others' client connections wait, as worker 0's do (``replication_ready``).
 
+Without ``--replicate-to`` the topics stay spread, and a node keeps copies for its peers all the same: worker 0
+keeps the replica stores (replication streams, CONFIRM, ASK and release connections are handed to it, and
+``/replica/takeover`` is answered by it), and a takeover adopts each origin's messages into the topics of their
+owners (``MeshAdoption``): the topics and channels are made in each owner first, then each batch crosses as a
+publish that keeps the messages' IDs, attempts, delays and finished channels, answered once placed (after the
+group commit in durable mode); the store goes only once every owner answered, so a kill -9 of any worker in the
+middle loses nothing acknowledged (the node stops, and adopts its store again once restarted). ADOPTED, the
+epoch and the list of adopted IDs stay with the store in worker 0.
+
 A link that closes while the node is not stopping means a worker died: this worker stops too (the parent stops
 the node; see ``supervisor.py``).
 """
@@ -64,11 +73,21 @@ from protocol.frames import FRAME_TYPE_ERROR, encode_frame
 from protocol.http import Headers, Request
 from protocol.log import E_LOG_FAILED
 from protocol.lookup_v1 import encode_register, encode_unregister
+from protocol.replication import ReplicatedMessage
 
 from . import log_commands
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
+from .replication.adopted import (
+    Adoption,
+    AdoptionFailed,
+    LogEnd,
+    note_adopted,
+    place_refused,
+    prepare_topics,
+    settle_adopted,
+)
 from .stats import NodeStats, collect, memory_of_processes, producer_stats
 from .topic import TopicExiting, TopicFull
 
@@ -88,6 +107,8 @@ HAND_OVER_BELOW = 0.7
 _RECEIVE_SIZE = 1 << 18
 #: room for the descriptors of handed-over connections one read of a link can bring (``Link.poll_ready``)
 _FD_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)
+#: a takeover's batches of messages crossing to their topics' owners unanswered at once (``MeshAdoption``)
+ADOPT_WINDOW = 16
 #: how long a worker waits for worker 0 to write nsqd.dat in durable mode before its commit fails
 METADATA_SYNC_TIMEOUT = 10.0
 
@@ -471,15 +492,20 @@ class WorkerMesh:
         self.links[peer].send(("re", call_id, value))
 
     # -- what this worker asks of the owners -------------------------------------------------------------------
+    def call_soon(self, peer: int, kind: str, args: tuple, answered: Callable[[Any], None]) -> None:
+        """Send a request to ``peer``; ``answered`` gets its answer when it comes back, with no task waiting
+        (``exiting`` if ``peer`` stopped first)."""
+        call_id = next(self._ids)
+        self._callbacks[call_id] = (peer, answered)
+        self.links[peer].send((kind, call_id, *args))
+
     def publish_soon(
         self, topic_name: str, bodies: list[bytes], defer: float, answered: Callable[[str | None], None]
     ) -> None:
         """Publish at the topic's owner; ``answered`` gets None, or the reason it refused (``exiting``, a full
         queue's error), when its answer comes back."""
-        call_id = next(self._ids)
-        owner = self.owner(topic_name)
-        self._callbacks[call_id] = (owner, partial(self._held_answered, topic_name, answered))
-        self.links[owner].send(("pub", call_id, topic_name, bodies, defer))
+        answer = partial(self._held_answered, topic_name, answered)
+        self.call_soon(self.owner(topic_name), "pub", (topic_name, bodies, defer), answer)
 
     def _held_answered(self, topic_name: str, answered: Callable[[str | None], None], reason: str | None) -> None:
         if reason is None:
@@ -571,6 +597,16 @@ class WorkerMesh:
         link.handing.append(os.dup(fd))
         link.send(("r1", unread))
         self.handed_over += 1
+
+    def adoption(self) -> Adoption:
+        """A takeover's steps (``ReplicaHost._take_over``, in worker 0): in this worker when it owns every topic
+        (``--replicate-to``), else in each topic's owner (``MeshAdoption``)."""
+        return Adoption(self.nsqd) if self.replicating else MeshAdoption(self)
+
+    def settle_adopted(self, node: str) -> None:
+        """Worker 0: origin ``node`` heard what was adopted of it: every other worker's log channels say so too."""
+        for link in self.links.values():
+            link.send(("settle", node))
 
     def replication_started(self) -> None:
         """Worker 0: the replicator is ready (its peers said what is still this node's): the others serve
@@ -812,6 +848,28 @@ class WorkerMesh:
         self.taken_over += 1
         self.nsqd.take_replication(fd, unread)
 
+    def _on_adopt_topics(self, peer: int, call_id: int, states: dict) -> None:
+        log.info("REPLICATION: worker %d makes %d topic(s) of a takeover", self.index, len(states))
+        self._answer(peer, call_id, prepare_topics(self.nsqd, states))
+
+    def _on_adopt(self, peer: int, call_id: int, topic_name: str, rows: list) -> None:
+        """A takeover's messages of a topic owned here (``MeshAdoption.place``): answered as a publish is, after
+        the group commit that covers them in durable mode."""
+        self._answer_published(peer, call_id, self._adopt(topic_name, rows))
+
+    def _adopt(self, topic_name: str, rows: list) -> str | None:
+        if self.nsqd.exiting:
+            return "exiting"
+        batch = [(ReplicatedMessage(*fields), finished, requeued) for fields, finished, requeued in rows]
+        return place_refused(self.nsqd, topic_name, batch)
+
+    def _on_adopt_noted(self, peer: int, call_id: int, ends, topics, node: str, epoch: int, when: int) -> None:
+        note_adopted(self.nsqd, ends, topics, node, epoch, when)
+        self._answer(peer, call_id, None)
+
+    def _on_settle(self, peer: int, node: str) -> None:
+        settle_adopted(self.nsqd, node)
+
     def _on_ready(self, peer: int) -> None:
         if self.replication_ready is not None:
             self.replication_ready.set()
@@ -1044,6 +1102,10 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "hand": WorkerMesh._on_hand,
     "r1": WorkerMesh._on_r1,
     "ready": WorkerMesh._on_ready,
+    "adopt_topics": WorkerMesh._on_adopt_topics,
+    "adopt": WorkerMesh._on_adopt,
+    "adopt_noted": WorkerMesh._on_adopt_noted,
+    "settle": WorkerMesh._on_settle,
     "load": WorkerMesh._on_load,
     "drained": WorkerMesh._on_drained,
     "sub": WorkerMesh._on_sub,
@@ -1064,6 +1126,84 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "metapull": WorkerMesh._on_metapull,
     "lookupd_http": WorkerMesh._on_lookupd_http,
 }
+
+
+# -- takeover: worker 0 adopts into every worker's topics ---------------------------------------------------------
+class MeshAdoption(Adoption):
+    """Worker 0's takeover of an origin in a node whose topics are spread over the workers (no ``--replicate-to``):
+    each step runs in each topic's owner. Its topics and channels are made there first (``adopt_topics``, awaited);
+    each batch of messages crosses to its owner as a publish that keeps the messages' IDs, attempts, delays and
+    finished channels (``adopt``), answered once placed there (in durable mode after the group commit that syncs
+    it), ``ADOPT_WINDOW`` batches unanswered at most. The takeover removes the store only once every batch was
+    answered (``placed``): a worker killed meanwhile stops the node, and the store, still whole, is adopted again
+    after the restart (duplicates, never a loss). A refusal (the owner stops, its sync fails, its disk is full)
+    fails the takeover the same way (``AdoptionFailed``). ADOPTED and the epoch stay with the store, in worker 0."""
+
+    def __init__(self, mesh: WorkerMesh) -> None:
+        super().__init__(mesh.nsqd)
+        self.mesh = mesh
+        self.parts: dict[int, tuple[list[str], list[LogEnd]]] = {}  # owner -> its topics, its log channels' ends
+        self.unanswered = 0
+        self.refusal: str | None = None
+        self._answered = trio.Event()
+
+    async def prepare(self, states: dict[str, tuple[bool, dict]]) -> None:
+        mesh = self.mesh
+        spread: dict[int, dict[str, tuple[bool, dict]]] = {}
+        for name, state in states.items():
+            spread.setdefault(mesh.owner(name), {})[name] = state
+        for owner, part in sorted(spread.items()):
+            if owner == mesh.index:
+                ends = prepare_topics(self.nsqd, part)
+            else:
+                try:
+                    ends = await mesh.call(owner, "adopt_topics", part)
+                except WorkerGone as exc:
+                    raise AdoptionFailed(str(exc)) from None
+            self.parts[owner] = (list(part), ends)
+
+    async def place(self, topic_name: str, batch: list) -> None:
+        mesh = self.mesh
+        owner = mesh.owner(topic_name)
+        if owner == mesh.index:
+            await super().place(topic_name, batch)
+            return
+        while self.unanswered >= ADOPT_WINDOW and self.refusal is None:
+            await self._next_answer()
+        self._check()
+        rows = [((m.id, m.timestamp, m.attempts, m.due_ns, m.body), finished, again) for m, finished, again in batch]
+        self.unanswered += 1
+        mesh.call_soon(owner, "adopt", (topic_name, rows), self._on_answer)
+
+    def _on_answer(self, refusal: str | None) -> None:
+        self.unanswered -= 1
+        if refusal is not None and self.refusal is None:
+            self.refusal = refusal
+        self._answered.set()
+
+    async def _next_answer(self) -> None:
+        await self._answered.wait()
+        self._answered = trio.Event()
+
+    def _check(self) -> None:
+        if self.refusal is not None:
+            raise AdoptionFailed(f"a worker did not take adopted messages: {self.refusal}")
+
+    async def placed(self) -> None:
+        while self.unanswered and self.refusal is None:
+            await self._next_answer()
+        self._check()
+
+    async def note(self, node: str, epoch: int) -> None:
+        when = int(time.time())
+        for owner, (topics, ends) in self.parts.items():
+            if owner == self.mesh.index:
+                note_adopted(self.nsqd, ends, topics, node, epoch, when)
+                continue
+            try:
+                await self.mesh.call(owner, "adopt_noted", ends, topics, node, epoch, when)
+            except WorkerGone:  # every message is in its topic: only the note is missing, and the node stops
+                log.error("REPLICATION: worker %d stopped before noting the takeover of %s", owner, node)
 
 
 # -- lookupd: worker 0 registers the node --------------------------------------------------------------------------

@@ -8,6 +8,10 @@ messages a replica adopted puts back with it the ones the replica did not adopt.
 adopted out of this node's topics and channels, memory and disk backlogs and log channels' uncommitted offsets
 alike, and puts the others back with ``place`` (into a log channel: at its next offsets, the old ones committed).
 
+``prepare_topics``, ``place`` and ``note_adopted`` are a takeover's three steps in the process that owns the topics;
+``Adoption`` runs them in this one. With ``--workers`` above 1 and no ``--replicate-to`` the topics are spread over the
+workers, and worker 0, which keeps the stores, runs them in each topic's owner (``workers.MeshAdoption``).
+
 ``AdoptedIds`` is ``replica.<node>.adopted`` in the data directory: the ids of the messages of origin ``node``
 this replica adopted (16 bytes each, appended at each takeover). They go to that origin in ADOPTED frames the next
 time it connects (PROTOCOL.md): it drops the ones it still holds (the replica delivers them) and counts the ones
@@ -28,8 +32,20 @@ from protocol.replication import ReplicatedMessage
 
 from ..message import Message
 from ..queues.span import QueueSpan
+from ..topic import TopicExiting, TopicFull
 
-__all__ = ["AdoptedIds", "drop_adopted", "note_takeover", "place"]
+__all__ = [
+    "AdoptedIds",
+    "Adoption",
+    "AdoptionFailed",
+    "drop_adopted",
+    "note_adopted",
+    "note_takeover",
+    "place",
+    "place_refused",
+    "prepare_topics",
+    "settle_adopted",
+]
 
 log = logging.getLogger("nsqd")
 
@@ -38,13 +54,125 @@ ID_SIZE = 16
 FRAME_IDS = 65536
 
 
-def place(nsqd, topic_name: str, batch: list) -> int:
+#: a log channel's place before a takeover's messages went in: (topic, channel, the log's end then)
+LogEnd = tuple[str, str, int]
+
+
+class AdoptionFailed(OSError):
+    """A takeover's messages could not all be placed (a topic's owner refused them, or stopped): the store is kept,
+    and adopted again by the next takeover."""
+
+
+def prepare_topics(nsqd, states: dict[str, tuple[bool, dict]]) -> list[LogEnd]:
+    """A takeover's first step: the topics and channels of ``states`` (``{topic: (paused, {channel: [order, paused,
+    a log]})}``, as the origin had them) made here, paused as there, before any message goes in; a channel that is a
+    log there is made one here, so the adopted messages take this node's next offsets of it. Returns the end of each
+    log channel of these topics: where its adopted offsets begin (``note_adopted``)."""
+    for name, (paused, channels) in states.items():
+        topic = nsqd.get_topic(name)
+        for channel_name, (_order, channel_paused, channel_log) in channels.items():
+            channel = topic.get_channel(channel_name)
+            if channel_paused and not channel.paused:
+                channel.pause()
+            if channel_log and channel.log is None:
+                # (a channel of that name that is already a log here goes on)
+                try:
+                    channel.make_log()
+                except OSError as exc:
+                    log.error(
+                        "REPLICATION: could not make %s:%s a log channel, its adopted messages wait "
+                        "as an ordinary backlog (LOG converts it) - %s",
+                        name,
+                        channel_name,
+                        exc,
+                    )
+        if paused and not topic.paused:
+            topic.pause()
+    return [
+        (name, channel.name, channel.log.end)
+        for name in states
+        for channel in nsqd.topics[name].channels.values()
+        if channel.log is not None
+    ]
+
+
+def note_adopted(nsqd, ends: list[LogEnd], topics: list[str], node: str, epoch: int, when: int) -> None:
+    """A takeover's last step, once every message is placed: each log channel notes the offsets it adopted (LOG
+    answers it, LOG-PROTOCOL.md "Replication": a reader of the origin finds its messages here), and nsqd.dat
+    follows with the paused flags."""
+    for topic_name, channel_name, before in ends:
+        topic = nsqd.topics.get(topic_name)
+        channel = topic.channels.get(channel_name) if topic is not None else None
+        if channel is None or channel.log is None:
+            continue  # deleted while the takeover ran
+        entry = {"node": node, "epoch": epoch, "time": when, "from": before, "to": channel.log.end, "settled": False}
+        note_takeover(channel, "adopted", entry)
+    for name in topics:
+        nsqd.metadata_changed(name)
+
+
+def settle_adopted(nsqd, node: str) -> None:
+    """Origin ``node`` heard which of its messages were adopted here: the log channels' notes of those takeovers say
+    so from now on (``settled``)."""
+    for topic in list(nsqd.topics.values()):
+        for channel in list(topic.channels.values()):
+            if channel.log is not None:
+                try:
+                    channel.log.settle_adopted(node)
+                except OSError as exc:
+                    log.error(
+                        "REPLICATION: could not note in %s that origin %s is back - %s", channel.log.name, node, exc
+                    )
+
+
+class Adoption:
+    """A takeover's steps in this process, which owns every topic (``workers.MeshAdoption`` spreads them)."""
+
+    def __init__(self, nsqd) -> None:
+        self.nsqd = nsqd
+        self.ends: list[LogEnd] = []
+        self.topics: list[str] = []
+
+    async def prepare(self, states: dict[str, tuple[bool, dict]]) -> None:
+        self.topics = list(states)
+        self.ends = prepare_topics(self.nsqd, states)
+
+    async def place(self, topic_name: str, batch: list) -> None:
+        refusal = place_refused(self.nsqd, topic_name, batch)
+        if refusal is not None:
+            raise AdoptionFailed(f"topic {topic_name} did not take adopted messages: {refusal}")
+
+    async def placed(self) -> None:
+        """Return once every message given to ``place`` is in its topic; ``AdoptionFailed`` if some were refused."""
+
+    async def note(self, node: str, epoch: int) -> None:
+        note_adopted(self.nsqd, self.ends, self.topics, node, epoch, int(time.time()))
+
+
+def place_refused(nsqd, topic_name: str, batch: list) -> str | None:
+    """``place`` for a takeover: None, or why topic ``topic_name`` did not take all of ``batch``: it is being
+    deleted or the node stops (``exiting``), or its disk refused it (in durable mode, a channel's disk too: what a
+    channel keeps in memory instead would not outlive a kill -9, and the takeover's store is kept for it)."""
+    refused: list[str] = []
+    try:
+        place(nsqd, topic_name, batch, refused)
+    except TopicExiting:
+        return "exiting"
+    except TopicFull as exc:
+        return str(exc)
+    if refused and nsqd.durable:
+        return f"the disk refused them in {topic_name}:{','.join(refused)}"
+    return None
+
+
+def place(nsqd, topic_name: str, batch: list, refused: list[str] | None = None) -> int:
     """Put ``batch``, ``[(message, channels that finished it, channels that put it back), ...]`` of
     ``ReplicatedMessage``-like messages, into topic ``topic_name``: each into every channel not in its set (into
     the topic when it has no channel, or when the set is None: the topic held it), deferred ones with the rest of
     their delay; a channel that put it back (``{channel: (attempts, due ns)}`` or None) gets it with those attempts
     and that due time. Replicated to this node's peers with FINs for the channels that finished it, and the
-    requeues. Returns how many."""
+    requeues. Returns how many; ``refused`` gets the names of the channels whose disk refused them (they keep them
+    in memory)."""
     topic = nsqd.get_topic(topic_name)
     now_ns = time.time_ns()
     messages = [Message(m.id, m.body, m.timestamp, m.attempts, _delay(m.due_ns, now_ns)) for m, _f, _r in batch]
@@ -67,8 +195,8 @@ def place(nsqd, topic_name: str, batch: list) -> int:
                 pending.append(Message(m.id, m.body, m.timestamp, m.attempts, m.defer))
             else:
                 pending.append(Message(m.id, m.body, m.timestamp, again[0], _delay(again[1], now_ns)))
-        if pending:
-            channel.put_many(pending)
+        if pending and not channel.put_many(pending) and refused is not None:
+            refused.append(name)
     replication = nsqd.replication
     if replication is not None and not topic.ephemeral and messages:
         replication.offer(topic_name, messages)

@@ -59,7 +59,7 @@ from protocol.replication import (
 )
 
 from ..streams import PrefixedStream
-from .adopted import FRAME_IDS, AdoptedIds, note_takeover, place
+from .adopted import FRAME_IDS, AdoptedIds, Adoption, AdoptionFailed, settle_adopted
 from .sender import receive_adopted, receive_event, side_connection, unreachable
 from .store import ReplicaStore, store_nodes
 
@@ -439,14 +439,16 @@ class ReplicaHost:
         is connected here, and the ids of its messages adopted here (``_agree`` on the other side)."""
         origin = self.origins.get(ask.node)
         ids = AdoptedIds(self.nsqd.data_path, ask.node).load()
+        held = len(origin.store.held) if origin is not None else 0
         if origin is not None and (taking := origin.taking) is not None:
-            # what it still holds is being adopted here too: the asker must leave it
+            # what it still holds is being adopted here too: the asker must leave it, and need not wait for it (none
+            # of it is held here for a takeover still to come)
             left = taking.left
             ids = ids + taking.adopted + [msg_id for msg_id in origin.store.held if msg_id not in left]
+            held = 0
         elif not ids and origin is not None and trio.current_time() - origin.adopted_at < RECENT_TAKEOVER:
             ids = origin.adopted_ids  # the origin heard of them already, the other replicas may not have
         connected = origin is not None and origin.connected
-        held = len(origin.store.held) if origin is not None else 0
         await stream.send_all(encode(Holding(ask.node, connected, held, len(ids))))
         for start in range(0, len(ids), FRAME_IDS):
             await stream.send_all(encode(Adopted(tuple(ids[start : start + FRAME_IDS]))))
@@ -500,12 +502,13 @@ class ReplicaHost:
             adopted.update(ids)
             if holding.connected and not hello:
                 alive.append(peer)
-            elif peer in ahead and holding.held and not ids:
+            elif peer in ahead and holding.held:
+                # copies it holds for a takeover of its own still to come, whatever ids it lists: those may be an
+                # earlier takeover's (the origin came back, and died again within ``RECENT_TAKEOVER``), which say
+                # nothing of the copies held now; adopting these here too would deliver them twice
                 holding_ahead.append(peer)
-        if adopted:
-            return frozenset(adopted)
         if not alive and not holding_ahead:
-            return frozenset()
+            return frozenset(adopted)
         if not origin.agree_logged:
             origin.agree_logged = True
             log.info(
@@ -722,6 +725,8 @@ class ReplicaHost:
         ``REACHABLE_GRACE`` is taken over all the same."""
         try:
             await self._take_over_if_agreed(origin, timeout)
+        except AdoptionFailed:  # (logged) tried again a while later
+            origin.probe_at = trio.current_time() + max(timeout, 1.0)
         finally:
             origin.probing = False
             self._wake.set()
@@ -803,67 +808,38 @@ class ReplicaHost:
         count = 0
         # topics and channels as they were on the origin, before any message goes in
         states = {name: (ts.paused, dict(ts.channels)) for name, ts in store.topics.items()}
-        for name, (paused, channels) in states.items():
-            topic = nsqd.get_topic(name)
-            for channel_name, (_order, channel_paused, channel_log) in channels.items():
-                channel = topic.get_channel(channel_name)
-                if channel_paused and not channel.paused:
-                    channel.pause()
-                if channel_log and channel.log is None:
-                    # a log channel there is one here: the adopted messages take the next offsets of this node's
-                    # log of that channel (a channel of that name that is already a log here goes on)
-                    try:
-                        channel.make_log()
-                    except OSError as exc:
-                        log.error(
-                            "REPLICATION: could not make %s:%s a log channel, its adopted messages wait "
-                            "as an ordinary backlog (LOG converts it) - %s",
-                            name,
-                            channel_name,
-                            exc,
-                        )
-            if paused and not topic.paused:
-                topic.pause()
-        # the log channels' ends before the adopted messages go in: where each one's adopted offsets begin
-        logs = [
-            channel for name in states for channel in nsqd.topics[name].channels.values() if channel.log is not None
-        ]
-        ends = [channel.log.end for channel in logs]
+        mesh = getattr(nsqd, "mesh", None)
+        adoption = Adoption(nsqd) if mesh is None else mesh.adoption()
         adopted = taking.adopted
         skipped = 0
-        slice_end = trio.current_time() + TAKEOVER_SLICE
-        for topic_name, batch in store.adopt():
-            if left:
-                kept = [entry for entry in batch if entry[0].id not in left]
-                skipped += len(batch) - len(kept)
-                if not kept:
-                    continue
-                batch = kept
-            count += place(nsqd, topic_name, batch)
-            adopted.extend(m.id for m, _finished, _requeued in batch)
-            if trio.current_time() >= slice_end:
-                await trio.sleep(0)
-                slice_end = trio.current_time() + TAKEOVER_SLICE
+        try:
+            await adoption.prepare(states)
+            slice_end = trio.current_time() + TAKEOVER_SLICE
+            for topic_name, batch in store.adopt():
+                if left:
+                    kept = [entry for entry in batch if entry[0].id not in left]
+                    skipped += len(batch) - len(kept)
+                    if not kept:
+                        continue
+                    batch = kept
+                await adoption.place(topic_name, batch)
+                count += len(batch)
+                adopted.extend(m.id for m, _finished, _requeued in batch)
+                if trio.current_time() >= slice_end:
+                    await trio.sleep(0)
+                    slice_end = trio.current_time() + TAKEOVER_SLICE
+            await adoption.placed()  # the store goes only once every message is in its topic (its owner answered)
+        except AdoptionFailed as exc:
+            log.error("REPLICATION: takeover of origin %s stopped, its copies kept for the next one - %s", node, exc)
+            if not nsqd.exiting:  # (the takeover read the store's index away: read again from its files)
+                store.close()
+                origin.store = self._open_store(node)
+            raise
         AdoptedIds(nsqd.data_path, node).add(adopted)  # before the store goes: its origin must hear of them
         origin.adopted_ids, origin.adopted_at = adopted, trio.current_time()
         origin.agree_logged = False
         store.epoch += 1
-        for channel, before in zip(logs, ends, strict=True):
-            if channel.log is None:
-                continue  # deleted while the takeover ran
-            # LOG answers it (LOG-PROTOCOL.md "Replication"): a reader of the origin finds its messages here
-            note_takeover(
-                channel,
-                "adopted",
-                {
-                    "node": node,
-                    "epoch": store.epoch,
-                    "time": int(time.time()),
-                    "from": before,
-                    "to": channel.log.end,
-                    "settled": False,
-                },
-            )
+        await adoption.note(node, store.epoch)
         store.remove()
         self.takeovers += 1
         self.adopted_messages += count
@@ -875,22 +851,15 @@ class ReplicaHost:
             store.epoch,
             f", {skipped} left to the replica that adopted them first" if skipped else "",
         )
-        for name in states:  # paused flags set above: nsqd.dat follows with the next write
-            nsqd.metadata_changed(name)
         return count
 
     def _settle(self, node: str) -> None:
         """Origin ``node`` heard which of its messages were adopted here: the log channels' notes of those
-        takeovers say so from now on (``settled``)."""
-        for topic in list(self.nsqd.topics.values()):
-            for channel in list(topic.channels.values()):
-                if channel.log is not None:
-                    try:
-                        channel.log.settle_adopted(node)
-                    except OSError as exc:
-                        log.error(
-                            "REPLICATION: could not note in %s that origin %s is back - %s", channel.log.name, node, exc
-                        )
+        takeovers say so from now on (``settled``), in every worker's."""
+        settle_adopted(self.nsqd, node)
+        mesh = getattr(self.nsqd, "mesh", None)
+        if mesh is not None:
+            mesh.settle_adopted(node)
 
     # -- statistics ------------------------------------------------------------------------------------------------
     def statistics(self) -> list[OriginStatistics]:

@@ -17,11 +17,20 @@ class CopiesRing:
     #: how long the ring may take to replicate once started
     ready_timeout = 30.0
 
-    def __init__(self, tmp_path, daemons, size: int = 3, *args: str, candidates: bool = False) -> None:
+    def __init__(
+        self,
+        tmp_path,
+        daemons,
+        size: int = 3,
+        *args: str,
+        candidates: bool = False,
+        node_args: dict[int, tuple[str, ...]] | None = None,
+    ) -> None:
         self.tmp_path = tmp_path
         self.daemons = daemons
         self.size = size
         self.args = args
+        self.node_args = node_args or {}  # flags of one node, after (so over) the ring's
         self.candidates = candidates  # node i may replace a peer by i + 3 .. i - 1
         self.ports = [free_port() for _ in range(size)]
         self.nodes: list[NsqdProcess] = []
@@ -47,6 +56,7 @@ class CopiesRing:
                 "--replica-takeover-timeout=1s",
                 f"--node-id={index + 1}",
                 *self.args,
+                *self.node_args.get(index, ()),
                 *(
                     f"--replication-candidates={self.address(index + k)}"
                     for k in range(3, self.size)

@@ -514,6 +514,14 @@ class DaemonProcess:
             self.proc.wait(10)
         self._join_drainer()
 
+    def signal_all(self, sig: int) -> None:
+        """``sig`` to the daemon and to each of its child processes (nsqd's ``--workers``): a SIGSTOP to the parent
+        alone would leave the workers serving."""
+        assert self.proc is not None
+        for pid in [self.proc.pid, *self.children()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     def children(self) -> list[int]:
         """The pids of the daemon's child processes (nsqd's workers), in the order they started."""
         assert self.proc is not None

@@ -45,6 +45,29 @@ def test_one_node_killed_is_adopted_by_exactly_one_replica_and_the_survivors_ref
     stop_all([node for node in daemons if node.is_running()])
 
 
+def test_an_origin_killed_again_soon_after_a_takeover_is_adopted_by_the_first_replica_alone(daemons, tmp_path):
+    # b (first in a's order) takes a over 4 s after a dies, c after 1 s: c asks b, and waits while b holds copies of
+    # a. After a's second death b also lists the ids of its first takeover (for 30 s after a heard them); those say
+    # nothing of the copies held now, and must not let c adopt them too (in a ring where both wait the same time,
+    # both adopted them, and every channel that had not finished them got each twice)
+    ring = Ring(tmp_path, daemons, node_args={1: ("--replica-takeover-timeout=4s",)})
+    ring.publish(0, 50, "a")
+    wait_for(lambda: ring.healthy() and ring.held(1, 0) == ring.held(2, 0) == 50, message="both copies held")
+    ring.nodes[0].kill()
+    wait_for(lambda: ring.held(1, 0) == 0 and ring.held(2, 0) == 0, timeout=30, message="a taken over")
+    assert (ring.depth(1), ring.depth(2)) == (50, 0)
+    ring.start(0)  # back: it hears which of its messages b adopted
+    wait_for(ring.healthy, timeout=30, message="a back and replicating")
+    ring.publish(0, 30, "b")
+    wait_for(lambda: ring.healthy() and ring.held(1, 0) == ring.held(2, 0) == 30, message="both copies held again")
+    ring.nodes[0].kill()
+    wait_for(lambda: ring.held(1, 0) == 0 and ring.held(2, 0) == 0, timeout=30, message="a taken over again")
+    assert (ring.depth(1), ring.depth(2)) == (80, 0), "c adopted what b adopts"
+    second = ring.doc(2)["replication"]
+    assert second["adopted_messages"] == 0 and second["left_to_peers"] == 80
+    stop_all([node for node in daemons if node.is_running()])
+
+
 def test_two_nodes_killed_at_once_lose_nothing_and_publishing_resumes_by_itself(daemons, tmp_path):
     ring = Ring(tmp_path, daemons)
     ring.publish(0, 100, "a")

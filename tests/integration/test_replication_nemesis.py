@@ -22,7 +22,6 @@ that was never published is delivered (so no damaged body), and duplicates are c
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
@@ -124,8 +123,7 @@ class Ring:
     def close(self) -> None:
         for node in self.nodes:
             if node is not None and node.is_running():
-                with contextlib.suppress(OSError):
-                    os.kill(node.proc.pid, signal.SIGCONT)
+                node.signal_all(signal.SIGCONT)
                 node.kill()
         for link in self.links:
             link.close()
@@ -163,11 +161,11 @@ def _fault(ring: Ring, kind: str, rng: random.Random) -> str:
         return f"{kind} node{victim}"
     if kind == "stop":
         seconds = rng.uniform(7, 9)  # past the successor's silence (5 s) and takeover wait (1 s)
-        os.kill(node.proc.pid, signal.SIGSTOP)
+        node.signal_all(signal.SIGSTOP)
         try:
             time.sleep(seconds)
         finally:
-            os.kill(node.proc.pid, signal.SIGCONT)
+            node.signal_all(signal.SIGCONT)
         return f"stop node{victim} {seconds:.1f} s"
     if kind == "partition":
         a_to_b, b_to_a = rng.choice([(True, True), (True, False), (False, True)])

@@ -24,7 +24,6 @@ failed publish (``refusals.txt``) are kept in the test's directory."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import random
@@ -143,8 +142,7 @@ class Ring:
     def close(self) -> None:
         for node in self.nodes:
             if node is not None and node.is_running():
-                with contextlib.suppress(OSError):
-                    os.kill(node.proc.pid, signal.SIGCONT)
+                node.signal_all(signal.SIGCONT)
                 node.kill()
         for proxies in self.streams.values():
             for proxy in proxies.values():
@@ -174,11 +172,11 @@ def _fault(ring: Ring, kind: str, rng: random.Random) -> tuple[str, list[int]]:
     assert node is not None
     if kind == "stop":
         seconds = rng.uniform(7, 9)  # past a replica's silence (5 s) and takeover wait (1 s)
-        os.kill(node.proc.pid, signal.SIGSTOP)
+        node.signal_all(signal.SIGSTOP)
         try:
             time.sleep(seconds)
         finally:
-            os.kill(node.proc.pid, signal.SIGCONT)
+            node.signal_all(signal.SIGCONT)
         return f"stop node{victim} {seconds:.1f} s", [victim]
     assert kind == "partition"
     other = rng.choice(ring.peers(victim))

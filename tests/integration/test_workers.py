@@ -45,12 +45,15 @@ from .lookupd_harness import LookupdProcess, wait_for_producers
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("value", ["0", "-1"])
-def test_workers_below_one_is_fatal(tmp_path, value):
+@pytest.mark.parametrize(
+    ("value", "fatal"),
+    [("0", "at least 1"), ("-1", "at least 1"), ("4097", "at most 4096")],
+)
+def test_workers_out_of_range_is_fatal(tmp_path, value, fatal):
     assert_refused_start(
         "nsqd",
         [f"--workers={value}", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={tmp_path}"],
-        "--workers must be at least 1",
+        f"--workers must be {fatal}",
     )
 
 

@@ -221,3 +221,36 @@ def test_packed_ids_are_the_ids_values_and_use_the_same_sequence(node_id):
     assert packed.next_packed(1, now) == unhexlify(hexed.next_ids(1, now)[0])
     with pytest.raises(ValueError):
         packed.next_packed(-1, now)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_the_workers_of_a_node_share_each_tick_and_stamp_the_nodes_id(parts):
+    """``--workers``: each worker's factory issues its share of every tick's sequences, with the node's id, so no
+    two workers issue one ID and none issues another node's."""
+    factories = [GUIDFactory(42, part, parts) for part in range(parts)]
+    issued: list[bytes] = []
+    for part, factory in enumerate(factories):
+        first, end = part * 4096 // parts, (part + 1) * 4096 // parts
+        assert factory.next_id(NOW) == expected_id(NOW, 42, first)
+        assert factory.next_ids(end - first - 1, NOW)[-1] == expected_id(NOW, 42, end - 1)  # fills its share
+        with pytest.raises(GUIDUnavailable):
+            factory.next_id(NOW)
+        batch = factory.next_ids(3 * (end - first) + 5, NOW)  # into the next ticks' shares
+        assert batch[0] == expected_id(NOW + TICK_NS, 42, first)
+        assert batch[-1] == expected_id(NOW + 4 * TICK_NS, 42, first + 4)
+        assert [split_id(i).sequence for i in batch] == [first + n % (end - first) for n in range(len(batch))]
+        packed = factory.next_packed(end - first + 2, NOW)
+        assert [packed[n : n + 8].hex().encode() for n in range(0, len(packed), 8)] == [
+            expected_id(NOW + (4 + (5 + n) // (end - first)) * TICK_NS, 42, first + (5 + n) % (end - first))
+            for n in range(end - first + 2)
+        ]
+        issued += batch
+    assert len(set(issued)) == len(issued)
+    assert {split_id(i).node_id for i in issued} == {42}
+
+
+def test_a_share_beyond_the_tick_is_refused():
+    with pytest.raises(ValueError):
+        GUIDFactory(1, 0, 4097)
+    with pytest.raises(ValueError):
+        GUIDFactory(1, 2, 2)

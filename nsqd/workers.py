@@ -15,8 +15,8 @@ poller (the records of one step go together), read at the other end by its read 
   worker at once (``publish_acknowledged``), or the owner's answer comes back while its disk refuses the topic;
 - a connection itself: after its first publish to a topic owned elsewhere, or with its SUB to one, a plain
   connection (no TLS, compression or AUTH, nothing unsent) goes to that owner with its descriptor (SCM_RIGHTS),
-  its IDENTIFY state and its unparsed bytes (``hand_over``), once, while the owner is not busy
-  (``may_hand_over``): its later publishes and deliveries cross nothing;
+  its IDENTIFY state and its unparsed bytes (``hand_over``), once (a producer only while the owner is not busy,
+  ``may_hand_over``; a consumer whatever its load): its later publishes and deliveries cross nothing;
 - a SUB to a channel owned elsewhere: the owner adds a stand-in (``RemoteClient``) to the channel, which it
   dispatches to as to any consumer; the message frames it appends go back to the accepting worker in one record
   per step, which writes them to the socket. RDY, FIN, REQ, TOUCH, CLS and the close go to the owner

@@ -234,6 +234,8 @@ SYSCALL_GROUPS = {
     "epoll_ctl": ("epoll_ctl",),
     "recv": ("read", "readv", "recvfrom", "recvmsg"),
     "send": ("write", "writev", "sendto", "sendmsg"),
+    # nsqd's poller makes a step's reads and writes in one call through an io_uring (nsqd/_speedups.c)
+    "io_uring": ("io_uring_enter",),
 }
 
 
@@ -392,6 +394,8 @@ class Target:
         want_http: bool = False,
         root: Path = REPO_ROOT,
         log_path: Path | None = None,
+        wrapper: list[str] | tuple[str, ...] = (),
+        start_timeout: float = 30.0,
     ) -> None:
         self.args = args
         # the source tree whose nsqd is started (``pub_against`` starts an earlier one, ``workers --against`` too)
@@ -407,6 +411,10 @@ class Target:
         self.lines: list[str] = []  # the first 10,000 lines of its log
         #: every line of its log goes to this file too (``lines`` keeps only the first ones)
         self.log_path = log_path
+        #: a command nsqd runs under (``valgrind --tool=callgrind``: ``bench.instructions``), and how long it may
+        #: take to listen
+        self.wrapper = list(wrapper)
+        self.start_timeout = start_timeout
         self._cond = threading.Condition()
         self._closed = False
 
@@ -427,6 +435,7 @@ class Target:
             return self
         self.data_path = tempfile.mkdtemp(prefix="trionsq-bench-")
         argv = [
+            *self.wrapper,
             sys.executable,
             "-m",
             "nsqd",
@@ -449,7 +458,7 @@ class Target:
                 os.sched_setaffinity(self.pid, {server_cpu()})
         threading.Thread(target=self._drain_log, daemon=True).start()
         try:
-            self.tcp = self._wait_for("TCP", 30.0)
+            self.tcp = self._wait_for("TCP", self.start_timeout)
             if self.tcp is None:
                 raise RuntimeError("nsqd did not start:\n" + "\n".join(self.lines[-30:]))
             self.http = self._wait_for("HTTP", 2.0 if self.want_http else 0.0)

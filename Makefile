@@ -47,7 +47,7 @@ run: $(RUN_STAMP)
 
 # Run again with every nsqd on two workers (--workers=2; `pytest --nsqd-workers=2`): the client libraries' suites and
 # the integration tests of the protocol, HTTP API, stats and persistence, the replication rings (every node on two
-# workers; the compat rings with 8 kills instead of 20), and the takeovers of an origin by a replica-only node (its
+# workers; the compat rings with 8 kills instead of 20), the takeovers of an origin by a replica-only node (its
 # topics spread over both workers, log channels among them: 30 s), and the replication nemesis on rings of three
 # (20 s of faults each, about a minute for both; the ring of five with three copies, 38 s more, is left to N=1), a few
 # minutes in all; tests/integration/test_workers*.py run N above 1 on their own.

@@ -184,36 +184,37 @@ class ProcessSampler:
         return sum(_process_cpu(pid) for pid in (self.pid, *_children(self.pid)))
 
     def snapshot(self) -> dict:
-        """The process's counters so far: ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and its
-        ``voluntary`` and ``involuntary`` context switches summed over its threads (``/proc/<pid>/task/*/status``:
-        the process's own ``status`` counts only its main thread). Empty when unavailable."""
+        """The counters so far of the process and of its live children (nsqd's workers, as ``cpu_seconds``):
+        ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and ``voluntary`` and ``involuntary`` context
+        switches summed over their threads (``/proc/<pid>/task/*/status``: a process's own ``status`` counts only
+        its main thread). Empty when unavailable."""
         if self.pid is None:
             return {}
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return {}
-        counts = {
-            "user": int(fields[11]) / _CLOCK_TICKS,
-            "system": int(fields[12]) / _CLOCK_TICKS,
-            "voluntary": 0,
-            "involuntary": 0,
-        }
-        try:
-            tasks = os.listdir(f"/proc/{self.pid}/task")
-        except OSError:
-            tasks = []
-        for task in tasks:
+        counts = {"user": 0.0, "system": 0.0, "voluntary": 0, "involuntary": 0}
+        for index, pid in enumerate((self.pid, *_children(self.pid))):
             try:
-                with open(f"/proc/{self.pid}/task/{task}/status") as f:
-                    for line in f:
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            counts["voluntary"] += int(line.split()[1])
-                        elif line.startswith("nonvoluntary_ctxt_switches:"):
-                            counts["involuntary"] += int(line.split()[1])
-            except OSError:  # a thread that ended meanwhile
-                pass
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                if index == 0:
+                    return {}
+                continue  # a worker that ended meanwhile
+            counts["user"] += int(fields[11]) / _CLOCK_TICKS
+            counts["system"] += int(fields[12]) / _CLOCK_TICKS
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                tasks = []
+            for task in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{task}/status") as f:
+                        for line in f:
+                            if line.startswith("voluntary_ctxt_switches:"):
+                                counts["voluntary"] += int(line.split()[1])
+                            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                                counts["involuntary"] += int(line.split()[1])
+                except OSError:  # a thread that ended meanwhile
+                    pass
         return counts
 
     def rss_bytes(self) -> int:
@@ -233,6 +234,8 @@ SYSCALL_GROUPS = {
     "epoll_ctl": ("epoll_ctl",),
     "recv": ("read", "readv", "recvfrom", "recvmsg"),
     "send": ("write", "writev", "sendto", "sendmsg"),
+    # nsqd's poller makes a step's reads and writes in one call through an io_uring (nsqd/_speedups.c)
+    "io_uring": ("io_uring_enter",),
 }
 
 
@@ -242,7 +245,9 @@ class SyscallCounter:
     well under a microsecond per call, measured below in bench/README.md), or, where perf cannot, with
     ``strace -c -f`` over the first ``strace_seconds`` of the window (ptrace stops the process at every call:
     its figures are counts per message, and the process runs several times slower meanwhile, which lets more
-    connections be ready per wake-up, so they understate the waits). ``counts()`` is None when neither works."""
+    connections be ready per wake-up, so they understate the waits). The process's live children are counted
+    with it (nsqd's workers with ``--workers`` above 1: neither tool follows a child forked before it attached).
+    ``counts()`` is None when neither works."""
 
     def __init__(self, pid: int | None, strace_seconds: float = 1.0) -> None:
         self.pid = pid
@@ -254,16 +259,17 @@ class SyscallCounter:
     def start(self) -> None:
         if self.pid is None:
             return
+        pids = [self.pid, *_children(self.pid)]
         if shutil.which("perf"):
             events = ["raw_syscalls:sys_enter"] + [
                 f"syscalls:sys_enter_{name}" for names in SYSCALL_GROUPS.values() for name in names
             ]
-            argv = ["perf", "stat", "-x", ",", "--no-big-num", "-e", ",".join(events), "-p", str(self.pid)]
+            argv = ["perf", "stat", "-x", ",", "--no-big-num", "-e", ",".join(events), "-p", ",".join(map(str, pids))]
             if self._launch(argv, "perf"):
                 return
         if shutil.which("strace"):
-            argv = ["timeout", "-s", "INT", str(self.strace_seconds), "strace", "-c", "-f", "-q", "-p", str(self.pid)]
-            self._launch(argv, "strace")
+            argv = ["timeout", "-s", "INT", str(self.strace_seconds), "strace", "-c", "-f", "-q"]
+            self._launch([*argv, *(f"-p{pid}" for pid in pids)], "strace")
 
     def _launch(self, argv: list[str], tool: str) -> bool:
         try:
@@ -388,6 +394,8 @@ class Target:
         want_http: bool = False,
         root: Path = REPO_ROOT,
         log_path: Path | None = None,
+        wrapper: list[str] | tuple[str, ...] = (),
+        start_timeout: float = 30.0,
     ) -> None:
         self.args = args
         # the source tree whose nsqd is started (``pub_against`` starts an earlier one, ``workers --against`` too)
@@ -403,6 +411,10 @@ class Target:
         self.lines: list[str] = []  # the first 10,000 lines of its log
         #: every line of its log goes to this file too (``lines`` keeps only the first ones)
         self.log_path = log_path
+        #: a command nsqd runs under (``valgrind --tool=callgrind``: ``bench.instructions``), and how long it may
+        #: take to listen
+        self.wrapper = list(wrapper)
+        self.start_timeout = start_timeout
         self._cond = threading.Condition()
         self._closed = False
 
@@ -423,6 +435,7 @@ class Target:
             return self
         self.data_path = tempfile.mkdtemp(prefix="trionsq-bench-")
         argv = [
+            *self.wrapper,
             sys.executable,
             "-m",
             "nsqd",
@@ -445,7 +458,7 @@ class Target:
                 os.sched_setaffinity(self.pid, {server_cpu()})
         threading.Thread(target=self._drain_log, daemon=True).start()
         try:
-            self.tcp = self._wait_for("TCP", 30.0)
+            self.tcp = self._wait_for("TCP", self.start_timeout)
             if self.tcp is None:
                 raise RuntimeError("nsqd did not start:\n" + "\n".join(self.lines[-30:]))
             self.http = self._wait_for("HTTP", 2.0 if self.want_http else 0.0)

@@ -184,36 +184,37 @@ class ProcessSampler:
         return sum(_process_cpu(pid) for pid in (self.pid, *_children(self.pid)))
 
     def snapshot(self) -> dict:
-        """The process's counters so far: ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and its
-        ``voluntary`` and ``involuntary`` context switches summed over its threads (``/proc/<pid>/task/*/status``:
-        the process's own ``status`` counts only its main thread). Empty when unavailable."""
+        """The counters so far of the process and of its live children (nsqd's workers, as ``cpu_seconds``):
+        ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and ``voluntary`` and ``involuntary`` context
+        switches summed over their threads (``/proc/<pid>/task/*/status``: a process's own ``status`` counts only
+        its main thread). Empty when unavailable."""
         if self.pid is None:
             return {}
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return {}
-        counts = {
-            "user": int(fields[11]) / _CLOCK_TICKS,
-            "system": int(fields[12]) / _CLOCK_TICKS,
-            "voluntary": 0,
-            "involuntary": 0,
-        }
-        try:
-            tasks = os.listdir(f"/proc/{self.pid}/task")
-        except OSError:
-            tasks = []
-        for task in tasks:
+        counts = {"user": 0.0, "system": 0.0, "voluntary": 0, "involuntary": 0}
+        for index, pid in enumerate((self.pid, *_children(self.pid))):
             try:
-                with open(f"/proc/{self.pid}/task/{task}/status") as f:
-                    for line in f:
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            counts["voluntary"] += int(line.split()[1])
-                        elif line.startswith("nonvoluntary_ctxt_switches:"):
-                            counts["involuntary"] += int(line.split()[1])
-            except OSError:  # a thread that ended meanwhile
-                pass
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                if index == 0:
+                    return {}
+                continue  # a worker that ended meanwhile
+            counts["user"] += int(fields[11]) / _CLOCK_TICKS
+            counts["system"] += int(fields[12]) / _CLOCK_TICKS
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                tasks = []
+            for task in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{task}/status") as f:
+                        for line in f:
+                            if line.startswith("voluntary_ctxt_switches:"):
+                                counts["voluntary"] += int(line.split()[1])
+                            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                                counts["involuntary"] += int(line.split()[1])
+                except OSError:  # a thread that ended meanwhile
+                    pass
         return counts
 
     def rss_bytes(self) -> int:
@@ -244,7 +245,9 @@ class SyscallCounter:
     well under a microsecond per call, measured below in bench/README.md), or, where perf cannot, with
     ``strace -c -f`` over the first ``strace_seconds`` of the window (ptrace stops the process at every call:
     its figures are counts per message, and the process runs several times slower meanwhile, which lets more
-    connections be ready per wake-up, so they understate the waits). ``counts()`` is None when neither works."""
+    connections be ready per wake-up, so they understate the waits). The process's live children are counted
+    with it (nsqd's workers with ``--workers`` above 1: neither tool follows a child forked before it attached).
+    ``counts()`` is None when neither works."""
 
     def __init__(self, pid: int | None, strace_seconds: float = 1.0) -> None:
         self.pid = pid
@@ -256,16 +259,17 @@ class SyscallCounter:
     def start(self) -> None:
         if self.pid is None:
             return
+        pids = [self.pid, *_children(self.pid)]
         if shutil.which("perf"):
             events = ["raw_syscalls:sys_enter"] + [
                 f"syscalls:sys_enter_{name}" for names in SYSCALL_GROUPS.values() for name in names
             ]
-            argv = ["perf", "stat", "-x", ",", "--no-big-num", "-e", ",".join(events), "-p", str(self.pid)]
+            argv = ["perf", "stat", "-x", ",", "--no-big-num", "-e", ",".join(events), "-p", ",".join(map(str, pids))]
             if self._launch(argv, "perf"):
                 return
         if shutil.which("strace"):
-            argv = ["timeout", "-s", "INT", str(self.strace_seconds), "strace", "-c", "-f", "-q", "-p", str(self.pid)]
-            self._launch(argv, "strace")
+            argv = ["timeout", "-s", "INT", str(self.strace_seconds), "strace", "-c", "-f", "-q"]
+            self._launch([*argv, *(f"-p{pid}" for pid in pids)], "strace")
 
     def _launch(self, argv: list[str], tool: str) -> bool:
         try:

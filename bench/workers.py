@@ -6,6 +6,11 @@ shared machine falls on both alike. Each row is one scenario's run with its defa
 CPU of every nsqd process (the parent and its workers) per message, and ``vs 1`` compares a row's throughput
 and CPU per message with the ``--workers=1`` run just before it. Unpinned: pinning nsqd to one CPU would pin
 its workers there too.
+
+The load generator runs on the same machine, so a row's throughput is bounded by the machine before nsqd: with
+``gen_us/msg`` the generator's CPU per message, no run can pass ``ceiling msg/s`` = cores / (nsqd_us/msg +
+gen_us/msg), every core busy with nsqd or its load (``machine_ceiling``). ``of ceiling`` is the row's share of
+it: near 1, the run was bound by the machine, and a second worker cannot raise the throughput, whatever it costs.
 """
 
 from __future__ import annotations
@@ -40,6 +45,24 @@ RATE = {
 }
 #: columns a scenario's rows carry besides the throughput and the CPU
 EXTRA = ("p50 ms", "p99 ms")
+
+
+def machine_ceiling(nsqd_us: float, generator_us: float, cores: int) -> float:
+    """The messages per second a machine of ``cores`` cores can carry when nsqd and the load generator share it
+    and cost what they were measured to cost per message: every core busy with one or the other."""
+    return cores * 1e6 / (nsqd_us + generator_us)
+
+
+def _ceiling_columns(name: str, row: dict, cores: int) -> dict:
+    """The generator's CPU per message, the machine's ceiling and the row's share of it (``machine_ceiling``);
+    ``pubsub``'s per message in + out, as its ``nsqd_us/msg``."""
+    rate = (row["in msg/s"] + row["out msg/s"]) / 2 if name == "pubsub" else row.get(RATE[name])
+    nsqd_us, generator = row.get("nsqd_us/msg"), row.get("generator_cpu")
+    if not rate or nsqd_us is None or generator is None:
+        return {}
+    generator_us = generator * 1e6 / rate
+    ceiling = machine_ceiling(nsqd_us, generator_us, cores)
+    return {"gen_us/msg": generator_us, "ceiling msg/s": ceiling, "of ceiling": rate / ceiling}
 
 
 def add_arguments(parser) -> None:
@@ -132,6 +155,7 @@ class _ManyTopics:
                     "msg/s": messages / window,
                     "nsqd_cpu": result["nsqd_cpu_seconds"] / window,
                     "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / messages if messages else None,
+                    "generator_cpu": sum(worker["cpu_seconds"] for worker in result["workers"]) / window,
                 }
             )
         return report
@@ -158,6 +182,7 @@ class _Latency:
                     "msg/s": row["delivered msg/s"],
                     "nsqd_cpu": row["nsqd_cpu"],
                     "nsqd_us/msg": row["nsqd_us/msg"],
+                    "generator_cpu": row["generator_cpu"],
                     "p50 ms": row["p50 ms"],
                     "p99 ms": row["p99 ms"],
                 }
@@ -207,6 +232,10 @@ def run(args) -> Report:
             if tree is not None:
                 shutil.rmtree(tree, ignore_errors=True)
     report.notes.append("nsqd_cores: cores used by all nsqd processes together; load and nsqd share the machine")
+    report.notes.append(
+        f"ceiling msg/s: {len(os.sched_getaffinity(0))} cores / (nsqd_us/msg + gen_us/msg), the most this machine "
+        "carries with nsqd and its load generator on it; of ceiling: the row's share of it (near 1: machine-bound)"
+    )
     return report
 
 
@@ -214,6 +243,7 @@ def _run_scenario(args, report: Report, round_number: int, name: str, counts: li
     """One scenario with each ``--workers`` count, each code in turn for a count; ``vs 1`` against the same code's
     first count."""
     module = _scenario_module(name)
+    cores = len(os.sched_getaffinity(0))
     base: dict[str, dict] = {}
     for workers in counts:
         for code, root in codes:
@@ -229,6 +259,7 @@ def _run_scenario(args, report: Report, round_number: int, name: str, counts: li
                     "msg/s": rate,
                     "nsqd_cores": row.get("nsqd_cpu"),
                     "nsqd_us/msg": cpu,
+                    **_ceiling_columns(name, row, cores),
                     **{column: row[column] for column in EXTRA if column in row},
                 }
                 first = base.setdefault(code, entry)
@@ -236,7 +267,7 @@ def _run_scenario(args, report: Report, round_number: int, name: str, counts: li
                     entry["vs 1"] = f"{rate / first['msg/s']:.2f}x msg/s, {cpu / first['nsqd_us/msg']:.2f}x us/msg"
                 report.rows.append(entry)
             for note in scenario.notes:
-                if note not in report.notes and "only" in note:
+                if note not in report.notes and note.startswith("only "):
                     report.notes.append(f"{name}, --workers={workers}: {note}")
 
 

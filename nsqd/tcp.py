@@ -570,7 +570,10 @@ class Connection:
         """``hand_over``'s checks of the connection and the hand-over itself, with ``first`` (a command that the
         owner is to run first; a consumer's SUB was, see "Connections go to their topic's owner" in
         bench/MULTICORE.md) before the bytes the parser holds. True if it was handed over; the task ends at its
-        next read."""
+        next read. A producer goes only while the owner is not busy (``may_hand_over``); a consumer (``first``,
+        its SUB) goes whatever the owner's load: the owner does its channel's work either way, and serving it
+        through a stand-in costs the owner more than serving its socket (bench/MULTICORE.md, "Latency and a hot
+        channel's consumers")."""
         client = self.client
         if (
             self._mesh is None
@@ -583,7 +586,7 @@ class Connection:
             or self._forwards_held
             or self._send_lock.locked()
             or not self.parser.between_commands()
-            or not self._mesh.may_hand_over(owner)
+            or not (first or self._mesh.may_hand_over(owner))
         ):
             return False
         fd = self.stream.socket.fileno()

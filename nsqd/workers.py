@@ -15,8 +15,8 @@ poller (the records of one step go together), read at the other end by its read 
   worker at once (``publish_acknowledged``), or the owner's answer comes back while its disk refuses the topic;
 - a connection itself: after its first publish to a topic owned elsewhere, or with its SUB to one, a plain
   connection (no TLS, compression or AUTH, nothing unsent) goes to that owner with its descriptor (SCM_RIGHTS),
-  its IDENTIFY state and its unparsed bytes (``hand_over``), once, while the owner is not busy
-  (``may_hand_over``): its later publishes and deliveries cross nothing;
+  its IDENTIFY state and its unparsed bytes (``hand_over``), once (a producer only while the owner is not busy,
+  ``may_hand_over``; a consumer whatever its load): its later publishes and deliveries cross nothing;
 - a SUB to a channel owned elsewhere: the owner adds a stand-in (``RemoteClient``) to the channel, which it
   dispatches to as to any consumer; the message frames it appends go back to the accepting worker in one record
   per step, which writes them to the socket. RDY, FIN, REQ, TOUCH, CLS and the close go to the owner
@@ -155,6 +155,9 @@ class Link:
         self._writing = False  # the writer task is writing: what is queued waits for it, in order
         self._rest = b""  # what the socket did not take of a write outside the writer task
         self._buffer = bytearray()
+        #: what one read fills (``poll_ready``), kept: ``recvmsg(size)`` allocates ``size`` bytes per call, which
+        #: for a link's 256 KiB is an ``mmap``, a ``mremap`` and a ``munmap`` around every read
+        self._receive = memoryview(bytearray(_RECEIVE_SIZE))
         self.lost: trio.Event = trio.Event()
         self.batches = 0
         self.records = 0
@@ -250,23 +253,23 @@ class Link:
     def poll_ready(self) -> None:
         """The read poller found the link readable: handle every whole batch read."""
         try:
-            data, ancillary, _, _ = self.sock.recvmsg(_RECEIVE_SIZE, _FD_SPACE)
+            count, ancillary, _, _ = self.sock.recvmsg_into([self._receive], _FD_SPACE)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
+            count = 0
             ancillary = []
         for level, kind, fds in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 received = array.array("i")
                 received.frombytes(fds[: len(fds) - len(fds) % received.itemsize])
                 self.received.extend(received)
-        if not data:
+        if not count:
             self.poller.discard(self.fd)
             self.lost.set()
             return
         buffer = self._buffer
-        buffer += data
+        buffer += self._receive[:count]
         handle = self.mesh.handle_batch
         peer = self.peer
         while len(buffer) >= 4:
@@ -429,15 +432,21 @@ class WorkerMesh:
             task_status.started()
 
     async def _report_load(self) -> None:
-        """Every ``LOAD_INTERVAL``, tell the others this worker's share of a core since the last time."""
+        """Every ``LOAD_INTERVAL``, measure this worker's share of a core since the last time, and tell the others
+        when it crossed ``HAND_OVER_BELOW`` (all ``may_hand_over`` asks): a worker that stays idle, or busy, sends
+        nothing, and its peers' read pollers do not wake up for it (two records a second each way cost an idle
+        pair of workers about as much CPU as the rest of their timers)."""
         cpu, wall = time.process_time(), time.monotonic()
+        busy = False  # as the others take it before the first record (``peer_load`` defaults to 0)
         while True:
             await trio.sleep(LOAD_INTERVAL)
             now_cpu, now_wall = time.process_time(), time.monotonic()
             share = (now_cpu - cpu) / max(now_wall - wall, 1e-3)
             cpu, wall = now_cpu, now_wall
-            for link in self.links.values():
-                link.send(("load", share))
+            if (share >= HAND_OVER_BELOW) != busy:
+                busy = not busy
+                for link in self.links.values():
+                    link.send(("load", share))
 
     async def _write(self, link: Link) -> None:
         try:

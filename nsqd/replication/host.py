@@ -153,6 +153,7 @@ class _Origin:
         "adopted_at",
         "agree_logged",
         "taking",
+        "listed",
     )
 
     def __init__(self, node: str, store: ReplicaStore) -> None:
@@ -170,6 +171,9 @@ class _Origin:
         self.adopted_at = -RECENT_TAKEOVER  # when (trio clock)
         self.agree_logged = False  # the wait for a replica ahead was logged
         self.taking: _Takeover | None = None  # a takeover under way
+        #: the ids the other replicas listed as adopted when this one last asked them (``_agree``): left to them by a
+        #: takeover that stops waiting for the replica ahead
+        self.listed: frozenset[bytes] = frozenset()
 
 
 class _Takeover:
@@ -299,7 +303,7 @@ class ReplicaHost:
                     while isinstance(left := await self._agree(origin, hello=True), str):
                         await trio.sleep(AGREE_INTERVAL)
                 if origin.generation == generation and store.held:
-                    await self.takeover(hello.node, frozenset() if isinstance(left, str) else left)
+                    await self.takeover(hello.node, origin.listed if isinstance(left, str) else left)
             log.info(
                 "REPLICATION: [%s] origin %s connected (session %s, epoch %d)",
                 remote,
@@ -507,8 +511,9 @@ class ReplicaHost:
                 # earlier takeover's (the origin came back, and died again within ``RECENT_TAKEOVER``), which say
                 # nothing of the copies held now; adopting these here too would deliver them twice
                 holding_ahead.append(peer)
+        origin.listed = frozenset(adopted)
         if not alive and not holding_ahead:
-            return frozenset(adopted)
+            return origin.listed
         if not origin.agree_logged:
             origin.agree_logged = True
             log.info(
@@ -766,7 +771,7 @@ class ReplicaHost:
                 origin.node,
                 REACHABLE_GRACE,
             )
-            left = frozenset()
+            left = origin.listed
         if why is not None:
             log.warning(
                 "REPLICATION: origin %s silent for %g s and unreachable (%s), taking over",

@@ -213,7 +213,9 @@ class ReadPoller:
             else:  # the producers read were all there was
                 self.heavy_step = False
         finally:
-            if self._replies or self._step_end:
+            if self._replies:  # the step's answers, without ``_end_step``'s loop when nothing waits at its end
+                self._send_replies()
+            if self._step_end:
                 self._end_step()
             self._polling = False
         return len(events) + len(taken)

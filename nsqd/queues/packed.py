@@ -180,9 +180,23 @@ class Segments:
         elif packed.count >= SEGMENT_MESSAGES or packed.size >= SEGMENT_BYTES:
             # a backlog: the next segment with room for as many as this one took, made at once
             packed = self.open = _Packed(packed.count)
+        # ``_Packed.append``, inlined: a PUB's own path
         start = packed.count
-        packed.append(joined_ids, bodies, timestamp, defer, size)
-        return packed, start, packed.count
+        end = start + len(bodies)
+        packed.ids[start * ID_SIZE : end * ID_SIZE] = joined_ids
+        packed.bodies[start:end] = bodies
+        packed.count = end
+        packed.size += size
+        stamps = packed.stamps
+        if stamps and stamps[-1] == timestamp and packed.delays[-1] == defer:
+            packed.ends[-1] = end
+        else:
+            stamps.append(timestamp)
+            packed.delays.append(defer)
+            packed.ends.append(end)
+            if defer:
+                packed.deferred = True
+        return packed, start, end
 
 
 class PackedQueue:

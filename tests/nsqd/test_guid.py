@@ -223,6 +223,33 @@ def test_packed_ids_are_the_ids_values_and_use_the_same_sequence(node_id):
         packed.next_packed(-1, now)
 
 
+@pytest.mark.parametrize("parts", [1, 3])
+def test_single_packed_ids_follow_next_ids_through_ticks_used_up_borrowed_and_refused(parts):
+    """A PUB's one packed ID (``next_packed(1)``'s own path): the same value and bookkeeping as ``next_ids(1)``
+    through a new tick, the same tick, a tick used up (the next borrowed ahead), the clock standing still while
+    ticks are borrowed, the lead used up (refused, nothing used) and the clock going back."""
+    hexed, packed = GUIDFactory(9, parts - 1, parts), GUIDFactory(9, parts - 1, parts)
+    rng = random.Random(parts)
+    now = NOW
+    for _ in range(20000):
+        step = rng.random()
+        if step < 0.0002:
+            now -= 1 << 20  # back one tick: refused unless within the ticks borrowed ahead
+        elif step < 0.0005:
+            now += rng.randrange(1, 4) << 20
+        outcomes = []
+        for factory, call in (
+            (hexed, lambda f, at: unhexlify(f.next_ids(1, at)[0])),
+            (packed, lambda f, at: f.next_packed(1, at)),
+        ):
+            try:
+                outcomes.append(call(factory, now))
+            except GUIDUnavailable as exc:
+                outcomes.append(str(exc))
+            outcomes.append((factory._last_tick, factory._sequence, factory._ahead))
+        assert outcomes[:2] == outcomes[2:]
+
+
 @pytest.mark.parametrize("parts", [2, 3, 7])
 def test_the_workers_of_a_node_share_each_tick_and_stamp_the_nodes_id(parts):
     """``--workers``: each worker's factory issues its share of every tick's sequences, with the node's id, so no

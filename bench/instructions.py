@@ -55,7 +55,7 @@ from pathlib import Path
 from bench.common import Generators, Report, SyscallCounter, Target, main, unique_topic
 from bench.consume import create_channel, prefill
 from bench.load import OK_FRAME, Consumer, build_roles
-from bench.pub_against import extract
+from bench.pub_against import extract_both
 from protocol.commands import MAGIC_V2, encode_mpub, encode_pub
 
 NAME = "instructions"
@@ -501,17 +501,9 @@ def run(args) -> Report:
     trees: list[Path] = []
     workdir = Path(tempfile.mkdtemp(prefix="trionsq-bench-callgrind-"))
     try:
-        for key, revision in (("against_commit", args.against), ("now_commit", args.now)):
-            tree, commit = extract(revision)
-            if tree is None:
-                report.skipped = commit
-                return report
-            trees.append(tree)
-            report.params[key] = commit
-        builds = [
-            (f"before ({report.params['against_commit'][:7]})", trees[0]),
-            (f"now ({report.params['now_commit'][:7]})", trees[1]),
-        ]
+        builds = extract_both(report, args.against, args.now, trees)
+        if builds is None:
+            return report
         codes = [code for code, _ in builds]
         if args.syscall_counts:
             calls: dict[str, list[list[dict]]] = {code: [] for code in codes}

@@ -43,7 +43,7 @@ from bench.common import REPO_ROOT, Generators, Report, Target, main, unique_top
 from bench.consume import create_channel, drain, prefill
 from bench.load import build_roles
 from bench.pub import publish_rate
-from bench.pub_against import extract
+from bench.pub_against import extract_both
 from protocol.commands import encode_dpub, encode_mpub, encode_pub
 
 NAME = "memory"
@@ -244,17 +244,10 @@ def run(args) -> Report:
     trees: list[Path] = []
     try:
         if args.against:
-            for key, revision in (("against_commit", args.against), ("now_commit", args.now)):
-                tree, commit = extract(revision)
-                if tree is None:
-                    report.skipped = commit
-                    return report
-                trees.append(tree)
-                report.params[key] = commit
-            builds = [
-                (f"before ({report.params['against_commit'][:7]})", trees[0]),
-                (f"now ({report.params['now_commit'][:7]})", trees[1]),
-            ]
+            both = extract_both(report, args.against, args.now, trees)
+            if both is None:
+                return report
+            builds = both
         turn = 0
         for channels in args.channels:
             for state in args.states:

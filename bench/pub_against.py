@@ -82,6 +82,23 @@ def build_accelerator(source: Path) -> None:
     )
 
 
+def extract_both(report, against: str | None, now: str | None, trees: list[Path]) -> list[tuple[str, Path]] | None:
+    """``extract`` of ``against`` and ``now``, labelled ``before (commit)`` and ``now (commit)``, their commits in
+    ``report.params``; each tree made is appended to ``trees`` (the caller removes them). None, with
+    ``report.skipped`` set, when git cannot give one."""
+    for key, revision in (("against_commit", against), ("now_commit", now)):
+        tree, commit = extract(revision)
+        if tree is None:
+            report.skipped = commit
+            return None
+        trees.append(tree)
+        report.params[key] = commit
+    return [
+        (f"before ({report.params['against_commit'][:7]})", trees[-2]),
+        (f"now ({report.params['now_commit'][:7]})", trees[-1]),
+    ]
+
+
 def extract(revision: str | None) -> tuple[Path | None, str]:
     """The sources of ``revision`` (None: the working tree's tracked files, ``resolve``) in a new temporary
     directory, with its C accelerator built (``build_accelerator``) and its modules byte-compiled, and its full

@@ -16,6 +16,7 @@ it: near 1, the run was bound by the machine, and a second worker cannot raise t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import pickle
@@ -73,6 +74,13 @@ def add_arguments(parser) -> None:
         "--against",
         default="",
         help="a git revision to run too: each scenario and count with that code's nsqd, then this one's",
+    )
+    parser.add_argument(
+        "--spread",
+        default="",
+        metavar="SHARE,SPARE",
+        help="run this code a second time with TRIONSQ_SPREAD=SHARE,SPARE (a busy owner spreads its producers of "
+        "big reads, nsqd/workers.py), after this code's run of each scenario and count (code `spread`)",
     )
 
 
@@ -238,6 +246,8 @@ def run(args) -> Report:
     report = Report(NAME, TITLE, params={"rounds": args.rounds, "counts": counts, "duration_s": args.duration})
     _PINNING["on"] = False
     codes: list[tuple[str, Path | None]] = [("this", None)]
+    if args.spread:
+        codes.append(("spread", None))
     if args.against:
         tree, commit = extract(args.against)
         if tree is None:
@@ -264,6 +274,20 @@ def run(args) -> Report:
     return report
 
 
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """``name`` set to ``value`` (None: unset) in this process's environment, which nsqd inherits, meanwhile."""
+    before = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        if before is not None:
+            os.environ[name] = before
+
+
 def _run_scenario(args, report: Report, round_number: int, name: str, counts: list[int], codes: list) -> None:
     """One scenario with each ``--workers`` count, each code in turn for a count; ``vs 1`` against the same code's
     first count."""
@@ -272,7 +296,8 @@ def _run_scenario(args, report: Report, round_number: int, name: str, counts: li
     base: dict[str, dict] = {}
     for workers in counts:
         for code, root in codes:
-            scenario = module.run(_scenario_args(args, module, workers, root))
+            with _environment("TRIONSQ_SPREAD", args.spread if code == "spread" else None):
+                scenario = module.run(_scenario_args(args, module, workers, root))
             for row in scenario.rows:
                 rate = row.get(RATE[name])
                 cpu = row.get("nsqd_us/msg")

@@ -43,7 +43,7 @@ RATE = {
     "latency": "msg/s",
 }
 #: columns a scenario's rows carry besides the throughput and the CPU
-EXTRA = ("p50 ms", "p99 ms")
+EXTRA = ("p50 ms", "p99 ms", "by worker us/msg")
 
 
 def machine_ceiling(nsqd_us: float, generator_us: float, cores: int) -> float:

@@ -183,6 +183,13 @@ class ProcessSampler:
             return 0.0
         return sum(_process_cpu(pid) for pid in (self.pid, *_children(self.pid)))
 
+    def cpu_by_worker(self) -> list[float]:
+        """CPU seconds of each live child (nsqd's workers with ``--workers`` above 1, in the order they were
+        forked, which is their index); empty for a single process."""
+        if self.pid is None:
+            return []
+        return [_process_cpu(pid) for pid in sorted(_children(self.pid))]
+
     def snapshot(self) -> dict:
         """The counters so far of the process and of its live children (nsqd's workers, as ``cpu_seconds``):
         ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and ``voluntary`` and ``involuntary`` context

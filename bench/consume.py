@@ -105,9 +105,19 @@ def run(args) -> Report:
         published = prefill(target, topic, args.messages, args.body_size)
         sampler = target.sampler()
         cpu_before = sampler.cpu_seconds()
+        workers_before = sampler.cpu_by_worker()
         result = drain(target, topic, "bench", args.consumers, args.rdy, args.processes)
         nsqd_cpu = sampler.cpu_seconds() - cpu_before
+        workers_after = sampler.cpu_by_worker()
         seconds = result["seconds"]
+        delivered = result["delivered"]
+        if delivered and workers_before and len(workers_after) == len(workers_before):
+            # where the drain ran, with --workers above 1: the topic's owner and the others, us/msg each
+            pairs = zip(workers_before, workers_after, strict=True)
+            by_worker = [(after - before) * 1e6 / delivered for before, after in pairs]
+            report.notes.append("by worker us/msg: nsqd's CPU per message of each worker, worker 0 first")
+        else:
+            by_worker = []
         report.rows.append(
             {
                 "backlog": published,
@@ -120,6 +130,7 @@ def run(args) -> Report:
                 "nsqd_cpu": nsqd_cpu / seconds if seconds and target.pid else None,
                 "nsqd_us/msg": nsqd_cpu * 1e6 / result["delivered"] if target.pid and result["delivered"] else None,
                 "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
+                **({"by worker us/msg": " / ".join(f"{value:.2f}" for value in by_worker)} if by_worker else {}),
             }
         )
         if result["delivered"] < published:

@@ -334,14 +334,17 @@ class Connection:
             self._send_replies()
             return
         _, topic_name, channel_name = request
-        if self._hand_over_unread(self._mesh.owner(topic_name), encode_sub(topic_name, channel_name)):
+        owner = self._mesh.owner(topic_name)
+        if self._hand_over_unread(owner, encode_sub(topic_name, channel_name)):
             return  # the owner runs the SUB
         client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
         self._consumes = True
         self._plain = False
         self.fast_line = None
         client.state = ClientState.SUBSCRIBED
-        log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
+        # where a consumer is served: through a stand-in here (each delivery crosses), or by the owner (the line
+        # of ``SUB``, once the connection went there)
+        log.info("[%s] SUB %s:%s through worker %d", client.remote_address, topic_name, channel_name, owner)
         client.out.append(OK_FRAME)
         client.out_bytes += len(OK_FRAME)
         client.flush_now = True

@@ -23,11 +23,10 @@ import shutil
 import socket
 import struct
 import time
-from pathlib import Path
 
 from bench import latency
 from bench.common import _PINNING, Generators, Report, Target, add_common_arguments, main, unique_topic
-from bench.pub_against import extract
+from bench.pub_against import codes_against
 from protocol.commands import encode_pub
 
 NAME = "workers"
@@ -214,13 +213,7 @@ def run(args) -> Report:
     names = [name for name in args.scenarios.split(",") if name]
     report = Report(NAME, TITLE, params={"rounds": args.rounds, "counts": counts, "duration_s": args.duration})
     _PINNING["on"] = False
-    codes: list[tuple[str, Path | None]] = [("this", None)]
-    if args.against:
-        tree, commit = extract(args.against)
-        if tree is None:
-            report.notes.append(f"--against {args.against}: {commit}; this code only")
-        else:
-            codes.insert(0, (commit[:9], tree))
+    codes = codes_against(report, args.against)
     try:
         for per_batch in (1, 16, 64):
             report.rows.append({"round": 0, **crossing_cost(per_batch)})

@@ -76,6 +76,7 @@ from protocol.lookup_v1 import encode_register, encode_unregister
 from protocol.replication import ReplicatedMessage
 
 from . import log_commands
+from .activity import IDLE_SHARE, cpu_share
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
@@ -435,14 +436,20 @@ class WorkerMesh:
         """Every ``LOAD_INTERVAL``, measure this worker's share of a core since the last time, and tell the others
         when it crossed ``HAND_OVER_BELOW`` (all ``may_hand_over`` asks): a worker that stays idle, or busy, sends
         nothing, and its peers' read pollers do not wake up for it (two records a second each way cost an idle
-        pair of workers about as much CPU as the rest of their timers)."""
-        cpu, wall = time.process_time(), time.monotonic()
+        pair of workers about as much CPU as the rest of their timers). A worker not busy that saw no activity
+        for a whole interval (``nsqd/activity.py``) stops measuring until it sees some."""
+        activity = self.nsqd.activity
+        _, mark = cpu_share((0.0, 0.0))
+        share = 0.0
         busy = False  # as the others take it before the first record (``peer_load`` defaults to 0)
+        watch = activity.watch()
         while True:
+            if not busy and share < IDLE_SHARE and not watch.is_set():
+                await watch.wait()  # idle: nothing to measure until something happens
+                _, mark = cpu_share(mark)
+            watch = activity.watch()
             await trio.sleep(LOAD_INTERVAL)
-            now_cpu, now_wall = time.process_time(), time.monotonic()
-            share = (now_cpu - cpu) / max(now_wall - wall, 1e-3)
-            cpu, wall = now_cpu, now_wall
+            share, mark = cpu_share(mark)
             if (share >= HAND_OVER_BELOW) != busy:
                 busy = not busy
                 for link in self.links.values():

@@ -190,6 +190,62 @@ def test_req_touch_fin_and_timeouts_on_either_worker(node):
         client.close()
 
 
+def voluntary_switches(pid: int) -> int:
+    """The voluntary context switches of every thread of ``pid``: each one a sleep of the process that ended."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/status") as handle:
+            total += sum(int(line.split()[1]) for line in handle if line.startswith("voluntary_ctxt_switches:"))
+    return total
+
+
+def wait_until_asleep(pids: list[int], quiet: float = 1.0, timeout: float = 20.0) -> None:
+    """Until none of ``pids`` wakes up for ``quiet`` seconds (a timer every 100 ms never lets that happen)."""
+    deadline = time.monotonic() + timeout
+    counts = [voluntary_switches(pid) for pid in pids]
+    since = time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, "a worker kept waking up"
+        time.sleep(0.05)
+        now = [voluntary_switches(pid) for pid in pids]
+        if now != counts:
+            counts, since = now, time.monotonic()
+
+
+def test_deferred_and_timed_out_messages_come_due_on_a_worker_that_was_idle(node):
+    """An idle worker runs no queue scan (nor its other timers): the first deferred or in-flight message must
+    start it again, and each comes due."""
+    consumers = {}
+    for name in owned_topics("asleep"):
+        client = consumers[name] = RawClient(node.tcp)
+        client.identify({"msg_timeout": 1000})
+        client.subscribe(name, "c", 2)
+    wait_until_asleep(worker_pids(node))
+    producer = RawClient(node.tcp)
+    for name in consumers:
+        producer.send(dpub(name, 500, b"deferred"))
+        producer.expect_ok()
+        producer.publish(name, b"timed out")
+    for client in consumers.values():
+        message = client.read_message(timeout=10)
+        assert (message.body, message.attempts) == (b"timed out", 1)  # not finished: back after its timeout
+        got = {(m.body, m.attempts): m for m in (client.read_message(timeout=10) for _ in range(2))}
+        assert sorted(got) == [(b"deferred", 1), (b"timed out", 2)]
+        for message in got.values():
+            client.send(fin(message.id))
+    # and again once the workers went back to sleep
+    wait_until_asleep(worker_pids(node))
+    for name in consumers:
+        producer.send(dpub(name, 300, b"later"))
+        producer.expect_ok()
+    for client in consumers.values():
+        message = client.read_message(timeout=10)
+        assert (message.body, message.attempts) == (b"later", 1)
+        client.send(fin(message.id))
+        client.close()
+    producer.close()
+
+
 def test_a_hot_topic_and_many_topics(node):
     (hot,) = owned_topics("hot", 1)
     consumers = [consumer(node.tcp, hot, "c", ready=20) for _ in range(4)]

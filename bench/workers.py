@@ -16,6 +16,7 @@ it: near 1, the run was bound by the machine, and a second worker cannot raise t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import pickle
@@ -73,16 +74,30 @@ def add_arguments(parser) -> None:
         default="",
         help="a git revision to run too: each scenario and count with that code's nsqd, then this one's",
     )
+    parser.add_argument(
+        "--spread",
+        default="",
+        metavar="SHARE,SPARE",
+        help="run this code a second time with TRIONSQ_SPREAD=SHARE,SPARE (a busy owner spreads its producers of "
+        "big reads, nsqd/workers.py), after this code's run of each scenario and count (code `spread`)",
+    )
 
 
-def crossing_cost(per_batch: int, messages: int = 200_000, body_size: int = 200) -> dict:
-    """What one message costs to cross between two workers as ``nsqd/workers.py``'s links carry it: records of a
-    PUB (topic, one body) pickled ``per_batch`` to a batch, written to a unix socketpair, read and unpickled by a
-    second process. CPU microseconds per message on each side (both processes busy, so the wall time is one
-    side's)."""
+def crossing_cost(
+    per_batch: int, messages: int = 200_000, body_size: int = 200, *, per_record: int = 1, raw: bool = False
+) -> dict:
+    """What one message costs to cross between two workers as ``nsqd/workers.py``'s links carry it: records of
+    ``per_record`` bodies (1: a PUB's; 200: an MPUB's) pickled ``per_batch`` to a batch, written to a unix
+    socketpair, read and unpickled by a second process. With ``raw``, a record carries the MPUB's body as one
+    bytes object (its count, then each size and body, as the frame has them), which the receiver cuts into
+    bodies at fixed strides, as the parser cuts an MPUB of bodies of one size (``_split_mpub_body``), instead of
+    pickling a list of bodies. CPU microseconds per message on each side (both processes busy, so the wall time is
+    one side's)."""
     left, right = socket.socketpair()
-    bodies = [os.urandom(body_size) for _ in range(per_batch)]  # distinct objects, as a batch's are (no memo)
-    batches = messages // per_batch
+    records = [[os.urandom(body_size) for _ in range(per_record)] for _ in range(per_batch)]
+    # distinct objects, as a batch's are (no memo); raw: each record's bodies in one bytes object
+    payloads = [_mpub_body(bodies) if raw else bodies for bodies in records]
+    batches = messages // (per_batch * per_record)
     pid = os.fork()
     if pid == 0:  # the receiver
         left.close()
@@ -98,7 +113,10 @@ def crossing_cost(per_batch: int, messages: int = 200_000, body_size: int = 200)
                 (size,) = struct.unpack_from(">I", buffer)
                 if len(buffer) < 4 + size:
                     break
-                pickle.loads(bytes(buffer[4 : 4 + size]))
+                batch = pickle.loads(bytes(buffer[4 : 4 + size]))
+                if raw:
+                    for record in batch:
+                        _split_mpub_body(record[3], body_size)
                 del buffer[: 4 + size]
                 got += 1
         right.sendall(struct.pack(">d", time.process_time() - started))
@@ -106,18 +124,31 @@ def crossing_cost(per_batch: int, messages: int = 200_000, body_size: int = 200)
     right.close()
     started = time.process_time()
     for number in range(batches):
-        batch = [("pub", number * per_batch + index, "topic", [body], 0.0) for index, body in enumerate(bodies)]
+        batch = [("pub", number * per_batch + index, "topic", payload, 0.0) for index, payload in enumerate(payloads)]
         data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
         left.sendall(struct.pack(">I", len(data)) + data)
     sender = time.process_time() - started
     receiver = struct.unpack(">d", left.recv(8))[0]
     os.waitpid(pid, 0)
     left.close()
+    sent = batches * per_batch * per_record
+    shape = f"{per_batch} per batch" if per_record == 1 else f"{per_record} bodies per record{', raw' if raw else ''}"
     return {
-        "scenario": f"crossing, {per_batch} per batch",
-        "sender_us/msg": sender * 1e6 / messages,
-        "receiver_us/msg": receiver * 1e6 / messages,
+        "scenario": f"crossing, {shape}",
+        "sender_us/msg": sender * 1e6 / sent,
+        "receiver_us/msg": receiver * 1e6 / sent,
     }
+
+
+def _mpub_body(bodies: list[bytes]) -> bytes:
+    """An MPUB's body: the count, then each body after its size."""
+    return struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(body)) + body for body in bodies)
+
+
+def _split_mpub_body(data: bytes, size: int) -> list[bytes]:
+    """The bodies of ``_mpub_body``'s bytes, all of ``size`` bytes, with one ``Struct.unpack_from``."""
+    count = struct.unpack_from(">i", data)[0]
+    return list(struct.unpack_from(f"4x{size}s" * count, data, 4))
 
 
 class _ManyTopics:
@@ -214,9 +245,13 @@ def run(args) -> Report:
     report = Report(NAME, TITLE, params={"rounds": args.rounds, "counts": counts, "duration_s": args.duration})
     _PINNING["on"] = False
     codes = codes_against(report, args.against)
+    if args.spread:
+        codes.append(("spread", None))
     try:
         for per_batch in (1, 16, 64):
             report.rows.append({"round": 0, **crossing_cost(per_batch)})
+        for raw in (False, True):  # one MPUB x200 a batch, as a producer's step sends it
+            report.rows.append({"round": 0, **crossing_cost(1, per_record=200, raw=raw)})
         for round_number in range(1, args.rounds + 1):
             for name in names:
                 _run_scenario(args, report, round_number, name, counts, codes)
@@ -232,6 +267,20 @@ def run(args) -> Report:
     return report
 
 
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """``name`` set to ``value`` (None: unset) in this process's environment, which nsqd inherits, meanwhile."""
+    before = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        if before is not None:
+            os.environ[name] = before
+
+
 def _run_scenario(args, report: Report, round_number: int, name: str, counts: list[int], codes: list) -> None:
     """One scenario with each ``--workers`` count, each code in turn for a count; ``vs 1`` against the same code's
     first count."""
@@ -240,7 +289,8 @@ def _run_scenario(args, report: Report, round_number: int, name: str, counts: li
     base: dict[str, dict] = {}
     for workers in counts:
         for code, root in codes:
-            scenario = module.run(_scenario_args(args, module, workers, root))
+            with _environment("TRIONSQ_SPREAD", args.spread if code == "spread" else None):
+                scenario = module.run(_scenario_args(args, module, workers, root))
             for row in scenario.rows:
                 rate = row.get(RATE[name])
                 cpu = row.get("nsqd_us/msg")

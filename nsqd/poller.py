@@ -169,6 +169,10 @@ class ReadPoller:
     def __len__(self) -> int:
         return len(self._members)
 
+    def members(self) -> list[Polled]:
+        """The members watched now."""
+        return list(self._members.values())
+
     def add(self, fd: int, member: Polled, *, again: bool = False) -> None:
         """Watch ``fd`` until ``discard``; ``member.poll_ready()`` is called whenever it is readable (``again``:
         also more than once in a step, by a fresh look; for a cheap member that others wait on)."""

@@ -990,12 +990,15 @@ class NSQD:
         if self.mesh is not None:
             crossed = self.mesh.statistics()
             log.info(
-                "NSQ: worker %d sent %d records to the others in %d writes, handed over %d connection(s), took %d",
+                "NSQ: worker %d sent %d records to the others in %d writes, handed over %d connection(s), took %d, "
+                "spread %d producer(s), acknowledged %d message(s) for topics of the others",
                 self.mesh.index,
                 crossed["records"],
                 crossed["batches"],
                 crossed["handed_over"],
                 crossed["taken_over"],
+                crossed["spread"],
+                crossed["sent_messages"],
             )
         self._accept_scope.cancel()
         self._connections_scope.cancel()

@@ -57,7 +57,7 @@ RATE = {
     "latency": "msg/s",
 }
 #: columns a scenario's rows carry besides the throughput and the CPU
-EXTRA = ("p50 ms", "p99 ms", "split", "by worker us/msg")
+EXTRA = ("p50 ms", "p99 ms", "split", "by worker us/msg", "machine cores")
 
 
 def machine_ceiling(nsqd_us: float, generator_us: float, cores: int) -> float:
@@ -215,6 +215,7 @@ class _ManyTopics:
                     "generator_cpu": sum(worker["cpu_seconds"] for worker in result["workers"]) / window,
                     "split": split_of(topics, workers),
                     **by_worker.column(messages),
+                    "machine cores": by_worker.machine_cores(),
                 }
             )
         return report
@@ -278,6 +279,7 @@ class _ManyConsume:
                     "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
                     "split": split_of(topics, workers),
                     **by_worker.column(delivered),
+                    "machine cores": by_worker.machine_cores(),
                 }
             )
             if delivered < published:
@@ -380,6 +382,10 @@ def run(args) -> Report:
             if tree is not None:
                 shutil.rmtree(tree, ignore_errors=True)
     report.notes.append("nsqd_cores: cores used by all nsqd processes together; load and nsqd share the machine")
+    report.notes.append(
+        "machine cores (many_mpub, many_consume): the cores the whole machine kept busy over the window, this run's "
+        "processes and everyone else's; split: the topics each worker owns, worker 0 first"
+    )
     report.notes.append(
         f"ceiling msg/s: {len(os.sched_getaffinity(0))} cores / (nsqd_us/msg + gen_us/msg), the most this machine "
         "carries with nsqd and its load generator on it; of ceiling: the row's share of it (near 1: machine-bound)"

@@ -1,11 +1,12 @@
-"""Scenario: ``pub``, ``mpub``, ``consume``, ``pubsub``, a many-topics publish (``pub`` with one topic per
-connection) and the publish-to-delivery latency at 10k msg/s (``latency``) against nsqd ``--workers=1`` and
-``--workers=2``,
-alternated in one run (round by round, the two counts back to back for each scenario), so that the noise of a
-shared machine falls on both alike. Each row is one scenario's run with its defaults; ``nsqd_us/msg`` is the
-CPU of every nsqd process (the parent and its workers) per message, and ``vs 1`` compares a row's throughput
-and CPU per message with the ``--workers=1`` run just before it. Unpinned: pinning nsqd to one CPU would pin
-its workers there too.
+"""Scenario: ``pub``, ``mpub``, ``consume``, ``pubsub``, many topics (``many_topics``: ``pub`` with one topic per
+connection; ``many_mpub``: ``mpub`` with one topic per connection; ``many_consume``: 8 topics' backlogs drained, one
+consumer each, the topics split evenly over the workers: nothing crosses) and the publish-to-delivery latency at
+10k msg/s (``latency``) against nsqd ``--workers=1`` and ``--workers=2``, alternated in one run (round by round,
+the two counts back to back for each scenario), so that the noise of a shared machine falls on both alike. Each
+row is one scenario's run with its defaults; ``nsqd_us/msg`` is the CPU of every nsqd process (the parent and its
+workers) per message, ``by worker us/msg`` each worker's part of it, and ``vs 1`` compares a row's throughput and
+CPU per message with the ``--workers=1`` run just before it. Unpinned: pinning nsqd to one CPU would pin its
+workers there too.
 
 The load generator runs on the same machine, so a row's throughput is bounded by the machine before nsqd: with
 ``gen_us/msg`` the generator's CPU per message, no run can pass ``ceiling msg/s`` = cores / (nsqd_us/msg +
@@ -26,14 +27,24 @@ import struct
 import time
 
 from bench import latency
-from bench.common import _PINNING, Generators, Report, Target, add_common_arguments, main, unique_topic
+from bench.common import (
+    _PINNING,
+    Generators,
+    Report,
+    Target,
+    WorkerWindow,
+    add_common_arguments,
+    main,
+    unique_topic,
+)
 from bench.pub_against import codes_against
-from protocol.commands import encode_pub
+from nsqd.workers import owner_of
+from protocol.commands import encode_mpub, encode_pub
 
 NAME = "workers"
 TITLE = "pub, mpub, consume, pubsub and many topics with --workers=1 and --workers=2, alternated"
 PIN = False
-SCENARIOS = ("pub", "mpub", "consume", "pubsub", "many_topics", "latency")
+SCENARIOS = ("pub", "mpub", "consume", "pubsub", "many_topics", "many_mpub", "many_consume", "latency")
 #: each scenario's throughput column
 RATE = {
     "pub": "msg/s",
@@ -41,10 +52,12 @@ RATE = {
     "consume": "msg/s",
     "pubsub": "out msg/s",
     "many_topics": "msg/s",
+    "many_mpub": "msg/s",
+    "many_consume": "msg/s",
     "latency": "msg/s",
 }
 #: columns a scenario's rows carry besides the throughput and the CPU
-EXTRA = ("p50 ms", "p99 ms", "by worker us/msg")
+EXTRA = ("p50 ms", "p99 ms", "split", "by worker us/msg", "machine cores")
 
 
 def machine_ceiling(nsqd_us: float, generator_us: float, cores: int) -> float:
@@ -155,29 +168,43 @@ class _ManyTopics:
     """``pub`` with one topic per connection (16 connections, one PUB in flight each, 200-byte bodies): the topics
     spread over the workers, and a connection's topic is owned by the worker that accepted it 1 time in N."""
 
+    NAME = "many_topics"
+    TITLE = "PUB, one topic per connection"
     TOPICS = 16
     BODY_SIZE = 200
+    #: bodies per frame: 1 is a PUB, more an MPUB
+    BATCH = 1
+    #: whether the topics' names are chosen so that they split evenly over the workers (``even_topics``)
+    EVEN = False
 
     @staticmethod
     def add_arguments(parser) -> None:
         return None
 
     @classmethod
+    def frame(cls, topic: str) -> bytes:
+        return encode_pub(topic, b"t" * cls.BODY_SIZE)
+
+    @classmethod
     def run(cls, args) -> Report:
         from bench.load import build_roles  # the generator side, as run_spread imports it
         from bench.pub import MEM_QUEUE_SIZE
 
-        report = Report("many_topics", "PUB, one topic per connection")
+        report = Report(cls.NAME, cls.TITLE)
+        workers = _workers_of(args)
+        prefix = unique_topic(cls.NAME)
+        topics = even_topics(prefix, cls.TOPICS, workers) if cls.EVEN else [f"{prefix}_{i}" for i in range(cls.TOPICS)]
         with Target(args, [f"--mem-queue-size={MEM_QUEUE_SIZE}"]) as target:
-            prefix = unique_topic("many")
-            body = b"t" * cls.BODY_SIZE
             specs = [
-                ("pub", 1, dict(address=target.tcp, frame=encode_pub(f"{prefix}_{index}", body), messages_per_frame=1))
-                for index in range(cls.TOPICS)
+                ("pub", 1, dict(address=target.tcp, frame=cls.frame(topic), messages_per_frame=cls.BATCH))
+                for topic in topics
             ]
             generators = Generators(count_syscalls=False)
             generators.add(build_roles, specs=specs)
-            result = generators.run(warmup=args.warmup, duration=args.duration, sampler=target.sampler())
+            by_worker = WorkerWindow(target.sampler())
+            result = generators.run(
+                warmup=args.warmup, duration=args.duration, sampler=target.sampler(), on_window=by_worker.mark
+            )
             messages = sum(sum(worker["window_counts"]) for worker in result["workers"])
             window = result["window"]
             report.rows.append(
@@ -186,9 +213,104 @@ class _ManyTopics:
                     "nsqd_cpu": result["nsqd_cpu_seconds"] / window,
                     "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / messages if messages else None,
                     "generator_cpu": sum(worker["cpu_seconds"] for worker in result["workers"]) / window,
+                    "split": split_of(topics, workers),
+                    **by_worker.column(messages),
+                    "machine cores": by_worker.machine_cores(),
                 }
             )
         return report
+
+
+class _ManyMpub(_ManyTopics):
+    """``mpub`` with one topic per connection (8 connections, one MPUB x200 of 200-byte bodies in flight each, no
+    channel), the topics' names chosen to split evenly over the workers, as a user's many topics split about
+    evenly by hash: nothing crosses once each connection is with its topic's owner."""
+
+    NAME = "many_mpub"
+    TITLE = "MPUB x200, one topic per connection, split evenly"
+    TOPICS = 8
+    BATCH = 200
+    EVEN = True
+
+    @classmethod
+    def frame(cls, topic: str) -> bytes:
+        return encode_mpub(topic, [b"t" * cls.BODY_SIZE] * cls.BATCH)
+
+
+class _ManyConsume:
+    """``consume`` over 8 topics: each gets a backlog of 100,000 messages of 200 bytes (published before the
+    window into a channel that exists), then one consumer per topic's channel at RDY 200 drains it; the rate and
+    CPU per message of the drain. The topics' names split evenly over the workers, as ``_ManyMpub``'s."""
+
+    TOPICS = 8
+    MESSAGES = 100_000
+    RDY = 200
+    BODY_SIZE = 200
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        return None
+
+    @classmethod
+    def run(cls, args) -> Report:
+        from bench import consume
+
+        report = Report("many_consume", "drain 8 topics' backlogs, one consumer each at RDY 200")
+        workers = _workers_of(args)
+        topics = even_topics(unique_topic("many_consume"), cls.TOPICS, workers)
+        with Target(args, [f"--mem-queue-size={cls.MESSAGES + 100_000}"]) as target:
+            published = 0
+            for topic in topics:
+                consume.create_channel(target, topic, "bench")
+                published += consume.prefill(target, topic, cls.MESSAGES, cls.BODY_SIZE)
+            sampler = target.sampler()
+            cpu_before = sampler.cpu_seconds()
+            by_worker = WorkerWindow(sampler)
+            by_worker.mark("start")
+            result = consume.drain(target, topics, "bench", len(topics), cls.RDY, 1)
+            by_worker.mark("end")
+            nsqd_cpu = sampler.cpu_seconds() - cpu_before
+            delivered, seconds = result["delivered"], result["seconds"]
+            report.rows.append(
+                {
+                    "msg/s": result["msg/s"],
+                    "nsqd_cpu": nsqd_cpu / seconds if seconds else None,
+                    "nsqd_us/msg": nsqd_cpu * 1e6 / delivered if delivered else None,
+                    "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
+                    "split": split_of(topics, workers),
+                    **by_worker.column(delivered),
+                    "machine cores": by_worker.machine_cores(),
+                }
+            )
+            if delivered < published:
+                report.notes.append(f"only {delivered} of {published} messages were delivered")
+        return report
+
+
+def _workers_of(args) -> int:
+    """The ``--workers`` count a scenario's nsqd runs with (the last ``--nsqd-arg=--workers=N``; 1 without)."""
+    counts = [int(flag.split("=", 1)[1]) for flag in args.nsqd_arg if flag.startswith("--workers=")]
+    return counts[-1] if counts else 1
+
+
+def even_topics(prefix: str, total: int, count: int) -> list[str]:
+    """``total`` topic names ``prefix_<n>`` that ``count`` workers own in equal shares (``owner_of``; ``total``
+    a multiple of ``count``), as a user's many topics split about evenly by hash."""
+    share = total // count
+    chosen: dict[int, list[str]] = {owner: [] for owner in range(count)}
+    index = 0
+    while sum(len(names) for names in chosen.values()) < share * count:
+        name = f"{prefix}_{index}"
+        owned = chosen[owner_of(name, count)]
+        if len(owned) < share:
+            owned.append(name)
+        index += 1
+    return [name for owner in range(count) for name in chosen[owner]]
+
+
+def split_of(topics: list[str], count: int) -> str:
+    """How many of ``topics`` each of ``count`` workers owns, worker 0 first: ``4/4``."""
+    return "/".join(str(sum(owner_of(name, count) == owner for name in topics)) for owner in range(count))
 
 
 class _Latency:
@@ -220,12 +342,12 @@ class _Latency:
         return report
 
 
+#: the scenarios defined here rather than in a module of their own
+_HERE = {"many_topics": _ManyTopics, "many_mpub": _ManyMpub, "many_consume": _ManyConsume, "latency": _Latency}
+
+
 def _scenario_module(name: str):
-    if name == "many_topics":
-        return _ManyTopics
-    if name == "latency":
-        return _Latency
-    return importlib.import_module(f"bench.{name}")
+    return _HERE[name] if name in _HERE else importlib.import_module(f"bench.{name}")
 
 
 def _scenario_args(args, module, workers: int, root) -> argparse.Namespace:
@@ -260,6 +382,10 @@ def run(args) -> Report:
             if tree is not None:
                 shutil.rmtree(tree, ignore_errors=True)
     report.notes.append("nsqd_cores: cores used by all nsqd processes together; load and nsqd share the machine")
+    report.notes.append(
+        "machine cores (many_mpub, many_consume): the cores the whole machine kept busy over the window, this run's "
+        "processes and everyone else's; split: the topics each worker owns, worker 0 first"
+    )
     report.notes.append(
         f"ceiling msg/s: {len(os.sched_getaffinity(0))} cores / (nsqd_us/msg + gen_us/msg), the most this machine "
         "carries with nsqd and its load generator on it; of ceiling: the row's share of it (near 1: machine-bound)"

@@ -45,8 +45,9 @@ from sys import getrefcount
 from typing import final
 
 from ..message import Message, new_messages
+from ..speedups import load as load_speedups
 
-__all__ = ["PackedQueue", "Segments", "SEGMENT_MESSAGES", "SEGMENT_BYTES"]
+__all__ = ["PackedQueue", "Segments", "SEGMENT_MESSAGES", "SEGMENT_BYTES", "extend_open"]
 
 #: an ID as a segment keeps it: nsqd's IDs are 16 lowercase hex digits of 8 bytes (``nsqd/guid.py``), kept as those
 #: 8 bytes and written in hex again when the message is made (``pack_ids``)
@@ -322,6 +323,42 @@ class PackedQueue:
         if runs is _NO_RUNS:
             runs = self._runs = deque()
         return runs
+
+
+def _extend_open(
+    queue: PackedQueue, packed: _Packed, joined_ids: bytes, bodies: list[bytes], timestamp: int, size: int
+) -> bool:
+    """A publish with no delay into the topic's own queue (while nothing takes its messages), in its common case:
+    when the queue's last run is a window ending where the open segment ``packed`` ends and the segment has room,
+    the publish is appended to the segment and the window extended over it (``Segments.add`` and
+    ``PackedQueue.extend_window`` in one call); False, with nothing changed, otherwise. The Python twin of the C
+    ``extend_open`` (``nsqd/_speedups.c``)."""
+    runs = queue._runs
+    if not runs or not bodies or len(joined_ids) != ID_SIZE * len(bodies):
+        return False
+    last = runs[-1]
+    start = packed.count
+    if (
+        type(last) is not _Window
+        or last.packed is not packed
+        or last.end != start
+        or start >= SEGMENT_MESSAGES
+        or packed.size >= SEGMENT_BYTES
+    ):
+        return False
+    packed.append(joined_ids, bodies, timestamp, 0.0, size)
+    end = packed.count
+    last.end = end
+    queue.count += end - start
+    return True
+
+
+_speedups = load_speedups()
+if _speedups is not None and hasattr(_speedups, "extend_open"):
+    _speedups.packed_layout(PackedQueue, _Window, _Packed, SEGMENT_MESSAGES, SEGMENT_BYTES)
+    extend_open = _speedups.extend_open
+else:
+    extend_open = _extend_open
 
 
 #: the runs of every queue that has held nothing yet (or was cleared): never added to (``_own_runs`` replaces it

@@ -1680,13 +1680,13 @@ packed_layout(PyObject *Py_UNUSED(self), PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* The int slot at `offset` of `object` as a Py_ssize_t: -1 (and an error set) when it is not one. */
+/* The int slot at `offset` of `object` as a Py_ssize_t: -1 with an error set when it holds no int. */
 static Py_ssize_t
 int_slot(PyObject *object, Py_ssize_t offset)
 {
     PyObject *value = SLOT(object, offset);
     if (value == NULL || !PyLong_CheckExact(value)) {
-        PyErr_SetString(PyExc_TypeError, "a packed queue's count is not an int");
+        PyErr_SetString(PyExc_TypeError, "a slot that holds a count holds no int");
         return -1;
     }
     return PyLong_AsSsize_t(value);
@@ -1805,6 +1805,83 @@ error:
     return NULL;
 }
 
+/* guid_layout(factory_class, twepoch, tick_shift, node_id_bits, sequence_bits) -> None
+   next_packed_one(factory, now_ns) -> bytes | None
+
+   nsqd.guid's next_packed_one in C: a GUIDFactory's next ID as the 8 big-endian bytes a segment keeps, when it is
+   the first of a new tick or the next of the clock's tick; None, with nothing used, otherwise (the factory's
+   next_packed then claims it its own way). The slots _last_tick, _sequence and _ahead change as the Python twin
+   changes them, read and written where guid_layout found them; the value is nsqd.guid's layout, with the
+   constants it hands over. tests/nsqd/test_guid.py runs both twins against next_ids. */
+static PyTypeObject *factory_class = NULL;
+static Py_ssize_t factory_node_id_at, factory_first_at, factory_end_at, factory_last_tick_at, factory_sequence_at,
+    factory_ahead_at;
+static long long guid_twepoch, guid_tick_shift, guid_node_id_bits, guid_sequence_bits;
+
+static PyObject *
+guid_layout(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyTypeObject *cls;
+    long long twepoch, tick_shift, node_id_bits, sequence_bits;
+    if (!PyArg_ParseTuple(args, "O!LLLL", &PyType_Type, &cls, &twepoch, &tick_shift, &node_id_bits, &sequence_bits))
+        return NULL;
+    struct { const char *name; Py_ssize_t *at; } slots[] = {
+        {"node_id", &factory_node_id_at}, {"_first", &factory_first_at}, {"_end", &factory_end_at},
+        {"_last_tick", &factory_last_tick_at}, {"_sequence", &factory_sequence_at}, {"_ahead", &factory_ahead_at},
+    };
+    Py_ssize_t offsets[sizeof(slots) / sizeof(slots[0])];
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+        if (slot_offset(cls, slots[i].name, &offsets[i]) < 0)
+            return NULL;
+    }
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
+        *slots[i].at = offsets[i];
+    guid_twepoch = twepoch;
+    guid_tick_shift = tick_shift;
+    guid_node_id_bits = node_id_bits;
+    guid_sequence_bits = sequence_bits;
+    Py_INCREF(cls);
+    Py_XSETREF(factory_class, cls);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+next_packed_one(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "next_packed_one takes 2 arguments");
+        return NULL;
+    }
+    PyObject *factory = args[0];
+    if (factory_class == NULL || !Py_IS_TYPE(factory, factory_class))
+        Py_RETURN_NONE;
+    long long now_ns = PyLong_AsLongLong(args[1]);
+    Py_ssize_t node_id = int_slot(factory, factory_node_id_at), first = int_slot(factory, factory_first_at);
+    Py_ssize_t end = int_slot(factory, factory_end_at), last = int_slot(factory, factory_last_tick_at);
+    Py_ssize_t sequence = int_slot(factory, factory_sequence_at);
+    if (PyErr_Occurred())
+        return NULL;
+    long long now_tick = now_ns >> guid_tick_shift;
+    if (now_tick > last && now_tick >= guid_twepoch)
+        sequence = first;
+    else if (now_tick == last && sequence + 1 < end)
+        sequence += 1;
+    else
+        Py_RETURN_NONE;
+    if (now_tick != last && set_slot(factory, factory_last_tick_at, PyLong_FromLongLong(now_tick)) < 0)
+        return NULL;
+    if (set_slot(factory, factory_sequence_at, PyLong_FromSsize_t(sequence)) < 0)
+        return NULL;
+    set_slot(factory, factory_ahead_at, Py_NewRef(Py_False));
+    unsigned long long value = (unsigned long long)(now_tick - guid_twepoch) << guid_node_id_bits;
+    value <<= guid_sequence_bits;
+    value |= ((unsigned long long)node_id << guid_sequence_bits) | (unsigned long long)sequence;
+    unsigned char packed[PACKED_ID_SIZE];
+    for (int i = PACKED_ID_SIZE - 1; i >= 0; i--, value >>= 8)
+        packed[i] = (unsigned char)(value & 0xFF);
+    return PyBytes_FromStringAndSize((const char *)packed, PACKED_ID_SIZE);
+}
+
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
     {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
@@ -1818,6 +1895,9 @@ static PyMethodDef methods[] = {
     {"claim_shared", claim_shared, METH_O, "Replace the messages of a list that are referenced elsewhere by copies."},
     {"deliver_frames", deliver_frames, METH_VARARGS, "Mark a batch delivered and append its frames to a list."},
     {"packed_layout", packed_layout, METH_VARARGS, "Name the packed queue's classes and a segment's bounds."},
+    {"guid_layout", guid_layout, METH_VARARGS, "Name the GUID factory's class and the IDs' layout."},
+    {"next_packed_one", (PyCFunction)(void (*)(void))next_packed_one, METH_FASTCALL,
+     "A factory's next ID as 8 bytes, when it is the first of a new tick or the next of the clock's tick."},
     {"extend_open", (PyCFunction)(void (*)(void))extend_open, METH_FASTCALL,
      "Append a publish to the open segment and the queue's last window on it, when that is where it goes."},
     {NULL, NULL, 0, NULL},

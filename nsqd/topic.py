@@ -50,7 +50,7 @@ from protocol.names import is_ephemeral
 from protocol.replication import OP_PAUSED, OP_UNPAUSED
 
 from .channel import Channel
-from .guid import GUIDFactory, GUIDUnavailable
+from .guid import GUIDFactory, GUIDUnavailable, next_packed_one
 from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred import entry as deferred_entry
 from .queues.deferred_index import DeferredIndex
@@ -164,12 +164,14 @@ class Topic:
             # as the branch below keeps it (``packed_here``, no ID needed one by one), with its tests made once and,
             # into the topic's own queue, the segment and the window grown by one call (``extend_open``, in C)
             now_ns = time.time_ns()
-            try:
-                packed_ids = (self.guid or self._make_guid()).next_packed(count, now_ns)
-            except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
-                made = pack_ids(self.new_ids(count))
-                assert made is not None, "the GUID factory's IDs are 16 hex digits"
-                packed_ids = made
+            guid = self.guid or self._make_guid()
+            packed_ids = next_packed_one(guid, now_ns) if count == 1 else None
+            if packed_ids is None:
+                try:
+                    packed_ids = guid.next_packed(count, now_ns)
+                except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
+                    packed_ids = pack_ids(self.new_ids(count))
+                    assert packed_ids is not None, "the GUID factory's IDs are 16 hex digits"
             size = sum(map(len, bodies))
             self.message_count += count
             self.message_bytes += size

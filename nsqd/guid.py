@@ -51,7 +51,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from .speedups import load as load_speedups
+from .speedups import twin
 
 __all__ = [
     "MAX_LEAD_TICKS",
@@ -277,12 +277,9 @@ def _next_packed_one(factory: GUIDFactory, now_ns: int) -> bytes | None:
     return prefix + (factory._packed_suffixes or factory._make_packed_suffixes())[sequence]
 
 
-_speedups = load_speedups()
-if _speedups is not None and hasattr(_speedups, "next_packed_one"):
-    _speedups.guid_layout(GUIDFactory, TWEPOCH, TICK_SHIFT, NODE_ID_BITS, SEQUENCE_BITS)
-    next_packed_one = _speedups.next_packed_one
-else:
-    next_packed_one = _next_packed_one
+next_packed_one = twin(
+    "next_packed_one", _next_packed_one, "guid_layout", GUIDFactory, TWEPOCH, TICK_SHIFT, NODE_ID_BITS, SEQUENCE_BITS
+)
 
 
 #: by the node id's low 4 bits: the IDs' low 2 bytes (those bits and the sequence), by sequence; made when a node

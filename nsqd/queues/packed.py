@@ -45,7 +45,7 @@ from sys import getrefcount
 from typing import final
 
 from ..message import Message, new_messages
-from ..speedups import load as load_speedups
+from ..speedups import twin
 
 __all__ = ["PackedQueue", "Segments", "SEGMENT_MESSAGES", "SEGMENT_BYTES", "extend_open"]
 
@@ -353,12 +353,9 @@ def _extend_open(
     return True
 
 
-_speedups = load_speedups()
-if _speedups is not None and hasattr(_speedups, "extend_open"):
-    _speedups.packed_layout(PackedQueue, _Window, _Packed, SEGMENT_MESSAGES, SEGMENT_BYTES)
-    extend_open = _speedups.extend_open
-else:
-    extend_open = _extend_open
+extend_open = twin(
+    "extend_open", _extend_open, "packed_layout", PackedQueue, _Window, _Packed, SEGMENT_MESSAGES, SEGMENT_BYTES
+)
 
 
 #: the runs of every queue that has held nothing yet (or was cleared): never added to (``_own_runs`` replaces it

@@ -82,6 +82,42 @@ class TopicExiting(Exception):
 
 
 class Topic:
+    # slots: the publish path reads a dozen of these per call, and a plain instance past 29 attributes keeps them
+    # in a dict of its own, where each read is a lookup (CPython's inline values stop there)
+    __slots__ = (
+        "name",
+        "ephemeral",
+        "mem_queue_size",
+        "max_msg_timeout",
+        "paused",
+        "replication",
+        "held",
+        "exiting",
+        "channels",
+        "queue",
+        "_segments",
+        "_queue_deferred",
+        "message_count",
+        "message_bytes",
+        "node_id",
+        "guid",
+        "_make_backend",
+        "_open_log",
+        "backend",
+        "durable",
+        "deferred_index",
+        "_spawn",
+        "_draining",
+        "_owed",
+        "_owing",
+        "_actors",
+        "_on_channel_created",
+        "_on_channel_deleted",
+        "_on_last_channel_gone",
+        "changed",
+        "__weakref__",
+    )
+
     def __init__(
         self,
         name: str,

@@ -27,6 +27,11 @@ channel and held in flight, 352 bytes of resident set each instead of 375). A se
 window on it, so what every channel has taken of a segment stays with it until the slowest is past it: at most
 one segment's worth per queue, by those bounds.
 
+A publish with no delay into the topic's own queue, which already ends with a window on the open segment's end
+(the commonest publish while nothing takes the topic's messages), grows the segment and that window in one call:
+``extend_open``, in C (``nsqd/_speedups.c``) with a Python twin, what ``Segments.add`` and
+``PackedQueue.extend_window`` would do, without their Python frames.
+
 Iteration (a graceful stop writes a queue to disk; replication reads it) makes the packed ones as it goes,
 each time anew.
 """

@@ -183,6 +183,13 @@ class ProcessSampler:
             return 0.0
         return sum(_process_cpu(pid) for pid in (self.pid, *_children(self.pid)))
 
+    def cpu_by_worker(self) -> list[float]:
+        """CPU seconds of each live child (nsqd's workers with ``--workers`` above 1, in the order they were
+        forked, which is their index); empty for a single process."""
+        if self.pid is None:
+            return []
+        return [_process_cpu(pid) for pid in sorted(_children(self.pid))]
+
     def snapshot(self) -> dict:
         """The counters so far of the process and of its live children (nsqd's workers, as ``cpu_seconds``):
         ``user`` and ``system`` CPU seconds (``/proc/<pid>/stat``), and ``voluntary`` and ``involuntary`` context
@@ -237,6 +244,54 @@ SYSCALL_GROUPS = {
     # nsqd's poller makes a step's reads and writes in one call through an io_uring (nsqd/_speedups.c)
     "io_uring": ("io_uring_enter",),
 }
+
+
+class WorkerWindow:
+    """Each nsqd worker's CPU seconds over a window (``ProcessSampler.cpu_by_worker`` at ``mark("start")`` and
+    ``mark("end")``, which ``Generators.run`` takes as ``on_window``): where the work ran with ``--workers`` above 1.
+    """
+
+    #: the note that explains ``column``'s figures
+    NOTE = "by worker us/msg: nsqd's CPU per message of each worker, worker 0 first"
+
+    def __init__(self, sampler: ProcessSampler) -> None:
+        self.sampler = sampler
+        self.marks: dict[str, list[float]] = {}
+        self.machine: dict[str, tuple[float, float]] = {}
+
+    def mark(self, moment: str) -> None:
+        self.marks[moment] = self.sampler.cpu_by_worker()
+        self.machine[moment] = (time.monotonic(), machine_busy_seconds())
+
+    def machine_cores(self) -> float | None:
+        """The cores the whole machine kept busy over the window (every process, this run's or not)."""
+        if "start" not in self.machine or "end" not in self.machine:
+            return None
+        (started, busy_start), (ended, busy_end) = self.machine["start"], self.machine["end"]
+        return (busy_end - busy_start) / (ended - started) if ended > started else None
+
+    def per_message(self, messages: int) -> list[float]:
+        """Each worker's CPU microseconds per message over the window; empty for one process (or none counted)."""
+        before, after = self.marks.get("start", []), self.marks.get("end", [])
+        if not messages or not before or len(after) != len(before):
+            return []
+        return [(end - start) * 1e6 / messages for start, end in zip(before, after, strict=True)]
+
+    def column(self, messages: int) -> dict:
+        """``{"by worker us/msg": "1.20 / 1.31"}``, or nothing for one process."""
+        values = self.per_message(messages)
+        return {"by worker us/msg": " / ".join(f"{value:.2f}" for value in values)} if values else {}
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the machine spent busy since boot, all cores (``/proc/stat``: user, nice, system, irq and
+    softirq); 0.0 when unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(value) for value in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / _CLOCK_TICKS
 
 
 class SyscallCounter:

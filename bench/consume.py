@@ -10,7 +10,9 @@ from the channel's disk queue.
 
 from __future__ import annotations
 
-from bench.common import Generators, Report, Target, main, unique_topic
+from collections import Counter
+
+from bench.common import Generators, Report, Target, WorkerWindow, main, unique_topic
 from bench.load import Consumer, build_roles
 from protocol.commands import encode_mpub
 
@@ -59,17 +61,23 @@ def prefill(
 
 
 def drain(
-    target: Target, topic: str, channel: str, consumers: int, rdy: int, processes: int, limit: float = 300.0
+    target: Target,
+    topic: str | list[str],
+    channel: str,
+    consumers: int,
+    rdy: int,
+    processes: int,
+    limit: float = 300.0,
 ) -> dict:
-    """Consume until nothing arrives for a second; the delivery rate over the whole drain."""
+    """Consume until nothing arrives for a second; the delivery rate over the whole drain. With a list of topics,
+    consumer ``n`` reads ``topics[n % len(topics)]``."""
+    topics = [topic] if isinstance(topic, str) else topic
     generators = Generators()
     processes = max(1, min(processes, consumers))
     for index in range(processes):
-        count = consumers // processes + (1 if index < consumers % processes else 0)
-        generators.add(
-            build_roles,
-            specs=[("sub", count, dict(address=target.tcp, topic=topic, channel=channel, rdy=rdy, idle_stop=1.0))],
-        )
+        mine = Counter(topics[n % len(topics)] for n in range(index, consumers, processes))
+        params = dict(address=target.tcp, channel=channel, rdy=rdy, idle_stop=1.0)
+        generators.add(build_roles, specs=[("sub", count, dict(params, topic=name)) for name, count in mine.items()])
     result = generators.run(warmup=0.0, duration=limit, sampler=target.sampler())
     roles = [role for worker in result["workers"] for role in worker["roles"]]
     delivered = sum(role["counter"] for role in roles)
@@ -105,9 +113,15 @@ def run(args) -> Report:
         published = prefill(target, topic, args.messages, args.body_size)
         sampler = target.sampler()
         cpu_before = sampler.cpu_seconds()
+        by_worker = WorkerWindow(sampler)
+        by_worker.mark("start")
         result = drain(target, topic, "bench", args.consumers, args.rdy, args.processes)
+        by_worker.mark("end")
         nsqd_cpu = sampler.cpu_seconds() - cpu_before
         seconds = result["seconds"]
+        if by_worker.per_message(result["delivered"]):
+            # where the drain ran, with --workers above 1: the topic's owner and the others
+            report.notes.append(WorkerWindow.NOTE)
         report.rows.append(
             {
                 "backlog": published,
@@ -120,6 +134,7 @@ def run(args) -> Report:
                 "nsqd_cpu": nsqd_cpu / seconds if seconds and target.pid else None,
                 "nsqd_us/msg": nsqd_cpu * 1e6 / result["delivered"] if target.pid and result["delivered"] else None,
                 "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
+                **by_worker.column(result["delivered"]),
             }
         )
         if result["delivered"] < published:

@@ -99,6 +99,20 @@ def extract_both(report, against: str | None, now: str | None, trees: list[Path]
     ]
 
 
+def codes_against(report: Report, against: str) -> list[tuple[str, Path | None]]:
+    """The code of a scenario's ``--against`` comparison: ``("this", None)`` (this tree), after the tree of
+    ``against`` labelled with its short commit when given and extracted (a note in ``report`` when git cannot).
+    The caller removes the trees (``shutil.rmtree`` of each one not None)."""
+    codes: list[tuple[str, Path | None]] = [("this", None)]
+    if against:
+        tree, commit = extract(against)
+        if tree is None:
+            report.notes.append(f"--against {against}: {commit}; this code only")
+        else:
+            codes.insert(0, (commit[:9], tree))
+    return codes
+
+
 def extract(revision: str | None) -> tuple[Path | None, str]:
     """The sources of ``revision`` (None: the working tree's tracked files, ``resolve``) in a new temporary
     directory, with its C accelerator built (``build_accelerator``) and its modules byte-compiled, and its full

@@ -79,6 +79,9 @@ class Client:
         self.replicated_seq = 0  # replication seq of this connection's last publish (nsqd/replication/)
         #: with ``--workers``: another worker gave this connection to this one (``WorkerMesh.hand_over``); it stays
         self.handed_over = False
+        #: a busy owner gave this producer to an idle worker to spread its topic's reads (``WorkerMesh.spread``):
+        #: it stays there
+        self.spread = False
         #: the verbs of the publishes whose OKs wait for the group commit (queues/group_commit.py), in order
         self.commit_verbs: list[str] = []
 

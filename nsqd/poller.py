@@ -163,9 +163,15 @@ class ReadPoller:
         #: the last step served a member whose last read was big (an MPUB batch, a burst of FINs): it ends the
         #: wake-up (see "Several steps per wake-up")
         self.heavy_step = False
+        #: noted at each wake-up while someone watches it (``nsqd/activity.py``: the loops an idle node lets sleep)
+        self.activity: Any = None
 
     def __len__(self) -> int:
         return len(self._members)
+
+    def members(self) -> list[Polled]:
+        """The members watched now."""
+        return list(self._members.values())
 
     def add(self, fd: int, member: Polled, *, again: bool = False) -> None:
         """Watch ``fd`` until ``discard``; ``member.poll_ready()`` is called whenever it is readable (``again``:
@@ -376,9 +382,12 @@ class ReadPoller:
         self._now = trio.lowlevel.current_clock().current_time
         task_status.started()
         idle = scheduler_idle()
+        activity = self.activity
         try:
             while True:
                 await trio.lowlevel.wait_readable(epoll_fd)
+                if activity is not None and activity.pending is not None:
+                    activity.note()
                 if self.poll_once() and self.wake_budget > 0:
                     # more steps in this wake-up while nothing else waits (see "Several steps per wake-up")
                     woke = self.step_time

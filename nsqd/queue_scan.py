@@ -31,6 +31,13 @@ channels, as Redis samples keys with a TTL (its probabilistic expiration algorit
 A message is therefore redelivered about ``interval`` after its deadline at worst while the sample covers all
 channels; with more than ``selection_count`` channels, a clean channel may wait a few ticks.
 
+No tick while nothing is active. nsqd wakes every ``interval`` whatever it holds; here a scanner with no active
+channel and no ``invalidate()`` pending sleeps until the next refresh (only a refresh tick wakes it: 0.2 wake-ups
+a second by default, against 10), and ``activate`` or ``invalidate`` move that sleep's end to the next tick of the
+grid the ticks would have kept (``_tick_after``), without waking the task. So the first tick that sees a new
+timed message comes when it would have come, and everything above holds whenever there is work; an idle node (or
+an idle worker of a node with ``--workers``) does not wake for nothing.
+
 An exception from ``process_queues`` propagates out of ``run`` and stops the scanner.
 """
 
@@ -45,6 +52,10 @@ from typing import Any
 import trio
 
 __all__ = ["QueueScanner", "QueueScannerStatistics"]
+
+
+#: idle for more ticks than this, the scanner starts its grid anew rather than add up the ticks it skipped
+_REGRID_AFTER = 10_000
 
 
 class _Close:
@@ -64,6 +75,7 @@ class QueueScannerStatistics:
     refreshes: int
     last_dirty_ratio: float  # dirty / sampled in the last sample; 0.0 before the first
     active: int = 0  # channels with something in flight or deferred, the only ones sampled
+    idle: bool = False  # waiting for a channel with timed work (or a refresh), with no tick (see the notes)
 
 
 class QueueScanner:
@@ -79,6 +91,7 @@ class QueueScanner:
         worker_pool_max: int = 4,
         dirty_percent: float = 0.25,
         rng: random.Random | None = None,
+        on_wake: Callable[[], None] | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be > 0, not {interval}")
@@ -97,6 +110,8 @@ class QueueScanner:
         self.worker_pool_max = worker_pool_max
         self.dirty_percent = dirty_percent
         self._rng = rng if rng is not None else random.Random()
+        #: called when a channel's timed work ends an idle spell (nsqd notes it: ``nsqd/activity.py``)
+        self._on_wake = on_wake
         self._channels: list[Any] = []
         self._active: dict[Any, None] = {}  # channels with timed work (insertion-ordered set; see the notes)
         self._pool_size = 0  # workers started minus close tokens sent; 0 while not running
@@ -111,6 +126,9 @@ class QueueScanner:
         self._refreshes = 0
         self._last_dirty_ratio = 0.0
         self._stale = False  # invalidate() was called: refresh before the next sample
+        self._next_scan = math.inf  # the next tick of the grid (run's clock)
+        #: the idle sleep's scope while nothing is active (``activate`` and ``invalidate`` end it at the next tick)
+        self._idle: trio.CancelScope | None = None
 
     def ideal_pool_size(self, channel_count: int) -> int:
         """nsqd's rule: a quarter of the channels, at least 1, at most ``worker_pool_max``."""
@@ -119,10 +137,14 @@ class QueueScanner:
     def activate(self, channel: Any) -> None:
         """``channel`` holds messages in flight or deferred: it is sampled from the next tick on."""
         self._active[channel] = None
+        if self._idle is not None:
+            self._wake_at_next_tick()
 
     def invalidate(self) -> None:
         """The channels changed: reload the list before the next sample (once for any number of changes)."""
         self._stale = True
+        if self._idle is not None:
+            self._wake_at_next_tick()
 
     def refresh(self) -> None:
         """Reload the channel list now and resize the pool to match it."""
@@ -171,6 +193,7 @@ class QueueScanner:
             refreshes=self._refreshes,
             last_dirty_ratio=self._last_dirty_ratio,
             active=len(self._active),
+            idle=self._idle is not None,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -195,23 +218,62 @@ class QueueScanner:
 
     async def _loop(self) -> None:
         now = trio.current_time()
-        next_scan = now + self.interval
+        self._next_scan = now + self.interval
         next_refresh = now + self.refresh_interval
-        while True:
-            await trio.sleep_until(min(next_scan, next_refresh))
-            now = trio.current_time()
-            if now >= next_refresh:
-                # Like nsqd, a refresh tick does not scan; a scan tick due now runs on the next pass at once.
-                self.refresh()
-                next_refresh = _next_tick(next_refresh, self.refresh_interval, now)
-                continue
-            if now >= next_scan:
-                next_scan = _next_tick(next_scan, self.interval, now)
-                if self._stale:
+        try:
+            while True:
+                if self._active or self._stale:
+                    await trio.sleep_until(min(self._next_scan, next_refresh))
+                else:
+                    await self._sleep_idle(next_refresh)
+                now = trio.current_time()
+                if now >= next_refresh:
+                    # Like nsqd, a refresh tick does not scan; a scan tick due now runs on the next pass at once.
                     self.refresh()
-                if self._active:
-                    self._ticks += 1
-                    await self._scan()
+                    next_refresh = _next_tick(next_refresh, self.refresh_interval, now)
+                    continue
+                if now >= self._next_scan:
+                    self._next_scan = _next_tick(self._next_scan, self.interval, now)
+                    if self._stale:
+                        self.refresh()
+                    if self._active:
+                        self._ticks += 1
+                        await self._scan()
+        finally:
+            self._idle = None
+
+    async def _sleep_idle(self, until: float) -> None:
+        """Nothing active: sleep until ``until`` (the refresh), or the tick after an ``activate``/``invalidate``."""
+        with trio.CancelScope(deadline=until) as idle:
+            self._idle = idle
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._idle = None
+        if idle.deadline == until:  # the refresh came first: the grid's ticks since were skipped
+            self._next_scan = self._tick_after(trio.current_time())
+
+    def _wake_at_next_tick(self) -> None:
+        """End the idle sleep at the grid's next tick (a deadline moved: the task is not woken before it)."""
+        idle = self._idle
+        assert idle is not None
+        self._idle = None
+        tick = self._next_scan = self._tick_after(trio.current_time())
+        if tick < idle.deadline:
+            idle.deadline = tick
+        if self._on_wake is not None:
+            self._on_wake()
+
+    def _tick_after(self, now: float) -> float:
+        """The first tick after ``now`` of the grid the ticks kept before the scanner went idle (added up as they
+        are, so the same instants); after a long idle, a new grid from ``now``."""
+        tick = self._next_scan
+        interval = self.interval
+        if now - tick > _REGRID_AFTER * interval:
+            return now + interval
+        while tick < now:
+            tick += interval
+        return tick
 
     async def _scan(self) -> None:
         assert self._work_send is not None and self._done_receive is not None

@@ -28,6 +28,7 @@ from runtime.daemon import accept_connections, adopt_listeners, format_address
 from runtime.http_server import HTTPServer
 from runtime.logfmt import set_log_level
 
+from .activity import IDLE_SHARE, Activity, NotingDict, cpu_share
 from .actors import ActorSystem
 from .auth import Authenticator
 from .client import Client
@@ -111,7 +112,10 @@ class NSQD:
             wake_slack=4 * opts.actor_slice,
             interlude_seconds=opts.actor_interlude,
         )
+        #: what wakes the loops an idle node lets sleep (activity.py): the poller's wake-ups, deliveries, disk work
+        self.activity = Activity()
         self.read_poller = ReadPoller()  # idle plain-TCP connections are read by one task (poller.py)
+        self.read_poller.activity = self.activity
         self.publish_batch = PublishBatch(self)  # a poller step's plain PUBs, published at its end (fastpath.py)
         self.read_poller.bulk_read = self.publish_batch.read_producers
         self.read_poller.step_poll = self.publish_batch.poll_producers
@@ -125,6 +129,7 @@ class NSQD:
             selection_count=opts.queue_scan_selection_count,
             worker_pool_max=opts.queue_scan_worker_pool_max,
             dirty_percent=opts.queue_scan_dirty_percent,
+            on_wake=self.activity.note,
         )
         # what survives a full collection is frozen, and handed back once enough topics, channels and connections
         # were let go (runtime/collector.py); hooked to the collector by the entry point (``__main__``)
@@ -164,7 +169,8 @@ class NSQD:
         #: what this node's queues found lost, and which copies replicas sent back for them go in again
         self.lost_copies = LostCopies()
         self.failing_queues: dict[DiskQueue, None] = {}  # queues that have failed (DiskQueue.failing)
-        self.active_queues: dict[DiskQueue, None] = {}  # queues owing a periodic sync (DiskQueue.active)
+        #: queues owing a periodic sync (DiskQueue.active; each insertion wakes an idle sync loop)
+        self.active_queues: dict[DiskQueue, None] = NotingDict(self.activity)
         #: the topics and channels whose /stats figures may have changed since the stats cache last looked (they add
         #: themselves: ``Topic.changed``; the cache empties it)
         self.stats_changed: set = set()
@@ -173,7 +179,8 @@ class NSQD:
         #: (``stats_cache``).
         self.stats_readers = 0
         self._stats_cache: StatsCache | None = None
-        self.owing_topics: dict[Topic, None] = {}  # durable mode: topics whose channels kept copies (Topic._owing)
+        #: durable mode: topics whose channels kept copies (Topic._owing; each insertion wakes an idle sync loop)
+        self.owing_topics: dict[Topic, None] = NotingDict(self.activity)
         self.metadata = MetadataWriter(self.data_path, self.topics, logger=log)  # nsqd.dat, kept up to date
         # the names of the files the data directory held at start-up (``load_metadata``); a disk queue or deferred
         # index whose file is not among them opens nothing (queues/diskqueue.py, "Many queues"); None: look
@@ -426,6 +433,7 @@ class NSQD:
             self.stats_changed.discard(channel)
         self.stats_changed.discard(topic)  # (held there until the next /stats request otherwise)
         self.collector.release(1 + len(topic.channels))
+        self.activity.note()  # its memory is freed: the sync loop's release has work
         topic.close(persist=False)
         if topic.replication is not None:
             topic.replication.channel_op(name, "", OP_DELETED)
@@ -453,6 +461,7 @@ class NSQD:
         self._channel_registry.pop(channel, None)
         self.stats_changed.discard(channel)
         self.collector.release()
+        self.activity.note()
         self.scanner.invalidate()
         if channel.replication is not None:
             channel.replication.channel_op(channel.topic_name, channel.name, OP_DELETED)
@@ -761,17 +770,29 @@ class NSQD:
     async def _sync_loop(self) -> None:
         """fsync disk queues that have had activity for ``--sync-timeout`` (their own rule). Only the queues that
         changed since their last sync are visited, so idle topics and channels cost nothing here. Once a second
-        at most, the C heap's free pages go back to the system (``runtime.allocator``)."""
+        at most, and after activity only, the C heap's free pages go back to the system (``runtime.allocator``).
+        Once a pass found nothing owed (no queue to sync, no kept copies, no log retention, nothing happened since
+        the last release), the loop sleeps until the next sign of activity (activity.py)."""
         period = max(min(self.opts.sync_timeout / 2, 1.0), 0.01)
         active = self.active_queues
         released_at = trio.current_time()
+        watch = self.activity.watch()
+        _, mark = cpu_share((0.0, 0.0))
+        release_owed = False  # something happened since the last release
         while True:
+            if not (active or self.owing_topics or release_owed or self.opts.log_retention_time > 0):
+                await watch.wait()  # idle: nothing to sync or release until something happens
             await trio.sleep(period)
             now = trio.current_time()
-            if now - released_at >= RELEASE_PERIOD:
+            share, mark = cpu_share(mark)
+            if watch.is_set() or share >= IDLE_SHARE:
+                release_owed = True
+                watch = self.activity.watch()
+            if release_owed and now - released_at >= RELEASE_PERIOD:
                 # what delivered backlogs left free in the C heap goes back to the system (runtime/allocator.py)
                 release_free_memory()
                 released_at = now
+                release_owed = False
             # copies a full disk made channels keep in memory go to their disk once it takes writes again
             # (Topic: durable mode on a full disk); only the topics that have such copies are visited
             for topic in list(self.owing_topics):
@@ -943,6 +964,7 @@ class NSQD:
             if client is not None:
                 self.clients.pop(client.id, None)
                 self.collector.release()
+                self.activity.note()
                 client.state = client.state  # keep the last state for logs
                 channel = client.channel
                 client.channel = None
@@ -968,12 +990,15 @@ class NSQD:
         if self.mesh is not None:
             crossed = self.mesh.statistics()
             log.info(
-                "NSQ: worker %d sent %d records to the others in %d writes, handed over %d connection(s), took %d",
+                "NSQ: worker %d sent %d records to the others in %d writes, handed over %d connection(s), took %d, "
+                "spread %d producer(s), acknowledged %d message(s) for topics of the others",
                 self.mesh.index,
                 crossed["records"],
                 crossed["batches"],
                 crossed["handed_over"],
                 crossed["taken_over"],
+                crossed["spread"],
+                crossed["sent_messages"],
             )
         self._accept_scope.cancel()
         self._connections_scope.cancel()

@@ -378,14 +378,17 @@ class Connection:
             self._send_replies()
             return
         _, topic_name, channel_name = request
-        if self._hand_over_unread(self._mesh.owner(topic_name), encode_sub(topic_name, channel_name)):
+        owner = self._mesh.owner(topic_name)
+        if self._hand_over_unread(owner, encode_sub(topic_name, channel_name)):
             return  # the owner runs the SUB
         client.channel = await self._mesh.subscribe(client, topic_name, channel_name)
         self._consumes = True
         self._plain = False
         self.fast_line = None
         client.state = ClientState.SUBSCRIBED
-        log.info("[%s] SUB %s:%s", client.remote_address, topic_name, channel_name)
+        # where a consumer is served: through a stand-in here (each delivery crosses), or by the owner (the line
+        # of ``SUB``, once the connection went there)
+        log.info("[%s] SUB %s:%s through worker %d", client.remote_address, topic_name, channel_name, owner)
         client.out.append(OK_FRAME)
         client.out_bytes += len(OK_FRAME)
         client.flush_now = True
@@ -610,7 +613,31 @@ class Connection:
         self._poll_return(None)
         return True
 
-    def _hand_over_unread(self, owner: int, first: bytes) -> bool:
+    def spread_to(self, peer: int) -> bool:
+        """In the owner of a topic it published to, give this producer to worker ``peer``, so that its reads and
+        parsing run on another core and only its messages cross (``WorkerMesh.spread``: the owner is busy, the
+        peer and the machine are not). As ``hand_over``: a plain producer waiting in the read poller with nothing
+        unsent, unanswered or to be run; once (it stays in ``peer``, ``Client.spread``). True if it went."""
+        client = self.client
+        mesh = self._mesh
+        done = self._poll_done
+        if (
+            mesh is None
+            or client.spread
+            or done is None
+            or done.is_set()
+            or self._pending_command is not None
+            or self._poller_error is not None
+            or self._reply_deferred
+            or not any(mesh.owns(topic) for topic in client.pub_counts)
+        ):
+            return False
+        if not self._hand_over_unread(peer, b"", spread=True):
+            return False
+        self._poll_return(None)
+        return True
+
+    def _hand_over_unread(self, owner: int, first: bytes, *, spread: bool = False) -> bool:
         """``hand_over``'s checks of the connection and the hand-over itself, with ``first`` (a command that the
         owner is to run first; a consumer's SUB was, see "Connections go to their topic's owner" in
         bench/MULTICORE.md) before the bytes the parser holds. True if it was handed over; the task ends at its
@@ -621,7 +648,7 @@ class Connection:
         client = self.client
         if (
             self._mesh is None
-            or client.handed_over
+            or (client.handed_over and not spread)
             or not self._plain
             or self._consumes
             or client.state != ClientState.INIT
@@ -630,11 +657,11 @@ class Connection:
             or self._forwards_held
             or self._send_lock.locked()
             or not self.parser.between_commands()
-            or not (first or self._mesh.may_hand_over(owner))
+            or not (first or spread or self._mesh.may_hand_over(owner))
         ):
             return False
         fd = self.stream.socket.fileno()
-        self._mesh.hand_over(owner, fd, client, first + self.parser.take_unparsed())
+        self._mesh.hand_over(owner, fd, client, first + self.parser.take_unparsed(), spread=spread)
         self._handed = True
         return True
 

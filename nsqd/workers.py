@@ -76,6 +76,7 @@ from protocol.lookup_v1 import encode_register, encode_unregister
 from protocol.replication import ReplicatedMessage
 
 from . import log_commands
+from .activity import IDLE_SHARE, cpu_share
 from .client import Client, ClientState, SubscribedChannel
 from .lookup import Lookup
 from .metadata_writer import MetadataWriter
@@ -104,6 +105,12 @@ LOAD_INTERVAL = 0.5
 #: (``WorkerMesh.may_hand_over``): a hot topic's first producers join its owner; once it is busy, the next ones
 #: stay where they were accepted and their publishes cross, so the topic's reads and answers use other cores
 HAND_OVER_BELOW = 0.7
+#: with ``TRIONSQ_SPREAD="<share>,<spare>"`` (unset: never), a busy owner gives one of its producers of big reads
+#: (MPUB batches) to a worker that is not busy, every ``LOAD_INTERVAL``, while it used at least ``<share>`` of a
+#: core and the machine had at least ``<spare>`` cores idle (``WorkerMesh.spread``): their reads and parsing then
+#: run on another core and only their messages cross. Off unless set: measured on 2 cores, a message that crosses
+#: so costs the two workers more than the whole publish costs the owner (bench/MULTICORE.md, sixth round, which
+#: ran it with ``0.7,0.4``)
 _RECEIVE_SIZE = 1 << 18
 #: room for the descriptors of handed-over connections one read of a link can bring (``Link.poll_ready``)
 _FD_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)
@@ -111,6 +118,42 @@ _FD_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)
 ADOPT_WINDOW = 16
 #: how long a worker waits for worker 0 to write nsqd.dat in durable mode before its commit fails
 METADATA_SYNC_TIMEOUT = 10.0
+
+
+def spread_thresholds() -> tuple[float, float] | None:
+    """The owner's share of a core and the machine's idle cores above which a busy owner spreads its producers
+    (``TRIONSQ_SPREAD="<share>,<spare>"``); None (never) when unset or not two numbers."""
+    text = os.environ.get("TRIONSQ_SPREAD", "")
+    if not text:
+        return None
+    try:
+        share, spare = (float(part) for part in text.split(","))
+    except ValueError:
+        log.error("WORKERS: TRIONSQ_SPREAD=%r is not <share>,<spare>: producers are not spread", text)
+        return None
+    return share, spare
+
+
+def idle_ticks() -> int | None:
+    """The idle and iowait clock ticks so far of the CPUs this process may run on (``/proc/stat``); None where
+    there is none."""
+    try:
+        cpus = {f"cpu{cpu}" for cpu in os.sched_getaffinity(0)}
+        with open("/proc/stat") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    total = 0
+    for line in lines[1:]:
+        fields = line.split()
+        if not fields or not fields[0].startswith("cpu"):
+            break
+        if fields[0] in cpus and len(fields) > 5:
+            total += int(fields[4]) + int(fields[5])
+    return total
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def owner_of(name: str | bytes, count: int) -> int:
@@ -400,6 +443,9 @@ class WorkerMesh:
         self.handed_over = 0  # connections given to another worker (``hand_over``)
         self.peer_load: dict[int, float] = {}  # worker -> its share of a core in its last LOAD_INTERVAL
         self.taken_over = 0  # connections another worker gave to this one (``_on_hand``)
+        self.spread_out = 0  # producers of a busy owner given to a worker that was not (``spread``)
+        self.sent_messages = 0  # messages published through this worker to topics others own, acknowledged here
+        self._spread_at = spread_thresholds()
         self._nursery: trio.Nursery | None = None
         self.router: Any = None  # the HTTP router that answers forwarded requests (set by the HTTP API)
 
@@ -435,18 +481,59 @@ class WorkerMesh:
         """Every ``LOAD_INTERVAL``, measure this worker's share of a core since the last time, and tell the others
         when it crossed ``HAND_OVER_BELOW`` (all ``may_hand_over`` asks): a worker that stays idle, or busy, sends
         nothing, and its peers' read pollers do not wake up for it (two records a second each way cost an idle
-        pair of workers about as much CPU as the rest of their timers)."""
-        cpu, wall = time.process_time(), time.monotonic()
+        pair of workers about as much CPU as the rest of their timers). A worker not busy that saw no activity
+        for a whole interval (``nsqd/activity.py``) stops measuring until it sees some."""
+        activity = self.nsqd.activity
+        _, mark = cpu_share((0.0, 0.0))
+        share = 0.0
         busy = False  # as the others take it before the first record (``peer_load`` defaults to 0)
+        idle: int | None = None  # the machine's idle ticks at the last interval this worker was busy
+        watch = activity.watch()
         while True:
+            if not busy and share < IDLE_SHARE and not watch.is_set():
+                await watch.wait()  # idle: nothing to measure until something happens
+                _, mark = cpu_share(mark)
+                idle = None
+            watch = activity.watch()
             await trio.sleep(LOAD_INTERVAL)
-            now_cpu, now_wall = time.process_time(), time.monotonic()
-            share = (now_cpu - cpu) / max(now_wall - wall, 1e-3)
-            cpu, wall = now_cpu, now_wall
+            started = mark[1]
+            share, mark = cpu_share(mark)
             if (share >= HAND_OVER_BELOW) != busy:
                 busy = not busy
                 for link in self.links.values():
                     link.send(("load", share))
+            spread_at = self._spread_at
+            if spread_at is None or share < spread_at[0] or self.durable or self.replicating:
+                idle = None
+                continue
+            now_idle = idle_ticks()  # read only while busy: an idle worker's timers stay as cheap as they were
+            if idle is not None and now_idle is not None:
+                self.spread((now_idle - idle) / _CLOCK_TICKS / max(mark[1] - started, 1e-3))
+            idle = now_idle
+
+    def spread(self, spare: float) -> bool:
+        """This worker was busy over the last ``LOAD_INTERVAL`` and the machine had ``spare`` cores idle: give one
+        producer of big reads (MPUB batches, its last read above the read poller's ``light_read``) of a topic
+        owned here to the least busy worker that is not busy (``HAND_OVER_BELOW``), if the machine had the idle
+        cores ``TRIONSQ_SPREAD`` asks for (see "A hot topic's producers spread" in bench/MULTICORE.md). Its reads,
+        parsing and answers then run there, and its messages cross back here in batches, acknowledged there
+        (``publish_acknowledged``); it stays there (``Client.spread``). Never in durable mode or with replication,
+        whose publishes that cross wait for the owner's answer. True if one went."""
+        if self._spread_at is None or spare < self._spread_at[1] or self.nsqd.exiting:
+            return False
+        peers = [peer for peer in self.links if self.peer_load.get(peer, 0.0) < HAND_OVER_BELOW]
+        if not peers:
+            return False
+        peer = min(peers, key=lambda index: self.peer_load.get(index, 0.0))
+        poller = self.nsqd.read_poller
+        light = poller.light_read
+        for member in poller.members():
+            spread_to = getattr(member, "spread_to", None)
+            if spread_to is not None and member.last_read > light and spread_to(peer):
+                self.spread_out += 1
+                log.info("WORKERS: a producer goes to worker %d, %.2f cores of the machine idle", peer, spare)
+                return True
+        return False
 
     async def _write(self, link: Link) -> None:
         try:
@@ -530,6 +617,7 @@ class WorkerMesh:
         if self.durable or self.replicating or topic_name in self._failing or link.backed_up():
             return False
         link.send(("pubq", topic_name, bodies, defer))
+        self.sent_messages += len(bodies)
         return True
 
     async def drain(self, timeout: float) -> None:
@@ -576,15 +664,17 @@ class WorkerMesh:
         """Whether a producer's connection may go to ``owner`` now: while it was not busy (``HAND_OVER_BELOW``)."""
         return self.peer_load.get(owner, 0.0) < HAND_OVER_BELOW
 
-    def hand_over(self, owner: int, fd: int, client: Client, unread: bytes) -> None:
+    def hand_over(self, owner: int, fd: int, client: Client, unread: bytes, *, spread: bool = False) -> None:
         """Give a producer's connection to ``owner`` (see "Connections go to their topic's owner" in
         bench/MULTICORE.md): a copy of its descriptor goes with the link's next write, after every record queued
         before it (its publishes among them), and the owner serves it from there with ``client``'s state and the
         bytes read here but not parsed yet (``unread``). The caller stops serving it here without a word to the
-        client and closes its own descriptor."""
+        client and closes its own descriptor. ``spread``: a busy owner gives its producer away (``spread``), and
+        ``owner`` is the worker that takes it."""
         link = self.links[owner]
         info = {name: getattr(client, name) for name in _CLIENT_FIELDS}
         info["pub_counts"] = dict(client.pub_counts)
+        info["spread"] = spread
         link.handing.append(os.dup(fd))
         link.send(("hand", info, unread))
         self.handed_over += 1
@@ -1091,6 +1181,8 @@ class WorkerMesh:
             "records": sum(link.records for link in self.links.values()),
             "handed_over": self.handed_over,
             "taken_over": self.taken_over,
+            "spread": self.spread_out,
+            "sent_messages": self.sent_messages,
         }
 
 

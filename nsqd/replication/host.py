@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -536,6 +537,7 @@ class ReplicaHost:
         origin = self.origins.get(node)
         if origin is None:
             origin = self.origins[node] = _Origin(node, self._open_store(node))
+            self._wake.set()  # its store is synced from now on (``run``)
         if origin.taking is not None:  # its store is being read and removed: it comes back to the store's end
             raise ProtocolError(E_TAKING_OVER, f"node {node} is being taken over here")
         if origin.connected and origin.cancel is not None:
@@ -705,7 +707,8 @@ class ReplicaHost:
             task_status.started()
             while True:
                 now = trio.current_time()
-                next_at = now + max(self.opts.sync_timeout, 0.05)
+                # no origin, nothing to sync or take over: sleep until one comes (``_claim``), not every sync_timeout
+                next_at = now + max(self.opts.sync_timeout, 0.05) if self.origins else math.inf
                 for origin in list(self.origins.values()):
                     if origin.taking is not None:
                         continue  # its store is the takeover's

@@ -190,6 +190,62 @@ def test_req_touch_fin_and_timeouts_on_either_worker(node):
         client.close()
 
 
+def voluntary_switches(pid: int) -> int:
+    """The voluntary context switches of every thread of ``pid``: each one a sleep of the process that ended."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/status") as handle:
+            total += sum(int(line.split()[1]) for line in handle if line.startswith("voluntary_ctxt_switches:"))
+    return total
+
+
+def wait_until_asleep(pids: list[int], quiet: float = 1.0, timeout: float = 20.0) -> None:
+    """Until none of ``pids`` wakes up for ``quiet`` seconds (a timer every 100 ms never lets that happen)."""
+    deadline = time.monotonic() + timeout
+    counts = [voluntary_switches(pid) for pid in pids]
+    since = time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, "a worker kept waking up"
+        time.sleep(0.05)
+        now = [voluntary_switches(pid) for pid in pids]
+        if now != counts:
+            counts, since = now, time.monotonic()
+
+
+def test_deferred_and_timed_out_messages_come_due_on_a_worker_that_was_idle(node):
+    """An idle worker runs no queue scan (nor its other timers): the first deferred or in-flight message must
+    start it again, and each comes due."""
+    consumers = {}
+    for name in owned_topics("asleep"):
+        client = consumers[name] = RawClient(node.tcp)
+        client.identify({"msg_timeout": 1000})
+        client.subscribe(name, "c", 2)
+    wait_until_asleep(worker_pids(node))
+    producer = RawClient(node.tcp)
+    for name in consumers:
+        producer.send(dpub(name, 500, b"deferred"))
+        producer.expect_ok()
+        producer.publish(name, b"timed out")
+    for client in consumers.values():
+        message = client.read_message(timeout=10)
+        assert (message.body, message.attempts) == (b"timed out", 1)  # not finished: back after its timeout
+        got = {(m.body, m.attempts): m for m in (client.read_message(timeout=10) for _ in range(2))}
+        assert sorted(got) == [(b"deferred", 1), (b"timed out", 2)]
+        for message in got.values():
+            client.send(fin(message.id))
+    # and again once the workers went back to sleep
+    wait_until_asleep(worker_pids(node))
+    for name in consumers:
+        producer.send(dpub(name, 300, b"later"))
+        producer.expect_ok()
+    for client in consumers.values():
+        message = client.read_message(timeout=10)
+        assert (message.body, message.attempts) == (b"later", 1)
+        client.send(fin(message.id))
+        client.close()
+    producer.close()
+
+
 def test_a_hot_topic_and_many_topics(node):
     (hot,) = owned_topics("hot", 1)
     consumers = [consumer(node.tcp, hot, "c", ready=20) for _ in range(4)]
@@ -537,6 +593,90 @@ def test_tls_and_compression_stay_in_the_accepting_worker(tmp_path, certs):
             client.close()
     finally:
         stop_all([node])
+
+
+def _served_apart(node: NsqdProcess, port: int, topic: str) -> bool:
+    """Whether the consumer on local ``port`` is served by the worker that accepted it through a stand-in of the
+    topic's owner (its SUB line names the owner), or by the owner itself (accepted there, or handed over to it)."""
+    line = node.wait_for_log(rf"\[127\.0\.0\.1:{port}\] SUB {topic}:c( through worker \d+)?$", 10)
+    return line.group(1) is not None
+
+
+def _apart_consumer(node: NsqdProcess, topic: str) -> FeatureClient:
+    """A snappy consumer of ``topic`` (channel ``c``, RDY 0, msg_timeout 1 s) that the worker not owning it
+    accepted: a compressed connection is never handed over, so it stays there, served through a stand-in.
+    Connections are opened until the kernel gives one to that worker; the others are closed."""
+    for _ in range(40):
+        client = FeatureClient(node.tcp)
+        client.identify({"feature_negotiation": True, "snappy": True, "msg_timeout": 1000})
+        client.start_snappy()
+        client.send(sub(topic, "c"))
+        client.expect_ok()
+        if _served_apart(node, client.raw.getsockname()[1], topic):
+            return client
+        client.close()
+    raise AssertionError(f"no connection of 40 was accepted by the worker that does not own {topic}")
+
+
+def test_one_channels_consumers_on_both_workers(node):
+    """A channel's consumers served by both workers: a plain one by the owner, a snappy one (never handed over)
+    by the other worker through a stand-in. NSQ's rules hold across them: each message to one consumer, a FIN
+    of another connection's message refused either way, a timeout's requeue, and a consumer that vanishes with
+    messages in flight loses none of them."""
+    for topic in owned_topics("both"):
+        local = consumer(node.tcp, topic, "c", ready=0, identify_fields={"msg_timeout": 1000})
+        assert not _served_apart(node, local.sock.getsockname()[1], topic)
+        apart = _apart_consumer(node, topic)
+        producer = RawClient(node.tcp)
+
+        # one message to each, by credit; a FIN on the other connection is refused, and the connection stays
+        apart.send(rdy(1))
+        producer.publish(topic, b"to-apart")
+        far = apart.read_message()
+        local.send(rdy(1))
+        producer.publish(topic, b"to-local")
+        near = local.read_message()
+        assert (far.body, near.body) == (b"to-apart", b"to-local")
+        local.send(fin(far.id))
+        assert local.read_reply().data == b"E_FIN_FAILED FIN " + far.id + b" failed client does not own message"
+        apart.send(fin(near.id))
+        refusal = apart.read_frame()
+        assert refusal.data == b"E_FIN_FAILED FIN " + near.id + b" failed client does not own message"
+        apart.send(fin(far.id))
+        local.send(fin(near.id))
+
+        # not finished in its 1 s: requeued, and delivered again to the only consumer with credit
+        local.send(rdy(0))
+        producer.publish(topic, b"timed-out")
+        first = apart.read_message()
+        again = apart.read_message(timeout=10)
+        assert (first.body, first.attempts, again.body, again.attempts) == (b"timed-out", 1, b"timed-out", 2)
+        apart.send(fin(again.id))
+
+        # a consumer gone with messages in flight (some read, some on their way): each reaches the other consumer
+        apart.send(rdy(10))
+        bodies = [f"stream-{number}".encode() for number in range(10)]
+        producer.publish_many(topic, bodies)
+        got = [apart.read_message().body for _ in range(3)]
+        assert set(got) <= set(bodies)
+        apart.close()
+        local.send(rdy(10))
+        rest = []
+        while len(rest) < len(bodies):
+            message = local.read_message()
+            rest.append(message.body)
+            local.send(fin(message.id))
+        assert sorted(rest) == sorted(bodies)
+        assert local.poll_frame(0.3) is None
+
+        (channel,) = next(t for t in stats(node.listening["HTTP"])["topics"] if t["topic_name"] == topic)["channels"]
+        assert (channel["depth"], channel["in_flight_count"], len(channel["clients"])) == (0, 0, 1)
+        assert channel["message_count"] == 13
+        # the one left unfinished, then the ten in flight to the vanished consumer (back after their timeout,
+        # as one nsqd brings them back)
+        assert (channel["timeout_count"], channel["requeue_count"]) == (11, 0)
+        local.close()
+        producer.close()
 
 
 def test_three_workers(tmp_path):

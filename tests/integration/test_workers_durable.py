@@ -6,21 +6,18 @@ of every process of the node."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
 import signal
 import socket
 import struct
-import threading
-import time
 
 import pytest
 
 from .harness import NsqdProcess, RawClient, mpub, pub
 from .http_helpers import post, stats, wait_for
-from .persistence_helpers import consume_holding_some, data_dirs, limited_process_class, publish_until_stopped, receive
+from .persistence_helpers import data_dirs, limited_process_class, receive
 from .test_durable_full_disk import (
     DURABLE as FULL_DISK_FLAGS,
 )
@@ -38,7 +35,7 @@ from .test_persistence import (  # noqa: F401
 )
 from .test_workers import owned_topics, start_node
 from .test_workers_node import worker_pids_in_order
-from .workers_harness import TwoWorkersDataDir
+from .workers_harness import DurableLoad, TwoWorkersDataDir, consume_all
 
 DURABLE = ("--mem-queue-size=0", "--sync-every=1")
 
@@ -76,23 +73,6 @@ def kill_worker(node: NsqdProcess, index: int) -> None:
     assert node.proc is not None
     assert node.proc.wait(30) == 1
     node.stop()
-
-
-def consume_all(node: NsqdProcess, topic: str, expected: set[bytes], timeout: float = 30.0) -> set[bytes]:
-    """What channel ``c`` of ``topic`` delivers (FIN'd) until every body of ``expected`` came."""
-    got: set[bytes] = set()
-    with RawClient(node.tcp) as client:
-        client.subscribe(topic, "c", ready=200)
-        deadline = time.monotonic() + timeout
-        while not expected <= got:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{len(expected - got)} acknowledged message(s) of {topic} never delivered"
-            got.update(m.body for m in receive(client, 1, timeout=left))
-    return got
-
-
-def keyed(topic: str):
-    return lambda body: (topic, body)
 
 
 def test_new_topics_published_across_workers_survive_a_kill_9_of_the_node(tmp_path):
@@ -195,50 +175,19 @@ def test_nothing_acknowledged_is_lost_across_kill_9_of_the_node_or_of_one_worker
     with messages in flight, kill -9 the node or one of its workers in the middle, restart, repeat; then drain.
     Every message that got OK comes out at least once (duplicates are allowed: at least once)."""
     data = tmp_path / "data"
-    topics = owned_topics("loop")
-    acked: list[tuple[str, bytes]] = []
-    received: collections.Counter[tuple[str, bytes]] = collections.Counter()
-    counter = iter(range(10**9))
-
-    def acknowledged(topic: str, bodies: list[bytes]) -> None:
-        acked.extend((topic, body) for body in bodies)
-
+    load = DurableLoad(owned_topics("loop"))
     crashes = [NsqdProcess.kill, lambda node: kill_worker(node, 0), lambda node: kill_worker(node, 1), NsqdProcess.kill]
-    for stop_node in crashes:
-        node = start_node(data, *DURABLE)
-        stop = threading.Event()
-        threads = [
-            threading.Thread(
-                target=publish_until_stopped, args=(node.tcp, topics, stop, counter, acknowledged), daemon=True
-            )
-            for _ in range(3)
-        ]
-        threads += [
-            threading.Thread(target=consume_holding_some, args=(node.tcp, t, stop, received, keyed(t)), daemon=True)
-            for t in topics
-        ]
-        for thread in threads:
-            thread.start()
-        target = len(acked) + 300
-        deadline = time.monotonic() + 60
-        while len(acked) < target:
-            assert time.monotonic() < deadline, f"only {len(acked)} acknowledged; log:\n{node.log_text()[-3000:]}"
-            time.sleep(0.01)
-        stop_node(node)
-        stop.set()
-        for thread in threads:
-            thread.join(30)
-            assert not thread.is_alive()
+    for crash in crashes:
+        load.until_crash(start_node(data, *DURABLE), crash)
     node = start_node(data, *DURABLE)
     try:
-        for topic in topics:
-            missing = {body for t, body in acked if t == topic} - {body for t, body in received if t == topic}
-            consume_all(node, topic, missing, timeout=60)
+        duplicates = load.drain(node)
     finally:
         node.stop()
-    duplicates = sum(n - 1 for n in received.values() if n > 1)
-    record_property("acknowledged", len(acked))
-    print(f"durable kill -9 loop, 2 workers: {len(acked)} acknowledged, 0 missing, {duplicates} duplicate deliveries")
+    record_property("acknowledged", len(load.acked))
+    print(
+        f"durable kill -9 loop, 2 workers: {len(load.acked)} acknowledged, 0 missing, {duplicates} duplicate deliveries"
+    )
 
 
 def test_a_graceful_stop_writes_everything(tmp_path):

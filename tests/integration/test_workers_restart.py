@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -27,16 +26,15 @@ from nsqd.workers import owner_of
 from .harness import NsqdProcess, RawClient, dpub, fin, free_port, mpub, pub, rdy, req, stop_all
 from .http_helpers import post, stats, wait_for
 from .persistence_helpers import (
-    consume_holding_some,
     metadata,
     parse_record,
-    publish_until_stopped,
     read_queue,
     receive,
 )
 from .test_log_channels import commit, offsets, publish_to_log, read_all
 from .test_workers import start_node
 from .test_workers_replication import kill_worker
+from .workers_harness import DurableLoad
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -460,62 +458,16 @@ def test_nothing_acknowledged_is_lost_across_kill_9_and_restarts_at_another_coun
     kill -9 in the middle (of every process, or of one worker, which stops the node), restart at the next N (2, 1,
     3, 2), repeat; then drain at N=1. Every message that got OK comes out at least once."""
     data = tmp_path / "data"
-    topics = spread_topics("durable")
-    acked: list[tuple[str, bytes]] = []
-    received: collections.Counter[tuple[str, bytes]] = collections.Counter()
-    counter = iter(range(10**9))
-
-    def acknowledged(topic: str, bodies: list[bytes]) -> None:
-        acked.extend((topic, body) for body in bodies)
-
+    load = DurableLoad(spread_topics("durable"))
     for workers, victim in ((2, None), (1, None), (3, 2), (2, 0)):
-        node = start(data, workers, *DURABLE)
-        stop = threading.Event()
-        threads = [
-            threading.Thread(
-                target=publish_until_stopped, args=(node.tcp, topics, stop, counter, acknowledged), daemon=True
-            )
-            for _ in range(3)
-        ]
-        threads += [
-            threading.Thread(
-                target=consume_holding_some,
-                args=(node.tcp, topic, stop, received, lambda body, t=topic: (t, body)),
-                daemon=True,
-            )
-            for topic in topics
-        ]
-        for thread in threads:
-            thread.start()
-        target = len(acked) + 300
-        deadline = time.monotonic() + 60
-        while len(acked) < target:
-            assert time.monotonic() < deadline, f"only {len(acked)} acknowledged; log:\n{node.log_text()[-3000:]}"
-            time.sleep(0.01)
-        if victim is None:
-            node.kill()
-        else:
-            kill_worker(node, victim)
-        stop.set()
-        for thread in threads:
-            thread.join(30)
-            assert not thread.is_alive()
+        crash = NsqdProcess.kill if victim is None else lambda node, victim=victim: kill_worker(node, victim)
+        load.until_crash(start(data, workers, *DURABLE), crash)
     node = start(data, 1, *DURABLE)
     try:
-        for topic in topics:
-            missing = {body for t, body in acked if t == topic} - {body for t, body in received if t == topic}
-            got: set[bytes] = set()
-            with RawClient(node.tcp) as client:
-                client.subscribe(topic, "c", ready=200)
-                deadline = time.monotonic() + 60
-                while not missing <= got:
-                    left = deadline - time.monotonic()
-                    assert left > 0, f"{len(missing - got)} acknowledged message(s) of {topic} never delivered"
-                    got.update(m.body for m in receive(client, 1, timeout=left))
+        duplicates = load.drain(node)
     finally:
         assert node.stop() == 0
-    duplicates = sum(n - 1 for n in received.values() if n > 1)
-    print(f"durable kill -9 at workers 2, 1, 3, 2: {len(acked)} acknowledged, 0 missing, {duplicates} duplicates")
+    print(f"durable kill -9 at workers 2, 1, 3, 2: {len(load.acked)} acknowledged, 0 missing, {duplicates} duplicates")
 
 
 # -- replication ---------------------------------------------------------------------------------------------------

@@ -427,3 +427,65 @@ def test_a_refresh_looks_at_the_channels_new_to_the_list_only():
     channels.append(busy(Counted("new")))  # timed work from before it was listed: found
     scanner.refresh()
     assert looked_at == ["new"] and scanner.statistics().active == 1
+
+
+class StepCounter(trio.abc.Instrument):
+    """Counts the steps of every task but the test's own: how often anything else woke up."""
+
+    def __init__(self, mine):
+        self.mine = mine
+        self.steps = 0
+
+    def before_task_step(self, task):
+        if task is not self.mine:
+            self.steps += 1
+
+
+async def test_an_idle_scanner_wakes_only_for_its_refresh(autojump_clock):
+    # nsqd wakes every 100 ms whatever it holds: with no channel active, only the refresh (every 5 s) runs
+    channels = [FakeChannel(str(n)) for n in range(3)]
+    scanner = scanner_for(channels)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scanner.run)
+        await wait_blocked()
+        assert scanner.statistics().idle
+        counter = StepCounter(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(counter)
+        try:
+            await trio.sleep(4.9)
+            assert counter.steps == 0
+            await trio.sleep(10.0)
+            assert counter.steps == 2  # the refreshes at 5 s and 10 s, one step each
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        stats = scanner.statistics()
+        assert stats.ticks == 0 and stats.refreshes == 3 and stats.idle
+        nursery.cancel_scope.cancel()
+
+
+async def test_timed_work_after_an_idle_spell_comes_due_at_the_grids_next_tick(autojump_clock):
+    # the ticks an idle scanner skipped are not run, but its next tick is the one it would have had: a deferred
+    # message and an in-flight one that times out are moved at most an interval after they are due
+    deferred, in_flight = FakeChannel("deferred"), FakeChannel("in flight")
+    scanner = scanner_for([deferred, in_flight])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scanner.run)
+        start = trio.current_time()
+        await trio.sleep(12.345)
+        assert scanner.statistics().idle
+        now = trio.current_time()
+        deferred.deferred.push("due", now + 0.03)
+        push_in_flight(in_flight, b"late", "timed out", now + 0.25)
+        assert not scanner.statistics().idle
+        await trio.sleep(0.5)
+        assert [item for _, item in deferred.moved] == ["due"]
+        assert [item for _, item in in_flight.moved] == ["timed out"]
+        (moved_at,) = (when for when, _ in deferred.moved)
+        assert now + 0.03 <= moved_at <= now + 0.13
+        (timed_out_at,) = (when for when, _ in in_flight.moved)
+        assert now + 0.25 <= timed_out_at <= now + 0.35
+        for when in (moved_at, timed_out_at):  # on the grid of the ticks from the start
+            assert (when - start) / 0.1 == pytest.approx(round((when - start) / 0.1))
+        await wait_blocked()
+        assert scanner.statistics().idle and scanner.statistics().active == 0  # idle again, both queues empty
+        nursery.cancel_scope.cancel()

@@ -263,12 +263,14 @@ class WorkerWindow:
         self.marks[moment] = self.sampler.cpu_by_worker()
         self.machine[moment] = (time.monotonic(), machine_busy_seconds())
 
-    def machine_cores(self) -> float | None:
-        """The cores the whole machine kept busy over the window (every process, this run's or not)."""
+    def others_cores(self, own_cpu_seconds: float) -> float | None:
+        """The cores the machine kept busy over the window with work other than ``own_cpu_seconds`` (nsqd's and
+        the load generator's CPU over the same window): other processes', which a shared machine's run competes
+        with."""
         if "start" not in self.machine or "end" not in self.machine:
             return None
         (started, busy_start), (ended, busy_end) = self.machine["start"], self.machine["end"]
-        return (busy_end - busy_start) / (ended - started) if ended > started else None
+        return max(busy_end - busy_start - own_cpu_seconds, 0.0) / (ended - started) if ended > started else None
 
     def per_message(self, messages: int) -> list[float]:
         """Each worker's CPU microseconds per message over the window; empty for one process (or none counted)."""

@@ -57,7 +57,7 @@ RATE = {
     "latency": "msg/s",
 }
 #: columns a scenario's rows carry besides the throughput and the CPU
-EXTRA = ("p50 ms", "p99 ms", "split", "by worker us/msg", "machine cores")
+EXTRA = ("p50 ms", "p99 ms", "split", "by worker us/msg", "others cores")
 
 
 def machine_ceiling(nsqd_us: float, generator_us: float, cores: int) -> float:
@@ -207,15 +207,16 @@ class _ManyTopics:
             )
             messages = sum(sum(worker["window_counts"]) for worker in result["workers"])
             window = result["window"]
+            generator_cpu = sum(worker["cpu_seconds"] for worker in result["workers"])
             report.rows.append(
                 {
                     "msg/s": messages / window,
                     "nsqd_cpu": result["nsqd_cpu_seconds"] / window,
                     "nsqd_us/msg": result["nsqd_cpu_seconds"] * 1e6 / messages if messages else None,
-                    "generator_cpu": sum(worker["cpu_seconds"] for worker in result["workers"]) / window,
+                    "generator_cpu": generator_cpu / window,
                     "split": split_of(topics, workers),
                     **by_worker.column(messages),
-                    "machine cores": by_worker.machine_cores(),
+                    "others cores": by_worker.others_cores(result["nsqd_cpu_seconds"] + generator_cpu),
                 }
             )
         return report
@@ -279,7 +280,7 @@ class _ManyConsume:
                     "generator_cpu": result["generator_cpu_seconds"] / seconds if seconds else None,
                     "split": split_of(topics, workers),
                     **by_worker.column(delivered),
-                    "machine cores": by_worker.machine_cores(),
+                    "others cores": by_worker.others_cores(nsqd_cpu + result["generator_cpu_seconds"]),
                 }
             )
             if delivered < published:
@@ -383,8 +384,9 @@ def run(args) -> Report:
                 shutil.rmtree(tree, ignore_errors=True)
     report.notes.append("nsqd_cores: cores used by all nsqd processes together; load and nsqd share the machine")
     report.notes.append(
-        "machine cores (many_mpub, many_consume): the cores the whole machine kept busy over the window, this run's "
-        "processes and everyone else's; split: the topics each worker owns, worker 0 first"
+        "others cores (many_mpub, many_consume): the cores the machine kept busy over the window besides nsqd and "
+        "the generator (/proc/stat), other processes' work the run competed with; split: the topics each worker "
+        "owns, worker 0 first"
     )
     report.notes.append(
         f"ceiling msg/s: {len(os.sched_getaffinity(0))} cores / (nsqd_us/msg + gen_us/msg), the most this machine "

@@ -1323,25 +1323,38 @@ static PyTypeObject *message_class = NULL;  /* the class whose offsets are cache
 static Py_ssize_t message_offsets[MESSAGE_SLOTS];
 static PyObject *zero_float = NULL, *minus_one = NULL, *zero_int = NULL;
 
+/* Where the writable slot `name` of the class `cls` (a __slots__ entry) is in its instances: *offset; -1 with
+   TypeError when it is not one. */
+static int
+slot_offset(PyTypeObject *cls, const char *name, Py_ssize_t *offset)
+{
+    PyObject *descr = PyObject_GetAttrString((PyObject *)cls, name);
+    if (descr == NULL)
+        return -1;
+    int is_member = Py_IS_TYPE(descr, &PyMemberDescr_Type);
+    if (is_member) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        is_member = member->type == T_OBJECT_EX && !(member->flags & READONLY);
+        *offset = member->offset;
+    }
+    Py_DECREF(descr);
+    if (!is_member) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable slot", cls->tp_name, name);
+        return -1;
+    }
+    return 0;
+}
+
+/* The slot at `offset` of `object` (borrowed; NULL when unset). */
+#define SLOT(object, offset) (*(PyObject **)((char *)(object) + (offset)))
+
 static int
 message_layout(PyTypeObject *cls)
 {
     Py_ssize_t offsets[MESSAGE_SLOTS];
     for (int i = 0; i < MESSAGE_SLOTS; i++) {
-        PyObject *descr = PyObject_GetAttrString((PyObject *)cls, message_slots[i]);
-        if (descr == NULL)
+        if (slot_offset(cls, message_slots[i], &offsets[i]) < 0)
             return -1;
-        int is_member = Py_IS_TYPE(descr, &PyMemberDescr_Type);
-        if (is_member) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            is_member = member->type == T_OBJECT_EX && !(member->flags & READONLY);
-            offsets[i] = member->offset;
-        }
-        Py_DECREF(descr);
-        if (!is_member) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a writable slot", cls->tp_name, message_slots[i]);
-            return -1;
-        }
     }
     if (zero_float == NULL && (zero_float = PyFloat_FromDouble(0.0)) == NULL)
         return -1;
@@ -1613,6 +1626,262 @@ error:
     return NULL;
 }
 
+/* packed_layout(queue_class, window_class, packed_class, segment_messages, segment_bytes) -> None
+   extend_open(queue, packed, joined_ids, bodies, timestamp, size) -> bool
+
+   nsqd.queues.packed's extend_open in C: a publish with no delay appended to the topic's open segment `packed`
+   and the window that ends the topic's queue `queue` extended over it, when that window is on `packed`, ends
+   where `packed` does, and `packed` has room (fewer than segment_messages messages and segment_bytes bytes of
+   bodies); False, with nothing changed, otherwise (the caller then goes the general way: Segments.add, then
+   PackedQueue.extend_window). The containers change as _Packed.append changes them (the same slice assignments,
+   the same array appends, so they grow alike), and the slots of the three classes that packed_layout names
+   (PackedQueue, _Window, _Packed) are read and written where their member descriptors say, as new_messages does
+   a Python Message's. tests/nsqd/test_packed.py compares the two twins' segments and queues. */
+static PyTypeObject *queue_class = NULL, *window_class = NULL, *packed_class = NULL;
+static Py_ssize_t queue_runs_at, queue_count_at, window_packed_at, window_end_at, packed_ids_at, packed_bodies_at,
+    packed_count_at, packed_size_at, packed_stamps_at, packed_delays_at, packed_ends_at;
+static Py_ssize_t segment_messages, segment_bytes;
+static PyObject *str_append = NULL;
+
+#define PACKED_ID_SIZE 8  /* an ID as a segment keeps it (nsqd.queues.packed.ID_SIZE) */
+
+static PyObject *
+packed_layout(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyTypeObject *queue, *window, *packed;
+    Py_ssize_t messages, bytes;
+    if (!PyArg_ParseTuple(args, "O!O!O!nn", &PyType_Type, &queue, &PyType_Type, &window, &PyType_Type, &packed,
+                          &messages, &bytes))
+        return NULL;
+    struct { PyTypeObject *cls; const char *name; Py_ssize_t *at; } slots[] = {
+        {queue, "_runs", &queue_runs_at}, {queue, "count", &queue_count_at}, {window, "packed", &window_packed_at},
+        {window, "end", &window_end_at}, {packed, "ids", &packed_ids_at}, {packed, "bodies", &packed_bodies_at},
+        {packed, "count", &packed_count_at}, {packed, "size", &packed_size_at},
+        {packed, "stamps", &packed_stamps_at}, {packed, "delays", &packed_delays_at},
+        {packed, "ends", &packed_ends_at},
+    };
+    Py_ssize_t offsets[sizeof(slots) / sizeof(slots[0])];
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+        if (slot_offset(slots[i].cls, slots[i].name, &offsets[i]) < 0)
+            return NULL;
+    }
+    if (zero_float == NULL && (zero_float = PyFloat_FromDouble(0.0)) == NULL)
+        return NULL;
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
+        *slots[i].at = offsets[i];
+    segment_messages = messages;
+    segment_bytes = bytes;
+    Py_INCREF(queue);
+    Py_XSETREF(queue_class, queue);
+    Py_INCREF(window);
+    Py_XSETREF(window_class, window);
+    Py_INCREF(packed);
+    Py_XSETREF(packed_class, packed);
+    Py_RETURN_NONE;
+}
+
+/* The int slot at `offset` of `object` as a Py_ssize_t: -1 with an error set when it holds no int. */
+static Py_ssize_t
+int_slot(PyObject *object, Py_ssize_t offset)
+{
+    PyObject *value = SLOT(object, offset);
+    if (value == NULL || !PyLong_CheckExact(value)) {
+        PyErr_SetString(PyExc_TypeError, "a slot that holds a count holds no int");
+        return -1;
+    }
+    return PyLong_AsSsize_t(value);
+}
+
+/* Set the slot at `offset` of `object` to the new reference `value` (NULL: an error, returned as -1). */
+static int
+set_slot(PyObject *object, Py_ssize_t offset, PyObject *value)
+{
+    if (value == NULL)
+        return -1;
+    Py_XSETREF(SLOT(object, offset), value);
+    return 0;
+}
+
+/* Append `value` to the array `to` (its own append method: it grows as a Python call grows it). */
+static int
+array_append(PyObject *to, PyObject *value)
+{
+    PyObject *done = PyObject_CallMethodOneArg(to, str_append, value);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+static PyObject *
+extend_open(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "extend_open takes 6 arguments");
+        return NULL;
+    }
+    PyObject *queue = args[0], *packed = args[1], *joined = args[2], *bodies = args[3], *timestamp = args[4];
+    if (queue_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "extend_open before packed_layout");
+        return NULL;
+    }
+    if (!Py_IS_TYPE(queue, queue_class) || !Py_IS_TYPE(packed, packed_class) || !PyBytes_Check(joined) ||
+        !PyList_Check(bodies))
+        Py_RETURN_FALSE;
+    PyObject *runs = SLOT(queue, queue_runs_at);
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    if (runs == NULL || n == 0 || PyBytes_GET_SIZE(joined) != n * PACKED_ID_SIZE)
+        Py_RETURN_FALSE;
+    Py_ssize_t held = PyObject_Length(runs);
+    if (held <= 0)
+        return held < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *last = PySequence_GetItem(runs, held - 1);  /* a new reference: released at the end */
+    if (last == NULL)
+        return NULL;
+    PyObject *result = Py_False;
+    if (!Py_IS_TYPE(last, window_class) || SLOT(last, window_packed_at) != packed)
+        goto done;
+    Py_ssize_t start = int_slot(packed, packed_count_at), last_end = int_slot(last, window_end_at);
+    Py_ssize_t size = int_slot(packed, packed_size_at), added = PyLong_AsSsize_t(args[5]);
+    long long stamp = PyLong_AsLongLong(timestamp);
+    if (PyErr_Occurred())
+        goto error;
+    if (last_end != start || start >= segment_messages || size >= segment_bytes)
+        goto done;
+    PyObject *ids = SLOT(packed, packed_ids_at), *kept = SLOT(packed, packed_bodies_at);
+    PyObject *stamps = SLOT(packed, packed_stamps_at), *delays = SLOT(packed, packed_delays_at);
+    PyObject *ends = SLOT(packed, packed_ends_at);
+    if (ids == NULL || !PyByteArray_CheckExact(ids) || kept == NULL || !PyList_CheckExact(kept) || stamps == NULL ||
+        delays == NULL || ends == NULL)
+        goto done;
+    /* _Packed.append: ids[start * 8 : end * 8] = joined (grown as the slice assignment grows it) */
+    Py_ssize_t end = start + n;
+    if (PyByteArray_GET_SIZE(ids) < end * PACKED_ID_SIZE && PyByteArray_Resize(ids, end * PACKED_ID_SIZE) < 0)
+        goto error;
+    memcpy(PyByteArray_AS_STRING(ids) + start * PACKED_ID_SIZE, PyBytes_AS_STRING(joined), n * PACKED_ID_SIZE);
+    if (PyList_SetSlice(kept, start, end, bodies) < 0)
+        goto error;
+    PyObject *end_object = PyLong_FromSsize_t(end);
+    if (end_object == NULL)
+        goto error;
+    int failed = set_slot(packed, packed_count_at, Py_NewRef(end_object)) < 0 ||
+                 set_slot(packed, packed_size_at, PyLong_FromSsize_t(size + added)) < 0;
+    /* one entry per run of publishes with the same timestamp and no delay */
+    Py_ssize_t runs_count = failed ? -1 : PyObject_Length(stamps);
+    int same = 0;
+    if (runs_count > 0) {
+        PyObject *last_stamp = PySequence_GetItem(stamps, runs_count - 1);
+        PyObject *last_delay = last_stamp == NULL ? NULL : PySequence_GetItem(delays, runs_count - 1);
+        if (last_delay != NULL) {
+            long long previous = PyLong_AsLongLong(last_stamp);
+            double delay = PyFloat_AsDouble(last_delay);
+            same = previous == stamp && delay == 0.0;
+        }
+        Py_XDECREF(last_stamp);
+        Py_XDECREF(last_delay);
+        failed = PyErr_Occurred() != NULL;
+    }
+    else
+        failed = runs_count < 0;
+    if (!failed && same)
+        failed = PySequence_SetItem(ends, runs_count - 1, end_object) < 0;
+    else if (!failed)
+        failed = array_append(stamps, timestamp) < 0 || array_append(delays, zero_float) < 0 ||
+                 array_append(ends, end_object) < 0;
+    if (failed) {
+        Py_DECREF(end_object);
+        goto error;
+    }
+    set_slot(last, window_end_at, end_object);  /* the reference passes to the slot */
+    Py_ssize_t count = int_slot(queue, queue_count_at);
+    if (count < 0 && PyErr_Occurred())
+        goto error;
+    if (set_slot(queue, queue_count_at, PyLong_FromSsize_t(count + n)) < 0)
+        goto error;
+    result = Py_True;
+done:
+    Py_DECREF(last);
+    return Py_NewRef(result);
+error:
+    Py_DECREF(last);
+    return NULL;
+}
+
+/* guid_layout(factory_class, twepoch, tick_shift, node_id_bits, sequence_bits) -> None
+   next_packed_one(factory, now_ns) -> bytes | None
+
+   nsqd.guid's next_packed_one in C: a GUIDFactory's next ID as the 8 big-endian bytes a segment keeps, when it is
+   the first of a new tick or the next of the clock's tick; None, with nothing used, otherwise (the factory's
+   next_packed then claims it its own way). The slots _last_tick, _sequence and _ahead change as the Python twin
+   changes them, read and written where guid_layout found them; the value is nsqd.guid's layout, with the
+   constants it hands over. tests/nsqd/test_guid.py runs both twins against next_ids. */
+static PyTypeObject *factory_class = NULL;
+static Py_ssize_t factory_node_id_at, factory_first_at, factory_end_at, factory_last_tick_at, factory_sequence_at,
+    factory_ahead_at;
+static long long guid_twepoch, guid_tick_shift, guid_node_id_bits, guid_sequence_bits;
+
+static PyObject *
+guid_layout(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyTypeObject *cls;
+    long long twepoch, tick_shift, node_id_bits, sequence_bits;
+    if (!PyArg_ParseTuple(args, "O!LLLL", &PyType_Type, &cls, &twepoch, &tick_shift, &node_id_bits, &sequence_bits))
+        return NULL;
+    struct { const char *name; Py_ssize_t *at; } slots[] = {
+        {"node_id", &factory_node_id_at}, {"_first", &factory_first_at}, {"_end", &factory_end_at},
+        {"_last_tick", &factory_last_tick_at}, {"_sequence", &factory_sequence_at}, {"_ahead", &factory_ahead_at},
+    };
+    Py_ssize_t offsets[sizeof(slots) / sizeof(slots[0])];
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+        if (slot_offset(cls, slots[i].name, &offsets[i]) < 0)
+            return NULL;
+    }
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
+        *slots[i].at = offsets[i];
+    guid_twepoch = twepoch;
+    guid_tick_shift = tick_shift;
+    guid_node_id_bits = node_id_bits;
+    guid_sequence_bits = sequence_bits;
+    Py_INCREF(cls);
+    Py_XSETREF(factory_class, cls);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+next_packed_one(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "next_packed_one takes 2 arguments");
+        return NULL;
+    }
+    PyObject *factory = args[0];
+    if (factory_class == NULL || !Py_IS_TYPE(factory, factory_class))
+        Py_RETURN_NONE;
+    long long now_ns = PyLong_AsLongLong(args[1]);
+    Py_ssize_t node_id = int_slot(factory, factory_node_id_at), first = int_slot(factory, factory_first_at);
+    Py_ssize_t end = int_slot(factory, factory_end_at), last = int_slot(factory, factory_last_tick_at);
+    Py_ssize_t sequence = int_slot(factory, factory_sequence_at);
+    if (PyErr_Occurred())
+        return NULL;
+    long long now_tick = now_ns >> guid_tick_shift;
+    if (now_tick > last && now_tick >= guid_twepoch)
+        sequence = first;
+    else if (now_tick == last && sequence + 1 < end)
+        sequence += 1;
+    else
+        Py_RETURN_NONE;
+    if (now_tick != last && set_slot(factory, factory_last_tick_at, PyLong_FromLongLong(now_tick)) < 0)
+        return NULL;
+    if (set_slot(factory, factory_sequence_at, PyLong_FromSsize_t(sequence)) < 0)
+        return NULL;
+    set_slot(factory, factory_ahead_at, Py_NewRef(Py_False));
+    unsigned long long value = (unsigned long long)(now_tick - guid_twepoch) << guid_node_id_bits;
+    value <<= guid_sequence_bits;
+    value |= ((unsigned long long)node_id << guid_sequence_bits) | (unsigned long long)sequence;
+    unsigned char packed[PACKED_ID_SIZE];
+    for (int i = PACKED_ID_SIZE - 1; i >= 0; i--, value >>= 8)
+        packed[i] = (unsigned char)(value & 0xFF);
+    return PyBytes_FromStringAndSize((const char *)packed, PACKED_ID_SIZE);
+}
+
 static PyMethodDef methods[] = {
     {"read_pubs", read_pubs, METH_VARARGS, "Read a socket; its bodies if it held only whole PUBs of one line."},
     {"read_producers", read_producers, METH_VARARGS, "A poller step's light producers read in one call."},
@@ -1625,6 +1894,12 @@ static PyMethodDef methods[] = {
     {"track_all", track_all, METH_O, "Track again the objects of a list that the collector does not."},
     {"claim_shared", claim_shared, METH_O, "Replace the messages of a list that are referenced elsewhere by copies."},
     {"deliver_frames", deliver_frames, METH_VARARGS, "Mark a batch delivered and append its frames to a list."},
+    {"packed_layout", packed_layout, METH_VARARGS, "Name the packed queue's classes and a segment's bounds."},
+    {"guid_layout", guid_layout, METH_VARARGS, "Name the GUID factory's class and the IDs' layout."},
+    {"next_packed_one", (PyCFunction)(void (*)(void))next_packed_one, METH_FASTCALL,
+     "A factory's next ID as 8 bytes, when it is the first of a new tick or the next of the clock's tick."},
+    {"extend_open", (PyCFunction)(void (*)(void))extend_open, METH_FASTCALL,
+     "Append a publish to the open segment and the queue's last window on it, when that is where it goes."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1642,7 +1917,7 @@ PyInit__speedups(void)
     struct { PyObject **name; const char *text; } names[] = {
         {&str_fast_line, "fast_line"}, {&str_client, "client"}, {&str_out, "out"}, {&str_send_lock, "_send_lock"},
         {&str_locked, "locked"}, {&str_last_read, "last_read"}, {&str_read_moves_at, "_read_moves_at"},
-        {&str_pub_counts, "pub_counts"}, {&str_poll_actor, "poll_actor"},
+        {&str_pub_counts, "pub_counts"}, {&str_poll_actor, "poll_actor"}, {&str_append, "append"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)

@@ -8,9 +8,13 @@ once at import, so the rule that picks them is the same for all of them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any, TypeVar
 
-__all__ = ["load"]
+__all__ = ["load", "twin"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def load() -> ModuleType | None:
@@ -22,3 +26,15 @@ def load() -> ModuleType | None:
     except ImportError:  # not built (no compiler at install time)
         return None
     return _speedups
+
+
+def twin(name: str, python_twin: F, layout: str | None = None, *classes_and_constants: object) -> F:
+    """The accelerator's function ``name`` where ``load()`` gives it, ``python_twin`` otherwise. ``layout``: the
+    accelerator's function that learns, once, where the Python classes among ``classes_and_constants`` keep the
+    slots ``name`` reads and writes (a Python twin's own attribute accesses), called with them first."""
+    speedups = load()
+    if speedups is None or not hasattr(speedups, name):
+        return python_twin
+    if layout is not None:
+        getattr(speedups, layout)(*classes_and_constants)
+    return getattr(speedups, name)

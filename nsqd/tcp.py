@@ -95,6 +95,50 @@ def _message_id(params: tuple, index: int = 0) -> bytes:
 class Connection:
     """Drives one client connection until it closes. Owns its tasks through its own nursery."""
 
+    # slots for what ``__init__`` sets: a plain instance past 29 attributes keeps them in a dict of its own, where
+    # each read on a PUB's or a FIN's path is a lookup (CPython's inline values stop there); anything else goes to
+    # the ``__dict__`` slot
+    __slots__ = (
+        "nsqd",
+        "opts",
+        "stream",
+        "client",
+        "parser",
+        "_read_scope",
+        "_now",
+        "_read_moves_at",
+        "_heartbeat_timer",
+        "_writer_done",
+        "_send_lock",
+        "_tls_required",
+        "_auth_enabled",
+        "_auth_refresh_error",
+        "_authed_before_refresh",
+        "_ack_wait",
+        "_poller",
+        "_poll_fd",
+        "last_read",
+        "poll_actor",
+        "_poll_done",
+        "_poll_result",
+        "_pending_command",
+        "_poller_error",
+        "_consumes",
+        "_reply_deferred",
+        "_plain",
+        "fast_line",
+        "_publish_batch",
+        "_mesh",
+        "_forward",
+        "_forwards_held",
+        "_forward_failed",
+        "_forwards_done",
+        "_hand_to",
+        "_handed",
+        "__dict__",
+        "__weakref__",
+    )
+
     def __init__(self, nsqd, stream: trio.abc.Stream, client: Client) -> None:
         self.nsqd = nsqd
         self.opts = nsqd.opts

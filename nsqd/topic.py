@@ -50,11 +50,11 @@ from protocol.names import is_ephemeral
 from protocol.replication import OP_PAUSED, OP_UNPAUSED
 
 from .channel import Channel
-from .guid import GUIDFactory, GUIDUnavailable
+from .guid import GUIDFactory, GUIDUnavailable, next_packed_one
 from .message import Message, encode_record, new_messages, split_messages
 from .queues.deferred import entry as deferred_entry
 from .queues.deferred_index import DeferredIndex
-from .queues.packed import PackedQueue, Segments, pack_ids
+from .queues.packed import PackedQueue, Segments, extend_open, pack_ids
 
 if TYPE_CHECKING:  # for annotations only
     from .queues.diskqueue import DiskQueue
@@ -82,6 +82,42 @@ class TopicExiting(Exception):
 
 
 class Topic:
+    # slots: the publish path reads a dozen of these per call, and a plain instance past 29 attributes keeps them
+    # in a dict of its own, where each read is a lookup (CPython's inline values stop there)
+    __slots__ = (
+        "name",
+        "ephemeral",
+        "mem_queue_size",
+        "max_msg_timeout",
+        "paused",
+        "replication",
+        "held",
+        "exiting",
+        "channels",
+        "queue",
+        "_segments",
+        "_queue_deferred",
+        "message_count",
+        "message_bytes",
+        "node_id",
+        "guid",
+        "_make_backend",
+        "_open_log",
+        "backend",
+        "durable",
+        "deferred_index",
+        "_spawn",
+        "_draining",
+        "_owed",
+        "_owing",
+        "_actors",
+        "_on_channel_created",
+        "_on_channel_deleted",
+        "_on_last_channel_gone",
+        "changed",
+        "__weakref__",
+    )
+
     def __init__(
         self,
         name: str,
@@ -150,11 +186,44 @@ class Topic:
     def publish(self, bodies: list[bytes], defer: float = 0.0, *, defer_sync: bool = False) -> None:
         """PUB, MPUB, DPUB: new messages with one timestamp and delay for the whole batch, stored by
         ``put_many``'s rules. A uniform batch spares the per-message scans ``put_many`` makes."""
+        queue = self.queue
+        count = len(bodies)
+        backend = self.backend
+        if (
+            0 < count <= self.mem_queue_size - queue.count
+            and not defer
+            and self.replication is None
+            and not self.exiting
+            and (backend is None or not backend.has_unread())
+        ):
+            # the commonest publish: no delay, no replica, room in memory and nothing on disk before it. Kept packed
+            # as the branch below keeps it (``packed_here``, no ID needed one by one), with its tests made once and,
+            # into the topic's own queue, the segment and the window grown by one call (``extend_open``, in C)
+            now_ns = time.time_ns()
+            guid = self.guid or self._make_guid()
+            packed_ids = next_packed_one(guid, now_ns) if count == 1 else None
+            if packed_ids is None:
+                try:
+                    packed_ids = guid.next_packed(count, now_ns)
+                except GUIDUnavailable:  # a used-up tick: ``new_ids`` waits for the clock
+                    packed_ids = pack_ids(self.new_ids(count))
+                    assert packed_ids is not None, "the GUID factory's IDs are 16 hex digits"
+            size = sum(map(len, bodies))
+            self.message_count += count
+            self.message_bytes += size
+            self.changed.add(self)
+            segments = self._segments or self._make_segments()
+            if self.paused or self.held or not self.channels:
+                if not extend_open(queue, segments.open, packed_ids, bodies, now_ns, size):
+                    queue.extend_window(*segments.add(packed_ids, bodies, now_ns, 0.0, size))
+                return
+            packed, start, end = segments.add(packed_ids, bodies, now_ns, 0.0, size)
+            for channel in list(self.channels.values()):
+                channel.put_window(packed, start, end)
+            return
         if self.exiting:
             raise TopicExiting()
         now_ns = time.time_ns()
-        queue = self.queue
-        count = len(bodies)
         size = sum(map(len, bodies))
         taken = not (self.paused or self.held or not self.channels)
         packed_here = (

@@ -27,6 +27,11 @@ channel and held in flight, 352 bytes of resident set each instead of 375). A se
 window on it, so what every channel has taken of a segment stays with it until the slowest is past it: at most
 one segment's worth per queue, by those bounds.
 
+A publish with no delay into the topic's own queue, which already ends with a window on the open segment's end
+(the commonest publish while nothing takes the topic's messages), grows the segment and that window in one call:
+``extend_open``, in C (``nsqd/_speedups.c``) with a Python twin, what ``Segments.add`` and
+``PackedQueue.extend_window`` would do, without their Python frames.
+
 Iteration (a graceful stop writes a queue to disk; replication reads it) makes the packed ones as it goes,
 each time anew.
 """
@@ -45,8 +50,9 @@ from sys import getrefcount
 from typing import final
 
 from ..message import Message, new_messages
+from ..speedups import twin
 
-__all__ = ["PackedQueue", "Segments", "SEGMENT_MESSAGES", "SEGMENT_BYTES"]
+__all__ = ["PackedQueue", "Segments", "SEGMENT_MESSAGES", "SEGMENT_BYTES", "extend_open"]
 
 #: an ID as a segment keeps it: nsqd's IDs are 16 lowercase hex digits of 8 bytes (``nsqd/guid.py``), kept as those
 #: 8 bytes and written in hex again when the message is made (``pack_ids``)
@@ -322,6 +328,39 @@ class PackedQueue:
         if runs is _NO_RUNS:
             runs = self._runs = deque()
         return runs
+
+
+def _extend_open(
+    queue: PackedQueue, packed: _Packed, joined_ids: bytes, bodies: list[bytes], timestamp: int, size: int
+) -> bool:
+    """A publish with no delay into the topic's own queue (while nothing takes its messages), in its common case:
+    when the queue's last run is a window ending where the open segment ``packed`` ends and the segment has room,
+    the publish is appended to the segment and the window extended over it (``Segments.add`` and
+    ``PackedQueue.extend_window`` in one call); False, with nothing changed, otherwise. The Python twin of the C
+    ``extend_open`` (``nsqd/_speedups.c``)."""
+    runs = queue._runs
+    if not runs or not bodies or len(joined_ids) != ID_SIZE * len(bodies):
+        return False
+    last = runs[-1]
+    start = packed.count
+    if (
+        type(last) is not _Window
+        or last.packed is not packed
+        or last.end != start
+        or start >= SEGMENT_MESSAGES
+        or packed.size >= SEGMENT_BYTES
+    ):
+        return False
+    packed.append(joined_ids, bodies, timestamp, 0.0, size)
+    end = packed.count
+    last.end = end
+    queue.count += end - start
+    return True
+
+
+extend_open = twin(
+    "extend_open", _extend_open, "packed_layout", PackedQueue, _Window, _Packed, SEGMENT_MESSAGES, SEGMENT_BYTES
+)
 
 
 #: the runs of every queue that has held nothing yet (or was cleared): never added to (``_own_runs`` replaces it

@@ -9,7 +9,16 @@ from itertools import pairwise
 
 import pytest
 
-from nsqd.guid import MAX_LEAD_TICKS, TWEPOCH, GUIDFactory, GUIDUnavailable, split_id
+from nsqd import guid as guid_module
+from nsqd.guid import (
+    MAX_LEAD_TICKS,
+    NODE_ID_BITS,
+    SEQUENCE_BITS,
+    TWEPOCH,
+    GUIDFactory,
+    GUIDUnavailable,
+    split_id,
+)
 
 NOW = 1_790_000_000_123_456_789  # a fixed wall-clock reading in nanoseconds
 TICK_NS = 1 << 20
@@ -223,11 +232,25 @@ def test_packed_ids_are_the_ids_values_and_use_the_same_sequence(node_id):
         packed.next_packed(-1, now)
 
 
+def _one_twins() -> list:
+    """``next_packed_one``'s Python twin, and its C twin when the accelerator is built (whatever
+    TRIONSQ_NO_SPEEDUPS says)."""
+    twins = [pytest.param(guid_module._next_packed_one, id="python")]
+    try:
+        import nsqd._speedups as speedups
+    except ImportError:
+        return twins
+    speedups.guid_layout(GUIDFactory, TWEPOCH, guid_module.TICK_SHIFT, NODE_ID_BITS, SEQUENCE_BITS)
+    return [*twins, pytest.param(speedups.next_packed_one, id="c")]
+
+
+@pytest.mark.parametrize("one", _one_twins())
 @pytest.mark.parametrize("parts", [1, 3])
-def test_single_packed_ids_follow_next_ids_through_ticks_used_up_borrowed_and_refused(parts):
-    """A PUB's one packed ID (``next_packed(1)``'s own path): the same value and bookkeeping as ``next_ids(1)``
-    through a new tick, the same tick, a tick used up (the next borrowed ahead), the clock standing still while
-    ticks are borrowed, the lead used up (refused, nothing used) and the clock going back."""
+def test_single_packed_ids_follow_next_ids_through_ticks_used_up_borrowed_and_refused(parts, one):
+    """A PUB's one packed ID (``next_packed_one``, then ``next_packed(1)`` when it answers None): the same value
+    and bookkeeping as ``next_ids(1)`` through a new tick, the same tick, a tick used up (the next borrowed ahead),
+    the clock standing still while ticks are borrowed, the lead used up (refused, nothing used) and the clock
+    going back."""
     hexed, packed = GUIDFactory(9, parts - 1, parts), GUIDFactory(9, parts - 1, parts)
     rng = random.Random(parts)
     now = NOW
@@ -240,7 +263,7 @@ def test_single_packed_ids_follow_next_ids_through_ticks_used_up_borrowed_and_re
         outcomes = []
         for factory, call in (
             (hexed, lambda f, at: unhexlify(f.next_ids(1, at)[0])),
-            (packed, lambda f, at: f.next_packed(1, at)),
+            (packed, lambda f, at: one(f, at) or f.next_packed(1, at)),  # as a PUB's publish asks
         ):
             try:
                 outcomes.append(call(factory, now))

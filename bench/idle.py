@@ -36,20 +36,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--against", default="", help="a git revision to run too, before this code for each count")
 
 
-def _sample(pid: int) -> tuple[float, int]:
-    """CPU seconds of every thread of ``pid`` (the scheduler's nanoseconds, ``/proc/<pid>/task/*/schedstat``: the
-    clock ticks of ``/proc/<pid>/stat`` are 10 ms, as much as an idle node spends in seconds), and the voluntary
-    context switches of its main thread, the one that runs the event loop (a thread of trio's cache that ends
-    takes its count with it)."""
-    cpu = 0
+def _sample(pid: int) -> tuple[dict[str, int], int]:
+    """The CPU nanoseconds of each thread of ``pid`` (the scheduler's, ``/proc/<pid>/task/*/schedstat``: the clock
+    ticks of ``/proc/<pid>/stat`` are 10 ms, as much as an idle node now spends in seconds), and the voluntary
+    context switches of its main thread, the one that runs the event loop."""
+    threads: dict[str, int] = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0.0, 0
+        return threads, 0
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                cpu += int(f.read().split()[0])
+                threads[task] = int(f.read().split()[0])
         except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
             pass
     switches = 0
@@ -57,7 +56,14 @@ def _sample(pid: int) -> tuple[float, int]:
         for line in f:
             if line.startswith("voluntary_ctxt_switches:"):
                 switches = int(line.split()[1])
-    return cpu / 1e9, switches
+    return threads, switches
+
+
+def _cpu_between(before: dict[str, int], after: dict[str, int]) -> float:
+    """CPU seconds of the threads between two samples: a thread that ended meanwhile (trio's cache lets an idle
+    thread go after 10 s) takes its time with it, so only the threads alive at the end count, each from its
+    first sample (or from its start)."""
+    return sum(ns - before.get(task, 0) for task, ns in after.items()) / 1e9
 
 
 def _touch(target: Target) -> None:
@@ -87,7 +93,7 @@ def measure(args, target: Target) -> list[dict]:
     window = time.monotonic() - start
     after = [_sample(pid) for pid in pids]
     parts = [
-        {"cpu ms/s": (a[0] - b[0]) * 1000 / window, "wake-ups/s": (a[1] - b[1]) / window}
+        {"cpu ms/s": _cpu_between(b[0], a[0]) * 1000 / window, "wake-ups/s": (a[1] - b[1]) / window}
         for b, a in zip(before, after, strict=True)
     ]
     node = {key: sum(part[key] for part in parts) for key in ("cpu ms/s", "wake-ups/s")}

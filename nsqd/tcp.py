@@ -605,13 +605,7 @@ class Connection:
         never handed over before (see "Connections go to their topic's owner" in bench/MULTICORE.md). The
         task here then ends without a word to the client; the other worker goes on reading the socket, so the
         client sees one connection. True if it was handed over."""
-        done = self._poll_done
-        if done is None or done.is_set() or self._pending_command is not None or self._poller_error is not None:
-            return False
-        if not self._hand_over_unread(owner, b""):
-            return False
-        self._poll_return(None)
-        return True
+        return self._give_producer(owner, spread=False)
 
     def spread_to(self, peer: int) -> bool:
         """In the owner of a topic it published to, give this producer to worker ``peer``, so that its reads and
@@ -620,19 +614,22 @@ class Connection:
         unsent, unanswered or to be run; once (it stays in ``peer``, ``Client.spread``). True if it went."""
         client = self.client
         mesh = self._mesh
-        done = self._poll_done
         if (
             mesh is None
             or client.spread
-            or done is None
-            or done.is_set()
-            or self._pending_command is not None
-            or self._poller_error is not None
             or self._reply_deferred
             or not any(mesh.owns(topic) for topic in client.pub_counts)
         ):
             return False
-        if not self._hand_over_unread(peer, b"", spread=True):
+        return self._give_producer(peer, spread=True)
+
+    def _give_producer(self, worker: int, *, spread: bool) -> bool:
+        """``hand_over`` and ``spread_to``: a producer waiting in the read poller with nothing to be run goes to
+        ``worker`` (``_hand_over_unread``), and the task here ends. True if it went."""
+        done = self._poll_done
+        if done is None or done.is_set() or self._pending_command is not None or self._poller_error is not None:
+            return False
+        if not self._hand_over_unread(worker, b"", spread=spread):
             return False
         self._poll_return(None)
         return True
